@@ -1,0 +1,143 @@
+#include "common/dtype.h"
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace dxs {
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+  }
+  return 0;
+}
+
+std::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+  }
+  return "?";
+}
+
+absl::StatusOr<DType> ParseDType(std::string_view name) {
+  if (name == "F32") return DType::kF32;
+  if (name == "F16") return DType::kF16;
+  if (name == "BF16") return DType::kBF16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unsupported dtype '", absl::string_view(name.data(), name.size()),
+                   "' (supported: F32, F16, BF16)"));
+}
+
+float Fp16ToFloat(uint16_t v) {
+  const uint32_t sign = static_cast<uint32_t>(v & 0x8000u) << 16;
+  const uint32_t exponent = (v >> 10) & 0x1fu;
+  uint32_t mantissa = v & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    // Inf or NaN; the payload moves to the top of the float mantissa, so NaN stays NaN.
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {
+    // Subnormal: value = mantissa * 2^-24. Normalise so the leading one becomes implicit.
+    int32_t e = -14;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --e;
+    }
+    mantissa &= 0x3ffu;
+    bits = sign | (static_cast<uint32_t>(e + 127) << 23) | (mantissa << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint16_t FloatToFp16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof(x));
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) {
+    // NaN: keep it quiet and keep what fits of the payload.
+    return static_cast<uint16_t>(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
+  }
+  // 65520 (0x477ff000) is halfway between the largest half, 65504, and 65536; ties go to the
+  // even neighbour, which is infinity. Everything from there up (including inf) is inf.
+  if (x >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
+  const uint32_t exponent = x >> 23;
+  if (exponent < 113) {
+    // Below 2^-14: the result is a half subnormal (or zero), round(value * 2^24).
+    if (exponent < 102) return sign;  // below 2^-25, rounds to zero
+    const uint32_t mantissa = (x & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exponent;  // 14..24
+    uint32_t result = mantissa >> shift;
+    const uint32_t remainder = mantissa & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (remainder > half || (remainder == half && (result & 1u))) ++result;
+    return static_cast<uint16_t>(sign | result);  // a carry into 0x400 is the smallest normal
+  }
+  uint32_t result = ((exponent - 112) << 10) | ((x >> 13) & 0x3ffu);
+  const uint32_t remainder = x & 0x1fffu;
+  if (remainder > 0x1000u || (remainder == 0x1000u && (result & 1u))) ++result;
+  return static_cast<uint16_t>(sign | result);
+}
+
+void WidenToFloat32(DType dtype, const void* src, size_t count, float* dst) {
+  const auto* in = static_cast<const uint8_t*>(src);
+  switch (dtype) {
+    case DType::kF32:
+      if (count > 0) std::memcpy(dst, in, count * sizeof(float));
+      return;
+    case DType::kF16:
+      for (size_t i = 0; i < count; ++i) {
+        uint16_t v;
+        std::memcpy(&v, in + 2 * i, sizeof(v));
+        dst[i] = Fp16ToFloat(v);
+      }
+      return;
+    case DType::kBF16:
+      for (size_t i = 0; i < count; ++i) {
+        uint16_t v;
+        std::memcpy(&v, in + 2 * i, sizeof(v));
+        dst[i] = Bf16ToFloat(v);
+      }
+      return;
+  }
+}
+
+void NarrowFromFloat32(DType dtype, const float* src, size_t count, void* dst) {
+  auto* out = static_cast<uint8_t*>(dst);
+  switch (dtype) {
+    case DType::kF32:
+      if (count > 0) std::memcpy(out, src, count * sizeof(float));
+      return;
+    case DType::kF16:
+      for (size_t i = 0; i < count; ++i) {
+        const uint16_t v = FloatToFp16(src[i]);
+        std::memcpy(out + 2 * i, &v, sizeof(v));
+      }
+      return;
+    case DType::kBF16:
+      for (size_t i = 0; i < count; ++i) {
+        const uint16_t v = FloatToBf16(src[i]);
+        std::memcpy(out + 2 * i, &v, sizeof(v));
+      }
+      return;
+  }
+}
+
+}  // namespace dxs

@@ -1,0 +1,56 @@
+#include "kernels/tensor.h"
+
+#include <cassert>
+#include <cstdlib>
+
+#include "absl/strings/str_join.h"
+
+namespace dxs {
+
+Tensor::Tensor(std::shared_ptr<Buffer> buffer, DType dtype, std::vector<int64_t> shape,
+               size_t offset_elements)
+    : buffer_(std::move(buffer)),
+      dtype_(dtype),
+      shape_(std::move(shape)),
+      offset_elements_(offset_elements) {}
+
+int64_t Tensor::num_elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape_) n *= d;
+  return n;
+}
+
+int64_t Tensor::row_size() const {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape_.size(); ++i) n *= shape_[i];
+  return n;
+}
+
+Tensor Tensor::Rows(int64_t begin, int64_t count) const {
+  if (begin < 0 || count < 0 || begin + count > rows()) {
+    std::abort();  // programming error: a view outside the tensor
+  }
+  std::vector<int64_t> shape = shape_;
+  shape[0] = count;
+  return Tensor(buffer_, dtype_, std::move(shape),
+                offset_elements_ + static_cast<size_t>(begin * row_size()));
+}
+
+Tensor Tensor::Reshape(std::vector<int64_t> shape) const {
+  Tensor t(buffer_, dtype_, std::move(shape), offset_elements_);
+  if (t.num_elements() != num_elements()) std::abort();
+  return t;
+}
+
+float* Tensor::f32() const {
+  assert(dtype_ == DType::kF32);
+  return static_cast<float*>(buffer_->data()) + offset_elements_;
+}
+
+void* Tensor::raw() const {
+  return static_cast<uint8_t*>(buffer_->data()) + offset_elements_ * DTypeSize(dtype_);
+}
+
+std::string Tensor::ShapeString() const { return "[" + absl::StrJoin(shape_, ", ") + "]"; }
+
+}  // namespace dxs

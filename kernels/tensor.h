@@ -1,0 +1,76 @@
+// Tensor: a shaped, row-major view into a Buffer that may live on the host or on a device.
+//
+// Buffers are shared; views made with Rows()/Reshape() alias their parent. A Tensor never
+// owns compute: every operation on it is a Backend method (kernels/backend.h), so the model
+// code is the same for every device. CPU tensors hold float32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace dxs {
+
+enum class Device { kCpu, kCuda };
+
+class Buffer {
+ public:
+  Buffer(Device device, void* data, size_t num_bytes, std::function<void(void*)> release)
+      : device_(device), data_(data), num_bytes_(num_bytes), release_(std::move(release)) {}
+  ~Buffer() {
+    if (release_) release_(data_);
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  Device device() const { return device_; }
+  void* data() const { return data_; }
+  size_t num_bytes() const { return num_bytes_; }
+
+ private:
+  Device device_;
+  void* data_;
+  size_t num_bytes_;
+  std::function<void(void*)> release_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(std::shared_ptr<Buffer> buffer, DType dtype, std::vector<int64_t> shape,
+         size_t offset_elements = 0);
+
+  bool defined() const { return buffer_ != nullptr; }
+  Device device() const { return buffer_->device(); }
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim(size_t i) const { return shape_.at(i); }
+  int64_t num_elements() const;
+  // First dimension, and the product of the others.
+  int64_t rows() const { return shape_.empty() ? 1 : shape_[0]; }
+  int64_t row_size() const;
+
+  // Rows [begin, begin + count) of the first dimension; aliases this tensor.
+  Tensor Rows(int64_t begin, int64_t count) const;
+  // Same elements, new shape (element counts must match).
+  Tensor Reshape(std::vector<int64_t> shape) const;
+
+  // Typed element pointer; checks the dtype in debug builds.
+  float* f32() const;
+  void* raw() const;
+
+  std::string ShapeString() const;
+
+ private:
+  std::shared_ptr<Buffer> buffer_;
+  DType dtype_ = DType::kF32;
+  std::vector<int64_t> shape_;
+  size_t offset_elements_ = 0;
+};
+
+}  // namespace dxs

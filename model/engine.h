@@ -1,0 +1,74 @@
+// LocalEngine: the single-process Qwen3-MoE engine (all experts local) and its
+// generation loop. It is the correctness reference the disaggregated cluster is held to,
+// the runner behind `dxs run`, and what the benchmarks time.
+//
+// GenerateBatch runs requests together: prompts are prefilled (optionally in chunks of
+// prefill_chunk_tokens), then every live sequence decodes one token per step until it
+// hits EOS, a stop id or max_new_tokens.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+#include "common/safetensors.h"
+#include "kernels/backend.h"
+#include "model/expert_shard.h"
+#include "model/kv_cache.h"
+#include "model/moe_executor.h"
+#include "model/qwen3_moe.h"
+#include "model/sampler.h"
+
+namespace dxs {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_new_tokens = 16;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+};
+
+enum class FinishReason { kLength, kEos, kStopToken };
+const char* FinishReasonName(FinishReason r);
+
+struct GenerationResult {
+  std::vector<int32_t> tokens;
+  std::vector<float> first_logits;  // logits of the first generated position
+  FinishReason finish_reason = FinishReason::kLength;
+};
+
+struct EngineOptions {
+  int64_t kv_capacity_tokens = 1 << 20;
+  int64_t prefill_chunk_tokens = 0;  // 0: whole prompt in one step
+};
+
+class LocalEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalEngine>> Load(const std::string& model_dir,
+                                                           const EngineOptions& options = {});
+
+  const ModelConfig& config() const { return config_; }
+  Qwen3MoeModel& model() { return *model_; }
+  Backend* backend() { return backend_.get(); }
+
+  // Checks a request against the model: INVALID_ARGUMENT naming the field.
+  absl::Status ValidateRequest(const GenerationRequest& r) const;
+  absl::StatusOr<std::vector<GenerationResult>> GenerateBatch(
+      const std::vector<GenerationRequest>& requests);
+
+ private:
+  LocalEngine() = default;
+  EngineOptions options_;
+  ModelConfig config_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<ExpertShard> experts_;
+  std::unique_ptr<LocalMoeExecutor> moe_;
+  std::unique_ptr<Qwen3MoeModel> model_;
+  std::unique_ptr<KvCache> kv_;
+};
+
+}  // namespace dxs

@@ -1,0 +1,69 @@
+#include "model/expert_shard.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace dxs {
+
+ExpertShard::ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Backend* backend)
+    : config_(config),
+      weights_(std::move(weights)),
+      backend_(backend),
+      tokens_per_expert_(std::max<int64_t>(config.num_experts, 0), 0) {}
+
+bool ExpertShard::Holds(int layer, int expert) const {
+  return weights_.count({layer, expert}) > 0;
+}
+
+absl::Status ExpertShard::Forward(int layer, const Tensor& x, const RoutedPairs& pairs,
+                                  Tensor* out) {
+  backend_->Fill(out, 0.f);
+  if (pairs.size() == 0) return absl::OkStatus();  // empty batch: no kernels
+  // Stable order: by expert, then by position in `pairs`.
+  std::vector<size_t> order(pairs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return pairs.experts[a] < pairs.experts[b]; });
+  const int64_t hidden = config_.hidden_size, inter = config_.moe_intermediate_size;
+  for (size_t begin = 0; begin < order.size();) {
+    const int32_t expert = pairs.experts[order[begin]];
+    size_t end = begin;
+    while (end < order.size() && pairs.experts[order[end]] == expert) ++end;
+    auto it = weights_.find({layer, expert});
+    if (it == weights_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expert ", expert, " of layer ", layer, " is not held by this shard"));
+    }
+    const int64_t n = static_cast<int64_t>(end - begin);
+    std::vector<int32_t> src_rows(n), dst_rows(n);
+    std::vector<float> scales(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const size_t p = order[begin + i];
+      if (pairs.rows[p] < 0 || pairs.rows[p] >= x.rows()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("routed row ", pairs.rows[p], " outside [0, ", x.rows(), ")"));
+      }
+      src_rows[i] = pairs.rows[p];
+      dst_rows[i] = pairs.rows[p];
+      scales[i] = pairs.weights[p];
+    }
+    const ExpertWeights& w = it->second;
+    Tensor xs = backend_->Allocate({n, hidden});
+    backend_->GatherRows(x, src_rows, &xs);
+    Tensor gate = backend_->Allocate({n, inter});
+    Tensor up = backend_->Allocate({n, inter});
+    backend_->Linear(xs, w.gate_proj, nullptr, &gate);
+    backend_->Linear(xs, w.up_proj, nullptr, &up);
+    backend_->SiluMul(gate, up, &gate);
+    Tensor y = backend_->Allocate({n, hidden});
+    backend_->Linear(gate, w.down_proj, nullptr, &y);
+    backend_->ScaleAddRows(y, scales, dst_rows, out);
+    tokens_per_expert_[expert] += n;
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dxs

@@ -1,0 +1,51 @@
+// ExpertShard: the experts one process holds (all of them in the single-process engine, a
+// placement's subset on an expert worker) and the SwiGLU FFN over rows routed to them.
+//
+// Forward pre-sums, per row, the weighted outputs of this shard's experts: the shard's part
+// of the single reduction stage. Pairs are applied grouped by ascending expert id, and in
+// their given order within an expert, so the summation order is fixed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/model_config.h"
+#include "kernels/backend.h"
+#include "model/weights.h"
+
+namespace dxs {
+
+// Routed (row, expert, weight) triples, one per selected expert of a row.
+struct RoutedPairs {
+  std::vector<int32_t> rows;
+  std::vector<int32_t> experts;
+  std::vector<float> weights;
+  size_t size() const { return rows.size(); }
+  void Add(int32_t row, int32_t expert, float weight) {
+    rows.push_back(row);
+    experts.push_back(expert);
+    weights.push_back(weight);
+  }
+};
+
+class ExpertShard {
+ public:
+  ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Backend* backend);
+
+  bool Holds(int layer, int expert) const;
+  // out[r] = sum over pairs p with rows[p] == r of weights[p] * FFN_{experts[p]}(x[r]).
+  // out is overwritten; rows with no pair become zero. x may have zero rows.
+  absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out);
+
+  // Rows processed per expert since construction (layer-aggregated), for metrics.
+  const std::vector<int64_t>& tokens_per_expert() const { return tokens_per_expert_; }
+
+ private:
+  ModelConfig config_;
+  ExpertWeightMap weights_;
+  Backend* backend_;
+  std::vector<int64_t> tokens_per_expert_;
+};
+
+}  // namespace dxs

@@ -1,0 +1,145 @@
+#include "model/qwen3_moe.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace dxs {
+
+Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, AttentionWeights weights,
+                             Backend* backend, MoeExecutor* moe)
+    : config_(config), w_(std::move(weights)), backend_(backend), moe_(moe) {
+  routing_stats_.tokens_per_expert.assign(std::max<int64_t>(config_.num_experts, 0), 0);
+}
+
+absl::Status Qwen3MoeModel::Validate(const std::vector<SequenceChunk>& chunks,
+                                     KvCache* kv) const {
+  for (const SequenceChunk& c : chunks) {
+    if (c.tokens.empty()) return absl::InvalidArgumentError("a sequence chunk has no tokens");
+    if (!kv->HasSlot(c.kv_slot)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown KV slot ", c.kv_slot));
+    }
+    for (int32_t id : c.tokens) {
+      if (id < 0 || id >= config_.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", id, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+      }
+    }
+    if (c.start_position < 0 ||
+        c.start_position + static_cast<int64_t>(c.tokens.size()) > kv->slot_capacity(c.kv_slot)) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "positions [", c.start_position, ", ", c.start_position + c.tokens.size(),
+          ") exceed KV slot capacity ", kv->slot_capacity(c.kv_slot)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& chunks,
+                                              KvCache* kv) {
+  DXS_RETURN_IF_ERROR(Validate(chunks, kv));
+  std::vector<int32_t> ids;
+  std::vector<int64_t> positions;
+  for (const SequenceChunk& c : chunks) {
+    for (size_t i = 0; i < c.tokens.size(); ++i) {
+      ids.push_back(c.tokens[i]);
+      positions.push_back(c.start_position + static_cast<int64_t>(i));
+    }
+  }
+  const int64_t num_tokens = static_cast<int64_t>(ids.size());
+  Tensor hidden = backend_->Allocate({num_tokens, config_.hidden_size});
+  backend_->Embedding(w_.embed_tokens, ids, &hidden);
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    AttentionBlock(l, chunks, positions, kv, &hidden);
+    DXS_RETURN_IF_ERROR(MlpBlock(l, &hidden));
+  }
+  // Last token of each chunk -> final norm -> lm_head.
+  std::vector<int32_t> last_rows;
+  int64_t offset = 0;
+  for (const SequenceChunk& c : chunks) {
+    offset += static_cast<int64_t>(c.tokens.size());
+    last_rows.push_back(static_cast<int32_t>(offset - 1));
+  }
+  const int64_t num_chunks = static_cast<int64_t>(chunks.size());
+  Tensor last = backend_->Allocate({num_chunks, config_.hidden_size});
+  backend_->GatherRows(hidden, last_rows, &last);
+  backend_->RmsNorm(last, w_.final_norm, static_cast<float>(config_.rms_norm_eps), &last);
+  Tensor logits = backend_->Allocate({num_chunks, config_.vocab_size});
+  backend_->Linear(last, w_.lm_head, nullptr, &logits);
+  return logits;
+}
+
+void Qwen3MoeModel::AttentionBlock(int layer, const std::vector<SequenceChunk>& chunks,
+                                   const std::vector<int64_t>& positions, KvCache* kv,
+                                   Tensor* hidden) {
+  const AttentionLayerWeights& lw = w_.layers[layer];
+  const int64_t t = hidden->rows(), d = config_.head_dim;
+  const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  auto bias = [](const Tensor& b) { return b.defined() ? &b : nullptr; };
+
+  Tensor normed = backend_->Allocate({t, config_.hidden_size});
+  backend_->RmsNorm(*hidden, lw.input_norm, eps, &normed);
+  Tensor q = backend_->Allocate({t, heads, d});
+  Tensor k = backend_->Allocate({t, kv_heads, d});
+  Tensor v = backend_->Allocate({t, kv_heads, d});
+  Tensor q2 = q.Reshape({t, heads * d}), k2 = k.Reshape({t, kv_heads * d}),
+         v2 = v.Reshape({t, kv_heads * d});
+  backend_->Linear(normed, lw.q_proj, bias(lw.q_bias), &q2);
+  backend_->Linear(normed, lw.k_proj, bias(lw.k_bias), &k2);
+  backend_->Linear(normed, lw.v_proj, bias(lw.v_bias), &v2);
+  backend_->RmsNorm(q, lw.q_norm, eps, &q);
+  backend_->RmsNorm(k, lw.k_norm, eps, &k);
+  backend_->Rope(&q, positions, config_.rope_theta);
+  backend_->Rope(&k, positions, config_.rope_theta);
+
+  Tensor attn = backend_->Allocate({t, heads, d});
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  int64_t offset = 0;
+  for (const SequenceChunk& c : chunks) {
+    const int64_t n = static_cast<int64_t>(c.tokens.size());
+    Tensor& keys = kv->keys(c.kv_slot, layer);
+    Tensor& values = kv->values(c.kv_slot, layer);
+    backend_->CopyRows(k.Rows(offset, n), &keys, c.start_position);
+    backend_->CopyRows(v.Rows(offset, n), &values, c.start_position);
+    Tensor out = attn.Rows(offset, n);
+    backend_->Attention(q.Rows(offset, n), keys, values, c.start_position, scale, &out);
+    offset += n;
+  }
+  Tensor o = backend_->Allocate({t, config_.hidden_size});
+  backend_->Linear(attn.Reshape({t, heads * d}), lw.o_proj, bias(lw.o_bias), &o);
+  backend_->Add(o, hidden);
+}
+
+absl::Status Qwen3MoeModel::MlpBlock(int layer, Tensor* hidden) {
+  const AttentionLayerWeights& lw = w_.layers[layer];
+  const int64_t t = hidden->rows();
+  Tensor normed = backend_->Allocate({t, config_.hidden_size});
+  backend_->RmsNorm(*hidden, lw.post_attention_norm, static_cast<float>(config_.rms_norm_eps),
+                    &normed);
+  Tensor out = backend_->Allocate({t, config_.hidden_size});
+  if (config_.IsMoeLayer(layer)) {
+    const int top_k = static_cast<int>(config_.num_experts_per_tok);
+    Tensor router_logits = backend_->Allocate({t, config_.num_experts});
+    backend_->Linear(normed, lw.router, nullptr, &router_logits);
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    DXS_RETURN_IF_ERROR(
+        backend_->TopKSoftmax(router_logits, top_k, config_.norm_topk_prob, &ids, &weights));
+    for (int32_t e : ids) ++routing_stats_.tokens_per_expert[e];
+    DXS_RETURN_IF_ERROR(moe_->Run(layer, normed, ids, weights, top_k, &out));
+  } else {
+    const int64_t inter = config_.intermediate_size;
+    Tensor gate = backend_->Allocate({t, inter});
+    Tensor up = backend_->Allocate({t, inter});
+    backend_->Linear(normed, lw.dense_gate, nullptr, &gate);
+    backend_->Linear(normed, lw.dense_up, nullptr, &up);
+    backend_->SiluMul(gate, up, &gate);
+    backend_->Linear(gate, lw.dense_down, nullptr, &out);
+  }
+  backend_->Add(out, hidden);
+  return absl::OkStatus();
+}
+
+}  // namespace dxs

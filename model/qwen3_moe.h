@@ -1,0 +1,63 @@
+// Qwen3MoeModel: the forward pass of transformers' Qwen3MoeForCausalLM, attention side.
+//
+// Per layer: RMSNorm -> attention (GQA, per-head q/k RMSNorm, RoPE, KV cache) -> residual
+// -> RMSNorm -> MoE (router softmax, top-k, optional renormalisation; experts through a
+// MoeExecutor) or a dense SwiGLU MLP -> residual. Then the final norm and lm_head.
+//
+// A step takes any number of sequence chunks (prefill, chunked prefill or one decode
+// token each), flattened into one token batch. Zero chunks is a valid step: it still
+// walks every MoE layer with zero tokens so distributed ranks stay in lockstep.
+//
+// Thread safety: one thread calls Forward at a time.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+#include "kernels/backend.h"
+#include "model/kv_cache.h"
+#include "model/moe_executor.h"
+#include "model/weights.h"
+
+namespace dxs {
+
+struct SequenceChunk {
+  int kv_slot = -1;
+  int64_t start_position = 0;  // tokens of this sequence already in the KV cache
+  std::vector<int32_t> tokens;
+};
+
+// Per-step routing statistics (tokens per expert, summed over MoE layers).
+struct RoutingStats {
+  std::vector<int64_t> tokens_per_expert;
+};
+
+class Qwen3MoeModel {
+ public:
+  Qwen3MoeModel(const ModelConfig& config, AttentionWeights weights, Backend* backend,
+                MoeExecutor* moe);
+
+  const ModelConfig& config() const { return config_; }
+
+  // Runs one step and returns logits[num_chunks, vocab] of each chunk's last token.
+  // Writes the chunks' keys and values into `kv`. Checks token ids and KV bounds first.
+  absl::StatusOr<Tensor> Forward(const std::vector<SequenceChunk>& chunks, KvCache* kv);
+
+  const RoutingStats& routing_stats() const { return routing_stats_; }
+
+ private:
+  absl::Status Validate(const std::vector<SequenceChunk>& chunks, KvCache* kv) const;
+  void AttentionBlock(int layer, const std::vector<SequenceChunk>& chunks,
+                      const std::vector<int64_t>& positions, KvCache* kv, Tensor* hidden);
+  absl::Status MlpBlock(int layer, Tensor* hidden);
+
+  ModelConfig config_;
+  AttentionWeights w_;
+  Backend* backend_;
+  MoeExecutor* moe_;
+  RoutingStats routing_stats_;
+};
+
+}  // namespace dxs

@@ -1,0 +1,229 @@
+#include "model/random_checkpoint.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/safetensors.h"
+#include "common/status_macros.h"
+#include "model/sampler.h"
+#include "model/weights.h"
+
+namespace dxs {
+namespace {
+
+uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+
+// Uniform values with standard deviation `stddev` around `mean`.
+std::vector<float> RandomValues(uint64_t seed, const std::string& name, int64_t count,
+                                double stddev, double mean = 0.0) {
+  SplitMix64 rng(Fnv1a(kFnvOffset ^ seed, name.data(), name.size()));
+  const double half_width = stddev * std::sqrt(3.0);
+  std::vector<float> v(count);
+  for (int64_t i = 0; i < count; ++i) {
+    v[i] = static_cast<float>(mean + (2.0 * rng.NextDouble() - 1.0) * half_width);
+  }
+  return v;
+}
+
+ModelConfig BaseConfig() {
+  ModelConfig c;
+  c.max_position_embeddings = 4096;
+  c.rms_norm_eps = 1e-6;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  return c;
+}
+
+}  // namespace
+
+std::vector<std::string> PresetNames() {
+  return {"default", "odd", "bf16-sharded", "qwen3-30b-a3b"};
+}
+
+absl::StatusOr<CheckpointPreset> GetPreset(const std::string& name) {
+  CheckpointPreset p;
+  p.name = name;
+  ModelConfig c = BaseConfig();
+  if (name == "default") {
+    c.vocab_size = 4096;
+    c.hidden_size = 128;
+    c.num_hidden_layers = 4;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 32;
+    c.num_experts = 16;
+    c.num_experts_per_tok = 4;
+    c.moe_intermediate_size = 64;
+    c.intermediate_size = 256;
+    c.rope_theta = 1000000.0;
+    c.norm_topk_prob = true;
+    c.tie_word_embeddings = false;
+    p.seed = 20261129;
+  } else if (name == "odd") {
+    c.vocab_size = 3001;
+    c.hidden_size = 96;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 6;
+    c.num_key_value_heads = 2;  // GQA ratio 3
+    c.head_dim = 24;
+    c.num_experts = 12;  // not a power of two
+    c.num_experts_per_tok = 3;
+    c.moe_intermediate_size = 40;
+    c.intermediate_size = 112;
+    c.mlp_only_layers = {1};  // one dense layer in the middle
+    c.rope_theta = 10000.0;
+    c.norm_topk_prob = true;
+    c.tie_word_embeddings = false;
+    c.eos_token_ids = {2, 3000};
+    p.seed = 7;
+  } else if (name == "bf16-sharded") {
+    c.vocab_size = 2048;
+    c.hidden_size = 64;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 1;
+    c.head_dim = 16;
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 48;
+    c.intermediate_size = 128;
+    c.rope_theta = 500000.0;
+    c.norm_topk_prob = false;
+    c.tie_word_embeddings = true;
+    c.torch_dtype = "bfloat16";
+    p.storage_dtype = DType::kBF16;
+    p.num_shards = 3;
+    p.seed = 99;
+  } else if (name == "qwen3-30b-a3b") {
+    c.vocab_size = 151936;
+    c.hidden_size = 2048;
+    c.num_hidden_layers = 48;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 4;
+    c.head_dim = 128;
+    c.num_experts = 128;
+    c.num_experts_per_tok = 8;
+    c.moe_intermediate_size = 768;
+    c.intermediate_size = 6144;
+    c.max_position_embeddings = 40960;
+    c.rope_theta = 1000000.0;
+    c.norm_topk_prob = true;
+    c.torch_dtype = "bfloat16";
+    c.eos_token_ids = {151645};
+    c.bos_token_id = 151643;
+    p.storage_dtype = DType::kBF16;
+    p.num_shards = 16;
+    p.seed = 30;
+  } else {
+    return absl::NotFoundError(absl::StrCat("unknown preset '", name,
+                                            "'; known: default, odd, bf16-sharded, qwen3-30b-a3b"));
+  }
+  DXS_RETURN_IF_ERROR(c.Validate());
+  p.config = c;
+  return p;
+}
+
+absl::Status WriteRandomCheckpoint(const CheckpointPreset& preset, const std::string& dir) {
+  const ModelConfig& c = preset.config;
+  DXS_RETURN_IF_ERROR(c.Validate());
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  }
+  SafetensorsWriter writer;
+  const uint64_t seed = preset.seed;
+  const DType dt = preset.storage_dtype;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, double stddev,
+                 double mean = 0.0) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    writer.Add(name, dt, std::move(shape), RandomValues(seed, name, n, stddev, mean));
+  };
+  const int64_t h = c.hidden_size, d = c.head_dim;
+  const int64_t q_dim = c.num_attention_heads * d, kv_dim = c.num_key_value_heads * d;
+  auto fan_in = [](int64_t n) { return 1.0 / std::sqrt(static_cast<double>(n)); };
+  // A tied head scores each token by its own embedding; small embeddings keep the input
+  // token from winning every step, so greedy output stays varied.
+  add("model.embed_tokens.weight", {c.vocab_size, h}, c.tie_word_embeddings ? 0.05 : 1.0);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    auto name = [l](const std::string& s) { return LayerTensorName(l, s); };
+    // Norm weights near one, but not one, so a missing multiply is caught.
+    add(name("input_layernorm.weight"), {h}, 0.1, 1.0);
+    add(name("post_attention_layernorm.weight"), {h}, 0.1, 1.0);
+    add(name("self_attn.q_proj.weight"), {q_dim, h}, fan_in(h));
+    add(name("self_attn.k_proj.weight"), {kv_dim, h}, fan_in(h));
+    add(name("self_attn.v_proj.weight"), {kv_dim, h}, fan_in(h));
+    add(name("self_attn.o_proj.weight"), {h, q_dim}, fan_in(q_dim));
+    if (c.attention_bias) {
+      add(name("self_attn.q_proj.bias"), {q_dim}, 0.1);
+      add(name("self_attn.k_proj.bias"), {kv_dim}, 0.1);
+      add(name("self_attn.v_proj.bias"), {kv_dim}, 0.1);
+      add(name("self_attn.o_proj.bias"), {h}, 0.1);
+    }
+    // q/k norm weights a little above one sharpen attention over a random context.
+    add(name("self_attn.q_norm.weight"), {d}, 0.2, 1.5);
+    add(name("self_attn.k_norm.weight"), {d}, 0.2, 1.5);
+    if (c.IsMoeLayer(l)) {
+      // Router logits with a spread of about 2: decisive, yet every expert gets tokens.
+      add(name("mlp.gate.weight"), {c.num_experts, h}, 2.0 * fan_in(h));
+      for (int e = 0; e < c.num_experts; ++e) {
+        add(ExpertTensorName(l, e, "gate_proj"), {c.moe_intermediate_size, h}, fan_in(h));
+        add(ExpertTensorName(l, e, "up_proj"), {c.moe_intermediate_size, h}, fan_in(h));
+        add(ExpertTensorName(l, e, "down_proj"), {h, c.moe_intermediate_size},
+            fan_in(c.moe_intermediate_size));
+      }
+    } else {
+      add(name("mlp.gate_proj.weight"), {c.intermediate_size, h}, fan_in(h));
+      add(name("mlp.up_proj.weight"), {c.intermediate_size, h}, fan_in(h));
+      add(name("mlp.down_proj.weight"), {h, c.intermediate_size}, fan_in(c.intermediate_size));
+    }
+  }
+  add("model.norm.weight", {h}, 0.1, 1.0);
+  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, h}, 4.0 * fan_in(h));
+  DXS_RETURN_IF_ERROR(writer.WriteDirectory(dir, preset.num_shards));
+  std::ofstream cfg(dir + "/config.json");
+  cfg << c.ToJson() << "\n";
+  if (!cfg.good()) return absl::InternalError(absl::StrCat("cannot write ", dir, "/config.json"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CheckpointFingerprint(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (n == "config.json" || (n.size() > 12 && (n.substr(n.size() - 12) == ".safetensors" ||
+                                                 n.substr(n.size() - 11) == ".index.json"))) {
+      names.push_back(n);
+    }
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
+  std::sort(names.begin(), names.end());
+  uint64_t h = kFnvOffset;
+  for (const std::string& n : names) {
+    std::ifstream f(dir + "/" + n, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    h = Fnv1a(h, n.data(), n.size());
+    h = Fnv1a(h, bytes.data(), bytes.size());
+  }
+  return absl::StrFormat("%016x", h);
+}
+
+}  // namespace dxs

@@ -1,0 +1,39 @@
+// Seeded random Qwen3-MoE checkpoints in Hugging Face format (config.json + safetensors).
+//
+// Every tensor is drawn from its own stream, seeded by (seed, tensor name), so the values
+// do not depend on write order or sharding, and are identical on every machine. Scales are
+// chosen so the model is not degenerate: activations stay O(1) through the layers, the
+// router spreads tokens over the experts, and greedy decoding does not repeat one token.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "common/model_config.h"
+
+namespace dxs {
+
+struct CheckpointPreset {
+  std::string name;
+  ModelConfig config;
+  DType storage_dtype = DType::kF32;
+  int num_shards = 1;
+  uint64_t seed = 0;
+};
+
+// "default" (the embedded model), "odd" (GQA 3, top-3 of 12 experts, a dense layer,
+// untied head), "bf16-sharded" (bf16, 3 shards, norm_topk_prob false, tied head), and
+// "qwen3-30b-a3b" (full-size shape, for GPU benchmarks only).
+std::vector<std::string> PresetNames();
+absl::StatusOr<CheckpointPreset> GetPreset(const std::string& name);
+
+absl::Status WriteRandomCheckpoint(const CheckpointPreset& preset, const std::string& dir);
+
+// FNV-1a 64 over the sorted names and contents of config.json and the *.safetensors /
+// index files in `dir`, as 16 hex digits. Ties reference outputs to the exact checkpoint.
+absl::StatusOr<std::string> CheckpointFingerprint(const std::string& dir);
+
+}  // namespace dxs

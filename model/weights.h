@@ -1,0 +1,56 @@
+// Qwen3-MoE weights on a backend, split the way the services split them: the attention
+// side (everything but the experts) and expert shards (any subset of experts, all MoE
+// layers). Tensor names are Hugging Face's.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+#include "common/safetensors.h"
+#include "kernels/backend.h"
+
+namespace dxs {
+
+struct AttentionLayerWeights {
+  Tensor input_norm, post_attention_norm;
+  Tensor q_proj, k_proj, v_proj, o_proj;
+  Tensor q_bias, k_bias, v_bias, o_bias;  // only with attention_bias
+  Tensor q_norm, k_norm;
+  Tensor router;                          // MoE layers: mlp.gate [num_experts, hidden]
+  Tensor dense_gate, dense_up, dense_down;  // dense (mlp_only) layers
+};
+
+struct AttentionWeights {
+  Tensor embed_tokens;  // [vocab, hidden]
+  std::vector<AttentionLayerWeights> layers;
+  Tensor final_norm;
+  Tensor lm_head;  // aliases embed_tokens when tied
+};
+
+struct ExpertWeights {
+  Tensor gate_proj, up_proj;  // [moe_intermediate, hidden]
+  Tensor down_proj;           // [hidden, moe_intermediate]
+};
+
+// Loads everything an attention worker needs: all tensors but the experts'.
+absl::StatusOr<AttentionWeights> LoadAttentionWeights(const Checkpoint& ckpt,
+                                                      const ModelConfig& config,
+                                                      Backend* backend);
+
+// Experts `experts` of every MoE layer, keyed by (layer, expert).
+using ExpertWeightMap = std::map<std::pair<int, int>, ExpertWeights>;
+absl::StatusOr<ExpertWeightMap> LoadExpertWeights(const Checkpoint& ckpt,
+                                                  const ModelConfig& config,
+                                                  const std::vector<int>& experts,
+                                                  Backend* backend);
+
+// Hugging Face tensor names.
+std::string LayerTensorName(int layer, const std::string& suffix);
+std::string ExpertTensorName(int layer, int expert, const std::string& proj);
+
+}  // namespace dxs

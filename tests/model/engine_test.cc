@@ -1,0 +1,210 @@
+// The single-process engine beyond the reference: a non-degenerate embedded model, empty
+// steps, request validation, sampling determinism, and malformed checkpoints.
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "gtest/gtest.h"
+#include "model/engine.h"
+#include "nlohmann/json.hpp"
+#include "tests/model/test_util.h"
+
+namespace dxs {
+namespace {
+
+using testing::TempDir;
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::WritePreset(tmp_, "default");
+    auto e = LocalEngine::Load(dir_);
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = std::move(*e);
+  }
+  GenerationRequest Request(std::vector<int32_t> prompt, int64_t n) {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.max_new_tokens = n;
+    return r;
+  }
+  TempDir tmp_;
+  std::string dir_;
+  std::unique_ptr<LocalEngine> engine_;
+};
+
+TEST_F(EngineTest, RoutingSpreadsOverExperts) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 64; ++i) prompt.push_back(5 + i * 61 % 4000);
+  ASSERT_TRUE(engine_->GenerateBatch({Request(prompt, 1)}).ok());
+  const auto& per_expert = engine_->model().routing_stats().tokens_per_expert;
+  const int64_t total = 64 * 4 /*layers*/ * 4 /*top-k*/;
+  int64_t sum = 0, max = 0;
+  int used = 0;
+  for (int64_t n : per_expert) {
+    sum += n;
+    max = std::max(max, n);
+    used += n > 0;
+  }
+  EXPECT_EQ(sum, total);
+  EXPECT_EQ(used, 16) << "every expert should receive tokens";
+  EXPECT_LT(max, total / 4) << "one expert takes too large a share";
+}
+
+TEST_F(EngineTest, GreedyOutputIsNotOneRepeatedToken) {
+  auto out = engine_->GenerateBatch({Request({9, 41, 7, 300, 12}, 32)});
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::set<int32_t> distinct(out->front().tokens.begin(), out->front().tokens.end());
+  EXPECT_GE(distinct.size(), 8u) << "greedy output is degenerate";
+}
+
+TEST_F(EngineTest, EmptyStepRunsEveryLayerAndReturnsNoLogits) {
+  KvCache kv(engine_->config(), engine_->backend(), 1024);
+  auto logits = engine_->model().Forward({}, &kv);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_EQ(logits->rows(), 0);
+  EXPECT_EQ(logits->row_size(), engine_->config().vocab_size);
+}
+
+TEST_F(EngineTest, RejectsBadRequestsNamingTheField) {
+  struct Case {
+    GenerationRequest r;
+    std::string field;
+  };
+  std::vector<Case> cases;
+  cases.push_back({Request({}, 4), "prompt"});
+  cases.push_back({Request({1, 4096}, 4), "prompt"});
+  cases.push_back({Request({1, -1}, 4), "prompt"});
+  cases.push_back({Request({1}, 0), "max_new_tokens"});
+  cases.push_back({Request({1}, 4096), "max_new_tokens"});
+  GenerationRequest t = Request({1}, 4);
+  t.sampling.temperature = -1;
+  cases.push_back({t, "temperature"});
+  GenerationRequest p = Request({1}, 4);
+  p.sampling.top_p = 0;
+  cases.push_back({p, "top_p"});
+  GenerationRequest k = Request({1}, 4);
+  k.sampling.top_k = -2;
+  cases.push_back({k, "top_k"});
+  for (const Case& c : cases) {
+    auto out = engine_->GenerateBatch({c.r});
+    ASSERT_FALSE(out.ok()) << c.field;
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(out.status().message().find(c.field), std::string::npos) << out.status();
+  }
+  // The engine still works after rejecting.
+  EXPECT_TRUE(engine_->GenerateBatch({Request({1, 2, 3}, 2)}).ok());
+}
+
+TEST_F(EngineTest, KvCapacityIsEnforced) {
+  EngineOptions options;
+  options.kv_capacity_tokens = 8;
+  auto small = LocalEngine::Load(dir_, options);
+  ASSERT_TRUE(small.ok());
+  auto out = (*small)->GenerateBatch({Request({1, 2, 3, 4, 5}, 4)});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE((*small)->GenerateBatch({Request({1, 2, 3}, 4)}).ok());
+}
+
+TEST_F(EngineTest, SeededSamplingIsReproducibleAndSeedSensitive) {
+  GenerationRequest r = Request({9, 41, 7}, 24);
+  r.sampling.temperature = 1.0f;
+  r.sampling.top_p = 0.9f;
+  r.sampling.top_k = 50;
+  r.sampling.seed = 1234;
+  auto a = engine_->GenerateBatch({r});
+  auto b = engine_->GenerateBatch({r});
+  r.sampling.seed = 1235;
+  auto c = engine_->GenerateBatch({r});
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->front().tokens, b->front().tokens);
+  EXPECT_NE(a->front().tokens, c->front().tokens);
+}
+
+TEST_F(EngineTest, TopKOneSamplingEqualsGreedy) {
+  GenerationRequest greedy = Request({100, 200, 300}, 12);
+  GenerationRequest sampled = greedy;
+  sampled.sampling.temperature = 0.7f;
+  sampled.sampling.top_k = 1;
+  sampled.sampling.seed = 5;
+  auto g = engine_->GenerateBatch({greedy});
+  auto s = engine_->GenerateBatch({sampled});
+  ASSERT_TRUE(g.ok() && s.ok());
+  EXPECT_EQ(g->front().tokens, s->front().tokens);
+}
+
+TEST_F(EngineTest, StopsOnStopTokenAndEos) {
+  auto first = engine_->GenerateBatch({Request({9, 41, 7}, 8)});
+  ASSERT_TRUE(first.ok());
+  const std::vector<int32_t> tokens = first->front().tokens;
+  GenerationRequest r = Request({9, 41, 7}, 8);
+  r.stop_token_ids = {tokens[2]};
+  auto stopped = engine_->GenerateBatch({r});
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(stopped->front().finish_reason, FinishReason::kStopToken);
+  EXPECT_EQ(stopped->front().tokens,
+            std::vector<int32_t>(tokens.begin(), tokens.begin() + 3));
+  EXPECT_EQ(first->front().finish_reason, FinishReason::kLength);
+}
+
+// Malformed checkpoints fail to load with an error naming the file and the tensor.
+class MalformedCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::WritePreset(tmp_, "default"); }
+  TempDir tmp_;
+  std::string dir_;
+};
+
+TEST_F(MalformedCheckpointTest, TruncatedFile) {
+  const std::string f = dir_ + "/model.safetensors";
+  std::filesystem::resize_file(f, std::filesystem::file_size(f) / 2);
+  auto e = LocalEngine::Load(dir_);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("model.safetensors"), std::string::npos) << e.status();
+}
+
+TEST_F(MalformedCheckpointTest, MissingExpertTensor) {
+  // Rewrite the checkpoint with one expert tensor gone.
+  auto preset = GetPreset("default");
+  ASSERT_TRUE(preset.ok());
+  auto ckpt = Checkpoint::Open(dir_);
+  ASSERT_TRUE(ckpt.ok());
+  SafetensorsWriter w;
+  const std::string gone = "model.layers.2.mlp.experts.5.up_proj.weight";
+  for (const std::string& name : (*ckpt)->TensorNames()) {
+    if (name == gone) continue;
+    const TensorView* t = *(*ckpt)->Find(name);
+    w.Add(name, t->dtype, t->shape, *(*ckpt)->ReadFloat32(name, t->shape));
+  }
+  TempDir other;
+  ASSERT_TRUE(w.WriteDirectory(other.path()).ok());
+  std::filesystem::copy_file(dir_ + "/config.json", other.path() + "/config.json");
+  auto e = LocalEngine::Load(other.path());
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(e.status().message().find(gone), std::string::npos) << e.status();
+}
+
+TEST_F(MalformedCheckpointTest, WrongShapeInConfig) {
+  // The config says hidden 96, the tensors are 128 wide.
+  std::ifstream in(dir_ + "/config.json");
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["hidden_size"] = 96;
+  std::ofstream(dir_ + "/config.json") << cfg.dump();
+  auto e = LocalEngine::Load(dir_);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("model.embed_tokens.weight"), std::string::npos)
+      << e.status();
+  EXPECT_NE(e.status().message().find("model.safetensors"), std::string::npos) << e.status();
+}
+
+TEST_F(MalformedCheckpointTest, MissingDirectory) {
+  auto e = LocalEngine::Load(tmp_.path() + "/nope");
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("nope"), std::string::npos) << e.status();
+}
+
+}  // namespace
+}  // namespace dxs

@@ -1,0 +1,17 @@
+// The `dxs` subcommands. Each returns the process exit code; errors are one line on stderr.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dxs::cli {
+
+int RunCommand(const std::vector<std::string>& args);       // dxs run
+int GenModelCommand(const std::vector<std::string>& args);  // dxs gen-model
+int FingerprintCommand(const std::vector<std::string>& args);  // dxs fingerprint
+
+// Where the embedded default model lives when --model is omitted: $DXS_CACHE_DIR, else
+// $XDG_CACHE_HOME/dxs, else ~/.cache/dxs; it is written there on first use.
+std::string DefaultModelDir();
+
+}  // namespace dxs::cli

@@ -1,0 +1,40 @@
+// dxs: the command-line tool. `dxs help` lists the subcommands.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "tools/dxs/commands.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: dxs <command> [flags]\n"
+    "commands:\n"
+    "  run          generate with the single-process engine\n"
+    "               --model DIR (default: the embedded model) --prompt-ids 1,2,3\n"
+    "               --max-new-tokens N [--temperature T --top-p P --top-k K --seed S]\n"
+    "               [--stop-ids a,b] [--ignore-eos] [--prefill-chunk N] [--dump-logits]\n"
+    "               [--format json|text]\n"
+    "  gen-model    write a seeded random checkpoint: --out DIR [--preset default|odd|\n"
+    "               bf16-sharded|qwen3-30b-a3b] [--seed S]\n"
+    "  fingerprint  print a checkpoint's fingerprint: --model DIR\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (cmd == "run") return dxs::cli::RunCommand(args);
+  if (cmd == "gen-model") return dxs::cli::GenModelCommand(args);
+  if (cmd == "fingerprint") return dxs::cli::FingerprintCommand(args);
+  if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+    std::cout << kUsage;
+    return 0;
+  }
+  std::cerr << "dxs: unknown command '" << cmd << "'\n" << kUsage;
+  return 2;
+}

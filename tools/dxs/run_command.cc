@@ -1,0 +1,137 @@
+// dxs run / gen-model / fingerprint: the single-process tools.
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+#include "model/engine.h"
+#include "model/random_checkpoint.h"
+#include "tools/dxs/cli_args.h"
+#include "tools/dxs/commands.h"
+
+namespace dxs::cli {
+namespace {
+
+int Fail(const std::string& cmd, const absl::Status& s) {
+  std::cerr << "dxs " << cmd << ": " << s.message() << "\n";
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+// Returns the model directory to use, writing the embedded default when needed.
+absl::StatusOr<std::string> ResolveModel(const Args& args) {
+  if (args.Has("model")) return args.GetString("model");
+  const std::string dir = DefaultModelDir();
+  if (!std::filesystem::exists(dir + "/config.json")) {
+    absl::StatusOr<CheckpointPreset> preset = GetPreset("default");
+    if (!preset.ok()) return preset.status();
+    if (absl::Status s = WriteRandomCheckpoint(*preset, dir); !s.ok()) return s;
+  }
+  return dir;
+}
+
+}  // namespace
+
+std::string DefaultModelDir() {
+  if (const char* d = std::getenv("DXS_CACHE_DIR"); d && *d) return std::string(d) + "/default";
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) {
+    return std::string(d) + "/dxs/default";
+  }
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/dxs/default";
+}
+
+int RunCommand(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args = Args::Parse(
+      argv,
+      {"model", "prompt-ids", "max-new-tokens", "temperature", "top-p", "top-k", "seed",
+       "stop-ids", "prefill-chunk", "format"},
+      {"dump-logits", "ignore-eos"});
+  if (!args.ok()) return Fail("run", args.status());
+  GenerationRequest req;
+  auto prompt = args->GetIntList("prompt-ids");
+  auto max_new = args->GetInt("max-new-tokens", 16);
+  auto temperature = args->GetDouble("temperature", 0.0);
+  auto top_p = args->GetDouble("top-p", 1.0);
+  auto top_k = args->GetInt("top-k", 0);
+  auto seed = args->GetUint("seed", 0);
+  auto stop = args->GetIntList("stop-ids");
+  auto chunk = args->GetInt("prefill-chunk", 0);
+  for (const absl::Status& s : {prompt.status(), max_new.status(), temperature.status(),
+                                top_p.status(), top_k.status(), seed.status(), stop.status(),
+                                chunk.status()}) {
+    if (!s.ok()) return Fail("run", s);
+  }
+  const std::string format = args->GetString("format", "text");
+  if (format != "text" && format != "json") {
+    return Fail("run", absl::InvalidArgumentError("--format must be json or text"));
+  }
+  if (!args->Has("prompt-ids")) {
+    return Fail("run", absl::InvalidArgumentError("--prompt-ids is required (e.g. 1,2,3)"));
+  }
+  if (*chunk < 0) return Fail("run", absl::InvalidArgumentError("--prefill-chunk must be >= 0"));
+  req.prompt = *prompt;
+  req.max_new_tokens = *max_new;
+  req.sampling.temperature = static_cast<float>(*temperature);
+  req.sampling.top_p = static_cast<float>(*top_p);
+  req.sampling.top_k = static_cast<int32_t>(*top_k);
+  req.sampling.seed = *seed;
+  req.stop_token_ids = *stop;
+  req.ignore_eos = args->Has("ignore-eos");
+
+  absl::StatusOr<std::string> model_dir = ResolveModel(*args);
+  if (!model_dir.ok()) return Fail("run", model_dir.status());
+  EngineOptions options;
+  options.prefill_chunk_tokens = *chunk;
+  absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Load(*model_dir, options);
+  if (!engine.ok()) return Fail("run", engine.status());
+  absl::StatusOr<std::vector<GenerationResult>> results = (*engine)->GenerateBatch({req});
+  if (!results.ok()) return Fail("run", results.status());
+  const GenerationResult& r = results->front();
+  if (format == "json") {
+    nlohmann::json out;
+    out["tokens"] = r.tokens;
+    out["finish_reason"] = FinishReasonName(r.finish_reason);
+    out["model"] = *model_dir;
+    if (args->Has("dump-logits")) out["first_logits"] = r.first_logits;
+    std::cout << out.dump() << "\n";
+  } else {
+    std::cout << absl::StrJoin(r.tokens, " ") << "\n";
+    std::cerr << "finish_reason: " << FinishReasonName(r.finish_reason) << "\n";
+  }
+  return 0;
+}
+
+int GenModelCommand(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args = Args::Parse(argv, {"out", "preset", "seed"}, {});
+  if (!args.ok()) return Fail("gen-model", args.status());
+  if (!args->Has("out")) {
+    return Fail("gen-model", absl::InvalidArgumentError("--out DIR is required"));
+  }
+  absl::StatusOr<CheckpointPreset> preset = GetPreset(args->GetString("preset", "default"));
+  if (!preset.ok()) return Fail("gen-model", preset.status());
+  auto seed = args->GetUint("seed", preset->seed);
+  if (!seed.ok()) return Fail("gen-model", seed.status());
+  preset->seed = *seed;
+  const std::string out = args->GetString("out");
+  if (absl::Status s = WriteRandomCheckpoint(*preset, out); !s.ok()) return Fail("gen-model", s);
+  absl::StatusOr<std::string> fp = CheckpointFingerprint(out);
+  if (!fp.ok()) return Fail("gen-model", fp.status());
+  std::cout << "wrote preset " << preset->name << " to " << out << " (fingerprint " << *fp
+            << ")\n";
+  return 0;
+}
+
+int FingerprintCommand(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args = Args::Parse(argv, {"model"}, {});
+  if (!args.ok()) return Fail("fingerprint", args.status());
+  if (!args->Has("model")) {
+    return Fail("fingerprint", absl::InvalidArgumentError("--model DIR is required"));
+  }
+  absl::StatusOr<std::string> fp = CheckpointFingerprint(args->GetString("model"));
+  if (!fp.ok()) return Fail("fingerprint", fp.status());
+  std::cout << *fp << "\n";
+  return 0;
+}
+
+}  // namespace dxs::cli
