@@ -34,9 +34,9 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
   if (name == "F32") return DType::kF32;
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unsupported dtype '", absl::string_view(name.data(), name.size()),
-                   "' (supported: F32, F16, BF16)"));
+  return absl::InvalidArgumentError(absl::StrCat("unsupported dtype '",
+                                                 absl::string_view(name.data(), name.size()),
+                                                 "' (supported: F32, F16, BF16)"));
 }
 
 float Fp16ToFloat(uint16_t v) {

@@ -38,7 +38,8 @@ std::string JsonForMessage(const Json& j) {
   if (j.is_array() && j.size() <= 16) {
     flat = std::none_of(j.begin(), j.end(), [](const Json& e) { return e.is_structured(); });
   }
-  if (!flat) return absl::StrCat(j.is_array() ? "an array" : "an object", " of ", j.size(), " elements");
+  if (!flat)
+    return absl::StrCat(j.is_array() ? "an array" : "an object", " of ", j.size(), " elements");
   std::string s = j.dump(-1, ' ', /*ensure_ascii=*/true, Json::error_handler_t::replace);
   if (s.size() > 100) s = s.substr(0, 100) + "...";
   return s;
@@ -145,9 +146,8 @@ absl::Status ReadRope(const FieldReader& reader, const char* field, const std::s
     auto it = rope->find(key);
     if (it == rope->end() || it->is_null()) continue;
     if (!it->is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": field '", field, ".", key,
-                                                     "' must be a string, got ",
-                                                     JsonForMessage(*it)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": field '", field, ".", key, "' must be a string, got ", JsonForMessage(*it)));
     }
     type = it->get<std::string>();
     break;
@@ -209,6 +209,17 @@ absl::StatusOr<ModelConfig> ParseObject(const Json& j, const std::string& source
   c.head_dim = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
   DXS_RETURN_IF_ERROR(r.Int("head_dim", &c.head_dim));
   DXS_RETURN_IF_ERROR(r.Int("num_experts", &c.num_experts));
+  // transformers v5 saves num_experts under its attribute_map name, num_local_experts.
+  if (r.Get("num_local_experts") != nullptr) {
+    int64_t num_local_experts = 0;
+    DXS_RETURN_IF_ERROR(r.Int("num_local_experts", &num_local_experts));
+    if (r.Get("num_experts") != nullptr && num_local_experts != c.num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": fields 'num_experts' (",
+                                                     c.num_experts, ") and 'num_local_experts' (",
+                                                     num_local_experts, ") disagree"));
+    }
+    c.num_experts = num_local_experts;
+  }
   DXS_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c.num_experts_per_tok));
   DXS_RETURN_IF_ERROR(r.Int("decoder_sparse_step", &c.decoder_sparse_step));
   DXS_RETURN_IF_ERROR(r.IntList("mlp_only_layers", /*allow_scalar=*/false, &c.mlp_only_layers));
@@ -241,8 +252,8 @@ absl::StatusOr<ModelConfig> ParseObject(const Json& j, const std::string& source
 
 absl::Status Range(const char* field, int64_t value, int64_t lo, int64_t hi) {
   if (value < lo || value > hi) {
-    return absl::InvalidArgumentError(absl::StrCat("field '", field, "' is ", value,
-                                                   ", must be in [", lo, ", ", hi, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("field '", field, "' is ", value, ", must be in [", lo, ", ", hi, "]"));
   }
   return absl::OkStatus();
 }
@@ -269,16 +280,15 @@ absl::Status ModelConfig::Validate() const {
     return Invalid("hidden_act", absl::StrCat("is '", hidden_act, "', only 'silu' is supported"));
   }
   if (torch_dtype != "float32" && torch_dtype != "float16" && torch_dtype != "bfloat16") {
-    return Invalid("torch_dtype",
-                   absl::StrCat("is '", torch_dtype,
-                                "', must be one of 'float32', 'float16', 'bfloat16'"));
+    return Invalid(
+        "torch_dtype",
+        absl::StrCat("is '", torch_dtype, "', must be one of 'float32', 'float16', 'bfloat16'"));
   }
   DXS_RETURN_IF_ERROR(Range("vocab_size", vocab_size, 1, kMaxVocabSize));
   DXS_RETURN_IF_ERROR(Range("hidden_size", hidden_size, 1, kMaxHiddenSize));
   DXS_RETURN_IF_ERROR(Range("num_hidden_layers", num_hidden_layers, 1, kMaxLayers));
   DXS_RETURN_IF_ERROR(Range("num_attention_heads", num_attention_heads, 1, kMaxHeads));
-  DXS_RETURN_IF_ERROR(
-      Range("num_key_value_heads", num_key_value_heads, 1, num_attention_heads));
+  DXS_RETURN_IF_ERROR(Range("num_key_value_heads", num_key_value_heads, 1, num_attention_heads));
   if (num_attention_heads % num_key_value_heads != 0) {
     return Invalid("num_key_value_heads",
                    absl::StrCat("(", num_key_value_heads, ") must divide num_attention_heads (",
@@ -295,8 +305,8 @@ absl::Status ModelConfig::Validate() const {
   if (num_experts > 0) {
     DXS_RETURN_IF_ERROR(Range("num_experts_per_tok", num_experts_per_tok, 1, num_experts));
   } else if (num_experts_per_tok < 0) {
-    return Invalid("num_experts_per_tok", absl::StrCat("is ", num_experts_per_tok,
-                                                       ", must not be negative"));
+    return Invalid("num_experts_per_tok",
+                   absl::StrCat("is ", num_experts_per_tok, ", must not be negative"));
   }
   DXS_RETURN_IF_ERROR(Range("decoder_sparse_step", decoder_sparse_step, 1, kMaxLayers));
   for (int64_t layer : mlp_only_layers) {
@@ -311,12 +321,13 @@ absl::Status ModelConfig::Validate() const {
     (IsMoeLayer(layer) ? any_moe : any_dense) = true;
   }
   if (any_dense && intermediate_size <= 0) {
-    return Invalid("intermediate_size",
-                   absl::StrCat("is ", intermediate_size, ", must be positive: some layers are dense"));
+    return Invalid("intermediate_size", absl::StrCat("is ", intermediate_size,
+                                                     ", must be positive: some layers are dense"));
   }
   if (any_moe && moe_intermediate_size <= 0) {
-    return Invalid("moe_intermediate_size", absl::StrCat("is ", moe_intermediate_size,
-                                                         ", must be positive: some layers are MoE"));
+    return Invalid(
+        "moe_intermediate_size",
+        absl::StrCat("is ", moe_intermediate_size, ", must be positive: some layers are MoE"));
   }
   if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps)) {
     return Invalid("rms_norm_eps", absl::StrCat("is ", rms_norm_eps, ", must be positive"));
@@ -333,8 +344,8 @@ absl::Status ModelConfig::Validate() const {
     }
   }
   if (bos_token_id != -1 && (bos_token_id < 0 || bos_token_id >= vocab_size)) {
-    return Invalid("bos_token_id", absl::StrCat("is ", bos_token_id, ", outside the vocabulary [0, ",
-                                                vocab_size, ")"));
+    return Invalid("bos_token_id", absl::StrCat("is ", bos_token_id,
+                                                ", outside the vocabulary [0, ", vocab_size, ")"));
   }
   return absl::OkStatus();
 }
@@ -406,8 +417,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json, std::string_
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
-  const std::string path = dir.empty() || dir.back() == '/' ? dir + "config.json"
-                                                            : dir + "/config.json";
+  const std::string path =
+      dir.empty() || dir.back() == '/' ? dir + "config.json" : dir + "/config.json";
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open model config"));
   std::string text;

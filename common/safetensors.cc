@@ -60,7 +60,8 @@ std::string JsonForMessage(const Json& j) {
   if (j.is_array() && j.size() <= 16) {
     flat = std::none_of(j.begin(), j.end(), [](const Json& e) { return e.is_structured(); });
   }
-  if (!flat) return absl::StrCat(j.is_array() ? "an array" : "an object", " of ", j.size(), " elements");
+  if (!flat)
+    return absl::StrCat(j.is_array() ? "an array" : "an object", " of ", j.size(), " elements");
   std::string s = j.dump(-1, ' ', /*ensure_ascii=*/true, Json::error_handler_t::replace);
   if (s.size() > 100) s = s.substr(0, 100) + "...";
   return s;
@@ -107,8 +108,8 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t max_
   const std::streamoff size = in.tellg();
   if (size < 0) return absl::InternalError(absl::StrCat(path, ": cannot determine the size"));
   if (static_cast<uint64_t>(size) > max_bytes) {
-    return FileError(path, absl::StrCat("file is ", size, " bytes, more than the limit of ",
-                                        max_bytes));
+    return FileError(path,
+                     absl::StrCat("file is ", size, " bytes, more than the limit of ", max_bytes));
   }
   in.seekg(0, std::ios::beg);
   std::string data(static_cast<size_t>(size), '\0');
@@ -143,8 +144,8 @@ struct Span {
 absl::Status ParseEntry(std::string_view file, const std::string& name, const Json& entry,
                         uint64_t data_bytes, TensorView* view, Span* span) {
   if (!entry.is_object()) {
-    return TensorError(file, name, absl::StrCat("entry must be a JSON object, got ",
-                                                JsonForMessage(entry)));
+    return TensorError(file, name,
+                       absl::StrCat("entry must be a JSON object, got ", JsonForMessage(entry)));
   }
   view->name = name;
 
@@ -157,9 +158,9 @@ absl::Status ParseEntry(std::string_view file, const std::string& name, const Js
   const std::string& dtype_name = dtype_it->get_ref<const std::string&>();
   absl::StatusOr<DType> dtype = ParseDType(dtype_name);
   if (!dtype.ok()) {
-    return TensorError(file, name,
-                       absl::StrCat("unsupported dtype ", Quote(dtype_name),
-                                    " (supported: F32, F16, BF16)"));
+    return TensorError(
+        file, name,
+        absl::StrCat("unsupported dtype ", Quote(dtype_name), " (supported: F32, F16, BF16)"));
   }
   view->dtype = *dtype;
 
@@ -177,27 +178,27 @@ absl::Status ParseEntry(std::string_view file, const std::string& name, const Js
     if (dim_json.is_number_integer() && !dim_json.is_number_unsigned() &&
         dim_json.get<int64_t>() < 0) {
       return TensorError(file, name,
-                         absl::StrCat("negative dimension ", dim_json.get<int64_t>(), " in 'shape' ",
-                                      JsonForMessage(*shape_it)));
+                         absl::StrCat("negative dimension ", dim_json.get<int64_t>(),
+                                      " in 'shape' ", JsonForMessage(*shape_it)));
     }
     uint64_t dim;
     if (!GetUint64(dim_json, &dim)) {
-      return TensorError(file, name,
-                         absl::StrCat("'shape' must hold integers, got ", JsonForMessage(*shape_it)));
+      return TensorError(
+          file, name, absl::StrCat("'shape' must hold integers, got ", JsonForMessage(*shape_it)));
     }
     if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return TensorError(file, name,
-                         absl::StrCat("dimension ", dim, " in 'shape' is too large"));
+      return TensorError(file, name, absl::StrCat("dimension ", dim, " in 'shape' is too large"));
     }
     view->shape.push_back(static_cast<int64_t>(dim));
-    if (!overflow && __builtin_mul_overflow(num_elements, static_cast<int64_t>(dim), &num_elements)) {
+    if (!overflow &&
+        __builtin_mul_overflow(num_elements, static_cast<int64_t>(dim), &num_elements)) {
       overflow = true;
     }
   }
   uint64_t expected_bytes = 0;
-  if (overflow || __builtin_mul_overflow(static_cast<uint64_t>(num_elements),
-                                         static_cast<uint64_t>(DTypeSize(view->dtype)),
-                                         &expected_bytes)) {
+  if (overflow ||
+      __builtin_mul_overflow(static_cast<uint64_t>(num_elements),
+                             static_cast<uint64_t>(DTypeSize(view->dtype)), &expected_bytes)) {
     return TensorError(file, name,
                        absl::StrCat("shape ", ShapeString(view->shape),
                                     " has too many elements (overflows 64 bits)"));
@@ -215,14 +216,14 @@ absl::Status ParseEntry(std::string_view file, const std::string& name, const Js
   const std::string offsets = absl::StrCat("data_offsets [", begin, ", ", end, "]");
   if (begin > end) return TensorError(file, name, absl::StrCat(offsets, " are not ascending"));
   if (end > data_bytes) {
-    return TensorError(file, name, absl::StrCat(offsets, " exceed data block of ", data_bytes,
-                                                " bytes"));
+    return TensorError(file, name,
+                       absl::StrCat(offsets, " exceed data block of ", data_bytes, " bytes"));
   }
   if (end - begin != expected_bytes) {
-    return TensorError(file, name,
-                       absl::StrCat(offsets, " hold ", end - begin, " bytes but shape ",
-                                    ShapeString(view->shape), " of ", AsAbsl(DTypeName(view->dtype)),
-                                    " needs ", expected_bytes, " bytes"));
+    return TensorError(
+        file, name,
+        absl::StrCat(offsets, " hold ", end - begin, " bytes but shape ", ShapeString(view->shape),
+                     " of ", AsAbsl(DTypeName(view->dtype)), " needs ", expected_bytes, " bytes"));
   }
   view->num_bytes = static_cast<size_t>(expected_bytes);
   span->begin = begin;
@@ -274,17 +275,16 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < 8) {
     ::close(fd);
-    return FileError(path, absl::StrCat("file is ", size,
-                                        " bytes, shorter than the 8-byte header length"));
+    return FileError(
+        path, absl::StrCat("file is ", size, " bytes, shorter than the 8-byte header length"));
   }
   void* address = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int mmap_errno = errno;
   ::close(fd);
   if (address == MAP_FAILED) return ErrnoError(mmap_errno, path, "mmap failed");
   Mapping mapping(address, size);
-  DXS_ASSIGN_OR_RETURN(
-      std::unique_ptr<SafetensorsFile> file,
-      FromBytes(std::string_view(static_cast<const char*>(address), size), path));
+  DXS_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
+                       FromBytes(std::string_view(static_cast<const char*>(address), size), path));
   file->mapping_ = mapping.release();
   file->mapping_bytes_ = size;
   return file;
@@ -304,12 +304,12 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(
     header_bytes = (header_bytes << 8) | static_cast<uint8_t>(bytes[i]);
   }
   if (header_bytes > kMaxHeaderBytes) {
-    return FileError(file, absl::StrCat("header length ", header_bytes,
-                                        " is absurd (limit ", kMaxHeaderBytes, " bytes)"));
+    return FileError(file, absl::StrCat("header length ", header_bytes, " is absurd (limit ",
+                                        kMaxHeaderBytes, " bytes)"));
   }
   if (header_bytes > bytes.size() - 8) {
-    return FileError(file, absl::StrCat("header length ", header_bytes, " exceeds the file size of ",
-                                        bytes.size(), " bytes"));
+    return FileError(file, absl::StrCat("header length ", header_bytes,
+                                        " exceeds the file size of ", bytes.size(), " bytes"));
   }
   const std::string_view header_text = bytes.substr(8, header_bytes);
   const uint64_t data_bytes = bytes.size() - 8 - header_bytes;
@@ -333,8 +333,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(
     return FileError(file, absl::StrCat("header is not valid JSON: ", e.what()));
   }
   if (!header.is_object()) {
-    return FileError(file, absl::StrCat("header must be a JSON object, got ",
-                                        JsonForMessage(header)));
+    return FileError(file,
+                     absl::StrCat("header must be a JSON object, got ", JsonForMessage(header)));
   }
   if (!duplicate.empty()) {
     return TensorError(file, duplicate, "appears more than once in the header");
@@ -353,9 +353,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(
       }
       for (auto m = value.begin(); m != value.end(); ++m) {
         if (!m.value().is_string()) {
-          return FileError(file, absl::StrCat("'__metadata__' entry ", Quote(m.key()),
-                                              " must be a string, got ",
-                                              JsonForMessage(m.value())));
+          return FileError(
+              file, absl::StrCat("'__metadata__' entry ", Quote(m.key()), " must be a string, got ",
+                                 JsonForMessage(m.value())));
         }
         result->metadata_[m.key()] = m.value().get<std::string>();
       }
@@ -379,16 +379,16 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(
   const Span* previous = nullptr;
   for (const Span& span : spans) {
     if (span.begin < covered) {
-      return TensorError(file, *span.name,
-                         absl::StrCat("data_offsets [", span.begin, ", ", span.end,
-                                      "] overlap tensor ", Quote(*previous->name), " at [",
-                                      previous->begin, ", ", previous->end, "]"));
+      return TensorError(
+          file, *span.name,
+          absl::StrCat("data_offsets [", span.begin, ", ", span.end, "] overlap tensor ",
+                       Quote(*previous->name), " at [", previous->begin, ", ", previous->end, "]"));
     }
     if (span.begin > covered) {
-      return TensorError(file, *span.name,
-                         absl::StrCat("data_offsets [", span.begin, ", ", span.end,
-                                      "] leave data bytes [", covered, ", ", span.begin,
-                                      ") unused (holes are not allowed)"));
+      return TensorError(
+          file, *span.name,
+          absl::StrCat("data_offsets [", span.begin, ", ", span.end, "] leave data bytes [",
+                       covered, ", ", span.begin, ") unused (holes are not allowed)"));
     }
     covered = span.end;
     previous = &span;
@@ -445,17 +445,17 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   auto map_it = index.find("weight_map");
   if (map_it == index.end()) return FileError(index_path, "missing 'weight_map'");
   if (!map_it->is_object()) {
-    return FileError(index_path, absl::StrCat("'weight_map' must be an object, got ",
-                                              JsonForMessage(*map_it)));
+    return FileError(index_path,
+                     absl::StrCat("'weight_map' must be an object, got ", JsonForMessage(*map_it)));
   }
 
   std::map<std::string, SafetensorsFile*> shards;
   for (auto it = map_it->begin(); it != map_it->end(); ++it) {
     const std::string& tensor = it.key();
     if (!it.value().is_string()) {
-      return TensorError(index_path, tensor,
-                         absl::StrCat("weight_map value must be a file name, got ",
-                                      JsonForMessage(it.value())));
+      return TensorError(
+          index_path, tensor,
+          absl::StrCat("weight_map value must be a file name, got ", JsonForMessage(it.value())));
     }
     const std::string& shard_name = it.value().get_ref<const std::string&>();
     if (shard_name.empty() || shard_name.front() == '/' || shard_name == ".." ||
@@ -469,9 +469,9 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     if (shard_it == shards.end()) {
       const std::string shard_path = JoinPath(dir, shard_name);
       if (!IsRegularFile(shard_path)) {
-        return absl::NotFoundError(absl::StrCat(index_path, ": tensor ", Quote(tensor),
-                                                ": shard ", Quote(shard_name),
-                                                " does not exist (", shard_path, ")"));
+        return absl::NotFoundError(absl::StrCat(index_path, ": tensor ", Quote(tensor), ": shard ",
+                                                Quote(shard_name), " does not exist (", shard_path,
+                                                ")"));
       }
       DXS_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
                            SafetensorsFile::Open(shard_path));
@@ -629,8 +629,8 @@ absl::Status SafetensorsWriter::WriteDirectory(const std::string& dir, int num_s
         absl::StrCat(dir, ": num_shards must be in [1, 99999], got ", num_shards));
   }
   if (num_shards > 1 && static_cast<size_t>(num_shards) > entries_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir, ": cannot split ", entries_.size(), " tensors into ", num_shards, " shards"));
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": cannot split ", entries_.size(),
+                                                   " tensors into ", num_shards, " shards"));
   }
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return ErrnoError(errno, dir, "cannot create directory");

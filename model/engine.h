@@ -2,9 +2,9 @@
 // generation loop. It is the correctness reference the disaggregated cluster is held to,
 // the runner behind `dxs run`, and what the benchmarks time.
 //
-// GenerateBatch runs requests together: prompts are prefilled (optionally in chunks of
-// prefill_chunk_tokens), then every live sequence decodes one token per step until it
-// hits EOS, a stop id or max_new_tokens.
+// GenerateBatch runs requests together through the same Scheduler the attention worker
+// uses: prompts are prefilled (optionally in chunks of prefill_chunk_tokens), then every
+// live sequence decodes one token per step until it hits EOS, a stop id or max_new_tokens.
 #pragma once
 
 #include <cstdint>
@@ -21,19 +21,9 @@
 #include "model/moe_executor.h"
 #include "model/qwen3_moe.h"
 #include "model/sampler.h"
+#include "model/scheduler.h"
 
 namespace dxs {
-
-struct GenerationRequest {
-  std::vector<int32_t> prompt;
-  int64_t max_new_tokens = 16;
-  SamplingParams sampling;
-  std::vector<int32_t> stop_token_ids;
-  bool ignore_eos = false;
-};
-
-enum class FinishReason { kLength, kEos, kStopToken };
-const char* FinishReasonName(FinishReason r);
 
 struct GenerationResult {
   std::vector<int32_t> tokens;
@@ -55,8 +45,6 @@ class LocalEngine {
   Qwen3MoeModel& model() { return *model_; }
   Backend* backend() { return backend_.get(); }
 
-  // Checks a request against the model: INVALID_ARGUMENT naming the field.
-  absl::Status ValidateRequest(const GenerationRequest& r) const;
   absl::StatusOr<std::vector<GenerationResult>> GenerateBatch(
       const std::vector<GenerationRequest>& requests);
 

@@ -34,6 +34,7 @@ class ExpertShard {
   ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Backend* backend);
 
   bool Holds(int layer, int expert) const;
+  Backend* backend() const { return backend_; }
   // out[r] = sum over pairs p with rows[p] == r of weights[p] * FFN_{experts[p]}(x[r]).
   // out is overwritten; rows with no pair become zero. x may have zero rows.
   absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out);

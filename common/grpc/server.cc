@@ -1,5 +1,7 @@
 #include "common/grpc/server.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"

@@ -6,9 +6,9 @@ namespace dxs {
 namespace {
 
 // The 1:1 mapping relies on both enums using the canonical code values.
-#define DXS_SAME_CODE(absl_code, grpc_code)                         \
-  static_assert(static_cast<int>(absl::StatusCode::absl_code) ==    \
-                    static_cast<int>(grpc::StatusCode::grpc_code),  \
+#define DXS_SAME_CODE(absl_code, grpc_code)                        \
+  static_assert(static_cast<int>(absl::StatusCode::absl_code) ==   \
+                    static_cast<int>(grpc::StatusCode::grpc_code), \
                 #absl_code " and " #grpc_code " must have the same value")
 DXS_SAME_CODE(kOk, OK);
 DXS_SAME_CODE(kCancelled, CANCELLED);

@@ -92,7 +92,7 @@ TEST(Fp16Test, KnownValues) {
   EXPECT_EQ(Fp16ToFloat(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
   EXPECT_EQ(Fp16ToFloat(0x03ff), 1023 * std::ldexp(1.0f, -24));
   EXPECT_EQ(Fp16ToFloat(0x8001), -std::ldexp(1.0f, -24));
-  EXPECT_EQ(Fp16ToFloat(0x3555), 0.333251953125f);  // 2^-2 * (1 + 341/1024)
+  EXPECT_EQ(Fp16ToFloat(0x3555), 0.333251953125f);      // 2^-2 * (1 + 341/1024)
   EXPECT_EQ(ToBits(Fp16ToFloat(0x8000)), 0x80000000u);  // -0
   EXPECT_EQ(Fp16ToFloat(0x7c00), std::numeric_limits<float>::infinity());
   EXPECT_EQ(Fp16ToFloat(0xfc00), -std::numeric_limits<float>::infinity());
@@ -111,9 +111,9 @@ TEST(Fp16Test, KnownValues) {
 }
 
 TEST(Fp16Test, RoundsToNearestEven) {
-  const float ulp1 = std::ldexp(1.0f, -10);  // spacing of halves in [1, 2)
-  EXPECT_EQ(FloatToFp16(1.0f + ulp1 / 2), 0x3c00);          // tie -> even (down)
-  EXPECT_EQ(FloatToFp16(1.0f + 3 * ulp1 / 2), 0x3c02);      // tie -> even (up)
+  const float ulp1 = std::ldexp(1.0f, -10);             // spacing of halves in [1, 2)
+  EXPECT_EQ(FloatToFp16(1.0f + ulp1 / 2), 0x3c00);      // tie -> even (down)
+  EXPECT_EQ(FloatToFp16(1.0f + 3 * ulp1 / 2), 0x3c02);  // tie -> even (up)
   EXPECT_EQ(FloatToFp16(std::nextafter(1.0f + ulp1 / 2, 2.0f)), 0x3c01);
   // Overflow: 65519 rounds down to the largest half, 65520 (a tie with 65536) to infinity.
   EXPECT_EQ(FloatToFp16(65519.0f), 0x7bff);
@@ -122,10 +122,10 @@ TEST(Fp16Test, RoundsToNearestEven) {
   EXPECT_EQ(FloatToFp16(1e10f), 0x7c00);
   // Subnormals.
   const float sub = std::ldexp(1.0f, -24);
-  EXPECT_EQ(FloatToFp16(sub / 2), 0x0000);                         // tie with 0 -> 0
-  EXPECT_EQ(FloatToFp16(std::nextafter(sub / 2, 1.0f)), 0x0001);   // just above -> 1
-  EXPECT_EQ(FloatToFp16(3 * sub / 2), 0x0002);                     // tie 1|2 -> 2
-  EXPECT_EQ(FloatToFp16(5 * sub / 2), 0x0002);                     // tie 2|3 -> 2
+  EXPECT_EQ(FloatToFp16(sub / 2), 0x0000);                        // tie with 0 -> 0
+  EXPECT_EQ(FloatToFp16(std::nextafter(sub / 2, 1.0f)), 0x0001);  // just above -> 1
+  EXPECT_EQ(FloatToFp16(3 * sub / 2), 0x0002);                    // tie 1|2 -> 2
+  EXPECT_EQ(FloatToFp16(5 * sub / 2), 0x0002);                    // tie 2|3 -> 2
   EXPECT_EQ(FloatToFp16(-3 * sub), 0x8003);
   EXPECT_EQ(FloatToFp16(std::ldexp(1.0f, -30)), 0x0000);
   EXPECT_EQ(FloatToFp16(std::numeric_limits<float>::denorm_min()), 0x0000);

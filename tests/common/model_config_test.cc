@@ -172,6 +172,42 @@ TEST(ModelConfigTest, TransformersV5Spelling) {
   EXPECT_EQ(c->rope_theta, 1e6);
 }
 
+// config.json as transformers 5.x save_pretrained() writes it: "dtype", "rope_parameters"
+// and num_experts under its attribute_map name "num_local_experts".
+TEST(ModelConfigTest, TransformersV5SavedConfig) {
+  constexpr char kSaved[] = R"({
+    "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": null,
+    "decoder_sparse_step": 1, "dtype": "bfloat16", "eos_token_id": [1, 2], "head_dim": 16,
+    "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02,
+    "intermediate_size": 64, "max_position_embeddings": 32768, "mlp_only_layers": [],
+    "model_type": "qwen3_moe", "moe_intermediate_size": 32, "norm_topk_prob": false,
+    "num_attention_heads": 4, "num_experts_per_tok": 2, "num_hidden_layers": 2,
+    "num_key_value_heads": 2, "num_local_experts": 4, "output_router_logits": false,
+    "pad_token_id": null, "rms_norm_eps": 1e-06,
+    "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+    "router_aux_loss_coef": 0.001, "sliding_window": null, "tie_word_embeddings": false,
+    "transformers_version": "5.24.0", "use_cache": true, "use_sliding_window": false,
+    "vocab_size": 128
+  })";
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kSaved, "v5/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 4);
+  EXPECT_EQ(c->num_experts_per_tok, 2);
+  EXPECT_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->torch_dtype, "bfloat16");
+  EXPECT_EQ(c->bos_token_id, -1);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(1, 2));
+
+  Json j = Json::parse(kSaved);
+  j["num_experts"] = 8;
+  c = Parse(j);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(),
+              AllOf(HasSubstr("num_experts"), HasSubstr("num_local_experts")));
+  j["num_experts"] = 4;
+  EXPECT_TRUE(Parse(j).ok());
+}
+
 TEST(ModelConfigTest, RopeScaling) {
   Json j = SmallConfig();
   j["rope_scaling"] = {{"type", "default"}};
@@ -193,7 +229,8 @@ TEST(ModelConfigTest, RopeScaling) {
   j["rope_parameters"] = {{"rope_type", "dynamic"}, {"rope_theta", 10000.0}};
   c = Parse(j);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(c.status().message(), AllOf(HasSubstr("rope_parameters"), HasSubstr("not supported")));
+  EXPECT_THAT(c.status().message(),
+              AllOf(HasSubstr("rope_parameters"), HasSubstr("not supported")));
 }
 
 TEST(ModelConfigTest, EosTokenIdIntOrList) {
@@ -246,6 +283,7 @@ TEST(ModelConfigTest, SyntaxAndTypeErrorsNameTheField) {
       {"eos_token_id", Json::array({"a"})},
       {"bos_token_id", 0.5},
       {"rope_parameters", 3},
+      {"num_local_experts", "4"},
   };
   for (const auto& [field, value] : cases) {
     SCOPED_TRACE(field + " = " + value.dump());
@@ -254,8 +292,7 @@ TEST(ModelConfigTest, SyntaxAndTypeErrorsNameTheField) {
     c = Parse(j);
     ASSERT_FALSE(c.ok());
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(c.status().message(),
-                AllOf(HasSubstr("cfg.json"), HasSubstr("'" + field + "'")));
+    EXPECT_THAT(c.status().message(), AllOf(HasSubstr("cfg.json"), HasSubstr("'" + field + "'")));
   }
 }
 

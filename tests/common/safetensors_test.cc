@@ -114,7 +114,8 @@ TEST_P(RoundTripTest, WriteThenRead) {
   EXPECT_FALSE((*ckpt)->Has("model.missing"));
   EXPECT_EQ((*ckpt)->FileOf("model.norm.weight"), dir.File("model.safetensors"));
 
-  absl::StatusOr<std::vector<float>> got = (*ckpt)->ReadFloat32("model.embed_tokens.weight", {7, 5});
+  absl::StatusOr<std::vector<float>> got =
+      (*ckpt)->ReadFloat32("model.embed_tokens.weight", {7, 5});
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, RoundTrip(dtype, embed));
   got = (*ckpt)->ReadFloat32("model.norm.weight", {5});
@@ -211,8 +212,7 @@ TEST(ShardedTest, ThreeShards) {
     absl::StatusOr<std::vector<float>> got = (*ckpt)->ReadFloat32(s.name, s.shape);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*got, RoundTrip(s.dtype, Iota(static_cast<size_t>(n), 0.5f))) << s.name;
-    EXPECT_EQ((*ckpt)->FileOf(s.name),
-              dir.File(index["weight_map"][s.name].get<std::string>()));
+    EXPECT_EQ((*ckpt)->FileOf(s.name), dir.File(index["weight_map"][s.name].get<std::string>()));
   }
 
   // Rewriting the same directory unsharded removes the index, and vice versa.
@@ -224,8 +224,8 @@ TEST(ShardedTest, ThreeShards) {
 
 TEST(ShardedTest, EveryShardGetsATensorWhateverTheSizes) {
   const std::vector<std::vector<size_t>> patterns = {
-      {1000, 1, 1, 1}, {1, 1, 1, 1000}, {1, 1000, 1}, {0, 0, 0, 0}, {5, 0, 0, 0, 5},
-      {1, 2, 3},       {7, 7, 7, 7, 7, 7, 7},
+      {1000, 1, 1, 1}, {1, 1, 1, 1000}, {1, 1000, 1},          {0, 0, 0, 0},
+      {5, 0, 0, 0, 5}, {1, 2, 3},       {7, 7, 7, 7, 7, 7, 7},
   };
   for (const std::vector<size_t>& sizes : patterns) {
     for (int shards = 2; shards <= static_cast<int>(sizes.size()); ++shards) {
@@ -293,8 +293,8 @@ struct BadCase {
 };
 
 std::string Entry(const std::string& dtype, const std::string& shape, const std::string& offsets) {
-  return absl::StrCat(R"({"dtype": ")", dtype, R"(", "shape": )", shape,
-                      R"(, "data_offsets": )", offsets, "}");
+  return absl::StrCat(R"({"dtype": ")", dtype, R"(", "shape": )", shape, R"(, "data_offsets": )",
+                      offsets, "}");
 }
 
 std::vector<BadCase> BadCases() {
@@ -313,8 +313,7 @@ std::vector<BadCase> BadCases() {
       {"header is array", Image("[1, 2]", 0), "", "must be a JSON object"},
       {"header is string", Image(R"("hello")", 0), "", "must be a JSON object"},
       {"entry not object", one("[1, 2]", 0), w, "entry must be a JSON object"},
-      {"missing dtype", one(R"({"shape": [1], "data_offsets": [0, 4]})", 4), w,
-       "missing 'dtype'"},
+      {"missing dtype", one(R"({"shape": [1], "data_offsets": [0, 4]})", 4), w, "missing 'dtype'"},
       {"missing shape", one(R"({"dtype": "F32", "data_offsets": [0, 4]})", 4), w,
        "missing 'shape'"},
       {"missing data_offsets", one(R"({"dtype": "F32", "shape": [1]})", 4), w,
@@ -328,10 +327,9 @@ std::vector<BadCase> BadCases() {
       {"shape string dim", one(Entry("F32", R"([1, "2"])", "[0, 8]"), 8), w,
        "'shape' must hold integers"},
       {"negative dim", one(Entry("F32", "[2, -1]", "[0, 4]"), 4), w, "negative dimension -1"},
-      {"dim above int64", one(Entry("F32", "[18446744073709551615]", "[0, 4]"), 4), w,
-       "too large"},
-      {"shape product overflow",
-       one(Entry("F32", "[4294967296, 4294967296, 4]", "[0, 4]"), 4), w, "too many elements"},
+      {"dim above int64", one(Entry("F32", "[18446744073709551615]", "[0, 4]"), 4), w, "too large"},
+      {"shape product overflow", one(Entry("F32", "[4294967296, 4294967296, 4]", "[0, 4]"), 4), w,
+       "too many elements"},
       {"byte count overflow", one(Entry("F32", "[4611686018427387904, 2]", "[0, 4]"), 4), w,
        "too many elements"},
       {"offsets not array", one(Entry("F32", "[1]", R"("0-4")"), 4), w,
@@ -411,9 +409,8 @@ TEST(MalformedTest, EveryCaseIsInvalidArgumentNamingFileAndTensor) {
 }
 
 TEST(MalformedTest, ExampleMessage) {
-  const std::string bytes =
-      Image(R"({"model.norm.weight": {"dtype": "F32", "shape": [20], "data_offsets": [0, 80]}})",
-            64);
+  const std::string bytes = Image(
+      R"({"model.norm.weight": {"dtype": "F32", "shape": [20], "data_offsets": [0, 80]}})", 64);
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
       SafetensorsFile::FromBytes(bytes, "model.safetensors");
   ASSERT_FALSE(file.ok());
@@ -508,9 +505,8 @@ TEST_F(CheckpointTest, HandWrittenIndexOpens) {
 
   absl::StatusOr<std::vector<float>> wrong = (*ckpt)->ReadFloat32("y", {1, 3});
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(wrong.status().message(),
-              AllOf(HasSubstr("b.safetensors"), HasSubstr("'y'"), HasSubstr("[3]"),
-                    HasSubstr("[1, 3]")));
+  EXPECT_THAT(wrong.status().message(), AllOf(HasSubstr("b.safetensors"), HasSubstr("'y'"),
+                                              HasSubstr("[3]"), HasSubstr("[1, 3]")));
   wrong = (*ckpt)->ReadFloat32("y", {4});
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
 

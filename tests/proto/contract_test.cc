@@ -60,10 +60,9 @@ TEST(ProtoContractTest, FilesArePackageDxsV1Proto3) {
     EXPECT_EQ(file->package(), "dxs.v1") << file->name();
     EXPECT_EQ(file->syntax(), FileDescriptor::SYNTAX_PROTO3) << file->name();
   }
-  EXPECT_EQ(names, (std::set<std::string>{"dxs/v1/common.proto", "dxs/v1/frontend.proto",
-                                          "dxs/v1/control_plane.proto",
-                                          "dxs/v1/attention_worker.proto",
-                                          "dxs/v1/expert_worker.proto"}));
+  EXPECT_EQ(names, (std::set<std::string>{
+                       "dxs/v1/common.proto", "dxs/v1/frontend.proto", "dxs/v1/control_plane.proto",
+                       "dxs/v1/attention_worker.proto", "dxs/v1/expert_worker.proto"}));
 }
 
 struct MethodSpec {
@@ -78,23 +77,21 @@ struct MethodSpec {
 const MethodSpec kMethods[] = {
     {"dxs.v1.Frontend", "Generate", "dxs.v1.GenerateRequest", "dxs.v1.GenerateResponse", true},
     {"dxs.v1.Frontend", "Abort", "dxs.v1.AbortRequest", "dxs.v1.AbortResponse", false},
-    {"dxs.v1.Frontend", "GetModelInfo", "dxs.v1.GetModelInfoRequest",
-     "dxs.v1.GetModelInfoResponse", false},
-    {"dxs.v1.Frontend", "GetLoads", "dxs.v1.GetLoadsRequest", "dxs.v1.GetLoadsResponse", false},
-    {"dxs.v1.ControlPlane", "Register", "dxs.v1.RegisterRequest", "dxs.v1.RegisterResponse",
+    {"dxs.v1.Frontend", "GetModelInfo", "dxs.v1.GetModelInfoRequest", "dxs.v1.GetModelInfoResponse",
      false},
+    {"dxs.v1.Frontend", "GetLoads", "dxs.v1.GetLoadsRequest", "dxs.v1.GetLoadsResponse", false},
+    {"dxs.v1.ControlPlane", "Register", "dxs.v1.RegisterRequest", "dxs.v1.RegisterResponse", false},
     {"dxs.v1.ControlPlane", "WatchCluster", "dxs.v1.WatchClusterRequest", "dxs.v1.ClusterView",
      true},
     {"dxs.v1.ControlPlane", "Heartbeat", "dxs.v1.HeartbeatRequest", "dxs.v1.HeartbeatResponse",
      false},
     {"dxs.v1.ControlPlane", "Drain", "dxs.v1.DrainRequest", "dxs.v1.DrainResponse", false},
-    {"dxs.v1.ControlPlane", "Deregister", "dxs.v1.DeregisterRequest",
-     "dxs.v1.DeregisterResponse", false},
+    {"dxs.v1.ControlPlane", "Deregister", "dxs.v1.DeregisterRequest", "dxs.v1.DeregisterResponse",
+     false},
     {"dxs.v1.AttentionWorker", "Generate", "dxs.v1.GenerateRequest", "dxs.v1.GenerateResponse",
      true},
     {"dxs.v1.AttentionWorker", "Abort", "dxs.v1.AbortRequest", "dxs.v1.AbortResponse", false},
-    {"dxs.v1.AttentionWorker", "GetLoad", "dxs.v1.GetLoadRequest", "dxs.v1.GetLoadResponse",
-     false},
+    {"dxs.v1.AttentionWorker", "GetLoad", "dxs.v1.GetLoadRequest", "dxs.v1.GetLoadResponse", false},
     {"dxs.v1.AttentionWorker", "Wake", "dxs.v1.WakeRequest", "dxs.v1.WakeResponse", false},
     {"dxs.v1.ExpertWorker", "GetStatus", "dxs.v1.GetExpertStatusRequest",
      "dxs.v1.GetExpertStatusResponse", false},
@@ -259,8 +256,8 @@ void AppendMessage(const Descriptor* m, std::vector<std::string>* lines) {
   lines->push_back("message " + m->full_name());
   for (int i = 0; i < m->field_count(); ++i) {
     const FieldDescriptor* f = m->field(i);
-    std::string line = "field " + m->full_name() + "." + f->name() + " = " +
-                       std::to_string(f->number()) + " ";
+    std::string line =
+        "field " + m->full_name() + "." + f->name() + " = " + std::to_string(f->number()) + " ";
     if (f->is_repeated()) line += "repeated ";
     if (f->has_optional_keyword()) line += "optional ";
     line += FieldTypeName(f);

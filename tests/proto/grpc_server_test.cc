@@ -2,8 +2,6 @@
 // with it answers grpc.health.v1 Check, lists and describes the dxs.v1 services through
 // reflection (what grpcurl does), serves the generated dxs.v1 stubs with errors converted
 // by ToGrpcStatus, and refuses to share its port.
-#include "common/grpc/server.h"
-
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/grpc/server.h"
 #include "common/grpc/status_conversion.h"
 #include "dxs/v1/attention_worker.grpc.pb.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
@@ -198,9 +197,9 @@ TEST_F(GrpcServerTest, ReflectionListsTheDxsServices) {
     names.insert(service.GetReflection()->GetString(
         service, service.GetDescriptor()->FindFieldByName("name")));
   }
-  for (const char* expected : {"dxs.v1.Frontend", "dxs.v1.ControlPlane", "dxs.v1.AttentionWorker",
-                               "dxs.v1.ExpertWorker", "grpc.health.v1.Health",
-                               "grpc.reflection.v1alpha.ServerReflection"}) {
+  for (const char* expected :
+       {"dxs.v1.Frontend", "dxs.v1.ControlPlane", "dxs.v1.AttentionWorker", "dxs.v1.ExpertWorker",
+        "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}) {
     EXPECT_TRUE(names.count(expected)) << expected << " not listed";
   }
 }
@@ -233,7 +232,9 @@ TEST_F(GrpcServerTest, ReflectionDescribesGenerateAsServerStreaming) {
       for (const std::string& dep : proto.dependency()) {
         deps_ready = deps_ready && pool.FindFileByName(dep) != nullptr;
       }
-      if (deps_ready) ASSERT_NE(pool.BuildFile(proto), nullptr) << proto.name();
+      if (deps_ready) {
+        ASSERT_NE(pool.BuildFile(proto), nullptr) << proto.name();
+      }
     }
   }
   ASSERT_NE(pool.FindFileByName("dxs/v1/frontend.proto"), nullptr);

@@ -55,8 +55,7 @@ TEST(StatusConversionTest, TheCodesTheApiDocumentsSurvive) {
   EXPECT_EQ(ToGrpcStatus(absl::NotFoundError("x")).error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(ToGrpcStatus(absl::AlreadyExistsError("x")).error_code(),
             grpc::StatusCode::ALREADY_EXISTS);
-  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("x")).error_code(),
-            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("x")).error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(ToGrpcStatus(absl::DeadlineExceededError("x")).error_code(),
             grpc::StatusCode::DEADLINE_EXCEEDED);
 }

@@ -1,0 +1,106 @@
+// Scheduler: continuous batching over a Qwen3MoeModel and its KV cache.
+//
+// Requests join (Add) and leave (finish, Abort) between steps. Each step, every live
+// request contributes one chunk: the next piece of its prompt (all of it, or
+// prefill_chunk_tokens at a time, so a long prompt doesn't stall running decodes), or its
+// last sampled token. After the forward pass, FinishStep samples each request whose
+// prompt is done, streams the token to its sink, and retires finished requests.
+//
+// Thread safety: Add and Abort may be called from any thread. BuildStep, FinishStep and
+// FailAll are called by the one step thread, which alone touches the KV cache; so KV
+// slots are allocated and freed there, never under a running forward pass.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <set>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/model_config.h"
+#include "kernels/tensor.h"
+#include "model/kv_cache.h"
+#include "model/qwen3_moe.h"
+#include "model/sampler.h"
+
+namespace dxs {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_new_tokens = 16;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+};
+
+enum class FinishReason { kLength, kEos, kStopToken, kAborted };
+const char* FinishReasonName(FinishReason r);
+
+// Where a request's output goes. Called on the step thread; must not block for long.
+struct TokenSink {
+  // One generated token; `logits` is its row (vocab floats), valid only during the call.
+  std::function<void(int32_t token, const float* logits)> on_token;
+  // Exactly once: OK with a finish reason, or the error that ended the request.
+  std::function<void(const absl::Status& status, FinishReason reason)> on_done;
+};
+
+// Checks a request against the model: INVALID_ARGUMENT naming the field.
+absl::Status ValidateRequest(const ModelConfig& config, const GenerationRequest& r);
+
+struct SchedulerOptions {
+  int64_t prefill_chunk_tokens = 0;  // 0: whole prompt in one step
+};
+
+class Scheduler {
+ public:
+  Scheduler(const ModelConfig& config, KvCache* kv, SchedulerOptions options);
+
+  // Validates and queues. INVALID_ARGUMENT for a bad request, ALREADY_EXISTS for a
+  // duplicate id, RESOURCE_EXHAUSTED if it could never fit in the KV cache.
+  absl::Status Add(uint64_t id, GenerationRequest request, TokenSink sink);
+  // Stops a request at the next step boundary (its sink gets kAborted). False if unknown.
+  bool Abort(uint64_t id);
+
+  // Step thread.
+  bool HasWork();
+  std::vector<SequenceChunk> BuildStep();
+  void FinishStep(const Tensor& logits);
+  // Ends every request with `status` (a failed step) and frees their KV.
+  void FailAll(const absl::Status& status);
+
+  size_t num_running();
+  size_t num_queued();
+
+ private:
+  struct Live {
+    Live(uint64_t id_in, GenerationRequest r, TokenSink s)
+        : id(id_in), request(std::move(r)), sink(std::move(s)), sampler(request.sampling) {}
+    uint64_t id;
+    GenerationRequest request;
+    TokenSink sink;
+    Sampler sampler;
+    int slot = -1;  // set on admission
+    int64_t prefilled = 0;
+    std::vector<int32_t> generated;
+    bool aborted = false;
+  };
+  void Retire(size_t index, const absl::Status& status, FinishReason reason);
+  void AdmitQueued();
+
+  ModelConfig config_;
+  KvCache* kv_;
+  SchedulerOptions options_;
+  std::mutex mu_;
+  std::deque<Live> queued_;       // guarded by mu_
+  std::vector<uint64_t> aborts_;  // guarded by mu_
+  std::set<uint64_t> known_ids_;  // guarded by mu_: queued or running
+  int64_t queued_tokens_ = 0;     // guarded by mu_: KV the queue will need
+  std::vector<Live> running_;     // step thread only (size mirrored for num_running)
+  size_t num_running_ = 0;        // guarded by mu_
+  std::vector<size_t> step_owners_;
+};
+
+}  // namespace dxs

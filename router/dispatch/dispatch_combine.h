@@ -1,0 +1,85 @@
+// The dispatch/combine engine, attention side, as a MoeExecutor.
+//
+// For each MoE layer of a step: compute the layout (which EP rank needs which token),
+// pack each token once per EP rank that owns any of its top-k experts together with its
+// (expert, weight) pairs, send one message to every EP rank (empty ones included), then
+// receive one combine message from every EP rank and sum them: out[t] = sum over ranks,
+// in ascending rank order, of the rank's pre-summed rows. That sum is the single
+// reduction stage; nothing reduces the MoE output again.
+//
+// Thread safety: used by one step thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/dtype.h"
+#include "model/moe_executor.h"
+#include "router/dispatch/placement.h"
+#include "router/dispatch/wire.h"
+#include "router/transport/transport.h"
+
+namespace dxs {
+
+// Which rows go to each EP rank, and the routed pairs each rank receives.
+struct DispatchLayout {
+  // token_rows[r]: tokens (rows of x) sent to rank r, ascending.
+  std::vector<std::vector<int32_t>> token_rows;
+  // pairs[r]: rows index into token_rows[r].
+  std::vector<RoutedPairs> pairs;
+  std::vector<int64_t> num_tokens_per_rank() const;
+};
+
+DispatchLayout ComputeLayout(const Placement& placement, const std::vector<int32_t>& ids,
+                             const std::vector<float>& weights, int top_k);
+
+// Row (de)serialisation in the wire dtype.
+void PackRows(const float* rows, int64_t num_rows, int64_t hidden, DType dtype,
+              std::vector<uint8_t>* out);
+void UnpackRows(const uint8_t* data, int64_t num_rows, int64_t hidden, DType dtype, float* out);
+
+// Per-rank-pair traffic counters, cumulative; read from other threads.
+struct DispatchCounters {
+  explicit DispatchCounters(int num_ep_ranks)
+      : tokens_dispatched(num_ep_ranks), tokens_combined(num_ep_ranks) {}
+  std::vector<std::atomic<int64_t>> tokens_dispatched;  // per destination EP rank
+  std::vector<std::atomic<int64_t>> tokens_combined;    // per source EP rank
+};
+
+struct DispatchOptions {
+  DType wire_dtype = DType::kF32;
+  absl::Duration timeout = absl::Seconds(5);  // a step fails with UNAVAILABLE after this
+};
+
+class RemoteMoeExecutor final : public MoeExecutor {
+ public:
+  // `ep_peers[r]` is EP rank r's transport peer id.
+  RemoteMoeExecutor(Transport* transport, std::vector<int> ep_peers, Placement placement,
+                    int64_t hidden, DispatchOptions options);
+
+  // The step id stamped on messages; the step loop sets it before each forward pass.
+  void set_step(uint64_t step) { step_ = step; }
+  void set_placement(Placement p) { placement_ = std::move(p); }
+  void set_ep_peers(std::vector<int> peers) { ep_peers_ = std::move(peers); }
+  const DispatchCounters& counters() const { return *counters_; }
+
+  absl::Status Run(int layer, const Tensor& x, const std::vector<int32_t>& ids,
+                   const std::vector<float>& weights, int top_k, Tensor* out) override;
+
+ private:
+  absl::StatusOr<TransportMessage> RecvCombine(int rank, int layer, absl::Time deadline);
+
+  Transport* transport_;
+  std::vector<int> ep_peers_;
+  Placement placement_;
+  int64_t hidden_;
+  DispatchOptions options_;
+  uint64_t step_ = 0;
+  std::unique_ptr<DispatchCounters> counters_;
+  std::vector<uint8_t> scratch_;
+};
+
+}  // namespace dxs

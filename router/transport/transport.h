@@ -1,0 +1,92 @@
+// Transport: how dispatch and combine bytes move between attention and expert workers.
+//
+// Peers are numbered in the cluster's transport world (WorkerInfo.transport_rank, assigned
+// by the router: attention ranks first, then expert ranks). A message is a small header
+// (the engine's step/layer/kind and counts) plus a payload of rows; either may be empty,
+// and zero-size messages are sent like any other, so every (source, destination) pair
+// exchanges exactly one message per layer step.
+//
+// Ordering: messages from one peer are delivered in the order they were sent (the engine
+// keeps at most one message per (peer, kind) in flight, so this holds for every backend).
+//
+// Blocking: nothing spins. Recv and WaitForActivity sleep until a message arrives, a
+// peer fails, Wake() is called, or the deadline passes (UCX: ucp_worker_arm + the
+// worker's event fd).
+//
+// Faults: a peer whose connection fails is marked failed; Send/Recv to it return
+// UNAVAILABLE naming the peer, at once, until Connect() is called for it again.
+//
+// Identity: a UCX receiver learns who sent a message from the message itself, so each
+// transport must know its own transport rank (SetSelf) before its first Send.
+//
+// Thread safety: one thread (the step thread) calls everything but Wake(), which any
+// thread may call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace dxs {
+
+struct TransportMessage {
+  std::string header;
+  std::vector<uint8_t> payload;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string name() const = 0;  // "ucx", "inproc", "nccl"
+  // This endpoint's address, published through the router (opaque bytes).
+  virtual std::string LocalAddress() const = 0;
+  // Sets this endpoint's own transport rank, carried in every message it sends. Required
+  // by backends that cannot infer it (ucx); others check it matches or ignore it.
+  virtual absl::Status SetSelf(int peer) { return absl::OkStatus(); }
+
+  // Connects to `peer` at `address` (another transport's LocalAddress()); replaces any
+  // previous connection to that peer and clears its failed state.
+  virtual absl::Status Connect(int peer, const std::string& address) = 0;
+  virtual void Disconnect(int peer) = 0;
+
+  // Sends header + payload (each may be empty) to `peer`. When it returns, the buffers
+  // may be reused. UNAVAILABLE if the peer has failed.
+  virtual absl::Status Send(int peer, std::string_view header, const void* payload,
+                            size_t payload_bytes) = 0;
+  // The next message from `peer`. DEADLINE_EXCEEDED at the deadline; UNAVAILABLE if the
+  // peer fails first (messages that arrived before the failure are still returned first);
+  // CANCELLED if Wake() interrupts it.
+  virtual absl::StatusOr<TransportMessage> Recv(int peer, absl::Time deadline) = 0;
+  // True if a message from `peer` is queued (after making progress, without blocking).
+  virtual bool HasMessage(int peer) = 0;
+  // Sleeps until any message is queued, a peer fails, Wake() is called, or the deadline.
+  // Returns OK in all those cases; callers then check HasMessage / their own state.
+  virtual absl::Status WaitForActivity(absl::Time deadline) = 0;
+  // Interrupts WaitForActivity/Recv in the step thread. Thread-safe. A Wake() that comes
+  // while nothing waits is kept, and ends the next wait at once.
+  virtual void Wake() = 0;
+  // OK, or UNAVAILABLE if the connection to `peer` failed.
+  virtual absl::Status PeerStatus(int peer) = 0;
+};
+
+struct UcxTransportOptions {
+  // Keep shared memory with peer error handling on UCX 1.13: sets
+  // UCX_POSIX_ERROR_HANDLING=y and UCX_SYSV_ERROR_HANDLING=y unless already set.
+  bool keep_shared_memory = true;
+};
+
+// UCP active messages; addresses exchanged out of band (through the router).
+absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport(const UcxTransportOptions& options);
+
+// A group of in-process transports for unit tests: element i is peer i; addresses are
+// ignored and every pair is connected from the start.
+std::vector<std::unique_ptr<Transport>> MakeInprocTransportGroup(int num_peers);
+
+}  // namespace dxs

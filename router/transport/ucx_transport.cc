@@ -1,0 +1,641 @@
+// UCX backend of Transport: UCP active messages on one worker.
+//
+// Wire format: every message is one active message (id kAmId). Its UCP header is a
+// WireHeader (magic, sender rank, flags, user header length) followed by the user header;
+// the payload is the AM data. When the two headers together exceed the worker's maximum
+// AM header size, the user header travels in front of the payload instead
+// (kFlagHeaderInData), sent as a two-element IOV so nothing is copied on the send side.
+//
+// Receiving: the AM callback runs inside ucp_worker_progress on the step thread. Eager
+// data is copied into a new Inbound at once; for rendezvous the Inbound is queued first
+// (so it keeps its place in the sender's FIFO) and filled by ucp_am_recv_data_nbx. Recv
+// hands out the front Inbound of a peer only once it is complete.
+//
+// Ordering: UCP delivers one endpoint's active messages in send order (a single AM lane,
+// and Send does not return before the message left, or for rendezvous was fetched), and
+// an Inbound's queue position is fixed when its callback runs, so FIFO per peer holds.
+//
+// Blocking: WaitUntil spins on progress briefly, then ucp_worker_arm + epoll_wait on the
+// worker's event fd. Sleeps are capped at kMaxSleep so UCP's keepalive (which runs from
+// progress) notices peers that die without closing a socket, e.g. over shared memory.
+//
+// Faults: endpoints use UCP_ERR_HANDLING_MODE_PEER; the error callback marks the peer
+// failed and records a failure event for WaitForActivity.
+#include <sys/epoll.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "router/transport/transport.h"
+
+namespace dxs {
+namespace {
+
+constexpr unsigned kAmId = 0x44;
+constexpr uint32_t kMagic = 0x31535844;  // "DXS1"
+constexpr uint32_t kFlagHeaderInData = 1u << 0;
+
+// Progress-only spin before sleeping: round trips over shared memory finish well inside
+// it, so a ping-pong does not pay two wake-ups per message.
+constexpr absl::Duration kSpinBeforeSleep = absl::Microseconds(50);
+// Longest single sleep; bounds how late keepalive runs. See the file comment.
+constexpr absl::Duration kMaxSleep = absl::Milliseconds(100);
+// UCP keepalive interval unless UCX_KEEPALIVE_INTERVAL is set: a peer that dies over
+// shared memory is found within about two intervals (UCX's default is 20 s).
+constexpr const char* kKeepaliveInterval = "1s";
+// Bound on waiting for a forced endpoint close.
+constexpr absl::Duration kCloseTimeout = absl::Seconds(2);
+
+struct WireHeader {
+  uint32_t magic;
+  int32_t sender;
+  uint32_t flags;
+  uint32_t user_header_bytes;
+};
+static_assert(sizeof(WireHeader) == 16, "WireHeader is part of the wire format");
+
+std::string UcsError(ucs_status_t status) { return ucs_status_string(status); }
+
+// One received (or being received) message.
+struct Inbound {
+  TransportMessage message;
+  bool header_in_data = false;
+  size_t user_header_bytes = 0;
+  bool done = false;
+  ucs_status_t status = UCS_OK;
+  void* request = nullptr;  // outstanding ucp_am_recv_data_nbx request
+  size_t expected_bytes = 0;
+};
+
+// Marks `in` complete with `status`; splits a user header sent in front of the payload.
+void CompleteInbound(Inbound* in, ucs_status_t status) {
+  in->status = status;
+  if (status == UCS_OK && in->header_in_data) {
+    auto& payload = in->message.payload;
+    in->message.header.assign(reinterpret_cast<const char*>(payload.data()),
+                              in->user_header_bytes);
+    payload.erase(payload.begin(), payload.begin() + in->user_header_bytes);
+  }
+  in->done = true;
+}
+
+struct SendState {
+  bool done = false;
+  ucs_status_t status = UCS_OK;
+};
+
+class UcxTransport;
+
+// Context of one endpoint's error callback; outlives the endpoint.
+struct EndpointContext {
+  UcxTransport* transport;
+  int peer;
+  bool closing = false;
+};
+
+struct PeerState {
+  ucp_ep_h ep = nullptr;
+  EndpointContext* ep_context = nullptr;
+  bool ever_connected = false;
+  // Set when the connection failed or was closed by Disconnect(); cleared by Connect().
+  std::string failure;
+  std::deque<std::unique_ptr<Inbound>> inbox;
+};
+
+class UcxTransport final : public Transport {
+ public:
+  UcxTransport() = default;
+  ~UcxTransport() override;
+
+  absl::Status Init(const UcxTransportOptions& options);
+
+  std::string name() const override { return "ucx"; }
+  std::string LocalAddress() const override { return local_address_; }
+  absl::Status SetSelf(int peer) override;
+  absl::Status Connect(int peer, const std::string& address) override;
+  void Disconnect(int peer) override;
+  absl::Status Send(int peer, std::string_view header, const void* payload,
+                    size_t payload_bytes) override;
+  absl::StatusOr<TransportMessage> Recv(int peer, absl::Time deadline) override;
+  bool HasMessage(int peer) override;
+  absl::Status WaitForActivity(absl::Time deadline) override;
+  void Wake() override;
+  absl::Status PeerStatus(int peer) override;
+
+ private:
+  enum class WaitResult { kReady, kWoken, kDeadline, kError };
+
+  static ucs_status_t AmCallback(void* arg, const void* header, size_t header_length,
+                                 void* data, size_t length, const ucp_am_recv_param_t* param);
+  static void RecvDataCallback(void* request, ucs_status_t status, size_t length,
+                               void* user_data);
+  static void SendCallback(void* request, ucs_status_t status, void* user_data);
+  static void ErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  ucs_status_t OnActiveMessage(const void* header, size_t header_length, void* data,
+                               size_t length, const ucp_am_recv_param_t* param);
+  void OnEndpointError(EndpointContext* context, ucs_status_t status);
+
+  // Progresses until idle. Returns the number of events processed.
+  unsigned ProgressAll();
+  // Progresses and sleeps until ready() holds, Wake() (if honor_wake), or the deadline.
+  template <typename Ready>
+  WaitResult WaitUntil(absl::Time deadline, bool honor_wake, Ready ready);
+  // Sleeps on the worker's event fd for at most `timeout`; false on an arm/epoll error.
+  bool SleepOnEventFd(absl::Duration timeout);
+
+  // Pops a failed front Inbound; true if the front one is complete.
+  bool FrontReady(PeerState& state);
+  bool AnyFrontReady();
+  void CloseEndpoint(PeerState& state);
+  absl::Status Unavailable(int peer, const PeerState& state) const;
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int epoll_fd_ = -1;
+  std::string local_address_;
+  size_t max_am_header_bytes_ = 0;
+  int self_ = -1;
+  std::map<int, PeerState> peers_;
+  // Endpoint contexts are freed with the transport: UCX may call an error callback
+  // while an endpoint is being closed.
+  std::deque<std::unique_ptr<EndpointContext>> endpoint_contexts_;
+  bool failure_event_ = false;
+  uint64_t dropped_messages_ = 0;
+  std::atomic<bool> wake_pending_{false};
+};
+
+absl::Status UcxTransport::Init(const UcxTransportOptions& options) {
+  if (options.keep_shared_memory) {
+    // UCX 1.13 drops shared memory transports for endpoints with peer error handling
+    // unless these are set. overwrite=0: an operator's explicit choice wins.
+    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+  }
+  ucp_config_t* config = nullptr;
+  ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+  if (status != UCS_OK) {
+    return absl::InternalError(absl::StrCat("ucp_config_read: ", UcsError(status)));
+  }
+  if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
+    status = ucp_config_modify(config, "KEEPALIVE_INTERVAL", kKeepaliveInterval);
+    if (status != UCS_OK) {
+      ucp_config_release(config);
+      return absl::InternalError(
+          absl::StrCat("ucp_config_modify(KEEPALIVE_INTERVAL): ", UcsError(status)));
+    }
+  }
+  ucp_params_t params = {};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.name = "dxs";
+  status = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (status != UCS_OK) {
+    context_ = nullptr;
+    return absl::InternalError(absl::StrCat("ucp_init: ", UcsError(status)));
+  }
+
+  ucp_worker_params_t worker_params = {};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  // Single-threaded: only the step thread touches the worker; Wake() uses
+  // ucp_worker_signal, which UCX documents as safe from any thread in any mode.
+  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  status = ucp_worker_create(context_, &worker_params, &worker_);
+  if (status != UCS_OK) {
+    worker_ = nullptr;
+    return absl::InternalError(absl::StrCat("ucp_worker_create: ", UcsError(status)));
+  }
+
+  ucp_worker_attr_t attr = {};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  status = ucp_worker_query(worker_, &attr);
+  if (status != UCS_OK) {
+    return absl::InternalError(absl::StrCat("ucp_worker_query: ", UcsError(status)));
+  }
+  max_am_header_bytes_ = attr.max_am_header;
+  if (max_am_header_bytes_ < sizeof(WireHeader)) {
+    return absl::InternalError(absl::StrCat("UCX allows only ", max_am_header_bytes_,
+                                            "-byte active message headers"));
+  }
+
+  ucp_address_t* address = nullptr;
+  size_t address_bytes = 0;
+  status = ucp_worker_get_address(worker_, &address, &address_bytes);
+  if (status != UCS_OK) {
+    return absl::InternalError(absl::StrCat("ucp_worker_get_address: ", UcsError(status)));
+  }
+  local_address_.assign(reinterpret_cast<const char*>(address), address_bytes);
+  ucp_worker_release_address(worker_, address);
+
+  ucp_am_handler_param_t handler = {};
+  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                       UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  handler.id = kAmId;
+  handler.flags = UCP_AM_FLAG_WHOLE_MSG;
+  handler.cb = &UcxTransport::AmCallback;
+  handler.arg = this;
+  status = ucp_worker_set_am_recv_handler(worker_, &handler);
+  if (status != UCS_OK) {
+    return absl::InternalError(
+        absl::StrCat("ucp_worker_set_am_recv_handler: ", UcsError(status)));
+  }
+
+  int event_fd = -1;
+  status = ucp_worker_get_efd(worker_, &event_fd);
+  if (status != UCS_OK) {
+    return absl::InternalError(absl::StrCat("ucp_worker_get_efd: ", UcsError(status)));
+  }
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) {
+    return absl::InternalError(absl::StrCat("epoll_create1: ", std::strerror(errno)));
+  }
+  epoll_event event = {};
+  event.events = EPOLLIN;
+  event.data.fd = event_fd;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event_fd, &event) != 0) {
+    return absl::InternalError(absl::StrCat("epoll_ctl: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+UcxTransport::~UcxTransport() {
+  if (worker_ != nullptr) {
+    for (auto& [peer, state] : peers_) CloseEndpoint(state);
+    // Cancel rendezvous receives still in flight; their callbacks run during progress and
+    // touch only their Inbound, which lives until after the worker is gone.
+    for (auto& [peer, state] : peers_) {
+      for (auto& inbound : state.inbox) {
+        if (inbound->request != nullptr) ucp_request_cancel(worker_, inbound->request);
+      }
+    }
+    ProgressAll();
+    ucp_worker_destroy(worker_);
+  }
+  if (context_ != nullptr) ucp_cleanup(context_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+}
+
+absl::Status UcxTransport::SetSelf(int peer) {
+  if (peer < 0) return absl::InvalidArgumentError(absl::StrCat("bad self rank ", peer));
+  self_ = peer;
+  return absl::OkStatus();
+}
+
+absl::Status UcxTransport::Connect(int peer, const std::string& address) {
+  if (peer < 0) return absl::InvalidArgumentError(absl::StrCat("bad peer ", peer));
+  if (address.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("empty UCX address for peer ", peer));
+  }
+  PeerState& state = peers_[peer];
+  CloseEndpoint(state);
+
+  endpoint_contexts_.push_back(std::make_unique<EndpointContext>());
+  EndpointContext* context = endpoint_contexts_.back().get();
+  context->transport = this;
+  context->peer = peer;
+
+  ucp_ep_params_t params = {};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &UcxTransport::ErrorCallback;
+  params.err_handler.arg = context;
+  ucp_ep_h ep = nullptr;
+  ucs_status_t status = ucp_ep_create(worker_, &params, &ep);
+  if (status != UCS_OK) {
+    state.failure = absl::StrCat("connect failed: ", UcsError(status));
+    return absl::UnavailableError(
+        absl::StrCat("connect to peer ", peer, " failed: ", UcsError(status)));
+  }
+  state.ep = ep;
+  state.ep_context = context;
+  state.ever_connected = true;
+  state.failure.clear();
+  return absl::OkStatus();
+}
+
+void UcxTransport::Disconnect(int peer) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return;
+  CloseEndpoint(it->second);
+  if (it->second.failure.empty()) it->second.failure = "disconnected";
+}
+
+void UcxTransport::CloseEndpoint(PeerState& state) {
+  if (state.ep == nullptr) return;
+  state.ep_context->closing = true;
+  ucp_request_param_t params = {};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  params.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t request = ucp_ep_close_nbx(state.ep, &params);
+  if (UCS_PTR_IS_PTR(request)) {
+    const absl::Time deadline = absl::Now() + kCloseTimeout;
+    WaitUntil(deadline, /*honor_wake=*/false,
+              [&] { return ucp_request_check_status(request) != UCS_INPROGRESS; });
+    // Frees now if complete, otherwise when UCX completes it.
+    ucp_request_free(request);
+  }
+  state.ep = nullptr;
+  state.ep_context = nullptr;
+}
+
+absl::Status UcxTransport::Unavailable(int peer, const PeerState& state) const {
+  return absl::UnavailableError(absl::StrCat("peer ", peer, " ", state.failure));
+}
+
+absl::Status UcxTransport::Send(int peer, std::string_view header, const void* payload,
+                                size_t payload_bytes) {
+  if (self_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("send to peer ", peer, ": SetSelf() was not called"));
+  }
+  if (payload_bytes > 0 && payload == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("send to peer ", peer, ": null payload of ", payload_bytes, " bytes"));
+  }
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || !it->second.ever_connected) {
+    return absl::FailedPreconditionError(absl::StrCat("peer ", peer, " is not connected"));
+  }
+  PeerState& state = it->second;
+  if (!state.failure.empty()) return Unavailable(peer, state);
+
+  WireHeader wire = {};
+  wire.magic = kMagic;
+  wire.sender = self_;
+  wire.user_header_bytes = static_cast<uint32_t>(header.size());
+  const bool header_in_data = sizeof(WireHeader) + header.size() > max_am_header_bytes_;
+  if (header_in_data) wire.flags |= kFlagHeaderInData;
+  std::string am_header(reinterpret_cast<const char*>(&wire), sizeof(wire));
+  if (!header_in_data) am_header.append(header);
+
+  SendState send_state;
+  ucp_request_param_t params = {};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  params.cb.send = &UcxTransport::SendCallback;
+  params.user_data = &send_state;
+  ucp_dt_iov_t iov[2];
+  const void* buffer = payload;
+  size_t count = payload_bytes;
+  if (header_in_data) {
+    iov[0].buffer = const_cast<char*>(header.data());
+    iov[0].length = header.size();
+    iov[1].buffer = const_cast<void*>(payload);
+    iov[1].length = payload_bytes;
+    params.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    params.datatype = ucp_dt_make_iov();
+    buffer = iov;
+    count = 2;
+  }
+  ucs_status_ptr_t request =
+      ucp_am_send_nbx(state.ep, kAmId, am_header.data(), am_header.size(), buffer, count, &params);
+  if (request == nullptr) return absl::OkStatus();
+  if (UCS_PTR_IS_ERR(request)) {
+    return absl::UnavailableError(
+        absl::StrCat("send to peer ", peer, " failed: ", UcsError(UCS_PTR_STATUS(request))));
+  }
+  // No deadline: the request ends when the data has left (eager), the receiver fetched it
+  // (rendezvous), or the endpoint fails, which completes it with an error.
+  WaitResult result =
+      WaitUntil(absl::InfiniteFuture(), /*honor_wake=*/false, [&] { return send_state.done; });
+  if (result != WaitResult::kReady) {
+    ucp_request_cancel(worker_, request);
+    while (!send_state.done && ProgressAll() > 0) {
+    }
+  }
+  ucp_request_free(request);
+  if (!send_state.done) {
+    return absl::InternalError(absl::StrCat("send to peer ", peer, ": waiting failed"));
+  }
+  if (send_state.status != UCS_OK) {
+    return absl::UnavailableError(
+        absl::StrCat("send to peer ", peer, " failed: ", UcsError(send_state.status)));
+  }
+  return absl::OkStatus();
+}
+
+bool UcxTransport::FrontReady(PeerState& state) {
+  while (!state.inbox.empty()) {
+    Inbound& front = *state.inbox.front();
+    if (!front.done) return false;
+    if (front.status == UCS_OK) return true;
+    // A rendezvous receive that failed (the sender died mid-transfer): not a message.
+    ++dropped_messages_;
+    state.inbox.pop_front();
+  }
+  return false;
+}
+
+bool UcxTransport::AnyFrontReady() {
+  for (auto& [peer, state] : peers_) {
+    if (FrontReady(state)) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<TransportMessage> UcxTransport::Recv(int peer, absl::Time deadline) {
+  if (peer < 0) return absl::InvalidArgumentError(absl::StrCat("bad peer ", peer));
+  PeerState& state = peers_[peer];
+  WaitResult result = WaitUntil(deadline, /*honor_wake=*/true,
+                                [&] { return FrontReady(state) || !state.failure.empty(); });
+  if (FrontReady(state)) {
+    TransportMessage message = std::move(state.inbox.front()->message);
+    state.inbox.pop_front();
+    return message;
+  }
+  if (!state.failure.empty()) return Unavailable(peer, state);
+  switch (result) {
+    case WaitResult::kWoken:
+      return absl::CancelledError(absl::StrCat("recv from peer ", peer, " interrupted by Wake()"));
+    case WaitResult::kError:
+      return absl::InternalError(absl::StrCat("recv from peer ", peer, ": waiting failed"));
+    default:
+      return absl::DeadlineExceededError(
+          absl::StrCat("no message from peer ", peer, " before the deadline"));
+  }
+}
+
+bool UcxTransport::HasMessage(int peer) {
+  ProgressAll();
+  auto it = peers_.find(peer);
+  return it != peers_.end() && FrontReady(it->second);
+}
+
+absl::Status UcxTransport::WaitForActivity(absl::Time deadline) {
+  WaitResult result = WaitUntil(deadline, /*honor_wake=*/true,
+                                [&] { return failure_event_ || AnyFrontReady(); });
+  failure_event_ = false;
+  if (result == WaitResult::kError) {
+    return absl::InternalError("waiting on the UCX worker failed");
+  }
+  return absl::OkStatus();
+}
+
+void UcxTransport::Wake() {
+  wake_pending_.store(true, std::memory_order_release);
+  ucp_worker_signal(worker_);
+}
+
+absl::Status UcxTransport::PeerStatus(int peer) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || !it->second.ever_connected) {
+    return absl::FailedPreconditionError(absl::StrCat("peer ", peer, " is not connected"));
+  }
+  ProgressAll();
+  if (!it->second.failure.empty()) return Unavailable(peer, it->second);
+  return absl::OkStatus();
+}
+
+unsigned UcxTransport::ProgressAll() {
+  unsigned total = 0;
+  while (unsigned n = ucp_worker_progress(worker_)) total += n;
+  return total;
+}
+
+template <typename Ready>
+UcxTransport::WaitResult UcxTransport::WaitUntil(absl::Time deadline, bool honor_wake,
+                                                 Ready ready) {
+  for (;;) {
+    const absl::Time spin_end = absl::Now() + kSpinBeforeSleep;
+    absl::Time now;
+    do {
+      ProgressAll();
+      if (ready()) return WaitResult::kReady;
+      if (honor_wake && wake_pending_.exchange(false, std::memory_order_acq_rel)) {
+        return WaitResult::kWoken;
+      }
+      now = absl::Now();
+      if (now >= deadline) return WaitResult::kDeadline;
+    } while (now < spin_end);
+    if (!SleepOnEventFd(std::min(deadline - now, kMaxSleep))) return WaitResult::kError;
+  }
+}
+
+bool UcxTransport::SleepOnEventFd(absl::Duration timeout) {
+  ucs_status_t status = ucp_worker_arm(worker_);
+  if (status == UCS_ERR_BUSY) return true;  // events pending: progress again
+  if (status != UCS_OK) return false;
+  // Round up so a wait never ends before its deadline and then spins on the remainder.
+  const int timeout_ms =
+      static_cast<int>(absl::ToInt64Milliseconds(absl::Ceil(timeout, absl::Milliseconds(1))));
+  epoll_event event;
+  int n = epoll_wait(epoll_fd_, &event, 1, timeout_ms);
+  return n >= 0 || errno == EINTR;
+}
+
+ucs_status_t UcxTransport::AmCallback(void* arg, const void* header, size_t header_length,
+                                      void* data, size_t length,
+                                      const ucp_am_recv_param_t* param) {
+  return static_cast<UcxTransport*>(arg)->OnActiveMessage(header, header_length, data, length,
+                                                          param);
+}
+
+ucs_status_t UcxTransport::OnActiveMessage(const void* header, size_t header_length, void* data,
+                                           size_t length, const ucp_am_recv_param_t* param) {
+  WireHeader wire;
+  if (header_length < sizeof(wire)) {
+    ++dropped_messages_;
+    return UCS_OK;
+  }
+  std::memcpy(&wire, header, sizeof(wire));
+  const bool header_in_data = (wire.flags & kFlagHeaderInData) != 0;
+  const size_t inline_header_bytes = header_in_data ? 0 : wire.user_header_bytes;
+  if (wire.magic != kMagic || wire.sender < 0 ||
+      header_length != sizeof(wire) + inline_header_bytes ||
+      (header_in_data && length < wire.user_header_bytes)) {
+    ++dropped_messages_;
+    return UCS_OK;
+  }
+  const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+
+  auto inbound = std::make_unique<Inbound>();
+  Inbound* raw = inbound.get();
+  raw->header_in_data = header_in_data;
+  raw->user_header_bytes = wire.user_header_bytes;
+  raw->message.header.assign(static_cast<const char*>(header) + sizeof(wire),
+                             inline_header_bytes);
+  peers_[wire.sender].inbox.push_back(std::move(inbound));
+
+  if (!rendezvous) {
+    const auto* bytes = static_cast<const uint8_t*>(data);
+    raw->message.payload.assign(bytes, bytes + length);
+    CompleteInbound(raw, UCS_OK);
+    return UCS_OK;
+  }
+
+  raw->message.payload.resize(length);
+  raw->expected_bytes = length;
+  ucp_request_param_t params = {};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  params.cb.recv_am = &UcxTransport::RecvDataCallback;
+  params.user_data = raw;
+  ucs_status_ptr_t request =
+      ucp_am_recv_data_nbx(worker_, data, raw->message.payload.data(), length, &params);
+  if (request == nullptr) {
+    CompleteInbound(raw, UCS_OK);
+    return UCS_OK;
+  }
+  if (UCS_PTR_IS_ERR(request)) {
+    CompleteInbound(raw, UCS_PTR_STATUS(request));  // dropped by FrontReady
+    return UCS_OK;
+  }
+  raw->request = request;
+  return UCS_INPROGRESS;
+}
+
+void UcxTransport::RecvDataCallback(void* request, ucs_status_t status, size_t length,
+                                    void* user_data) {
+  auto* in = static_cast<Inbound*>(user_data);
+  in->request = nullptr;
+  if (status == UCS_OK && length != in->expected_bytes) status = UCS_ERR_MESSAGE_TRUNCATED;
+  CompleteInbound(in, status);
+  ucp_request_free(request);
+}
+
+void UcxTransport::SendCallback(void* request, ucs_status_t status, void* user_data) {
+  auto* state = static_cast<SendState*>(user_data);
+  state->status = status;
+  state->done = true;
+}
+
+void UcxTransport::ErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* context = static_cast<EndpointContext*>(arg);
+  context->transport->OnEndpointError(context, status);
+}
+
+void UcxTransport::OnEndpointError(EndpointContext* context, ucs_status_t status) {
+  if (context->closing) return;
+  PeerState& state = peers_[context->peer];
+  if (state.ep_context != context) return;
+  state.failure = absl::StrCat("failed: ", UcsError(status));
+  failure_event_ = true;
+  // The failed endpoint is closed by the next Connect/Disconnect or the destructor; UCX
+  // allows only a forced close, which must not run inside this callback.
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport(const UcxTransportOptions& options) {
+  auto transport = std::make_unique<UcxTransport>();
+  absl::Status status = transport->Init(options);
+  if (!status.ok()) return status;
+  return std::unique_ptr<Transport>(std::move(transport));
+}
+
+}  // namespace dxs
