@@ -11,7 +11,13 @@ ExpertShard::ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Bac
     : config_(config),
       weights_(std::move(weights)),
       backend_(backend),
-      tokens_per_expert_(std::max<int64_t>(config.num_experts, 0), 0) {}
+      tokens_per_expert_(new std::atomic<int64_t>[std::max<int64_t>(config.num_experts, 0)]()) {}
+
+std::vector<int64_t> ExpertShard::tokens_per_expert_snapshot() const {
+  std::vector<int64_t> out(std::max<int64_t>(config_.num_experts, 0));
+  for (size_t e = 0; e < out.size(); ++e) out[e] = tokens_per_expert_[e].load();
+  return out;
+}
 
 bool ExpertShard::Holds(int layer, int expert) const {
   return weights_.count({layer, expert}) > 0;

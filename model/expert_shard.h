@@ -6,7 +6,9 @@
 // their given order within an expert, so the summation order is fixed.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,14 +41,15 @@ class ExpertShard {
   // out is overwritten; rows with no pair become zero. x may have zero rows.
   absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out);
 
-  // Rows processed per expert since construction (layer-aggregated), for metrics.
-  const std::vector<int64_t>& tokens_per_expert() const { return tokens_per_expert_; }
+  // Rows processed per expert since construction (layer-aggregated), for metrics. Safe to
+  // call from any thread.
+  std::vector<int64_t> tokens_per_expert_snapshot() const;
 
  private:
   ModelConfig config_;
   ExpertWeightMap weights_;
   Backend* backend_;
-  std::vector<int64_t> tokens_per_expert_;
+  std::unique_ptr<std::atomic<int64_t>[]> tokens_per_expert_;
 };
 
 }  // namespace dxs

@@ -5,6 +5,7 @@
 // would not fit. Thread safety: not thread-safe; one scheduler thread owns it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <vector>
@@ -40,7 +41,7 @@ class KvCache {
   ModelConfig config_;
   Backend* backend_;
   int64_t capacity_tokens_;
-  int64_t reserved_tokens_ = 0;
+  std::atomic<int64_t> reserved_tokens_{0};  // read by load reporting on other threads
   int next_slot_ = 0;
   std::map<int, Slot> slots_;
 };

@@ -102,9 +102,9 @@ class InprocTransport final : public Transport {
     std::unique_lock<std::mutex> lock(hub_->mu);
     Mailbox& own = Own();
     auto& queue = own.from[peer];
-    const bool woken = WaitLocked(lock, deadline, [&] {
-      return !queue.empty() || !own.failure[peer].empty();
-    });
+    const bool woken = WaitLocked(
+        lock, deadline, [&] { return !queue.empty() || !own.failure[peer].empty(); },
+        /*honor_wake=*/false);
     if (!queue.empty()) {
       TransportMessage message = std::move(queue.front());
       queue.pop_front();
@@ -162,11 +162,12 @@ class InprocTransport final : public Transport {
   // Waits (hub_->mu held through `lock`) until ready(), a pending Wake(), or the deadline.
   // Returns true if a Wake() ended the wait.
   template <typename Ready>
-  bool WaitLocked(std::unique_lock<std::mutex>& lock, absl::Time deadline, Ready ready) {
+  bool WaitLocked(std::unique_lock<std::mutex>& lock, absl::Time deadline, Ready ready,
+                  bool honor_wake = true) {
     Mailbox& own = Own();
     for (;;) {
       if (ready()) return false;
-      if (own.wake_pending) {
+      if (honor_wake && own.wake_pending) {
         own.wake_pending = false;
         return true;
       }

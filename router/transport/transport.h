@@ -61,16 +61,17 @@ class Transport {
   virtual absl::Status Send(int peer, std::string_view header, const void* payload,
                             size_t payload_bytes) = 0;
   // The next message from `peer`. DEADLINE_EXCEEDED at the deadline; UNAVAILABLE if the
-  // peer fails first (messages that arrived before the failure are still returned first);
-  // CANCELLED if Wake() interrupts it.
+  // peer fails first (messages that arrived before the failure are still returned first).
+  // Wake() does not interrupt it: a step waiting for its peers must not be cut short by
+  // new work arriving.
   virtual absl::StatusOr<TransportMessage> Recv(int peer, absl::Time deadline) = 0;
   // True if a message from `peer` is queued (after making progress, without blocking).
   virtual bool HasMessage(int peer) = 0;
   // Sleeps until any message is queued, a peer fails, Wake() is called, or the deadline.
   // Returns OK in all those cases; callers then check HasMessage / their own state.
   virtual absl::Status WaitForActivity(absl::Time deadline) = 0;
-  // Interrupts WaitForActivity/Recv in the step thread. Thread-safe. A Wake() that comes
-  // while nothing waits is kept, and ends the next wait at once.
+  // Interrupts WaitForActivity in the step thread. Thread-safe. A Wake() that comes
+  // while nothing waits is kept, and ends the next WaitForActivity at once.
   virtual void Wake() = 0;
   // OK, or UNAVAILABLE if the connection to `peer` failed.
   virtual absl::Status PeerStatus(int peer) = 0;

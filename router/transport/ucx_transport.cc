@@ -452,7 +452,7 @@ bool UcxTransport::AnyFrontReady() {
 absl::StatusOr<TransportMessage> UcxTransport::Recv(int peer, absl::Time deadline) {
   if (peer < 0) return absl::InvalidArgumentError(absl::StrCat("bad peer ", peer));
   PeerState& state = peers_[peer];
-  WaitResult result = WaitUntil(deadline, /*honor_wake=*/true,
+  WaitResult result = WaitUntil(deadline, /*honor_wake=*/false,
                                 [&] { return FrontReady(state) || !state.failure.empty(); });
   if (FrontReady(state)) {
     TransportMessage message = std::move(state.inbox.front()->message);
@@ -461,8 +461,6 @@ absl::StatusOr<TransportMessage> UcxTransport::Recv(int peer, absl::Time deadlin
   }
   if (!state.failure.empty()) return Unavailable(peer, state);
   switch (result) {
-    case WaitResult::kWoken:
-      return absl::CancelledError(absl::StrCat("recv from peer ", peer, " interrupted by Wake()"));
     case WaitResult::kError:
       return absl::InternalError(absl::StrCat("recv from peer ", peer, ": waiting failed"));
     default:

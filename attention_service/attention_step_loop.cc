@@ -1,0 +1,112 @@
+#include "attention_service/attention_step_loop.h"
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "router/dispatch/wire.h"
+
+namespace dxs {
+
+AttentionStepLoop::AttentionStepLoop(int dp_rank, std::vector<int> dp_peers,
+                                     Transport* transport, Qwen3MoeModel* model,
+                                     RemoteMoeExecutor* moe, Scheduler* scheduler, KvCache* kv,
+                                     absl::Duration timeout)
+    : dp_rank_(dp_rank),
+      dp_peers_(std::move(dp_peers)),
+      transport_(transport),
+      model_(model),
+      moe_(moe),
+      scheduler_(scheduler),
+      kv_(kv),
+      timeout_(timeout) {}
+
+void AttentionStepLoop::Wake() {
+  wake_pending_ = true;
+  transport_->Wake();
+}
+
+absl::StatusOr<int64_t> AttentionStepLoop::ExchangeStep(int64_t my_tokens) {
+  const int num_dp = static_cast<int>(dp_peers_.size());
+  if (num_dp == 1) return my_tokens;
+  const absl::Time deadline = absl::Now() + timeout_;
+  // Peers' step messages, read first: a peer may be a step ahead if this rank missed the
+  // end of a failed step; then this rank joins the peer's step number.
+  std::vector<WireHeader> theirs(num_dp);
+  std::vector<bool> have(num_dp, false);
+  for (int r = 0; r < num_dp; ++r) {
+    if (r == dp_rank_ || !transport_->HasMessage(dp_peers_[r])) continue;
+    DXS_ASSIGN_OR_RETURN(TransportMessage m, transport_->Recv(dp_peers_[r], deadline));
+    DXS_ASSIGN_OR_RETURN(theirs[r], WireHeader::Decode(m.header));
+    have[r] = true;
+  }
+  for (int r = 0; r < num_dp; ++r) {
+    if (have[r] && theirs[r].step > step_) step_ = theirs[r].step;
+  }
+  WireHeader mine;
+  mine.kind = MessageKind::kStep;
+  mine.step = step_;
+  mine.aux = my_tokens;
+  const std::string encoded = mine.Encode();
+  for (int r = 0; r < num_dp; ++r) {
+    if (r == dp_rank_) continue;
+    DXS_RETURN_IF_ERROR(transport_->Send(dp_peers_[r], encoded, nullptr, 0));
+  }
+  int64_t total = my_tokens;
+  for (int r = 0; r < num_dp; ++r) {
+    if (r == dp_rank_) continue;
+    // Skip step messages of older steps (left over from a failed step).
+    while (!have[r] || theirs[r].step < step_) {
+      DXS_ASSIGN_OR_RETURN(TransportMessage m, transport_->Recv(dp_peers_[r], deadline));
+      DXS_ASSIGN_OR_RETURN(theirs[r], WireHeader::Decode(m.header));
+      have[r] = true;
+    }
+    if (theirs[r].kind != MessageKind::kStep || theirs[r].step != step_) {
+      return absl::InternalError(absl::StrCat("DP rank ", r, " is at step ", theirs[r].step,
+                                              ", this rank at ", step_));
+    }
+    total += theirs[r].aux;
+  }
+  return total;
+}
+
+absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
+  bool peer_started = false;
+  for (int r = 0; r < static_cast<int>(dp_peers_.size()); ++r) {
+    if (r != dp_rank_ && transport_->HasMessage(dp_peers_[r])) peer_started = true;
+  }
+  if (!scheduler_->HasWork() && !peer_started && !wake_pending_.exchange(false)) {
+    DXS_RETURN_IF_ERROR(transport_->WaitForActivity(absl::Now() + idle_wait));
+    return false;
+  }
+  std::vector<SequenceChunk> chunks = scheduler_->BuildStep();
+  int64_t my_tokens = 0;
+  for (const SequenceChunk& c : chunks) my_tokens += static_cast<int64_t>(c.tokens.size());
+  absl::StatusOr<int64_t> total = ExchangeStep(my_tokens);
+  absl::StatusOr<Tensor> logits = absl::UnknownError("no forward pass");
+  if (total.ok()) {
+    moe_->set_step(step_);
+    logits = model_->Forward(chunks, kv_);
+  } else {
+    logits = total.status();
+  }
+  ++step_;
+  counters_.next_step = step_;
+  ++counters_.steps;
+  counters_.tokens += my_tokens;
+  if (my_tokens == 0) ++counters_.empty_steps;
+  if (total.ok() && *total == 0) ++counters_.all_empty_steps;
+  if (!logits.ok()) {
+    ++counters_.failed_steps;
+    const absl::Status failure = absl::UnavailableError(
+        absl::StrCat("step ", step_ - 1, " failed on DP rank ", dp_rank_, ": ",
+                     logits.status().message()));
+    std::cerr << "attention rank " << dp_rank_ << ": " << failure << "\n";
+    scheduler_->FailAll(failure);
+    return true;
+  }
+  scheduler_->FinishStep(*logits);
+  return true;
+}
+
+}  // namespace dxs

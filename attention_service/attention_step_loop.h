@@ -1,0 +1,69 @@
+// AttentionStepLoop: one DP rank's step loop, in lockstep with the other DP ranks.
+//
+// A step starts with a tiny exchange among all DP ranks (one kStep message each way per
+// pair, carrying the sender's token count). A rank with work sends its step message at
+// once; an idle rank sends one only when a peer's arrives, so an idle cluster is quiet:
+// every rank sleeps in Transport::WaitForActivity and wakes within a millisecond of new
+// work (Wake() from the request thread, or a peer's step message). Once the exchange is
+// done, every rank runs the forward pass, with zero tokens if it has none, so every MoE
+// layer's dispatch/combine sees every DP rank; empty steps are counted.
+//
+// Thread safety: RunOnce is called by the step thread only; Wake and counters from any.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "model/kv_cache.h"
+#include "model/qwen3_moe.h"
+#include "model/scheduler.h"
+#include "router/dispatch/dispatch_combine.h"
+#include "router/transport/transport.h"
+
+namespace dxs {
+
+struct AttentionCounters {
+  std::atomic<int64_t> steps{0};
+  std::atomic<int64_t> empty_steps{0};      // steps in which this rank had no tokens
+  std::atomic<int64_t> all_empty_steps{0};  // steps in which no DP rank had tokens
+  std::atomic<int64_t> failed_steps{0};
+  std::atomic<int64_t> tokens{0};
+  std::atomic<uint64_t> next_step{0};
+};
+
+class AttentionStepLoop {
+ public:
+  // `dp_peers[r]` is DP rank r's transport peer id; dp_peers[dp_rank] is this rank.
+  AttentionStepLoop(int dp_rank, std::vector<int> dp_peers, Transport* transport,
+                    Qwen3MoeModel* model, RemoteMoeExecutor* moe, Scheduler* scheduler,
+                    KvCache* kv, absl::Duration timeout);
+
+  // Runs one step if this rank has work, a peer started a step, or a wake is pending;
+  // otherwise sleeps up to `idle_wait` and returns false.
+  absl::StatusOr<bool> RunOnce(absl::Duration idle_wait);
+  // Makes the next RunOnce start a step (the cluster-wide wake; an empty one if no rank
+  // has work). Thread-safe.
+  void Wake();
+  const AttentionCounters& counters() const { return counters_; }
+
+ private:
+  // The step exchange. Returns the total token count of all DP ranks.
+  absl::StatusOr<int64_t> ExchangeStep(int64_t my_tokens);
+
+  int dp_rank_;
+  std::vector<int> dp_peers_;
+  Transport* transport_;
+  Qwen3MoeModel* model_;
+  RemoteMoeExecutor* moe_;
+  Scheduler* scheduler_;
+  KvCache* kv_;
+  absl::Duration timeout_;
+  uint64_t step_ = 0;
+  std::atomic<bool> wake_pending_{false};
+  AttentionCounters counters_;
+};
+
+}  // namespace dxs

@@ -1,0 +1,62 @@
+// AttentionWorkerService: dxs.v1.AttentionWorker over a Scheduler and its step loop.
+//
+// Generate streams each token as the step thread produces it (one TokenChunk per step),
+// then a GenerateComplete. A cancelled call or a passed deadline aborts the request, which
+// frees its KV at the next step boundary. Errors become gRPC statuses only here.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "attention_service/attention_step_loop.h"
+#include "common/model_config.h"
+#include "dxs/v1/attention_worker.grpc.pb.h"
+#include "model/kv_cache.h"
+#include "model/scheduler.h"
+
+namespace dxs {
+
+class AttentionWorkerService final : public v1::AttentionWorker::Service {
+ public:
+  AttentionWorkerService(int dp_rank, const ModelConfig& config, Scheduler* scheduler,
+                         KvCache* kv);
+
+  // Set once the step loop exists; until then and while `ready` is false, Generate is
+  // UNAVAILABLE.
+  void set_step_loop(AttentionStepLoop* loop) { step_loop_ = loop; }
+  void set_ready(bool ready) { ready_ = ready; }
+  bool ready() const { return ready_; }
+
+  grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req,
+                     v1::AbortResponse* resp) override;
+  grpc::Status GetLoad(grpc::ServerContext* ctx, const v1::GetLoadRequest* req,
+                       v1::GetLoadResponse* resp) override;
+  grpc::Status Wake(grpc::ServerContext* ctx, const v1::WakeRequest* req,
+                    v1::WakeResponse* resp) override;
+
+  v1::RankLoad Load();
+
+ private:
+  int dp_rank_;
+  ModelConfig config_;
+  Scheduler* scheduler_;
+  KvCache* kv_;
+  std::atomic<AttentionStepLoop*> step_loop_{nullptr};
+  std::atomic<bool> ready_{false};
+  std::mutex mu_;
+  std::map<std::string, uint64_t> ids_;  // guarded by mu_: request id -> scheduler id
+  uint64_t next_id_ = 1;                  // guarded by mu_
+};
+
+// Proto request -> engine request (defaults for unset fields). INVALID_ARGUMENT on bad
+// values that the proto types allow but the engine would misread.
+absl::StatusOr<GenerationRequest> FromProto(const v1::GenerateRequest& req);
+v1::FinishReason ToProto(FinishReason reason);
+
+}  // namespace dxs

@@ -1,0 +1,125 @@
+// dxs-attention: one attention worker (DP rank). Runs everything but the experts: its own
+// requests' embeddings, attention with KV cache, norms, router gate and top-k, lm_head and
+// sampling; dispatches MoE rows to the expert workers and combines their results.
+//
+//   dxs-attention --model DIR --rank R --router HOST:PORT [--listen HOST:PORT]
+//                 [--kv-tokens N] [--prefill-chunk N] [--step-timeout-ms MS]
+#include <csignal>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "attention_service/attention_step_loop.h"
+#include "attention_service/attention_worker_service.h"
+#include "common/grpc/server.h"
+#include "common/model_config.h"
+#include "common/safetensors.h"
+#include "model/weights.h"
+#include "router/membership/worker_membership.h"
+#include "tools/dxs/cli_args.h"
+#include "router/membership/worker_runtime.h"
+
+namespace dxs {
+namespace {
+
+int Main(int argc, char** argv) {
+  absl::StatusOr<cli::Args> args = cli::Args::Parse(
+      std::vector<std::string>(argv + 1, argv + argc),
+      {"model", "rank", "router", "listen", "kv-tokens", "prefill-chunk", "step-timeout-ms"}, {});
+  auto fail = [](const absl::Status& s) {
+    std::cerr << "dxs-attention: " << s.message() << "\n";
+    return 2;
+  };
+  if (!args.ok()) return fail(args.status());
+  for (const char* required : {"model", "rank", "router"}) {
+    if (!args->Has(required)) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
+    }
+  }
+  auto rank = args->GetInt("rank", 0);
+  auto kv_tokens = args->GetInt("kv-tokens", 1 << 16);
+  auto chunk = args->GetInt("prefill-chunk", 256);
+  auto timeout_ms = args->GetInt("step-timeout-ms", 5000);
+  for (const absl::Status& s :
+       {rank.status(), kv_tokens.status(), chunk.status(), timeout_ms.status()}) {
+    if (!s.ok()) return fail(s);
+  }
+  const std::string model_dir = args->GetString("model");
+  WorkerRuntime runtime("attention", static_cast<int>(*rank));
+  InstallSignalHandlers();
+
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
+  if (!config.ok()) return fail(config.status());
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(model_dir);
+  if (!ckpt.ok()) return fail(ckpt.status());
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  absl::StatusOr<AttentionWeights> weights = LoadAttentionWeights(**ckpt, *config, backend.get());
+  if (!weights.ok()) return fail(weights.status());
+  KvCache kv(*config, backend.get(), *kv_tokens);
+  Scheduler scheduler(*config, &kv, {*chunk});
+  AttentionWorkerService service(static_cast<int>(*rank), *config, &scheduler, &kv);
+
+  absl::Status started = runtime.Start(args->GetString("listen", "127.0.0.1:0"), &service);
+  if (!started.ok()) return fail(started);
+
+  // The MoE executor and step loop need the cluster shape; made on the first full view.
+  const absl::Duration timeout = absl::Milliseconds(*timeout_ms);
+  std::unique_ptr<RemoteMoeExecutor> moe;
+  std::unique_ptr<Qwen3MoeModel> model;
+  std::unique_ptr<AttentionStepLoop> loop;
+  AttentionWeights attention_weights = std::move(*weights);
+
+  v1::RegisterRequest reg = runtime.BaseRegistration(v1::ROLE_ATTENTION, model_dir);
+  absl::Status joined = runtime.Join(args->GetString("router"), reg, [&](v1::HeartbeatRequest* hb) {
+    *hb->mutable_load() = service.Load();
+    if (AttentionStepLoop* l = loop.get()) {
+      const AttentionCounters& c = l->counters();
+      hb->mutable_counters()->set_steps_total(c.steps);
+      hb->mutable_counters()->set_empty_steps_total(c.empty_steps);
+      hb->mutable_counters()->set_tokens_total(c.tokens);
+      hb->mutable_counters()->set_next_step(c.next_step);
+    }
+  });
+  if (!joined.ok()) return fail(joined);
+  std::cout << "dxs-attention rank " << *rank << " listening on " << runtime.grpc_address()
+            << std::endl;
+
+  while (!ShutdownRequested()) {
+    std::optional<ClusterShape> shape = runtime.ApplyPendingView();
+    if (shape && runtime.cluster_complete()) {
+      if (!loop) {
+        std::vector<int> dp_peers, ep_peers;
+        for (int r = 0; r < shape->num_attention; ++r) dp_peers.push_back(r);
+        for (int r = 0; r < shape->num_expert; ++r) ep_peers.push_back(shape->num_attention + r);
+        moe = std::make_unique<RemoteMoeExecutor>(runtime.transport(), ep_peers,
+                                                  shape->placement, config->hidden_size,
+                                                  DispatchOptions{shape->wire_dtype, timeout});
+        model = std::make_unique<Qwen3MoeModel>(*config, std::move(attention_weights),
+                                                backend.get(), moe.get());
+        loop = std::make_unique<AttentionStepLoop>(static_cast<int>(*rank), dp_peers,
+                                                   runtime.transport(), model.get(), moe.get(),
+                                                   &scheduler, &kv, timeout);
+        service.set_step_loop(loop.get());
+      } else {
+        moe->set_placement(shape->placement);
+      }
+    }
+    service.set_ready(loop != nullptr && runtime.cluster_complete());
+    if (!loop || !runtime.cluster_complete()) {
+      (void)runtime.transport()->WaitForActivity(absl::Now() + absl::Milliseconds(50));
+      continue;
+    }
+    absl::StatusOr<bool> ran = loop->RunOnce(absl::Milliseconds(100));
+    if (!ran.ok()) std::cerr << "dxs-attention: step loop: " << ran.status() << "\n";
+  }
+  service.set_ready(false);
+  scheduler.FailAll(absl::UnavailableError("attention worker shutting down"));
+  runtime.Stop();
+  return 0;
+}
+
+}  // namespace
+}  // namespace dxs
+
+int main(int argc, char** argv) { return dxs::Main(argc, argv); }

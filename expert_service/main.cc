@@ -1,0 +1,114 @@
+// dxs-expert: one expert worker (EP rank). Holds its experts of every MoE layer, serves
+// dispatch rounds from all DP ranks and answers with pre-summed combine rows.
+//
+//   dxs-expert --model DIR --rank R --router HOST:PORT [--listen HOST:PORT]
+//              [--experts 0-3,7]   (default: the contiguous block for this rank)
+#include <iostream>
+
+#include "common/model_config.h"
+#include "common/safetensors.h"
+#include "expert_service/expert_step_server.h"
+#include "expert_service/expert_worker_service.h"
+#include "model/weights.h"
+#include "router/dispatch/placement.h"
+#include "router/membership/worker_runtime.h"
+#include "tools/dxs/cli_args.h"
+
+namespace dxs {
+namespace {
+
+int Main(int argc, char** argv) {
+  absl::StatusOr<cli::Args> args =
+      cli::Args::Parse(std::vector<std::string>(argv + 1, argv + argc),
+                       {"model", "rank", "router", "listen", "experts"}, {});
+  auto fail = [](const absl::Status& s) {
+    std::cerr << "dxs-expert: " << s.message() << "\n";
+    return 2;
+  };
+  if (!args.ok()) return fail(args.status());
+  for (const char* required : {"model", "rank", "router"}) {
+    if (!args->Has(required)) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
+    }
+  }
+  auto rank = args->GetInt("rank", 0);
+  if (!rank.ok()) return fail(rank.status());
+  std::vector<int> claim;
+  if (args->Has("experts")) {
+    absl::StatusOr<std::vector<int>> parsed = ParseExpertList(args->GetString("experts"));
+    if (!parsed.ok()) return fail(parsed.status());
+    claim = *parsed;
+  }
+  const std::string model_dir = args->GetString("model");
+  WorkerRuntime runtime("expert", static_cast<int>(*rank));
+  InstallSignalHandlers();
+
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
+  if (!config.ok()) return fail(config.status());
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(model_dir);
+  if (!ckpt.ok()) return fail(ckpt.status());
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  ExpertWorkerService service(static_cast<int>(*rank));
+  absl::Status started = runtime.Start(args->GetString("listen", "127.0.0.1:0"), &service);
+  if (!started.ok()) return fail(started);
+
+  std::unique_ptr<ExpertShard> shard;
+  std::unique_ptr<ExpertStepServer> server;
+  v1::RegisterRequest reg = runtime.BaseRegistration(v1::ROLE_EXPERT, model_dir);
+  for (int e : claim) reg.add_loaded_experts(static_cast<uint32_t>(e));
+  absl::Status joined = runtime.Join(args->GetString("router"), reg, [&](v1::HeartbeatRequest* hb) {
+    if (ExpertStepServer* s = server.get()) {
+      const ExpertCounters& c = s->counters();
+      hb->mutable_counters()->set_steps_total(c.steps);
+      hb->mutable_counters()->set_empty_steps_total(c.empty_steps);
+      hb->mutable_counters()->set_empty_layer_steps_total(c.empty_rounds);
+      hb->mutable_counters()->set_tokens_total(c.rows_received);
+    }
+  });
+  if (!joined.ok()) return fail(joined);
+
+  // The experts this rank holds: its claim, or what the router placed here.
+  const v1::ExpertPlacement& placement = runtime.registration().placement();
+  std::vector<int> experts;
+  for (int e = 0; e < placement.expert_to_rank_size(); ++e) {
+    for (uint32_t r : placement.expert_to_rank(e).ep_ranks()) {
+      if (static_cast<int64_t>(r) == *rank) experts.push_back(e);
+    }
+  }
+  if (experts.empty()) experts = claim;
+  absl::StatusOr<ExpertWeightMap> weights =
+      LoadExpertWeights(**ckpt, *config, experts, backend.get());
+  if (!weights.ok()) return fail(weights.status());
+  shard = std::make_unique<ExpertShard>(*config, std::move(*weights), backend.get());
+  service.set_shard(shard.get(), experts);
+  std::cout << "dxs-expert rank " << *rank << " listening on " << runtime.grpc_address()
+            << " with " << experts.size() << " experts" << std::endl;
+
+  while (!ShutdownRequested()) {
+    std::optional<ClusterShape> shape = runtime.ApplyPendingView();
+    if (shape && shape->num_attention > 0) {
+      std::vector<int> dp_peers;
+      for (int r = 0; r < shape->num_attention; ++r) dp_peers.push_back(r);
+      if (!server) {
+        server = std::make_unique<ExpertStepServer>(runtime.transport(), dp_peers, shard.get(),
+                                                    *config);
+        service.set_step_server(server.get());
+      }
+    }
+    if (!server || !runtime.cluster_complete()) {
+      (void)runtime.transport()->WaitForActivity(absl::Now() + absl::Milliseconds(50));
+      continue;
+    }
+    absl::Status s = server->ServeRound(absl::Now() + absl::Milliseconds(100));
+    if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) {
+      std::cerr << "dxs-expert rank " << *rank << ": " << s << "\n";
+    }
+  }
+  runtime.Stop();
+  return 0;
+}
+
+}  // namespace
+}  // namespace dxs
+
+int main(int argc, char** argv) { return dxs::Main(argc, argv); }

@@ -1,0 +1,535 @@
+#include "router/control_plane/cluster_registry.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace dxs {
+namespace {
+
+bool IsValidRole(v1::Role role) { return role == v1::ROLE_ATTENTION || role == v1::ROLE_EXPERT; }
+
+bool IsLive(const std::optional<WorkerStatus>& slot) {
+  return slot.has_value() && slot->info.state() != v1::WORKER_STATE_DEAD;
+}
+
+// Experts [r*E/N, (r+1)*E/N): Placement::Contiguous's block for rank r.
+std::vector<int> ContiguousBlock(int num_experts, int num_ranks, int rank) {
+  const int begin = static_cast<int>(int64_t{rank} * num_experts / num_ranks);
+  const int end = static_cast<int>(int64_t{rank + 1} * num_experts / num_ranks);
+  std::vector<int> experts;
+  for (int e = begin; e < end; ++e) experts.push_back(e);
+  return experts;
+}
+
+// Sorted ids as ranges: "0-3,5,7-8"; "none" when empty.
+std::string FormatExperts(const std::vector<int>& sorted) {
+  if (sorted.empty()) return "none";
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < sorted.size();) {
+    size_t j = i;
+    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
+    parts.push_back(j == i ? absl::StrCat(sorted[i]) : absl::StrCat(sorted[i], "-", sorted[j]));
+    i = j + 1;
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+std::string FormatFingerprint(const v1::ModelFingerprint& fp) {
+  auto or_none = [](const std::string& s) { return s.empty() ? std::string("(none)") : s; };
+  return absl::StrCat("checkpoint ", or_none(fp.checkpoint_fingerprint()), " config ",
+                      or_none(fp.config_fingerprint()));
+}
+
+bool SameFingerprint(const v1::ModelFingerprint& a, const v1::ModelFingerprint& b) {
+  return a.checkpoint_fingerprint() == b.checkpoint_fingerprint() &&
+         a.config_fingerprint() == b.config_fingerprint();
+}
+
+bool SameExpertMap(const v1::ExpertPlacement& a, const v1::ExpertPlacement& b) {
+  if (a.expert_to_rank_size() != b.expert_to_rank_size()) return false;
+  for (int e = 0; e < a.expert_to_rank_size(); ++e) {
+    const auto& ra = a.expert_to_rank(e).ep_ranks();
+    const auto& rb = b.expert_to_rank(e).ep_ranks();
+    if (!std::equal(ra.begin(), ra.end(), rb.begin(), rb.end())) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+const char* RoleName(v1::Role role) {
+  switch (role) {
+    case v1::ROLE_ATTENTION:
+      return "attention";
+    case v1::ROLE_EXPERT:
+      return "expert";
+    default:
+      return "unspecified-role";
+  }
+}
+
+absl::Status ClusterRegistryOptions::Validate() const {
+  if (num_attention_ranks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_attention_ranks must be >= 1, got ", num_attention_ranks));
+  }
+  if (num_expert_ranks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_expert_ranks must be >= 1, got ", num_expert_ranks));
+  }
+  if (num_experts < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("num_experts must be >= 1, got ", num_experts));
+  }
+  if (num_layers < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_layers must be >= 0, got ", num_layers));
+  }
+  if (transport_backend != "ucx" && transport_backend != "nccl" && transport_backend != "inproc") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transport backend must be ucx, nccl or inproc, got '", transport_backend, "'"));
+  }
+  if (wire_dtype != v1::DTYPE_FLOAT32 && wire_dtype != v1::DTYPE_BFLOAT16 &&
+      wire_dtype != v1::DTYPE_FLOAT16) {
+    return absl::InvalidArgumentError("wire dtype must be float32, bfloat16 or float16");
+  }
+  if (heartbeat_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("heartbeat interval must be positive");
+  }
+  if (lease_timeout <= heartbeat_interval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lease timeout (", absl::FormatDuration(lease_timeout),
+        ") must exceed the heartbeat interval (", absl::FormatDuration(heartbeat_interval), ")"));
+  }
+  if (!now) return absl::InvalidArgumentError("clock (now) must be set");
+  return absl::OkStatus();
+}
+
+ClusterRegistry::ClusterRegistry(ClusterRegistryOptions options) : options_(std::move(options)) {
+  if (absl::Status s = options_.Validate(); !s.ok()) {
+    std::fprintf(stderr, "ClusterRegistry: invalid options: %s\n", s.ToString().c_str());
+    std::abort();
+  }
+  absl::MutexLock lock(&mu_);
+  fingerprint_ = options_.fingerprint;
+  attention_.resize(options_.num_attention_ranks);
+  expert_.resize(options_.num_expert_ranks);
+  *view_.mutable_placement() = BuildPlacementLocked();  // version 0: nothing placed yet
+  PublishLocked();                                      // view version 1: the empty cluster
+}
+
+std::vector<std::optional<WorkerStatus>>& ClusterRegistry::SlotsOf(v1::Role role) {
+  return role == v1::ROLE_ATTENTION ? attention_ : expert_;
+}
+
+absl::StatusOr<v1::RegisterResponse> ClusterRegistry::Register(const v1::RegisterRequest& request) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<v1::RegisterResponse> response = RegisterLocked(request);
+  if (response.ok()) {
+    ++counters_.registrations_total;
+  } else {
+    ++counters_.refusals_total;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
+    const v1::RegisterRequest& request) {
+  if (shut_down_) return absl::UnavailableError("the router is shutting down");
+
+  // Checks that need no cluster state.
+  const v1::Role role = request.role();
+  if (!IsValidRole(role)) {
+    return absl::InvalidArgumentError("role is required: ROLE_ATTENTION or ROLE_EXPERT");
+  }
+  const char* role_name = RoleName(role);
+  if (request.grpc_address().empty()) {
+    return absl::InvalidArgumentError(
+        "grpc_address is required: host:port of the worker's gRPC server");
+  }
+  const int num_ranks =
+      role == v1::ROLE_ATTENTION ? options_.num_attention_ranks : options_.num_expert_ranks;
+  if (request.has_rank() && request.rank() >= static_cast<uint32_t>(num_ranks)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(role_name, " rank ", request.rank(), " is out of range: the cluster has ",
+                     num_ranks, " ", role_name, " ranks (0..", num_ranks - 1, ")"));
+  }
+  if (options_.transport_backend == "ucx" && request.transport().ucx_worker_address().empty()) {
+    return absl::InvalidArgumentError(
+        "transport.ucx_worker_address is required: the cluster's transport backend is ucx");
+  }
+  if (options_.transport_backend == "nccl" && !request.transport().has_nccl()) {
+    return absl::InvalidArgumentError(
+        "transport.nccl is required: the cluster's transport backend is nccl");
+  }
+  if (role == v1::ROLE_ATTENTION && request.loaded_experts_size() > 0) {
+    return absl::InvalidArgumentError(
+        "loaded_experts is for expert ranks; an attention worker must leave it empty");
+  }
+  std::vector<int> claim;
+  for (uint32_t e : request.loaded_experts()) {
+    if (e >= static_cast<uint32_t>(options_.num_experts)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "loaded_experts: expert ", e, " is outside [0, ", options_.num_experts, ")"));
+    }
+    claim.push_back(static_cast<int>(e));
+  }
+  std::sort(claim.begin(), claim.end());
+  if (auto dup = std::adjacent_find(claim.begin(), claim.end()); dup != claim.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loaded_experts: expert ", *dup, " is listed twice"));
+  }
+
+  // One model.
+  const bool pinned =
+      !fingerprint_.checkpoint_fingerprint().empty() || !fingerprint_.config_fingerprint().empty();
+  if (pinned && !SameFingerprint(request.fingerprint(), fingerprint_)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("different checkpoint: worker has ", FormatFingerprint(request.fingerprint()),
+                     ", cluster has ", FormatFingerprint(fingerprint_)));
+  }
+
+  // The rank.
+  std::vector<std::optional<WorkerStatus>>& slots = SlotsOf(role);
+  int rank = -1;
+  if (request.has_rank()) {
+    rank = static_cast<int>(request.rank());
+    const std::optional<WorkerStatus>& holder = slots[rank];
+    if (IsLive(holder) && holder->info.grpc_address() != request.grpc_address()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(role_name, " rank ", rank, " is held by a live worker at ",
+                       holder->info.grpc_address(), " (incarnation ", holder->info.incarnation(),
+                       "); only a worker at that address may replace it before its lease ends"));
+    }
+  } else {
+    for (int r = 0; r < num_ranks && rank < 0; ++r) {
+      if (slots[r].has_value() && slots[r]->info.grpc_address() == request.grpc_address()) {
+        rank = r;  // the same worker again: give it back its rank
+      }
+    }
+    for (int r = 0; r < num_ranks && rank < 0; ++r) {
+      if (!IsLive(slots[r])) rank = r;
+    }
+    if (rank < 0) {
+      return absl::ResourceExhaustedError(absl::StrCat("no free ", role_name, " rank: all ",
+                                                       num_ranks, " are held by live workers"));
+    }
+  }
+
+  // One live worker per address.
+  for (v1::Role other_role : {v1::ROLE_ATTENTION, v1::ROLE_EXPERT}) {
+    const std::vector<std::optional<WorkerStatus>>& other = SlotsOf(other_role);
+    for (size_t r = 0; r < other.size(); ++r) {
+      if (other_role == role && static_cast<int>(r) == rank) continue;
+      if (IsLive(other[r]) && other[r]->info.grpc_address() == request.grpc_address()) {
+        return absl::AlreadyExistsError(absl::StrCat("grpc_address ", request.grpc_address(),
+                                                     " is already registered by live ",
+                                                     RoleName(other_role), " rank ", r));
+      }
+    }
+  }
+
+  // The expert claim against the other live expert ranks.
+  if (role == v1::ROLE_EXPERT) {
+    if (claim.empty())
+      claim = ContiguousBlock(options_.num_experts, options_.num_expert_ranks, rank);
+    std::vector<int> owner(options_.num_experts, -1);
+    int num_live_expert_ranks = 1;  // this one
+    for (int q = 0; q < options_.num_expert_ranks; ++q) {
+      if (q == rank || !IsLive(expert_[q])) continue;
+      ++num_live_expert_ranks;
+      for (int e : expert_[q]->experts) owner[e] = q;
+    }
+    std::vector<std::string> overlaps;
+    for (int e : claim) {
+      if (owner[e] >= 0) {
+        overlaps.push_back(absl::StrCat("expert ", e, " already held by EP rank ", owner[e]));
+      }
+    }
+    if (!overlaps.empty()) {
+      constexpr size_t kMaxListed = 8;
+      const size_t num_overlaps = overlaps.size();
+      if (num_overlaps > kMaxListed) overlaps.resize(kMaxListed);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "experts overlapping: ", absl::StrJoin(overlaps, "; "),
+          num_overlaps > kMaxListed ? absl::StrCat("; ... (", num_overlaps, " in all)") : "",
+          " (EP rank ", rank, " claims ", FormatExperts(claim), ")"));
+    }
+    if (num_live_expert_ranks == options_.num_expert_ranks) {
+      for (int e : claim) owner[e] = rank;
+      std::vector<int> missing;
+      for (int e = 0; e < options_.num_experts; ++e) {
+        if (owner[e] < 0) missing.push_back(e);
+      }
+      if (!missing.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "experts missing: ", FormatExperts(missing), " claimed by no EP rank; EP rank ", rank,
+            " (claiming ", FormatExperts(claim), ") is the last of ", options_.num_expert_ranks,
+            " and the placement must cover experts 0-", options_.num_experts - 1));
+      }
+    }
+  }
+
+  // Accepted.
+  if (!pinned) fingerprint_ = request.fingerprint();
+  WorkerStatus slot;
+  v1::WorkerInfo& info = slot.info;
+  info.set_role(role);
+  info.set_rank(static_cast<uint32_t>(rank));
+  info.set_incarnation(next_incarnation_++);
+  info.set_state(v1::WORKER_STATE_JOINING);
+  info.set_grpc_address(request.grpc_address());
+  info.set_metrics_address(request.metrics_address());
+  *info.mutable_transport() = request.transport();
+  info.set_transport_rank(role == v1::ROLE_ATTENTION
+                              ? static_cast<uint32_t>(rank)
+                              : static_cast<uint32_t>(options_.num_attention_ranks + rank));
+  *info.mutable_capacity() = request.capacity();
+  slot.experts = std::move(claim);
+  slot.last_heartbeat = options_.now();
+  slot.software_version = request.software_version();
+  slot.model_info = request.model_info();
+  const uint64_t incarnation = info.incarnation();
+  slots[rank] = std::move(slot);
+  PublishLocked();
+
+  v1::RegisterResponse response;
+  response.set_cluster_view_version(view_.version());
+  response.set_rank(static_cast<uint32_t>(rank));
+  response.set_incarnation(incarnation);
+  *response.mutable_placement() = view_.placement();
+  *response.mutable_transport() = view_.transport();
+  response.set_heartbeat_interval_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
+  response.set_lease_timeout_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.lease_timeout)));
+  return response;
+}
+
+absl::StatusOr<WorkerStatus*> ClusterRegistry::FindLocked(const v1::WorkerId& id, bool allow_dead) {
+  if (!IsValidRole(id.role())) {
+    return absl::InvalidArgumentError("worker.role is required: ROLE_ATTENTION or ROLE_EXPERT");
+  }
+  const char* role_name = RoleName(id.role());
+  std::vector<std::optional<WorkerStatus>>& slots = SlotsOf(id.role());
+  if (id.rank() >= slots.size() || !slots[id.rank()].has_value()) {
+    return absl::NotFoundError(
+        absl::StrCat(role_name, " rank ", id.rank(), " is not registered; Register again"));
+  }
+  WorkerStatus& slot = *slots[id.rank()];
+  if (id.incarnation() != 0 && id.incarnation() != slot.info.incarnation()) {
+    return absl::NotFoundError(absl::StrCat(role_name, " rank ", id.rank(), ": incarnation ",
+                                            id.incarnation(), " is stale (current ",
+                                            slot.info.incarnation(), "); Register again"));
+  }
+  if (!allow_dead && slot.info.state() == v1::WORKER_STATE_DEAD) {
+    return absl::NotFoundError(
+        absl::StrCat(role_name, " rank ", id.rank(), ": lease expired (no heartbeat for more than ",
+                     absl::FormatDuration(options_.lease_timeout), "); Register again"));
+  }
+  return &slot;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> ClusterRegistry::Heartbeat(
+    const v1::HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("the router is shutting down");
+  if (IsValidRole(request.worker().role()) && request.worker().incarnation() == 0) {
+    return absl::InvalidArgumentError(
+        "worker.incarnation is required: the value from RegisterResponse");
+  }
+  absl::StatusOr<WorkerStatus*> found = FindLocked(request.worker(), /*allow_dead=*/false);
+  if (!found.ok()) return found.status();
+  WorkerStatus& slot = **found;
+
+  v1::WorkerState state = slot.info.state();
+  switch (request.state()) {
+    case v1::WORKER_STATE_UNSPECIFIED:
+      break;
+    case v1::WORKER_STATE_JOINING:
+    case v1::WORKER_STATE_READY:
+      // A drain is the router's decision; the worker's own report does not undo it.
+      if (state != v1::WORKER_STATE_DRAINING) state = request.state();
+      break;
+    case v1::WORKER_STATE_DRAINING:
+      state = v1::WORKER_STATE_DRAINING;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          "state must be WORKER_STATE_JOINING, WORKER_STATE_READY or WORKER_STATE_DRAINING");
+  }
+  slot.last_heartbeat = options_.now();
+  slot.counters = request.counters();
+  slot.load = request.load();
+  slot.reported_view_version = request.cluster_view_version();
+  slot.reported_placement_version = request.placement_version();
+  if (state != slot.info.state()) {
+    slot.info.set_state(state);
+    PublishLocked();
+  }
+  v1::HeartbeatResponse response;
+  response.set_cluster_view_version(view_.version());
+  return response;
+}
+
+absl::StatusOr<v1::DrainResponse> ClusterRegistry::Drain(const v1::DrainRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("the router is shutting down");
+  absl::StatusOr<WorkerStatus*> found = FindLocked(request.worker(), /*allow_dead=*/false);
+  if (!found.ok()) return found.status();
+  WorkerStatus& slot = **found;
+  if (slot.info.role() == v1::ROLE_EXPERT && !slot.experts.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "expert rank ", slot.info.rank(), " holds experts ", FormatExperts(slot.experts),
+        ", which have no other replica; deregister it instead"));
+  }
+  if (slot.info.state() != v1::WORKER_STATE_DRAINING) {
+    slot.info.set_state(v1::WORKER_STATE_DRAINING);
+    PublishLocked();
+  }
+  v1::DrainResponse response;
+  response.set_cluster_view_version(view_.version());
+  response.set_num_inflight_requests(slot.load.num_running_requests() +
+                                     slot.load.num_queued_requests());
+  return response;
+}
+
+absl::StatusOr<v1::DeregisterResponse> ClusterRegistry::Deregister(
+    const v1::DeregisterRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("the router is shutting down");
+  absl::StatusOr<WorkerStatus*> found = FindLocked(request.worker(), /*allow_dead=*/true);
+  if (!found.ok()) return found.status();
+  SlotsOf(request.worker().role())[request.worker().rank()].reset();
+  ++counters_.deregistrations_total;
+  PublishLocked();
+  v1::DeregisterResponse response;
+  response.set_cluster_view_version(view_.version());
+  return response;
+}
+
+std::vector<v1::WorkerInfo> ClusterRegistry::ExpireLeases(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::WorkerInfo> expired;
+  if (shut_down_) return expired;
+  for (auto* slots : {&attention_, &expert_}) {
+    for (std::optional<WorkerStatus>& slot : *slots) {
+      if (!IsLive(slot) || now - slot->last_heartbeat <= options_.lease_timeout) continue;
+      slot->info.set_state(v1::WORKER_STATE_DEAD);
+      slot->experts.clear();
+      expired.push_back(slot->info);
+    }
+  }
+  if (!expired.empty()) {
+    counters_.expirations_total += expired.size();
+    PublishLocked();
+  }
+  return expired;
+}
+
+void ClusterRegistry::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shut_down_ = true;  // WaitForVersion's condition reads it; the unlock wakes waiters
+}
+
+bool ClusterRegistry::IsShutDown() const {
+  absl::MutexLock lock(&mu_);
+  return shut_down_;
+}
+
+v1::ExpertPlacement ClusterRegistry::BuildPlacementLocked() const {
+  v1::ExpertPlacement placement;
+  placement.set_version(view_.placement().version());
+  placement.set_num_layers(static_cast<uint32_t>(options_.num_layers));
+  placement.set_num_experts(static_cast<uint32_t>(options_.num_experts));
+  placement.set_num_expert_ranks(static_cast<uint32_t>(options_.num_expert_ranks));
+  for (int e = 0; e < options_.num_experts; ++e) placement.add_expert_to_rank();
+  for (size_t r = 0; r < expert_.size(); ++r) {
+    if (!IsLive(expert_[r])) continue;
+    for (int e : expert_[r]->experts) {
+      placement.mutable_expert_to_rank(e)->add_ep_ranks(static_cast<uint32_t>(r));
+    }
+  }
+  return placement;
+}
+
+void ClusterRegistry::PublishLocked() {
+  v1::ClusterView view;
+  view.set_version(view_.version() + 1);
+  for (const auto* slots : {&attention_, &expert_}) {
+    for (const std::optional<WorkerStatus>& slot : *slots) {
+      if (slot.has_value()) *view.add_workers() = slot->info;
+    }
+  }
+  v1::ExpertPlacement placement = BuildPlacementLocked();
+  if (!SameExpertMap(placement, view_.placement())) {
+    placement.set_version(view_.placement().version() + 1);
+  }
+  *view.mutable_placement() = std::move(placement);
+  view.mutable_transport()->set_backend(options_.transport_backend);
+  view.mutable_transport()->set_wire_dtype(options_.wire_dtype);
+  view.set_num_attention_ranks(static_cast<uint32_t>(options_.num_attention_ranks));
+  view.set_num_expert_ranks(static_cast<uint32_t>(options_.num_expert_ranks));
+  *view.mutable_fingerprint() = fingerprint_;
+  view_ = std::move(view);
+}
+
+v1::ClusterView ClusterRegistry::View() const {
+  absl::MutexLock lock(&mu_);
+  return view_;
+}
+
+uint64_t ClusterRegistry::version() const {
+  absl::MutexLock lock(&mu_);
+  return view_.version();
+}
+
+std::optional<v1::ClusterView> ClusterRegistry::WaitForVersion(uint64_t known_version,
+                                                               absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto newer_or_shut_down = [this, known_version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return shut_down_ || view_.version() > known_version;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&newer_or_shut_down), timeout);
+  if (shut_down_ || view_.version() <= known_version) return std::nullopt;
+  return view_;
+}
+
+bool ClusterRegistry::IsComplete() const {
+  absl::MutexLock lock(&mu_);
+  for (const auto* slots : {&attention_, &expert_}) {
+    for (const std::optional<WorkerStatus>& slot : *slots) {
+      if (!IsLive(slot)) return false;
+    }
+  }
+  for (const v1::ExpertReplicas& replicas : view_.placement().expert_to_rank()) {
+    if (replicas.ep_ranks().empty()) return false;
+  }
+  return true;
+}
+
+std::vector<v1::WorkerInfo> ClusterRegistry::Workers() const {
+  absl::MutexLock lock(&mu_);
+  return {view_.workers().begin(), view_.workers().end()};
+}
+
+std::vector<WorkerStatus> ClusterRegistry::WorkerStatuses() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<WorkerStatus> statuses;
+  for (const auto* slots : {&attention_, &expert_}) {
+    for (const std::optional<WorkerStatus>& slot : *slots) {
+      if (slot.has_value()) statuses.push_back(*slot);
+    }
+  }
+  return statuses;
+}
+
+RegistryCounters ClusterRegistry::counters() const {
+  absl::MutexLock lock(&mu_);
+  return counters_;
+}
+
+}  // namespace dxs

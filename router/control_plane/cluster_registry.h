@@ -1,0 +1,185 @@
+// ClusterRegistry: the router's membership table. Workers register (role, rank, addresses,
+// expert claim), the registry validates the cluster and keeps a versioned ClusterView
+// (workers ordered by (role, rank), expert placement, transport config) that the control
+// plane service streams to every worker. Pure logic: no gRPC server, no threads of its own;
+// the service drives lease expiry by calling ExpireLeases from a timer.
+//
+// Rules (each refusal names the problem; see control_plane.proto for the codes):
+//  - One model: a registration must present the cluster's ModelFingerprint. If the options
+//    leave it empty, the first accepted registration pins it for the registry's lifetime.
+//  - Ranks: attention 0..M-1, expert 0..N-1. A live rank is held until it deregisters or
+//    its lease expires; only a registration from the same grpc_address (the same worker
+//    restarted on the same port) may take it over, as a new incarnation. An unset rank
+//    gets the rank this address held before, else the lowest rank without a live worker.
+//  - One grpc_address per live worker.
+//  - Placement: an expert rank's claim is RegisterRequest.loaded_experts, or the
+//    contiguous block [r*E/N, (r+1)*E/N) when empty. Live claims never overlap; the
+//    registration that would make all N expert ranks live must leave no expert unclaimed.
+//    The published ExpertPlacement lists, per expert, the live rank that claimed it (empty
+//    ep_ranks while unclaimed); its version increases whenever that map changes.
+//  - Lease: a worker silent (no Heartbeat) for longer than lease_timeout is marked
+//    WORKER_STATE_DEAD. It stays in the view so peers see the rank is down, but it holds
+//    nothing: its rank and its experts are free for the next registration, from any
+//    address. A Heartbeat from it gets NOT_FOUND; it must Register again (recovery).
+//  - transport_rank: attention rank r -> r, expert rank r -> M + r.
+//
+// Invariants: ClusterView.version starts at 1 (the empty cluster) and increases by one on
+// every accepted change of anything in the view; incarnations increase across the whole
+// registry and are never reused.
+//
+// Thread safety: every method may be called from any thread. WaitForVersion blocks without
+// holding the lock; Shutdown wakes all waiters and makes later mutations fail with
+// UNAVAILABLE.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "dxs/v1/control_plane.pb.h"
+
+namespace dxs {
+
+struct ClusterRegistryOptions {
+  // M: configured attention (DP) ranks. At least 1.
+  int num_attention_ranks = 1;
+  // N: configured expert (EP) ranks. At least 1.
+  int num_expert_ranks = 1;
+  // E: routed experts per MoE layer. At least 1.
+  int num_experts = 1;
+  // Decoder layers, copied into ExpertPlacement.num_layers. Informational.
+  int num_layers = 0;
+  // The model the cluster serves. Both fields empty: pinned by the first registration.
+  v1::ModelFingerprint fingerprint;
+  // Transport backend: "ucx", "nccl" or "inproc". "ucx" requires every worker to send
+  // transport.ucx_worker_address; "nccl" requires transport.nccl.
+  std::string transport_backend = "ucx";
+  // Element type of dispatch/combine payloads.
+  v1::DType wire_dtype = v1::DTYPE_FLOAT32;
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // Heartbeat silence after which a worker is DEAD. Greater than heartbeat_interval.
+  absl::Duration lease_timeout = absl::Seconds(3);
+  // Clock for registration and heartbeat times; tests substitute a fake one.
+  std::function<absl::Time()> now = [] { return absl::Now(); };
+
+  // INVALID_ARGUMENT naming the first bad field.
+  absl::Status Validate() const;
+};
+
+// What the router knows about one worker beyond its WorkerInfo; for metrics and GetLoads.
+struct WorkerStatus {
+  v1::WorkerInfo info;
+  // Expert ranks: the experts it claimed (sorted). Empty for attention ranks and once DEAD.
+  std::vector<int> experts;
+  // Registration or last accepted Heartbeat.
+  absl::Time last_heartbeat;
+  // Last reported by Heartbeat (zero until the first one); restart with each incarnation.
+  v1::StepCounters counters;
+  v1::RankLoad load;
+  uint64_t reported_view_version = 0;
+  uint64_t reported_placement_version = 0;
+  // From RegisterRequest.
+  std::string software_version;
+  v1::ModelInfo model_info;
+};
+
+// Registry-wide event counts since construction, for metrics.
+struct RegistryCounters {
+  uint64_t registrations_total = 0;
+  uint64_t refusals_total = 0;
+  uint64_t expirations_total = 0;
+  uint64_t deregistrations_total = 0;
+};
+
+class ClusterRegistry {
+ public:
+  // Options must be valid (check with Validate first); an invalid set aborts.
+  explicit ClusterRegistry(ClusterRegistryOptions options);
+
+  ClusterRegistry(const ClusterRegistry&) = delete;
+  ClusterRegistry& operator=(const ClusterRegistry&) = delete;
+
+  // Admits a worker, or refuses it with INVALID_ARGUMENT, FAILED_PRECONDITION,
+  // ALREADY_EXISTS, RESOURCE_EXHAUSTED or (after Shutdown) UNAVAILABLE.
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+
+  // Renews the lease and records state, counters and load. NOT_FOUND for an unknown, DEAD
+  // or stale (incarnation differs) worker; INVALID_ARGUMENT for an unset role or
+  // incarnation, or a reported state other than JOINING, READY or DRAINING. Returns the
+  // current view version.
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+
+  // Marks a worker DRAINING (idempotent). NOT_FOUND as for Heartbeat (incarnation 0
+  // matches any); FAILED_PRECONDITION for an expert rank holding experts, which have no
+  // other replica yet.
+  absl::StatusOr<v1::DrainResponse> Drain(const v1::DrainRequest& request);
+
+  // Removes a worker (live or DEAD) from the view. NOT_FOUND for unknown or stale.
+  absl::StatusOr<v1::DeregisterResponse> Deregister(const v1::DeregisterRequest& request);
+
+  // Marks DEAD every live worker whose last heartbeat is older than the lease timeout at
+  // `now`, releasing its rank and experts. Returns those workers as they are now (DEAD).
+  std::vector<v1::WorkerInfo> ExpireLeases(absl::Time now);
+
+  // Wakes every WaitForVersion and refuses later mutations with UNAVAILABLE. Idempotent.
+  void Shutdown();
+  bool IsShutDown() const;
+
+  // The current view (a copy).
+  v1::ClusterView View() const;
+  uint64_t version() const;
+  // Blocks until the view version exceeds `known_version` and returns that view, or
+  // returns nullopt after `timeout` or once shut down.
+  std::optional<v1::ClusterView> WaitForVersion(uint64_t known_version, absl::Duration timeout);
+
+  // True when all M attention and N expert ranks have a live (JOINING, READY or DRAINING)
+  // worker and the placement gives every expert an owner.
+  bool IsComplete() const;
+
+  // All workers in the view, ordered by (role, rank), DEAD ones included.
+  std::vector<v1::WorkerInfo> Workers() const;
+  // The same, with counters and load.
+  std::vector<WorkerStatus> WorkerStatuses() const;
+  RegistryCounters counters() const;
+
+  const ClusterRegistryOptions& options() const { return options_; }
+
+ private:
+  // A rank's entry: empty (never registered or deregistered), live, or DEAD.
+  using Slot = WorkerStatus;
+
+  std::vector<std::optional<Slot>>& SlotsOf(v1::Role role) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The slot named by `id` if registered (any state) with a matching incarnation (0 matches
+  // any), else NOT_FOUND saying why.
+  absl::StatusOr<Slot*> FindLocked(const v1::WorkerId& id, bool allow_dead)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::RegisterResponse> RegisterLocked(const v1::RegisterRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rebuilds view_ from the slots with version + 1; bumps the placement version when the
+  // expert map changed. Wakes waiters.
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::ExpertPlacement BuildPlacementLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  const ClusterRegistryOptions options_;
+
+  mutable absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  v1::ModelFingerprint fingerprint_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::optional<Slot>> attention_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::optional<Slot>> expert_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
+  v1::ClusterView view_ ABSL_GUARDED_BY(mu_);
+  RegistryCounters counters_ ABSL_GUARDED_BY(mu_);
+};
+
+// Names a role in messages: "attention" or "expert".
+const char* RoleName(v1::Role role);
+
+}  // namespace dxs

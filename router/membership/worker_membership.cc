@@ -1,0 +1,136 @@
+#include "router/membership/worker_membership.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <iostream>
+
+#include "common/grpc/status_conversion.h"
+
+namespace dxs {
+
+absl::StatusOr<std::unique_ptr<WorkerMembership>> WorkerMembership::Start(
+    const std::string& router_address, v1::RegisterRequest request, ViewCallback on_view,
+    CountersCallback fill_heartbeat, absl::Duration register_timeout) {
+  std::unique_ptr<WorkerMembership> m(new WorkerMembership());
+  m->stub_ = v1::ControlPlane::NewStub(
+      grpc::CreateChannel(router_address, grpc::InsecureChannelCredentials()));
+  m->request_ = std::move(request);
+  m->on_view_ = std::move(on_view);
+  m->fill_heartbeat_ = std::move(fill_heartbeat);
+  const absl::Time deadline = absl::Now() + register_timeout;
+  while (true) {
+    absl::Status s = m->RegisterOnce();
+    if (s.ok()) break;
+    if (s.code() != absl::StatusCode::kUnavailable || absl::Now() > deadline) return s;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  m->watch_thread_ = std::thread([p = m.get()] { p->WatchLoop(); });
+  m->heartbeat_thread_ = std::thread([p = m.get()] { p->HeartbeatLoop(); });
+  return m;
+}
+
+WorkerMembership::~WorkerMembership() {
+  stopping_ = true;
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    if (watch_context_ != nullptr) watch_context_->TryCancel();
+  }
+  if (watch_thread_.joinable()) watch_thread_.join();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  v1::DeregisterRequest req;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    req.mutable_worker()->set_role(request_.role());
+    req.mutable_worker()->set_rank(registration_.rank());
+    req.mutable_worker()->set_incarnation(registration_.incarnation());
+  }
+  req.set_reason("shutdown");
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  v1::DeregisterResponse resp;
+  (void)stub_->Deregister(&ctx, req, &resp);
+}
+
+v1::RegisterResponse WorkerMembership::registration() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return registration_;
+}
+
+absl::Status WorkerMembership::RegisterOnce() {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::RegisterResponse resp;
+  grpc::Status s = stub_->Register(&ctx, request_, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  std::lock_guard<std::mutex> lock(mu_);
+  registration_ = resp;
+  // Keep the rank we were granted on re-registration.
+  request_.set_rank(resp.rank());
+  return absl::OkStatus();
+}
+
+void WorkerMembership::WatchLoop() {
+  uint64_t known = 0;
+  while (!stopping_) {
+    grpc::ClientContext ctx;
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      if (stopping_) break;
+      watch_context_ = &ctx;
+    }
+    v1::WatchClusterRequest req;
+    req.set_known_version(known);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      req.mutable_worker()->set_role(request_.role());
+      req.mutable_worker()->set_rank(registration_.rank());
+      req.mutable_worker()->set_incarnation(registration_.incarnation());
+    }
+    auto reader = stub_->WatchCluster(&ctx, req);
+    v1::ClusterView view;
+    while (reader->Read(&view)) {
+      known = view.version();
+      on_view_(view);
+    }
+    grpc::Status s = reader->Finish();
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      watch_context_ = nullptr;
+    }
+    if (stopping_) break;
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) (void)RegisterOnce();
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+}
+
+void WorkerMembership::HeartbeatLoop() {
+  while (!stopping_) {
+    uint32_t interval_ms;
+    v1::HeartbeatRequest req;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      interval_ms = std::max<uint32_t>(registration_.heartbeat_interval_ms(), 50);
+      req.mutable_worker()->set_role(request_.role());
+      req.mutable_worker()->set_rank(registration_.rank());
+      req.mutable_worker()->set_incarnation(registration_.incarnation());
+    }
+    // Sleep in small slices so shutdown is prompt.
+    for (uint32_t waited = 0; waited < interval_ms && !stopping_; waited += 50) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    if (stopping_) break;
+    if (fill_heartbeat_) fill_heartbeat_(&req);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::HeartbeatResponse resp;
+    grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      std::cerr << "membership: router forgot this worker; registering again\n";
+      if (absl::Status r = RegisterOnce(); !r.ok()) {
+        std::cerr << "membership: re-registration failed: " << r << "\n";
+      }
+    }
+  }
+}
+
+}  // namespace dxs

@@ -1,0 +1,57 @@
+// WorkerMembership: the worker side of the control plane.
+//
+// Registers with the router (retrying while it is unreachable), then keeps a WatchCluster
+// stream open and heartbeats on the interval the router asked for. Every new ClusterView
+// is handed to `on_view`. If the router forgets the worker (lease expired, router
+// restarted), the worker registers again with the same request.
+//
+// Thread safety: callbacks run on the membership's own threads; `counters` is called from
+// the heartbeat thread and must be thread-safe.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "dxs/v1/control_plane.grpc.pb.h"
+
+namespace dxs {
+
+class WorkerMembership {
+ public:
+  using ViewCallback = std::function<void(const v1::ClusterView&)>;
+  using CountersCallback = std::function<void(v1::HeartbeatRequest*)>;
+
+  // Registers; fails if the router refuses (the refusal's status is returned as is) or
+  // stays unreachable past `register_timeout`.
+  static absl::StatusOr<std::unique_ptr<WorkerMembership>> Start(
+      const std::string& router_address, v1::RegisterRequest request, ViewCallback on_view,
+      CountersCallback fill_heartbeat, absl::Duration register_timeout = absl::Seconds(30));
+  ~WorkerMembership();  // deregisters and stops the threads
+
+  v1::RegisterResponse registration() const;
+
+ private:
+  WorkerMembership() = default;
+  absl::Status RegisterOnce();
+  void WatchLoop();
+  void HeartbeatLoop();
+
+  std::unique_ptr<v1::ControlPlane::Stub> stub_;
+  v1::RegisterRequest request_;
+  ViewCallback on_view_;
+  CountersCallback fill_heartbeat_;
+  mutable std::mutex mu_;
+  v1::RegisterResponse registration_;  // guarded by mu_
+  std::atomic<bool> stopping_{false};
+  std::mutex watch_mu_;
+  grpc::ClientContext* watch_context_ = nullptr;  // guarded by watch_mu_
+  std::thread watch_thread_, heartbeat_thread_;
+};
+
+}  // namespace dxs

@@ -1,0 +1,147 @@
+#include "router/membership/worker_runtime.h"
+
+#include <csignal>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc/server.h"
+#include "router/control_plane/model_identity.h"
+
+namespace dxs {
+namespace {
+
+std::atomic<bool> g_shutdown{false};
+
+void OnSignal(int) { g_shutdown = true; }
+
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+}  // namespace
+
+void InstallSignalHandlers() {
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+}
+
+bool ShutdownRequested() { return g_shutdown.load(); }
+
+DType FromProtoDType(v1::DType d) {
+  switch (d) {
+    case v1::DTYPE_BFLOAT16:
+      return DType::kBF16;
+    case v1::DTYPE_FLOAT16:
+      return DType::kF16;
+    default:
+      return DType::kF32;
+  }
+}
+
+absl::Status WorkerRuntime::Start(const std::string& listen, grpc::Service* service) {
+  absl::StatusOr<std::unique_ptr<Transport>> transport = MakeUcxTransport({});
+  if (!transport.ok()) return transport.status();
+  transport_ = std::move(*transport);
+  GrpcServerOptions options;
+  options.address = listen;
+  absl::StatusOr<GrpcServer> server = StartGrpcServer(options, {service});
+  if (!server.ok()) return server.status();
+  server_ = std::move(server->server);
+  grpc_address_ = absl::StrCat(HostOf(listen), ":", server->port);
+  return absl::OkStatus();
+}
+
+v1::RegisterRequest WorkerRuntime::BaseRegistration(v1::Role role,
+                                                    const std::string& model_dir) const {
+  v1::RegisterRequest req;
+  req.set_role(role);
+  req.set_rank(static_cast<uint32_t>(rank_));
+  req.set_grpc_address(grpc_address_);
+  req.mutable_transport()->set_ucx_worker_address(transport_->LocalAddress());
+  absl::StatusOr<v1::ModelFingerprint> fp = ComputeModelFingerprint(model_dir);
+  if (fp.ok()) *req.mutable_fingerprint() = *fp;
+  req.set_software_version("dxs " DXS_VERSION_STRING);
+  return req;
+}
+
+absl::Status WorkerRuntime::Join(const std::string& router, v1::RegisterRequest request,
+                                 WorkerMembership::CountersCallback fill_heartbeat) {
+  absl::StatusOr<std::unique_ptr<WorkerMembership>> m = WorkerMembership::Start(
+      router, std::move(request),
+      [this](const v1::ClusterView& view) {
+        std::lock_guard<std::mutex> lock(mu_);
+        pending_ = view;
+        if (transport_) transport_->Wake();
+      },
+      std::move(fill_heartbeat));
+  if (!m.ok()) return m.status();
+  membership_ = std::move(*m);
+  return absl::OkStatus();
+}
+
+std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
+  std::optional<v1::ClusterView> view;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    view.swap(pending_);
+  }
+  if (!view) return std::nullopt;
+  const v1::Role my_role = role_name_ == "attention" ? v1::ROLE_ATTENTION : v1::ROLE_EXPERT;
+  int attention = 0, expert = 0;
+  for (const v1::WorkerInfo& w : view->workers()) {
+    const int peer = static_cast<int>(w.transport_rank());
+    if (w.role() == my_role && static_cast<int>(w.rank()) == rank_) {
+      if (!self_set_) {
+        (void)transport_->SetSelf(peer);
+        self_set_ = true;
+      }
+    } else {
+      const std::string& address = w.transport().ucx_worker_address();
+      auto it = connected_.find(peer);
+      if (!address.empty() && (it == connected_.end() || it->second != address)) {
+        if (absl::Status s = transport_->Connect(peer, address); !s.ok()) {
+          std::cerr << role_name_ << " " << rank_ << ": connect to peer " << peer << ": " << s
+                    << "\n";
+        } else {
+          connected_[peer] = address;
+        }
+      }
+    }
+    if (w.state() == v1::WORKER_STATE_DEAD) continue;
+    (w.role() == v1::ROLE_ATTENTION ? attention : expert)++;
+  }
+  ClusterShape shape;
+  shape.num_attention = static_cast<int>(view->num_attention_ranks());
+  shape.num_expert = static_cast<int>(view->num_expert_ranks());
+  shape.wire_dtype = FromProtoDType(view->transport().wire_dtype());
+  const v1::ExpertPlacement& p = view->placement();
+  std::vector<std::vector<int>> rank_experts(shape.num_expert);
+  bool placed = shape.num_expert > 0;
+  for (int e = 0; e < static_cast<int>(p.expert_to_rank_size()); ++e) {
+    if (p.expert_to_rank(e).ep_ranks_size() == 0) {
+      placed = false;
+      continue;
+    }
+    const int r = static_cast<int>(p.expert_to_rank(e).ep_ranks(0));
+    if (r < shape.num_expert) rank_experts[r].push_back(e);
+  }
+  absl::StatusOr<Placement> placement =
+      placed ? Placement::FromRankExperts(static_cast<int>(p.num_experts()), rank_experts,
+                                          p.version())
+             : absl::StatusOr<Placement>(absl::FailedPreconditionError("incomplete"));
+  if (placement.ok()) shape.placement = *placement;
+  complete_ = placement.ok() && self_set_ && attention == shape.num_attention &&
+              expert == shape.num_expert;
+  return shape;
+}
+
+void WorkerRuntime::Stop() {
+  membership_.reset();
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    server_.reset();
+  }
+}
+
+}  // namespace dxs

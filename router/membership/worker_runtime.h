@@ -1,0 +1,81 @@
+// WorkerRuntime: what attention and expert worker processes share around their data path:
+// the UCX transport, the gRPC server (with health and reflection), joining the cluster
+// through the router, and applying each new cluster view (connecting to peers whose
+// transport address changed, rebuilding the placement).
+//
+// Thread safety: views arrive on the membership thread and are parked; the worker's main
+// (step) thread applies them with ApplyPendingView between steps, so the transport is
+// only touched by that thread.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+#include "dxs/v1/control_plane.grpc.pb.h"
+#include "router/dispatch/placement.h"
+#include "router/membership/worker_membership.h"
+#include "router/transport/transport.h"
+
+namespace dxs {
+
+// The cluster as the data path needs it.
+struct ClusterShape {
+  int num_attention = 0;
+  int num_expert = 0;
+  Placement placement;  // empty (0 ranks) until every expert is placed
+  DType wire_dtype = DType::kF32;
+};
+
+class WorkerRuntime {
+ public:
+  WorkerRuntime(std::string role_name, int rank) : role_name_(std::move(role_name)), rank_(rank) {}
+  ~WorkerRuntime() { Stop(); }
+
+  // Creates the UCX transport and starts the gRPC server on `listen` (port 0: any).
+  absl::Status Start(const std::string& listen, grpc::Service* service);
+  // A registration with rank, addresses and the model identity of `model_dir` filled in.
+  v1::RegisterRequest BaseRegistration(v1::Role role, const std::string& model_dir) const;
+  // Registers with the router and starts watching the cluster and heartbeating.
+  absl::Status Join(const std::string& router, v1::RegisterRequest request,
+                    WorkerMembership::CountersCallback fill_heartbeat);
+  // Applies the newest parked view, if any: sets this worker's transport rank, connects
+  // changed peers. Returns the shape when a view was applied.
+  std::optional<ClusterShape> ApplyPendingView();
+  // Every configured rank is registered and every expert placed (as of the applied view).
+  bool cluster_complete() const { return complete_; }
+
+  Transport* transport() const { return transport_.get(); }
+  const std::string& grpc_address() const { return grpc_address_; }
+  v1::RegisterResponse registration() const { return membership_->registration(); }
+  void Stop();
+
+ private:
+  std::string role_name_;
+  int rank_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string grpc_address_;
+  std::unique_ptr<WorkerMembership> membership_;
+  std::mutex mu_;
+  std::optional<v1::ClusterView> pending_;  // guarded by mu_
+  std::map<int, std::string> connected_;    // transport rank -> address connected to
+  bool complete_ = false;
+  bool self_set_ = false;
+};
+
+// SIGINT/SIGTERM set a flag that ShutdownRequested() reads; main loops poll it.
+void InstallSignalHandlers();
+bool ShutdownRequested();
+
+DType FromProtoDType(v1::DType d);
+
+}  // namespace dxs

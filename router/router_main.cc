@@ -1,0 +1,186 @@
+// dxs-router: the router process. For now it serves the control plane (membership,
+// expert placement, transport set-up) on one gRPC port, with health and reflection.
+//
+//   dxs-router --model DIR --attention M --experts N [--listen HOST:PORT]
+//              [--transport ucx|nccl|inproc] [--wire-dtype f32|bf16]
+//              [--lease-ms 3000] [--heartbeat-ms 500]
+//
+// Prints exactly one line on stdout once serving, "dxs-router listening on HOST:PORT" with
+// the bound port (so --listen HOST:0 works for tests and scripts), then logs membership
+// events on stderr. SIGTERM or SIGINT shuts it down cleanly with exit status 0. Bad flags:
+// one line on stderr, exit status 2; start-up failures: one line, exit status 1.
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc/server.h"
+#include "common/model_config.h"
+#include "router/control_plane/cluster_registry.h"
+#include "router/control_plane/control_plane_service.h"
+#include "router/control_plane/model_identity.h"
+#include "tools/dxs/cli_args.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: dxs-router --model DIR --attention M --experts N [--listen HOST:PORT]\n"
+    "                  [--transport ucx|nccl|inproc] [--wire-dtype f32|bf16]\n"
+    "                  [--lease-ms MS] [--heartbeat-ms MS]\n";
+
+int BadFlags(const std::string& message) {
+  std::cerr << "dxs-router: " << message << "\n";
+  return 2;
+}
+
+int Fail(const absl::Status& status) {
+  std::cerr << "dxs-router: " << status.ToString() << "\n";
+  return 1;
+}
+
+// Flags, checked and converted; nullopt after printing the problem.
+struct Flags {
+  std::string listen;
+  std::string model_dir;
+  int num_attention_ranks = 0;
+  int num_expert_ranks = 0;
+  std::string transport;
+  dxs::v1::DType wire_dtype = dxs::v1::DTYPE_FLOAT32;
+  int64_t lease_ms = 0;
+  int64_t heartbeat_ms = 0;
+};
+
+absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& argv) {
+  absl::StatusOr<dxs::cli::Args> args =
+      dxs::cli::Args::Parse(argv,
+                            {"listen", "attention", "experts", "model", "transport", "wire-dtype",
+                             "lease-ms", "heartbeat-ms"},
+                            {"help"});
+  if (!args.ok()) return args.status();
+  if (args->Has("help")) return absl::CancelledError("help");
+  Flags flags;
+  flags.listen = args->GetString("listen", "127.0.0.1:50051");
+  if (flags.listen.rfind(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen: '", flags.listen, "' is not HOST:PORT"));
+  }
+  flags.model_dir = args->GetString("model");
+  if (flags.model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required");
+  for (const auto& [name, out] :
+       {std::pair<const char*, int*>{"attention", &flags.num_attention_ranks},
+        std::pair<const char*, int*>{"experts", &flags.num_expert_ranks}}) {
+    if (!args->Has(name)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " is required"));
+    }
+    absl::StatusOr<int64_t> v = args->GetInt(name, 0);
+    if (!v.ok()) return v.status();
+    if (*v < 1 || *v > 65536) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " must be in 1..65536"));
+    }
+    *out = static_cast<int>(*v);
+  }
+  flags.transport = args->GetString("transport", "ucx");
+  if (flags.transport != "ucx" && flags.transport != "nccl" && flags.transport != "inproc") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transport must be ucx, nccl or inproc, got '", flags.transport, "'"));
+  }
+  const std::string dtype = args->GetString("wire-dtype", "f32");
+  if (dtype == "f32") {
+    flags.wire_dtype = dxs::v1::DTYPE_FLOAT32;
+  } else if (dtype == "bf16") {
+    flags.wire_dtype = dxs::v1::DTYPE_BFLOAT16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--wire-dtype must be f32 or bf16, got '", dtype, "'"));
+  }
+  for (const auto& [name, fallback, out] :
+       {std::tuple<const char*, int64_t, int64_t*>{"lease-ms", 3000, &flags.lease_ms},
+        std::tuple<const char*, int64_t, int64_t*>{"heartbeat-ms", 500, &flags.heartbeat_ms}}) {
+    absl::StatusOr<int64_t> v = args->GetInt(name, fallback);
+    if (!v.ok()) return v.status();
+    if (*v < 1 || *v > 3600 * 1000) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " must be in 1..3600000"));
+    }
+    *out = *v;
+  }
+  return flags;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::StatusOr<Flags> flags = ParseFlags(std::vector<std::string>(argv + 1, argv + argc));
+  if (!flags.ok()) {
+    if (absl::IsCancelled(flags.status())) {
+      std::cout << kUsage;
+      return 0;
+    }
+    return BadFlags(std::string(flags.status().message()));
+  }
+
+  absl::StatusOr<dxs::ModelConfig> config = dxs::LoadModelConfig(flags->model_dir);
+  if (!config.ok()) return Fail(config.status());
+  absl::StatusOr<dxs::v1::ModelFingerprint> fingerprint = dxs::ModelIdentity(flags->model_dir);
+  if (!fingerprint.ok()) return Fail(fingerprint.status());
+
+  dxs::ClusterRegistryOptions options;
+  options.num_attention_ranks = flags->num_attention_ranks;
+  options.num_expert_ranks = flags->num_expert_ranks;
+  options.num_experts = static_cast<int>(config->num_experts);
+  options.num_layers = static_cast<int>(config->num_hidden_layers);
+  options.fingerprint = *fingerprint;
+  options.transport_backend = flags->transport;
+  options.wire_dtype = flags->wire_dtype;
+  options.heartbeat_interval = absl::Milliseconds(flags->heartbeat_ms);
+  options.lease_timeout = absl::Milliseconds(flags->lease_ms);
+  if (absl::Status s = options.Validate(); !s.ok()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(flags->model_dir, ": ", s.message())));
+  }
+
+  // Signals are taken by sigwait below; block them before any thread starts so that none
+  // of gRPC's threads receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  dxs::ClusterRegistry registry(options);
+  dxs::ControlPlaneService service(&registry);
+  dxs::GrpcServerOptions server_options;
+  server_options.address = flags->listen;
+  absl::StatusOr<dxs::GrpcServer> server = dxs::StartGrpcServer(server_options, {&service});
+  if (!server.ok()) return Fail(server.status());
+
+  const std::string host = flags->listen.substr(0, flags->listen.rfind(':'));
+  std::cout << "dxs-router listening on " << host << ":" << server->port << std::endl;
+  std::fprintf(
+      stderr,
+      "dxs-router: model %s (%lld experts, %lld layers, checkpoint %s config %s); "
+      "%d attention + %d expert ranks; transport %s; lease %lld ms, heartbeat %lld ms\n",
+      flags->model_dir.c_str(), static_cast<long long>(config->num_experts),
+      static_cast<long long>(config->num_hidden_layers),
+      fingerprint->checkpoint_fingerprint().c_str(), fingerprint->config_fingerprint().c_str(),
+      options.num_attention_ranks, options.num_expert_ranks, options.transport_backend.c_str(),
+      static_cast<long long>(flags->lease_ms), static_cast<long long>(flags->heartbeat_ms));
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  std::fprintf(stderr, "dxs-router: %s received, shutting down\n",
+               signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+  // Streams first (they end within the poll interval), then the server, with a deadline
+  // for unary calls still running.
+  service.Shutdown();
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server->server->Wait();
+  std::fprintf(stderr, "dxs-router: stopped\n");
+  return 0;
+}

@@ -1,0 +1,111 @@
+#include "tests/disagg/cluster_harness.h"
+
+#include <numeric>
+
+#include "gtest/gtest.h"
+
+namespace dxs::testing {
+
+InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
+                             const Placement& placement, DType wire_dtype) {
+  const int num_expert = placement.num_ranks();
+  transports_ = MakeInprocTransportGroup(num_attention + num_expert);
+  for (int i = 0; i < num_attention + num_expert; ++i) EXPECT_TRUE(transports_[i]->SetSelf(i).ok());
+  ModelConfig config = *LoadModelConfig(model_dir);
+  std::unique_ptr<Checkpoint> ckpt = *Checkpoint::Open(model_dir);
+  std::vector<int> dp_peers(num_attention), ep_peers(num_expert);
+  std::iota(dp_peers.begin(), dp_peers.end(), 0);
+  std::iota(ep_peers.begin(), ep_peers.end(), num_attention);
+  for (int r = 0; r < num_expert; ++r) {
+    auto ep = std::make_unique<EpRank>();
+    ep->backend = MakeCpuBackend();
+    ExpertWeightMap w = *LoadExpertWeights(*ckpt, config, placement.experts_of(r), ep->backend.get());
+    ep->shard = std::make_unique<ExpertShard>(config, std::move(w), ep->backend.get());
+    ep->server = std::make_unique<ExpertStepServer>(transports_[num_attention + r].get(), dp_peers,
+                                                    ep->shard.get(), config);
+    ep_.push_back(std::move(ep));
+  }
+  for (int r = 0; r < num_attention; ++r) {
+    auto dp = std::make_unique<DpRank>();
+    dp->backend = MakeCpuBackend();
+    dp->kv = std::make_unique<KvCache>(config, dp->backend.get(), 1 << 16);
+    dp->scheduler = std::make_unique<Scheduler>(config, dp->kv.get(), SchedulerOptions{});
+    dp->moe = std::make_unique<RemoteMoeExecutor>(
+        transports_[r].get(), ep_peers, placement, config.hidden_size,
+        DispatchOptions{wire_dtype, absl::Seconds(5)});
+    dp->model = std::make_unique<Qwen3MoeModel>(
+        config, *LoadAttentionWeights(*ckpt, config, dp->backend.get()), dp->backend.get(),
+        dp->moe.get());
+    dp->loop = std::make_unique<AttentionStepLoop>(r, dp_peers, transports_[r].get(),
+                                                   dp->model.get(), dp->moe.get(),
+                                                   dp->scheduler.get(), dp->kv.get(),
+                                                   absl::Seconds(5));
+    dp_.push_back(std::move(dp));
+  }
+  for (auto& ep : ep_) {
+    ep->thread = std::thread([this, s = ep->server.get()] {
+      while (!stop_) {
+        absl::Status st = s->ServeRound(absl::Now() + absl::Milliseconds(20));
+        if (!st.ok() && st.code() != absl::StatusCode::kDeadlineExceeded) {
+          ADD_FAILURE() << "expert round: " << st;
+        }
+      }
+    });
+  }
+  for (auto& dp : dp_) {
+    dp->thread = std::thread([this, l = dp->loop.get()] {
+      while (!stop_) {
+        absl::StatusOr<bool> ran = l->RunOnce(absl::Milliseconds(20));
+        if (!ran.ok()) ADD_FAILURE() << "step loop: " << ran.status();
+      }
+    });
+  }
+}
+
+InprocCluster::~InprocCluster() {
+  stop_ = true;
+  for (auto& t : transports_) t->Wake();
+  for (auto& dp : dp_) dp->thread.join();
+  for (auto& ep : ep_) ep->thread.join();
+}
+
+absl::Status InprocCluster::Submit(int rank, uint64_t id, const GenerationRequest& r,
+                                   std::shared_ptr<ResultSink> sink) {
+  const int64_t vocab = dp_[rank]->model->config().vocab_size;
+  TokenSink ts;
+  ts.on_token = [sink, vocab](int32_t token, const float* logits) {
+    std::lock_guard<std::mutex> lock(sink->mu);
+    if (sink->tokens.empty()) sink->first_logits.assign(logits, logits + vocab);
+    sink->tokens.push_back(token);
+  };
+  ts.on_done = [sink](const absl::Status& s, FinishReason reason) {
+    std::lock_guard<std::mutex> lock(sink->mu);
+    sink->done = true;
+    sink->status = s;
+    sink->reason = reason;
+  };
+  absl::Status s = dp_[rank]->scheduler->Add(id, r, std::move(ts));
+  dp_[rank]->loop->Wake();
+  return s;
+}
+
+void InprocCluster::WakeAll() {
+  for (auto& dp : dp_) dp->loop->Wake();
+}
+
+bool InprocCluster::WaitAllDone(const std::vector<std::shared_ptr<ResultSink>>& sinks,
+                                absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    bool all = true;
+    for (const auto& s : sinks) {
+      std::lock_guard<std::mutex> lock(s->mu);
+      all = all && s->done;
+    }
+    if (all) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
+}
+
+}  // namespace dxs::testing

@@ -1,0 +1,68 @@
+// An in-process disaggregated cluster for tests: M attention ranks and N expert ranks,
+// each on its own thread with its own weights, talking through a Transport group (the
+// inproc backend here; the multi-process tests use UCX). Mirrors what dxs-attention and
+// dxs-expert run, minus gRPC and the router.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "attention_service/attention_step_loop.h"
+#include "expert_service/expert_step_server.h"
+#include "model/weights.h"
+#include "router/dispatch/dispatch_combine.h"
+#include "router/dispatch/placement.h"
+
+namespace dxs::testing {
+
+struct ResultSink {
+  std::mutex mu;
+  std::vector<int32_t> tokens;
+  std::vector<float> first_logits;
+  bool done = false;
+  absl::Status status;
+  FinishReason reason = FinishReason::kLength;
+};
+
+class InprocCluster {
+ public:
+  InprocCluster(const std::string& model_dir, int num_attention, const Placement& placement,
+                DType wire_dtype = DType::kF32);
+  ~InprocCluster();
+
+  // Submits to DP rank `rank`; the sink is filled as tokens arrive.
+  absl::Status Submit(int rank, uint64_t id, const GenerationRequest& r,
+                      std::shared_ptr<ResultSink> sink);
+  // Starts one cluster step with no new work (all ranks empty unless busy).
+  void WakeAll();
+  bool WaitAllDone(const std::vector<std::shared_ptr<ResultSink>>& sinks, absl::Duration timeout);
+
+  const AttentionCounters& attention_counters(int r) const { return dp_[r]->loop->counters(); }
+  const ExpertCounters& expert_counters(int r) const { return ep_[r]->server->counters(); }
+  int num_attention() const { return static_cast<int>(dp_.size()); }
+
+ private:
+  struct DpRank {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<KvCache> kv;
+    std::unique_ptr<Scheduler> scheduler;
+    std::unique_ptr<RemoteMoeExecutor> moe;
+    std::unique_ptr<Qwen3MoeModel> model;
+    std::unique_ptr<AttentionStepLoop> loop;
+    std::thread thread;
+  };
+  struct EpRank {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<ExpertShard> shard;
+    std::unique_ptr<ExpertStepServer> server;
+    std::thread thread;
+  };
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::vector<std::unique_ptr<DpRank>> dp_;
+  std::vector<std::unique_ptr<EpRank>> ep_;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace dxs::testing

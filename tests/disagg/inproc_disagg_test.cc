@@ -1,0 +1,215 @@
+// Disaggregated MoE in one process (inproc transport): any M DP ranks x N EP ranks equals
+// the single-process engine, empty DP/EP ranks and all-empty steps included, and the MoE
+// output is reduced exactly once.
+#include <cmath>
+#include <numeric>
+
+#include "gtest/gtest.h"
+#include "model/engine.h"
+#include "tests/disagg/cluster_harness.h"
+#include "tests/model/test_util.h"
+
+namespace dxs {
+namespace {
+
+using testing::InprocCluster;
+using testing::ResultSink;
+using testing::TempDir;
+
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  double max_diff = 0, max_ref = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(b[i])));
+  }
+  return max_diff / max_ref;
+}
+
+std::vector<GenerationRequest> Requests(int n, int64_t max_new, int vocab) {
+  std::vector<GenerationRequest> out;
+  for (int i = 0; i < n; ++i) {
+    GenerationRequest r;
+    for (int j = 0; j < 3 + 4 * i; ++j) r.prompt.push_back(5 + (i * 977 + j * 131) % (vocab - 5));
+    r.max_new_tokens = max_new;
+    out.push_back(r);
+  }
+  return out;
+}
+
+// Runs `requests` on the cluster, request i on DP rank i % M, and compares with the engine.
+void ExpectSameAsSingleProcess(const std::string& dir, int num_attention,
+                               const Placement& placement,
+                               const std::vector<GenerationRequest>& requests,
+                               InprocCluster** out_cluster = nullptr) {
+  auto engine = LocalEngine::Load(dir);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto reference = (*engine)->GenerateBatch(requests);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  InprocCluster cluster(dir, num_attention, placement);
+  std::vector<std::shared_ptr<ResultSink>> sinks;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    sinks.push_back(std::make_shared<ResultSink>());
+    ASSERT_TRUE(cluster.Submit(static_cast<int>(i % num_attention), i, requests[i], sinks.back()).ok());
+  }
+  ASSERT_TRUE(cluster.WaitAllDone(sinks, absl::Seconds(60))) << "cluster hung";
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "request " << i);
+    ASSERT_TRUE(sinks[i]->status.ok()) << sinks[i]->status;
+    EXPECT_EQ(sinks[i]->tokens, (*reference)[i].tokens);
+    EXPECT_LT(RelativeError(sinks[i]->first_logits, (*reference)[i].first_logits), 1e-5);
+  }
+  // DP ranks without requests took part in every step with empty batches.
+  for (int r = static_cast<int>(requests.size()); r < num_attention; ++r) {
+    EXPECT_GT(cluster.attention_counters(r).empty_steps.load(), 0) << "DP rank " << r;
+    EXPECT_EQ(cluster.attention_counters(r).empty_steps.load(),
+              cluster.attention_counters(r).steps.load());
+  }
+  for (int r = 1; r < num_attention; ++r) {
+    EXPECT_EQ(cluster.attention_counters(r).steps.load(), cluster.attention_counters(0).steps.load())
+        << "DP ranks out of lockstep";
+  }
+}
+
+class DisaggGrid : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(DisaggGrid, EqualsSingleProcess) {
+  const auto [m, n] = GetParam();
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  // Two requests: with M = 3 one DP rank gets none.
+  ExpectSameAsSingleProcess(dir, m, Placement::Contiguous(16, n), Requests(2, 6, 4096));
+}
+
+INSTANTIATE_TEST_SUITE_P(MxN, DisaggGrid,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2, 4)),
+                         [](const auto& info) {
+                           return "dp" + std::to_string(std::get<0>(info.param)) + "_ep" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+TEST(Disagg, UnevenPlacementTwelveExpertsOnFiveRanks) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "odd");
+  auto placement = Placement::FromRankExperts(12, {{0, 1, 2, 3}, {4, 5}, {6, 7, 8}, {9}, {10, 11}});
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  ExpectSameAsSingleProcess(dir, 2, *placement, Requests(3, 5, 3001));
+}
+
+TEST(Disagg, ExpertRankWithNoTokensIsCountedAndCorrect) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  // One prefill step (max_new_tokens 1): find the experts this prompt never selects.
+  std::vector<GenerationRequest> requests = Requests(1, 1, 4096);
+  requests[0].prompt.resize(1);  // 1 token x 4 MoE layers x top-4 leaves experts unused
+  auto engine = LocalEngine::Load(dir);
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->GenerateBatch(requests).ok());
+  const auto& used = (*engine)->model().routing_stats().tokens_per_expert;
+  std::vector<int> idle, busy;
+  for (int e = 0; e < 16; ++e) (used[e] == 0 ? idle : busy).push_back(e);
+  ASSERT_FALSE(idle.empty()) << "pick a shorter prompt: every expert is used";
+  auto placement = Placement::FromRankExperts(16, {busy, idle});
+  ASSERT_TRUE(placement.ok());
+  auto reference = (*engine)->GenerateBatch(requests);
+  InprocCluster cluster(dir, 2, *placement);
+  auto sink = std::make_shared<ResultSink>();
+  ASSERT_TRUE(cluster.Submit(0, 1, requests[0], sink).ok());
+  ASSERT_TRUE(cluster.WaitAllDone({sink}, absl::Seconds(30)));
+  EXPECT_EQ(sink->tokens, (*reference)[0].tokens);
+  EXPECT_LT(RelativeError(sink->first_logits, (*reference)[0].first_logits), 1e-5);
+  EXPECT_GE(cluster.expert_counters(1).empty_steps.load(), 1);
+  EXPECT_EQ(cluster.expert_counters(1).rows_received.load(), 0);
+  EXPECT_GT(cluster.expert_counters(0).rows_received.load(), 0);
+}
+
+TEST(Disagg, AllEmptyStepRunsEveryLayerWithoutHanging) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  InprocCluster cluster(dir, 3, Placement::Contiguous(16, 2));
+  cluster.WakeAll();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (cluster.attention_counters(0).all_empty_steps.load() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_GE(cluster.attention_counters(0).all_empty_steps.load(), 1);
+  // Experts saw every MoE layer of that step, all empty.
+  const absl::Time d2 = absl::Now() + absl::Seconds(10);
+  while (cluster.expert_counters(1).empty_steps.load() == 0 && absl::Now() < d2) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_GE(cluster.expert_counters(0).empty_steps.load(), 1);
+  EXPECT_GE(cluster.expert_counters(1).empty_rounds.load(), 4);
+  // And the cluster still serves afterwards.
+  auto sink = std::make_shared<ResultSink>();
+  ASSERT_TRUE(cluster.Submit(2, 7, Requests(1, 3, 4096)[0], sink).ok());
+  EXPECT_TRUE(cluster.WaitAllDone({sink}, absl::Seconds(30)));
+  EXPECT_EQ(sink->tokens.size(), 3u);
+}
+
+// The combine is the only reduction: one layer through the remote executor equals the
+// local one, and a second reduction (e.g. an extra all-reduce that sums the combined
+// output across ranks again) would double it and fail here.
+TEST(Disagg, MoeOutputIsReducedExactlyOnce) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ModelConfig config = *LoadModelConfig(dir);
+  auto ckpt = *Checkpoint::Open(dir);
+  auto backend = MakeCpuBackend();
+  std::vector<int> all(16);
+  std::iota(all.begin(), all.end(), 0);
+  ExpertShard local_shard(config, *LoadExpertWeights(*ckpt, config, all, backend.get()),
+                          backend.get());
+  LocalMoeExecutor local(&local_shard);
+
+  const Placement placement = Placement::Contiguous(16, 4);
+  auto transports = MakeInprocTransportGroup(5);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(transports[i]->SetSelf(i).ok());
+  std::vector<std::unique_ptr<ExpertShard>> shards;
+  std::vector<std::unique_ptr<ExpertStepServer>> servers;
+  for (int r = 0; r < 4; ++r) {
+    shards.push_back(std::make_unique<ExpertShard>(
+        config, *LoadExpertWeights(*ckpt, config, placement.experts_of(r), backend.get()),
+        backend.get()));
+    servers.push_back(std::make_unique<ExpertStepServer>(transports[1 + r].get(),
+                                                         std::vector<int>{0}, shards.back().get(),
+                                                         config));
+  }
+  RemoteMoeExecutor remote(transports[0].get(), {1, 2, 3, 4}, placement, config.hidden_size, {});
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  for (auto& s : servers) {
+    threads.emplace_back([&stop, srv = s.get()] {
+      while (!stop) (void)srv->ServeRound(absl::Now() + absl::Milliseconds(20));
+    });
+  }
+  const int64_t t = 9, h = config.hidden_size, k = 4;
+  std::vector<float> xs(t * h);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.37f * static_cast<float>(i));
+  Tensor x = backend->Upload(xs, {t, h});
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  for (int64_t i = 0; i < t; ++i) {
+    for (int j = 0; j < k; ++j) {
+      ids.push_back(static_cast<int32_t>((i * 5 + j * 3) % 16));
+      weights.push_back(0.25f + 0.05f * static_cast<float>(j));
+    }
+  }
+  Tensor want = backend->Allocate({t, h}), got = backend->Allocate({t, h});
+  ASSERT_TRUE(local.Run(0, x, ids, weights, k, &want).ok());
+  remote.set_step(1);
+  ASSERT_TRUE(remote.Run(0, x, ids, weights, k, &got).ok());
+  stop = true;
+  for (auto& th : threads) th.join();
+  std::vector<float> w = backend->Download(want), g = backend->Download(got);
+  EXPECT_LT(RelativeError(g, w), 1e-6);
+  EXPECT_EQ(remote.counters().tokens_dispatched[0].load() +
+                remote.counters().tokens_dispatched[1].load() +
+                remote.counters().tokens_dispatched[2].load() +
+                remote.counters().tokens_dispatched[3].load(),
+            remote.counters().tokens_combined[0].load() + remote.counters().tokens_combined[1].load() +
+                remote.counters().tokens_combined[2].load() +
+                remote.counters().tokens_combined[3].load());
+}
+
+}  // namespace
+}  // namespace dxs

@@ -1,0 +1,204 @@
+#include "tests/disagg/process_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace dxs::testing {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string AddressAfter(const std::string& path, const std::string& marker) {
+  const std::string text = ReadFile(path);
+  const size_t at = text.find(marker);
+  if (at == std::string::npos) return "";
+  std::smatch m;
+  const std::string rest = text.substr(at + marker.size());
+  if (std::regex_search(rest, m, std::regex(R"(([0-9.]+|\[[0-9a-f:]+\]|localhost):[0-9]+)"))) {
+    return m.str(0);
+  }
+  return "";
+}
+
+absl::StatusOr<ChildProcess> SpawnAndWait(const std::vector<std::string>& argv,
+                                          const std::string& name, const std::string& log_path,
+                                          const std::string& ready_text, absl::Duration timeout) {
+  ChildProcess p;
+  p.name = name;
+  p.log_path = log_path;
+  p.pid = fork();
+  if (p.pid < 0) return absl::InternalError("fork failed");
+  if (p.pid == 0) {
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (ReadFile(log_path).find(ready_text) != std::string::npos) return p;
+    int status;
+    if (waitpid(p.pid, &status, WNOHANG) == p.pid) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(name, " exited (status ", status, "): ", ReadFile(log_path)));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  Terminate(&p);
+  return absl::DeadlineExceededError(
+      absl::StrCat(name, " did not print '", ready_text, "': ", ReadFile(log_path)));
+}
+
+void Terminate(ChildProcess* p) {
+  if (p->pid <= 0) return;
+  kill(p->pid, SIGTERM);
+  for (int i = 0; i < 100; ++i) {
+    if (waitpid(p->pid, nullptr, WNOHANG) == p->pid) {
+      p->pid = -1;
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  kill(p->pid, SIGKILL);
+  waitpid(p->pid, nullptr, 0);
+  p->pid = -1;
+}
+
+std::string ProcessCluster::bin(const std::string& name) const {
+  const char* dir = std::getenv("DXS_BIN_DIR");
+  return absl::StrCat(dir ? dir : "build/bin", "/", name);
+}
+
+ProcessCluster::~ProcessCluster() {
+  for (auto& a : attention_) Terminate(&a);
+  for (auto& [r, e] : experts_) Terminate(&e);
+  Terminate(&router_);
+}
+
+absl::Status ProcessCluster::Start(const ClusterSpec& spec, absl::Duration timeout) {
+  absl::StatusOr<ChildProcess> router = SpawnAndWait(
+      {bin("dxs-router"), "--listen", "127.0.0.1:0", "--attention",
+       std::to_string(spec.num_attention), "--experts", std::to_string(spec.num_expert),
+       "--model", spec.model_dir, "--wire-dtype", spec.wire_dtype, "--lease-ms", "2000",
+       "--heartbeat-ms", "200"},
+      "router", work_dir_ + "/router.log", "listening on", timeout);
+  if (!router.ok()) return router.status();
+  router_ = *router;
+  router_address_ = AddressAfter(router_.log_path, "listening on");
+  for (int r = 0; r < spec.num_expert; ++r) {
+    const std::string claim = r < static_cast<int>(spec.expert_claims.size()) ? spec.expert_claims[r] : "";
+    if (absl::Status s = StartExpert(r, spec.model_dir, claim); !s.ok()) return s;
+  }
+  for (int r = 0; r < spec.num_attention; ++r) {
+    absl::StatusOr<ChildProcess> a = SpawnAndWait(
+        {bin("dxs-attention"), "--model", spec.model_dir, "--rank", std::to_string(r), "--router",
+         router_address_, "--listen", "127.0.0.1:0"},
+        absl::StrCat("attention ", r), absl::StrCat(work_dir_, "/attention", r, ".log"),
+        "listening on", timeout);
+    if (!a.ok()) return a.status();
+    attention_.push_back(*a);
+    stubs_.push_back(v1::AttentionWorker::NewStub(grpc::CreateChannel(
+        AddressAfter(a->log_path, "listening on"), grpc::InsecureChannelCredentials())));
+  }
+  return WaitReady(timeout);
+}
+
+absl::Status ProcessCluster::StartExpert(int rank, const std::string& model_dir,
+                                         const std::string& claim, const std::string& ready_text) {
+  std::vector<std::string> argv = {bin("dxs-expert"), "--model", model_dir, "--rank",
+                                   std::to_string(rank), "--router", router_address_,
+                                   "--listen", "127.0.0.1:0"};
+  if (!claim.empty()) {
+    argv.push_back("--experts");
+    argv.push_back(claim);
+  }
+  absl::StatusOr<ChildProcess> e =
+      SpawnAndWait(argv, absl::StrCat("expert ", rank),
+                   absl::StrCat(work_dir_, "/expert", rank, "_", experts_.count(rank), ".log"),
+                   ready_text, absl::Seconds(60));
+  if (!e.ok()) return e.status();
+  Terminate(&experts_[rank]);
+  experts_[rank] = *e;
+  return absl::OkStatus();
+}
+
+void ProcessCluster::KillExpert(int rank) {
+  ChildProcess& p = experts_[rank];
+  if (p.pid > 0) {
+    kill(p.pid, SIGKILL);
+    waitpid(p.pid, nullptr, 0);
+    p.pid = -1;
+  }
+}
+
+absl::Status ProcessCluster::WaitReady(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (size_t r = 0; r < stubs_.size(); ++r) {
+    while (true) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      v1::GetLoadResponse resp;
+      grpc::Status s = stubs_[r]->GetLoad(&ctx, v1::GetLoadRequest(), &resp);
+      if (s.ok() && resp.load().state() == v1::WORKER_STATE_READY) break;
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("attention rank ", r, " not ready: ", DumpLogs()));
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+  return absl::OkStatus();
+}
+
+GenerateResult ProcessCluster::Generate(int rank, const std::string& request_id,
+                                        const std::vector<int32_t>& prompt, int max_new_tokens,
+                                        absl::Duration deadline) {
+  v1::GenerateRequest req;
+  req.set_request_id(request_id);
+  for (int32_t t : prompt) req.add_prompt_token_ids(static_cast<uint32_t>(t));
+  req.mutable_sampling_params()->set_max_new_tokens(max_new_tokens);
+  req.mutable_sampling_params()->set_temperature(0.f);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline)));
+  auto reader = stubs_[rank]->Generate(&ctx, req);
+  GenerateResult out;
+  v1::GenerateResponse resp;
+  while (reader->Read(&resp)) {
+    if (resp.has_chunk()) {
+      for (uint32_t t : resp.chunk().token_ids()) out.tokens.push_back(static_cast<int32_t>(t));
+    } else if (resp.has_complete()) {
+      out.finish_reason = resp.complete().finish_reason();
+    }
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+std::string ProcessCluster::DumpLogs() const {
+  std::string out = "\n--- router ---\n" + ReadFile(router_.log_path);
+  for (const auto& a : attention_) out += "\n--- " + a.name + " ---\n" + ReadFile(a.log_path);
+  for (const auto& [r, e] : experts_) out += "\n--- " + e.name + " ---\n" + ReadFile(e.log_path);
+  return out;
+}
+
+}  // namespace dxs::testing

@@ -1,0 +1,78 @@
+// A real local cluster for multi-process tests: dxs-router, M dxs-attention and N
+// dxs-expert processes on loopback, talking over real gRPC and UCX. Processes are killed
+// (SIGTERM, then SIGKILL) when the cluster object dies; their output goes to log files
+// under the cluster's temp directory and is printed if a test fails.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "dxs/v1/attention_worker.grpc.pb.h"
+
+namespace dxs::testing {
+
+struct ChildProcess {
+  pid_t pid = -1;
+  std::string name;
+  std::string log_path;
+};
+
+// Starts `argv` with stdout+stderr to `log_path`; waits until the log contains `ready_text`.
+absl::StatusOr<ChildProcess> SpawnAndWait(const std::vector<std::string>& argv,
+                                          const std::string& name, const std::string& log_path,
+                                          const std::string& ready_text, absl::Duration timeout);
+void Terminate(ChildProcess* p);
+std::string ReadFile(const std::string& path);
+// First "HOST:PORT" after `marker` in the file.
+std::string AddressAfter(const std::string& path, const std::string& marker);
+
+struct ClusterSpec {
+  std::string model_dir;
+  int num_attention = 1;
+  int num_expert = 1;
+  std::vector<std::string> expert_claims;  // per EP rank; empty: default placement
+  std::string wire_dtype = "f32";
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;
+  v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
+  grpc::Status status;
+};
+
+class ProcessCluster {
+ public:
+  explicit ProcessCluster(std::string work_dir) : work_dir_(std::move(work_dir)) {}
+  ~ProcessCluster();
+
+  absl::Status Start(const ClusterSpec& spec, absl::Duration timeout = absl::Seconds(60));
+  absl::Status StartExpert(int rank, const std::string& model_dir, const std::string& claim,
+                           const std::string& ready_text = "listening on");
+  void KillExpert(int rank);  // SIGKILL
+  // Waits until every attention rank answers GetLoad with state READY.
+  absl::Status WaitReady(absl::Duration timeout);
+
+  GenerateResult Generate(int rank, const std::string& request_id,
+                          const std::vector<int32_t>& prompt, int max_new_tokens,
+                          absl::Duration deadline = absl::Seconds(60));
+  v1::AttentionWorker::Stub* attention(int rank) { return stubs_[rank].get(); }
+  const std::string& router_address() const { return router_address_; }
+  std::string DumpLogs() const;
+  std::string bin(const std::string& name) const;
+
+ private:
+  std::string work_dir_;
+  std::string router_address_;
+  ChildProcess router_;
+  std::vector<ChildProcess> attention_;
+  std::map<int, ChildProcess> experts_;
+  std::vector<std::unique_ptr<v1::AttentionWorker::Stub>> stubs_;
+};
+
+}  // namespace dxs::testing

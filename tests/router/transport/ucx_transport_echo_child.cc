@@ -1,0 +1,76 @@
+// Helper process for ucx_transport_test: creates its own UCX transport as peer 1, trades
+// addresses with the parent over two pipes (length-prefixed), then echoes every message
+// from peer 0 back until the header is "quit" or peer 0 goes away.
+//
+// Usage: ucx_transport_echo_child <read_fd> <write_fd>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "router/transport/transport.h"
+
+namespace {
+
+bool WriteAll(int fd, const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = write(fd, p, bytes);
+    if (n <= 0) return false;
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool ReadAll(int fd, void* data, size_t bytes) {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    ssize_t n = read(fd, p, bytes);
+    if (n <= 0) return false;
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+int Run(int read_fd, int write_fd) {
+  auto transport = dxs::MakeUcxTransport(dxs::UcxTransportOptions{});
+  if (!transport.ok() || !(*transport)->SetSelf(1).ok()) return 2;
+  const std::string address = (*transport)->LocalAddress();
+  const uint64_t address_bytes = address.size();
+  if (!WriteAll(write_fd, &address_bytes, sizeof(address_bytes)) ||
+      !WriteAll(write_fd, address.data(), address.size())) {
+    return 3;
+  }
+  uint64_t parent_bytes = 0;
+  if (!ReadAll(read_fd, &parent_bytes, sizeof(parent_bytes)) || parent_bytes > (1 << 20)) return 4;
+  std::string parent(parent_bytes, '\0');
+  if (!ReadAll(read_fd, parent.data(), parent.size())) return 4;
+  if (!(*transport)->Connect(0, parent).ok()) return 5;
+  for (;;) {
+    auto message = (*transport)->Recv(0, absl::Now() + absl::Seconds(60));
+    if (!message.ok()) return 6;
+    if (message->header == "quit") return 0;
+    if (!(*transport)->Send(0, message->header, message->payload.data(), message->payload.size())
+             .ok()) {
+      return 7;
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s <read_fd> <write_fd>\n", argv[0]);
+    return 1;
+  }
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
+  return Run(std::atoi(argv[1]), std::atoi(argv[2]));
+}

@@ -1,0 +1,255 @@
+// UCX-only behaviour: environment set-up for shared memory, and a real second process
+// that is pinged, killed with SIGKILL, and replaced.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "router/transport/transport.h"
+
+namespace dxs {
+namespace {
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+std::string EnvOrEmpty(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+
+TEST(UcxTransportTest, KeepSharedMemorySetsErrorHandlingEnv) {
+  ScopedEnv posix("UCX_POSIX_ERROR_HANDLING", nullptr);
+  ScopedEnv sysv("UCX_SYSV_ERROR_HANDLING", nullptr);
+  {
+    UcxTransportOptions options;
+    options.keep_shared_memory = false;
+    ASSERT_TRUE(MakeUcxTransport(options).ok());
+    EXPECT_EQ(std::getenv("UCX_POSIX_ERROR_HANDLING"), nullptr);
+    EXPECT_EQ(std::getenv("UCX_SYSV_ERROR_HANDLING"), nullptr);
+  }
+  ASSERT_TRUE(MakeUcxTransport(UcxTransportOptions{}).ok());
+  EXPECT_EQ(EnvOrEmpty("UCX_POSIX_ERROR_HANDLING"), "y");
+  EXPECT_EQ(EnvOrEmpty("UCX_SYSV_ERROR_HANDLING"), "y");
+}
+
+TEST(UcxTransportTest, KeepSharedMemoryLeavesOperatorChoice) {
+  ScopedEnv posix("UCX_POSIX_ERROR_HANDLING", "n");
+  ScopedEnv sysv("UCX_SYSV_ERROR_HANDLING", nullptr);
+  ASSERT_TRUE(MakeUcxTransport(UcxTransportOptions{}).ok());
+  EXPECT_EQ(EnvOrEmpty("UCX_POSIX_ERROR_HANDLING"), "n");
+  EXPECT_EQ(EnvOrEmpty("UCX_SYSV_ERROR_HANDLING"), "y");
+}
+
+TEST(UcxTransportTest, SendNeedsSelfAndConnection) {
+  auto a = MakeUcxTransport(UcxTransportOptions{});
+  auto b = MakeUcxTransport(UcxTransportOptions{});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_FALSE((*a)->LocalAddress().empty());
+  ASSERT_TRUE((*a)->Connect(1, (*b)->LocalAddress()).ok());
+  EXPECT_EQ((*a)->Send(1, "", nullptr, 0).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*a)->SetSelf(0).ok());
+  EXPECT_TRUE((*a)->Send(1, "", nullptr, 0).ok());
+  absl::Status unknown = (*a)->Send(7, "", nullptr, 0);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(unknown.message().find("peer 7"), std::string::npos) << unknown;
+  EXPECT_EQ((*a)->Connect(2, "").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*a)->SetSelf(-1).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The sender id travels in the message, not in the endpoint: b learns it is peer 0
+// without ever connecting back.
+TEST(UcxTransportTest, ReceiverNeedsNoConnection) {
+  auto a = MakeUcxTransport(UcxTransportOptions{});
+  auto b = MakeUcxTransport(UcxTransportOptions{});
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->SetSelf(5).ok());
+  ASSERT_TRUE((*a)->Connect(9, (*b)->LocalAddress()).ok());
+  ASSERT_TRUE((*a)->Send(9, "from five", nullptr, 0).ok());
+  auto message = (*b)->Recv(5, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(message.ok()) << message.status();
+  EXPECT_EQ(message->header, "from five");
+}
+
+// A child process running ucx_transport_echo_child as peer 1.
+class EchoChild {
+ public:
+  // Starts the child and trades addresses with `parent` (peer 0).
+  static std::unique_ptr<EchoChild> Start(Transport& parent) {
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0 || pipe(from_child) != 0) return nullptr;
+    const std::string helper = HelperPath();
+    const pid_t pid = fork();
+    if (pid < 0) return nullptr;
+    if (pid == 0) {
+      // Only async-signal-safe calls between fork and exec.
+      close(to_child[1]);
+      close(from_child[0]);
+      char read_fd[16], write_fd[16];
+      snprintf(read_fd, sizeof(read_fd), "%d", to_child[0]);
+      snprintf(write_fd, sizeof(write_fd), "%d", from_child[1]);
+      execl(helper.c_str(), helper.c_str(), read_fd, write_fd, static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    auto child = std::unique_ptr<EchoChild>(new EchoChild(pid, to_child[1], from_child[0]));
+    uint64_t bytes = 0;
+    if (!ReadAll(child->from_child_, &bytes, sizeof(bytes)) || bytes > (1 << 20)) return nullptr;
+    child->address_.resize(bytes);
+    if (!ReadAll(child->from_child_, child->address_.data(), bytes)) return nullptr;
+    const std::string own = parent.LocalAddress();
+    bytes = own.size();
+    if (!WriteAll(child->to_child_, &bytes, sizeof(bytes)) ||
+        !WriteAll(child->to_child_, own.data(), own.size())) {
+      return nullptr;
+    }
+    return child;
+  }
+
+  ~EchoChild() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    close(to_child_);
+    close(from_child_);
+  }
+
+  const std::string& address() const { return address_; }
+
+  void Kill() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  // Waits for the child to exit; its exit code, or -1.
+  int Join() {
+    int status = 0;
+    if (waitpid(pid_, &status, 0) != pid_) return -1;
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  EchoChild(pid_t pid, int to_child, int from_child)
+      : pid_(pid), to_child_(to_child), from_child_(from_child) {}
+
+  static std::string HelperPath() {
+    char self[PATH_MAX] = {};
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    std::string path(self, n > 0 ? static_cast<size_t>(n) : 0);
+    return path.substr(0, path.rfind('/') + 1) + "ucx_transport_echo_child";
+  }
+  static bool WriteAll(int fd, const void* data, size_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      ssize_t n = write(fd, p, bytes);
+      if (n <= 0) return false;
+      p += n;
+      bytes -= static_cast<size_t>(n);
+    }
+    return true;
+  }
+  static bool ReadAll(int fd, void* data, size_t bytes) {
+    char* p = static_cast<char*>(data);
+    while (bytes > 0) {
+      ssize_t n = read(fd, p, bytes);
+      if (n <= 0) return false;
+      p += n;
+      bytes -= static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  pid_t pid_;
+  int to_child_;
+  int from_child_;
+  std::string address_;
+};
+
+void PingPong(Transport& parent, const std::string& tag) {
+  for (size_t bytes : {size_t{0}, size_t{1000}, size_t{3} << 20}) {
+    std::vector<uint8_t> payload(bytes);
+    for (size_t j = 0; j < bytes; ++j) payload[j] = static_cast<uint8_t>(j * 13 + bytes);
+    const std::string header = tag + "/" + std::to_string(bytes);
+    ASSERT_TRUE(parent.Send(1, header, payload.data(), payload.size()).ok());
+    auto echo = parent.Recv(1, absl::Now() + absl::Seconds(20));
+    ASSERT_TRUE(echo.ok()) << echo.status();
+    EXPECT_EQ(echo->header, header);
+    EXPECT_TRUE(echo->payload == payload);
+  }
+}
+
+class UcxCrossProcessTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(UcxCrossProcessTest, KilledPeerIsUnavailableAndReplaceable) {
+  std::optional<ScopedEnv> tls;  // inherited by the child through exec
+  if (GetParam() == "tcp") tls.emplace("UCX_TLS", "tcp");
+  auto parent = MakeUcxTransport(UcxTransportOptions{});
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  ASSERT_TRUE((*parent)->SetSelf(0).ok());
+
+  auto child = EchoChild::Start(**parent);
+  ASSERT_NE(child, nullptr);
+  ASSERT_TRUE((*parent)->Connect(1, child->address()).ok());
+  ASSERT_NO_FATAL_FAILURE(PingPong(**parent, "first"));
+
+  child->Kill();
+  const absl::Time start = absl::Now();
+  auto message = (*parent)->Recv(1, start + absl::Seconds(30));
+  const absl::Duration elapsed = absl::Now() - start;
+  EXPECT_EQ(message.status().code(), absl::StatusCode::kUnavailable) << message.status();
+  EXPECT_NE(message.status().message().find("peer 1"), std::string::npos) << message.status();
+  EXPECT_LT(elapsed, absl::Seconds(5));
+  std::printf("killed peer detected after %s: %s\n", absl::FormatDuration(elapsed).c_str(),
+              message.status().ToString().c_str());
+  EXPECT_EQ((*parent)->Send(1, "x", nullptr, 0).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ((*parent)->PeerStatus(1).code(), absl::StatusCode::kUnavailable);
+
+  auto second = EchoChild::Start(**parent);
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE((*parent)->Connect(1, second->address()).ok());
+  EXPECT_TRUE((*parent)->PeerStatus(1).ok());
+  ASSERT_NO_FATAL_FAILURE(PingPong(**parent, "second"));
+  ASSERT_TRUE((*parent)->Send(1, "quit", nullptr, 0).ok());
+  EXPECT_EQ(second->Join(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxCrossProcessTest, ::testing::Values("default", "tcp"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace dxs
