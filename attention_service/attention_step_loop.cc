@@ -79,6 +79,7 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
     DXS_RETURN_IF_ERROR(transport_->WaitForActivity(absl::Now() + idle_wait));
     return false;
   }
+  wake_pending_ = false;  // this step is the one a pending wake asked for
   std::vector<SequenceChunk> chunks = scheduler_->BuildStep();
   int64_t my_tokens = 0;
   for (const SequenceChunk& c : chunks) my_tokens += static_cast<int64_t>(c.tokens.size());

@@ -68,7 +68,7 @@ int Main(int argc, char** argv) {
   if (!joined.ok()) return fail(joined);
 
   // The experts this rank holds: its claim, or what the router placed here.
-  const v1::ExpertPlacement& placement = runtime.registration().placement();
+  const v1::ExpertPlacement placement = runtime.registration().placement();
   std::vector<int> experts;
   for (int e = 0; e < placement.expert_to_rank_size(); ++e) {
     for (uint32_t r : placement.expert_to_rank(e).ep_ranks()) {

@@ -37,6 +37,7 @@ WorkerMembership::~WorkerMembership() {
   }
   if (watch_thread_.joinable()) watch_thread_.join();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  if (!registered_) return;  // refused: there is nothing to leave
   v1::DeregisterRequest req;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -64,9 +65,24 @@ absl::Status WorkerMembership::RegisterOnce() {
   if (!s.ok()) return FromGrpcStatus(s);
   std::lock_guard<std::mutex> lock(mu_);
   registration_ = resp;
+  registered_ = true;
   // Keep the rank we were granted on re-registration.
   request_.set_rank(resp.rank());
   return absl::OkStatus();
+}
+
+void WorkerMembership::ReRegisterIfCurrent(uint64_t incarnation) {
+  // Both the watch and the heartbeat notice a lost registration; only the first of them
+  // (the one still holding the current incarnation) registers again.
+  std::lock_guard<std::mutex> lock(reregister_mu_);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (registration_.incarnation() != incarnation) return;
+  }
+  std::cerr << "membership: router forgot this worker; registering again\n";
+  if (absl::Status r = RegisterOnce(); !r.ok()) {
+    std::cerr << "membership: re-registration failed: " << r << "\n";
+  }
 }
 
 void WorkerMembership::WatchLoop() {
@@ -80,11 +96,13 @@ void WorkerMembership::WatchLoop() {
     }
     v1::WatchClusterRequest req;
     req.set_known_version(known);
+    uint64_t watched_incarnation;
     {
       std::lock_guard<std::mutex> lock(mu_);
       req.mutable_worker()->set_role(request_.role());
       req.mutable_worker()->set_rank(registration_.rank());
       req.mutable_worker()->set_incarnation(registration_.incarnation());
+      watched_incarnation = registration_.incarnation();
     }
     auto reader = stub_->WatchCluster(&ctx, req);
     v1::ClusterView view;
@@ -98,7 +116,7 @@ void WorkerMembership::WatchLoop() {
       watch_context_ = nullptr;
     }
     if (stopping_) break;
-    if (s.error_code() == grpc::StatusCode::NOT_FOUND) (void)RegisterOnce();
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) ReRegisterIfCurrent(watched_incarnation);
     absl::SleepFor(absl::Milliseconds(200));
   }
 }
@@ -125,10 +143,7 @@ void WorkerMembership::HeartbeatLoop() {
     v1::HeartbeatResponse resp;
     grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
-      std::cerr << "membership: router forgot this worker; registering again\n";
-      if (absl::Status r = RegisterOnce(); !r.ok()) {
-        std::cerr << "membership: re-registration failed: " << r << "\n";
-      }
+      ReRegisterIfCurrent(req.worker().incarnation());
     }
   }
 }

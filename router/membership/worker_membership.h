@@ -39,6 +39,7 @@ class WorkerMembership {
  private:
   WorkerMembership() = default;
   absl::Status RegisterOnce();
+  void ReRegisterIfCurrent(uint64_t incarnation);
   void WatchLoop();
   void HeartbeatLoop();
 
@@ -48,7 +49,9 @@ class WorkerMembership {
   CountersCallback fill_heartbeat_;
   mutable std::mutex mu_;
   v1::RegisterResponse registration_;  // guarded by mu_
+  bool registered_ = false;            // guarded by mu_; a refused worker never is
   std::atomic<bool> stopping_{false};
+  std::mutex reregister_mu_;
   std::mutex watch_mu_;
   grpc::ClientContext* watch_context_ = nullptr;  // guarded by watch_mu_
   std::thread watch_thread_, heartbeat_thread_;

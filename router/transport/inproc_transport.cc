@@ -102,7 +102,7 @@ class InprocTransport final : public Transport {
     std::unique_lock<std::mutex> lock(hub_->mu);
     Mailbox& own = Own();
     auto& queue = own.from[peer];
-    const bool woken = WaitLocked(
+    WaitLocked(
         lock, deadline, [&] { return !queue.empty() || !own.failure[peer].empty(); },
         /*honor_wake=*/false);
     if (!queue.empty()) {
@@ -111,9 +111,6 @@ class InprocTransport final : public Transport {
       return message;
     }
     if (!own.failure[peer].empty()) return Unavailable(peer);
-    if (woken) {
-      return absl::CancelledError(absl::StrCat("recv from peer ", peer, " interrupted by Wake()"));
-    }
     return absl::DeadlineExceededError(
         absl::StrCat("no message from peer ", peer, " before the deadline"));
   }
@@ -128,8 +125,8 @@ class InprocTransport final : public Transport {
     std::unique_lock<std::mutex> lock(hub_->mu);
     Mailbox& own = Own();
     WaitLocked(lock, deadline, [&] {
-      return own.failure_event ||
-             std::any_of(own.from.begin(), own.from.end(), [](const auto& q) { return !q.empty(); });
+      return own.failure_event || std::any_of(own.from.begin(), own.from.end(),
+                                              [](const auto& q) { return !q.empty(); });
     });
     own.failure_event = false;
     return absl::OkStatus();
@@ -155,7 +152,7 @@ class InprocTransport final : public Transport {
         absl::StrCat("peer ", peer, " is outside the inproc group of ", hub_->num_peers()));
   }
   Mailbox& Own() { return *hub_->mailboxes[self_]; }  // requires hub_->mu
-  absl::Status Unavailable(int peer) {                 // requires hub_->mu
+  absl::Status Unavailable(int peer) {                // requires hub_->mu
     return absl::UnavailableError(absl::StrCat("peer ", peer, " ", Own().failure[peer]));
   }
 

@@ -9,9 +9,9 @@
 // Ordering: messages from one peer are delivered in the order they were sent (the engine
 // keeps at most one message per (peer, kind) in flight, so this holds for every backend).
 //
-// Blocking: nothing spins. Recv and WaitForActivity sleep until a message arrives, a
-// peer fails, Wake() is called, or the deadline passes (UCX: ucp_worker_arm + the
-// worker's event fd).
+// Blocking: nothing spins (UCX: a spin of tens of microseconds, then ucp_worker_arm + the
+// worker's event fd). Recv sleeps until a message arrives, the peer fails, or the
+// deadline passes; WaitForActivity also returns on Wake().
 //
 // Faults: a peer whose connection fails is marked failed; Send/Recv to it return
 // UNAVAILABLE naming the peer, at once, until Connect() is called for it again.

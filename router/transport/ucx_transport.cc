@@ -34,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -86,8 +87,7 @@ void CompleteInbound(Inbound* in, ucs_status_t status) {
   in->status = status;
   if (status == UCS_OK && in->header_in_data) {
     auto& payload = in->message.payload;
-    in->message.header.assign(reinterpret_cast<const char*>(payload.data()),
-                              in->user_header_bytes);
+    in->message.header.assign(reinterpret_cast<const char*>(payload.data()), in->user_header_bytes);
     payload.erase(payload.begin(), payload.begin() + in->user_header_bytes);
   }
   in->done = true;
@@ -100,7 +100,7 @@ struct SendState {
 
 class UcxTransport;
 
-// Context of one endpoint's error callback; outlives the endpoint.
+// Argument of one endpoint's error callback; lives until the endpoint's close completed.
 struct EndpointContext {
   UcxTransport* transport;
   int peer;
@@ -109,7 +109,7 @@ struct EndpointContext {
 
 struct PeerState {
   ucp_ep_h ep = nullptr;
-  EndpointContext* ep_context = nullptr;
+  std::unique_ptr<EndpointContext> ep_context;
   bool ever_connected = false;
   // Set when the connection failed or was closed by Disconnect(); cleared by Connect().
   std::string failure;
@@ -139,15 +139,14 @@ class UcxTransport final : public Transport {
  private:
   enum class WaitResult { kReady, kWoken, kDeadline, kError };
 
-  static ucs_status_t AmCallback(void* arg, const void* header, size_t header_length,
-                                 void* data, size_t length, const ucp_am_recv_param_t* param);
-  static void RecvDataCallback(void* request, ucs_status_t status, size_t length,
-                               void* user_data);
+  static ucs_status_t AmCallback(void* arg, const void* header, size_t header_length, void* data,
+                                 size_t length, const ucp_am_recv_param_t* param);
+  static void RecvDataCallback(void* request, ucs_status_t status, size_t length, void* user_data);
   static void SendCallback(void* request, ucs_status_t status, void* user_data);
   static void ErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status);
 
-  ucs_status_t OnActiveMessage(const void* header, size_t header_length, void* data,
-                               size_t length, const ucp_am_recv_param_t* param);
+  ucs_status_t OnActiveMessage(const void* header, size_t header_length, void* data, size_t length,
+                               const ucp_am_recv_param_t* param);
   void OnEndpointError(EndpointContext* context, ucs_status_t status);
 
   // Progresses until idle. Returns the number of events processed.
@@ -171,9 +170,9 @@ class UcxTransport final : public Transport {
   size_t max_am_header_bytes_ = 0;
   int self_ = -1;
   std::map<int, PeerState> peers_;
-  // Endpoint contexts are freed with the transport: UCX may call an error callback
-  // while an endpoint is being closed.
-  std::deque<std::unique_ptr<EndpointContext>> endpoint_contexts_;
+  // Contexts of endpoints whose forced close did not finish in time: UCX may still call
+  // their error callbacks, so they are freed only with the transport.
+  std::vector<std::unique_ptr<EndpointContext>> orphaned_contexts_;
   bool failure_event_ = false;
   uint64_t dropped_messages_ = 0;
   std::atomic<bool> wake_pending_{false};
@@ -229,8 +228,8 @@ absl::Status UcxTransport::Init(const UcxTransportOptions& options) {
   }
   max_am_header_bytes_ = attr.max_am_header;
   if (max_am_header_bytes_ < sizeof(WireHeader)) {
-    return absl::InternalError(absl::StrCat("UCX allows only ", max_am_header_bytes_,
-                                            "-byte active message headers"));
+    return absl::InternalError(
+        absl::StrCat("UCX allows only ", max_am_header_bytes_, "-byte active message headers"));
   }
 
   ucp_address_t* address = nullptr;
@@ -251,8 +250,7 @@ absl::Status UcxTransport::Init(const UcxTransportOptions& options) {
   handler.arg = this;
   status = ucp_worker_set_am_recv_handler(worker_, &handler);
   if (status != UCS_OK) {
-    return absl::InternalError(
-        absl::StrCat("ucp_worker_set_am_recv_handler: ", UcsError(status)));
+    return absl::InternalError(absl::StrCat("ucp_worker_set_am_recv_handler: ", UcsError(status)));
   }
 
   int event_fd = -1;
@@ -304,8 +302,7 @@ absl::Status UcxTransport::Connect(int peer, const std::string& address) {
   PeerState& state = peers_[peer];
   CloseEndpoint(state);
 
-  endpoint_contexts_.push_back(std::make_unique<EndpointContext>());
-  EndpointContext* context = endpoint_contexts_.back().get();
+  auto context = std::make_unique<EndpointContext>();
   context->transport = this;
   context->peer = peer;
 
@@ -315,7 +312,7 @@ absl::Status UcxTransport::Connect(int peer, const std::string& address) {
   params.address = reinterpret_cast<const ucp_address_t*>(address.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &UcxTransport::ErrorCallback;
-  params.err_handler.arg = context;
+  params.err_handler.arg = context.get();
   ucp_ep_h ep = nullptr;
   ucs_status_t status = ucp_ep_create(worker_, &params, &ep);
   if (status != UCS_OK) {
@@ -324,7 +321,7 @@ absl::Status UcxTransport::Connect(int peer, const std::string& address) {
         absl::StrCat("connect to peer ", peer, " failed: ", UcsError(status)));
   }
   state.ep = ep;
-  state.ep_context = context;
+  state.ep_context = std::move(context);
   state.ever_connected = true;
   state.failure.clear();
   return absl::OkStatus();
@@ -344,15 +341,18 @@ void UcxTransport::CloseEndpoint(PeerState& state) {
   params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   params.flags = UCP_EP_CLOSE_FLAG_FORCE;
   ucs_status_ptr_t request = ucp_ep_close_nbx(state.ep, &params);
+  bool closed = true;
   if (UCS_PTR_IS_PTR(request)) {
     const absl::Time deadline = absl::Now() + kCloseTimeout;
-    WaitUntil(deadline, /*honor_wake=*/false,
-              [&] { return ucp_request_check_status(request) != UCS_INPROGRESS; });
+    closed = WaitUntil(deadline, /*honor_wake=*/false, [&] {
+               return ucp_request_check_status(request) != UCS_INPROGRESS;
+             }) == WaitResult::kReady;
     // Frees now if complete, otherwise when UCX completes it.
     ucp_request_free(request);
   }
+  if (!closed) orphaned_contexts_.push_back(std::move(state.ep_context));
   state.ep = nullptr;
-  state.ep_context = nullptr;
+  state.ep_context.reset();
 }
 
 absl::Status UcxTransport::Unavailable(int peer, const PeerState& state) const {
@@ -415,14 +415,14 @@ absl::Status UcxTransport::Send(int peer, std::string_view header, const void* p
   WaitResult result =
       WaitUntil(absl::InfiniteFuture(), /*honor_wake=*/false, [&] { return send_state.done; });
   if (result != WaitResult::kReady) {
+    // The event fd broke. The callback writes to send_state, so it must run before this
+    // frame goes away: cancel, and progress without sleeping until it has.
     ucp_request_cancel(worker_, request);
-    while (!send_state.done && ProgressAll() > 0) {
-    }
-  }
-  ucp_request_free(request);
-  if (!send_state.done) {
+    while (!send_state.done) ProgressAll();
+    ucp_request_free(request);
     return absl::InternalError(absl::StrCat("send to peer ", peer, ": waiting failed"));
   }
+  ucp_request_free(request);
   if (send_state.status != UCS_OK) {
     return absl::UnavailableError(
         absl::StrCat("send to peer ", peer, " failed: ", UcsError(send_state.status)));
@@ -476,8 +476,8 @@ bool UcxTransport::HasMessage(int peer) {
 }
 
 absl::Status UcxTransport::WaitForActivity(absl::Time deadline) {
-  WaitResult result = WaitUntil(deadline, /*honor_wake=*/true,
-                                [&] { return failure_event_ || AnyFrontReady(); });
+  WaitResult result =
+      WaitUntil(deadline, /*honor_wake=*/true, [&] { return failure_event_ || AnyFrontReady(); });
   failure_event_ = false;
   if (result == WaitResult::kError) {
     return absl::InternalError("waiting on the UCX worker failed");
@@ -538,8 +538,7 @@ bool UcxTransport::SleepOnEventFd(absl::Duration timeout) {
 }
 
 ucs_status_t UcxTransport::AmCallback(void* arg, const void* header, size_t header_length,
-                                      void* data, size_t length,
-                                      const ucp_am_recv_param_t* param) {
+                                      void* data, size_t length, const ucp_am_recv_param_t* param) {
   return static_cast<UcxTransport*>(arg)->OnActiveMessage(header, header_length, data, length,
                                                           param);
 }
@@ -566,8 +565,7 @@ ucs_status_t UcxTransport::OnActiveMessage(const void* header, size_t header_len
   Inbound* raw = inbound.get();
   raw->header_in_data = header_in_data;
   raw->user_header_bytes = wire.user_header_bytes;
-  raw->message.header.assign(static_cast<const char*>(header) + sizeof(wire),
-                             inline_header_bytes);
+  raw->message.header.assign(static_cast<const char*>(header) + sizeof(wire), inline_header_bytes);
   peers_[wire.sender].inbox.push_back(std::move(inbound));
 
   if (!rendezvous) {
@@ -620,7 +618,7 @@ void UcxTransport::ErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status) {
 void UcxTransport::OnEndpointError(EndpointContext* context, ucs_status_t status) {
   if (context->closing) return;
   PeerState& state = peers_[context->peer];
-  if (state.ep_context != context) return;
+  if (state.ep_context.get() != context) return;
   state.failure = absl::StrCat("failed: ", UcsError(status));
   failure_event_ = true;
   // The failed endpoint is closed by the next Connect/Disconnect or the destructor; UCX

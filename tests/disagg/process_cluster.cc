@@ -58,6 +58,9 @@ absl::StatusOr<ChildProcess> SpawnAndWait(const std::vector<std::string>& argv,
     if (ReadFile(log_path).find(ready_text) != std::string::npos) return p;
     int status;
     if (waitpid(p.pid, &status, WNOHANG) == p.pid) {
+      p.pid = -1;
+      // It may have printed what we wait for and exited (a refused worker).
+      if (ReadFile(log_path).find(ready_text) != std::string::npos) return p;
       return absl::FailedPreconditionError(
           absl::StrCat(name, " exited (status ", status, "): ", ReadFile(log_path)));
     }
@@ -91,6 +94,7 @@ std::string ProcessCluster::bin(const std::string& name) const {
 ProcessCluster::~ProcessCluster() {
   for (auto& a : attention_) Terminate(&a);
   for (auto& [r, e] : experts_) Terminate(&e);
+  for (auto& e : refused_) Terminate(&e);
   Terminate(&router_);
 }
 
@@ -124,9 +128,14 @@ absl::Status ProcessCluster::Start(const ClusterSpec& spec, absl::Duration timeo
 
 absl::Status ProcessCluster::StartExpert(int rank, const std::string& model_dir,
                                          const std::string& claim, const std::string& ready_text) {
+  // A restarted expert comes back on its old address, as a StatefulSet pod would.
+  auto old = expert_addresses_.find(rank);
+  const bool replacing = ready_text == "listening on";
+  const std::string listen =
+      replacing && old != expert_addresses_.end() ? old->second : "127.0.0.1:0";
   std::vector<std::string> argv = {bin("dxs-expert"), "--model", model_dir, "--rank",
                                    std::to_string(rank), "--router", router_address_,
-                                   "--listen", "127.0.0.1:0"};
+                                   "--listen", listen};
   if (!claim.empty()) {
     argv.push_back("--experts");
     argv.push_back(claim);
@@ -136,8 +145,13 @@ absl::Status ProcessCluster::StartExpert(int rank, const std::string& model_dir,
                    absl::StrCat(work_dir_, "/expert", rank, "_", experts_.count(rank), ".log"),
                    ready_text, absl::Seconds(60));
   if (!e.ok()) return e.status();
+  if (!replacing) {  // an expected refusal: it has exited; keep its log for DumpLogs
+    refused_.push_back(*e);
+    return absl::OkStatus();
+  }
   Terminate(&experts_[rank]);
   experts_[rank] = *e;
+  expert_addresses_[rank] = AddressAfter(e->log_path, "listening on");
   return absl::OkStatus();
 }
 
@@ -198,6 +212,7 @@ std::string ProcessCluster::DumpLogs() const {
   std::string out = "\n--- router ---\n" + ReadFile(router_.log_path);
   for (const auto& a : attention_) out += "\n--- " + a.name + " ---\n" + ReadFile(a.log_path);
   for (const auto& [r, e] : experts_) out += "\n--- " + e.name + " ---\n" + ReadFile(e.log_path);
+  for (const auto& e : refused_) out += "\n--- refused " + e.name + " ---\n" + ReadFile(e.log_path);
   return out;
 }
 

@@ -52,6 +52,8 @@ class ProcessCluster {
   ~ProcessCluster();
 
   absl::Status Start(const ClusterSpec& spec, absl::Duration timeout = absl::Seconds(60));
+  // Starts (or restarts, on its old address) expert `rank`. With another `ready_text`, the
+  // worker is expected to print it and exit (a refusal), and nothing is replaced.
   absl::Status StartExpert(int rank, const std::string& model_dir, const std::string& claim,
                            const std::string& ready_text = "listening on");
   void KillExpert(int rank);  // SIGKILL
@@ -72,6 +74,8 @@ class ProcessCluster {
   ChildProcess router_;
   std::vector<ChildProcess> attention_;
   std::map<int, ChildProcess> experts_;
+  std::map<int, std::string> expert_addresses_;  // rank -> gRPC address it listened on
+  std::vector<ChildProcess> refused_;            // workers started to be refused
   std::vector<std::unique_ptr<v1::AttentionWorker::Stub>> stubs_;
 };
 

@@ -95,9 +95,7 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
   std::vector<std::string> addresses_;
 };
 
-TEST_P(TransportTest, Name) {
-  EXPECT_EQ(a().name(), GetParam() == "inproc" ? "inproc" : "ucx");
-}
+TEST_P(TransportTest, Name) { EXPECT_EQ(a().name(), GetParam() == "inproc" ? "inproc" : "ucx"); }
 
 TEST_P(TransportTest, ZeroSizeMessagesAreDelivered) {
   ASSERT_TRUE(a().Send(1, "", nullptr, 0).ok());
@@ -173,7 +171,7 @@ TEST_P(TransportTest, RecvDeadline) {
   EXPECT_EQ(message.status().code(), absl::StatusCode::kDeadlineExceeded) << message.status();
   EXPECT_NE(message.status().message().find("peer 0"), std::string::npos) << message.status();
   EXPECT_GE(elapsed, wait);
-  EXPECT_LT(elapsed, wait + absl::Milliseconds(50));
+  EXPECT_LT(elapsed, wait + absl::Milliseconds(100));
 }
 
 TEST_P(TransportTest, WaitForActivityReturnsOnDeadline) {
@@ -181,7 +179,7 @@ TEST_P(TransportTest, WaitForActivityReturnsOnDeadline) {
   EXPECT_TRUE(b().WaitForActivity(start + absl::Milliseconds(100)).ok());
   const absl::Duration elapsed = absl::Now() - start;
   EXPECT_GE(elapsed, absl::Milliseconds(100));
-  EXPECT_LT(elapsed, absl::Milliseconds(150));
+  EXPECT_LT(elapsed, absl::Milliseconds(200));
 }
 
 TEST_P(TransportTest, WaitForActivityWakesOnMessage) {
@@ -216,16 +214,21 @@ TEST_P(TransportTest, WakeInterruptsWaitForActivity) {
   EXPECT_GE(returned - start, absl::Milliseconds(90));
 }
 
-TEST_P(TransportTest, WakeInterruptsRecv) {
+// Wake() is for WaitForActivity only: a step waiting for its peers is not cut short. The
+// wake is kept for the next WaitForActivity.
+TEST_P(TransportTest, WakeDoesNotInterruptRecv) {
   std::thread waker([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    absl::SleepFor(absl::Milliseconds(20));
     b().Wake();
   });
   const absl::Time start = absl::Now();
-  auto message = b().Recv(0, start + absl::Seconds(10));
+  auto message = b().Recv(0, start + absl::Milliseconds(150));
   waker.join();
-  EXPECT_EQ(message.status().code(), absl::StatusCode::kCancelled) << message.status();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_EQ(message.status().code(), absl::StatusCode::kDeadlineExceeded) << message.status();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+  const absl::Time wait_start = absl::Now();
+  ASSERT_TRUE(b().WaitForActivity(wait_start + absl::Seconds(10)).ok());
+  EXPECT_LT(absl::Now() - wait_start, absl::Milliseconds(50));
 }
 
 TEST_P(TransportTest, EarlyWakeEndsTheNextWait) {
@@ -292,8 +295,7 @@ TEST_P(TransportTest, NullPayloadWithBytesIsRejected) {
   EXPECT_EQ(a().Send(1, "", nullptr, 10).code(), absl::StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, TransportTest,
-                         ::testing::Values("inproc", "ucx", "ucx_tcp"),
+INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::Values("inproc", "ucx", "ucx_tcp"),
                          [](const auto& info) { return info.param; });
 
 TEST(InprocTransportTest, DisconnectIsSeenByBothSides) {

@@ -57,7 +57,8 @@ int Run(int read_fd, int write_fd) {
     auto message = (*transport)->Recv(0, absl::Now() + absl::Seconds(60));
     if (!message.ok()) return 6;
     if (message->header == "quit") return 0;
-    if (!(*transport)->Send(0, message->header, message->payload.data(), message->payload.size())
+    if (!(*transport)
+             ->Send(0, message->header, message->payload.data(), message->payload.size())
              .ok()) {
       return 7;
     }

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -243,6 +244,49 @@ TEST_P(UcxCrossProcessTest, KilledPeerIsUnavailableAndReplaceable) {
   ASSERT_NE(second, nullptr);
   ASSERT_TRUE((*parent)->Connect(1, second->address()).ok());
   EXPECT_TRUE((*parent)->PeerStatus(1).ok());
+  ASSERT_NO_FATAL_FAILURE(PingPong(**parent, "second"));
+  ASSERT_TRUE((*parent)->Send(1, "quit", nullptr, 0).ok());
+  EXPECT_EQ(second->Join(), 0);
+}
+
+// The child dies while large messages are moving both ways: the parent's blocked Send
+// returns UNAVAILABLE instead of hanging, and half-received messages do not block the
+// next child's.
+TEST_P(UcxCrossProcessTest, PeerKilledMidTransfer) {
+  std::optional<ScopedEnv> tls;
+  if (GetParam() == "tcp") tls.emplace("UCX_TLS", "tcp");
+  auto parent = MakeUcxTransport(UcxTransportOptions{});
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  ASSERT_TRUE((*parent)->SetSelf(0).ok());
+  auto child = EchoChild::Start(**parent);
+  ASSERT_NE(child, nullptr);
+  ASSERT_TRUE((*parent)->Connect(1, child->address()).ok());
+  ASSERT_NO_FATAL_FAILURE(PingPong(**parent, "warm"));
+
+  const std::vector<uint8_t> big(size_t{64} << 20, 0x17);
+  std::thread killer([&] {
+    absl::SleepFor(absl::Milliseconds(30));
+    child->Kill();
+  });
+  const absl::Time start = absl::Now();
+  absl::Status status;
+  while (status.ok() && absl::Now() - start < absl::Seconds(10)) {
+    status = (*parent)->Send(1, "big", big.data(), big.size());
+  }
+  const absl::Duration elapsed = absl::Now() - start;
+  killer.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_LT(elapsed, absl::Seconds(5));
+  for (;;) {  // echoes that made it, then the failure
+    auto message = (*parent)->Recv(1, absl::Now() + absl::Seconds(30));
+    if (message.ok()) continue;
+    EXPECT_EQ(message.status().code(), absl::StatusCode::kUnavailable) << message.status();
+    break;
+  }
+
+  auto second = EchoChild::Start(**parent);
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE((*parent)->Connect(1, second->address()).ok());
   ASSERT_NO_FATAL_FAILURE(PingPong(**parent, "second"));
   ASSERT_TRUE((*parent)->Send(1, "quit", nullptr, 0).ok());
   EXPECT_EQ(second->Join(), 0);
