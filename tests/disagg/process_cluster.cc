@@ -88,7 +88,7 @@ void Terminate(ChildProcess* p) {
 
 std::string ProcessCluster::bin(const std::string& name) const {
   const char* dir = std::getenv("DXS_BIN_DIR");
-  return absl::StrCat(dir ? dir : "build/bin", "/", name);
+  return absl::StrCat(dir ? dir : DXS_TEST_BIN_DIR, "/", name);
 }
 
 ProcessCluster::~ProcessCluster() {

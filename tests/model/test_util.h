@@ -39,7 +39,11 @@ inline std::string WritePreset(const TempDir& dir, const std::string& name) {
 
 inline std::string SourceDir() {
   const char* d = std::getenv("DXS_SOURCE_DIR");
+#ifdef DXS_TEST_SOURCE_DIR
+  return d ? d : DXS_TEST_SOURCE_DIR;
+#else
   return d ? d : ".";
+#endif
 }
 
 }  // namespace dxs::testing
