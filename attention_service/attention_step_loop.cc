@@ -8,10 +8,9 @@
 
 namespace dxs {
 
-AttentionStepLoop::AttentionStepLoop(int dp_rank, std::vector<int> dp_peers,
-                                     Transport* transport, Qwen3MoeModel* model,
-                                     RemoteMoeExecutor* moe, Scheduler* scheduler, KvCache* kv,
-                                     absl::Duration timeout)
+AttentionStepLoop::AttentionStepLoop(int dp_rank, std::vector<int> dp_peers, Transport* transport,
+                                     Qwen3MoeModel* model, RemoteMoeExecutor* moe,
+                                     Scheduler* scheduler, KvCache* kv, absl::Duration timeout)
     : dp_rank_(dp_rank),
       dp_peers_(std::move(dp_peers)),
       transport_(transport),
@@ -62,8 +61,8 @@ absl::StatusOr<int64_t> AttentionStepLoop::ExchangeStep(int64_t my_tokens) {
       have[r] = true;
     }
     if (theirs[r].kind != MessageKind::kStep || theirs[r].step != step_) {
-      return absl::InternalError(absl::StrCat("DP rank ", r, " is at step ", theirs[r].step,
-                                              ", this rank at ", step_));
+      return absl::InternalError(
+          absl::StrCat("DP rank ", r, " is at step ", theirs[r].step, ", this rank at ", step_));
     }
     total += theirs[r].aux;
   }
@@ -99,9 +98,8 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   if (total.ok() && *total == 0) ++counters_.all_empty_steps;
   if (!logits.ok()) {
     ++counters_.failed_steps;
-    const absl::Status failure = absl::UnavailableError(
-        absl::StrCat("step ", step_ - 1, " failed on DP rank ", dp_rank_, ": ",
-                     logits.status().message()));
+    const absl::Status failure = absl::UnavailableError(absl::StrCat(
+        "step ", step_ - 1, " failed on DP rank ", dp_rank_, ": ", logits.status().message()));
     std::cerr << "attention rank " << dp_rank_ << ": " << failure << "\n";
     scheduler_->FailAll(failure);
     return true;

@@ -38,8 +38,8 @@ class AttentionStepLoop {
  public:
   // `dp_peers[r]` is DP rank r's transport peer id; dp_peers[dp_rank] is this rank.
   AttentionStepLoop(int dp_rank, std::vector<int> dp_peers, Transport* transport,
-                    Qwen3MoeModel* model, RemoteMoeExecutor* moe, Scheduler* scheduler,
-                    KvCache* kv, absl::Duration timeout);
+                    Qwen3MoeModel* model, RemoteMoeExecutor* moe, Scheduler* scheduler, KvCache* kv,
+                    absl::Duration timeout);
 
   // Runs one step if this rank has work, a peer started a step, or a wake is pending;
   // otherwise sleeps up to `idle_wait` and returns false.

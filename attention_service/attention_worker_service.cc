@@ -67,9 +67,8 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
     return ToGrpcStatus(absl::InvalidArgumentError("request_id: must not be empty"));
   }
   if (req->has_data_parallel_rank() && static_cast<int>(req->data_parallel_rank()) != dp_rank_) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("data_parallel_rank: ", req->data_parallel_rank(), " is not this rank (",
-                     dp_rank_, ")")));
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "data_parallel_rank: ", req->data_parallel_rank(), " is not this rank (", dp_rank_, ")")));
   }
   AttentionStepLoop* loop = step_loop_.load();
   if (!ready_ || loop == nullptr) {

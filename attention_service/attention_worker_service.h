@@ -22,8 +22,7 @@ namespace dxs {
 
 class AttentionWorkerService final : public v1::AttentionWorker::Service {
  public:
-  AttentionWorkerService(int dp_rank, const ModelConfig& config, Scheduler* scheduler,
-                         KvCache* kv);
+  AttentionWorkerService(int dp_rank, const ModelConfig& config, Scheduler* scheduler, KvCache* kv);
 
   // Set once the step loop exists; until then and while `ready` is false, Generate is
   // UNAVAILABLE.
@@ -51,7 +50,7 @@ class AttentionWorkerService final : public v1::AttentionWorker::Service {
   std::atomic<bool> ready_{false};
   std::mutex mu_;
   std::map<std::string, uint64_t> ids_;  // guarded by mu_: request id -> scheduler id
-  uint64_t next_id_ = 1;                  // guarded by mu_
+  uint64_t next_id_ = 1;                 // guarded by mu_
 };
 
 // Proto request -> engine request (defaults for unset fields). INVALID_ARGUMENT on bad

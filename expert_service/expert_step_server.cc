@@ -69,8 +69,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
       pending_[i].reset();
       return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i],
                                               ": malformed dispatch (hidden ", h.hidden,
-                                              ", payload ", got, " bytes, expected ", expect,
-                                              ")"));
+                                              ", payload ", got, " bytes, expected ", expect, ")"));
     }
     headers.push_back(h);
     row_offset[i + 1] = row_offset[i] + h.num_rows;
@@ -91,8 +90,8 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     for (int32_t k = 0; k < h.num_pairs; ++k) {
       if (rows[k] < 0 || rows[k] >= h.num_rows || !shard_->Holds(h.layer, experts[k])) {
         pending_.assign(num_dp, std::nullopt);
-        return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i], " routed row ",
-                                                rows[k], " to expert ", experts[k],
+        return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i], " routed row ", rows[k],
+                                                " to expert ", experts[k],
                                                 ", which this rank does not hold"));
       }
       pairs.Add(static_cast<int32_t>(row_offset[i] + rows[k]), experts[k], weights[k]);

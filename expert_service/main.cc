@@ -81,8 +81,8 @@ int Main(int argc, char** argv) {
   if (!weights.ok()) return fail(weights.status());
   shard = std::make_unique<ExpertShard>(*config, std::move(*weights), backend.get());
   service.set_shard(shard.get(), experts);
-  std::cout << "dxs-expert rank " << *rank << " listening on " << runtime.grpc_address()
-            << " with " << experts.size() << " experts" << std::endl;
+  std::cout << "dxs-expert rank " << *rank << " listening on " << runtime.grpc_address() << " with "
+            << experts.size() << " experts" << std::endl;
 
   while (!ShutdownRequested()) {
     std::optional<ClusterShape> shape = runtime.ApplyPendingView();
@@ -90,8 +90,8 @@ int Main(int argc, char** argv) {
       std::vector<int> dp_peers;
       for (int r = 0; r < shape->num_attention; ++r) dp_peers.push_back(r);
       if (!server) {
-        server = std::make_unique<ExpertStepServer>(runtime.transport(), dp_peers, shard.get(),
-                                                    *config);
+        server =
+            std::make_unique<ExpertStepServer>(runtime.transport(), dp_peers, shard.get(), *config);
         service.set_step_server(server.get());
       }
     }

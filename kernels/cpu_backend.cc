@@ -53,8 +53,8 @@ class CpuBackend final : public Backend {
   void Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor* y) override {
     const int64_t m = x.rows(), k = x.row_size(), n = w.rows();
     if (m == 0) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.f, x.f32(), k, w.f32(), k,
-                0.f, y->f32(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.f, x.f32(), k, w.f32(), k, 0.f,
+                y->f32(), n);
     if (bias != nullptr) {
       const float* b = bias->f32();
       for (int64_t i = 0; i < m; ++i) {

@@ -9,8 +9,8 @@ namespace dxs {
 
 absl::Status ValidateTopKArgs(int64_t num_tokens, int64_t num_experts, int64_t top_k) {
   if (num_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("top-k softmax: num_tokens ", num_tokens,
-                                                   " is negative"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("top-k softmax: num_tokens ", num_tokens, " is negative"));
   }
   if (num_experts <= 0) {
     return absl::InvalidArgumentError(

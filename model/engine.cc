@@ -24,8 +24,8 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Load(const std::string
                        LoadExpertWeights(*ckpt, e->config_, all_experts, e->backend_.get()));
   e->experts_ = std::make_unique<ExpertShard>(e->config_, std::move(ew), e->backend_.get());
   e->moe_ = std::make_unique<LocalMoeExecutor>(e->experts_.get());
-  e->model_ = std::make_unique<Qwen3MoeModel>(e->config_, std::move(aw), e->backend_.get(),
-                                              e->moe_.get());
+  e->model_ =
+      std::make_unique<Qwen3MoeModel>(e->config_, std::move(aw), e->backend_.get(), e->moe_.get());
   e->kv_ = std::make_unique<KvCache>(e->config_, e->backend_.get(), options.kv_capacity_tokens);
   return e;
 }

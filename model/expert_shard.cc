@@ -19,9 +19,7 @@ std::vector<int64_t> ExpertShard::tokens_per_expert_snapshot() const {
   return out;
 }
 
-bool ExpertShard::Holds(int layer, int expert) const {
-  return weights_.count({layer, expert}) > 0;
-}
+bool ExpertShard::Holds(int layer, int expert) const { return weights_.count({layer, expert}) > 0; }
 
 absl::Status ExpertShard::Forward(int layer, const Tensor& x, const RoutedPairs& pairs,
                                   Tensor* out) {

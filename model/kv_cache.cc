@@ -9,7 +9,8 @@ KvCache::KvCache(const ModelConfig& config, Backend* backend, int64_t capacity_t
 
 absl::StatusOr<int> KvCache::Allocate(int64_t max_tokens) {
   if (max_tokens <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("KV slot size must be positive, got ", max_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV slot size must be positive, got ", max_tokens));
   }
   if (reserved_tokens_ + max_tokens > capacity_tokens_) {
     return absl::ResourceExhaustedError(

@@ -7,14 +7,13 @@
 
 namespace dxs {
 
-Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, AttentionWeights weights,
-                             Backend* backend, MoeExecutor* moe)
+Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, AttentionWeights weights, Backend* backend,
+                             MoeExecutor* moe)
     : config_(config), w_(std::move(weights)), backend_(backend), moe_(moe) {
   routing_stats_.tokens_per_expert.assign(std::max<int64_t>(config_.num_experts, 0), 0);
 }
 
-absl::Status Qwen3MoeModel::Validate(const std::vector<SequenceChunk>& chunks,
-                                     KvCache* kv) const {
+absl::Status Qwen3MoeModel::Validate(const std::vector<SequenceChunk>& chunks, KvCache* kv) const {
   for (const SequenceChunk& c : chunks) {
     if (c.tokens.empty()) return absl::InvalidArgumentError("a sequence chunk has no tokens");
     if (!kv->HasSlot(c.kv_slot)) {
@@ -22,15 +21,15 @@ absl::Status Qwen3MoeModel::Validate(const std::vector<SequenceChunk>& chunks,
     }
     for (int32_t id : c.tokens) {
       if (id < 0 || id >= config_.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("token id ", id, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token id ", id, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
       }
     }
     if (c.start_position < 0 ||
         c.start_position + static_cast<int64_t>(c.tokens.size()) > kv->slot_capacity(c.kv_slot)) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "positions [", c.start_position, ", ", c.start_position + c.tokens.size(),
-          ") exceed KV slot capacity ", kv->slot_capacity(c.kv_slot)));
+      return absl::OutOfRangeError(
+          absl::StrCat("positions [", c.start_position, ", ", c.start_position + c.tokens.size(),
+                       ") exceed KV slot capacity ", kv->slot_capacity(c.kv_slot)));
     }
   }
   return absl::OkStatus();

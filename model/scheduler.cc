@@ -48,9 +48,8 @@ absl::Status Scheduler::Add(uint64_t id, GenerationRequest request, TokenSink si
   if (absl::Status s = ValidateRequest(config_, request); !s.ok()) return s;
   const int64_t need = static_cast<int64_t>(request.prompt.size()) + request.max_new_tokens;
   if (need > kv_->capacity_tokens()) {
-    return absl::ResourceExhaustedError(absl::StrCat("request needs ", need,
-                                                     " KV tokens; the cache holds ",
-                                                     kv_->capacity_tokens()));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request needs ", need, " KV tokens; the cache holds ", kv_->capacity_tokens()));
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (!known_ids_.insert(id).second) {

@@ -15,8 +15,8 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <set>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "absl/status/status.h"

@@ -22,8 +22,8 @@ std::string ExpertTensorName(int layer, int expert, const std::string& proj) {
   return absl::StrCat("model.layers.", layer, ".mlp.experts.", expert, ".", proj, ".weight");
 }
 
-absl::StatusOr<AttentionWeights> LoadAttentionWeights(const Checkpoint& ckpt,
-                                                      const ModelConfig& c, Backend* backend) {
+absl::StatusOr<AttentionWeights> LoadAttentionWeights(const Checkpoint& ckpt, const ModelConfig& c,
+                                                      Backend* backend) {
   const int64_t h = c.hidden_size, d = c.head_dim;
   const int64_t q_dim = c.num_attention_heads * d, kv_dim = c.num_key_value_heads * d;
   AttentionWeights w;
@@ -35,10 +35,14 @@ absl::StatusOr<AttentionWeights> LoadAttentionWeights(const Checkpoint& ckpt,
     DXS_ASSIGN_OR_RETURN(lw.input_norm, Load(ckpt, name("input_layernorm.weight"), {h}, backend));
     DXS_ASSIGN_OR_RETURN(lw.post_attention_norm,
                          Load(ckpt, name("post_attention_layernorm.weight"), {h}, backend));
-    DXS_ASSIGN_OR_RETURN(lw.q_proj, Load(ckpt, name("self_attn.q_proj.weight"), {q_dim, h}, backend));
-    DXS_ASSIGN_OR_RETURN(lw.k_proj, Load(ckpt, name("self_attn.k_proj.weight"), {kv_dim, h}, backend));
-    DXS_ASSIGN_OR_RETURN(lw.v_proj, Load(ckpt, name("self_attn.v_proj.weight"), {kv_dim, h}, backend));
-    DXS_ASSIGN_OR_RETURN(lw.o_proj, Load(ckpt, name("self_attn.o_proj.weight"), {h, q_dim}, backend));
+    DXS_ASSIGN_OR_RETURN(lw.q_proj,
+                         Load(ckpt, name("self_attn.q_proj.weight"), {q_dim, h}, backend));
+    DXS_ASSIGN_OR_RETURN(lw.k_proj,
+                         Load(ckpt, name("self_attn.k_proj.weight"), {kv_dim, h}, backend));
+    DXS_ASSIGN_OR_RETURN(lw.v_proj,
+                         Load(ckpt, name("self_attn.v_proj.weight"), {kv_dim, h}, backend));
+    DXS_ASSIGN_OR_RETURN(lw.o_proj,
+                         Load(ckpt, name("self_attn.o_proj.weight"), {h, q_dim}, backend));
     if (c.attention_bias) {
       DXS_ASSIGN_OR_RETURN(lw.q_bias, Load(ckpt, name("self_attn.q_proj.bias"), {q_dim}, backend));
       DXS_ASSIGN_OR_RETURN(lw.k_bias, Load(ckpt, name("self_attn.k_proj.bias"), {kv_dim}, backend));
@@ -52,9 +56,12 @@ absl::StatusOr<AttentionWeights> LoadAttentionWeights(const Checkpoint& ckpt,
                            Load(ckpt, name("mlp.gate.weight"), {c.num_experts, h}, backend));
     } else {
       const int64_t inter = c.intermediate_size;
-      DXS_ASSIGN_OR_RETURN(lw.dense_gate, Load(ckpt, name("mlp.gate_proj.weight"), {inter, h}, backend));
-      DXS_ASSIGN_OR_RETURN(lw.dense_up, Load(ckpt, name("mlp.up_proj.weight"), {inter, h}, backend));
-      DXS_ASSIGN_OR_RETURN(lw.dense_down, Load(ckpt, name("mlp.down_proj.weight"), {h, inter}, backend));
+      DXS_ASSIGN_OR_RETURN(lw.dense_gate,
+                           Load(ckpt, name("mlp.gate_proj.weight"), {inter, h}, backend));
+      DXS_ASSIGN_OR_RETURN(lw.dense_up,
+                           Load(ckpt, name("mlp.up_proj.weight"), {inter, h}, backend));
+      DXS_ASSIGN_OR_RETURN(lw.dense_down,
+                           Load(ckpt, name("mlp.down_proj.weight"), {h, inter}, backend));
     }
     w.layers.push_back(std::move(lw));
   }

@@ -21,7 +21,7 @@ struct AttentionLayerWeights {
   Tensor q_proj, k_proj, v_proj, o_proj;
   Tensor q_bias, k_bias, v_bias, o_bias;  // only with attention_bias
   Tensor q_norm, k_norm;
-  Tensor router;                          // MoE layers: mlp.gate [num_experts, hidden]
+  Tensor router;                            // MoE layers: mlp.gate [num_experts, hidden]
   Tensor dense_gate, dense_up, dense_down;  // dense (mlp_only) layers
 };
 
@@ -39,13 +39,11 @@ struct ExpertWeights {
 
 // Loads everything an attention worker needs: all tensors but the experts'.
 absl::StatusOr<AttentionWeights> LoadAttentionWeights(const Checkpoint& ckpt,
-                                                      const ModelConfig& config,
-                                                      Backend* backend);
+                                                      const ModelConfig& config, Backend* backend);
 
 // Experts `experts` of every MoE layer, keyed by (layer, expert).
 using ExpertWeightMap = std::map<std::pair<int, int>, ExpertWeights>;
-absl::StatusOr<ExpertWeightMap> LoadExpertWeights(const Checkpoint& ckpt,
-                                                  const ModelConfig& config,
+absl::StatusOr<ExpertWeightMap> LoadExpertWeights(const Checkpoint& ckpt, const ModelConfig& config,
                                                   const std::vector<int>& experts,
                                                   Backend* backend);
 

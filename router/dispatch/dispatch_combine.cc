@@ -48,8 +48,7 @@ void UnpackRows(const uint8_t* data, int64_t num_rows, int64_t hidden, DType dty
 }
 
 RemoteMoeExecutor::RemoteMoeExecutor(Transport* transport, std::vector<int> ep_peers,
-                                     Placement placement, int64_t hidden,
-                                     DispatchOptions options)
+                                     Placement placement, int64_t hidden, DispatchOptions options)
     : transport_(transport),
       ep_peers_(std::move(ep_peers)),
       placement_(std::move(placement)),
@@ -113,7 +112,8 @@ absl::Status RemoteMoeExecutor::Run(int layer, const Tensor& x, const std::vecto
     h.hidden = static_cast<int32_t>(hidden_);
     absl::Status s = transport_->Send(ep_peers_[r], h.Encode(), scratch_.data(), scratch_.size());
     if (!s.ok() && send_status.ok()) {
-      send_status = absl::UnavailableError(absl::StrCat("dispatch to EP rank ", r, ": ", s.message()));
+      send_status =
+          absl::UnavailableError(absl::StrCat("dispatch to EP rank ", r, ": ", s.message()));
     }
     counters_->tokens_dispatched[r] += n;
   }
@@ -137,8 +137,8 @@ absl::Status RemoteMoeExecutor::Run(int layer, const Tensor& x, const std::vecto
     DXS_ASSIGN_OR_RETURN(WireHeader h, WireHeader::Decode(replies[r].header));
     if (h.num_rows != n ||
         replies[r].payload.size() != static_cast<size_t>(n * hidden_) * DTypeSize(h.wire_dtype)) {
-      return absl::InternalError(absl::StrCat("combine from EP rank ", r, ": ", h.num_rows,
-                                              " rows, expected ", n));
+      return absl::InternalError(
+          absl::StrCat("combine from EP rank ", r, ": ", h.num_rows, " rows, expected ", n));
     }
     partial.resize(n * hidden_);
     UnpackRows(replies[r].payload.data(), n, hidden_, h.wire_dtype, partial.data());

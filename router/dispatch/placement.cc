@@ -19,8 +19,9 @@ Placement Placement::Contiguous(int num_experts, int num_ranks, uint64_t version
   return *FromRankExperts(num_experts, experts, version);
 }
 
-absl::StatusOr<Placement> Placement::FromRankExperts(
-    int num_experts, const std::vector<std::vector<int>>& experts, uint64_t version) {
+absl::StatusOr<Placement> Placement::FromRankExperts(int num_experts,
+                                                     const std::vector<std::vector<int>>& experts,
+                                                     uint64_t version) {
   if (num_experts <= 0 || experts.empty()) {
     return absl::InvalidArgumentError("placement needs at least one expert and one rank");
   }
@@ -33,11 +34,11 @@ absl::StatusOr<Placement> Placement::FromRankExperts(
     std::sort(p.rank_experts_[r].begin(), p.rank_experts_[r].end());
     for (int e : experts[r]) {
       if (e < 0 || e >= num_experts) {
-        problems.push_back(absl::StrCat("expert ", e, " on rank ", r, " is outside [0, ",
-                                        num_experts, ")"));
+        problems.push_back(
+            absl::StrCat("expert ", e, " on rank ", r, " is outside [0, ", num_experts, ")"));
       } else if (p.owner_[e] >= 0) {
-        problems.push_back(absl::StrCat("expert ", e, " overlaps: held by ranks ", p.owner_[e],
-                                        " and ", r));
+        problems.push_back(
+            absl::StrCat("expert ", e, " overlaps: held by ranks ", p.owner_[e], " and ", r));
       } else {
         p.owner_[e] = static_cast<int>(r);
       }
@@ -51,7 +52,8 @@ absl::StatusOr<Placement> Placement::FromRankExperts(
     problems.push_back(absl::StrCat("experts missing: ", absl::StrJoin(missing, ",")));
   }
   if (!problems.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("bad placement: ", absl::StrJoin(problems, "; ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad placement: ", absl::StrJoin(problems, "; ")));
   }
   return p;
 }

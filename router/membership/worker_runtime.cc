@@ -127,12 +127,12 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
     if (r < shape.num_expert) rank_experts[r].push_back(e);
   }
   absl::StatusOr<Placement> placement =
-      placed ? Placement::FromRankExperts(static_cast<int>(p.num_experts()), rank_experts,
-                                          p.version())
-             : absl::StatusOr<Placement>(absl::FailedPreconditionError("incomplete"));
+      placed
+          ? Placement::FromRankExperts(static_cast<int>(p.num_experts()), rank_experts, p.version())
+          : absl::StatusOr<Placement>(absl::FailedPreconditionError("incomplete"));
   if (placement.ok()) shape.placement = *placement;
-  complete_ = placement.ok() && self_set_ && attention == shape.num_attention &&
-              expert == shape.num_expert;
+  complete_ =
+      placement.ok() && self_set_ && attention == shape.num_attention && expert == shape.num_expert;
   return shape;
 }
 

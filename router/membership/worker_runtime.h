@@ -8,6 +8,8 @@
 // only touched by that thread.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <functional>
 #include <map>
@@ -15,8 +17,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "common/dtype.h"

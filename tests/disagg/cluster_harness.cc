@@ -19,7 +19,8 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
   for (int r = 0; r < num_expert; ++r) {
     auto ep = std::make_unique<EpRank>();
     ep->backend = MakeCpuBackend();
-    ExpertWeightMap w = *LoadExpertWeights(*ckpt, config, placement.experts_of(r), ep->backend.get());
+    ExpertWeightMap w =
+        *LoadExpertWeights(*ckpt, config, placement.experts_of(r), ep->backend.get());
     ep->shard = std::make_unique<ExpertShard>(config, std::move(w), ep->backend.get());
     ep->server = std::make_unique<ExpertStepServer>(transports_[num_attention + r].get(), dp_peers,
                                                     ep->shard.get(), config);
@@ -30,16 +31,15 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
     dp->backend = MakeCpuBackend();
     dp->kv = std::make_unique<KvCache>(config, dp->backend.get(), 1 << 16);
     dp->scheduler = std::make_unique<Scheduler>(config, dp->kv.get(), SchedulerOptions{});
-    dp->moe = std::make_unique<RemoteMoeExecutor>(
-        transports_[r].get(), ep_peers, placement, config.hidden_size,
-        DispatchOptions{wire_dtype, absl::Seconds(5)});
+    dp->moe = std::make_unique<RemoteMoeExecutor>(transports_[r].get(), ep_peers, placement,
+                                                  config.hidden_size,
+                                                  DispatchOptions{wire_dtype, absl::Seconds(5)});
     dp->model = std::make_unique<Qwen3MoeModel>(
         config, *LoadAttentionWeights(*ckpt, config, dp->backend.get()), dp->backend.get(),
         dp->moe.get());
-    dp->loop = std::make_unique<AttentionStepLoop>(r, dp_peers, transports_[r].get(),
-                                                   dp->model.get(), dp->moe.get(),
-                                                   dp->scheduler.get(), dp->kv.get(),
-                                                   absl::Seconds(5));
+    dp->loop = std::make_unique<AttentionStepLoop>(
+        r, dp_peers, transports_[r].get(), dp->model.get(), dp->moe.get(), dp->scheduler.get(),
+        dp->kv.get(), absl::Seconds(5));
     dp_.push_back(std::move(dp));
   }
   for (auto& ep : ep_) {

@@ -49,7 +49,8 @@ void ExpectSameAsSingleProcess(const std::string& dir, int num_attention,
   std::vector<std::shared_ptr<ResultSink>> sinks;
   for (size_t i = 0; i < requests.size(); ++i) {
     sinks.push_back(std::make_shared<ResultSink>());
-    ASSERT_TRUE(cluster.Submit(static_cast<int>(i % num_attention), i, requests[i], sinks.back()).ok());
+    ASSERT_TRUE(
+        cluster.Submit(static_cast<int>(i % num_attention), i, requests[i], sinks.back()).ok());
   }
   ASSERT_TRUE(cluster.WaitAllDone(sinks, absl::Seconds(60))) << "cluster hung";
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -65,7 +66,8 @@ void ExpectSameAsSingleProcess(const std::string& dir, int num_attention,
               cluster.attention_counters(r).steps.load());
   }
   for (int r = 1; r < num_attention; ++r) {
-    EXPECT_EQ(cluster.attention_counters(r).steps.load(), cluster.attention_counters(0).steps.load())
+    EXPECT_EQ(cluster.attention_counters(r).steps.load(),
+              cluster.attention_counters(0).steps.load())
         << "DP ranks out of lockstep";
   }
 }
@@ -170,9 +172,8 @@ TEST(Disagg, MoeOutputIsReducedExactlyOnce) {
     shards.push_back(std::make_unique<ExpertShard>(
         config, *LoadExpertWeights(*ckpt, config, placement.experts_of(r), backend.get()),
         backend.get()));
-    servers.push_back(std::make_unique<ExpertStepServer>(transports[1 + r].get(),
-                                                         std::vector<int>{0}, shards.back().get(),
-                                                         config));
+    servers.push_back(std::make_unique<ExpertStepServer>(
+        transports[1 + r].get(), std::vector<int>{0}, shards.back().get(), config));
   }
   RemoteMoeExecutor remote(transports[0].get(), {1, 2, 3, 4}, placement, config.hidden_size, {});
   std::atomic<bool> stop{false};
@@ -206,7 +207,8 @@ TEST(Disagg, MoeOutputIsReducedExactlyOnce) {
                 remote.counters().tokens_dispatched[1].load() +
                 remote.counters().tokens_dispatched[2].load() +
                 remote.counters().tokens_dispatched[3].load(),
-            remote.counters().tokens_combined[0].load() + remote.counters().tokens_combined[1].load() +
+            remote.counters().tokens_combined[0].load() +
+                remote.counters().tokens_combined[1].load() +
                 remote.counters().tokens_combined[2].load() +
                 remote.counters().tokens_combined[3].load());
 }

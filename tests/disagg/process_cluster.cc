@@ -1,6 +1,7 @@
 #include "tests/disagg/process_cluster.h"
 
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,8 +10,6 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -99,25 +98,26 @@ ProcessCluster::~ProcessCluster() {
 }
 
 absl::Status ProcessCluster::Start(const ClusterSpec& spec, absl::Duration timeout) {
-  absl::StatusOr<ChildProcess> router = SpawnAndWait(
-      {bin("dxs-router"), "--listen", "127.0.0.1:0", "--attention",
-       std::to_string(spec.num_attention), "--experts", std::to_string(spec.num_expert),
-       "--model", spec.model_dir, "--wire-dtype", spec.wire_dtype, "--lease-ms", "2000",
-       "--heartbeat-ms", "200"},
-      "router", work_dir_ + "/router.log", "listening on", timeout);
+  absl::StatusOr<ChildProcess> router =
+      SpawnAndWait({bin("dxs-router"), "--listen", "127.0.0.1:0", "--attention",
+                    std::to_string(spec.num_attention), "--experts",
+                    std::to_string(spec.num_expert), "--model", spec.model_dir, "--wire-dtype",
+                    spec.wire_dtype, "--lease-ms", "2000", "--heartbeat-ms", "200"},
+                   "router", work_dir_ + "/router.log", "listening on", timeout);
   if (!router.ok()) return router.status();
   router_ = *router;
   router_address_ = AddressAfter(router_.log_path, "listening on");
   for (int r = 0; r < spec.num_expert; ++r) {
-    const std::string claim = r < static_cast<int>(spec.expert_claims.size()) ? spec.expert_claims[r] : "";
+    const std::string claim =
+        r < static_cast<int>(spec.expert_claims.size()) ? spec.expert_claims[r] : "";
     if (absl::Status s = StartExpert(r, spec.model_dir, claim); !s.ok()) return s;
   }
   for (int r = 0; r < spec.num_attention; ++r) {
-    absl::StatusOr<ChildProcess> a = SpawnAndWait(
-        {bin("dxs-attention"), "--model", spec.model_dir, "--rank", std::to_string(r), "--router",
-         router_address_, "--listen", "127.0.0.1:0"},
-        absl::StrCat("attention ", r), absl::StrCat(work_dir_, "/attention", r, ".log"),
-        "listening on", timeout);
+    absl::StatusOr<ChildProcess> a =
+        SpawnAndWait({bin("dxs-attention"), "--model", spec.model_dir, "--rank", std::to_string(r),
+                      "--router", router_address_, "--listen", "127.0.0.1:0"},
+                     absl::StrCat("attention ", r),
+                     absl::StrCat(work_dir_, "/attention", r, ".log"), "listening on", timeout);
     if (!a.ok()) return a.status();
     attention_.push_back(*a);
     stubs_.push_back(v1::AttentionWorker::NewStub(grpc::CreateChannel(
@@ -133,9 +133,9 @@ absl::Status ProcessCluster::StartExpert(int rank, const std::string& model_dir,
   const bool replacing = ready_text == "listening on";
   const std::string listen =
       replacing && old != expert_addresses_.end() ? old->second : "127.0.0.1:0";
-  std::vector<std::string> argv = {bin("dxs-expert"), "--model", model_dir, "--rank",
-                                   std::to_string(rank), "--router", router_address_,
-                                   "--listen", listen};
+  std::vector<std::string> argv = {
+      bin("dxs-expert"), "--model",       model_dir,  "--rank", std::to_string(rank),
+      "--router",        router_address_, "--listen", listen};
   if (!claim.empty()) {
     argv.push_back("--experts");
     argv.push_back(claim);

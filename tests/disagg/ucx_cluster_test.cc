@@ -43,14 +43,13 @@ void ExpectMatchesEngine(ProcessCluster* cluster, const std::string& dir, int nu
   std::vector<std::thread> threads;
   for (int i = 0; i < num_requests; ++i) {
     threads.emplace_back([&, i] {
-      results[i] = cluster->Generate(i % num_attention, "req-" + std::to_string(i),
-                                     Prompt(i, vocab), 6);
+      results[i] =
+          cluster->Generate(i % num_attention, "req-" + std::to_string(i), Prompt(i, vocab), 6);
     });
   }
   for (auto& t : threads) t.join();
   for (int i = 0; i < num_requests; ++i) {
-    ASSERT_TRUE(results[i].status.ok())
-        << results[i].status.error_message() << cluster->DumpLogs();
+    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message() << cluster->DumpLogs();
     EXPECT_EQ(results[i].tokens, Reference(dir, Prompt(i, vocab), 6)) << "request " << i;
     EXPECT_EQ(results[i].finish_reason, v1::FINISH_REASON_LENGTH);
   }

@@ -1,9 +1,10 @@
 // Router top-k softmax: the empty-batch guard, argument checks, and the math.
+#include "kernels/topk_softmax.h"
+
 #include <cmath>
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "kernels/topk_softmax.h"
 
 namespace dxs {
 namespace {

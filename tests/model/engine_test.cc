@@ -1,11 +1,12 @@
 // The single-process engine beyond the reference: a non-degenerate embedded model, empty
 // steps, request validation, sampling determinism, and malformed checkpoints.
+#include "model/engine.h"
+
 #include <filesystem>
 #include <fstream>
 #include <set>
 
 #include "gtest/gtest.h"
-#include "model/engine.h"
 #include "nlohmann/json.hpp"
 #include "tests/model/test_util.h"
 
@@ -143,8 +144,7 @@ TEST_F(EngineTest, StopsOnStopTokenAndEos) {
   auto stopped = engine_->GenerateBatch({r});
   ASSERT_TRUE(stopped.ok());
   EXPECT_EQ(stopped->front().finish_reason, FinishReason::kStopToken);
-  EXPECT_EQ(stopped->front().tokens,
-            std::vector<int32_t>(tokens.begin(), tokens.begin() + 3));
+  EXPECT_EQ(stopped->front().tokens, std::vector<int32_t>(tokens.begin(), tokens.begin() + 3));
   EXPECT_EQ(first->front().finish_reason, FinishReason::kLength);
 }
 

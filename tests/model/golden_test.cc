@@ -111,8 +111,7 @@ TEST_P(GoldenTest, TokenByTokenPrefill) { CheckAgainstReference(1, false); }
 TEST_P(GoldenTest, ChunkedPrefill) { CheckAgainstReference(3, false); }
 TEST_P(GoldenTest, BatchedRequests) { CheckAgainstReference(5, true); }
 
-INSTANTIATE_TEST_SUITE_P(Presets, GoldenTest,
-                         ::testing::Values("default", "odd", "bf16-sharded"),
+INSTANTIATE_TEST_SUITE_P(Presets, GoldenTest, ::testing::Values("default", "odd", "bf16-sharded"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

@@ -6,8 +6,8 @@
 
 namespace dxs::cli {
 
-int RunCommand(const std::vector<std::string>& args);       // dxs run
-int GenModelCommand(const std::vector<std::string>& args);  // dxs gen-model
+int RunCommand(const std::vector<std::string>& args);          // dxs run
+int GenModelCommand(const std::vector<std::string>& args);     // dxs gen-model
 int FingerprintCommand(const std::vector<std::string>& args);  // dxs fingerprint
 
 // Where the embedded default model lives when --model is omitted: $DXS_CACHE_DIR, else

@@ -4,9 +4,9 @@
 #include <iostream>
 
 #include "absl/strings/str_join.h"
-#include "nlohmann/json.hpp"
 #include "model/engine.h"
 #include "model/random_checkpoint.h"
+#include "nlohmann/json.hpp"
 #include "tools/dxs/cli_args.h"
 #include "tools/dxs/commands.h"
 
@@ -42,11 +42,11 @@ std::string DefaultModelDir() {
 }
 
 int RunCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(
-      argv,
-      {"model", "prompt-ids", "max-new-tokens", "temperature", "top-p", "top-k", "seed",
-       "stop-ids", "prefill-chunk", "format"},
-      {"dump-logits", "ignore-eos"});
+  absl::StatusOr<Args> args =
+      Args::Parse(argv,
+                  {"model", "prompt-ids", "max-new-tokens", "temperature", "top-p", "top-k", "seed",
+                   "stop-ids", "prefill-chunk", "format"},
+                  {"dump-logits", "ignore-eos"});
   if (!args.ok()) return Fail("run", args.status());
   GenerationRequest req;
   auto prompt = args->GetIntList("prompt-ids");
@@ -57,9 +57,9 @@ int RunCommand(const std::vector<std::string>& argv) {
   auto seed = args->GetUint("seed", 0);
   auto stop = args->GetIntList("stop-ids");
   auto chunk = args->GetInt("prefill-chunk", 0);
-  for (const absl::Status& s : {prompt.status(), max_new.status(), temperature.status(),
-                                top_p.status(), top_k.status(), seed.status(), stop.status(),
-                                chunk.status()}) {
+  for (const absl::Status& s :
+       {prompt.status(), max_new.status(), temperature.status(), top_p.status(), top_k.status(),
+        seed.status(), stop.status(), chunk.status()}) {
     if (!s.ok()) return Fail("run", s);
   }
   const std::string format = args->GetString("format", "text");
@@ -117,8 +117,7 @@ int GenModelCommand(const std::vector<std::string>& argv) {
   if (absl::Status s = WriteRandomCheckpoint(*preset, out); !s.ok()) return Fail("gen-model", s);
   absl::StatusOr<std::string> fp = CheckpointFingerprint(out);
   if (!fp.ok()) return Fail("gen-model", fp.status());
-  std::cout << "wrote preset " << preset->name << " to " << out << " (fingerprint " << *fp
-            << ")\n";
+  std::cout << "wrote preset " << preset->name << " to " << out << " (fingerprint " << *fp << ")\n";
   return 0;
 }
 
