@@ -26,11 +26,7 @@ int Main(int argc, char** argv) {
     return 2;
   };
   if (!args.ok()) return fail(args.status());
-  for (const char* required : {"model", "rank", "router"}) {
-    if (!args->Has(required)) {
-      return fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
-    }
-  }
+  if (absl::Status s = args->Require({"model", "rank", "router"}); !s.ok()) return fail(s);
   auto rank = args->GetInt("rank", 0);
   if (!rank.ok()) return fail(rank.status());
   std::vector<int> claim;

@@ -13,17 +13,9 @@ namespace dxs {
 namespace {
 
 using testing::InprocCluster;
+using testing::RelativeError;
 using testing::ResultSink;
 using testing::TempDir;
-
-double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
-  double max_diff = 0, max_ref = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    max_diff = std::max(max_diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(b[i])));
-  }
-  return max_diff / max_ref;
-}
 
 std::vector<GenerationRequest> Requests(int n, int64_t max_new, int vocab) {
   std::vector<GenerationRequest> out;

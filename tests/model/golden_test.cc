@@ -15,6 +15,7 @@
 namespace dxs {
 namespace {
 
+using testing::RelativeError;
 using testing::TempDir;
 
 struct GoldenCase {
@@ -43,17 +44,6 @@ Golden ReadGolden(const std::string& preset) {
                        c.at("first_logits").get<std::vector<float>>()});
   }
   return g;
-}
-
-// max |a - b| / max |b|: relative to the reference's scale, so near-zero logits don't
-// dominate.
-double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
-  double max_diff = 0, max_ref = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    max_diff = std::max(max_diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(b[i])));
-  }
-  return max_diff / max_ref;
 }
 
 class GoldenTest : public ::testing::TestWithParam<std::string> {

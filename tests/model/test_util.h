@@ -1,9 +1,12 @@
 // Helpers shared by the model tests: temporary directories and preset checkpoints.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "model/random_checkpoint.h"
@@ -35,6 +38,17 @@ inline std::string WritePreset(const TempDir& dir, const std::string& name) {
   auto s = WriteRandomCheckpoint(*preset, out);
   EXPECT_TRUE(s.ok()) << s;
   return out;
+}
+
+// max |a - b| / max |b|: relative to the reference's scale, so near-zero logits don't
+// dominate. The measure behind every "within 1e-N relative" check.
+inline double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  double max_diff = 0, max_ref = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(b[i])));
+  }
+  return max_diff / max_ref;
 }
 
 inline std::string SourceDir() {

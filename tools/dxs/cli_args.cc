@@ -40,6 +40,13 @@ absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
   return args;
 }
 
+absl::Status Args::Require(const std::vector<std::string>& names) const {
+  for (const std::string& n : names) {
+    if (!Has(n)) return absl::InvalidArgumentError(absl::StrCat("--", n, " is required"));
+  }
+  return absl::OkStatus();
+}
+
 std::string Args::GetString(const std::string& name, const std::string& fallback) const {
   auto it = values_.find(name);
   return it == values_.end() ? fallback : it->second;

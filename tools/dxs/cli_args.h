@@ -20,6 +20,8 @@ class Args {
                                     const std::set<std::string>& bool_flags);
 
   bool Has(const std::string& name) const { return values_.count(name) > 0; }
+  // INVALID_ARGUMENT "--NAME is required" for the first of `names` that is missing.
+  absl::Status Require(const std::vector<std::string>& names) const;
   std::string GetString(const std::string& name, const std::string& fallback = "") const;
   absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback) const;
   absl::StatusOr<double> GetDouble(const std::string& name, double fallback) const;
