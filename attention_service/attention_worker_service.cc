@@ -28,6 +28,13 @@ absl::StatusOr<GenerationRequest> FromProto(const v1::GenerateRequest& req) {
   return r;
 }
 
+void FillStepCounters(const AttentionCounters& c, v1::StepCounters* out) {
+  out->set_steps_total(c.steps);
+  out->set_empty_steps_total(c.empty_steps);
+  out->set_tokens_total(c.tokens);
+  out->set_next_step(c.next_step);
+}
+
 v1::FinishReason ToProto(FinishReason reason) {
   switch (reason) {
     case FinishReason::kLength:

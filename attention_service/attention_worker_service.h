@@ -53,6 +53,9 @@ class AttentionWorkerService final : public v1::AttentionWorker::Service {
   uint64_t next_id_ = 1;                 // guarded by mu_
 };
 
+// The counters a DP rank reports in heartbeats.
+void FillStepCounters(const AttentionCounters& c, v1::StepCounters* out);
+
 // Proto request -> engine request (defaults for unset fields). INVALID_ARGUMENT on bad
 // values that the proto types allow but the engine would misread.
 absl::StatusOr<GenerationRequest> FromProto(const v1::GenerateRequest& req);

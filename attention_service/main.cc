@@ -70,11 +70,7 @@ int Main(int argc, char** argv) {
   absl::Status joined = runtime.Join(args->GetString("router"), reg, [&](v1::HeartbeatRequest* hb) {
     *hb->mutable_load() = service.Load();
     if (AttentionStepLoop* l = loop.get()) {
-      const AttentionCounters& c = l->counters();
-      hb->mutable_counters()->set_steps_total(c.steps);
-      hb->mutable_counters()->set_empty_steps_total(c.empty_steps);
-      hb->mutable_counters()->set_tokens_total(c.tokens);
-      hb->mutable_counters()->set_next_step(c.next_step);
+      FillStepCounters(l->counters(), hb->mutable_counters());
     }
   });
   if (!joined.ok()) return fail(joined);

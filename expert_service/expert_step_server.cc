@@ -11,7 +11,7 @@
 namespace dxs {
 
 ExpertStepServer::ExpertStepServer(Transport* transport, std::vector<int> dp_peers,
-                                   ExpertShard* shard, const ModelConfig& config)
+                                   ExpertCompute* shard, const ModelConfig& config)
     : transport_(transport), shard_(shard), config_(config) {
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     if (config.IsMoeLayer(l)) last_moe_layer_ = l;

@@ -33,7 +33,7 @@ struct ExpertCounters {
 
 class ExpertStepServer {
  public:
-  ExpertStepServer(Transport* transport, std::vector<int> dp_peers, ExpertShard* shard,
+  ExpertStepServer(Transport* transport, std::vector<int> dp_peers, ExpertCompute* shard,
                    const ModelConfig& config);
 
   void set_dp_peers(std::vector<int> peers);
@@ -48,7 +48,7 @@ class ExpertStepServer {
 
   Transport* transport_;
   std::vector<int> dp_peers_;
-  ExpertShard* shard_;
+  ExpertCompute* shard_;
   ModelConfig config_;
   int last_moe_layer_ = -1;
   ExpertCounters counters_;

@@ -12,6 +12,14 @@
 
 namespace dxs {
 
+// The counters an EP rank reports (GetStatus and heartbeats).
+inline void FillStepCounters(const ExpertCounters& c, v1::StepCounters* out) {
+  out->set_steps_total(c.steps);
+  out->set_empty_steps_total(c.empty_steps);
+  out->set_empty_layer_steps_total(c.empty_rounds);
+  out->set_tokens_total(c.rows_received);
+}
+
 class ExpertWorkerService final : public v1::ExpertWorker::Service {
  public:
   explicit ExpertWorkerService(int rank) : rank_(rank) {}
@@ -29,11 +37,7 @@ class ExpertWorkerService final : public v1::ExpertWorker::Service {
     if (shard == nullptr) return grpc::Status::OK;
     for (int e : experts_) resp->add_loaded_experts(static_cast<uint32_t>(e));
     if (ExpertStepServer* s = step_server_.load()) {
-      const ExpertCounters& c = s->counters();
-      resp->mutable_counters()->set_steps_total(c.steps);
-      resp->mutable_counters()->set_empty_steps_total(c.empty_steps);
-      resp->mutable_counters()->set_empty_layer_steps_total(c.empty_rounds);
-      resp->mutable_counters()->set_tokens_total(c.rows_received);
+      FillStepCounters(s->counters(), resp->mutable_counters());
     }
     const std::vector<int64_t> per_expert = shard->tokens_per_expert_snapshot();
     for (int e : experts_) {

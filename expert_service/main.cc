@@ -54,11 +54,7 @@ int Main(int argc, char** argv) {
   for (int e : claim) reg.add_loaded_experts(static_cast<uint32_t>(e));
   absl::Status joined = runtime.Join(args->GetString("router"), reg, [&](v1::HeartbeatRequest* hb) {
     if (ExpertStepServer* s = server.get()) {
-      const ExpertCounters& c = s->counters();
-      hb->mutable_counters()->set_steps_total(c.steps);
-      hb->mutable_counters()->set_empty_steps_total(c.empty_steps);
-      hb->mutable_counters()->set_empty_layer_steps_total(c.empty_rounds);
-      hb->mutable_counters()->set_tokens_total(c.rows_received);
+      FillStepCounters(s->counters(), hb->mutable_counters());
     }
   });
   if (!joined.ok()) return fail(joined);

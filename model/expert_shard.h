@@ -31,15 +31,26 @@ struct RoutedPairs {
   }
 };
 
-class ExpertShard {
+// What an expert worker's data path needs from the experts it holds. ExpertShard is the
+// real one; benchmarks substitute a cheap one to time the exchange alone.
+class ExpertCompute {
+ public:
+  virtual ~ExpertCompute() = default;
+  virtual bool Holds(int layer, int expert) const = 0;
+  virtual Backend* backend() const = 0;
+  // out[r] = sum over pairs p with rows[p] == r of weights[p] * FFN_{experts[p]}(x[r]).
+  // out is overwritten; rows with no pair become zero. x may have zero rows.
+  virtual absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs,
+                               Tensor* out) = 0;
+};
+
+class ExpertShard final : public ExpertCompute {
  public:
   ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Backend* backend);
 
-  bool Holds(int layer, int expert) const;
-  Backend* backend() const { return backend_; }
-  // out[r] = sum over pairs p with rows[p] == r of weights[p] * FFN_{experts[p]}(x[r]).
-  // out is overwritten; rows with no pair become zero. x may have zero rows.
-  absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out);
+  bool Holds(int layer, int expert) const override;
+  Backend* backend() const override { return backend_; }
+  absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out) override;
 
   // Rows processed per expert since construction (layer-aggregated), for metrics. Safe to
   // call from any thread.
