@@ -131,7 +131,10 @@ class DeviceBuffer {
   T* get() const { return ptr_; }
   cudaError_t status() const { return err_; }
   cudaError_t Upload(const std::vector<T>& host) {
-    return cudaMemcpy(ptr_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice);
+    // From pageable memory, cudaMemcpy may return before the DMA lands, and the kernel runs
+    // on a non-blocking stream that does not wait for it: synchronise before any launch.
+    cudaError_t e = cudaMemcpy(ptr_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice);
+    return e == cudaSuccess ? cudaDeviceSynchronize() : e;
   }
   cudaError_t Download(std::vector<T>* host) const {
     host->resize(count_);
@@ -175,6 +178,7 @@ void ExpectMatchesCpu(std::vector<float> logits, int64_t num_tokens, int64_t num
   ASSERT_CUDA_OK(ids.status());
   ASSERT_CUDA_OK(weights.status());
   ASSERT_CUDA_OK(cudaMemset(ids.get(), 0xff, num_out * sizeof(int32_t)));
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());  // the memset is on the legacy stream
   cudaStream_t stream = nullptr;
   ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   absl::Status launched;
