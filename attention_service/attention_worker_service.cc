@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <fstream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -63,6 +64,7 @@ struct StreamState {
   bool done = false;
   absl::Status status;
   FinishReason reason = FinishReason::kLength;
+  bool wrote_first_logits = false;
 };
 
 }  // namespace
@@ -100,8 +102,18 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
   };
   auto state = std::make_shared<StreamState>();
   TokenSink sink;
-  sink.on_token = [state](int32_t token, const float*) {
+  std::string logits_path;
+  if (!first_logits_dir_.empty()) {
+    logits_path = first_logits_dir_ + "/" + req->request_id() + ".f32";
+  }
+  const int64_t vocab = config_.vocab_size;
+  sink.on_token = [state, logits_path, vocab](int32_t token, const float* logits) {
     std::lock_guard<std::mutex> lock(state->mu);
+    if (!logits_path.empty() && !state->wrote_first_logits) {
+      std::ofstream(logits_path, std::ios::binary)
+          .write(reinterpret_cast<const char*>(logits), vocab * sizeof(float));
+      state->wrote_first_logits = true;
+    }
     state->tokens.push_back(token);
     state->cv.notify_one();
   };

@@ -29,6 +29,10 @@ class AttentionWorkerService final : public v1::AttentionWorker::Service {
   void set_step_loop(AttentionStepLoop* loop) { step_loop_ = loop; }
   void set_ready(bool ready) { ready_ = ready; }
   bool ready() const { return ready_; }
+  // Debugging aid (dxs-attention --dump-first-logits DIR): writes each request's logits at
+  // its first generated position to DIR/<request_id>.f32 (raw little-endian float32), so
+  // tests and operators can compare a cluster with the single-process engine.
+  void set_first_logits_dir(std::string dir) { first_logits_dir_ = std::move(dir); }
 
   grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
@@ -46,6 +50,7 @@ class AttentionWorkerService final : public v1::AttentionWorker::Service {
   ModelConfig config_;
   Scheduler* scheduler_;
   KvCache* kv_;
+  std::string first_logits_dir_;
   std::atomic<AttentionStepLoop*> step_loop_{nullptr};
   std::atomic<bool> ready_{false};
   std::mutex mu_;

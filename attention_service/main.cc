@@ -4,6 +4,7 @@
 //
 //   dxs-attention --model DIR --rank R --router HOST:PORT [--listen HOST:PORT]
 //                 [--kv-tokens N] [--prefill-chunk N] [--step-timeout-ms MS]
+//                 [--dump-first-logits DIR]   (debugging: see AttentionWorkerService)
 #include <csignal>
 #include <iostream>
 #include <map>
@@ -24,9 +25,11 @@ namespace dxs {
 namespace {
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<cli::Args> args = cli::Args::Parse(
-      std::vector<std::string>(argv + 1, argv + argc),
-      {"model", "rank", "router", "listen", "kv-tokens", "prefill-chunk", "step-timeout-ms"}, {});
+  absl::StatusOr<cli::Args> args =
+      cli::Args::Parse(std::vector<std::string>(argv + 1, argv + argc),
+                       {"model", "rank", "router", "listen", "kv-tokens", "prefill-chunk",
+                        "step-timeout-ms", "dump-first-logits"},
+                       {});
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs-attention: " << s.message() << "\n";
     return 2;
@@ -55,6 +58,7 @@ int Main(int argc, char** argv) {
   KvCache kv(*config, backend.get(), *kv_tokens);
   Scheduler scheduler(*config, &kv, {*chunk});
   AttentionWorkerService service(static_cast<int>(*rank), *config, &scheduler, &kv);
+  service.set_first_logits_dir(args->GetString("dump-first-logits"));
 
   absl::Status started = runtime.Start(args->GetString("listen", "127.0.0.1:0"), &service);
   if (!started.ok()) return fail(started);

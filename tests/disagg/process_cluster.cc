@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -85,6 +86,15 @@ void Terminate(ChildProcess* p) {
   p->pid = -1;
 }
 
+std::string ProcessCluster::logits_dir() const { return work_dir_; }
+
+std::vector<float> ProcessCluster::FirstLogits(const std::string& request_id) const {
+  const std::string bytes = ReadFile(logits_dir() + "/" + request_id + ".f32");
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+  return out;
+}
+
 std::string ProcessCluster::bin(const std::string& name) const {
   const char* dir = std::getenv("DXS_BIN_DIR");
   return absl::StrCat(dir ? dir : DXS_TEST_BIN_DIR, "/", name);
@@ -113,11 +123,11 @@ absl::Status ProcessCluster::Start(const ClusterSpec& spec, absl::Duration timeo
     if (absl::Status s = StartExpert(r, spec.model_dir, claim); !s.ok()) return s;
   }
   for (int r = 0; r < spec.num_attention; ++r) {
-    absl::StatusOr<ChildProcess> a =
-        SpawnAndWait({bin("dxs-attention"), "--model", spec.model_dir, "--rank", std::to_string(r),
-                      "--router", router_address_, "--listen", "127.0.0.1:0"},
-                     absl::StrCat("attention ", r),
-                     absl::StrCat(work_dir_, "/attention", r, ".log"), "listening on", timeout);
+    absl::StatusOr<ChildProcess> a = SpawnAndWait(
+        {bin("dxs-attention"), "--model", spec.model_dir, "--rank", std::to_string(r), "--router",
+         router_address_, "--listen", "127.0.0.1:0", "--dump-first-logits", logits_dir()},
+        absl::StrCat("attention ", r), absl::StrCat(work_dir_, "/attention", r, ".log"),
+        "listening on", timeout);
     if (!a.ok()) return a.status();
     attention_.push_back(*a);
     stubs_.push_back(v1::AttentionWorker::NewStub(grpc::CreateChannel(

@@ -64,6 +64,10 @@ class ProcessCluster {
                           const std::vector<int32_t>& prompt, int max_new_tokens,
                           absl::Duration deadline = absl::Seconds(60));
   v1::AttentionWorker::Stub* attention(int rank) { return stubs_[rank].get(); }
+  // Logits of a finished request's first generated position, as its attention worker
+  // dumped them (--dump-first-logits); empty if none.
+  std::vector<float> FirstLogits(const std::string& request_id) const;
+  std::string logits_dir() const;
   const std::string& router_address() const { return router_address_; }
   std::string DumpLogs() const;
   std::string bin(const std::string& name) const;

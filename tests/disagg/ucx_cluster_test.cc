@@ -23,8 +23,8 @@ std::vector<int32_t> Prompt(int i, int vocab) {
   return p;
 }
 
-std::vector<int32_t> Reference(const std::string& dir, const std::vector<int32_t>& prompt,
-                               int max_new) {
+GenerationResult Reference(const std::string& dir, const std::vector<int32_t>& prompt,
+                           int max_new) {
   auto engine = LocalEngine::Load(dir);
   EXPECT_TRUE(engine.ok()) << engine.status();
   GenerationRequest r;
@@ -32,11 +32,11 @@ std::vector<int32_t> Reference(const std::string& dir, const std::vector<int32_t
   r.max_new_tokens = max_new;
   auto out = (*engine)->GenerateBatch({r});
   EXPECT_TRUE(out.ok()) << out.status();
-  return out->front().tokens;
+  return out->front();
 }
 
 // Sends requests 0..n-1 concurrently, request i to DP rank i % M, and checks each against
-// the single-process engine.
+// the single-process engine: greedy tokens identical, first logits within 1e-5 relative.
 void ExpectMatchesEngine(ProcessCluster* cluster, const std::string& dir, int num_attention,
                          int num_requests, int vocab) {
   std::vector<GenerateResult> results(num_requests);
@@ -50,7 +50,11 @@ void ExpectMatchesEngine(ProcessCluster* cluster, const std::string& dir, int nu
   for (auto& t : threads) t.join();
   for (int i = 0; i < num_requests; ++i) {
     ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message() << cluster->DumpLogs();
-    EXPECT_EQ(results[i].tokens, Reference(dir, Prompt(i, vocab), 6)) << "request " << i;
+    const GenerationResult want = Reference(dir, Prompt(i, vocab), 6);
+    EXPECT_EQ(results[i].tokens, want.tokens) << "request " << i;
+    const std::vector<float> got = cluster->FirstLogits("req-" + std::to_string(i));
+    ASSERT_EQ(got.size(), want.first_logits.size()) << "request " << i;
+    EXPECT_LT(testing::RelativeError(got, want.first_logits), 1e-5) << "request " << i;
     EXPECT_EQ(results[i].finish_reason, v1::FINISH_REASON_LENGTH);
   }
 }

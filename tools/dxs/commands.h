@@ -9,6 +9,9 @@ namespace dxs::cli {
 int RunCommand(const std::vector<std::string>& args);          // dxs run
 int GenModelCommand(const std::vector<std::string>& args);     // dxs gen-model
 int FingerprintCommand(const std::vector<std::string>& args);  // dxs fingerprint
+int UpCommand(const std::vector<std::string>& args);           // dxs up
+int GenerateCommand(const std::vector<std::string>& args);     // dxs generate
+int StatusCommand(const std::vector<std::string>& args);       // dxs status
 
 // Where the embedded default model lives when --model is omitted: $DXS_CACHE_DIR, else
 // $XDG_CACHE_HOME/dxs, else ~/.cache/dxs; it is written there on first use.

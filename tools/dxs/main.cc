@@ -17,7 +17,13 @@ constexpr char kUsage[] =
     "               [--format json|text]\n"
     "  gen-model    write a seeded random checkpoint: --out DIR [--preset default|odd|\n"
     "               bf16-sharded|qwen3-30b-a3b] [--seed S]\n"
-    "  fingerprint  print a checkpoint's fingerprint: --model DIR\n";
+    "  fingerprint  print a checkpoint's fingerprint: --model DIR\n"
+    "  up           start a local cluster: [--model DIR] --attention M --experts N\n"
+    "               [--port P] [--log-dir DIR]; prints 'listening on ADDR' when healthy,\n"
+    "               stops everything on Ctrl-C or SIGTERM\n"
+    "  generate     --router ADDR --prompt-ids 1,2,3 [--max-new-tokens N] [sampling flags]\n"
+    "               [--dp-rank R] [--format json|text]\n"
+    "  status       --router ADDR [--format json]: workers, addresses and loads\n";
 
 }  // namespace
 
@@ -31,6 +37,9 @@ int main(int argc, char** argv) {
   if (cmd == "run") return dxs::cli::RunCommand(args);
   if (cmd == "gen-model") return dxs::cli::GenModelCommand(args);
   if (cmd == "fingerprint") return dxs::cli::FingerprintCommand(args);
+  if (cmd == "up") return dxs::cli::UpCommand(args);
+  if (cmd == "generate") return dxs::cli::GenerateCommand(args);
+  if (cmd == "status") return dxs::cli::StatusCommand(args);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::cout << kUsage;
     return 0;

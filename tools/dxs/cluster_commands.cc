@@ -1,0 +1,382 @@
+// dxs up / generate / status: the local cluster and a client for it.
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "dxs/v1/control_plane.grpc.pb.h"
+#include "dxs/v1/frontend.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "model/random_checkpoint.h"
+#include "nlohmann/json.hpp"
+#include "tools/dxs/cli_args.h"
+#include "tools/dxs/commands.h"
+
+namespace dxs::cli {
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnStopSignal(int) { g_stop = true; }
+
+int Fail(const std::string& cmd, const absl::Status& s) {
+  std::cerr << "dxs " << cmd << ": " << s.message() << "\n";
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+int FailRpc(const std::string& cmd, const grpc::Status& s) {
+  static const char* kNames[] = {"OK",
+                                 "CANCELLED",
+                                 "UNKNOWN",
+                                 "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED",
+                                 "NOT_FOUND",
+                                 "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED",
+                                 "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION",
+                                 "ABORTED",
+                                 "OUT_OF_RANGE",
+                                 "UNIMPLEMENTED",
+                                 "INTERNAL",
+                                 "UNAVAILABLE",
+                                 "DATA_LOSS",
+                                 "UNAUTHENTICATED"};
+  const int code = static_cast<int>(s.error_code());
+  std::cerr << "dxs " << cmd << ": " << (code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN") << ": "
+            << s.error_message() << "\n";
+  return 1;
+}
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+}
+
+// The directory holding this executable, where the service binaries sit beside it.
+std::string SelfDir() {
+  std::error_code ec;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "." : self.parent_path().string();
+}
+
+struct Child {
+  pid_t pid = -1;
+  std::string name;
+};
+
+// Starts `argv` with output to `log_path`; the child dies with this process (PDEATHSIG).
+absl::StatusOr<Child> Spawn(const std::vector<std::string>& argv, const std::string& name,
+                            const std::string& log_path) {
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);  // the parent died before prctl
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    signal(SIGINT, SIG_IGN);  // Ctrl-C reaches the whole group; `dxs up` stops children
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return Child{pid, name};
+}
+
+void StopAll(std::vector<Child>* children) {
+  for (Child& c : *children) {
+    if (c.pid > 0) kill(c.pid, SIGTERM);
+  }
+  for (int i = 0; i < 150; ++i) {  // up to 3 s for a clean exit
+    bool all = true;
+    for (Child& c : *children) {
+      if (c.pid > 0 && waitpid(c.pid, nullptr, WNOHANG) == c.pid) c.pid = -1;
+      all = all && c.pid <= 0;
+    }
+    if (all) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (Child& c : *children) {
+    if (c.pid > 0) {
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, nullptr, 0);
+      c.pid = -1;
+    }
+  }
+}
+
+bool Serving(const std::string& address) {
+  auto stub = grpc::health::v1::Health::NewStub(Channel(address));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service("dxs.v1.Frontend");
+  grpc::health::v1::HealthCheckResponse resp;
+  return stub->Check(&ctx, req, &resp).ok() &&
+         resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+// Every attention rank reports READY: the data path is up, not only registration.
+bool AllRanksReady(const std::string& address, int num_attention) {
+  auto stub = v1::Frontend::NewStub(Channel(address));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  v1::GetLoadsResponse resp;
+  if (!stub->GetLoads(&ctx, v1::GetLoadsRequest(), &resp).ok()) return false;
+  int ready = 0;
+  for (const v1::RankLoad& l : resp.loads()) ready += l.state() == v1::WORKER_STATE_READY;
+  return ready == num_attention;
+}
+
+}  // namespace
+
+int UpCommand(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args =
+      Args::Parse(argv, {"model", "attention", "experts", "port", "log-dir", "wire-dtype"}, {});
+  if (!args.ok()) return Fail("up", args.status());
+  auto m = args->GetInt("attention", 1);
+  auto n = args->GetInt("experts", 2);
+  auto port = args->GetInt("port", 50051);
+  for (const absl::Status& s : {m.status(), n.status(), port.status()}) {
+    if (!s.ok()) return Fail("up", s);
+  }
+  if (*m < 1 || *n < 1) {
+    return Fail("up", absl::InvalidArgumentError("--attention and --experts must be >= 1"));
+  }
+  std::string model = args->GetString("model");
+  if (model.empty()) {
+    model = DefaultModelDir();
+    if (!std::filesystem::exists(model + "/config.json")) {
+      absl::StatusOr<CheckpointPreset> preset = GetPreset("default");
+      if (absl::Status s = WriteRandomCheckpoint(*preset, model); !s.ok()) return Fail("up", s);
+    }
+  }
+  const std::string log_dir = args->GetString("log-dir", "dxs-logs");
+  std::filesystem::create_directories(log_dir);
+  const std::string bin = SelfDir();
+  const std::string router = absl::StrCat("127.0.0.1:", *port);
+  std::signal(SIGINT, OnStopSignal);
+  std::signal(SIGTERM, OnStopSignal);
+
+  std::vector<Child> children;
+  auto spawn = [&](std::vector<std::string> a, const std::string& name) -> bool {
+    absl::StatusOr<Child> c = Spawn(a, name, log_dir + "/" + name + ".log");
+    if (!c.ok()) {
+      Fail("up", c.status());
+      return false;
+    }
+    children.push_back(*c);
+    return true;
+  };
+  bool ok = spawn(
+      {bin + "/dxs-router", "--listen", router, "--model", model, "--attention", std::to_string(*m),
+       "--experts", std::to_string(*n), "--wire-dtype", args->GetString("wire-dtype", "f32")},
+      "router");
+  for (int r = 0; ok && r < *n; ++r) {
+    ok = spawn(
+        {bin + "/dxs-expert", "--model", model, "--rank", std::to_string(r), "--router", router},
+        absl::StrCat("expert", r));
+  }
+  for (int r = 0; ok && r < *m; ++r) {
+    ok = spawn(
+        {bin + "/dxs-attention", "--model", model, "--rank", std::to_string(r), "--router", router},
+        absl::StrCat("attention", r));
+  }
+  // Healthy: the router serves (every rank registered, every expert placed) and every DP
+  // rank's data path is up.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  bool healthy = false;
+  while (ok && !g_stop && std::chrono::steady_clock::now() < deadline) {
+    for (Child& c : children) {
+      if (c.pid > 0 && waitpid(c.pid, nullptr, WNOHANG) == c.pid) {
+        std::cerr << "dxs up: " << c.name << " exited; see " << log_dir << "/" << c.name
+                  << ".log\n";
+        c.pid = -1;
+        ok = false;
+      }
+    }
+    if (ok && Serving(router) && AllRanksReady(router, static_cast<int>(*m))) {
+      healthy = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!healthy) {
+    StopAll(&children);
+    if (g_stop) return 0;
+    std::cerr << "dxs up: the cluster did not become healthy; logs in " << log_dir << "\n";
+    return 1;
+  }
+  std::cout << "dxs up: listening on " << router << " (" << *m << " attention, " << *n
+            << " expert ranks; model " << model << "; logs in " << log_dir << ")" << std::endl;
+  while (!g_stop) {
+    for (Child& c : children) {
+      if (c.pid > 0 && waitpid(c.pid, nullptr, WNOHANG) == c.pid) {
+        std::cerr << "dxs up: " << c.name << " exited\n";
+        c.pid = -1;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  StopAll(&children);
+  std::cout << "dxs up: stopped" << std::endl;
+  return 0;
+}
+
+int GenerateCommand(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args =
+      Args::Parse(argv,
+                  {"router", "prompt-ids", "max-new-tokens", "temperature", "top-p", "top-k",
+                   "seed", "stop-ids", "dp-rank", "format", "request-id"},
+                  {"ignore-eos"});
+  if (!args.ok()) return Fail("generate", args.status());
+  if (absl::Status s = args->Require({"router", "prompt-ids"}); !s.ok()) return Fail("generate", s);
+  auto prompt = args->GetIntList("prompt-ids");
+  auto max_new = args->GetInt("max-new-tokens", 16);
+  auto temperature = args->GetDouble("temperature", 0.0);
+  auto top_p = args->GetDouble("top-p", 1.0);
+  auto top_k = args->GetInt("top-k", 0);
+  auto seed = args->GetUint("seed", 0);
+  auto stop = args->GetIntList("stop-ids");
+  auto dp = args->GetInt("dp-rank", -1);
+  for (const absl::Status& s :
+       {prompt.status(), max_new.status(), temperature.status(), top_p.status(), top_k.status(),
+        seed.status(), stop.status(), dp.status()}) {
+    if (!s.ok()) return Fail("generate", s);
+  }
+  const std::string format = args->GetString("format", "text");
+  if (format != "text" && format != "json") {
+    return Fail("generate", absl::InvalidArgumentError("--format must be json or text"));
+  }
+  v1::GenerateRequest req;
+  req.set_request_id(args->GetString("request-id"));
+  for (int32_t t : *prompt) req.add_prompt_token_ids(static_cast<uint32_t>(t));
+  v1::SamplingParams* p = req.mutable_sampling_params();
+  p->set_max_new_tokens(static_cast<int32_t>(*max_new));
+  p->set_temperature(static_cast<float>(*temperature));
+  p->set_top_p(static_cast<float>(*top_p));
+  p->set_top_k(static_cast<int32_t>(*top_k));
+  if (args->Has("seed")) p->set_seed(*seed);
+  for (int32_t t : *stop) p->add_stop_token_ids(static_cast<uint32_t>(t));
+  p->set_ignore_eos(args->Has("ignore-eos"));
+  if (*dp >= 0) req.set_data_parallel_rank(static_cast<uint32_t>(*dp));
+
+  auto stub = v1::Frontend::NewStub(Channel(args->GetString("router")));
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  std::vector<uint32_t> tokens;
+  v1::GenerateComplete complete;
+  std::string request_id;
+  while (reader->Read(&resp)) {
+    request_id = resp.request_id();
+    if (resp.has_chunk()) {
+      for (uint32_t t : resp.chunk().token_ids()) {
+        tokens.push_back(t);
+        if (format == "text") std::cout << (tokens.size() > 1 ? " " : "") << t << std::flush;
+      }
+    } else if (resp.has_complete()) {
+      complete = resp.complete();
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (format == "text" && !tokens.empty()) std::cout << "\n";
+  if (!s.ok()) return FailRpc("generate", s);
+  std::string reason = v1::FinishReason_Name(complete.finish_reason());
+  if (reason.rfind("FINISH_REASON_", 0) == 0) reason = reason.substr(14);
+  for (char& c : reason) c = static_cast<char>(std::tolower(c));
+  if (format == "json") {
+    nlohmann::json out;
+    out["tokens"] = tokens;
+    out["finish_reason"] = reason;
+    out["request_id"] = request_id;
+    out["prompt_tokens"] = complete.prompt_tokens();
+    out["completion_tokens"] = complete.completion_tokens();
+    out["data_parallel_rank"] = complete.data_parallel_rank();
+    std::cout << out.dump() << "\n";
+  } else {
+    std::cerr << "finish_reason: " << reason << "\n";
+  }
+  return 0;
+}
+
+int StatusCommand(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args = Args::Parse(argv, {"router", "format"}, {});
+  if (!args.ok()) return Fail("status", args.status());
+  if (absl::Status s = args->Require({"router"}); !s.ok()) return Fail("status", s);
+  const std::string router = args->GetString("router");
+  // The cluster view: one read of the control plane's watch stream, as an observer.
+  auto cp = v1::ControlPlane::NewStub(Channel(router));
+  grpc::ClientContext watch_ctx;
+  watch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  auto reader = cp->WatchCluster(&watch_ctx, v1::WatchClusterRequest());
+  v1::ClusterView view;
+  if (!reader->Read(&view)) return FailRpc("status", reader->Finish());
+  watch_ctx.TryCancel();
+  (void)reader->Finish();
+  auto fe = v1::Frontend::NewStub(Channel(router));
+  grpc::ClientContext loads_ctx;
+  loads_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::GetLoadsResponse loads;
+  grpc::Status ls = fe->GetLoads(&loads_ctx, v1::GetLoadsRequest(), &loads);
+
+  auto role = [](v1::Role r) { return r == v1::ROLE_ATTENTION ? "attention" : "expert"; };
+  auto state = [](v1::WorkerState s) {
+    std::string n = v1::WorkerState_Name(s);
+    return n.rfind("WORKER_STATE_", 0) == 0 ? n.substr(13) : n;
+  };
+  if (args->GetString("format", "text") == "json") {
+    nlohmann::json out;
+    out["cluster_view_version"] = view.version();
+    out["workers"] = nlohmann::json::array();
+    for (const v1::WorkerInfo& w : view.workers()) {
+      out["workers"].push_back({{"role", role(w.role())},
+                                {"rank", w.rank()},
+                                {"state", state(w.state())},
+                                {"grpc_address", w.grpc_address()},
+                                {"metrics_address", w.metrics_address()}});
+    }
+    out["loads"] = nlohmann::json::array();
+    for (const v1::RankLoad& l : loads.loads()) {
+      out["loads"].push_back({{"rank", l.rank()},
+                              {"running", l.num_running_requests()},
+                              {"queued", l.num_queued_requests()},
+                              {"kv_cache_used_tokens", l.kv_cache_used_tokens()},
+                              {"kv_cache_total_tokens", l.kv_cache_total_tokens()},
+                              {"tokens_per_second", l.tokens_per_second()},
+                              {"outstanding_tokens", l.num_outstanding_tokens()}});
+    }
+    if (!ls.ok()) out["loads_error"] = ls.error_message();
+    std::cout << out.dump() << "\n";
+    return 0;
+  }
+  std::cout << "cluster view v" << view.version() << ": " << view.num_attention_ranks()
+            << " attention, " << view.num_expert_ranks() << " expert ranks\n";
+  for (const v1::WorkerInfo& w : view.workers()) {
+    std::cout << "  " << role(w.role()) << " " << w.rank() << "  " << state(w.state()) << "  grpc "
+              << w.grpc_address() << "  metrics "
+              << (w.metrics_address().empty() ? "-" : w.metrics_address()) << "\n";
+  }
+  for (const v1::RankLoad& l : loads.loads()) {
+    std::cout << "  dp " << l.rank() << ": running " << l.num_running_requests() << ", queued "
+              << l.num_queued_requests() << ", kv " << l.kv_cache_used_tokens() << "/"
+              << l.kv_cache_total_tokens() << " tokens\n";
+  }
+  if (!ls.ok()) std::cout << "  (loads unavailable: " << ls.error_message() << ")\n";
+  return 0;
+}
+
+}  // namespace dxs::cli
