@@ -23,7 +23,9 @@ constexpr char kUsage[] =
     "               stops everything on Ctrl-C or SIGTERM\n"
     "  generate     --router ADDR --prompt-ids 1,2,3 [--max-new-tokens N] [sampling flags]\n"
     "               [--dp-rank R] [--format json|text]\n"
-    "  status       --router ADDR [--format json]: workers, addresses and loads\n";
+    "  status       --router ADDR [--format json]: workers, addresses and loads\n"
+    "  bench        --router ADDR | --local MODEL  [--concurrency C --requests R\n"
+    "               --prompt-len L --output-len O] [--format json]\n";
 
 }  // namespace
 
@@ -40,6 +42,7 @@ int main(int argc, char** argv) {
   if (cmd == "up") return dxs::cli::UpCommand(args);
   if (cmd == "generate") return dxs::cli::GenerateCommand(args);
   if (cmd == "status") return dxs::cli::StatusCommand(args);
+  if (cmd == "bench") return dxs::cli::BenchCommand(args);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::cout << kUsage;
     return 0;
