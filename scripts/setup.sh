@@ -9,7 +9,7 @@ PACKAGES=(
   libabsl-dev libucx-dev ucx-utils libcivetweb-dev nlohmann-json3-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
-  prometheus python3
+  prometheus python3 python3-venv
 )
 
 missing=()
@@ -19,8 +19,20 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# The Python test client (tests/python): grpcio and its protoc, in a virtualenv of the
+# project's own so the system Python is left alone.
+setup_python() {
+  local venv=${DXS_PY_VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv}
+  if [ ! -x "$venv/bin/python3" ] || ! "$venv/bin/python3" -c "import grpc, grpc_tools" 2>/dev/null; then
+    echo "setup: creating $venv with grpcio and grpcio-tools"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check grpcio grpcio-tools
+  fi
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages present"
+  setup_python
   exit 0
 fi
 
@@ -35,3 +47,4 @@ echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+setup_python
