@@ -331,9 +331,9 @@ Inputs MakeInputs(const Shape& s, int tokens, Backend* backend, uint64_t seed) {
 
 // The dispatch message's payload exactly as the engine packs it (one EP rank: every token
 // once, pairs in routing order).
-std::vector<uint8_t> PackDispatch(const Inputs& in, const Shape& s, DType dtype) {
+PayloadBytes PackDispatch(const Inputs& in, const Shape& s, DType dtype) {
   const int64_t tokens = in.x.rows();
-  std::vector<uint8_t> bytes;
+  PayloadBytes bytes;
   PackRows(in.x.f32(), tokens, s.hidden, dtype, &bytes);
   std::vector<int32_t> rows(in.ids.size());
   for (size_t p = 0; p < rows.size(); ++p) rows[p] = static_cast<int32_t>(p / s.top_k);
@@ -611,7 +611,7 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
         row.dtype = dtype;
         row.tokens = tokens;
         const Inputs in = MakeInputs(s, tokens, backend.get(), kSeed + 100 * si + tokens);
-        const std::vector<uint8_t> dispatch_payload = PackDispatch(in, s, dtype);
+        const PayloadBytes dispatch_payload = PackDispatch(in, s, dtype);
         row.dispatch_bytes = WireHeaderBytes() + static_cast<int64_t>(dispatch_payload.size());
         row.combine_bytes =
             WireHeaderBytes() + static_cast<int64_t>(tokens * s.hidden * DTypeSize(dtype));

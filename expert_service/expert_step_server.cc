@@ -75,7 +75,14 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     row_offset[i + 1] = row_offset[i] + h.num_rows;
   }
   const int64_t total_rows = row_offset[num_dp];
-  Tensor x = shard_->backend()->Allocate({total_rows, hidden});
+  // Reused across rounds: fresh megabyte buffers per round cost page faults and fills.
+  if (total_rows > buffer_rows_) {
+    buffer_rows_ = std::max(total_rows, 2 * buffer_rows_);
+    x_buffer_ = shard_->backend()->Allocate({buffer_rows_, hidden});
+    out_buffer_ = shard_->backend()->Allocate({buffer_rows_, hidden});
+  }
+  Tensor x = x_buffer_.defined() ? x_buffer_.Rows(0, total_rows)
+                                 : shard_->backend()->Allocate({0, hidden});
   RoutedPairs pairs;
   for (size_t i = 0; i < num_dp; ++i) {
     const WireHeader& h = headers[i];
@@ -97,7 +104,8 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
       pairs.Add(static_cast<int32_t>(row_offset[i] + rows[k]), experts[k], weights[k]);
     }
   }
-  Tensor out = shard_->backend()->Allocate({total_rows, hidden});
+  Tensor out = out_buffer_.defined() ? out_buffer_.Rows(0, total_rows)
+                                     : shard_->backend()->Allocate({0, hidden});
   absl::Status compute = shard_->Forward(first.layer, x, pairs, &out);
   pending_.assign(num_dp, std::nullopt);
   DXS_RETURN_IF_ERROR(compute);
@@ -113,14 +121,14 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   }
   // Combine: each DP rank gets its rows back, pre-summed over this rank's experts.
   absl::Status send_status;
-  std::vector<uint8_t> buffer;
   for (size_t i = 0; i < num_dp; ++i) {
     WireHeader h = headers[i];
     h.kind = MessageKind::kCombine;
     h.num_pairs = 0;
-    buffer.clear();
-    PackRows(out.f32() + row_offset[i] * hidden, h.num_rows, hidden, h.wire_dtype, &buffer);
-    absl::Status s = transport_->Send(dp_peers_[i], h.Encode(), buffer.data(), buffer.size());
+    send_buffer_.clear();
+    PackRows(out.f32() + row_offset[i] * hidden, h.num_rows, hidden, h.wire_dtype, &send_buffer_);
+    absl::Status s =
+        transport_->Send(dp_peers_[i], h.Encode(), send_buffer_.data(), send_buffer_.size());
     if (!s.ok() && send_status.ok()) send_status = s;
   }
   return send_status;

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/model_config.h"
+#include "kernels/tensor.h"
 #include "model/expert_shard.h"
 #include "router/transport/transport.h"
 
@@ -54,6 +55,9 @@ class ExpertStepServer {
   ExpertCounters counters_;
   int64_t rows_this_step_ = 0;
   std::vector<std::optional<TransportMessage>> pending_;
+  int64_t buffer_rows_ = 0;
+  Tensor x_buffer_, out_buffer_;  // [buffer_rows_, hidden], reused across rounds
+  PayloadBytes send_buffer_;
 };
 
 }  // namespace dxs

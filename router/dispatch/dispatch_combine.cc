@@ -36,8 +36,7 @@ DispatchLayout ComputeLayout(const Placement& placement, const std::vector<int32
   return layout;
 }
 
-void PackRows(const float* rows, int64_t num_rows, int64_t hidden, DType dtype,
-              std::vector<uint8_t>* out) {
+void PackRows(const float* rows, int64_t num_rows, int64_t hidden, DType dtype, PayloadBytes* out) {
   const size_t offset = out->size();
   out->resize(offset + num_rows * hidden * DTypeSize(dtype));
   NarrowFromFloat32(dtype, rows, num_rows * hidden, out->data() + offset);
@@ -83,25 +82,22 @@ absl::Status RemoteMoeExecutor::Run(int layer, const Tensor& x, const std::vecto
   // Dispatch: one message to every EP rank, empty ones included. Keep sending after a
   // failure so the healthy ranks see this layer from us and stay in step.
   absl::Status send_status;
-  std::vector<float> gathered;
+  const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(dtype);
   for (int r = 0; r < num_ranks; ++r) {
     const std::vector<int32_t>& rows = layout.token_rows[r];
     const RoutedPairs& pairs = layout.pairs[r];
     const int64_t n = static_cast<int64_t>(rows.size());
-    gathered.resize(n * hidden_);
+    // Pack straight from x's rows into the reused send buffer (no gather copy).
+    const size_t pair_bytes = pairs.size() * sizeof(int32_t);
+    scratch_.resize(n * row_bytes + 3 * pair_bytes);
+    uint8_t* p = scratch_.data();
     for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(gathered.data() + i * hidden_, x.f32() + rows[i] * hidden_,
-                  hidden_ * sizeof(float));
+      NarrowFromFloat32(dtype, x.f32() + rows[i] * hidden_, hidden_, p + i * row_bytes);
     }
-    scratch_.clear();
-    PackRows(gathered.data(), n, hidden_, dtype, &scratch_);
-    auto append = [this](const void* p, size_t bytes) {
-      const auto* b = static_cast<const uint8_t*>(p);
-      scratch_.insert(scratch_.end(), b, b + bytes);
-    };
-    append(pairs.rows.data(), pairs.size() * sizeof(int32_t));
-    append(pairs.experts.data(), pairs.size() * sizeof(int32_t));
-    append(pairs.weights.data(), pairs.size() * sizeof(float));
+    p += n * row_bytes;
+    std::memcpy(p, pairs.rows.data(), pair_bytes);
+    std::memcpy(p + pair_bytes, pairs.experts.data(), pair_bytes);
+    std::memcpy(p + 2 * pair_bytes, pairs.weights.data(), pair_bytes);
     WireHeader h;
     h.kind = MessageKind::kDispatch;
     h.wire_dtype = dtype;
@@ -130,22 +126,22 @@ absl::Status RemoteMoeExecutor::Run(int layer, const Tensor& x, const std::vecto
     replies[r] = std::move(*m);
   }
   std::fill(out->f32(), out->f32() + out->num_elements(), 0.f);
-  std::vector<float> partial;
+  row_.resize(hidden_);
   for (int r = 0; r < num_ranks; ++r) {
     const std::vector<int32_t>& rows = layout.token_rows[r];
     const int64_t n = static_cast<int64_t>(rows.size());
     DXS_ASSIGN_OR_RETURN(WireHeader h, WireHeader::Decode(replies[r].header));
-    if (h.num_rows != n ||
-        replies[r].payload.size() != static_cast<size_t>(n * hidden_) * DTypeSize(h.wire_dtype)) {
+    const size_t reply_row_bytes = static_cast<size_t>(hidden_) * DTypeSize(h.wire_dtype);
+    if (h.num_rows != n || replies[r].payload.size() != n * reply_row_bytes) {
       return absl::InternalError(
           absl::StrCat("combine from EP rank ", r, ": ", h.num_rows, " rows, expected ", n));
     }
-    partial.resize(n * hidden_);
-    UnpackRows(replies[r].payload.data(), n, hidden_, h.wire_dtype, partial.data());
+    // Each row is widened into a cache-resident buffer and added where its token lives.
     for (int64_t i = 0; i < n; ++i) {
+      UnpackRows(replies[r].payload.data() + i * reply_row_bytes, 1, hidden_, h.wire_dtype,
+                 row_.data());
       float* dst = out->f32() + rows[i] * hidden_;
-      const float* src = partial.data() + i * hidden_;
-      for (int64_t j = 0; j < hidden_; ++j) dst[j] += src[j];
+      for (int64_t j = 0; j < hidden_; ++j) dst[j] += row_[j];
     }
     counters_->tokens_combined[r] += n;
   }

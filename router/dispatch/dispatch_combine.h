@@ -37,8 +37,7 @@ DispatchLayout ComputeLayout(const Placement& placement, const std::vector<int32
                              const std::vector<float>& weights, int top_k);
 
 // Row (de)serialisation in the wire dtype.
-void PackRows(const float* rows, int64_t num_rows, int64_t hidden, DType dtype,
-              std::vector<uint8_t>* out);
+void PackRows(const float* rows, int64_t num_rows, int64_t hidden, DType dtype, PayloadBytes* out);
 void UnpackRows(const uint8_t* data, int64_t num_rows, int64_t hidden, DType dtype, float* out);
 
 // Per-rank-pair traffic counters, cumulative; read from other threads.
@@ -79,7 +78,8 @@ class RemoteMoeExecutor final : public MoeExecutor {
   DispatchOptions options_;
   uint64_t step_ = 0;
   std::unique_ptr<DispatchCounters> counters_;
-  std::vector<uint8_t> scratch_;
+  PayloadBytes scratch_;    // dispatch send buffer, reused across calls
+  std::vector<float> row_;  // one combine row, widened
 };
 
 }  // namespace dxs

@@ -28,6 +28,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,9 +38,32 @@
 
 namespace dxs {
 
+// An allocator whose resize() leaves new elements uninitialised: receive buffers are
+// overwritten at once, and zero-filling megabytes per message costs a full extra pass.
+template <typename T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  using std::allocator<T>::allocator;
+  template <typename U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible<U>::value) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using PayloadBytes = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
+
+// A payload as a plain byte vector (tests compare payloads with expected bytes).
+inline std::vector<uint8_t> AsVector(const PayloadBytes& p) { return {p.begin(), p.end()}; }
+
 struct TransportMessage {
   std::string header;
-  std::vector<uint8_t> payload;
+  PayloadBytes payload;
 };
 
 class Transport {

@@ -133,7 +133,7 @@ TEST_P(TransportTest, FifoOrderOfMixedSizes) {
     ASSERT_TRUE(message.ok()) << "message " << i << ": " << message.status();
     ASSERT_EQ(message->header, header_of(i));
     ASSERT_EQ(message->payload.size(), size_of(i)) << "message " << i;
-    ASSERT_TRUE(message->payload == Pattern(i, size_of(i))) << "message " << i;
+    ASSERT_TRUE(AsVector(message->payload) == Pattern(i, size_of(i))) << "message " << i;
   }
   sender.join();
   EXPECT_TRUE(send_status.ok()) << send_status;
@@ -150,7 +150,7 @@ TEST_P(TransportTest, BothDirectionsAtOnce) {
       auto message = self.Recv(peer, absl::Now() + absl::Seconds(20));
       if (!message.ok()) {
         *status = message.status();
-      } else if (message->payload != Pattern(1 - peer, kBytes)) {
+      } else if (AsVector(message->payload) != Pattern(1 - peer, kBytes)) {
         *status = absl::DataLossError("payload mismatch");
       }
     }

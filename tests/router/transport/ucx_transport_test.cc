@@ -210,7 +210,7 @@ void PingPong(Transport& parent, const std::string& tag) {
     auto echo = parent.Recv(1, absl::Now() + absl::Seconds(20));
     ASSERT_TRUE(echo.ok()) << echo.status();
     EXPECT_EQ(echo->header, header);
-    EXPECT_TRUE(echo->payload == payload);
+    EXPECT_TRUE(AsVector(echo->payload) == payload);
   }
 }
 
