@@ -1,9 +1,20 @@
-// dxs-router: the router process. For now it serves the control plane (membership,
-// expert placement, transport set-up) on one gRPC port, with health and reflection.
+// dxs-router: the router process. Serves, on one gRPC port with health and reflection,
+// the front door (dxs.v1.Frontend: Generate, Abort, GetModelInfo, GetLoads; see
+// router/frontend/frontend_service.h) and the control plane (membership, expert
+// placement, transport set-up).
 //
 //   dxs-router --model DIR --attention M --experts N [--listen HOST:PORT]
 //              [--transport ucx|nccl|inproc] [--wire-dtype f32|bf16]
-//              [--lease-ms 3000] [--heartbeat-ms 500]
+//              [--lease-ms 3000] [--heartbeat-ms 500] [--max-inflight 1024]
+//
+// --max-inflight bounds the Generate requests in flight cluster-wide; beyond it Generate
+// is refused with RESOURCE_EXHAUSTED.
+//
+// Health (grpc.health.v1): "" and "dxs.v1.Frontend" are NOT_SERVING until every attention
+// and expert rank is live and every expert has a rank (ClusterRegistry::IsComplete), and
+// again whenever that stops being true; "dxs.v1.ControlPlane" is SERVING throughout, since
+// workers must reach it to complete the cluster (probe that one for liveness, or publish
+// not-ready addresses to the workers' Service).
 //
 // Prints exactly one line on stdout once serving, "dxs-router listening on HOST:PORT" with
 // the bound port (so --listen HOST:0 works for tests and scripts), then logs membership
@@ -24,9 +35,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc/server.h"
 #include "common/model_config.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "router/control_plane/cluster_registry.h"
 #include "router/control_plane/control_plane_service.h"
 #include "router/control_plane/model_identity.h"
+#include "router/frontend/cluster_watcher.h"
+#include "router/frontend/frontend_service.h"
+#include "router/frontend/model_info.h"
 #include "tools/dxs/cli_args.h"
 
 namespace {
@@ -34,7 +49,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: dxs-router --model DIR --attention M --experts N [--listen HOST:PORT]\n"
     "                  [--transport ucx|nccl|inproc] [--wire-dtype f32|bf16]\n"
-    "                  [--lease-ms MS] [--heartbeat-ms MS]\n";
+    "                  [--lease-ms MS] [--heartbeat-ms MS] [--max-inflight N]\n";
 
 int BadFlags(const std::string& message) {
   std::cerr << "dxs-router: " << message << "\n";
@@ -56,13 +71,14 @@ struct Flags {
   dxs::v1::DType wire_dtype = dxs::v1::DTYPE_FLOAT32;
   int64_t lease_ms = 0;
   int64_t heartbeat_ms = 0;
+  int64_t max_inflight = 0;
 };
 
 absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& argv) {
   absl::StatusOr<dxs::cli::Args> args =
       dxs::cli::Args::Parse(argv,
                             {"listen", "attention", "experts", "model", "transport", "wire-dtype",
-                             "lease-ms", "heartbeat-ms"},
+                             "lease-ms", "heartbeat-ms", "max-inflight"},
                             {"help"});
   if (!args.ok()) return args.status();
   if (args->Has("help")) return absl::CancelledError("help");
@@ -111,6 +127,12 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& argv) {
     }
     *out = *v;
   }
+  absl::StatusOr<int64_t> max_inflight = args->GetInt("max-inflight", 1024);
+  if (!max_inflight.ok()) return max_inflight.status();
+  if (*max_inflight < 1 || *max_inflight > 1000000) {
+    return absl::InvalidArgumentError("--max-inflight must be in 1..1000000");
+  }
+  flags.max_inflight = *max_inflight;
   return flags;
 }
 
@@ -155,29 +177,51 @@ int main(int argc, char** argv) {
 
   dxs::ClusterRegistry registry(options);
   dxs::ControlPlaneService service(&registry);
+  dxs::FrontendOptions frontend_options;
+  frontend_options.max_inflight = flags->max_inflight;
+  dxs::FrontendService frontend(&registry, *config,
+                                dxs::MakeModelInfo(*config, flags->model_dir, *fingerprint),
+                                frontend_options);
   dxs::GrpcServerOptions server_options;
   server_options.address = flags->listen;
-  absl::StatusOr<dxs::GrpcServer> server = dxs::StartGrpcServer(server_options, {&service});
+  absl::StatusOr<dxs::GrpcServer> server =
+      dxs::StartGrpcServer(server_options, {&service, &frontend});
   if (!server.ok()) return Fail(server.status());
+
+  // Health follows the registry from here on; the first call (before the listening line)
+  // turns "" NOT_SERVING, since StartGrpcServer starts it SERVING.
+  grpc::HealthCheckServiceInterface* health = server->server->GetHealthCheckService();
+  health->SetServingStatus(dxs::v1::ControlPlane::service_full_name(), true);
+  dxs::ClusterWatcher watcher(&registry, [&](const dxs::v1::ClusterView& view, bool complete) {
+    health->SetServingStatus("", complete);
+    health->SetServingStatus(dxs::FrontendService::kServiceName, complete);
+    frontend.OnClusterView(view);
+  });
 
   const std::string host = flags->listen.substr(0, flags->listen.rfind(':'));
   std::cout << "dxs-router listening on " << host << ":" << server->port << std::endl;
-  std::fprintf(
-      stderr,
-      "dxs-router: model %s (%lld experts, %lld layers, checkpoint %s config %s); "
-      "%d attention + %d expert ranks; transport %s; lease %lld ms, heartbeat %lld ms\n",
-      flags->model_dir.c_str(), static_cast<long long>(config->num_experts),
-      static_cast<long long>(config->num_hidden_layers),
-      fingerprint->checkpoint_fingerprint().c_str(), fingerprint->config_fingerprint().c_str(),
-      options.num_attention_ranks, options.num_expert_ranks, options.transport_backend.c_str(),
-      static_cast<long long>(flags->lease_ms), static_cast<long long>(flags->heartbeat_ms));
+  std::fprintf(stderr,
+               "dxs-router: model %s (%lld experts, %lld layers, checkpoint %s config %s); "
+               "%d attention + %d expert ranks; transport %s; lease %lld ms, heartbeat %lld ms; "
+               "at most %lld requests in flight\n",
+               flags->model_dir.c_str(), static_cast<long long>(config->num_experts),
+               static_cast<long long>(config->num_hidden_layers),
+               fingerprint->checkpoint_fingerprint().c_str(),
+               fingerprint->config_fingerprint().c_str(), options.num_attention_ranks,
+               options.num_expert_ranks, options.transport_backend.c_str(),
+               static_cast<long long>(flags->lease_ms), static_cast<long long>(flags->heartbeat_ms),
+               static_cast<long long>(flags->max_inflight));
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   std::fprintf(stderr, "dxs-router: %s received, shutting down\n",
                signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
-  // Streams first (they end within the poll interval), then the server, with a deadline
-  // for unary calls still running.
+  // Streams first (Generate streams end with UNAVAILABLE at once, WatchCluster streams
+  // within the poll interval), then the server, with a deadline for unary calls still
+  // running.
+  watcher.Stop();
+  health->Shutdown();
+  frontend.Shutdown();
   service.Shutdown();
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->server->Wait();

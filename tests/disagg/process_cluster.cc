@@ -108,15 +108,38 @@ ProcessCluster::~ProcessCluster() {
 }
 
 absl::Status ProcessCluster::Start(const ClusterSpec& spec, absl::Duration timeout) {
+  if (absl::Status s = StartRouter(spec, timeout); !s.ok()) return s;
+  return StartWorkers(spec, timeout);
+}
+
+absl::Status ProcessCluster::StartRouter(const ClusterSpec& spec, absl::Duration timeout) {
+  std::vector<std::string> argv = {bin("dxs-router"),
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--attention",
+                                   std::to_string(spec.num_attention),
+                                   "--experts",
+                                   std::to_string(spec.num_expert),
+                                   "--model",
+                                   spec.model_dir,
+                                   "--wire-dtype",
+                                   spec.wire_dtype,
+                                   "--lease-ms",
+                                   "2000",
+                                   "--heartbeat-ms",
+                                   "200"};
+  argv.insert(argv.end(), router_args_.begin(), router_args_.end());
   absl::StatusOr<ChildProcess> router =
-      SpawnAndWait({bin("dxs-router"), "--listen", "127.0.0.1:0", "--attention",
-                    std::to_string(spec.num_attention), "--experts",
-                    std::to_string(spec.num_expert), "--model", spec.model_dir, "--wire-dtype",
-                    spec.wire_dtype, "--lease-ms", "2000", "--heartbeat-ms", "200"},
-                   "router", work_dir_ + "/router.log", "listening on", timeout);
+      SpawnAndWait(argv, "router", work_dir_ + "/router.log", "listening on", timeout);
   if (!router.ok()) return router.status();
   router_ = *router;
   router_address_ = AddressAfter(router_.log_path, "listening on");
+  frontend_ = v1::Frontend::NewStub(
+      grpc::CreateChannel(router_address_, grpc::InsecureChannelCredentials()));
+  return absl::OkStatus();
+}
+
+absl::Status ProcessCluster::StartWorkers(const ClusterSpec& spec, absl::Duration timeout) {
   for (int r = 0; r < spec.num_expert; ++r) {
     const std::string claim =
         r < static_cast<int>(spec.expert_claims.size()) ? spec.expert_claims[r] : "";

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "dxs/v1/attention_worker.grpc.pb.h"
+#include "dxs/v1/frontend.grpc.pb.h"
 
 namespace dxs::testing {
 
@@ -51,7 +52,14 @@ class ProcessCluster {
   explicit ProcessCluster(std::string work_dir) : work_dir_(std::move(work_dir)) {}
   ~ProcessCluster();
 
+  // Extra dxs-router flags for the next StartRouter, e.g. {"--max-inflight", "1"}.
+  void set_router_args(std::vector<std::string> args) { router_args_ = std::move(args); }
+  // StartRouter, then StartWorkers.
   absl::Status Start(const ClusterSpec& spec, absl::Duration timeout = absl::Seconds(60));
+  // The router alone (until it prints its address); then the experts and attention ranks,
+  // waiting until every attention rank is READY.
+  absl::Status StartRouter(const ClusterSpec& spec, absl::Duration timeout = absl::Seconds(60));
+  absl::Status StartWorkers(const ClusterSpec& spec, absl::Duration timeout = absl::Seconds(60));
   // Starts (or restarts, on its old address) expert `rank`. With another `ready_text`, the
   // worker is expected to print it and exit (a refusal), and nothing is replaced.
   absl::Status StartExpert(int rank, const std::string& model_dir, const std::string& claim,
@@ -69,6 +77,8 @@ class ProcessCluster {
   std::vector<float> FirstLogits(const std::string& request_id) const;
   std::string logits_dir() const;
   const std::string& router_address() const { return router_address_; }
+  // dxs.v1.Frontend on router_address(); valid after StartRouter.
+  v1::Frontend::Stub* frontend() { return frontend_.get(); }
   std::string DumpLogs() const;
   std::string bin(const std::string& name) const;
 
@@ -81,6 +91,8 @@ class ProcessCluster {
   std::map<int, std::string> expert_addresses_;  // rank -> gRPC address it listened on
   std::vector<ChildProcess> refused_;            // workers started to be refused
   std::vector<std::unique_ptr<v1::AttentionWorker::Stub>> stubs_;
+  std::unique_ptr<v1::Frontend::Stub> frontend_;
+  std::vector<std::string> router_args_;
 };
 
 }  // namespace dxs::testing

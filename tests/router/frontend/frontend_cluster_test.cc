@@ -1,0 +1,557 @@
+// dxs.v1.Frontend through a real dxs-router in front of real dxs-attention and dxs-expert
+// processes on loopback (gRPC + UCX):
+//  - streams are complete and in order, and greedy tokens equal the single-process engine;
+//  - every bad input gets its code and a message naming the field, while a long request
+//    on the same cluster runs undisturbed to the correct result;
+//  - health is NOT_SERVING until the cluster is complete, SERVING after, and NOT_SERVING
+//    again when a worker dies;
+//  - Abort, client cancellation and a passed deadline end the request and free its KV;
+//  - data_parallel_rank pins the rank; unpinned long requests spread over the ranks;
+//  - --max-inflight bounds admission (RESOURCE_EXHAUSTED).
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dxs/v1/frontend.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "model/engine.h"
+#include "tests/disagg/process_cluster.h"
+#include "tests/model/test_util.h"
+
+namespace dxs {
+namespace {
+
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+using testing::ClusterSpec;
+using testing::ProcessCluster;
+using testing::TempDir;
+
+constexpr int kVocab = 4096;    // the "default" preset
+constexpr int kContext = 4096;  // its max_position_embeddings
+
+std::vector<int32_t> Prompt(int i, int length) {
+  std::vector<int32_t> p;
+  for (int j = 0; j < length; ++j) p.push_back(5 + (i * 577 + j * 101) % (kVocab - 5));
+  return p;
+}
+
+v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_new_tokens,
+                            const std::string& request_id = "") {
+  v1::GenerateRequest r;
+  r.set_request_id(request_id);
+  for (int32_t t : prompt) r.add_prompt_token_ids(static_cast<uint32_t>(t));
+  r.mutable_sampling_params()->set_max_new_tokens(max_new_tokens);
+  r.mutable_sampling_params()->set_temperature(0.f);
+  return r;
+}
+
+std::vector<int32_t> Reference(LocalEngine* engine, const std::vector<int32_t>& prompt,
+                               int max_new_tokens) {
+  GenerationRequest r;
+  r.prompt = prompt;
+  r.max_new_tokens = max_new_tokens;
+  auto out = engine->GenerateBatch({r});
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? out->front().tokens : std::vector<int32_t>{};
+}
+
+std::chrono::system_clock::time_point In(absl::Duration d) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+// One Generate call on its own thread, recording the whole stream.
+class StreamCall {
+ public:
+  StreamCall(v1::Frontend::Stub* stub, v1::GenerateRequest request,
+             absl::Duration deadline = absl::Seconds(120)) {
+    context_.set_deadline(In(deadline));
+    thread_ = std::thread([this, stub, request = std::move(request)] {
+      auto reader = stub->Generate(&context_, request);
+      v1::GenerateResponse message;
+      while (reader->Read(&message)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++num_messages_;
+        if (request_id_.empty()) request_id_ = message.request_id();
+        if (message.request_id() != request_id_) consistent_ids_ = false;
+        if (complete_.has_value()) ++messages_after_complete_;
+        if (message.has_chunk()) {
+          if (message.chunk().index() != tokens_.size()) in_order_ = false;
+          if (message.chunk().token_ids_size() == 0) ++empty_chunks_;
+          for (uint32_t t : message.chunk().token_ids()) tokens_.push_back(static_cast<int>(t));
+        } else if (message.has_complete()) {
+          complete_ = message.complete();
+        }
+        cv_.notify_all();
+      }
+      grpc::Status status = reader->Finish();
+      std::lock_guard<std::mutex> lock(mu_);
+      status_ = std::move(status);
+      done_ = true;
+      cv_.notify_all();
+    });
+  }
+  ~StreamCall() { Join(); }
+
+  // True once the stream has `n` tokens (or a first message, for n == 0) within `timeout`.
+  bool WaitFor(size_t n, absl::Duration timeout = absl::Seconds(60)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout)),
+                        [&] { return done_ || (num_messages_ > 0 && tokens_.size() >= n); }) &&
+           num_messages_ > 0 && tokens_.size() >= n;
+  }
+  bool finished() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  std::string request_id() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return request_id_;
+  }
+  void Cancel() { context_.TryCancel(); }
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // After Join.
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  const std::optional<v1::GenerateComplete>& complete() const { return complete_; }
+  const grpc::Status& status() const { return status_; }
+  bool in_order() const { return in_order_ && consistent_ids_ && messages_after_complete_ == 0; }
+  int empty_chunks() const { return empty_chunks_; }
+
+ private:
+  grpc::ClientContext context_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int num_messages_ = 0;
+  std::string request_id_;
+  bool consistent_ids_ = true;
+  bool in_order_ = true;
+  int empty_chunks_ = 0;
+  int messages_after_complete_ = 0;
+  std::vector<int32_t> tokens_;
+  std::optional<v1::GenerateComplete> complete_;
+  grpc::Status status_;
+  bool done_ = false;
+};
+
+// Runs a request to the end.
+struct Outcome {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  std::optional<v1::GenerateComplete> complete;
+  bool in_order = false;
+};
+Outcome RunToEnd(v1::Frontend::Stub* stub, const v1::GenerateRequest& request,
+                 absl::Duration deadline = absl::Seconds(120)) {
+  StreamCall call(stub, request, deadline);
+  call.Join();
+  return {call.status(), call.tokens(), call.complete(), call.in_order()};
+}
+
+absl::StatusOr<v1::GetLoadsResponse> Loads(v1::Frontend::Stub* stub) {
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(5)));
+  v1::GetLoadsResponse response;
+  grpc::Status s = stub->GetLoads(&context, v1::GetLoadsRequest(), &response);
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return response;
+}
+
+// Waits until no rank holds KV cache and the router owes no tokens.
+bool WaitAllFree(v1::Frontend::Stub* stub, absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<v1::GetLoadsResponse> loads = Loads(stub);
+    bool free = loads.ok() && loads->loads_size() > 0;
+    if (loads.ok()) {
+      for (const v1::RankLoad& l : loads->loads()) {
+        free = free && l.kv_cache_used_tokens() == 0 && l.num_outstanding_tokens() == 0 &&
+               l.num_running_requests() == 0 && l.num_queued_requests() == 0;
+      }
+    }
+    if (free) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+grpc::Status AbortCall(v1::Frontend::Stub* stub, const std::string& request_id) {
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(10)));
+  v1::AbortRequest request;
+  request.set_request_id(request_id);
+  v1::AbortResponse response;
+  return stub->Abort(&context, request, &response);
+}
+
+HealthCheckResponse::ServingStatus Health(const std::string& address, const std::string& name) {
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(5)));
+  HealthCheckRequest request;
+  request.set_service(name);
+  HealthCheckResponse response;
+  grpc::Status s = stub->Check(&context, request, &response);
+  EXPECT_TRUE(s.ok()) << name << ": " << s.error_message();
+  return response.status();
+}
+
+bool WaitHealth(const std::string& address, HealthCheckResponse::ServingStatus want,
+                absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (Health(address, "") == want && Health(address, "dxs.v1.Frontend") == want) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+class FrontendCluster : public ::testing::Test {
+ protected:
+  void StartCluster(int num_attention, int num_expert, std::vector<std::string> router_args = {}) {
+    dir_ = testing::WritePreset(tmp_, "default");
+    cluster_ = std::make_unique<ProcessCluster>(tmp_.path());
+    ClusterSpec spec{dir_, num_attention, num_expert, {}, "f32"};
+    cluster_->set_router_args(std::move(router_args));
+    absl::Status started = cluster_->Start(spec);
+    ASSERT_TRUE(started.ok()) << started << cluster_->DumpLogs();
+    ASSERT_TRUE(
+        WaitHealth(cluster_->router_address(), HealthCheckResponse::SERVING, absl::Seconds(10)))
+        << cluster_->DumpLogs();
+  }
+  LocalEngine* engine() {
+    if (!engine_) {
+      auto engine = LocalEngine::Load(dir_);
+      EXPECT_TRUE(engine.ok()) << engine.status();
+      engine_ = std::move(*engine);
+    }
+    return engine_.get();
+  }
+  v1::Frontend::Stub* frontend() { return cluster_->frontend(); }
+
+  TempDir tmp_;
+  std::string dir_;
+  std::unique_ptr<ProcessCluster> cluster_;
+  std::unique_ptr<LocalEngine> engine_;
+};
+
+// 1. Order, completeness and equality with the single-process engine; the assigned id
+// arrives first, alone.
+TEST_F(FrontendCluster, StreamsEqualTheSingleProcessEngine) {
+  StartCluster(2, 2);
+  struct Case {
+    std::vector<int32_t> prompt;
+    int max_new_tokens;
+    std::string request_id;
+  };
+  const std::vector<Case> cases = {
+      {Prompt(0, 2), 8, "mine-0"}, {Prompt(1, 17), 12, ""}, {Prompt(2, 40), 5, "mine-2"}};
+  std::vector<std::unique_ptr<StreamCall>> calls;
+  for (const Case& c : cases) {
+    calls.push_back(std::make_unique<StreamCall>(
+        frontend(), Request(c.prompt, c.max_new_tokens, c.request_id)));
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    StreamCall& call = *calls[i];
+    call.Join();
+    ASSERT_TRUE(call.status().ok()) << call.status().error_message() << cluster_->DumpLogs();
+    EXPECT_TRUE(call.in_order()) << "request " << i;
+    EXPECT_EQ(call.tokens(), Reference(engine(), cases[i].prompt, cases[i].max_new_tokens))
+        << "request " << i;
+    ASSERT_TRUE(call.complete().has_value()) << "request " << i;
+    const v1::GenerateComplete& complete = *call.complete();
+    EXPECT_EQ(complete.finish_reason(), v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(complete.prompt_tokens(), cases[i].prompt.size());
+    EXPECT_EQ(complete.completion_tokens(), static_cast<uint32_t>(cases[i].max_new_tokens));
+    EXPECT_LT(complete.data_parallel_rank(), 2u);
+    EXPECT_GT(complete.timings().e2e_latency_ns(), 0u);
+    EXPECT_GT(complete.timings().time_to_first_token_ns(), 0u);
+    EXPECT_LE(complete.timings().time_to_first_token_ns(), complete.timings().e2e_latency_ns());
+    if (cases[i].request_id.empty()) {
+      EXPECT_EQ(call.request_id().rfind("r-", 0), 0u) << call.request_id();
+      EXPECT_EQ(call.empty_chunks(), 1) << "the assigned id comes first, with no tokens";
+    } else {
+      EXPECT_EQ(call.request_id(), cases[i].request_id);
+      EXPECT_EQ(call.empty_chunks(), 0);
+    }
+  }
+
+  // Model info comes from the router's config.json.
+  grpc::ClientContext context;
+  v1::GetModelInfoResponse info;
+  ASSERT_TRUE(frontend()->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.model_info().vocab_size(), 4096u);
+  EXPECT_EQ(info.model_info().max_context_length(), 4096u);
+  EXPECT_EQ(info.model_info().num_layers(), 4u);
+  EXPECT_EQ(info.model_info().num_experts(), 16u);
+  EXPECT_EQ(info.model_info().num_experts_per_token(), 4u);
+  EXPECT_EQ(info.model_info().hidden_size(), 128u);
+  ASSERT_EQ(info.model_info().eos_token_ids_size(), 1);
+  EXPECT_EQ(info.model_info().eos_token_ids(0), 2u);
+  EXPECT_EQ(info.model_info().model_path(), dir_);
+  EXPECT_EQ(info.model_info().model_name(), "default");
+  EXPECT_EQ(info.model_info().dtype(), v1::DTYPE_FLOAT32);
+  EXPECT_EQ(info.model_info().fingerprint().checkpoint_fingerprint().size(), 16u);
+  EXPECT_TRUE(WaitAllFree(frontend()));
+}
+
+// 2. Each bad input: its code and a message naming the field; the long request running
+// meanwhile completes with the right tokens.
+TEST_F(FrontendCluster, BadInputsAreRefusedWithoutDisturbingARunningRequest) {
+  StartCluster(2, 1);
+  const std::vector<int32_t> long_prompt = Prompt(3, 9);
+  const int long_new_tokens = 1500;
+  StreamCall running(frontend(), Request(long_prompt, long_new_tokens, "long-one"));
+  ASSERT_TRUE(running.WaitFor(1)) << cluster_->DumpLogs();
+
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Bad {
+    std::string what;
+    std::function<void(v1::GenerateRequest&)> edit;
+    grpc::StatusCode code;
+    std::string field;
+  };
+  const grpc::StatusCode kInvalid = grpc::StatusCode::INVALID_ARGUMENT;
+  const std::vector<Bad> bad = {
+      {"token id = vocab", [](auto& r) { r.set_prompt_token_ids(1, kVocab); }, kInvalid,
+       "prompt_token_ids[1]"},
+      {"huge token id", [](auto& r) { r.add_prompt_token_ids(0xffffffffu); }, kInvalid,
+       "prompt_token_ids"},
+      {"empty prompt", [](auto& r) { r.clear_prompt_token_ids(); }, kInvalid, "prompt_token_ids"},
+      {"over the context",
+       [](auto& r) { r.mutable_sampling_params()->set_max_new_tokens(kContext - 2); }, kInvalid,
+       "max_new_tokens"},
+      {"max_new_tokens 0", [](auto& r) { r.mutable_sampling_params()->set_max_new_tokens(0); },
+       kInvalid, "max_new_tokens"},
+      {"max_new_tokens < 0", [](auto& r) { r.mutable_sampling_params()->set_max_new_tokens(-4); },
+       kInvalid, "max_new_tokens"},
+      {"temperature < 0", [](auto& r) { r.mutable_sampling_params()->set_temperature(-0.5f); },
+       kInvalid, "temperature"},
+      {"temperature NaN", [&](auto& r) { r.mutable_sampling_params()->set_temperature(nan); },
+       kInvalid, "temperature"},
+      {"temperature inf", [&](auto& r) { r.mutable_sampling_params()->set_temperature(inf); },
+       kInvalid, "temperature"},
+      {"top_p 0", [](auto& r) { r.mutable_sampling_params()->set_top_p(0.f); }, kInvalid, "top_p"},
+      {"top_p > 1", [](auto& r) { r.mutable_sampling_params()->set_top_p(1.5f); }, kInvalid,
+       "top_p"},
+      {"top_k < 0", [](auto& r) { r.mutable_sampling_params()->set_top_k(-1); }, kInvalid, "top_k"},
+      {"unknown rank", [](auto& r) { r.set_data_parallel_rank(2); }, kInvalid,
+       "data_parallel_rank"},
+      {"duplicate id", [](auto& r) { r.set_request_id("long-one"); },
+       grpc::StatusCode::ALREADY_EXISTS, "request_id"},
+  };
+  for (const Bad& b : bad) {
+    v1::GenerateRequest request = Request(Prompt(4, 3), 4, "bad-" + b.what);
+    b.edit(request);
+    Outcome out = RunToEnd(frontend(), request, absl::Seconds(10));
+    EXPECT_EQ(out.status.error_code(), b.code) << b.what << ": " << out.status.error_message();
+    EXPECT_NE(out.status.error_message().find(b.field), std::string::npos)
+        << b.what << ": " << out.status.error_message();
+    EXPECT_TRUE(out.tokens.empty()) << b.what;
+  }
+  // Abort: empty and unknown ids.
+  grpc::Status s = AbortCall(frontend(), "");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("request_id"), std::string::npos) << s.error_message();
+  s = AbortCall(frontend(), "no-such-request");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+
+  EXPECT_FALSE(running.finished()) << "the long request should outlast the bad ones";
+  running.Join();
+  ASSERT_TRUE(running.status().ok()) << running.status().error_message() << cluster_->DumpLogs();
+  EXPECT_TRUE(running.in_order());
+  EXPECT_EQ(running.tokens(), Reference(engine(), long_prompt, long_new_tokens));
+  ASSERT_TRUE(running.complete().has_value());
+  EXPECT_EQ(running.complete()->finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_TRUE(WaitAllFree(frontend()));
+}
+
+// 3. Health follows the registry: NOT_SERVING with the router alone, SERVING once every
+// rank is registered, NOT_SERVING when an expert dies, SERVING when it returns.
+TEST_F(FrontendCluster, HealthFollowsClusterCompleteness) {
+  dir_ = testing::WritePreset(tmp_, "default");
+  cluster_ = std::make_unique<ProcessCluster>(tmp_.path());
+  ClusterSpec spec{dir_, 1, 2, {}, "f32"};
+  ASSERT_TRUE(cluster_->StartRouter(spec).ok()) << cluster_->DumpLogs();
+  const std::string& router = cluster_->router_address();
+  EXPECT_EQ(Health(router, ""), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(Health(router, "dxs.v1.Frontend"), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(Health(router, "dxs.v1.ControlPlane"), HealthCheckResponse::SERVING);
+  Outcome out = RunToEnd(frontend(), Request(Prompt(0, 3), 4), absl::Seconds(10));
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::UNAVAILABLE) << out.status.error_message();
+  EXPECT_NE(out.status.error_message().find("incomplete"), std::string::npos);
+  {
+    grpc::ClientContext context;
+    v1::GetModelInfoResponse info;
+    EXPECT_EQ(frontend()->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).error_code(),
+              grpc::StatusCode::UNAVAILABLE);
+  }
+  absl::StatusOr<v1::GetLoadsResponse> loads = Loads(frontend());
+  ASSERT_TRUE(loads.ok()) << loads.status();
+  EXPECT_EQ(loads->loads_size(), 0);
+
+  ASSERT_TRUE(cluster_->StartWorkers(spec).ok()) << cluster_->DumpLogs();
+  EXPECT_TRUE(WaitHealth(router, HealthCheckResponse::SERVING, absl::Seconds(10)))
+      << cluster_->DumpLogs();
+  loads = Loads(frontend());
+  ASSERT_TRUE(loads.ok()) << loads.status();
+  ASSERT_EQ(loads->loads_size(), 1);
+  EXPECT_EQ(loads->loads(0).rank(), 0u);
+  EXPECT_EQ(loads->loads(0).state(), v1::WORKER_STATE_READY);
+  EXPECT_GT(loads->loads(0).kv_cache_total_tokens(), 0u);
+  EXPECT_GT(loads->cluster_view_version(), 1u);
+
+  cluster_->KillExpert(1);  // its lease (2 s) runs out
+  EXPECT_TRUE(WaitHealth(router, HealthCheckResponse::NOT_SERVING, absl::Seconds(6)))
+      << cluster_->DumpLogs();
+  out = RunToEnd(frontend(), Request(Prompt(0, 3), 4), absl::Seconds(10));
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::UNAVAILABLE) << out.status.error_message();
+
+  ASSERT_TRUE(cluster_->StartExpert(1, dir_, "").ok()) << cluster_->DumpLogs();
+  EXPECT_TRUE(WaitHealth(router, HealthCheckResponse::SERVING, absl::Seconds(10)))
+      << cluster_->DumpLogs();
+  ASSERT_TRUE(cluster_->WaitReady(absl::Seconds(30)).ok()) << cluster_->DumpLogs();
+  out = RunToEnd(frontend(), Request(Prompt(5, 6), 7));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message() << cluster_->DumpLogs();
+  EXPECT_EQ(out.tokens, Reference(engine(), Prompt(5, 6), 7));
+}
+
+// 4. Abort (by the caller's id and by an assigned one, early), client cancellation and a
+// passed deadline each end the request and free its KV cache.
+TEST_F(FrontendCluster, AbortCancelAndDeadlineFreeTheKvCache) {
+  StartCluster(2, 1);
+  const int kLong = 3000;
+  {
+    StreamCall call(frontend(), Request(Prompt(6, 12), kLong, "to-abort"));
+    ASSERT_TRUE(call.WaitFor(3)) << cluster_->DumpLogs();
+    absl::StatusOr<v1::GetLoadsResponse> loads = Loads(frontend());
+    ASSERT_TRUE(loads.ok()) << loads.status();
+    uint64_t used = 0, outstanding = 0;
+    for (const v1::RankLoad& l : loads->loads()) {
+      used += l.kv_cache_used_tokens();
+      outstanding += l.num_outstanding_tokens();
+    }
+    EXPECT_GT(used, 0u);
+    EXPECT_GT(outstanding, 0u);
+    EXPECT_LE(outstanding, 12u + kLong);
+    grpc::Status s = AbortCall(frontend(), "to-abort");
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    call.Join();
+    ASSERT_TRUE(call.status().ok()) << call.status().error_message();
+    ASSERT_TRUE(call.complete().has_value());
+    EXPECT_EQ(call.complete()->finish_reason(), v1::FINISH_REASON_ABORTED);
+    EXPECT_LT(call.tokens().size(), static_cast<size_t>(kLong));
+    EXPECT_EQ(call.complete()->completion_tokens(), call.tokens().size());
+    EXPECT_TRUE(WaitAllFree(frontend())) << cluster_->DumpLogs();
+    // Finished: no longer known.
+    EXPECT_EQ(AbortCall(frontend(), "to-abort").error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    // Abort on the assigned id, as soon as the first (empty) message arrives.
+    StreamCall call(frontend(), Request(Prompt(7, 5), kLong));
+    ASSERT_TRUE(call.WaitFor(0)) << cluster_->DumpLogs();
+    const std::string id = call.request_id();
+    ASSERT_FALSE(id.empty());
+    grpc::Status s = AbortCall(frontend(), id);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    call.Join();
+    ASSERT_TRUE(call.status().ok()) << call.status().error_message();
+    ASSERT_TRUE(call.complete().has_value());
+    EXPECT_EQ(call.complete()->finish_reason(), v1::FINISH_REASON_ABORTED);
+    EXPECT_TRUE(WaitAllFree(frontend())) << cluster_->DumpLogs();
+  }
+  {
+    StreamCall call(frontend(), Request(Prompt(8, 7), kLong, "to-cancel"));
+    ASSERT_TRUE(call.WaitFor(3)) << cluster_->DumpLogs();
+    call.Cancel();
+    call.Join();
+    EXPECT_EQ(call.status().error_code(), grpc::StatusCode::CANCELLED);
+    EXPECT_TRUE(WaitAllFree(frontend())) << cluster_->DumpLogs();
+    EXPECT_EQ(AbortCall(frontend(), "to-cancel").error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    StreamCall call(frontend(), Request(Prompt(9, 7), kLong, "short-deadline"),
+                    absl::Milliseconds(700));
+    call.Join();
+    EXPECT_EQ(call.status().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+        << call.status().error_message();
+    EXPECT_TRUE(WaitAllFree(frontend())) << cluster_->DumpLogs();
+  }
+  // The cluster still serves correctly.
+  Outcome out = RunToEnd(frontend(), Request(Prompt(10, 4), 6));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_EQ(out.tokens, Reference(engine(), Prompt(10, 4), 6));
+}
+
+// 5. data_parallel_rank pins; unpinned long requests go to the least-loaded rank.
+TEST_F(FrontendCluster, PinningAndLeastLoadedPlacement) {
+  StartCluster(2, 1);
+  for (uint32_t rank : {1u, 0u, 1u}) {
+    v1::GenerateRequest request = Request(Prompt(11, 4), 3);
+    request.set_data_parallel_rank(rank);
+    Outcome out = RunToEnd(frontend(), request);
+    ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+    ASSERT_TRUE(out.complete.has_value());
+    EXPECT_EQ(out.complete->data_parallel_rank(), rank);
+    EXPECT_EQ(out.tokens, Reference(engine(), Prompt(11, 4), 3));
+  }
+
+  const int kLong = 3000;
+  StreamCall first(frontend(), Request(Prompt(12, 6), kLong, "spread-a"));
+  ASSERT_TRUE(first.WaitFor(1)) << cluster_->DumpLogs();
+  StreamCall second(frontend(), Request(Prompt(13, 6), kLong, "spread-b"));
+  ASSERT_TRUE(second.WaitFor(1)) << cluster_->DumpLogs();
+  absl::StatusOr<v1::GetLoadsResponse> loads = Loads(frontend());
+  ASSERT_TRUE(loads.ok()) << loads.status();
+  ASSERT_EQ(loads->loads_size(), 2);
+  for (const v1::RankLoad& l : loads->loads()) {
+    EXPECT_GT(l.num_outstanding_tokens(), 0u) << "rank " << l.rank();
+    EXPECT_GT(l.kv_cache_used_tokens(), 0u) << "rank " << l.rank();
+    EXPECT_EQ(l.num_running_requests(), 1u) << "rank " << l.rank();
+  }
+  EXPECT_TRUE(AbortCall(frontend(), "spread-a").ok());
+  EXPECT_TRUE(AbortCall(frontend(), "spread-b").ok());
+  first.Join();
+  second.Join();
+  ASSERT_TRUE(first.complete().has_value() && second.complete().has_value())
+      << first.status().error_message() << " / " << second.status().error_message();
+  EXPECT_NE(first.complete()->data_parallel_rank(), second.complete()->data_parallel_rank());
+  EXPECT_TRUE(WaitAllFree(frontend())) << cluster_->DumpLogs();
+}
+
+// --max-inflight 1: a second request while one runs is RESOURCE_EXHAUSTED; the slot frees
+// when the first ends.
+TEST_F(FrontendCluster, MaxInflightBoundsAdmission) {
+  StartCluster(1, 1, {"--max-inflight", "1"});
+  StreamCall running(frontend(), Request(Prompt(14, 5), 3000, "holder"));
+  ASSERT_TRUE(running.WaitFor(1)) << cluster_->DumpLogs();
+  Outcome refused = RunToEnd(frontend(), Request(Prompt(15, 5), 4), absl::Seconds(10));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.status.error_message();
+  EXPECT_NE(refused.status.error_message().find("max-inflight"), std::string::npos);
+  ASSERT_TRUE(AbortCall(frontend(), "holder").ok());
+  running.Join();
+  EXPECT_TRUE(running.status().ok()) << running.status().error_message();
+  Outcome admitted = RunToEnd(frontend(), Request(Prompt(15, 5), 4));
+  ASSERT_TRUE(admitted.status.ok()) << admitted.status.error_message();
+  EXPECT_EQ(admitted.tokens, Reference(engine(), Prompt(15, 5), 4));
+}
+
+}  // namespace
+}  // namespace dxs

@@ -1,0 +1,365 @@
+// FrontendService in one process, in front of scripted fake attention workers over real
+// gRPC on loopback: the paths a real cluster rarely hits on cue. Messages are relayed
+// unchanged; a caller's cancellation reaches the worker while no token flows; Abort of a
+// request the worker does not know yet still ends with FINISH_REASON_ABORTED; a rank whose
+// worker dies fails its requests with UNAVAILABLE; an unreachable rank is UNAVAILABLE;
+// GetLoads merges the worker's numbers with the router's; Shutdown ends every stream.
+#include "router/frontend/frontend_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "common/grpc/server.h"
+#include "dxs/v1/attention_worker.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "router/frontend/cluster_watcher.h"
+#include "router/frontend/model_info.h"
+
+namespace dxs {
+namespace {
+
+std::chrono::system_clock::time_point In(absl::Duration d) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+// A scripted AttentionWorker. kStream: two chunks then a complete. kHold: sends nothing
+// until cancelled, or until Abort (when it knows ids), then a complete ABORTED.
+class FakeWorker final : public v1::AttentionWorker::Service {
+ public:
+  enum class Mode { kStream, kHold };
+  FakeWorker(int rank, Mode mode, bool knows_ids) : rank_(rank), mode_(mode), knows_(knows_ids) {
+    GrpcServerOptions options;
+    options.address = "127.0.0.1:0";
+    absl::StatusOr<GrpcServer> server = StartGrpcServer(options, {this});
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server->server);
+    address_ = "127.0.0.1:" + std::to_string(server->port);
+  }
+  ~FakeWorker() override { Stop(); }
+  void Stop() {
+    if (server_) server_->Shutdown(In(absl::Milliseconds(100)));
+    server_.reset();
+  }
+
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_request_ = *request;
+    }
+    started_.Notify();
+    if (mode_ == Mode::kStream) {
+      v1::GenerateResponse m;
+      m.set_request_id(request->request_id());
+      m.mutable_chunk()->set_index(0);
+      m.mutable_chunk()->add_token_ids(7);
+      m.mutable_chunk()->add_token_ids(8);
+      writer->Write(m);
+      m.mutable_chunk()->set_index(2);
+      m.mutable_chunk()->clear_token_ids();
+      m.mutable_chunk()->add_token_ids(9);
+      writer->Write(m);
+      m.mutable_complete()->set_finish_reason(v1::FINISH_REASON_LENGTH);
+      m.mutable_complete()->set_prompt_tokens(request->prompt_token_ids_size());
+      m.mutable_complete()->set_completion_tokens(3);
+      m.mutable_complete()->set_data_parallel_rank(rank_);
+      m.mutable_complete()->mutable_timings()->set_queue_time_ns(1234);
+      writer->Write(m);
+      return grpc::Status::OK;
+    }
+    while (!context->IsCancelled() && !aborted_) absl::SleepFor(absl::Milliseconds(5));
+    if (aborted_) {
+      v1::GenerateResponse m;
+      m.set_request_id(request->request_id());
+      m.mutable_complete()->set_finish_reason(v1::FINISH_REASON_ABORTED);
+      m.mutable_complete()->set_data_parallel_rank(rank_);
+      writer->Write(m);
+      return grpc::Status::OK;
+    }
+    cancelled_.Notify();
+    return grpc::Status::CANCELLED;
+  }
+  grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortResponse*) override {
+    if (!knows_) return grpc::Status(grpc::StatusCode::NOT_FOUND, "not here");
+    aborted_ = true;
+    return grpc::Status::OK;
+  }
+  grpc::Status GetLoad(grpc::ServerContext*, const v1::GetLoadRequest*,
+                       v1::GetLoadResponse* response) override {
+    v1::RankLoad* load = response->mutable_load();
+    load->set_rank(rank_);
+    load->set_num_running_requests(3);
+    load->set_kv_cache_used_tokens(40);
+    load->set_kv_cache_total_tokens(1000);
+    load->set_state(v1::WORKER_STATE_READY);
+    return grpc::Status::OK;
+  }
+
+  const std::string& address() const { return address_; }
+  absl::Notification& started() { return started_; }
+  absl::Notification& cancelled() { return cancelled_; }
+  v1::GenerateRequest last_request() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_request_;
+  }
+
+ private:
+  const int rank_;
+  const Mode mode_;
+  const bool knows_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  absl::Notification started_, cancelled_;
+  std::atomic<bool> aborted_{false};
+  std::mutex mu_;
+  v1::GenerateRequest last_request_;
+};
+
+class FrontendServiceTest : public ::testing::Test {
+ protected:
+  // Two attention ranks served by `workers` (an address with nothing behind it where null),
+  // one expert rank.
+  void Start(std::vector<FakeWorker*> workers, int64_t max_inflight = 16) {
+    ClusterRegistryOptions options;
+    options.num_attention_ranks = 2;
+    options.num_expert_ranks = 1;
+    options.num_experts = 4;
+    options.transport_backend = "inproc";
+    options.now = [this] {
+      std::lock_guard<std::mutex> lock(clock_mu_);
+      return now_;
+    };
+    registry_ = std::make_unique<ClusterRegistry>(options);
+    ModelConfig config;
+    config.vocab_size = 100;
+    config.max_position_embeddings = 64;
+    config.num_experts = 4;
+    FrontendOptions frontend_options;
+    frontend_options.max_inflight = max_inflight;
+    service_ = std::make_unique<FrontendService>(
+        registry_.get(), config, MakeModelInfo(config, "/models/tiny/", {}), frontend_options);
+    GrpcServerOptions server_options;
+    server_options.address = "127.0.0.1:0";
+    absl::StatusOr<GrpcServer> server = StartGrpcServer(server_options, {service_.get()});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server->server);
+    stub_ = v1::Frontend::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(server->port),
+                                                      grpc::InsecureChannelCredentials()));
+    watcher_ = std::make_unique<ClusterWatcher>(
+        registry_.get(),
+        [this](const v1::ClusterView& view, bool) { service_->OnClusterView(view); });
+    for (int r = 0; r < 2; ++r) {
+      v1::RegisterRequest request;
+      request.set_role(v1::ROLE_ATTENTION);
+      request.set_rank(r);
+      request.set_grpc_address(workers[r] ? workers[r]->address() : "127.0.0.1:1");
+      ASSERT_TRUE(registry_->Register(request).ok());
+    }
+    v1::RegisterRequest expert;
+    expert.set_role(v1::ROLE_EXPERT);
+    expert.set_grpc_address("127.0.0.1:2");
+    ASSERT_TRUE(registry_->Register(expert).ok());
+    ASSERT_TRUE(registry_->IsComplete());
+  }
+  void TearDown() override {
+    if (watcher_) watcher_->Stop();
+    if (service_) service_->Shutdown();
+    if (server_) server_->Shutdown(In(absl::Seconds(1)));
+  }
+
+  v1::GenerateRequest Request(int pinned_rank = -1, const std::string& id = "") {
+    v1::GenerateRequest r;
+    r.set_request_id(id);
+    r.add_prompt_token_ids(3);
+    r.add_prompt_token_ids(4);
+    r.mutable_sampling_params()->set_max_new_tokens(10);
+    if (pinned_rank >= 0) r.set_data_parallel_rank(pinned_rank);
+    return r;
+  }
+
+  std::mutex clock_mu_;
+  absl::Time now_ = absl::FromUnixSeconds(1000000);
+  std::unique_ptr<ClusterRegistry> registry_;
+  std::unique_ptr<FrontendService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Frontend::Stub> stub_;
+  std::unique_ptr<ClusterWatcher> watcher_;
+};
+
+TEST_F(FrontendServiceTest, RelaysMessagesUnchanged) {
+  FakeWorker w0(0, FakeWorker::Mode::kStream, true), w1(1, FakeWorker::Mode::kStream, true);
+  Start({&w0, &w1});
+  grpc::ClientContext context;
+  v1::GenerateRequest request = Request(1, "id-1");
+  request.mutable_sampling_params()->set_temperature(0.25f);
+  request.mutable_sampling_params()->add_stop_token_ids(5);
+  auto reader = stub_->Generate(&context, request);
+  std::vector<v1::GenerateResponse> got;
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) got.push_back(m);
+  ASSERT_TRUE(reader->Finish().ok());
+  // The worker saw the caller's request as sent.
+  EXPECT_EQ(w1.last_request().SerializeAsString(), request.SerializeAsString());
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].request_id(), "id-1");
+  EXPECT_EQ(got[0].chunk().index(), 0u);
+  EXPECT_EQ(got[0].chunk().token_ids_size(), 2);
+  EXPECT_EQ(got[1].chunk().index(), 2u);
+  EXPECT_EQ(got[1].chunk().token_ids(0), 9u);
+  const v1::GenerateComplete& complete = got[2].complete();
+  EXPECT_EQ(complete.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(complete.completion_tokens(), 3u);
+  EXPECT_EQ(complete.data_parallel_rank(), 1u);
+  EXPECT_EQ(complete.timings().queue_time_ns(), 1234u);  // the worker's, kept
+  EXPECT_GT(complete.timings().e2e_latency_ns(), 0u);    // the router's, added
+}
+
+TEST_F(FrontendServiceTest, CallerCancellationReachesTheWorkerWhileNoTokenFlows) {
+  FakeWorker w0(0, FakeWorker::Mode::kHold, true), w1(1, FakeWorker::Mode::kHold, true);
+  Start({&w0, &w1});
+  grpc::ClientContext context;
+  auto reader = stub_->Generate(&context, Request(0, "quiet"));
+  ASSERT_TRUE(w0.started().WaitForNotificationWithTimeout(absl::Seconds(5)));
+  context.TryCancel();
+  EXPECT_TRUE(w0.cancelled().WaitForNotificationWithTimeout(absl::Seconds(2)));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST_F(FrontendServiceTest, AbortBeforeTheWorkerKnowsTheRequestEndsAborted) {
+  FakeWorker w0(0, FakeWorker::Mode::kHold, /*knows_ids=*/false);
+  FakeWorker w1(1, FakeWorker::Mode::kHold, false);
+  Start({&w0, &w1});
+  grpc::ClientContext context;
+  auto reader = stub_->Generate(&context, Request(1));
+  v1::GenerateResponse first;
+  ASSERT_TRUE(reader->Read(&first));  // the assigned id, no tokens
+  EXPECT_EQ(first.chunk().token_ids_size(), 0);
+  ASSERT_FALSE(first.request_id().empty());
+  grpc::ClientContext abort_context;
+  v1::AbortRequest abort;
+  abort.set_request_id(first.request_id());
+  v1::AbortResponse abort_response;
+  ASSERT_TRUE(stub_->Abort(&abort_context, abort, &abort_response).ok());
+  v1::GenerateResponse last;
+  ASSERT_TRUE(reader->Read(&last));
+  EXPECT_EQ(last.request_id(), first.request_id());
+  EXPECT_EQ(last.complete().finish_reason(), v1::FINISH_REASON_ABORTED);
+  EXPECT_EQ(last.complete().prompt_tokens(), 2u);
+  EXPECT_EQ(last.complete().data_parallel_rank(), 1u);
+  EXPECT_FALSE(reader->Read(&last));
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_TRUE(w1.cancelled().WaitForNotificationWithTimeout(absl::Seconds(2)));
+}
+
+TEST_F(FrontendServiceTest, AbortForwardedToTheWorker) {
+  FakeWorker w0(0, FakeWorker::Mode::kHold, true), w1(1, FakeWorker::Mode::kHold, true);
+  Start({&w0, &w1});
+  grpc::ClientContext context;
+  auto reader = stub_->Generate(&context, Request(0, "abort-me"));
+  ASSERT_TRUE(w0.started().WaitForNotificationWithTimeout(absl::Seconds(5)));
+  grpc::ClientContext abort_context;
+  v1::AbortRequest abort;
+  abort.set_request_id("abort-me");
+  v1::AbortResponse abort_response;
+  ASSERT_TRUE(stub_->Abort(&abort_context, abort, &abort_response).ok());
+  v1::GenerateResponse last;
+  ASSERT_TRUE(reader->Read(&last));
+  EXPECT_EQ(last.complete().finish_reason(), v1::FINISH_REASON_ABORTED);
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_FALSE(w0.cancelled().HasBeenNotified());  // the worker ended it, not a cancel
+}
+
+TEST_F(FrontendServiceTest, DeadRankFailsItsRequestsWithUnavailable) {
+  FakeWorker w0(0, FakeWorker::Mode::kHold, true), w1(1, FakeWorker::Mode::kHold, true);
+  Start({&w0, &w1});
+  grpc::ClientContext context;
+  auto reader = stub_->Generate(&context, Request(1, "on-rank-1"));
+  ASSERT_TRUE(w1.started().WaitForNotificationWithTimeout(absl::Seconds(5)));
+  absl::Time later;
+  {
+    std::lock_guard<std::mutex> lock(clock_mu_);
+    later = now_ += absl::Seconds(10);
+  }
+  registry_->ExpireLeases(later);  // every worker's lease runs out
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_NE(s.error_message().find("attention rank 1"), std::string::npos) << s.error_message();
+  EXPECT_TRUE(w1.cancelled().WaitForNotificationWithTimeout(absl::Seconds(2)));
+  // And new requests wait for a complete cluster.
+  grpc::ClientContext again;
+  auto refused = stub_->Generate(&again, Request());
+  v1::GenerateResponse m;
+  EXPECT_FALSE(refused->Read(&m));
+  EXPECT_EQ(refused->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(FrontendServiceTest, UnreachableRankIsUnavailable) {
+  FakeWorker w0(0, FakeWorker::Mode::kStream, true);
+  Start({&w0, nullptr});  // rank 1's address has nothing behind it
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(20)));
+  auto reader = stub_->Generate(&context, Request(1, "nowhere"));
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+  }
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_NE(s.error_message().find("attention rank 1 (127.0.0.1:1)"), std::string::npos)
+      << s.error_message();
+}
+
+TEST_F(FrontendServiceTest, GetLoadsMergesWorkerAndRouterNumbers) {
+  FakeWorker w0(0, FakeWorker::Mode::kHold, true), w1(1, FakeWorker::Mode::kHold, true);
+  Start({&w0, &w1});
+  grpc::ClientContext context;
+  auto reader = stub_->Generate(&context, Request(1, "held"));
+  ASSERT_TRUE(w1.started().WaitForNotificationWithTimeout(absl::Seconds(5)));
+  grpc::ClientContext loads_context;
+  v1::GetLoadsResponse loads;
+  ASSERT_TRUE(stub_->GetLoads(&loads_context, v1::GetLoadsRequest(), &loads).ok());
+  EXPECT_EQ(loads.cluster_view_version(), registry_->version());
+  ASSERT_EQ(loads.loads_size(), 2);
+  EXPECT_EQ(loads.loads(0).rank(), 0u);
+  EXPECT_EQ(loads.loads(0).num_outstanding_tokens(), 0u);
+  EXPECT_EQ(loads.loads(1).num_outstanding_tokens(), 12u);  // 2 prompt + 10 new
+  EXPECT_EQ(loads.loads(1).kv_cache_used_tokens(), 40u);    // the worker's
+  EXPECT_EQ(loads.loads(1).num_running_requests(), 3u);
+  EXPECT_EQ(loads.loads(1).state(), v1::WORKER_STATE_READY);
+  EXPECT_GT(loads.loads(1).sampled_at_unix_ns(), 0u);
+  context.TryCancel();
+  reader->Finish();
+
+  grpc::ClientContext info_context;
+  v1::GetModelInfoResponse info;
+  ASSERT_TRUE(stub_->GetModelInfo(&info_context, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.model_info().model_name(), "tiny");
+  EXPECT_EQ(info.model_info().vocab_size(), 100u);
+  EXPECT_EQ(info.model_info().max_context_length(), 64u);
+}
+
+TEST_F(FrontendServiceTest, ShutdownEndsStreamsWithUnavailable) {
+  FakeWorker w0(0, FakeWorker::Mode::kHold, true), w1(1, FakeWorker::Mode::kHold, true);
+  Start({&w0, &w1});
+  grpc::ClientContext context;
+  auto reader = stub_->Generate(&context, Request(0, "busy"));
+  ASSERT_TRUE(w0.started().WaitForNotificationWithTimeout(absl::Seconds(5)));
+  service_->Shutdown();
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_TRUE(w0.cancelled().WaitForNotificationWithTimeout(absl::Seconds(2)));
+  grpc::ClientContext again;
+  auto refused = stub_->Generate(&again, Request());
+  v1::GenerateResponse m;
+  EXPECT_FALSE(refused->Read(&m));
+  EXPECT_EQ(refused->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+}  // namespace
+}  // namespace dxs
