@@ -9,7 +9,7 @@ PACKAGES=(
   libabsl-dev libucx-dev ucx-utils libcivetweb-dev nlohmann-json3-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
-  prometheus python3 python3-venv
+  prometheus python3 python3-venv openssl
 )
 
 missing=()

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 
@@ -32,6 +33,8 @@ struct GrpcServerOptions {
   int max_receive_message_bytes = 0;
   // Shortest interval between client keepalive pings the server tolerates.
   int min_client_ping_interval_ms = 1000;
+  // Transport security; plaintext when null (see common/grpc/tls.h).
+  std::shared_ptr<grpc::ServerCredentials> credentials;
   // Called last, before BuildAndStart, for what this helper does not cover (completion
   // queues of async services, extra channel arguments).
   std::function<void(grpc::ServerBuilder&)> configure;
