@@ -20,16 +20,17 @@
 #include "router/membership/worker_membership.h"
 #include "router/membership/worker_runtime.h"
 #include "tools/dxs/cli_args.h"
+#include "tools/dxs/tls_flags.h"
 
 namespace dxs {
 namespace {
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<cli::Args> args =
-      cli::Args::Parse(std::vector<std::string>(argv + 1, argv + argc),
-                       {"model", "rank", "router", "listen", "kv-tokens", "prefill-chunk",
-                        "step-timeout-ms", "dump-first-logits"},
-                       {});
+  absl::StatusOr<cli::Args> args = cli::Args::Parse(
+      std::vector<std::string>(argv + 1, argv + argc),
+      cli::WithTlsValueFlags({"model", "rank", "router", "listen", "kv-tokens", "prefill-chunk",
+                              "step-timeout-ms", "dump-first-logits"}),
+      cli::WithTlsBoolFlags({}));
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs-attention: " << s.message() << "\n";
     return 2;
@@ -47,6 +48,9 @@ int Main(int argc, char** argv) {
   const std::string model_dir = args->GetString("model");
   WorkerRuntime runtime("attention", static_cast<int>(*rank));
   InstallSignalHandlers();
+  absl::StatusOr<TlsConfig> tls = cli::TlsFromArgs(*args, /*for_server=*/true);
+  if (!tls.ok()) return fail(tls.status());
+  runtime.set_tls(*tls);
 
   absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
   if (!config.ok()) return fail(config.status());

@@ -13,6 +13,7 @@
 #include "router/dispatch/placement.h"
 #include "router/membership/worker_runtime.h"
 #include "tools/dxs/cli_args.h"
+#include "tools/dxs/tls_flags.h"
 
 namespace dxs {
 namespace {
@@ -20,7 +21,8 @@ namespace {
 int Main(int argc, char** argv) {
   absl::StatusOr<cli::Args> args =
       cli::Args::Parse(std::vector<std::string>(argv + 1, argv + argc),
-                       {"model", "rank", "router", "listen", "experts"}, {});
+                       cli::WithTlsValueFlags({"model", "rank", "router", "listen", "experts"}),
+                       cli::WithTlsBoolFlags({}));
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs-expert: " << s.message() << "\n";
     return 2;
@@ -38,6 +40,9 @@ int Main(int argc, char** argv) {
   const std::string model_dir = args->GetString("model");
   WorkerRuntime runtime("expert", static_cast<int>(*rank));
   InstallSignalHandlers();
+  absl::StatusOr<TlsConfig> tls = cli::TlsFromArgs(*args, /*for_server=*/true);
+  if (!tls.ok()) return fail(tls.status());
+  runtime.set_tls(*tls);
 
   absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
   if (!config.ok()) return fail(config.status());

@@ -43,6 +43,7 @@
 #include "router/frontend/frontend_service.h"
 #include "router/frontend/model_info.h"
 #include "tools/dxs/cli_args.h"
+#include "tools/dxs/tls_flags.h"
 
 namespace {
 
@@ -63,6 +64,7 @@ int Fail(const absl::Status& status) {
 
 // Flags, checked and converted; nullopt after printing the problem.
 struct Flags {
+  dxs::TlsConfig tls;
   std::string listen;
   std::string model_dir;
   int num_attention_ranks = 0;
@@ -75,11 +77,11 @@ struct Flags {
 };
 
 absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& argv) {
-  absl::StatusOr<dxs::cli::Args> args =
-      dxs::cli::Args::Parse(argv,
-                            {"listen", "attention", "experts", "model", "transport", "wire-dtype",
-                             "lease-ms", "heartbeat-ms", "max-inflight"},
-                            {"help"});
+  absl::StatusOr<dxs::cli::Args> args = dxs::cli::Args::Parse(
+      argv,
+      dxs::cli::WithTlsValueFlags({"listen", "attention", "experts", "model", "transport",
+                                   "wire-dtype", "lease-ms", "heartbeat-ms", "max-inflight"}),
+      dxs::cli::WithTlsBoolFlags({"help"}));
   if (!args.ok()) return args.status();
   if (args->Has("help")) return absl::CancelledError("help");
   Flags flags;
@@ -133,6 +135,9 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& argv) {
     return absl::InvalidArgumentError("--max-inflight must be in 1..1000000");
   }
   flags.max_inflight = *max_inflight;
+  absl::StatusOr<dxs::TlsConfig> tls = dxs::cli::TlsFromArgs(*args, /*for_server=*/true);
+  if (!tls.ok()) return tls.status();
+  flags.tls = *tls;
   return flags;
 }
 
@@ -177,13 +182,22 @@ int main(int argc, char** argv) {
 
   dxs::ClusterRegistry registry(options);
   dxs::ControlPlaneService service(&registry);
+  service.set_tls(flags->tls);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
+      dxs::MakeServerCredentials(flags->tls);
+  if (!server_credentials.ok()) return Fail(server_credentials.status());
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> worker_credentials =
+      dxs::MakeChannelCredentials(flags->tls);
+  if (!worker_credentials.ok()) return Fail(worker_credentials.status());
   dxs::FrontendOptions frontend_options;
   frontend_options.max_inflight = flags->max_inflight;
+  frontend_options.worker_credentials = *worker_credentials;
   dxs::FrontendService frontend(&registry, *config,
                                 dxs::MakeModelInfo(*config, flags->model_dir, *fingerprint),
                                 frontend_options);
   dxs::GrpcServerOptions server_options;
   server_options.address = flags->listen;
+  server_options.credentials = *server_credentials;
   absl::StatusOr<dxs::GrpcServer> server =
       dxs::StartGrpcServer(server_options, {&service, &frontend});
   if (!server.ok()) return Fail(server.status());

@@ -72,6 +72,7 @@ void ControlPlaneService::ExpireLoop() {
 grpc::Status ControlPlaneService::Register(grpc::ServerContext* context,
                                            const v1::RegisterRequest* request,
                                            v1::RegisterResponse* response) {
+  if (absl::Status s = RequireClusterPeer(*context, tls_); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<v1::RegisterResponse> result = registry_->Register(*request);
   const std::string who =
       absl::StrCat(RoleName(request->role()), " worker at ", request->grpc_address(),
@@ -96,6 +97,7 @@ grpc::Status ControlPlaneService::Register(grpc::ServerContext* context,
 grpc::Status ControlPlaneService::WatchCluster(grpc::ServerContext* context,
                                                const v1::WatchClusterRequest* request,
                                                grpc::ServerWriter<v1::ClusterView>* writer) {
+  if (absl::Status s = RequireClusterPeer(*context, tls_); !s.ok()) return ToGrpcStatus(s);
   const bool named = request->worker().role() != v1::ROLE_UNSPECIFIED;
   if (named && !StillRegistered(registry_->View(), request->worker())) {
     return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
@@ -126,6 +128,7 @@ grpc::Status ControlPlaneService::WatchCluster(grpc::ServerContext* context,
 grpc::Status ControlPlaneService::Heartbeat(grpc::ServerContext* context,
                                             const v1::HeartbeatRequest* request,
                                             v1::HeartbeatResponse* response) {
+  if (absl::Status s = RequireClusterPeer(*context, tls_); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<v1::HeartbeatResponse> result = registry_->Heartbeat(*request);
   if (!result.ok()) return ToGrpcStatus(result.status());
   *response = *std::move(result);
@@ -135,6 +138,7 @@ grpc::Status ControlPlaneService::Heartbeat(grpc::ServerContext* context,
 grpc::Status ControlPlaneService::Drain(grpc::ServerContext* context,
                                         const v1::DrainRequest* request,
                                         v1::DrainResponse* response) {
+  if (absl::Status s = RequireClusterPeer(*context, tls_); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<v1::DrainResponse> result = registry_->Drain(*request);
   if (!result.ok()) {
     Log(absl::StrCat("refused drain of ", Describe(request->worker()), ": ",
@@ -150,6 +154,7 @@ grpc::Status ControlPlaneService::Drain(grpc::ServerContext* context,
 grpc::Status ControlPlaneService::Deregister(grpc::ServerContext* context,
                                              const v1::DeregisterRequest* request,
                                              v1::DeregisterResponse* response) {
+  if (absl::Status s = RequireClusterPeer(*context, tls_); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<v1::DeregisterResponse> result = registry_->Deregister(*request);
   if (!result.ok()) return ToGrpcStatus(result.status());
   Log(absl::StrCat("deregistered ", Describe(request->worker()), ": ",

@@ -21,6 +21,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/grpc/tls.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
 #include "router/control_plane/cluster_registry.h"
 
@@ -40,6 +41,9 @@ class ControlPlaneService final : public v1::ControlPlane::Service {
   ControlPlaneService& operator=(const ControlPlaneService&) = delete;
 
   void Shutdown();
+  // With mutual TLS every control-plane RPC requires a cluster certificate (set before
+  // the server starts).
+  void set_tls(TlsConfig tls) { tls_ = std::move(tls); }
 
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override;
@@ -57,6 +61,7 @@ class ControlPlaneService final : public v1::ControlPlane::Service {
   void Log(const std::string& line);
 
   ClusterRegistry* const registry_;
+  TlsConfig tls_;
   std::FILE* const log_;
   absl::Notification stop_;
   std::thread expire_thread_;

@@ -14,7 +14,9 @@ constexpr int kKeepaliveTimeoutMs = 2000;
 
 }  // namespace
 
-AttentionStubs::AttentionStubs(int num_ranks) : stubs_(static_cast<size_t>(num_ranks)) {}
+AttentionStubs::AttentionStubs(int num_ranks, std::shared_ptr<grpc::ChannelCredentials> credentials)
+    : credentials_(credentials ? std::move(credentials) : grpc::InsecureChannelCredentials()),
+      stubs_(static_cast<size_t>(num_ranks)) {}
 
 std::shared_ptr<v1::AttentionWorker::Stub> AttentionStubs::Get(int rank,
                                                                const std::string& address) {
@@ -28,8 +30,7 @@ std::shared_ptr<v1::AttentionWorker::Stub> AttentionStubs::Get(int rank,
     // Long prefills send no data for a while; keep pinging through them.
     args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     cached_address = address;
-    stub = v1::AttentionWorker::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    stub = v1::AttentionWorker::NewStub(grpc::CreateCustomChannel(address, credentials_, args));
   }
   return stub;
 }

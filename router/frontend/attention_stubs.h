@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "grpcpp/security/credentials.h"
 #include "absl/synchronization/mutex.h"
 #include "dxs/v1/attention_worker.grpc.pb.h"
 
@@ -21,13 +22,15 @@ namespace dxs {
 
 class AttentionStubs {
  public:
-  explicit AttentionStubs(int num_ranks);
+  // `credentials` secure the channels; null means plaintext.
+  AttentionStubs(int num_ranks, std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
   // The stub for `rank`'s worker at `address` (host:port), creating the channel the first
   // time and whenever the address differs from the cached one.
   std::shared_ptr<v1::AttentionWorker::Stub> Get(int rank, const std::string& address);
 
  private:
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
   absl::Mutex mu_;
   // Per rank: (address, stub) last used.
   std::vector<std::pair<std::string, std::shared_ptr<v1::AttentionWorker::Stub>>> stubs_

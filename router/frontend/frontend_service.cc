@@ -51,7 +51,7 @@ FrontendService::FrontendService(ClusterRegistry* registry, const ModelConfig& c
               registry->options().num_attention_ranks},
       options_(options),
       inflight_(registry->options().num_attention_ranks, options.max_inflight),
-      stubs_(registry->options().num_attention_ranks),
+      stubs_(registry->options().num_attention_ranks, options.worker_credentials),
       random_(std::random_device{}()) {}
 
 std::string FrontendService::NewRequestId() {

@@ -59,6 +59,8 @@ struct FrontendOptions {
   absl::Duration get_load_timeout = absl::Milliseconds(500);
   // Deadline of the AttentionWorker.Abort behind Frontend.Abort.
   absl::Duration abort_timeout = absl::Seconds(2);
+  // Credentials of the router's calls to attention workers (plaintext when null).
+  std::shared_ptr<grpc::ChannelCredentials> worker_credentials;
 };
 
 class FrontendService final : public v1::Frontend::Service {

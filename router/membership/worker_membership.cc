@@ -10,10 +10,11 @@ namespace dxs {
 
 absl::StatusOr<std::unique_ptr<WorkerMembership>> WorkerMembership::Start(
     const std::string& router_address, v1::RegisterRequest request, ViewCallback on_view,
-    CountersCallback fill_heartbeat, absl::Duration register_timeout) {
+    CountersCallback fill_heartbeat, absl::Duration register_timeout,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   std::unique_ptr<WorkerMembership> m(new WorkerMembership());
-  m->stub_ = v1::ControlPlane::NewStub(
-      grpc::CreateChannel(router_address, grpc::InsecureChannelCredentials()));
+  m->stub_ = v1::ControlPlane::NewStub(grpc::CreateChannel(
+      router_address, credentials ? credentials : grpc::InsecureChannelCredentials()));
   m->request_ = std::move(request);
   m->on_view_ = std::move(on_view);
   m->fill_heartbeat_ = std::move(fill_heartbeat);

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
 
 namespace dxs {
@@ -31,7 +32,8 @@ class WorkerMembership {
   // stays unreachable past `register_timeout`.
   static absl::StatusOr<std::unique_ptr<WorkerMembership>> Start(
       const std::string& router_address, v1::RegisterRequest request, ViewCallback on_view,
-      CountersCallback fill_heartbeat, absl::Duration register_timeout = absl::Seconds(30));
+      CountersCallback fill_heartbeat, absl::Duration register_timeout = absl::Seconds(30),
+      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
   ~WorkerMembership();  // deregisters and stops the threads
 
   v1::RegisterResponse registration() const;

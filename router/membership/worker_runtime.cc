@@ -45,6 +45,10 @@ absl::Status WorkerRuntime::Start(const std::string& listen, grpc::Service* serv
   transport_ = std::move(*transport);
   GrpcServerOptions options;
   options.address = listen;
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(tls_);
+  if (!credentials.ok()) return credentials.status();
+  options.credentials = *credentials;
   absl::StatusOr<GrpcServer> server = StartGrpcServer(options, {service});
   if (!server.ok()) return server.status();
   server_ = std::move(server->server);
@@ -67,6 +71,9 @@ v1::RegisterRequest WorkerRuntime::BaseRegistration(v1::Role role,
 
 absl::Status WorkerRuntime::Join(const std::string& router, v1::RegisterRequest request,
                                  WorkerMembership::CountersCallback fill_heartbeat) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> channel_credentials =
+      MakeChannelCredentials(tls_);
+  if (!channel_credentials.ok()) return channel_credentials.status();
   absl::StatusOr<std::unique_ptr<WorkerMembership>> m = WorkerMembership::Start(
       router, std::move(request),
       [this](const v1::ClusterView& view) {
@@ -74,7 +81,7 @@ absl::Status WorkerRuntime::Join(const std::string& router, v1::RegisterRequest 
         pending_ = view;
         if (transport_) transport_->Wake();
       },
-      std::move(fill_heartbeat));
+      std::move(fill_heartbeat), absl::Seconds(30), *channel_credentials);
   if (!m.ok()) return m.status();
   membership_ = std::move(*m);
   return absl::OkStatus();

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
+#include "common/grpc/tls.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
 #include "router/dispatch/placement.h"
 #include "router/membership/worker_membership.h"
@@ -40,6 +41,8 @@ class WorkerRuntime {
   WorkerRuntime(std::string role_name, int rank) : role_name_(std::move(role_name)), rank_(rank) {}
   ~WorkerRuntime() { Stop(); }
 
+  // TLS for the worker's gRPC server and its calls to the router; set before Start.
+  void set_tls(TlsConfig tls) { tls_ = std::move(tls); }
   // Creates the UCX transport and starts the gRPC server on `listen` (port 0: any).
   absl::Status Start(const std::string& listen, grpc::Service* service);
   // A registration with rank, addresses and the model identity of `model_dir` filled in.
@@ -60,6 +63,7 @@ class WorkerRuntime {
 
  private:
   std::string role_name_;
+  TlsConfig tls_;
   int rank_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<grpc::Server> server_;

@@ -129,13 +129,13 @@ absl::Status ProcessCluster::StartRouter(const ClusterSpec& spec, absl::Duration
                                    "--heartbeat-ms",
                                    "200"};
   argv.insert(argv.end(), router_args_.begin(), router_args_.end());
+  argv.insert(argv.end(), common_args_.begin(), common_args_.end());
   absl::StatusOr<ChildProcess> router =
       SpawnAndWait(argv, "router", work_dir_ + "/router.log", "listening on", timeout);
   if (!router.ok()) return router.status();
   router_ = *router;
   router_address_ = AddressAfter(router_.log_path, "listening on");
-  frontend_ = v1::Frontend::NewStub(
-      grpc::CreateChannel(router_address_, grpc::InsecureChannelCredentials()));
+  frontend_ = v1::Frontend::NewStub(grpc::CreateChannel(router_address_, credentials_));
   return absl::OkStatus();
 }
 
@@ -146,15 +146,18 @@ absl::Status ProcessCluster::StartWorkers(const ClusterSpec& spec, absl::Duratio
     if (absl::Status s = StartExpert(r, spec.model_dir, claim); !s.ok()) return s;
   }
   for (int r = 0; r < spec.num_attention; ++r) {
-    absl::StatusOr<ChildProcess> a = SpawnAndWait(
-        {bin("dxs-attention"), "--model", spec.model_dir, "--rank", std::to_string(r), "--router",
-         router_address_, "--listen", "127.0.0.1:0", "--dump-first-logits", logits_dir()},
-        absl::StrCat("attention ", r), absl::StrCat(work_dir_, "/attention", r, ".log"),
-        "listening on", timeout);
+    std::vector<std::string> argv = {
+        bin("dxs-attention"), "--model",       spec.model_dir, "--rank",      std::to_string(r),
+        "--router",           router_address_, "--listen",     "127.0.0.1:0", "--dump-first-logits",
+        logits_dir()};
+    argv.insert(argv.end(), common_args_.begin(), common_args_.end());
+    absl::StatusOr<ChildProcess> a =
+        SpawnAndWait(argv, absl::StrCat("attention ", r),
+                     absl::StrCat(work_dir_, "/attention", r, ".log"), "listening on", timeout);
     if (!a.ok()) return a.status();
     attention_.push_back(*a);
-    stubs_.push_back(v1::AttentionWorker::NewStub(grpc::CreateChannel(
-        AddressAfter(a->log_path, "listening on"), grpc::InsecureChannelCredentials())));
+    stubs_.push_back(v1::AttentionWorker::NewStub(
+        grpc::CreateChannel(AddressAfter(a->log_path, "listening on"), credentials_)));
   }
   return WaitReady(timeout);
 }
@@ -173,6 +176,7 @@ absl::Status ProcessCluster::StartExpert(int rank, const std::string& model_dir,
     argv.push_back("--experts");
     argv.push_back(claim);
   }
+  argv.insert(argv.end(), common_args_.begin(), common_args_.end());
   absl::StatusOr<ChildProcess> e =
       SpawnAndWait(argv, absl::StrCat("expert ", rank),
                    absl::StrCat(work_dir_, "/expert", rank, "_", experts_.count(rank), ".log"),

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "dxs/v1/attention_worker.grpc.pb.h"
 #include "dxs/v1/frontend.grpc.pb.h"
+#include "grpcpp/security/credentials.h"
 
 namespace dxs::testing {
 
@@ -54,6 +55,12 @@ class ProcessCluster {
 
   // Extra dxs-router flags for the next StartRouter, e.g. {"--max-inflight", "1"}.
   void set_router_args(std::vector<std::string> args) { router_args_ = std::move(args); }
+  // Flags every process gets (router and workers), e.g. the TLS flags, and the
+  // credentials this object's own stubs use; set before Start.
+  void set_common_args(std::vector<std::string> args) { common_args_ = std::move(args); }
+  void set_client_credentials(std::shared_ptr<grpc::ChannelCredentials> c) {
+    credentials_ = std::move(c);
+  }
   // StartRouter, then StartWorkers.
   absl::Status Start(const ClusterSpec& spec, absl::Duration timeout = absl::Seconds(60));
   // The router alone (until it prints its address); then the experts and attention ranks,
@@ -93,6 +100,8 @@ class ProcessCluster {
   std::vector<std::unique_ptr<v1::AttentionWorker::Stub>> stubs_;
   std::unique_ptr<v1::Frontend::Stub> frontend_;
   std::vector<std::string> router_args_;
+  std::vector<std::string> common_args_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_ = grpc::InsecureChannelCredentials();
 };
 
 }  // namespace dxs::testing

@@ -19,6 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/dxs/cli_args.h"
 #include "tools/dxs/commands.h"
+#include "tools/dxs/tls_flags.h"
 
 namespace dxs::cli {
 namespace {
@@ -100,14 +101,18 @@ Sample OneRemote(v1::Frontend::Stub* stub, const std::vector<int32_t>& prompt, i
 }  // namespace
 
 int BenchCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(
-      argv, {"router", "local", "concurrency", "requests", "prompt-len", "output-len", "format"},
-      {});
+  absl::StatusOr<Args> args =
+      Args::Parse(argv,
+                  WithTlsValueFlags({"router", "local", "concurrency", "requests", "prompt-len",
+                                     "output-len", "format"}),
+                  WithTlsBoolFlags({}));
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs bench: " << s.message() << "\n";
     return 2;
   };
   if (!args.ok()) return fail(args.status());
+  absl::StatusOr<TlsConfig> tls = TlsFromArgs(*args, /*for_server=*/false);
+  if (!tls.ok()) return fail(tls.status());
   if (args->Has("router") == args->Has("local")) {
     return fail(absl::InvalidArgumentError("give exactly one of --router ADDR or --local MODEL"));
   }
@@ -158,9 +163,10 @@ int BenchCommand(const std::vector<std::string>& argv) {
     }
   } else {
     mode = "cluster at " + args->GetString("router");
-    auto channel =
-        grpc::CreateChannel(args->GetString("router"), grpc::InsecureChannelCredentials());
-    auto stub = v1::Frontend::NewStub(channel);
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        MakeChannel(args->GetString("router"), *tls);
+    if (!channel.ok()) return fail(channel.status());
+    auto stub = v1::Frontend::NewStub(*channel);
     int64_t vocab = 1000;
     {
       grpc::ClientContext ctx;

@@ -22,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/dxs/cli_args.h"
 #include "tools/dxs/commands.h"
+#include "tools/dxs/tls_flags.h"
 
 namespace dxs::cli {
 namespace {
@@ -58,8 +59,10 @@ int FailRpc(const std::string& cmd, const grpc::Status& s) {
   return 1;
 }
 
-std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
-  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+// A channel with the command's TLS settings (already validated by TlsFromArgs).
+std::shared_ptr<grpc::Channel> Channel(const std::string& address, const TlsConfig& tls) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> c = MakeChannel(address, tls);
+  return c.ok() ? *c : grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
 }
 
 // The directory holding this executable, where the service binaries sit beside it.
@@ -118,8 +121,8 @@ void StopAll(std::vector<Child>* children) {
   }
 }
 
-bool Serving(const std::string& address) {
-  auto stub = grpc::health::v1::Health::NewStub(Channel(address));
+bool Serving(const std::string& address, const TlsConfig& tls) {
+  auto stub = grpc::health::v1::Health::NewStub(Channel(address, tls));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   grpc::health::v1::HealthCheckRequest req;
@@ -130,8 +133,8 @@ bool Serving(const std::string& address) {
 }
 
 // Every attention rank reports READY: the data path is up, not only registration.
-bool AllRanksReady(const std::string& address, int num_attention) {
-  auto stub = v1::Frontend::NewStub(Channel(address));
+bool AllRanksReady(const std::string& address, int num_attention, const TlsConfig& tls) {
+  auto stub = v1::Frontend::NewStub(Channel(address, tls));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
   v1::GetLoadsResponse resp;
@@ -144,9 +147,15 @@ bool AllRanksReady(const std::string& address, int num_attention) {
 }  // namespace
 
 int UpCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args =
-      Args::Parse(argv, {"model", "attention", "experts", "port", "log-dir", "wire-dtype"}, {});
+  absl::StatusOr<Args> args = Args::Parse(
+      argv, WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir", "wire-dtype"}),
+      WithTlsBoolFlags({}));
   if (!args.ok()) return Fail("up", args.status());
+  // With TLS, every process of the cluster uses the same files (one certificate that is
+  // both server and cluster client).
+  absl::StatusOr<TlsConfig> tls = TlsFromArgs(*args, /*for_server=*/true);
+  if (!tls.ok()) return Fail("up", tls.status());
+  const std::vector<std::string> tls_argv = TlsArgv(*tls);
   auto m = args->GetInt("attention", 1);
   auto n = args->GetInt("experts", 2);
   auto port = args->GetInt("port", 50051);
@@ -173,6 +182,7 @@ int UpCommand(const std::vector<std::string>& argv) {
 
   std::vector<Child> children;
   auto spawn = [&](std::vector<std::string> a, const std::string& name) -> bool {
+    a.insert(a.end(), tls_argv.begin(), tls_argv.end());
     absl::StatusOr<Child> c = Spawn(a, name, log_dir + "/" + name + ".log");
     if (!c.ok()) {
       Fail("up", c.status());
@@ -208,7 +218,7 @@ int UpCommand(const std::vector<std::string>& argv) {
         ok = false;
       }
     }
-    if (ok && Serving(router) && AllRanksReady(router, static_cast<int>(*m))) {
+    if (ok && Serving(router, *tls) && AllRanksReady(router, static_cast<int>(*m), *tls)) {
       healthy = true;
       break;
     }
@@ -237,12 +247,14 @@ int UpCommand(const std::vector<std::string>& argv) {
 }
 
 int GenerateCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args =
-      Args::Parse(argv,
-                  {"router", "prompt-ids", "max-new-tokens", "temperature", "top-p", "top-k",
-                   "seed", "stop-ids", "dp-rank", "format", "request-id"},
-                  {"ignore-eos"});
+  absl::StatusOr<Args> args = Args::Parse(
+      argv,
+      WithTlsValueFlags({"router", "prompt-ids", "max-new-tokens", "temperature", "top-p", "top-k",
+                         "seed", "stop-ids", "dp-rank", "format", "request-id"}),
+      WithTlsBoolFlags({"ignore-eos"}));
   if (!args.ok()) return Fail("generate", args.status());
+  absl::StatusOr<TlsConfig> tls = TlsFromArgs(*args, /*for_server=*/false);
+  if (!tls.ok()) return Fail("generate", tls.status());
   if (absl::Status s = args->Require({"router", "prompt-ids"}); !s.ok()) return Fail("generate", s);
   auto prompt = args->GetIntList("prompt-ids");
   auto max_new = args->GetInt("max-new-tokens", 16);
@@ -274,7 +286,7 @@ int GenerateCommand(const std::vector<std::string>& argv) {
   p->set_ignore_eos(args->Has("ignore-eos"));
   if (*dp >= 0) req.set_data_parallel_rank(static_cast<uint32_t>(*dp));
 
-  auto stub = v1::Frontend::NewStub(Channel(args->GetString("router")));
+  auto stub = v1::Frontend::NewStub(Channel(args->GetString("router"), *tls));
   grpc::ClientContext ctx;
   auto reader = stub->Generate(&ctx, req);
   v1::GenerateResponse resp;
@@ -314,12 +326,15 @@ int GenerateCommand(const std::vector<std::string>& argv) {
 }
 
 int StatusCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(argv, {"router", "format"}, {});
+  absl::StatusOr<Args> args =
+      Args::Parse(argv, WithTlsValueFlags({"router", "format"}), WithTlsBoolFlags({}));
   if (!args.ok()) return Fail("status", args.status());
+  absl::StatusOr<TlsConfig> tls = TlsFromArgs(*args, /*for_server=*/false);
+  if (!tls.ok()) return Fail("status", tls.status());
   if (absl::Status s = args->Require({"router"}); !s.ok()) return Fail("status", s);
   const std::string router = args->GetString("router");
   // The cluster view: one read of the control plane's watch stream, as an observer.
-  auto cp = v1::ControlPlane::NewStub(Channel(router));
+  auto cp = v1::ControlPlane::NewStub(Channel(router, *tls));
   grpc::ClientContext watch_ctx;
   watch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   auto reader = cp->WatchCluster(&watch_ctx, v1::WatchClusterRequest());
@@ -327,7 +342,7 @@ int StatusCommand(const std::vector<std::string>& argv) {
   if (!reader->Read(&view)) return FailRpc("status", reader->Finish());
   watch_ctx.TryCancel();
   (void)reader->Finish();
-  auto fe = v1::Frontend::NewStub(Channel(router));
+  auto fe = v1::Frontend::NewStub(Channel(router, *tls));
   grpc::ClientContext loads_ctx;
   loads_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::GetLoadsResponse loads;

@@ -25,7 +25,9 @@ constexpr char kUsage[] =
     "               [--dp-rank R] [--format json|text]\n"
     "  status       --router ADDR [--format json]: workers, addresses and loads\n"
     "  bench        --router ADDR | --local MODEL  [--concurrency C --requests R\n"
-    "               --prompt-len L --output-len O] [--format json]\n";
+    "               --prompt-len L --output-len O] [--format json]\n"
+    "TLS (up, generate, status, bench and the services): --tls-cert FILE --tls-key FILE\n"
+    "  --tls-ca FILE [--mtls]\n";
 
 }  // namespace
 
