@@ -27,6 +27,7 @@ class AttentionWorkerService final : public v1::AttentionWorker::Service {
   // Set once the step loop exists; until then and while `ready` is false, Generate is
   // UNAVAILABLE.
   void set_step_loop(AttentionStepLoop* loop) { step_loop_ = loop; }
+  AttentionStepLoop* step_loop() const { return step_loop_.load(); }
   void set_ready(bool ready) { ready_ = ready; }
   bool ready() const { return ready_; }
   // Debugging aid (dxs-attention --dump-first-logits DIR): writes each request's logits at

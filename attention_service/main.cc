@@ -77,7 +77,8 @@ int Main(int argc, char** argv) {
   v1::RegisterRequest reg = runtime.BaseRegistration(v1::ROLE_ATTENTION, model_dir);
   absl::Status joined = runtime.Join(args->GetString("router"), reg, [&](v1::HeartbeatRequest* hb) {
     *hb->mutable_load() = service.Load();
-    if (AttentionStepLoop* l = loop.get()) {
+    hb->set_state(service.ready() ? v1::WORKER_STATE_READY : v1::WORKER_STATE_JOINING);
+    if (AttentionStepLoop* l = service.step_loop()) {  // published atomically
       FillStepCounters(l->counters(), hb->mutable_counters());
     }
   });

@@ -28,6 +28,10 @@ class ExpertWorkerService final : public v1::ExpertWorker::Service {
     shard_ = shard;
   }
   void set_step_server(ExpertStepServer* s) { step_server_ = s; }
+  ExpertStepServer* step_server() const { return step_server_.load(); }
+  // Serving rounds: the cluster is complete and this rank's data path is up.
+  void set_serving(bool serving) { serving_ = serving; }
+  bool serving() const { return serving_; }
 
   grpc::Status GetStatus(grpc::ServerContext*, const v1::GetExpertStatusRequest*,
                          v1::GetExpertStatusResponse* resp) override {
@@ -59,6 +63,7 @@ class ExpertWorkerService final : public v1::ExpertWorker::Service {
   std::vector<int> experts_;  // written before shard_ is published
   std::atomic<ExpertShard*> shard_{nullptr};
   std::atomic<ExpertStepServer*> step_server_{nullptr};
+  std::atomic<bool> serving_{false};
 };
 
 }  // namespace dxs

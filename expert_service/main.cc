@@ -58,7 +58,8 @@ int Main(int argc, char** argv) {
   v1::RegisterRequest reg = runtime.BaseRegistration(v1::ROLE_EXPERT, model_dir);
   for (int e : claim) reg.add_loaded_experts(static_cast<uint32_t>(e));
   absl::Status joined = runtime.Join(args->GetString("router"), reg, [&](v1::HeartbeatRequest* hb) {
-    if (ExpertStepServer* s = server.get()) {
+    hb->set_state(service.serving() ? v1::WORKER_STATE_READY : v1::WORKER_STATE_JOINING);
+    if (ExpertStepServer* s = service.step_server()) {  // published atomically
       FillStepCounters(s->counters(), hb->mutable_counters());
     }
   });
@@ -92,6 +93,7 @@ int Main(int argc, char** argv) {
         service.set_step_server(server.get());
       }
     }
+    service.set_serving(server != nullptr && runtime.cluster_complete());
     if (!server || !runtime.cluster_complete()) {
       (void)runtime.transport()->WaitForActivity(absl::Now() + absl::Milliseconds(50));
       continue;
