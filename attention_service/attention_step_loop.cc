@@ -1,5 +1,6 @@
 #include "attention_service/attention_step_loop.h"
 
+#include <chrono>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -79,6 +80,7 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
     return false;
   }
   wake_pending_ = false;  // this step is the one a pending wake asked for
+  const auto step_start = std::chrono::steady_clock::now();
   std::vector<SequenceChunk> chunks = scheduler_->BuildStep();
   int64_t my_tokens = 0;
   for (const SequenceChunk& c : chunks) my_tokens += static_cast<int64_t>(c.tokens.size());
@@ -96,15 +98,23 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   counters_.tokens += my_tokens;
   if (my_tokens == 0) ++counters_.empty_steps;
   if (total.ok() && *total == 0) ++counters_.all_empty_steps;
+  auto report = [&] {
+    if (metrics_ == nullptr) return;
+    metrics_->OnStep(
+        my_tokens, !logits.ok(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+  };
   if (!logits.ok()) {
     ++counters_.failed_steps;
     const absl::Status failure = absl::UnavailableError(absl::StrCat(
         "step ", step_ - 1, " failed on DP rank ", dp_rank_, ": ", logits.status().message()));
     std::cerr << "attention rank " << dp_rank_ << ": " << failure << "\n";
     scheduler_->FailAll(failure);
+    report();
     return true;
   }
   scheduler_->FinishStep(*logits);
+  report();
   return true;
 }
 

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "attention_service/attention_metrics.h"
 #include "model/kv_cache.h"
 #include "model/qwen3_moe.h"
 #include "model/scheduler.h"
@@ -48,6 +49,9 @@ class AttentionStepLoop {
   // has work). Thread-safe.
   void Wake();
   const AttentionCounters& counters() const { return counters_; }
+  // Where each step is reported for Prometheus; not owned, null (the default) for none.
+  // Set before the first RunOnce.
+  void set_metrics(AttentionMetrics* metrics) { metrics_ = metrics; }
 
  private:
   // The step exchange. Returns the total token count of all DP ranks.
@@ -64,6 +68,7 @@ class AttentionStepLoop {
   uint64_t step_ = 0;
   std::atomic<bool> wake_pending_{false};
   AttentionCounters counters_;
+  AttentionMetrics* metrics_ = nullptr;
 };
 
 }  // namespace dxs

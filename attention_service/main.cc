@@ -3,17 +3,25 @@
 // sampling; dispatches MoE rows to the expert workers and combines their results.
 //
 //   dxs-attention --model DIR --rank R --router HOST:PORT [--listen HOST:PORT]
-//                 [--kv-tokens N] [--prefill-chunk N] [--step-timeout-ms MS]
+//                 [--metrics-listen HOST:PORT] [--kv-tokens N] [--prefill-chunk N]
+//                 [--step-timeout-ms MS]
 //                 [--dump-first-logits DIR]   (debugging: see AttentionWorkerService)
+//
+// Prometheus metrics (docs/metrics.md) are served on --metrics-listen (default
+// 127.0.0.1:0, any free port); the bound address is registered with the router (`dxs
+// status` shows it) and printed in the start-up line: "... listening on A, metrics on B".
 #include <csignal>
 #include <iostream>
 #include <map>
 #include <mutex>
 #include <optional>
 
+#include "attention_service/attention_metrics.h"
 #include "attention_service/attention_step_loop.h"
 #include "attention_service/attention_worker_service.h"
 #include "common/grpc/server.h"
+#include "common/metrics/build_info.h"
+#include "common/metrics/registry.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "model/weights.h"
@@ -29,7 +37,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<cli::Args> args = cli::Args::Parse(
       std::vector<std::string>(argv + 1, argv + argc),
       cli::WithTlsValueFlags({"model", "rank", "router", "listen", "kv-tokens", "prefill-chunk",
-                              "step-timeout-ms", "dump-first-logits"}),
+                              "step-timeout-ms", "dump-first-logits", "metrics-listen"}),
       cli::WithTlsBoolFlags({}));
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs-attention: " << s.message() << "\n";
@@ -46,6 +54,10 @@ int Main(int argc, char** argv) {
     if (!s.ok()) return fail(s);
   }
   const std::string model_dir = args->GetString("model");
+  metrics::Registry metrics_registry;  // outlives everything that records into it
+  if (absl::Status s = metrics::RegisterBuildInfo(&metrics_registry, "attention"); !s.ok()) {
+    return fail(s);
+  }
   WorkerRuntime runtime("attention", static_cast<int>(*rank));
   InstallSignalHandlers();
   absl::StatusOr<TlsConfig> tls = cli::TlsFromArgs(*args, /*for_server=*/true);
@@ -63,8 +75,14 @@ int Main(int argc, char** argv) {
   Scheduler scheduler(*config, &kv, {*chunk});
   AttentionWorkerService service(static_cast<int>(*rank), *config, &scheduler, &kv);
   service.set_first_logits_dir(args->GetString("dump-first-logits"));
+  absl::StatusOr<std::unique_ptr<AttentionMetrics>> attention_metrics =
+      AttentionMetrics::Create(&metrics_registry, static_cast<int>(*rank), &scheduler, &kv);
+  if (!attention_metrics.ok()) return fail(attention_metrics.status());
 
   absl::Status started = runtime.Start(args->GetString("listen", "127.0.0.1:0"), &service);
+  if (!started.ok()) return fail(started);
+  started =
+      runtime.StartMetrics(args->GetString("metrics-listen", "127.0.0.1:0"), &metrics_registry);
   if (!started.ok()) return fail(started);
 
   // The MoE executor and step loop need the cluster shape; made on the first full view.
@@ -84,7 +102,7 @@ int Main(int argc, char** argv) {
   });
   if (!joined.ok()) return fail(joined);
   std::cout << "dxs-attention rank " << *rank << " listening on " << runtime.grpc_address()
-            << std::endl;
+            << ", metrics on " << runtime.metrics_address() << std::endl;
 
   while (!ShutdownRequested()) {
     std::optional<ClusterShape> shape = runtime.ApplyPendingView();
@@ -96,11 +114,13 @@ int Main(int argc, char** argv) {
         moe = std::make_unique<RemoteMoeExecutor>(runtime.transport(), ep_peers, shape->placement,
                                                   config->hidden_size,
                                                   DispatchOptions{shape->wire_dtype, timeout});
+        moe->set_observer(attention_metrics->get());
         model = std::make_unique<Qwen3MoeModel>(*config, std::move(attention_weights),
                                                 backend.get(), moe.get());
         loop = std::make_unique<AttentionStepLoop>(static_cast<int>(*rank), dp_peers,
                                                    runtime.transport(), model.get(), moe.get(),
                                                    &scheduler, &kv, timeout);
+        loop->set_metrics(attention_metrics->get());
         service.set_step_loop(loop.get());
       } else {
         moe->set_placement(shape->placement);

@@ -1,5 +1,6 @@
 #include "expert_service/expert_step_server.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -106,9 +107,13 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   }
   Tensor out = out_buffer_.defined() ? out_buffer_.Rows(0, total_rows)
                                      : shard_->backend()->Allocate({0, hidden});
+  const auto compute_start = std::chrono::steady_clock::now();
   absl::Status compute = shard_->Forward(first.layer, x, pairs, &out);
+  const double compute_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - compute_start).count();
   pending_.assign(num_dp, std::nullopt);
   DXS_RETURN_IF_ERROR(compute);
+  if (metrics_ != nullptr) metrics_->OnRound(total_rows, pairs, compute_seconds);
 
   ++counters_.rounds;
   counters_.rows_received += total_rows;
@@ -117,6 +122,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   if (first.layer == last_moe_layer_) {
     ++counters_.steps;
     if (rows_this_step_ == 0) ++counters_.empty_steps;
+    if (metrics_ != nullptr) metrics_->OnStep(rows_this_step_ == 0);
     rows_this_step_ = 0;
   }
   // Combine: each DP rank gets its rows back, pre-summed over this rank's experts.

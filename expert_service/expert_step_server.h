@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/model_config.h"
+#include "expert_service/expert_metrics.h"
 #include "kernels/tensor.h"
 #include "model/expert_shard.h"
 #include "router/transport/transport.h"
@@ -39,6 +40,9 @@ class ExpertStepServer {
 
   void set_dp_peers(std::vector<int> peers);
   const ExpertCounters& counters() const { return counters_; }
+  // Where each round and step is reported for Prometheus; not owned, null (the default)
+  // for none. Set before the first ServeRound.
+  void set_metrics(ExpertMetrics* metrics) { metrics_ = metrics; }
 
   // Serves one round. DEADLINE_EXCEEDED if it is incomplete by `deadline` (what arrived is
   // kept for the next call); UNAVAILABLE if a DP peer failed (its pending message dropped).
@@ -53,6 +57,7 @@ class ExpertStepServer {
   ModelConfig config_;
   int last_moe_layer_ = -1;
   ExpertCounters counters_;
+  ExpertMetrics* metrics_ = nullptr;
   int64_t rows_this_step_ = 0;
   std::vector<std::optional<TransportMessage>> pending_;
   int64_t buffer_rows_ = 0;

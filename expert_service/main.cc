@@ -3,10 +3,19 @@
 //
 //   dxs-expert --model DIR --rank R --router HOST:PORT [--listen HOST:PORT]
 //              [--experts 0-3,7]   (default: the contiguous block for this rank)
+//              [--metrics-listen HOST:PORT]
+//
+// Prometheus metrics (docs/metrics.md) are served on --metrics-listen (default
+// 127.0.0.1:0, any free port); the bound address is registered with the router (`dxs
+// status` shows it) and printed in the start-up line: "... listening on A with N experts,
+// metrics on B".
 #include <iostream>
 
+#include "common/metrics/build_info.h"
+#include "common/metrics/registry.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
+#include "expert_service/expert_metrics.h"
 #include "expert_service/expert_step_server.h"
 #include "expert_service/expert_worker_service.h"
 #include "model/weights.h"
@@ -19,10 +28,10 @@ namespace dxs {
 namespace {
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<cli::Args> args =
-      cli::Args::Parse(std::vector<std::string>(argv + 1, argv + argc),
-                       cli::WithTlsValueFlags({"model", "rank", "router", "listen", "experts"}),
-                       cli::WithTlsBoolFlags({}));
+  absl::StatusOr<cli::Args> args = cli::Args::Parse(
+      std::vector<std::string>(argv + 1, argv + argc),
+      cli::WithTlsValueFlags({"model", "rank", "router", "listen", "experts", "metrics-listen"}),
+      cli::WithTlsBoolFlags({}));
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs-expert: " << s.message() << "\n";
     return 2;
@@ -38,6 +47,10 @@ int Main(int argc, char** argv) {
     claim = *parsed;
   }
   const std::string model_dir = args->GetString("model");
+  metrics::Registry metrics_registry;  // outlives everything that records into it
+  if (absl::Status s = metrics::RegisterBuildInfo(&metrics_registry, "expert"); !s.ok()) {
+    return fail(s);
+  }
   WorkerRuntime runtime("expert", static_cast<int>(*rank));
   InstallSignalHandlers();
   absl::StatusOr<TlsConfig> tls = cli::TlsFromArgs(*args, /*for_server=*/true);
@@ -52,8 +65,12 @@ int Main(int argc, char** argv) {
   ExpertWorkerService service(static_cast<int>(*rank));
   absl::Status started = runtime.Start(args->GetString("listen", "127.0.0.1:0"), &service);
   if (!started.ok()) return fail(started);
+  started =
+      runtime.StartMetrics(args->GetString("metrics-listen", "127.0.0.1:0"), &metrics_registry);
+  if (!started.ok()) return fail(started);
 
   std::unique_ptr<ExpertShard> shard;
+  std::unique_ptr<ExpertMetrics> expert_metrics;
   std::unique_ptr<ExpertStepServer> server;
   v1::RegisterRequest reg = runtime.BaseRegistration(v1::ROLE_EXPERT, model_dir);
   for (int e : claim) reg.add_loaded_experts(static_cast<uint32_t>(e));
@@ -79,8 +96,12 @@ int Main(int argc, char** argv) {
   if (!weights.ok()) return fail(weights.status());
   shard = std::make_unique<ExpertShard>(*config, std::move(*weights), backend.get());
   service.set_shard(shard.get(), experts);
+  absl::StatusOr<std::unique_ptr<ExpertMetrics>> made_metrics = ExpertMetrics::Create(
+      &metrics_registry, static_cast<int>(*rank), experts, static_cast<int>(config->num_experts));
+  if (!made_metrics.ok()) return fail(made_metrics.status());
+  expert_metrics = std::move(*made_metrics);
   std::cout << "dxs-expert rank " << *rank << " listening on " << runtime.grpc_address() << " with "
-            << experts.size() << " experts" << std::endl;
+            << experts.size() << " experts, metrics on " << runtime.metrics_address() << std::endl;
 
   while (!ShutdownRequested()) {
     std::optional<ClusterShape> shape = runtime.ApplyPendingView();
@@ -90,6 +111,7 @@ int Main(int argc, char** argv) {
       if (!server) {
         server =
             std::make_unique<ExpertStepServer>(runtime.transport(), dp_peers, shard.get(), *config);
+        server->set_metrics(expert_metrics.get());
         service.set_step_server(server.get());
       }
     }

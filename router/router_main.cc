@@ -4,8 +4,9 @@
 // placement, transport set-up).
 //
 //   dxs-router --model DIR --attention M --experts N [--listen HOST:PORT]
-//              [--transport ucx|nccl|inproc] [--wire-dtype f32|bf16]
-//              [--lease-ms 3000] [--heartbeat-ms 500] [--max-inflight 1024]
+//              [--metrics-listen HOST:PORT] [--transport ucx|nccl|inproc]
+//              [--wire-dtype f32|bf16] [--lease-ms 3000] [--heartbeat-ms 500]
+//              [--max-inflight 1024]
 //
 // --max-inflight bounds the Generate requests in flight cluster-wide; beyond it Generate
 // is refused with RESOURCE_EXHAUSTED.
@@ -16,10 +17,15 @@
 // workers must reach it to complete the cluster (probe that one for liveness, or publish
 // not-ready addresses to the workers' Service).
 //
-// Prints exactly one line on stdout once serving, "dxs-router listening on HOST:PORT" with
-// the bound port (so --listen HOST:0 works for tests and scripts), then logs membership
-// events on stderr. SIGTERM or SIGINT shuts it down cleanly with exit status 0. Bad flags:
-// one line on stderr, exit status 2; start-up failures: one line, exit status 1.
+// Prometheus metrics (docs/metrics.md: request outcomes and latencies, and the cluster-wide
+// view of empty ranks gathered from heartbeats) are served on --metrics-listen (default
+// 127.0.0.1:0, any free port).
+//
+// Prints exactly one line on stdout once serving, "dxs-router listening on HOST:PORT,
+// metrics on HOST:PORT" with the bound ports (so --listen HOST:0 works for tests and
+// scripts), then logs membership events on stderr. SIGTERM or SIGINT shuts it down
+// cleanly with exit status 0. Bad flags: one line on stderr, exit status 2; start-up
+// failures: one line, exit status 1.
 #include <pthread.h>
 #include <signal.h>
 
@@ -34,12 +40,17 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc/server.h"
+#include "common/metrics/build_info.h"
+#include "common/metrics/metrics_server.h"
+#include "common/metrics/registry.h"
 #include "common/model_config.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "router/control_plane/cluster_metrics.h"
 #include "router/control_plane/cluster_registry.h"
 #include "router/control_plane/control_plane_service.h"
 #include "router/control_plane/model_identity.h"
 #include "router/frontend/cluster_watcher.h"
+#include "router/frontend/frontend_metrics.h"
 #include "router/frontend/frontend_service.h"
 #include "router/frontend/model_info.h"
 #include "tools/dxs/cli_args.h"
@@ -49,7 +60,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: dxs-router --model DIR --attention M --experts N [--listen HOST:PORT]\n"
-    "                  [--transport ucx|nccl|inproc] [--wire-dtype f32|bf16]\n"
+    "                  [--metrics-listen HOST:PORT] [--transport ucx|nccl|inproc]\n"
+    "                  [--wire-dtype f32|bf16]\n"
     "                  [--lease-ms MS] [--heartbeat-ms MS] [--max-inflight N]\n";
 
 int BadFlags(const std::string& message) {
@@ -66,6 +78,7 @@ int Fail(const absl::Status& status) {
 struct Flags {
   dxs::TlsConfig tls;
   std::string listen;
+  std::string metrics_listen;
   std::string model_dir;
   int num_attention_ranks = 0;
   int num_expert_ranks = 0;
@@ -79,8 +92,9 @@ struct Flags {
 absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& argv) {
   absl::StatusOr<dxs::cli::Args> args = dxs::cli::Args::Parse(
       argv,
-      dxs::cli::WithTlsValueFlags({"listen", "attention", "experts", "model", "transport",
-                                   "wire-dtype", "lease-ms", "heartbeat-ms", "max-inflight"}),
+      dxs::cli::WithTlsValueFlags({"listen", "metrics-listen", "attention", "experts", "model",
+                                   "transport", "wire-dtype", "lease-ms", "heartbeat-ms",
+                                   "max-inflight"}),
       dxs::cli::WithTlsBoolFlags({"help"}));
   if (!args.ok()) return args.status();
   if (args->Has("help")) return absl::CancelledError("help");
@@ -89,6 +103,11 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& argv) {
   if (flags.listen.rfind(':') == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("--listen: '", flags.listen, "' is not HOST:PORT"));
+  }
+  flags.metrics_listen = args->GetString("metrics-listen", "127.0.0.1:0");
+  if (flags.metrics_listen.rfind(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-listen: '", flags.metrics_listen, "' is not HOST:PORT"));
   }
   flags.model_dir = args->GetString("model");
   if (flags.model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required");
@@ -180,7 +199,32 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // Outlives everything that records into it (declared first, destroyed last).
+  dxs::metrics::Registry metrics_registry;
+  if (absl::Status s = dxs::metrics::RegisterBuildInfo(&metrics_registry, "router"); !s.ok()) {
+    return Fail(s);
+  }
+  absl::StatusOr<std::unique_ptr<dxs::FrontendMetrics>> frontend_metrics =
+      dxs::FrontendMetrics::Create(&metrics_registry);
+  if (!frontend_metrics.ok()) return Fail(frontend_metrics.status());
+
   dxs::ClusterRegistry registry(options);
+  dxs::ClusterMetricsOptions cluster_metrics_options;
+  cluster_metrics_options.interval = options.heartbeat_interval;
+  absl::StatusOr<std::unique_ptr<dxs::ClusterMetrics>> cluster_metrics =
+      dxs::ClusterMetrics::Create(&metrics_registry, &registry, cluster_metrics_options);
+  if (!cluster_metrics.ok()) return Fail(cluster_metrics.status());
+  // GET /metrics; stopped (and waited for) before the families it reads go away.
+  dxs::metrics::MetricsServerOptions metrics_options;
+  metrics_options.address = flags->metrics_listen;
+  absl::StatusOr<std::unique_ptr<dxs::metrics::MetricsServer>> metrics_server =
+      dxs::metrics::MetricsServer::Start(&metrics_registry, metrics_options);
+  if (!metrics_server.ok()) {
+    return Fail(
+        absl::Status(metrics_server.status().code(),
+                     absl::StrCat("--metrics-listen: ", metrics_server.status().message())));
+  }
+
   dxs::ControlPlaneService service(&registry);
   service.set_tls(flags->tls);
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
@@ -192,6 +236,7 @@ int main(int argc, char** argv) {
   dxs::FrontendOptions frontend_options;
   frontend_options.max_inflight = flags->max_inflight;
   frontend_options.worker_credentials = *worker_credentials;
+  frontend_options.metrics = frontend_metrics->get();
   dxs::FrontendService frontend(&registry, *config,
                                 dxs::MakeModelInfo(*config, flags->model_dir, *fingerprint),
                                 frontend_options);
@@ -212,8 +257,13 @@ int main(int argc, char** argv) {
     frontend.OnClusterView(view);
   });
 
+  (*cluster_metrics)->Start();
+
   const std::string host = flags->listen.substr(0, flags->listen.rfind(':'));
-  std::cout << "dxs-router listening on " << host << ":" << server->port << std::endl;
+  const std::string metrics_host =
+      flags->metrics_listen.substr(0, flags->metrics_listen.rfind(':'));
+  std::cout << "dxs-router listening on " << host << ":" << server->port << ", metrics on "
+            << metrics_host << ":" << (*metrics_server)->port() << std::endl;
   std::fprintf(stderr,
                "dxs-router: model %s (%lld experts, %lld layers, checkpoint %s config %s); "
                "%d attention + %d expert ranks; transport %s; lease %lld ms, heartbeat %lld ms; "
@@ -239,6 +289,8 @@ int main(int argc, char** argv) {
   service.Shutdown();
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->server->Wait();
+  (*cluster_metrics)->Stop();
+  (*metrics_server)->Stop();
   std::fprintf(stderr, "dxs-router: stopped\n");
   return 0;
 }

@@ -1,11 +1,21 @@
 #include "router/dispatch/dispatch_combine.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace dxs {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
 
 std::vector<int64_t> DispatchLayout::num_tokens_per_rank() const {
   std::vector<int64_t> n;
@@ -76,6 +86,7 @@ absl::StatusOr<TransportMessage> RemoteMoeExecutor::RecvCombine(int rank, int la
 
 absl::Status RemoteMoeExecutor::Run(int layer, const Tensor& x, const std::vector<int32_t>& ids,
                                     const std::vector<float>& weights, int top_k, Tensor* out) {
+  const Clock::time_point dispatch_start = Clock::now();
   const int num_ranks = static_cast<int>(ep_peers_.size());
   const DispatchLayout layout = ComputeLayout(placement_, ids, weights, top_k);
   const DType dtype = options_.wire_dtype;
@@ -113,6 +124,11 @@ absl::Status RemoteMoeExecutor::Run(int layer, const Tensor& x, const std::vecto
     }
     counters_->tokens_dispatched[r] += n;
   }
+  const Clock::time_point combine_start = Clock::now();
+  if (observer_ != nullptr) {
+    observer_->OnDispatch(layout,
+                          std::chrono::duration<double>(combine_start - dispatch_start).count());
+  }
   DXS_RETURN_IF_ERROR(send_status);
   // Combine: receive every rank's rows, then sum in ascending rank order.
   const absl::Time deadline = absl::Now() + options_.timeout;
@@ -145,6 +161,7 @@ absl::Status RemoteMoeExecutor::Run(int layer, const Tensor& x, const std::vecto
     }
     counters_->tokens_combined[r] += n;
   }
+  if (observer_ != nullptr) observer_->OnCombine(layout, SecondsSince(combine_start));
   return absl::OkStatus();
 }
 

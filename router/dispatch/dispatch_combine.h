@@ -48,6 +48,19 @@ struct DispatchCounters {
   std::vector<std::atomic<int64_t>> tokens_combined;    // per source EP rank
 };
 
+// Sees each MoE layer's exchange inside RemoteMoeExecutor::Run, for metrics. Called on the
+// step thread; must be cheap and must not call back into the executor.
+class DispatchObserver {
+ public:
+  virtual ~DispatchObserver() = default;
+  // The dispatch phase ended: layout, packing and one send to every EP rank (sends that
+  // failed included). layout.token_rows[r] are the tokens sent to EP rank r.
+  virtual void OnDispatch(const DispatchLayout& layout, double seconds) = 0;
+  // The combine phase succeeded: every EP rank's rows received (this includes waiting
+  // for the experts to compute) and summed into the output.
+  virtual void OnCombine(const DispatchLayout& layout, double seconds) = 0;
+};
+
 struct DispatchOptions {
   DType wire_dtype = DType::kF32;
   absl::Duration timeout = absl::Seconds(5);  // a step fails with UNAVAILABLE after this
@@ -64,6 +77,8 @@ class RemoteMoeExecutor final : public MoeExecutor {
   void set_placement(Placement p) { placement_ = std::move(p); }
   void set_ep_peers(std::vector<int> peers) { ep_peers_ = std::move(peers); }
   const DispatchCounters& counters() const { return *counters_; }
+  // Not owned; null (the default) observes nothing. Set before the first Run.
+  void set_observer(DispatchObserver* observer) { observer_ = observer; }
 
   absl::Status Run(int layer, const Tensor& x, const std::vector<int32_t>& ids,
                    const std::vector<float>& weights, int top_k, Tensor* out) override;
@@ -78,6 +93,7 @@ class RemoteMoeExecutor final : public MoeExecutor {
   DispatchOptions options_;
   uint64_t step_ = 0;
   std::unique_ptr<DispatchCounters> counters_;
+  DispatchObserver* observer_ = nullptr;
   PayloadBytes scratch_;    // dispatch send buffer, reused across calls
   std::vector<float> row_;  // one combine row, widened
 };

@@ -101,7 +101,9 @@ void FrontendService::Shutdown() {
 grpc::Status FrontendService::Generate(grpc::ServerContext* context,
                                        const v1::GenerateRequest* request,
                                        grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  return ToGrpcStatus(GenerateImpl(context, *request, writer));
+  const absl::Status status = GenerateImpl(context, *request, writer);
+  if (options_.metrics != nullptr) options_.metrics->OnRequestDone(status.code());
+  return ToGrpcStatus(status);
 }
 
 absl::Status FrontendService::GenerateImpl(grpc::ServerContext* context,
@@ -135,7 +137,16 @@ absl::Status FrontendService::GenerateImpl(grpc::ServerContext* context,
   if (!admitted.ok()) return admitted.status();
   const int rank = *admitted;
   const std::string& id = request.request_id();
-  absl::Cleanup release = [&] { inflight_.Release(id); };
+  FrontendMetrics* const metrics = options_.metrics;
+  if (metrics != nullptr) metrics->OnAdmitted();
+  absl::Cleanup release = [&] {
+    inflight_.Release(id);
+    if (metrics != nullptr) metrics->OnReleased();
+  };
+  auto observe_duration = [&] {
+    if (metrics == nullptr) return;
+    metrics->ObserveRequestDuration(absl::ToDoubleSeconds(absl::Now() - arrival));
+  };
 
   if (assigned) {
     v1::GenerateResponse first;
@@ -156,6 +167,7 @@ absl::Status FrontendService::GenerateImpl(grpc::ServerContext* context,
   uint32_t completion_tokens = 0;
   bool got_complete = false, caller_gone = false;
   std::optional<absl::Time> first_token_at;
+  absl::Time last_token_at;
   while (reader->Read(&message)) {
     int num_new_tokens = 0;
     if (message.has_chunk()) {
@@ -173,6 +185,14 @@ absl::Status FrontendService::GenerateImpl(grpc::ServerContext* context,
     }
     if (num_new_tokens > 0) {
       const absl::Time now = absl::Now();
+      if (metrics != nullptr) {
+        if (!first_token_at) {
+          metrics->ObserveTimeToFirstToken(absl::ToDoubleSeconds(now - arrival));
+        } else {
+          metrics->ObserveInterToken(absl::ToDoubleSeconds(now - last_token_at), num_new_tokens);
+        }
+      }
+      last_token_at = now;
       if (!first_token_at) first_token_at = now;
       completion_tokens += static_cast<uint32_t>(num_new_tokens);
       inflight_.RecordTokens(id, num_new_tokens, now);
@@ -187,7 +207,10 @@ absl::Status FrontendService::GenerateImpl(grpc::ServerContext* context,
     }
     return absl::CancelledError("the caller cancelled; the request was stopped");
   }
-  if (got_complete) return absl::OkStatus();
+  if (got_complete) {
+    observe_duration();
+    return absl::OkStatus();
+  }
   switch (inflight_.stop_reason(id)) {
     case StopReason::kAbort: {
       // Aborted before the worker knew the request: end the stream as the worker would.
@@ -203,6 +226,7 @@ absl::Status FrontendService::GenerateImpl(grpc::ServerContext* context,
       }
       complete->mutable_timings()->set_e2e_latency_ns(SinceNs(arrival, absl::Now()));
       writer->Write(last);
+      observe_duration();
       return absl::OkStatus();
     }
     case StopReason::kRankLost:

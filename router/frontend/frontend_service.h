@@ -45,6 +45,7 @@
 #include "dxs/v1/frontend.grpc.pb.h"
 #include "router/control_plane/cluster_registry.h"
 #include "router/frontend/attention_stubs.h"
+#include "router/frontend/frontend_metrics.h"
 #include "router/frontend/generate_validation.h"
 #include "router/frontend/inflight_tracker.h"
 
@@ -61,6 +62,9 @@ struct FrontendOptions {
   absl::Duration abort_timeout = absl::Seconds(2);
   // Credentials of the router's calls to attention workers (plaintext when null).
   std::shared_ptr<grpc::ChannelCredentials> worker_credentials;
+  // Where request outcomes and latencies are recorded; not owned, must outlive the
+  // service. Null: not recorded.
+  FrontendMetrics* metrics = nullptr;
 };
 
 class FrontendService final : public v1::Frontend::Service {

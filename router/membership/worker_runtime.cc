@@ -56,12 +56,28 @@ absl::Status WorkerRuntime::Start(const std::string& listen, grpc::Service* serv
   return absl::OkStatus();
 }
 
+absl::Status WorkerRuntime::StartMetrics(const std::string& listen,
+                                         const metrics::Registry* registry) {
+  metrics::MetricsServerOptions options;
+  options.address = listen;
+  absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> server =
+      metrics::MetricsServer::Start(registry, options);
+  if (!server.ok()) {
+    return absl::Status(server.status().code(),
+                        absl::StrCat("--metrics-listen: ", server.status().message()));
+  }
+  metrics_server_ = std::move(*server);
+  metrics_address_ = absl::StrCat(HostOf(listen), ":", metrics_server_->port());
+  return absl::OkStatus();
+}
+
 v1::RegisterRequest WorkerRuntime::BaseRegistration(v1::Role role,
                                                     const std::string& model_dir) const {
   v1::RegisterRequest req;
   req.set_role(role);
   req.set_rank(static_cast<uint32_t>(rank_));
   req.set_grpc_address(grpc_address_);
+  req.set_metrics_address(metrics_address_);
   req.mutable_transport()->set_ucx_worker_address(transport_->LocalAddress());
   absl::StatusOr<v1::ModelFingerprint> fp = ComputeModelFingerprint(model_dir);
   if (fp.ok()) *req.mutable_fingerprint() = *fp;
@@ -149,6 +165,7 @@ void WorkerRuntime::Stop() {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     server_.reset();
   }
+  if (metrics_server_) metrics_server_->Stop();
 }
 
 }  // namespace dxs

@@ -21,6 +21,8 @@
 #include "absl/status/status.h"
 #include "common/dtype.h"
 #include "common/grpc/tls.h"
+#include "common/metrics/metrics_server.h"
+#include "common/metrics/registry.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
 #include "router/dispatch/placement.h"
 #include "router/membership/worker_membership.h"
@@ -45,7 +47,11 @@ class WorkerRuntime {
   void set_tls(TlsConfig tls) { tls_ = std::move(tls); }
   // Creates the UCX transport and starts the gRPC server on `listen` (port 0: any).
   absl::Status Start(const std::string& listen, grpc::Service* service);
-  // A registration with rank, addresses and the model identity of `model_dir` filled in.
+  // Serves `registry` as GET /metrics on `listen` (port 0: any); the registry must outlive
+  // this runtime. Call before BaseRegistration, which then carries the bound address.
+  absl::Status StartMetrics(const std::string& listen, const metrics::Registry* registry);
+  // A registration with rank, addresses (gRPC, transport, metrics) and the model identity
+  // of `model_dir` filled in.
   v1::RegisterRequest BaseRegistration(v1::Role role, const std::string& model_dir) const;
   // Registers with the router and starts watching the cluster and heartbeating.
   absl::Status Join(const std::string& router, v1::RegisterRequest request,
@@ -58,6 +64,8 @@ class WorkerRuntime {
 
   Transport* transport() const { return transport_.get(); }
   const std::string& grpc_address() const { return grpc_address_; }
+  // HOST:PORT of the metrics server, with the bound port; empty before StartMetrics.
+  const std::string& metrics_address() const { return metrics_address_; }
   v1::RegisterResponse registration() const { return membership_->registration(); }
   void Stop();
 
@@ -68,6 +76,8 @@ class WorkerRuntime {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<grpc::Server> server_;
   std::string grpc_address_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
+  std::string metrics_address_;
   std::unique_ptr<WorkerMembership> membership_;
   std::mutex mu_;
   std::optional<v1::ClusterView> pending_;  // guarded by mu_

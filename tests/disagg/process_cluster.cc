@@ -135,6 +135,7 @@ absl::Status ProcessCluster::StartRouter(const ClusterSpec& spec, absl::Duration
   if (!router.ok()) return router.status();
   router_ = *router;
   router_address_ = AddressAfter(router_.log_path, "listening on");
+  router_metrics_address_ = AddressAfter(router_.log_path, "metrics on");
   frontend_ = v1::Frontend::NewStub(grpc::CreateChannel(router_address_, credentials_));
   return absl::OkStatus();
 }
@@ -190,6 +191,29 @@ absl::Status ProcessCluster::StartExpert(int rank, const std::string& model_dir,
   experts_[rank] = *e;
   expert_addresses_[rank] = AddressAfter(e->log_path, "listening on");
   return absl::OkStatus();
+}
+
+std::string ProcessCluster::attention_metrics_address(int rank) const {
+  if (rank < 0 || rank >= static_cast<int>(attention_.size())) return "";
+  return AddressAfter(attention_[rank].log_path, "metrics on");
+}
+
+std::string ProcessCluster::expert_metrics_address(int rank) const {
+  auto it = experts_.find(rank);
+  if (it == experts_.end() || it->second.pid <= 0) return "";
+  return AddressAfter(it->second.log_path, "metrics on");
+}
+
+std::vector<std::string> ProcessCluster::metrics_addresses() const {
+  std::vector<std::string> out;
+  if (!router_metrics_address_.empty()) out.push_back(router_metrics_address_);
+  for (int r = 0; r < static_cast<int>(attention_.size()); ++r) {
+    out.push_back(attention_metrics_address(r));
+  }
+  for (const auto& [rank, e] : experts_) {
+    if (e.pid > 0) out.push_back(expert_metrics_address(rank));
+  }
+  return out;
 }
 
 void ProcessCluster::KillExpert(int rank) {

@@ -84,6 +84,13 @@ class ProcessCluster {
   std::vector<float> FirstLogits(const std::string& request_id) const;
   std::string logits_dir() const;
   const std::string& router_address() const { return router_address_; }
+  // Prometheus endpoints (HOST:PORT), from the "metrics on HOST:PORT" each process prints
+  // at start-up; empty for a process not started.
+  const std::string& router_metrics_address() const { return router_metrics_address_; }
+  std::string attention_metrics_address(int rank) const;
+  std::string expert_metrics_address(int rank) const;
+  // All of the above for the processes running: router, attention ranks, expert ranks.
+  std::vector<std::string> metrics_addresses() const;
   // dxs.v1.Frontend on router_address(); valid after StartRouter.
   v1::Frontend::Stub* frontend() { return frontend_.get(); }
   std::string DumpLogs() const;
@@ -92,6 +99,7 @@ class ProcessCluster {
  private:
   std::string work_dir_;
   std::string router_address_;
+  std::string router_metrics_address_;
   ChildProcess router_;
   std::vector<ChildProcess> attention_;
   std::map<int, ChildProcess> experts_;

@@ -1,0 +1,64 @@
+// AttentionMetrics: one DP rank's Prometheus series (docs/metrics.md, "Attention workers"):
+// steps and empty-batch steps, step time, tokens dispatched to and combined from each EP
+// rank, dispatch and combine latency, and, read at scrape time, queue length, running
+// requests and KV cache use.
+//
+// The step loop calls OnStep; RemoteMoeExecutor calls OnDispatch / OnCombine (this is its
+// DispatchObserver). Each updates children looked up once (a per-EP-rank child on the
+// first layer that sees that rank), so an update is an atomic add or a histogram Observe.
+//
+// Thread safety: OnStep, OnDispatch and OnCombine are called by the step thread only; the
+// gauge callbacks run on the scraping thread. The registry, scheduler and KV cache must
+// outlive this object.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/metrics/registry.h"
+#include "model/kv_cache.h"
+#include "model/scheduler.h"
+#include "router/dispatch/dispatch_combine.h"
+
+namespace dxs {
+
+class AttentionMetrics final : public DispatchObserver {
+ public:
+  static absl::StatusOr<std::unique_ptr<AttentionMetrics>> Create(metrics::Registry* registry,
+                                                                  int rank, Scheduler* scheduler,
+                                                                  const KvCache* kv);
+
+  // One step of the step loop ended: this rank's batch had `num_tokens` tokens (0: an
+  // empty step), `failed` if the step did not produce logits.
+  void OnStep(int64_t num_tokens, bool failed, double seconds);
+
+  void OnDispatch(const DispatchLayout& layout, double seconds) override;
+  void OnCombine(const DispatchLayout& layout, double seconds) override;
+
+ private:
+  AttentionMetrics() = default;
+  // Makes sure dispatched_ and combined_ have a child for EP ranks [0, num_ep_ranks).
+  void GrowEpRanks(size_t num_ep_ranks);
+
+  std::string rank_;
+  metrics::Counter* steps_ = nullptr;
+  metrics::Counter* empty_steps_ = nullptr;
+  metrics::Counter* failed_steps_ = nullptr;
+  metrics::Histogram* step_duration_ = nullptr;
+  metrics::CounterFamily* dispatched_family_ = nullptr;
+  metrics::CounterFamily* combined_family_ = nullptr;
+  std::vector<metrics::Counter*> dispatched_;  // per EP rank
+  std::vector<metrics::Counter*> combined_;    // per EP rank
+  metrics::Histogram* dispatch_latency_ = nullptr;
+  metrics::Histogram* combine_latency_ = nullptr;
+  // Declared last: unbound (and no longer running) before anything above goes away.
+  metrics::CallbackRegistration queue_length_;
+  metrics::CallbackRegistration running_requests_;
+  metrics::CallbackRegistration kv_used_;
+  metrics::CallbackRegistration kv_capacity_;
+};
+
+}  // namespace dxs

@@ -1,0 +1,89 @@
+#include "expert_service/expert_metrics.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics/step_metrics.h"
+#include "common/status_macros.h"
+
+namespace dxs {
+
+namespace m = metrics;
+
+absl::StatusOr<std::unique_ptr<ExpertMetrics>> ExpertMetrics::Create(
+    m::Registry* registry, int rank, const std::vector<int>& experts, int num_experts) {
+  std::unique_ptr<ExpertMetrics> em(new ExpertMetrics());
+  em->rank_ = std::to_string(rank);
+  const std::string& r = em->rank_;
+  DXS_ASSIGN_OR_RETURN(const m::StepMetrics steps,
+                       m::RegisterStepMetrics(registry, "expert", rank));
+  em->steps_ = steps.steps;
+  em->empty_steps_ = steps.empty_steps;
+  DXS_ASSIGN_OR_RETURN(
+      m::CounterFamily * rounds,
+      registry->AddCounter("dxs_layer_rounds_total",
+                           "MoE layer rounds this EP rank served (one per MoE layer and step).",
+                           {"rank"}));
+  em->rounds_ = &rounds->WithLabels({r});
+  DXS_ASSIGN_OR_RETURN(
+      m::CounterFamily * empty_rounds,
+      registry->AddCounter("dxs_empty_layer_rounds_total",
+                           "MoE layer rounds in which this EP rank received no token rows from "
+                           "any DP rank.",
+                           {"rank"}));
+  em->empty_rounds_ = &empty_rounds->WithLabels({r});
+  DXS_ASSIGN_OR_RETURN(
+      m::CounterFamily * received,
+      registry->AddCounter("dxs_tokens_received_total",
+                           "Token rows this EP rank received from all DP ranks, summed over MoE "
+                           "layers.",
+                           {"rank"}));
+  em->tokens_received_ = &received->WithLabels({r});
+  DXS_ASSIGN_OR_RETURN(
+      m::HistogramFamily * compute,
+      registry->AddHistogram("dxs_expert_compute_seconds",
+                             "Time this EP rank's experts took for one MoE layer round.", {"rank"},
+                             m::ExponentialBuckets(1e-5, 2, 20)));
+  em->compute_ = &compute->WithLabels({r});
+  DXS_ASSIGN_OR_RETURN(em->expert_tokens_family_,
+                       registry->AddCounter("dxs_expert_tokens_total",
+                                            "Token rows computed by one expert, summed over MoE "
+                                            "layers (a row routed to two of this rank's experts "
+                                            "counts for each).",
+                                            {"rank", "expert"}));
+  em->expert_tokens_.assign(static_cast<size_t>(std::max(num_experts, 0)), nullptr);
+  em->round_counts_.assign(em->expert_tokens_.size(), 0);
+  for (int e : experts) {
+    if (e < 0 || e >= num_experts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expert ", e, " is outside [0, ", num_experts, ")"));
+    }
+    em->expert_tokens_[e] = &em->expert_tokens_family_->WithLabels({r, std::to_string(e)});
+  }
+  return em;
+}
+
+void ExpertMetrics::OnRound(int64_t num_rows, const RoutedPairs& pairs, double compute_seconds) {
+  rounds_->Increment();
+  if (num_rows == 0) empty_rounds_->Increment();
+  tokens_received_->Increment(num_rows);
+  compute_->Observe(compute_seconds);
+  for (int32_t e : pairs.experts) {
+    if (e >= 0 && static_cast<size_t>(e) < round_counts_.size()) ++round_counts_[e];
+  }
+  for (size_t e = 0; e < round_counts_.size(); ++e) {
+    if (round_counts_[e] == 0) continue;
+    if (expert_tokens_[e] == nullptr) {  // not in the initial set: placement changed
+      expert_tokens_[e] = &expert_tokens_family_->WithLabels({rank_, std::to_string(e)});
+    }
+    expert_tokens_[e]->Increment(round_counts_[e]);
+    round_counts_[e] = 0;
+  }
+}
+
+void ExpertMetrics::OnStep(bool empty) {
+  steps_->Increment();
+  if (empty) empty_steps_->Increment();
+}
+
+}  // namespace dxs

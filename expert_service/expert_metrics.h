@@ -1,0 +1,55 @@
+// ExpertMetrics: one EP rank's Prometheus series (docs/metrics.md, "Expert workers"): steps
+// and empty-batch steps, layer rounds and empty ones, token rows received, rows computed
+// per expert, and expert compute time.
+//
+// ExpertStepServer calls OnRound after each MoE layer round and OnStep after a step's last
+// MoE layer. Children are looked up once (per expert: this rank's experts at creation), so
+// a round costs a pass over its pairs into a reused count vector, then one atomic add per
+// expert that got rows.
+//
+// Thread safety: OnRound and OnStep are called by the serving thread only. The registry
+// must outlive this object.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/metrics/registry.h"
+#include "model/expert_shard.h"
+
+namespace dxs {
+
+class ExpertMetrics {
+ public:
+  // `experts`: the experts this rank holds (exposed at zero from the start), each in
+  // [0, num_experts).
+  static absl::StatusOr<std::unique_ptr<ExpertMetrics>> Create(metrics::Registry* registry,
+                                                               int rank,
+                                                               const std::vector<int>& experts,
+                                                               int num_experts);
+
+  // One MoE layer round: `num_rows` token rows received from all DP ranks, routed to this
+  // rank's experts by `pairs`; the experts took `compute_seconds`.
+  void OnRound(int64_t num_rows, const RoutedPairs& pairs, double compute_seconds);
+  // A step ended (its last MoE layer was served); `empty` if no row arrived in any layer.
+  void OnStep(bool empty);
+
+ private:
+  ExpertMetrics() = default;
+
+  std::string rank_;
+  metrics::Counter* steps_ = nullptr;
+  metrics::Counter* empty_steps_ = nullptr;
+  metrics::Counter* rounds_ = nullptr;
+  metrics::Counter* empty_rounds_ = nullptr;
+  metrics::Counter* tokens_received_ = nullptr;
+  metrics::Histogram* compute_ = nullptr;
+  metrics::CounterFamily* expert_tokens_family_ = nullptr;
+  std::vector<metrics::Counter*> expert_tokens_;  // by expert id; null until seen
+  std::vector<int64_t> round_counts_;             // by expert id; zero between rounds
+};
+
+}  // namespace dxs

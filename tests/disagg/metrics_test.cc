@@ -1,0 +1,215 @@
+// Prometheus metrics of a real cluster (router, 2 attention and 2 expert processes on
+// loopback): every process serves /metrics that `promtool check metrics` accepts, the
+// addresses are registered with the router, and the key series move: a DP rank that gets
+// no requests counts empty-batch steps (and so does the router's cluster-wide view), the
+// dispatch and combine histograms get samples, tokens dispatched equal tokens received,
+// and the router counts requests by code with their latencies.
+#include <grpcpp/grpcpp.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "dxs/v1/frontend.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/disagg/metrics_util.h"
+#include "tests/disagg/process_cluster.h"
+#include "tests/model/test_util.h"
+
+namespace dxs {
+namespace {
+
+using testing::ClusterSpec;
+using testing::ParseSamples;
+using testing::ProcessCluster;
+using testing::SumOf;
+using testing::TempDir;
+using testing::Value;
+using Samples = std::map<std::string, double>;
+
+constexpr int kMaxNewTokens = 8;
+
+// One Generate through the router's front door, pinned to DP rank `rank`; the final status.
+grpc::Status GeneratePinned(v1::Frontend::Stub* frontend, int rank,
+                            const std::vector<uint32_t>& prompt) {
+  v1::GenerateRequest req;
+  for (uint32_t t : prompt) req.add_prompt_token_ids(t);
+  req.mutable_sampling_params()->set_max_new_tokens(kMaxNewTokens);
+  req.mutable_sampling_params()->set_temperature(0.f);
+  req.mutable_sampling_params()->set_ignore_eos(true);
+  req.set_data_parallel_rank(static_cast<uint32_t>(rank));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = frontend->Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  while (reader->Read(&resp)) {
+  }
+  return reader->Finish();
+}
+
+Samples MustScrape(const std::string& address) {
+  absl::StatusOr<std::string> text = testing::Scrape(address);
+  EXPECT_TRUE(text.ok()) << text.status();
+  return text.ok() ? ParseSamples(*text) : Samples();
+}
+
+// Scrapes `address` until `done` holds (or `timeout` passes); the last samples.
+template <typename Pred>
+Samples ScrapeUntil(const std::string& address, Pred done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  Samples s;
+  while (true) {
+    absl::StatusOr<std::string> text = testing::Scrape(address);
+    if (text.ok()) s = ParseSamples(*text);
+    if ((text.ok() && done(s)) || absl::Now() > deadline) return s;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
+// Runs `dxs status --router ADDR --format json`; its stdout.
+std::string DxsStatusJson(const ProcessCluster& cluster) {
+  const std::string command = absl::StrCat(cluster.bin("dxs"), " status --router ",
+                                           cluster.router_address(), " --format json 2>/dev/null");
+  std::string out;
+  if (FILE* pipe = popen(command.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
+    pclose(pipe);
+  }
+  return out;
+}
+
+TEST(Metrics, EveryProcessServesCleanMetricsThatMove) {
+  if (access(testing::kPromtool, X_OK) != 0) GTEST_SKIP() << testing::kPromtool << " missing";
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ProcessCluster cluster(tmp.path());
+  absl::Status started = cluster.Start(ClusterSpec{dir, 2, 2, {}});
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+
+  // Every process printed its metrics address, and registered it (`dxs status` shows it).
+  const std::vector<std::string> addresses = cluster.metrics_addresses();
+  ASSERT_EQ(addresses.size(), 5u) << cluster.DumpLogs();
+  for (const std::string& a : addresses) ASSERT_GT(testing::PortOf(a), 0) << cluster.DumpLogs();
+  const nlohmann::json status = nlohmann::json::parse(DxsStatusJson(cluster), nullptr, false);
+  ASSERT_TRUE(status.is_object()) << DxsStatusJson(cluster);
+  int registered = 0;
+  for (const nlohmann::json& w : status["workers"]) {
+    const int rank = w["rank"].get<int>();
+    const std::string want = w["role"] == "attention" ? cluster.attention_metrics_address(rank)
+                                                      : cluster.expert_metrics_address(rank);
+    EXPECT_EQ(w["metrics_address"].get<std::string>(), want) << w.dump();
+    ++registered;
+  }
+  EXPECT_EQ(registered, 4);
+
+  const std::string attention1 = cluster.attention_metrics_address(1);
+  const Samples before = MustScrape(attention1);
+  const std::string empty1 = R"(dxs_empty_batch_steps_total{role="attention",rank="1"})";
+  const std::string steps1 = R"(dxs_steps_total{role="attention",rank="1"})";
+
+  // Requests to DP rank 0 only; DP rank 1 takes part in every step with an empty batch.
+  constexpr int kNumRequests = 4;
+  std::vector<grpc::Status> results(kNumRequests);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kNumRequests; ++i) {
+    threads.emplace_back([&, i] {
+      std::vector<uint32_t> prompt;
+      for (int j = 0; j < 3 + i; ++j) prompt.push_back(7 + 31 * i + 101 * j);
+      results[i] = GeneratePinned(cluster.frontend(), 0, prompt);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const grpc::Status& s : results) ASSERT_TRUE(s.ok()) << s.error_message();
+  // One refused request: an empty prompt is INVALID_ARGUMENT.
+  EXPECT_EQ(GeneratePinned(cluster.frontend(), 0, {}).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  // promtool accepts every process's exposition as it is now.
+  for (const std::string& address : addresses) {
+    absl::StatusOr<std::string> text = testing::Scrape(address);
+    ASSERT_TRUE(text.ok()) << text.status();
+    const testing::PromtoolResult check = testing::CheckMetrics(*text);
+    EXPECT_EQ(check.exit_code, 0) << address << ": " << check.output << "\n" << *text;
+    EXPECT_EQ(check.output, "") << address << ":\n" << *text;
+    EXPECT_NE(text->find("dxs_build_info{"), std::string::npos) << address;
+  }
+
+  // DP rank 1 had no request: all its new steps were empty ones.
+  const Samples after1 = MustScrape(attention1);
+  EXPECT_GT(Value(after1, empty1), Value(before, empty1));
+  EXPECT_EQ(Value(after1, empty1) - Value(before, empty1),
+            Value(after1, steps1) - Value(before, steps1));
+  EXPECT_GT(Value(after1, R"(dxs_dispatch_latency_seconds_count{rank="1"})"), 0);
+
+  // DP rank 0 did the work: non-empty steps, dispatch and combine samples, KV cache gauges.
+  const Samples attention0 = MustScrape(cluster.attention_metrics_address(0));
+  EXPECT_GT(Value(attention0, R"(dxs_steps_total{role="attention",rank="0"})"),
+            Value(attention0, R"(dxs_empty_batch_steps_total{role="attention",rank="0"})"));
+  EXPECT_GT(Value(attention0, R"(dxs_dispatch_latency_seconds_count{rank="0"})"), 0);
+  EXPECT_GT(Value(attention0, R"(dxs_combine_latency_seconds_count{rank="0"})"), 0);
+  EXPECT_GT(Value(attention0, R"(dxs_step_duration_seconds_count{role="attention",rank="0"})"), 0);
+  EXPECT_GT(SumOf(attention0, "dxs_tokens_dispatched_total"), 0);
+  EXPECT_EQ(SumOf(attention0, "dxs_tokens_dispatched_total"),
+            SumOf(attention0, "dxs_tokens_combined_total"));
+  EXPECT_EQ(Value(attention0, R"(dxs_kv_cache_capacity_tokens{rank="0"})"), 1 << 16);
+  EXPECT_EQ(Value(attention0, R"(dxs_kv_cache_used_tokens{rank="0"})"), 0);
+  EXPECT_EQ(Value(attention0, R"(dxs_queue_length{rank="0"})"), 0);
+  EXPECT_EQ(Value(attention0, R"(dxs_running_requests{rank="0"})"), 0);
+
+  // Expert ranks received exactly what the DP ranks dispatched, per expert and in total.
+  const double dispatched = SumOf(attention0, "dxs_tokens_dispatched_total") +
+                            SumOf(after1, "dxs_tokens_dispatched_total");
+  double received = 0, per_expert = 0;
+  for (int r = 0; r < 2; ++r) {
+    const Samples e = MustScrape(cluster.expert_metrics_address(r));
+    const std::string rank = std::to_string(r);
+    EXPECT_GT(Value(e, R"(dxs_steps_total{role="expert",rank=")" + rank + R"("})"), 0);
+    EXPECT_GE(Value(e, R"(dxs_empty_batch_steps_total{role="expert",rank=")" + rank + R"("})"), 0);
+    EXPECT_GE(Value(e, R"(dxs_empty_layer_rounds_total{rank=")" + rank + R"("})"), 0);
+    EXPECT_GT(Value(e, R"(dxs_expert_compute_seconds_count{rank=")" + rank + R"("})"), 0);
+    received += Value(e, R"(dxs_tokens_received_total{rank=")" + rank + R"("})");
+    per_expert += SumOf(e, "dxs_expert_tokens_total");
+  }
+  EXPECT_GT(received, 0);
+  EXPECT_EQ(received, dispatched);
+  EXPECT_GE(per_expert, received);  // a row routed to two experts of a rank counts twice
+
+  // The router: requests by code, latencies, and the cluster view from heartbeats.
+  const std::string router = cluster.router_metrics_address();
+  const Samples r = ScrapeUntil(
+      router,
+      [&](const Samples& s) {
+        return Value(s, R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="1"})") >=
+                   Value(after1, empty1) &&
+               Value(s, R"(dxs_workers{role="expert",state="ready"})") == 2;
+      },
+      absl::Seconds(10));
+  EXPECT_EQ(Value(r, R"(dxs_requests_total{code="OK"})"), kNumRequests);
+  EXPECT_EQ(Value(r, R"(dxs_requests_total{code="INVALID_ARGUMENT"})"), 1);
+  EXPECT_EQ(Value(r, R"(dxs_request_errors_total{code="INVALID_ARGUMENT"})"), 1);
+  EXPECT_EQ(Value(r, R"(dxs_request_errors_total{code="UNAVAILABLE"})"), 0);
+  EXPECT_EQ(Value(r, "dxs_time_to_first_token_seconds_count"), kNumRequests);
+  EXPECT_EQ(Value(r, "dxs_request_duration_seconds_count"), kNumRequests);
+  // One sample per token after the first (fewer if the worker sent several in one chunk).
+  EXPECT_GT(Value(r, "dxs_inter_token_latency_seconds_count"), 0);
+  EXPECT_LE(Value(r, "dxs_inter_token_latency_seconds_count"), kNumRequests * (kMaxNewTokens - 1));
+  EXPECT_EQ(Value(r, "dxs_inflight_requests"), 0);
+  EXPECT_GE(Value(r, R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="1"})"),
+            Value(after1, empty1));
+  EXPECT_EQ(Value(r, R"(dxs_workers{role="attention",state="ready"})"), 2);
+  EXPECT_EQ(Value(r, R"(dxs_workers{role="expert",state="ready"})"), 2);
+  EXPECT_EQ(Value(r, R"(dxs_workers{role="expert",state="dead"})"), 0);
+  EXPECT_GT(Value(r, "dxs_cluster_view_version"), 0);
+  EXPECT_GE(Value(r, "dxs_ep_token_imbalance"), 1);
+  // Within the router's 5 s window DP rank 1's empty-step count grew; DP rank 0's did
+  // not have to.
+  EXPECT_GE(Value(r, R"(dxs_cluster_empty_ranks{role="attention"})"), 1);
+  EXPECT_GT(Value(r, R"(dxs_cluster_tokens_total{role="expert",rank="0"})") +
+                Value(r, R"(dxs_cluster_tokens_total{role="expert",rank="1"})"),
+            0);
+  if (HasFailure()) std::cerr << cluster.DumpLogs();
+}
+
+}  // namespace
+}  // namespace dxs

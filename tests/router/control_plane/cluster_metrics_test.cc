@@ -1,0 +1,169 @@
+// ClusterMetrics over a real ClusterRegistry with a fake clock: heartbeat counters are
+// mirrored (and keep growing across a worker restart), the empty-ranks gauge follows the
+// window, EP token imbalance is max / mean over the window, workers are counted by state.
+#include "router/control_plane/cluster_metrics.h"
+
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace dxs {
+namespace {
+
+constexpr char kCheckpoint[] = "0123456789abcdef";
+constexpr char kConfig[] = "fedcba9876543210";
+
+// Sample lines of an exposition keyed by series as written.
+std::map<std::string, double> Samples(const metrics::Registry& registry) {
+  std::map<std::string, double> out;
+  std::istringstream in(registry.Scrape());
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    out[line.substr(0, space)] = std::stod(line.substr(space + 1));
+  }
+  return out;
+}
+
+class ClusterMetricsTest : public ::testing::Test {
+ protected:
+  ClusterMetricsTest() : cluster_(Options()) {
+    metrics_ =
+        ClusterMetrics::Create(&registry_, &cluster_, {absl::Seconds(5), absl::Seconds(1)}).value();
+  }
+
+  ClusterRegistryOptions Options() {
+    ClusterRegistryOptions o;
+    o.num_attention_ranks = 2;
+    o.num_expert_ranks = 2;
+    o.num_experts = 4;
+    o.fingerprint.set_checkpoint_fingerprint(kCheckpoint);
+    o.fingerprint.set_config_fingerprint(kConfig);
+    o.lease_timeout = absl::Seconds(30);
+    o.now = [this] { return now_; };
+    return o;
+  }
+
+  // Registers (role, rank) from `address`; returns its id.
+  v1::WorkerId Register(v1::Role role, uint32_t rank, const std::string& address) {
+    v1::RegisterRequest r;
+    r.set_role(role);
+    r.set_rank(rank);
+    r.set_grpc_address(address);
+    r.mutable_transport()->set_ucx_worker_address("ucx:" + address);
+    r.mutable_fingerprint()->set_checkpoint_fingerprint(kCheckpoint);
+    r.mutable_fingerprint()->set_config_fingerprint(kConfig);
+    absl::StatusOr<v1::RegisterResponse> response = cluster_.Register(r);
+    EXPECT_TRUE(response.ok()) << response.status();
+    v1::WorkerId id;
+    id.set_role(role);
+    id.set_rank(rank);
+    id.set_incarnation(response->incarnation());
+    return id;
+  }
+
+  void Beat(const v1::WorkerId& id, uint64_t steps, uint64_t empty, uint64_t tokens) {
+    v1::HeartbeatRequest h;
+    *h.mutable_worker() = id;
+    h.set_state(v1::WORKER_STATE_READY);
+    h.mutable_counters()->set_steps_total(steps);
+    h.mutable_counters()->set_empty_steps_total(empty);
+    h.mutable_counters()->set_tokens_total(tokens);
+    ASSERT_TRUE(cluster_.Heartbeat(h).ok());
+  }
+
+  // Advances the clock by one second and samples.
+  std::map<std::string, double> Tick() {
+    now_ += absl::Seconds(1);
+    metrics_->Sample(now_);
+    return Samples(registry_);
+  }
+
+  absl::Time now_ = absl::FromUnixSeconds(1'000'000);
+  metrics::Registry registry_;
+  ClusterRegistry cluster_;
+  std::unique_ptr<ClusterMetrics> metrics_;
+};
+
+TEST_F(ClusterMetricsTest, MirrorsHeartbeatsAndFindsEmptyRanksInTheWindow) {
+  const v1::WorkerId a0 = Register(v1::ROLE_ATTENTION, 0, "a0:1");
+  const v1::WorkerId a1 = Register(v1::ROLE_ATTENTION, 1, "a1:1");
+  const v1::WorkerId e0 = Register(v1::ROLE_EXPERT, 0, "e0:1");
+  const v1::WorkerId e1 = Register(v1::ROLE_EXPERT, 1, "e1:1");
+  std::map<std::string, double> s = Tick();
+  EXPECT_EQ(s[R"(dxs_workers{role="attention",state="joining"})"], 2);
+  EXPECT_EQ(s[R"(dxs_workers{role="expert",state="joining"})"], 2);
+  EXPECT_EQ(s["dxs_cluster_view_version"], cluster_.version());
+  EXPECT_EQ(s["dxs_ep_token_imbalance"], 1);  // no traffic yet
+
+  // DP rank 1 runs empty steps while rank 0 works; EP rank 0 gets 3x EP rank 1's rows.
+  Beat(a0, 10, 0, 40);
+  Beat(a1, 10, 10, 0);
+  Beat(e0, 10, 0, 300);
+  Beat(e1, 10, 0, 100);
+  s = Tick();
+  EXPECT_EQ(s[R"(dxs_workers{role="attention",state="ready"})"], 2);
+  EXPECT_EQ(s[R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="1"})"], 10);
+  EXPECT_EQ(s[R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="0"})"], 0);
+  EXPECT_EQ(s[R"(dxs_cluster_steps_total{role="expert",rank="0"})"], 10);
+  EXPECT_EQ(s[R"(dxs_cluster_tokens_total{role="expert",rank="0"})"], 300);
+  EXPECT_EQ(s[R"(dxs_cluster_empty_ranks{role="attention"})"], 1);
+  EXPECT_EQ(s[R"(dxs_cluster_empty_ranks{role="expert"})"], 0);
+  EXPECT_DOUBLE_EQ(s["dxs_ep_token_imbalance"], 300.0 / 200.0);
+
+  // Nothing moves: after the window (5 s) no rank counts as empty, imbalance back to 1.
+  for (int i = 0; i < 4; ++i) s = Tick();
+  EXPECT_EQ(s[R"(dxs_cluster_empty_ranks{role="attention"})"], 1);  // 5 s: still in
+  s = Tick();
+  EXPECT_EQ(s[R"(dxs_cluster_empty_ranks{role="attention"})"], 0);
+  EXPECT_EQ(s["dxs_ep_token_imbalance"], 1);
+  EXPECT_EQ(s[R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="1"})"], 10);
+
+  // DP rank 1 restarts (same address, new incarnation): its counters start again at 0, and
+  // the mirrored counter keeps growing from 10.
+  const v1::WorkerId a1b = Register(v1::ROLE_ATTENTION, 1, "a1:1");
+  ASSERT_NE(a1b.incarnation(), a1.incarnation());
+  Beat(a1b, 4, 3, 0);
+  s = Tick();
+  EXPECT_EQ(s[R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="1"})"], 13);
+  EXPECT_EQ(s[R"(dxs_cluster_steps_total{role="attention",rank="1"})"], 14);
+  // A new incarnation's first report is its baseline: growth shows from the next one.
+  EXPECT_EQ(s[R"(dxs_cluster_empty_ranks{role="attention"})"], 0);
+  Beat(a1b, 6, 5, 0);
+  s = Tick();
+  EXPECT_EQ(s[R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="1"})"], 15);
+  EXPECT_EQ(s[R"(dxs_cluster_empty_ranks{role="attention"})"], 1);
+
+  const std::string text = registry_.Scrape();
+  EXPECT_NE(text.find("# TYPE dxs_cluster_empty_batch_steps_total counter"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE dxs_cluster_empty_ranks gauge"), std::string::npos);
+}
+
+TEST_F(ClusterMetricsTest, BackgroundSamplingStartsAndStops) {
+  Register(v1::ROLE_ATTENTION, 0, "a0:1");
+  metrics_->Start();
+  metrics_->Start();  // once only
+  for (int i = 0; i < 200; ++i) {
+    if (Samples(registry_)[R"(dxs_workers{role="attention",state="joining"})"] == 1) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(Samples(registry_)[R"(dxs_workers{role="attention",state="joining"})"], 1);
+  metrics_->Stop();
+  metrics_->Stop();  // idempotent
+}
+
+TEST(ClusterMetricsOptionsTest, RefusesANonPositiveWindowOrInterval) {
+  metrics::Registry registry;
+  ClusterRegistryOptions o;
+  ClusterRegistry cluster(o);
+  EXPECT_FALSE(
+      ClusterMetrics::Create(&registry, &cluster, {absl::ZeroDuration(), absl::Seconds(1)}).ok());
+  EXPECT_FALSE(
+      ClusterMetrics::Create(&registry, &cluster, {absl::Seconds(1), absl::ZeroDuration()}).ok());
+}
+
+}  // namespace
+}  // namespace dxs
