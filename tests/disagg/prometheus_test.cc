@@ -83,6 +83,17 @@ class PrometheusServer {
     return std::stod(result[0]["value"][1].get<std::string>());
   }
 
+  // The number of series an instant query returns (0: no data).
+  absl::StatusOr<size_t> QuerySeries(const std::string& promql) const {
+    const auto [status, body] =
+        testing::HttpGet(port_, "/api/v1/query?query=" + testing::UrlEncode(promql));
+    const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+    if (status != 200 || !j.is_object() || j.value("status", "") != "success") {
+      return absl::InternalError(absl::StrCat(promql, ": HTTP ", status, " ", body));
+    }
+    return j["data"]["result"].size();
+  }
+
   // Polls `promql` until its value satisfies `ok` or `timeout` passes; the last value.
   template <typename Pred>
   double PollUntil(const std::string& promql, Pred ok, absl::Duration timeout) const {
@@ -190,6 +201,30 @@ TEST(Prometheus, ScrapesTheClusterAndSeesAnIdleRankRunEmptySteps) {
   EXPECT_GT(at(cluster_empty1, window_end) - at(cluster_empty1, window_start), 0);
   EXPECT_GE(at(R"(dxs_cluster_empty_ranks{role="attention"})", window_end), 1);
   EXPECT_GT(at("increase(" + empty1 + "[4s])", window_end), 0);
+
+  // Every panel of the Grafana dashboard returns data from this Prometheus, with the
+  // dashboard's variables set to match everything (deploy/grafana/README.md).
+  std::ifstream dashboard_file(testing::SourceDir() + "/deploy/grafana/dxs-dashboard.json");
+  ASSERT_TRUE(dashboard_file.good()) << "deploy/grafana/dxs-dashboard.json";
+  const nlohmann::json dashboard = nlohmann::json::parse(dashboard_file);
+  int num_queries = 0;
+  for (const nlohmann::json& panel : dashboard.at("panels")) {
+    if (!panel.contains("targets")) continue;
+    for (const nlohmann::json& target : panel.at("targets")) {
+      std::string expr = target.value("expr", "");
+      if (expr.empty()) continue;
+      for (const char* var : {"$namespace", "$model"}) {
+        for (size_t at_pos; (at_pos = expr.find(var)) != std::string::npos;) {
+          expr.replace(at_pos, std::string(var).size(), ".*");
+        }
+      }
+      ++num_queries;
+      absl::StatusOr<size_t> series = prometheus.QuerySeries(expr);
+      ASSERT_TRUE(series.ok()) << panel.value("title", "") << ": " << series.status();
+      EXPECT_GT(*series, 0u) << "panel '" << panel.value("title", "") << "' has no data: " << expr;
+    }
+  }
+  EXPECT_GE(num_queries, 10);
 
   if (HasFailure()) std::cerr << cluster.DumpLogs() << "\n--- prometheus ---\n" << prometheus.log();
 }
