@@ -1,0 +1,60 @@
+#!/bin/sh
+# The build stage of deploy/container/Dockerfile: installs the build dependencies with
+# scripts/setup.sh and builds the four binaries with scripts/build.sh (CPU only), then
+# installs them into PREFIX/bin. scripts/check-container.sh runs this same file in a
+# Debian 12 chroot, so the image build and the check cannot drift apart.
+#
+#   build-steps.sh SRC_DIR PREFIX
+#
+# Environment:
+#   DXS_CMAKE_ARGS    [-DDXS_WITH_CUDA=OFF -DDXS_BUILD_TESTS=OFF -DDXS_BUILD_BENCH=OFF]
+#   DXS_GIT_COMMIT    recorded in dxs_build_info{git_commit} (the image has no .git)
+#   DXS_BUILD_TYPE    [Release]
+#   DXS_BUILD_JOBS    parallel compile jobs [all cores]
+#   DXS_PREBUILT_BIN  a directory holding dxs, dxs-router, dxs-attention and dxs-expert
+#                     built from this tree on Debian 12: configure as usual but install
+#                     these instead of compiling (check-container.sh on 2-core machines)
+set -eu
+
+[ $# -eq 2 ] || { echo "usage: build-steps.sh SRC_DIR PREFIX" >&2; exit 2; }
+src=$1
+prefix=$2
+binaries="dxs dxs-router dxs-attention dxs-expert"
+targets="dxs dxs_router dxs_attention dxs_expert"  # CMake targets of those binaries
+cd "$src"
+
+echo "build-steps: [1/3] build dependencies (scripts/setup.sh)"
+export DEBIAN_FRONTEND=noninteractive
+# setup.sh also makes the test client's Python venv; keep it out of the source tree.
+DXS_PY_VENV=/tmp/dxs-build-venv scripts/setup.sh
+rm -rf /var/lib/apt/lists/*
+
+export DXS_BUILD_DIR=build-container
+export DXS_BUILD_TYPE="${DXS_BUILD_TYPE:-Release}"
+DXS_CMAKE_ARGS="${DXS_CMAKE_ARGS:--DDXS_WITH_CUDA=OFF -DDXS_BUILD_TESTS=OFF -DDXS_BUILD_BENCH=OFF}"
+if [ -n "${DXS_GIT_COMMIT:-}" ]; then
+  DXS_CMAKE_ARGS="$DXS_CMAKE_ARGS -DDXS_GIT_COMMIT=$DXS_GIT_COMMIT"
+fi
+export DXS_CMAKE_ARGS
+
+if [ -n "${DXS_PREBUILT_BIN:-}" ]; then
+  # Configure only (build.sh configures, then rebuild_cache re-runs CMake: no compiling),
+  # which still proves the build dependencies are complete.
+  echo "build-steps: [2/3] configure only ($DXS_CMAKE_ARGS); binaries from $DXS_PREBUILT_BIN"
+  scripts/build.sh rebuild_cache
+  # The targets a real build would compile exist (ninja fails on an unknown one).
+  # shellcheck disable=SC2086  # one target per word
+  ninja -C "$DXS_BUILD_DIR" -t query $targets >/dev/null
+  bin_dir=$DXS_PREBUILT_BIN
+else
+  echo "build-steps: [2/3] configure and build ($DXS_CMAKE_ARGS)"
+  # shellcheck disable=SC2086  # one target per word
+  scripts/build.sh $targets
+  bin_dir=$DXS_BUILD_DIR/bin
+fi
+
+echo "build-steps: [3/3] install into $prefix/bin"
+for b in $binaries; do
+  install -D -m 0755 "$bin_dir/$b" "$prefix/bin/$b"
+done
+ls -l "$prefix/bin"
