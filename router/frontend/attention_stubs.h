@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "grpcpp/security/credentials.h"
 #include "absl/synchronization/mutex.h"
 #include "dxs/v1/attention_worker.grpc.pb.h"
+#include "grpcpp/security/credentials.h"
 
 namespace dxs {
 

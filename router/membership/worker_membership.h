@@ -18,8 +18,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "grpcpp/security/credentials.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
+#include "grpcpp/security/credentials.h"
 
 namespace dxs {
 
