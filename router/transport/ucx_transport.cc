@@ -15,13 +15,15 @@
 // and Send does not return before the message left, or for rendezvous was fetched), and
 // an Inbound's queue position is fixed when its callback runs, so FIFO per peer holds.
 //
-// Blocking: WaitUntil spins on progress briefly, then ucp_worker_arm + epoll_wait on the
-// worker's event fd. Sleeps are capped at kMaxSleep so UCP's keepalive (which runs from
-// progress) notices peers that die without closing a socket, e.g. over shared memory.
+// Blocking: WaitUntil spins on progress briefly, yielding the core on each turn, then
+// ucp_worker_arm + epoll_wait on the worker's event fd. Sleeps are capped at kMaxSleep so
+// UCP's keepalive (which runs from progress) notices peers that die without closing a
+// socket, e.g. over shared memory.
 //
 // Faults: endpoints use UCP_ERR_HANDLING_MODE_PEER; the error callback marks the peer
 // failed and records a failure event for WaitForActivity.
 #include <malloc.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -52,7 +54,9 @@ constexpr uint32_t kMagic = 0x31535844;  // "DXS1"
 constexpr uint32_t kFlagHeaderInData = 1u << 0;
 
 // Progress-only spin before sleeping: round trips over shared memory finish well inside
-// it, so a ping-pong does not pay two wake-ups per message.
+// it, so a ping-pong does not pay two wake-ups per message. The spin yields the core on
+// every turn (measured on 2 cores, 2 attention + 2 expert ranks + router, concurrency 64:
+// a busy spin cost 20% of all CPU time; yielding raised serving throughput by a quarter).
 constexpr absl::Duration kSpinBeforeSleep = absl::Microseconds(50);
 // Longest single sleep; bounds how late keepalive runs. See the file comment.
 constexpr absl::Duration kMaxSleep = absl::Milliseconds(100);
@@ -521,6 +525,9 @@ UcxTransport::WaitResult UcxTransport::WaitUntil(absl::Time deadline, bool honor
       }
       now = absl::Now();
       if (now >= deadline) return WaitResult::kDeadline;
+      // Hand the core to whoever is runnable: with more processes than cores the peer we
+      // wait for may be the one that needs it. Costs a syscall when nothing else runs.
+      sched_yield();
     } while (now < spin_end);
     if (!SleepOnEventFd(std::min(deadline - now, kMaxSleep))) return WaitResult::kError;
   }
