@@ -8,9 +8,16 @@
 // The process forks before either side touches UCX; the parent is the client and
 // measures, the child echoes. Addresses travel over pipes.
 //
+// The dxs side also runs the zero-copy paths: a payload sent from several segments
+// (SendV), and received into memory a ReceiveTargetProvider picks (one segment, or two
+// for a message split the way a dispatch's rows and routing pairs are). Each variant is
+// named sN/tM: the request goes out in N segments and lands in M target segments (0: the
+// transport's own buffer); the echo goes back in one segment, into a one-segment target
+// whenever M > 0.
+//
 // Usage: transport_bench [--quick]
 // Output: median round trip in microseconds and GB/s (2 * bytes per round trip / time)
-// for each size, and dxs/raw round-trip ratio.
+// for each size, dxs/raw round-trip ratio, and each variant's round trip.
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <ucp/api/ucp.h>
@@ -42,6 +49,13 @@ struct SizeCase {
 constexpr SizeCase kCases[] = {
     {0, 5000}, {1 << 10, 5000}, {64 << 10, 2000}, {1 << 20, 300}, {16 << 20, 40},
 };
+
+// (request segments, target segments) of each dxs variant; the first is the plain path.
+struct Variant {
+  int send_segments;
+  int target_segments;
+};
+constexpr Variant kVariants[] = {{1, 0}, {4, 0}, {1, 1}, {1, 2}, {4, 2}};
 
 using dxs::bench::Die;
 using dxs::bench::TradeAddresses;
@@ -99,23 +113,68 @@ std::unique_ptr<dxs::Transport> ConnectDxs(int self, int read_fd, int write_fd) 
   return std::move(*transport);
 }
 
-std::vector<double> DxsClient(int read_fd, int write_fd, int scale) {
+// Splits `bytes` at `data` into `n` pieces: the first 98% (rows), the rest evenly.
+template <typename Segment, typename Pointer>
+std::vector<Segment> Pieces(Pointer data, size_t bytes, int n) {
+  std::vector<Segment> pieces;
+  if (n == 1) return {{data, bytes}};
+  const size_t head = bytes / 50 * 49;
+  pieces.push_back({data, head});
+  size_t offset = head;
+  for (int i = 1; i < n; ++i) {
+    const size_t piece = i == n - 1 ? bytes - offset : (bytes - head) / (n - 1);
+    pieces.push_back({data + offset, piece});
+    offset += piece;
+  }
+  return pieces;
+}
+
+// Accepts every message whose header starts with 't' into one preallocated buffer, in
+// as many segments as the header's second byte says.
+class BufferTarget final : public dxs::ReceiveTargetProvider {
+ public:
+  BufferTarget() : buffer_(kMaxBytes) {}
+  bool TargetFor(int peer, std::string_view header, size_t payload_bytes,
+                 std::vector<dxs::ReceiveSegment>* segments) override {
+    if (header.size() < 2 || header[0] != 't' || payload_bytes > buffer_.size()) return false;
+    *segments = Pieces<dxs::ReceiveSegment>(buffer_.data(), payload_bytes, header[1] - '0');
+    return true;
+  }
+  void TargetDropped(int peer, std::string_view header) override {}
+  uint8_t* data() { return buffer_.data(); }
+
+ private:
+  std::vector<uint8_t> buffer_;
+};
+
+// Medians per variant, then per size.
+std::vector<std::vector<double>> DxsClient(int read_fd, int write_fd, int scale) {
   auto transport = ConnectDxs(0, read_fd, write_fd);
+  BufferTarget target;
+  transport->SetReceiveTargetProvider(&target);
   std::vector<uint8_t> payload(kMaxBytes, 0x5a);
-  std::vector<double> medians;
-  for (const SizeCase& c : kCases) {
-    const int iterations = std::max(5, c.iterations / scale);
-    std::vector<double> rtt_us;
-    for (int i = -iterations / 10 - 1; i < iterations; ++i) {
-      const double start = NowUs();
-      absl::Status status = transport->Send(1, "", payload.data(), c.bytes);
-      if (!status.ok()) Die(status.ToString());
-      auto echo = transport->Recv(1, absl::Now() + absl::Seconds(60));
-      if (!echo.ok()) Die(echo.status().ToString());
-      if (echo->payload.size() != c.bytes) Die("dxs: wrong echo size");
-      if (i >= 0) rtt_us.push_back(NowUs() - start);
+  std::vector<std::vector<double>> medians;
+  for (const Variant& v : kVariants) {
+    medians.emplace_back();
+    // "t<M>" asks the server for an M-segment target, "-" for none.
+    const std::string header =
+        v.target_segments > 0 ? "t" + std::to_string(v.target_segments) : "-";
+    for (const SizeCase& c : kCases) {
+      const int iterations = std::max(5, c.iterations / scale);
+      const auto segments = Pieces<dxs::PayloadSegment>(payload.data(), c.bytes, v.send_segments);
+      std::vector<double> rtt_us;
+      for (int i = -iterations / 10 - 1; i < iterations; ++i) {
+        const double start = NowUs();
+        absl::Status status = transport->SendV(1, header, segments.data(), segments.size());
+        if (!status.ok()) Die(status.ToString());
+        auto echo = transport->Recv(1, absl::Now() + absl::Seconds(60));
+        if (!echo.ok()) Die(echo.status().ToString());
+        if (echo->payload_size() != c.bytes) Die("dxs: wrong echo size");
+        if ((echo->target != nullptr) != (v.target_segments > 0)) Die("dxs: wrong target");
+        if (i >= 0) rtt_us.push_back(NowUs() - start);
+      }
+      medians.back().push_back(Median(rtt_us));
     }
-    medians.push_back(Median(rtt_us));
   }
   if (!transport->Send(1, "quit", nullptr, 0).ok()) Die("dxs: quit");
   return medians;
@@ -123,11 +182,16 @@ std::vector<double> DxsClient(int read_fd, int write_fd, int scale) {
 
 void DxsServer(int read_fd, int write_fd) {
   auto transport = ConnectDxs(1, read_fd, write_fd);
+  BufferTarget target;
+  transport->SetReceiveTargetProvider(&target);
   for (;;) {
     auto message = transport->Recv(0, absl::Now() + absl::Seconds(60));
     if (!message.ok()) Die(message.status().ToString());
     if (message->header == "quit") break;
-    absl::Status status = transport->Send(0, "", message->payload.data(), message->payload.size());
+    // The echo lands in the client's one-segment target when the request used one.
+    const uint8_t* data = message->target != nullptr ? target.data() : message->payload.data();
+    absl::Status status =
+        transport->Send(0, message->target != nullptr ? "t1" : "-", data, message->payload_size());
     if (!status.ok()) Die(status.ToString());
   }
   // Let the quit message's sender see completion before this process goes away.
@@ -153,7 +217,8 @@ int main(int argc, char** argv) {
     _exit(0);
   }
   const std::vector<double> raw = RawClient(from_child[0], to_child[1], scale);
-  const std::vector<double> dxs = DxsClient(from_child[0], to_child[1], scale);
+  const std::vector<std::vector<double>> variants = DxsClient(from_child[0], to_child[1], scale);
+  const std::vector<double>& dxs = variants[0];
   int status = 0;
   waitpid(pid, &status, 0);
 
@@ -165,6 +230,21 @@ int main(int argc, char** argv) {
     const double bytes = static_cast<double>(kCases[i].bytes);
     std::printf("%10zu %12.2f %10.3f %12.2f %10.3f %10.2f\n", kCases[i].bytes, raw[i],
                 2 * bytes / (raw[i] * 1e3), dxs[i], 2 * bytes / (dxs[i] * 1e3), dxs[i] / raw[i]);
+  }
+  std::printf(
+      "\ndxs zero-copy variants (sN/tM: request sent in N segments, received into M "
+      "target segments; 0 = transport buffer); median round trip in us\n%10s",
+      "bytes");
+  for (const Variant& v : kVariants) {
+    std::printf(
+        " %9s",
+        ("s" + std::to_string(v.send_segments) + "/t" + std::to_string(v.target_segments)).c_str());
+  }
+  std::printf("\n");
+  for (size_t i = 0; i < std::size(kCases); ++i) {
+    std::printf("%10zu", kCases[i].bytes);
+    for (const auto& medians : variants) std::printf(" %9.2f", medians[i]);
+    std::printf("\n");
   }
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }

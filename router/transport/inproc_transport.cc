@@ -3,8 +3,14 @@
 // variable per receiver. Disconnect(peer) marks the pair failed in both directions, the
 // way a broken connection looks to both ends, so tests can inject faults; Connect(peer)
 // clears the caller's side only, like reconnecting one UCX endpoint.
+//
+// Receive targets: a message is offered to the receiver's ReceiveTargetProvider on the
+// receiver's own thread (the provider is not thread-safe), the first time one of the
+// receiver's calls finds it queued, in queue order; an accepted payload is copied into the
+// target then.
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -28,7 +34,11 @@ constexpr absl::Duration kMaxWaitSlice = absl::Hours(1);
 struct Mailbox {
   explicit Mailbox(int num_peers) : from(num_peers), failure(num_peers) {}
   std::condition_variable cv;
-  std::vector<std::deque<TransportMessage>> from;  // indexed by sender
+  struct Queued {
+    TransportMessage message;
+    bool offered = false;  // the receiver's provider has seen it
+  };
+  std::vector<std::deque<Queued>> from;  // indexed by sender
   // This receiver's view of each peer: empty when OK, else why it is unavailable.
   std::vector<std::string> failure;
   bool wake_pending = false;
@@ -78,22 +88,41 @@ class InprocTransport final : public Transport {
     }
   }
 
-  absl::Status Send(int peer, std::string_view header, const void* payload,
-                    size_t payload_bytes) override {
+  absl::Status SendV(int peer, std::string_view header, const PayloadSegment* segments,
+                     size_t num_segments) override {
     if (!Valid(peer)) return BadPeer(peer);
-    if (payload_bytes > 0 && payload == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("send to peer ", peer, ": null payload of ", payload_bytes, " bytes"));
+    size_t payload_bytes = 0;
+    for (size_t i = 0; i < num_segments; ++i) {
+      if (segments[i].bytes > 0 && segments[i].data == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "send to peer ", peer, ": null payload segment of ", segments[i].bytes, " bytes"));
+      }
+      payload_bytes += segments[i].bytes;
     }
-    TransportMessage message;
-    message.header.assign(header.data(), header.size());
-    const auto* bytes = static_cast<const uint8_t*>(payload);
-    message.payload.assign(bytes, bytes + payload_bytes);
+    Mailbox::Queued queued;
+    queued.message.header.assign(header.data(), header.size());
+    queued.message.payload.resize(payload_bytes);
+    uint8_t* p = queued.message.payload.data();
+    for (size_t i = 0; i < num_segments; ++i) {
+      if (segments[i].bytes == 0) continue;
+      std::memcpy(p, segments[i].data, segments[i].bytes);
+      p += segments[i].bytes;
+    }
     std::lock_guard<std::mutex> lock(hub_->mu);
+    OfferArrivalsLocked();
     if (!Own().failure[peer].empty()) return Unavailable(peer);
     Mailbox& other = *hub_->mailboxes[peer];
-    other.from[self_].push_back(std::move(message));
+    other.from[self_].push_back(std::move(queued));
     other.cv.notify_all();
+    return absl::OkStatus();
+  }
+
+  void SetReceiveTargetProvider(ReceiveTargetProvider* provider) override { provider_ = provider; }
+  ReceiveTargetProvider* receive_target_provider() const override { return provider_; }
+
+  // Targets are written while a message is offered, inside the receiver's own calls.
+  absl::Status WaitTargetWrites(int peer, absl::Time deadline) override {
+    if (!Valid(peer)) return BadPeer(peer);
     return absl::OkStatus();
   }
 
@@ -105,8 +134,9 @@ class InprocTransport final : public Transport {
     WaitLocked(
         lock, deadline, [&] { return !queue.empty() || !own.failure[peer].empty(); },
         /*honor_wake=*/false);
+    OfferArrivalsLocked();
     if (!queue.empty()) {
-      TransportMessage message = std::move(queue.front());
+      TransportMessage message = std::move(queue.front().message);
       queue.pop_front();
       return message;
     }
@@ -118,6 +148,7 @@ class InprocTransport final : public Transport {
   bool HasMessage(int peer) override {
     if (!Valid(peer)) return false;
     std::lock_guard<std::mutex> lock(hub_->mu);
+    OfferArrivalsLocked();
     return !Own().from[peer].empty();
   }
 
@@ -129,6 +160,7 @@ class InprocTransport final : public Transport {
                                               [](const auto& q) { return !q.empty(); });
     });
     own.failure_event = false;
+    OfferArrivalsLocked();
     return absl::OkStatus();
   }
 
@@ -152,7 +184,35 @@ class InprocTransport final : public Transport {
         absl::StrCat("peer ", peer, " is outside the inproc group of ", hub_->num_peers()));
   }
   Mailbox& Own() { return *hub_->mailboxes[self_]; }  // requires hub_->mu
-  absl::Status Unavailable(int peer) {                // requires hub_->mu
+
+  // Offers every queued message the provider has not seen, per sender in queue order, and
+  // copies accepted payloads into their targets. Requires hub_->mu; runs on this
+  // receiver's thread, as the provider requires.
+  void OfferArrivalsLocked() {
+    if (provider_ == nullptr) return;
+    Mailbox& own = Own();
+    for (int sender = 0; sender < hub_->num_peers(); ++sender) {
+      for (Mailbox::Queued& q : own.from[sender]) {
+        if (q.offered) continue;
+        q.offered = true;
+        TransportMessage& m = q.message;
+        segments_.clear();
+        if (!provider_->TargetFor(sender, m.header, m.payload.size(), &segments_)) continue;
+        size_t total = 0;
+        for (const ReceiveSegment& segment : segments_) total += segment.bytes;
+        if (total != m.payload.size()) continue;  // a provider bug: keep the payload here
+        const uint8_t* p = m.payload.data();
+        for (const ReceiveSegment& segment : segments_) {
+          if (segment.bytes > 0) std::memcpy(segment.data, p, segment.bytes);
+          p += segment.bytes;
+        }
+        m.target = provider_;
+        m.target_bytes = total;
+        m.payload = PayloadBytes();
+      }
+    }
+  }
+  absl::Status Unavailable(int peer) {  // requires hub_->mu
     return absl::UnavailableError(absl::StrCat("peer ", peer, " ", Own().failure[peer]));
   }
 
@@ -176,6 +236,8 @@ class InprocTransport final : public Transport {
 
   std::shared_ptr<Hub> hub_;
   const int self_;
+  ReceiveTargetProvider* provider_ = nullptr;  // step thread only
+  std::vector<ReceiveSegment> segments_;       // reused by OfferArrivalsLocked
 };
 
 }  // namespace

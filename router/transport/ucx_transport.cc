@@ -4,11 +4,15 @@
 // WireHeader (magic, sender rank, flags, user header length) followed by the user header;
 // the payload is the AM data. When the two headers together exceed the worker's maximum
 // AM header size, the user header travels in front of the payload instead
-// (kFlagHeaderInData), sent as a two-element IOV so nothing is copied on the send side.
+// (kFlagHeaderInData). Payloads of several segments go out as one IOV (with the user header
+// as its first element when it travels in the data), so nothing is copied on the send side.
 //
-// Receiving: the AM callback runs inside ucp_worker_progress on the step thread. Eager
-// data is copied into a new Inbound at once; for rendezvous the Inbound is queued first
-// (so it keeps its place in the sender's FIFO) and filled by ucp_am_recv_data_nbx. Recv
+// Receiving: the AM callback runs inside ucp_worker_progress on the step thread. It first
+// asks the ReceiveTargetProvider, if any, where the payload goes (only when the user
+// header came in the AM header: otherwise it is not known yet); else the payload goes to
+// a buffer of the Inbound. Eager data is copied there at once; for rendezvous the Inbound
+// is queued first (so it keeps its place in the sender's FIFO) and filled by
+// ucp_am_recv_data_nbx, straight into the target (an IOV for several segments). Recv
 // hands out the front Inbound of a peer only once it is complete.
 //
 // Ordering: UCP delivers one endpoint's active messages in send order (a single AM lane,
@@ -85,6 +89,10 @@ struct Inbound {
   ucs_status_t status = UCS_OK;
   void* request = nullptr;  // outstanding ucp_am_recv_data_nbx request
   size_t expected_bytes = 0;
+  // Where the payload goes when a provider accepted it; iov must live as long as the
+  // rendezvous receive that reads it.
+  std::vector<ReceiveSegment> segments;
+  std::vector<ucp_dt_iov_t> iov;
 };
 
 // Marks `in` complete with `status`; splits a user header sent in front of the payload.
@@ -133,8 +141,11 @@ class UcxTransport final : public Transport {
   absl::Status SetSelf(int peer) override;
   absl::Status Connect(int peer, const std::string& address) override;
   void Disconnect(int peer) override;
-  absl::Status Send(int peer, std::string_view header, const void* payload,
-                    size_t payload_bytes) override;
+  absl::Status SendV(int peer, std::string_view header, const PayloadSegment* segments,
+                     size_t num_segments) override;
+  void SetReceiveTargetProvider(ReceiveTargetProvider* provider) override { provider_ = provider; }
+  ReceiveTargetProvider* receive_target_provider() const override { return provider_; }
+  absl::Status WaitTargetWrites(int peer, absl::Time deadline) override;
   absl::StatusOr<TransportMessage> Recv(int peer, absl::Time deadline) override;
   bool HasMessage(int peer) override;
   absl::Status WaitForActivity(absl::Time deadline) override;
@@ -163,7 +174,7 @@ class UcxTransport final : public Transport {
   bool SleepOnEventFd(absl::Duration timeout);
 
   // Pops a failed front Inbound; true if the front one is complete.
-  bool FrontReady(PeerState& state);
+  bool FrontReady(int peer, PeerState& state);
   bool AnyFrontReady();
   void CloseEndpoint(PeerState& state);
   absl::Status Unavailable(int peer, const PeerState& state) const;
@@ -180,6 +191,8 @@ class UcxTransport final : public Transport {
   std::vector<std::unique_ptr<EndpointContext>> orphaned_contexts_;
   bool failure_event_ = false;
   uint64_t dropped_messages_ = 0;
+  ReceiveTargetProvider* provider_ = nullptr;
+  std::vector<ucp_dt_iov_t> send_iov_;  // reused by SendV
   std::atomic<bool> wake_pending_{false};
 };
 
@@ -364,15 +377,17 @@ absl::Status UcxTransport::Unavailable(int peer, const PeerState& state) const {
   return absl::UnavailableError(absl::StrCat("peer ", peer, " ", state.failure));
 }
 
-absl::Status UcxTransport::Send(int peer, std::string_view header, const void* payload,
-                                size_t payload_bytes) {
+absl::Status UcxTransport::SendV(int peer, std::string_view header, const PayloadSegment* segments,
+                                 size_t num_segments) {
   if (self_ < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("send to peer ", peer, ": SetSelf() was not called"));
   }
-  if (payload_bytes > 0 && payload == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("send to peer ", peer, ": null payload of ", payload_bytes, " bytes"));
+  for (size_t i = 0; i < num_segments; ++i) {
+    if (segments[i].bytes > 0 && segments[i].data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "send to peer ", peer, ": null payload segment of ", segments[i].bytes, " bytes"));
+    }
   }
   auto it = peers_.find(peer);
   if (it == peers_.end() || !it->second.ever_connected) {
@@ -395,18 +410,25 @@ absl::Status UcxTransport::Send(int peer, std::string_view header, const void* p
   params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   params.cb.send = &UcxTransport::SendCallback;
   params.user_data = &send_state;
-  ucp_dt_iov_t iov[2];
-  const void* buffer = payload;
-  size_t count = payload_bytes;
-  if (header_in_data) {
-    iov[0].buffer = const_cast<char*>(header.data());
-    iov[0].length = header.size();
-    iov[1].buffer = const_cast<void*>(payload);
-    iov[1].length = payload_bytes;
+  // The data: nothing, one contiguous buffer, or an IOV of the non-empty pieces. UCX reads
+  // the IOV array until the request completes, which Send waits for.
+  send_iov_.clear();
+  if (header_in_data) send_iov_.push_back({const_cast<char*>(header.data()), header.size()});
+  for (size_t i = 0; i < num_segments; ++i) {
+    if (segments[i].bytes > 0) {
+      send_iov_.push_back({const_cast<void*>(segments[i].data), segments[i].bytes});
+    }
+  }
+  const void* buffer = nullptr;
+  size_t count = 0;
+  if (send_iov_.size() == 1) {
+    buffer = send_iov_[0].buffer;
+    count = send_iov_[0].length;
+  } else if (send_iov_.size() > 1) {
     params.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
     params.datatype = ucp_dt_make_iov();
-    buffer = iov;
-    count = 2;
+    buffer = send_iov_.data();
+    count = send_iov_.size();
   }
   ucs_status_ptr_t request =
       ucp_am_send_nbx(state.ep, kAmId, am_header.data(), am_header.size(), buffer, count, &params);
@@ -435,13 +457,16 @@ absl::Status UcxTransport::Send(int peer, std::string_view header, const void* p
   return absl::OkStatus();
 }
 
-bool UcxTransport::FrontReady(PeerState& state) {
+bool UcxTransport::FrontReady(int peer, PeerState& state) {
   while (!state.inbox.empty()) {
     Inbound& front = *state.inbox.front();
     if (!front.done) return false;
     if (front.status == UCS_OK) return true;
     // A rendezvous receive that failed (the sender died mid-transfer): not a message.
     ++dropped_messages_;
+    if (front.message.target != nullptr) {
+      front.message.target->TargetDropped(peer, front.message.header);
+    }
     state.inbox.pop_front();
   }
   return false;
@@ -449,7 +474,7 @@ bool UcxTransport::FrontReady(PeerState& state) {
 
 bool UcxTransport::AnyFrontReady() {
   for (auto& [peer, state] : peers_) {
-    if (FrontReady(state)) return true;
+    if (FrontReady(peer, state)) return true;
   }
   return false;
 }
@@ -458,8 +483,8 @@ absl::StatusOr<TransportMessage> UcxTransport::Recv(int peer, absl::Time deadlin
   if (peer < 0) return absl::InvalidArgumentError(absl::StrCat("bad peer ", peer));
   PeerState& state = peers_[peer];
   WaitResult result = WaitUntil(deadline, /*honor_wake=*/false,
-                                [&] { return FrontReady(state) || !state.failure.empty(); });
-  if (FrontReady(state)) {
+                                [&] { return FrontReady(peer, state) || !state.failure.empty(); });
+  if (FrontReady(peer, state)) {
     TransportMessage message = std::move(state.inbox.front()->message);
     state.inbox.pop_front();
     return message;
@@ -477,7 +502,25 @@ absl::StatusOr<TransportMessage> UcxTransport::Recv(int peer, absl::Time deadlin
 bool UcxTransport::HasMessage(int peer) {
   ProgressAll();
   auto it = peers_.find(peer);
-  return it != peers_.end() && FrontReady(it->second);
+  return it != peers_.end() && FrontReady(peer, it->second);
+}
+
+absl::Status UcxTransport::WaitTargetWrites(int peer, absl::Time deadline) {
+  if (peer < 0) return absl::InvalidArgumentError(absl::StrCat("bad peer ", peer));
+  PeerState& state = peers_[peer];
+  auto quiet = [&] {
+    for (const auto& in : state.inbox) {
+      if (in->message.target != nullptr && !in->done) return false;
+    }
+    return true;
+  };
+  WaitResult result = WaitUntil(deadline, /*honor_wake=*/false, quiet);
+  if (quiet()) return absl::OkStatus();
+  if (result == WaitResult::kError) {
+    return absl::InternalError(absl::StrCat("waiting for peer ", peer, ": waiting failed"));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("a receive from peer ", peer, " into a target is still in progress"));
 }
 
 absl::Status UcxTransport::WaitForActivity(absl::Time deadline) {
@@ -576,21 +619,57 @@ ucs_status_t UcxTransport::OnActiveMessage(const void* header, size_t header_len
   raw->message.header.assign(static_cast<const char*>(header) + sizeof(wire), inline_header_bytes);
   peers_[wire.sender].inbox.push_back(std::move(inbound));
 
+  // Where the payload goes: a target the provider picks, or the Inbound's own buffer.
+  bool targeted = false;
+  if (provider_ != nullptr && !header_in_data &&
+      provider_->TargetFor(wire.sender, raw->message.header, length, &raw->segments)) {
+    size_t total = 0;
+    for (const ReceiveSegment& segment : raw->segments) total += segment.bytes;
+    targeted = total == length;  // anything else is a provider bug: use our own buffer
+    if (targeted) {
+      raw->message.target = provider_;
+      raw->message.target_bytes = length;
+    }
+  }
+
   if (!rendezvous) {
     const auto* bytes = static_cast<const uint8_t*>(data);
-    raw->message.payload.assign(bytes, bytes + length);
+    if (targeted) {
+      for (const ReceiveSegment& segment : raw->segments) {
+        if (segment.bytes > 0) std::memcpy(segment.data, bytes, segment.bytes);
+        bytes += segment.bytes;
+      }
+    } else {
+      raw->message.payload.assign(bytes, bytes + length);
+    }
     CompleteInbound(raw, UCS_OK);
     return UCS_OK;
   }
 
-  raw->message.payload.resize(length);
   raw->expected_bytes = length;
   ucp_request_param_t params = {};
   params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   params.cb.recv_am = &UcxTransport::RecvDataCallback;
   params.user_data = raw;
-  ucs_status_ptr_t request =
-      ucp_am_recv_data_nbx(worker_, data, raw->message.payload.data(), length, &params);
+  void* buffer = nullptr;
+  size_t count = length;
+  if (!targeted) {
+    raw->message.payload.resize(length);
+    buffer = raw->message.payload.data();
+  } else {
+    for (const ReceiveSegment& segment : raw->segments) {
+      if (segment.bytes > 0) raw->iov.push_back({segment.data, segment.bytes});
+    }
+    if (raw->iov.size() == 1) {
+      buffer = raw->iov[0].buffer;
+    } else {
+      params.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+      params.datatype = ucp_dt_make_iov();
+      buffer = raw->iov.data();
+      count = raw->iov.size();
+    }
+  }
+  ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_, data, buffer, count, &params);
   if (request == nullptr) {
     CompleteInbound(raw, UCS_OK);
     return UCS_OK;
