@@ -207,5 +207,42 @@ TEST(ConvertTest, WidenAndNarrowUnaligned) {
   NarrowFromFloat32(DType::kBF16, nullptr, 0, nullptr);
 }
 
+// The array conversions (vectorised) agree bit for bit with the scalar ones, for every
+// bf16 value, random and special floats, every tail length and misaligned pointers.
+TEST(ConvertTest, Bf16ArraysMatchScalar) {
+  std::vector<float> values;
+  for (uint32_t h = 0; h < 0x10000; ++h) values.push_back(Bf16ToFloat(static_cast<uint16_t>(h)));
+  std::mt19937 rng(99);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 100000; ++i) values.push_back(FromBits(bits(rng)));
+  for (uint32_t special : {0x7f800001u, 0xff800001u, 0x7fc00000u, 0x7fffffffu, 0x7f7fffffu,
+                           0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x80000000u, 0x00000001u}) {
+    values.push_back(FromBits(special));
+  }
+  for (size_t offset : {0, 1, 3}) {
+    std::vector<uint8_t> narrow(values.size() * 2 + offset);
+    NarrowFromFloat32(DType::kBF16, values.data(), values.size(), narrow.data() + offset);
+    std::vector<float> wide(values.size() + 1);
+    WidenToFloat32(DType::kBF16, narrow.data() + offset, values.size(), wide.data() + 1);
+    for (size_t i = 0; i < values.size(); ++i) {
+      uint16_t v;
+      std::memcpy(&v, narrow.data() + offset + 2 * i, sizeof(v));
+      ASSERT_EQ(v, FloatToBf16(values[i])) << std::hex << ToBits(values[i]);
+      ASSERT_EQ(ToBits(wide[i + 1]), ToBits(Bf16ToFloat(v))) << i;
+    }
+  }
+  for (size_t count = 0; count < 20; ++count) {
+    std::vector<uint8_t> narrow(2 * count + 2, 0xab);
+    NarrowFromFloat32(DType::kBF16, values.data() + 100, count, narrow.data());
+    EXPECT_EQ(narrow[2 * count], 0xab) << "wrote past the end at count " << count;
+    std::vector<float> wide(count + 1, 7.f);
+    WidenToFloat32(DType::kBF16, narrow.data(), count, wide.data());
+    EXPECT_EQ(wide[count], 7.f) << "wrote past the end at count " << count;
+    for (size_t i = 0; i < count; ++i) {
+      EXPECT_EQ(ToBits(wide[i]), ToBits(Bf16ToFloat(FloatToBf16(values[100 + i]))));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dxs
