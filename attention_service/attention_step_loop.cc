@@ -1,7 +1,9 @@
 #include "attention_service/attention_step_loop.h"
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -26,9 +28,25 @@ void AttentionStepLoop::Wake() {
   transport_->Wake();
 }
 
-absl::StatusOr<int64_t> AttentionStepLoop::ExchangeStep(int64_t my_tokens) {
+int32_t AttentionStepLoop::OverlapThresholdOnWire() const {
+  if (overlap_min_tokens_ <= 0) return std::numeric_limits<int32_t>::max();
+  return static_cast<int32_t>(
+      std::min<int64_t>(overlap_min_tokens_, std::numeric_limits<int32_t>::max()));
+}
+
+absl::StatusOr<AttentionStepLoop::StepPlan> AttentionStepLoop::ExchangeStep(int64_t my_tokens) {
   const int num_dp = static_cast<int>(dp_peers_.size());
-  if (num_dp == 1) return my_tokens;
+  // Step messages carry (token count, overlap threshold) in (aux, num_rows).
+  int32_t threshold = OverlapThresholdOnWire();
+  auto plan = [&](int64_t total) {
+    StepPlan p;
+    p.total_tokens = total;
+    const bool overlap =
+        moe_->overlaps() && threshold != std::numeric_limits<int32_t>::max() && total >= threshold;
+    p.num_micro_batches = overlap ? 2 : 1;
+    return p;
+  };
+  if (num_dp == 1) return plan(my_tokens);
   const absl::Time deadline = absl::Now() + timeout_;
   // Peers' step messages, read first: a peer may be a step ahead if this rank missed the
   // end of a failed step; then this rank joins the peer's step number.
@@ -47,6 +65,7 @@ absl::StatusOr<int64_t> AttentionStepLoop::ExchangeStep(int64_t my_tokens) {
   mine.kind = MessageKind::kStep;
   mine.step = step_;
   mine.aux = my_tokens;
+  mine.num_rows = threshold;
   const std::string encoded = mine.Encode();
   for (int r = 0; r < num_dp; ++r) {
     if (r == dp_rank_) continue;
@@ -66,8 +85,9 @@ absl::StatusOr<int64_t> AttentionStepLoop::ExchangeStep(int64_t my_tokens) {
           absl::StrCat("DP rank ", r, " is at step ", theirs[r].step, ", this rank at ", step_));
     }
     total += theirs[r].aux;
+    threshold = std::max(threshold, theirs[r].num_rows);
   }
-  return total;
+  return plan(total);
 }
 
 absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
@@ -84,20 +104,21 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   std::vector<SequenceChunk> chunks = scheduler_->BuildStep();
   int64_t my_tokens = 0;
   for (const SequenceChunk& c : chunks) my_tokens += static_cast<int64_t>(c.tokens.size());
-  absl::StatusOr<int64_t> total = ExchangeStep(my_tokens);
+  absl::StatusOr<StepPlan> plan = ExchangeStep(my_tokens);
   absl::StatusOr<Tensor> logits = absl::UnknownError("no forward pass");
-  if (total.ok()) {
+  if (plan.ok()) {
     moe_->set_step(step_);
-    logits = model_->Forward(chunks, kv_);
+    logits = model_->Forward(chunks, kv_, plan->num_micro_batches);
   } else {
-    logits = total.status();
+    logits = plan.status();
   }
   ++step_;
   counters_.next_step = step_;
   ++counters_.steps;
   counters_.tokens += my_tokens;
   if (my_tokens == 0) ++counters_.empty_steps;
-  if (total.ok() && *total == 0) ++counters_.all_empty_steps;
+  if (plan.ok() && plan->total_tokens == 0) ++counters_.all_empty_steps;
+  if (plan.ok() && plan->num_micro_batches > 1) ++counters_.overlapped_steps;
   auto report = [&] {
     if (metrics_ == nullptr) return;
     metrics_->OnStep(

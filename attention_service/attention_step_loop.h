@@ -8,6 +8,12 @@
 // done, every rank runs the forward pass, with zero tokens if it has none, so every MoE
 // layer's dispatch/combine sees every DP rank; empty steps are counted.
 //
+// Two-batch overlap: when the MoE executor overlaps (remote experts) and the cluster has
+// at least `overlap_min_tokens` tokens in a step, every rank splits its step into two
+// micro-batches (Qwen3MoeModel::Forward), so its attention for one runs while the experts
+// compute the other. Each rank's setting travels in its step message and the strictest
+// one applies, so all ranks always split the same way.
+//
 // Thread safety: RunOnce is called by the step thread only; Wake and counters from any.
 #pragma once
 
@@ -31,6 +37,7 @@ struct AttentionCounters {
   std::atomic<int64_t> empty_steps{0};      // steps in which this rank had no tokens
   std::atomic<int64_t> all_empty_steps{0};  // steps in which no DP rank had tokens
   std::atomic<int64_t> failed_steps{0};
+  std::atomic<int64_t> overlapped_steps{0};  // steps split into two micro-batches
   std::atomic<int64_t> tokens{0};
   std::atomic<uint64_t> next_step{0};
 };
@@ -49,13 +56,24 @@ class AttentionStepLoop {
   // has work). Thread-safe.
   void Wake();
   const AttentionCounters& counters() const { return counters_; }
+  // Smallest cluster-wide token count of a step that is split into two micro-batches; 0
+  // turns two-batch overlap off (on every rank: the strictest setting wins). Set before
+  // the first RunOnce.
+  void set_overlap_min_tokens(int64_t n) { overlap_min_tokens_ = n; }
+  static constexpr int64_t kDefaultOverlapMinTokens = 16;
   // Where each step is reported for Prometheus; not owned, null (the default) for none.
   // Set before the first RunOnce.
   void set_metrics(AttentionMetrics* metrics) { metrics_ = metrics; }
 
  private:
-  // The step exchange. Returns the total token count of all DP ranks.
-  absl::StatusOr<int64_t> ExchangeStep(int64_t my_tokens);
+  // What the DP ranks agree on in the step exchange.
+  struct StepPlan {
+    int64_t total_tokens = 0;  // over all DP ranks
+    int num_micro_batches = 1;
+  };
+  absl::StatusOr<StepPlan> ExchangeStep(int64_t my_tokens);
+  // This rank's overlap threshold as sent in step messages (off: the largest value).
+  int32_t OverlapThresholdOnWire() const;
 
   int dp_rank_;
   std::vector<int> dp_peers_;
@@ -65,6 +83,7 @@ class AttentionStepLoop {
   Scheduler* scheduler_;
   KvCache* kv_;
   absl::Duration timeout_;
+  int64_t overlap_min_tokens_ = kDefaultOverlapMinTokens;
   uint64_t step_ = 0;
   std::atomic<bool> wake_pending_{false};
   AttentionCounters counters_;

@@ -4,8 +4,12 @@
 //
 //   dxs-attention --model DIR --rank R --router HOST:PORT [--listen HOST:PORT]
 //                 [--metrics-listen HOST:PORT] [--kv-tokens N] [--prefill-chunk N]
-//                 [--step-timeout-ms MS]
+//                 [--step-timeout-ms MS] [--overlap-min-tokens N]
 //                 [--dump-first-logits DIR]   (debugging: see AttentionWorkerService)
+//
+// --overlap-min-tokens: steps with at least N tokens over all DP ranks are split into two
+// micro-batches whose attention and MoE overlap (two-batch overlap); 0 turns it off. The
+// strictest setting among the DP ranks applies (AttentionStepLoop).
 //
 // Prometheus metrics (docs/metrics.md) are served on --metrics-listen (default
 // 127.0.0.1:0, any free port); the bound address is registered with the router (`dxs
@@ -37,7 +41,8 @@ int Main(int argc, char** argv) {
   absl::StatusOr<cli::Args> args = cli::Args::Parse(
       std::vector<std::string>(argv + 1, argv + argc),
       cli::WithTlsValueFlags({"model", "rank", "router", "listen", "kv-tokens", "prefill-chunk",
-                              "step-timeout-ms", "dump-first-logits", "metrics-listen"}),
+                              "step-timeout-ms", "dump-first-logits", "metrics-listen",
+                              "overlap-min-tokens"}),
       cli::WithTlsBoolFlags({}));
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs-attention: " << s.message() << "\n";
@@ -49,8 +54,10 @@ int Main(int argc, char** argv) {
   auto kv_tokens = args->GetInt("kv-tokens", 1 << 16);
   auto chunk = args->GetInt("prefill-chunk", 256);
   auto timeout_ms = args->GetInt("step-timeout-ms", 5000);
-  for (const absl::Status& s :
-       {rank.status(), kv_tokens.status(), chunk.status(), timeout_ms.status()}) {
+  auto overlap_min_tokens =
+      args->GetInt("overlap-min-tokens", AttentionStepLoop::kDefaultOverlapMinTokens);
+  for (const absl::Status& s : {rank.status(), kv_tokens.status(), chunk.status(),
+                                timeout_ms.status(), overlap_min_tokens.status()}) {
     if (!s.ok()) return fail(s);
   }
   const std::string model_dir = args->GetString("model");
@@ -121,6 +128,7 @@ int Main(int argc, char** argv) {
                                                    runtime.transport(), model.get(), moe.get(),
                                                    &scheduler, &kv, timeout);
         loop->set_metrics(attention_metrics->get());
+        loop->set_overlap_min_tokens(*overlap_min_tokens);
         service.set_step_loop(loop.get());
       } else {
         moe->set_placement(shape->placement);

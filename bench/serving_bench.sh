@@ -16,7 +16,7 @@ trap 'kill $UP 2>/dev/null; wait $UP 2>/dev/null; rm -rf "$WORK"' EXIT
 "$BIN/dxs" gen-model --out "$WORK/model" >/dev/null
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$BIN/dxs" up --model "$WORK/model" --attention "$M" --experts "$N" --port "$PORT" \
-  --log-dir "$WORK/logs" >"$WORK/up.log" 2>&1 &
+  --log-dir "$WORK/logs" ${DXS_UP_ARGS:-} >"$WORK/up.log" 2>&1 &
 UP=$!
 for _ in $(seq 600); do grep -q "listening on" "$WORK/up.log" && break; sleep 0.1; done
 grep -q "listening on" "$WORK/up.log" || { cat "$WORK/up.log"; exit 1; }

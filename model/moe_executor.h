@@ -20,10 +20,37 @@ namespace dxs {
 
 class MoeExecutor {
  public:
+  // Micro-batches a step may be split into (two-batch overlap).
+  static constexpr int kMaxMicroBatches = 2;
+
   virtual ~MoeExecutor() = default;
   // x[T, hidden]; ids/weights[T * top_k] from the router; out[T, hidden] is overwritten.
   virtual absl::Status Run(int layer, const Tensor& x, const std::vector<int32_t>& ids,
                            const std::vector<float>& weights, int top_k, Tensor* out) = 0;
+
+  // The two-phase form, for two-batch overlap: the model dispatches one micro-batch's
+  // rows and computes the other micro-batch's attention while the experts work, then
+  // combines. Dispatch(layer, micro, ...) starts the MoE of micro-batch `micro` (0 or 1)
+  // of a step split into `num_micro` micro-batches; Combine(micro) finishes it, with
+  // `out` (given to Dispatch, kept alive by the caller until Combine) overwritten as Run
+  // would. Calls alternate Dispatch/Combine per micro-batch, and micro-batches are
+  // combined in the order they were dispatched. Every DP rank splits every step the same
+  // way, empty micro-batches included, so the expert workers see each (layer, micro) once
+  // from every rank.
+  //
+  // True if Dispatch returns before the experts finish (remote experts); the default
+  // runs everything in Dispatch, so splitting a step only costs time.
+  virtual bool overlaps() const { return false; }
+  virtual absl::Status Dispatch(int layer, int micro, int num_micro, const Tensor& x,
+                                const std::vector<int32_t>& ids, const std::vector<float>& weights,
+                                int top_k, Tensor* out) {
+    pending_[micro] = Run(layer, x, ids, weights, top_k, out);
+    return absl::OkStatus();
+  }
+  virtual absl::Status Combine(int layer, int micro, Tensor* out) { return pending_[micro]; }
+
+ private:
+  absl::Status pending_[kMaxMicroBatches];
 };
 
 // Runs every expert in this process.

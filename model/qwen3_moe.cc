@@ -1,6 +1,7 @@
 #include "model/qwen3_moe.h"
 
 #include <cmath>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -35,9 +36,14 @@ absl::Status Qwen3MoeModel::Validate(const std::vector<SequenceChunk>& chunks, K
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& chunks,
-                                              KvCache* kv) {
+absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& chunks, KvCache* kv,
+                                              int num_micro_batches) {
+  if (num_micro_batches < 1 || num_micro_batches > MoeExecutor::kMaxMicroBatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_micro_batches: ", num_micro_batches, " is not 1 or 2"));
+  }
   DXS_RETURN_IF_ERROR(Validate(chunks, kv));
+  if (num_micro_batches == 2) return ForwardOverlapped(chunks, kv);
   std::vector<int32_t> ids;
   std::vector<int64_t> positions;
   for (const SequenceChunk& c : chunks) {
@@ -53,20 +59,108 @@ absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& 
     AttentionBlock(l, chunks, positions, kv, &hidden);
     DXS_RETURN_IF_ERROR(MlpBlock(l, &hidden));
   }
-  // Last token of each chunk -> final norm -> lm_head.
+  Tensor last = backend_->Allocate({static_cast<int64_t>(chunks.size()), config_.hidden_size});
+  GatherLastRows(chunks, hidden, 0, &last);
+  return Logits(std::move(last));
+}
+
+absl::StatusOr<Tensor> Qwen3MoeModel::ForwardOverlapped(const std::vector<SequenceChunk>& chunks,
+                                                        KvCache* kv) {
+  constexpr int kMicro = 2;
+  // Split in chunk order (so the logits keep it) where the token count is closest to
+  // half; either micro-batch may be empty.
+  int64_t total = 0;
+  for (const SequenceChunk& c : chunks) total += static_cast<int64_t>(c.tokens.size());
+  size_t split = 0;
+  int64_t before = 0;
+  while (split < chunks.size() &&
+         std::abs(2 * (before + static_cast<int64_t>(chunks[split].tokens.size())) - total) <
+             std::abs(2 * before - total)) {
+    before += static_cast<int64_t>(chunks[split].tokens.size());
+    ++split;
+  }
+  MicroBatch mbs[kMicro];
+  mbs[0].chunks.assign(chunks.begin(), chunks.begin() + split);
+  mbs[1].chunks.assign(chunks.begin() + split, chunks.end());
+  for (MicroBatch& mb : mbs) {
+    std::vector<int32_t> ids;
+    for (const SequenceChunk& c : mb.chunks) {
+      for (size_t i = 0; i < c.tokens.size(); ++i) {
+        ids.push_back(c.tokens[i]);
+        mb.positions.push_back(c.start_position + static_cast<int64_t>(i));
+      }
+    }
+    mb.hidden = backend_->Allocate({static_cast<int64_t>(ids.size()), config_.hidden_size});
+    backend_->Embedding(w_.embed_tokens, ids, &mb.hidden);
+  }
+  // front(l, m): attention of layer l and the MoE dispatch; back(l, m): the combine. The
+  // order front(l+1, 0) before back(l, 1) is the overlap: while the experts work on one
+  // micro-batch, this rank computes the other's attention.
+  const int layers = config_.num_hidden_layers;
+  for (int m = 0; m < kMicro; ++m) DXS_RETURN_IF_ERROR(MicroFront(0, m, kMicro, kv, &mbs[m]));
+  for (int l = 0; l < layers; ++l) {
+    for (int m = 0; m < kMicro; ++m) {
+      DXS_RETURN_IF_ERROR(MicroBack(l, m, &mbs[m]));
+      if (l + 1 < layers) DXS_RETURN_IF_ERROR(MicroFront(l + 1, m, kMicro, kv, &mbs[m]));
+    }
+  }
+  Tensor last = backend_->Allocate({static_cast<int64_t>(chunks.size()), config_.hidden_size});
+  GatherLastRows(mbs[0].chunks, mbs[0].hidden, 0, &last);
+  GatherLastRows(mbs[1].chunks, mbs[1].hidden, static_cast<int64_t>(split), &last);
+  return Logits(std::move(last));
+}
+
+absl::Status Qwen3MoeModel::MicroFront(int layer, int micro, int num_micro, KvCache* kv,
+                                       MicroBatch* mb) {
+  AttentionBlock(layer, mb->chunks, mb->positions, kv, &mb->hidden);
+  if (!config_.IsMoeLayer(layer)) return MlpBlock(layer, &mb->hidden);
+  const int64_t t = mb->hidden.rows();
+  mb->normed = backend_->Allocate({t, config_.hidden_size});
+  backend_->RmsNorm(mb->hidden, w_.layers[layer].post_attention_norm,
+                    static_cast<float>(config_.rms_norm_eps), &mb->normed);
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  DXS_RETURN_IF_ERROR(Route(layer, mb->normed, &ids, &weights));
+  mb->moe_out = backend_->Allocate({t, config_.hidden_size});
+  return moe_->Dispatch(layer, micro, num_micro, mb->normed, ids, weights,
+                        static_cast<int>(config_.num_experts_per_tok), &mb->moe_out);
+}
+
+absl::Status Qwen3MoeModel::MicroBack(int layer, int micro, MicroBatch* mb) {
+  if (!config_.IsMoeLayer(layer)) return absl::OkStatus();  // MicroFront did it all
+  DXS_RETURN_IF_ERROR(moe_->Combine(layer, micro, &mb->moe_out));
+  backend_->Add(mb->moe_out, &mb->hidden);
+  return absl::OkStatus();
+}
+
+void Qwen3MoeModel::GatherLastRows(const std::vector<SequenceChunk>& chunks, const Tensor& hidden,
+                                   int64_t first_row, Tensor* last) {
   std::vector<int32_t> last_rows;
   int64_t offset = 0;
   for (const SequenceChunk& c : chunks) {
     offset += static_cast<int64_t>(c.tokens.size());
     last_rows.push_back(static_cast<int32_t>(offset - 1));
   }
-  const int64_t num_chunks = static_cast<int64_t>(chunks.size());
-  Tensor last = backend_->Allocate({num_chunks, config_.hidden_size});
-  backend_->GatherRows(hidden, last_rows, &last);
+  Tensor dst = last->Rows(first_row, static_cast<int64_t>(chunks.size()));
+  backend_->GatherRows(hidden, last_rows, &dst);
+}
+
+Tensor Qwen3MoeModel::Logits(Tensor last) {
   backend_->RmsNorm(last, w_.final_norm, static_cast<float>(config_.rms_norm_eps), &last);
-  Tensor logits = backend_->Allocate({num_chunks, config_.vocab_size});
+  Tensor logits = backend_->Allocate({last.rows(), config_.vocab_size});
   backend_->Linear(last, w_.lm_head, nullptr, &logits);
   return logits;
+}
+
+absl::Status Qwen3MoeModel::Route(int layer, const Tensor& normed, std::vector<int32_t>* ids,
+                                  std::vector<float>* weights) {
+  const int top_k = static_cast<int>(config_.num_experts_per_tok);
+  Tensor router_logits = backend_->Allocate({normed.rows(), config_.num_experts});
+  backend_->Linear(normed, w_.layers[layer].router, nullptr, &router_logits);
+  DXS_RETURN_IF_ERROR(
+      backend_->TopKSoftmax(router_logits, top_k, config_.norm_topk_prob, ids, weights));
+  for (int32_t e : *ids) ++routing_stats_.tokens_per_expert[e];
+  return absl::OkStatus();
 }
 
 void Qwen3MoeModel::AttentionBlock(int layer, const std::vector<SequenceChunk>& chunks,
@@ -119,15 +213,11 @@ absl::Status Qwen3MoeModel::MlpBlock(int layer, Tensor* hidden) {
                     &normed);
   Tensor out = backend_->Allocate({t, config_.hidden_size});
   if (config_.IsMoeLayer(layer)) {
-    const int top_k = static_cast<int>(config_.num_experts_per_tok);
-    Tensor router_logits = backend_->Allocate({t, config_.num_experts});
-    backend_->Linear(normed, lw.router, nullptr, &router_logits);
     std::vector<int32_t> ids;
     std::vector<float> weights;
-    DXS_RETURN_IF_ERROR(
-        backend_->TopKSoftmax(router_logits, top_k, config_.norm_topk_prob, &ids, &weights));
-    for (int32_t e : ids) ++routing_stats_.tokens_per_expert[e];
-    DXS_RETURN_IF_ERROR(moe_->Run(layer, normed, ids, weights, top_k, &out));
+    DXS_RETURN_IF_ERROR(Route(layer, normed, &ids, &weights));
+    DXS_RETURN_IF_ERROR(moe_->Run(layer, normed, ids, weights,
+                                  static_cast<int>(config_.num_experts_per_tok), &out));
   } else {
     const int64_t inter = config_.intermediate_size;
     Tensor gate = backend_->Allocate({t, inter});

@@ -43,7 +43,14 @@ class Qwen3MoeModel {
 
   // Runs one step and returns logits[num_chunks, vocab] of each chunk's last token.
   // Writes the chunks' keys and values into `kv`. Checks token ids and KV bounds first.
-  absl::StatusOr<Tensor> Forward(const std::vector<SequenceChunk>& chunks, KvCache* kv);
+  //
+  // num_micro_batches = 2: two-batch overlap. The chunks are split into two micro-batches
+  // of about equal token count (either may be empty) that go through the layers
+  // interleaved, so one micro-batch's attention runs while the experts work on the other's
+  // MoE (MoeExecutor::Dispatch/Combine). Each token's arithmetic is the same as with one
+  // micro-batch; only the GEMMs' row counts change.
+  absl::StatusOr<Tensor> Forward(const std::vector<SequenceChunk>& chunks, KvCache* kv,
+                                 int num_micro_batches = 1);
 
   const RoutingStats& routing_stats() const { return routing_stats_; }
 
@@ -52,6 +59,27 @@ class Qwen3MoeModel {
   void AttentionBlock(int layer, const std::vector<SequenceChunk>& chunks,
                       const std::vector<int64_t>& positions, KvCache* kv, Tensor* hidden);
   absl::Status MlpBlock(int layer, Tensor* hidden);
+
+  // One micro-batch of an overlapped step.
+  struct MicroBatch {
+    std::vector<SequenceChunk> chunks;
+    std::vector<int64_t> positions;
+    Tensor hidden, normed, moe_out;
+  };
+  // Attention of `layer`, then either the dense MLP or the MoE's dispatch.
+  absl::Status MicroFront(int layer, int micro, int num_micro, KvCache* kv, MicroBatch* mb);
+  // For MoE layers: the combine and the residual add.
+  absl::Status MicroBack(int layer, int micro, MicroBatch* mb);
+  absl::StatusOr<Tensor> ForwardOverlapped(const std::vector<SequenceChunk>& chunks, KvCache* kv);
+  // Gathers each chunk's last row of `hidden` (the chunks' rows, in order) into `last`
+  // from row `first_row` on.
+  void GatherLastRows(const std::vector<SequenceChunk>& chunks, const Tensor& hidden,
+                      int64_t first_row, Tensor* last);
+  // Final norm and lm_head: last[num_chunks, hidden] -> logits[num_chunks, vocab].
+  Tensor Logits(Tensor last);
+  // Router logits -> top-k ids and weights, counted in routing_stats_.
+  absl::Status Route(int layer, const Tensor& normed, std::vector<int32_t>* ids,
+                     std::vector<float>* weights);
 
   ModelConfig config_;
   AttentionWeights w_;

@@ -65,8 +65,9 @@ RemoteMoeExecutor::RemoteMoeExecutor(Transport* transport, std::vector<int> ep_p
       options_(options),
       counters_(std::make_unique<DispatchCounters>(static_cast<int>(ep_peers_.size()))) {}
 
-absl::StatusOr<TransportMessage> RemoteMoeExecutor::RecvCombine(int rank, int layer,
+absl::StatusOr<TransportMessage> RemoteMoeExecutor::RecvCombine(int rank, int layer, int micro,
                                                                 absl::Time deadline) {
+  const WireHeader::Key want(step_, layer, static_cast<uint8_t>(micro));
   while (true) {
     DXS_ASSIGN_OR_RETURN(TransportMessage m, transport_->Recv(ep_peers_[rank], deadline));
     DXS_ASSIGN_OR_RETURN(WireHeader h, WireHeader::Decode(m.header));
@@ -74,11 +75,11 @@ absl::StatusOr<TransportMessage> RemoteMoeExecutor::RecvCombine(int rank, int la
       return absl::InternalError(absl::StrCat("EP rank ", rank, " sent a non-combine message"));
     }
     // A combine from an earlier, failed step can still arrive; skip it.
-    if (h.key() < std::make_pair(step_, static_cast<int32_t>(layer))) continue;
-    if (h.key() != std::make_pair(step_, static_cast<int32_t>(layer))) {
-      return absl::InternalError(absl::StrCat("EP rank ", rank, " answered step ", h.step,
-                                              " layer ", h.layer, ", expected step ", step_,
-                                              " layer ", layer));
+    if (h.key() < want) continue;
+    if (h.key() != want) {
+      return absl::InternalError(absl::StrCat(
+          "EP rank ", rank, " answered step ", h.step, " layer ", h.layer, " micro-batch ", h.micro,
+          ", expected step ", step_, " layer ", layer, " micro-batch ", micro));
     }
     return m;
   }
@@ -86,9 +87,25 @@ absl::StatusOr<TransportMessage> RemoteMoeExecutor::RecvCombine(int rank, int la
 
 absl::Status RemoteMoeExecutor::Run(int layer, const Tensor& x, const std::vector<int32_t>& ids,
                                     const std::vector<float>& weights, int top_k, Tensor* out) {
+  DXS_RETURN_IF_ERROR(Dispatch(layer, 0, 1, x, ids, weights, top_k, out));
+  return Combine(layer, 0, out);
+}
+
+absl::Status RemoteMoeExecutor::Dispatch(int layer, int micro, int num_micro, const Tensor& x,
+                                         const std::vector<int32_t>& ids,
+                                         const std::vector<float>& weights, int top_k,
+                                         Tensor* out) {
+  if (micro < 0 || micro >= num_micro || num_micro > kMaxMicroBatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro-batch ", micro, " of ", num_micro, " is out of range"));
+  }
   const Clock::time_point dispatch_start = Clock::now();
   const int num_ranks = static_cast<int>(ep_peers_.size());
-  const DispatchLayout layout = ComputeLayout(placement_, ids, weights, top_k);
+  InFlight& flight = in_flight_[micro];
+  flight.active = false;
+  flight.layer = layer;
+  flight.layout = ComputeLayout(placement_, ids, weights, top_k);
+  const DispatchLayout& layout = flight.layout;
   const DType dtype = options_.wire_dtype;
   // Dispatch: one message to every EP rank, empty ones included. Keep sending after a
   // failure so the healthy ranks see this layer from us and stay in step.
@@ -112,6 +129,8 @@ absl::Status RemoteMoeExecutor::Run(int layer, const Tensor& x, const std::vecto
     WireHeader h;
     h.kind = MessageKind::kDispatch;
     h.wire_dtype = dtype;
+    h.micro = static_cast<uint8_t>(micro);
+    h.num_micro = static_cast<uint8_t>(num_micro);
     h.step = step_;
     h.layer = layer;
     h.num_rows = static_cast<int32_t>(n);
@@ -124,20 +143,32 @@ absl::Status RemoteMoeExecutor::Run(int layer, const Tensor& x, const std::vecto
     }
     counters_->tokens_dispatched[r] += n;
   }
-  const Clock::time_point combine_start = Clock::now();
-  if (observer_ != nullptr) {
-    observer_->OnDispatch(layout,
-                          std::chrono::duration<double>(combine_start - dispatch_start).count());
-  }
+  if (observer_ != nullptr) observer_->OnDispatch(layout, SecondsSince(dispatch_start));
   DXS_RETURN_IF_ERROR(send_status);
+  flight.active = true;
+  return absl::OkStatus();
+}
+
+absl::Status RemoteMoeExecutor::Combine(int layer, int micro, Tensor* out) {
+  if (micro < 0 || micro >= kMaxMicroBatches || !in_flight_[micro].active ||
+      in_flight_[micro].layer != layer) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("combine of layer ", layer, " micro-batch ", micro, " without its dispatch"));
+  }
+  InFlight& flight = in_flight_[micro];
+  flight.active = false;
+  const DispatchLayout& layout = flight.layout;
+  const Clock::time_point combine_start = Clock::now();
+  const int num_ranks = static_cast<int>(ep_peers_.size());
   // Combine: receive every rank's rows, then sum in ascending rank order.
   const absl::Time deadline = absl::Now() + options_.timeout;
   std::vector<TransportMessage> replies(num_ranks);
   for (int r = 0; r < num_ranks; ++r) {
-    absl::StatusOr<TransportMessage> m = RecvCombine(r, layer, deadline);
+    absl::StatusOr<TransportMessage> m = RecvCombine(r, layer, micro, deadline);
     if (!m.ok()) {
       return absl::UnavailableError(absl::StrCat("combine from EP rank ", r, " (step ", step_,
-                                                 ", layer ", layer, "): ", m.status().message()));
+                                                 ", layer ", layer, ", micro-batch ", micro,
+                                                 "): ", m.status().message()));
     }
     replies[r] = std::move(*m);
   }

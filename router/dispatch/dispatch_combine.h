@@ -80,11 +80,27 @@ class RemoteMoeExecutor final : public MoeExecutor {
   // Not owned; null (the default) observes nothing. Set before the first Run.
   void set_observer(DispatchObserver* observer) { observer_ = observer; }
 
+  // Dispatch + Combine of one micro-batch covering the whole step.
   absl::Status Run(int layer, const Tensor& x, const std::vector<int32_t>& ids,
                    const std::vector<float>& weights, int top_k, Tensor* out) override;
 
+  // Two-batch overlap: Dispatch sends and returns; the expert ranks compute while the
+  // caller works on the other micro-batch; Combine receives and sums.
+  bool overlaps() const override { return true; }
+  absl::Status Dispatch(int layer, int micro, int num_micro, const Tensor& x,
+                        const std::vector<int32_t>& ids, const std::vector<float>& weights,
+                        int top_k, Tensor* out) override;
+  absl::Status Combine(int layer, int micro, Tensor* out) override;
+
  private:
-  absl::StatusOr<TransportMessage> RecvCombine(int rank, int layer, absl::Time deadline);
+  // A dispatched micro-batch waiting for its combine.
+  struct InFlight {
+    bool active = false;
+    int layer = -1;
+    DispatchLayout layout;
+  };
+
+  absl::StatusOr<TransportMessage> RecvCombine(int rank, int layer, int micro, absl::Time deadline);
 
   Transport* transport_;
   std::vector<int> ep_peers_;
@@ -94,6 +110,7 @@ class RemoteMoeExecutor final : public MoeExecutor {
   uint64_t step_ = 0;
   std::unique_ptr<DispatchCounters> counters_;
   DispatchObserver* observer_ = nullptr;
+  InFlight in_flight_[kMaxMicroBatches];
   PayloadBytes scratch_;    // dispatch send buffer, reused across calls
   std::vector<float> row_;  // one combine row, widened
 };

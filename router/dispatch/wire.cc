@@ -30,7 +30,8 @@ std::string WireHeader::Encode() const {
   Put<uint32_t>(&out, kMagic);
   Put<uint8_t>(&out, static_cast<uint8_t>(kind));
   Put<uint8_t>(&out, static_cast<uint8_t>(wire_dtype));
-  Put<uint16_t>(&out, 0);
+  Put<uint8_t>(&out, micro);
+  Put<uint8_t>(&out, num_micro);
   Put<uint64_t>(&out, step);
   Put<int32_t>(&out, layer);
   Put<int32_t>(&out, num_rows);
@@ -58,13 +59,17 @@ absl::StatusOr<WireHeader> WireHeader::Decode(std::string_view bytes) {
   }
   h.kind = static_cast<MessageKind>(kind);
   h.wire_dtype = static_cast<DType>(dtype);
-  Get<uint16_t>(bytes, &off);
+  h.micro = Get<uint8_t>(bytes, &off);
+  h.num_micro = Get<uint8_t>(bytes, &off);
   h.step = Get<uint64_t>(bytes, &off);
   h.layer = Get<int32_t>(bytes, &off);
   h.num_rows = Get<int32_t>(bytes, &off);
   h.num_pairs = Get<int32_t>(bytes, &off);
   h.hidden = Get<int32_t>(bytes, &off);
   h.aux = Get<int64_t>(bytes, &off);
+  if (h.num_micro < 1 || h.micro >= h.num_micro) {
+    return absl::InvalidArgumentError("wire header: bad micro-batch");
+  }
   if (h.num_rows < 0 || h.num_pairs < 0 || h.hidden < 0) {
     return absl::InvalidArgumentError("wire header: negative count");
   }

@@ -67,6 +67,48 @@ TEST_F(EngineTest, EmptyStepRunsEveryLayerAndReturnsNoLogits) {
   EXPECT_EQ(logits->row_size(), engine_->config().vocab_size);
 }
 
+// Two-batch overlap splits a step into two micro-batches that go through the layers
+// interleaved. Prefill of several sequences, then decode steps that read the KV written
+// by either micro-batch: logits match the one-batch forward pass, token by token.
+TEST_F(EngineTest, TwoMicroBatchesGiveTheSameLogitsAsOne) {
+  const ModelConfig& config = engine_->config();
+  KvCache one(config, engine_->backend(), 4096), two(config, engine_->backend(), 4096);
+  const std::vector<std::vector<int32_t>> prompts = {
+      {9, 41, 7, 300, 12}, {5}, {1000, 2000, 3000}, {17, 18, 19, 20, 21, 22, 23, 24}, {77, 78}};
+  std::vector<SequenceChunk> step;
+  for (const auto& prompt : prompts) {
+    auto slot_one = one.Allocate(64);
+    auto slot_two = two.Allocate(64);
+    ASSERT_TRUE(slot_one.ok() && slot_two.ok());
+    ASSERT_EQ(*slot_one, *slot_two);
+    step.push_back({*slot_one, 0, prompt});
+  }
+  for (int s = 0; s < 6; ++s) {
+    auto a = engine_->model().Forward(step, &one, 1);
+    auto b = engine_->model().Forward(step, &two, 2);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_EQ(a->rows(), static_cast<int64_t>(step.size()));
+    ASSERT_EQ(b->rows(), a->rows());
+    const std::vector<float> va(a->f32(), a->f32() + a->num_elements());
+    const std::vector<float> vb(b->f32(), b->f32() + b->num_elements());
+    EXPECT_LT(testing::RelativeError(vb, va), 1e-5) << "step " << s;
+    // Next step: every sequence decodes its greedy token (from the one-batch logits).
+    for (size_t i = 0; i < step.size(); ++i) {
+      const float* row = va.data() + i * config.vocab_size;
+      const int32_t next =
+          static_cast<int32_t>(std::max_element(row, row + config.vocab_size) - row);
+      step[i].start_position += static_cast<int64_t>(step[i].tokens.size());
+      step[i].tokens = {next};
+    }
+    if (s == 3) step.resize(1);  // one chunk: the second micro-batch is empty
+  }
+  auto empty = engine_->model().Forward({}, &two, 2);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->rows(), 0);
+  EXPECT_FALSE(engine_->model().Forward(step, &two, 3).ok()) << "3 micro-batches is not a mode";
+}
+
 TEST_F(EngineTest, RejectsBadRequestsNamingTheField) {
   struct Case {
     GenerationRequest r;

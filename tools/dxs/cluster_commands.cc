@@ -151,9 +151,11 @@ bool AllRanksReady(const std::string& address, int num_attention, const TlsConfi
 }  // namespace
 
 int UpCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(
-      argv, WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir", "wire-dtype"}),
-      WithTlsBoolFlags({}));
+  absl::StatusOr<Args> args =
+      Args::Parse(argv,
+                  WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir",
+                                     "wire-dtype", "overlap-min-tokens"}),
+                  WithTlsBoolFlags({}));
   if (!args.ok()) return Fail("up", args.status());
   // With TLS, every process of the cluster uses the same files (one certificate that is
   // both server and cluster client).
@@ -205,9 +207,12 @@ int UpCommand(const std::vector<std::string>& argv) {
         absl::StrCat("expert", r));
   }
   for (int r = 0; ok && r < *m; ++r) {
-    ok = spawn(
-        {bin + "/dxs-attention", "--model", model, "--rank", std::to_string(r), "--router", router},
-        absl::StrCat("attention", r));
+    std::vector<std::string> a = {bin + "/dxs-attention", "--model",  model, "--rank",
+                                  std::to_string(r),      "--router", router};
+    if (args->Has("overlap-min-tokens")) {
+      a.insert(a.end(), {"--overlap-min-tokens", args->GetString("overlap-min-tokens")});
+    }
+    ok = spawn(a, absl::StrCat("attention", r));
   }
   // Healthy: the router serves (every rank registered, every expert placed) and every DP
   // rank's data path is up.
