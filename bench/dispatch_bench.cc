@@ -4,7 +4,12 @@
 // (a forked child: ExpertStepServer::ServeRound) over the dxs UCX transport on loopback.
 // The EP rank holds every expert, so each token is dispatched once and combined once. Its
 // experts are a stand-in, out[r] = (sum of row r's routing weights) * x[r], one scaled
-// copy, so the figure is the exchange and not the FFN.
+// copy (about one pass over the rows), so the figure is mostly the exchange and not the FFN.
+// That copy is still no part of dispatch or combine, so the EP rank times
+// ExpertCompute::Forward in every round it serves (ExpertCounters::compute_ns) and the
+// bench reports, per round trip, both the full round trip (dxs_us) and the exchange
+// (xchg_us = round trip minus that round's expert compute, cmp_us). The baselines do no
+// compute, so the targets are judged on the exchange.
 //
 // Baselines, in the same run, between the same two processes, for the exact byte counts
 // of each case (request = the dispatch message, answer = the combine message):
@@ -28,6 +33,7 @@
 // Usage: dispatch_bench [--quick] [--shape=embedded|h2048] [--wire=f32|bf16] [--tokens=N]
 //   --quick: fewer round trips, for a smoke run; the others select rows.
 // Exit status 0 whether or not the targets are met; 1 only if the bench itself failed.
+// The combined output is checked against (sum of weights) * x after every row.
 #include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -131,6 +137,13 @@ Usage UsageNow() {
 Usage operator-(const Usage& a, const Usage& b) {
   return {a.minor_faults - b.minor_faults, a.cpu_us - b.cpu_us};
 }
+
+// What the EP rank reports after a command: its usage, then (dxs only) the time each round
+// spent in ExpertCompute::Forward, in order.
+struct Served {
+  Usage usage;
+  std::vector<double> compute_us;
+};
 
 // ---- Common -----------------------------------------------------------------------------
 
@@ -255,6 +268,7 @@ void RunExpertRank(int read_fd, int write_fd) {
     ReadAll(read_fd, &command, sizeof(command));
     if (command.method == Method::kQuit) break;
     const Usage start = UsageNow();
+    std::vector<double> compute_us;
     for (int64_t i = 0; i < command.count; ++i) {
       const absl::Time deadline = absl::Now() + absl::Seconds(60);
       if (command.method == Method::kRaw) {
@@ -267,12 +281,18 @@ void RunExpertRank(int read_fd, int write_fd) {
         absl::Status status = transport->Send(kDpPeer, "", reply.data(), reply_bytes);
         if (!status.ok()) Die("transport: " + status.ToString());
       } else {
-        absl::Status status = servers[command.shape]->ServeRound(deadline);
+        ExpertStepServer& server = *servers[command.shape];
+        const int64_t compute_before = server.counters().compute_ns.load();
+        absl::Status status = server.ServeRound(deadline);
         if (!status.ok()) Die("ServeRound: " + status.ToString());
+        compute_us.push_back((server.counters().compute_ns.load() - compute_before) / 1e3);
       }
     }
     const Usage used = UsageNow() - start;
     WriteAll(write_fd, &used, sizeof(used));
+    const int64_t num_compute = static_cast<int64_t>(compute_us.size());
+    WriteAll(write_fd, &num_compute, sizeof(num_compute));
+    WriteAll(write_fd, compute_us.data(), compute_us.size() * sizeof(double));
   }
   grpc_server->server->Shutdown();
   raw.Close();
@@ -284,6 +304,10 @@ void RunExpertRank(int read_fd, int write_fd) {
 // spent (the EP side is not tracked for gRPC, whose server runs on its own threads).
 struct Timing {
   double median_us = 0;
+  // dxs only (else 0): median of the EP rank's per-round expert compute, and median of
+  // (round trip - that round's compute), over the same round trips.
+  double compute_us = 0;
+  double exchange_us = 0;
   double dp_faults = 0;
   double ep_faults = 0;
   double dp_cpu_us = 0;
@@ -369,7 +393,7 @@ double MaxRelativeError(const Inputs& in, const Shape& s, const Tensor& out) {
 // no command); `once()` is one round trip.
 struct Contender {
   std::function<void(int64_t)> serve;
-  std::function<Usage()> served;
+  std::function<Served()> served;
   std::function<void()> once;
 };
 
@@ -381,20 +405,29 @@ constexpr int kRounds = 8;
 
 std::vector<Timing> TimeRoundTrips(const Budget& budget, const std::vector<Contender>& contenders) {
   struct Tally {
-    std::vector<double> us;
+    std::vector<double> us, compute_us, exchange_us;
     Usage dp, ep;
   };
   auto run = [](const Contender& c, int64_t n, Tally* tally) {
     if (n == 0) return;
     c.serve(n);
     const Usage start = UsageNow();
+    const size_t first = tally->us.size();
     for (int64_t i = 0; i < n; ++i) {
       const double t0 = NowUs();
       c.once();
       tally->us.push_back(NowUs() - t0);
     }
     const Usage dp = UsageNow() - start;
-    const Usage ep = c.served();
+    const Served served = c.served();
+    const Usage& ep = served.usage;
+    // Round trip i of this block and the EP rank's round i are the same exchange.
+    if (served.compute_us.size() == static_cast<size_t>(n)) {
+      for (int64_t i = 0; i < n; ++i) {
+        tally->compute_us.push_back(served.compute_us[i]);
+        tally->exchange_us.push_back(tally->us[first + i] - served.compute_us[i]);
+      }
+    }
     tally->dp = {tally->dp.minor_faults + dp.minor_faults, tally->dp.cpu_us + dp.cpu_us};
     tally->ep = {tally->ep.minor_faults + ep.minor_faults, tally->ep.cpu_us + ep.cpu_us};
   };
@@ -418,6 +451,10 @@ std::vector<Timing> TimeRoundTrips(const Budget& budget, const std::vector<Conte
     const double n = static_cast<double>(t.us.size());
     Timing timing;
     timing.median_us = Median(t.us);
+    if (!t.exchange_us.empty()) {
+      timing.compute_us = Median(t.compute_us);
+      timing.exchange_us = Median(t.exchange_us);
+    }
     timing.dp_faults = t.dp.minor_faults / n;
     timing.dp_cpu_us = t.dp.cpu_us / n;
     timing.ep_faults = t.ep.minor_faults / n;
@@ -497,35 +534,46 @@ void PrintTable(const std::vector<Row>& rows, const Budget& budget, const HostRe
   std::printf(
       "layout: 1 DP rank (parent) x 1 EP rank (forked child) holding all experts: each token "
       "goes once each way\n"
-      "experts: stand-in out[r] = (sum of r's routing weights) * x[r] (one scaled copy): the "
-      "time is the exchange, not the FFN\n"
+      "experts: stand-in out[r] = (sum of r's routing weights) * x[r] (one scaled copy); its "
+      "time is measured on the EP rank each round (cmp_us) and is no part of the exchange\n"
       "bytes: dispatch = %lld-byte dxs header + rows*hidden*dtype + 12*pairs; combine = header "
       "+ rows*hidden*dtype; raw, tport and gRPC move exactly these\n"
-      "times: median round trip (us) of >= %lld runs after warm-up. raw = raw UCP AM "
-      "ping-pong; tport = dxs UcxTransport alone; raw%% = raw_us / dxs_us * 100 (dxs "
-      "bandwidth as %% of raw); grpc/dxs = grpc_us / dxs_us\n\n",
+      "times: medians (us) of >= %lld runs after warm-up. dxs_us = full dxs round trip "
+      "(RemoteMoeExecutor::Run <-> ExpertStepServer::ServeRound, stand-in compute included); "
+      "cmp_us = the EP rank's ExpertCompute::Forward in those round trips; xchg_us = the "
+      "exchange, median over the same round trips of (round trip - that round's compute); raw "
+      "= raw UCP AM ping-pong; tport = dxs UcxTransport alone; grpc = unary gRPC call; none of "
+      "these three computes anything\n"
+      "ratios and targets are on the exchange: raw%% = raw_us / xchg_us * 100 (dxs bandwidth "
+      "as %% of raw); grpc/x = grpc_us / xchg_us; rt_raw%% = raw_us / dxs_us * 100, the full "
+      "round trip's share, for reference\n\n",
       static_cast<long long>(WireHeaderBytes()), static_cast<long long>(budget.min_reps));
-  std::printf("%-8s %-4s %6s %10s %10s %9s %9s %9s %10s %7s %8s  %-8s %-8s %-9s\n", "shape", "wire",
-              "tokens", "disp_B", "comb_B", "dxs_us", "raw_us", "tport_us", "grpc_us", "raw%",
-              "grpc/dxs", ">=80%raw", ">=5xgrpc", "0tok<50us");
+  std::printf("%-8s %-4s %6s %10s %10s %9s %8s %9s %9s %9s %10s %7s %7s %8s  %-8s %-8s %-9s\n",
+              "shape", "wire", "tokens", "disp_B", "comb_B", "dxs_us", "cmp_us", "xchg_us",
+              "raw_us", "tport_us", "grpc_us", "raw%", "rt_raw%", "grpc/x", ">=80%raw", ">=5xgrpc",
+              "0tok<50us");
   for (const Row& r : rows) {
-    const double raw_percent = r.raw.median_us / r.dxs.median_us * 100;
-    const double speedup = r.grpc.median_us / r.dxs.median_us;
+    const double exchange_us = r.dxs.exchange_us;
+    const double raw_percent = r.raw.median_us / exchange_us * 100;
+    const double round_trip_raw_percent = r.raw.median_us / r.dxs.median_us * 100;
+    const double speedup = r.grpc.median_us / exchange_us;
     const char* bw = r.tokens != MaxTokens()            ? "-"
                      : raw_percent >= kTargetRawPercent ? "PASS"
                                                         : "MISS";
     const char* grpc = speedup >= kTargetGrpcSpeedup ? "PASS" : "MISS";
-    const char* zero = r.tokens != 0 ? "-" : r.dxs.median_us < kTargetZeroTokenUs ? "PASS" : "MISS";
+    const char* zero = r.tokens != 0 ? "-" : exchange_us < kTargetZeroTokenUs ? "PASS" : "MISS";
     std::printf(
-        "%-8s %-4s %6d %10lld %10lld %9.2f %9.2f %9.2f %10.2f %6.1f%% %7.1fx  %-8s %-8s %-9s%s\n",
+        "%-8s %-4s %6d %10lld %10lld %9.2f %8.2f %9.2f %9.2f %9.2f %10.2f %6.1f%% %6.1f%% "
+        "%7.1fx  %-8s %-8s %-9s%s\n",
         r.shape->name, DTypeLabel(r.dtype), r.tokens, static_cast<long long>(r.dispatch_bytes),
-        static_cast<long long>(r.combine_bytes), r.dxs.median_us, r.raw.median_us,
-        r.transport.median_us, r.grpc.median_us, raw_percent, speedup, bw, grpc, zero,
-        Contended(r) ? " *" : "");
+        static_cast<long long>(r.combine_bytes), r.dxs.median_us, r.dxs.compute_us, exchange_us,
+        r.raw.median_us, r.transport.median_us, r.grpc.median_us, raw_percent,
+        round_trip_raw_percent, speedup, bw, grpc, zero, Contended(r) ? " *" : "");
   }
   std::printf(
-      "\ntargets: >=80%%raw: dxs at >= 80%% of raw UCX bandwidth at %d tokens; >=5xgrpc: dxs "
-      ">= 5x faster than gRPC; 0tok<50us: zero-token round trip under 50 us\n",
+      "\ntargets, on the exchange (xchg_us): >=80%%raw: at >= 80%% of raw UCX bandwidth at %d "
+      "tokens; >=5xgrpc: >= 5x faster than gRPC; 0tok<50us: zero-token exchange under 50 "
+      "us\n",
       MaxTokens());
   if (std::any_of(rows.begin(), rows.end(), Contended)) {
     std::printf(
@@ -585,12 +633,16 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
     };
   };
   auto served = [&] {
-    Usage used;
-    ReadAll(read_fd, &used, sizeof(used));
-    return used;
+    Served result;
+    ReadAll(read_fd, &result.usage, sizeof(result.usage));
+    int64_t num_compute = 0;
+    ReadAll(read_fd, &num_compute, sizeof(num_compute));
+    result.compute_us.resize(num_compute);
+    ReadAll(read_fd, result.compute_us.data(), num_compute * sizeof(double));
+    return result;
   };
   auto no_server = [](int64_t) {};
-  auto no_usage = [] { return Usage{}; };
+  auto no_usage = [] { return Served{}; };
 
   uint64_t step = 0;
   std::vector<Row> rows;

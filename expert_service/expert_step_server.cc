@@ -1,5 +1,6 @@
 #include "expert_service/expert_step_server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -20,24 +21,127 @@ ExpertStepServer::ExpertStepServer(Transport* transport, std::vector<int> dp_pee
   set_dp_peers(std::move(dp_peers));
 }
 
+ExpertStepServer::~ExpertStepServer() {
+  if (transport_->receive_target_provider() == this) transport_->SetReceiveTargetProvider(nullptr);
+  // Receives still moving into slots must finish before the buffers go.
+  for (const auto& [peer, slots] : arriving_) {
+    if (!slots.empty()) (void)transport_->WaitTargetWrites(peer, absl::Now() + absl::Seconds(10));
+  }
+}
+
 void ExpertStepServer::set_dp_peers(std::vector<int> peers) {
+  for (size_t i = 0; i < pending_.size(); ++i) DropPending(i);
+  const bool resized = peers.size() != dp_peers_.size();
   dp_peers_ = std::move(peers);
   pending_.assign(dp_peers_.size(), std::nullopt);
+  pending_slot_.assign(dp_peers_.size(), -1);
+  // Slots are per rank; a new count needs a new layout, made once none is held.
+  if (resized) relayout_ = true;
+  MaybeRelayout();
+}
+
+bool ExpertStepServer::AnySlotHeld() const {
+  for (const Slot& slot : slots_) {
+    if (slot.busy) return true;
+  }
+  return false;
+}
+
+void ExpertStepServer::MaybeRelayout() {
+  if (!relayout_ || AnySlotHeld()) return;
+  const int64_t hidden = config_.hidden_size;
+  slot_rows_ = std::max(slot_rows_, wanted_slot_rows_);
+  const int64_t num_slots = static_cast<int64_t>(dp_peers_.size()) * kSlotsPerRank;
+  slots_.assign(num_slots, Slot());
+  for (int64_t k = 0; k < num_slots; ++k) slots_[k].base_row = k * slot_rows_;
+  if (num_slots * slot_rows_ > 0) {
+    x_buffer_ = shard_->backend()->Allocate({num_slots * slot_rows_, hidden});
+    out_buffer_ = shard_->backend()->Allocate({num_slots * slot_rows_, hidden});
+  }
+  relayout_ = false;
+}
+
+bool ExpertStepServer::TargetFor(int peer, std::string_view header, size_t payload_bytes,
+                                 std::vector<ReceiveSegment>* segments) {
+  if (relayout_) return false;
+  auto rank = std::find(dp_peers_.begin(), dp_peers_.end(), peer);
+  if (rank == dp_peers_.end()) return false;
+  absl::StatusOr<WireHeader> h = WireHeader::Decode(header);
+  const int64_t hidden = config_.hidden_size;
+  // Only float32 rows can land in x as they are; anything malformed is left to ServeRound
+  // to reject.
+  if (!h.ok() || h->kind != MessageKind::kDispatch || h->wire_dtype != DType::kF32 ||
+      h->hidden != hidden) {
+    return false;
+  }
+  const size_t row_bytes = static_cast<size_t>(h->num_rows) * hidden * sizeof(float);
+  const size_t pair_bytes = static_cast<size_t>(h->num_pairs) * 12;
+  if (payload_bytes != row_bytes + pair_bytes) return false;
+  if (h->num_rows > slot_rows_) {
+    // Bigger than any slot: grow them once none is held, declining until then so that
+    // every slot drains.
+    wanted_slot_rows_ = std::max(wanted_slot_rows_, std::max<int64_t>(h->num_rows, 2 * slot_rows_));
+    relayout_ = true;
+    return false;
+  }
+  const size_t first = static_cast<size_t>(rank - dp_peers_.begin()) * kSlotsPerRank;
+  for (size_t k = first; k < first + kSlotsPerRank && k < slots_.size(); ++k) {
+    Slot& slot = slots_[k];
+    if (slot.busy) continue;
+    slot.busy = true;
+    slot.pairs.resize(pair_bytes);
+    segments->push_back(
+        {x_buffer_.defined() ? x_buffer_.f32() + slot.base_row * hidden : nullptr, row_bytes});
+    segments->push_back({slot.pairs.data(), pair_bytes});
+    arriving_[peer].push_back(static_cast<int>(k));
+    return true;
+  }
+  return false;
+}
+
+void ExpertStepServer::TargetDropped(int peer, std::string_view header) {
+  // The transport drops only the oldest message it still holds from a peer, and received
+  // ones have left arriving_, so the dropped one is the front.
+  auto it = arriving_.find(peer);
+  if (it == arriving_.end() || it->second.empty()) return;
+  slots_[it->second.front()].busy = false;
+  it->second.pop_front();
+}
+
+void ExpertStepServer::DropPending(size_t i) {
+  if (i < pending_slot_.size() && pending_slot_[i] >= 0) {
+    slots_[pending_slot_[i]].busy = false;
+    pending_slot_[i] = -1;
+  }
+  if (i < pending_.size()) pending_[i].reset();
 }
 
 absl::Status ExpertStepServer::Fill(size_t i, absl::Time deadline) {
   absl::StatusOr<TransportMessage> m = transport_->Recv(dp_peers_[i], deadline);
   if (!m.ok()) return m.status();
+  int slot = -1;
+  if (m->target == this) {
+    std::deque<int>& arriving = arriving_[dp_peers_[i]];
+    slot = arriving.front();  // accepted messages arrive in order
+    arriving.pop_front();
+  } else if (m->target != nullptr) {
+    return absl::InternalError(absl::StrCat(
+        "DP peer ", dp_peers_[i], ": a message arrived in another receiver's target memory"));
+  }
   absl::StatusOr<WireHeader> h = WireHeader::Decode(m->header);
   if (!h.ok() || h->kind != MessageKind::kDispatch) {
+    if (slot >= 0) slots_[slot].busy = false;
     return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i], " sent a bad message: ",
                                             h.ok() ? "not a dispatch" : h.status().message()));
   }
   pending_[i] = std::move(*m);
+  pending_slot_[i] = slot;
   return absl::OkStatus();
 }
 
 absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
+  if (transport_->receive_target_provider() != this) transport_->SetReceiveTargetProvider(this);
+  MaybeRelayout();
   const size_t num_dp = dp_peers_.size();
   auto key_of = [&](size_t i) { return WireHeader::Decode(pending_[i]->header)->key(); };
   // Gather one message per DP rank, all for the newest (step, layer) seen.
@@ -50,7 +154,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     bool aligned = true;
     for (size_t i = 0; i < num_dp; ++i) {
       if (key_of(i) < newest) {
-        pending_[i].reset();  // stale: from a step that failed elsewhere
+        DropPending(i);  // stale: from a step that failed elsewhere
         aligned = false;
       }
     }
@@ -58,46 +162,82 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   }
   const WireHeader first = *WireHeader::Decode(pending_[0]->header);
   const int64_t hidden = config_.hidden_size;
-  // Concatenate all DP ranks' rows; pair rows are offset into the concatenation.
-  std::vector<int64_t> row_offset(num_dp + 1, 0);
   std::vector<WireHeader> headers;
+  bool in_place = true;  // every rank's rows in its slot
+  int64_t total_rows = 0;
   for (size_t i = 0; i < num_dp; ++i) {
     WireHeader h = *WireHeader::Decode(pending_[i]->header);
     const size_t expect = static_cast<size_t>(h.num_rows) * hidden * DTypeSize(h.wire_dtype) +
                           static_cast<size_t>(h.num_pairs) * 12;
-    if (h.hidden != hidden || pending_[i]->payload.size() != expect) {
-      const size_t got = pending_[i]->payload.size();
-      pending_[i].reset();
+    const size_t got = pending_[i]->payload_size();
+    if (h.hidden != hidden || got != expect) {
+      DropPending(i);
       return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i],
                                               ": malformed dispatch (hidden ", h.hidden,
                                               ", payload ", got, " bytes, expected ", expect, ")"));
     }
     headers.push_back(h);
-    row_offset[i + 1] = row_offset[i] + h.num_rows;
+    total_rows += h.num_rows;
+    if (pending_slot_[i] < 0) in_place = false;
   }
-  const int64_t total_rows = row_offset[num_dp];
-  // Reused across rounds: fresh megabyte buffers per round cost page faults and fills.
-  if (total_rows > buffer_rows_) {
-    buffer_rows_ = std::max(total_rows, 2 * buffer_rows_);
-    x_buffer_ = shard_->backend()->Allocate({buffer_rows_, hidden});
-    out_buffer_ = shard_->backend()->Allocate({buffer_rows_, hidden});
+  auto drop_all = [&] {
+    for (size_t i = 0; i < num_dp; ++i) DropPending(i);
+  };
+  // Where each rank's rows are in x: their slots, or (assembled by copying) concatenated.
+  std::vector<int64_t> row_offset(num_dp, 0);
+  Tensor x, out;
+  if (in_place) {
+    int64_t end_row = 0;
+    for (size_t i = 0; i < num_dp; ++i) {
+      row_offset[i] = slots_[pending_slot_[i]].base_row;
+      end_row = std::max(end_row, row_offset[i] + headers[i].num_rows);
+    }
+    x = x_buffer_.defined() ? x_buffer_.Rows(0, end_row) : shard_->backend()->Allocate({0, hidden});
+    out = out_buffer_.defined() ? out_buffer_.Rows(0, end_row)
+                                : shard_->backend()->Allocate({0, hidden});
+    ++counters_.rounds_in_place;
+  } else {
+    // Reused across rounds: fresh megabyte buffers per round cost page faults and fills.
+    if (total_rows > copy_rows_) {
+      copy_rows_ = std::max(total_rows, 2 * copy_rows_);
+      copy_x_ = shard_->backend()->Allocate({copy_rows_, hidden});
+      copy_out_ = shard_->backend()->Allocate({copy_rows_, hidden});
+    }
+    x = copy_x_.defined() ? copy_x_.Rows(0, total_rows) : shard_->backend()->Allocate({0, hidden});
+    out = copy_out_.defined() ? copy_out_.Rows(0, total_rows)
+                              : shard_->backend()->Allocate({0, hidden});
+    int64_t offset = 0;
+    for (size_t i = 0; i < num_dp; ++i) {
+      row_offset[i] = offset;
+      offset += headers[i].num_rows;
+      float* dst = x.f32() + row_offset[i] * hidden;
+      if (headers[i].num_rows == 0) continue;
+      if (pending_slot_[i] >= 0) {
+        const float* src = x_buffer_.f32() + slots_[pending_slot_[i]].base_row * hidden;
+        std::memcpy(dst, src, static_cast<size_t>(headers[i].num_rows) * hidden * sizeof(float));
+      } else {
+        UnpackRows(pending_[i]->payload.data(), headers[i].num_rows, hidden, headers[i].wire_dtype,
+                   dst);
+      }
+    }
   }
-  Tensor x = x_buffer_.defined() ? x_buffer_.Rows(0, total_rows)
-                                 : shard_->backend()->Allocate({0, hidden});
   RoutedPairs pairs;
   for (size_t i = 0; i < num_dp; ++i) {
     const WireHeader& h = headers[i];
-    const uint8_t* p = pending_[i]->payload.data();
-    UnpackRows(p, h.num_rows, hidden, h.wire_dtype, x.f32() + row_offset[i] * hidden);
-    p += static_cast<size_t>(h.num_rows) * hidden * DTypeSize(h.wire_dtype);
+    const uint8_t* p = pending_slot_[i] >= 0
+                           ? slots_[pending_slot_[i]].pairs.data()
+                           : pending_[i]->payload.data() +
+                                 static_cast<size_t>(h.num_rows) * hidden * DTypeSize(h.wire_dtype);
     std::vector<int32_t> rows(h.num_pairs), experts(h.num_pairs);
     std::vector<float> weights(h.num_pairs);
-    std::memcpy(rows.data(), p, h.num_pairs * 4);
-    std::memcpy(experts.data(), p + h.num_pairs * 4, h.num_pairs * 4);
-    std::memcpy(weights.data(), p + h.num_pairs * 8, h.num_pairs * 4);
+    if (h.num_pairs > 0) {
+      std::memcpy(rows.data(), p, h.num_pairs * 4);
+      std::memcpy(experts.data(), p + h.num_pairs * 4, h.num_pairs * 4);
+      std::memcpy(weights.data(), p + h.num_pairs * 8, h.num_pairs * 4);
+    }
     for (int32_t k = 0; k < h.num_pairs; ++k) {
       if (rows[k] < 0 || rows[k] >= h.num_rows || !shard_->Holds(h.layer, experts[k])) {
-        pending_.assign(num_dp, std::nullopt);
+        drop_all();
         return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i], " routed row ", rows[k],
                                                 " to expert ", experts[k],
                                                 ", which this rank does not hold"));
@@ -105,13 +245,16 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
       pairs.Add(static_cast<int32_t>(row_offset[i] + rows[k]), experts[k], weights[k]);
     }
   }
-  Tensor out = out_buffer_.defined() ? out_buffer_.Rows(0, total_rows)
-                                     : shard_->backend()->Allocate({0, hidden});
   const auto compute_start = std::chrono::steady_clock::now();
   absl::Status compute = shard_->Forward(first.layer, x, pairs, &out);
-  const double compute_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - compute_start).count();
-  pending_.assign(num_dp, std::nullopt);
+  const auto compute_time = std::chrono::steady_clock::now() - compute_start;
+  const double compute_seconds = std::chrono::duration<double>(compute_time).count();
+  counters_.compute_ns +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(compute_time).count();
+  // x is read: its slots may take the ranks' next messages (which cannot come before
+  // their combines, sent below, except the other micro-batch's, which has its own slot).
+  drop_all();
+  MaybeRelayout();
   DXS_RETURN_IF_ERROR(compute);
   if (metrics_ != nullptr) metrics_->OnRound(total_rows, pairs, compute_seconds);
 
@@ -125,16 +268,24 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     if (metrics_ != nullptr) metrics_->OnStep(rows_this_step_ == 0);
     rows_this_step_ = 0;
   }
-  // Combine: each DP rank gets its rows back, pre-summed over this rank's experts.
+  // Combine: each DP rank gets its rows back, pre-summed over this rank's experts; float32
+  // rows go straight from out.
   absl::Status send_status;
   for (size_t i = 0; i < num_dp; ++i) {
     WireHeader h = headers[i];
     h.kind = MessageKind::kCombine;
     h.num_pairs = 0;
-    send_buffer_.clear();
-    PackRows(out.f32() + row_offset[i] * hidden, h.num_rows, hidden, h.wire_dtype, &send_buffer_);
-    absl::Status s =
-        transport_->Send(dp_peers_[i], h.Encode(), send_buffer_.data(), send_buffer_.size());
+    const float* rows = out.f32() + row_offset[i] * hidden;
+    const size_t num_values = static_cast<size_t>(h.num_rows) * hidden;
+    absl::Status s;
+    if (h.wire_dtype == DType::kF32) {
+      s = transport_->Send(dp_peers_[i], h.Encode(), num_values > 0 ? rows : nullptr,
+                           num_values * sizeof(float));
+    } else {
+      send_buffer_.clear();
+      PackRows(rows, h.num_rows, hidden, h.wire_dtype, &send_buffer_);
+      s = transport_->Send(dp_peers_[i], h.Encode(), send_buffer_.data(), send_buffer_.size());
+    }
     if (!s.ok() && send_status.ok()) send_status = s;
   }
   return send_status;

@@ -1,6 +1,8 @@
 #include "router/dispatch/dispatch_combine.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +12,11 @@ namespace dxs {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Above this many runs of consecutive rows, a rank's rows are packed into one buffer
+// instead of sent as an IOV of that many pieces (transport_bench: a 4-piece IOV costs the
+// same as one buffer; long IOVs of small pieces are not worth the risk).
+constexpr size_t kMaxRowSegments = 64;
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -65,6 +72,70 @@ RemoteMoeExecutor::RemoteMoeExecutor(Transport* transport, std::vector<int> ep_p
       options_(options),
       counters_(std::make_unique<DispatchCounters>(static_cast<int>(ep_peers_.size()))) {}
 
+RemoteMoeExecutor::~RemoteMoeExecutor() {
+  if (transport_->receive_target_provider() == this) transport_->SetReceiveTargetProvider(nullptr);
+  for (InFlight& flight : in_flight_) AbandonTargets(flight);
+}
+
+int RemoteMoeExecutor::RankOfPeer(int peer) const {
+  for (size_t r = 0; r < ep_peers_.size(); ++r) {
+    if (ep_peers_[r] == peer) return static_cast<int>(r);
+  }
+  return -1;
+}
+
+bool RemoteMoeExecutor::TargetFor(int peer, std::string_view header, size_t payload_bytes,
+                                  std::vector<ReceiveSegment>* segments) {
+  absl::StatusOr<WireHeader> h = WireHeader::Decode(header);
+  if (!h.ok() || h->kind != MessageKind::kCombine || h->micro >= kMaxMicroBatches ||
+      h->wire_dtype != options_.wire_dtype) {
+    return false;
+  }
+  const int rank = RankOfPeer(peer);
+  InFlight& flight = in_flight_[h->micro];
+  if (rank < 0 || static_cast<size_t>(rank) >= flight.targets.size()) return false;
+  CombineTarget& target = flight.targets[rank];
+  // Anything unexpected (a late answer to a failed step, a wrong size) is left in a
+  // transport buffer for Combine to skip or reject.
+  if (target.state != CombineTarget::State::kExpected || target.key != h->key() ||
+      target.bytes != payload_bytes) {
+    return false;
+  }
+  segments->push_back({target.dest, payload_bytes});
+  target.state = CombineTarget::State::kAccepted;
+  return true;
+}
+
+void RemoteMoeExecutor::TargetDropped(int peer, std::string_view header) {
+  absl::StatusOr<WireHeader> h = WireHeader::Decode(header);
+  const int rank = RankOfPeer(peer);
+  if (!h.ok() || rank < 0 || h->micro >= kMaxMicroBatches) return;
+  InFlight& flight = in_flight_[h->micro];
+  if (static_cast<size_t>(rank) >= flight.targets.size()) return;
+  CombineTarget& target = flight.targets[rank];
+  if (target.state == CombineTarget::State::kAccepted && target.key == h->key()) {
+    target.state = CombineTarget::State::kNone;
+  }
+}
+
+void RemoteMoeExecutor::AbandonTargets(InFlight& flight) {
+  for (size_t r = 0; r < flight.targets.size(); ++r) {
+    CombineTarget& target = flight.targets[r];
+    if (target.state == CombineTarget::State::kAccepted && r < ep_peers_.size()) {
+      // A receive in progress completes or fails within the transport's fault detection;
+      // returning earlier would let it write into memory the caller may free.
+      absl::Status s = transport_->WaitTargetWrites(
+          ep_peers_[r], absl::Now() + options_.timeout + absl::Seconds(30));
+      if (!s.ok() && target.into_out) {
+        std::fprintf(stderr, "dxs: a combine is still being received into a freed output: %s\n",
+                     std::string(s.message()).c_str());
+        std::abort();
+      }
+    }
+    target.state = CombineTarget::State::kNone;
+  }
+}
+
 absl::StatusOr<TransportMessage> RemoteMoeExecutor::RecvCombine(int rank, int layer, int micro,
                                                                 absl::Time deadline) {
   const WireHeader::Key want(step_, layer, static_cast<uint8_t>(micro));
@@ -107,25 +178,62 @@ absl::Status RemoteMoeExecutor::Dispatch(int layer, int micro, int num_micro, co
   flight.layout = ComputeLayout(placement_, ids, weights, top_k);
   const DispatchLayout& layout = flight.layout;
   const DType dtype = options_.wire_dtype;
+  const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(dtype);
+  const int64_t num_tokens = top_k > 0 ? static_cast<int64_t>(ids.size()) / top_k : 0;
+  // Name every rank's combine target before the first dispatch leaves: a fast rank's
+  // answer can arrive while the next rank's dispatch is being sent.
+  if (transport_->receive_target_provider() != this) transport_->SetReceiveTargetProvider(this);
+  flight.targets.resize(num_ranks);
+  flight.combine_bytes.resize(num_ranks);
+  bool first_rank = true;
+  for (int r = 0; r < num_ranks; ++r) {
+    const int64_t n = static_cast<int64_t>(layout.token_rows[r].size());
+    CombineTarget& target = flight.targets[r];
+    target.state = CombineTarget::State::kExpected;
+    target.key = WireHeader::Key(step_, layer, static_cast<uint8_t>(micro));
+    target.bytes = static_cast<size_t>(n) * row_bytes;
+    // Rows are ascending and distinct, so n == num_tokens means every token in order.
+    target.into_out = first_rank && n > 0 && n == num_tokens && dtype == DType::kF32 &&
+                      out != nullptr && out->defined() && out->num_elements() == n * hidden_;
+    if (target.into_out) {
+      target.dest = reinterpret_cast<uint8_t*>(out->f32());
+    } else {
+      flight.combine_bytes[r].resize(target.bytes);
+      target.dest = flight.combine_bytes[r].data();
+    }
+    if (n > 0) first_rank = false;
+  }
   // Dispatch: one message to every EP rank, empty ones included. Keep sending after a
   // failure so the healthy ranks see this layer from us and stay in step.
   absl::Status send_status;
-  const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(dtype);
   for (int r = 0; r < num_ranks; ++r) {
     const std::vector<int32_t>& rows = layout.token_rows[r];
     const RoutedPairs& pairs = layout.pairs[r];
     const int64_t n = static_cast<int64_t>(rows.size());
-    // Pack straight from x's rows into the reused send buffer (no gather copy).
-    const size_t pair_bytes = pairs.size() * sizeof(int32_t);
-    scratch_.resize(n * row_bytes + 3 * pair_bytes);
-    uint8_t* p = scratch_.data();
-    for (int64_t i = 0; i < n; ++i) {
-      NarrowFromFloat32(dtype, x.f32() + rows[i] * hidden_, hidden_, p + i * row_bytes);
+    // float32 rows go straight from x, runs of consecutive rows as one segment; bf16 rows
+    // (and rows too scattered for a short IOV) are narrowed or packed into scratch_.
+    segments_.clear();
+    if (dtype == DType::kF32) {
+      for (int64_t i = 0; i < n;) {
+        int64_t end = i + 1;
+        while (end < n && rows[end] == rows[end - 1] + 1) ++end;
+        segments_.push_back({x.f32() + rows[i] * hidden_, (end - i) * row_bytes});
+        i = end;
+      }
     }
-    p += n * row_bytes;
-    std::memcpy(p, pairs.rows.data(), pair_bytes);
-    std::memcpy(p + pair_bytes, pairs.experts.data(), pair_bytes);
-    std::memcpy(p + 2 * pair_bytes, pairs.weights.data(), pair_bytes);
+    if (dtype != DType::kF32 || segments_.size() > kMaxRowSegments) {
+      segments_.clear();
+      scratch_.resize(n * row_bytes);
+      for (int64_t i = 0; i < n; ++i) {
+        NarrowFromFloat32(dtype, x.f32() + rows[i] * hidden_, hidden_,
+                          scratch_.data() + i * row_bytes);
+      }
+      segments_.push_back({scratch_.data(), scratch_.size()});
+    }
+    const size_t pair_bytes = pairs.size() * sizeof(int32_t);
+    segments_.push_back({pairs.rows.data(), pair_bytes});
+    segments_.push_back({pairs.experts.data(), pair_bytes});
+    segments_.push_back({pairs.weights.data(), pair_bytes});
     WireHeader h;
     h.kind = MessageKind::kDispatch;
     h.wire_dtype = dtype;
@@ -136,7 +244,8 @@ absl::Status RemoteMoeExecutor::Dispatch(int layer, int micro, int num_micro, co
     h.num_rows = static_cast<int32_t>(n);
     h.num_pairs = static_cast<int32_t>(pairs.size());
     h.hidden = static_cast<int32_t>(hidden_);
-    absl::Status s = transport_->Send(ep_peers_[r], h.Encode(), scratch_.data(), scratch_.size());
+    absl::Status s =
+        transport_->SendV(ep_peers_[r], h.Encode(), segments_.data(), segments_.size());
     if (!s.ok() && send_status.ok()) {
       send_status =
           absl::UnavailableError(absl::StrCat("dispatch to EP rank ", r, ": ", s.message()));
@@ -144,7 +253,10 @@ absl::Status RemoteMoeExecutor::Dispatch(int layer, int micro, int num_micro, co
     counters_->tokens_dispatched[r] += n;
   }
   if (observer_ != nullptr) observer_->OnDispatch(layout, SecondsSince(dispatch_start));
-  DXS_RETURN_IF_ERROR(send_status);
+  if (!send_status.ok()) {
+    AbandonTargets(flight);
+    return send_status;
+  }
   flight.active = true;
   return absl::OkStatus();
 }
@@ -166,31 +278,57 @@ absl::Status RemoteMoeExecutor::Combine(int layer, int micro, Tensor* out) {
   for (int r = 0; r < num_ranks; ++r) {
     absl::StatusOr<TransportMessage> m = RecvCombine(r, layer, micro, deadline);
     if (!m.ok()) {
+      AbandonTargets(flight);
       return absl::UnavailableError(absl::StrCat("combine from EP rank ", r, " (step ", step_,
                                                  ", layer ", layer, ", micro-batch ", micro,
                                                  "): ", m.status().message()));
     }
     replies[r] = std::move(*m);
+    if (replies[r].target == this) flight.targets[r].state = CombineTarget::State::kNone;
   }
-  std::fill(out->f32(), out->f32() + out->num_elements(), 0.f);
+  AbandonTargets(flight);  // ranks answered: nothing is in flight; unexpected answers skip
+  const int64_t num_tokens = out->rows();
+  // The first rank holding a token writes it (0 + a == a: see the file comment), later
+  // ones add; out is read once per rank that holds the token.
+  touched_.assign(num_tokens, 0);
   row_.resize(hidden_);
   for (int r = 0; r < num_ranks; ++r) {
     const std::vector<int32_t>& rows = layout.token_rows[r];
     const int64_t n = static_cast<int64_t>(rows.size());
     DXS_ASSIGN_OR_RETURN(WireHeader h, WireHeader::Decode(replies[r].header));
     const size_t reply_row_bytes = static_cast<size_t>(hidden_) * DTypeSize(h.wire_dtype);
-    if (h.num_rows != n || replies[r].payload.size() != n * reply_row_bytes) {
+    if (h.num_rows != n || replies[r].payload_size() != n * reply_row_bytes) {
       return absl::InternalError(
           absl::StrCat("combine from EP rank ", r, ": ", h.num_rows, " rows, expected ", n));
     }
-    // Each row is widened into a cache-resident buffer and added where its token lives.
+    const bool in_target = replies[r].target == this;
+    if (in_target && flight.targets[r].into_out) {
+      // Already in place: every token, in order.
+      std::fill(touched_.begin(), touched_.end(), 1);
+      counters_->tokens_combined[r] += n;
+      continue;
+    }
+    const uint8_t* src = in_target ? flight.targets[r].dest : replies[r].payload.data();
     for (int64_t i = 0; i < n; ++i) {
-      UnpackRows(replies[r].payload.data() + i * reply_row_bytes, 1, hidden_, h.wire_dtype,
-                 row_.data());
+      const uint8_t* row = src + i * reply_row_bytes;
       float* dst = out->f32() + rows[i] * hidden_;
-      for (int64_t j = 0; j < hidden_; ++j) dst[j] += row_[j];
+      if (!touched_[rows[i]]) {
+        UnpackRows(row, 1, hidden_, h.wire_dtype, dst);
+        touched_[rows[i]] = 1;
+        continue;
+      }
+      const float* add = reinterpret_cast<const float*>(row);
+      if (h.wire_dtype != DType::kF32) {
+        // Widened into a cache-resident buffer first.
+        UnpackRows(row, 1, hidden_, h.wire_dtype, row_.data());
+        add = row_.data();
+      }
+      for (int64_t j = 0; j < hidden_; ++j) dst[j] += add[j];
     }
     counters_->tokens_combined[r] += n;
+  }
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    if (!touched_[t]) std::fill(out->f32() + t * hidden_, out->f32() + (t + 1) * hidden_, 0.f);
   }
   if (observer_ != nullptr) observer_->OnCombine(layout, SecondsSince(combine_start));
   return absl::OkStatus();

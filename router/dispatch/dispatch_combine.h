@@ -7,12 +7,23 @@
 // in ascending rank order, of the rank's pre-summed rows. That sum is the single
 // reduction stage; nothing reduces the MoE output again.
 //
+// Zero copy: float32 rows are sent straight from x (consecutive rows as one segment, the
+// routing pairs as three more), and the executor is its transport's ReceiveTargetProvider:
+// before a micro-batch's dispatch goes out it names where each EP rank's combine lands, a
+// reused buffer per (micro-batch, rank), or `out` itself when the rank's rows are all the
+// tokens in order and it is the first rank summed (the expert's pre-sum starts from +0,
+// so it never holds -0 and 0 + a == a bit for bit). The sum then reads each row once:
+// the first rank holding a token writes it, later ranks add, tokens no rank holds are
+// zeroed; no separate zero-fill pass. A failed step waits until nothing is still being
+// received into its targets (WaitTargetWrites) before it returns.
+//
 // Thread safety: used by one step thread.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -66,11 +77,12 @@ struct DispatchOptions {
   absl::Duration timeout = absl::Seconds(5);  // a step fails with UNAVAILABLE after this
 };
 
-class RemoteMoeExecutor final : public MoeExecutor {
+class RemoteMoeExecutor final : public MoeExecutor, public ReceiveTargetProvider {
  public:
   // `ep_peers[r]` is EP rank r's transport peer id.
   RemoteMoeExecutor(Transport* transport, std::vector<int> ep_peers, Placement placement,
                     int64_t hidden, DispatchOptions options);
+  ~RemoteMoeExecutor() override;
 
   // The step id stamped on messages; the step loop sets it before each forward pass.
   void set_step(uint64_t step) { step_ = step; }
@@ -92,13 +104,34 @@ class RemoteMoeExecutor final : public MoeExecutor {
                         int top_k, Tensor* out) override;
   absl::Status Combine(int layer, int micro, Tensor* out) override;
 
+  // ReceiveTargetProvider: where a combine of a dispatched micro-batch lands.
+  bool TargetFor(int peer, std::string_view header, size_t payload_bytes,
+                 std::vector<ReceiveSegment>* segments) override;
+  void TargetDropped(int peer, std::string_view header) override;
+
  private:
+  // Where one EP rank's combine for a micro-batch is to land.
+  struct CombineTarget {
+    enum class State { kNone, kExpected, kAccepted };
+    State state = State::kNone;
+    WireHeader::Key key;
+    size_t bytes = 0;
+    uint8_t* dest = nullptr;
+    bool into_out = false;  // dest is the caller's out
+  };
   // A dispatched micro-batch waiting for its combine.
   struct InFlight {
     bool active = false;
     int layer = -1;
     DispatchLayout layout;
+    std::vector<CombineTarget> targets;       // per EP rank
+    std::vector<PayloadBytes> combine_bytes;  // per EP rank, reused
   };
+
+  // Ends the micro-batch's targets: none is offered again, and receives still moving into
+  // one finish first (the caller's `out` may be one).
+  void AbandonTargets(InFlight& flight);
+  int RankOfPeer(int peer) const;
 
   absl::StatusOr<TransportMessage> RecvCombine(int rank, int layer, int micro, absl::Time deadline);
 
@@ -111,8 +144,10 @@ class RemoteMoeExecutor final : public MoeExecutor {
   std::unique_ptr<DispatchCounters> counters_;
   DispatchObserver* observer_ = nullptr;
   InFlight in_flight_[kMaxMicroBatches];
-  PayloadBytes scratch_;    // dispatch send buffer, reused across calls
-  std::vector<float> row_;  // one combine row, widened
+  PayloadBytes scratch_;  // narrowed or packed dispatch rows, reused across calls
+  std::vector<PayloadSegment> segments_;
+  std::vector<float> row_;        // one combine row, widened
+  std::vector<uint8_t> touched_;  // per token: some rank's row was written there
 };
 
 }  // namespace dxs
