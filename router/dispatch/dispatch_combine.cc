@@ -302,7 +302,9 @@ absl::Status RemoteMoeExecutor::Combine(int layer, int micro, Tensor* out) {
           absl::StrCat("combine from EP rank ", r, ": ", h.num_rows, " rows, expected ", n));
     }
     const bool in_target = replies[r].target == this;
+    if (in_target) ++counters_->combines_in_target;
     if (in_target && flight.targets[r].into_out) {
+      ++counters_->combines_into_out;
       // Already in place: every token, in order.
       std::fill(touched_.begin(), touched_.end(), 1);
       counters_->tokens_combined[r] += n;

@@ -57,6 +57,10 @@ struct DispatchCounters {
       : tokens_dispatched(num_ep_ranks), tokens_combined(num_ep_ranks) {}
   std::vector<std::atomic<int64_t>> tokens_dispatched;  // per destination EP rank
   std::vector<std::atomic<int64_t>> tokens_combined;    // per source EP rank
+  // Combine messages that arrived straight in a target (a reused buffer or the output)
+  // rather than a transport buffer, and those of them that landed in the output itself.
+  std::atomic<int64_t> combines_in_target{0};
+  std::atomic<int64_t> combines_into_out{0};
 };
 
 // Sees each MoE layer's exchange inside RemoteMoeExecutor::Run, for metrics. Called on the
