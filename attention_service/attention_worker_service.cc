@@ -61,6 +61,9 @@ struct StreamState {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<int32_t> tokens;
+  // The handler is woken once this many tokens wait (the stream interval; 1 for the
+  // first token), so tokens held back for a chunk cost no wake-up each.
+  size_t wake_at = 1;
   bool done = false;
   absl::Status status;
   FinishReason reason = FinishReason::kLength;
@@ -115,7 +118,7 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
       state->wrote_first_logits = true;
     }
     state->tokens.push_back(token);
-    state->cv.notify_one();
+    if (state->tokens.size() >= state->wake_at) state->cv.notify_one();
   };
   sink.on_done = [state](const absl::Status& s, FinishReason reason) {
     std::lock_guard<std::mutex> lock(state->mu);
@@ -138,9 +141,11 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
     {
       std::unique_lock<std::mutex> lock(state->mu);
       state->cv.wait_for(lock, std::chrono::milliseconds(50),
-                         [&] { return state->done || !state->tokens.empty(); });
-      tokens.swap(state->tokens);
+                         [&] { return state->done || state->tokens.size() >= state->wake_at; });
       done = state->done;
+      // Chunks of the stream interval; whatever is left goes out with the end.
+      if (done || state->tokens.size() >= state->wake_at) tokens.swap(state->tokens);
+      if (!tokens.empty()) state->wake_at = static_cast<size_t>(stream_interval_);
     }
     if (!tokens.empty() && !aborted_by_client) {
       v1::GenerateResponse resp;

@@ -1,7 +1,10 @@
 // AttentionWorkerService: dxs.v1.AttentionWorker over a Scheduler and its step loop.
 //
 // Generate streams each token as the step thread produces it (one TokenChunk per step),
-// then a GenerateComplete. A cancelled call or a passed deadline aborts the request, which
+// then a GenerateComplete. With a stream interval N > 1 (SGLang's and vLLM's
+// --stream-interval), the first token still goes out at once and later ones in chunks of
+// N: fewer messages through the worker, the router and the client, for throughput under
+// load at the cost of smoothness. A cancelled call or a passed deadline aborts the request, which
 // frees its KV at the next step boundary. Errors become gRPC statuses only here.
 #pragma once
 
@@ -34,6 +37,9 @@ class AttentionWorkerService final : public v1::AttentionWorker::Service {
   // its first generated position to DIR/<request_id>.f32 (raw little-endian float32), so
   // tests and operators can compare a cluster with the single-process engine.
   void set_first_logits_dir(std::string dir) { first_logits_dir_ = std::move(dir); }
+  // Tokens per streamed chunk after the first (>= 1; 1, the default, streams every token).
+  // Set before serving.
+  void set_stream_interval(int n) { stream_interval_ = n < 1 ? 1 : n; }
 
   grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
@@ -52,6 +58,7 @@ class AttentionWorkerService final : public v1::AttentionWorker::Service {
   Scheduler* scheduler_;
   KvCache* kv_;
   std::string first_logits_dir_;
+  int stream_interval_ = 1;
   std::atomic<AttentionStepLoop*> step_loop_{nullptr};
   std::atomic<bool> ready_{false};
   std::mutex mu_;

@@ -4,12 +4,15 @@
 //
 //   dxs-attention --model DIR --rank R --router HOST:PORT [--listen HOST:PORT]
 //                 [--metrics-listen HOST:PORT] [--kv-tokens N] [--prefill-chunk N]
-//                 [--step-timeout-ms MS] [--overlap-min-tokens N]
+//                 [--step-timeout-ms MS] [--overlap-min-tokens N] [--stream-interval N]
 //                 [--dump-first-logits DIR]   (debugging: see AttentionWorkerService)
 //
 // --overlap-min-tokens: steps with at least N tokens over all DP ranks are split into two
 // micro-batches whose attention and MoE overlap (two-batch overlap); 0 turns it off. The
 // strictest setting among the DP ranks applies (AttentionStepLoop).
+//
+// --stream-interval: tokens per streamed chunk after the first (default 1: every token as
+// it is produced; larger trades smoothness for throughput, as SGLang's flag of that name).
 //
 // Prometheus metrics (docs/metrics.md) are served on --metrics-listen (default
 // 127.0.0.1:0, any free port); the bound address is registered with the router (`dxs
@@ -20,6 +23,7 @@
 #include <mutex>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "attention_service/attention_metrics.h"
 #include "attention_service/attention_step_loop.h"
 #include "attention_service/attention_worker_service.h"
@@ -42,7 +46,7 @@ int Main(int argc, char** argv) {
       std::vector<std::string>(argv + 1, argv + argc),
       cli::WithTlsValueFlags({"model", "rank", "router", "listen", "kv-tokens", "prefill-chunk",
                               "step-timeout-ms", "dump-first-logits", "metrics-listen",
-                              "overlap-min-tokens"}),
+                              "overlap-min-tokens", "stream-interval"}),
       cli::WithTlsBoolFlags({}));
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs-attention: " << s.message() << "\n";
@@ -56,8 +60,10 @@ int Main(int argc, char** argv) {
   auto timeout_ms = args->GetInt("step-timeout-ms", 5000);
   auto overlap_min_tokens =
       args->GetInt("overlap-min-tokens", AttentionStepLoop::kDefaultOverlapMinTokens);
-  for (const absl::Status& s : {rank.status(), kv_tokens.status(), chunk.status(),
-                                timeout_ms.status(), overlap_min_tokens.status()}) {
+  auto stream_interval = args->GetInt("stream-interval", 1);
+  for (const absl::Status& s :
+       {rank.status(), kv_tokens.status(), chunk.status(), timeout_ms.status(),
+        overlap_min_tokens.status(), stream_interval.status()}) {
     if (!s.ok()) return fail(s);
   }
   const std::string model_dir = args->GetString("model");
@@ -81,7 +87,12 @@ int Main(int argc, char** argv) {
   KvCache kv(*config, backend.get(), *kv_tokens);
   Scheduler scheduler(*config, &kv, {*chunk});
   AttentionWorkerService service(static_cast<int>(*rank), *config, &scheduler, &kv);
+  if (*stream_interval < 1) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("--stream-interval must be >= 1, got ", *stream_interval)));
+  }
   service.set_first_logits_dir(args->GetString("dump-first-logits"));
+  service.set_stream_interval(static_cast<int>(*stream_interval));
   absl::StatusOr<std::unique_ptr<AttentionMetrics>> attention_metrics =
       AttentionMetrics::Create(&metrics_registry, static_cast<int>(*rank), &scheduler, &kv);
   if (!attention_metrics.ok()) return fail(attention_metrics.status());

@@ -262,7 +262,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   counters_.rows_received += total_rows;
   rows_this_step_ += total_rows;
   if (total_rows == 0) ++counters_.empty_rounds;
-  if (first.layer == last_moe_layer_) {
+  if (first.layer == last_moe_layer_ && first.micro + 1 == first.num_micro) {
     ++counters_.steps;
     if (rows_this_step_ == 0) ++counters_.empty_steps;
     if (metrics_ != nullptr) metrics_->OnStep(rows_this_step_ == 0);

@@ -2,6 +2,7 @@
 // the single-process engine, empty DP/EP ranks and all-empty steps included, and the MoE
 // output is reduced exactly once.
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 #include "gtest/gtest.h"
@@ -32,7 +33,7 @@ std::vector<GenerationRequest> Requests(int n, int64_t max_new, int vocab) {
 void ExpectSameAsSingleProcess(const std::string& dir, int num_attention,
                                const Placement& placement,
                                const std::vector<GenerationRequest>& requests,
-                               InprocCluster** out_cluster = nullptr) {
+                               const std::function<void(const InprocCluster&)>& check = {}) {
   auto engine = LocalEngine::Load(dir);
   ASSERT_TRUE(engine.ok()) << engine.status();
   auto reference = (*engine)->GenerateBatch(requests);
@@ -62,6 +63,7 @@ void ExpectSameAsSingleProcess(const std::string& dir, int num_attention,
               cluster.attention_counters(0).steps.load())
         << "DP ranks out of lockstep";
   }
+  if (check) check(cluster);
 }
 
 class DisaggGrid : public ::testing::TestWithParam<std::tuple<int, int>> {};
@@ -80,6 +82,33 @@ INSTANTIATE_TEST_SUITE_P(MxN, DisaggGrid,
                            return "dp" + std::to_string(std::get<0>(info.param)) + "_ep" +
                                   std::to_string(std::get<1>(info.param));
                          });
+
+// Two-batch overlap: with enough tokens per step, every DP rank splits its steps into two
+// micro-batches (prompts of several lengths, so the split is uneven and decode steps read
+// KV written by either micro-batch). Outputs still equal the single-process engine, the
+// ranks agree on every split, and each expert rank counts a split step once.
+TEST(Disagg, TwoBatchOverlapEqualsSingleProcess) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  bool checked = false;
+  ExpectSameAsSingleProcess(
+      dir, 2, Placement::Contiguous(16, 2), Requests(10, 8, 4096),
+      [&](const InprocCluster& cluster) {
+        checked = true;
+        const int64_t overlapped = cluster.attention_counters(0).overlapped_steps.load();
+        EXPECT_GT(overlapped, 0) << "no step was split into micro-batches";
+        EXPECT_EQ(cluster.attention_counters(1).overlapped_steps.load(), overlapped)
+            << "DP ranks split different steps";
+        const int64_t steps = cluster.attention_counters(0).steps.load();
+        for (int r = 0; r < 2; ++r) {
+          EXPECT_EQ(cluster.expert_counters(r).steps.load(), steps) << "EP rank " << r;
+          // One round per MoE layer per micro-batch.
+          EXPECT_EQ(cluster.expert_counters(r).rounds.load(), 4 * (steps + overlapped))
+              << "EP rank " << r;
+        }
+      });
+  EXPECT_TRUE(checked);
+}
 
 TEST(Disagg, UnevenPlacementTwelveExpertsOnFiveRanks) {
   TempDir tmp;

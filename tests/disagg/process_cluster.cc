@@ -151,6 +151,7 @@ absl::Status ProcessCluster::StartWorkers(const ClusterSpec& spec, absl::Duratio
         bin("dxs-attention"), "--model",       spec.model_dir, "--rank",      std::to_string(r),
         "--router",           router_address_, "--listen",     "127.0.0.1:0", "--dump-first-logits",
         logits_dir()};
+    argv.insert(argv.end(), spec.attention_args.begin(), spec.attention_args.end());
     argv.insert(argv.end(), common_args_.begin(), common_args_.end());
     absl::StatusOr<ChildProcess> a =
         SpawnAndWait(argv, absl::StrCat("attention ", r),

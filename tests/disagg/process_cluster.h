@@ -40,6 +40,7 @@ struct ClusterSpec {
   int num_expert = 1;
   std::vector<std::string> expert_claims;  // per EP rank; empty: default placement
   std::string wire_dtype = "f32";
+  std::vector<std::string> attention_args = {};  // extra dxs-attention flags
 };
 
 struct GenerateResult {

@@ -154,7 +154,7 @@ int UpCommand(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args =
       Args::Parse(argv,
                   WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir",
-                                     "wire-dtype", "overlap-min-tokens"}),
+                                     "wire-dtype", "overlap-min-tokens", "stream-interval"}),
                   WithTlsBoolFlags({}));
   if (!args.ok()) return Fail("up", args.status());
   // With TLS, every process of the cluster uses the same files (one certificate that is
@@ -209,8 +209,8 @@ int UpCommand(const std::vector<std::string>& argv) {
   for (int r = 0; ok && r < *m; ++r) {
     std::vector<std::string> a = {bin + "/dxs-attention", "--model",  model, "--rank",
                                   std::to_string(r),      "--router", router};
-    if (args->Has("overlap-min-tokens")) {
-      a.insert(a.end(), {"--overlap-min-tokens", args->GetString("overlap-min-tokens")});
+    for (const char* flag : {"overlap-min-tokens", "stream-interval"}) {
+      if (args->Has(flag)) a.insert(a.end(), {absl::StrCat("--", flag), args->GetString(flag)});
     }
     ok = spawn(a, absl::StrCat("attention", r));
   }
