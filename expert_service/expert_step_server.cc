@@ -221,29 +221,38 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
       }
     }
   }
+  // The routing pairs, rows offset to where each rank's rows are in x.
+  int64_t total_pairs = 0;
+  for (const WireHeader& h : headers) total_pairs += h.num_pairs;
   RoutedPairs pairs;
+  pairs.rows.resize(total_pairs);
+  pairs.experts.resize(total_pairs);
+  pairs.weights.resize(total_pairs);
+  int64_t next_pair = 0;
   for (size_t i = 0; i < num_dp; ++i) {
     const WireHeader& h = headers[i];
     const uint8_t* p = pending_slot_[i] >= 0
                            ? slots_[pending_slot_[i]].pairs.data()
                            : pending_[i]->payload.data() +
                                  static_cast<size_t>(h.num_rows) * hidden * DTypeSize(h.wire_dtype);
-    std::vector<int32_t> rows(h.num_pairs), experts(h.num_pairs);
-    std::vector<float> weights(h.num_pairs);
+    int32_t* rows = pairs.rows.data() + next_pair;
+    int32_t* experts = pairs.experts.data() + next_pair;
     if (h.num_pairs > 0) {
-      std::memcpy(rows.data(), p, h.num_pairs * 4);
-      std::memcpy(experts.data(), p + h.num_pairs * 4, h.num_pairs * 4);
-      std::memcpy(weights.data(), p + h.num_pairs * 8, h.num_pairs * 4);
+      std::memcpy(rows, p, h.num_pairs * 4);
+      std::memcpy(experts, p + h.num_pairs * 4, h.num_pairs * 4);
+      std::memcpy(pairs.weights.data() + next_pair, p + h.num_pairs * 8, h.num_pairs * 4);
     }
     for (int32_t k = 0; k < h.num_pairs; ++k) {
       if (rows[k] < 0 || rows[k] >= h.num_rows || !shard_->Holds(h.layer, experts[k])) {
+        const int32_t row = rows[k], expert = experts[k];
         drop_all();
-        return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i], " routed row ", rows[k],
-                                                " to expert ", experts[k],
+        return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i], " routed row ", row,
+                                                " to expert ", expert,
                                                 ", which this rank does not hold"));
       }
-      pairs.Add(static_cast<int32_t>(row_offset[i] + rows[k]), experts[k], weights[k]);
+      rows[k] += static_cast<int32_t>(row_offset[i]);
     }
+    next_pair += h.num_pairs;
   }
   const auto compute_start = std::chrono::steady_clock::now();
   absl::Status compute = shard_->Forward(first.layer, x, pairs, &out);

@@ -1,5 +1,6 @@
 #include "router/dispatch/dispatch_combine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +38,15 @@ DispatchLayout ComputeLayout(const Placement& placement, const std::vector<int32
   layout.token_rows.resize(num_ranks);
   layout.pairs.resize(num_ranks);
   const int64_t num_tokens = top_k > 0 ? static_cast<int64_t>(ids.size()) / top_k : 0;
+  // Exact sizes first: growing the vectors pair by pair cost more than the counting.
+  std::vector<int64_t> num_pairs(num_ranks, 0);
+  for (int64_t p = 0; p < num_tokens * top_k; ++p) ++num_pairs[placement.owner(ids[p])];
+  for (int r = 0; r < num_ranks; ++r) {
+    layout.token_rows[r].reserve(std::min(num_pairs[r], num_tokens));
+    layout.pairs[r].rows.reserve(num_pairs[r]);
+    layout.pairs[r].experts.reserve(num_pairs[r]);
+    layout.pairs[r].weights.reserve(num_pairs[r]);
+  }
   std::vector<int32_t> local_row(num_ranks);
   for (int64_t t = 0; t < num_tokens; ++t) {
     std::fill(local_row.begin(), local_row.end(), -1);
