@@ -13,7 +13,8 @@
 // for a message split the way a dispatch's rows and routing pairs are). Each variant is
 // named sN/tM: the request goes out in N segments and lands in M target segments (0: the
 // transport's own buffer); the echo goes back in one segment, into a one-segment target
-// whenever M > 0.
+// whenever M > 0. s64 and s512 are rows scattered over that many runs (RemoteMoeExecutor
+// packs more than 64 runs into one buffer).
 //
 // Usage: transport_bench [--quick]
 // Output: median round trip in microseconds and GB/s (2 * bytes per round trip / time)
@@ -55,7 +56,7 @@ struct Variant {
   int send_segments;
   int target_segments;
 };
-constexpr Variant kVariants[] = {{1, 0}, {4, 0}, {1, 1}, {1, 2}, {4, 2}};
+constexpr Variant kVariants[] = {{1, 0}, {4, 0}, {1, 1}, {1, 2}, {4, 2}, {64, 0}, {512, 0}};
 
 using dxs::bench::Die;
 using dxs::bench::TradeAddresses;
@@ -113,11 +114,19 @@ std::unique_ptr<dxs::Transport> ConnectDxs(int self, int read_fd, int write_fd) 
   return std::move(*transport);
 }
 
-// Splits `bytes` at `data` into `n` pieces: the first 98% (rows), the rest evenly.
+// Splits `bytes` at `data` into `n` pieces: up to 4, the first 98% (rows) and the rest
+// evenly (routing pairs); more, all even (scattered rows).
 template <typename Segment, typename Pointer>
 std::vector<Segment> Pieces(Pointer data, size_t bytes, int n) {
   std::vector<Segment> pieces;
   if (n == 1) return {{data, bytes}};
+  if (n > 4) {
+    for (int i = 0; i < n; ++i) {
+      const size_t begin = bytes * i / n, end = bytes * (i + 1) / n;
+      pieces.push_back({data + begin, end - begin});
+    }
+    return pieces;
+  }
   const size_t head = bytes / 50 * 49;
   pieces.push_back({data, head});
   size_t offset = head;
