@@ -178,7 +178,8 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
   c->set_prompt_tokens(prompt_tokens);
   c->set_completion_tokens(index);
   c->set_data_parallel_rank(static_cast<uint32_t>(dp_rank_));
-  writer->Write(final_msg);
+  // With the status: one write less per request.
+  writer->WriteLast(final_msg, grpc::WriteOptions());
   return grpc::Status::OK;
 }
 

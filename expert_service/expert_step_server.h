@@ -1,11 +1,12 @@
 // ExpertStepServer: the expert worker's data path.
 //
-// One round = one MoE layer of one step: a dispatch message from every DP rank (empty
-// ones included) carrying the same (step, layer). The server runs this rank's experts over
-// all received rows (SwiGLU, grouped by expert), pre-sums each row's weighted outputs
-// over its own experts, and answers every DP rank with one combine message, in dispatch
-// order. Messages from an older (step, layer) than the newest seen are stale (a step that
-// failed elsewhere) and are dropped.
+// One round = one MoE layer of one step (or of one micro-batch of a step, with two-batch
+// overlap): a dispatch message from every DP rank (empty ones included) carrying the same
+// (step, layer, micro). The server runs this rank's experts over all received rows
+// (SwiGLU, grouped by expert), pre-sums each row's weighted outputs over its own experts,
+// and answers every DP rank with one combine message, in dispatch order. Messages older
+// than the newest (step, layer, micro) seen are stale (a step that failed elsewhere) and
+// are dropped.
 //
 // Zero copy: the server is its transport's ReceiveTargetProvider. A float32 dispatch lands
 // straight in the input tensor: each DP rank has kSlotsPerRank slots (regions of one

@@ -179,7 +179,10 @@ absl::Status FrontendService::GenerateImpl(grpc::ServerContext* context,
       if (first_token_at) timings->set_time_to_first_token_ns(SinceNs(arrival, *first_token_at));
       timings->set_e2e_latency_ns(SinceNs(arrival, now));
     }
-    if (!caller_gone && !writer->Write(message)) {
+    if (!caller_gone && message.has_complete()) {
+      // The final message goes out with the status: one write less per request.
+      writer->WriteLast(message, grpc::WriteOptions());
+    } else if (!caller_gone && !writer->Write(message)) {
       caller_gone = true;
       upstream->TryCancel();
     }
