@@ -162,7 +162,8 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   }
   const WireHeader first = *WireHeader::Decode(pending_[0]->header);
   const int64_t hidden = config_.hidden_size;
-  std::vector<WireHeader> headers;
+  std::vector<WireHeader>& headers = headers_;
+  headers.clear();
   bool in_place = true;  // every rank's rows in its slot
   int64_t total_rows = 0;
   for (size_t i = 0; i < num_dp; ++i) {
@@ -184,7 +185,8 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     for (size_t i = 0; i < num_dp; ++i) DropPending(i);
   };
   // Where each rank's rows are in x: their slots, or (assembled by copying) concatenated.
-  std::vector<int64_t> row_offset(num_dp, 0);
+  std::vector<int64_t>& row_offset = row_offset_;
+  row_offset.assign(num_dp, 0);
   Tensor x, out;
   if (in_place) {
     int64_t end_row = 0;
@@ -221,13 +223,32 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
       }
     }
   }
-  // The routing pairs, rows offset to where each rank's rows are in x.
+  // The routing pairs, rows offset to where each rank's rows are in x; reused across
+  // rounds like the buffers.
   int64_t total_pairs = 0;
   for (const WireHeader& h : headers) total_pairs += h.num_pairs;
-  RoutedPairs pairs;
+  RoutedPairs& pairs = pairs_;
   pairs.rows.resize(total_pairs);
   pairs.experts.resize(total_pairs);
   pairs.weights.resize(total_pairs);
+  // Which of the round's layer's experts this rank holds, asked once per expert rather
+  // than once per pair (Holds is virtual, ExpertShard's a map lookup) when the round has
+  // more pairs than there are experts. Asked again every round, so the answers are those
+  // of this round's Holds. held_[table_size] == 0: experts outside the table (and every
+  // expert of a round too small for one) fail the quick check below and are asked one by
+  // one, as before.
+  const uint32_t table_size = config_.num_experts > 0 && total_pairs >= config_.num_experts
+                                  ? static_cast<uint32_t>(config_.num_experts)
+                                  : 0;
+  held_.resize(table_size + 1);
+  for (uint32_t e = 0; e < table_size; ++e) {
+    held_[e] = shard_->Holds(first.layer, static_cast<int>(e)) ? 1 : 0;
+  }
+  held_[table_size] = 0;
+  auto holds = [&](int32_t expert) {
+    return static_cast<uint32_t>(expert) < table_size ? held_[expert] != 0
+                                                      : shard_->Holds(first.layer, expert);
+  };
   int64_t next_pair = 0;
   for (size_t i = 0; i < num_dp; ++i) {
     const WireHeader& h = headers[i];
@@ -242,15 +263,28 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
       std::memcpy(experts, p + h.num_pairs * 4, h.num_pairs * 4);
       std::memcpy(pairs.weights.data() + next_pair, p + h.num_pairs * 8, h.num_pairs * 4);
     }
+    // A branch-free check of every pair against the table (negative rows and experts
+    // compare as large unsigned values), then the exact check, and the error naming the
+    // first bad pair, only if some pair failed it.
+    const uint8_t* held = held_.data();
+    const uint32_t num_rows = static_cast<uint32_t>(std::max(h.num_rows, 0));
+    bool suspect = false;
     for (int32_t k = 0; k < h.num_pairs; ++k) {
-      if (rows[k] < 0 || rows[k] >= h.num_rows || !shard_->Holds(h.layer, experts[k])) {
+      const uint32_t expert = std::min(static_cast<uint32_t>(experts[k]), table_size);
+      suspect |= (static_cast<uint32_t>(rows[k]) >= num_rows) | (held[expert] == 0);
+    }
+    for (int32_t k = 0; suspect && k < h.num_pairs; ++k) {
+      if (rows[k] < 0 || rows[k] >= h.num_rows || !holds(experts[k])) {
         const int32_t row = rows[k], expert = experts[k];
         drop_all();
         return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i], " routed row ", row,
                                                 " to expert ", expert,
                                                 ", which this rank does not hold"));
       }
-      rows[k] += static_cast<int32_t>(row_offset[i]);
+    }
+    const int32_t offset = static_cast<int32_t>(row_offset[i]);
+    if (offset != 0) {
+      for (int32_t k = 0; k < h.num_pairs; ++k) rows[k] += offset;
     }
     next_pair += h.num_pairs;
   }

@@ -37,6 +37,7 @@
 #include "expert_service/expert_metrics.h"
 #include "kernels/tensor.h"
 #include "model/expert_shard.h"
+#include "router/dispatch/wire.h"
 #include "router/transport/transport.h"
 
 namespace dxs {
@@ -116,6 +117,12 @@ class ExpertStepServer final : public ReceiveTargetProvider {
   int64_t copy_rows_ = 0;
   Tensor copy_x_, copy_out_;
   PayloadBytes send_buffer_;  // narrowed combine rows (non-f32 wire)
+  // Per round, reused: each DP rank's header and first row in x, the round's routing
+  // pairs, and which of the round's layer's experts this rank holds.
+  std::vector<WireHeader> headers_;
+  std::vector<int64_t> row_offset_;
+  RoutedPairs pairs_;
+  std::vector<uint8_t> held_;
 };
 
 }  // namespace dxs

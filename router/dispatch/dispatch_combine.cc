@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -35,34 +36,89 @@ std::vector<int64_t> DispatchLayout::num_tokens_per_rank() const {
 
 DispatchLayout ComputeLayout(const Placement& placement, const std::vector<int32_t>& ids,
                              const std::vector<float>& weights, int top_k) {
-  const int num_ranks = placement.num_ranks();
   DispatchLayout layout;
-  layout.token_rows.resize(num_ranks);
-  layout.pairs.resize(num_ranks);
+  ComputeLayout(placement, ids, weights, top_k, &layout);
+  return layout;
+}
+
+void ComputeLayout(const Placement& placement, const std::vector<int32_t>& ids,
+                   const std::vector<float>& weights, int top_k, DispatchLayout* layout) {
+  const int num_ranks = placement.num_ranks();
+  layout->token_rows.resize(num_ranks);
+  layout->pairs.resize(num_ranks);
   const int64_t num_tokens = top_k > 0 ? static_cast<int64_t>(ids.size()) / top_k : 0;
-  // Exact sizes first: growing the vectors pair by pair cost more than the counting.
-  std::vector<int64_t> num_pairs(num_ranks, 0);
-  for (int64_t p = 0; p < num_tokens * top_k; ++p) ++num_pairs[placement.owner(ids[p])];
-  for (int r = 0; r < num_ranks; ++r) {
-    layout.token_rows[r].reserve(std::min(num_pairs[r], num_tokens));
-    layout.pairs[r].rows.reserve(num_pairs[r]);
-    layout.pairs[r].experts.reserve(num_pairs[r]);
-    layout.pairs[r].weights.reserve(num_pairs[r]);
+  const int64_t num_pairs = num_tokens * top_k;
+  const int32_t* id = ids.data();
+  const float* weight = weights.data();
+  if (num_ranks == 1) {
+    // One rank holds every expert: it gets every token in order, with the pairs as routed
+    // (row = token). Filled directly, with no per-pair owner lookups.
+    std::vector<int32_t>& token_rows = layout->token_rows[0];
+    RoutedPairs& pairs = layout->pairs[0];
+    token_rows.resize(num_tokens);
+    std::iota(token_rows.begin(), token_rows.end(), 0);
+    pairs.rows.resize(num_pairs);
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      std::fill_n(pairs.rows.data() + t * top_k, top_k, static_cast<int32_t>(t));
+    }
+    pairs.experts.assign(id, id + num_pairs);
+    pairs.weights.assign(weight, weight + num_pairs);
+    return;
   }
-  std::vector<int32_t> local_row(num_ranks);
+  // Two passes: count each rank's tokens and pairs, then fill the exactly sized arrays
+  // (reused storage) through per-rank cursors, with none of push_back's capacity checks
+  // (four per pair before). A token is new to rank r when r last saw an earlier token:
+  // per-rank stamps, no per-token reset of a rank -> row map.
+  std::vector<int64_t> token_count(num_ranks, 0), pair_count(num_ranks, 0);
+  std::vector<int64_t> last_token(num_ranks, -1);
   for (int64_t t = 0; t < num_tokens; ++t) {
-    std::fill(local_row.begin(), local_row.end(), -1);
     for (int k = 0; k < top_k; ++k) {
-      const int32_t expert = ids[t * top_k + k];
-      const int r = placement.owner(expert);
-      if (local_row[r] < 0) {
-        local_row[r] = static_cast<int32_t>(layout.token_rows[r].size());
-        layout.token_rows[r].push_back(static_cast<int32_t>(t));
+      const int r = placement.owner(id[t * top_k + k]);
+      ++pair_count[r];
+      if (last_token[r] != t) {
+        last_token[r] = t;
+        ++token_count[r];
       }
-      layout.pairs[r].Add(local_row[r], expert, weights[t * top_k + k]);
     }
   }
-  return layout;
+  struct Cursor {
+    int32_t* token_rows;
+    int32_t* rows;
+    int32_t* experts;
+    float* weights;
+    int32_t next_row;  // the rank's next local row
+    int64_t next_pair;
+  };
+  std::vector<Cursor> cursor(num_ranks);
+  for (int r = 0; r < num_ranks; ++r) {
+    RoutedPairs& pairs = layout->pairs[r];
+    layout->token_rows[r].resize(token_count[r]);
+    pairs.rows.resize(pair_count[r]);
+    pairs.experts.resize(pair_count[r]);
+    pairs.weights.resize(pair_count[r]);
+    cursor[r] = {layout->token_rows[r].data(),
+                 pairs.rows.data(),
+                 pairs.experts.data(),
+                 pairs.weights.data(),
+                 0,
+                 0};
+  }
+  std::fill(last_token.begin(), last_token.end(), -1);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int k = 0; k < top_k; ++k) {
+      const int32_t expert = id[t * top_k + k];
+      const int r = placement.owner(expert);
+      Cursor& c = cursor[r];
+      if (last_token[r] != t) {
+        last_token[r] = t;
+        c.token_rows[c.next_row++] = static_cast<int32_t>(t);
+      }
+      c.rows[c.next_pair] = c.next_row - 1;
+      c.experts[c.next_pair] = expert;
+      c.weights[c.next_pair] = weight[t * top_k + k];
+      ++c.next_pair;
+    }
+  }
 }
 
 void PackRows(const float* rows, int64_t num_rows, int64_t hidden, DType dtype, PayloadBytes* out) {
@@ -187,7 +243,7 @@ absl::Status RemoteMoeExecutor::Dispatch(int layer, int micro, int num_micro, co
   InFlight& flight = in_flight_[micro];
   flight.active = false;
   flight.layer = layer;
-  flight.layout = ComputeLayout(placement_, ids, weights, top_k);
+  ComputeLayout(placement_, ids, weights, top_k, &flight.layout);
   const DispatchLayout& layout = flight.layout;
   const DType dtype = options_.wire_dtype;
   const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(dtype);

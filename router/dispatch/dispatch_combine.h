@@ -46,6 +46,9 @@ struct DispatchLayout {
 
 DispatchLayout ComputeLayout(const Placement& placement, const std::vector<int32_t>& ids,
                              const std::vector<float>& weights, int top_k);
+// The same into *layout, reusing its vectors' storage (the executor's per-call layout).
+void ComputeLayout(const Placement& placement, const std::vector<int32_t>& ids,
+                   const std::vector<float>& weights, int top_k, DispatchLayout* layout);
 
 // Row (de)serialisation in the wire dtype.
 void PackRows(const float* rows, int64_t num_rows, int64_t hidden, DType dtype, PayloadBytes* out);

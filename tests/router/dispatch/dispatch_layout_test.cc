@@ -1,0 +1,225 @@
+// The routing bookkeeping around the exchange: ComputeLayout (attention side) against a
+// plain per-token reference, for one and several EP ranks, any placement, repeated experts
+// and a reused layout; and ExpertStepServer's check of every routed pair (row in range,
+// expert held), whose errors name the bad pair whether the round is checked against the
+// per-round table of held experts or pair by pair.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "common/model_config.h"
+#include "expert_service/expert_step_server.h"
+#include "kernels/backend.h"
+#include "router/dispatch/dispatch_combine.h"
+#include "router/dispatch/placement.h"
+#include "router/dispatch/wire.h"
+#include "router/transport/transport.h"
+
+namespace dxs {
+namespace {
+
+// The layout as first written: per token, a fresh rank -> local row map and push_back.
+DispatchLayout ReferenceLayout(const Placement& placement, const std::vector<int32_t>& ids,
+                               const std::vector<float>& weights, int top_k) {
+  const int num_ranks = placement.num_ranks();
+  DispatchLayout layout;
+  layout.token_rows.resize(num_ranks);
+  layout.pairs.resize(num_ranks);
+  const int64_t num_tokens = top_k > 0 ? static_cast<int64_t>(ids.size()) / top_k : 0;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    std::vector<int32_t> local_row(num_ranks, -1);
+    for (int k = 0; k < top_k; ++k) {
+      const int32_t expert = ids[t * top_k + k];
+      const int r = placement.owner(expert);
+      if (local_row[r] < 0) {
+        local_row[r] = static_cast<int32_t>(layout.token_rows[r].size());
+        layout.token_rows[r].push_back(static_cast<int32_t>(t));
+      }
+      layout.pairs[r].Add(local_row[r], expert, weights[t * top_k + k]);
+    }
+  }
+  return layout;
+}
+
+void ExpectSameLayout(const DispatchLayout& got, const DispatchLayout& want,
+                      const std::string& what) {
+  ASSERT_EQ(got.token_rows.size(), want.token_rows.size()) << what;
+  ASSERT_EQ(got.pairs.size(), want.pairs.size()) << what;
+  for (size_t r = 0; r < want.token_rows.size(); ++r) {
+    EXPECT_EQ(got.token_rows[r], want.token_rows[r]) << what << " rank " << r;
+    EXPECT_EQ(got.pairs[r].rows, want.pairs[r].rows) << what << " rank " << r;
+    EXPECT_EQ(got.pairs[r].experts, want.pairs[r].experts) << what << " rank " << r;
+    EXPECT_EQ(got.pairs[r].weights, want.pairs[r].weights) << what << " rank " << r;
+  }
+}
+
+TEST(DispatchLayoutTest, MatchesReference) {
+  const int num_experts = 16;
+  std::vector<Placement> placements = {
+      Placement::Contiguous(num_experts, 1), Placement::Contiguous(num_experts, 2),
+      Placement::Contiguous(num_experts, 3), Placement::Contiguous(num_experts, 16)};
+  auto scattered = Placement::FromRankExperts(
+      num_experts, {{1, 5, 6, 15}, {0, 2, 3, 8, 9, 10}, {4, 7, 11, 12, 13, 14}});
+  ASSERT_TRUE(scattered.ok()) << scattered.status();
+  placements.push_back(*scattered);
+  std::mt19937 rng(7);
+  for (size_t pi = 0; pi < placements.size(); ++pi) {
+    const Placement& placement = placements[pi];
+    DispatchLayout reused;  // one layout through every size, growing and shrinking
+    for (int top_k : {1, 2, 4, 8}) {
+      for (int64_t tokens : {0, 1, 7, 300, 5, 300}) {
+        for (bool repeats : {false, true}) {
+          std::vector<int32_t> ids;
+          std::vector<float> weights;
+          for (int64_t t = 0; t < tokens; ++t) {
+            for (int k = 0; k < top_k; ++k) {
+              // Routers pick distinct experts; repeats (which the layout keeps as pairs of
+              // one row) are exercised too.
+              const int32_t e =
+                  repeats ? static_cast<int32_t>(rng() % 3)
+                          : static_cast<int32_t>((t * 7 + k * 5 + rng() % 2) % num_experts);
+              ids.push_back(e);
+              weights.push_back(static_cast<float>(rng() % 1000) / 1000.f);
+            }
+          }
+          const std::string what = "placement " + std::to_string(pi) + " top_k " +
+                                   std::to_string(top_k) + " tokens " + std::to_string(tokens) +
+                                   (repeats ? " with repeats" : "");
+          const DispatchLayout want = ReferenceLayout(placement, ids, weights, top_k);
+          ExpectSameLayout(ComputeLayout(placement, ids, weights, top_k), want, what);
+          ComputeLayout(placement, ids, weights, top_k, &reused);
+          ExpectSameLayout(reused, want, what + " (reused)");
+        }
+      }
+    }
+  }
+}
+
+constexpr int kNumExperts = 8;
+constexpr int64_t kHidden = 4;
+constexpr int kNotHeld = 5;       // inside the config's expert range, not held
+constexpr int kHeldOutside = 11;  // outside the config's range, held all the same
+
+// Holds experts 0-7 but kNotHeld, and kHeldOutside; out[r] = x[r]. Keeps the pairs it got.
+class SomeExperts final : public ExpertCompute {
+ public:
+  explicit SomeExperts(Backend* backend) : backend_(backend) {}
+  bool Holds(int layer, int expert) const override {
+    return (expert >= 0 && expert < kNumExperts && expert != kNotHeld) || expert == kHeldOutside;
+  }
+  Backend* backend() const override { return backend_; }
+  absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out) override {
+    last_pairs = pairs;
+    std::memcpy(out->f32(), x.f32(), x.num_elements() * sizeof(float));
+    return absl::OkStatus();
+  }
+  RoutedPairs last_pairs;
+
+ private:
+  Backend* backend_;
+};
+
+class ExpertRoutingCheckTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    transports_ = MakeInprocTransportGroup(2);
+    backend_ = MakeCpuBackend();
+    experts_ = std::make_unique<SomeExperts>(backend_.get());
+    ModelConfig config;
+    config.hidden_size = kHidden;
+    config.num_hidden_layers = 1;
+    config.num_experts = kNumExperts;
+    config.num_experts_per_tok = 2;
+    server_ = std::make_unique<ExpertStepServer>(transports_[1].get(), std::vector<int>{0},
+                                                 experts_.get(), config);
+  }
+
+  // Sends one dispatch of `num_rows` rows with these pairs and serves the round.
+  absl::Status Round(int32_t num_rows, const RoutedPairs& pairs) {
+    WireHeader h;
+    h.kind = MessageKind::kDispatch;
+    h.step = ++step_;
+    h.layer = 0;
+    h.num_rows = num_rows;
+    h.num_pairs = static_cast<int32_t>(pairs.size());
+    h.hidden = kHidden;
+    std::vector<float> rows(num_rows * kHidden);
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i);
+    const size_t pair_bytes = pairs.size() * 4;
+    const PayloadSegment segments[] = {{rows.data(), rows.size() * sizeof(float)},
+                                       {pairs.rows.data(), pair_bytes},
+                                       {pairs.experts.data(), pair_bytes},
+                                       {pairs.weights.data(), pair_bytes}};
+    absl::Status sent = transports_[0]->SendV(1, h.Encode(), segments, 4);
+    if (!sent.ok()) return sent;
+    absl::Status served = server_->ServeRound(absl::Now() + absl::Seconds(5));
+    if (served.ok()) {
+      // The combine: the rows back.
+      absl::StatusOr<TransportMessage> m = transports_[0]->Recv(1, absl::Now() + absl::Seconds(5));
+      if (!m.ok()) return m.status();
+      EXPECT_EQ(m->payload_size(), rows.size() * sizeof(float));
+    }
+    return served;
+  }
+
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<SomeExperts> experts_;
+  std::unique_ptr<ExpertStepServer> server_;
+  uint64_t step_ = 0;
+};
+
+// `num_pairs` valid pairs over `num_rows` rows, then (row, expert) at position `at`.
+RoutedPairs PairsWith(int32_t num_rows, int num_pairs, int at, int32_t row, int32_t expert) {
+  RoutedPairs pairs;
+  for (int p = 0; p < num_pairs; ++p) {
+    const int32_t e = p % kNumExperts == kNotHeld ? 0 : p % kNumExperts;
+    pairs.Add(p % num_rows, e, 0.5f);
+  }
+  if (at >= 0) {
+    pairs.rows[at] = row;
+    pairs.experts[at] = expert;
+  }
+  return pairs;
+}
+
+TEST_F(ExpertRoutingCheckTest, AcceptsHeldExpertsAndRowsInRange) {
+  // Few pairs (checked one by one) and many (checked against the table of held experts).
+  for (int num_pairs : {3, 40}) {
+    RoutedPairs pairs = PairsWith(10, num_pairs, 1, 9, kHeldOutside);
+    absl::Status s = Round(10, pairs);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(experts_->last_pairs.rows, pairs.rows);
+    EXPECT_EQ(experts_->last_pairs.experts, pairs.experts);
+    EXPECT_EQ(experts_->last_pairs.weights, pairs.weights);
+  }
+}
+
+TEST_F(ExpertRoutingCheckTest, RejectsBadPairsNamingTheFirst) {
+  struct Case {
+    int32_t row, expert;
+  };
+  const Case cases[] = {{10, 1}, {-1, 1}, {2, kNotHeld}, {2, -3}, {2, kNumExperts}, {2, 1000}};
+  for (int num_pairs : {3, 40}) {
+    for (const Case& c : cases) {
+      for (bool second : {false, true}) {
+        RoutedPairs pairs = PairsWith(10, num_pairs, 1, c.row, c.expert);
+        if (second) pairs.rows[2] = 99;  // a second bad pair: the error names the first
+        absl::Status s = Round(10, pairs);
+        ASSERT_FALSE(s.ok()) << "row " << c.row << " expert " << c.expert;
+        EXPECT_EQ(s.message(), "DP peer 0 routed row " + std::to_string(c.row) + " to expert " +
+                                   std::to_string(c.expert) + ", which this rank does not hold");
+        // The server carries on with the next round.
+        ASSERT_TRUE(Round(10, PairsWith(10, num_pairs, -1, 0, 0)).ok());
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dxs
