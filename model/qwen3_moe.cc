@@ -43,46 +43,26 @@ absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& 
         absl::StrCat("num_micro_batches: ", num_micro_batches, " is not 1 or 2"));
   }
   DXS_RETURN_IF_ERROR(Validate(chunks, kv));
-  if (num_micro_batches == 2) return ForwardOverlapped(chunks, kv);
-  std::vector<int32_t> ids;
-  std::vector<int64_t> positions;
-  for (const SequenceChunk& c : chunks) {
-    for (size_t i = 0; i < c.tokens.size(); ++i) {
-      ids.push_back(c.tokens[i]);
-      positions.push_back(c.start_position + static_cast<int64_t>(i));
-    }
-  }
-  const int64_t num_tokens = static_cast<int64_t>(ids.size());
-  Tensor hidden = backend_->Allocate({num_tokens, config_.hidden_size});
-  backend_->Embedding(w_.embed_tokens, ids, &hidden);
-  for (int l = 0; l < config_.num_hidden_layers; ++l) {
-    AttentionBlock(l, chunks, positions, kv, &hidden);
-    DXS_RETURN_IF_ERROR(MlpBlock(l, &hidden));
-  }
-  Tensor last = backend_->Allocate({static_cast<int64_t>(chunks.size()), config_.hidden_size});
-  GatherLastRows(chunks, hidden, 0, &last);
-  return Logits(std::move(last));
-}
-
-absl::StatusOr<Tensor> Qwen3MoeModel::ForwardOverlapped(const std::vector<SequenceChunk>& chunks,
-                                                        KvCache* kv) {
-  constexpr int kMicro = 2;
-  // Split in chunk order (so the logits keep it) where the token count is closest to
-  // half; either micro-batch may be empty.
+  // Two micro-batches split in chunk order (so the logits keep it) where the token count
+  // is closest to half; either may be empty.
   int64_t total = 0;
   for (const SequenceChunk& c : chunks) total += static_cast<int64_t>(c.tokens.size());
-  size_t split = 0;
-  int64_t before = 0;
-  while (split < chunks.size() &&
-         std::abs(2 * (before + static_cast<int64_t>(chunks[split].tokens.size())) - total) <
-             std::abs(2 * before - total)) {
-    before += static_cast<int64_t>(chunks[split].tokens.size());
-    ++split;
+  size_t split = chunks.size();
+  if (num_micro_batches == 2) {
+    split = 0;
+    int64_t before = 0;
+    while (split < chunks.size() &&
+           std::abs(2 * (before + static_cast<int64_t>(chunks[split].tokens.size())) - total) <
+               std::abs(2 * before - total)) {
+      before += static_cast<int64_t>(chunks[split].tokens.size());
+      ++split;
+    }
   }
-  MicroBatch mbs[kMicro];
+  MicroBatch mbs[MoeExecutor::kMaxMicroBatches];
   mbs[0].chunks.assign(chunks.begin(), chunks.begin() + split);
   mbs[1].chunks.assign(chunks.begin() + split, chunks.end());
-  for (MicroBatch& mb : mbs) {
+  for (int m = 0; m < num_micro_batches; ++m) {
+    MicroBatch& mb = mbs[m];
     std::vector<int32_t> ids;
     for (const SequenceChunk& c : mb.chunks) {
       for (size_t i = 0; i < c.tokens.size(); ++i) {
@@ -93,43 +73,54 @@ absl::StatusOr<Tensor> Qwen3MoeModel::ForwardOverlapped(const std::vector<Sequen
     mb.hidden = backend_->Allocate({static_cast<int64_t>(ids.size()), config_.hidden_size});
     backend_->Embedding(w_.embed_tokens, ids, &mb.hidden);
   }
-  // front(l, m): attention of layer l and the MoE dispatch; back(l, m): the combine. The
-  // order front(l+1, 0) before back(l, 1) is the overlap: while the experts work on one
-  // micro-batch, this rank computes the other's attention.
+  // front(l, m): attention of layer l, then the dense MLP or the MoE dispatch; back(l, m):
+  // the MoE combine. With two micro-batches, front(l+1, 0) before back(l, 1) is the
+  // overlap: while the experts work on one micro-batch, this rank computes the other's
+  // attention. With one, it is the plain layer order.
   const int layers = config_.num_hidden_layers;
-  for (int m = 0; m < kMicro; ++m) DXS_RETURN_IF_ERROR(MicroFront(0, m, kMicro, kv, &mbs[m]));
+  for (int m = 0; m < num_micro_batches; ++m) {
+    DXS_RETURN_IF_ERROR(MicroFront(0, m, num_micro_batches, kv, &mbs[m]));
+  }
   for (int l = 0; l < layers; ++l) {
-    for (int m = 0; m < kMicro; ++m) {
+    for (int m = 0; m < num_micro_batches; ++m) {
       DXS_RETURN_IF_ERROR(MicroBack(l, m, &mbs[m]));
-      if (l + 1 < layers) DXS_RETURN_IF_ERROR(MicroFront(l + 1, m, kMicro, kv, &mbs[m]));
+      if (l + 1 < layers) {
+        DXS_RETURN_IF_ERROR(MicroFront(l + 1, m, num_micro_batches, kv, &mbs[m]));
+      }
     }
   }
   Tensor last = backend_->Allocate({static_cast<int64_t>(chunks.size()), config_.hidden_size});
   GatherLastRows(mbs[0].chunks, mbs[0].hidden, 0, &last);
-  GatherLastRows(mbs[1].chunks, mbs[1].hidden, static_cast<int64_t>(split), &last);
+  if (num_micro_batches == 2) {
+    GatherLastRows(mbs[1].chunks, mbs[1].hidden, static_cast<int64_t>(split), &last);
+  }
   return Logits(std::move(last));
 }
 
 absl::Status Qwen3MoeModel::MicroFront(int layer, int micro, int num_micro, KvCache* kv,
                                        MicroBatch* mb) {
   AttentionBlock(layer, mb->chunks, mb->positions, kv, &mb->hidden);
-  if (!config_.IsMoeLayer(layer)) return MlpBlock(layer, &mb->hidden);
   const int64_t t = mb->hidden.rows();
   mb->normed = backend_->Allocate({t, config_.hidden_size});
   backend_->RmsNorm(mb->hidden, w_.layers[layer].post_attention_norm,
                     static_cast<float>(config_.rms_norm_eps), &mb->normed);
+  mb->mlp_out = backend_->Allocate({t, config_.hidden_size});
+  if (!config_.IsMoeLayer(layer)) {
+    DenseMlp(layer, mb->normed, &mb->mlp_out);
+    backend_->Add(mb->mlp_out, &mb->hidden);
+    return absl::OkStatus();
+  }
   std::vector<int32_t> ids;
   std::vector<float> weights;
   DXS_RETURN_IF_ERROR(Route(layer, mb->normed, &ids, &weights));
-  mb->moe_out = backend_->Allocate({t, config_.hidden_size});
   return moe_->Dispatch(layer, micro, num_micro, mb->normed, ids, weights,
-                        static_cast<int>(config_.num_experts_per_tok), &mb->moe_out);
+                        static_cast<int>(config_.num_experts_per_tok), &mb->mlp_out);
 }
 
 absl::Status Qwen3MoeModel::MicroBack(int layer, int micro, MicroBatch* mb) {
   if (!config_.IsMoeLayer(layer)) return absl::OkStatus();  // MicroFront did it all
-  DXS_RETURN_IF_ERROR(moe_->Combine(layer, micro, &mb->moe_out));
-  backend_->Add(mb->moe_out, &mb->hidden);
+  DXS_RETURN_IF_ERROR(moe_->Combine(layer, micro, &mb->mlp_out));
+  backend_->Add(mb->mlp_out, &mb->hidden);
   return absl::OkStatus();
 }
 
@@ -205,30 +196,15 @@ void Qwen3MoeModel::AttentionBlock(int layer, const std::vector<SequenceChunk>& 
   backend_->Add(o, hidden);
 }
 
-absl::Status Qwen3MoeModel::MlpBlock(int layer, Tensor* hidden) {
+void Qwen3MoeModel::DenseMlp(int layer, const Tensor& normed, Tensor* out) {
   const AttentionLayerWeights& lw = w_.layers[layer];
-  const int64_t t = hidden->rows();
-  Tensor normed = backend_->Allocate({t, config_.hidden_size});
-  backend_->RmsNorm(*hidden, lw.post_attention_norm, static_cast<float>(config_.rms_norm_eps),
-                    &normed);
-  Tensor out = backend_->Allocate({t, config_.hidden_size});
-  if (config_.IsMoeLayer(layer)) {
-    std::vector<int32_t> ids;
-    std::vector<float> weights;
-    DXS_RETURN_IF_ERROR(Route(layer, normed, &ids, &weights));
-    DXS_RETURN_IF_ERROR(moe_->Run(layer, normed, ids, weights,
-                                  static_cast<int>(config_.num_experts_per_tok), &out));
-  } else {
-    const int64_t inter = config_.intermediate_size;
-    Tensor gate = backend_->Allocate({t, inter});
-    Tensor up = backend_->Allocate({t, inter});
-    backend_->Linear(normed, lw.dense_gate, nullptr, &gate);
-    backend_->Linear(normed, lw.dense_up, nullptr, &up);
-    backend_->SiluMul(gate, up, &gate);
-    backend_->Linear(gate, lw.dense_down, nullptr, &out);
-  }
-  backend_->Add(out, hidden);
-  return absl::OkStatus();
+  const int64_t t = normed.rows(), inter = config_.intermediate_size;
+  Tensor gate = backend_->Allocate({t, inter});
+  Tensor up = backend_->Allocate({t, inter});
+  backend_->Linear(normed, lw.dense_gate, nullptr, &gate);
+  backend_->Linear(normed, lw.dense_up, nullptr, &up);
+  backend_->SiluMul(gate, up, &gate);
+  backend_->Linear(gate, lw.dense_down, nullptr, out);
 }
 
 }  // namespace dxs

@@ -58,19 +58,20 @@ class Qwen3MoeModel {
   absl::Status Validate(const std::vector<SequenceChunk>& chunks, KvCache* kv) const;
   void AttentionBlock(int layer, const std::vector<SequenceChunk>& chunks,
                       const std::vector<int64_t>& positions, KvCache* kv, Tensor* hidden);
-  absl::Status MlpBlock(int layer, Tensor* hidden);
+  // The dense SwiGLU MLP of a non-MoE layer: normed -> out.
+  void DenseMlp(int layer, const Tensor& normed, Tensor* out);
 
-  // One micro-batch of an overlapped step.
+  // One micro-batch of a step (the whole step when it is not split).
   struct MicroBatch {
     std::vector<SequenceChunk> chunks;
     std::vector<int64_t> positions;
-    Tensor hidden, normed, moe_out;
+    Tensor hidden, normed, mlp_out;  // normed and mlp_out live until the combine
   };
-  // Attention of `layer`, then either the dense MLP or the MoE's dispatch.
+  // Attention of `layer`, the post-attention norm, then either the dense MLP (and its
+  // residual add) or the MoE's dispatch.
   absl::Status MicroFront(int layer, int micro, int num_micro, KvCache* kv, MicroBatch* mb);
   // For MoE layers: the combine and the residual add.
   absl::Status MicroBack(int layer, int micro, MicroBatch* mb);
-  absl::StatusOr<Tensor> ForwardOverlapped(const std::vector<SequenceChunk>& chunks, KvCache* kv);
   // Gathers each chunk's last row of `hidden` (the chunks' rows, in order) into `last`
   // from row `first_row` on.
   void GatherLastRows(const std::vector<SequenceChunk>& chunks, const Tensor& hidden,
