@@ -28,13 +28,13 @@
 #include "attention_service/attention_step_loop.h"
 #include "attention_service/attention_worker_service.h"
 #include "common/grpc/server.h"
-#include "common/metrics/build_info.h"
 #include "common/metrics/registry.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "model/weights.h"
 #include "router/membership/worker_membership.h"
 #include "router/membership/worker_runtime.h"
+#include "router/membership/worker_startup.h"
 #include "tools/dxs/cli_args.h"
 #include "tools/dxs/tls_flags.h"
 
@@ -68,25 +68,18 @@ int Main(int argc, char** argv) {
   }
   const std::string model_dir = args->GetString("model");
   metrics::Registry metrics_registry;  // outlives everything that records into it
-  if (absl::Status s = metrics::RegisterBuildInfo(&metrics_registry, "attention"); !s.ok()) {
-    return fail(s);
-  }
   WorkerRuntime runtime("attention", static_cast<int>(*rank));
-  InstallSignalHandlers();
-  absl::StatusOr<TlsConfig> tls = cli::TlsFromArgs(*args, /*for_server=*/true);
-  if (!tls.ok()) return fail(tls.status());
-  runtime.set_tls(*tls);
-
-  absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
-  if (!config.ok()) return fail(config.status());
-  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(model_dir);
-  if (!ckpt.ok()) return fail(ckpt.status());
+  absl::StatusOr<WorkerModel> prepared =
+      PrepareWorker(*args, "attention", &metrics_registry, &runtime);
+  if (!prepared.ok()) return fail(prepared.status());
+  const ModelConfig& config = prepared->config;
+  const Checkpoint& ckpt = *prepared->checkpoint;
   std::unique_ptr<Backend> backend = MakeCpuBackend();
-  absl::StatusOr<AttentionWeights> weights = LoadAttentionWeights(**ckpt, *config, backend.get());
+  absl::StatusOr<AttentionWeights> weights = LoadAttentionWeights(ckpt, config, backend.get());
   if (!weights.ok()) return fail(weights.status());
-  KvCache kv(*config, backend.get(), *kv_tokens);
-  Scheduler scheduler(*config, &kv, {*chunk});
-  AttentionWorkerService service(static_cast<int>(*rank), *config, &scheduler, &kv);
+  KvCache kv(config, backend.get(), *kv_tokens);
+  Scheduler scheduler(config, &kv, {*chunk});
+  AttentionWorkerService service(static_cast<int>(*rank), config, &scheduler, &kv);
   if (*stream_interval < 1) {
     return fail(absl::InvalidArgumentError(
         absl::StrCat("--stream-interval must be >= 1, got ", *stream_interval)));
@@ -97,11 +90,9 @@ int Main(int argc, char** argv) {
       AttentionMetrics::Create(&metrics_registry, static_cast<int>(*rank), &scheduler, &kv);
   if (!attention_metrics.ok()) return fail(attention_metrics.status());
 
-  absl::Status started = runtime.Start(args->GetString("listen", "127.0.0.1:0"), &service);
-  if (!started.ok()) return fail(started);
-  started =
-      runtime.StartMetrics(args->GetString("metrics-listen", "127.0.0.1:0"), &metrics_registry);
-  if (!started.ok()) return fail(started);
+  if (absl::Status s = StartServing(*args, &service, &metrics_registry, &runtime); !s.ok()) {
+    return fail(s);
+  }
 
   // The MoE executor and step loop need the cluster shape; made on the first full view.
   const absl::Duration timeout = absl::Milliseconds(*timeout_ms);
@@ -130,11 +121,11 @@ int Main(int argc, char** argv) {
         for (int r = 0; r < shape->num_attention; ++r) dp_peers.push_back(r);
         for (int r = 0; r < shape->num_expert; ++r) ep_peers.push_back(shape->num_attention + r);
         moe = std::make_unique<RemoteMoeExecutor>(runtime.transport(), ep_peers, shape->placement,
-                                                  config->hidden_size,
+                                                  config.hidden_size,
                                                   DispatchOptions{shape->wire_dtype, timeout});
         moe->set_observer(attention_metrics->get());
-        model = std::make_unique<Qwen3MoeModel>(*config, std::move(attention_weights),
-                                                backend.get(), moe.get());
+        model = std::make_unique<Qwen3MoeModel>(config, std::move(attention_weights), backend.get(),
+                                                moe.get());
         loop = std::make_unique<AttentionStepLoop>(static_cast<int>(*rank), dp_peers,
                                                    runtime.transport(), model.get(), moe.get(),
                                                    &scheduler, &kv, timeout);

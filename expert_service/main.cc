@@ -11,7 +11,6 @@
 // metrics on B".
 #include <iostream>
 
-#include "common/metrics/build_info.h"
 #include "common/metrics/registry.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
@@ -21,6 +20,7 @@
 #include "model/weights.h"
 #include "router/dispatch/placement.h"
 #include "router/membership/worker_runtime.h"
+#include "router/membership/worker_startup.h"
 #include "tools/dxs/cli_args.h"
 #include "tools/dxs/tls_flags.h"
 
@@ -48,26 +48,17 @@ int Main(int argc, char** argv) {
   }
   const std::string model_dir = args->GetString("model");
   metrics::Registry metrics_registry;  // outlives everything that records into it
-  if (absl::Status s = metrics::RegisterBuildInfo(&metrics_registry, "expert"); !s.ok()) {
-    return fail(s);
-  }
   WorkerRuntime runtime("expert", static_cast<int>(*rank));
-  InstallSignalHandlers();
-  absl::StatusOr<TlsConfig> tls = cli::TlsFromArgs(*args, /*for_server=*/true);
-  if (!tls.ok()) return fail(tls.status());
-  runtime.set_tls(*tls);
-
-  absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
-  if (!config.ok()) return fail(config.status());
-  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(model_dir);
-  if (!ckpt.ok()) return fail(ckpt.status());
+  absl::StatusOr<WorkerModel> prepared =
+      PrepareWorker(*args, "expert", &metrics_registry, &runtime);
+  if (!prepared.ok()) return fail(prepared.status());
+  const ModelConfig& config = prepared->config;
+  const Checkpoint& ckpt = *prepared->checkpoint;
   std::unique_ptr<Backend> backend = MakeCpuBackend();
   ExpertWorkerService service(static_cast<int>(*rank));
-  absl::Status started = runtime.Start(args->GetString("listen", "127.0.0.1:0"), &service);
-  if (!started.ok()) return fail(started);
-  started =
-      runtime.StartMetrics(args->GetString("metrics-listen", "127.0.0.1:0"), &metrics_registry);
-  if (!started.ok()) return fail(started);
+  if (absl::Status s = StartServing(*args, &service, &metrics_registry, &runtime); !s.ok()) {
+    return fail(s);
+  }
 
   std::unique_ptr<ExpertShard> shard;
   std::unique_ptr<ExpertMetrics> expert_metrics;
@@ -91,13 +82,12 @@ int Main(int argc, char** argv) {
     }
   }
   if (experts.empty()) experts = claim;
-  absl::StatusOr<ExpertWeightMap> weights =
-      LoadExpertWeights(**ckpt, *config, experts, backend.get());
+  absl::StatusOr<ExpertWeightMap> weights = LoadExpertWeights(ckpt, config, experts, backend.get());
   if (!weights.ok()) return fail(weights.status());
-  shard = std::make_unique<ExpertShard>(*config, std::move(*weights), backend.get());
+  shard = std::make_unique<ExpertShard>(config, std::move(*weights), backend.get());
   service.set_shard(shard.get(), experts);
   absl::StatusOr<std::unique_ptr<ExpertMetrics>> made_metrics = ExpertMetrics::Create(
-      &metrics_registry, static_cast<int>(*rank), experts, static_cast<int>(config->num_experts));
+      &metrics_registry, static_cast<int>(*rank), experts, static_cast<int>(config.num_experts));
   if (!made_metrics.ok()) return fail(made_metrics.status());
   expert_metrics = std::move(*made_metrics);
   std::cout << "dxs-expert rank " << *rank << " listening on " << runtime.grpc_address() << " with "
@@ -110,7 +100,7 @@ int Main(int argc, char** argv) {
       for (int r = 0; r < shape->num_attention; ++r) dp_peers.push_back(r);
       if (!server) {
         server =
-            std::make_unique<ExpertStepServer>(runtime.transport(), dp_peers, shard.get(), *config);
+            std::make_unique<ExpertStepServer>(runtime.transport(), dp_peers, shard.get(), config);
         server->set_metrics(expert_metrics.get());
         service.set_step_server(server.get());
       }
