@@ -132,10 +132,12 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
     std::cerr << "attention rank " << dp_rank_ << ": " << failure << "\n";
     scheduler_->FailAll(failure);
     report();
+    if (on_step_end_) on_step_end_();
     return true;
   }
   scheduler_->FinishStep(*logits);
   report();
+  if (on_step_end_) on_step_end_();
   return true;
 }
 

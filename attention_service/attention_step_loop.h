@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -64,6 +65,10 @@ class AttentionStepLoop {
   // Where each step is reported for Prometheus; not owned, null (the default) for none.
   // Set before the first RunOnce.
   void set_metrics(AttentionMetrics* metrics) { metrics_ = metrics; }
+  // Runs on the step thread at the end of every step that ran, after the step's token
+  // sinks (so a server can send all of a step's tokens in one message). Set before the
+  // first RunOnce.
+  void set_on_step_end(std::function<void()> on_step_end) { on_step_end_ = std::move(on_step_end); }
 
  private:
   // What the DP ranks agree on in the step exchange.
@@ -88,6 +93,7 @@ class AttentionStepLoop {
   std::atomic<bool> wake_pending_{false};
   AttentionCounters counters_;
   AttentionMetrics* metrics_ = nullptr;
+  std::function<void()> on_step_end_;
 };
 
 }  // namespace dxs

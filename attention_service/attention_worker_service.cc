@@ -1,9 +1,12 @@
 #include "attention_service/attention_worker_service.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <fstream>
 #include <random>
+#include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/status_conversion.h"
@@ -72,37 +75,48 @@ struct StreamState {
 
 }  // namespace
 
-grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
-                                              const v1::GenerateRequest* req,
-                                              grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  if (req->request_id().empty()) {
-    return ToGrpcStatus(absl::InvalidArgumentError("request_id: must not be empty"));
+absl::StatusOr<uint64_t> AttentionWorkerService::Start(const v1::GenerateRequest& req,
+                                                       TokenSink sink) {
+  if (req.request_id().empty()) {
+    return absl::InvalidArgumentError("request_id: must not be empty");
   }
-  if (req->has_data_parallel_rank() && static_cast<int>(req->data_parallel_rank()) != dp_rank_) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "data_parallel_rank: ", req->data_parallel_rank(), " is not this rank (", dp_rank_, ")")));
+  if (req.has_data_parallel_rank() && static_cast<int>(req.data_parallel_rank()) != dp_rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("data_parallel_rank: ", req.data_parallel_rank(),
+                                                   " is not this rank (", dp_rank_, ")"));
   }
   AttentionStepLoop* loop = step_loop_.load();
   if (!ready_ || loop == nullptr) {
-    return ToGrpcStatus(absl::UnavailableError(
-        "the cluster is incomplete: waiting for every attention and expert rank"));
+    return absl::UnavailableError(
+        "the cluster is incomplete: waiting for every attention and expert rank");
   }
-  absl::StatusOr<GenerationRequest> request = FromProto(*req);
-  if (!request.ok()) return ToGrpcStatus(request.status());
+  absl::StatusOr<GenerationRequest> request = FromProto(req);
+  if (!request.ok()) return request.status();
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (ids_.count(req->request_id())) {
-      return ToGrpcStatus(absl::AlreadyExistsError(
-          absl::StrCat("request_id: '", req->request_id(), "' is already in flight")));
+    if (ids_.count(req.request_id())) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("request_id: '", req.request_id(), "' is already in flight"));
     }
     id = next_id_++;
-    ids_[req->request_id()] = id;
+    ids_[req.request_id()] = id;
   }
-  auto forget = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
-    ids_.erase(req->request_id());
-  };
+  if (absl::Status s = scheduler_->Add(id, std::move(*request), std::move(sink)); !s.ok()) {
+    Forget(req.request_id());
+    return s;
+  }
+  loop->Wake();
+  return id;
+}
+
+void AttentionWorkerService::Forget(const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ids_.erase(request_id);
+}
+
+grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
+                                              const v1::GenerateRequest* req,
+                                              grpc::ServerWriter<v1::GenerateResponse>* writer) {
   auto state = std::make_shared<StreamState>();
   TokenSink sink;
   std::string logits_path;
@@ -127,12 +141,12 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
     state->reason = reason;
     state->cv.notify_one();
   };
-  const uint32_t prompt_tokens = static_cast<uint32_t>(request->prompt.size());
-  if (absl::Status s = scheduler_->Add(id, std::move(*request), std::move(sink)); !s.ok()) {
-    forget();
-    return ToGrpcStatus(s);
-  }
-  loop->Wake();
+  const uint32_t prompt_tokens = static_cast<uint32_t>(req->prompt_token_ids_size());
+  absl::StatusOr<uint64_t> started = Start(*req, std::move(sink));
+  if (!started.ok()) return ToGrpcStatus(started.status());
+  const uint64_t id = *started;
+  AttentionStepLoop* loop = step_loop_.load();
+  auto forget = [&] { Forget(req->request_id()); };
   uint32_t index = 0;
   bool aborted_by_client = false, abort_sent = false;
   while (true) {
@@ -183,24 +197,211 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status AttentionWorkerService::Abort(grpc::ServerContext*, const v1::AbortRequest* req,
-                                           v1::AbortResponse*) {
-  if (req->request_id().empty()) {
-    return ToGrpcStatus(absl::InvalidArgumentError("request_id: must not be empty"));
-  }
+absl::Status AttentionWorkerService::AbortById(const std::string& request_id) {
+  if (request_id.empty()) return absl::InvalidArgumentError("request_id: must not be empty");
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = ids_.find(req->request_id());
+    auto it = ids_.find(request_id);
     if (it == ids_.end()) {
-      return ToGrpcStatus(absl::NotFoundError(
-          absl::StrCat("request_id: '", req->request_id(), "' is not in flight on this rank")));
+      return absl::NotFoundError(
+          absl::StrCat("request_id: '", request_id, "' is not in flight on this rank"));
     }
     id = it->second;
   }
   scheduler_->Abort(id);
   if (AttentionStepLoop* loop = step_loop_.load()) loop->Wake();
+  return absl::OkStatus();
+}
+
+grpc::Status AttentionWorkerService::Abort(grpc::ServerContext*, const v1::AbortRequest* req,
+                                           v1::AbortResponse*) {
+  return ToGrpcStatus(AbortById(req->request_id()));
+}
+
+// One Serve stream's events on their way out. Sinks (step thread) and the reader thread
+// append; the writer thread sends.
+struct AttentionWorkerService::ServeOutbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  v1::ServeEvents pending;     // guarded by mu
+  bool flush = false;          // guarded by mu: send what is pending now
+  bool closed = false;         // guarded by mu: the stream ended; the writer stops
+  bool broken = false;         // guarded by mu: a write failed; events are dropped
+  std::set<uint64_t> running;  // guarded by mu: scheduler ids started here, not done
+
+  // Appends `event`; with `now`, wakes the writer at once instead of at the step's end.
+  void Push(v1::ServeEvent event, bool now) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (broken) return;
+    *pending.add_events() = std::move(event);
+    if (now) {
+      flush = true;
+      cv.notify_one();
+    }
+  }
+};
+
+namespace {
+
+// One Serve request's output state; touched by the step thread only (its sinks).
+struct ServeRequestState {
+  std::vector<uint32_t> held;  // tokens not sent yet (waiting for a chunk of the interval)
+  uint32_t index = 0;          // tokens sent so far
+  size_t send_at = 1;          // held tokens that make a chunk (1 for the first token)
+  bool wrote_first_logits = false;
+  bool done = false;  // guarded by the outbox's mu: on_done ran
+};
+
+v1::ServeEvent ChunkEvent(const std::string& request_id, ServeRequestState& state) {
+  v1::ServeEvent e;
+  e.set_request_id(request_id);
+  v1::TokenChunk* chunk = e.mutable_chunk();
+  chunk->set_index(state.index);
+  chunk->mutable_token_ids()->Add(state.held.begin(), state.held.end());
+  state.index += static_cast<uint32_t>(state.held.size());
+  state.held.clear();
+  return e;
+}
+
+v1::ServeEvent ErrorEvent(const std::string& request_id, const absl::Status& status) {
+  v1::ServeEvent e;
+  e.set_request_id(request_id);
+  e.mutable_error()->set_code(static_cast<int32_t>(status.code()));
+  e.mutable_error()->set_message(std::string(status.message()));
+  return e;
+}
+
+}  // namespace
+
+absl::Status AttentionWorkerService::Submit(const v1::GenerateRequest& req,
+                                            const std::shared_ptr<ServeOutbox>& outbox) {
+  auto state = std::make_shared<ServeRequestState>();
+  auto scheduler_id = std::make_shared<uint64_t>(0);
+  std::string logits_path;
+  if (!first_logits_dir_.empty()) {
+    logits_path = first_logits_dir_ + "/" + req.request_id() + ".f32";
+  }
+  const int64_t vocab = config_.vocab_size;
+  const size_t interval = static_cast<size_t>(stream_interval_);
+  const std::string request_id = req.request_id();
+  const uint32_t prompt_tokens = static_cast<uint32_t>(req.prompt_token_ids_size());
+  TokenSink sink;
+  sink.on_token = [state, outbox, request_id, logits_path, vocab, interval](int32_t token,
+                                                                            const float* logits) {
+    if (!logits_path.empty() && !state->wrote_first_logits) {
+      std::ofstream(logits_path, std::ios::binary)
+          .write(reinterpret_cast<const char*>(logits), vocab * sizeof(float));
+      state->wrote_first_logits = true;
+    }
+    state->held.push_back(static_cast<uint32_t>(token));
+    if (state->held.size() >= state->send_at) {
+      outbox->Push(ChunkEvent(request_id, *state), /*now=*/false);
+      state->send_at = interval;
+    }
+  };
+  sink.on_done = [this, state, outbox, request_id, prompt_tokens, scheduler_id](
+                     const absl::Status& status, FinishReason reason) {
+    // Forgotten before the router can see the end, so it may reuse the id at once.
+    Forget(request_id);
+    if (!state->held.empty()) outbox->Push(ChunkEvent(request_id, *state), false);
+    if (status.ok()) {
+      v1::ServeEvent e;
+      e.set_request_id(request_id);
+      v1::GenerateComplete* c = e.mutable_complete();
+      c->set_finish_reason(ToProto(reason));
+      c->set_prompt_tokens(prompt_tokens);
+      c->set_completion_tokens(state->index);
+      c->set_data_parallel_rank(static_cast<uint32_t>(dp_rank_));
+      outbox->Push(std::move(e), false);
+    } else {
+      outbox->Push(ErrorEvent(request_id, status), false);
+    }
+    std::lock_guard<std::mutex> lock(outbox->mu);
+    state->done = true;
+    outbox->running.erase(*scheduler_id);
+  };
+  absl::StatusOr<uint64_t> started = Start(req, std::move(sink));
+  if (!started.ok()) return started.status();
+  // The step thread may have finished the request already (on_done marks it under the
+  // same lock), so the id is recorded only if it is still running.
+  std::lock_guard<std::mutex> lock(outbox->mu);
+  *scheduler_id = *started;
+  if (!state->done) outbox->running.insert(*started);
+  return absl::OkStatus();
+}
+
+grpc::Status AttentionWorkerService::Serve(
+    grpc::ServerContext*, grpc::ServerReaderWriter<v1::ServeEvents, v1::ServeRequest>* stream) {
+  auto outbox = std::make_shared<ServeOutbox>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    outboxes_.push_back(outbox);
+  }
+  std::thread writer([outbox, stream] {
+    std::unique_lock<std::mutex> lock(outbox->mu);
+    while (true) {
+      // The step's end wakes it; the timeout sends what arrived outside a step (a failure
+      // at shutdown).
+      outbox->cv.wait_for(lock, std::chrono::milliseconds(50),
+                          [&] { return outbox->flush || outbox->closed; });
+      const bool closing = outbox->closed;
+      outbox->flush = false;
+      if (outbox->pending.events_size() > 0) {
+        v1::ServeEvents message;
+        message.Swap(&outbox->pending);
+        lock.unlock();
+        const bool sent = stream->Write(message);
+        lock.lock();
+        if (!sent) {
+          outbox->broken = true;
+          outbox->pending.Clear();
+        }
+      }
+      if (closing) return;
+    }
+  });
+  v1::ServeRequest request;
+  while (stream->Read(&request)) {
+    if (request.has_submit()) {
+      if (absl::Status s = Submit(request.submit(), outbox); !s.ok()) {
+        outbox->Push(ErrorEvent(request.submit().request_id(), s), /*now=*/true);
+      }
+    } else if (request.has_abort()) {
+      (void)AbortById(request.abort().request_id());  // unknown: it ended already
+    }
+  }
+  // The router went away: stop what it started here, which frees their KV.
+  std::vector<uint64_t> running;
+  {
+    std::lock_guard<std::mutex> lock(outbox->mu);
+    running.assign(outbox->running.begin(), outbox->running.end());
+  }
+  for (uint64_t id : running) scheduler_->Abort(id);
+  if (!running.empty()) {
+    if (AttentionStepLoop* loop = step_loop_.load()) loop->Wake();
+  }
+  {
+    std::lock_guard<std::mutex> lock(outbox->mu);
+    outbox->closed = true;
+    outbox->cv.notify_one();
+  }
+  writer.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    outboxes_.erase(std::find(outboxes_.begin(), outboxes_.end(), outbox));
+  }
   return grpc::Status::OK;
+}
+
+void AttentionWorkerService::FlushStreams() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::shared_ptr<ServeOutbox>& outbox : outboxes_) {
+    std::lock_guard<std::mutex> outbox_lock(outbox->mu);
+    if (outbox->pending.events_size() == 0) continue;
+    outbox->flush = true;
+    outbox->cv.notify_one();
+  }
 }
 
 v1::RankLoad AttentionWorkerService::Load() {

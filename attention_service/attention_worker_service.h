@@ -6,14 +6,23 @@
 // N: fewer messages through the worker, the router and the client, for throughput under
 // load at the cost of smoothness. A cancelled call or a passed deadline aborts the request, which
 // frees its KV at the next step boundary. Errors become gRPC statuses only here.
+//
+// Serve multiplexes many requests over one bidi stream (the router keeps one per rank):
+// the handler thread reads submits and aborts; token sinks (step thread) append events to
+// the stream's outbox, and FlushStreams, run at the end of each step, wakes the stream's
+// writer thread, which sends everything pending as one ServeEvents message. So a step
+// costs one message and one thread wake-up per stream, however many requests it served.
+// When the stream ends, every request still running from it is aborted.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "attention_service/attention_step_loop.h"
 #include "common/model_config.h"
@@ -43,6 +52,8 @@ class AttentionWorkerService final : public v1::AttentionWorker::Service {
 
   grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status Serve(grpc::ServerContext* ctx,
+                     grpc::ServerReaderWriter<v1::ServeEvents, v1::ServeRequest>* stream) override;
   grpc::Status Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req,
                      v1::AbortResponse* resp) override;
   grpc::Status GetLoad(grpc::ServerContext* ctx, const v1::GetLoadRequest* req,
@@ -51,8 +62,23 @@ class AttentionWorkerService final : public v1::AttentionWorker::Service {
                     v1::WakeResponse* resp) override;
 
   v1::RankLoad Load();
+  // Sends what the step produced on every Serve stream (one message each). Called by the
+  // step thread at the end of each step (AttentionStepLoop::set_on_step_end).
+  void FlushStreams();
 
  private:
+  struct ServeOutbox;
+  // Checks and queues a request (the checks Generate and Serve share): INVALID_ARGUMENT,
+  // UNAVAILABLE (not ready), ALREADY_EXISTS (id in flight), and the scheduler's errors.
+  // On success the id stays in ids_ until the caller's forget (Generate) or the sink's
+  // on_done (Serve) removes it. Returns the scheduler id.
+  absl::StatusOr<uint64_t> Start(const v1::GenerateRequest& req, TokenSink sink);
+  // Serve: a submit from `outbox`'s stream.
+  absl::Status Submit(const v1::GenerateRequest& req, const std::shared_ptr<ServeOutbox>& outbox);
+  // Aborts `request_id`; NOT_FOUND if not in flight.
+  absl::Status AbortById(const std::string& request_id);
+  void Forget(const std::string& request_id);
+
   int dp_rank_;
   ModelConfig config_;
   Scheduler* scheduler_;
@@ -64,6 +90,7 @@ class AttentionWorkerService final : public v1::AttentionWorker::Service {
   std::mutex mu_;
   std::map<std::string, uint64_t> ids_;  // guarded by mu_: request id -> scheduler id
   uint64_t next_id_ = 1;                 // guarded by mu_
+  std::vector<std::shared_ptr<ServeOutbox>> outboxes_;  // guarded by mu_: open Serve streams
 };
 
 // The counters a DP rank reports in heartbeats.

@@ -131,6 +131,7 @@ int Main(int argc, char** argv) {
                                                    &scheduler, &kv, timeout);
         loop->set_metrics(attention_metrics->get());
         loop->set_overlap_min_tokens(*overlap_min_tokens);
+        loop->set_on_step_end([&service] { service.FlushStreams(); });
         service.set_step_loop(loop.get());
       } else {
         moe->set_placement(shape->placement);

@@ -52,6 +52,7 @@ FrontendService::FrontendService(ClusterRegistry* registry, const ModelConfig& c
       options_(options),
       inflight_(registry->options().num_attention_ranks, options.max_inflight),
       stubs_(registry->options().num_attention_ranks, options.worker_credentials),
+      streams_(registry->options().num_attention_ranks),
       random_(std::random_device{}()) {}
 
 std::string FrontendService::NewRequestId() {
@@ -85,6 +86,7 @@ void FrontendService::OnClusterView(const v1::ClusterView& view) {
   const std::vector<RankTarget> targets = Targets(view);
   for (size_t r = 0; r < targets.size(); ++r) live[r] = targets[r].candidate.incarnation;
   const int stopped = inflight_.StopLostRanks(live);
+  streams_.CloseStale(live);
   if (stopped > 0) {
     std::fprintf(stderr,
                  "dxs-router: frontend: %d in-flight requests failed: their attention rank's "
@@ -96,7 +98,102 @@ void FrontendService::OnClusterView(const v1::ClusterView& view) {
 void FrontendService::Shutdown() {
   shutting_down_ = true;
   inflight_.StopAll(StopReason::kShutdown);
+  streams_.CloseAll();
 }
+
+// Forwards one request's messages to its caller, whichever way they come from the worker,
+// and keeps its latency metrics and the tracker's token counts.
+struct FrontendService::Relay {
+  const std::string& id;
+  const int rank;
+  const absl::Time arrival;
+  grpc::ServerWriter<v1::GenerateResponse>* const writer;
+  FrontendMetrics* const metrics;
+  InflightTracker* const inflight;
+  uint32_t completion_tokens = 0;
+  bool got_complete = false;
+  bool caller_gone = false;
+  std::optional<absl::Time> first_token_at;
+  absl::Time last_token_at;
+
+  // Sends `message` on (the `complete` with the router's timings, as the last message).
+  // False once the caller has gone away.
+  bool Forward(v1::GenerateResponse& message) {
+    int num_new_tokens = 0;
+    if (message.has_chunk()) {
+      num_new_tokens = message.chunk().token_ids_size();
+    } else if (message.has_complete()) {
+      got_complete = true;
+      const absl::Time now = absl::Now();
+      v1::GenerateTimings* timings = message.mutable_complete()->mutable_timings();
+      if (first_token_at) timings->set_time_to_first_token_ns(SinceNs(arrival, *first_token_at));
+      timings->set_e2e_latency_ns(SinceNs(arrival, now));
+    }
+    if (!caller_gone && message.has_complete()) {
+      // The final message goes out with the status: one write less per request.
+      writer->WriteLast(message, grpc::WriteOptions());
+    } else if (!caller_gone && !writer->Write(message)) {
+      caller_gone = true;
+    }
+    if (num_new_tokens > 0) {
+      const absl::Time now = absl::Now();
+      if (metrics != nullptr) {
+        if (!first_token_at) {
+          metrics->ObserveTimeToFirstToken(absl::ToDoubleSeconds(now - arrival));
+        } else {
+          metrics->ObserveInterToken(absl::ToDoubleSeconds(now - last_token_at), num_new_tokens);
+        }
+      }
+      last_token_at = now;
+      if (!first_token_at) first_token_at = now;
+      completion_tokens += static_cast<uint32_t>(num_new_tokens);
+      inflight->RecordTokens(id, num_new_tokens, now);
+    }
+    return !caller_gone;
+  }
+
+  // The caller cancelled or its deadline passed.
+  absl::Status CallerStopped(grpc::ServerContext* context) const {
+    if (context->deadline() < std::chrono::system_clock::now()) {
+      return absl::DeadlineExceededError("deadline passed; the request was stopped");
+    }
+    return absl::CancelledError("the caller cancelled; the request was stopped");
+  }
+
+  // The end of a request that the router stopped (`reason`), when the worker did not
+  // complete it: nullopt for kNone.
+  std::optional<absl::Status> RouterStopped(StopReason reason, const v1::GenerateRequest& request,
+                                            const std::string& address) {
+    switch (reason) {
+      case StopReason::kAbort: {
+        // Aborted before the worker knew the request: end the stream as the worker would.
+        v1::GenerateResponse last;
+        last.set_request_id(id);
+        v1::GenerateComplete* complete = last.mutable_complete();
+        complete->set_finish_reason(v1::FINISH_REASON_ABORTED);
+        complete->set_prompt_tokens(static_cast<uint32_t>(request.prompt_token_ids_size()));
+        complete->set_completion_tokens(completion_tokens);
+        complete->set_data_parallel_rank(static_cast<uint32_t>(rank));
+        if (first_token_at) {
+          complete->mutable_timings()->set_time_to_first_token_ns(
+              SinceNs(arrival, *first_token_at));
+        }
+        complete->mutable_timings()->set_e2e_latency_ns(SinceNs(arrival, absl::Now()));
+        writer->Write(last);
+        return absl::OkStatus();
+      }
+      case StopReason::kRankLost:
+        return absl::UnavailableError(
+            absl::StrCat("attention rank ", rank, " (", address,
+                         ") was lost mid-request: its worker died or was replaced; safe to retry"));
+      case StopReason::kShutdown:
+        return absl::UnavailableError("the router is shutting down");
+      case StopReason::kNone:
+        break;
+    }
+    return std::nullopt;
+  }
+};
 
 grpc::Status FrontendService::Generate(grpc::ServerContext* context,
                                        const v1::GenerateRequest* request,
@@ -157,90 +254,100 @@ absl::Status FrontendService::GenerateImpl(grpc::ServerContext* context,
 
   const std::string& address = targets[rank].address;
   std::shared_ptr<v1::AttentionWorker::Stub> stub = stubs_.Get(rank, address);
+  Relay relay{id, rank, arrival, writer, metrics, &inflight_};
+  if (std::shared_ptr<AttentionStream> stream =
+          streams_.Get(rank, address, targets[rank].candidate.incarnation, stub)) {
+    std::optional<absl::Status> status = RelayServe(context, request, address, *stream, relay);
+    if (status.has_value()) {
+      if (status->ok()) observe_duration();
+      return *status;
+    }
+    streams_.MarkUnimplemented(rank, stream.get());
+  }
+  absl::Status status = RelayGenerate(context, request, address, *stub, relay);
+  if (status.ok()) observe_duration();
+  return status;
+}
+
+std::optional<absl::Status> FrontendService::RelayServe(grpc::ServerContext* context,
+                                                        const v1::GenerateRequest& request,
+                                                        const std::string& address,
+                                                        AttentionStream& stream, Relay& relay) {
+  const std::string& id = relay.id;
+  auto mailbox = std::make_shared<RequestMailbox>();
+  inflight_.AttachUpstream(id, [mailbox] { mailbox->Stop(); });
+  absl::Cleanup detach = [&] { inflight_.DetachUpstream(id); };
+  stream.Submit(request, mailbox);
+  absl::Cleanup forget = [&] { stream.Forget(id); };
+  bool got_events = false;
+  while (true) {
+    // Woken by the worker's events or the router's stop; the timeout bounds how long a
+    // caller's cancellation goes unnoticed.
+    RequestMailbox::News news = mailbox->Wait(absl::Now() + kCancelPollInterval);
+    for (v1::ServeEvent& event : news.events) {
+      got_events = true;
+      v1::GenerateResponse message;
+      message.set_request_id(id);
+      if (event.has_chunk()) {
+        *message.mutable_chunk() = std::move(*event.mutable_chunk());
+      } else if (event.has_complete()) {
+        *message.mutable_complete() = std::move(*event.mutable_complete());
+      } else if (event.has_error()) {
+        return absl::Status(static_cast<absl::StatusCode>(event.error().code()),
+                            absl::StrCat("attention rank ", relay.rank, " (", address,
+                                         "): ", event.error().message()));
+      } else {
+        continue;
+      }
+      if (!relay.Forward(message)) break;
+      if (relay.got_complete) return absl::OkStatus();
+    }
+    if (relay.caller_gone || context->IsCancelled()) {
+      stream.Abort(id);
+      return relay.CallerStopped(context);
+    }
+    if (news.stopped) {
+      stream.Abort(id);
+      if (std::optional<absl::Status> s =
+              relay.RouterStopped(inflight_.stop_reason(id), request, address)) {
+        return *s;
+      }
+    }
+    if (news.stream_ended) {
+      if (!got_events && absl::IsUnimplemented(news.stream_status)) return std::nullopt;
+      return absl::UnavailableError(absl::StrCat("attention rank ", relay.rank, " (", address,
+                                                 ") was lost mid-request: its stream ended (",
+                                                 news.stream_status.ToString(),
+                                                 "); safe to retry"));
+    }
+  }
+}
+
+absl::Status FrontendService::RelayGenerate(grpc::ServerContext* context,
+                                            const v1::GenerateRequest& request,
+                                            const std::string& address,
+                                            v1::AttentionWorker::Stub& stub, Relay& relay) {
+  const std::string& id = relay.id;
   std::unique_ptr<grpc::ClientContext> upstream = grpc::ClientContext::FromServerContext(*context);
   inflight_.AttachUpstream(id, [c = upstream.get()] { c->TryCancel(); });
   absl::Cleanup detach = [&] { inflight_.DetachUpstream(id); };
 
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
-      stub->Generate(upstream.get(), request);
+      stub.Generate(upstream.get(), request);
   v1::GenerateResponse message;
-  uint32_t completion_tokens = 0;
-  bool got_complete = false, caller_gone = false;
-  std::optional<absl::Time> first_token_at;
-  absl::Time last_token_at;
   while (reader->Read(&message)) {
-    int num_new_tokens = 0;
-    if (message.has_chunk()) {
-      num_new_tokens = message.chunk().token_ids_size();
-    } else if (message.has_complete()) {
-      got_complete = true;
-      const absl::Time now = absl::Now();
-      v1::GenerateTimings* timings = message.mutable_complete()->mutable_timings();
-      if (first_token_at) timings->set_time_to_first_token_ns(SinceNs(arrival, *first_token_at));
-      timings->set_e2e_latency_ns(SinceNs(arrival, now));
-    }
-    if (!caller_gone && message.has_complete()) {
-      // The final message goes out with the status: one write less per request.
-      writer->WriteLast(message, grpc::WriteOptions());
-    } else if (!caller_gone && !writer->Write(message)) {
-      caller_gone = true;
-      upstream->TryCancel();
-    }
-    if (num_new_tokens > 0) {
-      const absl::Time now = absl::Now();
-      if (metrics != nullptr) {
-        if (!first_token_at) {
-          metrics->ObserveTimeToFirstToken(absl::ToDoubleSeconds(now - arrival));
-        } else {
-          metrics->ObserveInterToken(absl::ToDoubleSeconds(now - last_token_at), num_new_tokens);
-        }
-      }
-      last_token_at = now;
-      if (!first_token_at) first_token_at = now;
-      completion_tokens += static_cast<uint32_t>(num_new_tokens);
-      inflight_.RecordTokens(id, num_new_tokens, now);
-    }
+    if (!relay.Forward(message)) upstream->TryCancel();
   }
   const absl::Status upstream_status = FromGrpcStatus(reader->Finish());
   std::move(detach).Invoke();
 
-  if (caller_gone || context->IsCancelled()) {
-    if (context->deadline() < std::chrono::system_clock::now()) {
-      return absl::DeadlineExceededError("deadline passed; the request was stopped");
-    }
-    return absl::CancelledError("the caller cancelled; the request was stopped");
+  if (relay.caller_gone || context->IsCancelled()) return relay.CallerStopped(context);
+  if (relay.got_complete) return absl::OkStatus();
+  if (std::optional<absl::Status> s =
+          relay.RouterStopped(inflight_.stop_reason(id), request, address)) {
+    return *s;
   }
-  if (got_complete) {
-    observe_duration();
-    return absl::OkStatus();
-  }
-  switch (inflight_.stop_reason(id)) {
-    case StopReason::kAbort: {
-      // Aborted before the worker knew the request: end the stream as the worker would.
-      v1::GenerateResponse last;
-      last.set_request_id(id);
-      v1::GenerateComplete* complete = last.mutable_complete();
-      complete->set_finish_reason(v1::FINISH_REASON_ABORTED);
-      complete->set_prompt_tokens(static_cast<uint32_t>(request.prompt_token_ids_size()));
-      complete->set_completion_tokens(completion_tokens);
-      complete->set_data_parallel_rank(static_cast<uint32_t>(rank));
-      if (first_token_at) {
-        complete->mutable_timings()->set_time_to_first_token_ns(SinceNs(arrival, *first_token_at));
-      }
-      complete->mutable_timings()->set_e2e_latency_ns(SinceNs(arrival, absl::Now()));
-      writer->Write(last);
-      observe_duration();
-      return absl::OkStatus();
-    }
-    case StopReason::kRankLost:
-      return absl::UnavailableError(
-          absl::StrCat("attention rank ", rank, " (", address,
-                       ") was lost mid-request: its worker died or was replaced; safe to retry"));
-    case StopReason::kShutdown:
-      return absl::UnavailableError("the router is shutting down");
-    case StopReason::kNone:
-      break;
-  }
+  const int rank = relay.rank;
   if (!upstream_status.ok()) {
     return absl::Status(upstream_status.code(), absl::StrCat("attention rank ", rank, " (", address,
                                                              "): ", upstream_status.message()));
@@ -258,6 +365,8 @@ absl::Status FrontendService::AbortImpl(const std::string& request_id) {
   if (request_id.empty()) return absl::InvalidArgumentError("request_id: must not be empty");
   absl::StatusOr<int> rank = inflight_.RankOf(request_id);
   if (!rank.ok()) return rank.status();
+  // On the rank's Serve stream, the abort follows the submit: the worker always knows it.
+  if (streams_.Abort(*rank, request_id)) return absl::OkStatus();
   const std::vector<RankTarget> targets = Targets(registry_->View());
   const RankTarget& target = targets[*rank];
   grpc::Status forwarded(grpc::StatusCode::UNAVAILABLE, "no live worker");

@@ -34,6 +34,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,6 +45,7 @@
 #include "common/model_config.h"
 #include "dxs/v1/frontend.grpc.pb.h"
 #include "router/control_plane/cluster_registry.h"
+#include "router/frontend/attention_stream.h"
 #include "router/frontend/attention_stubs.h"
 #include "router/frontend/frontend_metrics.h"
 #include "router/frontend/generate_validation.h"
@@ -100,8 +102,24 @@ class FrontendService final : public v1::Frontend::Service {
     std::string address;
   };
 
+  struct Relay;
+
+  // How long a request waiting for its worker's events goes without checking whether its
+  // caller cancelled.
+  static constexpr absl::Duration kCancelPollInterval = absl::Milliseconds(50);
+
   absl::Status GenerateImpl(grpc::ServerContext* context, v1::GenerateRequest request,
                             grpc::ServerWriter<v1::GenerateResponse>* writer);
+  // Runs the request on the rank's Serve stream; nullopt when the worker does not
+  // implement Serve (nothing was started there; use RelayGenerate).
+  std::optional<absl::Status> RelayServe(grpc::ServerContext* context,
+                                         const v1::GenerateRequest& request,
+                                         const std::string& address, AttentionStream& stream,
+                                         Relay& relay);
+  // Runs the request as one AttentionWorker.Generate call.
+  absl::Status RelayGenerate(grpc::ServerContext* context, const v1::GenerateRequest& request,
+                             const std::string& address, v1::AttentionWorker::Stub& stub,
+                             Relay& relay);
   absl::Status AbortImpl(const std::string& request_id);
   v1::GetLoadsResponse GetLoadsImpl();
   std::vector<RankTarget> Targets(const v1::ClusterView& view) const;
@@ -113,6 +131,7 @@ class FrontendService final : public v1::Frontend::Service {
   const FrontendOptions options_;
   InflightTracker inflight_;
   AttentionStubs stubs_;
+  AttentionStreams streams_;
   std::atomic<bool> shutting_down_{false};
   std::atomic<uint64_t> next_request_number_{1};
   absl::Mutex random_mu_;

@@ -71,9 +71,10 @@ struct MethodSpec {
   const char* input;
   const char* output;
   bool server_streaming;
+  bool client_streaming = false;
 };
 
-// Every RPC of dxs.v1. None is client-streaming.
+// Every RPC of dxs.v1. Only AttentionWorker.Serve is client-streaming (bidi).
 const MethodSpec kMethods[] = {
     {"dxs.v1.Frontend", "Generate", "dxs.v1.GenerateRequest", "dxs.v1.GenerateResponse", true},
     {"dxs.v1.Frontend", "Abort", "dxs.v1.AbortRequest", "dxs.v1.AbortResponse", false},
@@ -90,6 +91,7 @@ const MethodSpec kMethods[] = {
      false},
     {"dxs.v1.AttentionWorker", "Generate", "dxs.v1.GenerateRequest", "dxs.v1.GenerateResponse",
      true},
+    {"dxs.v1.AttentionWorker", "Serve", "dxs.v1.ServeRequest", "dxs.v1.ServeEvents", true, true},
     {"dxs.v1.AttentionWorker", "Abort", "dxs.v1.AbortRequest", "dxs.v1.AbortResponse", false},
     {"dxs.v1.AttentionWorker", "GetLoad", "dxs.v1.GetLoadRequest", "dxs.v1.GetLoadResponse", false},
     {"dxs.v1.AttentionWorker", "Wake", "dxs.v1.WakeRequest", "dxs.v1.WakeResponse", false},
@@ -109,7 +111,7 @@ TEST(ProtoContractTest, EveryServiceAndMethodExists) {
     ASSERT_NE(method, nullptr);
     EXPECT_EQ(method->input_type()->full_name(), spec.input);
     EXPECT_EQ(method->output_type()->full_name(), spec.output);
-    EXPECT_FALSE(method->client_streaming());
+    EXPECT_EQ(method->client_streaming(), spec.client_streaming);
     EXPECT_EQ(method->server_streaming(), spec.server_streaming);
     ++methods_per_service[spec.service];
   }
