@@ -11,6 +11,12 @@
 // (xchg_us = round trip minus that round's expert compute, cmp_us). The baselines do no
 // compute, so the targets are judged on the exchange.
 //
+// Activations are in the wire dtype, as the baselines' bytes are packed beforehand: on the
+// bf16 wire x and out are bf16 host tensors (what a model computing in bf16 hands the
+// executor), the stand-in experts read and write bf16 rows, and nothing in the exchange
+// converts. A float32 model on a bf16 wire narrows x and widens out in the executor; that
+// costs two passes over the rows outside this figure.
+//
 // Baselines, in the same run, between the same two processes, for the exact byte counts
 // of each case (request = the dispatch message, answer = the combine message):
 //   raw:   a UCP active-message ping-pong written straight against UCP
@@ -184,7 +190,8 @@ std::unique_ptr<Transport> ConnectDxs(int self, int read_fd, int write_fd) {
 // ---- EP rank (child) --------------------------------------------------------------------
 
 // Stand-in experts: out[r] = (sum of row r's pair weights) * x[r]. One pass over the rows,
-// like a copy, so the bench times the exchange.
+// like a copy, so the bench times the exchange. Rows come in the wire dtype (float32 or
+// bf16) and go back in it.
 class WeightedCopyExperts final : public ExpertCompute {
  public:
   WeightedCopyExperts(int num_experts, Backend* backend)
@@ -198,10 +205,23 @@ class WeightedCopyExperts final : public ExpertCompute {
     const int64_t hidden = x.row_size();
     row_scale_.assign(rows, 0.f);
     for (size_t p = 0; p < pairs.size(); ++p) row_scale_[pairs.rows[p]] += pairs.weights[p];
+    if (x.dtype() == DType::kF32 && out->dtype() == DType::kF32) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* src = x.f32() + r * hidden;
+        float* dst = out->f32() + r * hidden;
+        for (int64_t j = 0; j < hidden; ++j) dst[j] = row_scale_[r] * src[j];
+      }
+      return absl::OkStatus();
+    }
+    // A narrower wire: widen, scale and round a cache-resident row at a time.
+    const size_t in_row = hidden * DTypeSize(x.dtype()), out_row = hidden * DTypeSize(out->dtype());
+    row_.resize(hidden);
     for (int64_t r = 0; r < rows; ++r) {
-      const float* src = x.f32() + r * hidden;
-      float* dst = out->f32() + r * hidden;
-      for (int64_t j = 0; j < hidden; ++j) dst[j] = row_scale_[r] * src[j];
+      WidenToFloat32(x.dtype(), static_cast<const uint8_t*>(x.raw()) + r * in_row, hidden,
+                     row_.data());
+      for (int64_t j = 0; j < hidden; ++j) row_[j] *= row_scale_[r];
+      NarrowFromFloat32(out->dtype(), row_.data(), hidden,
+                        static_cast<uint8_t*>(out->raw()) + r * out_row);
     }
     return absl::OkStatus();
   }
@@ -210,6 +230,7 @@ class WeightedCopyExperts final : public ExpertCompute {
   int num_experts_;
   Backend* backend_;
   std::vector<float> row_scale_;
+  std::vector<float> row_;
 };
 
 // Answers each RoundTrip with `reply_bytes` bytes, copied from a random buffer as a
@@ -331,7 +352,14 @@ struct Inputs {
   std::vector<float> weights;
 };
 
-Inputs MakeInputs(const Shape& s, int tokens, Backend* backend, uint64_t seed) {
+// Element i of a float32 or bf16 host tensor.
+float Load(const Tensor& t, int64_t i) {
+  return t.dtype() == DType::kF32 ? t.f32()[i]
+                                  : Bf16ToFloat(static_cast<const uint16_t*>(t.raw())[i]);
+}
+
+// x is in the wire dtype `dtype`.
+Inputs MakeInputs(const Shape& s, int tokens, DType dtype, uint64_t seed) {
   SplitMix64 rng(seed);
   Inputs in;
   std::vector<float> x(static_cast<size_t>(tokens) * s.hidden);
@@ -339,7 +367,8 @@ Inputs MakeInputs(const Shape& s, int tokens, Backend* backend, uint64_t seed) {
     const float sign = (rng.Next() & 1) != 0 ? 1.f : -1.f;
     v = sign * static_cast<float>(0.05 + 0.95 * rng.NextDouble());
   }
-  in.x = backend->Upload(x, {tokens, s.hidden});
+  in.x = AllocateHostTensor(dtype, {tokens, s.hidden});
+  NarrowFromFloat32(dtype, x.data(), x.size(), in.x.raw());
   std::vector<int32_t> experts(s.num_experts);
   for (int t = 0; t < tokens; ++t) {
     std::iota(experts.begin(), experts.end(), 0);
@@ -358,7 +387,9 @@ Inputs MakeInputs(const Shape& s, int tokens, Backend* backend, uint64_t seed) {
 PayloadBytes PackDispatch(const Inputs& in, const Shape& s, DType dtype) {
   const int64_t tokens = in.x.rows();
   PayloadBytes bytes;
-  PackRows(in.x.f32(), tokens, s.hidden, dtype, &bytes);
+  if (in.x.dtype() != dtype) Die("inputs are not in the wire dtype");
+  bytes.assign(static_cast<const uint8_t*>(in.x.raw()),
+               static_cast<const uint8_t*>(in.x.raw()) + tokens * s.hidden * DTypeSize(dtype));
   std::vector<int32_t> rows(in.ids.size());
   for (size_t p = 0; p < rows.size(); ++p) rows[p] = static_cast<int32_t>(p / s.top_k);
   auto append = [&bytes](const void* data, size_t n) {
@@ -380,8 +411,8 @@ double MaxRelativeError(const Inputs& in, const Shape& s, const Tensor& out) {
     float scale = 0;
     for (int k = 0; k < s.top_k; ++k) scale += in.weights[t * s.top_k + k];
     for (int64_t j = 0; j < s.hidden; ++j) {
-      const double expect = scale * in.x.f32()[t * s.hidden + j];
-      const double got = out.f32()[t * s.hidden + j];
+      const double expect = scale * Load(in.x, t * s.hidden + j);
+      const double got = Load(out, t * s.hidden + j);
       worst = std::max(worst, std::abs(got - expect) / std::abs(expect));
     }
   }
@@ -662,7 +693,7 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
         row.shape = &s;
         row.dtype = dtype;
         row.tokens = tokens;
-        const Inputs in = MakeInputs(s, tokens, backend.get(), kSeed + 100 * si + tokens);
+        const Inputs in = MakeInputs(s, tokens, dtype, kSeed + 100 * si + tokens);
         const PayloadBytes dispatch_payload = PackDispatch(in, s, dtype);
         row.dispatch_bytes = WireHeaderBytes() + static_cast<int64_t>(dispatch_payload.size());
         row.combine_bytes =
@@ -698,7 +729,7 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
             }};
 
         // dxs: the attention side's Run, the EP rank's ServeRound.
-        Tensor out = backend->Allocate({tokens, s.hidden});
+        Tensor out = AllocateHostTensor(dtype, {tokens, s.hidden});
         Contender dxs_contender{serve(Method::kDxs, static_cast<int>(si)), served, [&] {
                                   executor.set_step(++step);
                                   absl::Status status =

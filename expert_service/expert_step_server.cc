@@ -51,12 +51,18 @@ void ExpertStepServer::MaybeRelayout() {
   if (!relayout_ || AnySlotHeld()) return;
   const int64_t hidden = config_.hidden_size;
   slot_rows_ = std::max(slot_rows_, wanted_slot_rows_);
+  const bool new_dtype = slot_dtype_ != wanted_slot_dtype_;
+  slot_dtype_ = wanted_slot_dtype_;
   const int64_t num_slots = static_cast<int64_t>(dp_peers_.size()) * kSlotsPerRank;
   slots_.assign(num_slots, Slot());
   for (int64_t k = 0; k < num_slots; ++k) slots_[k].base_row = k * slot_rows_;
   if (num_slots * slot_rows_ > 0) {
-    x_buffer_ = shard_->backend()->Allocate({num_slots * slot_rows_, hidden});
-    out_buffer_ = shard_->backend()->Allocate({num_slots * slot_rows_, hidden});
+    const std::vector<int64_t> shape = {num_slots * slot_rows_, hidden};
+    const bool f32 = slot_dtype_ == DType::kF32;
+    x_buffer_ = f32 ? shard_->backend()->Allocate(shape) : AllocateHostTensor(slot_dtype_, shape);
+    out_buffer_ = f32 ? shard_->backend()->Allocate(shape) : AllocateHostTensor(slot_dtype_, shape);
+  } else if (new_dtype) {
+    x_buffer_ = out_buffer_ = Tensor();
   }
   relayout_ = false;
 }
@@ -68,19 +74,25 @@ bool ExpertStepServer::TargetFor(int peer, std::string_view header, size_t paylo
   if (rank == dp_peers_.end()) return false;
   absl::StatusOr<WireHeader> h = WireHeader::Decode(header);
   const int64_t hidden = config_.hidden_size;
-  // Only float32 rows can land in x as they are; anything malformed is left to ServeRound
-  // to reject.
-  if (!h.ok() || h->kind != MessageKind::kDispatch || h->wire_dtype != DType::kF32 ||
-      h->hidden != hidden) {
-    return false;
-  }
-  const size_t row_bytes = static_cast<size_t>(h->num_rows) * hidden * sizeof(float);
+  // Anything malformed is left to ServeRound to reject.
+  if (!h.ok() || h->kind != MessageKind::kDispatch || h->hidden != hidden) return false;
+  const size_t row_bytes = static_cast<size_t>(h->num_rows) * hidden * DTypeSize(h->wire_dtype);
   const size_t pair_bytes = static_cast<size_t>(h->num_pairs) * 12;
   if (payload_bytes != row_bytes + pair_bytes) return false;
-  if (h->num_rows > slot_rows_) {
-    // Bigger than any slot: grow them once none is held, declining until then so that
-    // every slot drains.
-    wanted_slot_rows_ = std::max(wanted_slot_rows_, std::max<int64_t>(h->num_rows, 2 * slot_rows_));
+  // Rows land in the slots in the wire's dtype (bf16 only for experts on the CPU, which
+  // convert as they compute).
+  const bool slot_dtype_ok =
+      h->wire_dtype == DType::kF32 ||
+      (h->wire_dtype == DType::kBF16 && shard_->backend()->device() == Device::kCpu);
+  if (!slot_dtype_ok) return false;
+  if (h->wire_dtype != slot_dtype_ || h->num_rows > slot_rows_) {
+    // Another dtype, or bigger than any slot: re-lay the slots out once none is held,
+    // declining until then so that every slot drains.
+    wanted_slot_dtype_ = h->wire_dtype;
+    if (h->num_rows > slot_rows_) {
+      wanted_slot_rows_ =
+          std::max(wanted_slot_rows_, std::max<int64_t>(h->num_rows, 2 * slot_rows_));
+    }
     relayout_ = true;
     return false;
   }
@@ -90,8 +102,10 @@ bool ExpertStepServer::TargetFor(int peer, std::string_view header, size_t paylo
     if (slot.busy) continue;
     slot.busy = true;
     slot.pairs.resize(pair_bytes);
-    segments->push_back(
-        {x_buffer_.defined() ? x_buffer_.f32() + slot.base_row * hidden : nullptr, row_bytes});
+    segments->push_back({x_buffer_.defined() ? static_cast<uint8_t*>(x_buffer_.raw()) +
+                                                   slot.base_row * hidden * DTypeSize(slot_dtype_)
+                                             : nullptr,
+                         row_bytes});
     segments->push_back({slot.pairs.data(), pair_bytes});
     arriving_[peer].push_back(static_cast<int>(k));
     return true;
@@ -215,8 +229,9 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
       float* dst = x.f32() + row_offset[i] * hidden;
       if (headers[i].num_rows == 0) continue;
       if (pending_slot_[i] >= 0) {
-        const float* src = x_buffer_.f32() + slots_[pending_slot_[i]].base_row * hidden;
-        std::memcpy(dst, src, static_cast<size_t>(headers[i].num_rows) * hidden * sizeof(float));
+        const uint8_t* src = static_cast<const uint8_t*>(x_buffer_.raw()) +
+                             slots_[pending_slot_[i]].base_row * hidden * DTypeSize(slot_dtype_);
+        UnpackRows(src, headers[i].num_rows, hidden, slot_dtype_, dst);
       } else {
         UnpackRows(pending_[i]->payload.data(), headers[i].num_rows, hidden, headers[i].wire_dtype,
                    dst);
@@ -311,22 +326,23 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     if (metrics_ != nullptr) metrics_->OnStep(rows_this_step_ == 0);
     rows_this_step_ = 0;
   }
-  // Combine: each DP rank gets its rows back, pre-summed over this rank's experts; float32
-  // rows go straight from out.
+  // Combine: each DP rank gets its rows back, pre-summed over this rank's experts; rows
+  // already in the wire dtype go straight from out.
   absl::Status send_status;
   for (size_t i = 0; i < num_dp; ++i) {
     WireHeader h = headers[i];
     h.kind = MessageKind::kCombine;
     h.num_pairs = 0;
-    const float* rows = out.f32() + row_offset[i] * hidden;
     const size_t num_values = static_cast<size_t>(h.num_rows) * hidden;
     absl::Status s;
-    if (h.wire_dtype == DType::kF32) {
+    if (h.wire_dtype == out.dtype()) {
+      const uint8_t* rows =
+          static_cast<const uint8_t*>(out.raw()) + row_offset[i] * hidden * DTypeSize(out.dtype());
       s = transport_->Send(dp_peers_[i], h.Encode(), num_values > 0 ? rows : nullptr,
-                           num_values * sizeof(float));
+                           num_values * DTypeSize(out.dtype()));
     } else {
       send_buffer_.clear();
-      PackRows(rows, h.num_rows, hidden, h.wire_dtype, &send_buffer_);
+      PackRows(out.f32() + row_offset[i] * hidden, h.num_rows, hidden, h.wire_dtype, &send_buffer_);
       s = transport_->Send(dp_peers_[i], h.Encode(), send_buffer_.data(), send_buffer_.size());
     }
     if (!s.ok() && send_status.ok()) send_status = s;

@@ -14,11 +14,14 @@
 // next message (the other micro-batch, with two-batch overlap) can arrive while one is
 // still in use. Forward reads x through the pairs' row indices, so the gaps between slots
 // cost nothing but their share of zero-filling `out`; each DP rank's combine rows go out
-// straight from `out`. A slot is handed out only while free (from acceptance until its
-// round's Forward returned, or the message is dropped as stale); a message that does not
-// fit (a bigger batch than seen before, a bf16 wire, no free slot) arrives in a transport
-// buffer and the round is assembled by copying, as before. Slots grow only when none is
-// held: a message that did not fit makes the server decline new ones until then.
+// straight from `out`. Slots hold rows in the wire's dtype: on a bf16 wire x and out are
+// bf16 host tensors and the experts (CPU backend) widen rows as they gather them and round
+// their sums once, so the exchange itself converts nothing. A slot is handed out only
+// while free (from acceptance until its round's Forward returned, or the message is
+// dropped as stale); a message that does not fit (a bigger batch than seen before,
+// another wire dtype, no free slot) arrives in a transport buffer and the round is
+// assembled by copying into float32, as before. Slots grow or change dtype only when
+// none is held: a message that did not fit makes the server decline new ones until then.
 //
 // Thread safety: ServeRound is called by one thread; counters may be read from any.
 #pragma once
@@ -108,11 +111,14 @@ class ExpertStepServer final : public ReceiveTargetProvider {
   // Slots: kSlotsPerRank per DP rank, each slot_rows_ rows of x_buffer_ / out_buffer_.
   std::vector<Slot> slots_;
   int64_t slot_rows_ = 0;
-  int64_t wanted_slot_rows_ = 0;  // > slot_rows_: grow when no slot is held
-  bool relayout_ = false;         // decline new messages until the slots are re-laid out
+  int64_t wanted_slot_rows_ = 0;    // > slot_rows_: grow when no slot is held
+  DType slot_dtype_ = DType::kF32;  // the dtype rows land in: the last wire dtype seen
+  DType wanted_slot_dtype_ = DType::kF32;
+  bool relayout_ = false;  // decline new messages until the slots are re-laid out
   // Per DP peer: slots of accepted messages not yet received, in arrival order.
   std::map<int, std::deque<int>> arriving_;
-  Tensor x_buffer_, out_buffer_;  // [slots * slot_rows_, hidden], reused across rounds
+  // [slots * slot_rows_, hidden] in slot_dtype_, reused across rounds.
+  Tensor x_buffer_, out_buffer_;
   // Rounds assembled by copying: all rows concatenated.
   int64_t copy_rows_ = 0;
   Tensor copy_x_, copy_out_;

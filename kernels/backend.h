@@ -51,7 +51,8 @@ class Backend {
   virtual void SiluMul(const Tensor& gate, const Tensor& up, Tensor* out) = 0;
   // inout += x, elementwise.
   virtual void Add(const Tensor& x, Tensor* inout) = 0;
-  // dst[i] = src[rows[i]].
+  // dst[i] = src[rows[i]]. The CPU backend also gathers from host tensors of a narrower
+  // dtype (AllocateHostTensor; bf16 wire rows), widening them.
   virtual void GatherRows(const Tensor& src, const std::vector<int32_t>& rows, Tensor* dst) = 0;
   // dst[rows[i]] += scales[i] * src[i], in order of i (the fixed summation order).
   virtual void ScaleAddRows(const Tensor& src, const std::vector<float>& scales,

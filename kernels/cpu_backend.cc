@@ -170,6 +170,16 @@ class CpuBackend final : public Backend {
 
   void GatherRows(const Tensor& src, const std::vector<int32_t>& rows, Tensor* dst) override {
     const int64_t d = src.row_size();
+    if (src.dtype() != DType::kF32) {
+      // Rows in a narrower dtype (bf16 from the wire) are widened as they are gathered.
+      const size_t row_bytes = static_cast<size_t>(d) * DTypeSize(src.dtype());
+      const uint8_t* base = static_cast<const uint8_t*>(src.raw());
+      for (size_t i = 0; i < rows.size(); ++i) {
+        WidenToFloat32(src.dtype(), base + static_cast<int64_t>(rows[i]) * row_bytes, d,
+                       dst->f32() + i * d);
+      }
+      return;
+    }
     for (size_t i = 0; i < rows.size(); ++i) {
       std::memcpy(dst->f32() + i * d, src.f32() + static_cast<int64_t>(rows[i]) * d,
                   d * sizeof(float));

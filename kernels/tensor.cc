@@ -1,5 +1,6 @@
 #include "kernels/tensor.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cstdlib>
 
@@ -49,6 +50,18 @@ float* Tensor::f32() const {
 
 void* Tensor::raw() const {
   return static_cast<uint8_t*>(buffer_->data()) + offset_elements_ * DTypeSize(dtype_);
+}
+
+Tensor AllocateHostTensor(DType dtype, std::vector<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  // aligned_alloc wants a multiple of the alignment; never zero bytes.
+  const size_t bytes =
+      (std::max<size_t>(static_cast<size_t>(n) * DTypeSize(dtype), 64) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, bytes);
+  if (p == nullptr) std::abort();
+  auto buffer = std::make_shared<Buffer>(Device::kCpu, p, bytes, [](void* q) { std::free(q); });
+  return Tensor(std::move(buffer), dtype, std::move(shape));
 }
 
 std::string Tensor::ShapeString() const { return "[" + absl::StrJoin(shape_, ", ") + "]"; }

@@ -2,7 +2,8 @@
 //
 // Buffers are shared; views made with Rows()/Reshape() alias their parent. A Tensor never
 // owns compute: every operation on it is a Backend method (kernels/backend.h), so the model
-// code is the same for every device. CPU tensors hold float32.
+// code is the same for every device. CPU backend tensors hold float32; host tensors in the
+// wire dtype (bf16 activations exchanged with expert workers) come from AllocateHostTensor.
 #pragma once
 
 #include <cstddef>
@@ -72,5 +73,9 @@ class Tensor {
   std::vector<int64_t> shape_;
   size_t offset_elements_ = 0;
 };
+
+// A host tensor of `dtype` (64-byte aligned, uninitialised), for data that is moved or
+// converted rather than computed on: bf16 rows on the dispatch/combine wire.
+Tensor AllocateHostTensor(DType dtype, std::vector<int64_t> shape);
 
 }  // namespace dxs

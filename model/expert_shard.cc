@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace dxs {
 
@@ -23,6 +24,22 @@ bool ExpertShard::Holds(int layer, int expert) const { return weights_.count({la
 
 absl::Status ExpertShard::Forward(int layer, const Tensor& x, const RoutedPairs& pairs,
                                   Tensor* out) {
+  if ((x.dtype() != DType::kF32 || out->dtype() != DType::kF32) &&
+      backend_->device() != Device::kCpu) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ", backend_->name(), " backend's experts take float32 rows only"));
+  }
+  if (out->dtype() != DType::kF32) {
+    // Rows on a narrower wire (bf16): sum in float32, round once at the end.
+    if (!accumulator_.defined() || accumulator_.num_elements() < out->num_elements()) {
+      accumulator_ = backend_->Allocate({std::max<int64_t>(out->rows(), 1), out->row_size()});
+    }
+    Tensor sum = accumulator_.Rows(0, out->rows());
+    DXS_RETURN_IF_ERROR(Forward(layer, x, pairs, &sum));
+    NarrowFromFloat32(out->dtype(), sum.f32(), static_cast<size_t>(out->num_elements()),
+                      out->raw());
+    return absl::OkStatus();
+  }
   backend_->Fill(out, 0.f);
   if (pairs.size() == 0) return absl::OkStatus();  // empty batch: no kernels
   // Stable order: by expert, then by position in `pairs`.

@@ -39,7 +39,10 @@ class ExpertCompute {
   virtual bool Holds(int layer, int expert) const = 0;
   virtual Backend* backend() const = 0;
   // out[r] = sum over pairs p with rows[p] == r of weights[p] * FFN_{experts[p]}(x[r]).
-  // out is overwritten; rows with no pair become zero. x may have zero rows.
+  // out is overwritten; rows with no pair become zero. x may have zero rows. x and out
+  // are float32, or (host tensors, CPU backend) in the bf16 wire dtype: the rows as they
+  // arrived and the answer as it goes back, converted by the compute that reads and
+  // writes them.
   virtual absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs,
                                Tensor* out) = 0;
 };
@@ -61,6 +64,7 @@ class ExpertShard final : public ExpertCompute {
   ExpertWeightMap weights_;
   Backend* backend_;
   std::unique_ptr<std::atomic<int64_t>[]> tokens_per_expert_;
+  Tensor accumulator_;  // float32 sums for a narrower `out`, reused
 };
 
 }  // namespace dxs

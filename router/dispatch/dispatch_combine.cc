@@ -1,5 +1,7 @@
 #include "router/dispatch/dispatch_combine.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -246,8 +248,20 @@ absl::Status RemoteMoeExecutor::Dispatch(int layer, int micro, int num_micro, co
   ComputeLayout(placement_, ids, weights, top_k, &flight.layout);
   const DispatchLayout& layout = flight.layout;
   const DType dtype = options_.wire_dtype;
+  if (x.dtype() != DType::kF32 && x.dtype() != dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("activations are ", std::string(DTypeName(x.dtype())), ", the wire is ",
+                     std::string(DTypeName(dtype))));
+  }
+  if (out != nullptr && out->defined() && out->dtype() != DType::kF32 && out->dtype() != dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the MoE output is ", std::string(DTypeName(out->dtype())), ", the wire is ",
+                     std::string(DTypeName(dtype))));
+  }
   const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(dtype);
   const int64_t num_tokens = top_k > 0 ? static_cast<int64_t>(ids.size()) / top_k : 0;
+  int ranks_with_rows = 0;
+  for (int r = 0; r < num_ranks; ++r) ranks_with_rows += layout.token_rows[r].empty() ? 0 : 1;
   // Name every rank's combine target before the first dispatch leaves: a fast rank's
   // answer can arrive while the next rank's dispatch is being sent.
   if (transport_->receive_target_provider() != this) transport_->SetReceiveTargetProvider(this);
@@ -260,11 +274,14 @@ absl::Status RemoteMoeExecutor::Dispatch(int layer, int micro, int num_micro, co
     target.state = CombineTarget::State::kExpected;
     target.key = WireHeader::Key(step_, layer, static_cast<uint8_t>(micro));
     target.bytes = static_cast<size_t>(n) * row_bytes;
-    // Rows are ascending and distinct, so n == num_tokens means every token in order.
-    target.into_out = first_rank && n > 0 && n == num_tokens && dtype == DType::kF32 &&
-                      out != nullptr && out->defined() && out->num_elements() == n * hidden_;
+    // Rows are ascending and distinct, so n == num_tokens means every token in order. A
+    // float32 output takes later ranks' sums in place; a narrower one only a single
+    // rank's rows (a sum of several is rounded once, from float32).
+    target.into_out = first_rank && n > 0 && n == num_tokens && out != nullptr && out->defined() &&
+                      out->dtype() == dtype && out->num_elements() == n * hidden_ &&
+                      (dtype == DType::kF32 || ranks_with_rows == 1);
     if (target.into_out) {
-      target.dest = reinterpret_cast<uint8_t*>(out->f32());
+      target.dest = static_cast<uint8_t*>(out->raw());
     } else {
       flight.combine_bytes[r].resize(target.bytes);
       target.dest = flight.combine_bytes[r].data();
@@ -278,25 +295,32 @@ absl::Status RemoteMoeExecutor::Dispatch(int layer, int micro, int num_micro, co
     const std::vector<int32_t>& rows = layout.token_rows[r];
     const RoutedPairs& pairs = layout.pairs[r];
     const int64_t n = static_cast<int64_t>(rows.size());
-    // float32 rows go straight from x, runs of consecutive rows as one segment; bf16 rows
-    // (and many short runs) are narrowed or packed into scratch_.
+    // Rows already in the wire dtype go straight from x, runs of consecutive rows as one
+    // segment; float32 rows on a narrower wire (and many short runs) are narrowed or
+    // packed into scratch_.
     segments_.clear();
-    if (dtype == DType::kF32) {
+    const bool in_wire_dtype = x.dtype() == dtype;
+    const uint8_t* x_bytes = static_cast<const uint8_t*>(x.raw());
+    if (in_wire_dtype) {
       for (int64_t i = 0; i < n;) {
         int64_t end = i + 1;
         while (end < n && rows[end] == rows[end - 1] + 1) ++end;
-        segments_.push_back({x.f32() + rows[i] * hidden_, (end - i) * row_bytes});
+        segments_.push_back({x_bytes + rows[i] * row_bytes, (end - i) * row_bytes});
         i = end;
       }
     }
     const bool many_short = segments_.size() > kMaxShortRowSegments &&
                             n * row_bytes < segments_.size() * kMinIovSegmentBytes;
-    if (dtype != DType::kF32 || many_short) {
+    if (!in_wire_dtype || many_short) {
       segments_.clear();
       scratch_.resize(n * row_bytes);
       for (int64_t i = 0; i < n; ++i) {
-        NarrowFromFloat32(dtype, x.f32() + rows[i] * hidden_, hidden_,
-                          scratch_.data() + i * row_bytes);
+        if (in_wire_dtype) {
+          std::memcpy(scratch_.data() + i * row_bytes, x_bytes + rows[i] * row_bytes, row_bytes);
+        } else {
+          NarrowFromFloat32(dtype, x.f32() + rows[i] * hidden_, hidden_,
+                            scratch_.data() + i * row_bytes);
+        }
       }
       segments_.push_back({scratch_.data(), scratch_.size()});
     }
@@ -343,9 +367,16 @@ absl::Status RemoteMoeExecutor::Combine(int layer, int micro, Tensor* out) {
   const Clock::time_point combine_start = Clock::now();
   const int num_ranks = static_cast<int>(ep_peers_.size());
   // Combine: receive every rank's rows, then sum in ascending rank order.
-  const absl::Time deadline = absl::Now() + options_.timeout;
+  const absl::Time wait_start = absl::Now();
+  const absl::Time deadline = wait_start + options_.timeout;
+  // A wait expected to be short is spun through (see DispatchOptions::max_combine_spin),
+  // up to half again its expected length.
+  const bool spin = expected_combine_wait_ > absl::ZeroDuration() &&
+                    expected_combine_wait_ <= options_.max_combine_spin;
+  const absl::Time spin_end = wait_start + expected_combine_wait_ * 1.5;
   std::vector<TransportMessage> replies(num_ranks);
   for (int r = 0; r < num_ranks; ++r) {
+    while (spin && !transport_->HasMessage(ep_peers_[r]) && absl::Now() < spin_end) sched_yield();
     absl::StatusOr<TransportMessage> m = RecvCombine(r, layer, micro, deadline);
     if (!m.ok()) {
       AbandonTargets(flight);
@@ -357,9 +388,19 @@ absl::Status RemoteMoeExecutor::Combine(int layer, int micro, Tensor* out) {
     if (replies[r].target == this) flight.targets[r].state = CombineTarget::State::kNone;
   }
   AbandonTargets(flight);  // ranks answered: nothing is in flight; unexpected answers skip
+  const absl::Duration waited = absl::Now() - wait_start;
+  expected_combine_wait_ = expected_combine_wait_ == absl::ZeroDuration()
+                               ? waited
+                               : (expected_combine_wait_ * 3 + waited) / 4;
   const int64_t num_tokens = out->rows();
   // The first rank holding a token writes it (0 + a == a: see the file comment), later
-  // ones add; out is read once per rank that holds the token.
+  // ones add; out is read once per rank that holds the token. A narrower output is
+  // summed in float32 (sum_) and rounded once at the end, unless one rank's rows landed
+  // in it, which then are the whole answer.
+  const bool sum_in_out = out->dtype() == DType::kF32;
+  if (!sum_in_out) sum_.resize(static_cast<size_t>(num_tokens) * hidden_);
+  float* const sum = sum_in_out ? out->f32() : sum_.data();
+  bool landed_in_out = false;
   touched_.assign(num_tokens, 0);
   row_.resize(hidden_);
   for (int r = 0; r < num_ranks; ++r) {
@@ -377,13 +418,14 @@ absl::Status RemoteMoeExecutor::Combine(int layer, int micro, Tensor* out) {
       ++counters_->combines_into_out;
       // Already in place: every token, in order.
       std::fill(touched_.begin(), touched_.end(), 1);
+      landed_in_out = true;
       counters_->tokens_combined[r] += n;
       continue;
     }
     const uint8_t* src = in_target ? flight.targets[r].dest : replies[r].payload.data();
     for (int64_t i = 0; i < n; ++i) {
       const uint8_t* row = src + i * reply_row_bytes;
-      float* dst = out->f32() + rows[i] * hidden_;
+      float* dst = sum + rows[i] * hidden_;
       if (!touched_[rows[i]]) {
         UnpackRows(row, 1, hidden_, h.wire_dtype, dst);
         touched_[rows[i]] = 1;
@@ -400,7 +442,10 @@ absl::Status RemoteMoeExecutor::Combine(int layer, int micro, Tensor* out) {
     counters_->tokens_combined[r] += n;
   }
   for (int64_t t = 0; t < num_tokens; ++t) {
-    if (!touched_[t]) std::fill(out->f32() + t * hidden_, out->f32() + (t + 1) * hidden_, 0.f);
+    if (!touched_[t]) std::fill(sum + t * hidden_, sum + (t + 1) * hidden_, 0.f);
+  }
+  if (!sum_in_out && !landed_in_out) {
+    NarrowFromFloat32(out->dtype(), sum, static_cast<size_t>(num_tokens) * hidden_, out->raw());
   }
   if (observer_ != nullptr) observer_->OnCombine(layout, SecondsSince(combine_start));
   return absl::OkStatus();

@@ -7,12 +7,18 @@
 // in ascending rank order, of the rank's pre-summed rows. That sum is the single
 // reduction stage; nothing reduces the MoE output again.
 //
-// Zero copy: float32 rows are sent straight from x (consecutive rows as one segment, the
-// routing pairs as three more), and the executor is its transport's ReceiveTargetProvider:
+// Activations may be float32 or already in the wire dtype: x and out may be bf16 host
+// tensors (AllocateHostTensor) on a bf16 wire, and the exchange then converts nothing;
+// float32 ones are narrowed on the way out and widened in the sum.
+//
+// Zero copy: rows in the wire dtype are sent straight from x (consecutive rows as one
+// segment, the routing pairs as three more), and the executor is its transport's
+// ReceiveTargetProvider:
 // before a micro-batch's dispatch goes out it names where each EP rank's combine lands, a
 // reused buffer per (micro-batch, rank), or `out` itself when the rank's rows are all the
 // tokens in order and it is the first rank summed (the expert's pre-sum starts from +0,
-// so it never holds -0 and 0 + a == a bit for bit). The sum then reads each row once:
+// so it never holds -0 and 0 + a == a bit for bit; a bf16 `out` only when that rank is
+// the only one with rows). The sum then reads each row once:
 // the first rank holding a token writes it, later ranks add, tokens no rank holds are
 // zeroed; no separate zero-fill pass. A failed step waits until nothing is still being
 // received into its targets (WaitTargetWrites) before it returns.
@@ -82,6 +88,11 @@ class DispatchObserver {
 struct DispatchOptions {
   DType wire_dtype = DType::kF32;
   absl::Duration timeout = absl::Seconds(5);  // a step fails with UNAVAILABLE after this
+  // Combine waits expected to end within this are spun through (polling, yielding the
+  // core each turn) rather than slept through: waking from the transport's event fd
+  // costs ~25 us on a VM, a third of a 0.5 MB exchange. Longer expected waits sleep after
+  // the transport's short spin, as idle ones do. 0: never spin longer than the transport.
+  absl::Duration max_combine_spin = absl::Microseconds(500);
 };
 
 class RemoteMoeExecutor final : public MoeExecutor, public ReceiveTargetProvider {
@@ -153,7 +164,11 @@ class RemoteMoeExecutor final : public MoeExecutor, public ReceiveTargetProvider
   InFlight in_flight_[kMaxMicroBatches];
   PayloadBytes scratch_;  // narrowed or packed dispatch rows, reused across calls
   std::vector<PayloadSegment> segments_;
-  std::vector<float> row_;        // one combine row, widened
+  std::vector<float> row_;  // one combine row, widened
+  std::vector<float> sum_;  // float32 sums for a narrower output
+  // Recent combine waits (Combine's start to its last answer), smoothed: how long the
+  // next is expected to take. Zero until the first.
+  absl::Duration expected_combine_wait_ = absl::ZeroDuration();
   std::vector<uint8_t> touched_;  // per token: some rank's row was written there
 };
 

@@ -2,7 +2,8 @@
 // UCX: dispatch rows land in the expert's input slots, combines in the executor's targets
 // or straight in `out`, and the results are bit for bit what the copying path computes,
 // for one and two EP ranks, float32 and bf16 wires, growing and shrinking batches, empty
-// batches and two micro-batches in flight.
+// batches and two micro-batches in flight; with float32 activations and with activations
+// already in the wire dtype (bf16 x and out, which the exchange then never converts).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -18,6 +19,7 @@
 #include "common/model_config.h"
 #include "expert_service/expert_step_server.h"
 #include "kernels/backend.h"
+#include "kernels/tensor.h"
 #include "router/dispatch/dispatch_combine.h"
 #include "router/dispatch/placement.h"
 #include "router/transport/transport.h"
@@ -29,7 +31,21 @@ constexpr int kNumExperts = 8;
 constexpr int kTopK = 3;
 constexpr int64_t kHidden = 64;
 
+// Element i of a host tensor of float32 or bf16, as float32; and a store that rounds.
+float Load(const Tensor& t, int64_t i) {
+  return t.dtype() == DType::kF32 ? t.f32()[i]
+                                  : Bf16ToFloat(static_cast<const uint16_t*>(t.raw())[i]);
+}
+void Store(Tensor* t, int64_t i, float v) {
+  if (t->dtype() == DType::kF32) {
+    t->f32()[i] = v;
+  } else {
+    static_cast<uint16_t*>(t->raw())[i] = FloatToBf16(v);
+  }
+}
+
 // out[r] = (sum of row r's pair weights, in pair order) * x[r]; rows with no pair are 0.
+// x and out come in the slots' dtype: float32, or bf16 on a bf16 wire.
 class ScaledCopyExperts final : public ExpertCompute {
  public:
   explicit ScaledCopyExperts(Backend* backend) : backend_(backend) {}
@@ -40,7 +56,8 @@ class ScaledCopyExperts final : public ExpertCompute {
     for (size_t p = 0; p < pairs.size(); ++p) scale[pairs.rows[p]] += pairs.weights[p];
     for (int64_t r = 0; r < x.rows(); ++r) {
       for (int64_t j = 0; j < kHidden; ++j) {
-        out->f32()[r * kHidden + j] = scale[r] == 0.f ? 0.f : scale[r] * x.f32()[r * kHidden + j];
+        const int64_t i = r * kHidden + j;
+        Store(out, i, scale[r] == 0.f ? 0.f : scale[r] * Load(x, i));
       }
     }
     return absl::OkStatus();
@@ -146,20 +163,31 @@ class ZeroCopyTest : public ::testing::TestWithParam<std::tuple<std::string, DTy
     servers_.clear();
   }
 
-  // One layer through the executor, checked bit for bit.
-  void RunAndCheck(int64_t tokens, int seed) {
-    const Batch b = MakeBatch(tokens, seed);
+  // One layer through the executor, checked bit for bit. With `in_wire_dtype`, x and out
+  // are host tensors in the wire dtype, and out must be the float32 answer rounded once.
+  void RunAndCheck(int64_t tokens, int seed, bool in_wire_dtype = false) {
+    Batch b = MakeBatch(tokens, seed);
     Tensor x = backend_->Upload(b.x, {tokens, kHidden});
     Tensor out = backend_->Allocate({tokens, kHidden});
+    if (in_wire_dtype) {
+      x = AllocateHostTensor(wire(), {tokens, kHidden});
+      out = AllocateHostTensor(wire(), {tokens, kHidden});
+      for (int64_t i = 0; i < tokens * kHidden; ++i) {
+        Store(&x, i, b.x[i]);
+        b.x[i] = Load(x, i);  // what the expert sees
+      }
+    }
     executor_->set_step(++step_);
     absl::Status s = executor_->Run(0, x, b.ids, b.weights, kTopK, &out);
     ASSERT_TRUE(s.ok()) << s;
-    const std::vector<float> got = backend_->Download(out);
-    const std::vector<float> want = Expected(b.x, b.ids, b.weights, placement_, wire());
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < got.size(); ++i) {
+    std::vector<float> want = Expected(b.x, b.ids, b.weights, placement_, wire());
+    ASSERT_EQ(out.num_elements(), static_cast<int64_t>(want.size()));
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (in_wire_dtype)
+        want[i] = wire() == DType::kBF16 ? Bf16ToFloat(FloatToBf16(want[i])) : want[i];
+      const float got_value = Load(out, static_cast<int64_t>(i));
       uint32_t g, w;
-      std::memcpy(&g, &got[i], 4);
+      std::memcpy(&g, &got_value, 4);
       std::memcpy(&w, &want[i], 4);
       ASSERT_EQ(g, w) << "tokens " << tokens << " element " << i;
     }
@@ -195,16 +223,38 @@ TEST_P(ZeroCopyTest, OneRankLandsInPlace) {
   int seed = 0;
   for (int64_t tokens : sizes) ASSERT_NO_FATAL_FAILURE(RunAndCheck(tokens, ++seed));
   const DispatchCounters& c = executor_->counters();
+  // 5, 64 and 300 grew the slots (5 also set their dtype); everything else landed in
+  // place, in the wire's dtype.
+  EXPECT_GE(RoundsInPlace(), Rounds() - 3);
   if (wire() == DType::kF32) {
-    // 5, 64 and 300 grew the slots; everything else landed in place.
-    EXPECT_GE(RoundsInPlace(), Rounds() - 3);
     // One rank holding every token: its combine is the output (empty batches excepted).
     EXPECT_GE(c.combines_into_out.load(), 6);
   } else {
-    EXPECT_EQ(RoundsInPlace(), 0);  // bf16 rows are widened on the way in
-    EXPECT_EQ(c.combines_into_out.load(), 0);
+    EXPECT_EQ(c.combines_into_out.load(), 0);  // bf16 rows are widened into a float32 out
   }
   EXPECT_EQ(c.combines_in_target.load(), static_cast<int64_t>(std::size(sizes)));
+}
+
+// Activations already in the wire dtype (bf16 x and out on a bf16 wire): rows go out
+// from x and one rank's combine lands in out, both unconverted; with two ranks the sum is
+// taken in float32 and rounded once.
+TEST_P(ZeroCopyTest, ActivationsInTheWireDTypeCrossUnconverted) {
+  ASSERT_NO_FATAL_FAILURE(Start(1));
+  const int64_t sizes[] = {5, 64, 64, 300, 0, 17, 300};
+  int seed = 0;
+  for (int64_t tokens : sizes) ASSERT_NO_FATAL_FAILURE(RunAndCheck(tokens, ++seed, true));
+  EXPECT_GE(RoundsInPlace(), Rounds() - 3);
+  // Every non-empty batch: the one rank's combine is the output.
+  EXPECT_EQ(executor_->counters().combines_into_out.load(), 6);
+}
+
+TEST_P(ZeroCopyTest, ActivationsInTheWireDTypeSumOverRanksOnce) {
+  ASSERT_NO_FATAL_FAILURE(Start(2));
+  int seed = 0;
+  for (int64_t tokens : {40, 40, 3, 0, 200, 200}) {
+    ASSERT_NO_FATAL_FAILURE(RunAndCheck(tokens, ++seed, true));
+  }
+  EXPECT_GT(RoundsInPlace(), 0);
 }
 
 TEST_P(ZeroCopyTest, TwoRanksSumInRankOrder) {
@@ -213,7 +263,7 @@ TEST_P(ZeroCopyTest, TwoRanksSumInRankOrder) {
   for (int64_t tokens : {40, 40, 3, 0, 40, 200, 200}) {
     ASSERT_NO_FATAL_FAILURE(RunAndCheck(tokens, ++seed));
   }
-  if (wire() == DType::kF32) EXPECT_GT(RoundsInPlace(), 0);
+  EXPECT_GT(RoundsInPlace(), 0);
   EXPECT_GT(executor_->counters().combines_in_target.load(), 0);
 }
 
@@ -238,7 +288,7 @@ TEST_P(ZeroCopyTest, TwoMicroBatchesInFlight) {
       EXPECT_TRUE(backend_->Download(out[m]) == want) << "round " << round << " micro " << m;
     }
   }
-  if (wire() == DType::kF32) EXPECT_GE(RoundsInPlace(), Rounds() - 2);
+  EXPECT_GE(RoundsInPlace(), Rounds() - 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ZeroCopyTest,
