@@ -217,6 +217,15 @@ std::vector<std::string> ProcessCluster::metrics_addresses() const {
   return out;
 }
 
+void ProcessCluster::KillAttention(int rank) {
+  ChildProcess& p = attention_[rank];
+  if (p.pid > 0) {
+    kill(p.pid, SIGKILL);
+    waitpid(p.pid, nullptr, 0);
+    p.pid = -1;
+  }
+}
+
 void ProcessCluster::KillExpert(int rank) {
   ChildProcess& p = experts_[rank];
   if (p.pid > 0) {

@@ -1,0 +1,282 @@
+// AttentionWorker.Serve, the one multiplexed stream the router keeps per attention rank,
+// against real worker processes: many requests submitted at once on one stream get
+// exactly the tokens of each request run alone, several requests' news share one message;
+// the worker's refusals come back as events with Generate's codes; an abort on the stream,
+// or the stream's end (the router gone), frees the KV cache; and through the router, a
+// worker killed mid-request fails its requests with UNAVAILABLE.
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dxs/v1/attention_worker.grpc.pb.h"
+#include "dxs/v1/frontend.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "model/engine.h"
+#include "tests/disagg/process_cluster.h"
+#include "tests/model/test_util.h"
+
+namespace dxs {
+namespace {
+
+using testing::ClusterSpec;
+using testing::ProcessCluster;
+using testing::TempDir;
+using ServeStream = grpc::ClientReaderWriter<v1::ServeRequest, v1::ServeEvents>;
+
+std::chrono::system_clock::time_point In(absl::Duration d) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+v1::ServeRequest Submit(const std::string& id, const std::vector<int32_t>& prompt,
+                        int max_new_tokens, bool ignore_eos = false) {
+  v1::ServeRequest r;
+  v1::GenerateRequest* g = r.mutable_submit();
+  g->set_request_id(id);
+  for (int32_t t : prompt) g->add_prompt_token_ids(static_cast<uint32_t>(t));
+  g->mutable_sampling_params()->set_max_new_tokens(max_new_tokens);
+  g->mutable_sampling_params()->set_temperature(0.f);
+  g->mutable_sampling_params()->set_ignore_eos(ignore_eos);
+  return r;
+}
+
+v1::ServeRequest AbortRequest(const std::string& id) {
+  v1::ServeRequest r;
+  r.mutable_abort()->set_request_id(id);
+  return r;
+}
+
+// Reads events until `until` holds for one of them; returns them all.
+template <typename Pred>
+std::vector<v1::ServeEvent> ReadUntil(ServeStream* stream, Pred until) {
+  std::vector<v1::ServeEvent> got;
+  v1::ServeEvents message;
+  while (stream->Read(&message)) {
+    for (const v1::ServeEvent& e : message.events()) {
+      got.push_back(e);
+      if (until(e)) return got;
+    }
+  }
+  ADD_FAILURE() << "the stream ended first";
+  return got;
+}
+
+v1::RankLoad Load(ProcessCluster& cluster) {
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(5)));
+  v1::GetLoadResponse response;
+  EXPECT_TRUE(cluster.attention(0)->GetLoad(&context, v1::GetLoadRequest(), &response).ok());
+  return response.load();
+}
+
+// Polls until rank 0 runs nothing and holds no KV.
+bool WaitForIdle(ProcessCluster& cluster) {
+  for (int i = 0; i < 200; ++i) {
+    const v1::RankLoad load = Load(cluster);
+    if (load.num_running_requests() == 0 && load.num_queued_requests() == 0 &&
+        load.kv_cache_used_tokens() == 0) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(25));
+  }
+  return false;
+}
+
+class ServeStreamTest : public ::testing::Test {
+ protected:
+  void StartCluster(std::vector<std::string> attention_args = {}) {
+    dir_ = testing::WritePreset(tmp_, "default");
+    cluster_ = std::make_unique<ProcessCluster>(tmp_.path());
+    ClusterSpec spec{dir_, 1, 1, {}};
+    spec.attention_args = std::move(attention_args);
+    absl::Status started = cluster_->Start(spec);
+    ASSERT_TRUE(started.ok()) << started << cluster_->DumpLogs();
+  }
+
+  TempDir tmp_;
+  std::string dir_;
+  std::unique_ptr<ProcessCluster> cluster_;
+};
+
+TEST_F(ServeStreamTest, ManyRequestsOnOneStreamMatchRequestsRunAlone) {
+  StartCluster();
+  constexpr int kRequests = 24;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int> max_new;
+  for (int i = 0; i < kRequests; ++i) {
+    std::vector<int32_t> p;
+    for (int j = 0; j < 1 + (i * 11) % 30; ++j) p.push_back(3 + (i * 577 + j * 61) % 4000);
+    prompts.push_back(p);
+    max_new.push_back(2 + (i * 5) % 17);
+  }
+  auto engine = LocalEngine::Load(dir_);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(120)));
+  std::unique_ptr<ServeStream> stream = cluster_->attention(0)->Serve(&context);
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(stream->Write(Submit("m" + std::to_string(i), prompts[i], max_new[i])));
+  }
+  std::map<std::string, std::vector<int32_t>> tokens;
+  std::map<std::string, v1::GenerateComplete> completes;
+  int max_requests_per_message = 0;
+  v1::ServeEvents message;
+  while (static_cast<int>(completes.size()) < kRequests && stream->Read(&message)) {
+    std::map<std::string, int> in_message;
+    for (const v1::ServeEvent& e : message.events()) {
+      ++in_message[e.request_id()];
+      ASSERT_FALSE(completes.count(e.request_id())) << e.request_id() << ": event after the end";
+      ASSERT_FALSE(e.has_error()) << e.request_id() << ": " << e.error().message();
+      if (e.has_chunk()) {
+        std::vector<int32_t>& t = tokens[e.request_id()];
+        EXPECT_EQ(e.chunk().index(), t.size()) << e.request_id() << ": out of order";
+        for (uint32_t id : e.chunk().token_ids()) t.push_back(static_cast<int32_t>(id));
+      } else if (e.has_complete()) {
+        completes[e.request_id()] = e.complete();
+      }
+    }
+    max_requests_per_message = std::max<int>(max_requests_per_message, in_message.size());
+  }
+  ASSERT_EQ(static_cast<int>(completes.size()), kRequests) << cluster_->DumpLogs();
+  // One message per step carries the news of every request of the step.
+  EXPECT_GT(max_requests_per_message, kRequests / 2);
+  for (int i = 0; i < kRequests; ++i) {
+    const std::string id = "m" + std::to_string(i);
+    GenerationRequest r;
+    r.prompt = prompts[i];
+    r.max_new_tokens = max_new[i];
+    auto want = (*engine)->GenerateBatch({r});
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(tokens[id], want->front().tokens) << id;
+    EXPECT_EQ(completes[id].completion_tokens(), tokens[id].size()) << id;
+    EXPECT_EQ(completes[id].prompt_tokens(), prompts[i].size()) << id;
+    EXPECT_EQ(completes[id].data_parallel_rank(), 0u) << id;
+  }
+  // The stream still takes requests after all that.
+  ASSERT_TRUE(stream->Write(Submit("after", {5, 6, 7}, 3)));
+  auto rest = ReadUntil(stream.get(), [](const v1::ServeEvent& e) { return e.has_complete(); });
+  ASSERT_FALSE(rest.empty());
+  EXPECT_EQ(rest.back().request_id(), "after");
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(ServeStreamTest, WorkerRefusalsComeBackWithTheirCodes) {
+  StartCluster({"--kv-tokens", "2100"});
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(60)));
+  std::unique_ptr<ServeStream> stream = cluster_->attention(0)->Serve(&context);
+  auto error_for = [&](const v1::ServeRequest& r) {
+    EXPECT_TRUE(stream->Write(r));
+    auto got = ReadUntil(stream.get(), [&](const v1::ServeEvent& e) {
+      return e.request_id() == r.submit().request_id() && (e.has_error() || e.has_complete());
+    });
+    return got.empty() ? v1::ServeError() : got.back().error();
+  };
+  // A long request in flight, for the duplicate.
+  ASSERT_TRUE(stream->Write(Submit("long", {4, 5, 6}, 2000, /*ignore_eos=*/true)));
+  auto first = ReadUntil(stream.get(), [](const v1::ServeEvent& e) { return e.has_chunk(); });
+  ASSERT_FALSE(first.empty());
+
+  EXPECT_EQ(error_for(Submit("", {1, 2}, 2)).code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::ServeRequest too_large = Submit("too-large", {1}, 2);
+  too_large.mutable_submit()->add_prompt_token_ids(0x80000000u);
+  const v1::ServeError bad_token = error_for(too_large);
+  EXPECT_EQ(bad_token.code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(bad_token.message().find("too large"), std::string::npos) << bad_token.message();
+  v1::ServeRequest other_rank = Submit("other-rank", {1, 2}, 2);
+  other_rank.mutable_submit()->set_data_parallel_rank(3);
+  EXPECT_EQ(error_for(other_rank).code(), grpc::StatusCode::INVALID_ARGUMENT);
+  const v1::ServeError duplicate = error_for(Submit("long", {1, 2}, 2));
+  EXPECT_EQ(duplicate.code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_NE(duplicate.message().find("already in flight"), std::string::npos);
+  EXPECT_EQ(error_for(Submit("huge", {1, 2}, 2500)).code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  // The refusals disturbed nothing: the long request runs on, and an abort ends it.
+  ASSERT_TRUE(stream->Write(AbortRequest("long")));
+  auto end = ReadUntil(stream.get(), [](const v1::ServeEvent& e) {
+    return e.request_id() == "long" && (e.has_complete() || e.has_error());
+  });
+  ASSERT_FALSE(end.empty());
+  ASSERT_TRUE(end.back().has_complete());
+  EXPECT_EQ(end.back().complete().finish_reason(), v1::FINISH_REASON_ABORTED);
+  EXPECT_LT(end.back().complete().completion_tokens(), 2000u);
+  EXPECT_TRUE(WaitForIdle(*cluster_)) << "the aborted request's KV was not freed";
+  // An abort of an id that is not in flight is ignored.
+  ASSERT_TRUE(stream->Write(AbortRequest("nobody")));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(ServeStreamTest, TheStreamsEndAbortsItsRequestsAndFreesTheirKv) {
+  StartCluster();
+  {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(60)));
+    std::unique_ptr<ServeStream> stream = cluster_->attention(0)->Serve(&context);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(stream->Write(Submit("gone" + std::to_string(i), {7, 8, 9}, 2000, true)));
+    }
+    auto first = ReadUntil(stream.get(), [](const v1::ServeEvent& e) { return e.has_chunk(); });
+    ASSERT_FALSE(first.empty());
+    const v1::RankLoad busy = Load(*cluster_);
+    EXPECT_GT(busy.kv_cache_used_tokens(), 0u);
+    EXPECT_EQ(busy.num_running_requests() + busy.num_queued_requests(), 4u);
+    context.TryCancel();  // the router went away
+    stream->Finish();
+  }
+  EXPECT_TRUE(WaitForIdle(*cluster_)) << "the stream's requests still hold KV";
+  // The ids are free again.
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(60)));
+  std::unique_ptr<ServeStream> stream = cluster_->attention(0)->Serve(&context);
+  ASSERT_TRUE(stream->Write(Submit("gone0", {7, 8, 9}, 2)));
+  auto end = ReadUntil(stream.get(),
+                       [](const v1::ServeEvent& e) { return e.has_complete() || e.has_error(); });
+  ASSERT_FALSE(end.empty());
+  EXPECT_TRUE(end.back().has_complete()) << end.back().error().message();
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// Through the router: killing the attention worker under a running request ends it with
+// UNAVAILABLE naming the rank, within seconds.
+TEST(ServeStreamRouterTest, KilledWorkerFailsItsRequestsWithUnavailable) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ProcessCluster cluster(tmp.path());
+  absl::Status started = cluster.Start(ClusterSpec{dir, 2, 1, {}});
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>>> readers;
+  for (int i = 0; i < 3; ++i) {
+    v1::GenerateRequest req;
+    req.set_request_id("doomed" + std::to_string(i));
+    req.add_prompt_token_ids(5);
+    req.add_prompt_token_ids(6);
+    req.mutable_sampling_params()->set_max_new_tokens(4000);
+    req.mutable_sampling_params()->set_ignore_eos(true);
+    req.set_data_parallel_rank(1);
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->set_deadline(In(absl::Seconds(60)));
+    readers.push_back(cluster.frontend()->Generate(contexts.back().get(), req));
+  }
+  v1::GenerateResponse m;
+  for (auto& reader : readers) ASSERT_TRUE(reader->Read(&m));  // running
+  const absl::Time killed_at = absl::Now();
+  cluster.KillAttention(1);
+  for (auto& reader : readers) {
+    while (reader->Read(&m)) {
+    }
+    const grpc::Status s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+    EXPECT_NE(s.error_message().find("attention rank 1"), std::string::npos) << s.error_message();
+    EXPECT_NE(s.error_message().find("safe to retry"), std::string::npos) << s.error_message();
+  }
+  EXPECT_LT(absl::Now() - killed_at, absl::Seconds(10));
+}
+
+}  // namespace
+}  // namespace dxs
