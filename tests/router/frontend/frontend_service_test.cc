@@ -4,13 +4,19 @@
 // request the worker does not know yet still ends with FINISH_REASON_ABORTED; a rank whose
 // worker dies fails its requests with UNAVAILABLE; an unreachable rank is UNAVAILABLE;
 // GetLoads merges the worker's numbers with the router's; Shutdown ends every stream.
+// Those fakes implement only Generate, so the router falls back to it; fakes with Serve
+// check the multiplexed path: concurrent requests share one stream per rank, worker errors
+// keep their code, cancellation, deadlines and Abort travel on the stream as aborts, and a
+// stream broken mid-request is UNAVAILABLE.
 #include "router/frontend/frontend_service.h"
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,11 +128,110 @@ class FakeWorker final : public v1::AttentionWorker::Service {
   v1::GenerateRequest last_request_;
 };
 
+// A scripted AttentionWorker that implements Serve (and not Generate). Per submitted id:
+// "refuse..." gets a RESOURCE_EXHAUSTED error event; "hold..." nothing until aborted, then
+// a complete ABORTED; any other two chunks (7 8, 9) and a complete LENGTH.
+class FakeServeWorker final : public v1::AttentionWorker::Service {
+ public:
+  explicit FakeServeWorker(int rank) : rank_(rank) {
+    GrpcServerOptions options;
+    options.address = "127.0.0.1:0";
+    absl::StatusOr<GrpcServer> server = StartGrpcServer(options, {this});
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server->server);
+    address_ = "127.0.0.1:" + std::to_string(server->port);
+  }
+  ~FakeServeWorker() override { server_->Shutdown(In(absl::Milliseconds(100))); }
+
+  grpc::Status Serve(grpc::ServerContext*,
+                     grpc::ServerReaderWriter<v1::ServeEvents, v1::ServeRequest>* stream) override {
+    ++serve_calls_;
+    v1::ServeRequest request;
+    while (stream->Read(&request)) {
+      v1::ServeEvents out;
+      if (request.has_abort()) {
+        const std::string& id = request.abort().request_id();
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          aborted_.push_back(id);
+          if (held_.erase(id) == 0) continue;
+        }
+        v1::ServeEvent* e = out.add_events();
+        e->set_request_id(id);
+        e->mutable_complete()->set_finish_reason(v1::FINISH_REASON_ABORTED);
+        e->mutable_complete()->set_data_parallel_rank(rank_);
+      } else {
+        const std::string& id = request.submit().request_id();
+        if (id.rfind("hold", 0) == 0) {
+          std::lock_guard<std::mutex> lock(mu_);
+          held_.insert(id);
+          continue;
+        }
+        if (id.rfind("refuse", 0) == 0) {
+          v1::ServeEvent* e = out.add_events();
+          e->set_request_id(id);
+          e->mutable_error()->set_code(grpc::StatusCode::RESOURCE_EXHAUSTED);
+          e->mutable_error()->set_message("queue full");
+        } else {
+          v1::ServeEvent* e = out.add_events();
+          e->set_request_id(id);
+          e->mutable_chunk()->set_index(0);
+          e->mutable_chunk()->add_token_ids(7);
+          e->mutable_chunk()->add_token_ids(8);
+          e = out.add_events();
+          e->set_request_id(id);
+          e->mutable_chunk()->set_index(2);
+          e->mutable_chunk()->add_token_ids(9);
+          e = out.add_events();
+          e->set_request_id(id);
+          e->mutable_complete()->set_finish_reason(v1::FINISH_REASON_LENGTH);
+          e->mutable_complete()->set_completion_tokens(3);
+          e->mutable_complete()->set_data_parallel_rank(rank_);
+        }
+      }
+      if (!stream->Write(out)) break;
+    }
+    return grpc::Status::OK;
+  }
+
+  const std::string& address() const { return address_; }
+  int serve_calls() const { return serve_calls_; }
+  bool holds(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.count(id) > 0;
+  }
+  // Waits up to 2 s for an abort of `id`.
+  bool WaitForAbort(const std::string& id) {
+    for (int i = 0; i < 200; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (std::find(aborted_.begin(), aborted_.end(), id) != aborted_.end()) return true;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+
+ private:
+  const int rank_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::atomic<int> serve_calls_{0};
+  std::mutex mu_;
+  std::set<std::string> held_;
+  std::vector<std::string> aborted_;
+};
+
 class FrontendServiceTest : public ::testing::Test {
  protected:
   // Two attention ranks served by `workers` (an address with nothing behind it where null),
   // one expert rank.
   void Start(std::vector<FakeWorker*> workers, int64_t max_inflight = 16) {
+    std::vector<std::string> addresses;
+    for (FakeWorker* w : workers) addresses.push_back(w ? w->address() : "127.0.0.1:1");
+    StartAt(addresses, max_inflight);
+  }
+  void StartAt(const std::vector<std::string>& addresses, int64_t max_inflight = 16) {
     ClusterRegistryOptions options;
     options.num_attention_ranks = 2;
     options.num_expert_ranks = 1;
@@ -159,7 +264,7 @@ class FrontendServiceTest : public ::testing::Test {
       v1::RegisterRequest request;
       request.set_role(v1::ROLE_ATTENTION);
       request.set_rank(r);
-      request.set_grpc_address(workers[r] ? workers[r]->address() : "127.0.0.1:1");
+      request.set_grpc_address(addresses[r]);
       ASSERT_TRUE(registry_->Register(request).ok());
     }
     v1::RegisterRequest expert;
@@ -359,6 +464,118 @@ TEST_F(FrontendServiceTest, ShutdownEndsStreamsWithUnavailable) {
   v1::GenerateResponse m;
   EXPECT_FALSE(refused->Read(&m));
   EXPECT_EQ(refused->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+// Workers with Serve: every request to a rank goes over one stream, concurrently.
+TEST_F(FrontendServiceTest, ServeStreamCarriesConcurrentRequests) {
+  FakeServeWorker w0(0), w1(1);
+  StartAt({w0.address(), w1.address()}, /*max_inflight=*/64);
+  constexpr int kRequests = 32;
+  std::vector<std::thread> threads;
+  std::vector<std::vector<uint32_t>> tokens(kRequests);
+  std::vector<v1::GenerateComplete> completes(kRequests);
+  std::vector<grpc::Status> status(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] {
+      grpc::ClientContext context;
+      context.set_deadline(In(absl::Seconds(20)));
+      auto reader = stub_->Generate(&context, Request(i % 2, "many-" + std::to_string(i)));
+      v1::GenerateResponse m;
+      while (reader->Read(&m)) {
+        EXPECT_EQ(m.request_id(), "many-" + std::to_string(i));
+        if (m.has_chunk()) {
+          EXPECT_EQ(m.chunk().index(), tokens[i].size());
+          tokens[i].insert(tokens[i].end(), m.chunk().token_ids().begin(),
+                           m.chunk().token_ids().end());
+        }
+        if (m.has_complete()) completes[i] = m.complete();
+      }
+      status[i] = reader->Finish();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(status[i].ok()) << i << ": " << status[i].error_message();
+    EXPECT_EQ(tokens[i], (std::vector<uint32_t>{7, 8, 9})) << i;
+    EXPECT_EQ(completes[i].finish_reason(), v1::FINISH_REASON_LENGTH) << i;
+    EXPECT_EQ(completes[i].data_parallel_rank(), static_cast<uint32_t>(i % 2)) << i;
+    EXPECT_GT(completes[i].timings().e2e_latency_ns(), 0u) << i;  // the router's
+    EXPECT_GT(completes[i].timings().time_to_first_token_ns(), 0u) << i;
+  }
+  EXPECT_EQ(w0.serve_calls(), 1);
+  EXPECT_EQ(w1.serve_calls(), 1);
+}
+
+TEST_F(FrontendServiceTest, ServeErrorsKeepTheirCodeWithTheRank) {
+  FakeServeWorker w0(0), w1(1);
+  StartAt({w0.address(), w1.address()});
+  grpc::ClientContext context;
+  auto reader = stub_->Generate(&context, Request(1, "refuse-1"));
+  v1::GenerateResponse m;
+  EXPECT_FALSE(reader->Read(&m));
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_EQ(s.error_message(), "attention rank 1 (" + w1.address() + "): queue full");
+}
+
+TEST_F(FrontendServiceTest, CallerCancellationAndDeadlineSendAnAbortOnTheStream) {
+  FakeServeWorker w0(0), w1(1);
+  StartAt({w0.address(), w1.address()});
+  grpc::ClientContext context;
+  auto reader = stub_->Generate(&context, Request(0, "hold-cancel"));
+  for (int i = 0; i < 500 && !w0.holds("hold-cancel"); ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(w0.holds("hold-cancel"));
+  context.TryCancel();
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(w0.WaitForAbort("hold-cancel"));
+
+  grpc::ClientContext short_context;
+  short_context.set_deadline(In(absl::Milliseconds(300)));
+  auto late = stub_->Generate(&short_context, Request(0, "hold-deadline"));
+  v1::GenerateResponse m;
+  while (late->Read(&m)) {
+  }
+  EXPECT_EQ(late->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(w0.WaitForAbort("hold-deadline"));
+}
+
+TEST_F(FrontendServiceTest, AbortTravelsOnTheServeStream) {
+  FakeServeWorker w0(0), w1(1);
+  StartAt({w0.address(), w1.address()});
+  grpc::ClientContext context;
+  auto reader = stub_->Generate(&context, Request(1, "hold-abort"));
+  for (int i = 0; i < 500 && !w1.holds("hold-abort"); ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(w1.holds("hold-abort"));
+  grpc::ClientContext abort_context;
+  v1::AbortRequest abort;
+  abort.set_request_id("hold-abort");
+  v1::AbortResponse abort_response;
+  ASSERT_TRUE(stub_->Abort(&abort_context, abort, &abort_response).ok());
+  v1::GenerateResponse last;
+  ASSERT_TRUE(reader->Read(&last));
+  EXPECT_EQ(last.complete().finish_reason(), v1::FINISH_REASON_ABORTED);
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_TRUE(w1.WaitForAbort("hold-abort"));
+}
+
+// A worker that goes away under a request held on its stream: UNAVAILABLE, safe to retry.
+TEST_F(FrontendServiceTest, ServeStreamBrokenMidRequestIsUnavailable) {
+  auto w0 = std::make_unique<FakeServeWorker>(0);
+  FakeServeWorker w1(1);
+  StartAt({w0->address(), w1.address()});
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(20)));
+  auto reader = stub_->Generate(&context, Request(0, "hold-lost"));
+  for (int i = 0; i < 500 && !w0->holds("hold-lost"); ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(w0->holds("hold-lost"));
+  w0.reset();  // the server shuts down, cancelling the stream
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+  }
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_NE(s.error_message().find("attention rank 0"), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("safe to retry"), std::string::npos) << s.error_message();
 }
 
 }  // namespace
