@@ -10,23 +10,28 @@
 //      the rank is data_parallel_rank if set, else the one with least outstanding tokens;
 //   5. an assigned id is sent at once in an empty first chunk, so the caller can Abort
 //      before the first token;
-//   6. relay the rank's AttentionWorker.Generate stream message by message (the final
-//      `complete` gets the router's timings), and its final status, prefixed with the rank
-//      when it is an error (an unreachable rank is UNAVAILABLE).
-// The upstream call is a child of the caller's (ClientContext::FromServerContext): the
-// caller's deadline carries over, and its cancellation cancels the worker's call, which
-// aborts the request and frees its KV cache.
+//   6. submit it on the rank's AttentionWorker.Serve stream (AttentionStreams: one per
+//      rank, shared by all its requests) and relay its events message by message (the
+//      final `complete` gets the router's timings); a worker error keeps its code,
+//      prefixed with the rank; a stream that breaks (an unreachable or dead worker) is
+//      UNAVAILABLE. A worker without Serve gets one AttentionWorker.Generate per request,
+//      relayed the same way.
+// Caller cancellation and deadlines are noticed within kCancelPollInterval and sent
+// upstream as an abort, which frees the request's KV cache. (On the Generate fallback
+// the upstream call is a child of the caller's, so they carry over by themselves.)
 //
-// Abort forwards AttentionWorker.Abort to the request's rank. When the worker cannot (the
-// request has not reached it yet, or the rank is unreachable), the router cancels the
-// upstream call itself and ends the stream with FINISH_REASON_ABORTED.
+// Abort sends an abort on the request's stream (AttentionWorker.Abort on the fallback).
+// When the worker cannot be told (the request has not reached it yet, or the rank is
+// unreachable), the router stops the request itself and ends the stream with
+// FINISH_REASON_ABORTED.
 //
 // OnClusterView (from a ClusterWatcher) fails with UNAVAILABLE the requests whose rank's
 // worker died or was replaced. Shutdown fails every in-flight request with UNAVAILABLE and
 // refuses new ones; call it before grpc::Server::Shutdown.
 //
 // Threads: each in-flight Generate holds one gRPC server thread for its whole stream
-// (bounded by max_inflight). Errors become grpc::Status only in the handlers here.
+// (bounded by max_inflight); each attention rank's stream has one reader thread. Errors become
+// grpc::Status only in the handlers here.
 //
 // Thread safety: handlers run concurrently on gRPC's threads; OnClusterView and Shutdown
 // may be called from any thread. The registry must outlive the service.
