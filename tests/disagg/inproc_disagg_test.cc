@@ -110,6 +110,39 @@ TEST(Disagg, TwoBatchOverlapEqualsSingleProcess) {
   EXPECT_TRUE(checked);
 }
 
+// The bf16 wire through the whole model: the executor narrows the float32 activations,
+// rows land in the expert ranks' slots as bf16 and the experts compute from them, and the
+// combine comes back bf16. Rounding to bf16 moves the logits (so the wire really is bf16)
+// but keeps them within 2e-2 of the single-process float32 engine.
+TEST(Disagg, Bf16WireStaysCloseToSingleProcess) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  const std::vector<GenerationRequest> requests = Requests(4, 6, 4096);
+  auto engine = LocalEngine::Load(dir);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto reference = (*engine)->GenerateBatch(requests);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  InprocCluster cluster(dir, 2, Placement::Contiguous(16, 2), DType::kBF16);
+  std::vector<std::shared_ptr<ResultSink>> sinks;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    sinks.push_back(std::make_shared<ResultSink>());
+    ASSERT_TRUE(cluster.Submit(static_cast<int>(i % 2), i, requests[i], sinks.back()).ok());
+  }
+  ASSERT_TRUE(cluster.WaitAllDone(sinks, absl::Seconds(60))) << "cluster hung";
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "request " << i);
+    ASSERT_TRUE(sinks[i]->status.ok()) << sinks[i]->status;
+    EXPECT_EQ(sinks[i]->tokens.size(), (*reference)[i].tokens.size());
+    const double error = RelativeError(sinks[i]->first_logits, (*reference)[i].first_logits);
+    EXPECT_GT(error, 0.0) << "bf16 rounding left the logits bit-identical";
+    EXPECT_LT(error, 2e-2);
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GT(cluster.expert_counters(r).rounds_in_place.load(), 0)
+        << "EP rank " << r << " never computed from rows in its bf16 slots";
+  }
+}
+
 TEST(Disagg, UnevenPlacementTwelveExpertsOnFiveRanks) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "odd");
