@@ -6,11 +6,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "dxs/v1/frontend.grpc.pb.h"
@@ -68,35 +69,105 @@ class Progress {
   std::mutex mu_;
 };
 
-Sample OneRemote(v1::Frontend::Stub* stub, const std::vector<int32_t>& prompt, int64_t output_len) {
-  v1::GenerateRequest req;
-  for (int32_t t : prompt) req.add_prompt_token_ids(static_cast<uint32_t>(t));
-  req.mutable_sampling_params()->set_max_new_tokens(static_cast<int32_t>(output_len));
-  req.mutable_sampling_params()->set_temperature(0.f);
-  req.mutable_sampling_params()->set_ignore_eos(true);
-  grpc::ClientContext ctx;
-  Sample s;
-  const auto start = Clock::now();
-  auto last = start;
-  auto reader = stub->Generate(&ctx, req);
-  v1::GenerateResponse resp;
-  while (reader->Read(&resp)) {
-    if (!resp.has_chunk() || resp.chunk().token_ids_size() == 0) continue;
-    const auto now = Clock::now();
-    const int n = resp.chunk().token_ids_size();
-    if (s.tokens == 0) {
-      s.ttft_ms = Ms(now - start);
-    } else {
-      // A chunk of n tokens since the last one: n gaps of equal share.
-      for (int k = 0; k < n; ++k) s.itl_ms.push_back(Ms(now - last) / n);
-    }
-    s.tokens += n;
-    last = now;
+// One request to the router as a gRPC callback reactor: no thread of its own, so C
+// requests in flight cost no C blocked threads (each waking per token) in the client.
+// Deletes itself when done, after handing its Sample to `done`.
+class RemoteCall final : public grpc::ClientReadReactor<v1::GenerateResponse> {
+ public:
+  RemoteCall(v1::Frontend::Stub* stub, const std::vector<int32_t>& prompt, int64_t output_len,
+             std::function<void(Sample)> done)
+      : done_(std::move(done)) {
+    for (int32_t t : prompt) request_.add_prompt_token_ids(static_cast<uint32_t>(t));
+    request_.mutable_sampling_params()->set_max_new_tokens(static_cast<int32_t>(output_len));
+    request_.mutable_sampling_params()->set_temperature(0.f);
+    request_.mutable_sampling_params()->set_ignore_eos(true);
+    start_ = last_ = Clock::now();
+    stub->async()->Generate(&context_, &request_, this);
+    StartRead(&response_);
+    StartCall();
   }
-  s.code = reader->Finish().error_code();
-  s.e2e_ms = Ms(Clock::now() - start);
-  return s;
-}
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    if (response_.has_chunk() && response_.chunk().token_ids_size() > 0) {
+      const auto now = Clock::now();
+      const int n = response_.chunk().token_ids_size();
+      if (sample_.tokens == 0) {
+        sample_.ttft_ms = Ms(now - start_);
+      } else {
+        // A chunk of n tokens since the last one: n gaps of equal share.
+        for (int k = 0; k < n; ++k) sample_.itl_ms.push_back(Ms(now - last_) / n);
+      }
+      sample_.tokens += n;
+      last_ = now;
+    }
+    StartRead(&response_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    sample_.code = status.error_code();
+    sample_.e2e_ms = Ms(Clock::now() - start_);
+    std::function<void(Sample)> done = std::move(done_);
+    Sample sample = std::move(sample_);
+    delete this;
+    done(std::move(sample));
+  }
+
+ private:
+  grpc::ClientContext context_;
+  v1::GenerateRequest request_;
+  v1::GenerateResponse response_;
+  Sample sample_;
+  Clock::time_point start_, last_;
+  std::function<void(Sample)> done_;
+};
+
+// Runs `num_requests` requests, `concurrency` at a time: each of `concurrency` lanes starts
+// its next request when the last one ends.
+class RemoteRun {
+ public:
+  RemoteRun(v1::Frontend::Stub* stub, int num_requests, int64_t prompt_len, int64_t output_len,
+            int64_t vocab, std::vector<Sample>* samples, Progress* progress)
+      : stub_(stub),
+        num_requests_(num_requests),
+        prompt_len_(prompt_len),
+        output_len_(output_len),
+        vocab_(vocab),
+        samples_(samples),
+        progress_(progress) {}
+
+  void Run(int concurrency) {
+    active_lanes_ = concurrency;
+    for (int lane = 0; lane < concurrency; ++lane) Next();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return active_lanes_ == 0; });
+  }
+
+ private:
+  void Next() {
+    const int i = next_++;
+    if (i >= num_requests_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--active_lanes_ == 0) cv_.notify_all();
+      return;
+    }
+    new RemoteCall(stub_, BenchPrompt(i, prompt_len_, vocab_), output_len_, [this, i](Sample s) {
+      (*samples_)[i] = std::move(s);
+      progress_->Tick();
+      Next();
+    });
+  }
+
+  v1::Frontend::Stub* const stub_;
+  const int num_requests_;
+  const int64_t prompt_len_, output_len_, vocab_;
+  std::vector<Sample>* const samples_;
+  Progress* const progress_;
+  std::atomic<int> next_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int active_lanes_ = 0;  // guarded by mu_
+};
 
 }  // namespace
 
@@ -179,18 +250,9 @@ int BenchCommand(const std::vector<std::string>& argv) {
       }
       vocab = info.model_info().vocab_size();
     }
-    std::atomic<int> next{0};
     start = Clock::now();
-    std::vector<std::thread> workers;
-    for (int w = 0; w < *concurrency; ++w) {
-      workers.emplace_back([&] {
-        for (int i = next++; i < num_requests; i = next++) {
-          samples[i] = OneRemote(stub.get(), BenchPrompt(i, *prompt_len, vocab), *output_len);
-          progress.Tick();
-        }
-      });
-    }
-    for (auto& t : workers) t.join();
+    RemoteRun(stub.get(), num_requests, *prompt_len, *output_len, vocab, &samples, &progress)
+        .Run(static_cast<int>(std::min<int64_t>(*concurrency, num_requests)));
   }
   const double wall_s = Ms(Clock::now() - start) / 1000.0;
 
