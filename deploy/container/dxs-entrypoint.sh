@@ -24,7 +24,9 @@
 #                               the pod's FQDN (`hostname -f`, which kubelet puts in
 #                               /etc/hosts for a StatefulSet pod with a headless Service:
 #                               NAME-0.SERVICE.NAMESPACE.svc.cluster.local), else POD_IP
-#   attention: DXS_KV_TOKENS, DXS_PREFILL_CHUNK   (unset: the binary's defaults)
+#   attention: DXS_KV_TOKENS, DXS_PREFILL_CHUNK, DXS_OVERLAP_MIN_TOKENS (0: no two-batch
+#              overlap), DXS_STREAM_INTERVAL (tokens per streamed chunk after the first)
+#              (unset: the binary's defaults)
 #   expert:    DXS_EXPERTS      --experts LIST    (unset: the contiguous block of the rank)
 #   TLS:       DXS_TLS_DIR      a directory with tls.crt, tls.key and ca.crt (a Secret as
 #                               cert-manager writes it); set: --tls-cert/--tls-key/--tls-ca
@@ -124,6 +126,8 @@ case $role in
       if [ "$role" = attention ]; then
         opt --kv-tokens "${DXS_KV_TOKENS:-}"
         opt --prefill-chunk "${DXS_PREFILL_CHUNK:-}"
+        opt --overlap-min-tokens "${DXS_OVERLAP_MIN_TOKENS:-}"
+        opt --stream-interval "${DXS_STREAM_INTERVAL:-}"
       else
         opt --experts "${DXS_EXPERTS:-}"
       fi
