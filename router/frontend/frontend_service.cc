@@ -293,7 +293,10 @@ std::optional<absl::Status> FrontendService::RelayServe(grpc::ServerContext* con
       } else if (event.has_complete()) {
         *message.mutable_complete() = std::move(*event.mutable_complete());
       } else if (event.has_error()) {
-        return absl::Status(static_cast<absl::StatusCode>(event.error().code()),
+        // Never OK: an error event ends the request.
+        const int code = event.error().code() == 0 ? static_cast<int>(absl::StatusCode::kUnknown)
+                                                   : event.error().code();
+        return absl::Status(static_cast<absl::StatusCode>(code),
                             absl::StrCat("attention rank ", relay.rank, " (", address,
                                          "): ", event.error().message()));
       } else {
@@ -312,6 +315,7 @@ std::optional<absl::Status> FrontendService::RelayServe(grpc::ServerContext* con
               relay.RouterStopped(inflight_.stop_reason(id), request, address)) {
         return *s;
       }
+      return absl::InternalError("stopped without a reason");  // not reached
     }
     if (news.stream_ended) {
       if (!got_events && absl::IsUnimplemented(news.stream_status)) return std::nullopt;
