@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc/metadata.h"
 #include "common/grpc/status_conversion.h"
 
 namespace dxs {
@@ -332,7 +333,10 @@ absl::Status AttentionWorkerService::Submit(const v1::GenerateRequest& req,
 }
 
 grpc::Status AttentionWorkerService::Serve(
-    grpc::ServerContext*, grpc::ServerReaderWriter<v1::ServeEvents, v1::ServeRequest>* stream) {
+    grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::ServeEvents, v1::ServeRequest>* stream) {
+  // The router waits for this answer before it sends requests on the stream.
+  ctx->AddInitialMetadata(kServeAcceptedMetadataKey, "1");
+  stream->SendInitialMetadata();
   auto outbox = std::make_shared<ServeOutbox>();
   {
     std::lock_guard<std::mutex> lock(mu_);

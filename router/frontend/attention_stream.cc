@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/synchronization/notification.h"
+#include "common/grpc/metadata.h"
 #include "common/grpc/status_conversion.h"
 
 namespace dxs {
@@ -40,13 +42,37 @@ void RequestMailbox::Stop() {
 
 AttentionStream::AttentionStream(std::shared_ptr<v1::AttentionWorker::Stub> stub) {
   stream_ = stub->Serve(&context_);
-  reader_ = std::thread([this] { ReadLoop(); });
+  // A worker with Serve answers at once with its initial metadata, marked; anything else
+  // (no Serve, unreachable) ends the call at once, with its status. One that does neither
+  // is given up on after kAcceptTimeout.
+  absl::Notification answered;
+  std::thread watchdog([&] {
+    if (!answered.WaitForNotificationWithTimeout(kAcceptTimeout)) context_.TryCancel();
+  });
+  stream_->WaitForInitialMetadata();
+  answered.Notify();
+  watchdog.join();
+  const auto& metadata = context_.GetServerInitialMetadata();
+  if (metadata.find(kServeAcceptedMetadataKey) != metadata.end()) {
+    reader_ = std::thread([this] { ReadLoop(); });
+    return;
+  }
+  context_.TryCancel();  // in case the call is still open after all
+  absl::Status status = FromGrpcStatus(stream_->Finish());
+  if (status.ok()) status = absl::UnavailableError("the worker did not accept the stream");
+  absl::MutexLock lock(&mu_);
+  ended_ = true;
+  end_status_ = status;
+  absl::MutexLock write_lock(&write_mu_);
+  finished_ = true;
 }
 
 AttentionStream::~AttentionStream() {
   Close();
-  reader_.join();
+  if (reader_.joinable()) reader_.join();
 }
+
+bool AttentionStream::accepted() const { return reader_.joinable(); }
 
 void AttentionStream::ReadLoop() {
   v1::ServeEvents message;
@@ -142,16 +168,12 @@ std::shared_ptr<AttentionStream> AttentionStreams::Get(
   if (slot.stream != nullptr) slot.stream->Close();
   slot.address = address;
   slot.incarnation = incarnation;
-  slot.unimplemented = false;
   slot.stream = std::make_shared<AttentionStream>(stub);
-  return slot.stream;
-}
-
-void AttentionStreams::MarkUnimplemented(int rank, const AttentionStream* stream) {
-  if (rank < 0 || rank >= static_cast<int>(slots_.size())) return;
-  Slot& slot = *slots_[rank];
-  absl::MutexLock lock(&slot.mu);
-  if (slot.stream.get() == stream) slot.unimplemented = true;
+  if (slot.stream->accepted()) return slot.stream;
+  // Refused (no Serve) or unreachable: the caller uses Generate, which reports the latter.
+  slot.unimplemented = absl::IsUnimplemented(slot.stream->end_status());
+  slot.stream = nullptr;
+  return nullptr;
 }
 
 bool AttentionStreams::Abort(int rank, const std::string& request_id) {

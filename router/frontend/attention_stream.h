@@ -10,9 +10,11 @@
 // of one upstream call and message per request.
 //
 // When the stream ends (worker gone, connection broken, Close), every registered mailbox is
-// told, with the stream's status. A worker without Serve ends it at once with
-// UNIMPLEMENTED; AttentionStreams then remembers that worker (Get returns null) and the
-// caller falls back to one Generate call per request.
+// told, with the stream's status. Opening a stream waits for the worker's initial metadata,
+// which a worker with Serve sends at once, marked with kServeAcceptedMetadataKey; a worker without
+// Serve (UNIMPLEMENTED) or an unreachable one ends the call instead. Then Get returns
+// null and the caller falls back to one Generate call per request; AttentionStreams
+// remembers a worker without Serve and does not ask it again.
 //
 // Lock order: AttentionStreams' per-rank lock, then AttentionStream::mu_, then
 // AttentionStream::write_mu_, then a mailbox's lock. Mailbox::Stop is safe under any other
@@ -68,7 +70,11 @@ class RequestMailbox {
 
 class AttentionStream {
  public:
-  // Opens the stream (a blocking connect when the channel is not connected yet).
+  // How long opening a stream waits for the worker's answer.
+  static constexpr absl::Duration kAcceptTimeout = absl::Seconds(5);
+
+  // Opens the stream: a blocking connect when the channel is not connected yet, and one
+  // round trip for the worker's answer (at most kAcceptTimeout).
   explicit AttentionStream(std::shared_ptr<v1::AttentionWorker::Stub> stub);
   // Closes the stream and joins its reader thread.
   ~AttentionStream();
@@ -85,6 +91,8 @@ class AttentionStream {
   void Forget(const std::string& request_id);
   // Ends the stream (the worker aborts what it still runs from it).
   void Close();
+  // The worker took the stream; false: it ended at once (end_status says why).
+  bool accepted() const;
   bool ended() const;
   // Why the stream ended; OK while it has not.
   absl::Status end_status() const;
@@ -111,12 +119,10 @@ class AttentionStreams {
   ~AttentionStreams();
 
   // The stream to `rank`'s worker `incarnation` at `address`, opening one if there is no
-  // live one for that worker; null if that worker does not implement Serve.
+  // live one for that worker; null if that worker does not implement Serve or could not be
+  // reached.
   std::shared_ptr<AttentionStream> Get(int rank, const std::string& address, uint64_t incarnation,
                                        const std::shared_ptr<v1::AttentionWorker::Stub>& stub);
-  // Records that `stream` (of `rank`) was refused with UNIMPLEMENTED: Get returns null for
-  // that worker from now on.
-  void MarkUnimplemented(int rank, const AttentionStream* stream);
   // Sends an abort for `request_id` on `rank`'s stream; false if it is not registered there.
   bool Abort(int rank, const std::string& request_id);
   // Closes the streams whose rank is no longer held by the same worker incarnation;

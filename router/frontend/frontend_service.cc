@@ -257,35 +257,30 @@ absl::Status FrontendService::GenerateImpl(grpc::ServerContext* context,
   Relay relay{id, rank, arrival, writer, metrics, &inflight_};
   if (std::shared_ptr<AttentionStream> stream =
           streams_.Get(rank, address, targets[rank].candidate.incarnation, stub)) {
-    std::optional<absl::Status> status = RelayServe(context, request, address, *stream, relay);
-    if (status.has_value()) {
-      if (status->ok()) observe_duration();
-      return *status;
-    }
-    streams_.MarkUnimplemented(rank, stream.get());
+    const absl::Status status = RelayServe(context, request, address, *stream, relay);
+    if (status.ok()) observe_duration();
+    return status;
   }
   absl::Status status = RelayGenerate(context, request, address, *stub, relay);
   if (status.ok()) observe_duration();
   return status;
 }
 
-std::optional<absl::Status> FrontendService::RelayServe(grpc::ServerContext* context,
-                                                        const v1::GenerateRequest& request,
-                                                        const std::string& address,
-                                                        AttentionStream& stream, Relay& relay) {
+absl::Status FrontendService::RelayServe(grpc::ServerContext* context,
+                                         const v1::GenerateRequest& request,
+                                         const std::string& address, AttentionStream& stream,
+                                         Relay& relay) {
   const std::string& id = relay.id;
   auto mailbox = std::make_shared<RequestMailbox>();
   inflight_.AttachUpstream(id, [mailbox] { mailbox->Stop(); });
   absl::Cleanup detach = [&] { inflight_.DetachUpstream(id); };
   stream.Submit(request, mailbox);
   absl::Cleanup forget = [&] { stream.Forget(id); };
-  bool got_events = false;
   while (true) {
     // Woken by the worker's events or the router's stop; the timeout bounds how long a
     // caller's cancellation goes unnoticed.
     RequestMailbox::News news = mailbox->Wait(absl::Now() + kCancelPollInterval);
     for (v1::ServeEvent& event : news.events) {
-      got_events = true;
       v1::GenerateResponse message;
       message.set_request_id(id);
       if (event.has_chunk()) {
@@ -318,7 +313,6 @@ std::optional<absl::Status> FrontendService::RelayServe(grpc::ServerContext* con
       return absl::InternalError("stopped without a reason");  // not reached
     }
     if (news.stream_ended) {
-      if (!got_events && absl::IsUnimplemented(news.stream_status)) return std::nullopt;
       return absl::UnavailableError(absl::StrCat("attention rank ", relay.rank, " (", address,
                                                  ") was lost mid-request: its stream ended (",
                                                  news.stream_status.ToString(),

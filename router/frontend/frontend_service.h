@@ -115,12 +115,9 @@ class FrontendService final : public v1::Frontend::Service {
 
   absl::Status GenerateImpl(grpc::ServerContext* context, v1::GenerateRequest request,
                             grpc::ServerWriter<v1::GenerateResponse>* writer);
-  // Runs the request on the rank's Serve stream; nullopt when the worker does not
-  // implement Serve (nothing was started there; use RelayGenerate).
-  std::optional<absl::Status> RelayServe(grpc::ServerContext* context,
-                                         const v1::GenerateRequest& request,
-                                         const std::string& address, AttentionStream& stream,
-                                         Relay& relay);
+  // Runs the request on the rank's Serve stream.
+  absl::Status RelayServe(grpc::ServerContext* context, const v1::GenerateRequest& request,
+                          const std::string& address, AttentionStream& stream, Relay& relay);
   // Runs the request as one AttentionWorker.Generate call.
   absl::Status RelayGenerate(grpc::ServerContext* context, const v1::GenerateRequest& request,
                              const std::string& address, v1::AttentionWorker::Stub& stub,

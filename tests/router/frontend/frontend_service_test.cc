@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "common/grpc/metadata.h"
 #include "common/grpc/server.h"
 #include "dxs/v1/attention_worker.grpc.pb.h"
 #include "gtest/gtest.h"
@@ -143,9 +144,11 @@ class FakeServeWorker final : public v1::AttentionWorker::Service {
   }
   ~FakeServeWorker() override { server_->Shutdown(In(absl::Milliseconds(100))); }
 
-  grpc::Status Serve(grpc::ServerContext*,
+  grpc::Status Serve(grpc::ServerContext* context,
                      grpc::ServerReaderWriter<v1::ServeEvents, v1::ServeRequest>* stream) override {
     ++serve_calls_;
+    context->AddInitialMetadata(kServeAcceptedMetadataKey, "1");  // as the real worker
+    stream->SendInitialMetadata();
     v1::ServeRequest request;
     while (stream->Read(&request)) {
       v1::ServeEvents out;
