@@ -27,6 +27,14 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(m::Re
                            {"role", "rank"}));
   am->failed_steps_ = &failed->WithLabels({"attention", r});
   DXS_ASSIGN_OR_RETURN(
+      m::CounterFamily * overlapped,
+      registry->AddCounter("dxs_overlapped_steps_total",
+                           "Steps split into two micro-batches for two-batch overlap (the "
+                           "attention of one runs while the experts compute the other); every "
+                           "DP rank splits the same steps.",
+                           {"rank"}));
+  am->overlapped_steps_ = &overlapped->WithLabels({r});
+  DXS_ASSIGN_OR_RETURN(
       m::HistogramFamily * step_duration,
       registry->AddHistogram("dxs_step_duration_seconds",
                              "Duration of one model step on this rank, from building the batch "
@@ -95,10 +103,12 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(m::Re
   return am;
 }
 
-void AttentionMetrics::OnStep(int64_t num_tokens, bool failed, double seconds) {
+void AttentionMetrics::OnStep(int64_t num_tokens, bool failed, int num_micro_batches,
+                              double seconds) {
   steps_->Increment();
   if (num_tokens == 0) empty_steps_->Increment();
   if (failed) failed_steps_->Increment();
+  if (num_micro_batches > 1) overlapped_steps_->Increment();
   step_duration_->Observe(seconds);
 }
 

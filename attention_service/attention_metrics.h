@@ -1,7 +1,7 @@
 // AttentionMetrics: one DP rank's Prometheus series (docs/metrics.md, "Attention workers"):
-// steps and empty-batch steps, step time, tokens dispatched to and combined from each EP
-// rank, dispatch and combine latency, and, read at scrape time, queue length, running
-// requests and KV cache use.
+// steps, empty-batch steps and steps split for two-batch overlap, step time, tokens dispatched to
+// and combined from each EP rank, dispatch and combine latency, and, read at scrape time, queue
+// length, running requests and KV cache use.
 //
 // The step loop calls OnStep; RemoteMoeExecutor calls OnDispatch / OnCombine (this is its
 // DispatchObserver). Each updates children looked up once (a per-EP-rank child on the
@@ -32,8 +32,9 @@ class AttentionMetrics final : public DispatchObserver {
                                                                   const KvCache* kv);
 
   // One step of the step loop ended: this rank's batch had `num_tokens` tokens (0: an
-  // empty step), `failed` if the step did not produce logits.
-  void OnStep(int64_t num_tokens, bool failed, double seconds);
+  // empty step), `failed` if the step did not produce logits; it ran as
+  // `num_micro_batches` micro-batches (2: split for two-batch overlap).
+  void OnStep(int64_t num_tokens, bool failed, int num_micro_batches, double seconds);
 
   void OnDispatch(const DispatchLayout& layout, double seconds) override;
   void OnCombine(const DispatchLayout& layout, double seconds) override;
@@ -47,6 +48,7 @@ class AttentionMetrics final : public DispatchObserver {
   metrics::Counter* steps_ = nullptr;
   metrics::Counter* empty_steps_ = nullptr;
   metrics::Counter* failed_steps_ = nullptr;
+  metrics::Counter* overlapped_steps_ = nullptr;
   metrics::Histogram* step_duration_ = nullptr;
   metrics::CounterFamily* dispatched_family_ = nullptr;
   metrics::CounterFamily* combined_family_ = nullptr;

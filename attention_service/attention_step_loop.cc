@@ -122,7 +122,7 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   auto report = [&] {
     if (metrics_ == nullptr) return;
     metrics_->OnStep(
-        my_tokens, !logits.ok(),
+        my_tokens, !logits.ok(), plan.ok() ? plan->num_micro_batches : 1,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
   };
   if (!logits.ok()) {

@@ -567,6 +567,8 @@ void PrintTable(const std::vector<Row>& rows, const Budget& budget, const HostRe
       "goes once each way\n"
       "experts: stand-in out[r] = (sum of r's routing weights) * x[r] (one scaled copy); its "
       "time is measured on the EP rank each round (cmp_us) and is no part of the exchange\n"
+      "activations: in the wire dtype on both sides (bf16 x and out on the bf16 wire, as the "
+      "baselines' bytes are packed beforehand): the exchange converts nothing\n"
       "bytes: dispatch = %lld-byte dxs header + rows*hidden*dtype + 12*pairs; combine = header "
       "+ rows*hidden*dtype; raw, tport and gRPC move exactly these\n"
       "times: medians (us) of >= %lld runs after warm-up. dxs_us = full dxs round trip "

@@ -115,7 +115,9 @@ TEST(Metrics, EveryProcessServesCleanMetricsThatMove) {
   for (int i = 0; i < kNumRequests; ++i) {
     threads.emplace_back([&, i] {
       std::vector<uint32_t> prompt;
-      for (int j = 0; j < 3 + i; ++j) prompt.push_back(7 + 31 * i + 101 * j);
+      // Request 0's 24-token prompt: its prefill step has more tokens than the two-batch
+      // overlap threshold (16), so every DP rank splits that step into two micro-batches.
+      for (int j = 0; j < (i == 0 ? 24 : 3 + i); ++j) prompt.push_back(7 + 31 * i + 101 * j);
       results[i] = GeneratePinned(cluster.frontend(), 0, prompt);
     });
   }
@@ -141,6 +143,9 @@ TEST(Metrics, EveryProcessServesCleanMetricsThatMove) {
   EXPECT_EQ(Value(after1, empty1) - Value(before, empty1),
             Value(after1, steps1) - Value(before, steps1));
   EXPECT_GT(Value(after1, R"(dxs_dispatch_latency_seconds_count{rank="1"})"), 0);
+  // Both DP ranks split the long prompt's step, and only the same steps.
+  const double overlapped1 = Value(after1, R"(dxs_overlapped_steps_total{rank="1"})");
+  EXPECT_GT(overlapped1, 0);
 
   // DP rank 0 did the work: non-empty steps, dispatch and combine samples, KV cache gauges.
   const Samples attention0 = MustScrape(cluster.attention_metrics_address(0));
@@ -149,6 +154,7 @@ TEST(Metrics, EveryProcessServesCleanMetricsThatMove) {
   EXPECT_GT(Value(attention0, R"(dxs_dispatch_latency_seconds_count{rank="0"})"), 0);
   EXPECT_GT(Value(attention0, R"(dxs_combine_latency_seconds_count{rank="0"})"), 0);
   EXPECT_GT(Value(attention0, R"(dxs_step_duration_seconds_count{role="attention",rank="0"})"), 0);
+  EXPECT_EQ(Value(attention0, R"(dxs_overlapped_steps_total{rank="0"})"), overlapped1);
   EXPECT_GT(SumOf(attention0, "dxs_tokens_dispatched_total"), 0);
   EXPECT_EQ(SumOf(attention0, "dxs_tokens_dispatched_total"),
             SumOf(attention0, "dxs_tokens_combined_total"));
