@@ -42,6 +42,7 @@ COUNTERS_AND_GAUGES = {
     "dxs_queue_length", "dxs_running_requests", "dxs_kv_cache_used_tokens",
     "dxs_kv_cache_capacity_tokens", "dxs_requests_total", "dxs_cluster_empty_ranks",
     "dxs_ep_token_imbalance", "dxs_expert_tokens_total", "dxs_workers", "dxs_build_info",
+    "dxs_overlapped_steps_total",
 }
 HISTOGRAMS = {
     "dxs_dispatch_latency_seconds", "dxs_combine_latency_seconds", "dxs_step_duration_seconds",
