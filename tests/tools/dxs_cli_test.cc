@@ -80,7 +80,9 @@ TEST(DxsRun, BadFlagsAndBadModelGiveOneLineAndNonZeroExit) {
     Output o = RunDxs(args, tmp);
     EXPECT_NE(o.exit_code, 0) << args;
     EXPECT_NE(o.err.find(message), std::string::npos) << args << " -> " << o.err;
-    if (args != "frobnicate") EXPECT_EQ(Lines(o.err), 1) << args << " -> " << o.err;
+    if (args != "frobnicate") {
+      EXPECT_EQ(Lines(o.err), 1) << args << " -> " << o.err;
+    }
     EXPECT_TRUE(o.out.empty()) << args;
   }
 }
