@@ -201,13 +201,17 @@ class WeightedCopyExperts final : public ExpertCompute {
   Backend* backend() const override { return backend_; }
 
   absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out) override {
-    const int64_t rows = x.rows();
+    const int64_t rows = out->rows();
     const int64_t hidden = x.row_size();
     row_scale_.assign(rows, 0.f);
-    for (size_t p = 0; p < pairs.size(); ++p) row_scale_[pairs.rows[p]] += pairs.weights[p];
+    src_row_.assign(rows, 0);
+    for (size_t p = 0; p < pairs.size(); ++p) {
+      row_scale_[pairs.out_row(p)] += pairs.weights[p];
+      src_row_[pairs.out_row(p)] = pairs.rows[p];
+    }
     if (x.dtype() == DType::kF32 && out->dtype() == DType::kF32) {
       for (int64_t r = 0; r < rows; ++r) {
-        const float* src = x.f32() + r * hidden;
+        const float* src = x.f32() + src_row_[r] * hidden;
         float* dst = out->f32() + r * hidden;
         for (int64_t j = 0; j < hidden; ++j) dst[j] = row_scale_[r] * src[j];
       }
@@ -217,7 +221,7 @@ class WeightedCopyExperts final : public ExpertCompute {
     const size_t in_row = hidden * DTypeSize(x.dtype()), out_row = hidden * DTypeSize(out->dtype());
     row_.resize(hidden);
     for (int64_t r = 0; r < rows; ++r) {
-      WidenToFloat32(x.dtype(), static_cast<const uint8_t*>(x.raw()) + r * in_row, hidden,
+      WidenToFloat32(x.dtype(), static_cast<const uint8_t*>(x.raw()) + src_row_[r] * in_row, hidden,
                      row_.data());
       for (int64_t j = 0; j < hidden; ++j) row_[j] *= row_scale_[r];
       NarrowFromFloat32(out->dtype(), row_.data(), hidden,
@@ -230,6 +234,7 @@ class WeightedCopyExperts final : public ExpertCompute {
   int num_experts_;
   Backend* backend_;
   std::vector<float> row_scale_;
+  std::vector<int64_t> src_row_;  // per out row: its row of x
   std::vector<float> row_;
 };
 

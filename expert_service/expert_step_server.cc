@@ -198,9 +198,14 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   auto drop_all = [&] {
     for (size_t i = 0; i < num_dp; ++i) DropPending(i);
   };
-  // Where each rank's rows are in x: their slots, or (assembled by copying) concatenated.
+  // Where each rank's rows are in x: their slots, or (assembled by copying) concatenated;
+  // and in out: always concatenated, so the experts' zero-fill of out covers only the
+  // round's rows, not the gaps between slots (sized for the largest batch seen).
   std::vector<int64_t>& row_offset = row_offset_;
+  std::vector<int64_t>& out_offset = out_offset_;
   row_offset.assign(num_dp, 0);
+  out_offset.assign(num_dp, 0);
+  for (size_t i = 1; i < num_dp; ++i) out_offset[i] = out_offset[i - 1] + headers[i - 1].num_rows;
   Tensor x, out;
   if (in_place) {
     int64_t end_row = 0;
@@ -209,7 +214,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
       end_row = std::max(end_row, row_offset[i] + headers[i].num_rows);
     }
     x = x_buffer_.defined() ? x_buffer_.Rows(0, end_row) : shard_->backend()->Allocate({0, hidden});
-    out = out_buffer_.defined() ? out_buffer_.Rows(0, end_row)
+    out = out_buffer_.defined() ? out_buffer_.Rows(0, total_rows)
                                 : shard_->backend()->Allocate({0, hidden});
     ++counters_.rounds_in_place;
   } else {
@@ -244,6 +249,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   for (const WireHeader& h : headers) total_pairs += h.num_pairs;
   RoutedPairs& pairs = pairs_;
   pairs.rows.resize(total_pairs);
+  pairs.out_rows.resize(in_place ? total_pairs : 0);
   pairs.experts.resize(total_pairs);
   pairs.weights.resize(total_pairs);
   // Which of the round's layer's experts this rank holds, asked once per expert rather
@@ -297,6 +303,11 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
                                                 ", which this rank does not hold"));
       }
     }
+    if (in_place) {
+      int32_t* out_rows = pairs.out_rows.data() + next_pair;
+      const int32_t out_base = static_cast<int32_t>(out_offset[i]);
+      for (int32_t k = 0; k < h.num_pairs; ++k) out_rows[k] = rows[k] + out_base;
+    }
     const int32_t offset = static_cast<int32_t>(row_offset[i]);
     if (offset != 0) {
       for (int32_t k = 0; k < h.num_pairs; ++k) rows[k] += offset;
@@ -337,12 +348,12 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     absl::Status s;
     if (h.wire_dtype == out.dtype()) {
       const uint8_t* rows =
-          static_cast<const uint8_t*>(out.raw()) + row_offset[i] * hidden * DTypeSize(out.dtype());
+          static_cast<const uint8_t*>(out.raw()) + out_offset[i] * hidden * DTypeSize(out.dtype());
       s = transport_->Send(dp_peers_[i], h.Encode(), num_values > 0 ? rows : nullptr,
                            num_values * DTypeSize(out.dtype()));
     } else {
       send_buffer_.clear();
-      PackRows(out.f32() + row_offset[i] * hidden, h.num_rows, hidden, h.wire_dtype, &send_buffer_);
+      PackRows(out.f32() + out_offset[i] * hidden, h.num_rows, hidden, h.wire_dtype, &send_buffer_);
       s = transport_->Send(dp_peers_[i], h.Encode(), send_buffer_.data(), send_buffer_.size());
     }
     if (!s.ok() && send_status.ok()) send_status = s;

@@ -12,10 +12,10 @@
 // straight in the input tensor: each DP rank has kSlotsPerRank slots (regions of one
 // reused x buffer, rows only; the routing pairs go to a buffer of the slot), so a rank's
 // next message (the other micro-batch, with two-batch overlap) can arrive while one is
-// still in use. Forward reads x through the pairs' row indices, so the gaps between slots
-// cost nothing but their share of zero-filling `out`; each DP rank's combine rows go out
-// straight from `out`. Slots hold rows in the wire's dtype: on a bf16 wire x and out are
-// bf16 host tensors and the experts (CPU backend) widen rows as they gather them and round
+// still in use. Forward reads x through the pairs' row indices and writes a dense `out`
+// (RoutedPairs::out_rows), so the gaps between slots cost nothing; each DP rank's combine
+// rows go out straight from `out`. Slots hold rows in the wire's dtype: on a bf16 wire x and out
+// are bf16 host tensors and the experts (CPU backend) widen rows as they gather them and round
 // their sums once, so the exchange itself converts nothing. A slot is handed out only
 // while free (from acceptance until its round's Forward returned, or the message is
 // dropped as stale); a message that does not fit (a bigger batch than seen before,
@@ -127,6 +127,7 @@ class ExpertStepServer final : public ReceiveTargetProvider {
   // pairs, and which of the round's layer's experts this rank holds.
   std::vector<WireHeader> headers_;
   std::vector<int64_t> row_offset_;
+  std::vector<int64_t> out_offset_;  // each DP rank's first row in out
   RoutedPairs pairs_;
   std::vector<uint8_t> held_;
 };

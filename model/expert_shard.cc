@@ -62,12 +62,14 @@ absl::Status ExpertShard::Forward(int layer, const Tensor& x, const RoutedPairs&
     std::vector<float> scales(n);
     for (int64_t i = 0; i < n; ++i) {
       const size_t p = order[begin + i];
-      if (pairs.rows[p] < 0 || pairs.rows[p] >= x.rows()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("routed row ", pairs.rows[p], " outside [0, ", x.rows(), ")"));
+      const int32_t out_row = pairs.out_row(p);
+      if (pairs.rows[p] < 0 || pairs.rows[p] >= x.rows() || out_row < 0 || out_row >= out->rows()) {
+        return absl::InvalidArgumentError(absl::StrCat("routed row ", pairs.rows[p], " -> ",
+                                                       out_row, " outside [0, ", x.rows(),
+                                                       ") -> [0, ", out->rows(), ")"));
       }
       src_rows[i] = pairs.rows[p];
-      dst_rows[i] = pairs.rows[p];
+      dst_rows[i] = out_row;
       scales[i] = pairs.weights[p];
     }
     const ExpertWeights& w = it->second;

@@ -20,10 +20,14 @@ namespace dxs {
 
 // Routed (row, expert, weight) triples, one per selected expert of a row.
 struct RoutedPairs {
-  std::vector<int32_t> rows;
+  std::vector<int32_t> rows;  // rows of x
   std::vector<int32_t> experts;
   std::vector<float> weights;
+  // Rows of out, when they differ from `rows` (an expert worker reads rows from sparse
+  // receive slots and writes a dense output); empty: out row == x row.
+  std::vector<int32_t> out_rows;
   size_t size() const { return rows.size(); }
+  int32_t out_row(size_t p) const { return out_rows.empty() ? rows[p] : out_rows[p]; }
   void Add(int32_t row, int32_t expert, float weight) {
     rows.push_back(row);
     experts.push_back(expert);
@@ -38,8 +42,9 @@ class ExpertCompute {
   virtual ~ExpertCompute() = default;
   virtual bool Holds(int layer, int expert) const = 0;
   virtual Backend* backend() const = 0;
-  // out[r] = sum over pairs p with rows[p] == r of weights[p] * FFN_{experts[p]}(x[r]).
-  // out is overwritten; rows with no pair become zero. x may have zero rows. x and out
+  // out[o] = sum over pairs p with out_row(p) == o of weights[p] * FFN_{experts[p]}(x[rows[p]]).
+  // out is overwritten; its rows with no pair become zero. x may have zero rows; out may
+  // have fewer rows than x (with out_rows). x and out
   // are float32, or (host tensors, CPU backend) in the bf16 wire dtype: the rows as they
   // arrived and the answer as it goes back, converted by the compute that reads and
   // writes them.

@@ -105,7 +105,8 @@ constexpr int64_t kHidden = 4;
 constexpr int kNotHeld = 5;       // inside the config's expert range, not held
 constexpr int kHeldOutside = 11;  // outside the config's range, held all the same
 
-// Holds experts 0-7 but kNotHeld, and kHeldOutside; out[r] = x[r]. Keeps the pairs it got.
+// Holds experts 0-7 but kNotHeld, and kHeldOutside; each pair's out row is its x row.
+// Keeps the pairs it got.
 class SomeExperts final : public ExpertCompute {
  public:
   explicit SomeExperts(Backend* backend) : backend_(backend) {}
@@ -115,7 +116,10 @@ class SomeExperts final : public ExpertCompute {
   Backend* backend() const override { return backend_; }
   absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out) override {
     last_pairs = pairs;
-    std::memcpy(out->f32(), x.f32(), x.num_elements() * sizeof(float));
+    for (size_t p = 0; p < pairs.size(); ++p) {
+      std::memcpy(out->f32() + pairs.out_row(p) * kHidden, x.f32() + pairs.rows[p] * kHidden,
+                  kHidden * sizeof(float));
+    }
     return absl::OkStatus();
   }
   RoutedPairs last_pairs;

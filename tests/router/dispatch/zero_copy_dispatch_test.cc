@@ -44,7 +44,8 @@ void Store(Tensor* t, int64_t i, float v) {
   }
 }
 
-// out[r] = (sum of row r's pair weights, in pair order) * x[r]; rows with no pair are 0.
+// out[o] = (sum of out row o's pair weights, in pair order) * its row of x; rows with no
+// pair are 0.
 // x and out come in the slots' dtype: float32, or bf16 on a bf16 wire.
 class ScaledCopyExperts final : public ExpertCompute {
  public:
@@ -52,12 +53,17 @@ class ScaledCopyExperts final : public ExpertCompute {
   bool Holds(int layer, int expert) const override { return expert >= 0 && expert < kNumExperts; }
   Backend* backend() const override { return backend_; }
   absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out) override {
-    std::vector<float> scale(x.rows(), 0.f);
-    for (size_t p = 0; p < pairs.size(); ++p) scale[pairs.rows[p]] += pairs.weights[p];
-    for (int64_t r = 0; r < x.rows(); ++r) {
+    // Per row of out: its scale and its row of x.
+    std::vector<float> scale(out->rows(), 0.f);
+    std::vector<int64_t> src(out->rows(), 0);
+    for (size_t p = 0; p < pairs.size(); ++p) {
+      scale[pairs.out_row(p)] += pairs.weights[p];
+      src[pairs.out_row(p)] = pairs.rows[p];
+    }
+    for (int64_t r = 0; r < out->rows(); ++r) {
       for (int64_t j = 0; j < kHidden; ++j) {
-        const int64_t i = r * kHidden + j;
-        Store(out, i, scale[r] == 0.f ? 0.f : scale[r] * Load(x, i));
+        Store(out, r * kHidden + j,
+              scale[r] == 0.f ? 0.f : scale[r] * Load(x, src[r] * kHidden + j));
       }
     }
     return absl::OkStatus();
