@@ -217,8 +217,9 @@ std::vector<std::string> ProcessCluster::metrics_addresses() const {
   return out;
 }
 
-void ProcessCluster::KillAttention(int rank) {
-  ChildProcess& p = attention_[rank];
+namespace {
+
+void KillChild(ChildProcess& p) {
   if (p.pid > 0) {
     kill(p.pid, SIGKILL);
     waitpid(p.pid, nullptr, 0);
@@ -226,14 +227,11 @@ void ProcessCluster::KillAttention(int rank) {
   }
 }
 
-void ProcessCluster::KillExpert(int rank) {
-  ChildProcess& p = experts_[rank];
-  if (p.pid > 0) {
-    kill(p.pid, SIGKILL);
-    waitpid(p.pid, nullptr, 0);
-    p.pid = -1;
-  }
-}
+}  // namespace
+
+void ProcessCluster::KillAttention(int rank) { KillChild(attention_[rank]); }
+
+void ProcessCluster::KillExpert(int rank) { KillChild(experts_[rank]); }
 
 absl::Status ProcessCluster::WaitReady(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;

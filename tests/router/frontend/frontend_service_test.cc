@@ -234,6 +234,18 @@ class FrontendServiceTest : public ::testing::Test {
     for (FakeWorker* w : workers) addresses.push_back(w ? w->address() : "127.0.0.1:1");
     StartAt(addresses, max_inflight);
   }
+  // Frontend.Abort of `id`, which must succeed; returns the stream's next message.
+  v1::GenerateResponse AbortAndReadNext(grpc::ClientReader<v1::GenerateResponse>* reader,
+                                        const std::string& id) {
+    grpc::ClientContext abort_context;
+    v1::AbortRequest abort;
+    abort.set_request_id(id);
+    v1::AbortResponse abort_response;
+    EXPECT_TRUE(stub_->Abort(&abort_context, abort, &abort_response).ok()) << id;
+    v1::GenerateResponse last;
+    EXPECT_TRUE(reader->Read(&last)) << id;
+    return last;
+  }
   void StartAt(const std::vector<std::string>& addresses, int64_t max_inflight = 16) {
     ClusterRegistryOptions options;
     options.num_attention_ranks = 2;
@@ -350,13 +362,7 @@ TEST_F(FrontendServiceTest, AbortBeforeTheWorkerKnowsTheRequestEndsAborted) {
   ASSERT_TRUE(reader->Read(&first));  // the assigned id, no tokens
   EXPECT_EQ(first.chunk().token_ids_size(), 0);
   ASSERT_FALSE(first.request_id().empty());
-  grpc::ClientContext abort_context;
-  v1::AbortRequest abort;
-  abort.set_request_id(first.request_id());
-  v1::AbortResponse abort_response;
-  ASSERT_TRUE(stub_->Abort(&abort_context, abort, &abort_response).ok());
-  v1::GenerateResponse last;
-  ASSERT_TRUE(reader->Read(&last));
+  v1::GenerateResponse last = AbortAndReadNext(reader.get(), first.request_id());
   EXPECT_EQ(last.request_id(), first.request_id());
   EXPECT_EQ(last.complete().finish_reason(), v1::FINISH_REASON_ABORTED);
   EXPECT_EQ(last.complete().prompt_tokens(), 2u);
@@ -372,13 +378,7 @@ TEST_F(FrontendServiceTest, AbortForwardedToTheWorker) {
   grpc::ClientContext context;
   auto reader = stub_->Generate(&context, Request(0, "abort-me"));
   ASSERT_TRUE(w0.started().WaitForNotificationWithTimeout(absl::Seconds(5)));
-  grpc::ClientContext abort_context;
-  v1::AbortRequest abort;
-  abort.set_request_id("abort-me");
-  v1::AbortResponse abort_response;
-  ASSERT_TRUE(stub_->Abort(&abort_context, abort, &abort_response).ok());
-  v1::GenerateResponse last;
-  ASSERT_TRUE(reader->Read(&last));
+  const v1::GenerateResponse last = AbortAndReadNext(reader.get(), "abort-me");
   EXPECT_EQ(last.complete().finish_reason(), v1::FINISH_REASON_ABORTED);
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_FALSE(w0.cancelled().HasBeenNotified());  // the worker ended it, not a cancel
@@ -549,13 +549,7 @@ TEST_F(FrontendServiceTest, AbortTravelsOnTheServeStream) {
   auto reader = stub_->Generate(&context, Request(1, "hold-abort"));
   for (int i = 0; i < 500 && !w1.holds("hold-abort"); ++i) absl::SleepFor(absl::Milliseconds(5));
   ASSERT_TRUE(w1.holds("hold-abort"));
-  grpc::ClientContext abort_context;
-  v1::AbortRequest abort;
-  abort.set_request_id("hold-abort");
-  v1::AbortResponse abort_response;
-  ASSERT_TRUE(stub_->Abort(&abort_context, abort, &abort_response).ok());
-  v1::GenerateResponse last;
-  ASSERT_TRUE(reader->Read(&last));
+  const v1::GenerateResponse last = AbortAndReadNext(reader.get(), "hold-abort");
   EXPECT_EQ(last.complete().finish_reason(), v1::FINISH_REASON_ABORTED);
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_TRUE(w1.WaitForAbort("hold-abort"));
