@@ -203,6 +203,11 @@ class FakeServeWorker final : public v1::AttentionWorker::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return held_.count(id) > 0;
   }
+  // Waits up to 2.5 s until the worker holds `id`.
+  bool WaitUntilHeld(const std::string& id) {
+    for (int i = 0; i < 500 && !holds(id); ++i) absl::SleepFor(absl::Milliseconds(5));
+    return holds(id);
+  }
   // Waits up to 2 s for an abort of `id`.
   bool WaitForAbort(const std::string& id) {
     for (int i = 0; i < 200; ++i) {
@@ -526,8 +531,7 @@ TEST_F(FrontendServiceTest, CallerCancellationAndDeadlineSendAnAbortOnTheStream)
   StartAt({w0.address(), w1.address()});
   grpc::ClientContext context;
   auto reader = stub_->Generate(&context, Request(0, "hold-cancel"));
-  for (int i = 0; i < 500 && !w0.holds("hold-cancel"); ++i) absl::SleepFor(absl::Milliseconds(5));
-  ASSERT_TRUE(w0.holds("hold-cancel"));
+  ASSERT_TRUE(w0.WaitUntilHeld("hold-cancel"));
   context.TryCancel();
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_TRUE(w0.WaitForAbort("hold-cancel"));
@@ -547,8 +551,7 @@ TEST_F(FrontendServiceTest, AbortTravelsOnTheServeStream) {
   StartAt({w0.address(), w1.address()});
   grpc::ClientContext context;
   auto reader = stub_->Generate(&context, Request(1, "hold-abort"));
-  for (int i = 0; i < 500 && !w1.holds("hold-abort"); ++i) absl::SleepFor(absl::Milliseconds(5));
-  ASSERT_TRUE(w1.holds("hold-abort"));
+  ASSERT_TRUE(w1.WaitUntilHeld("hold-abort"));
   const v1::GenerateResponse last = AbortAndReadNext(reader.get(), "hold-abort");
   EXPECT_EQ(last.complete().finish_reason(), v1::FINISH_REASON_ABORTED);
   EXPECT_TRUE(reader->Finish().ok());
@@ -563,8 +566,7 @@ TEST_F(FrontendServiceTest, ServeStreamBrokenMidRequestIsUnavailable) {
   grpc::ClientContext context;
   context.set_deadline(In(absl::Seconds(20)));
   auto reader = stub_->Generate(&context, Request(0, "hold-lost"));
-  for (int i = 0; i < 500 && !w0->holds("hold-lost"); ++i) absl::SleepFor(absl::Milliseconds(5));
-  ASSERT_TRUE(w0->holds("hold-lost"));
+  ASSERT_TRUE(w0->WaitUntilHeld("hold-lost"));
   w0.reset();  // the server shuts down, cancelling the stream
   v1::GenerateResponse m;
   while (reader->Read(&m)) {
