@@ -36,18 +36,24 @@ std::chrono::system_clock::time_point In(absl::Duration d) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
 
+// Serves `service` on a kernel-chosen loopback port; sets *address to reach it.
+std::unique_ptr<grpc::Server> ServeOnLoopback(grpc::Service* service, std::string* address) {
+  GrpcServerOptions options;
+  options.address = "127.0.0.1:0";
+  absl::StatusOr<GrpcServer> server = StartGrpcServer(options, {service});
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return nullptr;
+  *address = "127.0.0.1:" + std::to_string(server->port);
+  return std::move(server->server);
+}
+
 // A scripted AttentionWorker. kStream: two chunks then a complete. kHold: sends nothing
 // until cancelled, or until Abort (when it knows ids), then a complete ABORTED.
 class FakeWorker final : public v1::AttentionWorker::Service {
  public:
   enum class Mode { kStream, kHold };
   FakeWorker(int rank, Mode mode, bool knows_ids) : rank_(rank), mode_(mode), knows_(knows_ids) {
-    GrpcServerOptions options;
-    options.address = "127.0.0.1:0";
-    absl::StatusOr<GrpcServer> server = StartGrpcServer(options, {this});
-    EXPECT_TRUE(server.ok()) << server.status();
-    server_ = std::move(server->server);
-    address_ = "127.0.0.1:" + std::to_string(server->port);
+    server_ = ServeOnLoopback(this, &address_);
   }
   ~FakeWorker() override { Stop(); }
   void Stop() {
@@ -134,15 +140,10 @@ class FakeWorker final : public v1::AttentionWorker::Service {
 // a complete ABORTED; any other two chunks (7 8, 9) and a complete LENGTH.
 class FakeServeWorker final : public v1::AttentionWorker::Service {
  public:
-  explicit FakeServeWorker(int rank) : rank_(rank) {
-    GrpcServerOptions options;
-    options.address = "127.0.0.1:0";
-    absl::StatusOr<GrpcServer> server = StartGrpcServer(options, {this});
-    EXPECT_TRUE(server.ok()) << server.status();
-    server_ = std::move(server->server);
-    address_ = "127.0.0.1:" + std::to_string(server->port);
+  explicit FakeServeWorker(int rank) : rank_(rank) { server_ = ServeOnLoopback(this, &address_); }
+  ~FakeServeWorker() override {
+    if (server_) server_->Shutdown(In(absl::Milliseconds(100)));
   }
-  ~FakeServeWorker() override { server_->Shutdown(In(absl::Milliseconds(100))); }
 
   grpc::Status Serve(grpc::ServerContext* context,
                      grpc::ServerReaderWriter<v1::ServeEvents, v1::ServeRequest>* stream) override {
