@@ -662,7 +662,6 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
   channel_args.SetMaxSendMessageSize(-1);
   auto stub = bench::Exchange::NewStub(grpc::CreateCustomChannel(
       "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), channel_args));
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
 
   auto serve = [&](Method method, int shape) {
     return [&, method, shape](int64_t count) {
