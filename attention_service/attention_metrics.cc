@@ -120,18 +120,18 @@ void AttentionMetrics::GrowEpRanks(size_t num_ep_ranks) {
   }
 }
 
-void AttentionMetrics::OnDispatch(const DispatchLayout& layout, double seconds) {
-  GrowEpRanks(layout.token_rows.size());
-  for (size_t r = 0; r < layout.token_rows.size(); ++r) {
-    dispatched_[r]->Increment(layout.token_rows[r].size());
+void AttentionMetrics::OnDispatch(const std::vector<int64_t>& num_tokens_per_rank, double seconds) {
+  GrowEpRanks(num_tokens_per_rank.size());
+  for (size_t r = 0; r < num_tokens_per_rank.size(); ++r) {
+    dispatched_[r]->Increment(num_tokens_per_rank[r]);
   }
   dispatch_latency_->Observe(seconds);
 }
 
-void AttentionMetrics::OnCombine(const DispatchLayout& layout, double seconds) {
-  GrowEpRanks(layout.token_rows.size());
-  for (size_t r = 0; r < layout.token_rows.size(); ++r) {
-    combined_[r]->Increment(layout.token_rows[r].size());
+void AttentionMetrics::OnCombine(const std::vector<int64_t>& num_tokens_per_rank, double seconds) {
+  GrowEpRanks(num_tokens_per_rank.size());
+  for (size_t r = 0; r < num_tokens_per_rank.size(); ++r) {
+    combined_[r]->Increment(num_tokens_per_rank[r]);
   }
   combine_latency_->Observe(seconds);
 }

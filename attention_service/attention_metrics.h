@@ -36,8 +36,8 @@ class AttentionMetrics final : public DispatchObserver {
   // `num_micro_batches` micro-batches (2: split for two-batch overlap).
   void OnStep(int64_t num_tokens, bool failed, int num_micro_batches, double seconds);
 
-  void OnDispatch(const DispatchLayout& layout, double seconds) override;
-  void OnCombine(const DispatchLayout& layout, double seconds) override;
+  void OnDispatch(const std::vector<int64_t>& num_tokens_per_rank, double seconds) override;
+  void OnCombine(const std::vector<int64_t>& num_tokens_per_rank, double seconds) override;
 
  private:
   AttentionMetrics() = default;

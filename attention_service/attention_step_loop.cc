@@ -105,10 +105,11 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   int64_t my_tokens = 0;
   for (const SequenceChunk& c : chunks) my_tokens += static_cast<int64_t>(c.tokens.size());
   absl::StatusOr<StepPlan> plan = ExchangeStep(my_tokens);
-  absl::StatusOr<Tensor> logits = absl::UnknownError("no forward pass");
+  absl::StatusOr<std::vector<float>> logits = absl::UnknownError("no forward pass");
   if (plan.ok()) {
     moe_->set_step(step_);
-    logits = model_->Forward(chunks, kv_, plan->num_micro_batches);
+    absl::StatusOr<Tensor> out = model_->Forward(chunks, kv_, plan->num_micro_batches);
+    logits = out.ok() ? model_->backend()->Download(*out) : out.status();
   } else {
     logits = plan.status();
   }

@@ -120,8 +120,8 @@ int Main(int argc, char** argv) {
         std::vector<int> dp_peers, ep_peers;
         for (int r = 0; r < shape->num_attention; ++r) dp_peers.push_back(r);
         for (int r = 0; r < shape->num_expert; ++r) ep_peers.push_back(shape->num_attention + r);
-        moe = std::make_unique<RemoteMoeExecutor>(runtime.transport(), ep_peers, shape->placement,
-                                                  config.hidden_size,
+        moe = std::make_unique<RemoteMoeExecutor>(backend.get(), runtime.transport(), ep_peers,
+                                                  shape->placement, config.hidden_size,
                                                   DispatchOptions{shape->wire_dtype, timeout});
         moe->set_observer(attention_metrics->get());
         model = std::make_unique<Qwen3MoeModel>(config, std::move(attention_weights), backend.get(),

@@ -681,6 +681,8 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
   auto no_server = [](int64_t) {};
   auto no_usage = [] { return Served{}; };
 
+  // The attention side's backend (its layout, pack and combine ops).
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
   uint64_t step = 0;
   std::vector<Row> rows;
   for (size_t si = 0; si < std::size(kShapes); ++si) {
@@ -691,7 +693,7 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
       DispatchOptions options;
       options.wire_dtype = dtype;
       options.timeout = absl::Seconds(60);
-      RemoteMoeExecutor executor(transport.get(), {kEpPeer},
+      RemoteMoeExecutor executor(backend.get(), transport.get(), {kEpPeer},
                                  Placement::Contiguous(s.num_experts, 1), s.hidden, options);
       for (int tokens : kTokensPerDpRank) {
         if (opts.tokens >= 0 && opts.tokens != tokens) continue;
@@ -700,6 +702,9 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
         row.dtype = dtype;
         row.tokens = tokens;
         const Inputs in = MakeInputs(s, tokens, dtype, kSeed + 100 * si + tokens);
+        // The router's output as the model hands it over: tensors on the backend.
+        const Tensor ids = backend->UploadIndices(in.ids)->Reshape({tokens, s.top_k});
+        const Tensor weights = backend->Upload(in.weights, {tokens, s.top_k}).value();
         const PayloadBytes dispatch_payload = PackDispatch(in, s, dtype);
         row.dispatch_bytes = WireHeaderBytes() + static_cast<int64_t>(dispatch_payload.size());
         row.combine_bytes =
@@ -739,7 +744,7 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
         Contender dxs_contender{serve(Method::kDxs, static_cast<int>(si)), served, [&] {
                                   executor.set_step(++step);
                                   absl::Status status =
-                                      executor.Run(kLayer, in.x, in.ids, in.weights, s.top_k, &out);
+                                      executor.Run(kLayer, in.x, ids, weights, &out);
                                   if (!status.ok()) Die("Run: " + status.ToString());
                                 }};
 

@@ -65,8 +65,8 @@ double DecodeTokensPerSecond(LocalEngine* engine, int batch, int steps) {
 // GFLOP/s of one MoE layer's expert GEMMs at `tokens` tokens, top-8 of 128 experts.
 double MoeLayerGflops(ExpertShard* shard, Backend* backend, int64_t tokens, int reps) {
   const int64_t hidden = 2048, inter = 768, experts = 128, top_k = 8;
-  Tensor x = backend->Upload(Random(tokens * hidden, 11, 1.f), {tokens, hidden});
-  Tensor out = backend->Allocate({tokens, hidden});
+  Tensor x = *backend->Upload(Random(tokens * hidden, 11, 1.f), {tokens, hidden});
+  Tensor out = *backend->Allocate({tokens, hidden});
   SplitMix64 rng(tokens);
   RoutedPairs pairs;
   for (int64_t t = 0; t < tokens; ++t) {
@@ -88,13 +88,13 @@ double MoeLayerGflops(ExpertShard* shard, Backend* backend, int64_t tokens, int 
 }
 
 double SquareGemmGflops(Backend* backend, int64_t n, int reps) {
-  Tensor a = backend->Upload(Random(n * n, 1, 1.f), {n, n});
-  Tensor b = backend->Upload(Random(n * n, 2, 1.f), {n, n});
-  Tensor c = backend->Allocate({n, n});
+  Tensor a = *backend->Upload(Random(n * n, 1, 1.f), {n, n});
+  Tensor b = *backend->Upload(Random(n * n, 2, 1.f), {n, n});
+  Tensor c = *backend->Allocate({n, n});
   std::vector<double> times;
   for (int r = 0; r < reps; ++r) {
     auto t0 = Clock::now();
-    backend->Linear(a, b, nullptr, &c);
+    (void)backend->Linear(a, b, nullptr, &c);
     times.push_back(Seconds(t0, Clock::now()));
   }
   return 2.0 * n * n * n / Median(times) / 1e9;
@@ -126,9 +126,10 @@ int Main(bool quick) {
   ExpertWeightMap weights;
   for (int e = 0; e < 128; ++e) {
     const float s = 1.f / std::sqrt(2048.f);
-    weights[{0, e}] = ExpertWeights{backend->Upload(Random(768 * 2048, 3 * e, s), {768, 2048}),
-                                    backend->Upload(Random(768 * 2048, 3 * e + 1, s), {768, 2048}),
-                                    backend->Upload(Random(2048 * 768, 3 * e + 2, s), {2048, 768})};
+    weights[{0, e}] =
+        ExpertWeights{*backend->Upload(Random(768 * 2048, 3 * e, s), {768, 2048}),
+                      *backend->Upload(Random(768 * 2048, 3 * e + 1, s), {768, 2048}),
+                      *backend->Upload(Random(2048 * 768, 3 * e + 2, s), {2048, 768})};
   }
   ExpertShard shard(c, std::move(weights), backend.get());
   const int reps = quick ? 2 : 5;

@@ -4,6 +4,7 @@
 #include <emmintrin.h>
 #endif
 
+#include <cstdlib>
 #include <string>
 
 #include "absl/status/status.h"
@@ -18,6 +19,10 @@ size_t DTypeSize(DType dtype) {
     case DType::kF16:
     case DType::kBF16:
       return 2;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
   }
   return 0;
 }
@@ -30,6 +35,10 @@ std::string_view DTypeName(DType dtype) {
       return "F16";
     case DType::kBF16:
       return "BF16";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
   }
   return "?";
 }
@@ -174,6 +183,9 @@ void WidenToFloat32(DType dtype, const void* src, size_t count, float* dst) {
     case DType::kBF16:
       WidenBf16(in, count, dst);
       return;
+    case DType::kI32:
+    case DType::kI64:
+      std::abort();  // programming error: index tensors are never converted
   }
 }
 
@@ -192,6 +204,9 @@ void NarrowFromFloat32(DType dtype, const float* src, size_t count, void* dst) {
     case DType::kBF16:
       NarrowBf16(src, count, out);
       return;
+    case DType::kI32:
+    case DType::kI64:
+      std::abort();  // programming error: index tensors are never converted
   }
 }
 

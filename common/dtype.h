@@ -10,12 +10,19 @@
 
 namespace dxs {
 
-enum class DType { kF32, kF16, kBF16 };
+// Floating types are what checkpoints and the wire carry; the integer types are index
+// tensors on a backend (token ids, routing ids, block tables), never converted to float.
+enum class DType { kF32, kF16, kBF16, kI32, kI64 };
+
+inline bool IsFloatDType(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+}
 
 // Bytes per element.
 size_t DTypeSize(DType dtype);
-// Safetensors spelling: "F32", "F16", "BF16".
+// Safetensors spelling: "F32", "F16", "BF16", "I32", "I64".
 std::string_view DTypeName(DType dtype);
+// Floating types only: checkpoints hold float tensors.
 absl::StatusOr<DType> ParseDType(std::string_view name);
 
 inline float Bf16ToFloat(uint16_t v) {
@@ -37,9 +44,9 @@ inline uint16_t FloatToBf16(float f) {
 float Fp16ToFloat(uint16_t v);
 uint16_t FloatToFp16(float f);
 
-// Widens `count` elements of `dtype` at `src` (unaligned is fine) into `dst`.
+// Widens `count` elements of floating `dtype` at `src` (unaligned is fine) into `dst`.
 void WidenToFloat32(DType dtype, const void* src, size_t count, float* dst);
-// Narrows `count` floats into `dtype` at `dst`.
+// Narrows `count` floats into floating `dtype` at `dst`.
 void NarrowFromFloat32(DType dtype, const float* src, size_t count, void* dst);
 
 }  // namespace dxs

@@ -511,7 +511,7 @@ std::string Checkpoint::FileOf(std::string_view name) const {
   return it == owner_.end() ? std::string() : it->second->path();
 }
 
-absl::StatusOr<std::vector<float>> Checkpoint::ReadFloat32(
+absl::StatusOr<const TensorView*> Checkpoint::FindWithShape(
     std::string_view name, const std::vector<int64_t>& expected_shape) const {
   DXS_ASSIGN_OR_RETURN(const TensorView* view, Find(name));
   if (view->shape != expected_shape) {
@@ -519,6 +519,12 @@ absl::StatusOr<std::vector<float>> Checkpoint::ReadFloat32(
                        absl::StrCat("shape ", ShapeString(view->shape),
                                     " does not match the expected ", ShapeString(expected_shape)));
   }
+  return view;
+}
+
+absl::StatusOr<std::vector<float>> Checkpoint::ReadFloat32(
+    std::string_view name, const std::vector<int64_t>& expected_shape) const {
+  DXS_ASSIGN_OR_RETURN(const TensorView* view, FindWithShape(name, expected_shape));
   std::vector<float> out(view->num_bytes / DTypeSize(view->dtype));
   WidenToFloat32(view->dtype, view->data, out.size(), out.data());
   return out;

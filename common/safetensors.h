@@ -72,6 +72,9 @@ class Checkpoint {
   // The file that holds `name` (for messages).
   std::string FileOf(std::string_view name) const;
 
+  // `name` as stored, after checking its shape equals `expected_shape` (errors as below).
+  absl::StatusOr<const TensorView*> FindWithShape(std::string_view name,
+                                                  const std::vector<int64_t>& expected_shape) const;
   // Reads `name`, checks its shape equals `expected_shape` and widens it to float32.
   // Errors name the file and tensor: NOT_FOUND if absent, INVALID_ARGUMENT on a wrong shape.
   absl::StatusOr<std::vector<float>> ReadFloat32(std::string_view name,

@@ -37,7 +37,8 @@ void ExpertStepServer::set_dp_peers(std::vector<int> peers) {
   pending_slot_.assign(dp_peers_.size(), -1);
   // Slots are per rank; a new count needs a new layout, made once none is held.
   if (resized) relayout_ = true;
-  MaybeRelayout();
+  // A failed allocation leaves relayout_ set: ServeRound tries again and reports it.
+  (void)MaybeRelayout();
 }
 
 bool ExpertStepServer::AnySlotHeld() const {
@@ -47,8 +48,8 @@ bool ExpertStepServer::AnySlotHeld() const {
   return false;
 }
 
-void ExpertStepServer::MaybeRelayout() {
-  if (!relayout_ || AnySlotHeld()) return;
+absl::Status ExpertStepServer::MaybeRelayout() {
+  if (!relayout_ || AnySlotHeld()) return absl::OkStatus();
   const int64_t hidden = config_.hidden_size;
   slot_rows_ = std::max(slot_rows_, wanted_slot_rows_);
   const bool new_dtype = slot_dtype_ != wanted_slot_dtype_;
@@ -58,13 +59,13 @@ void ExpertStepServer::MaybeRelayout() {
   for (int64_t k = 0; k < num_slots; ++k) slots_[k].base_row = k * slot_rows_;
   if (num_slots * slot_rows_ > 0) {
     const std::vector<int64_t> shape = {num_slots * slot_rows_, hidden};
-    const bool f32 = slot_dtype_ == DType::kF32;
-    x_buffer_ = f32 ? shard_->backend()->Allocate(shape) : AllocateHostTensor(slot_dtype_, shape);
-    out_buffer_ = f32 ? shard_->backend()->Allocate(shape) : AllocateHostTensor(slot_dtype_, shape);
+    DXS_ASSIGN_OR_RETURN(x_buffer_, shard_->backend()->Allocate(shape, slot_dtype_));
+    DXS_ASSIGN_OR_RETURN(out_buffer_, shard_->backend()->Allocate(shape, slot_dtype_));
   } else if (new_dtype) {
     x_buffer_ = out_buffer_ = Tensor();
   }
   relayout_ = false;
+  return absl::OkStatus();
 }
 
 bool ExpertStepServer::TargetFor(int peer, std::string_view header, size_t payload_bytes,
@@ -102,7 +103,8 @@ bool ExpertStepServer::TargetFor(int peer, std::string_view header, size_t paylo
     if (slot.busy) continue;
     slot.busy = true;
     slot.pairs.resize(pair_bytes);
-    segments->push_back({x_buffer_.defined() ? static_cast<uint8_t*>(x_buffer_.raw()) +
+    segments->push_back({x_buffer_.defined() ? static_cast<uint8_t*>(
+                                                   shard_->backend()->TransportAddress(x_buffer_)) +
                                                    slot.base_row * hidden * DTypeSize(slot_dtype_)
                                              : nullptr,
                          row_bytes});
@@ -155,7 +157,7 @@ absl::Status ExpertStepServer::Fill(size_t i, absl::Time deadline) {
 
 absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   if (transport_->receive_target_provider() != this) transport_->SetReceiveTargetProvider(this);
-  MaybeRelayout();
+  DXS_RETURN_IF_ERROR(MaybeRelayout());
   const size_t num_dp = dp_peers_.size();
   auto key_of = [&](size_t i) { return WireHeader::Decode(pending_[i]->header)->key(); };
   // Gather one message per DP rank, all for the newest (step, layer) seen.
@@ -213,33 +215,40 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
       row_offset[i] = slots_[pending_slot_[i]].base_row;
       end_row = std::max(end_row, row_offset[i] + headers[i].num_rows);
     }
-    x = x_buffer_.defined() ? x_buffer_.Rows(0, end_row) : shard_->backend()->Allocate({0, hidden});
-    out = out_buffer_.defined() ? out_buffer_.Rows(0, total_rows)
-                                : shard_->backend()->Allocate({0, hidden});
+    if (x_buffer_.defined()) {
+      x = x_buffer_.Rows(0, end_row);
+      out = out_buffer_.Rows(0, total_rows);
+    } else {
+      DXS_ASSIGN_OR_RETURN(x, shard_->backend()->Allocate({0, hidden}));
+      out = x;
+    }
     ++counters_.rounds_in_place;
   } else {
     // Reused across rounds: fresh megabyte buffers per round cost page faults and fills.
     if (total_rows > copy_rows_) {
       copy_rows_ = std::max(total_rows, 2 * copy_rows_);
-      copy_x_ = shard_->backend()->Allocate({copy_rows_, hidden});
-      copy_out_ = shard_->backend()->Allocate({copy_rows_, hidden});
+      DXS_ASSIGN_OR_RETURN(copy_x_, shard_->backend()->Allocate({copy_rows_, hidden}));
+      DXS_ASSIGN_OR_RETURN(copy_out_, shard_->backend()->Allocate({copy_rows_, hidden}));
     }
-    x = copy_x_.defined() ? copy_x_.Rows(0, total_rows) : shard_->backend()->Allocate({0, hidden});
-    out = copy_out_.defined() ? copy_out_.Rows(0, total_rows)
-                              : shard_->backend()->Allocate({0, hidden});
+    if (copy_x_.defined()) {
+      x = copy_x_.Rows(0, total_rows);
+      out = copy_out_.Rows(0, total_rows);
+    } else {
+      DXS_ASSIGN_OR_RETURN(x, shard_->backend()->Allocate({0, hidden}));
+      out = x;
+    }
     int64_t offset = 0;
     for (size_t i = 0; i < num_dp; ++i) {
       row_offset[i] = offset;
       offset += headers[i].num_rows;
-      float* dst = x.f32() + row_offset[i] * hidden;
       if (headers[i].num_rows == 0) continue;
+      Tensor dst = x.Rows(row_offset[i], headers[i].num_rows);
       if (pending_slot_[i] >= 0) {
-        const uint8_t* src = static_cast<const uint8_t*>(x_buffer_.raw()) +
-                             slots_[pending_slot_[i]].base_row * hidden * DTypeSize(slot_dtype_);
-        UnpackRows(src, headers[i].num_rows, hidden, slot_dtype_, dst);
+        DXS_RETURN_IF_ERROR(shard_->backend()->Copy(
+            x_buffer_.Rows(slots_[pending_slot_[i]].base_row, headers[i].num_rows), &dst));
       } else {
-        UnpackRows(pending_[i]->payload.data(), headers[i].num_rows, hidden, headers[i].wire_dtype,
-                   dst);
+        DXS_RETURN_IF_ERROR(shard_->backend()->CopyFromHost(pending_[i]->payload.data(),
+                                                            headers[i].wire_dtype, &dst));
       }
     }
   }
@@ -323,8 +332,8 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   // x is read: its slots may take the ranks' next messages (which cannot come before
   // their combines, sent below, except the other micro-batch's, which has its own slot).
   drop_all();
-  MaybeRelayout();
   DXS_RETURN_IF_ERROR(compute);
+  DXS_RETURN_IF_ERROR(MaybeRelayout());
   if (metrics_ != nullptr) metrics_->OnRound(total_rows, pairs, compute_seconds);
 
   ++counters_.rounds;
@@ -347,14 +356,17 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     const size_t num_values = static_cast<size_t>(h.num_rows) * hidden;
     absl::Status s;
     if (h.wire_dtype == out.dtype()) {
-      const uint8_t* rows =
-          static_cast<const uint8_t*>(out.raw()) + out_offset[i] * hidden * DTypeSize(out.dtype());
+      const uint8_t* rows = static_cast<const uint8_t*>(shard_->backend()->TransportAddress(out)) +
+                            out_offset[i] * hidden * DTypeSize(out.dtype());
       s = transport_->Send(dp_peers_[i], h.Encode(), num_values > 0 ? rows : nullptr,
                            num_values * DTypeSize(out.dtype()));
     } else {
-      send_buffer_.clear();
-      PackRows(out.f32() + out_offset[i] * hidden, h.num_rows, hidden, h.wire_dtype, &send_buffer_);
-      s = transport_->Send(dp_peers_[i], h.Encode(), send_buffer_.data(), send_buffer_.size());
+      send_buffer_.resize(num_values * DTypeSize(h.wire_dtype));
+      s = shard_->backend()->CopyToHost(out.Rows(out_offset[i], h.num_rows), h.wire_dtype,
+                                        send_buffer_.data());
+      if (s.ok()) {
+        s = transport_->Send(dp_peers_[i], h.Encode(), send_buffer_.data(), send_buffer_.size());
+      }
     }
     if (!s.ok() && send_status.ok()) send_status = s;
   }

@@ -96,7 +96,7 @@ class ExpertStepServer final : public ReceiveTargetProvider {
   void DropPending(size_t i);
   bool AnySlotHeld() const;
   // Re-lays the slots out for slot_rows_ rows each, if none is held.
-  void MaybeRelayout();
+  absl::Status MaybeRelayout();
 
   Transport* transport_;
   std::vector<int> dp_peers_;

@@ -1,13 +1,28 @@
-// Backend: the compute interface the model is written against.
+// Backend: the compute interface the model, the dispatch/combine engine and the expert
+// workers are written against.
 //
-// A backend owns device memory (Allocate/Upload/Download) and implements each operation
-// the Qwen3-MoE forward pass needs. The model never touches element pointers itself, so a
-// CUDA backend slots in without changing model code. All tensors are row-major.
+// A backend owns memory (Allocate, from its caching allocator) and implements every
+// operation on tensor data: the Qwen3-MoE forward pass, paged attention, routing, the
+// dispatch layout, packing, the grouped expert FFN and the combine's weighted sum. Code
+// outside a backend never dereferences a tensor's memory; it moves bytes in and out with
+// CopyFromHost/CopyToHost only. All tensors are row-major.
 //
-// Empty batches: every operation accepts zero rows and then does nothing (no kernel
-// launch). TopKSoftmax additionally validates its arguments and returns a Status.
+// Work queue: operations are enqueued in call order on the backend's one ordered queue (a
+// CUDA stream; the CPU backend runs each at once). A returned Status reports argument
+// errors and launch errors; errors of asynchronous work surface at the next
+// Synchronize/SynchronizeEvent. Events mark points in the queue: a transport waits on one
+// before it sends rows (they are written), compute waits on one before it reads rows that
+// arrived.
 //
-// Thread safety: a Backend may be shared by threads that operate on distinct tensors.
+// Empty batches: every operation accepts zero rows and then launches nothing; arguments are
+// still checked.
+//
+// Dtypes: weights are kept in WeightDType(stored dtype); activations are computed in
+// ActivationDType(). Ops that move rows (GatherRows, Copy, CopyFromHost/ToHost) convert
+// between floating dtypes; index tensors are i32 (i64 for cache slots).
+//
+// Thread safety: a Backend may be shared by threads that operate on distinct tensors; its
+// queue order is the order of calls as they reach it.
 #pragma once
 
 #include <cstdint>
@@ -16,54 +31,160 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/tensor.h"
 
 namespace dxs {
+
+// A point in a backend's work queue. Made by Backend::CreateEvent, used with that backend.
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+// Per-step metadata of paged attention over all of a step's sequences (prefill chunks and
+// decode tokens together), the layout of vLLM's and FlashInfer's paged kernels. Built once
+// per step, the same for every layer. Caches are [num_blocks, block_size, kv_heads, d].
+struct PagedAttentionMeta {
+  int64_t num_seqs = 0;
+  int64_t block_size = 0;
+  int64_t max_blocks_per_seq = 0;
+  int64_t max_query_len = 0;  // host hints for kernel sizing
+  int64_t max_context_len = 0;
+  Tensor query_start;   // [num_seqs + 1] i32: sequence s's queries are rows [qs[s], qs[s+1])
+  Tensor context_lens;  // [num_seqs] i32: positions cached after this step's tokens
+  Tensor block_tables;  // [num_seqs, max_blocks_per_seq] i32: block of each position / bs
+  Tensor slot_mapping;  // [num_tokens] i64: block * block_size + offset of each new token
+};
+
+// Where each EP rank's tokens and routed pairs are (DeepEP's dispatch layout plus the
+// permutation), computed on the backend from the router's top-k ids. Rank r's tokens are
+// token_rows[tok_off[r], tok_off[r] + num_tokens_per_rank[r]) (ascending rows of x) and its
+// pairs pair_*[pair_off[r], ...), offsets being exclusive prefix sums of the counts. A
+// pair's row indexes into its rank's token list.
+struct DispatchLayoutTensors {
+  Tensor num_tokens_per_rank;    // [R] i32
+  Tensor num_pairs_per_rank;     // [R] i32
+  Tensor num_tokens_per_expert;  // [E] i32
+  Tensor token_rows;             // [T * min(k, R)] i32 (the first sum(num_tokens) used)
+  Tensor pair_rows;              // [T * k] i32
+  Tensor pair_experts;           // [T * k] i32
+  Tensor pair_weights;           // [T * k] f32
+};
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual Device device() const = 0;
+  // The dtype a weight stored as `stored` is kept in (the CPU widens to float32).
+  virtual DType WeightDType(DType stored) const = 0;
+  // The dtype activations are computed in.
+  virtual DType ActivationDType() const = 0;
 
-  // Memory. Allocate returns uninitialised memory; Zeros zero-fills.
-  virtual Tensor Allocate(std::vector<int64_t> shape) = 0;
-  virtual Tensor Zeros(std::vector<int64_t> shape) = 0;
-  virtual Tensor Upload(const std::vector<float>& host, std::vector<int64_t> shape) = 0;
-  virtual std::vector<float> Download(const Tensor& t) = 0;
-  virtual void Fill(Tensor* t, float value) = 0;
+  // ---- Memory (the caching allocator; uninitialised) ----
+  virtual absl::StatusOr<Tensor> Allocate(std::vector<int64_t> shape, DType dtype) = 0;
+  // dst's elements from host memory holding them in `src_dtype` (converted when both are
+  // floating types; index dtypes must match).
+  virtual absl::Status CopyFromHost(const void* src, DType src_dtype, Tensor* dst) = 0;
+  // src's elements to host memory, in `dst_dtype`. Waits for queued work writing src.
+  virtual absl::Status CopyToHost(const Tensor& src, DType dst_dtype, void* dst) = 0;
+  // dst = src elementwise (equal element counts), converting floating dtypes.
+  virtual absl::Status Copy(const Tensor& src, Tensor* dst) = 0;
+  virtual absl::Status Fill(Tensor* t, float value) = 0;
+  // Where a transport reads and writes t's memory: the memory itself for host memory and
+  // for device memory a device-capable transport takes (UCX with CUDA, NCCL); the opaque
+  // test backend's read-write view of its memory. Only transports dereference it, after
+  // the events that order it with the queue.
+  virtual void* TransportAddress(const Tensor& t) { return t.raw(); }
 
+  // ---- Queue and events ----
+  virtual absl::StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
+  // Marks the point after all work enqueued so far.
+  virtual absl::Status RecordEvent(Event* event) = 0;
+  // Work enqueued from now on starts after `event` (another backend's queue may record it
+  // on the same device).
+  virtual absl::Status WaitEvent(Event* event) = 0;
+  // The calling thread waits for `event`.
+  virtual absl::Status SynchronizeEvent(Event* event) = 0;
+  // The calling thread waits for all enqueued work.
+  virtual absl::Status Synchronize() = 0;
+
+  // ---- Dense ops ----
   // y[m, n] = x[m, k] * w[n, k]^T (+ bias[n] when given). The GEMM.
-  virtual void Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor* y) = 0;
+  virtual absl::Status Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor* y) = 0;
   // y = x * rsqrt(mean(x^2) + eps) * weight over rows of weight.num_elements() values.
-  virtual void RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor* y) = 0;
-  // y[i] = table[ids[i]]; ids are host values already checked against the table.
-  virtual void Embedding(const Tensor& table, const std::vector<int32_t>& ids, Tensor* y) = 0;
-  // Rotary embedding, rotate-half layout, in place on x[tokens, heads, head_dim].
-  virtual void Rope(Tensor* x, const std::vector<int64_t>& positions, double theta) = 0;
-  // dst rows [dst_row, dst_row + src.rows()) = src.
-  virtual void CopyRows(const Tensor& src, Tensor* dst, int64_t dst_row) = 0;
-  // Causal attention for one sequence. q[n, heads, d]; caches [capacity, kv_heads, d] hold
-  // past_len + n valid rows; query i sees positions [0, past_len + i]. out[n, heads * d].
-  virtual void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                         int64_t past_len, float scale, Tensor* out) = 0;
+  virtual absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor* y) = 0;
+  // y[i] = table[ids[i]]; ids is an i32 tensor of ids already checked against the table.
+  virtual absl::Status Embedding(const Tensor& table, const Tensor& ids, Tensor* y) = 0;
+  // Rotary embedding, rotate-half layout, in place on x[tokens, heads, head_dim];
+  // positions is an i32 tensor [tokens].
+  virtual absl::Status Rope(Tensor* x, const Tensor& positions, double theta) = 0;
   // out = silu(gate) * up, elementwise.
-  virtual void SiluMul(const Tensor& gate, const Tensor& up, Tensor* out) = 0;
+  virtual absl::Status SiluMul(const Tensor& gate, const Tensor& up, Tensor* out) = 0;
   // inout += x, elementwise.
-  virtual void Add(const Tensor& x, Tensor* inout) = 0;
-  // dst[i] = src[rows[i]]. The CPU backend also gathers from host tensors of a narrower
-  // dtype (AllocateHostTensor; bf16 wire rows), widening them.
-  virtual void GatherRows(const Tensor& src, const std::vector<int32_t>& rows, Tensor* dst) = 0;
-  // dst[rows[i]] += scales[i] * src[i], in order of i (the fixed summation order).
-  virtual void ScaleAddRows(const Tensor& src, const std::vector<float>& scales,
-                            const std::vector<int32_t>& rows, Tensor* dst) = 0;
+  virtual absl::Status Add(const Tensor& x, Tensor* inout) = 0;
+  // dst[i] = src[rows[i]] (rows: i32 tensor), converting floating dtypes (the pack of a
+  // dispatch into the wire dtype, the gather of expert rows widened from it). Works on
+  // index tensors too (same dtype), with one element per row for 1-d tensors.
+  virtual absl::Status GatherRows(const Tensor& src, const Tensor& rows, Tensor* dst) = 0;
 
-  // Router: softmax over logits[tokens, num_experts] (float32), then the top_k largest
-  // (ties to the lower expert id), renormalised to sum 1 when `normalize`. Writes
-  // ids/weights[tokens * top_k] in descending weight order. Zero tokens returns at once;
-  // top_k <= 0, num_experts <= 0 or top_k > num_experts is INVALID_ARGUMENT.
-  virtual absl::Status TopKSoftmax(const Tensor& logits, int top_k, bool normalize,
-                                   std::vector<int32_t>* ids, std::vector<float>* weights) = 0;
+  // ---- Paged attention ----
+  // Writes each new token's k/v rows [T, kv_heads, d] into the caches at meta.slot_mapping.
+  virtual absl::Status WriteKvCache(const Tensor& k, const Tensor& v,
+                                    const PagedAttentionMeta& meta, Tensor* k_cache,
+                                    Tensor* v_cache) = 0;
+  // Causal GQA attention of q[T, heads, d] over the caches: query i of sequence s (at
+  // position context_len - query_len + i) sees positions [0, that position]. out[T, heads*d].
+  virtual absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                      const PagedAttentionMeta& meta, float scale, Tensor* out) = 0;
+
+  // ---- Routing and the MoE exchange ----
+  // Softmax over logits[T, E] (float32), then the top_k largest (ties to the lower expert
+  // id), renormalised to sum 1 when `normalize`. Writes ids (i32) and weights (f32), each
+  // [T, top_k], in descending weight order. Zero tokens returns at once; top_k <= 0,
+  // E <= 0 or top_k > E is INVALID_ARGUMENT.
+  virtual absl::Status TopKSoftmax(const Tensor& logits, int top_k, bool normalize, Tensor* ids,
+                                   Tensor* weights) = 0;
+  // The dispatch layout of ids/weights [T, k] for experts owned per expert_owner ([E] i32,
+  // an EP rank each) over num_ranks ranks. Tensors in *layout are allocated here.
+  virtual absl::Status ComputeDispatchLayout(const Tensor& ids, const Tensor& weights,
+                                             const Tensor& expert_owner, int num_ranks,
+                                             DispatchLayoutTensors* layout) = 0;
+  // The combine's weighted sum, the single reduction stage: out[t] = the sum, in ascending
+  // rank order, of the rows recv[rank_offsets[r] + i] with token_rows[rank_offsets[r] + i]
+  // == t; zero where no rank has t. recv is in the wire dtype; out float32 or the wire
+  // dtype (summed in float32, rounded once). rank_offsets: R + 1 host offsets.
+  virtual absl::Status CombineRows(const Tensor& recv, const Tensor& token_rows,
+                                   const std::vector<int64_t>& rank_offsets, Tensor* out) = 0;
+  // Stable sort of routed pairs by expert: order[P] (i32) lists pair indices expert by
+  // expert, in pair order within one; expert_offsets[E + 1] (i32) bounds each expert's run.
+  virtual absl::Status SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
+                                         Tensor* expert_offsets) = 0;
+  // The grouped SwiGLU FFN: for each expert e, rows [off[e], off[e+1]) of xs go through
+  // down_e(silu(gate_e x) * up_e x) into y. gate/up/down[e] are null for experts with no
+  // rows here (an expert with rows and no weights is FAILED_PRECONDITION).
+  virtual absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor& expert_offsets,
+                                     const std::vector<const Tensor*>& gate,
+                                     const std::vector<const Tensor*>& up,
+                                     const std::vector<const Tensor*>& down, Tensor* y) = 0;
+  // dst[rows[i]] += scales[i] * src[i] in order of i (the fixed summation order). rows i32,
+  // scales f32 tensors.
+  virtual absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
+                                    Tensor* dst) = 0;
+
+  // ---- Conveniences over the ops above ----
+  absl::StatusOr<Tensor> Allocate(std::vector<int64_t> shape) {
+    return Allocate(std::move(shape), ActivationDType());
+  }
+  absl::StatusOr<Tensor> Zeros(std::vector<int64_t> shape, DType dtype);
+  // A float32 tensor from host floats.
+  absl::StatusOr<Tensor> Upload(const std::vector<float>& host, std::vector<int64_t> shape);
+  // An i32 tensor [n] from host values.
+  absl::StatusOr<Tensor> UploadIndices(const std::vector<int32_t>& host);
+  // The whole tensor as host floats.
+  absl::StatusOr<std::vector<float>> Download(const Tensor& t);
+  absl::StatusOr<std::vector<int32_t>> DownloadIndices(const Tensor& t);
 };
 
 // The CPU backend: float32, OpenBLAS for GEMM, threads sized to the machine.

@@ -48,6 +48,16 @@ float* Tensor::f32() const {
   return static_cast<float*>(buffer_->data()) + offset_elements_;
 }
 
+int32_t* Tensor::i32() const {
+  assert(dtype_ == DType::kI32);
+  return static_cast<int32_t*>(buffer_->data()) + offset_elements_;
+}
+
+int64_t* Tensor::i64() const {
+  assert(dtype_ == DType::kI64);
+  return static_cast<int64_t*>(buffer_->data()) + offset_elements_;
+}
+
 void* Tensor::raw() const {
   return static_cast<uint8_t*>(buffer_->data()) + offset_elements_ * DTypeSize(dtype_);
 }

@@ -2,8 +2,10 @@
 //
 // Buffers are shared; views made with Rows()/Reshape() alias their parent. A Tensor never
 // owns compute: every operation on it is a Backend method (kernels/backend.h), so the model
-// code is the same for every device. CPU backend tensors hold float32; host tensors in the
-// wire dtype (bf16 activations exchanged with expert workers) come from AllocateHostTensor.
+// code is the same for every device. A tensor carries its dtype (floating data, or i32/i64
+// index tensors) and its buffer's device. Only backends (and transports handed a backend's
+// memory) dereference data(): the memory of a device tensor may not be readable by the
+// host at all (kernels/opaque_backend.h enforces that in tests).
 #pragma once
 
 #include <cstddef>
@@ -61,9 +63,14 @@ class Tensor {
   // Same elements, new shape (element counts must match).
   Tensor Reshape(std::vector<int64_t> shape) const;
 
-  // Typed element pointer; checks the dtype in debug builds.
+  // Typed element pointers; check the dtype in debug builds. For backends only.
   float* f32() const;
+  int32_t* i32() const;
+  int64_t* i64() const;
   void* raw() const;
+  size_t num_bytes() const { return static_cast<size_t>(num_elements()) * DTypeSize(dtype_); }
+  size_t offset_bytes() const { return offset_elements_ * DTypeSize(dtype_); }
+  const std::shared_ptr<Buffer>& buffer() const { return buffer_; }
 
   std::string ShapeString() const;
 

@@ -15,7 +15,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Load(const std::string
   e->options_ = options;
   DXS_ASSIGN_OR_RETURN(e->config_, LoadModelConfig(model_dir));
   DXS_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(model_dir));
-  e->backend_ = MakeCpuBackend();
+  e->backend_ = options.backend_factory ? options.backend_factory() : MakeCpuBackend();
   DXS_ASSIGN_OR_RETURN(AttentionWeights aw,
                        LoadAttentionWeights(*ckpt, e->config_, e->backend_.get()));
   std::vector<int> all_experts(e->config_.num_experts);
@@ -58,7 +58,12 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
       scheduler.FailAll(logits.status());
       return logits.status();
     }
-    scheduler.FinishStep(*logits);
+    absl::StatusOr<std::vector<float>> host = backend_->Download(*logits);
+    if (!host.ok()) {
+      scheduler.FailAll(host.status());
+      return host.status();
+    }
+    scheduler.FinishStep(*host);
   }
   DXS_RETURN_IF_ERROR(first_error);
   return results;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,8 @@ struct GenerationResult {
 struct EngineOptions {
   int64_t kv_capacity_tokens = 1 << 20;
   int64_t prefill_chunk_tokens = 0;  // 0: whole prompt in one step
+  // The compute backend; null: the CPU backend.
+  std::function<std::unique_ptr<Backend>()> backend_factory;
 };
 
 class LocalEngine {
@@ -43,6 +46,8 @@ class LocalEngine {
 
   const ModelConfig& config() const { return config_; }
   Qwen3MoeModel& model() { return *model_; }
+  // Every expert, and its per-expert token counts (all layers).
+  ExpertShard& experts() { return *experts_; }
   Backend* backend() { return backend_.get(); }
 
   absl::StatusOr<std::vector<GenerationResult>> GenerateBatch(

@@ -12,7 +12,23 @@ ExpertShard::ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Bac
     : config_(config),
       weights_(std::move(weights)),
       backend_(backend),
-      tokens_per_expert_(new std::atomic<int64_t>[std::max<int64_t>(config.num_experts, 0)]()) {}
+      tokens_per_expert_(new std::atomic<int64_t>[std::max<int64_t>(config.num_experts, 0)]()) {
+  const size_t layers = static_cast<size_t>(std::max<int64_t>(config.num_hidden_layers, 0));
+  const size_t experts = static_cast<size_t>(std::max<int64_t>(config.num_experts, 0));
+  for (auto* table : {&gate_, &up_, &down_}) {
+    table->assign(layers, std::vector<const Tensor*>(experts, nullptr));
+  }
+  for (const auto& [key, w] : weights_) {
+    const auto [layer, expert] = key;
+    if (layer < 0 || static_cast<size_t>(layer) >= layers || expert < 0 ||
+        static_cast<size_t>(expert) >= experts) {
+      continue;
+    }
+    gate_[layer][expert] = &w.gate_proj;
+    up_[layer][expert] = &w.up_proj;
+    down_[layer][expert] = &w.down_proj;
+  }
+}
 
 std::vector<int64_t> ExpertShard::tokens_per_expert_snapshot() const {
   std::vector<int64_t> out(std::max<int64_t>(config_.num_experts, 0));
@@ -24,68 +40,92 @@ bool ExpertShard::Holds(int layer, int expert) const { return weights_.count({la
 
 absl::Status ExpertShard::Forward(int layer, const Tensor& x, const RoutedPairs& pairs,
                                   Tensor* out) {
+  // Host pairs (an expert worker's receive slots) onto the backend.
+  const int64_t n = static_cast<int64_t>(pairs.size());
+  for (int64_t p = 0; p < n; ++p) {
+    const int32_t out_row = pairs.out_row(p);
+    if (pairs.rows[p] < 0 || pairs.rows[p] >= x.rows() || out_row < 0 || out_row >= out->rows()) {
+      return absl::InvalidArgumentError(absl::StrCat("routed row ", pairs.rows[p], " -> ", out_row,
+                                                     " outside [0, ", x.rows(), ") -> [0, ",
+                                                     out->rows(), ")"));
+    }
+  }
+  DXS_ASSIGN_OR_RETURN(Tensor rows, backend_->UploadIndices(pairs.rows));
+  DXS_ASSIGN_OR_RETURN(Tensor experts, backend_->UploadIndices(pairs.experts));
+  DXS_ASSIGN_OR_RETURN(Tensor weights, backend_->Upload(pairs.weights, {n}));
+  Tensor out_rows = rows;
+  if (!pairs.out_rows.empty()) {
+    DXS_ASSIGN_OR_RETURN(out_rows, backend_->UploadIndices(pairs.out_rows));
+  }
+  return ForwardPairs(layer, x, rows, experts, weights, out_rows, out);
+}
+
+absl::Status ExpertShard::ForwardRouted(int layer, const Tensor& x, const Tensor& ids,
+                                        const Tensor& weights, Tensor* out) {
+  const int64_t tokens = ids.rows(), top_k = tokens > 0 ? ids.row_size() : 0;
+  // Pair p belongs to token p / top_k: metadata from the shape alone.
+  std::vector<int32_t> host_rows(static_cast<size_t>(tokens * top_k));
+  for (size_t p = 0; p < host_rows.size(); ++p) host_rows[p] = static_cast<int32_t>(p / top_k);
+  DXS_ASSIGN_OR_RETURN(Tensor rows, backend_->UploadIndices(host_rows));
+  return ForwardPairs(layer, x, rows, ids.Reshape({tokens * top_k}),
+                      weights.Reshape({tokens * top_k}), rows, out);
+}
+
+absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor& rows,
+                                       const Tensor& experts, const Tensor& weights,
+                                       const Tensor& out_rows, Tensor* out) {
   if ((x.dtype() != DType::kF32 || out->dtype() != DType::kF32) &&
       backend_->device() != Device::kCpu) {
     return absl::FailedPreconditionError(
         absl::StrCat("the ", backend_->name(), " backend's experts take float32 rows only"));
   }
+  if (layer < 0 || static_cast<size_t>(layer) >= gate_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("expert layer ", layer, " does not exist"));
+  }
+  const int64_t num_pairs = rows.num_elements();
+  const int64_t hidden = config_.hidden_size;
+  const int num_experts = static_cast<int>(config_.num_experts);
+  // The pre-sum is taken in float32: in `out` itself, or (a narrower out: rows on a bf16
+  // wire) in an accumulator rounded once at the end.
+  Tensor sum = *out;
   if (out->dtype() != DType::kF32) {
-    // Rows on a narrower wire (bf16): sum in float32, round once at the end.
     if (!accumulator_.defined() || accumulator_.num_elements() < out->num_elements()) {
-      accumulator_ = backend_->Allocate({std::max<int64_t>(out->rows(), 1), out->row_size()});
+      DXS_ASSIGN_OR_RETURN(
+          accumulator_,
+          backend_->Allocate({std::max<int64_t>(out->rows(), 1), out->row_size()}, DType::kF32));
     }
-    Tensor sum = accumulator_.Rows(0, out->rows());
-    DXS_RETURN_IF_ERROR(Forward(layer, x, pairs, &sum));
-    NarrowFromFloat32(out->dtype(), sum.f32(), static_cast<size_t>(out->num_elements()),
-                      out->raw());
-    return absl::OkStatus();
+    sum = accumulator_.Rows(0, out->rows());
   }
-  backend_->Fill(out, 0.f);
-  if (pairs.size() == 0) return absl::OkStatus();  // empty batch: no kernels
-  // Stable order: by expert, then by position in `pairs`.
-  std::vector<size_t> order(pairs.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return pairs.experts[a] < pairs.experts[b]; });
-  const int64_t hidden = config_.hidden_size, inter = config_.moe_intermediate_size;
-  for (size_t begin = 0; begin < order.size();) {
-    const int32_t expert = pairs.experts[order[begin]];
-    size_t end = begin;
-    while (end < order.size() && pairs.experts[order[end]] == expert) ++end;
-    auto it = weights_.find({layer, expert});
-    if (it == weights_.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("expert ", expert, " of layer ", layer, " is not held by this shard"));
-    }
-    const int64_t n = static_cast<int64_t>(end - begin);
-    std::vector<int32_t> src_rows(n), dst_rows(n);
-    std::vector<float> scales(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const size_t p = order[begin + i];
-      const int32_t out_row = pairs.out_row(p);
-      if (pairs.rows[p] < 0 || pairs.rows[p] >= x.rows() || out_row < 0 || out_row >= out->rows()) {
-        return absl::InvalidArgumentError(absl::StrCat("routed row ", pairs.rows[p], " -> ",
-                                                       out_row, " outside [0, ", x.rows(),
-                                                       ") -> [0, ", out->rows(), ")"));
+  DXS_RETURN_IF_ERROR(backend_->Fill(&sum, 0.f));
+  if (num_pairs > 0) {  // empty batch: no kernels
+    DXS_ASSIGN_OR_RETURN(Tensor order, backend_->Allocate({num_pairs}, DType::kI32));
+    DXS_ASSIGN_OR_RETURN(Tensor offsets, backend_->Allocate({num_experts + 1}, DType::kI32));
+    DXS_RETURN_IF_ERROR(backend_->SortPairsByExpert(experts, num_experts, &order, &offsets));
+    DXS_ASSIGN_OR_RETURN(Tensor sorted_rows, backend_->Allocate({num_pairs}, DType::kI32));
+    DXS_ASSIGN_OR_RETURN(Tensor sorted_out_rows, backend_->Allocate({num_pairs}, DType::kI32));
+    DXS_ASSIGN_OR_RETURN(Tensor sorted_weights, backend_->Allocate({num_pairs}, DType::kF32));
+    DXS_RETURN_IF_ERROR(backend_->GatherRows(rows, order, &sorted_rows));
+    DXS_RETURN_IF_ERROR(backend_->GatherRows(out_rows, order, &sorted_out_rows));
+    DXS_RETURN_IF_ERROR(backend_->GatherRows(weights, order, &sorted_weights));
+    // Experts' per-layer counts: E + 1 offsets to the host, for the load metrics and to
+    // name a routed expert this shard does not hold.
+    DXS_ASSIGN_OR_RETURN(std::vector<int32_t> bounds, backend_->DownloadIndices(offsets));
+    for (int e = 0; e < num_experts; ++e) {
+      const int32_t n = bounds[e + 1] - bounds[e];
+      if (n > 0 && gate_[layer][e] == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("expert ", e, " of layer ", layer, " is not held by this shard"));
       }
-      src_rows[i] = pairs.rows[p];
-      dst_rows[i] = out_row;
-      scales[i] = pairs.weights[p];
     }
-    const ExpertWeights& w = it->second;
-    Tensor xs = backend_->Allocate({n, hidden});
-    backend_->GatherRows(x, src_rows, &xs);
-    Tensor gate = backend_->Allocate({n, inter});
-    Tensor up = backend_->Allocate({n, inter});
-    backend_->Linear(xs, w.gate_proj, nullptr, &gate);
-    backend_->Linear(xs, w.up_proj, nullptr, &up);
-    backend_->SiluMul(gate, up, &gate);
-    Tensor y = backend_->Allocate({n, hidden});
-    backend_->Linear(gate, w.down_proj, nullptr, &y);
-    backend_->ScaleAddRows(y, scales, dst_rows, out);
-    tokens_per_expert_[expert] += n;
-    begin = end;
+    DXS_ASSIGN_OR_RETURN(Tensor xs, backend_->Allocate({num_pairs, hidden}, DType::kF32));
+    DXS_RETURN_IF_ERROR(backend_->GatherRows(x, sorted_rows, &xs));
+    DXS_ASSIGN_OR_RETURN(Tensor y, backend_->Allocate({num_pairs, hidden}, DType::kF32));
+    DXS_RETURN_IF_ERROR(
+        backend_->GroupedSwiGlu(xs, offsets, gate_[layer], up_[layer], down_[layer], &y));
+    DXS_RETURN_IF_ERROR(backend_->ScaleAddRows(y, sorted_weights, sorted_out_rows, &sum));
+    for (int e = 0; e < num_experts; ++e) tokens_per_expert_[e] += bounds[e + 1] - bounds[e];
   }
+  if (out->dtype() != DType::kF32) return backend_->Copy(sum, out);
   return absl::OkStatus();
 }
 

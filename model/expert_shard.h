@@ -2,8 +2,10 @@
 // placement's subset on an expert worker) and the SwiGLU FFN over rows routed to them.
 //
 // Forward pre-sums, per row, the weighted outputs of this shard's experts: the shard's part
-// of the single reduction stage. Pairs are applied grouped by ascending expert id, and in
-// their given order within an expert, so the summation order is fixed.
+// of the single reduction stage. It runs as backend ops, one call each per layer: a stable
+// sort of the pairs by expert, the gather of their rows, the grouped SwiGLU over the rows
+// sorted by expert, and the weighted scatter-add. Pairs are applied grouped by ascending
+// expert id, and in their given order within an expert, so the summation order is fixed.
 #pragma once
 
 #include <atomic>
@@ -59,6 +61,14 @@ class ExpertShard final : public ExpertCompute {
   bool Holds(int layer, int expert) const override;
   Backend* backend() const override { return backend_; }
   absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out) override;
+  // The same for the router's output on the backend: row t's pairs are ids/weights[t, :]
+  // (every expert local, out row == x row), as the single-process engine routes.
+  absl::Status ForwardRouted(int layer, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                             Tensor* out);
+  // The core, on backend tensors: pair p takes x row rows[p] through expert experts[p] and
+  // adds weights[p] times the result to out row out_rows[p] (i32, i32, f32, i32 [P]).
+  absl::Status ForwardPairs(int layer, const Tensor& x, const Tensor& rows, const Tensor& experts,
+                            const Tensor& weights, const Tensor& out_rows, Tensor* out);
 
   // Rows processed per expert since construction (layer-aggregated), for metrics. Safe to
   // call from any thread.
@@ -68,6 +78,8 @@ class ExpertShard final : public ExpertCompute {
   ModelConfig config_;
   ExpertWeightMap weights_;
   Backend* backend_;
+  // Per layer, per expert id: the weights, or null where not held (GroupedSwiGlu's table).
+  std::vector<std::vector<const Tensor*>> gate_, up_, down_;
   std::unique_ptr<std::atomic<int64_t>[]> tokens_per_expert_;
   Tensor accumulator_;  // float32 sums for a narrower `out`, reused
 };

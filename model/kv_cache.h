@@ -1,8 +1,15 @@
-// KvCache: per-sequence key/value storage for every layer, in fixed-capacity slots.
+// KvCache: paged key/value storage for every layer, the layout of vLLM's and FlashInfer's
+// paged attention.
 //
-// A slot holds `capacity` positions of [kv_heads, head_dim] keys and values per layer.
-// Capacity is counted in tokens over all live slots so that a server can refuse work that
-// would not fit. Thread safety: not thread-safe; one scheduler thread owns it.
+// Per layer, one pool of blocks [num_blocks, block_size, kv_heads, head_dim] for keys and
+// one for values. A slot (one sequence) reserves room for up to `max_tokens` positions as
+// whole blocks, listed in its block table; position p lives in block table[p / block_size],
+// row p % block_size. Capacity is counted in tokens over all live slots, so that a server
+// refuses work that would not fit; the pool itself grows (doubling, contents kept) as slots
+// need blocks, so memory follows use rather than the configured capacity.
+//
+// Thread safety: not thread-safe; one scheduler thread owns it. reserved_tokens() may be
+// read from any thread.
 #pragma once
 
 #include <atomic>
@@ -18,32 +25,47 @@ namespace dxs {
 
 class KvCache {
  public:
-  KvCache(const ModelConfig& config, Backend* backend, int64_t capacity_tokens);
+  static constexpr int64_t kDefaultBlockSize = 16;
+
+  KvCache(const ModelConfig& config, Backend* backend, int64_t capacity_tokens,
+          int64_t block_size = kDefaultBlockSize);
 
   // Reserves a slot for up to `max_tokens` positions; RESOURCE_EXHAUSTED if it can't fit.
   absl::StatusOr<int> Allocate(int64_t max_tokens);
   void Free(int slot);
 
-  Tensor& keys(int slot, int layer) { return slots_.at(slot).keys[layer]; }
-  Tensor& values(int slot, int layer) { return slots_.at(slot).values[layer]; }
   bool HasSlot(int slot) const { return slots_.count(slot) > 0; }
   int64_t slot_capacity(int slot) const { return slots_.at(slot).capacity; }
+  const std::vector<int32_t>& block_table(int slot) const { return slots_.at(slot).blocks; }
+  int64_t block_size() const { return block_size_; }
+  // The layer's pools, [num_blocks, block_size, kv_heads, head_dim]. Valid until the next
+  // Allocate (which may grow them).
+  Tensor& keys(int layer) { return keys_[layer]; }
+  Tensor& values(int layer) { return values_[layer]; }
 
   int64_t capacity_tokens() const { return capacity_tokens_; }
   int64_t reserved_tokens() const { return reserved_tokens_; }
   size_t num_slots() const { return slots_.size(); }
+  int64_t num_blocks() const { return num_blocks_; }
 
  private:
   struct Slot {
     int64_t capacity;
-    std::vector<Tensor> keys, values;
+    std::vector<int32_t> blocks;
   };
+  // Makes the pools hold at least `blocks` blocks.
+  absl::Status Grow(int64_t blocks);
+
   ModelConfig config_;
   Backend* backend_;
   int64_t capacity_tokens_;
+  int64_t block_size_;
   std::atomic<int64_t> reserved_tokens_{0};  // read by load reporting on other threads
   int next_slot_ = 0;
   std::map<int, Slot> slots_;
+  int64_t num_blocks_ = 0;
+  std::vector<int32_t> free_blocks_;  // a stack: the most recently freed first
+  std::vector<Tensor> keys_, values_;
 };
 
 }  // namespace dxs

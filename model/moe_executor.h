@@ -24,9 +24,10 @@ class MoeExecutor {
   static constexpr int kMaxMicroBatches = 2;
 
   virtual ~MoeExecutor() = default;
-  // x[T, hidden]; ids/weights[T * top_k] from the router; out[T, hidden] is overwritten.
-  virtual absl::Status Run(int layer, const Tensor& x, const std::vector<int32_t>& ids,
-                           const std::vector<float>& weights, int top_k, Tensor* out) = 0;
+  // x[T, hidden]; ids (i32) / weights (f32) [T, top_k] from the router, on the backend;
+  // out[T, hidden] is overwritten.
+  virtual absl::Status Run(int layer, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                           Tensor* out) = 0;
 
   // The two-phase form, for two-batch overlap: the model dispatches one micro-batch's
   // rows and computes the other micro-batch's attention while the experts work, then
@@ -42,9 +43,8 @@ class MoeExecutor {
   // runs everything in Dispatch, so splitting a step only costs time.
   virtual bool overlaps() const { return false; }
   virtual absl::Status Dispatch(int layer, int micro, int num_micro, const Tensor& x,
-                                const std::vector<int32_t>& ids, const std::vector<float>& weights,
-                                int top_k, Tensor* out) {
-    pending_[micro] = Run(layer, x, ids, weights, top_k, out);
+                                const Tensor& ids, const Tensor& weights, Tensor* out) {
+    pending_[micro] = Run(layer, x, ids, weights, out);
     return absl::OkStatus();
   }
   virtual absl::Status Combine(int layer, int micro, Tensor* out) { return pending_[micro]; }
@@ -57,13 +57,9 @@ class MoeExecutor {
 class LocalMoeExecutor final : public MoeExecutor {
  public:
   explicit LocalMoeExecutor(ExpertShard* shard) : shard_(shard) {}
-  absl::Status Run(int layer, const Tensor& x, const std::vector<int32_t>& ids,
-                   const std::vector<float>& weights, int top_k, Tensor* out) override {
-    RoutedPairs pairs;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      pairs.Add(static_cast<int32_t>(i / top_k), ids[i], weights[i]);
-    }
-    return shard_->Forward(layer, x, pairs, out);
+  absl::Status Run(int layer, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                   Tensor* out) override {
+    return shard_->ForwardRouted(layer, x, ids, weights, out);
   }
 
  private:

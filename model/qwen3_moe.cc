@@ -10,9 +10,7 @@ namespace dxs {
 
 Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, AttentionWeights weights, Backend* backend,
                              MoeExecutor* moe)
-    : config_(config), w_(std::move(weights)), backend_(backend), moe_(moe) {
-  routing_stats_.tokens_per_expert.assign(std::max<int64_t>(config_.num_experts, 0), 0);
-}
+    : config_(config), w_(std::move(weights)), backend_(backend), moe_(moe) {}
 
 absl::Status Qwen3MoeModel::Validate(const std::vector<SequenceChunk>& chunks, KvCache* kv) const {
   for (const SequenceChunk& c : chunks) {
@@ -61,18 +59,7 @@ absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& 
   MicroBatch mbs[MoeExecutor::kMaxMicroBatches];
   mbs[0].chunks.assign(chunks.begin(), chunks.begin() + split);
   mbs[1].chunks.assign(chunks.begin() + split, chunks.end());
-  for (int m = 0; m < num_micro_batches; ++m) {
-    MicroBatch& mb = mbs[m];
-    std::vector<int32_t> ids;
-    for (const SequenceChunk& c : mb.chunks) {
-      for (size_t i = 0; i < c.tokens.size(); ++i) {
-        ids.push_back(c.tokens[i]);
-        mb.positions.push_back(c.start_position + static_cast<int64_t>(i));
-      }
-    }
-    mb.hidden = backend_->Allocate({static_cast<int64_t>(ids.size()), config_.hidden_size});
-    backend_->Embedding(w_.embed_tokens, ids, &mb.hidden);
-  }
+  for (int m = 0; m < num_micro_batches; ++m) DXS_RETURN_IF_ERROR(Prepare(kv, &mbs[m]));
   // front(l, m): attention of layer l, then the dense MLP or the MoE dispatch; back(l, m):
   // the MoE combine. With two micro-batches, front(l+1, 0) before back(l, 1) is the
   // overlap: while the experts work on one micro-batch, this rank computes the other's
@@ -89,43 +76,86 @@ absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& 
       }
     }
   }
-  Tensor last = backend_->Allocate({static_cast<int64_t>(chunks.size()), config_.hidden_size});
-  GatherLastRows(mbs[0].chunks, mbs[0].hidden, 0, &last);
+  DXS_ASSIGN_OR_RETURN(
+      Tensor last, backend_->Allocate({static_cast<int64_t>(chunks.size()), config_.hidden_size}));
+  DXS_RETURN_IF_ERROR(GatherLastRows(mbs[0].chunks, mbs[0].hidden, 0, &last));
   if (num_micro_batches == 2) {
-    GatherLastRows(mbs[1].chunks, mbs[1].hidden, static_cast<int64_t>(split), &last);
+    DXS_RETURN_IF_ERROR(
+        GatherLastRows(mbs[1].chunks, mbs[1].hidden, static_cast<int64_t>(split), &last));
   }
   return Logits(std::move(last));
 }
 
+absl::Status Qwen3MoeModel::Prepare(KvCache* kv, MicroBatch* mb) {
+  // Host metadata of the micro-batch: computed from the chunks alone, uploaded once for
+  // every layer.
+  std::vector<int32_t> ids, positions, query_start = {0}, context_lens, block_tables;
+  std::vector<int64_t> slot_mapping;
+  const int64_t bs = kv->block_size();
+  int64_t max_blocks = 1, max_query = 0, max_context = 0;
+  for (const SequenceChunk& c : mb->chunks) {
+    const int64_t context = c.start_position + static_cast<int64_t>(c.tokens.size());
+    max_blocks = std::max(max_blocks, (context + bs - 1) / bs);
+    max_query = std::max<int64_t>(max_query, static_cast<int64_t>(c.tokens.size()));
+    max_context = std::max(max_context, context);
+  }
+  for (const SequenceChunk& c : mb->chunks) {
+    const std::vector<int32_t>& table = kv->block_table(c.kv_slot);
+    for (size_t i = 0; i < c.tokens.size(); ++i) {
+      const int64_t p = c.start_position + static_cast<int64_t>(i);
+      ids.push_back(c.tokens[i]);
+      positions.push_back(static_cast<int32_t>(p));
+      slot_mapping.push_back(static_cast<int64_t>(table[p / bs]) * bs + p % bs);
+    }
+    query_start.push_back(static_cast<int32_t>(ids.size()));
+    context_lens.push_back(static_cast<int32_t>(c.start_position + c.tokens.size()));
+    for (int64_t b = 0; b < max_blocks; ++b) {
+      block_tables.push_back(b < static_cast<int64_t>(table.size()) ? table[b] : 0);
+    }
+  }
+  const int64_t t = static_cast<int64_t>(ids.size());
+  PagedAttentionMeta& a = mb->attn;
+  a.num_seqs = static_cast<int64_t>(mb->chunks.size());
+  a.block_size = bs;
+  a.max_blocks_per_seq = max_blocks;
+  a.max_query_len = max_query;
+  a.max_context_len = max_context;
+  DXS_ASSIGN_OR_RETURN(a.query_start, backend_->UploadIndices(query_start));
+  DXS_ASSIGN_OR_RETURN(a.context_lens, backend_->UploadIndices(context_lens));
+  DXS_ASSIGN_OR_RETURN(a.block_tables, backend_->UploadIndices(block_tables));
+  DXS_ASSIGN_OR_RETURN(a.slot_mapping, backend_->Allocate({t}, DType::kI64));
+  DXS_RETURN_IF_ERROR(backend_->CopyFromHost(slot_mapping.data(), DType::kI64, &a.slot_mapping));
+  DXS_ASSIGN_OR_RETURN(mb->positions, backend_->UploadIndices(positions));
+  DXS_ASSIGN_OR_RETURN(Tensor token_ids, backend_->UploadIndices(ids));
+  DXS_ASSIGN_OR_RETURN(mb->hidden, backend_->Allocate({t, config_.hidden_size}));
+  return backend_->Embedding(w_.embed_tokens, token_ids, &mb->hidden);
+}
+
 absl::Status Qwen3MoeModel::MicroFront(int layer, int micro, int num_micro, KvCache* kv,
                                        MicroBatch* mb) {
-  AttentionBlock(layer, mb->chunks, mb->positions, kv, &mb->hidden);
+  DXS_RETURN_IF_ERROR(AttentionBlock(layer, kv, mb));
   const int64_t t = mb->hidden.rows();
-  mb->normed = backend_->Allocate({t, config_.hidden_size});
-  backend_->RmsNorm(mb->hidden, w_.layers[layer].post_attention_norm,
-                    static_cast<float>(config_.rms_norm_eps), &mb->normed);
-  mb->mlp_out = backend_->Allocate({t, config_.hidden_size});
+  DXS_ASSIGN_OR_RETURN(mb->normed, backend_->Allocate({t, config_.hidden_size}));
+  DXS_RETURN_IF_ERROR(backend_->RmsNorm(mb->hidden, w_.layers[layer].post_attention_norm,
+                                        static_cast<float>(config_.rms_norm_eps), &mb->normed));
+  DXS_ASSIGN_OR_RETURN(mb->mlp_out, backend_->Allocate({t, config_.hidden_size}));
   if (!config_.IsMoeLayer(layer)) {
-    DenseMlp(layer, mb->normed, &mb->mlp_out);
-    backend_->Add(mb->mlp_out, &mb->hidden);
-    return absl::OkStatus();
+    DXS_RETURN_IF_ERROR(DenseMlp(layer, mb->normed, &mb->mlp_out));
+    return backend_->Add(mb->mlp_out, &mb->hidden);
   }
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
+  Tensor ids, weights;
   DXS_RETURN_IF_ERROR(Route(layer, mb->normed, &ids, &weights));
-  return moe_->Dispatch(layer, micro, num_micro, mb->normed, ids, weights,
-                        static_cast<int>(config_.num_experts_per_tok), &mb->mlp_out);
+  return moe_->Dispatch(layer, micro, num_micro, mb->normed, ids, weights, &mb->mlp_out);
 }
 
 absl::Status Qwen3MoeModel::MicroBack(int layer, int micro, MicroBatch* mb) {
   if (!config_.IsMoeLayer(layer)) return absl::OkStatus();  // MicroFront did it all
   DXS_RETURN_IF_ERROR(moe_->Combine(layer, micro, &mb->mlp_out));
-  backend_->Add(mb->mlp_out, &mb->hidden);
-  return absl::OkStatus();
+  return backend_->Add(mb->mlp_out, &mb->hidden);
 }
 
-void Qwen3MoeModel::GatherLastRows(const std::vector<SequenceChunk>& chunks, const Tensor& hidden,
-                                   int64_t first_row, Tensor* last) {
+absl::Status Qwen3MoeModel::GatherLastRows(const std::vector<SequenceChunk>& chunks,
+                                           const Tensor& hidden, int64_t first_row, Tensor* last) {
   std::vector<int32_t> last_rows;
   int64_t offset = 0;
   for (const SequenceChunk& c : chunks) {
@@ -133,78 +163,73 @@ void Qwen3MoeModel::GatherLastRows(const std::vector<SequenceChunk>& chunks, con
     last_rows.push_back(static_cast<int32_t>(offset - 1));
   }
   Tensor dst = last->Rows(first_row, static_cast<int64_t>(chunks.size()));
-  backend_->GatherRows(hidden, last_rows, &dst);
+  DXS_ASSIGN_OR_RETURN(Tensor rows, backend_->UploadIndices(last_rows));
+  return backend_->GatherRows(hidden, rows, &dst);
 }
 
-Tensor Qwen3MoeModel::Logits(Tensor last) {
-  backend_->RmsNorm(last, w_.final_norm, static_cast<float>(config_.rms_norm_eps), &last);
-  Tensor logits = backend_->Allocate({last.rows(), config_.vocab_size});
-  backend_->Linear(last, w_.lm_head, nullptr, &logits);
+absl::StatusOr<Tensor> Qwen3MoeModel::Logits(Tensor last) {
+  DXS_RETURN_IF_ERROR(
+      backend_->RmsNorm(last, w_.final_norm, static_cast<float>(config_.rms_norm_eps), &last));
+  DXS_ASSIGN_OR_RETURN(Tensor logits, backend_->Allocate({last.rows(), config_.vocab_size}));
+  DXS_RETURN_IF_ERROR(backend_->Linear(last, w_.lm_head, nullptr, &logits));
   return logits;
 }
 
-absl::Status Qwen3MoeModel::Route(int layer, const Tensor& normed, std::vector<int32_t>* ids,
-                                  std::vector<float>* weights) {
-  const int top_k = static_cast<int>(config_.num_experts_per_tok);
-  Tensor router_logits = backend_->Allocate({normed.rows(), config_.num_experts});
-  backend_->Linear(normed, w_.layers[layer].router, nullptr, &router_logits);
-  DXS_RETURN_IF_ERROR(
-      backend_->TopKSoftmax(router_logits, top_k, config_.norm_topk_prob, ids, weights));
-  for (int32_t e : *ids) ++routing_stats_.tokens_per_expert[e];
-  return absl::OkStatus();
+absl::Status Qwen3MoeModel::Route(int layer, const Tensor& normed, Tensor* ids, Tensor* weights) {
+  const int64_t top_k = config_.num_experts_per_tok, t = normed.rows();
+  DXS_ASSIGN_OR_RETURN(Tensor router_logits,
+                       backend_->Allocate({t, config_.num_experts}, DType::kF32));
+  DXS_RETURN_IF_ERROR(backend_->Linear(normed, w_.layers[layer].router, nullptr, &router_logits));
+  DXS_ASSIGN_OR_RETURN(*ids, backend_->Allocate({t, top_k}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(*weights, backend_->Allocate({t, top_k}, DType::kF32));
+  return backend_->TopKSoftmax(router_logits, static_cast<int>(top_k), config_.norm_topk_prob, ids,
+                               weights);
 }
 
-void Qwen3MoeModel::AttentionBlock(int layer, const std::vector<SequenceChunk>& chunks,
-                                   const std::vector<int64_t>& positions, KvCache* kv,
-                                   Tensor* hidden) {
+absl::Status Qwen3MoeModel::AttentionBlock(int layer, KvCache* kv, MicroBatch* mb) {
   const AttentionLayerWeights& lw = w_.layers[layer];
+  Tensor* hidden = &mb->hidden;
   const int64_t t = hidden->rows(), d = config_.head_dim;
   const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   auto bias = [](const Tensor& b) { return b.defined() ? &b : nullptr; };
 
-  Tensor normed = backend_->Allocate({t, config_.hidden_size});
-  backend_->RmsNorm(*hidden, lw.input_norm, eps, &normed);
-  Tensor q = backend_->Allocate({t, heads, d});
-  Tensor k = backend_->Allocate({t, kv_heads, d});
-  Tensor v = backend_->Allocate({t, kv_heads, d});
+  DXS_ASSIGN_OR_RETURN(Tensor normed, backend_->Allocate({t, config_.hidden_size}));
+  DXS_RETURN_IF_ERROR(backend_->RmsNorm(*hidden, lw.input_norm, eps, &normed));
+  DXS_ASSIGN_OR_RETURN(Tensor q, backend_->Allocate({t, heads, d}));
+  DXS_ASSIGN_OR_RETURN(Tensor k, backend_->Allocate({t, kv_heads, d}));
+  DXS_ASSIGN_OR_RETURN(Tensor v, backend_->Allocate({t, kv_heads, d}));
   Tensor q2 = q.Reshape({t, heads * d}), k2 = k.Reshape({t, kv_heads * d}),
          v2 = v.Reshape({t, kv_heads * d});
-  backend_->Linear(normed, lw.q_proj, bias(lw.q_bias), &q2);
-  backend_->Linear(normed, lw.k_proj, bias(lw.k_bias), &k2);
-  backend_->Linear(normed, lw.v_proj, bias(lw.v_bias), &v2);
-  backend_->RmsNorm(q, lw.q_norm, eps, &q);
-  backend_->RmsNorm(k, lw.k_norm, eps, &k);
-  backend_->Rope(&q, positions, config_.rope_theta);
-  backend_->Rope(&k, positions, config_.rope_theta);
+  DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.q_proj, bias(lw.q_bias), &q2));
+  DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.k_proj, bias(lw.k_bias), &k2));
+  DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.v_proj, bias(lw.v_bias), &v2));
+  DXS_RETURN_IF_ERROR(backend_->RmsNorm(q, lw.q_norm, eps, &q));
+  DXS_RETURN_IF_ERROR(backend_->RmsNorm(k, lw.k_norm, eps, &k));
+  DXS_RETURN_IF_ERROR(backend_->Rope(&q, mb->positions, config_.rope_theta));
+  DXS_RETURN_IF_ERROR(backend_->Rope(&k, mb->positions, config_.rope_theta));
 
-  Tensor attn = backend_->Allocate({t, heads, d});
+  // One call each for all the step's sequences: new keys and values into their pages, then
+  // attention over the pages.
+  DXS_RETURN_IF_ERROR(backend_->WriteKvCache(k, v, mb->attn, &kv->keys(layer), &kv->values(layer)));
+  DXS_ASSIGN_OR_RETURN(Tensor attn, backend_->Allocate({t, heads * d}));
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
-  int64_t offset = 0;
-  for (const SequenceChunk& c : chunks) {
-    const int64_t n = static_cast<int64_t>(c.tokens.size());
-    Tensor& keys = kv->keys(c.kv_slot, layer);
-    Tensor& values = kv->values(c.kv_slot, layer);
-    backend_->CopyRows(k.Rows(offset, n), &keys, c.start_position);
-    backend_->CopyRows(v.Rows(offset, n), &values, c.start_position);
-    Tensor out = attn.Rows(offset, n);
-    backend_->Attention(q.Rows(offset, n), keys, values, c.start_position, scale, &out);
-    offset += n;
-  }
-  Tensor o = backend_->Allocate({t, config_.hidden_size});
-  backend_->Linear(attn.Reshape({t, heads * d}), lw.o_proj, bias(lw.o_bias), &o);
-  backend_->Add(o, hidden);
+  DXS_RETURN_IF_ERROR(
+      backend_->PagedAttention(q, kv->keys(layer), kv->values(layer), mb->attn, scale, &attn));
+  DXS_ASSIGN_OR_RETURN(Tensor o, backend_->Allocate({t, config_.hidden_size}));
+  DXS_RETURN_IF_ERROR(backend_->Linear(attn, lw.o_proj, bias(lw.o_bias), &o));
+  return backend_->Add(o, hidden);
 }
 
-void Qwen3MoeModel::DenseMlp(int layer, const Tensor& normed, Tensor* out) {
+absl::Status Qwen3MoeModel::DenseMlp(int layer, const Tensor& normed, Tensor* out) {
   const AttentionLayerWeights& lw = w_.layers[layer];
   const int64_t t = normed.rows(), inter = config_.intermediate_size;
-  Tensor gate = backend_->Allocate({t, inter});
-  Tensor up = backend_->Allocate({t, inter});
-  backend_->Linear(normed, lw.dense_gate, nullptr, &gate);
-  backend_->Linear(normed, lw.dense_up, nullptr, &up);
-  backend_->SiluMul(gate, up, &gate);
-  backend_->Linear(gate, lw.dense_down, nullptr, out);
+  DXS_ASSIGN_OR_RETURN(Tensor gate, backend_->Allocate({t, inter}));
+  DXS_ASSIGN_OR_RETURN(Tensor up, backend_->Allocate({t, inter}));
+  DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.dense_gate, nullptr, &gate));
+  DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.dense_up, nullptr, &up));
+  DXS_RETURN_IF_ERROR(backend_->SiluMul(gate, up, &gate));
+  return backend_->Linear(gate, lw.dense_down, nullptr, out);
 }
 
 }  // namespace dxs

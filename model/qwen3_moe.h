@@ -29,20 +29,17 @@ struct SequenceChunk {
   std::vector<int32_t> tokens;
 };
 
-// Per-step routing statistics (tokens per expert, summed over MoE layers).
-struct RoutingStats {
-  std::vector<int64_t> tokens_per_expert;
-};
-
 class Qwen3MoeModel {
  public:
   Qwen3MoeModel(const ModelConfig& config, AttentionWeights weights, Backend* backend,
                 MoeExecutor* moe);
 
   const ModelConfig& config() const { return config_; }
+  Backend* backend() const { return backend_; }
 
-  // Runs one step and returns logits[num_chunks, vocab] of each chunk's last token.
-  // Writes the chunks' keys and values into `kv`. Checks token ids and KV bounds first.
+  // Runs one step and returns logits[num_chunks, vocab] of each chunk's last token (a
+  // backend tensor). Writes the chunks' keys and values into `kv`'s pages. Checks token ids
+  // and KV bounds first.
   //
   // num_micro_batches = 2: two-batch overlap. The chunks are split into two micro-batches
   // of about equal token count (either may be empty) that go through the layers
@@ -52,21 +49,21 @@ class Qwen3MoeModel {
   absl::StatusOr<Tensor> Forward(const std::vector<SequenceChunk>& chunks, KvCache* kv,
                                  int num_micro_batches = 1);
 
-  const RoutingStats& routing_stats() const { return routing_stats_; }
-
  private:
   absl::Status Validate(const std::vector<SequenceChunk>& chunks, KvCache* kv) const;
-  void AttentionBlock(int layer, const std::vector<SequenceChunk>& chunks,
-                      const std::vector<int64_t>& positions, KvCache* kv, Tensor* hidden);
-  // The dense SwiGLU MLP of a non-MoE layer: normed -> out.
-  void DenseMlp(int layer, const Tensor& normed, Tensor* out);
 
   // One micro-batch of a step (the whole step when it is not split).
   struct MicroBatch {
     std::vector<SequenceChunk> chunks;
-    std::vector<int64_t> positions;
+    Tensor positions;                // [tokens] i32
+    PagedAttentionMeta attn;         // the same for every layer of the step
     Tensor hidden, normed, mlp_out;  // normed and mlp_out live until the combine
   };
+  // Uploads the micro-batch's token ids, positions and paged-attention metadata, and embeds.
+  absl::Status Prepare(KvCache* kv, MicroBatch* mb);
+  absl::Status AttentionBlock(int layer, KvCache* kv, MicroBatch* mb);
+  // The dense SwiGLU MLP of a non-MoE layer: normed -> out.
+  absl::Status DenseMlp(int layer, const Tensor& normed, Tensor* out);
   // Attention of `layer`, the post-attention norm, then either the dense MLP (and its
   // residual add) or the MoE's dispatch.
   absl::Status MicroFront(int layer, int micro, int num_micro, KvCache* kv, MicroBatch* mb);
@@ -74,19 +71,17 @@ class Qwen3MoeModel {
   absl::Status MicroBack(int layer, int micro, MicroBatch* mb);
   // Gathers each chunk's last row of `hidden` (the chunks' rows, in order) into `last`
   // from row `first_row` on.
-  void GatherLastRows(const std::vector<SequenceChunk>& chunks, const Tensor& hidden,
-                      int64_t first_row, Tensor* last);
+  absl::Status GatherLastRows(const std::vector<SequenceChunk>& chunks, const Tensor& hidden,
+                              int64_t first_row, Tensor* last);
   // Final norm and lm_head: last[num_chunks, hidden] -> logits[num_chunks, vocab].
-  Tensor Logits(Tensor last);
-  // Router logits -> top-k ids and weights, counted in routing_stats_.
-  absl::Status Route(int layer, const Tensor& normed, std::vector<int32_t>* ids,
-                     std::vector<float>* weights);
+  absl::StatusOr<Tensor> Logits(Tensor last);
+  // Router logits -> top-k ids [T, k] (i32) and weights [T, k] (f32) on the backend.
+  absl::Status Route(int layer, const Tensor& normed, Tensor* ids, Tensor* weights);
 
   ModelConfig config_;
   AttentionWeights w_;
   Backend* backend_;
   MoeExecutor* moe_;
-  RoutingStats routing_stats_;
 };
 
 }  // namespace dxs

@@ -164,13 +164,13 @@ std::vector<SequenceChunk> Scheduler::BuildStep() {
   return chunks;
 }
 
-void Scheduler::FinishStep(const Tensor& logits) {
+void Scheduler::FinishStep(const std::vector<float>& logits) {
   const int64_t vocab = config_.vocab_size;
   std::vector<std::pair<size_t, FinishReason>> finished;
   for (size_t j = 0; j < step_owners_.size(); ++j) {
     Live& l = running_[step_owners_[j]];
     if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) continue;  // mid-prefill
-    const float* row = logits.f32() + static_cast<int64_t>(j) * vocab;
+    const float* row = logits.data() + static_cast<int64_t>(j) * vocab;
     const int32_t token = l.sampler.Sample(row, vocab);
     l.generated.push_back(token);
     l.sink.on_token(token, row);

@@ -67,7 +67,8 @@ class Scheduler {
   // Step thread.
   bool HasWork();
   std::vector<SequenceChunk> BuildStep();
-  void FinishStep(const Tensor& logits);
+  // logits: the step's [num_chunks, vocab] on the host.
+  void FinishStep(const std::vector<float>& logits);
   // Ends every request with `status` (a failed step) and frees their KV.
   void FailAll(const absl::Status& status);
 

@@ -8,8 +8,12 @@ namespace {
 
 absl::StatusOr<Tensor> Load(const Checkpoint& ckpt, const std::string& name,
                             std::vector<int64_t> shape, Backend* backend) {
-  DXS_ASSIGN_OR_RETURN(std::vector<float> values, ckpt.ReadFloat32(name, shape));
-  return backend->Upload(values, std::move(shape));
+  // In the stored dtype where the backend computes in it; the CPU widens to float32.
+  DXS_ASSIGN_OR_RETURN(const TensorView* view, ckpt.FindWithShape(name, shape));
+  DXS_ASSIGN_OR_RETURN(Tensor t,
+                       backend->Allocate(std::move(shape), backend->WeightDType(view->dtype)));
+  DXS_RETURN_IF_ERROR(backend->CopyFromHost(view->data, view->dtype, &t));
+  return t;
 }
 
 }  // namespace

@@ -1,27 +1,25 @@
 // The dispatch/combine engine, attention side, as a MoeExecutor.
 //
-// For each MoE layer of a step: compute the layout (which EP rank needs which token),
-// pack each token once per EP rank that owns any of its top-k experts together with its
-// (expert, weight) pairs, send one message to every EP rank (empty ones included), then
-// receive one combine message from every EP rank and sum them: out[t] = sum over ranks,
-// in ascending rank order, of the rank's pre-summed rows. That sum is the single
-// reduction stage; nothing reduces the MoE output again.
+// For each MoE layer of a step (DeepEP's three verbs): the layout (which EP rank needs
+// which token, and the routed pairs each rank receives) is a backend op on the router's
+// device-resident top-k; only the per-rank counts come to the host, because a host-driven
+// transport needs them. Dispatch packs each token once per EP rank that owns any of its
+// top-k experts (a backend gather into the wire dtype, or straight from x when a rank
+// takes every token in order and x is in the wire dtype), sends one message to every EP
+// rank (empty ones included) with the rank's (row, expert, weight) pairs, and keeps a
+// DispatchHandle: layout, counts, offsets and receive buffer. Combine takes that handle,
+// recomputes nothing, receives one message from every EP rank and sums them with the
+// backend's CombineRows: out[t] = sum over ranks, in ascending rank order, of the rank's
+// pre-summed rows. That sum is the single reduction stage; nothing reduces the MoE output
+// again.
 //
-// Activations may be float32 or already in the wire dtype: x and out may be bf16 host
-// tensors (AllocateHostTensor) on a bf16 wire, and the exchange then converts nothing;
-// float32 ones are narrowed on the way out and widened in the sum.
-//
-// Zero copy: rows in the wire dtype are sent straight from x (consecutive rows as one
-// segment, the routing pairs as three more), and the executor is its transport's
-// ReceiveTargetProvider:
-// before a micro-batch's dispatch goes out it names where each EP rank's combine lands, a
-// reused buffer per (micro-batch, rank), or `out` itself when the rank's rows are all the
-// tokens in order and it is the first rank summed (the expert's pre-sum starts from +0,
-// so it never holds -0 and 0 + a == a bit for bit; a bf16 `out` only when that rank is
-// the only one with rows). The sum then reads each row once:
-// the first rank holding a token writes it, later ranks add, tokens no rank holds are
-// zeroed; no separate zero-fill pass. A failed step waits until nothing is still being
-// received into its targets (WaitTargetWrites) before it returns.
+// Activations may be float32 or already in the wire dtype; the pack and the combine
+// convert. Zero copy: the executor is its transport's ReceiveTargetProvider; each rank's
+// combine lands in its region of the handle's receive tensor, or in `out` itself when one
+// rank holds every token in order and no other rank has rows (the expert's pre-sum starts
+// from +0, so 0 + a == a: the answer is bit for bit the sum). A failed step waits until
+// nothing is still being received into its targets (WaitTargetWrites) before it returns.
+// The transport reads and writes tensor memory at Backend::TransportAddress.
 //
 // Thread safety: used by one step thread.
 #pragma once
@@ -34,6 +32,7 @@
 
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "kernels/backend.h"
 #include "model/moe_executor.h"
 #include "router/dispatch/placement.h"
 #include "router/dispatch/wire.h"
@@ -41,24 +40,22 @@
 
 namespace dxs {
 
-// Which rows go to each EP rank, and the routed pairs each rank receives.
-struct DispatchLayout {
-  // token_rows[r]: tokens (rows of x) sent to rank r, ascending.
-  std::vector<std::vector<int32_t>> token_rows;
-  // pairs[r]: rows index into token_rows[r].
-  std::vector<RoutedPairs> pairs;
-  std::vector<int64_t> num_tokens_per_rank() const;
-};
-
-DispatchLayout ComputeLayout(const Placement& placement, const std::vector<int32_t>& ids,
-                             const std::vector<float>& weights, int top_k);
-// The same into *layout, reusing its vectors' storage (the executor's per-call layout).
-void ComputeLayout(const Placement& placement, const std::vector<int32_t>& ids,
-                   const std::vector<float>& weights, int top_k, DispatchLayout* layout);
-
-// Row (de)serialisation in the wire dtype.
+// Row (de)serialisation in the wire dtype (host memory: the expert worker's copy path).
 void PackRows(const float* rows, int64_t num_rows, int64_t hidden, DType dtype, PayloadBytes* out);
 void UnpackRows(const uint8_t* data, int64_t num_rows, int64_t hidden, DType dtype, float* out);
+
+// Everything Combine needs about one dispatched micro-batch (DeepEP's handle): the layout
+// on the backend, its per-rank counts and offsets on the host, and where the combines land.
+struct DispatchHandle {
+  int layer = -1;
+  int64_t num_tokens = 0;
+  DispatchLayoutTensors layout;
+  std::vector<int64_t> num_tokens_per_rank, num_pairs_per_rank;
+  std::vector<int64_t> token_offsets, pair_offsets;  // R + 1 each
+  Tensor send_rows;       // packed dispatch rows [sum tokens, hidden], wire dtype
+  Tensor recv_rows;       // combine rows, the same layout
+  bool into_out = false;  // the one rank with rows answers straight into out
+};
 
 // Per-rank-pair traffic counters, cumulative; read from other threads.
 struct DispatchCounters {
@@ -78,11 +75,11 @@ class DispatchObserver {
  public:
   virtual ~DispatchObserver() = default;
   // The dispatch phase ended: layout, packing and one send to every EP rank (sends that
-  // failed included). layout.token_rows[r] are the tokens sent to EP rank r.
-  virtual void OnDispatch(const DispatchLayout& layout, double seconds) = 0;
+  // failed included). num_tokens_per_rank[r] tokens went to EP rank r.
+  virtual void OnDispatch(const std::vector<int64_t>& num_tokens_per_rank, double seconds) = 0;
   // The combine phase succeeded: every EP rank's rows received (this includes waiting
   // for the experts to compute) and summed into the output.
-  virtual void OnCombine(const DispatchLayout& layout, double seconds) = 0;
+  virtual void OnCombine(const std::vector<int64_t>& num_tokens_per_rank, double seconds) = 0;
 };
 
 struct DispatchOptions {
@@ -97,29 +94,31 @@ struct DispatchOptions {
 
 class RemoteMoeExecutor final : public MoeExecutor, public ReceiveTargetProvider {
  public:
-  // `ep_peers[r]` is EP rank r's transport peer id.
-  RemoteMoeExecutor(Transport* transport, std::vector<int> ep_peers, Placement placement,
-                    int64_t hidden, DispatchOptions options);
+  // `ep_peers[r]` is EP rank r's transport peer id. Tensors are the backend's.
+  RemoteMoeExecutor(Backend* backend, Transport* transport, std::vector<int> ep_peers,
+                    Placement placement, int64_t hidden, DispatchOptions options);
   ~RemoteMoeExecutor() override;
 
   // The step id stamped on messages; the step loop sets it before each forward pass.
   void set_step(uint64_t step) { step_ = step; }
-  void set_placement(Placement p) { placement_ = std::move(p); }
+  void set_placement(Placement p) {
+    placement_ = std::move(p);
+    expert_owner_ = Tensor();  // uploaded again at the next dispatch
+  }
   void set_ep_peers(std::vector<int> peers) { ep_peers_ = std::move(peers); }
   const DispatchCounters& counters() const { return *counters_; }
   // Not owned; null (the default) observes nothing. Set before the first Run.
   void set_observer(DispatchObserver* observer) { observer_ = observer; }
 
   // Dispatch + Combine of one micro-batch covering the whole step.
-  absl::Status Run(int layer, const Tensor& x, const std::vector<int32_t>& ids,
-                   const std::vector<float>& weights, int top_k, Tensor* out) override;
+  absl::Status Run(int layer, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                   Tensor* out) override;
 
   // Two-batch overlap: Dispatch sends and returns; the expert ranks compute while the
   // caller works on the other micro-batch; Combine receives and sums.
   bool overlaps() const override { return true; }
-  absl::Status Dispatch(int layer, int micro, int num_micro, const Tensor& x,
-                        const std::vector<int32_t>& ids, const std::vector<float>& weights,
-                        int top_k, Tensor* out) override;
+  absl::Status Dispatch(int layer, int micro, int num_micro, const Tensor& x, const Tensor& ids,
+                        const Tensor& weights, Tensor* out) override;
   absl::Status Combine(int layer, int micro, Tensor* out) override;
 
   // ReceiveTargetProvider: where a combine of a dispatched micro-batch lands.
@@ -140,10 +139,8 @@ class RemoteMoeExecutor final : public MoeExecutor, public ReceiveTargetProvider
   // A dispatched micro-batch waiting for its combine.
   struct InFlight {
     bool active = false;
-    int layer = -1;
-    DispatchLayout layout;
-    std::vector<CombineTarget> targets;       // per EP rank
-    std::vector<PayloadBytes> combine_bytes;  // per EP rank, reused
+    DispatchHandle handle;
+    std::vector<CombineTarget> targets;  // per EP rank
   };
 
   // Ends the micro-batch's targets: none is offered again, and receives still moving into
@@ -152,24 +149,26 @@ class RemoteMoeExecutor final : public MoeExecutor, public ReceiveTargetProvider
   int RankOfPeer(int peer) const;
 
   absl::StatusOr<TransportMessage> RecvCombine(int rank, int layer, int micro, absl::Time deadline);
+  // The layout and counts of a micro-batch into flight.handle.
+  absl::Status Layout(const Tensor& ids, const Tensor& weights, InFlight& flight);
+  // Sends EP rank r its rows and pairs.
+  absl::Status SendDispatch(int r, int micro, int num_micro, const Tensor& x, InFlight& flight);
 
+  Backend* backend_;
   Transport* transport_;
   std::vector<int> ep_peers_;
   Placement placement_;
+  Tensor expert_owner_;  // [E] i32 on the backend: placement_'s owner of each expert
   int64_t hidden_;
   DispatchOptions options_;
   uint64_t step_ = 0;
   std::unique_ptr<DispatchCounters> counters_;
   DispatchObserver* observer_ = nullptr;
   InFlight in_flight_[kMaxMicroBatches];
-  PayloadBytes scratch_;  // narrowed or packed dispatch rows, reused across calls
   std::vector<PayloadSegment> segments_;
-  std::vector<float> row_;  // one combine row, widened
-  std::vector<float> sum_;  // float32 sums for a narrower output
   // Recent combine waits (Combine's start to its last answer), smoothed: how long the
   // next is expected to take. Zero until the first.
   absl::Duration expected_combine_wait_ = absl::ZeroDuration();
-  std::vector<uint8_t> touched_;  // per token: some rank's row was written there
 };
 
 }  // namespace dxs

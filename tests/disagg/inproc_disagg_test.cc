@@ -160,7 +160,7 @@ TEST(Disagg, ExpertRankWithNoTokensIsCountedAndCorrect) {
   auto engine = LocalEngine::Load(dir);
   ASSERT_TRUE(engine.ok());
   ASSERT_TRUE((*engine)->GenerateBatch(requests).ok());
-  const auto& used = (*engine)->model().routing_stats().tokens_per_expert;
+  const std::vector<int64_t> used = (*engine)->experts().tokens_per_expert_snapshot();
   std::vector<int> idle, busy;
   for (int e = 0; e < 16; ++e) (used[e] == 0 ? idle : busy).push_back(e);
   ASSERT_FALSE(idle.empty()) << "pick a shorter prompt: every expert is used";
@@ -229,7 +229,8 @@ TEST(Disagg, MoeOutputIsReducedExactlyOnce) {
     servers.push_back(std::make_unique<ExpertStepServer>(
         transports[1 + r].get(), std::vector<int>{0}, shards.back().get(), config));
   }
-  RemoteMoeExecutor remote(transports[0].get(), {1, 2, 3, 4}, placement, config.hidden_size, {});
+  RemoteMoeExecutor remote(backend.get(), transports[0].get(), {1, 2, 3, 4}, placement,
+                           config.hidden_size, {});
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
   for (auto& s : servers) {
@@ -240,7 +241,7 @@ TEST(Disagg, MoeOutputIsReducedExactlyOnce) {
   const int64_t t = 9, h = config.hidden_size, k = 4;
   std::vector<float> xs(t * h);
   for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.37f * static_cast<float>(i));
-  Tensor x = backend->Upload(xs, {t, h});
+  Tensor x = *backend->Upload(xs, {t, h});
   std::vector<int32_t> ids;
   std::vector<float> weights;
   for (int64_t i = 0; i < t; ++i) {
@@ -249,13 +250,15 @@ TEST(Disagg, MoeOutputIsReducedExactlyOnce) {
       weights.push_back(0.25f + 0.05f * static_cast<float>(j));
     }
   }
-  Tensor want = backend->Allocate({t, h}), got = backend->Allocate({t, h});
-  ASSERT_TRUE(local.Run(0, x, ids, weights, k, &want).ok());
+  Tensor want = *backend->Allocate({t, h}), got = *backend->Allocate({t, h});
+  const Tensor id_t = backend->UploadIndices(ids)->Reshape({t, k});
+  const Tensor weight_t = *backend->Upload(weights, {t, k});
+  ASSERT_TRUE(local.Run(0, x, id_t, weight_t, &want).ok());
   remote.set_step(1);
-  ASSERT_TRUE(remote.Run(0, x, ids, weights, k, &got).ok());
+  ASSERT_TRUE(remote.Run(0, x, id_t, weight_t, &got).ok());
   stop = true;
   for (auto& th : threads) th.join();
-  std::vector<float> w = backend->Download(want), g = backend->Download(got);
+  std::vector<float> w = *backend->Download(want), g = *backend->Download(got);
   EXPECT_LT(RelativeError(g, w), 1e-6);
   EXPECT_EQ(remote.counters().tokens_dispatched[0].load() +
                 remote.counters().tokens_dispatched[1].load() +

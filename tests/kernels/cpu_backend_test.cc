@@ -1,4 +1,6 @@
 // CPU backend operations against straightforward reference loops.
+#include "kernels/cpu_backend.h"
+
 #include <cmath>
 
 #include "gtest/gtest.h"
@@ -9,6 +11,16 @@ namespace {
 
 class CpuBackendTest : public ::testing::Test {
  protected:
+  Tensor Up(const std::vector<float>& v, std::vector<int64_t> shape) {
+    absl::StatusOr<Tensor> t = b_->Upload(v, std::move(shape));
+    EXPECT_TRUE(t.ok()) << t.status();
+    return *t;
+  }
+  Tensor Ids(const std::vector<int32_t>& v) { return *b_->UploadIndices(v); }
+  Tensor Alloc(std::vector<int64_t> shape, DType dtype = DType::kF32) {
+    return *b_->Allocate(std::move(shape), dtype);
+  }
+  std::vector<float> Down(const Tensor& t) { return *b_->Download(t); }
   std::unique_ptr<Backend> b_ = MakeCpuBackend();
 };
 
@@ -18,10 +30,10 @@ TEST_F(CpuBackendTest, LinearMatchesNaiveProduct) {
   for (size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>(i) - 0.7f;
   for (size_t i = 0; i < w.size(); ++i) w[i] = 0.05f * static_cast<float>(i % 7) - 0.2f;
   for (size_t i = 0; i < bias.size(); ++i) bias[i] = static_cast<float>(i);
-  Tensor tx = b_->Upload(x, {m, k}), tw = b_->Upload(w, {n, k}), tb = b_->Upload(bias, {n});
-  Tensor ty = b_->Allocate({m, n});
-  b_->Linear(tx, tw, &tb, &ty);
-  std::vector<float> y = b_->Download(ty);
+  Tensor tx = Up(x, {m, k}), tw = Up(w, {n, k}), tb = Up(bias, {n});
+  Tensor ty = Alloc({m, n});
+  ASSERT_TRUE(b_->Linear(tx, tw, &tb, &ty).ok());
+  std::vector<float> y = Down(ty);
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       double ref = bias[j];
@@ -32,49 +44,220 @@ TEST_F(CpuBackendTest, LinearMatchesNaiveProduct) {
 }
 
 TEST_F(CpuBackendTest, ZeroRowOperationsAreNoOps) {
-  Tensor x = b_->Allocate({0, 8}), w = b_->Upload(std::vector<float>(32, 1.f), {4, 8});
-  Tensor y = b_->Allocate({0, 4});
-  b_->Linear(x, w, nullptr, &y);
-  Tensor norm_w = b_->Upload(std::vector<float>(8, 1.f), {8});
-  Tensor xn = b_->Allocate({0, 8});
-  b_->RmsNorm(x, norm_w, 1e-6f, &xn);
-  b_->GatherRows(x, {}, &xn);
-  b_->ScaleAddRows(x, {}, {}, &xn);
+  Tensor x = Alloc({0, 8}), w = Up(std::vector<float>(32, 1.f), {4, 8});
+  Tensor y = Alloc({0, 4});
+  EXPECT_TRUE(b_->Linear(x, w, nullptr, &y).ok());
+  Tensor norm_w = Up(std::vector<float>(8, 1.f), {8});
+  Tensor xn = Alloc({0, 8});
+  EXPECT_TRUE(b_->RmsNorm(x, norm_w, 1e-6f, &xn).ok());
+  EXPECT_TRUE(b_->GatherRows(x, Ids({}), &xn).ok());
+  EXPECT_TRUE(b_->ScaleAddRows(x, Alloc({0}), Ids({}), &xn).ok());
   EXPECT_EQ(y.num_elements(), 0);
 }
 
 TEST_F(CpuBackendTest, RmsNormAndRope) {
-  Tensor x = b_->Upload({3.f, 4.f}, {1, 2});
-  Tensor w = b_->Upload({1.f, 2.f}, {2});
-  Tensor y = b_->Allocate({1, 2});
-  b_->RmsNorm(x, w, 0.f, &y);
+  Tensor x = Up({3.f, 4.f}, {1, 2});
+  Tensor w = Up({1.f, 2.f}, {2});
+  Tensor y = Alloc({1, 2});
+  ASSERT_TRUE(b_->RmsNorm(x, w, 0.f, &y).ok());
   const float rms = std::sqrt((9.f + 16.f) / 2.f);
-  EXPECT_NEAR(b_->Download(y)[0], 3.f / rms, 1e-6);
-  EXPECT_NEAR(b_->Download(y)[1], 2.f * 4.f / rms, 1e-6);
+  EXPECT_NEAR(Down(y)[0], 3.f / rms, 1e-6);
+  EXPECT_NEAR(Down(y)[1], 2.f * 4.f / rms, 1e-6);
   // RoPE at position 0 is the identity; at p rotates pairs (i, i + d/2) by p * theta^(-2i/d).
-  Tensor r = b_->Upload({1.f, 0.f, 0.f, 1.f}, {1, 1, 4});
-  b_->Rope(&r, {0}, 10000.0);
-  EXPECT_EQ(b_->Download(r), (std::vector<float>{1.f, 0.f, 0.f, 1.f}));
-  Tensor s = b_->Upload({1.f, 0.f, 0.f, 0.f}, {1, 1, 4});
-  b_->Rope(&s, {2}, 10000.0);
-  std::vector<float> v = b_->Download(s);
+  Tensor r = Up({1.f, 0.f, 0.f, 1.f}, {1, 1, 4});
+  ASSERT_TRUE(b_->Rope(&r, Ids({0}), 10000.0).ok());
+  EXPECT_EQ(Down(r), (std::vector<float>{1.f, 0.f, 0.f, 1.f}));
+  Tensor s = Up({1.f, 0.f, 0.f, 0.f}, {1, 1, 4});
+  ASSERT_TRUE(b_->Rope(&s, Ids({2}), 10000.0).ok());
+  std::vector<float> v = Down(s);
   EXPECT_NEAR(v[0], std::cos(2.0), 1e-6);
   EXPECT_NEAR(v[2], std::sin(2.0), 1e-6);
 }
 
-TEST_F(CpuBackendTest, AttentionIsCausalAndGrouped) {
-  // Two heads share one KV head. Query 0 sees only position 0 -> output is v[0].
-  Tensor q = b_->Upload({1.f, 0.f, 0.f, 1.f, 1.f, 0.f, 0.f, 1.f}, {2, 2, 2});
-  Tensor k = b_->Upload({1.f, 0.f, 0.f, 1.f}, {2, 1, 2});
-  Tensor v = b_->Upload({10.f, 20.f, 30.f, 40.f}, {2, 1, 2});
-  Tensor out = b_->Allocate({2, 2, 2});
-  b_->Attention(q, k, v, 0, 1.f, &out);
-  std::vector<float> o = b_->Download(out);
+// Paged metadata for sequences of (past, new) tokens with the given block tables.
+PagedAttentionMeta Meta(Backend* b, int64_t block_size,
+                        const std::vector<std::pair<int, int>>& seqs,
+                        const std::vector<std::vector<int32_t>>& tables) {
+  PagedAttentionMeta m;
+  m.num_seqs = static_cast<int64_t>(seqs.size());
+  m.block_size = block_size;
+  for (const auto& t : tables) {
+    m.max_blocks_per_seq = std::max<int64_t>(m.max_blocks_per_seq, t.size());
+  }
+  std::vector<int32_t> qs = {0}, ctx, bt;
+  std::vector<int64_t> slots;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const auto [past, fresh] = seqs[s];
+    for (int i = 0; i < fresh; ++i) {
+      const int p = past + i;
+      slots.push_back(tables[s][p / block_size] * block_size + p % block_size);
+    }
+    qs.push_back(qs.back() + fresh);
+    ctx.push_back(past + fresh);
+    m.max_query_len = std::max<int64_t>(m.max_query_len, fresh);
+    m.max_context_len = std::max<int64_t>(m.max_context_len, past + fresh);
+    for (int64_t j = 0; j < m.max_blocks_per_seq; ++j) {
+      bt.push_back(j < static_cast<int64_t>(tables[s].size()) ? tables[s][j] : 0);
+    }
+  }
+  m.query_start = *b->UploadIndices(qs);
+  m.context_lens = *b->UploadIndices(ctx);
+  m.block_tables = *b->UploadIndices(bt);
+  m.slot_mapping = *b->Allocate({static_cast<int64_t>(slots.size())}, DType::kI64);
+  EXPECT_TRUE(b->CopyFromHost(slots.data(), DType::kI64, &m.slot_mapping).ok());
+  return m;
+}
+
+TEST_F(CpuBackendTest, PagedAttentionIsCausalAndGrouped) {
+  // Two heads share one KV head; one sequence of two new tokens, block size 1, its blocks
+  // out of order in the pool. Query 0 sees only position 0 -> output is v[0].
+  Tensor q = Up({1.f, 0.f, 0.f, 1.f, 1.f, 0.f, 0.f, 1.f}, {2, 2, 2});
+  Tensor k = Up({1.f, 0.f, 0.f, 1.f}, {2, 1, 2});
+  Tensor v = Up({10.f, 20.f, 30.f, 40.f}, {2, 1, 2});
+  Tensor k_cache = *b_->Zeros({4, 1, 1, 2}, DType::kF32);
+  Tensor v_cache = *b_->Zeros({4, 1, 1, 2}, DType::kF32);
+  PagedAttentionMeta meta = Meta(b_.get(), 1, {{0, 2}}, {{3, 1}});
+  ASSERT_TRUE(b_->WriteKvCache(k, v, meta, &k_cache, &v_cache).ok());
+  EXPECT_EQ(Down(v_cache), (std::vector<float>{0, 0, 30, 40, 0, 0, 10, 20}));
+  Tensor out = Alloc({2, 4});
+  ASSERT_TRUE(b_->PagedAttention(q, k_cache, v_cache, meta, 1.f, &out).ok());
+  std::vector<float> o = Down(out);
   EXPECT_FLOAT_EQ(o[0], 10.f);
   EXPECT_FLOAT_EQ(o[3], 20.f);
   // Query 1, head 0 = (1, 0): scores (1, 0) over positions 0, 1.
   const double w0 = std::exp(1.0) / (std::exp(1.0) + 1.0);
   EXPECT_NEAR(o[4], w0 * 10 + (1 - w0) * 30, 1e-4);
+}
+
+TEST_F(CpuBackendTest, PagedAttentionMixesPrefillAndDecodeAcrossBlocks) {
+  // Sequence A decodes 1 token after 5 cached (blocks of 2: [4, 0, 2]); sequence B prefills
+  // 3 tokens into blocks [1, 3]. Each must equal attention over its own positions only.
+  const int64_t d = 4, bs = 2;
+  std::vector<float> kv_a(6 * d), kv_b(3 * d), qa(d), qb(3 * d);
+  for (size_t i = 0; i < kv_a.size(); ++i) kv_a[i] = std::sin(0.3f * i);
+  for (size_t i = 0; i < kv_b.size(); ++i) kv_b[i] = std::cos(0.7f * i);
+  for (size_t i = 0; i < qa.size(); ++i) qa[i] = 0.5f - 0.1f * i;
+  for (size_t i = 0; i < qb.size(); ++i) qb[i] = std::sin(1.1f * i);
+  Tensor k_cache = *b_->Zeros({5, bs, 1, d}, DType::kF32);
+  Tensor v_cache = *b_->Zeros({5, bs, 1, d}, DType::kF32);
+  // A's first five positions were cached in an earlier step.
+  PagedAttentionMeta past = Meta(b_.get(), bs, {{0, 5}}, {{4, 0, 2}});
+  std::vector<float> first5(kv_a.begin(), kv_a.begin() + 5 * d);
+  ASSERT_TRUE(
+      b_->WriteKvCache(Up(first5, {5, 1, d}), Up(first5, {5, 1, d}), past, &k_cache, &v_cache)
+          .ok());
+  PagedAttentionMeta meta = Meta(b_.get(), bs, {{5, 1}, {0, 3}}, {{4, 0, 2}, {1, 3}});
+  std::vector<float> new_k(kv_a.end() - d, kv_a.end());
+  new_k.insert(new_k.end(), kv_b.begin(), kv_b.end());
+  ASSERT_TRUE(
+      b_->WriteKvCache(Up(new_k, {4, 1, d}), Up(new_k, {4, 1, d}), meta, &k_cache, &v_cache).ok());
+  std::vector<float> q_all = qa;
+  q_all.insert(q_all.end(), qb.begin(), qb.end());
+  Tensor out = Alloc({4, d});
+  ASSERT_TRUE(b_->PagedAttention(Up(q_all, {4, 1, d}), k_cache, v_cache, meta, 0.5f, &out).ok());
+  std::vector<float> o = Down(out);
+  // Reference: plain causal attention with k == v.
+  auto ref = [&](const float* q, const std::vector<float>& kv, int visible, int j) {
+    std::vector<double> w(visible);
+    double mx = -1e30, sum = 0;
+    for (int p = 0; p < visible; ++p) {
+      double dot = 0;
+      for (int x = 0; x < d; ++x) dot += q[x] * kv[p * d + x];
+      w[p] = 0.5 * dot;
+      mx = std::max(mx, w[p]);
+    }
+    double acc = 0;
+    for (int p = 0; p < visible; ++p) sum += std::exp(w[p] - mx);
+    for (int p = 0; p < visible; ++p) acc += std::exp(w[p] - mx) / sum * kv[p * d + j];
+    return acc;
+  };
+  for (int j = 0; j < d; ++j) EXPECT_NEAR(o[j], ref(qa.data(), kv_a, 6, j), 1e-5) << j;
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < d; ++j) {
+      EXPECT_NEAR(o[(1 + i) * d + j], ref(qb.data() + i * d, kv_b, i + 1, j), 1e-5) << i << j;
+    }
+  }
+  // Positions past a sequence's table are an error, not a read out of bounds.
+  PagedAttentionMeta bad = Meta(b_.get(), bs, {{5, 1}}, {{4, 0, 2}});
+  std::vector<int32_t> too_long = {7};
+  ASSERT_TRUE(b_->CopyFromHost(too_long.data(), DType::kI32, &bad.context_lens).ok());
+  EXPECT_EQ(b_->PagedAttention(Up(qa, {1, 1, d}), k_cache, v_cache, bad, 1.f, &out).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CpuBackendTest, DispatchLayoutCombineAndSortPairs) {
+  // 3 tokens, top-2 over 4 experts owned by ranks {0, 0, 1, 1}.
+  Tensor ids = Ids({0, 2, 1, 0, 3, 2});
+  ids = ids.Reshape({3, 2});
+  Tensor weights = Up({0.6f, 0.4f, 0.7f, 0.3f, 0.9f, 0.1f}, {3, 2});
+  DispatchLayoutTensors layout;
+  ASSERT_TRUE(b_->ComputeDispatchLayout(ids, weights, Ids({0, 0, 1, 1}), 2, &layout).ok());
+  EXPECT_EQ(*b_->DownloadIndices(layout.num_tokens_per_rank), (std::vector<int32_t>{2, 2}));
+  EXPECT_EQ(*b_->DownloadIndices(layout.num_pairs_per_rank), (std::vector<int32_t>{3, 3}));
+  EXPECT_EQ(*b_->DownloadIndices(layout.num_tokens_per_expert), (std::vector<int32_t>{2, 1, 2, 1}));
+  std::vector<int32_t> token_rows = *b_->DownloadIndices(layout.token_rows);
+  EXPECT_EQ(std::vector<int32_t>(token_rows.begin(), token_rows.begin() + 4),
+            (std::vector<int32_t>{0, 1, 0, 2}));
+  EXPECT_EQ(*b_->DownloadIndices(layout.pair_rows), (std::vector<int32_t>{0, 1, 1, 0, 1, 1}));
+  EXPECT_EQ(*b_->DownloadIndices(layout.pair_experts), (std::vector<int32_t>{0, 1, 0, 2, 3, 2}));
+  // An expert no rank owns is an error.
+  EXPECT_FALSE(b_->ComputeDispatchLayout(ids, weights, Ids({0, 0, 5, 1}), 2, &layout).ok());
+
+  // Combine: rank 0 answers tokens 0, 1; rank 1 tokens 0, 2; token 0 is their sum.
+  Tensor recv = Up({1, 2, 3, 4, 10, 20, 30, 40}, {4, 2});
+  Tensor out = Alloc({3, 2});
+  ASSERT_TRUE(b_->CombineRows(recv, Ids({0, 1, 0, 2}), {0, 2, 4}, &out).ok());
+  EXPECT_EQ(Down(out), (std::vector<float>{11, 22, 3, 4, 30, 40}));
+  // Into bf16: summed in float32, rounded once; a token no rank holds is zero.
+  Tensor out16 = Alloc({4, 2}, DType::kBF16);
+  ASSERT_TRUE(b_->CombineRows(recv, Ids({0, 1, 0, 2}), {0, 2, 4}, &out16).ok());
+  EXPECT_EQ(Down(out16), (std::vector<float>{11, 22, 3, 4, 30, 40, 0, 0}));
+
+  // Stable sort by expert.
+  Tensor order = Alloc({6}, DType::kI32), offsets = Alloc({5}, DType::kI32);
+  ASSERT_TRUE(b_->SortPairsByExpert(Ids({2, 0, 2, 1, 0, 3}), 4, &order, &offsets).ok());
+  EXPECT_EQ(*b_->DownloadIndices(order), (std::vector<int32_t>{1, 4, 3, 0, 2, 5}));
+  EXPECT_EQ(*b_->DownloadIndices(offsets), (std::vector<int32_t>{0, 2, 3, 5, 6}));
+}
+
+TEST_F(CpuBackendTest, GroupedSwiGluEqualsPerExpertLinears) {
+  const int64_t h = 3, inter = 2;
+  Tensor g0 = Up({0.1f, 0.2f, 0.3f, -0.1f, 0.0f, 0.5f}, {inter, h});
+  Tensor u0 = Up({0.3f, -0.2f, 0.1f, 0.2f, 0.4f, -0.5f}, {inter, h});
+  Tensor d0 = Up({1, 2, -1, 0.5f, 0, 1}, {h, inter});
+  Tensor xs = Up({1, 2, 3, -1, 0, 2}, {2, h});
+  Tensor y = Alloc({2, h});
+  // Expert 1 has both rows; experts 0 and 2 none (and expert 2 no weights).
+  ASSERT_TRUE(b_->GroupedSwiGlu(xs, Ids({0, 0, 2, 2}), {&g0, &g0, nullptr}, {&u0, &u0, nullptr},
+                                {&d0, &d0, nullptr}, &y)
+                  .ok());
+  Tensor gate = Alloc({2, inter}), up = Alloc({2, inter}), want = Alloc({2, h});
+  ASSERT_TRUE(b_->Linear(xs, g0, nullptr, &gate).ok());
+  ASSERT_TRUE(b_->Linear(xs, u0, nullptr, &up).ok());
+  ASSERT_TRUE(b_->SiluMul(gate, up, &gate).ok());
+  ASSERT_TRUE(b_->Linear(gate, d0, nullptr, &want).ok());
+  EXPECT_EQ(Down(y), Down(want));
+  EXPECT_EQ(b_->GroupedSwiGlu(xs, Ids({0, 0, 0, 2}), {&g0, &g0, nullptr}, {&u0, &u0, nullptr},
+                              {&d0, &d0, nullptr}, &y)
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CpuBackendTest, AllocatorReusesFreedBlocksAndConvertsOnCopy) {
+  auto* cpu = static_cast<CpuBackend*>(b_.get());
+  { Tensor a = Alloc({1000}); }
+  const int64_t before = cpu->allocator_stats().system_allocations;
+  for (int i = 0; i < 10; ++i) Tensor a = Alloc({999});  // same size class
+  EXPECT_EQ(cpu->allocator_stats().system_allocations, before);
+  EXPECT_GE(cpu->allocator_stats().cache_hits, 10);
+  // bf16 in, float32 out, and back; integer tensors never convert to float.
+  const std::vector<float> values = {1.5f, -2.25f, 3.f};
+  Tensor t16 = Alloc({3}, DType::kBF16);
+  ASSERT_TRUE(b_->CopyFromHost(values.data(), DType::kF32, &t16).ok());
+  EXPECT_EQ(Down(t16), values);
+  Tensor ids = Alloc({3}, DType::kI32);
+  EXPECT_EQ(b_->Copy(t16, &ids).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->Allocate({-1}, DType::kF32).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -16,11 +16,14 @@ TEST(TopKSoftmax, ZeroTokensReturnsAtOnceWithoutTouchingOutputs) {
   EXPECT_EQ(ids[0], -7);
   EXPECT_EQ(weights[0], -7.f);
   auto backend = MakeCpuBackend();
-  Tensor logits = backend->Allocate({0, 16});
-  std::vector<int32_t> out_ids;
-  std::vector<float> out_w;
+  Tensor logits = *backend->Allocate({0, 16}, DType::kF32);
+  Tensor out_ids = *backend->Allocate({0, 4}, DType::kI32);
+  Tensor out_w = *backend->Allocate({0, 4}, DType::kF32);
   EXPECT_TRUE(backend->TopKSoftmax(logits, 4, true, &out_ids, &out_w).ok());
-  EXPECT_TRUE(out_ids.empty());
+  EXPECT_EQ(out_ids.num_elements(), 0);
+  // Arguments are still checked on an empty batch.
+  EXPECT_EQ(backend->TopKSoftmax(logits, 17, true, &out_ids, &out_w).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TopKSoftmax, RejectsNonPositiveExpertCount) {

@@ -38,7 +38,7 @@ TEST_F(EngineTest, RoutingSpreadsOverExperts) {
   std::vector<int32_t> prompt;
   for (int i = 0; i < 64; ++i) prompt.push_back(5 + i * 61 % 4000);
   ASSERT_TRUE(engine_->GenerateBatch({Request(prompt, 1)}).ok());
-  const auto& per_expert = engine_->model().routing_stats().tokens_per_expert;
+  const std::vector<int64_t> per_expert = engine_->experts().tokens_per_expert_snapshot();
   const int64_t total = 64 * 4 /*layers*/ * 4 /*top-k*/;
   int64_t sum = 0, max = 0;
   int used = 0;
@@ -90,8 +90,8 @@ TEST_F(EngineTest, TwoMicroBatchesGiveTheSameLogitsAsOne) {
     ASSERT_TRUE(b.ok()) << b.status();
     ASSERT_EQ(a->rows(), static_cast<int64_t>(step.size()));
     ASSERT_EQ(b->rows(), a->rows());
-    const std::vector<float> va(a->f32(), a->f32() + a->num_elements());
-    const std::vector<float> vb(b->f32(), b->f32() + b->num_elements());
+    const std::vector<float> va = *engine_->backend()->Download(*a);
+    const std::vector<float> vb = *engine_->backend()->Download(*b);
     EXPECT_LT(testing::RelativeError(vb, va), 1e-5) << "step " << s;
     // Next step: every sequence decodes its greedy token (from the one-batch logits).
     for (size_t i = 0; i < step.size(); ++i) {

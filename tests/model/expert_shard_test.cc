@@ -30,9 +30,9 @@ class ExpertShardBf16Test : public ::testing::Test {
     ExpertWeightMap weights;
     for (int e = 0; e < kExperts; ++e) {
       ExpertWeights& w = weights[{0, e}];
-      w.gate_proj = backend_->Upload(Random(kInter * kHidden, 0.2f), {kInter, kHidden});
-      w.up_proj = backend_->Upload(Random(kInter * kHidden, 0.2f), {kInter, kHidden});
-      w.down_proj = backend_->Upload(Random(kHidden * kInter, 0.2f), {kHidden, kInter});
+      w.gate_proj = *backend_->Upload(Random(kInter * kHidden, 0.2f), {kInter, kHidden});
+      w.up_proj = *backend_->Upload(Random(kInter * kHidden, 0.2f), {kInter, kHidden});
+      w.down_proj = *backend_->Upload(Random(kHidden * kInter, 0.2f), {kHidden, kInter});
     }
     shard_ = std::make_unique<ExpertShard>(config_, std::move(weights), backend_.get());
   }
@@ -70,8 +70,8 @@ TEST_F(ExpertShardBf16Test, Bf16RowsGiveTheFloat32AnswerRoundedOnce) {
     WidenToFloat32(DType::kBF16, x16.raw(), exact.size(), exact.data());
     const RoutedPairs pairs = Route(rows);
 
-    Tensor x32 = backend_->Upload(exact, {rows, kHidden});
-    Tensor out32 = backend_->Allocate({rows, kHidden});
+    Tensor x32 = *backend_->Upload(exact, {rows, kHidden});
+    Tensor out32 = *backend_->Allocate({rows, kHidden});
     ASSERT_TRUE(shard_->Forward(0, x32, pairs, &out32).ok());
     Tensor out16 = AllocateHostTensor(DType::kBF16, {rows, kHidden});
     std::memset(out16.raw(), 0xff, static_cast<size_t>(rows) * kHidden * 2);  // NaNs

@@ -158,8 +158,8 @@ class ZeroCopyTest : public ::testing::TestWithParam<std::tuple<std::string, DTy
     placement_ = Placement::Contiguous(kNumExperts, num_ep);
     DispatchOptions options;
     options.wire_dtype = std::get<1>(GetParam());
-    executor_ = std::make_unique<RemoteMoeExecutor>(transports_[0].get(), ep_peers, placement_,
-                                                    kHidden, options);
+    executor_ = std::make_unique<RemoteMoeExecutor>(backend_.get(), transports_[0].get(), ep_peers,
+                                                    placement_, kHidden, options);
   }
 
   void TearDown() override {
@@ -173,8 +173,8 @@ class ZeroCopyTest : public ::testing::TestWithParam<std::tuple<std::string, DTy
   // are host tensors in the wire dtype, and out must be the float32 answer rounded once.
   void RunAndCheck(int64_t tokens, int seed, bool in_wire_dtype = false) {
     Batch b = MakeBatch(tokens, seed);
-    Tensor x = backend_->Upload(b.x, {tokens, kHidden});
-    Tensor out = backend_->Allocate({tokens, kHidden});
+    Tensor x = *backend_->Upload(b.x, {tokens, kHidden});
+    Tensor out = *backend_->Allocate({tokens, kHidden});
     if (in_wire_dtype) {
       x = AllocateHostTensor(wire(), {tokens, kHidden});
       out = AllocateHostTensor(wire(), {tokens, kHidden});
@@ -184,7 +184,8 @@ class ZeroCopyTest : public ::testing::TestWithParam<std::tuple<std::string, DTy
       }
     }
     executor_->set_step(++step_);
-    absl::Status s = executor_->Run(0, x, b.ids, b.weights, kTopK, &out);
+    const auto [ids, weights] = Routing(b);
+    absl::Status s = executor_->Run(0, x, ids, weights, &out);
     ASSERT_TRUE(s.ok()) << s;
     std::vector<float> want = Expected(b.x, b.ids, b.weights, placement_, wire());
     ASSERT_EQ(out.num_elements(), static_cast<int64_t>(want.size()));
@@ -197,6 +198,13 @@ class ZeroCopyTest : public ::testing::TestWithParam<std::tuple<std::string, DTy
       std::memcpy(&w, &want[i], 4);
       ASSERT_EQ(g, w) << "tokens " << tokens << " element " << i;
     }
+  }
+
+  // The batch's routing as the model hands it over: [tokens, top_k] tensors.
+  std::pair<Tensor, Tensor> Routing(const Batch& b) {
+    const int64_t tokens = static_cast<int64_t>(b.ids.size()) / kTopK;
+    return {backend_->UploadIndices(b.ids)->Reshape({tokens, kTopK}),
+            *backend_->Upload(b.weights, {tokens, kTopK})};
   }
 
   DType wire() const { return std::get<1>(GetParam()); }
@@ -283,15 +291,16 @@ TEST_P(ZeroCopyTest, TwoMicroBatchesInFlight) {
     Tensor x[2], out[2];
     executor_->set_step(++step_);
     for (int m = 0; m < 2; ++m) {
-      x[m] = backend_->Upload(b[m].x, {tokens, kHidden});
-      out[m] = backend_->Allocate({tokens, kHidden});
-      ASSERT_TRUE(executor_->Dispatch(0, m, 2, x[m], b[m].ids, b[m].weights, kTopK, &out[m]).ok());
+      x[m] = *backend_->Upload(b[m].x, {tokens, kHidden});
+      out[m] = *backend_->Allocate({tokens, kHidden});
+      const auto [ids, weights] = Routing(b[m]);
+      ASSERT_TRUE(executor_->Dispatch(0, m, 2, x[m], ids, weights, &out[m]).ok());
     }
     for (int m = 0; m < 2; ++m) {
       absl::Status s = executor_->Combine(0, m, &out[m]);
       ASSERT_TRUE(s.ok()) << s;
       const std::vector<float> want = Expected(b[m].x, b[m].ids, b[m].weights, placement_, wire());
-      EXPECT_TRUE(backend_->Download(out[m]) == want) << "round " << round << " micro " << m;
+      EXPECT_TRUE(*backend_->Download(out[m]) == want) << "round " << round << " micro " << m;
     }
   }
   EXPECT_GE(RoundsInPlace(), Rounds() - 2);

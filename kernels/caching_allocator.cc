@@ -1,0 +1,104 @@
+#include "kernels/caching_allocator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace dxs {
+
+CachingAllocator::CachingAllocator(Device device, SystemAlloc alloc, SystemFree free,
+                                   size_t max_cached_bytes)
+    : device_(device),
+      system_alloc_(std::move(alloc)),
+      system_free_(std::move(free)),
+      max_cached_bytes_(max_cached_bytes) {}
+
+std::shared_ptr<CachingAllocator> CachingAllocator::Create(Device device, SystemAlloc alloc,
+                                                           SystemFree free,
+                                                           size_t max_cached_bytes) {
+  return std::shared_ptr<CachingAllocator>(
+      new CachingAllocator(device, std::move(alloc), std::move(free), max_cached_bytes));
+}
+
+CachingAllocator::~CachingAllocator() { EmptyCache(); }
+
+size_t CachingAllocator::SizeClass(size_t bytes) {
+  constexpr size_t kSmallStep = 512, kSmallMax = 64 << 10;
+  bytes = std::max<size_t>(bytes, 1);
+  if (bytes <= kSmallMax) return (bytes + kSmallStep - 1) / kSmallStep * kSmallStep;
+  // Four classes per octave: [2^k, 2^k * 5/4, 2^k * 6/4, 2^k * 7/4].
+  size_t octave = kSmallMax;
+  while (octave * 2 <= bytes) octave *= 2;
+  const size_t quarter = octave / 4;
+  return (bytes + quarter - 1) / quarter * quarter;
+}
+
+absl::StatusOr<std::shared_ptr<Buffer>> CachingAllocator::Allocate(size_t bytes) {
+  const size_t size_class = SizeClass(bytes);
+  void* p = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = free_.find(size_class);
+    if (it != free_.end() && !it->second.empty()) {
+      p = it->second.back();
+      it->second.pop_back();
+      stats_.bytes_cached -= static_cast<int64_t>(size_class);
+      ++stats_.cache_hits;
+    }
+  }
+  if (p == nullptr) {
+    p = system_alloc_(size_class);
+    if (p == nullptr) {
+      EmptyCache();  // cached blocks of other classes may be what the system is missing
+      p = system_alloc_(size_class);
+    }
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("out of ", device_ == Device::kCpu ? "host" : "device",
+                       " memory allocating ", bytes, " bytes (", stats().bytes_in_use, " in use)"));
+    }
+    absl::MutexLock lock(&mu_);
+    ++stats_.system_allocations;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.bytes_in_use += static_cast<int64_t>(size_class);
+  }
+  std::weak_ptr<CachingAllocator> pool = weak_from_this();
+  return std::make_shared<Buffer>(device_, p, bytes, [pool, size_class](void* q) {
+    if (std::shared_ptr<CachingAllocator> a = pool.lock()) a->Release(q, size_class);
+  });
+}
+
+void CachingAllocator::Release(void* p, size_t size_class) {
+  bool keep;
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.bytes_in_use -= static_cast<int64_t>(size_class);
+    keep = static_cast<size_t>(stats_.bytes_cached) + size_class <= max_cached_bytes_;
+    if (keep) {
+      free_[size_class].push_back(p);
+      stats_.bytes_cached += static_cast<int64_t>(size_class);
+    }
+  }
+  if (!keep) system_free_(p, size_class);
+}
+
+void CachingAllocator::EmptyCache() {
+  std::map<size_t, std::vector<void*>> blocks;
+  {
+    absl::MutexLock lock(&mu_);
+    blocks.swap(free_);
+    stats_.bytes_cached = 0;
+  }
+  for (auto& [size_class, ptrs] : blocks) {
+    for (void* p : ptrs) system_free_(p, size_class);
+  }
+}
+
+CachingAllocator::Stats CachingAllocator::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace dxs

@@ -1,0 +1,88 @@
+// CpuBackend: float32 compute on the host, OpenBLAS sgemm for every GEMM.
+//
+// Weights of any stored dtype are widened to float32 on upload; activations are float32,
+// and rows in a narrower wire dtype (bf16) are converted by the ops that move them
+// (GatherRows, Copy, CombineRows). The queue is immediate: every op has finished when it
+// returns, so events are always complete.
+//
+// The class is visible so that a test backend (kernels/opaque_backend.h) can run these
+// very ops on memory it maps itself.
+//
+// Thread safety: ops on distinct tensors may run from several threads.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/caching_allocator.h"
+
+namespace dxs {
+
+class CpuBackend : public Backend {
+ public:
+  CpuBackend();
+  using Backend::Allocate;
+
+  std::string name() const override { return "cpu"; }
+  Device device() const override { return Device::kCpu; }
+  DType WeightDType(DType stored) const override { return DType::kF32; }
+  DType ActivationDType() const override { return DType::kF32; }
+
+  absl::StatusOr<Tensor> Allocate(std::vector<int64_t> shape, DType dtype) override;
+  absl::Status CopyFromHost(const void* src, DType src_dtype, Tensor* dst) override;
+  absl::Status CopyToHost(const Tensor& src, DType dst_dtype, void* dst) override;
+  absl::Status Copy(const Tensor& src, Tensor* dst) override;
+  absl::Status Fill(Tensor* t, float value) override;
+
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override;
+  absl::Status RecordEvent(Event* event) override;
+  absl::Status WaitEvent(Event* event) override;
+  absl::Status SynchronizeEvent(Event* event) override;
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  absl::Status Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor* y) override;
+  absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor* y) override;
+  absl::Status Embedding(const Tensor& table, const Tensor& ids, Tensor* y) override;
+  absl::Status Rope(Tensor* x, const Tensor& positions, double theta) override;
+  absl::Status SiluMul(const Tensor& gate, const Tensor& up, Tensor* out) override;
+  absl::Status Add(const Tensor& x, Tensor* inout) override;
+  absl::Status GatherRows(const Tensor& src, const Tensor& rows, Tensor* dst) override;
+
+  absl::Status WriteKvCache(const Tensor& k, const Tensor& v, const PagedAttentionMeta& meta,
+                            Tensor* k_cache, Tensor* v_cache) override;
+  absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              const PagedAttentionMeta& meta, float scale, Tensor* out) override;
+
+  absl::Status TopKSoftmax(const Tensor& logits, int top_k, bool normalize, Tensor* ids,
+                           Tensor* weights) override;
+  absl::Status ComputeDispatchLayout(const Tensor& ids, const Tensor& weights,
+                                     const Tensor& expert_owner, int num_ranks,
+                                     DispatchLayoutTensors* layout) override;
+  absl::Status CombineRows(const Tensor& recv, const Tensor& token_rows,
+                           const std::vector<int64_t>& rank_offsets, Tensor* out) override;
+  absl::Status SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
+                                 Tensor* expert_offsets) override;
+  absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor& expert_offsets,
+                             const std::vector<const Tensor*>& gate,
+                             const std::vector<const Tensor*>& up,
+                             const std::vector<const Tensor*>& down, Tensor* y) override;
+  absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
+                            Tensor* dst) override;
+
+  CachingAllocator::Stats allocator_stats() const { return allocator_->stats(); }
+
+ protected:
+  // Where this backend's memory comes from; the opaque test backend replaces it.
+  explicit CpuBackend(std::shared_ptr<CachingAllocator> allocator);
+
+ private:
+  std::shared_ptr<CachingAllocator> allocator_;
+};
+
+// Argument checks shared by backends: a clear INVALID_ARGUMENT naming the op.
+absl::Status CheckDType(const char* op, const Tensor& t, DType want, const char* what);
+absl::Status CheckSameElements(const char* op, const Tensor& a, const Tensor& b);
+
+}  // namespace dxs

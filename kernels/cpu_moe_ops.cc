@@ -1,0 +1,287 @@
+// CPU backend: routing (top-k softmax), the dispatch layout, the combine's weighted sum and
+// the grouped expert FFN.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cpu_backend.h"
+#include "kernels/topk_softmax.h"
+
+namespace dxs {
+
+absl::Status CpuBackend::TopKSoftmax(const Tensor& logits, int top_k, bool normalize, Tensor* ids,
+                                     Tensor* weights) {
+  const int64_t tokens = logits.rows(), experts = logits.row_size();
+  DXS_RETURN_IF_ERROR(ValidateTopKArgs(tokens, experts, top_k));
+  DXS_RETURN_IF_ERROR(CheckDType("top-k softmax", logits, DType::kF32, "logits"));
+  DXS_RETURN_IF_ERROR(CheckDType("top-k softmax", *ids, DType::kI32, "ids"));
+  DXS_RETURN_IF_ERROR(CheckDType("top-k softmax", *weights, DType::kF32, "weights"));
+  if (ids->num_elements() != tokens * top_k || weights->num_elements() != tokens * top_k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top-k softmax: outputs ", ids->ShapeString(), " for ", tokens, " x ", top_k));
+  }
+  return TopKSoftmaxCpu(logits.f32(), tokens, experts, top_k, normalize, ids->i32(),
+                        weights->f32());
+}
+
+absl::Status CpuBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& weights,
+                                               const Tensor& expert_owner, int num_ranks,
+                                               DispatchLayoutTensors* layout) {
+  DXS_RETURN_IF_ERROR(CheckDType("dispatch layout", ids, DType::kI32, "ids"));
+  DXS_RETURN_IF_ERROR(CheckDType("dispatch layout", weights, DType::kF32, "weights"));
+  DXS_RETURN_IF_ERROR(CheckDType("dispatch layout", expert_owner, DType::kI32, "expert_owner"));
+  DXS_RETURN_IF_ERROR(CheckSameElements("dispatch layout", ids, weights));
+  if (num_ranks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("dispatch layout: ", num_ranks, " ranks"));
+  }
+  const int64_t num_tokens = ids.rows(), top_k = ids.rows() > 0 ? ids.row_size() : 0;
+  const int64_t num_pairs = ids.num_elements(), num_experts = expert_owner.num_elements();
+  const int64_t max_token_rows = num_tokens * std::min<int64_t>(top_k, num_ranks);
+  DXS_ASSIGN_OR_RETURN(layout->num_tokens_per_rank, Allocate({num_ranks}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(layout->num_pairs_per_rank, Allocate({num_ranks}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(layout->num_tokens_per_expert, Allocate({num_experts}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(layout->token_rows, Allocate({max_token_rows}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(layout->pair_rows, Allocate({num_pairs}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(layout->pair_experts, Allocate({num_pairs}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(layout->pair_weights, Allocate({num_pairs}, DType::kF32));
+  const int32_t* id = ids.i32();
+  const float* weight = weights.f32();
+  const int32_t* owner = expert_owner.i32();
+  int32_t* per_expert = layout->num_tokens_per_expert.i32();
+  std::fill(per_expert, per_expert + num_experts, 0);
+  for (int64_t p = 0; p < num_pairs; ++p) {
+    if (id[p] < 0 || id[p] >= num_experts || owner[id[p]] < 0 || owner[id[p]] >= num_ranks) {
+      return absl::InvalidArgumentError(absl::StrCat("dispatch layout: expert ", id[p],
+                                                     " has no owner among ", num_ranks, " ranks"));
+    }
+    ++per_expert[id[p]];
+  }
+  int32_t* token_count = layout->num_tokens_per_rank.i32();
+  int32_t* pair_count = layout->num_pairs_per_rank.i32();
+  if (num_ranks == 1) {
+    // One rank holds every expert: it gets every token in order, the pairs as routed.
+    token_count[0] = static_cast<int32_t>(num_tokens);
+    pair_count[0] = static_cast<int32_t>(num_pairs);
+    std::iota(layout->token_rows.i32(), layout->token_rows.i32() + num_tokens, 0);
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      std::fill_n(layout->pair_rows.i32() + t * top_k, top_k, static_cast<int32_t>(t));
+    }
+    if (num_pairs > 0) {
+      std::memcpy(layout->pair_experts.i32(), id, num_pairs * sizeof(int32_t));
+      std::memcpy(layout->pair_weights.f32(), weight, num_pairs * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+  // Two passes: count each rank's tokens and pairs, then fill through per-rank cursors. A
+  // token is new to rank r when r last saw an earlier token.
+  std::fill(token_count, token_count + num_ranks, 0);
+  std::fill(pair_count, pair_count + num_ranks, 0);
+  std::vector<int64_t> last_token(num_ranks, -1);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t k = 0; k < top_k; ++k) {
+      const int r = owner[id[t * top_k + k]];
+      ++pair_count[r];
+      if (last_token[r] != t) {
+        last_token[r] = t;
+        ++token_count[r];
+      }
+    }
+  }
+  struct Cursor {
+    int64_t token, pair;  // next slots in the flat arrays
+    int32_t next_row;     // the rank's next local row
+  };
+  std::vector<Cursor> cursor(num_ranks);
+  int64_t token_offset = 0, pair_offset = 0;
+  for (int r = 0; r < num_ranks; ++r) {
+    cursor[r] = {token_offset, pair_offset, 0};
+    token_offset += token_count[r];
+    pair_offset += pair_count[r];
+  }
+  int32_t* token_rows = layout->token_rows.i32();
+  int32_t* pair_rows = layout->pair_rows.i32();
+  int32_t* pair_experts = layout->pair_experts.i32();
+  float* pair_weights = layout->pair_weights.f32();
+  std::fill(last_token.begin(), last_token.end(), -1);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t k = 0; k < top_k; ++k) {
+      const int32_t expert = id[t * top_k + k];
+      const int r = owner[expert];
+      Cursor& c = cursor[r];
+      if (last_token[r] != t) {
+        last_token[r] = t;
+        token_rows[c.token++] = static_cast<int32_t>(t);
+        ++c.next_row;
+      }
+      pair_rows[c.pair] = c.next_row - 1;
+      pair_experts[c.pair] = expert;
+      pair_weights[c.pair] = weight[t * top_k + k];
+      ++c.pair;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CombineRows(const Tensor& recv, const Tensor& token_rows,
+                                     const std::vector<int64_t>& rank_offsets, Tensor* out) {
+  DXS_RETURN_IF_ERROR(CheckDType("combine", token_rows, DType::kI32, "token_rows"));
+  const int64_t num_tokens = out->rows(), hidden = out->row_size();
+  const int64_t total = rank_offsets.empty() ? 0 : rank_offsets.back();
+  if (rank_offsets.empty() || rank_offsets.front() != 0 || recv.rows() < total ||
+      token_rows.num_elements() < total || (total > 0 && recv.row_size() != hidden)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "combine: ", total, " rows of ", recv.ShapeString(), " into ", out->ShapeString()));
+  }
+  if (!IsFloatDType(recv.dtype()) || !IsFloatDType(out->dtype())) {
+    return absl::InvalidArgumentError("combine: rows must be floating point");
+  }
+  // The first rank holding a token writes it, later ones add; tokens no rank holds are
+  // zeroed. A narrower output is summed in float32 and rounded once.
+  thread_local std::vector<float> wide_sum, wide_row;
+  thread_local std::vector<uint8_t> touched;
+  const bool sum_in_out = out->dtype() == DType::kF32;
+  if (!sum_in_out) wide_sum.resize(static_cast<size_t>(num_tokens * hidden));
+  float* const sum = sum_in_out ? out->f32() : wide_sum.data();
+  touched.assign(static_cast<size_t>(num_tokens), 0);
+  wide_row.resize(static_cast<size_t>(hidden));
+  const size_t row_bytes = static_cast<size_t>(hidden) * DTypeSize(recv.dtype());
+  const uint8_t* src = static_cast<const uint8_t*>(recv.raw());
+  const int32_t* rows = token_rows.i32();
+  for (size_t r = 0; r + 1 < rank_offsets.size(); ++r) {
+    if (rank_offsets[r + 1] < rank_offsets[r]) {
+      return absl::InvalidArgumentError("combine: rank offsets decrease");
+    }
+    for (int64_t i = rank_offsets[r]; i < rank_offsets[r + 1]; ++i) {
+      const int32_t t = rows[i];
+      if (t < 0 || t >= num_tokens) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("combine: token ", t, " outside [0, ", num_tokens, ")"));
+      }
+      const uint8_t* row = src + i * row_bytes;
+      float* dst = sum + static_cast<int64_t>(t) * hidden;
+      if (!touched[t]) {
+        WidenToFloat32(recv.dtype(), row, static_cast<size_t>(hidden), dst);
+        touched[t] = 1;
+        continue;
+      }
+      const float* add = reinterpret_cast<const float*>(row);
+      if (recv.dtype() != DType::kF32) {
+        WidenToFloat32(recv.dtype(), row, static_cast<size_t>(hidden), wide_row.data());
+        add = wide_row.data();
+      }
+      for (int64_t j = 0; j < hidden; ++j) dst[j] += add[j];
+    }
+  }
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    if (!touched[t]) std::fill(sum + t * hidden, sum + (t + 1) * hidden, 0.f);
+  }
+  if (!sum_in_out) {
+    NarrowFromFloat32(out->dtype(), sum, static_cast<size_t>(num_tokens * hidden), out->raw());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
+                                           Tensor* expert_offsets) {
+  DXS_RETURN_IF_ERROR(CheckDType("sort pairs", experts, DType::kI32, "experts"));
+  DXS_RETURN_IF_ERROR(CheckDType("sort pairs", *order, DType::kI32, "order"));
+  DXS_RETURN_IF_ERROR(CheckDType("sort pairs", *expert_offsets, DType::kI32, "expert_offsets"));
+  const int64_t n = experts.num_elements();
+  if (num_experts <= 0 || order->num_elements() != n ||
+      expert_offsets->num_elements() != num_experts + 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sort pairs: ", n, " pairs over ", num_experts, " experts"));
+  }
+  // A counting sort: stable, one pass to count, one to place.
+  int32_t* offsets = expert_offsets->i32();
+  std::fill(offsets, offsets + num_experts + 1, 0);
+  const int32_t* e = experts.i32();
+  for (int64_t p = 0; p < n; ++p) {
+    if (e[p] < 0 || e[p] >= num_experts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sort pairs: expert ", e[p], " outside [0, ", num_experts, ")"));
+    }
+    ++offsets[e[p] + 1];
+  }
+  for (int x = 0; x < num_experts; ++x) offsets[x + 1] += offsets[x];
+  thread_local std::vector<int32_t> next;
+  next.assign(offsets, offsets + num_experts);
+  int32_t* o = order->i32();
+  for (int64_t p = 0; p < n; ++p) o[next[e[p]]++] = static_cast<int32_t>(p);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::GroupedSwiGlu(const Tensor& xs, const Tensor& expert_offsets,
+                                       const std::vector<const Tensor*>& gate,
+                                       const std::vector<const Tensor*>& up,
+                                       const std::vector<const Tensor*>& down, Tensor* y) {
+  DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", xs, DType::kF32, "xs"));
+  DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", expert_offsets, DType::kI32, "offsets"));
+  const int64_t num_experts = expert_offsets.num_elements() - 1;
+  const int64_t hidden = xs.row_size();
+  if (num_experts < 0 || static_cast<int64_t>(gate.size()) != num_experts ||
+      up.size() != gate.size() || down.size() != gate.size() || y->rows() != xs.rows() ||
+      y->row_size() != hidden) {
+    return absl::InvalidArgumentError(absl::StrCat("grouped SwiGLU: ", xs.ShapeString(), " over ",
+                                                   num_experts, " experts into ",
+                                                   y->ShapeString()));
+  }
+  const int32_t* offsets = expert_offsets.i32();
+  if (num_experts > 0 && (offsets[0] != 0 || offsets[num_experts] != xs.rows())) {
+    return absl::InvalidArgumentError("grouped SwiGLU: offsets do not cover the rows");
+  }
+  thread_local std::vector<float> gate_rows, up_rows;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t begin = offsets[e], n = offsets[e + 1] - begin;
+    if (n == 0) continue;  // no rows: no GEMM
+    if (n < 0 || gate[e] == nullptr || up[e] == nullptr || down[e] == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("grouped SwiGLU: expert ", e, " has ", n, " rows and no weights here"));
+    }
+    const int64_t inter = gate[e]->rows();
+    gate_rows.resize(static_cast<size_t>(n * inter));
+    up_rows.resize(static_cast<size_t>(n * inter));
+    const float* x = xs.f32() + begin * hidden;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, inter, hidden, 1.f, x, hidden,
+                gate[e]->f32(), hidden, 0.f, gate_rows.data(), inter);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, inter, hidden, 1.f, x, hidden,
+                up[e]->f32(), hidden, 0.f, up_rows.data(), inter);
+    float* g = gate_rows.data();
+    const float* u = up_rows.data();
+    for (int64_t i = 0; i < n * inter; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, hidden, inter, 1.f, g, inter,
+                down[e]->f32(), inter, 0.f, y->f32() + begin * hidden, hidden);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
+                                      Tensor* dst) {
+  DXS_RETURN_IF_ERROR(CheckDType("scale add rows", scales, DType::kF32, "scales"));
+  DXS_RETURN_IF_ERROR(CheckDType("scale add rows", rows, DType::kI32, "rows"));
+  const int64_t n = rows.num_elements(), d = src.row_size();
+  if (scales.num_elements() != n || src.rows() < n || dst->row_size() != d) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scale add rows: ", n, " rows of ", src.ShapeString(), " into ", dst->ShapeString()));
+  }
+  const int32_t* r = rows.i32();
+  const float* w = scales.f32();
+  for (int64_t i = 0; i < n; ++i) {
+    if (r[i] < 0 || r[i] >= dst->rows()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("scale add rows: row ", r[i], " outside [0, ", dst->rows(), ")"));
+    }
+    const float* s = src.f32() + i * d;
+    float* o = dst->f32() + static_cast<int64_t>(r[i]) * d;
+    for (int64_t j = 0; j < d; ++j) o[j] += w[i] * s[j];
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dxs
