@@ -161,10 +161,14 @@ class Backend {
   // expert, in pair order within one; expert_offsets[E + 1] (i32) bounds each expert's run.
   virtual absl::Status SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
                                          Tensor* expert_offsets) = 0;
-  // The grouped SwiGLU FFN: for each expert e, rows [off[e], off[e+1]) of xs go through
-  // down_e(silu(gate_e x) * up_e x) into y. gate/up/down[e] are null for experts with no
-  // rows here (an expert with rows and no weights is FAILED_PRECONDITION).
-  virtual absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor& expert_offsets,
+  // The grouped SwiGLU FFN: for each expert e, rows [off[e], off[e+1]) of the sorted input
+  // go through down_e(silu(gate_e x) * up_e x) into the same rows of y. The sorted input is
+  // xs itself when `rows` is null, else xs gathered by `rows` (i32 [P]; widened from a
+  // narrower dtype), so the permutation is never written out (vLLM's sorted_token_ids).
+  // gate/up/down[e] are null for experts with no rows here (an expert with rows and no
+  // weights is FAILED_PRECONDITION).
+  virtual absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
+                                     const Tensor& expert_offsets,
                                      const std::vector<const Tensor*>& gate,
                                      const std::vector<const Tensor*>& up,
                                      const std::vector<const Tensor*>& down, Tensor* y) = 0;

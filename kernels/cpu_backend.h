@@ -64,7 +64,7 @@ class CpuBackend : public Backend {
                            const std::vector<int64_t>& rank_offsets, Tensor* out) override;
   absl::Status SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
                                  Tensor* expert_offsets) override;
-  absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor& expert_offsets,
+  absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor* rows, const Tensor& expert_offsets,
                              const std::vector<const Tensor*>& gate,
                              const std::vector<const Tensor*>& up,
                              const std::vector<const Tensor*>& down, Tensor* y) override;

@@ -217,26 +217,32 @@ absl::Status CpuBackend::SortPairsByExpert(const Tensor& experts, int num_expert
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::GroupedSwiGlu(const Tensor& xs, const Tensor& expert_offsets,
+absl::Status CpuBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
+                                       const Tensor& expert_offsets,
                                        const std::vector<const Tensor*>& gate,
                                        const std::vector<const Tensor*>& up,
                                        const std::vector<const Tensor*>& down, Tensor* y) {
-  DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", xs, DType::kF32, "xs"));
   DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", expert_offsets, DType::kI32, "offsets"));
+  if (rows != nullptr)
+    DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", *rows, DType::kI32, "rows"));
+  if (rows == nullptr) DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", xs, DType::kF32, "xs"));
   const int64_t num_experts = expert_offsets.num_elements() - 1;
   const int64_t hidden = xs.row_size();
+  const int64_t num_rows = rows != nullptr ? rows->num_elements() : xs.rows();
   if (num_experts < 0 || static_cast<int64_t>(gate.size()) != num_experts ||
-      up.size() != gate.size() || down.size() != gate.size() || y->rows() != xs.rows() ||
-      y->row_size() != hidden) {
+      up.size() != gate.size() || down.size() != gate.size() || y->rows() != num_rows ||
+      y->row_size() != hidden || !IsFloatDType(xs.dtype())) {
     return absl::InvalidArgumentError(absl::StrCat("grouped SwiGLU: ", xs.ShapeString(), " over ",
                                                    num_experts, " experts into ",
                                                    y->ShapeString()));
   }
   const int32_t* offsets = expert_offsets.i32();
-  if (num_experts > 0 && (offsets[0] != 0 || offsets[num_experts] != xs.rows())) {
+  if (num_experts > 0 && (offsets[0] != 0 || offsets[num_experts] != num_rows)) {
     return absl::InvalidArgumentError("grouped SwiGLU: offsets do not cover the rows");
   }
-  thread_local std::vector<float> gate_rows, up_rows;
+  thread_local std::vector<float> x_rows, gate_rows, up_rows;
+  const size_t in_row_bytes = static_cast<size_t>(hidden) * DTypeSize(xs.dtype());
+  const uint8_t* in = static_cast<const uint8_t*>(xs.raw());
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t begin = offsets[e], n = offsets[e + 1] - begin;
     if (n == 0) continue;  // no rows: no GEMM
@@ -244,10 +250,26 @@ absl::Status CpuBackend::GroupedSwiGlu(const Tensor& xs, const Tensor& expert_of
       return absl::FailedPreconditionError(
           absl::StrCat("grouped SwiGLU: expert ", e, " has ", n, " rows and no weights here"));
     }
+    const float* x = nullptr;
+    if (rows == nullptr) {
+      x = xs.f32() + begin * hidden;
+    } else {
+      // This expert's rows, gathered (and widened) into a cache-resident block.
+      x_rows.resize(static_cast<size_t>(n * hidden));
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t r = rows->i32()[begin + i];
+        if (r < 0 || r >= xs.rows()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("grouped SwiGLU: row ", r, " outside [0, ", xs.rows(), ")"));
+        }
+        WidenToFloat32(xs.dtype(), in + static_cast<int64_t>(r) * in_row_bytes,
+                       static_cast<size_t>(hidden), x_rows.data() + i * hidden);
+      }
+      x = x_rows.data();
+    }
     const int64_t inter = gate[e]->rows();
     gate_rows.resize(static_cast<size_t>(n * inter));
     up_rows.resize(static_cast<size_t>(n * inter));
-    const float* x = xs.f32() + begin * hidden;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, inter, hidden, 1.f, x, hidden,
                 gate[e]->f32(), hidden, 0.f, gate_rows.data(), inter);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, inter, hidden, 1.f, x, hidden,

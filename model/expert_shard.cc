@@ -117,11 +117,9 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
             absl::StrCat("expert ", e, " of layer ", layer, " is not held by this shard"));
       }
     }
-    DXS_ASSIGN_OR_RETURN(Tensor xs, backend_->Allocate({num_pairs, hidden}, DType::kF32));
-    DXS_RETURN_IF_ERROR(backend_->GatherRows(x, sorted_rows, &xs));
     DXS_ASSIGN_OR_RETURN(Tensor y, backend_->Allocate({num_pairs, hidden}, DType::kF32));
-    DXS_RETURN_IF_ERROR(
-        backend_->GroupedSwiGlu(xs, offsets, gate_[layer], up_[layer], down_[layer], &y));
+    DXS_RETURN_IF_ERROR(backend_->GroupedSwiGlu(x, &sorted_rows, offsets, gate_[layer], up_[layer],
+                                                down_[layer], &y));
     DXS_RETURN_IF_ERROR(backend_->ScaleAddRows(y, sorted_weights, sorted_out_rows, &sum));
     for (int e = 0; e < num_experts; ++e) tokens_per_expert_[e] += bounds[e + 1] - bounds[e];
   }

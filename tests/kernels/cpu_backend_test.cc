@@ -228,8 +228,8 @@ TEST_F(CpuBackendTest, GroupedSwiGluEqualsPerExpertLinears) {
   Tensor xs = Up({1, 2, 3, -1, 0, 2}, {2, h});
   Tensor y = Alloc({2, h});
   // Expert 1 has both rows; experts 0 and 2 none (and expert 2 no weights).
-  ASSERT_TRUE(b_->GroupedSwiGlu(xs, Ids({0, 0, 2, 2}), {&g0, &g0, nullptr}, {&u0, &u0, nullptr},
-                                {&d0, &d0, nullptr}, &y)
+  ASSERT_TRUE(b_->GroupedSwiGlu(xs, nullptr, Ids({0, 0, 2, 2}), {&g0, &g0, nullptr},
+                                {&u0, &u0, nullptr}, {&d0, &d0, nullptr}, &y)
                   .ok());
   Tensor gate = Alloc({2, inter}), up = Alloc({2, inter}), want = Alloc({2, h});
   ASSERT_TRUE(b_->Linear(xs, g0, nullptr, &gate).ok());
@@ -237,8 +237,21 @@ TEST_F(CpuBackendTest, GroupedSwiGluEqualsPerExpertLinears) {
   ASSERT_TRUE(b_->SiluMul(gate, up, &gate).ok());
   ASSERT_TRUE(b_->Linear(gate, d0, nullptr, &want).ok());
   EXPECT_EQ(Down(y), Down(want));
-  EXPECT_EQ(b_->GroupedSwiGlu(xs, Ids({0, 0, 0, 2}), {&g0, &g0, nullptr}, {&u0, &u0, nullptr},
-                              {&d0, &d0, nullptr}, &y)
+  // Gathering the rows inside (swapped, from bf16) equals gathering them first.
+  Tensor xs16 = Alloc({2, h}, DType::kBF16);
+  ASSERT_TRUE(b_->Copy(xs, &xs16).ok());
+  Tensor y2 = Alloc({2, h}), want2 = Alloc({2, h}), swapped = Alloc({2, h});
+  ASSERT_TRUE(b_->GatherRows(xs16, Ids({1, 0}), &swapped).ok());
+  ASSERT_TRUE(b_->GroupedSwiGlu(swapped, nullptr, Ids({0, 0, 2, 2}), {&g0, &g0, nullptr},
+                                {&u0, &u0, nullptr}, {&d0, &d0, nullptr}, &want2)
+                  .ok());
+  const Tensor order = Ids({1, 0});
+  ASSERT_TRUE(b_->GroupedSwiGlu(xs16, &order, Ids({0, 0, 2, 2}), {&g0, &g0, nullptr},
+                                {&u0, &u0, nullptr}, {&d0, &d0, nullptr}, &y2)
+                  .ok());
+  EXPECT_EQ(Down(y2), Down(want2));
+  EXPECT_EQ(b_->GroupedSwiGlu(xs, nullptr, Ids({0, 0, 0, 2}), {&g0, &g0, nullptr},
+                              {&u0, &u0, nullptr}, {&d0, &d0, nullptr}, &y)
                 .code(),
             absl::StatusCode::kFailedPrecondition);
 }
