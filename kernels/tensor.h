@@ -19,7 +19,9 @@
 
 namespace dxs {
 
-enum class Device { kCpu, kCuda };
+// kOpaque: the opaque test backend's memory, which the host cannot read
+// (kernels/opaque_backend.h).
+enum class Device { kCpu, kCuda, kOpaque };
 
 class Buffer {
  public:

@@ -7,10 +7,34 @@
 namespace dxs::testing {
 
 InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
-                             const Placement& placement, DType wire_dtype) {
+                             const Placement& placement, DType wire_dtype)
+    : InprocCluster(model_dir, num_attention, placement, ClusterOptions{wire_dtype}) {}
+
+InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
+                             const Placement& placement, const ClusterOptions& options) {
+  const DType wire_dtype = options.wire_dtype;
+  auto make_backend = [&options]() {
+    return options.backend_factory ? options.backend_factory() : MakeCpuBackend();
+  };
   const int num_expert = placement.num_ranks();
-  transports_ = MakeInprocTransportGroup(num_attention + num_expert);
-  for (int i = 0; i < num_attention + num_expert; ++i) EXPECT_TRUE(transports_[i]->SetSelf(i).ok());
+  const int num_peers = num_attention + num_expert;
+  if (options.transport == "ucx") {
+    for (int i = 0; i < num_peers; ++i) {
+      absl::StatusOr<std::unique_ptr<Transport>> t = MakeUcxTransport(UcxTransportOptions{});
+      EXPECT_TRUE(t.ok()) << t.status();
+      transports_.push_back(std::move(*t));
+    }
+    // Attention ranks talk to every rank; expert ranks to the attention ranks.
+    for (int a = 0; a < num_peers; ++a) {
+      for (int b = 0; b < num_peers; ++b) {
+        if (a == b || (a >= num_attention && b >= num_attention)) continue;
+        EXPECT_TRUE(transports_[a]->Connect(b, transports_[b]->LocalAddress()).ok());
+      }
+    }
+  } else {
+    transports_ = MakeInprocTransportGroup(num_peers);
+  }
+  for (int i = 0; i < num_peers; ++i) EXPECT_TRUE(transports_[i]->SetSelf(i).ok());
   ModelConfig config = *LoadModelConfig(model_dir);
   std::unique_ptr<Checkpoint> ckpt = *Checkpoint::Open(model_dir);
   std::vector<int> dp_peers(num_attention), ep_peers(num_expert);
@@ -18,7 +42,7 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
   std::iota(ep_peers.begin(), ep_peers.end(), num_attention);
   for (int r = 0; r < num_expert; ++r) {
     auto ep = std::make_unique<EpRank>();
-    ep->backend = MakeCpuBackend();
+    ep->backend = make_backend();
     ExpertWeightMap w =
         *LoadExpertWeights(*ckpt, config, placement.experts_of(r), ep->backend.get());
     ep->shard = std::make_unique<ExpertShard>(config, std::move(w), ep->backend.get());
@@ -28,7 +52,7 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
   }
   for (int r = 0; r < num_attention; ++r) {
     auto dp = std::make_unique<DpRank>();
-    dp->backend = MakeCpuBackend();
+    dp->backend = make_backend();
     dp->kv = std::make_unique<KvCache>(config, dp->backend.get(), 1 << 16);
     dp->scheduler = std::make_unique<Scheduler>(config, dp->kv.get(), SchedulerOptions{});
     dp->moe = std::make_unique<RemoteMoeExecutor>(dp->backend.get(), transports_[r].get(), ep_peers,

@@ -1,11 +1,14 @@
 // An in-process disaggregated cluster for tests: M attention ranks and N expert ranks,
-// each on its own thread with its own weights, talking through a Transport group (the
-// inproc backend here; the multi-process tests use UCX). Mirrors what dxs-attention and
+// each on its own thread with its own weights and backend, talking through a Transport
+// group (inproc, or UCX endpoints connected to each other in this process; the
+// multi-process tests use UCX between processes). Mirrors what dxs-attention and
 // dxs-expert run, minus gRPC and the router.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -26,10 +29,19 @@ struct ResultSink {
   FinishReason reason = FinishReason::kLength;
 };
 
+struct ClusterOptions {
+  DType wire_dtype = DType::kF32;
+  std::string transport = "inproc";  // or "ucx"
+  // Each rank's backend; null: the CPU backend.
+  std::function<std::unique_ptr<Backend>()> backend_factory;
+};
+
 class InprocCluster {
  public:
   InprocCluster(const std::string& model_dir, int num_attention, const Placement& placement,
                 DType wire_dtype = DType::kF32);
+  InprocCluster(const std::string& model_dir, int num_attention, const Placement& placement,
+                const ClusterOptions& options);
   ~InprocCluster();
 
   // Submits to DP rank `rank`; the sink is filled as tokens arrive.
