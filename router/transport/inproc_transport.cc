@@ -275,11 +275,7 @@ class InprocTransport final : public Transport {
         if (!status.ok() || group.num_pending == 0) break;
         if (own.cv.WaitWithDeadline(&hub_->mu, deadline)) {
           status = GroupErrorLocked(group);
-          if (status.ok() && group.num_pending > 0) {
-            status = absl::DeadlineExceededError(
-                absl::StrCat("exchange tag ", group.tag, ": ", group.num_pending, " of ",
-                             group.ops.size(), " transfers not done at the deadline"));
-          }
+          if (status.ok() && group.num_pending > 0) status = DeadlineError(group);
           break;
         }
       }
@@ -349,6 +345,19 @@ class InprocTransport final : public Transport {
       }
     }
     return absl::OkStatus();
+  }
+
+  absl::Status DeadlineError(const ExchangeGroup& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub_->mu) {
+    std::string pending;
+    for (const ExchangeOp& op : group.ops) {
+      if (op.done) continue;
+      absl::StrAppend(&pending, pending.empty() ? "" : ", ",
+                      op.transfer.kind == Transfer::Kind::kSend ? "send to " : "receive from ",
+                      op.transfer.peer);
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("exchange tag ", group.tag, ": ", group.num_pending, " of ", group.ops.size(),
+                     " transfers not done at the deadline (", pending, ")"));
   }
 
   // Takes the group's unmatched entries off their queues: nothing writes them afterwards.
