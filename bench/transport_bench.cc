@@ -16,9 +16,17 @@
 // whenever M > 0. s64 and s512 are rows scattered over that many runs (RemoteMoeExecutor
 // packs more than 64 runs into one buffer).
 //
+// The data exchange (DataExchange on the same UcxTransport: tagged sends and receives,
+// posted as groups) runs the same round trip: the client posts one group {send to the
+// server, receive from it}, the server a group {receive} and then a group {send}, sizes
+// known to both sides in advance as an engine's counts would be. It also runs the engine's
+// shape, both sides posting {send, receive} at once: one exchange moves the bytes both
+// ways, so it is compared with the round trip.
+//
 // Usage: transport_bench [--quick]
 // Output: median round trip in microseconds and GB/s (2 * bytes per round trip / time)
-// for each size, dxs/raw round-trip ratio, and each variant's round trip.
+// for each size, dxs/raw round-trip ratio, and each variant's round trip; then the data
+// exchange's round trip against raw UCX and the message path.
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <ucp/api/ucp.h>
@@ -31,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -189,6 +198,72 @@ std::vector<std::vector<double>> DxsClient(int read_fd, int write_fd, int scale)
   return medians;
 }
 
+// ---- dxs data exchange ------------------------------------------------------------------
+
+absl::Status PostAndWait(dxs::Transport& transport, uint64_t tag,
+                         std::initializer_list<dxs::Transfer> transfers) {
+  auto id = transport.PostExchange(tag, transfers.begin(), transfers.size());
+  if (!id.ok()) return id.status();
+  return transport.WaitExchange(*id, absl::Now() + absl::Seconds(60));
+}
+
+dxs::Transfer RecvOf(int peer, void* data, size_t bytes) {
+  return {dxs::Transfer::Kind::kRecv, peer, data, bytes};
+}
+
+// Medians per size: the round trip, then the symmetric exchange.
+std::vector<std::vector<double>> ExchangeClient(int read_fd, int write_fd, int scale) {
+  auto transport = ConnectDxs(0, read_fd, write_fd);
+  std::vector<uint8_t> out(kMaxBytes, 0x5a), in(kMaxBytes);
+  std::vector<std::vector<double>> medians(2);
+  uint64_t tag = 0;
+  for (int symmetric = 0; symmetric < 2; ++symmetric) {
+    for (const SizeCase& c : kCases) {
+      const int iterations = std::max(5, c.iterations / scale);
+      std::vector<double> us;
+      for (int i = -iterations / 10 - 1; i < iterations; ++i) {
+        const double start = NowUs();
+        absl::Status status = PostAndWait(
+            *transport, ++tag,
+            {{dxs::Transfer::Kind::kSend, 1, out.data(), c.bytes}, RecvOf(1, in.data(), c.bytes)});
+        if (!status.ok()) Die(status.ToString());
+        if (i >= 0) us.push_back(NowUs() - start);
+      }
+      medians[symmetric].push_back(Median(us));
+    }
+  }
+  if (!transport->Send(1, "quit", nullptr, 0).ok()) Die("exchange: quit");
+  return medians;
+}
+
+void ExchangeServer(int read_fd, int write_fd, int scale) {
+  auto transport = ConnectDxs(1, read_fd, write_fd);
+  std::vector<uint8_t> buffer(kMaxBytes);
+  uint64_t tag = 0;
+  for (int symmetric = 0; symmetric < 2; ++symmetric) {
+    for (const SizeCase& c : kCases) {
+      const int iterations = std::max(5, c.iterations / scale);
+      for (int i = -iterations / 10 - 1; i < iterations; ++i) {
+        const dxs::Transfer to_client = {dxs::Transfer::Kind::kSend, 0, buffer.data(), c.bytes};
+        const dxs::Transfer from_client = RecvOf(0, buffer.data(), c.bytes);
+        absl::Status status;
+        ++tag;
+        if (symmetric == 1) {
+          // Both directions at once: the echo is whatever the buffer held (timing only).
+          status = PostAndWait(*transport, tag, {to_client, from_client});
+        } else {
+          status = PostAndWait(*transport, tag, {from_client});
+          if (status.ok()) status = PostAndWait(*transport, tag, {to_client});
+        }
+        if (!status.ok()) Die(status.ToString());
+      }
+    }
+  }
+  auto quit = transport->Recv(0, absl::Now() + absl::Seconds(60));
+  if (!quit.ok() || quit->header != "quit") Die("exchange: no quit");
+  (void)transport->WaitForActivity(absl::Now() + absl::Milliseconds(100));
+}
+
 void DxsServer(int read_fd, int write_fd) {
   auto transport = ConnectDxs(1, read_fd, write_fd);
   BufferTarget target;
@@ -223,11 +298,14 @@ int main(int argc, char** argv) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     RawServer(to_child[0], from_child[1]);
     DxsServer(to_child[0], from_child[1]);
+    ExchangeServer(to_child[0], from_child[1], scale);
     _exit(0);
   }
   const std::vector<double> raw = RawClient(from_child[0], to_child[1], scale);
   const std::vector<std::vector<double>> variants = DxsClient(from_child[0], to_child[1], scale);
   const std::vector<double>& dxs = variants[0];
+  const std::vector<std::vector<double>> exchange =
+      ExchangeClient(from_child[0], to_child[1], scale);
   int status = 0;
   waitpid(pid, &status, 0);
 
@@ -254,6 +332,17 @@ int main(int argc, char** argv) {
     std::printf("%10zu", kCases[i].bytes);
     for (const auto& medians : variants) std::printf(" %9.2f", medians[i]);
     std::printf("\n");
+  }
+  std::printf(
+      "\ndxs data exchange (grouped tagged transfers, host memory): round trip = client group "
+      "{send, recv}, server {recv} then {send}; sym = both post {send, recv} at once (one "
+      "exchange, bytes both ways)\n%10s %12s %10s %10s %10s %12s %10s\n",
+      "bytes", "xchg_rtt_us", "xchg_GB/s", "xchg/raw", "xchg/dxs", "sym_us", "sym/raw");
+  for (size_t i = 0; i < std::size(kCases); ++i) {
+    const double bytes = static_cast<double>(kCases[i].bytes);
+    const double rtt = exchange[0][i], sym = exchange[1][i];
+    std::printf("%10zu %12.2f %10.3f %10.2f %10.2f %12.2f %10.2f\n", kCases[i].bytes, rtt,
+                2 * bytes / (rtt * 1e3), rtt / raw[i], rtt / dxs[i], sym, sym / raw[i]);
   }
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
