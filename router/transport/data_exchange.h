@@ -4,9 +4,12 @@
 // message API of Transport (transport.h) stays the control channel: step headers and the
 // counts that size these transfers travel there first.
 //
-// A backend is this op table (three calls, like NCCL's ncclTransport struct of operations)
-// on the Transport object that already holds its peers, connections and failure state; a
-// new backend is one file.
+// A backend is this op table (three calls and a query, like NCCL's ncclTransport struct of
+// operations) on the Transport object that already holds its peers, connections and
+// failure state; a new backend is one file. NCCL's would be: PostExchange = ncclGroupStart,
+// one ncclSend/ncclRecv per entry (zero counts included), ncclGroupEnd, an event recorded
+// on the stream; ExchangeDone = the event's query plus ncclCommGetAsyncError; WaitExchange
+// = polling those until the deadline, then ncclCommAbort.
 //
 // Matching: between two peers, the k-th send from A to B under `tag` matches the k-th
 // receive on B from A under `tag`, counted over groups in posting order, whichever side
@@ -35,8 +38,8 @@
 // stay valid, and receive buffers untouched, from PostExchange until WaitExchange returns.
 //
 // Memory types: kHost is any host pointer. kDevice is GPU memory, passed to the backend as
-// such (UCX: UCS_MEMORY_TYPE_CUDA); a backend that cannot move it refuses the group at
-// PostExchange with UNIMPLEMENTED.
+// such (UCX: UCS_MEMORY_TYPE_CUDA); a backend that cannot move it says so in
+// SupportsMemory and refuses the group at PostExchange with UNIMPLEMENTED.
 #pragma once
 
 #include <cstddef>
@@ -86,6 +89,9 @@ class DataExchange {
   virtual absl::Status WaitExchange(ExchangeId id, absl::Time deadline) = 0;
   // Makes progress without blocking; true once WaitExchange(id) would return at once.
   virtual bool ExchangeDone(ExchangeId id) = 0;
+  // Whether transfers of this memory type can be posted (callers stage device memory
+  // through host buffers when not).
+  virtual bool SupportsMemory(MemoryType memory) const { return memory == MemoryType::kHost; }
 };
 
 }  // namespace dxs

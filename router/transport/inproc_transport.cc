@@ -285,6 +285,9 @@ class InprocTransport final : public Transport {
     return status;
   }
 
+  // One address space: device buffers are copied like host memory (see the file comment).
+  bool SupportsMemory(MemoryType memory) const override { return true; }
+
   bool ExchangeDone(ExchangeId id) override {
     auto it = groups_.find(id);
     if (it == groups_.end()) return true;

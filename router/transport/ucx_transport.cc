@@ -202,6 +202,9 @@ class UcxTransport final : public Transport {
                                           size_t num_transfers) override;
   absl::Status WaitExchange(ExchangeId id, absl::Time deadline) override;
   bool ExchangeDone(ExchangeId id) override;
+  bool SupportsMemory(MemoryType memory) const override {
+    return memory == MemoryType::kHost || device_memory_;
+  }
 
  private:
   enum class WaitResult { kReady, kWoken, kDeadline, kError };
@@ -890,7 +893,6 @@ void UcxTransport::CompleteExchangeOp(ExchangeOp* op, ucs_status_t status) {
       op->info.length != op->transfer.bytes) {
     op->status = UCS_ERR_MESSAGE_TRUNCATED;  // shorter than expected
     op->short_message = true;
-
   }
   op->done = true;
   --op->group->num_pending;

@@ -601,7 +601,9 @@ TEST_P(DataExchangeTest, DeviceMemoryIsPassedOrRefused) {
   uint8_t byte = 0;
   Transfer device = SendTo(1, &byte, 1);
   device.memory = MemoryType::kDevice;
+  EXPECT_TRUE(peer(0).SupportsMemory(MemoryType::kHost));
   auto id = peer(0).PostExchange(1, &device, 1);
+  EXPECT_EQ(id.ok(), peer(0).SupportsMemory(MemoryType::kDevice)) << id.status();
   if (IsUcx()) {
     // Debian's UCX has no CUDA; a UCX with CUDA would accept (and need real device memory).
     if (id.ok()) GTEST_SKIP() << "UCX supports device memory here";
