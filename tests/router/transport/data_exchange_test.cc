@@ -402,8 +402,9 @@ TEST_P(DataExchangeTest, ExchangeDoneIsANonBlockingCheck) {
   std::thread sender(
       [&] { EXPECT_TRUE(Exchange(1, 11, {SendTo(0, payload.data(), payload.size())}).ok()); });
   const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (!peer(0).ExchangeDone(*id) && absl::Now() < give_up)
+  while (!peer(0).ExchangeDone(*id) && absl::Now() < give_up) {
     absl::SleepFor(absl::Microseconds(50));
+  }
   sender.join();
   EXPECT_TRUE(peer(0).ExchangeDone(*id));
   const absl::Time start = absl::Now();
