@@ -9,7 +9,8 @@
 // failure state; a new backend is one file. NCCL's would be: PostExchange = ncclGroupStart,
 // one ncclSend/ncclRecv per entry (zero counts included), ncclGroupEnd, an event recorded
 // on the stream; ExchangeDone = the event's query plus ncclCommGetAsyncError; WaitExchange
-// = polling those until the deadline, then ncclCommAbort.
+// = polling those until the deadline, then ncclCommAbort. (NCCL has no control channel:
+// that Transport would forward the message API to a ucx one.)
 //
 // Matching: between two peers, the k-th send from A to B under `tag` matches the k-th
 // receive on B from A under `tag`, counted over groups in posting order, whichever side
@@ -32,6 +33,10 @@
 // disconnected or reconnected, or the transport is destroyed. After a failed group, the
 // matching count with its peers under that tag is undefined: callers abandon the tag (the
 // engine fails the step and resets the peers), as with ncclCommAbort.
+//
+// Completion is per group: a group is done when all its transfers are, and nothing reports
+// one transfer alone. WaitExchange polls briefly, then sleeps until progress, a peer's
+// failure or the deadline (no spinning); like Recv, Wake() does not cut it short.
 //
 // Thread safety: like the rest of Transport, one thread (the step thread) makes every call;
 // each peer calls from its own thread, in any order relative to the others. Memory must
