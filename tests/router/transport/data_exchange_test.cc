@@ -537,6 +537,27 @@ TEST_P(DataExchangeTest, DisconnectEndsTheWait) {
       2);
 }
 
+// A step waiting for its exchange is not cut short by new work arriving; the wake is kept
+// for the next WaitForActivity.
+TEST_P(DataExchangeTest, WakeDoesNotInterruptWaitExchange) {
+  GuardedBuffer target(1000);
+  const Transfer recv = RecvFrom(1, target.data(), 1000);
+  auto id = peer(0).PostExchange(950, &recv, 1);
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::thread waker([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    peer(0).Wake();
+  });
+  const absl::Time start = absl::Now();
+  absl::Status status = peer(0).WaitExchange(*id, start + absl::Milliseconds(150));
+  waker.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+  const absl::Time wait_start = absl::Now();
+  ASSERT_TRUE(peer(0).WaitForActivity(wait_start + absl::Seconds(10)).ok());
+  EXPECT_LT(absl::Now() - wait_start, absl::Milliseconds(50));
+}
+
 TEST_P(DataExchangeTest, IdleWaitDoesNotBurnCpu) {
   GuardedBuffer target(1000);
   const Transfer recv = RecvFrom(1, target.data(), 1000);
