@@ -32,14 +32,18 @@
 // receives match it exactly, so each matches one source; UCP matches one endpoint's sends
 // under one tag in order against receives in posting order, which is the DataExchange
 // ordering. Every operation is posted non-blocking with the buffer's memory type and
-// completes through a callback into its ExchangeOp; UCP picks eager or rendezvous
-// (zero-copy for large buffers) per size, and an unmatched rendezvous send waits for the
+// completes through a callback into its ExchangeOp. UCP picks the protocol per size: eager
+// up to 8 KiB on shared memory, rendezvous above (zero-copy where a transport has it; with
+// peer error handling UCX 1.13 keeps no zero-copy shared memory transport, so there the
+// rendezvous data is pipelined through sysv). An unmatched rendezvous send waits for its
 // receive, so nothing relies on buffering. Receives are posted on the worker, not on an
 // endpoint, so a peer's failure does not end them: WaitExchange checks the peers of pending
-// transfers itself. Cancelling: ucp_request_cancel withdraws only receives that are not
-// matched yet; matched ones finish (or fail with their peer) before WaitExchange returns,
-// and sends, which cannot be withdrawn, keep their group alive as a zombie until UCP
-// completes them, since their callbacks write into it.
+// transfers itself.
+//
+// Cancelling: ucp_request_cancel withdraws only receives that are not matched yet. Matched
+// ones finish or fail before WaitExchange returns (their peer's endpoint is closed if they
+// have not within kCancelTimeout). Sends cannot be withdrawn: they keep their group alive as
+// a zombie until UCP completes them, since their callbacks write into it.
 #include <malloc.h>
 #include <sched.h>
 #include <sys/epoll.h>
@@ -993,27 +997,27 @@ void UcxTransport::CancelGroup(std::unique_ptr<ExchangeGroup> group) {
     }
   }
   // A matched receive is being written. It ends by itself (the data is on its way) or with
-  // its peer's failure; a receive from a failed peer writes nothing more.
-  auto receives_quiet = [&] {
+  // its peer's endpoint (UCP purges that endpoint's requests when it fails or is closed).
+  auto receives_done = [&] {
     for (const ExchangeOp& op : group->ops) {
-      if (!op.done && op.transfer.kind == Transfer::Kind::kRecv && op.peer_state->failure.empty()) {
-        return false;
-      }
+      if (!op.done && op.transfer.kind == Transfer::Kind::kRecv) return false;
     }
     return true;
   };
-  if (WaitUntil(absl::Now() + kCancelTimeout, /*honor_wake=*/false, receives_quiet) !=
+  if (WaitUntil(absl::Now() + kCancelTimeout, /*honor_wake=*/false, receives_done) !=
       WaitResult::kReady) {
-    // Still moving: close those peers' endpoints, which ends their transfers.
+    // Still being written: close those peers' endpoints, which ends their transfers.
     for (ExchangeOp& op : group->ops) {
       if (op.done || op.transfer.kind != Transfer::Kind::kRecv || op.peer_state->ep == nullptr) {
         continue;
       }
       CloseEndpoint(*op.peer_state);
-      op.peer_state->failure = "closed: a receive of a cancelled exchange did not end";
-      failure_event_ = true;
+      if (op.peer_state->failure.empty()) {
+        op.peer_state->failure = "closed: a receive of a cancelled exchange did not end";
+        failure_event_ = true;
+      }
     }
-    ProgressAll();
+    (void)WaitUntil(absl::Now() + kCancelTimeout, /*honor_wake=*/false, receives_done);
   }
   if (group->num_pending > 0) zombie_exchanges_.push_back(std::move(group));
 }
