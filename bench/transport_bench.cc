@@ -16,9 +16,21 @@
 // whenever M > 0. s64 and s512 are rows scattered over that many runs (RemoteMoeExecutor
 // packs more than 64 runs into one buffer).
 //
-// Usage: transport_bench [--quick]
+// The data exchange (DataExchange on the same UcxTransport: tagged sends and receives,
+// posted as groups) runs the same round trip: the client posts one group {send to the
+// server, receive from it}, the server a group {receive} and then a group {send}, sizes
+// known to both sides in advance as an engine's counts would be. It also runs the engine's
+// shape, both sides posting {send, receive} at once: one exchange moves the bytes both
+// ways, so it is compared with the round trip.
+//
+// Usage: transport_bench [--quick] [--pin]
+// --pin puts the client on CPU 0 and the server on CPU 1: on a small machine shared with
+// other work, the scheduler otherwise sometimes stacks both on one CPU, which adds about
+// 2.5 us to every round trip and halves copy bandwidth for the whole run.
 // Output: median round trip in microseconds and GB/s (2 * bytes per round trip / time)
-// for each size, dxs/raw round-trip ratio, and each variant's round trip.
+// for each size, dxs/raw round-trip ratio, and each variant's round trip; then the data
+// exchange's round trip against raw UCX and the message path.
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <ucp/api/ucp.h>
@@ -31,6 +43,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -99,6 +112,107 @@ void RawServer(int read_fd, int write_fd) {
   dxs::bench::RawUcxPeer peer;
   peer.Init(read_fd, write_fd, kMaxBytes);
   peer.Serve();
+  peer.Close();
+}
+
+// ---- Raw UCP tagged ping-pong ------------------------------------------------------------
+// The data exchange's baseline: the same tagged sends and receives written straight against
+// UCP (one preallocated buffer, busy-polling progress, no groups), so xchg/raw_tag is the
+// cost of the dxs layer and raw_tag/raw the cost of UCX's tag protocols against its AMs.
+
+class RawTagPeer {
+ public:
+  void Init(int read_fd, int write_fd) {
+    ucp_config_t* config = nullptr;
+    Check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+    ucp_params_t params = {};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_TAG;
+    Check(ucp_init(&params, config, &context_), "ucp_init");
+    ucp_config_release(config);
+    ucp_worker_params_t worker_params = {};
+    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+    Check(ucp_worker_create(context_, &worker_params, &worker_), "ucp_worker_create");
+    ucp_address_t* address = nullptr;
+    size_t address_bytes = 0;
+    Check(ucp_worker_get_address(worker_, &address, &address_bytes), "get_address");
+    const std::string peer = TradeAddresses(
+        read_fd, write_fd, std::string(reinterpret_cast<char*>(address), address_bytes));
+    ucp_worker_release_address(worker_, address);
+    ucp_ep_params_t ep_params = {};
+    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep_params.address = reinterpret_cast<const ucp_address_t*>(peer.data());
+    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    Check(ucp_ep_create(worker_, &ep_params, &ep_), "ucp_ep_create");
+    buffer_.resize(kMaxBytes);
+  }
+  void Close() {
+    ucp_request_param_t params = {};
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    params.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    Wait(ucp_ep_close_nbx(ep_, &params));
+    ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+  }
+  // Posts the receive first, then the send, and waits for both (the client's round trip);
+  // the server passes send_after_recv to answer only once the request is in.
+  void Transfer(size_t bytes, bool send_after_recv) {
+    ucp_request_param_t params = {};
+    void* recv = ucp_tag_recv_nbx(worker_, buffer_.data(), bytes, 1, ~ucp_tag_t{0}, &params);
+    if (send_after_recv) Wait(recv);
+    void* send = ucp_tag_send_nbx(ep_, buffer_.data(), bytes, 1, &params);
+    Wait(send);
+    if (!send_after_recv) Wait(recv);
+  }
+
+ private:
+  static void Check(ucs_status_t status, const char* what) {
+    if (status != UCS_OK) Die(std::string(what) + ": " + ucs_status_string(status));
+  }
+  void Wait(void* request) {
+    if (request == nullptr) return;
+    if (UCS_PTR_IS_ERR(request)) Check(UCS_PTR_STATUS(request), "raw tag transfer");
+    while (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+    Check(ucp_request_check_status(request), "raw tag transfer");
+    ucp_request_free(request);
+  }
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_ep_h ep_ = nullptr;
+  std::vector<uint8_t> buffer_;
+};
+
+int IterationsOf(const SizeCase& c, int scale) { return std::max(5, c.iterations / scale); }
+
+std::vector<double> RawTagClient(int read_fd, int write_fd, int scale) {
+  RawTagPeer peer;
+  peer.Init(read_fd, write_fd);
+  std::vector<double> medians;
+  for (const SizeCase& c : kCases) {
+    std::vector<double> rtt_us;
+    for (int i = -IterationsOf(c, scale) / 10 - 1; i < IterationsOf(c, scale); ++i) {
+      const double start = NowUs();
+      peer.Transfer(c.bytes, /*send_after_recv=*/false);
+      if (i >= 0) rtt_us.push_back(NowUs() - start);
+    }
+    medians.push_back(Median(rtt_us));
+  }
+  peer.Transfer(0, false);  // both sides are done before either closes
+  peer.Close();
+  return medians;
+}
+
+void RawTagServer(int read_fd, int write_fd, int scale) {
+  RawTagPeer peer;
+  peer.Init(read_fd, write_fd);
+  for (const SizeCase& c : kCases) {
+    for (int i = -IterationsOf(c, scale) / 10 - 1; i < IterationsOf(c, scale); ++i) {
+      peer.Transfer(c.bytes, /*send_after_recv=*/true);
+    }
+  }
+  peer.Transfer(0, true);
   peer.Close();
 }
 
@@ -189,6 +303,76 @@ std::vector<std::vector<double>> DxsClient(int read_fd, int write_fd, int scale)
   return medians;
 }
 
+// ---- dxs data exchange ------------------------------------------------------------------
+
+absl::Status PostAndWait(dxs::Transport& transport, uint64_t tag,
+                         std::initializer_list<dxs::Transfer> transfers) {
+  auto id = transport.PostExchange(tag, transfers.begin(), transfers.size());
+  if (!id.ok()) return id.status();
+  return transport.WaitExchange(*id, absl::Now() + absl::Seconds(60));
+}
+
+dxs::Transfer RecvOf(int peer, void* data, size_t bytes) {
+  return {dxs::Transfer::Kind::kRecv, peer, data, bytes};
+}
+
+// Medians per size: the round trip, then the symmetric exchange.
+std::vector<std::vector<double>> ExchangeClient(int read_fd, int write_fd, int scale) {
+  auto transport = ConnectDxs(0, read_fd, write_fd);
+  std::vector<uint8_t> out(kMaxBytes, 0x5a), in(kMaxBytes);
+  std::vector<std::vector<double>> medians(2);
+  uint64_t tag = 0;
+  for (int symmetric = 0; symmetric < 2; ++symmetric) {
+    for (const SizeCase& c : kCases) {
+      const int iterations = std::max(5, c.iterations / scale);
+      std::vector<double> us;
+      for (int i = -iterations / 10 - 1; i < iterations; ++i) {
+        const double start = NowUs();
+        // The round trip receives into the buffer it sends from, as the raw baseline does
+        // (the same memory traffic: at 16 MiB, a third buffer costs a fifth of the time):
+        // the server sends only after receiving all of it. Both ways at once need two.
+        uint8_t* target = symmetric ? in.data() : out.data();
+        absl::Status status = PostAndWait(
+            *transport, ++tag,
+            {{dxs::Transfer::Kind::kSend, 1, out.data(), c.bytes}, RecvOf(1, target, c.bytes)});
+        if (!status.ok()) Die(status.ToString());
+        if (i >= 0) us.push_back(NowUs() - start);
+      }
+      medians[symmetric].push_back(Median(us));
+    }
+  }
+  if (!transport->Send(1, "quit", nullptr, 0).ok()) Die("exchange: quit");
+  return medians;
+}
+
+void ExchangeServer(int read_fd, int write_fd, int scale) {
+  auto transport = ConnectDxs(1, read_fd, write_fd);
+  std::vector<uint8_t> buffer(kMaxBytes);
+  uint64_t tag = 0;
+  for (int symmetric = 0; symmetric < 2; ++symmetric) {
+    for (const SizeCase& c : kCases) {
+      const int iterations = std::max(5, c.iterations / scale);
+      for (int i = -iterations / 10 - 1; i < iterations; ++i) {
+        const dxs::Transfer to_client = {dxs::Transfer::Kind::kSend, 0, buffer.data(), c.bytes};
+        const dxs::Transfer from_client = RecvOf(0, buffer.data(), c.bytes);
+        absl::Status status;
+        ++tag;
+        if (symmetric == 1) {
+          // Both directions at once: the echo is whatever the buffer held (timing only).
+          status = PostAndWait(*transport, tag, {to_client, from_client});
+        } else {
+          status = PostAndWait(*transport, tag, {from_client});
+          if (status.ok()) status = PostAndWait(*transport, tag, {to_client});
+        }
+        if (!status.ok()) Die(status.ToString());
+      }
+    }
+  }
+  auto quit = transport->Recv(0, absl::Now() + absl::Seconds(60));
+  if (!quit.ok() || quit->header != "quit") Die("exchange: no quit");
+  (void)transport->WaitForActivity(absl::Now() + absl::Milliseconds(100));
+}
+
 void DxsServer(int read_fd, int write_fd) {
   auto transport = ConnectDxs(1, read_fd, write_fd);
   BufferTarget target;
@@ -207,10 +391,28 @@ void DxsServer(int read_fd, int write_fd) {
   (void)transport->WaitForActivity(absl::Now() + absl::Milliseconds(100));
 }
 
+void PinToCpu(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) Die("sched_setaffinity");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int scale = (argc > 1 && std::string(argv[1]) == "--quick") ? 10 : 1;
+  int scale = 1;
+  bool pin = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      scale = 10;
+    } else if (arg == "--pin") {
+      pin = true;
+    } else {
+      Die("usage: transport_bench [--quick] [--pin]");
+    }
+  }
   // What UcxTransport does with keep_shared_memory, done up front so both sides of the
   // comparison run over the same UCX transports.
   setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
@@ -219,15 +421,21 @@ int main(int argc, char** argv) {
   if (pipe(to_child) != 0 || pipe(from_child) != 0) Die("pipe");
   const pid_t pid = fork();
   if (pid < 0) Die("fork");
+  if (pin) PinToCpu(pid == 0 ? 1 : 0);
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     RawServer(to_child[0], from_child[1]);
     DxsServer(to_child[0], from_child[1]);
+    ExchangeServer(to_child[0], from_child[1], scale);
+    RawTagServer(to_child[0], from_child[1], scale);
     _exit(0);
   }
   const std::vector<double> raw = RawClient(from_child[0], to_child[1], scale);
   const std::vector<std::vector<double>> variants = DxsClient(from_child[0], to_child[1], scale);
   const std::vector<double>& dxs = variants[0];
+  const std::vector<std::vector<double>> exchange =
+      ExchangeClient(from_child[0], to_child[1], scale);
+  const std::vector<double> raw_tag = RawTagClient(from_child[0], to_child[1], scale);
   int status = 0;
   waitpid(pid, &status, 0);
 
@@ -254,6 +462,19 @@ int main(int argc, char** argv) {
     std::printf("%10zu", kCases[i].bytes);
     for (const auto& medians : variants) std::printf(" %9.2f", medians[i]);
     std::printf("\n");
+  }
+  std::printf(
+      "\ndxs data exchange (grouped tagged transfers, host memory), median us: xchg = round "
+      "trip, client group {send, recv}, server {recv} then {send}; raw_tag = the same on bare "
+      "UCP tags; sym = both post {send, recv} at once (one exchange, bytes both ways)\n"
+      "%10s %10s %10s %10s %10s %9s %9s %9s %9s\n",
+      "bytes", "raw_am", "raw_tag", "xchg", "xchg_GB/s", "xchg/am", "xchg/tag", "xchg/msg", "sym");
+  for (size_t i = 0; i < std::size(kCases); ++i) {
+    const double bytes = static_cast<double>(kCases[i].bytes);
+    const double rtt = exchange[0][i];
+    std::printf("%10zu %10.2f %10.2f %10.2f %10.3f %9.2f %9.2f %9.2f %9.2f\n", kCases[i].bytes,
+                raw[i], raw_tag[i], rtt, 2 * bytes / (rtt * 1e3), rtt / raw[i], rtt / raw_tag[i],
+                rtt / dxs[i], exchange[1][i]);
   }
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }

@@ -8,19 +8,29 @@
 // receiver's own thread (the provider is not thread-safe), the first time one of the
 // receiver's calls finds it queued, in queue order; an accepted payload is copied into the
 // target then.
+//
+// Data exchange: the Hub keeps a matching queue per (source, destination, tag): posted
+// sends on one side, posted receives on the other. Whichever side posts second finds the
+// other's entry at the front and copies the bytes, under the Hub's mutex, so a cancelled
+// entry (taken off its queue under the same mutex) is never written afterwards. Both
+// entries complete at once; a size mismatch fails both. kDevice memory is copied like
+// host memory: inproc runs in one address space, so device buffers must be addressable
+// there (the CPU backend's are).
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "router/transport/transport.h"
@@ -28,12 +38,35 @@
 namespace dxs {
 namespace {
 
-// Longest single condition-variable wait; keeps far deadlines clear of clock overflow.
-constexpr absl::Duration kMaxWaitSlice = absl::Hours(1);
+struct ExchangeGroup;
+
+// One posted transfer. done/status are written under the Hub's mutex by whichever thread
+// matches it.
+struct ExchangeOp {
+  ExchangeGroup* group = nullptr;
+  Transfer transfer;
+  bool done = false;
+  absl::Status status;
+};
+
+struct ExchangeGroup {
+  int owner = -1;
+  uint64_t tag = 0;
+  std::vector<ExchangeOp> ops;  // sized once: ops are referenced from the queues
+  size_t num_pending = 0;
+};
+
+// The queue that pairs sends from `source` to `destination` under one tag with the
+// destination's receives: at most one of the two deques is non-empty.
+struct Channel {
+  std::deque<ExchangeOp*> sends;
+  std::deque<ExchangeOp*> recvs;
+};
+using ChannelKey = std::tuple<int, int, uint64_t>;  // source, destination, tag
 
 struct Mailbox {
   explicit Mailbox(int num_peers) : from(num_peers), failure(num_peers) {}
-  std::condition_variable cv;
+  absl::CondVar cv;
   struct Queued {
     TransportMessage message;
     bool offered = false;  // the receiver's provider has seen it
@@ -49,14 +82,22 @@ struct Hub {
   explicit Hub(int num_peers) {
     for (int i = 0; i < num_peers; ++i) mailboxes.push_back(std::make_unique<Mailbox>(num_peers));
   }
-  int num_peers() const { return static_cast<int>(mailboxes.size()); }
-  std::mutex mu;
-  std::vector<std::unique_ptr<Mailbox>> mailboxes;  // guarded by mu
+  int num_peers() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return static_cast<int>(mailboxes.size());
+  }
+  absl::Mutex mu;
+  // The vector is fixed at construction; the Mailboxes' contents are guarded by mu.
+  std::vector<std::unique_ptr<Mailbox>> mailboxes ABSL_GUARDED_BY(mu);
+  std::map<ChannelKey, Channel> channels ABSL_GUARDED_BY(mu);
 };
 
 class InprocTransport final : public Transport {
  public:
   InprocTransport(std::shared_ptr<Hub> hub, int self) : hub_(std::move(hub)), self_(self) {}
+  ~InprocTransport() override {
+    absl::MutexLock lock(&hub_->mu);
+    for (auto& [id, group] : groups_) UnpostLocked(*group);
+  }
 
   std::string name() const override { return "inproc"; }
   std::string LocalAddress() const override { return absl::StrCat("inproc:", self_); }
@@ -71,20 +112,21 @@ class InprocTransport final : public Transport {
 
   absl::Status Connect(int peer, const std::string& address) override {
     if (!Valid(peer)) return BadPeer(peer);
-    std::lock_guard<std::mutex> lock(hub_->mu);
+    absl::MutexLock lock(&hub_->mu);
     Own().failure[peer].clear();
     return absl::OkStatus();
   }
 
   void Disconnect(int peer) override {
     if (!Valid(peer)) return;
-    std::lock_guard<std::mutex> lock(hub_->mu);
+    absl::MutexLock lock(&hub_->mu);
     Own().failure[peer] = "disconnected";
+    Own().cv.SignalAll();  // our own exchange waits (another thread's, in tests) see it too
     Mailbox& other = *hub_->mailboxes[peer];
     if (other.failure[self_].empty()) {
       other.failure[self_] = "failed: connection closed by the peer";
       other.failure_event = true;
-      other.cv.notify_all();
+      other.cv.SignalAll();
     }
   }
 
@@ -108,12 +150,12 @@ class InprocTransport final : public Transport {
       std::memcpy(p, segments[i].data, segments[i].bytes);
       p += segments[i].bytes;
     }
-    std::lock_guard<std::mutex> lock(hub_->mu);
+    absl::MutexLock lock(&hub_->mu);
     OfferArrivalsLocked();
     if (!Own().failure[peer].empty()) return Unavailable(peer);
     Mailbox& other = *hub_->mailboxes[peer];
     other.from[self_].push_back(std::move(queued));
-    other.cv.notify_all();
+    other.cv.SignalAll();
     return absl::OkStatus();
   }
 
@@ -128,11 +170,11 @@ class InprocTransport final : public Transport {
 
   absl::StatusOr<TransportMessage> Recv(int peer, absl::Time deadline) override {
     if (!Valid(peer)) return BadPeer(peer);
-    std::unique_lock<std::mutex> lock(hub_->mu);
+    absl::MutexLock lock(&hub_->mu);
     Mailbox& own = Own();
     auto& queue = own.from[peer];
     WaitLocked(
-        lock, deadline, [&] { return !queue.empty() || !own.failure[peer].empty(); },
+        deadline, [&] { return !queue.empty() || !own.failure[peer].empty(); },
         /*honor_wake=*/false);
     OfferArrivalsLocked();
     if (!queue.empty()) {
@@ -147,15 +189,15 @@ class InprocTransport final : public Transport {
 
   bool HasMessage(int peer) override {
     if (!Valid(peer)) return false;
-    std::lock_guard<std::mutex> lock(hub_->mu);
+    absl::MutexLock lock(&hub_->mu);
     OfferArrivalsLocked();
     return !Own().from[peer].empty();
   }
 
   absl::Status WaitForActivity(absl::Time deadline) override {
-    std::unique_lock<std::mutex> lock(hub_->mu);
+    absl::MutexLock lock(&hub_->mu);
     Mailbox& own = Own();
-    WaitLocked(lock, deadline, [&] {
+    WaitLocked(deadline, [&] {
       return own.failure_event || std::any_of(own.from.begin(), own.from.end(),
                                               [](const auto& q) { return !q.empty(); });
     });
@@ -165,16 +207,92 @@ class InprocTransport final : public Transport {
   }
 
   void Wake() override {
-    std::lock_guard<std::mutex> lock(hub_->mu);
+    absl::MutexLock lock(&hub_->mu);
     Own().wake_pending = true;
-    Own().cv.notify_all();
+    Own().cv.SignalAll();
   }
 
   absl::Status PeerStatus(int peer) override {
     if (!Valid(peer)) return BadPeer(peer);
-    std::lock_guard<std::mutex> lock(hub_->mu);
+    absl::MutexLock lock(&hub_->mu);
     if (!Own().failure[peer].empty()) return Unavailable(peer);
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<ExchangeId> PostExchange(uint64_t tag, const Transfer* transfers,
+                                          size_t num_transfers) override {
+    if (tag > kMaxExchangeTag) {
+      return absl::InvalidArgumentError(absl::StrCat("exchange tag ", tag, " is too large"));
+    }
+    for (size_t i = 0; i < num_transfers; ++i) {
+      const Transfer& t = transfers[i];
+      if (!Valid(t.peer)) return BadPeer(t.peer);
+      if (t.bytes > 0 && t.data == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("exchange tag ", tag, ": transfer ", i,
+                                                       " of ", t.bytes, " bytes with peer ", t.peer,
+                                                       " has no buffer"));
+      }
+    }
+    auto group = std::make_unique<ExchangeGroup>();
+    group->owner = self_;
+    group->tag = tag;
+    group->ops.resize(num_transfers);
+    group->num_pending = num_transfers;
+    absl::MutexLock lock(&hub_->mu);
+    for (size_t i = 0; i < num_transfers; ++i) {
+      if (!Own().failure[transfers[i].peer].empty()) {
+        return absl::UnavailableError(absl::StrCat("exchange tag ", tag, ": peer ",
+                                                   transfers[i].peer, " ",
+                                                   Own().failure[transfers[i].peer]));
+      }
+    }
+    for (size_t i = 0; i < num_transfers; ++i) {
+      ExchangeOp& op = group->ops[i];
+      op.group = group.get();
+      op.transfer = transfers[i];
+      const bool send = op.transfer.kind == Transfer::Kind::kSend;
+      const ChannelKey key = send ? ChannelKey{self_, op.transfer.peer, tag}
+                                  : ChannelKey{op.transfer.peer, self_, tag};
+      auto channel = hub_->channels.try_emplace(key).first;
+      (send ? channel->second.sends : channel->second.recvs).push_back(&op);
+      MatchLocked(channel);
+    }
+    const ExchangeId id = next_exchange_id_++;
+    groups_.emplace(id, std::move(group));
+    return id;
+  }
+
+  absl::Status WaitExchange(ExchangeId id, absl::Time deadline) override {
+    auto it = groups_.find(id);
+    if (it == groups_.end()) return UnknownExchange(id);
+    ExchangeGroup& group = *it->second;
+    absl::Status status;
+    {
+      absl::MutexLock lock(&hub_->mu);
+      Mailbox& own = Own();
+      for (;;) {
+        status = GroupErrorLocked(group);
+        if (!status.ok() || group.num_pending == 0) break;
+        if (own.cv.WaitWithDeadline(&hub_->mu, deadline)) {
+          status = GroupErrorLocked(group);
+          if (status.ok() && group.num_pending > 0) status = DeadlineError(group);
+          break;
+        }
+      }
+      if (!status.ok()) UnpostLocked(group);
+    }
+    groups_.erase(it);
+    return status;
+  }
+
+  // One address space: device buffers are copied like host memory (see the file comment).
+  bool SupportsMemory(MemoryType memory) const override { return true; }
+
+  bool ExchangeDone(ExchangeId id) override {
+    auto it = groups_.find(id);
+    if (it == groups_.end()) return true;
+    absl::MutexLock lock(&hub_->mu);
+    return it->second->num_pending == 0 || !GroupErrorLocked(*it->second).ok();
   }
 
  private:
@@ -183,12 +301,92 @@ class InprocTransport final : public Transport {
     return absl::InvalidArgumentError(
         absl::StrCat("peer ", peer, " is outside the inproc group of ", hub_->num_peers()));
   }
-  Mailbox& Own() { return *hub_->mailboxes[self_]; }  // requires hub_->mu
+  absl::Status UnknownExchange(ExchangeId id) const {
+    return absl::NotFoundError(absl::StrCat("no exchange ", id, " in flight"));
+  }
+  Mailbox& Own() ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub_->mu) { return *hub_->mailboxes[self_]; }
+
+  // Pairs the fronts of a channel's queues while both have entries, copying each send into
+  // its receive. Runs on whichever side posted second.
+  void MatchLocked(std::map<ChannelKey, Channel>::iterator channel)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub_->mu) {
+    Channel& c = channel->second;
+    while (!c.sends.empty() && !c.recvs.empty()) {
+      ExchangeOp* send = c.sends.front();
+      ExchangeOp* recv = c.recvs.front();
+      c.sends.pop_front();
+      c.recvs.pop_front();
+      absl::Status status;
+      if (send->transfer.bytes != recv->transfer.bytes) {
+        status = absl::InternalError(absl::StrCat(
+            "exchange tag ", std::get<2>(channel->first), ": peer ", std::get<0>(channel->first),
+            " sends ", send->transfer.bytes, " bytes, peer ", std::get<1>(channel->first),
+            " receives ", recv->transfer.bytes));
+      } else if (send->transfer.bytes > 0) {
+        std::memcpy(recv->transfer.data, send->transfer.data, send->transfer.bytes);
+      }
+      for (ExchangeOp* op : {send, recv}) {
+        op->done = true;
+        op->status = status;
+        --op->group->num_pending;
+        hub_->mailboxes[op->group->owner]->cv.SignalAll();
+      }
+    }
+    if (c.sends.empty() && c.recvs.empty()) hub_->channels.erase(channel);
+  }
+
+  // OK while the group can still complete; else why it cannot.
+  absl::Status GroupErrorLocked(const ExchangeGroup& group)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub_->mu) {
+    for (const ExchangeOp& op : group.ops) {
+      if (op.done) {
+        if (!op.status.ok()) return op.status;
+      } else if (!Own().failure[op.transfer.peer].empty()) {
+        return absl::UnavailableError(absl::StrCat("exchange tag ", group.tag, ": peer ",
+                                                   op.transfer.peer, " ",
+                                                   Own().failure[op.transfer.peer]));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DeadlineError(const ExchangeGroup& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub_->mu) {
+    std::string pending;
+    for (const ExchangeOp& op : group.ops) {
+      if (op.done) continue;
+      absl::StrAppend(&pending, pending.empty() ? "" : ", ",
+                      op.transfer.kind == Transfer::Kind::kSend ? "send to " : "receive from ",
+                      op.transfer.peer);
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("exchange tag ", group.tag, ": ", group.num_pending, " of ", group.ops.size(),
+                     " transfers not done at the deadline (", pending, ")"));
+  }
+
+  // Takes the group's unmatched entries off their queues: nothing writes them afterwards.
+  void UnpostLocked(ExchangeGroup& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub_->mu) {
+    for (ExchangeOp& op : group.ops) {
+      if (op.done) continue;
+      const bool send = op.transfer.kind == Transfer::Kind::kSend;
+      const ChannelKey key = send ? ChannelKey{self_, op.transfer.peer, group.tag}
+                                  : ChannelKey{op.transfer.peer, self_, group.tag};
+      auto channel = hub_->channels.find(key);
+      if (channel == hub_->channels.end()) continue;
+      auto& queue = send ? channel->second.sends : channel->second.recvs;
+      queue.erase(std::remove(queue.begin(), queue.end(), &op), queue.end());
+      if (channel->second.sends.empty() && channel->second.recvs.empty()) {
+        hub_->channels.erase(channel);
+      }
+      op.done = true;
+      op.status = absl::CancelledError("cancelled");
+      --group.num_pending;
+    }
+  }
 
   // Offers every queued message the provider has not seen, per sender in queue order, and
-  // copies accepted payloads into their targets. Requires hub_->mu; runs on this
-  // receiver's thread, as the provider requires.
-  void OfferArrivalsLocked() {
+  // copies accepted payloads into their targets. Runs on this receiver's thread, as the
+  // provider requires.
+  void OfferArrivalsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub_->mu) {
     if (provider_ == nullptr) return;
     Mailbox& own = Own();
     for (int sender = 0; sender < hub_->num_peers(); ++sender) {
@@ -212,15 +410,15 @@ class InprocTransport final : public Transport {
       }
     }
   }
-  absl::Status Unavailable(int peer) {  // requires hub_->mu
+  absl::Status Unavailable(int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub_->mu) {
     return absl::UnavailableError(absl::StrCat("peer ", peer, " ", Own().failure[peer]));
   }
 
-  // Waits (hub_->mu held through `lock`) until ready(), a pending Wake(), or the deadline.
-  // Returns true if a Wake() ended the wait.
+  // Waits until ready(), a pending Wake() (if honor_wake), or the deadline. Returns true if
+  // a Wake() ended the wait.
   template <typename Ready>
-  bool WaitLocked(std::unique_lock<std::mutex>& lock, absl::Time deadline, Ready ready,
-                  bool honor_wake = true) {
+  bool WaitLocked(absl::Time deadline, Ready ready, bool honor_wake = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub_->mu) {
     Mailbox& own = Own();
     for (;;) {
       if (ready()) return false;
@@ -228,9 +426,8 @@ class InprocTransport final : public Transport {
         own.wake_pending = false;
         return true;
       }
-      const absl::Duration remaining = deadline - absl::Now();
-      if (remaining <= absl::ZeroDuration()) return false;
-      own.cv.wait_for(lock, absl::ToChronoNanoseconds(std::min(remaining, kMaxWaitSlice)));
+      if (absl::Now() >= deadline) return false;
+      own.cv.WaitWithDeadline(&hub_->mu, deadline);
     }
   }
 
@@ -238,6 +435,10 @@ class InprocTransport final : public Transport {
   const int self_;
   ReceiveTargetProvider* provider_ = nullptr;  // step thread only
   std::vector<ReceiveSegment> segments_;       // reused by OfferArrivalsLocked
+  // Step thread only; the groups' ops are referenced from the Hub's channels (under its
+  // mutex) until matched or unposted.
+  std::map<ExchangeId, std::unique_ptr<ExchangeGroup>> groups_;
+  ExchangeId next_exchange_id_ = 1;
 };
 
 }  // namespace

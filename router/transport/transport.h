@@ -1,5 +1,10 @@
 // Transport: how dispatch and combine bytes move between attention and expert workers.
 //
+// Two parts on one object, sharing its peers, connections and failure state: the message
+// API below, the control channel (step headers, counts, lockstep), and the DataExchange
+// (data_exchange.h): pre-sized sends and receives posted as one group, which carries the
+// rows themselves once the counts are known.
+//
 // Peers are numbered in the cluster's transport world (WorkerInfo.transport_rank, assigned
 // by the router: attention ranks first, then expert ranks). A message is a small header
 // (the engine's step/layer/kind and counts) plus a payload of rows; either may be empty,
@@ -26,8 +31,8 @@
 // Identity: a UCX receiver learns who sent a message from the message itself, so each
 // transport must know its own transport rank (SetSelf) before its first Send.
 //
-// Thread safety: one thread (the step thread) calls everything but Wake(), which any
-// thread may call.
+// Thread safety: one thread (the step thread) calls everything, the DataExchange included,
+// but Wake(), which any thread may call.
 #pragma once
 
 #include <cstddef>
@@ -42,6 +47,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "router/transport/data_exchange.h"
 
 namespace dxs {
 
@@ -120,7 +126,7 @@ class ReceiveTargetProvider {
   virtual void TargetDropped(int peer, std::string_view header) = 0;
 };
 
-class Transport {
+class Transport : public DataExchange {
  public:
   virtual ~Transport() = default;
   virtual std::string name() const = 0;  // "ucx", "inproc", "nccl"
@@ -177,7 +183,8 @@ struct UcxTransportOptions {
   bool keep_shared_memory = true;
 };
 
-// UCP active messages; addresses exchanged out of band (through the router).
+// UCP active messages (control) and tagged sends/receives (data exchange); addresses
+// exchanged out of band (through the router).
 absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport(const UcxTransportOptions& options);
 
 // A group of in-process transports for unit tests: element i is peer i; addresses are

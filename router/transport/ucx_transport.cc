@@ -26,6 +26,24 @@
 //
 // Faults: endpoints use UCP_ERR_HANDLING_MODE_PEER; the error callback marks the peer
 // failed and records a failure event for WaitForActivity.
+//
+// Data exchange: tagged sends and receives on the same worker and endpoints. The UCP tag is
+// the source's transport rank above kExchangeTagBits and the caller's tag below, and
+// receives match it exactly, so each matches one source; UCP matches one endpoint's sends
+// under one tag in order against receives in posting order, which is the DataExchange
+// ordering. Every operation is posted non-blocking with the buffer's memory type and
+// completes through a callback into its ExchangeOp. UCP picks the protocol per size: eager
+// up to 8 KiB on shared memory, rendezvous above (zero-copy where a transport has it; with
+// peer error handling UCX 1.13 keeps no zero-copy shared memory transport, so there the
+// rendezvous data is pipelined through sysv). An unmatched rendezvous send waits for its
+// receive, so nothing relies on buffering. Receives are posted on the worker, not on an
+// endpoint, so a peer's failure does not end them: WaitExchange checks the peers of pending
+// transfers itself.
+//
+// Cancelling: ucp_request_cancel withdraws only receives that are not matched yet. Matched
+// ones finish or fail before WaitExchange returns (their peer's endpoint is closed if they
+// have not within kCancelTimeout). Sends cannot be withdrawn: they keep their group alive as
+// a zombie until UCP completes them, since their callbacks write into it.
 #include <malloc.h>
 #include <sched.h>
 #include <sys/epoll.h>
@@ -69,6 +87,18 @@ constexpr absl::Duration kMaxSleep = absl::Milliseconds(100);
 constexpr const char* kKeepaliveInterval = "1s";
 // Bound on waiting for a forced endpoint close.
 constexpr absl::Duration kCloseTimeout = absl::Seconds(2);
+// Bound on waiting for matched receives of a cancelled exchange to finish before their
+// peers' endpoints are closed to end them.
+constexpr absl::Duration kCancelTimeout = absl::Seconds(2);
+
+// Exchange tags: source rank in the bits above the caller's tag.
+constexpr int kMaxExchangeRank = (1 << (64 - kExchangeTagBits)) - 1;
+constexpr ucp_tag_t kFullTagMask = ~ucp_tag_t{0};
+ucp_tag_t ExchangeWireTag(int source, uint64_t tag) {
+  return (static_cast<ucp_tag_t>(source) << kExchangeTagBits) | tag;
+}
+// UCP is handed this for zero-byte transfers without a buffer.
+uint8_t zero_byte_buffer;
 
 struct WireHeader {
   uint32_t magic;
@@ -112,6 +142,26 @@ struct SendState {
 };
 
 class UcxTransport;
+struct PeerState;
+struct ExchangeGroup;
+
+// One posted transfer of an exchange; UCP's callback completes it.
+struct ExchangeOp {
+  ExchangeGroup* group = nullptr;
+  Transfer transfer;
+  PeerState* peer_state = nullptr;  // stable: peers_ never erases
+  void* request = nullptr;          // outstanding UCP request, freed by the callback
+  bool done = false;
+  ucs_status_t status = UCS_OK;
+  ucp_tag_recv_info_t info = {};  // receives: what arrived
+  bool short_message = false;     // a receive completed with fewer bytes than expected
+};
+
+struct ExchangeGroup {
+  uint64_t tag = 0;
+  std::vector<ExchangeOp> ops;  // sized once: UCP holds pointers to the ops
+  size_t num_pending = 0;
+};
 
 // Argument of one endpoint's error callback; lives until the endpoint's close completed.
 struct EndpointContext {
@@ -152,6 +202,14 @@ class UcxTransport final : public Transport {
   void Wake() override;
   absl::Status PeerStatus(int peer) override;
 
+  absl::StatusOr<ExchangeId> PostExchange(uint64_t tag, const Transfer* transfers,
+                                          size_t num_transfers) override;
+  absl::Status WaitExchange(ExchangeId id, absl::Time deadline) override;
+  bool ExchangeDone(ExchangeId id) override;
+  bool SupportsMemory(MemoryType memory) const override {
+    return memory == MemoryType::kHost || device_memory_;
+  }
+
  private:
   enum class WaitResult { kReady, kWoken, kDeadline, kError };
 
@@ -160,6 +218,10 @@ class UcxTransport final : public Transport {
   static void RecvDataCallback(void* request, ucs_status_t status, size_t length, void* user_data);
   static void SendCallback(void* request, ucs_status_t status, void* user_data);
   static void ErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static void ExchangeSendCallback(void* request, ucs_status_t status, void* user_data);
+  static void ExchangeRecvCallback(void* request, ucs_status_t status,
+                                   const ucp_tag_recv_info_t* info, void* user_data);
+  static void CompleteExchangeOp(ExchangeOp* op, ucs_status_t status);
 
   ucs_status_t OnActiveMessage(const void* header, size_t header_length, void* data, size_t length,
                                const ucp_am_recv_param_t* param);
@@ -179,6 +241,15 @@ class UcxTransport final : public Transport {
   void CloseEndpoint(PeerState& state);
   absl::Status Unavailable(int peer, const PeerState& state) const;
 
+  // Posts one transfer; a refused post completes the op with the error.
+  void PostExchangeOp(ExchangeOp& op, uint64_t tag);
+  // OK while the group can still complete; else why it cannot.
+  absl::Status GroupError(const ExchangeGroup& group) const;
+  // Cancels what UCP can withdraw and waits out matched receives (see the file comment);
+  // keeps the group as a zombie while UCP still holds some of its requests.
+  void CancelGroup(std::unique_ptr<ExchangeGroup> group);
+  void ReapZombies();
+
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int epoll_fd_ = -1;
@@ -194,6 +265,11 @@ class UcxTransport final : public Transport {
   ReceiveTargetProvider* provider_ = nullptr;
   std::vector<ucp_dt_iov_t> send_iov_;  // reused by SendV
   std::atomic<bool> wake_pending_{false};
+  bool device_memory_ = false;  // UCP moves UCS_MEMORY_TYPE_CUDA
+  std::map<ExchangeId, std::unique_ptr<ExchangeGroup>> exchanges_;
+  // Cancelled groups UCP still holds requests of (unmatched sends).
+  std::vector<std::unique_ptr<ExchangeGroup>> zombie_exchanges_;
+  ExchangeId next_exchange_id_ = 1;
 };
 
 absl::Status UcxTransport::Init(const UcxTransportOptions& options) {
@@ -218,7 +294,7 @@ absl::Status UcxTransport::Init(const UcxTransportOptions& options) {
   }
   ucp_params_t params = {};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
   params.name = "dxs";
   status = ucp_init(&params, config, &context_);
   ucp_config_release(config);
@@ -226,6 +302,13 @@ absl::Status UcxTransport::Init(const UcxTransportOptions& options) {
     context_ = nullptr;
     return absl::InternalError(absl::StrCat("ucp_init: ", UcsError(status)));
   }
+  ucp_context_attr_t context_attr = {};
+  context_attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  status = ucp_context_query(context_, &context_attr);
+  if (status != UCS_OK) {
+    return absl::InternalError(absl::StrCat("ucp_context_query: ", UcsError(status)));
+  }
+  device_memory_ = (context_attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
 
   ucp_worker_params_t worker_params = {};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -297,6 +380,17 @@ UcxTransport::~UcxTransport() {
     for (auto& [peer, state] : peers_) {
       for (auto& inbound : state.inbox) {
         if (inbound->request != nullptr) ucp_request_cancel(worker_, inbound->request);
+      }
+    }
+    // Exchange receives likewise; the groups (members) outlive the worker.
+    for (auto& [id, group] : exchanges_) {
+      for (ExchangeOp& op : group->ops) {
+        if (op.request != nullptr) ucp_request_cancel(worker_, op.request);
+      }
+    }
+    for (auto& group : zombie_exchanges_) {
+      for (ExchangeOp& op : group->ops) {
+        if (op.request != nullptr) ucp_request_cancel(worker_, op.request);
       }
     }
     ProgressAll();
@@ -710,6 +804,229 @@ void UcxTransport::OnEndpointError(EndpointContext* context, ucs_status_t status
   failure_event_ = true;
   // The failed endpoint is closed by the next Connect/Disconnect or the destructor; UCX
   // allows only a forced close, which must not run inside this callback.
+}
+
+absl::StatusOr<ExchangeId> UcxTransport::PostExchange(uint64_t tag, const Transfer* transfers,
+                                                      size_t num_transfers) {
+  if (tag > kMaxExchangeTag) {
+    return absl::InvalidArgumentError(absl::StrCat("exchange tag ", tag, " is too large"));
+  }
+  for (size_t i = 0; i < num_transfers; ++i) {
+    const Transfer& t = transfers[i];
+    if (t.peer < 0 || t.peer > kMaxExchangeRank) {
+      return absl::InvalidArgumentError(absl::StrCat("exchange tag ", tag, ": bad peer ", t.peer));
+    }
+    if (t.bytes > 0 && t.data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("exchange tag ", tag, ": transfer ", i, " of ",
+                                                     t.bytes, " bytes with peer ", t.peer,
+                                                     " has no buffer"));
+    }
+    if (t.memory == MemoryType::kDevice && !device_memory_) {
+      return absl::UnimplementedError(absl::StrCat(
+          "exchange tag ", tag, ": UCX ", ucp_get_version_string(),
+          " was built without CUDA support, so it cannot move device memory (peer ", t.peer, ")"));
+    }
+    auto it = peers_.find(t.peer);
+    if (it == peers_.end() || !it->second.ever_connected) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("exchange tag ", tag, ": peer ", t.peer, " is not connected"));
+    }
+    if (!it->second.failure.empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("exchange tag ", tag, ": ", Unavailable(t.peer, it->second).message()));
+    }
+  }
+  if (num_transfers > 0 && (self_ < 0 || self_ > kMaxExchangeRank)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("exchange tag ", tag, ": SetSelf() was not called"));
+  }
+  ReapZombies();
+  auto group = std::make_unique<ExchangeGroup>();
+  group->tag = tag;
+  group->ops.resize(num_transfers);
+  group->num_pending = num_transfers;
+  for (size_t i = 0; i < num_transfers; ++i) {
+    ExchangeOp& op = group->ops[i];
+    op.group = group.get();
+    op.transfer = transfers[i];
+    op.peer_state = &peers_.find(op.transfer.peer)->second;
+    PostExchangeOp(op, tag);
+  }
+  const ExchangeId id = next_exchange_id_++;
+  exchanges_.emplace(id, std::move(group));
+  return id;
+}
+
+void UcxTransport::PostExchangeOp(ExchangeOp& op, uint64_t tag) {
+  const Transfer& t = op.transfer;
+  ucp_request_param_t params = {};
+  params.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  params.user_data = &op;
+  params.memory_type =
+      t.memory == MemoryType::kDevice ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+  void* buffer = t.data != nullptr ? t.data : &zero_byte_buffer;
+  ucs_status_ptr_t request;
+  if (t.kind == Transfer::Kind::kSend) {
+    params.cb.send = &UcxTransport::ExchangeSendCallback;
+    request =
+        ucp_tag_send_nbx(op.peer_state->ep, buffer, t.bytes, ExchangeWireTag(self_, tag), &params);
+  } else {
+    // UCX 1.13 leaves recv_info unfilled on some immediate completions (an unexpected
+    // message received at once), so the size could not be checked: receives always
+    // complete through the callback, which reports it. (The callback may run inside
+    // ucp_tag_recv_nbx then.)
+    params.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    params.cb.recv = &UcxTransport::ExchangeRecvCallback;
+    request = ucp_tag_recv_nbx(worker_, buffer, t.bytes, ExchangeWireTag(t.peer, tag), kFullTagMask,
+                               &params);
+  }
+  if (request == nullptr) {
+    CompleteExchangeOp(&op, UCS_OK);  // a send done at once
+  } else if (UCS_PTR_IS_ERR(request)) {
+    CompleteExchangeOp(&op, UCS_PTR_STATUS(request));
+  } else if (!op.done) {  // else the callback ran already and freed the request
+    op.request = request;
+  }
+}
+
+void UcxTransport::CompleteExchangeOp(ExchangeOp* op, ucs_status_t status) {
+  op->request = nullptr;
+  op->status = status;
+  if (status == UCS_OK && op->transfer.kind == Transfer::Kind::kRecv &&
+      op->info.length != op->transfer.bytes) {
+    op->status = UCS_ERR_MESSAGE_TRUNCATED;  // shorter than expected
+    op->short_message = true;
+  }
+  op->done = true;
+  --op->group->num_pending;
+}
+
+void UcxTransport::ExchangeSendCallback(void* request, ucs_status_t status, void* user_data) {
+  CompleteExchangeOp(static_cast<ExchangeOp*>(user_data), status);
+  ucp_request_free(request);
+}
+
+void UcxTransport::ExchangeRecvCallback(void* request, ucs_status_t status,
+                                        const ucp_tag_recv_info_t* info, void* user_data) {
+  auto* op = static_cast<ExchangeOp*>(user_data);
+  if (info != nullptr) op->info = *info;
+  CompleteExchangeOp(op, status);
+  ucp_request_free(request);
+}
+
+absl::Status UcxTransport::GroupError(const ExchangeGroup& group) const {
+  for (const ExchangeOp& op : group.ops) {
+    const Transfer& t = op.transfer;
+    const bool send = t.kind == Transfer::Kind::kSend;
+    if (op.done) {
+      if (op.status == UCS_OK) continue;
+      if (op.status == UCS_ERR_MESSAGE_TRUNCATED && !send) {
+        // UCP does not report the size of a message too large for the receive.
+        const std::string arrived = op.short_message
+                                        ? absl::StrCat(op.info.length, " bytes arrived")
+                                        : "a larger message arrived";
+        return absl::InternalError(absl::StrCat("exchange tag ", group.tag,
+                                                ": size mismatch receiving ", t.bytes,
+                                                " bytes from peer ", t.peer, ": ", arrived));
+      }
+      if (!op.peer_state->failure.empty()) {
+        return absl::UnavailableError(absl::StrCat("exchange tag ", group.tag, ": ",
+                                                   Unavailable(t.peer, *op.peer_state).message()));
+      }
+      return absl::UnavailableError(absl::StrCat("exchange tag ", group.tag, ": ",
+                                                 send ? "send to" : "receive from", " peer ",
+                                                 t.peer, " failed: ", UcsError(op.status)));
+    }
+    if (!op.peer_state->failure.empty()) {
+      return absl::UnavailableError(absl::StrCat("exchange tag ", group.tag, ": ",
+                                                 Unavailable(t.peer, *op.peer_state).message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UcxTransport::WaitExchange(ExchangeId id, absl::Time deadline) {
+  auto it = exchanges_.find(id);
+  if (it == exchanges_.end()) {
+    return absl::NotFoundError(absl::StrCat("no exchange ", id, " in flight"));
+  }
+  ExchangeGroup& group = *it->second;
+  const WaitResult result = WaitUntil(deadline, /*honor_wake=*/false, [&] {
+    return group.num_pending == 0 || !GroupError(group).ok();
+  });
+  absl::Status status = GroupError(group);
+  if (status.ok() && group.num_pending == 0) {
+    exchanges_.erase(it);
+    return absl::OkStatus();
+  }
+  if (status.ok()) {
+    if (result == WaitResult::kError) {
+      status = absl::InternalError(
+          absl::StrCat("exchange tag ", group.tag, ": waiting on the UCX worker failed"));
+    } else {
+      std::string pending;
+      for (const ExchangeOp& op : group.ops) {
+        if (op.done) continue;
+        absl::StrAppend(&pending, pending.empty() ? "" : ", ",
+                        op.transfer.kind == Transfer::Kind::kSend ? "send to " : "receive from ",
+                        op.transfer.peer);
+      }
+      status = absl::DeadlineExceededError(
+          absl::StrCat("exchange tag ", group.tag, ": ", group.num_pending, " of ",
+                       group.ops.size(), " transfers not done at the deadline (", pending, ")"));
+    }
+  }
+  std::unique_ptr<ExchangeGroup> owned = std::move(it->second);
+  exchanges_.erase(it);
+  CancelGroup(std::move(owned));
+  return status;
+}
+
+bool UcxTransport::ExchangeDone(ExchangeId id) {
+  ProgressAll();
+  auto it = exchanges_.find(id);
+  if (it == exchanges_.end()) return true;
+  return it->second->num_pending == 0 || !GroupError(*it->second).ok();
+}
+
+void UcxTransport::CancelGroup(std::unique_ptr<ExchangeGroup> group) {
+  for (ExchangeOp& op : group->ops) {
+    if (op.request != nullptr && op.transfer.kind == Transfer::Kind::kRecv) {
+      ucp_request_cancel(worker_, op.request);  // completes it now unless matched
+    }
+  }
+  // A matched receive is being written. It ends by itself (the data is on its way) or with
+  // its peer's endpoint (UCP purges that endpoint's requests when it fails or is closed).
+  auto receives_done = [&] {
+    for (const ExchangeOp& op : group->ops) {
+      if (!op.done && op.transfer.kind == Transfer::Kind::kRecv) return false;
+    }
+    return true;
+  };
+  if (WaitUntil(absl::Now() + kCancelTimeout, /*honor_wake=*/false, receives_done) !=
+      WaitResult::kReady) {
+    // Still being written: close those peers' endpoints, which ends their transfers.
+    for (ExchangeOp& op : group->ops) {
+      if (op.done || op.transfer.kind != Transfer::Kind::kRecv || op.peer_state->ep == nullptr) {
+        continue;
+      }
+      CloseEndpoint(*op.peer_state);
+      if (op.peer_state->failure.empty()) {
+        op.peer_state->failure = "closed: a receive of a cancelled exchange did not end";
+        failure_event_ = true;
+      }
+    }
+    (void)WaitUntil(absl::Now() + kCancelTimeout, /*honor_wake=*/false, receives_done);
+  }
+  if (group->num_pending > 0) zombie_exchanges_.push_back(std::move(group));
+}
+
+void UcxTransport::ReapZombies() {
+  zombie_exchanges_.erase(
+      std::remove_if(zombie_exchanges_.begin(), zombie_exchanges_.end(),
+                     [](const std::unique_ptr<ExchangeGroup>& g) { return g->num_pending == 0; }),
+      zombie_exchanges_.end());
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Helper process for ucx_transport_test: creates its own UCX transport as peer 1, trades
 // addresses with the parent over two pipes (length-prefixed), then echoes every message
-// from peer 0 back until the header is "quit" or peer 0 goes away.
+// from peer 0 back until the header is "quit" or peer 0 goes away. A message whose header
+// is "xchg <tag> <bytes>" is answered through the data exchange instead: the child
+// receives <bytes> from peer 0 under <tag>, then sends them back under the same tag.
 //
 // Usage: ucx_transport_echo_child <read_fd> <write_fd>
 #include <sys/prctl.h>
@@ -11,7 +13,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "router/transport/transport.h"
 
@@ -39,6 +44,18 @@ bool ReadAll(int fd, void* data, size_t bytes) {
   return true;
 }
 
+// Receives `bytes` under `tag` from peer 0 and sends them back, each as a group.
+bool EchoExchange(dxs::Transport& transport, uint64_t tag, size_t bytes) {
+  std::vector<uint8_t> data(bytes);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (auto kind : {dxs::Transfer::Kind::kRecv, dxs::Transfer::Kind::kSend}) {
+    const dxs::Transfer transfer = {kind, 0, data.data(), bytes};
+    auto id = transport.PostExchange(tag, &transfer, 1);
+    if (!id.ok() || !transport.WaitExchange(*id, deadline).ok()) return false;
+  }
+  return true;
+}
+
 int Run(int read_fd, int write_fd) {
   auto transport = dxs::MakeUcxTransport(dxs::UcxTransportOptions{});
   if (!transport.ok() || !(*transport)->SetSelf(1).ok()) return 2;
@@ -57,6 +74,13 @@ int Run(int read_fd, int write_fd) {
     auto message = (*transport)->Recv(0, absl::Now() + absl::Seconds(60));
     if (!message.ok()) return 6;
     if (message->header == "quit") return 0;
+    const std::vector<std::string> words = absl::StrSplit(message->header, ' ');
+    if (words.size() == 3 && words[0] == "xchg") {
+      uint64_t tag = 0, bytes = 0;
+      if (!absl::SimpleAtoi(words[1], &tag) || !absl::SimpleAtoi(words[2], &bytes)) return 8;
+      if (!EchoExchange(**transport, tag, bytes)) return 9;
+      continue;
+    }
     if (!(*transport)
              ->Send(0, message->header, message->payload.data(), message->payload.size())
              .ok()) {

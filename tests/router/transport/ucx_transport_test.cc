@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -288,6 +289,72 @@ TEST_P(UcxCrossProcessTest, PeerKilledMidTransfer) {
   ASSERT_NE(second, nullptr);
   ASSERT_TRUE((*parent)->Connect(1, second->address()).ok());
   ASSERT_NO_FATAL_FAILURE(PingPong(**parent, "second"));
+  ASSERT_TRUE((*parent)->Send(1, "quit", nullptr, 0).ok());
+  EXPECT_EQ(second->Join(), 0);
+}
+
+// Round trips through the child's data exchange: the size goes ahead on the control
+// channel, then the bytes as grouped transfers.
+void ExchangePingPong(Transport& parent, uint64_t tag) {
+  for (size_t bytes : {size_t{0}, size_t{1000}, size_t{3} << 20}) {
+    std::vector<uint8_t> payload(bytes), echo(bytes, 0);
+    for (size_t j = 0; j < bytes; ++j) payload[j] = static_cast<uint8_t>(j * 11 + bytes);
+    ASSERT_TRUE(
+        parent.Send(1, "xchg " + std::to_string(tag) + " " + std::to_string(bytes), nullptr, 0)
+            .ok());
+    const Transfer transfers[] = {{Transfer::Kind::kSend, 1, payload.data(), bytes},
+                                  {Transfer::Kind::kRecv, 1, echo.data(), bytes}};
+    auto id = parent.PostExchange(tag, transfers, 2);
+    ASSERT_TRUE(id.ok()) << id.status();
+    absl::Status status = parent.WaitExchange(*id, absl::Now() + absl::Seconds(20));
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_TRUE(echo == payload) << bytes;
+    ++tag;
+  }
+}
+
+// The child dies while an exchange waits for it (a receive it never sends, and a large send
+// it never receives): UNAVAILABLE naming it within fault detection, the receive memory is
+// left alone, and a new child exchanges again.
+TEST_P(UcxCrossProcessTest, PeerKilledDuringExchange) {
+  std::optional<ScopedEnv> tls;
+  if (GetParam() == "tcp") tls.emplace("UCX_TLS", "tcp");
+  auto parent = MakeUcxTransport(UcxTransportOptions{});
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  ASSERT_TRUE((*parent)->SetSelf(0).ok());
+  auto child = EchoChild::Start(**parent);
+  ASSERT_NE(child, nullptr);
+  ASSERT_TRUE((*parent)->Connect(1, child->address()).ok());
+  ASSERT_NO_FATAL_FAILURE(ExchangePingPong(**parent, 10));
+
+  const std::vector<uint8_t> big(size_t{16} << 20, 0x17);
+  std::vector<uint8_t> target(size_t{1} << 20, 0xee);
+  const Transfer transfers[] = {
+      {Transfer::Kind::kSend, 1, const_cast<uint8_t*>(big.data()), big.size()},
+      {Transfer::Kind::kRecv, 1, target.data(), target.size()}};
+  auto id = (*parent)->PostExchange(99, transfers, 2);
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::thread killer([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    child->Kill();
+  });
+  const absl::Time start = absl::Now();
+  absl::Status status = (*parent)->WaitExchange(*id, start + absl::Seconds(30));
+  const absl::Duration elapsed = absl::Now() - start;
+  killer.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_NE(status.message().find("peer 1"), std::string::npos) << status;
+  EXPECT_LT(elapsed, absl::Seconds(5));
+  std::printf("killed peer detected by the exchange after %s: %s\n",
+              absl::FormatDuration(elapsed).c_str(), status.ToString().c_str());
+  EXPECT_TRUE(std::all_of(target.begin(), target.end(), [](uint8_t b) { return b == 0xee; }));
+  EXPECT_EQ((*parent)->PostExchange(100, transfers, 2).status().code(),
+            absl::StatusCode::kUnavailable);
+
+  auto second = EchoChild::Start(**parent);
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE((*parent)->Connect(1, second->address()).ok());
+  ASSERT_NO_FATAL_FAILURE(ExchangePingPong(**parent, 200));
   ASSERT_TRUE((*parent)->Send(1, "quit", nullptr, 0).ok());
   EXPECT_EQ(second->Join(), 0);
 }
