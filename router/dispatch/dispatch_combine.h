@@ -2,24 +2,23 @@
 //
 // For each MoE layer of a step (DeepEP's three verbs): the layout (which EP rank needs
 // which token, and the routed pairs each rank receives) is a backend op on the router's
-// device-resident top-k; only the per-rank counts come to the host, because a host-driven
-// transport needs them. Dispatch packs each token once per EP rank that owns any of its
-// top-k experts (a backend gather into the wire dtype, or straight from x when a rank
-// takes every token in order and x is in the wire dtype), sends one message to every EP
-// rank (empty ones included) with the rank's (row, expert, weight) pairs, and keeps a
-// DispatchHandle: layout, counts, offsets and receive buffer. Combine takes that handle,
-// recomputes nothing, receives one message from every EP rank and sums them with the
-// backend's CombineRows: out[t] = sum over ranks, in ascending rank order, of the rank's
-// pre-summed rows. That sum is the single reduction stage; nothing reduces the MoE output
-// again.
+// device-resident top-k; only the per-rank counts come to the host, because they size the
+// transfers. Dispatch packs each token once per EP rank that owns any of its top-k experts
+// (a backend gather into the wire dtype, or straight from x when a rank takes every token
+// in order and x is in the wire dtype), sends every EP rank a dispatch header with its
+// counts on the control channel (empty ones included), and posts one data-exchange group:
+// to each rank its rows and (row, expert, weight) pairs, from each rank its combine rows,
+// received straight into their region of the handle's receive tensor (or into `out`
+// itself when one rank holds every token in order and no other rank has rows: the
+// expert's pre-sum starts from +0, so 0 + a == a and the answer is bit for bit the sum).
+// Combine waits for that group and sums with the backend's CombineRows: out[t] = sum over
+// ranks, in ascending rank order, of the rank's pre-summed rows. That sum is the single
+// reduction stage; nothing reduces the MoE output again.
 //
-// Activations may be float32 or already in the wire dtype; the pack and the combine
-// convert. Zero copy: the executor is its transport's ReceiveTargetProvider; each rank's
-// combine lands in its region of the handle's receive tensor, or in `out` itself when one
-// rank holds every token in order and no other rank has rows (the expert's pre-sum starts
-// from +0, so 0 + a == a: the answer is bit for bit the sum). A failed step waits until
-// nothing is still being received into its targets (WaitTargetWrites) before it returns.
-// The transport reads and writes tensor memory at Backend::TransportAddress.
+// The DispatchHandle holds everything Combine needs (layout, counts, offsets, buffers, the
+// group); Combine recomputes nothing. A failed step cancels its group before it returns,
+// so nothing writes into the caller's memory afterwards. The transport reads and writes
+// tensor memory at Backend::TransportAddress.
 //
 // Thread safety: used by one step thread.
 #pragma once
@@ -27,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -55,6 +55,7 @@ struct DispatchHandle {
   Tensor send_rows;       // packed dispatch rows [sum tokens, hidden], wire dtype
   Tensor recv_rows;       // combine rows, the same layout
   bool into_out = false;  // the one rank with rows answers straight into out
+  std::optional<ExchangeId> group;  // the posted exchange, until Combine waits for it
 };
 
 // Per-rank-pair traffic counters, cumulative; read from other threads.
@@ -63,8 +64,8 @@ struct DispatchCounters {
       : tokens_dispatched(num_ep_ranks), tokens_combined(num_ep_ranks) {}
   std::vector<std::atomic<int64_t>> tokens_dispatched;  // per destination EP rank
   std::vector<std::atomic<int64_t>> tokens_combined;    // per source EP rank
-  // Combine messages that arrived straight in a target (a reused buffer or the output)
-  // rather than a transport buffer, and those of them that landed in the output itself.
+  // Combine answers that arrived straight in place (all of them since the data exchange),
+  // and those of them that landed in the output itself.
   std::atomic<int64_t> combines_in_target{0};
   std::atomic<int64_t> combines_into_out{0};
 };
@@ -92,7 +93,7 @@ struct DispatchOptions {
   absl::Duration max_combine_spin = absl::Microseconds(500);
 };
 
-class RemoteMoeExecutor final : public MoeExecutor, public ReceiveTargetProvider {
+class RemoteMoeExecutor final : public MoeExecutor {
  public:
   // `ep_peers[r]` is EP rank r's transport peer id. Tensors are the backend's.
   RemoteMoeExecutor(Backend* backend, Transport* transport, std::vector<int> ep_peers,
@@ -121,38 +122,19 @@ class RemoteMoeExecutor final : public MoeExecutor, public ReceiveTargetProvider
                         const Tensor& weights, Tensor* out) override;
   absl::Status Combine(int layer, int micro, Tensor* out) override;
 
-  // ReceiveTargetProvider: where a combine of a dispatched micro-batch lands.
-  bool TargetFor(int peer, std::string_view header, size_t payload_bytes,
-                 std::vector<ReceiveSegment>* segments) override;
-  void TargetDropped(int peer, std::string_view header) override;
-
  private:
-  // Where one EP rank's combine for a micro-batch is to land.
-  struct CombineTarget {
-    enum class State { kNone, kExpected, kAccepted };
-    State state = State::kNone;
-    WireHeader::Key key;
-    size_t bytes = 0;
-    uint8_t* dest = nullptr;
-    bool into_out = false;  // dest is the caller's out
-  };
   // A dispatched micro-batch waiting for its combine.
   struct InFlight {
     bool active = false;
     DispatchHandle handle;
-    std::vector<CombineTarget> targets;  // per EP rank
   };
 
-  // Ends the micro-batch's targets: none is offered again, and receives still moving into
-  // one finish first (the caller's `out` may be one).
-  void AbandonTargets(InFlight& flight);
-  int RankOfPeer(int peer) const;
-
-  absl::StatusOr<TransportMessage> RecvCombine(int rank, int layer, int micro, absl::Time deadline);
+  // Cancels the micro-batch's group, if posted: nothing writes its buffers afterwards.
+  void Abandon(InFlight& flight);
   // The layout and counts of a micro-batch into flight.handle.
   absl::Status Layout(const Tensor& ids, const Tensor& weights, InFlight& flight);
-  // Sends EP rank r its rows and pairs.
-  absl::Status SendDispatch(int r, int micro, int num_micro, const Tensor& x, InFlight& flight);
+  // EP rank r's dispatch header on the control channel.
+  absl::Status SendHeader(int r, int micro, int num_micro, const DispatchHandle& h);
 
   Backend* backend_;
   Transport* transport_;
@@ -165,7 +147,7 @@ class RemoteMoeExecutor final : public MoeExecutor, public ReceiveTargetProvider
   std::unique_ptr<DispatchCounters> counters_;
   DispatchObserver* observer_ = nullptr;
   InFlight in_flight_[kMaxMicroBatches];
-  std::vector<PayloadSegment> segments_;
+  std::vector<Transfer> transfers_;
   // Recent combine waits (Combine's start to its last answer), smoothed: how long the
   // next is expected to take. Zero until the first.
   absl::Duration expected_combine_wait_ = absl::ZeroDuration();

@@ -1,14 +1,18 @@
-// The dispatch/combine wire format: a fixed little-endian header per message, then rows.
+// The dispatch/combine wire format. Control messages (the transport's message API) are a
+// fixed little-endian header with no payload; the rows and pairs they announce travel as
+// one data-exchange group (router/transport/data_exchange.h) under ExchangeTag(key):
 //
-//   dispatch (attention -> expert): rows[num_rows, hidden] in wire dtype, then the routed
-//       pairs: row index int32[num_pairs], expert id int32[num_pairs], weight f32[num_pairs]
-//   combine  (expert -> attention): rows[num_rows, hidden] in wire dtype, the expert rank's
-//       pre-summed output for each dispatched row, in dispatch order
-//   step     (attention -> attention): no payload; `aux` is the sender's token count and
-//       `num_rows` its two-batch-overlap threshold (AttentionStepLoop)
+//   dispatch header (attention -> expert): num_rows, num_pairs, hidden, wire dtype. Then,
+//       in the group, attention -> expert: rows[num_rows, hidden] in wire dtype, row index
+//       int32[num_pairs], expert id int32[num_pairs], weight f32[num_pairs]; and
+//       expert -> attention (the combine): rows[num_rows, hidden] in wire dtype, the expert
+//       rank's pre-summed output for each dispatched row, in dispatch order. Every transfer
+//       is posted, zero sizes included.
+//   step     (attention -> attention): `aux` is the sender's token count and `num_rows` its
+//       two-batch-overlap threshold (AttentionStepLoop)
 //
-// A step split into micro-batches (two-batch overlap) sends one dispatch and one combine
-// per (layer, micro-batch); `micro` and `num_micro` say which.
+// A step split into micro-batches (two-batch overlap) sends one dispatch header and one
+// group per (layer, micro-batch); `micro` and `num_micro` say which.
 //
 // Routing weights always travel as float32; activations as float32 or bfloat16.
 #pragma once
@@ -45,5 +49,13 @@ struct WireHeader {
   using Key = std::tuple<uint64_t, int32_t, uint8_t>;
   Key key() const { return {step, layer, micro}; }
 };
+
+// The data-exchange tag of one (step, layer, micro-batch): unique among the groups that
+// can be in flight at once (the low 32 bits of the step, 12 of the layer, 4 of the micro).
+inline uint64_t ExchangeTag(const WireHeader::Key& key) {
+  const auto [step, layer, micro] = key;
+  return ((step & 0xffffffffu) << 16) | ((static_cast<uint64_t>(layer) & 0xfffu) << 4) |
+         (micro & 0xfu);
+}
 
 }  // namespace dxs

@@ -221,9 +221,15 @@ TEST_F(ServeStreamTest, TheStreamsEndAbortsItsRequestsAndFreesTheirKv) {
     }
     auto first = ReadUntil(stream.get(), [](const v1::ServeEvent& e) { return e.has_chunk(); });
     ASSERT_FALSE(first.empty());
-    const v1::RankLoad busy = Load(*cluster_);
+    // The first chunk can come before the worker has read the other submits off the stream
+    // (its first step starts at the first request): wait until it holds all four.
+    v1::RankLoad busy = Load(*cluster_);
+    for (int i = 0; i < 100 && busy.num_running_requests() + busy.num_queued_requests() < 4; ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+      busy = Load(*cluster_);
+    }
     EXPECT_GT(busy.kv_cache_used_tokens(), 0u);
-    EXPECT_EQ(busy.num_running_requests() + busy.num_queued_requests(), 4u);
+    EXPECT_EQ(busy.num_running_requests() + busy.num_queued_requests(), 4u) << cluster_->DumpLogs();
     context.TryCancel();  // the router went away
     stream->Finish();
   }

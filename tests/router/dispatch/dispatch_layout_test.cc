@@ -183,7 +183,8 @@ class ExpertRoutingCheckTest : public ::testing::Test {
                                                  experts_.get(), config);
   }
 
-  // Sends one dispatch of `num_rows` rows with these pairs and serves the round.
+  // Announces one dispatch of `num_rows` rows with these pairs, posts its group (rows and
+  // pairs out, the combine back) as the attention side does, and serves the round.
   absl::Status Round(int32_t num_rows, const RoutedPairs& pairs) {
     WireHeader h;
     h.kind = MessageKind::kDispatch;
@@ -192,21 +193,34 @@ class ExpertRoutingCheckTest : public ::testing::Test {
     h.num_rows = num_rows;
     h.num_pairs = static_cast<int32_t>(pairs.size());
     h.hidden = kHidden;
-    std::vector<float> rows(num_rows * kHidden);
+    std::vector<float> rows(num_rows * kHidden), answer(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i);
+    RoutedPairs sent = pairs;
     const size_t pair_bytes = pairs.size() * 4;
-    const PayloadSegment segments[] = {{rows.data(), rows.size() * sizeof(float)},
-                                       {pairs.rows.data(), pair_bytes},
-                                       {pairs.experts.data(), pair_bytes},
-                                       {pairs.weights.data(), pair_bytes}};
-    absl::Status sent = transports_[0]->SendV(1, h.Encode(), segments, 4);
-    if (!sent.ok()) return sent;
+    const Transfer group[] = {
+        {Transfer::Kind::kSend, 1, rows.data(), rows.size() * sizeof(float)},
+        {Transfer::Kind::kSend, 1, sent.rows.data(), pair_bytes},
+        {Transfer::Kind::kSend, 1, sent.experts.data(), pair_bytes},
+        {Transfer::Kind::kSend, 1, sent.weights.data(), pair_bytes},
+        {Transfer::Kind::kRecv, 1, answer.data(), answer.size() * sizeof(float)}};
+    absl::Status announced = transports_[0]->Send(1, h.Encode(), nullptr, 0);
+    if (!announced.ok()) return announced;
+    absl::StatusOr<ExchangeId> id = transports_[0]->PostExchange(ExchangeTag(h.key()), group, 5);
+    if (!id.ok()) return id.status();
     absl::Status served = server_->ServeRound(absl::Now() + absl::Seconds(5));
+    // The combine: the rows back when the round was served; a refused round sends nothing,
+    // and the attention side gives up on it.
+    absl::Status combined = transports_[0]->WaitExchange(
+        *id, served.ok() ? absl::Now() + absl::Seconds(5) : absl::InfinitePast());
     if (served.ok()) {
-      // The combine: the rows back.
-      absl::StatusOr<TransportMessage> m = transports_[0]->Recv(1, absl::Now() + absl::Seconds(5));
-      if (!m.ok()) return m.status();
-      EXPECT_EQ(m->payload_size(), rows.size() * sizeof(float));
+      EXPECT_TRUE(combined.ok()) << combined;
+      // SomeExperts answers each routed row with the row itself.
+      for (size_t p = 0; p < pairs.size(); ++p) {
+        for (int64_t j = 0; j < kHidden; ++j) {
+          const int64_t at = pairs.rows[p] * kHidden + j;
+          EXPECT_EQ(answer[at], rows[at]) << "pair " << p;
+        }
+      }
     }
     return served;
   }
