@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -181,12 +182,19 @@ uint64_t SeedOf(int src, int dst, int k, int round) {
   return (static_cast<uint64_t>(round) << 24) | (src << 16) | (dst << 8) | k;
 }
 
-// Every peer sends two messages to every other and receives theirs, in one group whose
-// entries are shuffled per peer and round, after a random delay: matching must follow the
-// k-th send / k-th receive rule whatever the order of posting.
+// Every peer sends three messages to every other and receives theirs, after a random delay,
+// in entries shuffled per peer and round and spread over three groups under three tags
+// (which tag a message travels under depends on its pair and index, so both sides agree),
+// posted and waited for in random orders: matching must follow the k-th send / k-th receive
+// rule per tag whatever the order of posting.
 TEST_P(DataExchangeTest, AllToAllInRandomOrders) {
-  constexpr int kRounds = 6;
-  constexpr int kPerPair = 2;
+  constexpr int kRounds = 20;
+  constexpr int kPerPair = 3;
+  constexpr int kTagsPerRound = 3;
+  // The group, and so the tag, of message k from src to dst.
+  auto group_of = [](int src, int dst, int k, int round) {
+    return (src * 5 + dst * 3 + k * 7 + round) % kTagsPerRound;
+  };
   RunPeers([&](int self) {
     std::mt19937 rng(1234 + self);
     for (int round = 0; round < kRounds; ++round) {
@@ -203,28 +211,44 @@ TEST_P(DataExchangeTest, AllToAllInRandomOrders) {
         }
       }
       std::shuffle(entries.begin(), entries.end(), rng);
-      // The k-th entry of a (kind, peer) in posting order carries message k.
+      // The k-th entry of a (kind, peer) in posting order carries message k; it goes into
+      // the group of its tag, keeping that order.
       std::vector<std::vector<uint8_t>> sends;
       std::vector<std::unique_ptr<GuardedBuffer>> recvs;
       std::vector<std::pair<int, int>> recv_ids;  // (peer, k)
       std::vector<int> sent(kNumPeers), received(kNumPeers);
-      std::vector<Transfer> transfers;
+      std::vector<std::vector<Transfer>> groups(kTagsPerRound);
       sends.reserve(entries.size());
       for (const Entry& e : entries) {
         if (e.kind == Transfer::Kind::kSend) {
           const int k = sent[e.peer]++;
           sends.push_back(Pattern(SeedOf(self, e.peer, k, round), SizeOf(self, e.peer, k, round)));
-          transfers.push_back(SendTo(e.peer, sends.back().data(), sends.back().size()));
+          groups[group_of(self, e.peer, k, round)].push_back(
+              SendTo(e.peer, sends.back().data(), sends.back().size()));
         } else {
           const int k = received[e.peer]++;
           recvs.push_back(std::make_unique<GuardedBuffer>(SizeOf(e.peer, self, k, round)));
           recv_ids.emplace_back(e.peer, k);
-          transfers.push_back(RecvFrom(e.peer, recvs.back()->data(), recvs.back()->size()));
+          groups[group_of(e.peer, self, k, round)].push_back(
+              RecvFrom(e.peer, recvs.back()->data(), recvs.back()->size()));
         }
       }
       absl::SleepFor(absl::Microseconds(std::uniform_int_distribution<int>(0, 2000)(rng)));
-      absl::Status status = Exchange(self, 100 + round, transfers);
-      ASSERT_TRUE(status.ok()) << "peer " << self << " round " << round << ": " << status;
+      std::vector<int> order(kTagsPerRound);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      std::vector<ExchangeId> ids(kTagsPerRound);
+      for (int g : order) {
+        const uint64_t tag = 100 + round * kTagsPerRound + g;
+        auto id = peer(self).PostExchange(tag, groups[g].data(), groups[g].size());
+        ASSERT_TRUE(id.ok()) << id.status();
+        ids[g] = *id;
+      }
+      std::shuffle(order.begin(), order.end(), rng);
+      for (int g : order) {
+        absl::Status status = peer(self).WaitExchange(ids[g], absl::Now() + absl::Seconds(30));
+        ASSERT_TRUE(status.ok()) << "peer " << self << " round " << round << ": " << status;
+      }
       for (size_t i = 0; i < recvs.size(); ++i) {
         const auto [from, k] = recv_ids[i];
         ASSERT_TRUE(recvs[i]->contents() ==
