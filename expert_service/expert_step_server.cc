@@ -12,9 +12,10 @@
 namespace dxs {
 namespace {
 
-// How long a round waits for the sends of the round before last before it reuses their
-// buffer: they are long done unless their DP rank abandoned the step.
-constexpr absl::Duration kCombineSendWait = absl::Seconds(1);
+// How long a round's combine may take to be delivered: the attention side's step timeout
+// (DispatchOptions::timeout), after which that side has failed the step itself. A DP rank
+// takes it as soon as it makes progress (its receive is posted with its dispatch).
+constexpr absl::Duration kCombineSendWait = absl::Seconds(5);
 
 MemoryType MemoryOf(const Backend* backend) {
   return backend->device() == Device::kCuda ? MemoryType::kDevice : MemoryType::kHost;
@@ -234,7 +235,17 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   }
   DXS_ASSIGN_OR_RETURN(ExchangeId sent,
                        transport_->PostExchange(tag, transfers_.data(), transfers_.size()));
-  combine_group_[k] = sent;
+  // The DP ranks posted their receives with their dispatch, so the sends complete at once
+  // unless a rank abandoned the step; waiting here also keeps the transport progressing
+  // them when no next round follows soon.
+  absl::Status delivered = transport_->WaitExchange(sent, absl::Now() + kCombineSendWait);
+  if (!delivered.ok()) {
+    // A send UCX cannot withdraw may still read out_[k]: the next round computes into the
+    // other buffer, and the one after waits (briefly) before reusing this one.
+    combine_group_[k] = sent;
+    return absl::UnavailableError(absl::StrCat("combine of step ", first.step, " layer ",
+                                               first.layer, ": ", delivered.message()));
+  }
   return absl::OkStatus();
 }
 

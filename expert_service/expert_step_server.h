@@ -11,11 +11,12 @@
 // experts; and posts the combine: each rank's rows of the output tensor back to it, in
 // dispatch order, under the same tag. Nothing is copied through a transport buffer.
 //
-// The combine's sends may still be reading the output when the round returns; the output
-// is double-buffered, and a round waits for the sends of the round before last (which used
-// the same buffer) before it computes. Sends to a rank whose step failed are never matched:
-// the wait gives up at its deadline and the buffer is reused (no receive will be posted
-// for that tag).
+// A round returns once its combine is delivered (the DP ranks posted their receives with
+// their dispatch, so that is at once). Sends to a rank that abandoned the step are never
+// matched: the wait gives up after the attention side's step timeout (5 s) and the round fails
+// with UNAVAILABLE. Such a
+// send may still hold the output buffer, so the output is double-buffered and a buffer
+// with a send still pending is waited for (briefly) before it is written again.
 //
 // Thread safety: ServeRound is called by one thread; counters may be read from any.
 #pragma once
