@@ -10,13 +10,26 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/tensor.h"
 #include "model/expert_shard.h"
 
 namespace dxs {
+
+// What Dispatch hands to Combine (DeepEP's handle): everything the combine needs, so that
+// nothing is recomputed and the executor keeps no per-micro-batch state. Destroying a
+// handle that was never combined (a failed step) abandons its exchange: nothing writes
+// into the caller's memory afterwards.
+class MoeHandle {
+ public:
+  virtual ~MoeHandle() = default;
+  int layer = -1;
+  int micro = 0;
+};
 
 class MoeExecutor {
  public:
@@ -32,25 +45,35 @@ class MoeExecutor {
   // The two-phase form, for two-batch overlap: the model dispatches one micro-batch's
   // rows and computes the other micro-batch's attention while the experts work, then
   // combines. Dispatch(layer, micro, ...) starts the MoE of micro-batch `micro` (0 or 1)
-  // of a step split into `num_micro` micro-batches; Combine(micro) finishes it, with
-  // `out` (given to Dispatch, kept alive by the caller until Combine) overwritten as Run
-  // would. Calls alternate Dispatch/Combine per micro-batch, and micro-batches are
-  // combined in the order they were dispatched. Every DP rank splits every step the same
-  // way, empty micro-batches included, so the expert workers see each (layer, micro) once
-  // from every rank.
+  // of a step split into `num_micro` micro-batches and returns its handle; Combine(handle)
+  // finishes it, with `out` (given to Dispatch, kept alive by the caller until Combine)
+  // overwritten as Run would. Every DP rank splits every step the same way, empty
+  // micro-batches included, so the expert workers see each (layer, micro) once from every
+  // rank.
   //
   // True if Dispatch returns before the experts finish (remote experts); the default
   // runs everything in Dispatch, so splitting a step only costs time.
   virtual bool overlaps() const { return false; }
-  virtual absl::Status Dispatch(int layer, int micro, int num_micro, const Tensor& x,
-                                const Tensor& ids, const Tensor& weights, Tensor* out) {
-    pending_[micro] = Run(layer, x, ids, weights, out);
-    return absl::OkStatus();
+  virtual absl::StatusOr<std::unique_ptr<MoeHandle>> Dispatch(int layer, int micro, int num_micro,
+                                                              const Tensor& x, const Tensor& ids,
+                                                              const Tensor& weights, Tensor* out) {
+    auto handle = std::make_unique<DoneHandle>();
+    handle->layer = layer;
+    handle->micro = micro;
+    handle->status = Run(layer, x, ids, weights, out);
+    return std::unique_ptr<MoeHandle>(std::move(handle));
   }
-  virtual absl::Status Combine(int layer, int micro, Tensor* out) { return pending_[micro]; }
+  virtual absl::Status Combine(std::unique_ptr<MoeHandle> handle, Tensor* out) {
+    auto* done = dynamic_cast<DoneHandle*>(handle.get());
+    if (done == nullptr) return absl::InvalidArgumentError("combine: not this executor's handle");
+    return done->status;
+  }
 
  private:
-  absl::Status pending_[kMaxMicroBatches];
+  // The default Dispatch ran everything: the outcome is all Combine has to report.
+  struct DoneHandle final : MoeHandle {
+    absl::Status status;
+  };
 };
 
 // Runs every expert in this process.

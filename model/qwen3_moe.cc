@@ -145,12 +145,14 @@ absl::Status Qwen3MoeModel::MicroFront(int layer, int micro, int num_micro, KvCa
   }
   Tensor ids, weights;
   DXS_RETURN_IF_ERROR(Route(layer, mb->normed, &ids, &weights));
-  return moe_->Dispatch(layer, micro, num_micro, mb->normed, ids, weights, &mb->mlp_out);
+  DXS_ASSIGN_OR_RETURN(
+      mb->moe, moe_->Dispatch(layer, micro, num_micro, mb->normed, ids, weights, &mb->mlp_out));
+  return absl::OkStatus();
 }
 
 absl::Status Qwen3MoeModel::MicroBack(int layer, int micro, MicroBatch* mb) {
   if (!config_.IsMoeLayer(layer)) return absl::OkStatus();  // MicroFront did it all
-  DXS_RETURN_IF_ERROR(moe_->Combine(layer, micro, &mb->mlp_out));
+  DXS_RETURN_IF_ERROR(moe_->Combine(std::move(mb->moe), &mb->mlp_out));
   return backend_->Add(mb->mlp_out, &mb->hidden);
 }
 

@@ -58,6 +58,7 @@ class Qwen3MoeModel {
     Tensor positions;                // [tokens] i32
     PagedAttentionMeta attn;         // the same for every layer of the step
     Tensor hidden, normed, mlp_out;  // normed and mlp_out live until the combine
+    std::unique_ptr<MoeHandle> moe;  // a dispatched MoE layer, until its combine
   };
   // Uploads the micro-batch's token ids, positions and paged-attention metadata, and embeds.
   absl::Status Prepare(KvCache* kv, MicroBatch* mb);

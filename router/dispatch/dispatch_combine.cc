@@ -44,26 +44,23 @@ RemoteMoeExecutor::RemoteMoeExecutor(Backend* backend, Transport* transport,
       options_(options),
       counters_(std::make_unique<DispatchCounters>(static_cast<int>(ep_peers_.size()))) {}
 
-RemoteMoeExecutor::~RemoteMoeExecutor() {
-  for (InFlight& flight : in_flight_) Abandon(flight);
-}
-
-void RemoteMoeExecutor::Abandon(InFlight& flight) {
-  flight.active = false;
-  if (!flight.handle.group) return;
+DispatchHandle::~DispatchHandle() {
   // A group still in flight is cancelled by a wait that ends at once; its receives stop
   // writing into the handle's buffers (and the caller's out) when it returns.
-  (void)transport_->WaitExchange(*flight.handle.group, absl::InfinitePast());
-  flight.handle.group.reset();
+  if (group && transport != nullptr) (void)transport->WaitExchange(*group, absl::InfinitePast());
 }
+
+RemoteMoeExecutor::~RemoteMoeExecutor() = default;
 
 absl::Status RemoteMoeExecutor::Run(int layer, const Tensor& x, const Tensor& ids,
                                     const Tensor& weights, Tensor* out) {
-  DXS_RETURN_IF_ERROR(Dispatch(layer, 0, 1, x, ids, weights, out));
-  return Combine(layer, 0, out);
+  DXS_ASSIGN_OR_RETURN(std::unique_ptr<MoeHandle> handle,
+                       Dispatch(layer, 0, 1, x, ids, weights, out));
+  return Combine(std::move(handle), out);
 }
 
-absl::Status RemoteMoeExecutor::Layout(const Tensor& ids, const Tensor& weights, InFlight& flight) {
+absl::Status RemoteMoeExecutor::Layout(const Tensor& ids, const Tensor& weights,
+                                       DispatchHandle* handle) {
   const int num_ranks = static_cast<int>(ep_peers_.size());
   if (placement_.num_ranks() != num_ranks) {
     return absl::FailedPreconditionError(absl::StrCat("the placement has ", placement_.num_ranks(),
@@ -74,7 +71,7 @@ absl::Status RemoteMoeExecutor::Layout(const Tensor& ids, const Tensor& weights,
     for (size_t e = 0; e < owner.size(); ++e) owner[e] = placement_.owner(static_cast<int>(e));
     DXS_ASSIGN_OR_RETURN(expert_owner_, backend_->UploadIndices(owner));
   }
-  DispatchHandle& h = flight.handle;
+  DispatchHandle& h = *handle;
   h.num_tokens = ids.rows();
   DXS_RETURN_IF_ERROR(
       backend_->ComputeDispatchLayout(ids, weights, expert_owner_, num_ranks, &h.layout));
@@ -95,18 +92,28 @@ absl::Status RemoteMoeExecutor::Layout(const Tensor& ids, const Tensor& weights,
   return absl::OkStatus();
 }
 
-absl::Status RemoteMoeExecutor::Dispatch(int layer, int micro, int num_micro, const Tensor& x,
-                                         const Tensor& ids, const Tensor& weights, Tensor* out) {
+absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
+    int layer, int micro, int num_micro, const Tensor& x, const Tensor& ids, const Tensor& weights,
+    Tensor* out) {
   if (micro < 0 || micro >= num_micro || num_micro > kMaxMicroBatches) {
     return absl::InvalidArgumentError(
         absl::StrCat("micro-batch ", micro, " of ", num_micro, " is out of range"));
   }
   const Clock::time_point dispatch_start = Clock::now();
   const int num_ranks = static_cast<int>(ep_peers_.size());
-  InFlight& flight = in_flight_[micro];
-  Abandon(flight);  // a dispatch that was never combined
-  DispatchHandle& h = flight.handle;
+  std::unique_ptr<DispatchHandle> handle;
+  if (!spare_handles_.empty()) {
+    handle = std::move(spare_handles_.back());  // its buffers are reused
+    spare_handles_.pop_back();
+  } else {
+    handle = std::make_unique<DispatchHandle>();
+  }
+  DispatchHandle& h = *handle;
+  h.transport = transport_;
+  h.executor = this;
+  h.step = step_;
   h.layer = layer;
+  h.micro = micro;
   const DType dtype = options_.wire_dtype;
   if (!IsFloatDType(x.dtype()) ||
       (out != nullptr && out->defined() && !IsFloatDType(out->dtype()))) {
@@ -116,7 +123,7 @@ absl::Status RemoteMoeExecutor::Dispatch(int layer, int micro, int num_micro, co
     return absl::InvalidArgumentError(
         absl::StrCat(ids.rows(), " routed tokens for ", x.rows(), " rows"));
   }
-  DXS_RETURN_IF_ERROR(Layout(ids, weights, flight));
+  DXS_RETURN_IF_ERROR(Layout(ids, weights, &h));
   const int64_t total_rows = h.token_offsets[num_ranks];
   int ranks_with_rows = 0;
   for (int r = 0; r < num_ranks; ++r) ranks_with_rows += h.num_tokens_per_rank[r] > 0 ? 1 : 0;
@@ -198,12 +205,8 @@ absl::Status RemoteMoeExecutor::Dispatch(int layer, int micro, int num_micro, co
   if (observer_ != nullptr) {
     observer_->OnDispatch(h.num_tokens_per_rank, SecondsSince(dispatch_start));
   }
-  if (!send_status.ok()) {
-    Abandon(flight);
-    return send_status;
-  }
-  flight.active = true;
-  return absl::OkStatus();
+  if (!send_status.ok()) return send_status;  // the handle goes, and its group with it
+  return std::unique_ptr<MoeHandle>(std::move(handle));
 }
 
 absl::Status RemoteMoeExecutor::SendHeader(int r, int micro, int num_micro,
@@ -221,15 +224,13 @@ absl::Status RemoteMoeExecutor::SendHeader(int r, int micro, int num_micro,
   return transport_->Send(ep_peers_[r], header.Encode(), nullptr, 0);
 }
 
-absl::Status RemoteMoeExecutor::Combine(int layer, int micro, Tensor* out) {
-  if (micro < 0 || micro >= kMaxMicroBatches || !in_flight_[micro].active ||
-      in_flight_[micro].handle.layer != layer) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("combine of layer ", layer, " micro-batch ", micro, " without its dispatch"));
+absl::Status RemoteMoeExecutor::Combine(std::unique_ptr<MoeHandle> handle, Tensor* out) {
+  auto* dispatched = dynamic_cast<DispatchHandle*>(handle.get());
+  if (dispatched == nullptr || dispatched->executor != this || !dispatched->group) {
+    return absl::FailedPreconditionError("combine without a dispatch of this executor");
   }
-  InFlight& flight = in_flight_[micro];
-  flight.active = false;
-  DispatchHandle& h = flight.handle;
+  DispatchHandle& h = *dispatched;
+  const int layer = h.layer, micro = h.micro;
   const Clock::time_point combine_start = Clock::now();
   const int num_ranks = static_cast<int>(ep_peers_.size());
   const absl::Time wait_start = absl::Now();
@@ -243,7 +244,7 @@ absl::Status RemoteMoeExecutor::Combine(int layer, int micro, Tensor* out) {
   absl::Status waited_status = transport_->WaitExchange(*h.group, deadline);
   h.group.reset();  // waited for: done, or cancelled by the failed wait
   if (!waited_status.ok()) {
-    return absl::UnavailableError(absl::StrCat("combine (step ", step_, ", layer ", layer,
+    return absl::UnavailableError(absl::StrCat("combine (step ", h.step, ", layer ", layer,
                                                ", micro-batch ", micro,
                                                "): ", waited_status.message()));
   }
@@ -263,6 +264,8 @@ absl::Status RemoteMoeExecutor::Combine(int layer, int micro, Tensor* out) {
   if (observer_ != nullptr) {
     observer_->OnCombine(h.num_tokens_per_rank, SecondsSince(combine_start));
   }
+  handle.release();
+  spare_handles_.emplace_back(dispatched);  // for its buffers
   return absl::OkStatus();
 }
 

@@ -46,15 +46,19 @@ void UnpackRows(const uint8_t* data, int64_t num_rows, int64_t hidden, DType dty
 
 // Everything Combine needs about one dispatched micro-batch (DeepEP's handle): the layout
 // on the backend, its per-rank counts and offsets on the host, and where the combines land.
-struct DispatchHandle {
-  int layer = -1;
+struct DispatchHandle final : MoeHandle {
+  // Abandons an exchange still in flight (a handle dropped without its combine).
+  ~DispatchHandle() override;
+  Transport* transport = nullptr;  // whose exchange `group` is
+  const void* executor = nullptr;  // the executor that made it
+  uint64_t step = 0;
   int64_t num_tokens = 0;
   DispatchLayoutTensors layout;
   std::vector<int64_t> num_tokens_per_rank, num_pairs_per_rank;
   std::vector<int64_t> token_offsets, pair_offsets;  // R + 1 each
-  Tensor send_rows;       // packed dispatch rows [sum tokens, hidden], wire dtype
-  Tensor recv_rows;       // combine rows, the same layout
-  bool into_out = false;  // the one rank with rows answers straight into out
+  Tensor send_rows;                 // packed dispatch rows [sum tokens, hidden], wire dtype
+  Tensor recv_rows;                 // combine rows, the same layout
+  bool into_out = false;            // the one rank with rows answers straight into out
   std::optional<ExchangeId> group;  // the posted exchange, until Combine waits for it
 };
 
@@ -118,21 +122,14 @@ class RemoteMoeExecutor final : public MoeExecutor {
   // Two-batch overlap: Dispatch sends and returns; the expert ranks compute while the
   // caller works on the other micro-batch; Combine receives and sums.
   bool overlaps() const override { return true; }
-  absl::Status Dispatch(int layer, int micro, int num_micro, const Tensor& x, const Tensor& ids,
-                        const Tensor& weights, Tensor* out) override;
-  absl::Status Combine(int layer, int micro, Tensor* out) override;
+  absl::StatusOr<std::unique_ptr<MoeHandle>> Dispatch(int layer, int micro, int num_micro,
+                                                      const Tensor& x, const Tensor& ids,
+                                                      const Tensor& weights, Tensor* out) override;
+  absl::Status Combine(std::unique_ptr<MoeHandle> handle, Tensor* out) override;
 
  private:
-  // A dispatched micro-batch waiting for its combine.
-  struct InFlight {
-    bool active = false;
-    DispatchHandle handle;
-  };
-
-  // Cancels the micro-batch's group, if posted: nothing writes its buffers afterwards.
-  void Abandon(InFlight& flight);
-  // The layout and counts of a micro-batch into flight.handle.
-  absl::Status Layout(const Tensor& ids, const Tensor& weights, InFlight& flight);
+  // The layout and counts of a micro-batch into *h.
+  absl::Status Layout(const Tensor& ids, const Tensor& weights, DispatchHandle* h);
   // EP rank r's dispatch header on the control channel.
   absl::Status SendHeader(int r, int micro, int num_micro, const DispatchHandle& h);
 
@@ -146,7 +143,8 @@ class RemoteMoeExecutor final : public MoeExecutor {
   uint64_t step_ = 0;
   std::unique_ptr<DispatchCounters> counters_;
   DispatchObserver* observer_ = nullptr;
-  InFlight in_flight_[kMaxMicroBatches];
+  // Handles back from Combine, kept for their buffers (reused by later dispatches).
+  std::vector<std::unique_ptr<DispatchHandle>> spare_handles_;
   std::vector<Transfer> transfers_;
   // Recent combine waits (Combine's start to its last answer), smoothed: how long the
   // next is expected to take. Zero until the first.

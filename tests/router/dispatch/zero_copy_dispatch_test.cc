@@ -289,21 +289,37 @@ TEST_P(ZeroCopyTest, TwoMicroBatchesInFlight) {
   for (int round = 0; round < 4; ++round) {
     Batch b[2] = {MakeBatch(tokens, 2 * round), MakeBatch(tokens, 2 * round + 1)};
     Tensor x[2], out[2];
+    std::unique_ptr<MoeHandle> handle[2];
     executor_->set_step(++step_);
     for (int m = 0; m < 2; ++m) {
       x[m] = *backend_->Upload(b[m].x, {tokens, kHidden});
       out[m] = *backend_->Allocate({tokens, kHidden});
       const auto [ids, weights] = Routing(b[m]);
-      ASSERT_TRUE(executor_->Dispatch(0, m, 2, x[m], ids, weights, &out[m]).ok());
+      absl::StatusOr<std::unique_ptr<MoeHandle>> h =
+          executor_->Dispatch(0, m, 2, x[m], ids, weights, &out[m]);
+      ASSERT_TRUE(h.ok()) << h.status();
+      handle[m] = std::move(*h);
     }
-    for (int m = 0; m < 2; ++m) {
-      absl::Status s = executor_->Combine(0, m, &out[m]);
+    // Combined in either order: each handle carries its own micro-batch.
+    for (int m : {1, 0}) {
+      absl::Status s = executor_->Combine(std::move(handle[m]), &out[m]);
       ASSERT_TRUE(s.ok()) << s;
       const std::vector<float> want = Expected(b[m].x, b[m].ids, b[m].weights, placement_, wire());
       EXPECT_TRUE(*backend_->Download(out[m]) == want) << "round " << round << " micro " << m;
     }
   }
   EXPECT_GE(RoundsInPlace(), Rounds() - 2);
+  // A handle combines once; a dropped one abandons its exchange.
+  Batch b = MakeBatch(tokens, 99);
+  Tensor x = *backend_->Upload(b.x, {tokens, kHidden}),
+         out = *backend_->Allocate({tokens, kHidden});
+  const auto [ids, weights] = Routing(b);
+  executor_->set_step(++step_);
+  absl::StatusOr<std::unique_ptr<MoeHandle>> dropped =
+      executor_->Dispatch(0, 0, 1, x, ids, weights, &out);
+  ASSERT_TRUE(dropped.ok());
+  dropped->reset();
+  EXPECT_EQ(executor_->Combine(nullptr, &out).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ZeroCopyTest,
