@@ -12,6 +12,7 @@
 #include <numeric>
 #include <thread>
 
+#include "expert_service/expert_compute.h"
 #include "kernels/backend.h"
 #include "model/engine.h"
 #include "model/expert_shard.h"
@@ -68,6 +69,7 @@ double MoeLayerGflops(ExpertShard* shard, Backend* backend, int64_t tokens, int 
   Tensor x = *backend->Upload(Random(tokens * hidden, 11, 1.f), {tokens, hidden});
   Tensor out = *backend->Allocate({tokens, hidden});
   SplitMix64 rng(tokens);
+  ShardCompute compute(shard);  // what an expert worker runs: host pairs onto the backend
   RoutedPairs pairs;
   for (int64_t t = 0; t < tokens; ++t) {
     std::vector<int> pick(experts);
@@ -80,7 +82,7 @@ double MoeLayerGflops(ExpertShard* shard, Backend* backend, int64_t tokens, int 
   std::vector<double> times;
   for (int r = 0; r < reps; ++r) {
     auto t0 = Clock::now();
-    (void)shard->Forward(0, x, pairs, &out);
+    (void)compute.Forward(0, x, pairs, &out);
     times.push_back(Seconds(t0, Clock::now()));
   }
   const double flops = 2.0 * 3 * hidden * inter * tokens * top_k;

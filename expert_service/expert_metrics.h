@@ -18,7 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/metrics/registry.h"
-#include "model/expert_shard.h"
+#include "router/dispatch/routed_pairs.h"
 
 namespace dxs {
 

@@ -30,9 +30,9 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/model_config.h"
+#include "expert_service/expert_compute.h"
 #include "expert_service/expert_metrics.h"
 #include "kernels/tensor.h"
-#include "model/expert_shard.h"
 #include "router/dispatch/wire.h"
 #include "router/transport/transport.h"
 

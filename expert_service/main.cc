@@ -85,6 +85,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<ExpertWeightMap> weights = LoadExpertWeights(ckpt, config, experts, backend.get());
   if (!weights.ok()) return fail(weights.status());
   shard = std::make_unique<ExpertShard>(config, std::move(*weights), backend.get());
+  ShardCompute compute(shard.get());
   service.set_shard(shard.get(), experts);
   absl::StatusOr<std::unique_ptr<ExpertMetrics>> made_metrics = ExpertMetrics::Create(
       &metrics_registry, static_cast<int>(*rank), experts, static_cast<int>(config.num_experts));
@@ -100,7 +101,7 @@ int Main(int argc, char** argv) {
       for (int r = 0; r < shape->num_attention; ++r) dp_peers.push_back(r);
       if (!server) {
         server =
-            std::make_unique<ExpertStepServer>(runtime.transport(), dp_peers, shard.get(), config);
+            std::make_unique<ExpertStepServer>(runtime.transport(), dp_peers, &compute, config);
         server->set_metrics(expert_metrics.get());
         service.set_step_server(server.get());
       }

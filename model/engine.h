@@ -19,7 +19,7 @@
 #include "kernels/backend.h"
 #include "model/expert_shard.h"
 #include "model/kv_cache.h"
-#include "model/moe_executor.h"
+#include "model/local_moe_executor.h"
 #include "model/qwen3_moe.h"
 #include "model/sampler.h"
 #include "model/scheduler.h"

@@ -38,28 +38,6 @@ std::vector<int64_t> ExpertShard::tokens_per_expert_snapshot() const {
 
 bool ExpertShard::Holds(int layer, int expert) const { return weights_.count({layer, expert}) > 0; }
 
-absl::Status ExpertShard::Forward(int layer, const Tensor& x, const RoutedPairs& pairs,
-                                  Tensor* out) {
-  // Host pairs (an expert worker's receive slots) onto the backend.
-  const int64_t n = static_cast<int64_t>(pairs.size());
-  for (int64_t p = 0; p < n; ++p) {
-    const int32_t out_row = pairs.out_row(p);
-    if (pairs.rows[p] < 0 || pairs.rows[p] >= x.rows() || out_row < 0 || out_row >= out->rows()) {
-      return absl::InvalidArgumentError(absl::StrCat("routed row ", pairs.rows[p], " -> ", out_row,
-                                                     " outside [0, ", x.rows(), ") -> [0, ",
-                                                     out->rows(), ")"));
-    }
-  }
-  DXS_ASSIGN_OR_RETURN(Tensor rows, backend_->UploadIndices(pairs.rows));
-  DXS_ASSIGN_OR_RETURN(Tensor experts, backend_->UploadIndices(pairs.experts));
-  DXS_ASSIGN_OR_RETURN(Tensor weights, backend_->Upload(pairs.weights, {n}));
-  Tensor out_rows = rows;
-  if (!pairs.out_rows.empty()) {
-    DXS_ASSIGN_OR_RETURN(out_rows, backend_->UploadIndices(pairs.out_rows));
-  }
-  return ForwardPairs(layer, x, rows, experts, weights, out_rows, out);
-}
-
 absl::Status ExpertShard::ForwardRouted(int layer, const Tensor& x, const Tensor& ids,
                                         const Tensor& weights, Tensor* out) {
   const int64_t tokens = ids.rows(), top_k = tokens > 0 ? ids.row_size() : 0;

@@ -20,53 +20,20 @@
 
 namespace dxs {
 
-// Routed (row, expert, weight) triples, one per selected expert of a row.
-struct RoutedPairs {
-  std::vector<int32_t> rows;  // rows of x
-  std::vector<int32_t> experts;
-  std::vector<float> weights;
-  // Rows of out, when they differ from `rows` (an expert worker reads rows from sparse
-  // receive slots and writes a dense output); empty: out row == x row.
-  std::vector<int32_t> out_rows;
-  size_t size() const { return rows.size(); }
-  int32_t out_row(size_t p) const { return out_rows.empty() ? rows[p] : out_rows[p]; }
-  void Add(int32_t row, int32_t expert, float weight) {
-    rows.push_back(row);
-    experts.push_back(expert);
-    weights.push_back(weight);
-  }
-};
-
-// What an expert worker's data path needs from the experts it holds. ExpertShard is the
-// real one; benchmarks substitute a cheap one to time the exchange alone.
-class ExpertCompute {
- public:
-  virtual ~ExpertCompute() = default;
-  virtual bool Holds(int layer, int expert) const = 0;
-  virtual Backend* backend() const = 0;
-  // out[o] = sum over pairs p with out_row(p) == o of weights[p] * FFN_{experts[p]}(x[rows[p]]).
-  // out is overwritten; its rows with no pair become zero. x may have zero rows; out may
-  // have fewer rows than x (with out_rows). x and out
-  // are float32, or (host tensors, CPU backend) in the bf16 wire dtype: the rows as they
-  // arrived and the answer as it goes back, converted by the compute that reads and
-  // writes them.
-  virtual absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs,
-                               Tensor* out) = 0;
-};
-
-class ExpertShard final : public ExpertCompute {
+class ExpertShard final {
  public:
   ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Backend* backend);
 
-  bool Holds(int layer, int expert) const override;
-  Backend* backend() const override { return backend_; }
-  absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out) override;
+  bool Holds(int layer, int expert) const;
+  Backend* backend() const { return backend_; }
   // The same for the router's output on the backend: row t's pairs are ids/weights[t, :]
   // (every expert local, out row == x row), as the single-process engine routes.
   absl::Status ForwardRouted(int layer, const Tensor& x, const Tensor& ids, const Tensor& weights,
                              Tensor* out);
   // The core, on backend tensors: pair p takes x row rows[p] through expert experts[p] and
-  // adds weights[p] times the result to out row out_rows[p] (i32, i32, f32, i32 [P]).
+  // adds weights[p] times the result to out row out_rows[p] (i32, i32, f32, i32 [P]). out
+  // is overwritten (rows with no pair become zero); x and out are float32, or on the CPU
+  // backend in the bf16 wire dtype (widened as rows are gathered, the sums rounded once).
   absl::Status ForwardPairs(int layer, const Tensor& x, const Tensor& rows, const Tensor& experts,
                             const Tensor& weights, const Tensor& out_rows, Tensor* out);
 

@@ -17,8 +17,8 @@
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
 #include "kernels/backend.h"
+#include "kernels/moe_executor.h"
 #include "model/kv_cache.h"
-#include "model/moe_executor.h"
 #include "model/weights.h"
 
 namespace dxs {

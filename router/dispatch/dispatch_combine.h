@@ -33,7 +33,7 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "kernels/backend.h"
-#include "model/moe_executor.h"
+#include "kernels/moe_executor.h"
 #include "router/dispatch/placement.h"
 #include "router/dispatch/wire.h"
 #include "router/transport/transport.h"

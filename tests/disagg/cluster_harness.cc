@@ -46,8 +46,9 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
     ExpertWeightMap w =
         *LoadExpertWeights(*ckpt, config, placement.experts_of(r), ep->backend.get());
     ep->shard = std::make_unique<ExpertShard>(config, std::move(w), ep->backend.get());
+    ep->compute = std::make_unique<ShardCompute>(ep->shard.get());
     ep->server = std::make_unique<ExpertStepServer>(transports_[num_attention + r].get(), dp_peers,
-                                                    ep->shard.get(), config);
+                                                    ep->compute.get(), config);
     ep_.push_back(std::move(ep));
   }
   for (int r = 0; r < num_attention; ++r) {

@@ -68,6 +68,7 @@ class InprocCluster {
   struct EpRank {
     std::unique_ptr<Backend> backend;
     std::unique_ptr<ExpertShard> shard;
+    std::unique_ptr<ShardCompute> compute;
     std::unique_ptr<ExpertStepServer> server;
     std::thread thread;
   };

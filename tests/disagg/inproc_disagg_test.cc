@@ -221,13 +221,15 @@ TEST(Disagg, MoeOutputIsReducedExactlyOnce) {
   auto transports = MakeInprocTransportGroup(5);
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(transports[i]->SetSelf(i).ok());
   std::vector<std::unique_ptr<ExpertShard>> shards;
+  std::vector<std::unique_ptr<ShardCompute>> computes;
   std::vector<std::unique_ptr<ExpertStepServer>> servers;
   for (int r = 0; r < 4; ++r) {
     shards.push_back(std::make_unique<ExpertShard>(
         config, *LoadExpertWeights(*ckpt, config, placement.experts_of(r), backend.get()),
         backend.get()));
+    computes.push_back(std::make_unique<ShardCompute>(shards.back().get()));
     servers.push_back(std::make_unique<ExpertStepServer>(
-        transports[1 + r].get(), std::vector<int>{0}, shards.back().get(), config));
+        transports[1 + r].get(), std::vector<int>{0}, computes.back().get(), config));
   }
   RemoteMoeExecutor remote(backend.get(), transports[0].get(), {1, 2, 3, 4}, placement,
                            config.hidden_size, {});

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "expert_service/expert_compute.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/tensor.h"
@@ -35,6 +36,7 @@ class ExpertShardBf16Test : public ::testing::Test {
       w.down_proj = *backend_->Upload(Random(kHidden * kInter, 0.2f), {kHidden, kInter});
     }
     shard_ = std::make_unique<ExpertShard>(config_, std::move(weights), backend_.get());
+    compute_ = std::make_unique<ShardCompute>(shard_.get());
   }
 
   std::vector<float> Random(size_t n, float scale) {
@@ -59,6 +61,7 @@ class ExpertShardBf16Test : public ::testing::Test {
   std::unique_ptr<Backend> backend_;
   ModelConfig config_;
   std::unique_ptr<ExpertShard> shard_;
+  std::unique_ptr<ShardCompute> compute_;  // the expert worker's view: host pairs
 };
 
 TEST_F(ExpertShardBf16Test, Bf16RowsGiveTheFloat32AnswerRoundedOnce) {
@@ -72,10 +75,10 @@ TEST_F(ExpertShardBf16Test, Bf16RowsGiveTheFloat32AnswerRoundedOnce) {
 
     Tensor x32 = *backend_->Upload(exact, {rows, kHidden});
     Tensor out32 = *backend_->Allocate({rows, kHidden});
-    ASSERT_TRUE(shard_->Forward(0, x32, pairs, &out32).ok());
+    ASSERT_TRUE(compute_->Forward(0, x32, pairs, &out32).ok());
     Tensor out16 = AllocateHostTensor(DType::kBF16, {rows, kHidden});
     std::memset(out16.raw(), 0xff, static_cast<size_t>(rows) * kHidden * 2);  // NaNs
-    absl::Status s = shard_->Forward(0, x16, pairs, &out16);
+    absl::Status s = compute_->Forward(0, x16, pairs, &out16);
     ASSERT_TRUE(s.ok()) << s;
 
     const uint16_t* got = static_cast<const uint16_t*>(out16.raw());

@@ -1,7 +1,9 @@
 // MoeExecutor: how the attention side gets the MoE output of one layer.
 //
-// The single-process engine runs the experts locally (LocalMoeExecutor); an attention
-// worker dispatches rows to expert workers and combines their pre-summed results. Either
+// The single-process engine runs the experts locally (model/local_moe_executor.h); an
+// attention worker dispatches rows to expert workers and combines their pre-summed
+// results (router/dispatch/dispatch_combine.h). The interface sits beside the Backend so
+// that the dispatch engine does not depend on the model. Either
 // way `out[t] = sum_k weights[t, k] * expert_{ids[t, k]}(x[t])` and that sum is the one
 // reduction: nothing reduces the output again.
 //
@@ -16,7 +18,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/tensor.h"
-#include "model/expert_shard.h"
 
 namespace dxs {
 
@@ -74,19 +75,6 @@ class MoeExecutor {
   struct DoneHandle final : MoeHandle {
     absl::Status status;
   };
-};
-
-// Runs every expert in this process.
-class LocalMoeExecutor final : public MoeExecutor {
- public:
-  explicit LocalMoeExecutor(ExpertShard* shard) : shard_(shard) {}
-  absl::Status Run(int layer, const Tensor& x, const Tensor& ids, const Tensor& weights,
-                   Tensor* out) override {
-    return shard_->ForwardRouted(layer, x, ids, weights, out);
-  }
-
- private:
-  ExpertShard* shard_;
 };
 
 }  // namespace dxs
