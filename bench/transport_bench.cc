@@ -8,13 +8,10 @@
 // The process forks before either side touches UCX; the parent is the client and
 // measures, the child echoes. Addresses travel over pipes.
 //
-// The dxs side also runs the zero-copy paths: a payload sent from several segments
-// (SendV), and received into memory a ReceiveTargetProvider picks (one segment, or two
-// for a message split the way a dispatch's rows and routing pairs are). Each variant is
-// named sN/tM: the request goes out in N segments and lands in M target segments (0: the
-// transport's own buffer); the echo goes back in one segment, into a one-segment target
-// whenever M > 0. s64 and s512 are rows scattered over that many runs (RemoteMoeExecutor
-// packs more than 64 runs into one buffer).
+// The dxs side also sends payloads gathered from several segments (SendV). Each variant is
+// named sN: the request goes out in N segments (s4: split the way a message of rows and
+// routing pairs would be; s64 and s512: rows scattered over that many runs); the echo goes
+// back in one segment.
 //
 // The data exchange (DataExchange on the same UcxTransport: tagged sends and receives,
 // posted as groups) runs the same round trip: the client posts one group {send to the
@@ -28,7 +25,7 @@
 // other work, the scheduler otherwise sometimes stacks both on one CPU, which adds about
 // 2.5 us to every round trip and halves copy bandwidth for the whole run.
 // Output: median round trip in microseconds and GB/s (2 * bytes per round trip / time)
-// for each size, dxs/raw round-trip ratio, and each variant's round trip; then the data
+// for each size, dxs/raw round-trip ratio, and each SendV variant's round trip; then the data
 // exchange's round trip against raw UCX and the message path.
 #include <sched.h>
 #include <sys/prctl.h>
@@ -64,12 +61,8 @@ constexpr SizeCase kCases[] = {
     {0, 5000}, {1 << 10, 5000}, {64 << 10, 2000}, {1 << 20, 300}, {16 << 20, 40},
 };
 
-// (request segments, target segments) of each dxs variant; the first is the plain path.
-struct Variant {
-  int send_segments;
-  int target_segments;
-};
-constexpr Variant kVariants[] = {{1, 0}, {4, 0}, {1, 1}, {1, 2}, {4, 2}, {64, 0}, {512, 0}};
+// Request segments of each dxs SendV variant; the first is the plain path.
+constexpr int kSendSegments[] = {1, 4, 64, 512};
 
 using dxs::bench::Die;
 using dxs::bench::TradeAddresses;
@@ -230,9 +223,8 @@ std::unique_ptr<dxs::Transport> ConnectDxs(int self, int read_fd, int write_fd) 
 
 // Splits `bytes` at `data` into `n` pieces: up to 4, the first 98% (rows) and the rest
 // evenly (routing pairs); more, all even (scattered rows).
-template <typename Segment, typename Pointer>
-std::vector<Segment> Pieces(Pointer data, size_t bytes, int n) {
-  std::vector<Segment> pieces;
+std::vector<dxs::PayloadSegment> Pieces(const uint8_t* data, size_t bytes, int n) {
+  std::vector<dxs::PayloadSegment> pieces;
   if (n == 1) return {{data, bytes}};
   if (n > 4) {
     for (int i = 0; i < n; ++i) {
@@ -252,48 +244,24 @@ std::vector<Segment> Pieces(Pointer data, size_t bytes, int n) {
   return pieces;
 }
 
-// Accepts every message whose header starts with 't' into one preallocated buffer, in
-// as many segments as the header's second byte says.
-class BufferTarget final : public dxs::ReceiveTargetProvider {
- public:
-  BufferTarget() : buffer_(kMaxBytes) {}
-  bool TargetFor(int peer, std::string_view header, size_t payload_bytes,
-                 std::vector<dxs::ReceiveSegment>* segments) override {
-    if (header.size() < 2 || header[0] != 't' || payload_bytes > buffer_.size()) return false;
-    *segments = Pieces<dxs::ReceiveSegment>(buffer_.data(), payload_bytes, header[1] - '0');
-    return true;
-  }
-  void TargetDropped(int peer, std::string_view header) override {}
-  uint8_t* data() { return buffer_.data(); }
-
- private:
-  std::vector<uint8_t> buffer_;
-};
-
 // Medians per variant, then per size.
 std::vector<std::vector<double>> DxsClient(int read_fd, int write_fd, int scale) {
   auto transport = ConnectDxs(0, read_fd, write_fd);
-  BufferTarget target;
-  transport->SetReceiveTargetProvider(&target);
   std::vector<uint8_t> payload(kMaxBytes, 0x5a);
   std::vector<std::vector<double>> medians;
-  for (const Variant& v : kVariants) {
+  for (int send_segments : kSendSegments) {
     medians.emplace_back();
-    // "t<M>" asks the server for an M-segment target, "-" for none.
-    const std::string header =
-        v.target_segments > 0 ? "t" + std::to_string(v.target_segments) : "-";
     for (const SizeCase& c : kCases) {
       const int iterations = std::max(5, c.iterations / scale);
-      const auto segments = Pieces<dxs::PayloadSegment>(payload.data(), c.bytes, v.send_segments);
+      const auto segments = Pieces(payload.data(), c.bytes, send_segments);
       std::vector<double> rtt_us;
       for (int i = -iterations / 10 - 1; i < iterations; ++i) {
         const double start = NowUs();
-        absl::Status status = transport->SendV(1, header, segments.data(), segments.size());
+        absl::Status status = transport->SendV(1, "-", segments.data(), segments.size());
         if (!status.ok()) Die(status.ToString());
         auto echo = transport->Recv(1, absl::Now() + absl::Seconds(60));
         if (!echo.ok()) Die(echo.status().ToString());
-        if (echo->payload_size() != c.bytes) Die("dxs: wrong echo size");
-        if ((echo->target != nullptr) != (v.target_segments > 0)) Die("dxs: wrong target");
+        if (echo->payload.size() != c.bytes) Die("dxs: wrong echo size");
         if (i >= 0) rtt_us.push_back(NowUs() - start);
       }
       medians.back().push_back(Median(rtt_us));
@@ -375,16 +343,11 @@ void ExchangeServer(int read_fd, int write_fd, int scale) {
 
 void DxsServer(int read_fd, int write_fd) {
   auto transport = ConnectDxs(1, read_fd, write_fd);
-  BufferTarget target;
-  transport->SetReceiveTargetProvider(&target);
   for (;;) {
     auto message = transport->Recv(0, absl::Now() + absl::Seconds(60));
     if (!message.ok()) Die(message.status().ToString());
     if (message->header == "quit") break;
-    // The echo lands in the client's one-segment target when the request used one.
-    const uint8_t* data = message->target != nullptr ? target.data() : message->payload.data();
-    absl::Status status =
-        transport->Send(0, message->target != nullptr ? "t1" : "-", data, message->payload_size());
+    absl::Status status = transport->Send(0, "-", message->payload.data(), message->payload.size());
     if (!status.ok()) Die(status.ToString());
   }
   // Let the quit message's sender see completion before this process goes away.
@@ -449,13 +412,10 @@ int main(int argc, char** argv) {
                 2 * bytes / (raw[i] * 1e3), dxs[i], 2 * bytes / (dxs[i] * 1e3), dxs[i] / raw[i]);
   }
   std::printf(
-      "\ndxs zero-copy variants (sN/tM: request sent in N segments, received into M "
-      "target segments; 0 = transport buffer); median round trip in us\n%10s",
+      "\ndxs SendV variants (sN: request sent in N segments); median round trip in us\n%10s",
       "bytes");
-  for (const Variant& v : kVariants) {
-    std::printf(
-        " %9s",
-        ("s" + std::to_string(v.send_segments) + "/t" + std::to_string(v.target_segments)).c_str());
+  for (int send_segments : kSendSegments) {
+    std::printf(" %9s", ("s" + std::to_string(send_segments)).c_str());
   }
   std::printf("\n");
   for (size_t i = 0; i < std::size(kCases); ++i) {

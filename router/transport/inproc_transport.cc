@@ -4,11 +4,6 @@
 // way a broken connection looks to both ends, so tests can inject faults; Connect(peer)
 // clears the caller's side only, like reconnecting one UCX endpoint.
 //
-// Receive targets: a message is offered to the receiver's ReceiveTargetProvider on the
-// receiver's own thread (the provider is not thread-safe), the first time one of the
-// receiver's calls finds it queued, in queue order; an accepted payload is copied into the
-// target then.
-//
 // Data exchange: the Hub keeps a matching queue per (source, destination, tag): posted
 // sends on one side, posted receives on the other. Whichever side posts second finds the
 // other's entry at the front and copies the bytes, under the Hub's mutex, so a cancelled
@@ -67,11 +62,7 @@ using ChannelKey = std::tuple<int, int, uint64_t>;  // source, destination, tag
 struct Mailbox {
   explicit Mailbox(int num_peers) : from(num_peers), failure(num_peers) {}
   absl::CondVar cv;
-  struct Queued {
-    TransportMessage message;
-    bool offered = false;  // the receiver's provider has seen it
-  };
-  std::vector<std::deque<Queued>> from;  // indexed by sender
+  std::vector<std::deque<TransportMessage>> from;  // indexed by sender
   // This receiver's view of each peer: empty when OK, else why it is unavailable.
   std::vector<std::string> failure;
   bool wake_pending = false;
@@ -141,30 +132,20 @@ class InprocTransport final : public Transport {
       }
       payload_bytes += segments[i].bytes;
     }
-    Mailbox::Queued queued;
-    queued.message.header.assign(header.data(), header.size());
-    queued.message.payload.resize(payload_bytes);
-    uint8_t* p = queued.message.payload.data();
+    TransportMessage message;
+    message.header.assign(header.data(), header.size());
+    message.payload.resize(payload_bytes);
+    uint8_t* p = message.payload.data();
     for (size_t i = 0; i < num_segments; ++i) {
       if (segments[i].bytes == 0) continue;
       std::memcpy(p, segments[i].data, segments[i].bytes);
       p += segments[i].bytes;
     }
     absl::MutexLock lock(&hub_->mu);
-    OfferArrivalsLocked();
     if (!Own().failure[peer].empty()) return Unavailable(peer);
     Mailbox& other = *hub_->mailboxes[peer];
-    other.from[self_].push_back(std::move(queued));
+    other.from[self_].push_back(std::move(message));
     other.cv.SignalAll();
-    return absl::OkStatus();
-  }
-
-  void SetReceiveTargetProvider(ReceiveTargetProvider* provider) override { provider_ = provider; }
-  ReceiveTargetProvider* receive_target_provider() const override { return provider_; }
-
-  // Targets are written while a message is offered, inside the receiver's own calls.
-  absl::Status WaitTargetWrites(int peer, absl::Time deadline) override {
-    if (!Valid(peer)) return BadPeer(peer);
     return absl::OkStatus();
   }
 
@@ -176,9 +157,8 @@ class InprocTransport final : public Transport {
     WaitLocked(
         deadline, [&] { return !queue.empty() || !own.failure[peer].empty(); },
         /*honor_wake=*/false);
-    OfferArrivalsLocked();
     if (!queue.empty()) {
-      TransportMessage message = std::move(queue.front().message);
+      TransportMessage message = std::move(queue.front());
       queue.pop_front();
       return message;
     }
@@ -190,7 +170,6 @@ class InprocTransport final : public Transport {
   bool HasMessage(int peer) override {
     if (!Valid(peer)) return false;
     absl::MutexLock lock(&hub_->mu);
-    OfferArrivalsLocked();
     return !Own().from[peer].empty();
   }
 
@@ -202,7 +181,6 @@ class InprocTransport final : public Transport {
                                               [](const auto& q) { return !q.empty(); });
     });
     own.failure_event = false;
-    OfferArrivalsLocked();
     return absl::OkStatus();
   }
 
@@ -383,33 +361,6 @@ class InprocTransport final : public Transport {
     }
   }
 
-  // Offers every queued message the provider has not seen, per sender in queue order, and
-  // copies accepted payloads into their targets. Runs on this receiver's thread, as the
-  // provider requires.
-  void OfferArrivalsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub_->mu) {
-    if (provider_ == nullptr) return;
-    Mailbox& own = Own();
-    for (int sender = 0; sender < hub_->num_peers(); ++sender) {
-      for (Mailbox::Queued& q : own.from[sender]) {
-        if (q.offered) continue;
-        q.offered = true;
-        TransportMessage& m = q.message;
-        segments_.clear();
-        if (!provider_->TargetFor(sender, m.header, m.payload.size(), &segments_)) continue;
-        size_t total = 0;
-        for (const ReceiveSegment& segment : segments_) total += segment.bytes;
-        if (total != m.payload.size()) continue;  // a provider bug: keep the payload here
-        const uint8_t* p = m.payload.data();
-        for (const ReceiveSegment& segment : segments_) {
-          if (segment.bytes > 0) std::memcpy(segment.data, p, segment.bytes);
-          p += segment.bytes;
-        }
-        m.target = provider_;
-        m.target_bytes = total;
-        m.payload = PayloadBytes();
-      }
-    }
-  }
   absl::Status Unavailable(int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub_->mu) {
     return absl::UnavailableError(absl::StrCat("peer ", peer, " ", Own().failure[peer]));
   }
@@ -433,8 +384,6 @@ class InprocTransport final : public Transport {
 
   std::shared_ptr<Hub> hub_;
   const int self_;
-  ReceiveTargetProvider* provider_ = nullptr;  // step thread only
-  std::vector<ReceiveSegment> segments_;       // reused by OfferArrivalsLocked
   // Step thread only; the groups' ops are referenced from the Hub's channels (under its
   // mutex) until matched or unposted.
   std::map<ExchangeId, std::unique_ptr<ExchangeGroup>> groups_;

@@ -7,9 +7,8 @@
 //
 // Peers are numbered in the cluster's transport world (WorkerInfo.transport_rank, assigned
 // by the router: attention ranks first, then expert ranks). A message is a small header
-// (the engine's step/layer/kind and counts) plus a payload of rows; either may be empty,
-// and zero-size messages are sent like any other, so every (source, destination) pair
-// exchanges exactly one message per layer step.
+// (the engine's step/layer/kind and counts) plus a payload; either may be empty, and
+// zero-size messages are sent like any other.
 //
 // Ordering: messages from one peer are delivered in the order they were sent (the engine
 // keeps at most one message per (peer, kind) in flight, so this holds for every backend).
@@ -21,12 +20,11 @@
 // Faults: a peer whose connection fails is marked failed; Send/Recv to it return
 // UNAVAILABLE naming the peer, at once, until Connect() is called for it again.
 //
-// Zero copy: SendV sends a payload gathered from several segments (rows straight from a
-// tensor, say) without packing them first. A ReceiveTargetProvider, when set, picks for
-// each arriving message where its payload lands (a region of the receiver's input tensor,
-// say), so neither side copies the payload through a transport buffer. A provider may
-// decline any message; that message then arrives in a buffer the transport owns, as
-// without one.
+// Rows: the rows themselves travel on the DataExchange, into and out of buffers the
+// engine sized from the counts (its input tensor, say), so neither side copies them
+// through a transport buffer. The message API carries control messages and small
+// payloads, each received into a buffer the transport owns; SendV gathers a payload from
+// several segments without packing it first.
 //
 // Identity: a UCX receiver learns who sent a message from the message itself, so each
 // transport must know its own transport rank (SetSelf) before its first Send.
@@ -80,50 +78,10 @@ struct PayloadSegment {
   size_t bytes = 0;
 };
 
-// `bytes` bytes at `data`: one piece of memory an arriving payload is written into.
-struct ReceiveSegment {
-  void* data = nullptr;
-  size_t bytes = 0;
-};
-
-class ReceiveTargetProvider;
-
 struct TransportMessage {
   std::string header;
-  // The payload, unless it went to a target: then empty, and `target` says where.
   PayloadBytes payload;
-  // Non-null when the payload was written into the segments this provider gave for the
-  // message; target_bytes of them were written (all of them).
-  ReceiveTargetProvider* target = nullptr;
-  size_t target_bytes = 0;
-  size_t payload_size() const { return target != nullptr ? target_bytes : payload.size(); }
-};
-
-// Chooses where arriving payloads land. Called by the transport on the step thread, from
-// inside whichever Transport call is making progress at the time (Send, Recv, HasMessage,
-// WaitForActivity), so it must not call back into the transport and must be cheap.
-//
-// Invariants: TargetFor runs once per message it is offered, in each peer's send order,
-// before the message can be received. Target memory is written only between TargetFor
-// returning true and the message being returned by Recv, TargetDropped being called for
-// it, or WaitTargetWrites returning OK for its peer (after which a message still queued
-// is complete). Backends may skip the provider for some messages (UCX: a user header too
-// large for the active-message header travels in the data, so it is not known in time);
-// those arrive in transport-owned buffers.
-//
-// Lifetime: the provider must outlive every message it accepted that has not been
-// received or dropped. A transport being destroyed does not call it.
-class ReceiveTargetProvider {
- public:
-  virtual ~ReceiveTargetProvider() = default;
-  // A message from `peer` with this user header and payload size is arriving. To receive
-  // its payload in place, append segments whose sizes add up to exactly payload_bytes to
-  // `segments` (empty) and return true; return false to decline.
-  virtual bool TargetFor(int peer, std::string_view header, size_t payload_bytes,
-                         std::vector<ReceiveSegment>* segments) = 0;
-  // A message TargetFor accepted will never be delivered (the peer failed while its
-  // payload was moving); its segments are no longer written.
-  virtual void TargetDropped(int peer, std::string_view header) = 0;
+  size_t payload_size() const { return payload.size(); }
 };
 
 class Transport : public DataExchange {
@@ -151,15 +109,6 @@ class Transport : public DataExchange {
     const PayloadSegment segment = {payload, payload_bytes};
     return SendV(peer, header, &segment, 1);
   }
-  // Where arriving payloads land from now on; null (the default) for transport-owned
-  // buffers. Not owned. Messages already offered to the previous provider keep its
-  // answer.
-  virtual void SetReceiveTargetProvider(ReceiveTargetProvider* provider) = 0;
-  virtual ReceiveTargetProvider* receive_target_provider() const = 0;
-  // Returns once nothing from `peer` is being written into target memory: receives into
-  // targets that are in progress finish (or fail, and are dropped). Messages stay queued.
-  // DEADLINE_EXCEEDED if a receive is still in progress at the deadline.
-  virtual absl::Status WaitTargetWrites(int peer, absl::Time deadline) = 0;
   // The next message from `peer`. DEADLINE_EXCEEDED at the deadline; UNAVAILABLE if the
   // peer fails first (messages that arrived before the failure are still returned first).
   // Wake() does not interrupt it: a step waiting for its peers must not be cut short by

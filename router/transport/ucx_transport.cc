@@ -7,13 +7,11 @@
 // (kFlagHeaderInData). Payloads of several segments go out as one IOV (with the user header
 // as its first element when it travels in the data), so nothing is copied on the send side.
 //
-// Receiving: the AM callback runs inside ucp_worker_progress on the step thread. It first
-// asks the ReceiveTargetProvider, if any, where the payload goes (only when the user
-// header came in the AM header: otherwise it is not known yet); else the payload goes to
-// a buffer of the Inbound. Eager data is copied there at once; for rendezvous the Inbound
-// is queued first (so it keeps its place in the sender's FIFO) and filled by
-// ucp_am_recv_data_nbx, straight into the target (an IOV for several segments). Recv
-// hands out the front Inbound of a peer only once it is complete.
+// Receiving: the AM callback runs inside ucp_worker_progress on the step thread. The
+// payload goes to a buffer of the Inbound: eager data is copied there at once; for
+// rendezvous the Inbound is queued first (so it keeps its place in the sender's FIFO) and
+// filled by ucp_am_recv_data_nbx. Recv hands out the front Inbound of a peer only once it
+// is complete.
 //
 // Ordering: UCP delivers one endpoint's active messages in send order (a single AM lane,
 // and Send does not return before the message left, or for rendezvous was fetched), and
@@ -119,10 +117,6 @@ struct Inbound {
   ucs_status_t status = UCS_OK;
   void* request = nullptr;  // outstanding ucp_am_recv_data_nbx request
   size_t expected_bytes = 0;
-  // Where the payload goes when a provider accepted it; iov must live as long as the
-  // rendezvous receive that reads it.
-  std::vector<ReceiveSegment> segments;
-  std::vector<ucp_dt_iov_t> iov;
 };
 
 // Marks `in` complete with `status`; splits a user header sent in front of the payload.
@@ -193,9 +187,6 @@ class UcxTransport final : public Transport {
   void Disconnect(int peer) override;
   absl::Status SendV(int peer, std::string_view header, const PayloadSegment* segments,
                      size_t num_segments) override;
-  void SetReceiveTargetProvider(ReceiveTargetProvider* provider) override { provider_ = provider; }
-  ReceiveTargetProvider* receive_target_provider() const override { return provider_; }
-  absl::Status WaitTargetWrites(int peer, absl::Time deadline) override;
   absl::StatusOr<TransportMessage> Recv(int peer, absl::Time deadline) override;
   bool HasMessage(int peer) override;
   absl::Status WaitForActivity(absl::Time deadline) override;
@@ -236,7 +227,7 @@ class UcxTransport final : public Transport {
   bool SleepOnEventFd(absl::Duration timeout);
 
   // Pops a failed front Inbound; true if the front one is complete.
-  bool FrontReady(int peer, PeerState& state);
+  bool FrontReady(PeerState& state);
   bool AnyFrontReady();
   void CloseEndpoint(PeerState& state);
   absl::Status Unavailable(int peer, const PeerState& state) const;
@@ -262,7 +253,6 @@ class UcxTransport final : public Transport {
   std::vector<std::unique_ptr<EndpointContext>> orphaned_contexts_;
   bool failure_event_ = false;
   uint64_t dropped_messages_ = 0;
-  ReceiveTargetProvider* provider_ = nullptr;
   std::vector<ucp_dt_iov_t> send_iov_;  // reused by SendV
   std::atomic<bool> wake_pending_{false};
   bool device_memory_ = false;  // UCP moves UCS_MEMORY_TYPE_CUDA
@@ -551,16 +541,13 @@ absl::Status UcxTransport::SendV(int peer, std::string_view header, const Payloa
   return absl::OkStatus();
 }
 
-bool UcxTransport::FrontReady(int peer, PeerState& state) {
+bool UcxTransport::FrontReady(PeerState& state) {
   while (!state.inbox.empty()) {
     Inbound& front = *state.inbox.front();
     if (!front.done) return false;
     if (front.status == UCS_OK) return true;
     // A rendezvous receive that failed (the sender died mid-transfer): not a message.
     ++dropped_messages_;
-    if (front.message.target != nullptr) {
-      front.message.target->TargetDropped(peer, front.message.header);
-    }
     state.inbox.pop_front();
   }
   return false;
@@ -568,7 +555,7 @@ bool UcxTransport::FrontReady(int peer, PeerState& state) {
 
 bool UcxTransport::AnyFrontReady() {
   for (auto& [peer, state] : peers_) {
-    if (FrontReady(peer, state)) return true;
+    if (FrontReady(state)) return true;
   }
   return false;
 }
@@ -577,8 +564,8 @@ absl::StatusOr<TransportMessage> UcxTransport::Recv(int peer, absl::Time deadlin
   if (peer < 0) return absl::InvalidArgumentError(absl::StrCat("bad peer ", peer));
   PeerState& state = peers_[peer];
   WaitResult result = WaitUntil(deadline, /*honor_wake=*/false,
-                                [&] { return FrontReady(peer, state) || !state.failure.empty(); });
-  if (FrontReady(peer, state)) {
+                                [&] { return FrontReady(state) || !state.failure.empty(); });
+  if (FrontReady(state)) {
     TransportMessage message = std::move(state.inbox.front()->message);
     state.inbox.pop_front();
     return message;
@@ -596,25 +583,7 @@ absl::StatusOr<TransportMessage> UcxTransport::Recv(int peer, absl::Time deadlin
 bool UcxTransport::HasMessage(int peer) {
   ProgressAll();
   auto it = peers_.find(peer);
-  return it != peers_.end() && FrontReady(peer, it->second);
-}
-
-absl::Status UcxTransport::WaitTargetWrites(int peer, absl::Time deadline) {
-  if (peer < 0) return absl::InvalidArgumentError(absl::StrCat("bad peer ", peer));
-  PeerState& state = peers_[peer];
-  auto quiet = [&] {
-    for (const auto& in : state.inbox) {
-      if (in->message.target != nullptr && !in->done) return false;
-    }
-    return true;
-  };
-  WaitResult result = WaitUntil(deadline, /*honor_wake=*/false, quiet);
-  if (quiet()) return absl::OkStatus();
-  if (result == WaitResult::kError) {
-    return absl::InternalError(absl::StrCat("waiting for peer ", peer, ": waiting failed"));
-  }
-  return absl::DeadlineExceededError(
-      absl::StrCat("a receive from peer ", peer, " into a target is still in progress"));
+  return it != peers_.end() && FrontReady(it->second);
 }
 
 absl::Status UcxTransport::WaitForActivity(absl::Time deadline) {
@@ -713,29 +682,9 @@ ucs_status_t UcxTransport::OnActiveMessage(const void* header, size_t header_len
   raw->message.header.assign(static_cast<const char*>(header) + sizeof(wire), inline_header_bytes);
   peers_[wire.sender].inbox.push_back(std::move(inbound));
 
-  // Where the payload goes: a target the provider picks, or the Inbound's own buffer.
-  bool targeted = false;
-  if (provider_ != nullptr && !header_in_data &&
-      provider_->TargetFor(wire.sender, raw->message.header, length, &raw->segments)) {
-    size_t total = 0;
-    for (const ReceiveSegment& segment : raw->segments) total += segment.bytes;
-    targeted = total == length;  // anything else is a provider bug: use our own buffer
-    if (targeted) {
-      raw->message.target = provider_;
-      raw->message.target_bytes = length;
-    }
-  }
-
   if (!rendezvous) {
     const auto* bytes = static_cast<const uint8_t*>(data);
-    if (targeted) {
-      for (const ReceiveSegment& segment : raw->segments) {
-        if (segment.bytes > 0) std::memcpy(segment.data, bytes, segment.bytes);
-        bytes += segment.bytes;
-      }
-    } else {
-      raw->message.payload.assign(bytes, bytes + length);
-    }
+    raw->message.payload.assign(bytes, bytes + length);
     CompleteInbound(raw, UCS_OK);
     return UCS_OK;
   }
@@ -745,25 +694,9 @@ ucs_status_t UcxTransport::OnActiveMessage(const void* header, size_t header_len
   params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   params.cb.recv_am = &UcxTransport::RecvDataCallback;
   params.user_data = raw;
-  void* buffer = nullptr;
-  size_t count = length;
-  if (!targeted) {
-    raw->message.payload.resize(length);
-    buffer = raw->message.payload.data();
-  } else {
-    for (const ReceiveSegment& segment : raw->segments) {
-      if (segment.bytes > 0) raw->iov.push_back({segment.data, segment.bytes});
-    }
-    if (raw->iov.size() == 1) {
-      buffer = raw->iov[0].buffer;
-    } else {
-      params.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
-      params.datatype = ucp_dt_make_iov();
-      buffer = raw->iov.data();
-      count = raw->iov.size();
-    }
-  }
-  ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_, data, buffer, count, &params);
+  raw->message.payload.resize(length);
+  ucs_status_ptr_t request =
+      ucp_am_recv_data_nbx(worker_, data, raw->message.payload.data(), length, &params);
   if (request == nullptr) {
     CompleteInbound(raw, UCS_OK);
     return UCS_OK;

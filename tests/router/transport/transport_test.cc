@@ -299,7 +299,7 @@ TEST_P(TransportTest, NullPayloadWithBytesIsRejected) {
 }
 
 // Eager and rendezvous sizes on every backend (UCX switches protocol well below 1 MiB).
-const size_t kTargetSizes[] = {0, 1, 1000, 64 << 10, (1 << 20) + 5, 3 << 20};
+const size_t kPayloadSizes[] = {0, 1, 1000, 64 << 10, (1 << 20) + 5, 3 << 20};
 
 // Splits `data` into `n` segments of uneven sizes, some empty.
 std::vector<PayloadSegment> Split(const std::vector<uint8_t>& data, int n) {
@@ -315,7 +315,7 @@ std::vector<PayloadSegment> Split(const std::vector<uint8_t>& data, int n) {
 }
 
 TEST_P(TransportTest, SendVSendsTheConcatenation) {
-  for (size_t bytes : kTargetSizes) {
+  for (size_t bytes : kPayloadSizes) {
     for (int n : {0, 1, 2, 5, 40}) {
       if (n == 0 && bytes > 0) continue;
       const std::vector<uint8_t> payload = Pattern(n, bytes);
@@ -326,142 +326,9 @@ TEST_P(TransportTest, SendVSendsTheConcatenation) {
       sender.join();
       ASSERT_TRUE(message.ok()) << message.status();
       EXPECT_EQ(message->header, header);
-      EXPECT_EQ(message->target, nullptr);
       EXPECT_TRUE(AsVector(message->payload) == payload) << header;
     }
   }
-}
-
-// Accepts messages whose header starts with 't' into fresh memory split in three pieces
-// (the middle one empty), declines the others, and records every offer.
-class TestTargets final : public ReceiveTargetProvider {
- public:
-  struct Offer {
-    int peer;
-    std::string header;
-    size_t bytes;
-  };
-  bool TargetFor(int peer, std::string_view header, size_t payload_bytes,
-                 std::vector<ReceiveSegment>* segments) override {
-    offers.push_back({peer, std::string(header), payload_bytes});
-    if (header.empty() || header[0] != 't') return false;
-    memory.emplace_back(payload_bytes + 2, 0xee);  // guard bytes at both ends
-    uint8_t* p = memory.back().data() + 1;
-    const size_t first = payload_bytes / 3;
-    segments->push_back({p, first});
-    segments->push_back({p + first, 0});
-    segments->push_back({p + first, payload_bytes - first});
-    return true;
-  }
-  void TargetDropped(int peer, std::string_view header) override { ++dropped; }
-  // The bytes received into the target of the i-th accepted message.
-  std::vector<uint8_t> Received(size_t i) const {
-    return {memory[i].begin() + 1, memory[i].end() - 1};
-  }
-  bool GuardsIntact(size_t i) const {
-    return memory[i].front() == 0xee && memory[i].back() == 0xee;
-  }
-  std::vector<Offer> offers;
-  std::vector<std::vector<uint8_t>> memory;
-  int dropped = 0;
-};
-
-TEST_P(TransportTest, TargetsReceivePayloadsInPlace) {
-  TestTargets targets;
-  b().SetReceiveTargetProvider(&targets);
-  EXPECT_EQ(b().receive_target_provider(), &targets);
-  size_t accepted = 0, offered = 0;
-  for (size_t bytes : kTargetSizes) {
-    for (bool accept : {true, false}) {
-      const std::vector<uint8_t> payload = Pattern(static_cast<int>(bytes % 251), bytes);
-      const std::string header = (accept ? "t" : "d") + std::to_string(bytes);
-      // The sender's segmentation differs from the target's.
-      const std::vector<PayloadSegment> segments = Split(payload, 4);
-      std::thread sender([&] { ASSERT_TRUE(a().SendV(1, header, segments.data(), 4).ok()); });
-      auto message = b().Recv(0, absl::Now() + absl::Seconds(20));
-      sender.join();
-      ASSERT_TRUE(message.ok()) << message.status();
-      EXPECT_EQ(message->header, header);
-      ASSERT_EQ(targets.offers.size(), ++offered);
-      EXPECT_EQ(targets.offers.back().peer, 0);
-      EXPECT_EQ(targets.offers.back().header, header);
-      EXPECT_EQ(targets.offers.back().bytes, bytes);
-      EXPECT_EQ(message->payload_size(), bytes);
-      if (accept) {
-        EXPECT_EQ(message->target, &targets) << header;
-        EXPECT_EQ(message->target_bytes, bytes);
-        EXPECT_TRUE(message->payload.empty());
-        EXPECT_TRUE(targets.Received(accepted) == payload) << header;
-        EXPECT_TRUE(targets.GuardsIntact(accepted)) << header;
-        ++accepted;
-      } else {
-        EXPECT_EQ(message->target, nullptr) << header;
-        EXPECT_TRUE(AsVector(message->payload) == payload) << header;
-      }
-    }
-  }
-  // A header too large for a UCX active-message header travels in the data, so UCX cannot
-  // offer the message in time; either way the message arrives whole.
-  {
-    const std::string header = "t" + std::string(20000, 'h');
-    const std::vector<uint8_t> payload = Pattern(7, 1000);
-    // Large enough for rendezvous: the receiver must progress while this is sent.
-    std::thread sender(
-        [&] { ASSERT_TRUE(a().Send(1, header, payload.data(), payload.size()).ok()); });
-    auto message = b().Recv(0, absl::Now() + absl::Seconds(5));
-    sender.join();
-    ASSERT_TRUE(message.ok()) << message.status();
-    EXPECT_EQ(message->header, header);
-    if (message->target != nullptr) {
-      EXPECT_TRUE(targets.Received(accepted++) == payload);
-    } else {
-      EXPECT_TRUE(AsVector(message->payload) == payload);
-    }
-    offered = targets.offers.size();
-  }
-  EXPECT_TRUE(b().WaitTargetWrites(0, absl::Now() + absl::Seconds(1)).ok());
-  EXPECT_EQ(targets.dropped, 0);
-  b().SetReceiveTargetProvider(nullptr);
-  ASSERT_TRUE(a().Send(1, "t-after", nullptr, 0).ok());
-  auto message = b().Recv(0, absl::Now() + absl::Seconds(5));
-  ASSERT_TRUE(message.ok()) << message.status();
-  EXPECT_EQ(message->target, nullptr);
-  EXPECT_EQ(targets.offers.size(), offered);
-}
-
-// Messages queued before they are received are offered in send order, targeted or not,
-// and keep their FIFO order.
-TEST_P(TransportTest, TargetsKeepFifoOrder) {
-  TestTargets targets;
-  b().SetReceiveTargetProvider(&targets);
-  constexpr int kNumMessages = 24;
-  auto size_of = [](int i) { return kTargetSizes[i % std::size(kTargetSizes)]; };
-  auto header_of = [](int i) { return (i % 3 == 0 ? "d" : "t") + std::to_string(i); };
-  absl::Status send_status;
-  std::thread sender([&] {
-    for (int i = 0; i < kNumMessages && send_status.ok(); ++i) {
-      const std::vector<uint8_t> payload = Pattern(i, size_of(i));
-      send_status = a().Send(1, header_of(i), payload.data(), payload.size());
-    }
-  });
-  size_t accepted = 0;
-  for (int i = 0; i < kNumMessages; ++i) {
-    auto message = b().Recv(0, absl::Now() + absl::Seconds(20));
-    ASSERT_TRUE(message.ok()) << message.status();
-    ASSERT_EQ(message->header, header_of(i));
-    const std::vector<uint8_t> payload = Pattern(i, size_of(i));
-    if (message->target != nullptr) {
-      ASSERT_TRUE(targets.Received(accepted++) == payload) << i;
-    } else {
-      ASSERT_EQ(header_of(i)[0], 'd');
-      ASSERT_TRUE(AsVector(message->payload) == payload) << i;
-    }
-  }
-  sender.join();
-  EXPECT_TRUE(send_status.ok()) << send_status;
-  ASSERT_EQ(targets.offers.size(), static_cast<size_t>(kNumMessages));
-  for (int i = 0; i < kNumMessages; ++i) EXPECT_EQ(targets.offers[i].header, header_of(i));
-  b().SetReceiveTargetProvider(nullptr);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::Values("inproc", "ucx", "ucx_tcp"),
