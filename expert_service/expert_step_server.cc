@@ -224,6 +224,12 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     if (metrics_ != nullptr) metrics_->OnStep(rows_this_step_ == 0);
     rows_this_step_ = 0;
   }
+  // The experts' output must be written before the transport reads it.
+  if (!out_written_) {
+    DXS_ASSIGN_OR_RETURN(out_written_, backend->CreateEvent());
+  }
+  DXS_RETURN_IF_ERROR(backend->RecordEvent(out_written_.get()));
+  DXS_RETURN_IF_ERROR(backend->SynchronizeEvent(out_written_.get()));
   // Combine: each DP rank gets its rows back, pre-summed over this rank's experts,
   // straight from out. Completed before out_[k] is written again.
   const uint8_t* out_bytes = static_cast<const uint8_t*>(backend->TransportAddress(out_[k]));

@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "common/model_config.h"
 #include "expert_service/expert_compute.h"
 #include "expert_service/expert_metrics.h"
+#include "kernels/backend.h"
 #include "kernels/tensor.h"
 #include "router/dispatch/wire.h"
 #include "router/transport/transport.h"
@@ -96,6 +98,7 @@ class ExpertStepServer final {
   std::vector<int64_t> row_offset_, pair_offset_;
   RoutedPairs pairs_;
   std::vector<Transfer> transfers_;
+  std::unique_ptr<Event> out_written_;  // recorded after the experts, before the combine
   std::vector<uint8_t> held_;
 };
 

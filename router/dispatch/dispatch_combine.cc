@@ -193,6 +193,11 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
     transfers_.push_back({Transfer::Kind::kRecv, peer, answer, rows_bytes, memory});
   }
   if (send_status.ok()) {
+    // The transport reads the rows as soon as the group is posted: the pack (and whatever
+    // wrote x) must have finished on the backend's queue.
+    send_status = RowsWritten();
+  }
+  if (send_status.ok()) {
     absl::StatusOr<ExchangeId> group = transport_->PostExchange(
         ExchangeTag(WireHeader::Key(step_, layer, micro)), transfers_.data(), transfers_.size());
     if (group.ok()) {
@@ -207,6 +212,14 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   }
   if (!send_status.ok()) return send_status;  // the handle goes, and its group with it
   return std::unique_ptr<MoeHandle>(std::move(handle));
+}
+
+absl::Status RemoteMoeExecutor::RowsWritten() {
+  if (!rows_written_) {
+    DXS_ASSIGN_OR_RETURN(rows_written_, backend_->CreateEvent());
+  }
+  DXS_RETURN_IF_ERROR(backend_->RecordEvent(rows_written_.get()));
+  return backend_->SynchronizeEvent(rows_written_.get());
 }
 
 absl::Status RemoteMoeExecutor::SendHeader(int r, int micro, int num_micro,

@@ -130,6 +130,8 @@ class RemoteMoeExecutor final : public MoeExecutor {
  private:
   // The layout and counts of a micro-batch into *h.
   absl::Status Layout(const Tensor& ids, const Tensor& weights, DispatchHandle* h);
+  // Waits until the work queued so far (the pack) has written its rows.
+  absl::Status RowsWritten();
   // EP rank r's dispatch header on the control channel.
   absl::Status SendHeader(int r, int micro, int num_micro, const DispatchHandle& h);
 
@@ -146,6 +148,7 @@ class RemoteMoeExecutor final : public MoeExecutor {
   // Handles back from Combine, kept for their buffers (reused by later dispatches).
   std::vector<std::unique_ptr<DispatchHandle>> spare_handles_;
   std::vector<Transfer> transfers_;
+  std::unique_ptr<Event> rows_written_;  // recorded after the pack, before the exchange
   // Recent combine waits (Combine's start to its last answer), smoothed: how long the
   // next is expected to take. Zero until the first.
   absl::Duration expected_combine_wait_ = absl::ZeroDuration();

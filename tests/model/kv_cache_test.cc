@@ -1,0 +1,75 @@
+// The paged KV cache: token accounting as before (capacity in tokens over live slots), whole
+// blocks per slot, blocks reused after Free, and a pool that grows with its contents kept.
+#include "model/kv_cache.h"
+
+#include <algorithm>
+#include <set>
+
+#include "gtest/gtest.h"
+
+namespace dxs {
+namespace {
+
+ModelConfig SmallConfig() {
+  ModelConfig c;
+  c.num_hidden_layers = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 2;
+  return c;
+}
+
+TEST(KvCacheTest, AccountsTokensAndHandsOutWholeBlocks) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  KvCache kv(SmallConfig(), backend.get(), /*capacity_tokens=*/40, /*block_size=*/4);
+  absl::StatusOr<int> a = kv.Allocate(10), b = kv.Allocate(30);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(kv.reserved_tokens(), 40);
+  EXPECT_EQ(kv.block_table(*a).size(), 3u);  // ceil(10 / 4)
+  EXPECT_EQ(kv.block_table(*b).size(), 8u);
+  // Tokens, not blocks, bound the cache: 40 of 40 are reserved.
+  EXPECT_EQ(kv.Allocate(1).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(kv.Allocate(0).status().code(), absl::StatusCode::kInvalidArgument);
+  // No block is shared.
+  std::set<int32_t> blocks(kv.block_table(*a).begin(), kv.block_table(*a).end());
+  for (int32_t x : kv.block_table(*b)) EXPECT_TRUE(blocks.insert(x).second) << x;
+  EXPECT_LE(static_cast<int64_t>(blocks.size()), kv.num_blocks());
+  // Freed blocks go to the next slot; the pool does not grow for it.
+  const std::vector<int32_t> freed = kv.block_table(*a);
+  const int64_t pool = kv.num_blocks();
+  kv.Free(*a);
+  EXPECT_EQ(kv.reserved_tokens(), 30);
+  absl::StatusOr<int> c = kv.Allocate(8);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(kv.num_blocks(), pool);
+  for (int32_t x : kv.block_table(*c)) {
+    EXPECT_NE(std::find(freed.begin(), freed.end(), x), freed.end()) << x;
+  }
+}
+
+TEST(KvCacheTest, GrowingThePoolKeepsWrittenPages) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  KvCache kv(SmallConfig(), backend.get(), 1 << 20, /*block_size=*/2);
+  absl::StatusOr<int> a = kv.Allocate(4);
+  ASSERT_TRUE(a.ok());
+  // Write a recognisable value into every row of the first slot's pages, every layer.
+  const int64_t row = 2;  // kv_heads * head_dim
+  for (int layer = 0; layer < 2; ++layer) {
+    std::vector<float> keys = *backend->Download(kv.keys(layer));
+    for (int32_t block : kv.block_table(*a)) {
+      for (int64_t i = 0; i < 2 * row; ++i) keys[block * 2 * row + i] = 100.f * layer + block;
+    }
+    ASSERT_TRUE(backend->CopyFromHost(keys.data(), DType::kF32, &kv.keys(layer)).ok());
+  }
+  const int64_t before = kv.num_blocks();
+  ASSERT_TRUE(kv.Allocate(1000).ok());  // forces growth
+  EXPECT_GT(kv.num_blocks(), before);
+  for (int layer = 0; layer < 2; ++layer) {
+    const std::vector<float> keys = *backend->Download(kv.keys(layer));
+    for (int32_t block : kv.block_table(*a)) {
+      EXPECT_EQ(keys[block * 2 * row], 100.f * layer + block) << "layer " << layer;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dxs
