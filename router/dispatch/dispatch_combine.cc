@@ -23,16 +23,6 @@ double SecondsSince(Clock::time_point start) {
 
 }  // namespace
 
-void PackRows(const float* rows, int64_t num_rows, int64_t hidden, DType dtype, PayloadBytes* out) {
-  const size_t offset = out->size();
-  out->resize(offset + num_rows * hidden * DTypeSize(dtype));
-  NarrowFromFloat32(dtype, rows, num_rows * hidden, out->data() + offset);
-}
-
-void UnpackRows(const uint8_t* data, int64_t num_rows, int64_t hidden, DType dtype, float* out) {
-  WidenToFloat32(dtype, data, num_rows * hidden, out);
-}
-
 RemoteMoeExecutor::RemoteMoeExecutor(Backend* backend, Transport* transport,
                                      std::vector<int> ep_peers, Placement placement, int64_t hidden,
                                      DispatchOptions options)

@@ -40,10 +40,6 @@
 
 namespace dxs {
 
-// Row (de)serialisation in the wire dtype (host memory: the expert worker's copy path).
-void PackRows(const float* rows, int64_t num_rows, int64_t hidden, DType dtype, PayloadBytes* out);
-void UnpackRows(const uint8_t* data, int64_t num_rows, int64_t hidden, DType dtype, float* out);
-
 // Everything Combine needs about one dispatched micro-batch (DeepEP's handle): the layout
 // on the backend, its per-rank counts and offsets on the host, and where the combines land.
 struct DispatchHandle final : MoeHandle {
