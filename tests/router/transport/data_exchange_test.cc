@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "router/transport/transport.h"
+#include "tests/router/transport/scoped_env.h"
 
 namespace dxs {
 namespace {
@@ -32,24 +33,7 @@ namespace {
 constexpr int kNumPeers = 4;
 constexpr uint8_t kUntouched = 0xee;
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedEnv;
 
 uint8_t PatternByte(uint64_t seed, size_t j) {
   return static_cast<uint8_t>(seed * 131 + j * 7 + (j >> 9) + (seed >> 8));

@@ -15,29 +15,12 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "tests/router/transport/scoped_env.h"
 
 namespace dxs {
 namespace {
 
-// Sets an environment variable for its lifetime; UCX reads UCX_* at transport creation.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedEnv;
 
 std::vector<uint8_t> Pattern(int seed, size_t bytes) {
   std::vector<uint8_t> data(bytes);

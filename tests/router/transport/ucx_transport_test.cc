@@ -19,32 +19,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "router/transport/transport.h"
+#include "tests/router/transport/scoped_env.h"
 
 namespace dxs {
 namespace {
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value != nullptr) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedEnv;
 
 std::string EnvOrEmpty(const char* name) {
   const char* value = std::getenv(name);
