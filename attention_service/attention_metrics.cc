@@ -7,10 +7,9 @@ namespace dxs {
 
 namespace m = metrics;
 
-absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(m::Registry* registry,
-                                                                           int rank,
-                                                                           Scheduler* scheduler,
-                                                                           const KvCache* kv) {
+absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(
+    prometheus::Registry* registry, m::CallbackGauges* gauges, int rank, Scheduler* scheduler,
+    const KvCache* kv) {
   std::unique_ptr<AttentionMetrics> am(new AttentionMetrics());
   am->rank_ = std::to_string(rank);
   const std::string& r = am->rank_;
@@ -21,83 +20,71 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(m::Re
   am->empty_steps_ = steps.empty_steps;
   DXS_ASSIGN_OR_RETURN(
       m::CounterFamily * failed,
-      registry->AddCounter("dxs_failed_steps_total",
-                           "Steps that failed (a peer timed out or was lost); their requests "
-                           "ended with UNAVAILABLE.",
-                           {"role", "rank"}));
-  am->failed_steps_ = &failed->WithLabels({"attention", r});
+      m::AddCounter(registry, "dxs_failed_steps_total",
+                    "Steps that failed (a peer timed out or was lost); their requests "
+                    "ended with UNAVAILABLE."));
+  am->failed_steps_ = &failed->Add({{"role", "attention"}, {"rank", r}});
   DXS_ASSIGN_OR_RETURN(
       m::CounterFamily * overlapped,
-      registry->AddCounter("dxs_overlapped_steps_total",
-                           "Steps split into two micro-batches for two-batch overlap (the "
-                           "attention of one runs while the experts compute the other); every "
-                           "DP rank splits the same steps.",
-                           {"rank"}));
-  am->overlapped_steps_ = &overlapped->WithLabels({r});
+      m::AddCounter(registry, "dxs_overlapped_steps_total",
+                    "Steps split into two micro-batches for two-batch overlap (the "
+                    "attention of one runs while the experts compute the other); every "
+                    "DP rank splits the same steps."));
+  am->overlapped_steps_ = &overlapped->Add({{"rank", r}});
   DXS_ASSIGN_OR_RETURN(
       m::HistogramFamily * step_duration,
-      registry->AddHistogram("dxs_step_duration_seconds",
-                             "Duration of one model step on this rank, from building the batch "
-                             "to sampling, including the step exchange with the other DP ranks.",
-                             {"role", "rank"}, m::ExponentialBuckets(1e-4, 2, 18)));
-  am->step_duration_ = &step_duration->WithLabels({"attention", r});
+      m::AddHistogram(registry, "dxs_step_duration_seconds",
+                      "Duration of one model step on this rank, from building the batch "
+                      "to sampling, including the step exchange with the other DP ranks."));
+  am->step_duration_ =
+      &step_duration->Add({{"role", "attention"}, {"rank", r}}, m::ExponentialBuckets(1e-4, 2, 18));
 
   DXS_ASSIGN_OR_RETURN(am->dispatched_family_,
-                       registry->AddCounter("dxs_tokens_dispatched_total",
-                                            "Tokens this DP rank sent to an EP rank (a token "
-                                            "counts once per MoE layer and EP rank it visits).",
-                                            {"rank", "ep_rank"}));
+                       m::AddCounter(registry, "dxs_tokens_dispatched_total",
+                                     "Tokens this DP rank sent to an EP rank (a token "
+                                     "counts once per MoE layer and EP rank it visits)."));
   DXS_ASSIGN_OR_RETURN(am->combined_family_,
-                       registry->AddCounter("dxs_tokens_combined_total",
-                                            "Token rows this DP rank received back from an EP "
-                                            "rank and summed into its MoE output.",
-                                            {"rank", "ep_rank"}));
+                       m::AddCounter(registry, "dxs_tokens_combined_total",
+                                     "Token rows this DP rank received back from an EP "
+                                     "rank and summed into its MoE output."));
   DXS_ASSIGN_OR_RETURN(
       m::HistogramFamily * dispatch,
-      registry->AddHistogram("dxs_dispatch_latency_seconds",
-                             "Dispatch phase of one MoE layer: layout, packing and one send to "
-                             "every EP rank.",
-                             {"rank"}, m::ExponentialBuckets(1e-5, 2, 20)));
-  am->dispatch_latency_ = &dispatch->WithLabels({r});
+      m::AddHistogram(registry, "dxs_dispatch_latency_seconds",
+                      "Dispatch phase of one MoE layer: layout, packing and one send to "
+                      "every EP rank."));
+  am->dispatch_latency_ = &dispatch->Add({{"rank", r}}, m::ExponentialBuckets(1e-5, 2, 20));
   DXS_ASSIGN_OR_RETURN(
       m::HistogramFamily * combine,
-      registry->AddHistogram("dxs_combine_latency_seconds",
-                             "Combine phase of one MoE layer: from the last dispatch send until "
-                             "every EP rank's rows are received and summed (includes the "
-                             "experts' compute).",
-                             {"rank"}, m::ExponentialBuckets(1e-5, 2, 20)));
-  am->combine_latency_ = &combine->WithLabels({r});
+      m::AddHistogram(registry, "dxs_combine_latency_seconds",
+                      "Combine phase of one MoE layer: from the last dispatch send until "
+                      "every EP rank's rows are received and summed (includes the "
+                      "experts' compute)."));
+  am->combine_latency_ = &combine->Add({{"rank", r}}, m::ExponentialBuckets(1e-5, 2, 20));
 
-  DXS_ASSIGN_OR_RETURN(
-      m::CallbackGaugeFamily * queue,
-      registry->AddCallbackGauge("dxs_queue_length",
-                                 "Requests accepted by this rank and waiting for admission to "
-                                 "the running batch.",
-                                 {"rank"}));
-  DXS_ASSIGN_OR_RETURN(am->queue_length_, queue->Bind({r}, [scheduler] {
+  DXS_ASSIGN_OR_RETURN(m::CallbackGaugeFamily * queue,
+                       gauges->Add("dxs_queue_length",
+                                   "Requests accepted by this rank and waiting for admission to "
+                                   "the running batch."));
+  DXS_ASSIGN_OR_RETURN(am->queue_length_, queue->Bind({{"rank", r}}, [scheduler] {
     return static_cast<double>(scheduler->num_queued());
   }));
   DXS_ASSIGN_OR_RETURN(
       m::CallbackGaugeFamily * running,
-      registry->AddCallbackGauge("dxs_running_requests", "Requests in this rank's running batch.",
-                                 {"rank"}));
-  DXS_ASSIGN_OR_RETURN(am->running_requests_, running->Bind({r}, [scheduler] {
+      gauges->Add("dxs_running_requests", "Requests in this rank's running batch."));
+  DXS_ASSIGN_OR_RETURN(am->running_requests_, running->Bind({{"rank", r}}, [scheduler] {
     return static_cast<double>(scheduler->num_running());
   }));
-  DXS_ASSIGN_OR_RETURN(
-      m::CallbackGaugeFamily * kv_used,
-      registry->AddCallbackGauge("dxs_kv_cache_used_tokens",
-                                 "KV cache positions reserved by live requests (each reserves "
-                                 "prompt + max_new_tokens at admission).",
-                                 {"rank"}));
-  DXS_ASSIGN_OR_RETURN(am->kv_used_, kv_used->Bind({r}, [kv] {
+  DXS_ASSIGN_OR_RETURN(m::CallbackGaugeFamily * kv_used,
+                       gauges->Add("dxs_kv_cache_used_tokens",
+                                   "KV cache positions reserved by live requests (each reserves "
+                                   "prompt + max_new_tokens at admission)."));
+  DXS_ASSIGN_OR_RETURN(am->kv_used_, kv_used->Bind({{"rank", r}}, [kv] {
     return static_cast<double>(kv->reserved_tokens());
   }));
   DXS_ASSIGN_OR_RETURN(
       m::CallbackGaugeFamily * kv_capacity,
-      registry->AddCallbackGauge("dxs_kv_cache_capacity_tokens",
-                                 "KV cache positions this rank can hold.", {"rank"}));
-  DXS_ASSIGN_OR_RETURN(am->kv_capacity_, kv_capacity->Bind({r}, [kv] {
+      gauges->Add("dxs_kv_cache_capacity_tokens", "KV cache positions this rank can hold."));
+  DXS_ASSIGN_OR_RETURN(am->kv_capacity_, kv_capacity->Bind({{"rank", r}}, [kv] {
     return static_cast<double>(kv->capacity_tokens());
   }));
   return am;
@@ -115,8 +102,8 @@ void AttentionMetrics::OnStep(int64_t num_tokens, bool failed, int num_micro_bat
 void AttentionMetrics::GrowEpRanks(size_t num_ep_ranks) {
   while (dispatched_.size() < num_ep_ranks) {
     const std::string ep_rank = std::to_string(dispatched_.size());
-    dispatched_.push_back(&dispatched_family_->WithLabels({rank_, ep_rank}));
-    combined_.push_back(&combined_family_->WithLabels({rank_, ep_rank}));
+    dispatched_.push_back(&dispatched_family_->Add({{"rank", rank_}, {"ep_rank", ep_rank}}));
+    combined_.push_back(&combined_family_->Add({{"rank", rank_}, {"ep_rank", ep_rank}}));
   }
 }
 

@@ -18,16 +18,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/metrics/registry.h"
+#include "common/metrics/callback_gauge.h"
+#include "common/metrics/families.h"
 #include "model/kv_cache.h"
 #include "model/scheduler.h"
+#include "prometheus/registry.h"
 #include "router/dispatch/dispatch_combine.h"
 
 namespace dxs {
 
 class AttentionMetrics final : public DispatchObserver {
  public:
-  static absl::StatusOr<std::unique_ptr<AttentionMetrics>> Create(metrics::Registry* registry,
+  // Counters and histograms go into `registry`, the gauges read at scrape time (queue,
+  // running requests, KV cache) into `gauges`.
+  static absl::StatusOr<std::unique_ptr<AttentionMetrics>> Create(prometheus::Registry* registry,
+                                                                  metrics::CallbackGauges* gauges,
                                                                   int rank, Scheduler* scheduler,
                                                                   const KvCache* kv);
 
@@ -45,17 +50,17 @@ class AttentionMetrics final : public DispatchObserver {
   void GrowEpRanks(size_t num_ep_ranks);
 
   std::string rank_;
-  metrics::Counter* steps_ = nullptr;
-  metrics::Counter* empty_steps_ = nullptr;
-  metrics::Counter* failed_steps_ = nullptr;
-  metrics::Counter* overlapped_steps_ = nullptr;
-  metrics::Histogram* step_duration_ = nullptr;
+  prometheus::Counter* steps_ = nullptr;
+  prometheus::Counter* empty_steps_ = nullptr;
+  prometheus::Counter* failed_steps_ = nullptr;
+  prometheus::Counter* overlapped_steps_ = nullptr;
+  prometheus::Histogram* step_duration_ = nullptr;
   metrics::CounterFamily* dispatched_family_ = nullptr;
   metrics::CounterFamily* combined_family_ = nullptr;
-  std::vector<metrics::Counter*> dispatched_;  // per EP rank
-  std::vector<metrics::Counter*> combined_;    // per EP rank
-  metrics::Histogram* dispatch_latency_ = nullptr;
-  metrics::Histogram* combine_latency_ = nullptr;
+  std::vector<prometheus::Counter*> dispatched_;  // per EP rank
+  std::vector<prometheus::Counter*> combined_;    // per EP rank
+  prometheus::Histogram* dispatch_latency_ = nullptr;
+  prometheus::Histogram* combine_latency_ = nullptr;
   // Declared last: unbound (and no longer running) before anything above goes away.
   metrics::CallbackRegistration queue_length_;
   metrics::CallbackRegistration running_requests_;

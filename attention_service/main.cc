@@ -14,6 +14,9 @@
 // --stream-interval: tokens per streamed chunk after the first (default 1: every token as
 // it is produced; larger trades smoothness for throughput, as SGLang's flag of that name).
 //
+// Flags are abseil flags (common/flags/parse.h: --help, --helpfull, --flagfile FILE); bad
+// flags: one line on stderr, exit status 2.
+//
 // Prometheus metrics (docs/metrics.md) are served on --metrics-listen (default
 // 127.0.0.1:0, any free port); the bound address is registered with the router (`dxs
 // status` shows it) and printed in the start-up line: "... listening on A, metrics on B".
@@ -23,86 +26,127 @@
 #include <mutex>
 #include <optional>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "attention_service/attention_metrics.h"
 #include "attention_service/attention_step_loop.h"
 #include "attention_service/attention_worker_service.h"
+#include "common/flags/parse.h"
 #include "common/grpc/server.h"
-#include "common/metrics/registry.h"
+#include "common/metrics/callback_gauge.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
+#include "common/status_macros.h"
 #include "model/weights.h"
+#include "prometheus/registry.h"
 #include "router/membership/worker_membership.h"
 #include "router/membership/worker_runtime.h"
 #include "router/membership/worker_startup.h"
-#include "tools/dxs/cli_args.h"
-#include "tools/dxs/tls_flags.h"
+
+ABSL_FLAG(int64_t, kv_tokens, 1 << 16, "KV cache positions this rank holds, >= 1.");
+ABSL_FLAG(int64_t, prefill_chunk, 256, "Prompt tokens a request prefills per step, >= 1.");
+ABSL_FLAG(int64_t, step_timeout_ms, 5000,
+          "A step exchange waiting longer than this for a peer fails, >= 1.");
+ABSL_FLAG(int64_t, overlap_min_tokens, dxs::AttentionStepLoop::kDefaultOverlapMinTokens,
+          "Two-batch overlap for steps with at least this many tokens over all DP ranks; "
+          "0: off.");
+ABSL_FLAG(int64_t, stream_interval, 1, "Tokens per streamed chunk after the first, >= 1.");
+ABSL_FLAG(std::string, dump_first_logits, "",
+          "Debugging: write each request's first logits to this directory.");
 
 namespace dxs {
 namespace {
 
+constexpr char kUsage[] =
+    "one attention worker (DP rank) of a dxs cluster.\n\n"
+    "usage: dxs-attention --model DIR --rank R --router HOST:PORT [--listen HOST:PORT]\n"
+    "                     [--metrics-listen HOST:PORT] [--kv-tokens N] [--prefill-chunk N]\n"
+    "                     [--step-timeout-ms MS] [--overlap-min-tokens N] [--stream-interval N]\n"
+    "                     [--tls-cert FILE --tls-key FILE --tls-ca FILE [--mtls]]\n"
+    "                     [--flagfile FILE]\n"
+    "Flags may be spelled with dashes or underscores; a --flagfile uses underscores.";
+
+struct Flags {
+  WorkerFlags worker;
+  int64_t kv_tokens = 0;
+  int64_t prefill_chunk = 0;
+  int64_t step_timeout_ms = 0;
+  int64_t overlap_min_tokens = 0;
+  int64_t stream_interval = 0;
+  std::string dump_first_logits;
+};
+
+// The one place dxs-attention's flags are checked.
+absl::StatusOr<Flags> ValidateFlags() {
+  Flags flags;
+  DXS_ASSIGN_OR_RETURN(flags.worker, ValidateWorkerFlags());
+  flags.kv_tokens = absl::GetFlag(FLAGS_kv_tokens);
+  flags.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  flags.step_timeout_ms = absl::GetFlag(FLAGS_step_timeout_ms);
+  flags.stream_interval = absl::GetFlag(FLAGS_stream_interval);
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"kv-tokens", flags.kv_tokens},
+                                    {"prefill-chunk", flags.prefill_chunk},
+                                    {"step-timeout-ms", flags.step_timeout_ms},
+                                    {"stream-interval", flags.stream_interval}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= 1, got ", value));
+    }
+  }
+  flags.overlap_min_tokens = absl::GetFlag(FLAGS_overlap_min_tokens);
+  if (flags.overlap_min_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--overlap-min-tokens must be >= 0, got ", flags.overlap_min_tokens));
+  }
+  flags.dump_first_logits = absl::GetFlag(FLAGS_dump_first_logits);
+  return flags;
+}
+
 int Main(int argc, char** argv) {
-  absl::StatusOr<cli::Args> args = cli::Args::Parse(
-      std::vector<std::string>(argv + 1, argv + argc),
-      cli::WithTlsValueFlags({"model", "rank", "router", "listen", "kv-tokens", "prefill-chunk",
-                              "step-timeout-ms", "dump-first-logits", "metrics-listen",
-                              "overlap-min-tokens", "stream-interval"}),
-      cli::WithTlsBoolFlags({}));
+  dxs::flags::ParseServiceCommandLine(argc, argv, "dxs-attention", kUsage);
+  absl::StatusOr<Flags> flags = ValidateFlags();
+  if (!flags.ok()) dxs::flags::ExitWithBadFlags("dxs-attention", flags.status());
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs-attention: " << s.message() << "\n";
     return 2;
   };
-  if (!args.ok()) return fail(args.status());
-  if (absl::Status s = args->Require({"model", "rank", "router"}); !s.ok()) return fail(s);
-  auto rank = args->GetInt("rank", 0);
-  auto kv_tokens = args->GetInt("kv-tokens", 1 << 16);
-  auto chunk = args->GetInt("prefill-chunk", 256);
-  auto timeout_ms = args->GetInt("step-timeout-ms", 5000);
-  auto overlap_min_tokens =
-      args->GetInt("overlap-min-tokens", AttentionStepLoop::kDefaultOverlapMinTokens);
-  auto stream_interval = args->GetInt("stream-interval", 1);
-  for (const absl::Status& s :
-       {rank.status(), kv_tokens.status(), chunk.status(), timeout_ms.status(),
-        overlap_min_tokens.status(), stream_interval.status()}) {
-    if (!s.ok()) return fail(s);
-  }
-  const std::string model_dir = args->GetString("model");
-  metrics::Registry metrics_registry;  // outlives everything that records into it
-  WorkerRuntime runtime("attention", static_cast<int>(*rank));
+  const int rank = flags->worker.rank;
+  const std::string& model_dir = flags->worker.model_dir;
+  // Outlive everything that records into them.
+  auto metrics_registry = std::make_shared<prometheus::Registry>();
+  auto callback_gauges = std::make_shared<metrics::CallbackGauges>();
+  WorkerRuntime runtime("attention", rank);
   absl::StatusOr<WorkerModel> prepared =
-      PrepareWorker(*args, "attention", &metrics_registry, &runtime);
+      PrepareWorker(flags->worker, "attention", metrics_registry.get(), &runtime);
   if (!prepared.ok()) return fail(prepared.status());
   const ModelConfig& config = prepared->config;
   const Checkpoint& ckpt = *prepared->checkpoint;
   std::unique_ptr<Backend> backend = MakeCpuBackend();
   absl::StatusOr<AttentionWeights> weights = LoadAttentionWeights(ckpt, config, backend.get());
   if (!weights.ok()) return fail(weights.status());
-  KvCache kv(config, backend.get(), *kv_tokens);
-  Scheduler scheduler(config, &kv, {*chunk});
-  AttentionWorkerService service(static_cast<int>(*rank), config, &scheduler, &kv);
-  if (*stream_interval < 1) {
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat("--stream-interval must be >= 1, got ", *stream_interval)));
-  }
-  service.set_first_logits_dir(args->GetString("dump-first-logits"));
-  service.set_stream_interval(static_cast<int>(*stream_interval));
-  absl::StatusOr<std::unique_ptr<AttentionMetrics>> attention_metrics =
-      AttentionMetrics::Create(&metrics_registry, static_cast<int>(*rank), &scheduler, &kv);
+  KvCache kv(config, backend.get(), flags->kv_tokens);
+  Scheduler scheduler(config, &kv, {flags->prefill_chunk});
+  AttentionWorkerService service(rank, config, &scheduler, &kv);
+  service.set_first_logits_dir(flags->dump_first_logits);
+  service.set_stream_interval(static_cast<int>(flags->stream_interval));
+  absl::StatusOr<std::unique_ptr<AttentionMetrics>> attention_metrics = AttentionMetrics::Create(
+      metrics_registry.get(), callback_gauges.get(), rank, &scheduler, &kv);
   if (!attention_metrics.ok()) return fail(attention_metrics.status());
 
-  if (absl::Status s = StartServing(*args, &service, &metrics_registry, &runtime); !s.ok()) {
+  if (absl::Status s =
+          StartServing(flags->worker, &service, {metrics_registry, callback_gauges}, &runtime);
+      !s.ok()) {
     return fail(s);
   }
 
   // The MoE executor and step loop need the cluster shape; made on the first full view.
-  const absl::Duration timeout = absl::Milliseconds(*timeout_ms);
+  const absl::Duration timeout = absl::Milliseconds(flags->step_timeout_ms);
   std::unique_ptr<RemoteMoeExecutor> moe;
   std::unique_ptr<Qwen3MoeModel> model;
   std::unique_ptr<AttentionStepLoop> loop;
   AttentionWeights attention_weights = std::move(*weights);
 
   v1::RegisterRequest reg = runtime.BaseRegistration(v1::ROLE_ATTENTION, model_dir);
-  absl::Status joined = runtime.Join(args->GetString("router"), reg, [&](v1::HeartbeatRequest* hb) {
+  absl::Status joined = runtime.Join(flags->worker.router, reg, [&](v1::HeartbeatRequest* hb) {
     *hb->mutable_load() = service.Load();
     hb->set_state(service.ready() ? v1::WORKER_STATE_READY : v1::WORKER_STATE_JOINING);
     if (AttentionStepLoop* l = service.step_loop()) {  // published atomically
@@ -110,7 +154,7 @@ int Main(int argc, char** argv) {
     }
   });
   if (!joined.ok()) return fail(joined);
-  std::cout << "dxs-attention rank " << *rank << " listening on " << runtime.grpc_address()
+  std::cout << "dxs-attention rank " << rank << " listening on " << runtime.grpc_address()
             << ", metrics on " << runtime.metrics_address() << std::endl;
 
   while (!ShutdownRequested()) {
@@ -126,11 +170,10 @@ int Main(int argc, char** argv) {
         moe->set_observer(attention_metrics->get());
         model = std::make_unique<Qwen3MoeModel>(config, std::move(attention_weights), backend.get(),
                                                 moe.get());
-        loop = std::make_unique<AttentionStepLoop>(static_cast<int>(*rank), dp_peers,
-                                                   runtime.transport(), model.get(), moe.get(),
-                                                   &scheduler, &kv, timeout);
+        loop = std::make_unique<AttentionStepLoop>(rank, dp_peers, runtime.transport(), model.get(),
+                                                   moe.get(), &scheduler, &kv, timeout);
         loop->set_metrics(attention_metrics->get());
-        loop->set_overlap_min_tokens(*overlap_min_tokens);
+        loop->set_overlap_min_tokens(flags->overlap_min_tokens);
         loop->set_on_step_end([&service] { service.FlushStreams(); });
         service.set_step_loop(loop.get());
       } else {

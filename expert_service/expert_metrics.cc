@@ -11,7 +11,7 @@ namespace dxs {
 namespace m = metrics;
 
 absl::StatusOr<std::unique_ptr<ExpertMetrics>> ExpertMetrics::Create(
-    m::Registry* registry, int rank, const std::vector<int>& experts, int num_experts) {
+    prometheus::Registry* registry, int rank, const std::vector<int>& experts, int num_experts) {
   std::unique_ptr<ExpertMetrics> em(new ExpertMetrics());
   em->rank_ = std::to_string(rank);
   const std::string& r = em->rank_;
@@ -21,36 +21,31 @@ absl::StatusOr<std::unique_ptr<ExpertMetrics>> ExpertMetrics::Create(
   em->empty_steps_ = steps.empty_steps;
   DXS_ASSIGN_OR_RETURN(
       m::CounterFamily * rounds,
-      registry->AddCounter("dxs_layer_rounds_total",
-                           "MoE layer rounds this EP rank served (one per MoE layer and step).",
-                           {"rank"}));
-  em->rounds_ = &rounds->WithLabels({r});
+      m::AddCounter(registry, "dxs_layer_rounds_total",
+                    "MoE layer rounds this EP rank served (one per MoE layer and step)."));
+  em->rounds_ = &rounds->Add({{"rank", r}});
   DXS_ASSIGN_OR_RETURN(
       m::CounterFamily * empty_rounds,
-      registry->AddCounter("dxs_empty_layer_rounds_total",
-                           "MoE layer rounds in which this EP rank received no token rows from "
-                           "any DP rank.",
-                           {"rank"}));
-  em->empty_rounds_ = &empty_rounds->WithLabels({r});
+      m::AddCounter(registry, "dxs_empty_layer_rounds_total",
+                    "MoE layer rounds in which this EP rank received no token rows from "
+                    "any DP rank."));
+  em->empty_rounds_ = &empty_rounds->Add({{"rank", r}});
   DXS_ASSIGN_OR_RETURN(
       m::CounterFamily * received,
-      registry->AddCounter("dxs_tokens_received_total",
-                           "Token rows this EP rank received from all DP ranks, summed over MoE "
-                           "layers.",
-                           {"rank"}));
-  em->tokens_received_ = &received->WithLabels({r});
+      m::AddCounter(registry, "dxs_tokens_received_total",
+                    "Token rows this EP rank received from all DP ranks, summed over MoE "
+                    "layers."));
+  em->tokens_received_ = &received->Add({{"rank", r}});
   DXS_ASSIGN_OR_RETURN(
       m::HistogramFamily * compute,
-      registry->AddHistogram("dxs_expert_compute_seconds",
-                             "Time this EP rank's experts took for one MoE layer round.", {"rank"},
-                             m::ExponentialBuckets(1e-5, 2, 20)));
-  em->compute_ = &compute->WithLabels({r});
+      m::AddHistogram(registry, "dxs_expert_compute_seconds",
+                      "Time this EP rank's experts took for one MoE layer round."));
+  em->compute_ = &compute->Add({{"rank", r}}, m::ExponentialBuckets(1e-5, 2, 20));
   DXS_ASSIGN_OR_RETURN(em->expert_tokens_family_,
-                       registry->AddCounter("dxs_expert_tokens_total",
-                                            "Token rows computed by one expert, summed over MoE "
-                                            "layers (a row routed to two of this rank's experts "
-                                            "counts for each).",
-                                            {"rank", "expert"}));
+                       m::AddCounter(registry, "dxs_expert_tokens_total",
+                                     "Token rows computed by one expert, summed over MoE "
+                                     "layers (a row routed to two of this rank's experts "
+                                     "counts for each)."));
   em->expert_tokens_.assign(static_cast<size_t>(std::max(num_experts, 0)), nullptr);
   em->round_counts_.assign(em->expert_tokens_.size(), 0);
   for (int e : experts) {
@@ -58,7 +53,8 @@ absl::StatusOr<std::unique_ptr<ExpertMetrics>> ExpertMetrics::Create(
       return absl::InvalidArgumentError(
           absl::StrCat("expert ", e, " is outside [0, ", num_experts, ")"));
     }
-    em->expert_tokens_[e] = &em->expert_tokens_family_->WithLabels({r, std::to_string(e)});
+    em->expert_tokens_[e] =
+        &em->expert_tokens_family_->Add({{"rank", r}, {"expert", std::to_string(e)}});
   }
   return em;
 }
@@ -74,7 +70,8 @@ void ExpertMetrics::OnRound(int64_t num_rows, const RoutedPairs& pairs, double c
   for (size_t e = 0; e < round_counts_.size(); ++e) {
     if (round_counts_[e] == 0) continue;
     if (expert_tokens_[e] == nullptr) {  // not in the initial set: placement changed
-      expert_tokens_[e] = &expert_tokens_family_->WithLabels({rank_, std::to_string(e)});
+      expert_tokens_[e] =
+          &expert_tokens_family_->Add({{"rank", rank_}, {"expert", std::to_string(e)}});
     }
     expert_tokens_[e]->Increment(round_counts_[e]);
     round_counts_[e] = 0;

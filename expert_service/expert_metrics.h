@@ -17,7 +17,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/metrics/registry.h"
+#include "common/metrics/families.h"
+#include "prometheus/registry.h"
 #include "router/dispatch/routed_pairs.h"
 
 namespace dxs {
@@ -26,7 +27,7 @@ class ExpertMetrics {
  public:
   // `experts`: the experts this rank holds (exposed at zero from the start), each in
   // [0, num_experts).
-  static absl::StatusOr<std::unique_ptr<ExpertMetrics>> Create(metrics::Registry* registry,
+  static absl::StatusOr<std::unique_ptr<ExpertMetrics>> Create(prometheus::Registry* registry,
                                                                int rank,
                                                                const std::vector<int>& experts,
                                                                int num_experts);
@@ -41,15 +42,15 @@ class ExpertMetrics {
   ExpertMetrics() = default;
 
   std::string rank_;
-  metrics::Counter* steps_ = nullptr;
-  metrics::Counter* empty_steps_ = nullptr;
-  metrics::Counter* rounds_ = nullptr;
-  metrics::Counter* empty_rounds_ = nullptr;
-  metrics::Counter* tokens_received_ = nullptr;
-  metrics::Histogram* compute_ = nullptr;
+  prometheus::Counter* steps_ = nullptr;
+  prometheus::Counter* empty_steps_ = nullptr;
+  prometheus::Counter* rounds_ = nullptr;
+  prometheus::Counter* empty_rounds_ = nullptr;
+  prometheus::Counter* tokens_received_ = nullptr;
+  prometheus::Histogram* compute_ = nullptr;
   metrics::CounterFamily* expert_tokens_family_ = nullptr;
-  std::vector<metrics::Counter*> expert_tokens_;  // by expert id; null until seen
-  std::vector<int64_t> round_counts_;             // by expert id; zero between rounds
+  std::vector<prometheus::Counter*> expert_tokens_;  // by expert id; null until seen
+  std::vector<int64_t> round_counts_;                // by expert id; zero between rounds
 };
 
 }  // namespace dxs

@@ -5,58 +5,88 @@
 //              [--experts 0-3,7]   (default: the contiguous block for this rank)
 //              [--metrics-listen HOST:PORT]
 //
+// Flags are abseil flags (common/flags/parse.h: --help, --helpfull, --flagfile FILE); bad
+// flags: one line on stderr, exit status 2.
+//
 // Prometheus metrics (docs/metrics.md) are served on --metrics-listen (default
 // 127.0.0.1:0, any free port); the bound address is registered with the router (`dxs
 // status` shows it) and printed in the start-up line: "... listening on A with N experts,
 // metrics on B".
 #include <iostream>
 
-#include "common/metrics/registry.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/flags/parse.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
+#include "common/status_macros.h"
 #include "expert_service/expert_metrics.h"
 #include "expert_service/expert_step_server.h"
 #include "expert_service/expert_worker_service.h"
 #include "model/weights.h"
+#include "prometheus/registry.h"
 #include "router/dispatch/placement.h"
 #include "router/membership/worker_runtime.h"
 #include "router/membership/worker_startup.h"
-#include "tools/dxs/cli_args.h"
-#include "tools/dxs/tls_flags.h"
+
+ABSL_FLAG(std::string, experts, "",
+          "The experts this rank holds, e.g. 0-3,7; default: the contiguous block the router "
+          "places on this rank.");
 
 namespace dxs {
 namespace {
 
+constexpr char kUsage[] =
+    "one expert worker (EP rank) of a dxs cluster.\n\n"
+    "usage: dxs-expert --model DIR --rank R --router HOST:PORT [--listen HOST:PORT]\n"
+    "                  [--experts 0-3,7] [--metrics-listen HOST:PORT]\n"
+    "                  [--tls-cert FILE --tls-key FILE --tls-ca FILE [--mtls]]\n"
+    "                  [--flagfile FILE]\n"
+    "Flags may be spelled with dashes or underscores; a --flagfile uses underscores.";
+
+struct Flags {
+  WorkerFlags worker;
+  std::vector<int> claim;  // --experts; empty: what the router places here
+};
+
+// The one place dxs-expert's flags are checked.
+absl::StatusOr<Flags> ValidateFlags() {
+  Flags flags;
+  DXS_ASSIGN_OR_RETURN(flags.worker, ValidateWorkerFlags());
+  const std::string experts = absl::GetFlag(FLAGS_experts);
+  if (!experts.empty()) {
+    absl::StatusOr<std::vector<int>> parsed = ParseExpertList(experts);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--experts: ", parsed.status().message()));
+    }
+    flags.claim = *parsed;
+  }
+  return flags;
+}
+
 int Main(int argc, char** argv) {
-  absl::StatusOr<cli::Args> args = cli::Args::Parse(
-      std::vector<std::string>(argv + 1, argv + argc),
-      cli::WithTlsValueFlags({"model", "rank", "router", "listen", "experts", "metrics-listen"}),
-      cli::WithTlsBoolFlags({}));
+  dxs::flags::ParseServiceCommandLine(argc, argv, "dxs-expert", kUsage);
+  absl::StatusOr<Flags> flags = ValidateFlags();
+  if (!flags.ok()) dxs::flags::ExitWithBadFlags("dxs-expert", flags.status());
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs-expert: " << s.message() << "\n";
     return 2;
   };
-  if (!args.ok()) return fail(args.status());
-  if (absl::Status s = args->Require({"model", "rank", "router"}); !s.ok()) return fail(s);
-  auto rank = args->GetInt("rank", 0);
-  if (!rank.ok()) return fail(rank.status());
-  std::vector<int> claim;
-  if (args->Has("experts")) {
-    absl::StatusOr<std::vector<int>> parsed = ParseExpertList(args->GetString("experts"));
-    if (!parsed.ok()) return fail(parsed.status());
-    claim = *parsed;
-  }
-  const std::string model_dir = args->GetString("model");
-  metrics::Registry metrics_registry;  // outlives everything that records into it
-  WorkerRuntime runtime("expert", static_cast<int>(*rank));
+  const int rank = flags->worker.rank;
+  const std::vector<int>& claim = flags->claim;
+  const std::string& model_dir = flags->worker.model_dir;
+  // Outlives everything that records into it.
+  auto metrics_registry = std::make_shared<prometheus::Registry>();
+  WorkerRuntime runtime("expert", rank);
   absl::StatusOr<WorkerModel> prepared =
-      PrepareWorker(*args, "expert", &metrics_registry, &runtime);
+      PrepareWorker(flags->worker, "expert", metrics_registry.get(), &runtime);
   if (!prepared.ok()) return fail(prepared.status());
   const ModelConfig& config = prepared->config;
   const Checkpoint& ckpt = *prepared->checkpoint;
   std::unique_ptr<Backend> backend = MakeCpuBackend();
-  ExpertWorkerService service(static_cast<int>(*rank));
-  if (absl::Status s = StartServing(*args, &service, &metrics_registry, &runtime); !s.ok()) {
+  ExpertWorkerService service(rank);
+  if (absl::Status s = StartServing(flags->worker, &service, {metrics_registry}, &runtime);
+      !s.ok()) {
     return fail(s);
   }
 
@@ -65,7 +95,7 @@ int Main(int argc, char** argv) {
   std::unique_ptr<ExpertStepServer> server;
   v1::RegisterRequest reg = runtime.BaseRegistration(v1::ROLE_EXPERT, model_dir);
   for (int e : claim) reg.add_loaded_experts(static_cast<uint32_t>(e));
-  absl::Status joined = runtime.Join(args->GetString("router"), reg, [&](v1::HeartbeatRequest* hb) {
+  absl::Status joined = runtime.Join(flags->worker.router, reg, [&](v1::HeartbeatRequest* hb) {
     hb->set_state(service.serving() ? v1::WORKER_STATE_READY : v1::WORKER_STATE_JOINING);
     if (ExpertStepServer* s = service.step_server()) {  // published atomically
       FillStepCounters(s->counters(), hb->mutable_counters());
@@ -78,7 +108,7 @@ int Main(int argc, char** argv) {
   std::vector<int> experts;
   for (int e = 0; e < placement.expert_to_rank_size(); ++e) {
     for (uint32_t r : placement.expert_to_rank(e).ep_ranks()) {
-      if (static_cast<int64_t>(r) == *rank) experts.push_back(e);
+      if (static_cast<int64_t>(r) == rank) experts.push_back(e);
     }
   }
   if (experts.empty()) experts = claim;
@@ -88,10 +118,10 @@ int Main(int argc, char** argv) {
   ShardCompute compute(shard.get());
   service.set_shard(shard.get(), experts);
   absl::StatusOr<std::unique_ptr<ExpertMetrics>> made_metrics = ExpertMetrics::Create(
-      &metrics_registry, static_cast<int>(*rank), experts, static_cast<int>(config.num_experts));
+      metrics_registry.get(), rank, experts, static_cast<int>(config.num_experts));
   if (!made_metrics.ok()) return fail(made_metrics.status());
   expert_metrics = std::move(*made_metrics);
-  std::cout << "dxs-expert rank " << *rank << " listening on " << runtime.grpc_address() << " with "
+  std::cout << "dxs-expert rank " << rank << " listening on " << runtime.grpc_address() << " with "
             << experts.size() << " experts, metrics on " << runtime.metrics_address() << std::endl;
 
   while (!ShutdownRequested()) {
@@ -113,7 +143,7 @@ int Main(int argc, char** argv) {
     }
     absl::Status s = server->ServeRound(absl::Now() + absl::Milliseconds(100));
     if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) {
-      std::cerr << "dxs-expert rank " << *rank << ": " << s << "\n";
+      std::cerr << "dxs-expert rank " << rank << ": " << s << "\n";
     }
   }
   runtime.Stop();

@@ -24,7 +24,8 @@
 // Prints exactly one line on stdout once serving, "dxs-router listening on HOST:PORT,
 // metrics on HOST:PORT" with the bound ports (so --listen HOST:0 works for tests and
 // scripts), then logs membership events on stderr. SIGTERM or SIGINT shuts it down
-// cleanly with exit status 0. Bad flags: one line on stderr, exit status 2; start-up
+// cleanly with exit status 0. Flags are abseil flags (common/flags/parse.h: --help,
+// --helpfull, --flagfile FILE); bad flags: one line on stderr, exit status 2; start-up
 // failures: one line, exit status 1.
 #include <pthread.h>
 #include <signal.h>
@@ -37,14 +38,17 @@
 #include <utility>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags/parse.h"
+#include "common/flags/tls_flags.h"
 #include "common/grpc/server.h"
 #include "common/metrics/build_info.h"
 #include "common/metrics/metrics_server.h"
-#include "common/metrics/registry.h"
 #include "common/model_config.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "prometheus/registry.h"
 #include "router/control_plane/cluster_metrics.h"
 #include "router/control_plane/cluster_registry.h"
 #include "router/control_plane/control_plane_service.h"
@@ -53,28 +57,39 @@
 #include "router/frontend/frontend_metrics.h"
 #include "router/frontend/frontend_service.h"
 #include "router/frontend/model_info.h"
-#include "tools/dxs/cli_args.h"
-#include "tools/dxs/tls_flags.h"
+
+ABSL_FLAG(std::string, model, "", "Checkpoint directory (Hugging Face layout); required.");
+ABSL_FLAG(int, attention, 0, "Attention workers (DP ranks), 1..65536; required.");
+ABSL_FLAG(int, experts, 0, "Expert workers (EP ranks), 1..65536; required.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC HOST:PORT (port 0: any free port).");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
+          "Prometheus /metrics on HOST:PORT (port 0: any free port).");
+ABSL_FLAG(std::string, transport, "ucx", "Dispatch/combine transport: ucx, nccl or inproc.");
+ABSL_FLAG(std::string, wire_dtype, "f32", "Dispatch/combine payload type: f32 or bf16.");
+ABSL_FLAG(int64_t, lease_ms, 3000,
+          "A worker without a heartbeat for this long is dead, 1..3600000.");
+ABSL_FLAG(int64_t, heartbeat_ms, 500, "Workers' heartbeat interval, 1..3600000.");
+ABSL_FLAG(int64_t, max_inflight, 1024,
+          "Generate requests in flight cluster-wide, 1..1000000; beyond: RESOURCE_EXHAUSTED.");
 
 namespace {
 
 constexpr char kUsage[] =
+    "the router of a dxs cluster: front door and control plane.\n\n"
     "usage: dxs-router --model DIR --attention M --experts N [--listen HOST:PORT]\n"
     "                  [--metrics-listen HOST:PORT] [--transport ucx|nccl|inproc]\n"
     "                  [--wire-dtype f32|bf16]\n"
-    "                  [--lease-ms MS] [--heartbeat-ms MS] [--max-inflight N]\n";
-
-int BadFlags(const std::string& message) {
-  std::cerr << "dxs-router: " << message << "\n";
-  return 2;
-}
+    "                  [--lease-ms MS] [--heartbeat-ms MS] [--max-inflight N]\n"
+    "                  [--tls-cert FILE --tls-key FILE --tls-ca FILE [--mtls]]\n"
+    "                  [--flagfile FILE]\n"
+    "Flags may be spelled with dashes or underscores; a --flagfile uses underscores.";
 
 int Fail(const absl::Status& status) {
   std::cerr << "dxs-router: " << status.ToString() << "\n";
   return 1;
 }
 
-// Flags, checked and converted; nullopt after printing the problem.
+// The flags, checked and converted.
 struct Flags {
   dxs::TlsConfig tls;
   std::string listen;
@@ -89,47 +104,38 @@ struct Flags {
   int64_t max_inflight = 0;
 };
 
-absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& argv) {
-  absl::StatusOr<dxs::cli::Args> args = dxs::cli::Args::Parse(
-      argv,
-      dxs::cli::WithTlsValueFlags({"listen", "metrics-listen", "attention", "experts", "model",
-                                   "transport", "wire-dtype", "lease-ms", "heartbeat-ms",
-                                   "max-inflight"}),
-      dxs::cli::WithTlsBoolFlags({"help"}));
-  if (!args.ok()) return args.status();
-  if (args->Has("help")) return absl::CancelledError("help");
+// The one place the router's flags are checked.
+absl::StatusOr<Flags> ValidateFlags() {
   Flags flags;
-  flags.listen = args->GetString("listen", "127.0.0.1:50051");
+  flags.listen = absl::GetFlag(FLAGS_listen);
   if (flags.listen.rfind(':') == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("--listen: '", flags.listen, "' is not HOST:PORT"));
   }
-  flags.metrics_listen = args->GetString("metrics-listen", "127.0.0.1:0");
+  flags.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (flags.metrics_listen.rfind(':') == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics-listen: '", flags.metrics_listen, "' is not HOST:PORT"));
   }
-  flags.model_dir = args->GetString("model");
+  flags.model_dir = absl::GetFlag(FLAGS_model);
   if (flags.model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required");
-  for (const auto& [name, out] :
-       {std::pair<const char*, int*>{"attention", &flags.num_attention_ranks},
-        std::pair<const char*, int*>{"experts", &flags.num_expert_ranks}}) {
-    if (!args->Has(name)) {
-      return absl::InvalidArgumentError(absl::StrCat("--", name, " is required"));
-    }
-    absl::StatusOr<int64_t> v = args->GetInt(name, 0);
-    if (!v.ok()) return v.status();
-    if (*v < 1 || *v > 65536) {
+  for (const auto& [name, value, out] :
+       {std::tuple<const char*, int, int*>{"attention", absl::GetFlag(FLAGS_attention),
+                                           &flags.num_attention_ranks},
+        std::tuple<const char*, int, int*>{"experts", absl::GetFlag(FLAGS_experts),
+                                           &flags.num_expert_ranks}}) {
+    if (value == 0) return absl::InvalidArgumentError(absl::StrCat("--", name, " is required"));
+    if (value < 1 || value > 65536) {
       return absl::InvalidArgumentError(absl::StrCat("--", name, " must be in 1..65536"));
     }
-    *out = static_cast<int>(*v);
+    *out = value;
   }
-  flags.transport = args->GetString("transport", "ucx");
+  flags.transport = absl::GetFlag(FLAGS_transport);
   if (flags.transport != "ucx" && flags.transport != "nccl" && flags.transport != "inproc") {
     return absl::InvalidArgumentError(
         absl::StrCat("--transport must be ucx, nccl or inproc, got '", flags.transport, "'"));
   }
-  const std::string dtype = args->GetString("wire-dtype", "f32");
+  const std::string dtype = absl::GetFlag(FLAGS_wire_dtype);
   if (dtype == "f32") {
     flags.wire_dtype = dxs::v1::DTYPE_FLOAT32;
   } else if (dtype == "bf16") {
@@ -138,23 +144,21 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& argv) {
     return absl::InvalidArgumentError(
         absl::StrCat("--wire-dtype must be f32 or bf16, got '", dtype, "'"));
   }
-  for (const auto& [name, fallback, out] :
-       {std::tuple<const char*, int64_t, int64_t*>{"lease-ms", 3000, &flags.lease_ms},
-        std::tuple<const char*, int64_t, int64_t*>{"heartbeat-ms", 500, &flags.heartbeat_ms}}) {
-    absl::StatusOr<int64_t> v = args->GetInt(name, fallback);
-    if (!v.ok()) return v.status();
-    if (*v < 1 || *v > 3600 * 1000) {
+  for (const auto& [name, value, out] :
+       {std::tuple<const char*, int64_t, int64_t*>{"lease-ms", absl::GetFlag(FLAGS_lease_ms),
+                                                   &flags.lease_ms},
+        std::tuple<const char*, int64_t, int64_t*>{
+            "heartbeat-ms", absl::GetFlag(FLAGS_heartbeat_ms), &flags.heartbeat_ms}}) {
+    if (value < 1 || value > 3600 * 1000) {
       return absl::InvalidArgumentError(absl::StrCat("--", name, " must be in 1..3600000"));
     }
-    *out = *v;
+    *out = value;
   }
-  absl::StatusOr<int64_t> max_inflight = args->GetInt("max-inflight", 1024);
-  if (!max_inflight.ok()) return max_inflight.status();
-  if (*max_inflight < 1 || *max_inflight > 1000000) {
+  flags.max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  if (flags.max_inflight < 1 || flags.max_inflight > 1000000) {
     return absl::InvalidArgumentError("--max-inflight must be in 1..1000000");
   }
-  flags.max_inflight = *max_inflight;
-  absl::StatusOr<dxs::TlsConfig> tls = dxs::cli::TlsFromArgs(*args, /*for_server=*/true);
+  absl::StatusOr<dxs::TlsConfig> tls = dxs::flags::TlsFromFlags(/*for_server=*/true);
   if (!tls.ok()) return tls.status();
   flags.tls = *tls;
   return flags;
@@ -163,14 +167,9 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::StatusOr<Flags> flags = ParseFlags(std::vector<std::string>(argv + 1, argv + argc));
-  if (!flags.ok()) {
-    if (absl::IsCancelled(flags.status())) {
-      std::cout << kUsage;
-      return 0;
-    }
-    return BadFlags(std::string(flags.status().message()));
-  }
+  dxs::flags::ParseServiceCommandLine(argc, argv, "dxs-router", kUsage);
+  absl::StatusOr<Flags> flags = ValidateFlags();
+  if (!flags.ok()) dxs::flags::ExitWithBadFlags("dxs-router", flags.status());
 
   absl::StatusOr<dxs::ModelConfig> config = dxs::LoadModelConfig(flags->model_dir);
   if (!config.ok()) return Fail(config.status());
@@ -200,30 +199,33 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   // Outlives everything that records into it (declared first, destroyed last).
-  dxs::metrics::Registry metrics_registry;
-  if (absl::Status s = dxs::metrics::RegisterBuildInfo(&metrics_registry, "router"); !s.ok()) {
+  auto metrics_registry = std::make_shared<prometheus::Registry>();
+  if (absl::Status s = dxs::metrics::RegisterBuildInfo(metrics_registry.get(), "router"); !s.ok()) {
     return Fail(s);
   }
   absl::StatusOr<std::unique_ptr<dxs::FrontendMetrics>> frontend_metrics =
-      dxs::FrontendMetrics::Create(&metrics_registry);
+      dxs::FrontendMetrics::Create(metrics_registry.get());
   if (!frontend_metrics.ok()) return Fail(frontend_metrics.status());
 
   dxs::ClusterRegistry registry(options);
   dxs::ClusterMetricsOptions cluster_metrics_options;
   cluster_metrics_options.interval = options.heartbeat_interval;
-  absl::StatusOr<std::unique_ptr<dxs::ClusterMetrics>> cluster_metrics =
-      dxs::ClusterMetrics::Create(&metrics_registry, &registry, cluster_metrics_options);
+  absl::StatusOr<std::shared_ptr<dxs::ClusterMetrics>> cluster_metrics =
+      dxs::ClusterMetrics::Create(&registry, cluster_metrics_options);
   if (!cluster_metrics.ok()) return Fail(cluster_metrics.status());
-  // GET /metrics; stopped (and waited for) before the families it reads go away.
+  // GET /metrics: the registry and the cluster-wide view, sampled at each scrape; stopped
+  // (and waited for) before the registry the view reads goes away.
   dxs::metrics::MetricsServerOptions metrics_options;
   metrics_options.address = flags->metrics_listen;
   absl::StatusOr<std::unique_ptr<dxs::metrics::MetricsServer>> metrics_server =
-      dxs::metrics::MetricsServer::Start(&metrics_registry, metrics_options);
+      dxs::metrics::MetricsServer::Start(metrics_options);
   if (!metrics_server.ok()) {
     return Fail(
         absl::Status(metrics_server.status().code(),
                      absl::StrCat("--metrics-listen: ", metrics_server.status().message())));
   }
+  (*metrics_server)->Expose(metrics_registry);
+  (*metrics_server)->Expose(*cluster_metrics);
 
   dxs::ControlPlaneService service(&registry);
   service.set_tls(flags->tls);

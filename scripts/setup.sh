@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libabsl-dev libucx-dev ucx-utils libcivetweb-dev nlohmann-json3-dev
+  libabsl-dev libucx-dev ucx-utils libcivetweb-dev prometheus-cpp-dev nlohmann-json3-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
   prometheus python3 python3-venv openssl

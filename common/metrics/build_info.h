@@ -10,13 +10,13 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "common/metrics/registry.h"
+#include "prometheus/registry.h"
 
 namespace dxs::metrics {
 
 // Registers dxs_build_info{version, git_commit, role} and sets it to 1. Safe to call more
 // than once (for the same or another role).
-absl::Status RegisterBuildInfo(Registry* registry, std::string_view role);
+absl::Status RegisterBuildInfo(prometheus::Registry* registry, std::string_view role);
 
 std::string_view BuildVersion();
 std::string_view BuildGitCommit();

@@ -3,65 +3,94 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "common/metrics/text_format.h"
+#include "common/metrics/families.h"
+#include "prometheus/check_names.h"
 
 namespace dxs::metrics {
 
 CallbackRegistration::CallbackRegistration(CallbackRegistration&& other) noexcept
-    : family_(std::exchange(other.family_, nullptr)),
-      label_values_(std::move(other.label_values_)) {}
+    : family_(std::exchange(other.family_, nullptr)), labels_(std::move(other.labels_)) {}
 
 CallbackRegistration& CallbackRegistration::operator=(CallbackRegistration&& other) noexcept {
   if (this != &other) {
     Reset();
     family_ = std::exchange(other.family_, nullptr);
-    label_values_ = std::move(other.label_values_);
+    labels_ = std::move(other.labels_);
   }
   return *this;
 }
 
 void CallbackRegistration::Reset() {
   if (family_ == nullptr) return;
-  family_->Unbind(label_values_);
+  family_->Unbind(labels_);
   family_ = nullptr;
-  label_values_.clear();
+  labels_.clear();
 }
 
-CallbackGaugeFamily::CallbackGaugeFamily(std::string name, std::string help,
-                                         std::vector<std::string> label_names)
-    : FamilyBase(MetricKind::kCallbackGauge, std::move(name), std::move(help),
-                 std::move(label_names), {}) {}
-
-absl::StatusOr<CallbackRegistration> CallbackGaugeFamily::Bind(
-    std::initializer_list<std::string_view> label_values, std::function<double()> fn) {
-  return Bind(std::vector<std::string>(label_values.begin(), label_values.end()), std::move(fn));
-}
-
-absl::StatusOr<CallbackRegistration> CallbackGaugeFamily::Bind(
-    std::vector<std::string> label_values, std::function<double()> fn) {
-  if (absl::Status s = CheckLabelValueCount(label_values.size()); !s.ok()) return s;
-  if (!fn) return absl::InvalidArgumentError(absl::StrCat(name(), ": empty callback"));
-  absl::MutexLock lock(&mu_);
-  if (!callbacks_.emplace(label_values, std::move(fn)).second) {
-    return absl::AlreadyExistsError(absl::StrCat(name(), " already has a callback for {",
-                                                 absl::StrJoin(label_values, ", "), "}"));
+absl::StatusOr<CallbackRegistration> CallbackGaugeFamily::Bind(prometheus::Labels labels,
+                                                               std::function<double()> fn) {
+  for (const auto& [label_name, value] : labels) {
+    if (!prometheus::CheckLabelName(label_name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name_, ": invalid label name \"", label_name, "\""));
+    }
   }
-  return CallbackRegistration(this, std::move(label_values));
-}
-
-void CallbackGaugeFamily::Unbind(const std::vector<std::string>& label_values) {
+  if (!fn) return absl::InvalidArgumentError(absl::StrCat(name_, ": empty callback"));
   absl::MutexLock lock(&mu_);
-  callbacks_.erase(label_values);
+  if (!callbacks_.emplace(labels, std::move(fn)).second) {
+    return absl::AlreadyExistsError(absl::StrCat(name_, " already has a callback for these labels"));
+  }
+  return CallbackRegistration(this, std::move(labels));
 }
 
-void CallbackGaugeFamily::AppendText(std::string* out) const {
+void CallbackGaugeFamily::Unbind(const prometheus::Labels& labels) {
+  absl::MutexLock lock(&mu_);
+  callbacks_.erase(labels);
+}
+
+prometheus::MetricFamily CallbackGaugeFamily::Collect() const {
+  prometheus::MetricFamily family;
+  family.name = name_;
+  family.help = help_;
+  family.type = prometheus::MetricType::Gauge;
   absl::ReaderMutexLock lock(&mu_);
-  if (callbacks_.empty()) return;
-  text::AppendHeader(name(), help(), TypeName(kind()), out);
-  for (const auto& [label_values, fn] : callbacks_) {
-    text::AppendSample(name(), text::FormatLabels(label_names(), label_values), "", "", fn(), out);
+  family.metric.reserve(callbacks_.size());
+  for (const auto& [labels, fn] : callbacks_) {
+    prometheus::ClientMetric metric;
+    for (const auto& [label_name, value] : labels) metric.label.push_back({label_name, value});
+    metric.gauge.value = fn();
+    family.metric.push_back(std::move(metric));
   }
+  return family;
+}
+
+absl::StatusOr<CallbackGaugeFamily*> CallbackGauges::Add(std::string_view name,
+                                                         std::string_view help) {
+  const std::string n(name);
+  if (!prometheus::CheckMetricName(n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metric name \"", n, "\" does not match [a-zA-Z_:][a-zA-Z0-9_:]*"));
+  }
+  if (absl::Status s = ValidateHelp(name, help); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<CallbackGaugeFamily>& family = families_[n];
+  if (family == nullptr) {
+    family = std::make_unique<CallbackGaugeFamily>(n, std::string(help));
+  } else if (family->help() != help) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("metric ", n, " is already registered with different help text"));
+  }
+  return family.get();
+}
+
+std::vector<prometheus::MetricFamily> CallbackGauges::Collect() const {
+  std::vector<prometheus::MetricFamily> out;
+  absl::ReaderMutexLock lock(&mu_);
+  for (const auto& [name, family] : families_) {
+    prometheus::MetricFamily collected = family->Collect();
+    if (!collected.metric.empty()) out.push_back(std::move(collected));
+  }
+  return out;
 }
 
 }  // namespace dxs::metrics

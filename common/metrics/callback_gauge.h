@@ -1,24 +1,26 @@
-// Gauges whose values live elsewhere and are read at scrape time: KV cache blocks in use,
-// scheduler queue length. Copying such a value into a Gauge on every change is easy to
-// forget; a callback reads the owner's own state when Prometheus asks.
+// Gauges whose values live elsewhere and are read at scrape time: KV cache use, scheduler
+// queue length. Copying such a value into a prometheus::Gauge on every change is easy to
+// forget; a callback reads the owner's own state when Prometheus asks. prometheus-cpp has
+// no callback gauge, so this is a prometheus::Collectable of its own, exposed beside the
+// registry (MetricsServer::Expose).
 //
-//   CallbackGaugeFamily* kv = registry.AddCallbackGauge(
-//       "dxs_kv_cache_used_blocks", "KV cache blocks in use.", {"rank"}).value();
-//   kv_metric_ = kv->Bind({"0"}, [this] { return cache_.num_used_blocks(); }).value();
+//   auto gauges = std::make_shared<CallbackGauges>();
+//   CallbackGaugeFamily* kv = gauges->Add("dxs_kv_cache_used_tokens", "KV positions.").value();
+//   kv_metric_ = kv->Bind({{"rank", "0"}}, [this] { return cache_.used(); }).value();
 //
 // Lifetime: Bind returns a CallbackRegistration; destroying it (or Reset) unbinds the
 // callback and, once that returns, the callback is not running and never runs again. Keep
 // it as a member declared after the state the callback reads, so it is destroyed first.
-// A registration must not outlive its registry.
+// A registration must not outlive its CallbackGauges.
 //
-// Thread safety: callbacks run on the scraping thread while this family's lock is held
-// shared. They must be cheap, safe to call concurrently with the owner's updates, and must
-// not call into the registry or destroy their own registration.
+// Thread safety: every method may be called from any thread. Callbacks run on the scraping
+// thread while their family's lock is held shared; they must be cheap, safe to call
+// concurrently with the owner's updates, and must not call into CallbackGauges.
 #pragma once
 
 #include <functional>
-#include <initializer_list>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,7 +28,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/metrics/family.h"
+#include "prometheus/collectable.h"
+#include "prometheus/labels.h"
+#include "prometheus/metric_family.h"
 
 namespace dxs::metrics {
 
@@ -45,32 +49,51 @@ class CallbackRegistration {
 
  private:
   friend class CallbackGaugeFamily;
-  CallbackRegistration(CallbackGaugeFamily* family, std::vector<std::string> label_values)
-      : family_(family), label_values_(std::move(label_values)) {}
+  CallbackRegistration(CallbackGaugeFamily* family, prometheus::Labels labels)
+      : family_(family), labels_(std::move(labels)) {}
 
   CallbackGaugeFamily* family_ = nullptr;
-  std::vector<std::string> label_values_;
+  prometheus::Labels labels_;
 };
 
-class CallbackGaugeFamily final : public FamilyBase {
+// One gauge name with a callback per label set.
+class CallbackGaugeFamily {
  public:
-  CallbackGaugeFamily(std::string name, std::string help, std::vector<std::string> label_names);
+  CallbackGaugeFamily(std::string name, std::string help)
+      : name_(std::move(name)), help_(std::move(help)) {}
 
-  // Binds fn to these label values (one per label name). InvalidArgument on a wrong count,
-  // AlreadyExists when these label values already have a callback.
-  absl::StatusOr<CallbackRegistration> Bind(std::initializer_list<std::string_view> label_values,
-                                            std::function<double()> fn);
-  absl::StatusOr<CallbackRegistration> Bind(std::vector<std::string> label_values,
-                                            std::function<double()> fn);
+  // Binds fn to these labels. InvalidArgument for an invalid label name or an empty fn,
+  // AlreadyExists when these labels already have a callback.
+  absl::StatusOr<CallbackRegistration> Bind(prometheus::Labels labels, std::function<double()> fn);
 
-  void AppendText(std::string* out) const override;
+  const std::string& name() const { return name_; }
+  const std::string& help() const { return help_; }
+  // The family with every callback's current value; no samples when none is bound.
+  prometheus::MetricFamily Collect() const;
 
  private:
   friend class CallbackRegistration;
-  void Unbind(const std::vector<std::string>& label_values);
+  void Unbind(const prometheus::Labels& labels);
 
+  const std::string name_;
+  const std::string help_;
   mutable absl::Mutex mu_;
-  std::map<std::vector<std::string>, std::function<double()>> callbacks_ ABSL_GUARDED_BY(mu_);
+  std::map<prometheus::Labels, std::function<double()>> callbacks_ ABSL_GUARDED_BY(mu_);
+};
+
+class CallbackGauges final : public prometheus::Collectable {
+ public:
+  // Adds a family, or returns the one of that name when the help matches. InvalidArgument
+  // for a bad name or help (families.h's rules), AlreadyExists for another help.
+  absl::StatusOr<CallbackGaugeFamily*> Add(std::string_view name, std::string_view help);
+
+  // Families with at least one bound callback, in name order.
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  mutable absl::Mutex mu_;
+  // Families live as long as this object, so their pointers may be kept.
+  std::map<std::string, std::unique_ptr<CallbackGaugeFamily>> families_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dxs::metrics

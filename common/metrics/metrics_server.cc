@@ -9,22 +9,19 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <string_view>
+#include <vector>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/metrics/absl_compat.h"
 
 namespace dxs::metrics {
 namespace {
 
-constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
-
 absl::Status BadAddress(std::string_view address, std::string_view why) {
   return absl::InvalidArgumentError(
-      absl::StrCat("metrics address \"", internal::AsAbsl(address), "\": ", internal::AsAbsl(why)));
+      absl::StrCat("metrics address \"", std::string(address), "\": ", std::string(why)));
 }
 
 // Parses host:port into the address a local client reaches the server on (the wildcard
@@ -38,7 +35,7 @@ absl::StatusOr<sockaddr_storage> ParseAddress(std::string_view address) {
   const std::string_view port_text = address.substr(colon + 1);
   int port = -1;
   if (port_text.empty() || port_text.find_first_not_of("0123456789") != std::string_view::npos ||
-      !absl::SimpleAtoi(internal::AsAbsl(port_text), &port) || port > 65535) {
+      !absl::SimpleAtoi(std::string(port_text), &port) || port > 65535) {
     return BadAddress(address, "port must be 0..65535");
   }
   sockaddr_storage storage;
@@ -69,53 +66,33 @@ void Poke(const sockaddr_storage& address) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Registry* registry,
-                                                                    MetricsServerOptions options) {
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    MetricsServerOptions options) {
   absl::StatusOr<sockaddr_storage> local_address = ParseAddress(options.address);
   if (!local_address.ok()) return local_address.status();
   if (options.num_threads < 1) {
     return absl::InvalidArgumentError("metrics server needs num_threads >= 1");
   }
-  // civetweb wants this once per process before any server starts.
-  static std::once_flag init_once;
-  std::call_once(init_once, [] { mg_init_library(0); });
   if (local_address->ss_family == AF_INET6 && mg_check_feature(MG_FEATURES_IPV6) == 0) {
     return absl::UnimplementedError(absl::StrCat("metrics address ", options.address,
                                                  ": this civetweb was built without IPv6"));
   }
-
-  const std::string num_threads = absl::StrCat(options.num_threads);
-  const char* config[] = {"listening_ports",
-                          options.address.c_str(),
-                          "num_threads",
-                          num_threads.c_str(),
-                          "request_timeout_ms",
-                          "10000",
-                          nullptr};
-  mg_callbacks callbacks;
-  std::memset(&callbacks, 0, sizeof(callbacks));
-  mg_init_data init;
-  init.callbacks = &callbacks;
-  init.user_data = nullptr;
-  init.configuration_options = config;
-  char error_text[256] = {0};
-  mg_error_data error;
-  std::memset(&error, 0, sizeof(error));
-  error.text = error_text;
-  error.text_buffer_size = sizeof(error_text);
-
-  std::unique_ptr<MetricsServer> server(new MetricsServer(registry));
-  server->context_ = mg_start2(&init, &error);
-  if (server->context_ == nullptr) {
+  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  try {
+    // No document root: civetweb serves nothing but the exposer's /metrics handler.
+    server->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", options.address, "num_threads", absl::StrCat(options.num_threads),
+        "request_timeout_ms", "10000"});
+  } catch (const std::exception& e) {  // CivetException: the port cannot be bound
     return absl::UnavailableError(
-        absl::StrCat("metrics server cannot listen on ", options.address, ": ", error_text));
+        absl::StrCat("metrics server cannot listen on ", options.address, ": ", e.what()));
   }
-  mg_server_port ports[1];
-  if (mg_get_server_ports(server->context_, 1, ports) != 1 || ports[0].port <= 0) {
+  const std::vector<int> ports = server->exposer_->GetListeningPorts();
+  if (ports.size() != 1 || ports[0] <= 0) {
     return absl::InternalError(
         absl::StrCat("metrics server on ", options.address, " reports no bound port"));
   }
-  server->port_ = ports[0].port;
+  server->port_ = ports[0];
   server->local_address_ = *local_address;
   const uint16_t port = htons(static_cast<uint16_t>(server->port_));
   if (server->local_address_.ss_family == AF_INET) {
@@ -123,17 +100,17 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Regist
   } else {
     reinterpret_cast<sockaddr_in6*>(&server->local_address_)->sin6_port = port;
   }
-  mg_set_request_handler(server->context_, "/metrics$", &MetricsServer::HandleMetrics,
-                         server.get());
   return server;
 }
 
 MetricsServer::~MetricsServer() { Stop(); }
 
+void MetricsServer::Expose(const std::shared_ptr<prometheus::Collectable>& collectable) {
+  if (exposer_ != nullptr) exposer_->RegisterCollectable(collectable);
+}
+
 void MetricsServer::Stop() {
-  if (context_ == nullptr) return;
-  // civetweb's accept loop polls in 2 s quanta and sees mg_stop's flag only when poll
-  // returns; connecting to the port wakes it, so Stop takes milliseconds, not seconds.
+  if (exposer_ == nullptr) return;
   std::atomic<bool> stopped{false};
   std::thread waker([this, &stopped] {
     while (!stopped.load()) {
@@ -141,26 +118,9 @@ void MetricsServer::Stop() {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   });
-  mg_stop(context_);
+  exposer_.reset();  // mg_stop: returns once civetweb's threads are done
   stopped.store(true);
   waker.join();
-  context_ = nullptr;
-}
-
-int MetricsServer::HandleMetrics(mg_connection* conn, void* self) {
-  const mg_request_info* request = mg_get_request_info(conn);
-  const std::string_view method = request->request_method;
-  if (method != "GET" && method != "HEAD") {
-    mg_response_header_start(conn, 405);
-    mg_response_header_add(conn, "Allow", "GET, HEAD", -1);
-    mg_response_header_add(conn, "Content-Length", "0", -1);
-    mg_response_header_send(conn);
-    return 405;
-  }
-  const std::string body = static_cast<MetricsServer*>(self)->registry_->Scrape();
-  mg_send_http_ok(conn, kContentType, static_cast<long long>(body.size()));
-  if (method == "GET") mg_write(conn, body.data(), body.size());
-  return 200;
 }
 
 }  // namespace dxs::metrics

@@ -11,17 +11,18 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "common/metrics/registry.h"
+#include "prometheus/counter.h"
+#include "prometheus/registry.h"
 
 namespace dxs::metrics {
 
 struct StepMetrics {
-  Counter* steps = nullptr;
-  Counter* empty_steps = nullptr;
+  prometheus::Counter* steps = nullptr;
+  prometheus::Counter* empty_steps = nullptr;
 };
 
 // Registers both families (or finds them) and returns this rank's children.
-absl::StatusOr<StepMetrics> RegisterStepMetrics(Registry* registry, std::string_view role,
+absl::StatusOr<StepMetrics> RegisterStepMetrics(prometheus::Registry* registry, std::string_view role,
                                                 int rank);
 
 }  // namespace dxs::metrics

@@ -4,17 +4,14 @@
 #include <string>
 #include <vector>
 
-#include "common/status_macros.h"
-
 namespace dxs {
-
-namespace m = metrics;
 
 namespace {
 
+constexpr const char* kRoleNames[2] = {"attention", "expert"};
 constexpr const char* kStateNames[4] = {"joining", "ready", "draining", "dead"};
 
-// Index into ClusterMetrics::workers_' state dimension; -1 for an unset state.
+// Index into View::workers' state dimension; -1 for an unset state.
 int StateIndex(v1::WorkerState state) {
   switch (state) {
     case v1::WORKER_STATE_JOINING:
@@ -30,72 +27,43 @@ int StateIndex(v1::WorkerState state) {
   }
 }
 
+prometheus::MetricFamily Family(const char* name, const char* help, prometheus::MetricType type) {
+  prometheus::MetricFamily family;
+  family.name = name;
+  family.help = help;
+  family.type = type;
+  return family;
+}
+
+// One sample; labels in the order given (role before rank, as everywhere in dxs).
+void AddSample(prometheus::MetricFamily* family,
+               std::vector<prometheus::ClientMetric::Label> labels, double value) {
+  prometheus::ClientMetric metric;
+  metric.label = std::move(labels);
+  if (family->type == prometheus::MetricType::Counter) {
+    metric.counter.value = value;
+  } else {
+    metric.gauge.value = value;
+  }
+  family->metric.push_back(std::move(metric));
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ClusterMetrics>> ClusterMetrics::Create(
-    m::Registry* registry, const ClusterRegistry* cluster, ClusterMetricsOptions options) {
+absl::StatusOr<std::shared_ptr<ClusterMetrics>> ClusterMetrics::Create(
+    const ClusterRegistry* cluster, ClusterMetricsOptions options) {
   if (options.window <= absl::ZeroDuration() || options.interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("cluster metrics: window and interval must be positive");
   }
-  std::unique_ptr<ClusterMetrics> cm(new ClusterMetrics(cluster, options));
-  DXS_ASSIGN_OR_RETURN(
-      cm->steps_family_,
-      registry->AddCounter("dxs_cluster_steps_total",
-                           "Steps each worker took part in, as reported in its heartbeats.",
-                           {"role", "rank"}));
-  DXS_ASSIGN_OR_RETURN(
-      cm->empty_family_,
-      registry->AddCounter("dxs_cluster_empty_batch_steps_total",
-                           "Empty-batch steps of each worker, as reported in its heartbeats "
-                           "(its dxs_empty_batch_steps_total, seen from the router).",
-                           {"role", "rank"}));
-  DXS_ASSIGN_OR_RETURN(
-      cm->tokens_family_,
-      registry->AddCounter("dxs_cluster_tokens_total",
-                           "Tokens each worker handled, as reported in its heartbeats "
-                           "(attention: tokens in its batches; expert: token rows received, "
-                           "summed over MoE layers).",
-                           {"role", "rank"}));
-  DXS_ASSIGN_OR_RETURN(
-      m::GaugeFamily * empty_ranks,
-      registry->AddGauge("dxs_cluster_empty_ranks",
-                         "Ranks whose empty-batch step count grew within the router's window "
-                         "(default the last 5 s).",
-                         {"role"}));
-  cm->empty_ranks_attention_ = &empty_ranks->WithLabels({"attention"});
-  cm->empty_ranks_expert_ = &empty_ranks->WithLabels({"expert"});
-  DXS_ASSIGN_OR_RETURN(
-      m::GaugeFamily * imbalance,
-      registry->AddGauge("dxs_ep_token_imbalance",
-                         "Max over mean of the token rows each live EP rank received within "
-                         "the router's window; 1 is balanced, and also reported with no "
-                         "traffic."));
-  cm->imbalance_ = &imbalance->WithLabels({});
-  cm->imbalance_->Set(1);
-  DXS_ASSIGN_OR_RETURN(
-      m::GaugeFamily * workers,
-      registry->AddGauge("dxs_workers", "Workers in the cluster view, by role and state.",
-                         {"role", "state"}));
-  for (int role = 0; role < 2; ++role) {
-    for (int state = 0; state < 4; ++state) {
-      cm->workers_[role][state] =
-          &workers->WithLabels({role == 0 ? "attention" : "expert", kStateNames[state]});
-    }
-  }
-  DXS_ASSIGN_OR_RETURN(
-      m::GaugeFamily * version,
-      registry->AddGauge("dxs_cluster_view_version",
-                         "Version of the cluster view (membership and placement); it grows "
-                         "on every change."));
-  cm->view_version_ = &version->WithLabels({});
-  return cm;
+  if (!options.now) return absl::InvalidArgumentError("cluster metrics: no clock");
+  return std::shared_ptr<ClusterMetrics>(new ClusterMetrics(cluster, std::move(options)));
 }
 
 void ClusterMetrics::Start() {
   if (thread_.joinable()) return;
   thread_ = std::thread([this] {
     while (true) {
-      Sample(absl::Now());
+      SampleAt(options_.now());
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.interval)) return;
     }
@@ -110,22 +78,10 @@ void ClusterMetrics::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-ClusterMetrics::Track& ClusterMetrics::TrackOf(v1::Role role, uint32_t rank) {
-  Track& t = tracks_[{static_cast<int>(role), rank}];
-  if (t.steps == nullptr) {
-    const std::vector<std::string> labels = {RoleName(role), std::to_string(rank)};
-    t.steps = &steps_family_->WithLabels(labels);
-    t.empty_steps = &empty_family_->WithLabels(labels);
-    t.tokens = &tokens_family_->WithLabels(labels);
-  }
-  return t;
-}
-
-void ClusterMetrics::Sample(absl::Time now) {
+void ClusterMetrics::SampleAt(absl::Time now) const {
   const std::vector<WorkerStatus> statuses = cluster_->WorkerStatuses();
-  view_version_->Set(static_cast<double>(cluster_->version()));
-  int workers[2][4] = {};
-  int empty_ranks[2] = {};
+  View view;
+  view.version = cluster_->version();
   std::vector<uint64_t> ep_window_tokens;
   absl::MutexLock lock(&mu_);
   for (const WorkerStatus& s : statuses) {
@@ -133,24 +89,24 @@ void ClusterMetrics::Sample(absl::Time now) {
     if (role != v1::ROLE_ATTENTION && role != v1::ROLE_EXPERT) continue;
     const int role_index = role == v1::ROLE_ATTENTION ? 0 : 1;
     const int state = StateIndex(s.info.state());
-    if (state >= 0) ++workers[role_index][state];
+    if (state >= 0) ++view.workers[role_index][state];
 
-    Track& t = TrackOf(role, s.info.rank());
+    Track& t = tracks_[{static_cast<int>(role), s.info.rank()}];
     if (t.incarnation != s.info.incarnation()) {  // a new worker: its counters start at 0
       t.incarnation = s.info.incarnation();
       t.last = v1::StepCounters();
       t.history.clear();
     }
     const v1::StepCounters& c = s.counters;
-    auto mirror = [](m::Counter* counter, uint64_t now_value, uint64_t* last_value) {
-      if (now_value > *last_value) counter->Increment(now_value - *last_value);
+    auto mirror = [](uint64_t* total, uint64_t now_value, uint64_t* last_value) {
+      if (now_value > *last_value) *total += now_value - *last_value;
       *last_value = std::max(now_value, *last_value);
     };
     uint64_t last_steps = t.last.steps_total(), last_empty = t.last.empty_steps_total(),
              last_tokens = t.last.tokens_total();
-    mirror(t.steps, c.steps_total(), &last_steps);
-    mirror(t.empty_steps, c.empty_steps_total(), &last_empty);
-    mirror(t.tokens, c.tokens_total(), &last_tokens);
+    mirror(&t.steps_total, c.steps_total(), &last_steps);
+    mirror(&t.empty_steps_total, c.empty_steps_total(), &last_empty);
+    mirror(&t.tokens_total, c.tokens_total(), &last_tokens);
     t.last.set_steps_total(last_steps);
     t.last.set_empty_steps_total(last_empty);
     t.last.set_tokens_total(last_tokens);
@@ -159,25 +115,87 @@ void ClusterMetrics::Sample(absl::Time now) {
     const absl::Time window_start = now - options_.window;
     while (t.history.size() >= 2 && t.history[1].time <= window_start) t.history.pop_front();
     const Track::Point& base = t.history.front();
-    if (last_empty > base.empty_steps) ++empty_ranks[role_index];
+    if (last_empty > base.empty_steps) ++view.empty_ranks[role_index];
     if (role == v1::ROLE_EXPERT && s.info.state() != v1::WORKER_STATE_DEAD) {
       ep_window_tokens.push_back(last_tokens - base.tokens);
     }
   }
-  for (int role = 0; role < 2; ++role) {
-    for (int state = 0; state < 4; ++state) workers_[role][state]->Set(workers[role][state]);
-  }
-  empty_ranks_attention_->Set(empty_ranks[0]);
-  empty_ranks_expert_->Set(empty_ranks[1]);
   uint64_t sum = 0, max = 0;
   for (uint64_t tokens : ep_window_tokens) {
     sum += tokens;
     max = std::max(max, tokens);
   }
-  imbalance_->Set(sum == 0
-                      ? 1.0
-                      : static_cast<double>(max) * static_cast<double>(ep_window_tokens.size()) /
-                            static_cast<double>(sum));
+  view.imbalance = sum == 0
+                       ? 1.0
+                       : static_cast<double>(max) * static_cast<double>(ep_window_tokens.size()) /
+                             static_cast<double>(sum);
+  view_ = view;
+}
+
+std::vector<prometheus::MetricFamily> ClusterMetrics::Collect() const {
+  SampleAt(options_.now());
+  using prometheus::MetricType;
+  prometheus::MetricFamily steps =
+      Family("dxs_cluster_steps_total",
+             "Steps each worker took part in, as reported in its heartbeats.", MetricType::Counter);
+  prometheus::MetricFamily empty =
+      Family("dxs_cluster_empty_batch_steps_total",
+             "Empty-batch steps of each worker, as reported in its heartbeats "
+             "(its dxs_empty_batch_steps_total, seen from the router).",
+             MetricType::Counter);
+  prometheus::MetricFamily tokens =
+      Family("dxs_cluster_tokens_total",
+             "Tokens each worker handled, as reported in its heartbeats "
+             "(attention: tokens in its batches; expert: token rows received, "
+             "summed over MoE layers).",
+             MetricType::Counter);
+  prometheus::MetricFamily empty_ranks =
+      Family("dxs_cluster_empty_ranks",
+             "Ranks whose empty-batch step count grew within the router's window "
+             "(default the last 5 s).",
+             MetricType::Gauge);
+  prometheus::MetricFamily imbalance =
+      Family("dxs_ep_token_imbalance",
+             "Max over mean of the token rows each live EP rank received within "
+             "the router's window; 1 is balanced, and also reported with no "
+             "traffic.",
+             MetricType::Gauge);
+  prometheus::MetricFamily workers =
+      Family("dxs_workers", "Workers in the cluster view, by role and state.", MetricType::Gauge);
+  prometheus::MetricFamily version =
+      Family("dxs_cluster_view_version",
+             "Version of the cluster view (membership and placement); it grows "
+             "on every change.",
+             MetricType::Gauge);
+
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, t] : tracks_) {
+    const std::vector<prometheus::ClientMetric::Label> labels = {
+        {"role", kRoleNames[key.first == v1::ROLE_ATTENTION ? 0 : 1]},
+        {"rank", std::to_string(key.second)}};
+    AddSample(&steps, labels, static_cast<double>(t.steps_total));
+    AddSample(&empty, labels, static_cast<double>(t.empty_steps_total));
+    AddSample(&tokens, labels, static_cast<double>(t.tokens_total));
+  }
+  for (int role = 0; role < 2; ++role) {
+    AddSample(&empty_ranks, {{"role", kRoleNames[role]}}, view_.empty_ranks[role]);
+    for (int state = 0; state < 4; ++state) {
+      AddSample(&workers, {{"role", kRoleNames[role]}, {"state", kStateNames[state]}},
+                view_.workers[role][state]);
+    }
+  }
+  AddSample(&imbalance, {}, view_.imbalance);
+  AddSample(&version, {}, static_cast<double>(view_.version));
+
+  std::vector<prometheus::MetricFamily> out;
+  // A counter family without samples is left out, as the registry does.
+  for (prometheus::MetricFamily* f : {&steps, &empty, &tokens}) {
+    if (!f->metric.empty()) out.push_back(std::move(*f));
+  }
+  for (prometheus::MetricFamily* f : {&empty_ranks, &imbalance, &workers, &version}) {
+    out.push_back(std::move(*f));
+  }
+  return out;
 }
 
 }  // namespace dxs

@@ -15,25 +15,32 @@
 // whole count), so it never decreases and keeps counting across restarts. Steps a worker
 // ran after its last heartbeat before dying are lost.
 //
-// Sample reads the registry once and updates everything; a background thread calls it
-// every `interval` (Start/Stop), or tests call it with their own clock.
+// This is a prometheus::Collectable (MetricsServer::Expose): every scrape samples the
+// cluster registry as of that moment and reports the result, so the view a scrape shows is
+// never older than the scrape. Sample reads the registry once and updates the mirrored
+// counters and the window; a background thread also calls it every `interval`
+// (Start/Stop), so that the window's history has points between scrapes however rarely
+// Prometheus scrapes. Tests call Sample with their own clock (ClusterMetricsOptions::now).
 //
-// Thread safety: every method may be called from any thread. The metrics registry and the
-// cluster registry must outlive this object.
+// Thread safety: every method may be called from any thread. The cluster registry must
+// outlive this object.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/metrics/registry.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
 #include "router/control_plane/cluster_registry.h"
 
 namespace dxs {
@@ -44,14 +51,16 @@ struct ClusterMetricsOptions {
   // How often the background thread samples (heartbeats arrive every heartbeat_interval;
   // sampling faster gains nothing). Greater than zero.
   absl::Duration interval = absl::Milliseconds(500);
+  // The clock of a scrape's sample.
+  std::function<absl::Time()> now = [] { return absl::Now(); };
 };
 
-class ClusterMetrics {
+class ClusterMetrics final : public prometheus::Collectable {
  public:
-  static absl::StatusOr<std::unique_ptr<ClusterMetrics>> Create(metrics::Registry* registry,
-                                                                const ClusterRegistry* cluster,
+  // Shared: the metrics server keeps a weak pointer to it.
+  static absl::StatusOr<std::shared_ptr<ClusterMetrics>> Create(const ClusterRegistry* cluster,
                                                                 ClusterMetricsOptions options);
-  ~ClusterMetrics() { Stop(); }
+  ~ClusterMetrics() override { Stop(); }
   ClusterMetrics(const ClusterMetrics&) = delete;
   ClusterMetrics& operator=(const ClusterMetrics&) = delete;
 
@@ -60,7 +69,10 @@ class ClusterMetrics {
   void Stop();
 
   // One pass over the registry as of `now`.
-  void Sample(absl::Time now);
+  void Sample(absl::Time now) { SampleAt(now); }
+
+  // Samples as of options.now(), then reports every series above.
+  std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   ClusterMetrics(const ClusterRegistry* cluster, ClusterMetricsOptions options)
@@ -78,28 +90,30 @@ class ClusterMetrics {
     // Samples of this incarnation; the first is the newest one at or before the window's
     // start (the baseline), or the oldest.
     std::deque<Point> history;
-    metrics::Counter* steps = nullptr;
-    metrics::Counter* empty_steps = nullptr;
-    metrics::Counter* tokens = nullptr;
+    // The mirrored counters: never decrease, keep counting across incarnations.
+    uint64_t steps_total = 0;
+    uint64_t empty_steps_total = 0;
+    uint64_t tokens_total = 0;
+  };
+  // What the last sample found, for Collect.
+  struct View {
+    uint64_t version = 0;
+    int workers[2][4] = {};  // [role: attention, expert][state: joining, ready, draining, dead]
+    int empty_ranks[2] = {};
+    double imbalance = 1;
   };
 
-  Track& TrackOf(v1::Role role, uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sample, callable from Collect.
+  void SampleAt(absl::Time now) const;
 
   const ClusterRegistry* const cluster_;
   const ClusterMetricsOptions options_;
 
-  metrics::CounterFamily* steps_family_ = nullptr;
-  metrics::CounterFamily* empty_family_ = nullptr;
-  metrics::CounterFamily* tokens_family_ = nullptr;
-  // [role: attention, expert][state: joining, ready, draining, dead]
-  metrics::Gauge* workers_[2][4] = {};
-  metrics::Gauge* empty_ranks_attention_ = nullptr;
-  metrics::Gauge* empty_ranks_expert_ = nullptr;
-  metrics::Gauge* imbalance_ = nullptr;
-  metrics::Gauge* view_version_ = nullptr;
-
-  absl::Mutex mu_;
-  std::map<std::pair<int, uint32_t>, Track> tracks_ ABSL_GUARDED_BY(mu_);
+  // Sample is logically const for Collect: it only folds the registry's state into the
+  // mirrored counters and the window.
+  mutable absl::Mutex mu_;
+  mutable std::map<std::pair<int, uint32_t>, Track> tracks_ ABSL_GUARDED_BY(mu_);
+  mutable View view_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

@@ -19,13 +19,16 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/metrics/registry.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
 
 namespace dxs {
 
 class FrontendMetrics {
  public:
-  static absl::StatusOr<std::unique_ptr<FrontendMetrics>> Create(metrics::Registry* registry);
+  static absl::StatusOr<std::unique_ptr<FrontendMetrics>> Create(prometheus::Registry* registry);
 
   // A Generate call ended with `code` (whatever the stage: validation, admission, relay).
   // A code outside the gRPC set counts as UNKNOWN.
@@ -44,12 +47,12 @@ class FrontendMetrics {
   static constexpr int kNumCodes = 17;  // absl::StatusCode 0..16, the gRPC codes
   FrontendMetrics() = default;
 
-  std::array<metrics::Counter*, kNumCodes> requests_{};
-  std::array<metrics::Counter*, kNumCodes> errors_{};  // errors_[0] (OK) stays null
-  metrics::Gauge* inflight_ = nullptr;
-  metrics::Histogram* ttft_ = nullptr;
-  metrics::Histogram* itl_ = nullptr;
-  metrics::Histogram* duration_ = nullptr;
+  std::array<prometheus::Counter*, kNumCodes> requests_{};
+  std::array<prometheus::Counter*, kNumCodes> errors_{};  // errors_[0] (OK) stays null
+  prometheus::Gauge* inflight_ = nullptr;
+  prometheus::Histogram* ttft_ = nullptr;
+  prometheus::Histogram* itl_ = nullptr;
+  prometheus::Histogram* duration_ = nullptr;
 };
 
 }  // namespace dxs

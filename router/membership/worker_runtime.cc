@@ -56,17 +56,21 @@ absl::Status WorkerRuntime::Start(const std::string& listen, grpc::Service* serv
   return absl::OkStatus();
 }
 
-absl::Status WorkerRuntime::StartMetrics(const std::string& listen,
-                                         const metrics::Registry* registry) {
+absl::Status WorkerRuntime::StartMetrics(
+    const std::string& listen,
+    const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables) {
   metrics::MetricsServerOptions options;
   options.address = listen;
   absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> server =
-      metrics::MetricsServer::Start(registry, options);
+      metrics::MetricsServer::Start(options);
   if (!server.ok()) {
     return absl::Status(server.status().code(),
                         absl::StrCat("--metrics-listen: ", server.status().message()));
   }
   metrics_server_ = std::move(*server);
+  for (const std::shared_ptr<prometheus::Collectable>& c : collectables) {
+    metrics_server_->Expose(c);
+  }
   metrics_address_ = absl::StrCat(HostOf(listen), ":", metrics_server_->port());
   return absl::OkStatus();
 }

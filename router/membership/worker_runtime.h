@@ -17,13 +17,14 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
 #include "common/grpc/tls.h"
 #include "common/metrics/metrics_server.h"
-#include "common/metrics/registry.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
+#include "prometheus/collectable.h"
 #include "router/dispatch/placement.h"
 #include "router/membership/worker_membership.h"
 #include "router/transport/transport.h"
@@ -47,9 +48,11 @@ class WorkerRuntime {
   void set_tls(TlsConfig tls) { tls_ = std::move(tls); }
   // Creates the UCX transport and starts the gRPC server on `listen` (port 0: any).
   absl::Status Start(const std::string& listen, grpc::Service* service);
-  // Serves `registry` as GET /metrics on `listen` (port 0: any); the registry must outlive
-  // this runtime. Call before BaseRegistration, which then carries the bound address.
-  absl::Status StartMetrics(const std::string& listen, const metrics::Registry* registry);
+  // Serves `collectables` as GET /metrics on `listen` (port 0: any). Call before
+  // BaseRegistration, which then carries the bound address.
+  absl::Status StartMetrics(
+      const std::string& listen,
+      const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables);
   // A registration with rank, addresses (gRPC, transport, metrics) and the model identity
   // of `model_dir` filled in.
   v1::RegisterRequest BaseRegistration(v1::Role role, const std::string& model_dir) const;

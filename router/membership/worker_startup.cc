@@ -1,34 +1,71 @@
 #include "router/membership/worker_startup.h"
 
+#include <tuple>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/flags/tls_flags.h"
 #include "common/metrics/build_info.h"
-#include "tools/dxs/tls_flags.h"
+
+ABSL_FLAG(std::string, model, "", "Checkpoint directory (Hugging Face layout); required.");
+ABSL_FLAG(int, rank, -1, "This worker's rank in its role, from 0; required.");
+ABSL_FLAG(std::string, router, "", "The router's control plane, HOST:PORT; required.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "gRPC HOST:PORT (port 0: any free port); registered with the router, so other "
+          "pods must reach HOST.");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
+          "Prometheus /metrics on HOST:PORT (port 0: any free port).");
 
 namespace dxs {
 
-absl::StatusOr<WorkerModel> PrepareWorker(const cli::Args& args, const std::string& role,
-                                          metrics::Registry* registry, WorkerRuntime* runtime) {
+absl::StatusOr<WorkerFlags> ValidateWorkerFlags() {
+  WorkerFlags flags;
+  flags.model_dir = absl::GetFlag(FLAGS_model);
+  if (flags.model_dir.empty()) return absl::InvalidArgumentError("--model is required");
+  flags.rank = absl::GetFlag(FLAGS_rank);
+  if (flags.rank == -1) return absl::InvalidArgumentError("--rank is required");
+  if (flags.rank < 0 || flags.rank > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank must be in 0..65535, got ", flags.rank));
+  }
+  flags.router = absl::GetFlag(FLAGS_router);
+  if (flags.router.empty()) return absl::InvalidArgumentError("--router is required");
+  for (const auto& [name, value, out] :
+       {std::tuple<const char*, std::string, std::string*>{"listen", absl::GetFlag(FLAGS_listen),
+                                                           &flags.listen},
+        std::tuple<const char*, std::string, std::string*>{
+            "metrics-listen", absl::GetFlag(FLAGS_metrics_listen), &flags.metrics_listen}}) {
+    if (value.rfind(':') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, ": '", value, "' is not HOST:PORT"));
+    }
+    *out = value;
+  }
+  absl::StatusOr<TlsConfig> tls = flags::TlsFromFlags(/*for_server=*/true);
+  if (!tls.ok()) return tls.status();
+  flags.tls = *tls;
+  return flags;
+}
+
+absl::StatusOr<WorkerModel> PrepareWorker(const WorkerFlags& flags, const std::string& role,
+                                          prometheus::Registry* registry, WorkerRuntime* runtime) {
   if (absl::Status s = metrics::RegisterBuildInfo(registry, role); !s.ok()) return s;
   InstallSignalHandlers();
-  absl::StatusOr<TlsConfig> tls = cli::TlsFromArgs(args, /*for_server=*/true);
-  if (!tls.ok()) return tls.status();
-  runtime->set_tls(*tls);
-  const std::string model_dir = args.GetString("model");
+  runtime->set_tls(flags.tls);
   WorkerModel model;
-  absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(flags.model_dir);
   if (!config.ok()) return config.status();
   model.config = *config;
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(model_dir);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(flags.model_dir);
   if (!checkpoint.ok()) return checkpoint.status();
   model.checkpoint = std::move(*checkpoint);
   return model;
 }
 
-absl::Status StartServing(const cli::Args& args, grpc::Service* service,
-                          const metrics::Registry* registry, WorkerRuntime* runtime) {
-  if (absl::Status s = runtime->Start(args.GetString("listen", "127.0.0.1:0"), service); !s.ok()) {
-    return s;
-  }
-  return runtime->StartMetrics(args.GetString("metrics-listen", "127.0.0.1:0"), registry);
+absl::Status StartServing(const WorkerFlags& flags, grpc::Service* service,
+                          const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables,
+                          WorkerRuntime* runtime) {
+  if (absl::Status s = runtime->Start(flags.listen, service); !s.ok()) return s;
+  return runtime->StartMetrics(flags.metrics_listen, collectables);
 }
 
 }  // namespace dxs

@@ -1,21 +1,40 @@
-// The start-up that dxs-attention and dxs-expert share around their own pieces: the
-// dxs_build_info metric, signal handlers, TLS from the --tls-* flags, the model's config
-// and checkpoint; later the gRPC server on --listen and /metrics on --metrics-listen.
+// The start-up that dxs-attention and dxs-expert share around their own pieces: the flags
+// both take (--model, --rank, --router, --listen, --metrics-listen and the TLS flags, as
+// abseil flags: common/flags/parse.h), the dxs_build_info metric, signal handlers, TLS, the
+// model's config and checkpoint; later the gRPC server on --listen and /metrics on
+// --metrics-listen.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/metrics/registry.h"
+#include "common/grpc/tls.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
+#include "prometheus/collectable.h"
+#include "prometheus/registry.h"
 #include "router/membership/worker_runtime.h"
-#include "tools/dxs/cli_args.h"
 
 namespace dxs {
+
+// The shared worker flags, checked.
+struct WorkerFlags {
+  std::string model_dir;
+  int rank = 0;
+  std::string router;
+  std::string listen;          // default 127.0.0.1:0
+  std::string metrics_listen;  // default 127.0.0.1:0
+  TlsConfig tls;
+};
+
+// Checks the shared worker flags (each binary's own ValidateFlags calls this first);
+// InvalidArgument naming the flag.
+absl::StatusOr<WorkerFlags> ValidateWorkerFlags();
 
 struct WorkerModel {
   ModelConfig config;
@@ -23,13 +42,14 @@ struct WorkerModel {
 };
 
 // Registers build info for `role` in `registry`, installs the signal handlers, gives
-// `runtime` the TLS the flags name and opens the checkpoint in --model.
-absl::StatusOr<WorkerModel> PrepareWorker(const cli::Args& args, const std::string& role,
-                                          metrics::Registry* registry, WorkerRuntime* runtime);
+// `runtime` the TLS of the flags and opens the checkpoint in --model.
+absl::StatusOr<WorkerModel> PrepareWorker(const WorkerFlags& flags, const std::string& role,
+                                          prometheus::Registry* registry, WorkerRuntime* runtime);
 
-// Starts `service` on --listen and `registry` on --metrics-listen (each default
+// Starts `service` on --listen and `collectables` on --metrics-listen (each default
 // 127.0.0.1:0, any free port).
-absl::Status StartServing(const cli::Args& args, grpc::Service* service,
-                          const metrics::Registry* registry, WorkerRuntime* runtime);
+absl::Status StartServing(const WorkerFlags& flags, grpc::Service* service,
+                          const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables,
+                          WorkerRuntime* runtime);
 
 }  // namespace dxs

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -41,8 +43,38 @@ inline absl::StatusOr<std::string> Scrape(const std::string& address) {
   return r.body;
 }
 
-// Every sample line of a text exposition, keyed by the series exactly as written:
-// `name{label="value",...}` (labels in the exporter's order) or `name`.
+// `name{label="value",...}` with its labels sorted by name, so that a series reads the same
+// whatever order the exporter wrote its labels in (the text format leaves it open).
+inline std::string CanonicalSeries(const std::string& series) {
+  const size_t open = series.find('{');
+  if (open == std::string::npos || series.back() != '}') return series;
+  std::vector<std::string> labels;
+  std::string label;
+  bool quoted = false;
+  for (size_t i = open + 1; i + 1 < series.size(); ++i) {
+    const char c = series[i];
+    if (quoted && c == '\\' && i + 2 < series.size()) {
+      label += c;
+      label += series[++i];
+      continue;
+    }
+    if (c == '"') quoted = !quoted;
+    if (c == ',' && !quoted) {
+      labels.push_back(label);
+      label.clear();
+    } else {
+      label += c;
+    }
+  }
+  if (!label.empty()) labels.push_back(label);
+  std::sort(labels.begin(), labels.end());
+  std::string out = series.substr(0, open + 1);
+  for (size_t i = 0; i < labels.size(); ++i) out += (i > 0 ? "," : "") + labels[i];
+  return out + "}";
+}
+
+// Every sample line of a text exposition, keyed by the series with its labels in name
+// order (CanonicalSeries): `name{label="value",...}` or `name`.
 inline std::map<std::string, double> ParseSamples(const std::string& text) {
   std::map<std::string, double> out;
   std::istringstream in(text);
@@ -50,14 +82,15 @@ inline std::map<std::string, double> ParseSamples(const std::string& text) {
     if (line.empty() || line[0] == '#') continue;
     const size_t space = line.rfind(' ');
     if (space == std::string::npos) continue;
-    out[line.substr(0, space)] = std::strtod(line.c_str() + space + 1, nullptr);
+    out[CanonicalSeries(line.substr(0, space))] = std::strtod(line.c_str() + space + 1, nullptr);
   }
   return out;
 }
 
-// The value of `series` in `samples`, or -1 when absent (every dxs value is >= 0).
+// The value of `series` (labels in any order) in `samples`, or -1 when absent (every dxs
+// value is >= 0).
 inline double Value(const std::map<std::string, double>& samples, const std::string& series) {
-  auto it = samples.find(series);
+  auto it = samples.find(CanonicalSeries(series));
   return it == samples.end() ? -1 : it->second;
 }
 

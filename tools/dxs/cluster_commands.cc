@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/flags/tls_flags.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
 #include "dxs/v1/frontend.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -161,7 +162,7 @@ int UpCommand(const std::vector<std::string>& argv) {
   // both server and cluster client).
   absl::StatusOr<TlsConfig> tls = TlsFromArgs(*args, /*for_server=*/true);
   if (!tls.ok()) return Fail("up", tls.status());
-  const std::vector<std::string> tls_argv = TlsArgv(*tls);
+  const std::vector<std::string> tls_argv = dxs::flags::TlsArgv(*tls);
   auto m = args->GetInt("attention", 1);
   auto n = args->GetInt("experts", 2);
   auto port = args->GetInt("port", 50051);

@@ -22,13 +22,4 @@ absl::StatusOr<TlsConfig> TlsFromArgs(const Args& args, bool for_server) {
   return tls;
 }
 
-std::vector<std::string> TlsArgv(const TlsConfig& tls) {
-  std::vector<std::string> argv;
-  if (!tls.cert_file.empty()) argv.insert(argv.end(), {"--tls-cert", tls.cert_file});
-  if (!tls.key_file.empty()) argv.insert(argv.end(), {"--tls-key", tls.key_file});
-  if (!tls.ca_file.empty()) argv.insert(argv.end(), {"--tls-ca", tls.ca_file});
-  if (tls.mutual) argv.push_back("--mtls");
-  return argv;
-}
-
 }  // namespace dxs::cli

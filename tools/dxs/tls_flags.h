@@ -1,5 +1,7 @@
-// The TLS flags every dxs binary takes: --tls-cert FILE --tls-key FILE --tls-ca FILE
-// [--mtls]. See common/grpc/tls.h for what they do.
+// The TLS flags of the dxs subcommands (up, generate, status, bench): --tls-cert FILE
+// --tls-key FILE --tls-ca FILE [--mtls], read through the CLI's own parser (cli_args.h).
+// The services take the same flags as abseil flags (common/flags/tls_flags.h, which also
+// has TlsArgv for passing them on). See common/grpc/tls.h for what they do.
 #pragma once
 
 #include <set>
@@ -17,8 +19,5 @@ std::set<std::string> WithTlsBoolFlags(std::set<std::string> flags);
 
 // Reads and validates the TLS flags (`for_server`: this process serves gRPC).
 absl::StatusOr<TlsConfig> TlsFromArgs(const Args& args, bool for_server);
-
-// The same flags again, for passing on to a child process.
-std::vector<std::string> TlsArgv(const TlsConfig& tls);
 
 }  // namespace dxs::cli

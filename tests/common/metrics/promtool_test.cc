@@ -1,6 +1,6 @@
 // What the server sends passes `promtool check metrics` (Prometheus' own parser and linter)
 // with no complaint: histograms, labelled counters, gauges, callback gauges, build info,
-// escaped label values and help, +Inf and NaN values.
+// escaped label values, +Inf and NaN values, and the exposer's own series.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +12,8 @@
 #include <string>
 
 #include "common/metrics/build_info.h"
+#include "common/metrics/callback_gauge.h"
+#include "common/metrics/families.h"
 #include "common/metrics/metrics_server.h"
 #include "gtest/gtest.h"
 #include "tests/common/metrics/http_get.h"
@@ -57,45 +59,46 @@ PromtoolResult CheckMetrics(const std::string& text) {
 TEST(PromtoolTest, ScrapedTextPassesPromtoolCheckMetrics) {
   if (access(kPromtool, X_OK) != 0) GTEST_SKIP() << kPromtool << " not installed";
 
-  Registry registry;
-  ASSERT_TRUE(RegisterBuildInfo(&registry, "attention").ok());
-  CounterFamily* tokens = registry
-                              .AddCounter("dxs_tokens_dispatched_total",
-                                          "Tokens sent to expert ranks.", {"role", "rank"})
-                              .value();
-  tokens->WithLabels({"dp", "0"}).Increment(1024);
-  tokens->WithLabels({"dp", "1"}).Increment(0.5);
-  registry.AddCounter("dxs_empty_steps_total", "Steps with an empty batch.", {"role", "rank"})
+  auto registry = std::make_shared<prometheus::Registry>();
+  ASSERT_TRUE(RegisterBuildInfo(registry.get(), "attention").ok());
+  CounterFamily* tokens =
+      AddCounter(registry.get(), "dxs_tokens_dispatched_total", "Tokens sent to expert ranks.")
+          .value();
+  tokens->Add({{"role", "dp"}, {"rank", "0"}}).Increment(1024);
+  tokens->Add({{"role", "dp"}, {"rank", "1"}}).Increment(0.5);
+  AddCounter(registry.get(), "dxs_empty_steps_total", "Steps with an empty batch.")
       .value()
-      ->WithLabels({"ep", "3"})
+      ->Add({{"role", "ep"}, {"rank", "3"}})
       .Increment();
-  HistogramFamily* latency = registry
-                                 .AddHistogram("dxs_dispatch_latency_seconds", "Dispatch latency.",
-                                               {"rank"}, ExponentialBuckets(1e-6, 4, 12))
-                                 .value();
-  for (int i = 0; i < 100; ++i) latency->WithLabels({"0"}).Observe(i * 1e-5);
-  latency->WithLabels({"1"}).Observe(50);  // lands in +Inf
-  registry.AddHistogram("dxs_step_seconds", "Step time.", {}, LinearBuckets(0.01, 0.01, 5))
+  HistogramFamily* latency =
+      AddHistogram(registry.get(), "dxs_dispatch_latency_seconds", "Dispatch latency.").value();
+  prometheus::Histogram& rank0 = latency->Add({{"rank", "0"}}, ExponentialBuckets(1e-6, 4, 12));
+  for (int i = 0; i < 100; ++i) rank0.Observe(i * 1e-5);
+  latency->Add({{"rank", "1"}}, ExponentialBuckets(1e-6, 4, 12)).Observe(50);  // lands in +Inf
+  AddHistogram(registry.get(), "dxs_step_seconds", "Step time.")
       .value()
-      ->WithLabels({})
+      ->Add({}, LinearBuckets(0.01, 0.01, 5))
       .Observe(0.025);
   GaugeFamily* odd =
-      registry.AddGauge("dxs_odd_values", "Values: \"quoted\", back\\slash,\nnewline.", {"path"})
-          .value();
-  odd->WithLabels({"C:\\tmp\n\"x\""}).Set(std::numeric_limits<double>::infinity());
-  odd->WithLabels({"nan"}).Set(std::numeric_limits<double>::quiet_NaN());
-  odd->WithLabels({"neg"}).Set(-1e-9);
-  odd->WithLabels({"utf8 ✓"}).Set(1e300);
-  CallbackGaugeFamily* queue =
-      registry.AddCallbackGauge("dxs_queue_length", "Requests waiting.", {"rank"}).value();
-  CallbackRegistration bound = queue->Bind({"0"}, [] { return 4.0; }).value();
+      AddGauge(registry.get(), "dxs_odd_values", "Values: \"quoted\", +Inf, NaN.").value();
+  odd->Add({{"path", "C:\\tmp\n\"x\""}}).Set(std::numeric_limits<double>::infinity());
+  odd->Add({{"path", "nan"}}).Set(std::numeric_limits<double>::quiet_NaN());
+  odd->Add({{"path", "neg"}}).Set(-1e-9);
+  odd->Add({{"path", "utf8 ✓"}}).Set(1e300);
+  auto gauges = std::make_shared<CallbackGauges>();
+  CallbackRegistration bound = gauges->Add("dxs_queue_length", "Requests waiting.")
+                                   .value()
+                                   ->Bind({{"rank", "0"}}, [] { return 4.0; })
+                                   .value();
 
-  std::unique_ptr<MetricsServer> server =
-      MetricsServer::Start(&registry, Options("127.0.0.1:0")).value();
+  std::unique_ptr<MetricsServer> server = MetricsServer::Start(Options("127.0.0.1:0")).value();
+  server->Expose(registry);
+  server->Expose(gauges);
   testing::HttpResponse response = testing::HttpRequest(server->port(), "GET", "/metrics");
   ASSERT_EQ(response.status, 200);
   ASSERT_NE(response.body.find("dxs_dispatch_latency_seconds_bucket{rank=\"1\",le=\"+Inf\"} 1"),
             std::string::npos);
+  ASSERT_NE(response.body.find("dxs_queue_length{rank=\"0\"} 4"), std::string::npos);
 
   const PromtoolResult result = CheckMetrics(response.body);
   EXPECT_EQ(result.exit_code, 0) << result.output << "\n--- input ---\n" << response.body;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
 
 namespace dxs {
 namespace {
@@ -16,10 +17,15 @@ namespace {
 constexpr char kCheckpoint[] = "0123456789abcdef";
 constexpr char kConfig[] = "fedcba9876543210";
 
+// What a scrape returns, in the text format.
+std::string Scrape(const ClusterMetrics& metrics) {
+  return prometheus::TextSerializer().Serialize(metrics.Collect());
+}
+
 // Sample lines of an exposition keyed by series as written.
-std::map<std::string, double> Samples(const metrics::Registry& registry) {
+std::map<std::string, double> Samples(const ClusterMetrics& metrics) {
   std::map<std::string, double> out;
-  std::istringstream in(registry.Scrape());
+  std::istringstream in(Scrape(metrics));
   for (std::string line; std::getline(in, line);) {
     if (line.empty() || line[0] == '#') continue;
     const size_t space = line.rfind(' ');
@@ -31,8 +37,11 @@ std::map<std::string, double> Samples(const metrics::Registry& registry) {
 class ClusterMetricsTest : public ::testing::Test {
  protected:
   ClusterMetricsTest() : cluster_(Options()) {
-    metrics_ =
-        ClusterMetrics::Create(&registry_, &cluster_, {absl::Seconds(5), absl::Seconds(1)}).value();
+    ClusterMetricsOptions options;
+    options.window = absl::Seconds(5);
+    options.interval = absl::Seconds(1);
+    options.now = [this] { return now_; };
+    metrics_ = ClusterMetrics::Create(&cluster_, options).value();
   }
 
   ClusterRegistryOptions Options() {
@@ -79,13 +88,12 @@ class ClusterMetricsTest : public ::testing::Test {
   std::map<std::string, double> Tick() {
     now_ += absl::Seconds(1);
     metrics_->Sample(now_);
-    return Samples(registry_);
+    return Samples(*metrics_);
   }
 
   absl::Time now_ = absl::FromUnixSeconds(1'000'000);
-  metrics::Registry registry_;
   ClusterRegistry cluster_;
-  std::unique_ptr<ClusterMetrics> metrics_;
+  std::shared_ptr<ClusterMetrics> metrics_;
 };
 
 TEST_F(ClusterMetricsTest, MirrorsHeartbeatsAndFindsEmptyRanksInTheWindow) {
@@ -137,7 +145,7 @@ TEST_F(ClusterMetricsTest, MirrorsHeartbeatsAndFindsEmptyRanksInTheWindow) {
   EXPECT_EQ(s[R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="1"})"], 15);
   EXPECT_EQ(s[R"(dxs_cluster_empty_ranks{role="attention"})"], 1);
 
-  const std::string text = registry_.Scrape();
+  const std::string text = Scrape(*metrics_);
   EXPECT_NE(text.find("# TYPE dxs_cluster_empty_batch_steps_total counter"), std::string::npos);
   EXPECT_NE(text.find("# TYPE dxs_cluster_empty_ranks gauge"), std::string::npos);
 }
@@ -147,22 +155,19 @@ TEST_F(ClusterMetricsTest, BackgroundSamplingStartsAndStops) {
   metrics_->Start();
   metrics_->Start();  // once only
   for (int i = 0; i < 200; ++i) {
-    if (Samples(registry_)[R"(dxs_workers{role="attention",state="joining"})"] == 1) break;
+    if (Samples(*metrics_)[R"(dxs_workers{role="attention",state="joining"})"] == 1) break;
     absl::SleepFor(absl::Milliseconds(10));
   }
-  EXPECT_EQ(Samples(registry_)[R"(dxs_workers{role="attention",state="joining"})"], 1);
+  EXPECT_EQ(Samples(*metrics_)[R"(dxs_workers{role="attention",state="joining"})"], 1);
   metrics_->Stop();
   metrics_->Stop();  // idempotent
 }
 
 TEST(ClusterMetricsOptionsTest, RefusesANonPositiveWindowOrInterval) {
-  metrics::Registry registry;
   ClusterRegistryOptions o;
   ClusterRegistry cluster(o);
-  EXPECT_FALSE(
-      ClusterMetrics::Create(&registry, &cluster, {absl::ZeroDuration(), absl::Seconds(1)}).ok());
-  EXPECT_FALSE(
-      ClusterMetrics::Create(&registry, &cluster, {absl::Seconds(1), absl::ZeroDuration()}).ok());
+  EXPECT_FALSE(ClusterMetrics::Create(&cluster, {absl::ZeroDuration(), absl::Seconds(1)}).ok());
+  EXPECT_FALSE(ClusterMetrics::Create(&cluster, {absl::Seconds(1), absl::ZeroDuration()}).ok());
 }
 
 }  // namespace
