@@ -1,4 +1,5 @@
 // The `dxs` command-line tool as a user runs it: a real process, its exit code and output.
+#include <pty.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
@@ -95,6 +97,51 @@ TEST(DxsRun, CorruptCheckpointNamesTheFile) {
   EXPECT_NE(o.exit_code, 0);
   EXPECT_NE(o.err.find("model.safetensors"), std::string::npos) << o.err;
   EXPECT_EQ(Lines(o.err), 1) << o.err;
+}
+
+// A log gets one line per 10% of the requests, not carriage-return redraws piling up into
+// one line.
+TEST(DxsBench, ProgressIsALinePerTenthWhenStderrIsNotATerminal) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  Output o = RunDxs("bench --local " + dir +
+                        " --requests 20 --concurrency 3 --prompt-len 4 --output-len 2 "
+                        "--format json",
+                    tmp);
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.err.find('\r'), std::string::npos) << o.err;
+  std::vector<std::string> bars;
+  for (absl::string_view line : absl::StrSplit(o.err, '\n')) {
+    if (absl::StartsWith(line, "[")) bars.emplace_back(line);
+  }
+  ASSERT_EQ(bars.size(), 10u) << o.err;
+  EXPECT_NE(bars.front().find("] 2/20 requests"), std::string::npos) << bars.front();
+  EXPECT_NE(bars.back().find("] 20/20 requests"), std::string::npos) << bars.back();
+}
+
+// On a terminal the bar is redrawn in place.
+TEST(DxsBench, ProgressRedrawsInPlaceOnATerminal) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  const std::string dxs = std::string(DXS_TEST_BIN_DIR) + "/dxs";
+  int master = -1;
+  const pid_t pid = forkpty(&master, nullptr, nullptr, nullptr);
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl(dxs.c_str(), dxs.c_str(), "bench", "--local", dir.c_str(), "--requests", "5",
+          "--concurrency", "1", "--prompt-len", "4", "--output-len", "2", "--format", "json",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::string output;
+  char buf[4096];
+  for (ssize_t n; (n = read(master, buf, sizeof(buf))) > 0;) output.append(buf, n);
+  close(master);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  EXPECT_NE(output.find("\r[######"), std::string::npos) << output;
+  EXPECT_NE(output.find("] 5/5 requests"), std::string::npos) << output;
 }
 
 }  // namespace

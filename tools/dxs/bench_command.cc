@@ -2,6 +2,7 @@
 // engine on the same prompts, as the baseline). Prints throughput, time-to-first-token,
 // inter-token and end-to-end latency percentiles, and errors by gRPC code.
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -51,22 +52,31 @@ struct Sample {
   grpc::StatusCode code = grpc::StatusCode::OK;
 };
 
+// The progress of a bench on stderr. On a terminal, one bar redrawn in place with carriage
+// returns; anywhere else (a log file, a pipe, CI) a carriage return does not go back, and
+// the redraws would pile up into one huge line, so it prints one line per 10% instead.
 class Progress {
  public:
-  explicit Progress(int total) : total_(total) {}
+  Progress(int total, bool terminal) : total_(total), terminal_(terminal) {}
   void Tick() {
     const int done = ++done_;
     std::lock_guard<std::mutex> lock(mu_);
+    const int tenths = 10 * done / total_;
+    if (!terminal_ && tenths == last_tenths_) return;
+    last_tenths_ = tenths;
     const int width = 30, filled = width * done / total_;
-    std::cerr << "\r[" << std::string(filled, '#') << std::string(width - filled, '.') << "] "
-              << done << "/" << total_ << " requests" << std::flush;
-    if (done == total_) std::cerr << "\n";
+    std::cerr << (terminal_ ? "\r[" : "[") << std::string(filled, '#')
+              << std::string(width - filled, '.') << "] " << done << "/" << total_ << " requests";
+    if (!terminal_ || done == total_) std::cerr << "\n";
+    std::cerr << std::flush;
   }
 
  private:
   const int total_;
+  const bool terminal_;
   std::atomic<int> done_{0};
   std::mutex mu_;
+  int last_tenths_ = 0;  // guarded by mu_
 };
 
 // One request to the router as a gRPC callback reactor: no thread of its own, so C
@@ -201,7 +211,7 @@ int BenchCommand(const std::vector<std::string>& argv) {
   }
   const int num_requests = static_cast<int>(*requests);
   std::vector<Sample> samples(num_requests);
-  Progress progress(num_requests);
+  Progress progress(num_requests, isatty(STDERR_FILENO) == 1);
   Clock::time_point start;
   std::string mode;
 
