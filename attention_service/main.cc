@@ -180,7 +180,11 @@ int Main(int argc, char** argv) {
         moe->set_placement(shape->placement);
       }
     }
-    service.set_ready(loop != nullptr && runtime.cluster_complete());
+    if (const bool ready = loop != nullptr && runtime.cluster_complete();
+        ready != service.ready()) {
+      service.set_ready(ready);
+      runtime.ReportStateChange();
+    }
     if (!loop || !runtime.cluster_complete()) {
       (void)runtime.transport()->WaitForActivity(absl::Now() + absl::Milliseconds(50));
       continue;

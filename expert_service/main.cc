@@ -136,7 +136,11 @@ int Main(int argc, char** argv) {
         service.set_step_server(server.get());
       }
     }
-    service.set_serving(server != nullptr && runtime.cluster_complete());
+    if (const bool serving = server != nullptr && runtime.cluster_complete();
+        serving != service.serving()) {
+      service.set_serving(serving);
+      runtime.ReportStateChange();
+    }
     if (!server || !runtime.cluster_complete()) {
       (void)runtime.transport()->WaitForActivity(absl::Now() + absl::Milliseconds(50));
       continue;

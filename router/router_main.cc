@@ -12,7 +12,8 @@
 // is refused with RESOURCE_EXHAUSTED.
 //
 // Health (grpc.health.v1): "" and "dxs.v1.Frontend" are NOT_SERVING until every attention
-// and expert rank is live and every expert has a rank (ClusterRegistry::IsComplete), and
+// and expert rank is live and every expert has a rank (ClusterRegistry::IsComplete) and
+// every worker reports READY (its step loop runs; workers report the change at once), and
 // again whenever that stops being true; "dxs.v1.ControlPlane" is SERVING throughout, since
 // workers must reach it to complete the cluster (probe that one for liveness, or publish
 // not-ready addresses to the workers' Service).
@@ -164,6 +165,18 @@ absl::StatusOr<Flags> ValidateFlags() {
   return flags;
 }
 
+// Every worker in the view says it serves (READY, or DRAINING: still serving what it has).
+// A worker reports READY once its step loop runs; until then the view shows JOINING, and
+// health must not say SERVING while the view (what `dxs status` shows) says otherwise.
+bool EveryWorkerServes(const dxs::v1::ClusterView& view) {
+  for (const dxs::v1::WorkerInfo& w : view.workers()) {
+    if (w.state() != dxs::v1::WORKER_STATE_READY && w.state() != dxs::v1::WORKER_STATE_DRAINING) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -254,8 +267,9 @@ int main(int argc, char** argv) {
   grpc::HealthCheckServiceInterface* health = server->server->GetHealthCheckService();
   health->SetServingStatus(dxs::v1::ControlPlane::service_full_name(), true);
   dxs::ClusterWatcher watcher(&registry, [&](const dxs::v1::ClusterView& view, bool complete) {
-    health->SetServingStatus("", complete);
-    health->SetServingStatus(dxs::FrontendService::kServiceName, complete);
+    const bool serving = complete && EveryWorkerServes(view);
+    health->SetServingStatus("", serving);
+    health->SetServingStatus(dxs::FrontendService::kServiceName, serving);
     frontend.OnClusterView(view);
   });
 

@@ -134,9 +134,11 @@ void WorkerMembership::HeartbeatLoop() {
       req.mutable_worker()->set_incarnation(registration_.incarnation());
     }
     // Sleep in small slices so shutdown is prompt.
-    for (uint32_t waited = 0; waited < interval_ms && !stopping_; waited += 50) {
+    for (uint32_t waited = 0; waited < interval_ms && !stopping_ && !heartbeat_soon_;
+         waited += 50) {
       absl::SleepFor(absl::Milliseconds(50));
     }
+    heartbeat_soon_ = false;
     if (stopping_) break;
     if (fill_heartbeat_) fill_heartbeat_(&req);
     grpc::ClientContext ctx;

@@ -38,6 +38,11 @@ class WorkerMembership {
 
   v1::RegisterResponse registration() const;
 
+  // Sends the next heartbeat now (within 50 ms) instead of after the interval: the worker's
+  // state changed (JOINING -> READY), and the router's view, which `dxs status` and the
+  // router's health read, should not lag behind it by a heartbeat interval.
+  void HeartbeatSoon() { heartbeat_soon_ = true; }
+
  private:
   WorkerMembership() = default;
   absl::Status RegisterOnce();
@@ -53,6 +58,7 @@ class WorkerMembership {
   v1::RegisterResponse registration_;  // guarded by mu_
   bool registered_ = false;            // guarded by mu_; a refused worker never is
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> heartbeat_soon_{false};
   std::mutex reregister_mu_;
   std::mutex watch_mu_;
   grpc::ClientContext* watch_context_ = nullptr;  // guarded by watch_mu_

@@ -70,6 +70,11 @@ class WorkerRuntime {
   // HOST:PORT of the metrics server, with the bound port; empty before StartMetrics.
   const std::string& metrics_address() const { return metrics_address_; }
   v1::RegisterResponse registration() const { return membership_->registration(); }
+  // The worker's state changed: heartbeat now rather than after the interval (no-op before
+  // Join).
+  void ReportStateChange() {
+    if (membership_) membership_->HeartbeatSoon();
+  }
   void Stop();
 
  private:

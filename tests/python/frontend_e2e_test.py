@@ -4,7 +4,8 @@
 Stubs are generated from proto/dxs/v1 at test time with grpcio-tools. The cluster is
 started with `dxs up` (router, 2 attention and 2 expert workers on loopback). Checks:
 Generate streams the same greedy tokens as the single-process `dxs run`; GetModelInfo
-describes the model; a bad request gets INVALID_ARGUMENT naming the field; and after
+describes the model; `dxs status` then shows every rank READY; a bad request gets
+INVALID_ARGUMENT naming the field; and after
 SIGTERM, `dxs up` leaves no process behind.
 
 Run by ctest with the project's virtualenv (scripts/setup.sh creates it):
@@ -111,6 +112,15 @@ class FrontendEndToEnd(unittest.TestCase):
         self.assertEqual(complete.completion_tokens, 12)
         self.assertEqual(complete.prompt_tokens, len(prompt))
         self.assertEqual(complete.finish_reason, frontend_pb2.FINISH_REASON_LENGTH)
+
+        # The router served it, so its view (what `dxs status` shows) has every rank
+        # READY, as its health said: a fresh `dxs up` once listed them all JOINING here.
+        status = json.loads(subprocess.run(
+            [self.dxs, "status", "--router", "127.0.0.1:%d" % self.port, "--format", "json"],
+            check=True, capture_output=True, text=True).stdout)
+        self.assertEqual(len(status["workers"]), 4)
+        for w in status["workers"]:
+            self.assertEqual(w["state"], "READY", status)
 
     def test_2_model_info_and_bad_input(self):
         info = self.stub.GetModelInfo(frontend_pb2.GetModelInfoRequest(), timeout=10).model_info
