@@ -2,30 +2,35 @@
 # Single quotes here hold text for dpkg-query and for shells inside the chroot.
 # shellcheck disable=SC2016
 
-# Checks deploy/container/Dockerfile without a container engine: debootstraps Debian 12
-# (standing in for the debian:bookworm image), replays the Dockerfile's stages in chroots
-# with deploy/container/chroot-build.py (the same RUN steps, COPYs, USER and WORKDIR an image
-# build runs), then checks the runtime stage:
-#   - it runs as a non-root user;
-#   - it holds no compiler, no -dev package and nothing from the build stage but binaries;
-#   - every shared library the binaries need is there (ldd);
-#   - as that user, with only the runtime packages: `dxs help` and `dxs-router --help`
-#     work, and a 2 DP x 2 EP cluster started through dxs-entrypoint (ranks taken from
-#     POD_INDEX and from the pod-style HOSTNAME, as in Kubernetes) answers `dxs generate`
-#     and `dxs status`, serves /metrics, keeps UCX inside UCX_TCP_PORT_RANGE (what the
-#     NetworkPolicy opens), then stops on SIGTERM.
+# Builds deploy/container/Dockerfile with a real container engine and checks the image:
+#   - `podman build --isolation chroot` (Debian's podman 4.3), FROM a Debian 12 root made
+#     with debootstrap and brought in with `podman import` (standing in for debian:bookworm);
+#   - the image's metadata: USER 10001, the entrypoint, the exposed ports (gRPC, metrics)
+#     and the OCI labels;
+#   - its file system (`podman export`): no compiler, no -dev package and nothing from the
+#     build stage but binaries; every shared library the binaries need (ldd);
+#   - run in a chroot (chroot-run.py; `podman run` cannot start containers where crun
+#     refuses the machine's cgroups), as USER 10001 with the image's ENV and WORKDIR:
+#     `dxs help` and `dxs-router --help` work, and a 2 DP x 2 EP cluster started through the
+#     entrypoint (ranks taken from POD_INDEX and from the pod-style HOSTNAME, as in
+#     Kubernetes) answers `dxs generate` and `dxs status`, serves /metrics on every
+#     process, keeps UCX inside UCX_TCP_PORT_RANGE (what the NetworkPolicy opens), then
+#     stops on SIGTERM.
 #
-# Heavy (a Debian root, the build dependencies, minutes of downloads), so it is opt-in:
 #   DXS_CHECK_CONTAINER=1 scripts/check-container.sh
-# Needs root and a Debian mirror. Environment:
+# scripts/run-tests.sh runs it with DXS_PREBUILT_BIN=build/bin: about 2 minutes on a 2-core
+# VM (1.5 of them apt installing the build stage's dependencies; debootstrap adds half a
+# minute the first time). Compiling inside the image as well takes far longer on such a
+# machine, so that stays a manual run. Needs root, podman and debootstrap (installed when
+# missing) and a Debian mirror. Environment:
 #   DXS_CONTAINER_WORK   work directory [/tmp/dxs-container-check]; the debootstrapped base
 #                        is kept there and reused (DXS_CONTAINER_FRESH=1 makes it again)
 #   DXS_DEBIAN_MIRROR    [http://deb.debian.org/debian]
 #   DXS_PREBUILT_BIN     a directory with dxs, dxs-router, dxs-attention, dxs-expert built
-#                        from this tree on Debian 12: the build stage then installs the
-#                        dependencies and configures but does not compile (build-steps.sh),
-#                        for machines too small to build twice
-#   DXS_CHECK_KEEP=1     keep the stage roots afterwards (they are removed otherwise)
+#                        from this tree on Debian 12, mounted into the build: the build
+#                        stage then installs the dependencies and configures but does not
+#                        compile (build-steps.sh), for machines too small to build twice
+#   DXS_CHECK_KEEP=1     keep the image and the exported root afterwards
 #   DXS_BUILD_CA_BUNDLE  a CA bundle for pip in the build stage [$PIP_CERT or
 #                        $REQUESTS_CA_BUNDLE]: for machines behind a TLS-intercepting proxy
 # Runs under `flock /tmp/dxs-build.lock`, like other heavy jobs on shared machines.
@@ -36,7 +41,7 @@ if [ "${DXS_CHECK_CONTAINER:-0}" != 1 ]; then
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
-  echo "check-container: needs root (debootstrap, chroot, mount)" >&2
+  echo "check-container: needs root (debootstrap, podman, chroot, mount)" >&2
   exit 1
 fi
 if [ -z "${DXS_CHECK_CONTAINER_LOCKED:-}" ]; then
@@ -46,35 +51,56 @@ fi
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${DXS_CONTAINER_WORK:-/tmp/dxs-container-check}
 mirror=${DXS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-builder=$repo/deploy/container/chroot-build.py
+runner=$repo/deploy/container/chroot-run.py
+base_image=localhost/dxs-check-base:bookworm
+image=localhost/dxs:check
 start=$(date +%s)
 step() { echo "check-container: [$(($(date +%s) - start))s] $*"; }
 fail() { echo "check-container: FAIL: $*" >&2; exit 1; }
 
-mkdir -p "$work"
-if [ "${DXS_CONTAINER_FRESH:-0}" = 1 ]; then rm -rf --one-file-system "$work/base"; fi
-if [ ! -x "$work/base/bin/sh" ]; then
-  if ! command -v debootstrap >/dev/null; then
-    step "installing debootstrap"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap
+for tool in podman debootstrap; do
+  if ! command -v $tool >/dev/null; then
+    step "installing $tool"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $tool
   fi
+done
+
+mkdir -p "$work"
+if [ "${DXS_CONTAINER_FRESH:-0}" = 1 ]; then
+  rm -rf --one-file-system "$work/base"
+  podman image rm -f "$base_image" >/dev/null 2>&1 || true
+fi
+if [ ! -x "$work/base/bin/sh" ]; then
   step "debootstrap --variant=minbase bookworm from $mirror"
   rm -rf --one-file-system "$work/base.tmp"
   debootstrap --variant=minbase bookworm "$work/base.tmp" "$mirror" >"$work/debootstrap.log" 2>&1 ||
     { tail -20 "$work/debootstrap.log" >&2; fail "debootstrap failed (log: $work/debootstrap.log)"; }
   rm -rf "$work/base.tmp/var/cache/apt/archives/"*.deb
   mv "$work/base.tmp" "$work/base"
+  podman image rm -f "$base_image" >/dev/null 2>&1 || true
 else
   step "reusing the Debian 12 base in $work/base"
 fi
+if ! podman image exists "$base_image"; then
+  step "podman import $work/base as $base_image"
+  tar -C "$work/base" --numeric-owner -c . |
+    podman import -q --change 'CMD ["/bin/bash"]' --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+      - "$base_image" >/dev/null
+fi
 
-build_args=(--dockerfile "$repo/deploy/container/Dockerfile" --context "$repo"
-  --base "$work/base" --image debian:bookworm --work "$work")
+version=$(sed -n 's/^project(dxs VERSION \([0-9.]*\).*/\1/p' "$repo/CMakeLists.txt")
+commit=$(git -C "$repo" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+# --layers=false: no intermediate images left behind run after run (each run builds afresh,
+# which is also what the timing below assumes).
+build_args=(--isolation chroot --layers=false -f "$repo/deploy/container/Dockerfile"
+  --ignorefile "$repo/deploy/container/Dockerfile.dockerignore"
+  --build-arg "DEBIAN_IMAGE=$base_image" --build-arg "DXS_VERSION=$version"
+  --build-arg "DXS_GIT_COMMIT=$commit" -t "$image")
 # A machine behind a TLS-intercepting proxy trusts the proxy's CA through PIP_CERT (or
 # REQUESTS_CA_BUNDLE); setup.sh's pip in the build stage needs the same bundle.
 ca_bundle=${DXS_BUILD_CA_BUNDLE:-${PIP_CERT:-${REQUESTS_CA_BUNDLE:-}}}
 if [ -n "$ca_bundle" ] && [ -f "$ca_bundle" ]; then
-  build_args+=(--bind "$ca_bundle:/run/dxs-host-ca.pem:build" --env PIP_CERT=/run/dxs-host-ca.pem)
+  build_args+=(-v "$ca_bundle:/run/dxs-host-ca.pem:ro" --build-arg PIP_CERT=/run/dxs-host-ca.pem)
   step "build stage: pip trusts the host's CA bundle $ca_bundle"
 fi
 if [ -n "${DXS_PREBUILT_BIN:-}" ]; then
@@ -82,57 +108,88 @@ if [ -n "${DXS_PREBUILT_BIN:-}" ]; then
   for b in dxs dxs-router dxs-attention dxs-expert; do
     [ -x "$prebuilt/$b" ] || fail "DXS_PREBUILT_BIN=$prebuilt has no $b"
   done
-  build_args+=(--bind "$prebuilt:/prebuilt:build" --env DXS_PREBUILT_BIN=/prebuilt)
-  step "replaying the Dockerfile (build stage: dependencies and configure; binaries from $prebuilt)"
+  build_args+=(-v "$prebuilt:/prebuilt:ro" --build-arg DXS_PREBUILT_BIN=/prebuilt)
+  step "podman build (build stage: dependencies and configure; binaries from $prebuilt)"
 else
-  step "replaying the Dockerfile (build stage compiles dxs)"
+  step "podman build (the build stage compiles dxs)"
 fi
 # The full output goes to build.log; the steps are shown as they go.
-if ! python3 "$builder" build "${build_args[@]}" 2>&1 | tee "$work/build.log" |
-  grep --line-buffered -E '^(chroot-build|build-steps|setup:|-- dxs:)' | sed -u 's/^/  | /'; then
+if ! podman build "${build_args[@]}" "$repo" 2>&1 | tee "$work/build.log" |
+  grep --line-buffered -E '^(STEP |build-steps|setup:|-- dxs:|COMMIT|Successfully)' | sed -u 's/^/  | /'; then
   tail -40 "$work/build.log" >&2
-  fail "the Dockerfile replay failed (log: $work/build.log)"
+  fail "podman build failed (log: $work/build.log)"
 fi
-runtime=$work/stages/runtime
-trap '[ "${DXS_CHECK_KEEP:-0}" = 1 ] || rm -rf --one-file-system "$work/stages"' EXIT
+podman image inspect "$image" >"$work/image.json"
 
-in_runtime() { python3 "$builder" run --stage "$runtime" "$@"; }
+step "image metadata"
+meta() { python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))[0]["Config"]; print(eval(sys.argv[2]))' "$work/image.json" "$1"; }
+user=$(meta 'c.get("User", "")')
+[ "$user" = "10001:10001" ] || fail "USER is '$user', not 10001:10001"
+entrypoint=$(meta '" ".join(c.get("Entrypoint") or [])')
+[ "$entrypoint" = /usr/local/bin/dxs-entrypoint ] || fail "ENTRYPOINT is '$entrypoint'"
+ports=$(meta '" ".join(sorted(c.get("ExposedPorts") or {}))')
+[ "$ports" = "50051/tcp 9100/tcp" ] || fail "exposed ports are '$ports', not 50051/tcp 9100/tcp"
+labels=$(meta 'c.get("Labels") or {}')
+for label in title description version revision; do
+  meta "c.get('Labels', {}).get('org.opencontainers.image.$label', '')" | grep -q . ||
+    fail "no label org.opencontainers.image.$label (labels: $labels)"
+done
+[ "$(meta "c['Labels']['org.opencontainers.image.version']")" = "$version" ] || fail "version label is not $version"
+[ "$(meta "c['Labels']['org.opencontainers.image.revision']")" = "$commit" ] || fail "revision label is not $commit"
+echo "  USER $user, ENTRYPOINT $entrypoint, CMD $(meta '" ".join(c.get("Cmd") or [])'), EXPOSE $ports"
+echo "  labels: $labels"
 
-step "runtime stage: user"
-user=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["user"])' "$runtime.json")
-case ${user%%:*} in 0 | root) fail "the runtime stage runs as root ($user)" ;; esac
+step "podman export: the image's file system"
+runtime=$work/rootfs
+rm -rf --one-file-system "$runtime"
+mkdir -p "$runtime"
+container=$(podman create "$image")
+podman export "$container" | tar -C "$runtime" --numeric-owner -x
+podman rm "$container" >/dev/null
+cleanup() {
+  if [ "${DXS_CHECK_KEEP:-0}" != 1 ]; then
+    rm -rf --one-file-system "$runtime"
+    podman image rm -f "$image" >/dev/null 2>&1 || true
+  fi
+}
+trap cleanup EXIT
+
+in_runtime() { python3 "$runner" --root "$runtime" --image-config "$work/image.json" "$@"; }
+
+step "image: user"
 echo "  USER $user: $(in_runtime -- id)"
 
-step "runtime stage: packages"
+step "image: packages"
 chroot "$work/base" dpkg-query -W -f '${Package}\n' | sort >"$work/base.packages"
 chroot "$runtime" dpkg-query -W -f '${Package}\n' | sort >"$work/runtime.packages"
 added=$(comm -13 "$work/base.packages" "$work/runtime.packages" | tr '\n' ' ')
 echo "  added to debian:bookworm: $added"
 bad=$(comm -13 "$work/base.packages" "$work/runtime.packages" |
   grep -E -- '-dev$|^(gcc|g\+\+|cpp|clang|llvm|cmake|ninja-build|make|binutils|protobuf-compiler)' || true)
-[ -z "$bad" ] || fail "build-only packages in the runtime stage: $bad"
+[ -z "$bad" ] || fail "build-only packages in the image: $bad"
 for f in /usr/local/bin/dxs /usr/local/bin/dxs-router /usr/local/bin/dxs-attention \
   /usr/local/bin/dxs-expert /usr/local/bin/dxs-entrypoint; do
-  [ -x "$runtime$f" ] || fail "$f missing from the runtime stage"
+  [ -x "$runtime$f" ] || fail "$f missing from the image"
 done
 if [ -e "$runtime/src" ] || [ -e "$runtime/opt/dxs" ]; then
-  fail "build stage files leaked into the runtime stage"
+  fail "build stage files leaked into the image"
 fi
-du -sh --exclude=proc --exclude=sys --exclude=dev "$runtime" | awk '{print "  runtime root: " $1}'
+du -sh --exclude=proc --exclude=sys --exclude=dev "$runtime" | awk '{print "  image root: " $1}'
 
-step "runtime stage: shared libraries"
+step "image: shared libraries"
 missing=$(in_runtime -- /bin/sh -c 'for b in /usr/local/bin/dxs*; do
   case $b in *entrypoint) continue;; esac; ldd "$b" | sed "s|^|$b: |"; done' | grep "not found" || true)
 [ -z "$missing" ] || fail "missing shared libraries: $missing"
 echo "  ldd: every library of dxs, dxs-router, dxs-attention, dxs-expert found"
 
-step "runtime stage: binaries start as $user"
+step "image: binaries start as $user"
 in_runtime -- dxs help >/dev/null || fail "dxs help"
+in_runtime -- dxs-entrypoint help >/dev/null || fail "dxs-entrypoint help (the image's CMD)"
 in_runtime -- dxs-router --help >/dev/null || fail "dxs-router --help"
 in_runtime -- /bin/sh -c 'test ! -w /usr/local/bin/dxs-router' || fail "the binaries are writable by $user"
-echo "  dxs help, dxs-router --help: exit 0; binaries read-only to $user"
+echo "  dxs help, dxs-router --help, dxs-entrypoint help: exit 0; binaries read-only to $user"
 
-step "runtime stage: a 2 DP x 2 EP cluster through dxs-entrypoint, as $user"
+step "image: a 2 DP x 2 EP cluster through dxs-entrypoint, as $user"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 # The UCX settings the Kubernetes pods get (deploy/k8s/base/cluster.env).
 ucx_env=()
@@ -227,4 +284,4 @@ print(f"  dashboard: {len(used)} series names used, {len(used) - len(missing)} e
       + (f"; not (yet) exposed: {', '.join(missing)}" if missing else ""))
 PY
 
-step "OK: the Dockerfile's stages replayed and the runtime image works (work dir $work)"
+step "OK: podman built the image and it works (work dir $work)"

@@ -7,6 +7,8 @@
 # API). Installed in the image as /usr/local/bin/dxs-entrypoint.
 #
 #   dxs-entrypoint router|attention|expert [more flags for the binary...]
+#   dxs-entrypoint dxs COMMAND [flags...]   the dxs CLI (dxs generate, dxs status, ...)
+#   dxs-entrypoint help                     this usage and `dxs help` (the image's CMD)
 #
 # Environment ([default]):
 #   DXS_MODEL_DIR          checkpoint directory                            [/models/default]
@@ -37,13 +39,22 @@
 set -euf
 
 usage() {
-  echo "usage: dxs-entrypoint router|attention|expert [flags...]" >&2
+  echo "usage: dxs-entrypoint router|attention|expert [flags...] | dxs COMMAND [flags...] | help" >&2
   exit 2
 }
 
 [ $# -ge 1 ] || usage
 role=$1
 shift
+case $role in
+  help | -h | --help)
+    echo "usage: dxs-entrypoint router|attention|expert [flags...] | dxs COMMAND [flags...] | help"
+    echo "  router, attention, expert: start that service with its flags from the environment"
+    echo "  (see /usr/local/bin/dxs-entrypoint); dxs: the command-line tool:"
+    exec dxs help
+    ;;
+  dxs) exec dxs "$@" ;;
+esac
 
 model=${DXS_MODEL_DIR:-/models/default}
 grpc_port=${DXS_GRPC_PORT:-50051}

@@ -6,12 +6,14 @@ set -eu
 
 # What `ldd` lists for dxs, dxs-router, dxs-attention and dxs-expert, by Debian package;
 # their own dependencies (libgrpc29, libre2-9, libc-ares2, libnuma1, libgfortran5, ...)
-# come along. libcivetweb1 serves /metrics.
+# come along. prometheus-cpp's pull library serves /metrics on civetweb.
 RUNTIME_PACKAGES="
   libgrpc++1.51
   libprotobuf32
   libabsl20220623
   libucx0
+  libprometheus-cpp-core1.0
+  libprometheus-cpp-pull1.0
   libcivetweb1
   libopenblas0-pthread
   libssl3
