@@ -10,7 +10,6 @@ PACKAGES=(
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
   prometheus python3 python3-venv openssl
-  podman debootstrap
 )
 
 missing=()
