@@ -7,7 +7,9 @@
 # burst of load elsewhere on the machine hits both alike; the spread (min-max) is printed.
 # Usage: bench/serving_bench.sh [M attention] [N experts]   (defaults 2 and 2)
 # Environment: DXS_BENCH_REQUESTS (256), DXS_BENCH_PROMPT_LEN (32), DXS_BENCH_OUTPUT_LEN
-# (32), DXS_BENCH_ROUNDS (3), DXS_UP_ARGS (extra `dxs up` flags, e.g. --overlap-min-tokens 0).
+# (32), DXS_BENCH_ROUNDS (3), DXS_BENCH_CONCURRENCY (the levels, "1 8 64"), DXS_UP_ARGS
+# (extra `dxs up` flags, e.g. --overlap-min-tokens 0), DXS_BIN_DIR (build/bin: the binaries,
+# e.g. another build to compare with).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${DXS_BIN_DIR:-build/bin}
@@ -17,6 +19,7 @@ REQUESTS=${DXS_BENCH_REQUESTS:-256}
 PROMPT=${DXS_BENCH_PROMPT_LEN:-32}
 OUTPUT=${DXS_BENCH_OUTPUT_LEN:-32}
 ROUNDS=${DXS_BENCH_ROUNDS:-3}
+CONCURRENCY=${DXS_BENCH_CONCURRENCY:-1 8 64}
 WORK=$(mktemp -d)
 trap 'kill $UP 2>/dev/null; wait $UP 2>/dev/null; rm -rf "$WORK"' EXIT
 "$BIN/dxs" gen-model --out "$WORK/model" >/dev/null
@@ -33,7 +36,7 @@ printf '%-12s %24s %24s %8s\n' concurrency "cluster tok/s (min-max)" "single tok
 tps() { python3 -c 'import json,sys; print(json.load(sys.stdin)["output_tokens_per_second"])'; }
 # "median min max" of the arguments.
 stats() { python3 -c 'import sys,statistics as s; v=sorted(map(float,sys.argv[1:])); print(s.median(v), v[0], v[-1])' "$@"; }
-for C in 1 8 64; do
+for C in $CONCURRENCY; do
   common=(--concurrency "$C" --requests "$REQUESTS" --prompt-len "$PROMPT" --output-len "$OUTPUT" --format json)
   cluster=() single=()
   for _ in $(seq "$ROUNDS"); do
