@@ -38,7 +38,8 @@ absl::StatusOr<CallbackRegistration> CallbackGaugeFamily::Bind(prometheus::Label
   if (!fn) return absl::InvalidArgumentError(absl::StrCat(name_, ": empty callback"));
   absl::MutexLock lock(&mu_);
   if (!callbacks_.emplace(labels, std::move(fn)).second) {
-    return absl::AlreadyExistsError(absl::StrCat(name_, " already has a callback for these labels"));
+    return absl::AlreadyExistsError(
+        absl::StrCat(name_, " already has a callback for these labels"));
   }
   return CallbackRegistration(this, std::move(labels));
 }

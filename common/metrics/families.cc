@@ -56,8 +56,8 @@ absl::StatusOr<GaugeFamily*> AddGauge(prometheus::Registry* registry, std::strin
   return Add<prometheus::Gauge>(registry, name, help);
 }
 
-absl::StatusOr<HistogramFamily*> AddHistogram(prometheus::Registry* registry,
-                                              std::string_view name, std::string_view help) {
+absl::StatusOr<HistogramFamily*> AddHistogram(prometheus::Registry* registry, std::string_view name,
+                                              std::string_view help) {
   return Add<prometheus::Histogram>(registry, name, help);
 }
 
@@ -67,8 +67,7 @@ prometheus::Histogram::BucketBoundaries LinearBuckets(double start, double width
   return bounds;
 }
 
-prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double factor,
-                                                           int count) {
+prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double factor, int count) {
   prometheus::Histogram::BucketBoundaries bounds;
   double bound = start;
   for (int i = 0; i < count; ++i, bound *= factor) bounds.push_back(bound);

@@ -45,15 +45,14 @@ absl::StatusOr<CounterFamily*> AddCounter(prometheus::Registry* registry, std::s
 absl::StatusOr<GaugeFamily*> AddGauge(prometheus::Registry* registry, std::string_view name,
                                       std::string_view help);
 // The bucket bounds are given per child (Family::Add(labels, bounds)); see the helpers below.
-absl::StatusOr<HistogramFamily*> AddHistogram(prometheus::Registry* registry,
-                                              std::string_view name, std::string_view help);
+absl::StatusOr<HistogramFamily*> AddHistogram(prometheus::Registry* registry, std::string_view name,
+                                              std::string_view help);
 
 // Histogram bucket bounds (prometheus-cpp 1.0.1 has no helpers for them).
 // count bounds start, start + width, ...; width > 0, count >= 1.
 prometheus::Histogram::BucketBoundaries LinearBuckets(double start, double width, int count);
 // count bounds start, start * factor, ...; start > 0, factor > 1, count >= 1.
-prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double factor,
-                                                           int count);
+prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double factor, int count);
 
 // The rules for help text above; shared with the scrape-time collectables.
 absl::Status ValidateHelp(std::string_view name, std::string_view help);

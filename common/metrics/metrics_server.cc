@@ -10,8 +10,8 @@
 #include <chrono>
 #include <cstring>
 #include <string_view>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -66,8 +66,7 @@ void Poke(const sockaddr_storage& address) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    MetricsServerOptions options) {
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(MetricsServerOptions options) {
   absl::StatusOr<sockaddr_storage> local_address = ParseAddress(options.address);
   if (!local_address.ok()) return local_address.status();
   if (options.num_threads < 1) {
@@ -80,9 +79,9 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   try {
     // No document root: civetweb serves nothing but the exposer's /metrics handler.
-    server->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", options.address, "num_threads", absl::StrCat(options.num_threads),
-        "request_timeout_ms", "10000"});
+    server->exposer_ = std::make_unique<prometheus::Exposer>(
+        std::vector<std::string>{"listening_ports", options.address, "num_threads",
+                                 absl::StrCat(options.num_threads), "request_timeout_ms", "10000"});
   } catch (const std::exception& e) {  // CivetException: the port cannot be bound
     return absl::UnavailableError(
         absl::StrCat("metrics server cannot listen on ", options.address, ": ", e.what()));

@@ -22,7 +22,7 @@ struct StepMetrics {
 };
 
 // Registers both families (or finds them) and returns this rank's children.
-absl::StatusOr<StepMetrics> RegisterStepMetrics(prometheus::Registry* registry, std::string_view role,
-                                                int rank);
+absl::StatusOr<StepMetrics> RegisterStepMetrics(prometheus::Registry* registry,
+                                                std::string_view role, int rank);
 
 }  // namespace dxs::metrics
