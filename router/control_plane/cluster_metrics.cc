@@ -79,11 +79,13 @@ void ClusterMetrics::Stop() {
 }
 
 void ClusterMetrics::SampleAt(absl::Time now) const {
+  // The registry is read under mu_ too: a scrape and the sampling thread may sample at the
+  // same time, and the later reading must be the one that stays in view_.
+  absl::MutexLock lock(&mu_);
   const std::vector<WorkerStatus> statuses = cluster_->WorkerStatuses();
   View view;
   view.version = cluster_->version();
   std::vector<uint64_t> ep_window_tokens;
-  absl::MutexLock lock(&mu_);
   for (const WorkerStatus& s : statuses) {
     const v1::Role role = s.info.role();
     if (role != v1::ROLE_ATTENTION && role != v1::ROLE_EXPERT) continue;
