@@ -1,6 +1,7 @@
 // dxs-router as a process: prints its one "listening" line with the real port, accepts a
 // worker whose fingerprint comes from the same ModelIdentity, refuses another checkpoint,
-// exits 0 on SIGTERM, and exits 2 with one line on stderr for bad flags.
+// says SERVING only once every worker reports READY, exits 0 on SIGTERM, and exits 2 with
+// one line on stderr for bad flags.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -16,6 +17,7 @@
 
 #include "common/model_config.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "router/control_plane/model_identity.h"
@@ -159,6 +161,82 @@ TEST_F(RouterMainTest, ServesRegistersAndStopsOnSigterm) {
   const std::string log = ReadAll(router.stderr_fd);
   EXPECT_NE(log.find("registered expert rank 0"), std::string::npos) << log;
   EXPECT_NE(log.find("refused expert worker at 127.0.0.1:10"), std::string::npos) << log;
+  close(router.stdout_fd);
+  close(router.stderr_fd);
+}
+
+// The router's health and its view agree: a cluster whose ranks have all registered is
+// still NOT_SERVING while the view lists a worker JOINING (its step loop is not running
+// yet), SERVING once every worker heartbeats READY, and NOT_SERVING again when one goes
+// back to JOINING.
+TEST_F(RouterMainTest, HealthIsServingOnlyWhenEveryWorkerIsReady) {
+  Child router = Spawn({DXS_ROUTER_BIN, "--model", model_dir_.string(), "--attention", "1",
+                        "--experts", "1", "--listen", "127.0.0.1:0", "--lease-ms", "20000"});
+  const std::string line = ReadLine(router.stdout_fd);
+  const std::string prefix = "dxs-router listening on 127.0.0.1:";
+  ASSERT_EQ(line.rfind(prefix, 0), 0u) << "got: " << line;
+  const std::string address = "127.0.0.1:" + std::to_string(std::stoi(line.substr(prefix.size())));
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto control = v1::ControlPlane::NewStub(channel);
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  auto serving = [&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service("dxs.v1.Frontend");
+    grpc::health::v1::HealthCheckResponse response;
+    EXPECT_TRUE(health->Check(&context, request, &response).ok());
+    return response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  };
+  // The health watcher follows the view within its poll interval.
+  auto becomes = [&](bool want) {
+    for (int i = 0; i < 100; ++i) {
+      if (serving() == want) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
+  absl::StatusOr<v1::ModelFingerprint> fingerprint = ModelIdentity(model_dir_.string());
+  ASSERT_TRUE(fingerprint.ok()) << fingerprint.status();
+  std::vector<v1::WorkerId> workers;
+  for (v1::Role role : {v1::ROLE_EXPERT, v1::ROLE_ATTENTION}) {
+    v1::RegisterRequest request;
+    request.set_role(role);
+    request.set_grpc_address(role == v1::ROLE_EXPERT ? "127.0.0.1:9" : "127.0.0.1:11");
+    request.mutable_transport()->set_ucx_worker_address("blob");
+    *request.mutable_fingerprint() = *fingerprint;
+    v1::RegisterResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ASSERT_TRUE(control->Register(&context, request, &response).ok());
+    v1::WorkerId id;
+    id.set_role(role);
+    id.set_rank(response.rank());
+    id.set_incarnation(response.incarnation());
+    workers.push_back(id);
+  }
+  auto beat = [&](const v1::WorkerId& id, v1::WorkerState state) {
+    v1::HeartbeatRequest request;
+    *request.mutable_worker() = id;
+    request.set_state(state);
+    v1::HeartbeatResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    EXPECT_TRUE(control->Heartbeat(&context, request, &response).ok());
+  };
+  // Complete (every rank registered, every expert placed), but both JOINING.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(serving());
+  beat(workers[0], v1::WORKER_STATE_READY);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(serving()) << "SERVING while the attention worker is JOINING";
+  beat(workers[1], v1::WORKER_STATE_READY);
+  EXPECT_TRUE(becomes(true));
+  beat(workers[1], v1::WORKER_STATE_JOINING);
+  EXPECT_TRUE(becomes(false));
+
+  ASSERT_EQ(kill(router.pid, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(router.pid, std::chrono::seconds(10)), 0);
   close(router.stdout_fd);
   close(router.stderr_fd);
 }
