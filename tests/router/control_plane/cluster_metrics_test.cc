@@ -150,6 +150,21 @@ TEST_F(ClusterMetricsTest, MirrorsHeartbeatsAndFindsEmptyRanksInTheWindow) {
   EXPECT_NE(text.find("# TYPE dxs_cluster_empty_ranks gauge"), std::string::npos);
 }
 
+// A scrape samples the registry itself: what it shows is as of the scrape, whether or not
+// anything sampled in between.
+TEST_F(ClusterMetricsTest, AScrapeShowsTheRegistryAsOfTheScrape) {
+  const v1::WorkerId a0 = Register(v1::ROLE_ATTENTION, 0, "a0:1");
+  std::map<std::string, double> s = Samples(*metrics_);
+  EXPECT_EQ(s[R"(dxs_workers{role="attention",state="joining"})"], 1);
+  EXPECT_EQ(s["dxs_cluster_view_version"], cluster_.version());
+  Beat(a0, 5, 2, 9);
+  s = Samples(*metrics_);
+  EXPECT_EQ(s[R"(dxs_workers{role="attention",state="ready"})"], 1);
+  EXPECT_EQ(s[R"(dxs_workers{role="attention",state="joining"})"], 0);
+  EXPECT_EQ(s[R"(dxs_cluster_steps_total{role="attention",rank="0"})"], 5);
+  EXPECT_EQ(s["dxs_cluster_view_version"], cluster_.version());
+}
+
 TEST_F(ClusterMetricsTest, BackgroundSamplingStartsAndStops) {
   Register(v1::ROLE_ATTENTION, 0, "a0:1");
   metrics_->Start();
