@@ -59,8 +59,9 @@ class Progress {
  public:
   Progress(int total, bool terminal) : total_(total), terminal_(terminal) {}
   void Tick() {
-    const int done = ++done_;
+    // Counted under the lock, so lines come out in order whichever thread ticks.
     std::lock_guard<std::mutex> lock(mu_);
+    const int done = ++done_;
     const int tenths = 10 * done / total_;
     if (!terminal_ && tenths == last_tenths_) return;
     last_tenths_ = tenths;
@@ -74,8 +75,8 @@ class Progress {
  private:
   const int total_;
   const bool terminal_;
-  std::atomic<int> done_{0};
   std::mutex mu_;
+  int done_ = 0;         // guarded by mu_
   int last_tenths_ = 0;  // guarded by mu_
 };
 
