@@ -157,6 +157,7 @@ int Main(int argc, char** argv) {
   std::cout << "dxs-attention rank " << rank << " listening on " << runtime.grpc_address()
             << ", metrics on " << runtime.metrics_address() << std::endl;
 
+  bool reported_idle = true;  // no step since the last idle report
   while (!ShutdownRequested()) {
     std::optional<ClusterShape> shape = runtime.ApplyPendingView();
     if (shape && runtime.cluster_complete()) {
@@ -183,7 +184,7 @@ int Main(int argc, char** argv) {
     if (const bool ready = loop != nullptr && runtime.cluster_complete();
         ready != service.ready()) {
       service.set_ready(ready);
-      runtime.ReportStateChange();
+      runtime.HeartbeatNow();
     }
     if (!loop || !runtime.cluster_complete()) {
       (void)runtime.transport()->WaitForActivity(absl::Now() + absl::Milliseconds(50));
@@ -191,6 +192,13 @@ int Main(int argc, char** argv) {
     }
     absl::StatusOr<bool> ran = loop->RunOnce(absl::Milliseconds(100));
     if (!ran.ok()) std::cerr << "dxs-attention: step loop: " << ran.status() << "\n";
+    // Idle after work: the router's view gets this rank's counters and load now.
+    if (ran.ok() && *ran) {
+      reported_idle = false;
+    } else if (ran.ok() && !reported_idle) {
+      runtime.HeartbeatNow();
+      reported_idle = true;
+    }
   }
   service.set_ready(false);
   scheduler.FailAll(absl::UnavailableError("attention worker shutting down"));

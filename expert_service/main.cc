@@ -124,6 +124,7 @@ int Main(int argc, char** argv) {
   std::cout << "dxs-expert rank " << rank << " listening on " << runtime.grpc_address() << " with "
             << experts.size() << " experts, metrics on " << runtime.metrics_address() << std::endl;
 
+  bool reported_idle = true;  // no round since the last idle report
   while (!ShutdownRequested()) {
     std::optional<ClusterShape> shape = runtime.ApplyPendingView();
     if (shape && shape->num_attention > 0) {
@@ -139,7 +140,7 @@ int Main(int argc, char** argv) {
     if (const bool serving = server != nullptr && runtime.cluster_complete();
         serving != service.serving()) {
       service.set_serving(serving);
-      runtime.ReportStateChange();
+      runtime.HeartbeatNow();
     }
     if (!server || !runtime.cluster_complete()) {
       (void)runtime.transport()->WaitForActivity(absl::Now() + absl::Milliseconds(50));
@@ -148,6 +149,13 @@ int Main(int argc, char** argv) {
     absl::Status s = server->ServeRound(absl::Now() + absl::Milliseconds(100));
     if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) {
       std::cerr << "dxs-expert rank " << rank << ": " << s << "\n";
+    }
+    // Idle after work (no round for 100 ms): the router's view gets this rank's counters now.
+    if (s.ok()) {
+      reported_idle = false;
+    } else if (s.code() == absl::StatusCode::kDeadlineExceeded && !reported_idle) {
+      runtime.HeartbeatNow();
+      reported_idle = true;
     }
   }
   runtime.Stop();

@@ -38,9 +38,9 @@ class WorkerMembership {
 
   v1::RegisterResponse registration() const;
 
-  // Sends the next heartbeat now (within 50 ms) instead of after the interval: the worker's
-  // state changed (JOINING -> READY), and the router's view, which `dxs status` and the
-  // router's health read, should not lag behind it by a heartbeat interval.
+  // Sends the next heartbeat now (within 50 ms) instead of after the interval, for news the
+  // router's view, which `dxs status` and the router's health read, should not get a
+  // heartbeat interval late (WorkerRuntime::HeartbeatNow).
   void HeartbeatSoon() { heartbeat_soon_ = true; }
 
  private:

@@ -70,9 +70,12 @@ class WorkerRuntime {
   // HOST:PORT of the metrics server, with the bound port; empty before StartMetrics.
   const std::string& metrics_address() const { return metrics_address_; }
   v1::RegisterResponse registration() const { return membership_->registration(); }
-  // The worker's state changed: heartbeat now rather than after the interval (no-op before
-  // Join).
-  void ReportStateChange() {
+  // Heartbeats now rather than after the interval (no-op before Join). Workers call it when
+  // their state changes (JOINING -> READY) and when they go idle after work, so that the
+  // router's view (states, loads, the step counters behind dxs_cluster_*) is current at the
+  // moments it is looked at, `dxs status` after a run for one; under steady load nothing
+  // changes and heartbeats keep their interval.
+  void HeartbeatNow() {
     if (membership_) membership_->HeartbeatSoon();
   }
   void Stop();
