@@ -186,9 +186,14 @@ TEST(Metrics, EveryProcessServesCleanMetricsThatMove) {
   const Samples r = ScrapeUntil(
       router,
       [&](const Samples& s) {
+        // The router's view comes with heartbeats (an expert sends one when it goes idle
+        // after work): wait for the experts' token counts to reach it too.
         return Value(s, R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="1"})") >=
                    Value(after1, empty1) &&
-               Value(s, R"(dxs_workers{role="expert",state="ready"})") == 2;
+               Value(s, R"(dxs_workers{role="expert",state="ready"})") == 2 &&
+               Value(s, R"(dxs_cluster_tokens_total{role="expert",rank="0"})") +
+                       Value(s, R"(dxs_cluster_tokens_total{role="expert",rank="1"})") >
+                   0;
       },
       absl::Seconds(10));
   EXPECT_EQ(Value(r, R"(dxs_requests_total{code="OK"})"), kNumRequests);
