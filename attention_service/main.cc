@@ -39,9 +39,9 @@
 #include "common/status_macros.h"
 #include "model/weights.h"
 #include "prometheus/registry.h"
-#include "router/membership/worker_membership.h"
-#include "router/membership/worker_runtime.h"
-#include "router/membership/worker_startup.h"
+#include "worker/worker_membership.h"
+#include "worker/worker_runtime.h"
+#include "worker/worker_startup.h"
 
 ABSL_FLAG(int64_t, kv_tokens, 1 << 16, "KV cache positions this rank holds, >= 1.");
 ABSL_FLAG(int64_t, prefill_chunk, 256, "Prompt tokens a request prefills per step, >= 1.");

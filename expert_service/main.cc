@@ -26,8 +26,8 @@
 #include "model/weights.h"
 #include "prometheus/registry.h"
 #include "router/dispatch/placement.h"
-#include "router/membership/worker_runtime.h"
-#include "router/membership/worker_startup.h"
+#include "worker/worker_runtime.h"
+#include "worker/worker_startup.h"
 
 ABSL_FLAG(std::string, experts, "",
           "The experts this rank holds, e.g. 0-3,7; default: the contiguous block the router "

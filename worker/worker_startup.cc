@@ -1,4 +1,4 @@
-#include "router/membership/worker_startup.h"
+#include "worker/worker_startup.h"
 
 #include <tuple>
 

@@ -18,7 +18,7 @@
 #include "common/safetensors.h"
 #include "prometheus/collectable.h"
 #include "prometheus/registry.h"
-#include "router/membership/worker_runtime.h"
+#include "worker/worker_runtime.h"
 
 namespace dxs {
 

@@ -1,4 +1,4 @@
-#include "router/membership/worker_membership.h"
+#include "worker/worker_membership.h"
 
 #include <grpcpp/grpcpp.h>
 

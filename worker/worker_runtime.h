@@ -26,7 +26,7 @@
 #include "dxs/v1/control_plane.grpc.pb.h"
 #include "prometheus/collectable.h"
 #include "router/dispatch/placement.h"
-#include "router/membership/worker_membership.h"
+#include "worker/worker_membership.h"
 #include "router/transport/transport.h"
 
 namespace dxs {

@@ -1,4 +1,4 @@
-#include "router/membership/worker_runtime.h"
+#include "worker/worker_runtime.h"
 
 #include <csignal>
 #include <iostream>
