@@ -33,7 +33,7 @@ absl::StatusOr<std::unique_ptr<WorkerMembership>> WorkerMembership::Start(
 WorkerMembership::~WorkerMembership() {
   stopping_ = true;
   {
-    std::lock_guard<std::mutex> lock(watch_mu_);
+    absl::MutexLock lock(&watch_mu_);
     if (watch_context_ != nullptr) watch_context_->TryCancel();
   }
   if (watch_thread_.joinable()) watch_thread_.join();
@@ -41,7 +41,7 @@ WorkerMembership::~WorkerMembership() {
   if (!registered_) return;  // refused: there is nothing to leave
   v1::DeregisterRequest req;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     req.mutable_worker()->set_role(request_.role());
     req.mutable_worker()->set_rank(registration_.rank());
     req.mutable_worker()->set_incarnation(registration_.incarnation());
@@ -54,7 +54,7 @@ WorkerMembership::~WorkerMembership() {
 }
 
 v1::RegisterResponse WorkerMembership::registration() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return registration_;
 }
 
@@ -64,7 +64,7 @@ absl::Status WorkerMembership::RegisterOnce() {
   v1::RegisterResponse resp;
   grpc::Status s = stub_->Register(&ctx, request_, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   registration_ = resp;
   registered_ = true;
   // Keep the rank we were granted on re-registration.
@@ -75,9 +75,9 @@ absl::Status WorkerMembership::RegisterOnce() {
 void WorkerMembership::ReRegisterIfCurrent(uint64_t incarnation) {
   // Both the watch and the heartbeat notice a lost registration; only the first of them
   // (the one still holding the current incarnation) registers again.
-  std::lock_guard<std::mutex> lock(reregister_mu_);
+  absl::MutexLock lock(&reregister_mu_);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (registration_.incarnation() != incarnation) return;
   }
   std::cerr << "membership: router forgot this worker; registering again\n";
@@ -91,7 +91,7 @@ void WorkerMembership::WatchLoop() {
   while (!stopping_) {
     grpc::ClientContext ctx;
     {
-      std::lock_guard<std::mutex> lock(watch_mu_);
+      absl::MutexLock lock(&watch_mu_);
       if (stopping_) break;
       watch_context_ = &ctx;
     }
@@ -99,7 +99,7 @@ void WorkerMembership::WatchLoop() {
     req.set_known_version(known);
     uint64_t watched_incarnation;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       req.mutable_worker()->set_role(request_.role());
       req.mutable_worker()->set_rank(registration_.rank());
       req.mutable_worker()->set_incarnation(registration_.incarnation());
@@ -113,7 +113,7 @@ void WorkerMembership::WatchLoop() {
     }
     grpc::Status s = reader->Finish();
     {
-      std::lock_guard<std::mutex> lock(watch_mu_);
+      absl::MutexLock lock(&watch_mu_);
       watch_context_ = nullptr;
     }
     if (stopping_) break;
@@ -127,7 +127,7 @@ void WorkerMembership::HeartbeatLoop() {
     uint32_t interval_ms;
     v1::HeartbeatRequest req;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       interval_ms = std::max<uint32_t>(registration_.heartbeat_interval_ms(), 50);
       req.mutable_worker()->set_role(request_.role());
       req.mutable_worker()->set_rank(registration_.rank());

@@ -12,11 +12,12 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
 #include "grpcpp/security/credentials.h"
@@ -54,14 +55,14 @@ class WorkerMembership {
   v1::RegisterRequest request_;
   ViewCallback on_view_;
   CountersCallback fill_heartbeat_;
-  mutable std::mutex mu_;
-  v1::RegisterResponse registration_;  // guarded by mu_
-  bool registered_ = false;            // guarded by mu_; a refused worker never is
+  mutable absl::Mutex mu_;
+  v1::RegisterResponse registration_ ABSL_GUARDED_BY(mu_);
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;  // a refused worker never is
   std::atomic<bool> stopping_{false};
   std::atomic<bool> heartbeat_soon_{false};
-  std::mutex reregister_mu_;
-  std::mutex watch_mu_;
-  grpc::ClientContext* watch_context_ = nullptr;  // guarded by watch_mu_
+  absl::Mutex reregister_mu_;  // one re-registration at a time
+  absl::Mutex watch_mu_;
+  grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(watch_mu_) = nullptr;
   std::thread watch_thread_, heartbeat_thread_;
 };
 

@@ -97,7 +97,7 @@ absl::Status WorkerRuntime::Join(const std::string& router, v1::RegisterRequest 
   absl::StatusOr<std::unique_ptr<WorkerMembership>> m = WorkerMembership::Start(
       router, std::move(request),
       [this](const v1::ClusterView& view) {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         pending_ = view;
         if (transport_) transport_->Wake();
       },
@@ -110,7 +110,7 @@ absl::Status WorkerRuntime::Join(const std::string& router, v1::RegisterRequest 
 std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
   std::optional<v1::ClusterView> view;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     view.swap(pending_);
   }
   if (!view) return std::nullopt;

@@ -14,20 +14,21 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
 #include "common/grpc/tls.h"
 #include "common/metrics/metrics_server.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
 #include "prometheus/collectable.h"
 #include "router/dispatch/placement.h"
-#include "worker/worker_membership.h"
 #include "router/transport/transport.h"
+#include "worker/worker_membership.h"
 
 namespace dxs {
 
@@ -90,9 +91,9 @@ class WorkerRuntime {
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
   std::string metrics_address_;
   std::unique_ptr<WorkerMembership> membership_;
-  std::mutex mu_;
-  std::optional<v1::ClusterView> pending_;  // guarded by mu_
-  std::map<int, std::string> connected_;    // transport rank -> address connected to
+  absl::Mutex mu_;
+  std::optional<v1::ClusterView> pending_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::string> connected_;  // transport rank -> address connected to
   bool complete_ = false;
   bool self_set_ = false;
 };

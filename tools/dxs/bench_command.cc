@@ -7,14 +7,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <iomanip>
 #include <iostream>
 #include <map>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "dxs/v1/frontend.grpc.pb.h"
 #include "model/engine.h"
 #include "model/sampler.h"
@@ -60,7 +60,7 @@ class Progress {
   Progress(int total, bool terminal) : total_(total), terminal_(terminal) {}
   void Tick() {
     // Counted under the lock, so lines come out in order whichever thread ticks.
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const int done = ++done_;
     const int tenths = 10 * done / total_;
     if (!terminal_ && tenths == last_tenths_) return;
@@ -75,9 +75,9 @@ class Progress {
  private:
   const int total_;
   const bool terminal_;
-  std::mutex mu_;
-  int done_ = 0;         // guarded by mu_
-  int last_tenths_ = 0;  // guarded by mu_
+  absl::Mutex mu_;
+  int done_ ABSL_GUARDED_BY(mu_) = 0;
+  int last_tenths_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // One request to the router as a gRPC callback reactor: no thread of its own, so C
@@ -148,18 +148,22 @@ class RemoteRun {
         progress_(progress) {}
 
   void Run(int concurrency) {
-    active_lanes_ = concurrency;
+    {
+      absl::MutexLock lock(&mu_);
+      active_lanes_ = concurrency;
+    }
     for (int lane = 0; lane < concurrency; ++lane) Next();
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return active_lanes_ == 0; });
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* lanes) { return *lanes == 0; }, &active_lanes_));
   }
 
  private:
   void Next() {
     const int i = next_++;
     if (i >= num_requests_) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--active_lanes_ == 0) cv_.notify_all();
+      absl::MutexLock lock(&mu_);
+      --active_lanes_;
       return;
     }
     new RemoteCall(stub_, BenchPrompt(i, prompt_len_, vocab_), output_len_, [this, i](Sample s) {
@@ -175,9 +179,8 @@ class RemoteRun {
   std::vector<Sample>* const samples_;
   Progress* const progress_;
   std::atomic<int> next_{0};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int active_lanes_ = 0;  // guarded by mu_
+  absl::Mutex mu_;
+  int active_lanes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace
