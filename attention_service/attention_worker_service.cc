@@ -1,7 +1,7 @@
 #include "attention_service/attention_worker_service.h"
 
 #include <algorithm>
-#include <condition_variable>
+#include <chrono>
 #include <deque>
 #include <fstream>
 #include <random>
@@ -9,6 +9,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/grpc/metadata.h"
 #include "common/grpc/status_conversion.h"
 
@@ -60,18 +62,21 @@ AttentionWorkerService::AttentionWorkerService(int dp_rank, const ModelConfig& c
 
 namespace {
 
+// Longest a waiting handler or stream writer sleeps without a wake-up.
+constexpr absl::Duration kWakeInterval = absl::Milliseconds(50);
+
 // Tokens from the step thread to the gRPC handler thread.
 struct StreamState {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<int32_t> tokens;
+  absl::Mutex mu;
+  absl::CondVar cv;
+  std::deque<int32_t> tokens ABSL_GUARDED_BY(mu);
   // The handler is woken once this many tokens wait (the stream interval; 1 for the
   // first token), so tokens held back for a chunk cost no wake-up each.
-  size_t wake_at = 1;
-  bool done = false;
-  absl::Status status;
-  FinishReason reason = FinishReason::kLength;
-  bool wrote_first_logits = false;
+  size_t wake_at ABSL_GUARDED_BY(mu) = 1;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  FinishReason reason ABSL_GUARDED_BY(mu) = FinishReason::kLength;
+  bool wrote_first_logits ABSL_GUARDED_BY(mu) = false;
 };
 
 }  // namespace
@@ -94,7 +99,7 @@ absl::StatusOr<uint64_t> AttentionWorkerService::Start(const v1::GenerateRequest
   if (!request.ok()) return request.status();
   uint64_t id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (ids_.count(req.request_id())) {
       return absl::AlreadyExistsError(
           absl::StrCat("request_id: '", req.request_id(), "' is already in flight"));
@@ -111,7 +116,7 @@ absl::StatusOr<uint64_t> AttentionWorkerService::Start(const v1::GenerateRequest
 }
 
 void AttentionWorkerService::Forget(const std::string& request_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ids_.erase(request_id);
 }
 
@@ -126,21 +131,21 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
   }
   const int64_t vocab = config_.vocab_size;
   sink.on_token = [state, logits_path, vocab](int32_t token, const float* logits) {
-    std::lock_guard<std::mutex> lock(state->mu);
+    absl::MutexLock lock(&state->mu);
     if (!logits_path.empty() && !state->wrote_first_logits) {
       std::ofstream(logits_path, std::ios::binary)
           .write(reinterpret_cast<const char*>(logits), vocab * sizeof(float));
       state->wrote_first_logits = true;
     }
     state->tokens.push_back(token);
-    if (state->tokens.size() >= state->wake_at) state->cv.notify_one();
+    if (state->tokens.size() >= state->wake_at) state->cv.Signal();
   };
   sink.on_done = [state](const absl::Status& s, FinishReason reason) {
-    std::lock_guard<std::mutex> lock(state->mu);
+    absl::MutexLock lock(&state->mu);
     state->done = true;
     state->status = s;
     state->reason = reason;
-    state->cv.notify_one();
+    state->cv.Signal();
   };
   const uint32_t prompt_tokens = static_cast<uint32_t>(req->prompt_token_ids_size());
   absl::StatusOr<uint64_t> started = Start(*req, std::move(sink));
@@ -150,17 +155,25 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
   auto forget = [&] { Forget(req->request_id()); };
   uint32_t index = 0;
   bool aborted_by_client = false, abort_sent = false;
+  absl::Status status;
+  FinishReason reason = FinishReason::kLength;
   while (true) {
     std::deque<int32_t> tokens;
     bool done;
     {
-      std::unique_lock<std::mutex> lock(state->mu);
-      state->cv.wait_for(lock, std::chrono::milliseconds(50),
-                         [&] { return state->done || state->tokens.size() >= state->wake_at; });
+      absl::MutexLock lock(&state->mu);
+      const absl::Time deadline = absl::Now() + kWakeInterval;
+      while (!state->done && state->tokens.size() < state->wake_at) {
+        if (state->cv.WaitWithDeadline(&state->mu, deadline)) break;  // timed out
+      }
       done = state->done;
       // Chunks of the stream interval; whatever is left goes out with the end.
       if (done || state->tokens.size() >= state->wake_at) tokens.swap(state->tokens);
       if (!tokens.empty()) state->wake_at = static_cast<size_t>(stream_interval_);
+      if (done) {
+        status = state->status;
+        reason = state->reason;
+      }
     }
     if (!tokens.empty() && !aborted_by_client) {
       v1::GenerateResponse resp;
@@ -185,11 +198,11 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
                                           "deadline passed; the request was stopped")
                            : grpc::Status::CANCELLED;
   }
-  if (!state->status.ok()) return ToGrpcStatus(state->status);
+  if (!status.ok()) return ToGrpcStatus(status);
   v1::GenerateResponse final_msg;
   final_msg.set_request_id(req->request_id());
   v1::GenerateComplete* c = final_msg.mutable_complete();
-  c->set_finish_reason(ToProto(state->reason));
+  c->set_finish_reason(ToProto(reason));
   c->set_prompt_tokens(prompt_tokens);
   c->set_completion_tokens(index);
   c->set_data_parallel_rank(static_cast<uint32_t>(dp_rank_));
@@ -202,7 +215,7 @@ absl::Status AttentionWorkerService::AbortById(const std::string& request_id) {
   if (request_id.empty()) return absl::InvalidArgumentError("request_id: must not be empty");
   uint64_t id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = ids_.find(request_id);
     if (it == ids_.end()) {
       return absl::NotFoundError(
@@ -223,22 +236,22 @@ grpc::Status AttentionWorkerService::Abort(grpc::ServerContext*, const v1::Abort
 // One Serve stream's events on their way out. Sinks (step thread) and the reader thread
 // append; the writer thread sends.
 struct AttentionWorkerService::ServeOutbox {
-  std::mutex mu;
-  std::condition_variable cv;
-  v1::ServeEvents pending;     // guarded by mu
-  bool flush = false;          // guarded by mu: send what is pending now
-  bool closed = false;         // guarded by mu: the stream ended; the writer stops
-  bool broken = false;         // guarded by mu: a write failed; events are dropped
-  std::set<uint64_t> running;  // guarded by mu: scheduler ids started here, not done
+  absl::Mutex mu;
+  absl::CondVar cv;
+  v1::ServeEvents pending ABSL_GUARDED_BY(mu);
+  bool flush ABSL_GUARDED_BY(mu) = false;          // send what is pending now
+  bool closed ABSL_GUARDED_BY(mu) = false;         // the stream ended; the writer stops
+  bool broken ABSL_GUARDED_BY(mu) = false;         // a write failed; events are dropped
+  std::set<uint64_t> running ABSL_GUARDED_BY(mu);  // scheduler ids started here, not done
 
   // Appends `event`; with `now`, wakes the writer at once instead of at the step's end.
-  void Push(v1::ServeEvent event, bool now) {
-    std::lock_guard<std::mutex> lock(mu);
+  void Push(v1::ServeEvent event, bool now) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
     if (broken) return;
     *pending.add_events() = std::move(event);
     if (now) {
       flush = true;
-      cv.notify_one();
+      cv.Signal();
     }
   }
 };
@@ -318,7 +331,7 @@ absl::Status AttentionWorkerService::Submit(const v1::GenerateRequest& req,
     } else {
       outbox->Push(ErrorEvent(request_id, status), false);
     }
-    std::lock_guard<std::mutex> lock(outbox->mu);
+    absl::MutexLock lock(&outbox->mu);
     state->done = true;
     outbox->running.erase(*scheduler_id);
   };
@@ -326,7 +339,7 @@ absl::Status AttentionWorkerService::Submit(const v1::GenerateRequest& req,
   if (!started.ok()) return started.status();
   // The step thread may have finished the request already (on_done marks it under the
   // same lock), so the id is recorded only if it is still running.
-  std::lock_guard<std::mutex> lock(outbox->mu);
+  absl::MutexLock lock(&outbox->mu);
   *scheduler_id = *started;
   if (!state->done) outbox->running.insert(*started);
   return absl::OkStatus();
@@ -339,24 +352,26 @@ grpc::Status AttentionWorkerService::Serve(
   stream->SendInitialMetadata();
   auto outbox = std::make_shared<ServeOutbox>();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     outboxes_.push_back(outbox);
   }
   std::thread writer([outbox, stream] {
-    std::unique_lock<std::mutex> lock(outbox->mu);
+    absl::MutexLock lock(&outbox->mu);
     while (true) {
       // The step's end wakes it; the timeout sends what arrived outside a step (a failure
       // at shutdown).
-      outbox->cv.wait_for(lock, std::chrono::milliseconds(50),
-                          [&] { return outbox->flush || outbox->closed; });
+      const absl::Time deadline = absl::Now() + kWakeInterval;
+      while (!outbox->flush && !outbox->closed) {
+        if (outbox->cv.WaitWithDeadline(&outbox->mu, deadline)) break;  // timed out
+      }
       const bool closing = outbox->closed;
       outbox->flush = false;
       if (outbox->pending.events_size() > 0) {
         v1::ServeEvents message;
         message.Swap(&outbox->pending);
-        lock.unlock();
+        outbox->mu.Unlock();  // not held across the write
         const bool sent = stream->Write(message);
-        lock.lock();
+        outbox->mu.Lock();
         if (!sent) {
           outbox->broken = true;
           outbox->pending.Clear();
@@ -378,7 +393,7 @@ grpc::Status AttentionWorkerService::Serve(
   // The router went away: stop what it started here, which frees their KV.
   std::vector<uint64_t> running;
   {
-    std::lock_guard<std::mutex> lock(outbox->mu);
+    absl::MutexLock lock(&outbox->mu);
     running.assign(outbox->running.begin(), outbox->running.end());
   }
   for (uint64_t id : running) scheduler_->Abort(id);
@@ -386,25 +401,25 @@ grpc::Status AttentionWorkerService::Serve(
     if (AttentionStepLoop* loop = step_loop_.load()) loop->Wake();
   }
   {
-    std::lock_guard<std::mutex> lock(outbox->mu);
+    absl::MutexLock lock(&outbox->mu);
     outbox->closed = true;
-    outbox->cv.notify_one();
+    outbox->cv.Signal();
   }
   writer.join();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     outboxes_.erase(std::find(outboxes_.begin(), outboxes_.end(), outbox));
   }
   return grpc::Status::OK;
 }
 
 void AttentionWorkerService::FlushStreams() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const std::shared_ptr<ServeOutbox>& outbox : outboxes_) {
-    std::lock_guard<std::mutex> outbox_lock(outbox->mu);
+    absl::MutexLock outbox_lock(&outbox->mu);
     if (outbox->pending.events_size() == 0) continue;
     outbox->flush = true;
-    outbox->cv.notify_one();
+    outbox->cv.Signal();
   }
 }
 

@@ -20,10 +20,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "attention_service/attention_step_loop.h"
 #include "common/model_config.h"
 #include "dxs/v1/attention_worker.grpc.pb.h"
@@ -64,7 +65,7 @@ class AttentionWorkerService final : public v1::AttentionWorker::Service {
   v1::RankLoad Load();
   // Sends what the step produced on every Serve stream (one message each). Called by the
   // step thread at the end of each step (AttentionStepLoop::set_on_step_end).
-  void FlushStreams();
+  void FlushStreams() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct ServeOutbox;
@@ -72,12 +73,14 @@ class AttentionWorkerService final : public v1::AttentionWorker::Service {
   // UNAVAILABLE (not ready), ALREADY_EXISTS (id in flight), and the scheduler's errors.
   // On success the id stays in ids_ until the caller's forget (Generate) or the sink's
   // on_done (Serve) removes it. Returns the scheduler id.
-  absl::StatusOr<uint64_t> Start(const v1::GenerateRequest& req, TokenSink sink);
+  absl::StatusOr<uint64_t> Start(const v1::GenerateRequest& req, TokenSink sink)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Serve: a submit from `outbox`'s stream.
-  absl::Status Submit(const v1::GenerateRequest& req, const std::shared_ptr<ServeOutbox>& outbox);
+  absl::Status Submit(const v1::GenerateRequest& req, const std::shared_ptr<ServeOutbox>& outbox)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Aborts `request_id`; NOT_FOUND if not in flight.
-  absl::Status AbortById(const std::string& request_id);
-  void Forget(const std::string& request_id);
+  absl::Status AbortById(const std::string& request_id) ABSL_LOCKS_EXCLUDED(mu_);
+  void Forget(const std::string& request_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   int dp_rank_;
   ModelConfig config_;
@@ -87,10 +90,11 @@ class AttentionWorkerService final : public v1::AttentionWorker::Service {
   int stream_interval_ = 1;
   std::atomic<AttentionStepLoop*> step_loop_{nullptr};
   std::atomic<bool> ready_{false};
-  std::mutex mu_;
-  std::map<std::string, uint64_t> ids_;  // guarded by mu_: request id -> scheduler id
-  uint64_t next_id_ = 1;                 // guarded by mu_
-  std::vector<std::shared_ptr<ServeOutbox>> outboxes_;  // guarded by mu_: open Serve streams
+  // Taken before a ServeOutbox's mu (FlushStreams), never after.
+  absl::Mutex mu_;
+  std::map<std::string, uint64_t> ids_ ABSL_GUARDED_BY(mu_);  // request id -> scheduler id
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::vector<std::shared_ptr<ServeOutbox>> outboxes_ ABSL_GUARDED_BY(mu_);  // open Serve streams
 };
 
 // The counters a DP rank reports in heartbeats.

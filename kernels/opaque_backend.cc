@@ -5,9 +5,10 @@
 
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "kernels/caching_allocator.h"
 #include "kernels/cpu_backend.h"
@@ -44,8 +45,8 @@ class Arena {
 
   // Read-write memory from the arena (bump allocation; the caching allocator above reuses
   // freed blocks, so nothing is given back). Null when the arena is full.
-  void* Take(size_t bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void* Take(size_t bytes) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     const size_t aligned = (bytes + 255) / 256 * 256;
     if (used_ + aligned > bytes_) return nullptr;
     void* p = open_ + used_;
@@ -67,8 +68,8 @@ class Arena {
   uint8_t* const hidden_;
   uint8_t* const open_;
   const size_t bytes_;
-  std::mutex mu_;
-  size_t used_ = 0;  // guarded by mu_
+  absl::Mutex mu_;
+  size_t used_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The CPU backend over the arena's read-write view.

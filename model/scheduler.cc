@@ -51,7 +51,7 @@ absl::Status Scheduler::Add(uint64_t id, GenerationRequest request, TokenSink si
     return absl::ResourceExhaustedError(absl::StrCat(
         "request needs ", need, " KV tokens; the cache holds ", kv_->capacity_tokens()));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!known_ids_.insert(id).second) {
     return absl::AlreadyExistsError(absl::StrCat("request id ", id, " is already in flight"));
   }
@@ -61,24 +61,24 @@ absl::Status Scheduler::Add(uint64_t id, GenerationRequest request, TokenSink si
 }
 
 bool Scheduler::Abort(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!known_ids_.count(id)) return false;
   aborts_.push_back(id);
   return true;
 }
 
 bool Scheduler::HasWork() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return !running_.empty() || !queued_.empty() || !aborts_.empty();
 }
 
 size_t Scheduler::num_running() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return num_running_;
 }
 
 size_t Scheduler::num_queued() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return queued_.size();
 }
 
@@ -87,7 +87,7 @@ void Scheduler::Retire(size_t index, const absl::Status& status, FinishReason re
   if (l.slot >= 0) kv_->Free(l.slot);
   l.sink.on_done(status, reason);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     known_ids_.erase(l.id);
   }
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
@@ -97,7 +97,7 @@ void Scheduler::AdmitQueued() {
   std::vector<uint64_t> aborts;
   std::deque<Live> arrivals;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     aborts.swap(aborts_);
     // Admit in arrival order while the KV cache has room.
     while (!queued_.empty()) {
@@ -134,7 +134,7 @@ void Scheduler::AdmitQueued() {
       Retire(i, absl::OkStatus(), FinishReason::kAborted);
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   num_running_ = running_.size();
 }
 
@@ -189,14 +189,14 @@ void Scheduler::FinishStep(const std::vector<float>& logits) {
     Retire(it->first, absl::OkStatus(), it->second);
   }
   step_owners_.clear();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   num_running_ = running_.size();
 }
 
 void Scheduler::FailAll(const absl::Status& status) {
   while (!running_.empty()) Retire(running_.size() - 1, status, FinishReason::kAborted);
   step_owners_.clear();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   num_running_ = 0;
 }
 

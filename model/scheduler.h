@@ -15,11 +15,12 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <set>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "common/model_config.h"
 #include "kernels/tensor.h"
 #include "model/kv_cache.h"
@@ -60,20 +61,20 @@ class Scheduler {
 
   // Validates and queues. INVALID_ARGUMENT for a bad request, ALREADY_EXISTS for a
   // duplicate id, RESOURCE_EXHAUSTED if it could never fit in the KV cache.
-  absl::Status Add(uint64_t id, GenerationRequest request, TokenSink sink);
+  absl::Status Add(uint64_t id, GenerationRequest request, TokenSink sink) ABSL_LOCKS_EXCLUDED(mu_);
   // Stops a request at the next step boundary (its sink gets kAborted). False if unknown.
-  bool Abort(uint64_t id);
+  bool Abort(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Step thread.
-  bool HasWork();
-  std::vector<SequenceChunk> BuildStep();
+  bool HasWork() ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<SequenceChunk> BuildStep() ABSL_LOCKS_EXCLUDED(mu_);
   // logits: the step's [num_chunks, vocab] on the host.
-  void FinishStep(const std::vector<float>& logits);
+  void FinishStep(const std::vector<float>& logits) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends every request with `status` (a failed step) and frees their KV.
-  void FailAll(const absl::Status& status);
+  void FailAll(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
-  size_t num_running();
-  size_t num_queued();
+  size_t num_running() ABSL_LOCKS_EXCLUDED(mu_);
+  size_t num_queued() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Live {
@@ -88,19 +89,21 @@ class Scheduler {
     std::vector<int32_t> generated;
     bool aborted = false;
   };
-  void Retire(size_t index, const absl::Status& status, FinishReason reason);
-  void AdmitQueued();
+  // Both take mu_ themselves, and call sinks.
+  void Retire(size_t index, const absl::Status& status, FinishReason reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void AdmitQueued() ABSL_LOCKS_EXCLUDED(mu_);
 
   ModelConfig config_;
   KvCache* kv_;
   SchedulerOptions options_;
-  std::mutex mu_;
-  std::deque<Live> queued_;       // guarded by mu_
-  std::vector<uint64_t> aborts_;  // guarded by mu_
-  std::set<uint64_t> known_ids_;  // guarded by mu_: queued or running
-  int64_t queued_tokens_ = 0;     // guarded by mu_: KV the queue will need
-  std::vector<Live> running_;     // step thread only (size mirrored for num_running)
-  size_t num_running_ = 0;        // guarded by mu_
+  absl::Mutex mu_;
+  std::deque<Live> queued_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> aborts_ ABSL_GUARDED_BY(mu_);
+  std::set<uint64_t> known_ids_ ABSL_GUARDED_BY(mu_);  // queued or running
+  int64_t queued_tokens_ ABSL_GUARDED_BY(mu_) = 0;     // KV the queue will need
+  std::vector<Live> running_;  // step thread only (size mirrored for num_running)
+  size_t num_running_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<size_t> step_owners_;
 };
 

@@ -21,7 +21,7 @@ ClusterWatcher::ClusterWatcher(ClusterRegistry* registry, Callback callback)
 ClusterWatcher::~ClusterWatcher() { Stop(); }
 
 void ClusterWatcher::Stop() {
-  std::lock_guard<std::mutex> lock(join_mu_);
+  absl::MutexLock lock(&join_mu_);
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }

@@ -11,9 +11,10 @@
 #pragma once
 
 #include <functional>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "dxs/v1/control_plane.pb.h"
 #include "router/control_plane/cluster_registry.h"
@@ -30,7 +31,7 @@ class ClusterWatcher {
   ClusterWatcher(const ClusterWatcher&) = delete;
   ClusterWatcher& operator=(const ClusterWatcher&) = delete;
 
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(join_mu_);
 
  private:
   void Run(uint64_t known_version);
@@ -38,8 +39,8 @@ class ClusterWatcher {
   ClusterRegistry* const registry_;
   const Callback callback_;
   absl::Notification stop_;
-  std::mutex join_mu_;  // one joiner at a time
-  std::thread thread_;
+  absl::Mutex join_mu_;                           // one joiner at a time
+  std::thread thread_ ABSL_GUARDED_BY(join_mu_);  // set in the constructor, joined by Stop
 };
 
 }  // namespace dxs
