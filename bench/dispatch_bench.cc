@@ -36,8 +36,10 @@
 // measures. Addresses, the gRPC port and "serve N round trips of kind K" commands travel
 // over pipes; the child answers each command with its page faults and CPU time.
 //
-// Usage: dispatch_bench [--quick] [--shape=embedded|h2048] [--wire=f32|bf16] [--tokens=N]
-//   --quick: fewer round trips, for a smoke run; the others select rows.
+// Usage: dispatch_bench [--quick] [--pin] [--shape=embedded|h2048] [--wire=f32|bf16]
+//                       [--tokens=N]
+//   --quick: fewer round trips, for a smoke run; --pin: the DP process on CPU 0 and the EP
+//   process on CPU 1 for every method (baselines too); the others select rows.
 // Exit status 0 whether or not the targets are met; 1 only if the bench itself failed.
 // The combined output is checked against (sum of weights) * x after every row.
 #include <grpcpp/grpcpp.h>
@@ -547,6 +549,7 @@ struct Options {
   std::string shape;  // empty: all
   std::string wire;   // empty: all
   int tokens = -1;    // -1: all
+  bool pin = false;   // parent (DP rank) on CPU 0, child (EP rank) on CPU 1
 };
 
 // The raw ping-pong busy-polls in both processes, so unless something else runs, each
@@ -800,10 +803,12 @@ Options ParseOptions(int argc, char** argv) {
       opts.wire = v;
     } else if (const char* v = value("--tokens")) {
       opts.tokens = std::atoi(v);
+    } else if (arg == "--pin") {
+      opts.pin = true;
     } else {
       Die("unknown argument '" + arg +
-          "'; usage: dispatch_bench [--quick] [--shape=embedded|h2048] [--wire=f32|bf16] "
-          "[--tokens=N]");
+          "'; usage: dispatch_bench [--quick] [--pin] [--shape=embedded|h2048] "
+          "[--wire=f32|bf16] [--tokens=N]");
     }
   }
   return opts;
@@ -823,6 +828,8 @@ int main(int argc, char** argv) {
   const pid_t pid = fork();
   if (pid < 0) dxs::bench::Die("fork");
   alarm(dxs::kWatchdogSeconds);
+  // Every method runs under the same pinning, baselines included.
+  if (options.pin) dxs::bench::PinToCpu(pid == 0 ? 1 : 0);
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     dxs::RunExpertRank(to_child[0], from_child[1]);

@@ -1,6 +1,7 @@
 #include "bench/raw_ucx_pingpong.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -169,6 +170,13 @@ ucs_status_t RawUcxPeer::OnMessage(void* arg, const void* header, size_t header_
   }
   if (UCS_PTR_IS_ERR(request)) Die("ucp_am_recv_data_nbx failed");
   return UCS_INPROGRESS;
+}
+
+void PinToCpu(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) Die("sched_setaffinity");
 }
 
 }  // namespace dxs::bench

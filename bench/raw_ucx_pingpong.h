@@ -26,6 +26,10 @@ namespace dxs::bench {
 
 // Prints "<program>: what" to stderr and exits 1.
 [[noreturn]] void Die(const std::string& what);
+// Pins the calling process to one CPU: the two ends of a ping-pong on a small machine,
+// which the scheduler otherwise sometimes stacks on one CPU (about 2.5 us more per round
+// trip and half the copy bandwidth, for every method alike).
+void PinToCpu(int cpu);
 
 // Pipe helpers shared by the two-process benches.
 void WriteAll(int fd, const void* data, size_t bytes);

@@ -354,13 +354,6 @@ void DxsServer(int read_fd, int write_fd) {
   (void)transport->WaitForActivity(absl::Now() + absl::Milliseconds(100));
 }
 
-void PinToCpu(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  if (sched_setaffinity(0, sizeof(set), &set) != 0) Die("sched_setaffinity");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -384,7 +377,7 @@ int main(int argc, char** argv) {
   if (pipe(to_child) != 0 || pipe(from_child) != 0) Die("pipe");
   const pid_t pid = fork();
   if (pid < 0) Die("fork");
-  if (pin) PinToCpu(pid == 0 ? 1 : 0);
+  if (pin) dxs::bench::PinToCpu(pid == 0 ? 1 : 0);
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     RawServer(to_child[0], from_child[1]);
