@@ -127,7 +127,6 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   }
   DXS_RETURN_IF_ERROR(EnsureRows(total_rows, dtype));
   const int k = next_out_;
-  next_out_ ^= 1;
   Tensor x = x_.Rows(0, total_rows);
   Tensor out = out_[k].Rows(0, total_rows);
   // Receive: rows into x, pairs into the round's arrays, each DP rank at its offsets.
@@ -140,21 +139,28 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   const MemoryType memory = MemoryOf(backend);
   const size_t row_bytes = static_cast<size_t>(hidden) * DTypeSize(dtype);
   uint8_t* x_bytes = static_cast<uint8_t*>(backend->TransportAddress(x_));
+  // Each DP rank's pairs arrive as one block (rows | experts | weights), split below.
+  pair_blocks_.resize(3 * static_cast<size_t>(total_pairs));
   transfers_.clear();
   for (size_t i = 0; i < num_dp; ++i) {
     const int peer = dp_peers_[i];
-    const size_t pair_bytes = static_cast<size_t>(headers[i].num_pairs) * 4;
-    const int64_t p = pair_offset_[i];
     transfers_.push_back({Transfer::Kind::kRecv, peer, x_bytes + row_offset_[i] * row_bytes,
                           static_cast<size_t>(headers[i].num_rows) * row_bytes, memory});
-    transfers_.push_back({Transfer::Kind::kRecv, peer, pairs.rows.data() + p, pair_bytes});
-    transfers_.push_back({Transfer::Kind::kRecv, peer, pairs.experts.data() + p, pair_bytes});
-    transfers_.push_back({Transfer::Kind::kRecv, peer, pairs.weights.data() + p, pair_bytes});
+    transfers_.push_back({Transfer::Kind::kRecv, peer, pair_blocks_.data() + 3 * pair_offset_[i],
+                          static_cast<size_t>(headers[i].num_pairs) * 12});
   }
   const uint64_t tag = ExchangeTag(first.key());
   DXS_ASSIGN_OR_RETURN(ExchangeId received,
                        transport_->PostExchange(tag, transfers_.data(), transfers_.size()));
   DXS_RETURN_IF_ERROR(transport_->WaitExchange(received, deadline + absl::Seconds(5)));
+  for (size_t i = 0; i < num_dp; ++i) {
+    const int64_t p = pair_offset_[i], n = headers[i].num_pairs;
+    if (n == 0) continue;
+    const int32_t* block = pair_blocks_.data() + 3 * p;
+    std::memcpy(pairs.rows.data() + p, block, n * sizeof(int32_t));
+    std::memcpy(pairs.experts.data() + p, block + n, n * sizeof(int32_t));
+    std::memcpy(pairs.weights.data() + p, block + 2 * n, n * sizeof(float));
+  }
   ++counters_.rounds_in_place;
   // Which of the round's layer's experts this rank holds, asked once per expert rather
   // than once per pair (Holds is virtual, ExpertShard's a map lookup) when the round has
@@ -249,6 +255,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     // A send UCX cannot withdraw may still read out_[k]: the next round computes into the
     // other buffer, and the one after waits (briefly) before reusing this one.
     combine_group_[k] = sent;
+    next_out_ ^= 1;  // rounds compute into the other buffer until this one is released
     return absl::UnavailableError(absl::StrCat("combine of step ", first.step, " layer ",
                                                first.layer, ": ", delivered.message()));
   }

@@ -13,10 +13,11 @@
 //
 // A round returns once its combine is delivered (the DP ranks posted their receives with
 // their dispatch, so that is at once). Sends to a rank that abandoned the step are never
-// matched: the wait gives up after the attention side's step timeout (5 s) and the round fails
-// with UNAVAILABLE. Such a
-// send may still hold the output buffer, so the output is double-buffered and a buffer
-// with a send still pending is waited for (briefly) before it is written again.
+// matched: the wait gives up after the attention side's step timeout (5 s) and the round
+// fails with UNAVAILABLE. Such a send may still hold the output buffer, so later rounds
+// compute into a second one, and a buffer with a send still pending is waited for before it
+// is written again. Normally one output buffer serves every round: a second one alternating
+// with it doubled the working set and cost ~200 us a round trip at 8 MiB (dispatch_bench).
 //
 // Thread safety: ServeRound is called by one thread; counters may be read from any.
 #pragma once
@@ -87,8 +88,9 @@ class ExpertStepServer final {
   ExpertMetrics* metrics_ = nullptr;
   int64_t rows_this_step_ = 0;
   std::vector<std::optional<WireHeader>> pending_;
-  // The round's input and (double-buffered) output rows, [capacity, hidden] in the wire
-  // dtype, grown as batches grow; the combine group that last sent from each output.
+  // The round's input and output rows, [capacity, hidden] in the wire dtype, grown as
+  // batches grow; the second output only after a combine was not delivered (with the
+  // group that may still read the first).
   Tensor x_;
   Tensor out_[2];
   std::optional<ExchangeId> combine_group_[2];
@@ -97,6 +99,7 @@ class ExpertStepServer final {
   std::vector<WireHeader> headers_;
   std::vector<int64_t> row_offset_, pair_offset_;
   RoutedPairs pairs_;
+  std::vector<int32_t> pair_blocks_;  // the pairs as they arrive: per DP rank one block
   std::vector<Transfer> transfers_;
   std::unique_ptr<Event> out_written_;  // recorded after the experts, before the combine
   std::vector<uint8_t> held_;

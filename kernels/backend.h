@@ -59,17 +59,16 @@ struct PagedAttentionMeta {
 
 // Where each EP rank's tokens and routed pairs are (DeepEP's dispatch layout plus the
 // permutation), computed on the backend from the router's top-k ids. Rank r's tokens are
-// token_rows[tok_off[r], tok_off[r] + num_tokens_per_rank[r]) (ascending rows of x) and its
-// pairs pair_*[pair_off[r], ...), offsets being exclusive prefix sums of the counts. A
-// pair's row indexes into its rank's token list.
+// token_rows[tok_off[r], tok_off[r] + num_tokens_per_rank[r]) (ascending rows of x). Its
+// num_pairs_per_rank[r] = p pairs are one block of `pairs` from 3 * pair_off[r] on, as the
+// wire carries them: p row indices (into the rank's token list), p expert ids, p weights
+// (float32 bits). Offsets are exclusive prefix sums of the counts.
 struct DispatchLayoutTensors {
   Tensor num_tokens_per_rank;    // [R] i32
   Tensor num_pairs_per_rank;     // [R] i32
   Tensor num_tokens_per_expert;  // [E] i32
   Tensor token_rows;             // [T * min(k, R)] i32 (the first sum(num_tokens) used)
-  Tensor pair_rows;              // [T * k] i32
-  Tensor pair_experts;           // [T * k] i32
-  Tensor pair_weights;           // [T * k] f32
+  Tensor pairs;                  // [3 * T * k] i32: per rank, rows | experts | weights
 };
 
 class Backend {

@@ -47,9 +47,7 @@ absl::Status CpuBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& 
   DXS_ASSIGN_OR_RETURN(layout->num_pairs_per_rank, Allocate({num_ranks}, DType::kI32));
   DXS_ASSIGN_OR_RETURN(layout->num_tokens_per_expert, Allocate({num_experts}, DType::kI32));
   DXS_ASSIGN_OR_RETURN(layout->token_rows, Allocate({max_token_rows}, DType::kI32));
-  DXS_ASSIGN_OR_RETURN(layout->pair_rows, Allocate({num_pairs}, DType::kI32));
-  DXS_ASSIGN_OR_RETURN(layout->pair_experts, Allocate({num_pairs}, DType::kI32));
-  DXS_ASSIGN_OR_RETURN(layout->pair_weights, Allocate({num_pairs}, DType::kF32));
+  DXS_ASSIGN_OR_RETURN(layout->pairs, Allocate({3 * num_pairs}, DType::kI32));
   const int32_t* id = ids.i32();
   const float* weight = weights.f32();
   const int32_t* owner = expert_owner.i32();
@@ -70,11 +68,11 @@ absl::Status CpuBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& 
     pair_count[0] = static_cast<int32_t>(num_pairs);
     std::iota(layout->token_rows.i32(), layout->token_rows.i32() + num_tokens, 0);
     for (int64_t t = 0; t < num_tokens; ++t) {
-      std::fill_n(layout->pair_rows.i32() + t * top_k, top_k, static_cast<int32_t>(t));
+      std::fill_n(layout->pairs.i32() + t * top_k, top_k, static_cast<int32_t>(t));
     }
     if (num_pairs > 0) {
-      std::memcpy(layout->pair_experts.i32(), id, num_pairs * sizeof(int32_t));
-      std::memcpy(layout->pair_weights.f32(), weight, num_pairs * sizeof(float));
+      std::memcpy(layout->pairs.i32() + num_pairs, id, num_pairs * sizeof(int32_t));
+      std::memcpy(layout->pairs.i32() + 2 * num_pairs, weight, num_pairs * sizeof(float));
     }
     return absl::OkStatus();
   }
@@ -93,21 +91,25 @@ absl::Status CpuBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& 
       }
     }
   }
+  // Rank r's pair block is rows | experts | weights, p_r each, from 3 * pair_off[r] on.
   struct Cursor {
-    int64_t token, pair;  // next slots in the flat arrays
-    int32_t next_row;     // the rank's next local row
+    int64_t token;  // next slot in token_rows
+    int32_t* rows;  // next pair slots of the rank's block
+    int32_t* experts;
+    float* weights;
+    int32_t next_row;  // the rank's next local row
   };
   std::vector<Cursor> cursor(num_ranks);
   int64_t token_offset = 0, pair_offset = 0;
+  int32_t* const blocks = layout->pairs.i32();
   for (int r = 0; r < num_ranks; ++r) {
-    cursor[r] = {token_offset, pair_offset, 0};
+    int32_t* block = blocks + 3 * pair_offset;
+    cursor[r] = {token_offset, block, block + pair_count[r],
+                 reinterpret_cast<float*>(block + 2 * pair_count[r]), 0};
     token_offset += token_count[r];
     pair_offset += pair_count[r];
   }
   int32_t* token_rows = layout->token_rows.i32();
-  int32_t* pair_rows = layout->pair_rows.i32();
-  int32_t* pair_experts = layout->pair_experts.i32();
-  float* pair_weights = layout->pair_weights.f32();
   std::fill(last_token.begin(), last_token.end(), -1);
   for (int64_t t = 0; t < num_tokens; ++t) {
     for (int64_t k = 0; k < top_k; ++k) {
@@ -119,10 +121,9 @@ absl::Status CpuBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& 
         token_rows[c.token++] = static_cast<int32_t>(t);
         ++c.next_row;
       }
-      pair_rows[c.pair] = c.next_row - 1;
-      pair_experts[c.pair] = expert;
-      pair_weights[c.pair] = weight[t * top_k + k];
-      ++c.pair;
+      *c.rows++ = c.next_row - 1;
+      *c.experts++ = expert;
+      *c.weights++ = weight[t * top_k + k];
     }
   }
   return absl::OkStatus();

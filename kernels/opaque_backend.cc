@@ -173,9 +173,7 @@ class OpaqueBackend final : public Backend {
     layout->num_pairs_per_rank = Hide(open.num_pairs_per_rank);
     layout->num_tokens_per_expert = Hide(open.num_tokens_per_expert);
     layout->token_rows = Hide(open.token_rows);
-    layout->pair_rows = Hide(open.pair_rows);
-    layout->pair_experts = Hide(open.pair_experts);
-    layout->pair_weights = Hide(open.pair_weights);
+    layout->pairs = Hide(open.pairs);
     return absl::OkStatus();
   }
   absl::Status CombineRows(const Tensor& recv, const Tensor& token_rows,

@@ -174,12 +174,12 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
     const size_t rows_bytes = static_cast<size_t>(n) * row_bytes;
     const size_t pair_bytes = static_cast<size_t>(h.num_pairs_per_rank[r]) * sizeof(int32_t);
     transfers_.push_back({Transfer::Kind::kSend, peer, rows, rows_bytes, memory});
-    for (const Tensor* t : {&h.layout.pair_rows, &h.layout.pair_experts, &h.layout.pair_weights}) {
-      uint8_t* base = static_cast<uint8_t*>(backend_->TransportAddress(*t));
-      transfers_.push_back({Transfer::Kind::kSend, peer,
-                            pair_bytes > 0 ? base + h.pair_offsets[r] * sizeof(int32_t) : nullptr,
-                            pair_bytes, memory});
-    }
+    // The rank's pairs, one block straight from the layout: rows | experts | weights.
+    uint8_t* pairs = static_cast<uint8_t*>(backend_->TransportAddress(h.layout.pairs));
+    transfers_.push_back(
+        {Transfer::Kind::kSend, peer,
+         pair_bytes > 0 ? pairs + 3 * h.pair_offsets[r] * sizeof(int32_t) : nullptr, 3 * pair_bytes,
+         memory});
     transfers_.push_back({Transfer::Kind::kRecv, peer, answer, rows_bytes, memory});
   }
   if (send_status.ok()) {

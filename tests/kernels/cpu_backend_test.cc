@@ -2,6 +2,7 @@
 #include "kernels/cpu_backend.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -198,8 +199,16 @@ TEST_F(CpuBackendTest, DispatchLayoutCombineAndSortPairs) {
   std::vector<int32_t> token_rows = *b_->DownloadIndices(layout.token_rows);
   EXPECT_EQ(std::vector<int32_t>(token_rows.begin(), token_rows.begin() + 4),
             (std::vector<int32_t>{0, 1, 0, 2}));
-  EXPECT_EQ(*b_->DownloadIndices(layout.pair_rows), (std::vector<int32_t>{0, 1, 1, 0, 1, 1}));
-  EXPECT_EQ(*b_->DownloadIndices(layout.pair_experts), (std::vector<int32_t>{0, 1, 0, 2, 3, 2}));
+  // Per rank one block: rows | experts | weights (float bits).
+  const std::vector<int32_t> pairs = *b_->DownloadIndices(layout.pairs);
+  ASSERT_EQ(pairs.size(), 18u);
+  EXPECT_EQ(std::vector<int32_t>(pairs.begin(), pairs.begin() + 6),
+            (std::vector<int32_t>{0, 1, 1, 0, 1, 0}));  // rank 0: rows, experts
+  EXPECT_EQ(std::vector<int32_t>(pairs.begin() + 9, pairs.begin() + 15),
+            (std::vector<int32_t>{0, 1, 1, 2, 3, 2}));  // rank 1: rows, experts
+  float w0;
+  std::memcpy(&w0, &pairs[6], sizeof(w0));
+  EXPECT_EQ(w0, 0.6f);
   // An expert no rank owns is an error.
   EXPECT_FALSE(b_->ComputeDispatchLayout(ids, weights, Ids({0, 0, 5, 1}), 2, &layout).ok());
 

@@ -45,9 +45,7 @@ DispatchLayout ComputeLayout(Backend* backend, const Placement& placement,
   const std::vector<int32_t> num_tokens = *backend->DownloadIndices(t.num_tokens_per_rank);
   const std::vector<int32_t> num_pairs = *backend->DownloadIndices(t.num_pairs_per_rank);
   const std::vector<int32_t> token_rows = *backend->DownloadIndices(t.token_rows);
-  const std::vector<int32_t> rows = *backend->DownloadIndices(t.pair_rows);
-  const std::vector<int32_t> experts = *backend->DownloadIndices(t.pair_experts);
-  const std::vector<float> pair_weights = *backend->Download(t.pair_weights);
+  const std::vector<int32_t> blocks = *backend->DownloadIndices(t.pairs);
   DispatchLayout layout;
   layout.token_rows.resize(num_ranks);
   layout.pairs.resize(num_ranks);
@@ -56,9 +54,14 @@ DispatchLayout ComputeLayout(Backend* backend, const Placement& placement,
     layout.token_rows[r].assign(token_rows.begin() + token,
                                 token_rows.begin() + token + num_tokens[r]);
     token += num_tokens[r];
-    for (int32_t p = 0; p < num_pairs[r]; ++p, ++pair) {
-      layout.pairs[r].Add(rows[pair], experts[pair], pair_weights[pair]);
+    // The rank's block: rows | experts | weights.
+    const int32_t* block = blocks.data() + 3 * pair;
+    for (int32_t p = 0; p < num_pairs[r]; ++p) {
+      float weight;
+      std::memcpy(&weight, &block[2 * num_pairs[r] + p], sizeof(weight));
+      layout.pairs[r].Add(block[p], block[num_pairs[r] + p], weight);
     }
+    pair += num_pairs[r];
   }
   EXPECT_EQ(pair, ids.size());
   return layout;
@@ -195,17 +198,19 @@ class ExpertRoutingCheckTest : public ::testing::Test {
     h.hidden = kHidden;
     std::vector<float> rows(num_rows * kHidden), answer(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i);
-    RoutedPairs sent = pairs;
-    const size_t pair_bytes = pairs.size() * 4;
+    // The pairs as the wire carries them: one block of rows | experts | weights.
+    const size_t n = pairs.size();
+    std::vector<int32_t> block(3 * n);
+    std::memcpy(block.data(), pairs.rows.data(), n * 4);
+    std::memcpy(block.data() + n, pairs.experts.data(), n * 4);
+    std::memcpy(block.data() + 2 * n, pairs.weights.data(), n * 4);
     const Transfer group[] = {
         {Transfer::Kind::kSend, 1, rows.data(), rows.size() * sizeof(float)},
-        {Transfer::Kind::kSend, 1, sent.rows.data(), pair_bytes},
-        {Transfer::Kind::kSend, 1, sent.experts.data(), pair_bytes},
-        {Transfer::Kind::kSend, 1, sent.weights.data(), pair_bytes},
+        {Transfer::Kind::kSend, 1, block.data(), block.size() * 4},
         {Transfer::Kind::kRecv, 1, answer.data(), answer.size() * sizeof(float)}};
     absl::Status announced = transports_[0]->Send(1, h.Encode(), nullptr, 0);
     if (!announced.ok()) return announced;
-    absl::StatusOr<ExchangeId> id = transports_[0]->PostExchange(ExchangeTag(h.key()), group, 5);
+    absl::StatusOr<ExchangeId> id = transports_[0]->PostExchange(ExchangeTag(h.key()), group, 3);
     if (!id.ok()) return id.status();
     absl::Status served = server_->ServeRound(absl::Now() + absl::Seconds(5));
     // The combine: the rows back when the round was served; a refused round sends nothing,
