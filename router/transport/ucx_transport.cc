@@ -621,20 +621,16 @@ template <typename Ready>
 UcxTransport::WaitResult UcxTransport::WaitUntil(absl::Time deadline, bool honor_wake,
                                                  Ready ready) {
   for (;;) {
-    absl::Time spin_end = absl::Now() + kSpinBeforeSleep;
+    const absl::Time spin_end = absl::Now() + kSpinBeforeSleep;
     absl::Time now;
     do {
-      // While the worker makes progress (a large transfer moving through shared memory in
-      // fragments, each needing both sides), keep spinning: sleeping between fragments
-      // would cost a wake-up per fragment. Sleep only after kSpinBeforeSleep of none.
-      const bool progressed = ProgressAll() > 0;
+      ProgressAll();
       if (ready()) return WaitResult::kReady;
       if (honor_wake && wake_pending_.exchange(false, std::memory_order_acq_rel)) {
         return WaitResult::kWoken;
       }
       now = absl::Now();
       if (now >= deadline) return WaitResult::kDeadline;
-      if (progressed) spin_end = now + kSpinBeforeSleep;
       // Hand the core to whoever is runnable: with more processes than cores the peer we
       // wait for may be the one that needs it. Costs a syscall when nothing else runs.
       sched_yield();
