@@ -41,12 +41,19 @@ bool ExpertShard::Holds(int layer, int expert) const { return weights_.count({la
 absl::Status ExpertShard::ForwardRouted(int layer, const Tensor& x, const Tensor& ids,
                                         const Tensor& weights, Tensor* out) {
   const int64_t tokens = ids.rows(), top_k = tokens > 0 ? ids.row_size() : 0;
-  // Pair p belongs to token p / top_k: metadata from the shape alone.
-  std::vector<int32_t> host_rows(static_cast<size_t>(tokens * top_k));
-  for (size_t p = 0; p < host_rows.size(); ++p) host_rows[p] = static_cast<int32_t>(p / top_k);
-  DXS_ASSIGN_OR_RETURN(Tensor rows, backend_->UploadIndices(host_rows));
-  return ForwardPairs(layer, x, rows, ids.Reshape({tokens * top_k}),
-                      weights.Reshape({tokens * top_k}), rows, out);
+  const int64_t num_pairs = tokens * top_k;
+  // Pair p belongs to token p / top_k: metadata from the shape alone, uploaded once for the
+  // largest batch seen (a smaller batch's is a prefix of it).
+  if (num_pairs > 0 && (routed_rows_top_k_ != top_k || routed_rows_.rows() < num_pairs)) {
+    std::vector<int32_t> host_rows(
+        static_cast<size_t>(std::max(num_pairs, 2 * routed_rows_.rows())));
+    for (size_t p = 0; p < host_rows.size(); ++p) host_rows[p] = static_cast<int32_t>(p / top_k);
+    DXS_ASSIGN_OR_RETURN(routed_rows_, backend_->UploadIndices(host_rows));
+    routed_rows_top_k_ = top_k;
+  }
+  const Tensor rows = num_pairs > 0 ? routed_rows_.Rows(0, num_pairs) : ids.Reshape({0});
+  return ForwardPairs(layer, x, rows, ids.Reshape({num_pairs}), weights.Reshape({num_pairs}), rows,
+                      out);
 }
 
 absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor& rows,
@@ -76,18 +83,31 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
   }
   DXS_RETURN_IF_ERROR(backend_->Fill(&sum, 0.f));
   if (num_pairs > 0) {  // empty batch: no kernels
-    DXS_ASSIGN_OR_RETURN(Tensor order, backend_->Allocate({num_pairs}, DType::kI32));
-    DXS_ASSIGN_OR_RETURN(Tensor offsets, backend_->Allocate({num_experts + 1}, DType::kI32));
+    // Workspace reused across calls (grown for the largest batch seen).
+    if (!ws_.order.defined() || ws_.order.rows() < num_pairs) {
+      const int64_t n = std::max(num_pairs, 2 * (ws_.order.defined() ? ws_.order.rows() : 0));
+      DXS_ASSIGN_OR_RETURN(ws_.order, backend_->Allocate({n}, DType::kI32));
+      DXS_ASSIGN_OR_RETURN(ws_.sorted_rows, backend_->Allocate({n}, DType::kI32));
+      DXS_ASSIGN_OR_RETURN(ws_.sorted_out_rows, backend_->Allocate({n}, DType::kI32));
+      DXS_ASSIGN_OR_RETURN(ws_.sorted_weights, backend_->Allocate({n}, DType::kF32));
+      DXS_ASSIGN_OR_RETURN(ws_.y, backend_->Allocate({n, hidden}, DType::kF32));
+    }
+    if (!ws_.offsets.defined()) {
+      DXS_ASSIGN_OR_RETURN(ws_.offsets, backend_->Allocate({num_experts + 1}, DType::kI32));
+    }
+    Tensor order = ws_.order.Rows(0, num_pairs), offsets = ws_.offsets;
     DXS_RETURN_IF_ERROR(backend_->SortPairsByExpert(experts, num_experts, &order, &offsets));
-    DXS_ASSIGN_OR_RETURN(Tensor sorted_rows, backend_->Allocate({num_pairs}, DType::kI32));
-    DXS_ASSIGN_OR_RETURN(Tensor sorted_out_rows, backend_->Allocate({num_pairs}, DType::kI32));
-    DXS_ASSIGN_OR_RETURN(Tensor sorted_weights, backend_->Allocate({num_pairs}, DType::kF32));
+    Tensor sorted_rows = ws_.sorted_rows.Rows(0, num_pairs);
+    Tensor sorted_out_rows = ws_.sorted_out_rows.Rows(0, num_pairs);
+    Tensor sorted_weights = ws_.sorted_weights.Rows(0, num_pairs);
     DXS_RETURN_IF_ERROR(backend_->GatherRows(rows, order, &sorted_rows));
     DXS_RETURN_IF_ERROR(backend_->GatherRows(out_rows, order, &sorted_out_rows));
     DXS_RETURN_IF_ERROR(backend_->GatherRows(weights, order, &sorted_weights));
     // Experts' per-layer counts: E + 1 offsets to the host, for the load metrics and to
     // name a routed expert this shard does not hold.
-    DXS_ASSIGN_OR_RETURN(std::vector<int32_t> bounds, backend_->DownloadIndices(offsets));
+    std::vector<int32_t>& bounds = ws_.bounds;
+    bounds.resize(static_cast<size_t>(num_experts) + 1);
+    DXS_RETURN_IF_ERROR(backend_->CopyToHost(offsets, DType::kI32, bounds.data()));
     for (int e = 0; e < num_experts; ++e) {
       const int32_t n = bounds[e + 1] - bounds[e];
       if (n > 0 && gate_[layer][e] == nullptr) {
@@ -95,7 +115,7 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
             absl::StrCat("expert ", e, " of layer ", layer, " is not held by this shard"));
       }
     }
-    DXS_ASSIGN_OR_RETURN(Tensor y, backend_->Allocate({num_pairs, hidden}, DType::kF32));
+    Tensor y = ws_.y.Rows(0, num_pairs);
     DXS_RETURN_IF_ERROR(backend_->GroupedSwiGlu(x, &sorted_rows, offsets, gate_[layer], up_[layer],
                                                 down_[layer], &y));
     DXS_RETURN_IF_ERROR(backend_->ScaleAddRows(y, sorted_weights, sorted_out_rows, &sum));

@@ -6,6 +6,9 @@
 // sort of the pairs by expert, the gather of their rows, the grouped SwiGLU over the rows
 // sorted by expert, and the weighted scatter-add. Pairs are applied grouped by ascending
 // expert id, and in their given order within an expert, so the summation order is fixed.
+//
+// Thread safety: one thread at a time calls the Forward methods (they reuse a workspace);
+// Holds and tokens_per_expert_snapshot may be called from any thread.
 #pragma once
 
 #include <atomic>
@@ -49,6 +52,14 @@ class ExpertShard final {
   std::vector<std::vector<const Tensor*>> gate_, up_, down_;
   std::unique_ptr<std::atomic<int64_t>[]> tokens_per_expert_;
   Tensor accumulator_;  // float32 sums for a narrower `out`, reused
+  // ForwardPairs' workspace, reused (one caller thread), and ForwardRouted's pair rows.
+  struct Workspace {
+    Tensor order, offsets, sorted_rows, sorted_out_rows, sorted_weights, y;
+    std::vector<int32_t> bounds;
+  };
+  Workspace ws_;
+  Tensor routed_rows_;
+  int64_t routed_rows_top_k_ = 0;
 };
 
 }  // namespace dxs
