@@ -65,6 +65,8 @@ absl::Status CpuBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
         absl::StrCat("paged attention: q ", q.ShapeString(), ", cache ", k_cache.ShapeString()));
   }
   const int64_t group = heads / kv_heads;
+  const float* const k_base = k_cache.f32();
+  const float* const v_base = v_cache.f32();
   const int32_t* query_start = meta.query_start.i32();
   const int32_t* context_lens = meta.context_lens.i32();
   std::vector<float> scores(std::max<int64_t>(meta.max_context_len, 1));
@@ -79,8 +81,13 @@ absl::Status CpuBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
                                                      " positions"));
     }
     if (static_cast<int64_t>(scores.size()) < context) scores.resize(context);
-    // Position p's cache row (in units of kv_heads * d).
-    auto cache_row = [&](int64_t p) { return static_cast<int64_t>(table[p / bs]) * bs + p % bs; };
+    // Each position's cache row (in units of d), looked up once per sequence rather than
+    // per (query, head, position): the division by the block size stays out of the loops.
+    thread_local std::vector<int64_t> row_of;
+    row_of.resize(static_cast<size_t>(context));
+    for (int64_t p = 0; p < context; ++p) {
+      row_of[p] = (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * kv_heads;
+    }
     for (int64_t i = 0; i < q_len; ++i) {
       const int64_t visible = past + i + 1;
       for (int64_t h = 0; h < heads; ++h) {
@@ -88,7 +95,7 @@ absl::Status CpuBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
         const int64_t kvh = h / group;
         float max_score = -INFINITY;
         for (int64_t p = 0; p < visible; ++p) {
-          const float* kv = k_cache.f32() + (cache_row(p) * kv_heads + kvh) * d;
+          const float* kv = k_base + (row_of[p] + kvh) * d;
           float dot = 0.f;
           for (int64_t j = 0; j < d; ++j) dot += qv[j] * kv[j];
           dot *= scale;
@@ -104,7 +111,7 @@ absl::Status CpuBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
         std::fill(o, o + d, 0.f);
         for (int64_t p = 0; p < visible; ++p) {
           const float w = scores[p] / sum;
-          const float* vv = v_cache.f32() + (cache_row(p) * kv_heads + kvh) * d;
+          const float* vv = v_base + (row_of[p] + kvh) * d;
           for (int64_t j = 0; j < d; ++j) o[j] += w * vv[j];
         }
       }
