@@ -52,49 +52,69 @@ std::string TradeAddresses(int read_fd, int write_fd, const std::string& own) {
   return peer;
 }
 
-void RawUcxPeer::Init(int read_fd, int write_fd, size_t max_bytes) {
+void CheckUcs(ucs_status_t status, const char* what) {
+  if (status != UCS_OK) Die(std::string(what) + ": " + ucs_status_string(status));
+}
+
+void RawUcxConnection::Open(int read_fd, int write_fd, uint64_t features,
+                            const std::function<void(ucp_worker_h)>& before_connect) {
   ucp_config_t* config = nullptr;
-  Check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  CheckUcs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   ucp_params_t params = {};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_AM;
-  Check(ucp_init(&params, config, &context_), "ucp_init");
+  params.features = features;
+  CheckUcs(ucp_init(&params, config, &context), "ucp_init");
   ucp_config_release(config);
   ucp_worker_params_t worker_params = {};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
-  Check(ucp_worker_create(context_, &worker_params, &worker_), "ucp_worker_create");
-  ucp_am_handler_param_t handler = {};
-  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                       UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  handler.id = kRawAmId;
-  handler.flags = UCP_AM_FLAG_WHOLE_MSG;
-  handler.cb = &RawUcxPeer::OnMessage;
-  handler.arg = this;
-  Check(ucp_worker_set_am_recv_handler(worker_, &handler), "set_am_recv_handler");
-
+  CheckUcs(ucp_worker_create(context, &worker_params, &worker), "ucp_worker_create");
+  if (before_connect) before_connect(worker);
   ucp_address_t* address = nullptr;
   size_t address_bytes = 0;
-  Check(ucp_worker_get_address(worker_, &address, &address_bytes), "get_address");
+  CheckUcs(ucp_worker_get_address(worker, &address, &address_bytes), "get_address");
   const std::string peer = TradeAddresses(
       read_fd, write_fd, std::string(reinterpret_cast<char*>(address), address_bytes));
-  ucp_worker_release_address(worker_, address);
+  ucp_worker_release_address(worker, address);
   ucp_ep_params_t ep_params = {};
   ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   ep_params.address = reinterpret_cast<const ucp_address_t*>(peer.data());
   ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  Check(ucp_ep_create(worker_, &ep_params, &ep_), "ucp_ep_create");
-  buffer_.resize(max_bytes);
+  CheckUcs(ucp_ep_create(worker, &ep_params, &ep), "ucp_ep_create");
 }
 
-void RawUcxPeer::Close() {
+void RawUcxConnection::Close() {
   ucp_request_param_t params = {};
   params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   params.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  Wait(ucp_ep_close_nbx(ep_, &params), "ucp_ep_close_nbx");
-  ucp_worker_destroy(worker_);
-  ucp_cleanup(context_);
+  Wait(ucp_ep_close_nbx(ep, &params), "ucp_ep_close_nbx");
+  ucp_worker_destroy(worker);
+  ucp_cleanup(context);
 }
+
+void RawUcxConnection::Wait(ucs_status_ptr_t request, const char* what) {
+  if (request == nullptr) return;
+  if (UCS_PTR_IS_ERR(request)) CheckUcs(UCS_PTR_STATUS(request), what);
+  while (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_worker_progress(worker);
+  CheckUcs(ucp_request_check_status(request), what);
+  ucp_request_free(request);
+}
+
+void RawUcxPeer::Init(int read_fd, int write_fd, size_t max_bytes) {
+  ucx_.Open(read_fd, write_fd, UCP_FEATURE_AM, [this](ucp_worker_h worker) {
+    ucp_am_handler_param_t handler = {};
+    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                         UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    handler.id = kRawAmId;
+    handler.flags = UCP_AM_FLAG_WHOLE_MSG;
+    handler.cb = &RawUcxPeer::OnMessage;
+    handler.arg = this;
+    CheckUcs(ucp_worker_set_am_recv_handler(worker, &handler), "set_am_recv_handler");
+  });
+  buffer_.resize(max_bytes);
+}
+
+void RawUcxPeer::Close() { ucx_.Close(); }
 
 void RawUcxPeer::Send(size_t bytes) { SendAm(nullptr, 0, bytes); }
 
@@ -108,12 +128,13 @@ void RawUcxPeer::SendQuit() { SendAm(&kQuitHeader, 1, 0); }
 void RawUcxPeer::SendAm(const void* header, size_t header_bytes, size_t bytes) {
   if (bytes > buffer_.size()) Die("raw: message larger than the buffer");
   ucp_request_param_t params = {};
-  Wait(ucp_am_send_nbx(ep_, kRawAmId, header, header_bytes, buffer_.data(), bytes, &params),
-       "ucp_am_send_nbx");
+  ucx_.Wait(
+      ucp_am_send_nbx(ucx_.ep, kRawAmId, header, header_bytes, buffer_.data(), bytes, &params),
+      "ucp_am_send_nbx");
 }
 
 long RawUcxPeer::Receive() {
-  while (!received_) ucp_worker_progress(worker_);
+  while (!received_) ucp_worker_progress(ucx_.worker);
   received_ = false;
   return quit_ ? -1 : static_cast<long>(received_bytes_);
 }
@@ -125,17 +146,6 @@ void RawUcxPeer::Serve(long max_requests) {
     Send(requested_reply_bytes_ < 0 ? static_cast<size_t>(bytes)
                                     : static_cast<size_t>(requested_reply_bytes_));
   }
-}
-
-void RawUcxPeer::Check(ucs_status_t status, const char* what) {
-  if (status != UCS_OK) Die(std::string(what) + ": " + ucs_status_string(status));
-}
-
-void RawUcxPeer::Wait(ucs_status_ptr_t request, const char* what) {
-  if (request == nullptr) return;
-  if (UCS_PTR_IS_ERR(request)) Check(UCS_PTR_STATUS(request), what);
-  while (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_worker_progress(worker_);
-  ucp_request_free(request);
 }
 
 ucs_status_t RawUcxPeer::OnMessage(void* arg, const void* header, size_t header_length, void* data,
@@ -163,7 +173,7 @@ ucs_status_t RawUcxPeer::OnMessage(void* arg, const void* header, size_t header_
   };
   params.user_data = self;
   ucs_status_ptr_t request =
-      ucp_am_recv_data_nbx(self->worker_, data, self->buffer_.data(), length, &params);
+      ucp_am_recv_data_nbx(self->ucx_.worker, data, self->buffer_.data(), length, &params);
   if (request == nullptr) {
     self->received_ = true;
     return UCS_OK;

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,27 @@ void WriteAll(int fd, const void* data, size_t bytes);
 void ReadAll(int fd, void* data, size_t bytes);
 // Sends `own` (length-prefixed) and returns the peer's.
 std::string TradeAddresses(int read_fd, int write_fd, const std::string& own);
+
+// Dies naming `what` unless `status` is UCS_OK.
+void CheckUcs(ucs_status_t status, const char* what);
+
+// What both raw UCP baselines start from: a context with `features`, a single-threaded
+// worker, and one endpoint (peer error handling, as dxs uses) to the process at the other
+// end of the pipes, whose worker address is traded over them. `before_connect` runs on the
+// new worker before the trade (AM handlers are set there).
+struct RawUcxConnection {
+  void Open(int read_fd, int write_fd, uint64_t features,
+            const std::function<void(ucp_worker_h)>& before_connect = {});
+  // Force-closes the endpoint, then destroys the worker and the context.
+  void Close();
+  // Progresses the worker until `request` completes (null: it already did), then frees it;
+  // dies if it failed.
+  void Wait(ucs_status_ptr_t request, const char* what);
+
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  ucp_ep_h ep = nullptr;
+};
 
 class RawUcxPeer {
  public:
@@ -61,15 +83,11 @@ class RawUcxPeer {
   uint8_t* data() { return buffer_.data(); }
 
  private:
-  static void Check(ucs_status_t status, const char* what);
   void SendAm(const void* header, size_t header_bytes, size_t bytes);
-  void Wait(ucs_status_ptr_t request, const char* what);
   static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
 
-  ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
-  ucp_ep_h ep_ = nullptr;
+  RawUcxConnection ucx_;
   std::vector<uint8_t> buffer_;
   bool received_ = false;
   bool quit_ = false;

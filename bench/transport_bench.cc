@@ -116,64 +116,23 @@ void RawServer(int read_fd, int write_fd) {
 class RawTagPeer {
  public:
   void Init(int read_fd, int write_fd) {
-    ucp_config_t* config = nullptr;
-    Check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
-    ucp_params_t params = {};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_TAG;
-    Check(ucp_init(&params, config, &context_), "ucp_init");
-    ucp_config_release(config);
-    ucp_worker_params_t worker_params = {};
-    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
-    Check(ucp_worker_create(context_, &worker_params, &worker_), "ucp_worker_create");
-    ucp_address_t* address = nullptr;
-    size_t address_bytes = 0;
-    Check(ucp_worker_get_address(worker_, &address, &address_bytes), "get_address");
-    const std::string peer = TradeAddresses(
-        read_fd, write_fd, std::string(reinterpret_cast<char*>(address), address_bytes));
-    ucp_worker_release_address(worker_, address);
-    ucp_ep_params_t ep_params = {};
-    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep_params.address = reinterpret_cast<const ucp_address_t*>(peer.data());
-    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    Check(ucp_ep_create(worker_, &ep_params, &ep_), "ucp_ep_create");
+    ucx_.Open(read_fd, write_fd, UCP_FEATURE_TAG);
     buffer_.resize(kMaxBytes);
   }
-  void Close() {
-    ucp_request_param_t params = {};
-    params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    params.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    Wait(ucp_ep_close_nbx(ep_, &params));
-    ucp_worker_destroy(worker_);
-    ucp_cleanup(context_);
-  }
+  void Close() { ucx_.Close(); }
   // Posts the receive first, then the send, and waits for both (the client's round trip);
   // the server passes send_after_recv to answer only once the request is in.
   void Transfer(size_t bytes, bool send_after_recv) {
     ucp_request_param_t params = {};
-    void* recv = ucp_tag_recv_nbx(worker_, buffer_.data(), bytes, 1, ~ucp_tag_t{0}, &params);
-    if (send_after_recv) Wait(recv);
-    void* send = ucp_tag_send_nbx(ep_, buffer_.data(), bytes, 1, &params);
-    Wait(send);
-    if (!send_after_recv) Wait(recv);
+    void* recv = ucp_tag_recv_nbx(ucx_.worker, buffer_.data(), bytes, 1, ~ucp_tag_t{0}, &params);
+    if (send_after_recv) ucx_.Wait(recv, "raw tag transfer");
+    void* send = ucp_tag_send_nbx(ucx_.ep, buffer_.data(), bytes, 1, &params);
+    ucx_.Wait(send, "raw tag transfer");
+    if (!send_after_recv) ucx_.Wait(recv, "raw tag transfer");
   }
 
  private:
-  static void Check(ucs_status_t status, const char* what) {
-    if (status != UCS_OK) Die(std::string(what) + ": " + ucs_status_string(status));
-  }
-  void Wait(void* request) {
-    if (request == nullptr) return;
-    if (UCS_PTR_IS_ERR(request)) Check(UCS_PTR_STATUS(request), "raw tag transfer");
-    while (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_worker_progress(worker_);
-    Check(ucp_request_check_status(request), "raw tag transfer");
-    ucp_request_free(request);
-  }
-
-  ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
-  ucp_ep_h ep_ = nullptr;
+  dxs::bench::RawUcxConnection ucx_;
   std::vector<uint8_t> buffer_;
 };
 
