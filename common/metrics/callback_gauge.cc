@@ -68,11 +68,7 @@ prometheus::MetricFamily CallbackGaugeFamily::Collect() const {
 absl::StatusOr<CallbackGaugeFamily*> CallbackGauges::Add(std::string_view name,
                                                          std::string_view help) {
   const std::string n(name);
-  if (!prometheus::CheckMetricName(n)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metric name \"", n, "\" does not match [a-zA-Z_:][a-zA-Z0-9_:]*"));
-  }
-  if (absl::Status s = ValidateHelp(name, help); !s.ok()) return s;
+  if (absl::Status s = ValidateNameAndHelp(name, help); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   std::unique_ptr<CallbackGaugeFamily>& family = families_[n];
   if (family == nullptr) {

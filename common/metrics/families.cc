@@ -17,11 +17,7 @@ template <typename T>
 absl::StatusOr<prometheus::Family<T>*> Add(prometheus::Registry* registry, std::string_view name,
                                            std::string_view help) {
   const std::string n(name);
-  if (!prometheus::CheckMetricName(n)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metric name \"", n, "\" does not match [a-zA-Z_:][a-zA-Z0-9_:]*"));
-  }
-  if (absl::Status s = ValidateHelp(name, help); !s.ok()) return s;
+  if (absl::Status s = ValidateNameAndHelp(name, help); !s.ok()) return s;
   try {
     return &prometheus::detail::Builder<T>().Name(n).Help(std::string(help)).Register(*registry);
   } catch (const std::invalid_argument& e) {
@@ -31,7 +27,11 @@ absl::StatusOr<prometheus::Family<T>*> Add(prometheus::Registry* registry, std::
 
 }  // namespace
 
-absl::Status ValidateHelp(std::string_view name, std::string_view help) {
+absl::Status ValidateNameAndHelp(std::string_view name, std::string_view help) {
+  if (!prometheus::CheckMetricName(std::string(name))) {
+    return absl::InvalidArgumentError(absl::StrCat("metric name \"", std::string(name),
+                                                   "\" does not match [a-zA-Z_:][a-zA-Z0-9_:]*"));
+  }
   if (help.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("metric ", std::string(name), " has no help"));
   }

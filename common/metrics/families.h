@@ -54,7 +54,7 @@ prometheus::Histogram::BucketBoundaries LinearBuckets(double start, double width
 // count bounds start, start * factor, ...; start > 0, factor > 1, count >= 1.
 prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double factor, int count);
 
-// The rules for help text above; shared with the scrape-time collectables.
-absl::Status ValidateHelp(std::string_view name, std::string_view help);
+// The rules for names and help text above; shared with the scrape-time collectables.
+absl::Status ValidateNameAndHelp(std::string_view name, std::string_view help);
 
 }  // namespace dxs::metrics

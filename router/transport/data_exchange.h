@@ -49,9 +49,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
 namespace dxs {
@@ -75,6 +77,22 @@ using ExchangeId = uint64_t;
 // source rank (UCX) or keep them free.
 inline constexpr int kExchangeTagBits = 48;
 inline constexpr uint64_t kMaxExchangeTag = (uint64_t{1} << kExchangeTagBits) - 1;
+
+// The DEADLINE_EXCEEDED every backend reports for a group still pending: which of its
+// transfers were not done. `ops` are a backend's entries, each with `done` and `transfer`.
+template <typename Ops>
+absl::Status ExchangeDeadlineError(uint64_t tag, const Ops& ops, size_t num_pending) {
+  std::string pending;
+  for (const auto& op : ops) {
+    if (op.done) continue;
+    absl::StrAppend(&pending, pending.empty() ? "" : ", ",
+                    op.transfer.kind == Transfer::Kind::kSend ? "send to " : "receive from ",
+                    op.transfer.peer);
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("exchange tag ", tag, ": ", num_pending, " of ", ops.size(),
+                   " transfers not done at the deadline (", pending, ")"));
+}
 
 class DataExchange {
  public:

@@ -253,7 +253,8 @@ class InprocTransport final : public Transport {
         if (!status.ok() || group.num_pending == 0) break;
         if (own.cv.WaitWithDeadline(&hub_->mu, deadline)) {
           status = GroupErrorLocked(group);
-          if (status.ok() && group.num_pending > 0) status = DeadlineError(group);
+          if (status.ok() && group.num_pending > 0)
+            status = ExchangeDeadlineError(group.tag, group.ops, group.num_pending);
           break;
         }
       }
@@ -326,19 +327,6 @@ class InprocTransport final : public Transport {
       }
     }
     return absl::OkStatus();
-  }
-
-  absl::Status DeadlineError(const ExchangeGroup& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub_->mu) {
-    std::string pending;
-    for (const ExchangeOp& op : group.ops) {
-      if (op.done) continue;
-      absl::StrAppend(&pending, pending.empty() ? "" : ", ",
-                      op.transfer.kind == Transfer::Kind::kSend ? "send to " : "receive from ",
-                      op.transfer.peer);
-    }
-    return absl::DeadlineExceededError(
-        absl::StrCat("exchange tag ", group.tag, ": ", group.num_pending, " of ", group.ops.size(),
-                     " transfers not done at the deadline (", pending, ")"));
   }
 
   // Takes the group's unmatched entries off their queues: nothing writes them afterwards.

@@ -898,16 +898,7 @@ absl::Status UcxTransport::WaitExchange(ExchangeId id, absl::Time deadline) {
       status = absl::InternalError(
           absl::StrCat("exchange tag ", group.tag, ": waiting on the UCX worker failed"));
     } else {
-      std::string pending;
-      for (const ExchangeOp& op : group.ops) {
-        if (op.done) continue;
-        absl::StrAppend(&pending, pending.empty() ? "" : ", ",
-                        op.transfer.kind == Transfer::Kind::kSend ? "send to " : "receive from ",
-                        op.transfer.peer);
-      }
-      status = absl::DeadlineExceededError(
-          absl::StrCat("exchange tag ", group.tag, ": ", group.num_pending, " of ",
-                       group.ops.size(), " transfers not done at the deadline (", pending, ")"));
+      status = ExchangeDeadlineError(group.tag, group.ops, group.num_pending);
     }
   }
   std::unique_ptr<ExchangeGroup> owned = std::move(it->second);

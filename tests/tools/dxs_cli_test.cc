@@ -16,30 +16,18 @@
 #include "model/engine.h"
 #include "nlohmann/json.hpp"
 #include "tests/model/test_util.h"
+#include "tests/tools/run_binary.h"
 
 namespace dxs {
 namespace {
 
 using testing::TempDir;
 
-struct Output {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::string Slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using Output = testing::ProcessOutput;
 
 // Runs `dxs <args>` to completion, capturing stdout and stderr.
 Output RunDxs(const std::string& args, const TempDir& tmp) {
-  const std::string out = tmp.path() + "/out.txt", err = tmp.path() + "/err.txt";
-  const std::string cmd = absl::StrCat(DXS_TEST_BIN_DIR, "/dxs ", args, " >", out, " 2>", err);
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, Slurp(out), Slurp(err)};
+  return testing::RunBinary("dxs " + args, tmp);
 }
 
 int Lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }

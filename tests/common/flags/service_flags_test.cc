@@ -14,31 +14,18 @@
 #include "common/flags/parse.h"
 #include "gtest/gtest.h"
 #include "tests/model/test_util.h"
+#include "tests/tools/run_binary.h"
 
 namespace dxs {
 namespace {
 
 using testing::TempDir;
 
-struct Output {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::string Slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using Output = testing::ProcessOutput;
 
 // Runs build/bin/`binary` `args` to completion.
 Output RunService(const std::string& binary, const std::string& args, const TempDir& tmp) {
-  const std::string out = tmp.path() + "/out.txt", err = tmp.path() + "/err.txt";
-  const std::string cmd =
-      absl::StrCat(DXS_TEST_BIN_DIR, "/", binary, " ", args, " >", out, " 2>", err, " </dev/null");
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, Slurp(out), Slurp(err)};
+  return testing::RunBinary(binary + " " + args, tmp);
 }
 
 TEST(NormalizeFlagNames, DashesInNamesBecomeUnderscoresValuesStay) {

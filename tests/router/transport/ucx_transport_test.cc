@@ -195,38 +195,48 @@ void PingPong(Transport& parent, const std::string& tag) {
   }
 }
 
-class UcxCrossProcessTest : public ::testing::TestWithParam<std::string> {};
+class UcxCrossProcessTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  // The parent transport (peer 0) and an echo child (peer 1), connected; over TCP only
+  // for the "tcp" parameter (UCX_TLS, inherited by the child through exec).
+  void StartParentAndChild() {
+    if (GetParam() == "tcp") tls_.emplace("UCX_TLS", "tcp");
+    auto parent = MakeUcxTransport(UcxTransportOptions{});
+    ASSERT_TRUE(parent.ok()) << parent.status();
+    parent_ = std::move(*parent);
+    ASSERT_TRUE(parent_->SetSelf(0).ok());
+    child_ = EchoChild::Start(*parent_);
+    ASSERT_NE(child_, nullptr);
+    ASSERT_TRUE(parent_->Connect(1, child_->address()).ok());
+  }
+
+  std::optional<ScopedEnv> tls_;
+  std::unique_ptr<Transport> parent_;
+  std::unique_ptr<EchoChild> child_;
+};
 
 TEST_P(UcxCrossProcessTest, KilledPeerIsUnavailableAndReplaceable) {
-  std::optional<ScopedEnv> tls;  // inherited by the child through exec
-  if (GetParam() == "tcp") tls.emplace("UCX_TLS", "tcp");
-  auto parent = MakeUcxTransport(UcxTransportOptions{});
-  ASSERT_TRUE(parent.ok()) << parent.status();
-  ASSERT_TRUE((*parent)->SetSelf(0).ok());
+  ASSERT_NO_FATAL_FAILURE(StartParentAndChild());
+  ASSERT_NO_FATAL_FAILURE(PingPong(*parent_, "first"));
 
-  auto child = EchoChild::Start(**parent);
-  ASSERT_NE(child, nullptr);
-  ASSERT_TRUE((*parent)->Connect(1, child->address()).ok());
-  ASSERT_NO_FATAL_FAILURE(PingPong(**parent, "first"));
-
-  child->Kill();
+  child_->Kill();
   const absl::Time start = absl::Now();
-  auto message = (*parent)->Recv(1, start + absl::Seconds(30));
+  auto message = parent_->Recv(1, start + absl::Seconds(30));
   const absl::Duration elapsed = absl::Now() - start;
   EXPECT_EQ(message.status().code(), absl::StatusCode::kUnavailable) << message.status();
   EXPECT_NE(message.status().message().find("peer 1"), std::string::npos) << message.status();
   EXPECT_LT(elapsed, absl::Seconds(5));
   std::printf("killed peer detected after %s: %s\n", absl::FormatDuration(elapsed).c_str(),
               message.status().ToString().c_str());
-  EXPECT_EQ((*parent)->Send(1, "x", nullptr, 0).code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ((*parent)->PeerStatus(1).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(parent_->Send(1, "x", nullptr, 0).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(parent_->PeerStatus(1).code(), absl::StatusCode::kUnavailable);
 
-  auto second = EchoChild::Start(**parent);
+  auto second = EchoChild::Start(*parent_);
   ASSERT_NE(second, nullptr);
-  ASSERT_TRUE((*parent)->Connect(1, second->address()).ok());
-  EXPECT_TRUE((*parent)->PeerStatus(1).ok());
-  ASSERT_NO_FATAL_FAILURE(PingPong(**parent, "second"));
-  ASSERT_TRUE((*parent)->Send(1, "quit", nullptr, 0).ok());
+  ASSERT_TRUE(parent_->Connect(1, second->address()).ok());
+  EXPECT_TRUE(parent_->PeerStatus(1).ok());
+  ASSERT_NO_FATAL_FAILURE(PingPong(*parent_, "second"));
+  ASSERT_TRUE(parent_->Send(1, "quit", nullptr, 0).ok());
   EXPECT_EQ(second->Join(), 0);
 }
 
@@ -234,42 +244,35 @@ TEST_P(UcxCrossProcessTest, KilledPeerIsUnavailableAndReplaceable) {
 // returns UNAVAILABLE instead of hanging, and half-received messages do not block the
 // next child's.
 TEST_P(UcxCrossProcessTest, PeerKilledMidTransfer) {
-  std::optional<ScopedEnv> tls;
-  if (GetParam() == "tcp") tls.emplace("UCX_TLS", "tcp");
-  auto parent = MakeUcxTransport(UcxTransportOptions{});
-  ASSERT_TRUE(parent.ok()) << parent.status();
-  ASSERT_TRUE((*parent)->SetSelf(0).ok());
-  auto child = EchoChild::Start(**parent);
-  ASSERT_NE(child, nullptr);
-  ASSERT_TRUE((*parent)->Connect(1, child->address()).ok());
-  ASSERT_NO_FATAL_FAILURE(PingPong(**parent, "warm"));
+  ASSERT_NO_FATAL_FAILURE(StartParentAndChild());
+  ASSERT_NO_FATAL_FAILURE(PingPong(*parent_, "warm"));
 
   const std::vector<uint8_t> big(size_t{64} << 20, 0x17);
   std::thread killer([&] {
     absl::SleepFor(absl::Milliseconds(30));
-    child->Kill();
+    child_->Kill();
   });
   const absl::Time start = absl::Now();
   absl::Status status;
   while (status.ok() && absl::Now() - start < absl::Seconds(10)) {
-    status = (*parent)->Send(1, "big", big.data(), big.size());
+    status = parent_->Send(1, "big", big.data(), big.size());
   }
   const absl::Duration elapsed = absl::Now() - start;
   killer.join();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_LT(elapsed, absl::Seconds(5));
   for (;;) {  // echoes that made it, then the failure
-    auto message = (*parent)->Recv(1, absl::Now() + absl::Seconds(30));
+    auto message = parent_->Recv(1, absl::Now() + absl::Seconds(30));
     if (message.ok()) continue;
     EXPECT_EQ(message.status().code(), absl::StatusCode::kUnavailable) << message.status();
     break;
   }
 
-  auto second = EchoChild::Start(**parent);
+  auto second = EchoChild::Start(*parent_);
   ASSERT_NE(second, nullptr);
-  ASSERT_TRUE((*parent)->Connect(1, second->address()).ok());
-  ASSERT_NO_FATAL_FAILURE(PingPong(**parent, "second"));
-  ASSERT_TRUE((*parent)->Send(1, "quit", nullptr, 0).ok());
+  ASSERT_TRUE(parent_->Connect(1, second->address()).ok());
+  ASSERT_NO_FATAL_FAILURE(PingPong(*parent_, "second"));
+  ASSERT_TRUE(parent_->Send(1, "quit", nullptr, 0).ok());
   EXPECT_EQ(second->Join(), 0);
 }
 
@@ -297,29 +300,22 @@ void ExchangePingPong(Transport& parent, uint64_t tag) {
 // it never receives): UNAVAILABLE naming it within fault detection, the receive memory is
 // left alone, and a new child exchanges again.
 TEST_P(UcxCrossProcessTest, PeerKilledDuringExchange) {
-  std::optional<ScopedEnv> tls;
-  if (GetParam() == "tcp") tls.emplace("UCX_TLS", "tcp");
-  auto parent = MakeUcxTransport(UcxTransportOptions{});
-  ASSERT_TRUE(parent.ok()) << parent.status();
-  ASSERT_TRUE((*parent)->SetSelf(0).ok());
-  auto child = EchoChild::Start(**parent);
-  ASSERT_NE(child, nullptr);
-  ASSERT_TRUE((*parent)->Connect(1, child->address()).ok());
-  ASSERT_NO_FATAL_FAILURE(ExchangePingPong(**parent, 10));
+  ASSERT_NO_FATAL_FAILURE(StartParentAndChild());
+  ASSERT_NO_FATAL_FAILURE(ExchangePingPong(*parent_, 10));
 
   const std::vector<uint8_t> big(size_t{16} << 20, 0x17);
   std::vector<uint8_t> target(size_t{1} << 20, 0xee);
   const Transfer transfers[] = {
       {Transfer::Kind::kSend, 1, const_cast<uint8_t*>(big.data()), big.size()},
       {Transfer::Kind::kRecv, 1, target.data(), target.size()}};
-  auto id = (*parent)->PostExchange(99, transfers, 2);
+  auto id = parent_->PostExchange(99, transfers, 2);
   ASSERT_TRUE(id.ok()) << id.status();
   std::thread killer([&] {
     absl::SleepFor(absl::Milliseconds(50));
-    child->Kill();
+    child_->Kill();
   });
   const absl::Time start = absl::Now();
-  absl::Status status = (*parent)->WaitExchange(*id, start + absl::Seconds(30));
+  absl::Status status = parent_->WaitExchange(*id, start + absl::Seconds(30));
   const absl::Duration elapsed = absl::Now() - start;
   killer.join();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
@@ -328,14 +324,14 @@ TEST_P(UcxCrossProcessTest, PeerKilledDuringExchange) {
   std::printf("killed peer detected by the exchange after %s: %s\n",
               absl::FormatDuration(elapsed).c_str(), status.ToString().c_str());
   EXPECT_TRUE(std::all_of(target.begin(), target.end(), [](uint8_t b) { return b == 0xee; }));
-  EXPECT_EQ((*parent)->PostExchange(100, transfers, 2).status().code(),
+  EXPECT_EQ(parent_->PostExchange(100, transfers, 2).status().code(),
             absl::StatusCode::kUnavailable);
 
-  auto second = EchoChild::Start(**parent);
+  auto second = EchoChild::Start(*parent_);
   ASSERT_NE(second, nullptr);
-  ASSERT_TRUE((*parent)->Connect(1, second->address()).ok());
-  ASSERT_NO_FATAL_FAILURE(ExchangePingPong(**parent, 200));
-  ASSERT_TRUE((*parent)->Send(1, "quit", nullptr, 0).ok());
+  ASSERT_TRUE(parent_->Connect(1, second->address()).ok());
+  ASSERT_NO_FATAL_FAILURE(ExchangePingPong(*parent_, 200));
+  ASSERT_TRUE(parent_->Send(1, "quit", nullptr, 0).ok());
   EXPECT_EQ(second->Join(), 0);
 }
 
