@@ -1,5 +1,7 @@
 #include "expert_service/expert_compute.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -7,7 +9,7 @@ namespace dxs {
 
 absl::Status ShardCompute::Forward(int layer, const Tensor& x, const RoutedPairs& pairs,
                                    Tensor* out) {
-  Backend* backend_ = shard_->backend();
+  Backend* backend = shard_->backend();
   // Host pairs (an expert worker's receive slots) onto the backend.
   const int64_t n = static_cast<int64_t>(pairs.size());
   for (int64_t p = 0; p < n; ++p) {
@@ -18,12 +20,22 @@ absl::Status ShardCompute::Forward(int layer, const Tensor& x, const RoutedPairs
                                                      out->rows(), ")"));
     }
   }
-  DXS_ASSIGN_OR_RETURN(Tensor rows, backend_->UploadIndices(pairs.rows));
-  DXS_ASSIGN_OR_RETURN(Tensor experts, backend_->UploadIndices(pairs.experts));
-  DXS_ASSIGN_OR_RETURN(Tensor weights, backend_->Upload(pairs.weights, {n}));
+  // Into tensors reused across rounds, grown for the largest round seen.
+  if (!rows_.defined() || rows_.rows() < n) {
+    const int64_t capacity = std::max<int64_t>(n, 2 * (rows_.defined() ? rows_.rows() : 0));
+    DXS_ASSIGN_OR_RETURN(rows_, backend->Allocate({capacity}, DType::kI32));
+    DXS_ASSIGN_OR_RETURN(experts_, backend->Allocate({capacity}, DType::kI32));
+    DXS_ASSIGN_OR_RETURN(weights_, backend->Allocate({capacity}, DType::kF32));
+    DXS_ASSIGN_OR_RETURN(out_rows_, backend->Allocate({capacity}, DType::kI32));
+  }
+  Tensor rows = rows_.Rows(0, n), experts = experts_.Rows(0, n), weights = weights_.Rows(0, n);
+  DXS_RETURN_IF_ERROR(backend->CopyFromHost(pairs.rows.data(), DType::kI32, &rows));
+  DXS_RETURN_IF_ERROR(backend->CopyFromHost(pairs.experts.data(), DType::kI32, &experts));
+  DXS_RETURN_IF_ERROR(backend->CopyFromHost(pairs.weights.data(), DType::kF32, &weights));
   Tensor out_rows = rows;
   if (!pairs.out_rows.empty()) {
-    DXS_ASSIGN_OR_RETURN(out_rows, backend_->UploadIndices(pairs.out_rows));
+    out_rows = out_rows_.Rows(0, n);
+    DXS_RETURN_IF_ERROR(backend->CopyFromHost(pairs.out_rows.data(), DType::kI32, &out_rows));
   }
   return shard_->ForwardPairs(layer, x, rows, experts, weights, out_rows, out);
 }

@@ -24,7 +24,7 @@ class ExpertCompute {
 };
 
 // The routed pairs (host memory, as they arrived) onto the shard's backend, then its
-// grouped expert FFN.
+// grouped expert FFN. One thread at a time (its pair tensors are reused).
 class ShardCompute final : public ExpertCompute {
  public:
   explicit ShardCompute(ExpertShard* shard) : shard_(shard) {}
@@ -34,6 +34,7 @@ class ShardCompute final : public ExpertCompute {
 
  private:
   ExpertShard* shard_;
+  Tensor rows_, experts_, weights_, out_rows_;  // [capacity] pair tensors, reused
 };
 
 }  // namespace dxs

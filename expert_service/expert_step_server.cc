@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
+#include "router/dispatch/dispatch_combine.h"
 #include "router/dispatch/wire.h"
 
 namespace dxs {
@@ -16,10 +17,6 @@ namespace {
 // (DispatchOptions::timeout), after which that side has failed the step itself. A DP rank
 // takes it as soon as it makes progress (its receive is posted with its dispatch).
 constexpr absl::Duration kCombineSendWait = absl::Seconds(5);
-
-MemoryType MemoryOf(const Backend* backend) {
-  return backend->device() == Device::kCuda ? MemoryType::kDevice : MemoryType::kHost;
-}
 
 }  // namespace
 
@@ -136,7 +133,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   pairs.experts.resize(total_pairs);
   pairs.weights.resize(total_pairs);
   Backend* backend = shard_->backend();
-  const MemoryType memory = MemoryOf(backend);
+  const MemoryType memory = TransportMemoryOf(*backend);
   const size_t row_bytes = static_cast<size_t>(hidden) * DTypeSize(dtype);
   uint8_t* x_bytes = static_cast<uint8_t*>(backend->TransportAddress(x_));
   // Each DP rank's pairs arrive as one block (rows | experts | weights), split below.

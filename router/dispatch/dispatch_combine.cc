@@ -4,10 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -153,8 +149,7 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
     }
     counters_->tokens_dispatched[r] += h.num_tokens_per_rank[r];
   }
-  const MemoryType memory =
-      backend_->device() == Device::kCuda ? MemoryType::kDevice : MemoryType::kHost;
+  const MemoryType memory = TransportMemoryOf(*backend_);
   const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(dtype);
   transfers_.clear();
   for (int r = 0; r < num_ranks && send_status.ok(); ++r) {

@@ -40,6 +40,11 @@
 
 namespace dxs {
 
+// How the data exchange is to treat a backend's tensor memory (both ends of the exchange).
+inline MemoryType TransportMemoryOf(const Backend& backend) {
+  return backend.device() == Device::kCuda ? MemoryType::kDevice : MemoryType::kHost;
+}
+
 // Everything Combine needs about one dispatched micro-batch (DeepEP's handle): the layout
 // on the backend, its per-rank counts and offsets on the host, and where the combines land.
 struct DispatchHandle final : MoeHandle {
