@@ -1,0 +1,129 @@
+// The CUDA backend's kernels: raw launch API, free of absl so that .cu files need only the
+// CUDA headers. kernels/cuda/cuda_backend.cc checks shapes and dtypes, then calls these;
+// each launcher enqueues on `stream` and returns cudaGetLastError() after the launch (or
+// cudaErrorInvalidValue for arguments it cannot take, without launching). Zero rows return
+// cudaSuccess without touching CUDA: null pointers are fine then.
+//
+// Conventions:
+// - Pointers are device pointers; tensors are row-major and packed.
+// - Floating data is f32, f16 or bf16 (ElemType); every kernel computes in f32 and rounds
+//   once when it stores into a narrower type. Index tensors are i32 (i64 for cache slots).
+// - Data-dependent bad indices (an expert id or a row outside its range) cannot be
+//   reported without a host synchronisation: kernels skip them. The backend checks what it
+//   can on the host; the CPU backend, which checks everything, is the reference in tests.
+// - Results are deterministic: no floating-point atomics; every sum has a fixed order.
+//
+// Files: dense_ops.cu (conversion, norms, rope, elementwise, gathers), attention.cu (KV
+// cache write, paged attention), moe_ops.cu (layout, sort, combine, scale-add).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dxs::cuda {
+
+// The same values as dxs::DType (common/dtype.h); cuda_backend.cc static_asserts that.
+enum class ElemType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2, kI32 = 3, kI64 = 4 };
+
+// ---- dense_ops.cu ----
+
+// dst[i] = src[i] for n elements, converting between floating types (or copying index
+// types of equal type; other mixes are cudaErrorInvalidValue).
+cudaError_t LaunchConvert(const void* src, ElemType src_type, void* dst, ElemType dst_type,
+                          int64_t n, cudaStream_t stream);
+// dst[i] = value (index types get the value truncated to an integer).
+cudaError_t LaunchFill(void* dst, ElemType type, int64_t n, float value, cudaStream_t stream);
+// y[r] = weight * (x[r] * rsqrt(mean(x[r]^2) + eps)) for `rows` rows of `cols`.
+cudaError_t LaunchRmsNorm(const void* x, ElemType x_type, const void* weight, ElemType w_type,
+                          float eps, int64_t rows, int64_t cols, void* y, ElemType y_type,
+                          cudaStream_t stream);
+// y[i] = table[ids[i]] (rows of `cols`); ids outside [0, table_rows) give a zero row.
+cudaError_t LaunchEmbedding(const void* table, ElemType table_type, int64_t table_rows,
+                            const int32_t* ids, int64_t n, int64_t cols, void* y, ElemType y_type,
+                            cudaStream_t stream);
+// Rotate-half rotary embedding in place on x[tokens, heads, head_dim] at positions[tokens],
+// with inv_freq[i] = 1 / theta^(2i / head_dim) in f32 (transformers' default).
+cudaError_t LaunchRope(void* x, ElemType type, const int32_t* positions, int64_t tokens,
+                       int64_t heads, int64_t head_dim, float theta, cudaStream_t stream);
+// out = silu(gate) * up, elementwise over n.
+cudaError_t LaunchSiluMul(const void* gate, ElemType gate_type, const void* up, ElemType up_type,
+                          void* out, ElemType out_type, int64_t n, cudaStream_t stream);
+// inout += x, elementwise over n.
+cudaError_t LaunchAdd(const void* x, ElemType x_type, void* inout, ElemType inout_type, int64_t n,
+                      cudaStream_t stream);
+// dst[i] = src[rows[i]] for i < n, rows of `cols` elements, converting floating types (or
+// copying equal index types). Rows outside [0, src_rows) give a zero row.
+cudaError_t LaunchGatherRows(const void* src, ElemType src_type, int64_t src_rows,
+                             const int32_t* rows, int64_t n, int64_t cols, void* dst,
+                             ElemType dst_type, cudaStream_t stream);
+
+// ---- attention.cu ----
+
+// Paged-attention metadata on the device (kernels/backend.h, PagedAttentionMeta).
+struct PagedAttentionArgs {
+  int64_t num_seqs = 0;
+  int64_t num_tokens = 0;  // query rows
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t block_size = 0;
+  int64_t max_blocks_per_seq = 0;
+  int64_t max_query_len = 0;
+  int64_t max_context_len = 0;
+  const int32_t* query_start = nullptr;   // [num_seqs + 1]
+  const int32_t* context_lens = nullptr;  // [num_seqs]
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+};
+
+// k/v rows [tokens, kv_heads * head_dim] into the caches [blocks, block_size, kv_heads,
+// head_dim] at slot_mapping[t] = block * block_size + offset (negative: skipped).
+cudaError_t LaunchWriteKvCache(const void* k, const void* v, ElemType kv_type,
+                               const int64_t* slot_mapping, int64_t tokens, int64_t row_elems,
+                               void* k_cache, void* v_cache, ElemType cache_type,
+                               cudaStream_t stream);
+// Causal GQA attention of q[num_tokens, num_heads, head_dim] over the caches into
+// out[num_tokens, num_heads * head_dim]: query i of sequence s (at position
+// context_len - query_len + i) sees positions [0, that position].
+cudaError_t LaunchPagedAttention(const void* q, ElemType q_type, const void* k_cache,
+                                 const void* v_cache, ElemType cache_type,
+                                 const PagedAttentionArgs& args, float scale, void* out,
+                                 ElemType out_type, cudaStream_t stream);
+
+// ---- moe_ops.cu ----
+
+// Scratch sizes for the launchers below that need workspace (CUB's temporary storage and
+// their own arrays), for the given sizes. The backend keeps one workspace and grows it.
+size_t DispatchLayoutWorkspaceBytes(int64_t num_tokens, int64_t top_k, int64_t num_ranks);
+size_t SortPairsWorkspaceBytes(int64_t num_pairs, int64_t num_experts);
+size_t ScaleAddRowsWorkspaceBytes(int64_t num_rows, int64_t dst_rows);
+
+// The dispatch layout of kernels/backend.h (DispatchLayoutTensors), identical to the CPU
+// backend's: per-rank token and pair counts, per-expert token counts, token_rows grouped
+// by rank (ascending within a rank), and pairs as per-rank blocks rows | experts | weights.
+// ids/weights are [num_tokens, top_k]; owner[num_experts] maps an expert to its rank.
+cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const int32_t* owner,
+                                 int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                                 int64_t num_ranks, int32_t* num_tokens_per_rank,
+                                 int32_t* num_pairs_per_rank, int32_t* num_tokens_per_expert,
+                                 int32_t* token_rows, int32_t* pairs, void* workspace,
+                                 size_t workspace_bytes, cudaStream_t stream);
+// Stable sort of pairs by expert: order[n] (pair indices, expert by expert, in pair order
+// within one) and expert_offsets[num_experts + 1].
+cudaError_t LaunchSortPairsByExpert(const int32_t* experts, int64_t n, int64_t num_experts,
+                                    int32_t* order, int32_t* expert_offsets, void* workspace,
+                                    size_t workspace_bytes, cudaStream_t stream);
+// The combine: out[t] = sum in ascending rank order of recv[i] over the i in rank r's range
+// [rank_offsets[r], rank_offsets[r + 1]) with token_rows[i] == t (each rank's token_rows
+// ascend); zero where no rank has t. rank_offsets is a device array of num_ranks + 1.
+cudaError_t LaunchCombineRows(const void* recv, ElemType recv_type, const int32_t* token_rows,
+                              const int64_t* rank_offsets, int64_t num_ranks, int64_t num_tokens,
+                              int64_t hidden, void* out, ElemType out_type, cudaStream_t stream);
+// dst[rows[i]] += scales[i] * src[i] for i < n in order of i (per destination row, the
+// contributions are added in ascending i). src and dst f32 rows of `cols`.
+cudaError_t LaunchScaleAddRows(const float* src, const float* scales, const int32_t* rows,
+                               int64_t n, int64_t cols, float* dst, int64_t dst_rows,
+                               void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace dxs::cuda
