@@ -3,7 +3,8 @@
 // sampling; dispatches MoE rows to the expert workers and combines their results.
 //
 //   dxs-attention --model DIR --rank R --router HOST:PORT [--listen HOST:PORT]
-//                 [--metrics-listen HOST:PORT] [--kv-tokens N] [--prefill-chunk N]
+//                 [--metrics-listen HOST:PORT] [--device cpu|cuda[:N]] [--kv-tokens N]
+//                 [--prefill-chunk N]
 //                 [--step-timeout-ms MS] [--overlap-min-tokens N] [--stream-interval N]
 //                 [--dump-first-logits DIR]   (debugging: see AttentionWorkerService)
 //
@@ -60,7 +61,8 @@ namespace {
 constexpr char kUsage[] =
     "one attention worker (DP rank) of a dxs cluster.\n\n"
     "usage: dxs-attention --model DIR --rank R --router HOST:PORT [--listen HOST:PORT]\n"
-    "                     [--metrics-listen HOST:PORT] [--kv-tokens N] [--prefill-chunk N]\n"
+    "                     [--metrics-listen HOST:PORT] [--device cpu|cuda[:N]] [--kv-tokens N] "
+    "[--prefill-chunk N]\n"
     "                     [--step-timeout-ms MS] [--overlap-min-tokens N] [--stream-interval N]\n"
     "                     [--tls-cert FILE --tls-key FILE --tls-ca FILE [--mtls]]\n"
     "                     [--flagfile FILE]\n"
@@ -120,7 +122,7 @@ int Main(int argc, char** argv) {
   if (!prepared.ok()) return fail(prepared.status());
   const ModelConfig& config = prepared->config;
   const Checkpoint& ckpt = *prepared->checkpoint;
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::unique_ptr<Backend> backend = std::move(prepared->backend);
   absl::StatusOr<AttentionWeights> weights = LoadAttentionWeights(ckpt, config, backend.get());
   if (!weights.ok()) return fail(weights.status());
   KvCache kv(config, backend.get(), flags->kv_tokens);

@@ -3,7 +3,7 @@
 //
 //   dxs-expert --model DIR --rank R --router HOST:PORT [--listen HOST:PORT]
 //              [--experts 0-3,7]   (default: the contiguous block for this rank)
-//              [--metrics-listen HOST:PORT]
+//              [--metrics-listen HOST:PORT] [--device cpu|cuda[:N]]
 //
 // Flags are abseil flags (common/flags/parse.h: --help, --helpfull, --flagfile FILE); bad
 // flags: one line on stderr, exit status 2.
@@ -39,7 +39,7 @@ namespace {
 constexpr char kUsage[] =
     "one expert worker (EP rank) of a dxs cluster.\n\n"
     "usage: dxs-expert --model DIR --rank R --router HOST:PORT [--listen HOST:PORT]\n"
-    "                  [--experts 0-3,7] [--metrics-listen HOST:PORT]\n"
+    "                  [--experts 0-3,7] [--metrics-listen HOST:PORT] [--device cpu|cuda[:N]]\n"
     "                  [--tls-cert FILE --tls-key FILE --tls-ca FILE [--mtls]]\n"
     "                  [--flagfile FILE]\n"
     "Flags may be spelled with dashes or underscores; a --flagfile uses underscores.";
@@ -83,7 +83,7 @@ int Main(int argc, char** argv) {
   if (!prepared.ok()) return fail(prepared.status());
   const ModelConfig& config = prepared->config;
   const Checkpoint& ckpt = *prepared->checkpoint;
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::unique_ptr<Backend> backend = std::move(prepared->backend);
   ExpertWorkerService service(rank);
   if (absl::Status s = StartServing(flags->worker, &service, {metrics_registry}, &runtime);
       !s.ok()) {

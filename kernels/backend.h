@@ -91,6 +91,12 @@ class Backend {
   // dst = src elementwise (equal element counts), converting floating dtypes.
   virtual absl::Status Copy(const Tensor& src, Tensor* dst) = 0;
   virtual absl::Status Fill(Tensor* t, float value) = 0;
+  // Seeded uniform values, the same on every backend (random checkpoints made in place,
+  // model/random_checkpoint.h): element i is mean + (2u - 1) * half_width computed in
+  // double, with u = (SplitMix64 output i of `seed`) >> 11 scaled to [0, 1); rounded to
+  // `values_dtype` (the dtype a checkpoint would store), then converted to t's dtype.
+  virtual absl::Status FillUniform(Tensor* t, uint64_t seed, double mean, double half_width,
+                                   DType values_dtype) = 0;
   // Where a transport reads and writes t's memory: the memory itself for host memory and
   // for device memory a device-capable transport takes (UCX with CUDA, NCCL); the opaque
   // test backend's read-write view of its memory. Only transports dereference it, after

@@ -10,30 +10,12 @@
 #include "kernels/cpu_backend.h"
 
 namespace dxs {
-namespace {
-
-absl::Status CheckMeta(const char* op, const PagedAttentionMeta& meta, int64_t num_tokens) {
-  DXS_RETURN_IF_ERROR(CheckDType(op, meta.query_start, DType::kI32, "query_start"));
-  DXS_RETURN_IF_ERROR(CheckDType(op, meta.context_lens, DType::kI32, "context_lens"));
-  DXS_RETURN_IF_ERROR(CheckDType(op, meta.block_tables, DType::kI32, "block_tables"));
-  DXS_RETURN_IF_ERROR(CheckDType(op, meta.slot_mapping, DType::kI64, "slot_mapping"));
-  if (meta.block_size <= 0 || meta.query_start.num_elements() != meta.num_seqs + 1 ||
-      meta.context_lens.num_elements() != meta.num_seqs ||
-      meta.block_tables.num_elements() != meta.num_seqs * meta.max_blocks_per_seq ||
-      meta.slot_mapping.num_elements() != num_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, ": metadata for ", meta.num_seqs, " sequences does not fit ", num_tokens, " tokens"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status CpuBackend::WriteKvCache(const Tensor& k, const Tensor& v,
                                       const PagedAttentionMeta& meta, Tensor* k_cache,
                                       Tensor* v_cache) {
   const int64_t tokens = k.rows();
-  DXS_RETURN_IF_ERROR(CheckMeta("write KV cache", meta, tokens));
+  DXS_RETURN_IF_ERROR(CheckPagedAttentionMeta("write KV cache", meta, tokens));
   if (tokens == 0) return absl::OkStatus();  // an empty step may come before any page exists
   const int64_t row = k.row_size();          // kv_heads * d
   const int64_t num_slots = k_cache->dim(0) * k_cache->dim(1);
@@ -57,7 +39,7 @@ absl::Status CpuBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
                                         const Tensor& v_cache, const PagedAttentionMeta& meta,
                                         float scale, Tensor* out) {
   const int64_t tokens = q.dim(0), heads = q.dim(1), d = q.dim(2);
-  DXS_RETURN_IF_ERROR(CheckMeta("paged attention", meta, tokens));
+  DXS_RETURN_IF_ERROR(CheckPagedAttentionMeta("paged attention", meta, tokens));
   if (tokens == 0) return absl::OkStatus();
   const int64_t bs = meta.block_size, kv_heads = k_cache.dim(2);
   if (heads % kv_heads != 0 || k_cache.dim(3) != d || k_cache.dim(1) != bs) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/splitmix64.h"
 #include "common/status_macros.h"
 
 namespace dxs {
@@ -30,24 +31,6 @@ std::shared_ptr<CachingAllocator> MakeHostAllocator() {
 }
 
 }  // namespace
-
-absl::Status CheckDType(const char* op, const Tensor& t, DType want, const char* what) {
-  if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat(op, ": ", what, " is unset"));
-  if (t.dtype() != want) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", what, " is ",
-                                                   std::string(DTypeName(t.dtype())), ", not ",
-                                                   std::string(DTypeName(want))));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckSameElements(const char* op, const Tensor& a, const Tensor& b) {
-  if (a.num_elements() != b.num_elements()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", a.ShapeString(), " and ", b.ShapeString(), " differ in size"));
-  }
-  return absl::OkStatus();
-}
 
 CpuBackend::CpuBackend() : CpuBackend(MakeHostAllocator()) {}
 CpuBackend::CpuBackend(std::shared_ptr<CachingAllocator> allocator)
@@ -122,6 +105,26 @@ absl::Status CpuBackend::Fill(Tensor* t, float value) {
     std::fill(t->i64(), t->i64() + n, static_cast<int64_t>(value));
   }
   return absl::OkStatus();
+}
+
+absl::Status CpuBackend::FillUniform(Tensor* t, uint64_t seed, double mean, double half_width,
+                                     DType values_dtype) {
+  if (!IsFloatDType(t->dtype()) || !IsFloatDType(values_dtype)) {
+    return absl::InvalidArgumentError("fill uniform: floating tensors only");
+  }
+  const size_t n = static_cast<size_t>(t->num_elements());
+  std::vector<float> v(n);
+  uint64_t state = seed;
+  for (size_t i = 0; i < n; ++i) {
+    const double u = static_cast<double>(SplitMix64Next(&state) >> 11) * 0x1.0p-53;
+    v[i] = static_cast<float>(mean + (2.0 * u - 1.0) * half_width);
+  }
+  if (values_dtype != DType::kF32) {
+    std::vector<uint16_t> narrow(n);
+    NarrowFromFloat32(values_dtype, v.data(), n, narrow.data());
+    WidenToFloat32(values_dtype, narrow.data(), n, v.data());
+  }
+  return ConvertElements("fill uniform", v.data(), DType::kF32, t->raw(), t->dtype(), n);
 }
 
 absl::StatusOr<std::unique_ptr<Event>> CpuBackend::CreateEvent() {

@@ -17,6 +17,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/caching_allocator.h"
+#include "kernels/op_checks.h"
 
 namespace dxs {
 
@@ -35,6 +36,8 @@ class CpuBackend : public Backend {
   absl::Status CopyToHost(const Tensor& src, DType dst_dtype, void* dst) override;
   absl::Status Copy(const Tensor& src, Tensor* dst) override;
   absl::Status Fill(Tensor* t, float value) override;
+  absl::Status FillUniform(Tensor* t, uint64_t seed, double mean, double half_width,
+                           DType values_dtype) override;
 
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override;
   absl::Status RecordEvent(Event* event) override;
@@ -80,9 +83,5 @@ class CpuBackend : public Backend {
  private:
   std::shared_ptr<CachingAllocator> allocator_;
 };
-
-// Argument checks shared by backends: a clear INVALID_ARGUMENT naming the op.
-absl::Status CheckDType(const char* op, const Tensor& t, DType want, const char* what);
-absl::Status CheckSameElements(const char* op, const Tensor& a, const Tensor& b);
 
 }  // namespace dxs

@@ -112,6 +112,11 @@ class OpaqueBackend final : public Backend {
     Tensor d = Open(*t);
     return inner_.Fill(&d, value);
   }
+  absl::Status FillUniform(Tensor* t, uint64_t seed, double mean, double half_width,
+                           DType values_dtype) override {
+    Tensor open = Open(*t);
+    return inner_.FillUniform(&open, seed, mean, half_width, values_dtype);
+  }
   void* TransportAddress(const Tensor& t) override { return Open(t).raw(); }
 
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override { return inner_.CreateEvent(); }

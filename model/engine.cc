@@ -5,23 +5,41 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/make_backend.h"
 #include "model/weights.h"
 
 namespace dxs {
 
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Load(const std::string& model_dir,
                                                                const EngineOptions& options) {
+  DXS_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(model_dir));
+  DXS_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(model_dir));
+  return Create(config, CheckpointWeightSource(*ckpt), options);
+}
+
+absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::LoadRandom(const CheckpointPreset& preset,
+                                                                     const EngineOptions& options) {
+  DXS_RETURN_IF_ERROR(preset.config.Validate());
+  return Create(preset.config, RandomWeightSource(preset), options);
+}
+
+absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(const ModelConfig& config,
+                                                                 const WeightSource& weights,
+                                                                 const EngineOptions& options) {
   std::unique_ptr<LocalEngine> e(new LocalEngine());
   e->options_ = options;
-  DXS_ASSIGN_OR_RETURN(e->config_, LoadModelConfig(model_dir));
-  DXS_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(model_dir));
-  e->backend_ = options.backend_factory ? options.backend_factory() : MakeCpuBackend();
+  e->config_ = config;
+  if (options.backend_factory) {
+    e->backend_ = options.backend_factory();
+  } else {
+    DXS_ASSIGN_OR_RETURN(e->backend_, MakeBackend(options.device));
+  }
   DXS_ASSIGN_OR_RETURN(AttentionWeights aw,
-                       LoadAttentionWeights(*ckpt, e->config_, e->backend_.get()));
+                       LoadAttentionWeights(weights, e->config_, e->backend_.get()));
   std::vector<int> all_experts(e->config_.num_experts);
   std::iota(all_experts.begin(), all_experts.end(), 0);
   DXS_ASSIGN_OR_RETURN(ExpertWeightMap ew,
-                       LoadExpertWeights(*ckpt, e->config_, all_experts, e->backend_.get()));
+                       LoadExpertWeights(weights, e->config_, all_experts, e->backend_.get()));
   e->experts_ = std::make_unique<ExpertShard>(e->config_, std::move(ew), e->backend_.get());
   e->moe_ = std::make_unique<LocalMoeExecutor>(e->experts_.get());
   e->model_ =

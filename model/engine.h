@@ -21,6 +21,7 @@
 #include "model/kv_cache.h"
 #include "model/local_moe_executor.h"
 #include "model/qwen3_moe.h"
+#include "model/random_checkpoint.h"
 #include "model/sampler.h"
 #include "model/scheduler.h"
 
@@ -35,7 +36,9 @@ struct GenerationResult {
 struct EngineOptions {
   int64_t kv_capacity_tokens = 1 << 20;
   int64_t prefill_chunk_tokens = 0;  // 0: whole prompt in one step
-  // The compute backend; null: the CPU backend.
+  // Where to compute (kernels/make_backend.h): cpu, cuda or cuda:N.
+  std::string device = "cpu";
+  // The compute backend, overriding `device` (tests: the opaque backend).
   std::function<std::unique_ptr<Backend>()> backend_factory;
 };
 
@@ -43,6 +46,10 @@ class LocalEngine {
  public:
   static absl::StatusOr<std::unique_ptr<LocalEngine>> Load(const std::string& model_dir,
                                                            const EngineOptions& options = {});
+  // A random preset (model/random_checkpoint.h) made in place on the backend: the same
+  // weights as Load on the checkpoint WriteRandomCheckpoint writes, without the disk.
+  static absl::StatusOr<std::unique_ptr<LocalEngine>> LoadRandom(const CheckpointPreset& preset,
+                                                                 const EngineOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
   Qwen3MoeModel& model() { return *model_; }
@@ -55,6 +62,9 @@ class LocalEngine {
 
  private:
   LocalEngine() = default;
+  static absl::StatusOr<std::unique_ptr<LocalEngine>> Create(const ModelConfig& config,
+                                                             const WeightSource& weights,
+                                                             const EngineOptions& options);
   EngineOptions options_;
   ModelConfig config_;
   std::unique_ptr<Backend> backend_;

@@ -60,7 +60,7 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
                                        const Tensor& experts, const Tensor& weights,
                                        const Tensor& out_rows, Tensor* out) {
   if ((x.dtype() != DType::kF32 || out->dtype() != DType::kF32) &&
-      backend_->device() != Device::kCpu) {
+      backend_->device() == Device::kOpaque) {
     return absl::FailedPreconditionError(
         absl::StrCat("the ", backend_->name(), " backend's experts take float32 rows only"));
   }

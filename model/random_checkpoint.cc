@@ -139,22 +139,12 @@ absl::StatusOr<CheckpointPreset> GetPreset(const std::string& name) {
   return p;
 }
 
-absl::Status WriteRandomCheckpoint(const CheckpointPreset& preset, const std::string& dir) {
+std::vector<RandomTensorSpec> RandomTensorSpecs(const CheckpointPreset& preset) {
   const ModelConfig& c = preset.config;
-  DXS_RETURN_IF_ERROR(c.Validate());
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  }
-  SafetensorsWriter writer;
-  const uint64_t seed = preset.seed;
-  const DType dt = preset.storage_dtype;
+  std::vector<RandomTensorSpec> specs;
   auto add = [&](const std::string& name, std::vector<int64_t> shape, double stddev,
                  double mean = 0.0) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    writer.Add(name, dt, std::move(shape), RandomValues(seed, name, n, stddev, mean));
+    specs.push_back({name, std::move(shape), stddev, mean});
   };
   const int64_t h = c.hidden_size, d = c.head_dim;
   const int64_t q_dim = c.num_attention_heads * d, kv_dim = c.num_key_value_heads * d;
@@ -197,6 +187,53 @@ absl::Status WriteRandomCheckpoint(const CheckpointPreset& preset, const std::st
   }
   add("model.norm.weight", {h}, 0.1, 1.0);
   if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, h}, 4.0 * fan_in(h));
+  return specs;
+}
+
+uint64_t RandomTensorSeed(uint64_t seed, const std::string& name) {
+  return Fnv1a(kFnvOffset ^ seed, name.data(), name.size());
+}
+
+RandomWeightSource::RandomWeightSource(const CheckpointPreset& preset) : preset_(preset) {
+  for (RandomTensorSpec& spec : RandomTensorSpecs(preset)) {
+    const std::string name = spec.name;
+    specs_.emplace(name, std::move(spec));
+  }
+}
+
+absl::StatusOr<Tensor> RandomWeightSource::Load(const std::string& name, std::vector<int64_t> shape,
+                                                Backend* backend) const {
+  auto it = specs_.find(name);
+  if (it == specs_.end()) {
+    return absl::NotFoundError(absl::StrCat("preset ", preset_.name, " has no tensor ", name));
+  }
+  const RandomTensorSpec& spec = it->second;
+  if (spec.shape != shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("preset ", preset_.name, ": tensor ", name, " has another shape"));
+  }
+  DXS_ASSIGN_OR_RETURN(
+      Tensor t, backend->Allocate(std::move(shape), backend->WeightDType(preset_.storage_dtype)));
+  DXS_RETURN_IF_ERROR(backend->FillUniform(&t, RandomTensorSeed(preset_.seed, name), spec.mean,
+                                           spec.stddev * std::sqrt(3.0), preset_.storage_dtype));
+  return t;
+}
+
+absl::Status WriteRandomCheckpoint(const CheckpointPreset& preset, const std::string& dir) {
+  const ModelConfig& c = preset.config;
+  DXS_RETURN_IF_ERROR(c.Validate());
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  }
+  SafetensorsWriter writer;
+  for (RandomTensorSpec& spec : RandomTensorSpecs(preset)) {
+    int64_t n = 1;
+    for (int64_t dim : spec.shape) n *= dim;
+    std::vector<float> values = RandomValues(preset.seed, spec.name, n, spec.stddev, spec.mean);
+    writer.Add(spec.name, preset.storage_dtype, std::move(spec.shape), std::move(values));
+  }
   DXS_RETURN_IF_ERROR(writer.WriteDirectory(dir, preset.num_shards));
   std::ofstream cfg(dir + "/config.json");
   cfg << c.ToJson() << "\n";

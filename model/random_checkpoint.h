@@ -7,12 +7,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "common/model_config.h"
+#include "model/weights.h"
 
 namespace dxs {
 
@@ -31,6 +33,31 @@ std::vector<std::string> PresetNames();
 absl::StatusOr<CheckpointPreset> GetPreset(const std::string& name);
 
 absl::Status WriteRandomCheckpoint(const CheckpointPreset& preset, const std::string& dir);
+
+// Every tensor of a preset: values uniform with standard deviation `stddev` around `mean`
+// (mean +- stddev * sqrt(3)), drawn from SplitMix64 seeded with RandomTensorSeed.
+struct RandomTensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  double stddev = 0;
+  double mean = 0;
+};
+std::vector<RandomTensorSpec> RandomTensorSpecs(const CheckpointPreset& preset);
+uint64_t RandomTensorSeed(uint64_t seed, const std::string& name);
+
+// The preset's checkpoint made in place on the backend (Backend::FillUniform), with the
+// very values WriteRandomCheckpoint would store: nothing is written to disk, so a
+// full-size shape (qwen3-30b-a3b: about 61 GB in bf16) can be benchmarked on a GPU.
+class RandomWeightSource final : public WeightSource {
+ public:
+  explicit RandomWeightSource(const CheckpointPreset& preset);
+  absl::StatusOr<Tensor> Load(const std::string& name, std::vector<int64_t> shape,
+                              Backend* backend) const override;
+
+ private:
+  CheckpointPreset preset_;
+  std::map<std::string, RandomTensorSpec> specs_;
+};
 
 // FNV-1a 64 over the sorted names and contents of config.json and the *.safetensors /
 // index files in `dir`, as 16 hex digits. Ties reference outputs to the exact checkpoint.

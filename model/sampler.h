@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/splitmix64.h"
 
 namespace dxs {
 
@@ -23,12 +24,7 @@ absl::Status ValidateSamplingParams(const SamplingParams& p);
 class SplitMix64 {
  public:
   explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
+  uint64_t Next() { return SplitMix64Next(&state_); }
   // Uniform in [0, 1) with 53 random bits.
   double NextDouble() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
 

@@ -4,19 +4,16 @@
 #include "common/status_macros.h"
 
 namespace dxs {
-namespace {
-
-absl::StatusOr<Tensor> Load(const Checkpoint& ckpt, const std::string& name,
-                            std::vector<int64_t> shape, Backend* backend) {
+absl::StatusOr<Tensor> CheckpointWeightSource::Load(const std::string& name,
+                                                    std::vector<int64_t> shape,
+                                                    Backend* backend) const {
   // In the stored dtype where the backend computes in it; the CPU widens to float32.
-  DXS_ASSIGN_OR_RETURN(const TensorView* view, ckpt.FindWithShape(name, shape));
+  DXS_ASSIGN_OR_RETURN(const TensorView* view, ckpt_.FindWithShape(name, shape));
   DXS_ASSIGN_OR_RETURN(Tensor t,
                        backend->Allocate(std::move(shape), backend->WeightDType(view->dtype)));
   DXS_RETURN_IF_ERROR(backend->CopyFromHost(view->data, view->dtype, &t));
   return t;
 }
-
-}  // namespace
 
 std::string LayerTensorName(int layer, const std::string& suffix) {
   return absl::StrCat("model.layers.", layer, ".", suffix);
@@ -28,59 +25,68 @@ std::string ExpertTensorName(int layer, int expert, const std::string& proj) {
 
 absl::StatusOr<AttentionWeights> LoadAttentionWeights(const Checkpoint& ckpt, const ModelConfig& c,
                                                       Backend* backend) {
-  const int64_t h = c.hidden_size, d = c.head_dim;
-  const int64_t q_dim = c.num_attention_heads * d, kv_dim = c.num_key_value_heads * d;
-  AttentionWeights w;
-  DXS_ASSIGN_OR_RETURN(w.embed_tokens,
-                       Load(ckpt, "model.embed_tokens.weight", {c.vocab_size, h}, backend));
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    AttentionLayerWeights lw;
-    auto name = [l](const std::string& s) { return LayerTensorName(l, s); };
-    DXS_ASSIGN_OR_RETURN(lw.input_norm, Load(ckpt, name("input_layernorm.weight"), {h}, backend));
-    DXS_ASSIGN_OR_RETURN(lw.post_attention_norm,
-                         Load(ckpt, name("post_attention_layernorm.weight"), {h}, backend));
-    DXS_ASSIGN_OR_RETURN(lw.q_proj,
-                         Load(ckpt, name("self_attn.q_proj.weight"), {q_dim, h}, backend));
-    DXS_ASSIGN_OR_RETURN(lw.k_proj,
-                         Load(ckpt, name("self_attn.k_proj.weight"), {kv_dim, h}, backend));
-    DXS_ASSIGN_OR_RETURN(lw.v_proj,
-                         Load(ckpt, name("self_attn.v_proj.weight"), {kv_dim, h}, backend));
-    DXS_ASSIGN_OR_RETURN(lw.o_proj,
-                         Load(ckpt, name("self_attn.o_proj.weight"), {h, q_dim}, backend));
-    if (c.attention_bias) {
-      DXS_ASSIGN_OR_RETURN(lw.q_bias, Load(ckpt, name("self_attn.q_proj.bias"), {q_dim}, backend));
-      DXS_ASSIGN_OR_RETURN(lw.k_bias, Load(ckpt, name("self_attn.k_proj.bias"), {kv_dim}, backend));
-      DXS_ASSIGN_OR_RETURN(lw.v_bias, Load(ckpt, name("self_attn.v_proj.bias"), {kv_dim}, backend));
-      DXS_ASSIGN_OR_RETURN(lw.o_bias, Load(ckpt, name("self_attn.o_proj.bias"), {h}, backend));
-    }
-    DXS_ASSIGN_OR_RETURN(lw.q_norm, Load(ckpt, name("self_attn.q_norm.weight"), {d}, backend));
-    DXS_ASSIGN_OR_RETURN(lw.k_norm, Load(ckpt, name("self_attn.k_norm.weight"), {d}, backend));
-    if (c.IsMoeLayer(l)) {
-      DXS_ASSIGN_OR_RETURN(lw.router,
-                           Load(ckpt, name("mlp.gate.weight"), {c.num_experts, h}, backend));
-    } else {
-      const int64_t inter = c.intermediate_size;
-      DXS_ASSIGN_OR_RETURN(lw.dense_gate,
-                           Load(ckpt, name("mlp.gate_proj.weight"), {inter, h}, backend));
-      DXS_ASSIGN_OR_RETURN(lw.dense_up,
-                           Load(ckpt, name("mlp.up_proj.weight"), {inter, h}, backend));
-      DXS_ASSIGN_OR_RETURN(lw.dense_down,
-                           Load(ckpt, name("mlp.down_proj.weight"), {h, inter}, backend));
-    }
-    w.layers.push_back(std::move(lw));
-  }
-  DXS_ASSIGN_OR_RETURN(w.final_norm, Load(ckpt, "model.norm.weight", {h}, backend));
-  if (c.tie_word_embeddings) {
-    w.lm_head = w.embed_tokens;
-  } else {
-    DXS_ASSIGN_OR_RETURN(w.lm_head, Load(ckpt, "lm_head.weight", {c.vocab_size, h}, backend));
-  }
-  return w;
+  return LoadAttentionWeights(CheckpointWeightSource(ckpt), c, backend);
 }
 
 absl::StatusOr<ExpertWeightMap> LoadExpertWeights(const Checkpoint& ckpt, const ModelConfig& c,
                                                   const std::vector<int>& experts,
                                                   Backend* backend) {
+  return LoadExpertWeights(CheckpointWeightSource(ckpt), c, experts, backend);
+}
+
+absl::StatusOr<AttentionWeights> LoadAttentionWeights(const WeightSource& source,
+                                                      const ModelConfig& c, Backend* backend) {
+  auto Load = [&source](const std::string& name, std::vector<int64_t> shape, Backend* b) {
+    return source.Load(name, std::move(shape), b);
+  };
+  const int64_t h = c.hidden_size, d = c.head_dim;
+  const int64_t q_dim = c.num_attention_heads * d, kv_dim = c.num_key_value_heads * d;
+  AttentionWeights w;
+  DXS_ASSIGN_OR_RETURN(w.embed_tokens,
+                       Load("model.embed_tokens.weight", {c.vocab_size, h}, backend));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    AttentionLayerWeights lw;
+    auto name = [l](const std::string& s) { return LayerTensorName(l, s); };
+    DXS_ASSIGN_OR_RETURN(lw.input_norm, Load(name("input_layernorm.weight"), {h}, backend));
+    DXS_ASSIGN_OR_RETURN(lw.post_attention_norm,
+                         Load(name("post_attention_layernorm.weight"), {h}, backend));
+    DXS_ASSIGN_OR_RETURN(lw.q_proj, Load(name("self_attn.q_proj.weight"), {q_dim, h}, backend));
+    DXS_ASSIGN_OR_RETURN(lw.k_proj, Load(name("self_attn.k_proj.weight"), {kv_dim, h}, backend));
+    DXS_ASSIGN_OR_RETURN(lw.v_proj, Load(name("self_attn.v_proj.weight"), {kv_dim, h}, backend));
+    DXS_ASSIGN_OR_RETURN(lw.o_proj, Load(name("self_attn.o_proj.weight"), {h, q_dim}, backend));
+    if (c.attention_bias) {
+      DXS_ASSIGN_OR_RETURN(lw.q_bias, Load(name("self_attn.q_proj.bias"), {q_dim}, backend));
+      DXS_ASSIGN_OR_RETURN(lw.k_bias, Load(name("self_attn.k_proj.bias"), {kv_dim}, backend));
+      DXS_ASSIGN_OR_RETURN(lw.v_bias, Load(name("self_attn.v_proj.bias"), {kv_dim}, backend));
+      DXS_ASSIGN_OR_RETURN(lw.o_bias, Load(name("self_attn.o_proj.bias"), {h}, backend));
+    }
+    DXS_ASSIGN_OR_RETURN(lw.q_norm, Load(name("self_attn.q_norm.weight"), {d}, backend));
+    DXS_ASSIGN_OR_RETURN(lw.k_norm, Load(name("self_attn.k_norm.weight"), {d}, backend));
+    if (c.IsMoeLayer(l)) {
+      DXS_ASSIGN_OR_RETURN(lw.router, Load(name("mlp.gate.weight"), {c.num_experts, h}, backend));
+    } else {
+      const int64_t inter = c.intermediate_size;
+      DXS_ASSIGN_OR_RETURN(lw.dense_gate, Load(name("mlp.gate_proj.weight"), {inter, h}, backend));
+      DXS_ASSIGN_OR_RETURN(lw.dense_up, Load(name("mlp.up_proj.weight"), {inter, h}, backend));
+      DXS_ASSIGN_OR_RETURN(lw.dense_down, Load(name("mlp.down_proj.weight"), {h, inter}, backend));
+    }
+    w.layers.push_back(std::move(lw));
+  }
+  DXS_ASSIGN_OR_RETURN(w.final_norm, Load("model.norm.weight", {h}, backend));
+  if (c.tie_word_embeddings) {
+    w.lm_head = w.embed_tokens;
+  } else {
+    DXS_ASSIGN_OR_RETURN(w.lm_head, Load("lm_head.weight", {c.vocab_size, h}, backend));
+  }
+  return w;
+}
+
+absl::StatusOr<ExpertWeightMap> LoadExpertWeights(const WeightSource& source, const ModelConfig& c,
+                                                  const std::vector<int>& experts,
+                                                  Backend* backend) {
+  auto Load = [&source](const std::string& name, std::vector<int64_t> shape, Backend* b) {
+    return source.Load(name, std::move(shape), b);
+  };
   const int64_t h = c.hidden_size, inter = c.moe_intermediate_size;
   ExpertWeightMap map;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -92,11 +98,11 @@ absl::StatusOr<ExpertWeightMap> LoadExpertWeights(const Checkpoint& ckpt, const 
       }
       ExpertWeights ew;
       DXS_ASSIGN_OR_RETURN(ew.gate_proj,
-                           Load(ckpt, ExpertTensorName(l, e, "gate_proj"), {inter, h}, backend));
+                           Load(ExpertTensorName(l, e, "gate_proj"), {inter, h}, backend));
       DXS_ASSIGN_OR_RETURN(ew.up_proj,
-                           Load(ckpt, ExpertTensorName(l, e, "up_proj"), {inter, h}, backend));
+                           Load(ExpertTensorName(l, e, "up_proj"), {inter, h}, backend));
       DXS_ASSIGN_OR_RETURN(ew.down_proj,
-                           Load(ckpt, ExpertTensorName(l, e, "down_proj"), {h, inter}, backend));
+                           Load(ExpertTensorName(l, e, "down_proj"), {h, inter}, backend));
       map.emplace(std::make_pair(l, e), std::move(ew));
     }
   }

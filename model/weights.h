@@ -37,12 +37,39 @@ struct ExpertWeights {
   Tensor down_proj;           // [hidden, moe_intermediate]
 };
 
+// Where weights come from: a checkpoint on disk, or a seeded random model made in place
+// on the backend (model/random_checkpoint.h: RandomWeightSource).
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // Tensor `name` of `shape` on `backend`, in backend->WeightDType(its stored dtype).
+  // NOT_FOUND / INVALID_ARGUMENT for a missing tensor or a shape that differs.
+  virtual absl::StatusOr<Tensor> Load(const std::string& name, std::vector<int64_t> shape,
+                                      Backend* backend) const = 0;
+};
+
+class CheckpointWeightSource final : public WeightSource {
+ public:
+  explicit CheckpointWeightSource(const Checkpoint& ckpt) : ckpt_(ckpt) {}
+  absl::StatusOr<Tensor> Load(const std::string& name, std::vector<int64_t> shape,
+                              Backend* backend) const override;
+
+ private:
+  const Checkpoint& ckpt_;
+};
+
 // Loads everything an attention worker needs: all tensors but the experts'.
+absl::StatusOr<AttentionWeights> LoadAttentionWeights(const WeightSource& source,
+                                                      const ModelConfig& config, Backend* backend);
 absl::StatusOr<AttentionWeights> LoadAttentionWeights(const Checkpoint& ckpt,
                                                       const ModelConfig& config, Backend* backend);
 
 // Experts `experts` of every MoE layer, keyed by (layer, expert).
 using ExpertWeightMap = std::map<std::pair<int, int>, ExpertWeights>;
+absl::StatusOr<ExpertWeightMap> LoadExpertWeights(const WeightSource& source,
+                                                  const ModelConfig& config,
+                                                  const std::vector<int>& experts,
+                                                  Backend* backend);
 absl::StatusOr<ExpertWeightMap> LoadExpertWeights(const Checkpoint& ckpt, const ModelConfig& config,
                                                   const std::vector<int>& experts,
                                                   Backend* backend);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags/tls_flags.h"
 #include "common/metrics/build_info.h"
+#include "kernels/make_backend.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory (Hugging Face layout); required.");
 ABSL_FLAG(int, rank, -1, "This worker's rank in its role, from 0; required.");
@@ -15,6 +16,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "pods must reach HOST.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "Prometheus /metrics on HOST:PORT (port 0: any free port).");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where this worker computes: cpu, cuda (GPU 0) or cuda:N. A GPU asked for and not "
+          "there is a start-up error.");
 
 namespace dxs {
 
@@ -40,6 +44,8 @@ absl::StatusOr<WorkerFlags> ValidateWorkerFlags() {
     }
     *out = value;
   }
+  flags.device = absl::GetFlag(FLAGS_device);
+  if (absl::Status s = ValidateDeviceName(flags.device); !s.ok()) return s;
   absl::StatusOr<TlsConfig> tls = flags::TlsFromFlags(/*for_server=*/true);
   if (!tls.ok()) return tls.status();
   flags.tls = *tls;
@@ -58,6 +64,9 @@ absl::StatusOr<WorkerModel> PrepareWorker(const WorkerFlags& flags, const std::s
   absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(flags.model_dir);
   if (!checkpoint.ok()) return checkpoint.status();
   model.checkpoint = std::move(*checkpoint);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(flags.device);
+  if (!backend.ok()) return backend.status();
+  model.backend = std::move(*backend);
   return model;
 }
 

@@ -16,6 +16,7 @@
 #include "common/grpc/tls.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
+#include "kernels/backend.h"
 #include "prometheus/collectable.h"
 #include "prometheus/registry.h"
 #include "worker/worker_runtime.h"
@@ -29,6 +30,7 @@ struct WorkerFlags {
   std::string router;
   std::string listen;          // default 127.0.0.1:0
   std::string metrics_listen;  // default 127.0.0.1:0
+  std::string device;          // cpu, cuda or cuda:N (kernels/make_backend.h)
   TlsConfig tls;
 };
 
@@ -39,10 +41,12 @@ absl::StatusOr<WorkerFlags> ValidateWorkerFlags();
 struct WorkerModel {
   ModelConfig config;
   std::unique_ptr<Checkpoint> checkpoint;
+  std::unique_ptr<Backend> backend;  // on --device
 };
 
 // Registers build info for `role` in `registry`, installs the signal handlers, gives
-// `runtime` the TLS of the flags and opens the checkpoint in --model.
+// `runtime` the TLS of the flags, opens the checkpoint in --model and makes the backend
+// of --device (FAILED_PRECONDITION when that device is not there).
 absl::StatusOr<WorkerModel> PrepareWorker(const WorkerFlags& flags, const std::string& role,
                                           prometheus::Registry* registry, WorkerRuntime* runtime);
 

@@ -12,6 +12,8 @@
 // name for it; an error during asynchronous work surfaces at the next synchronisation.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -25,5 +27,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_ordinal = 0)
 
 // The number of GPUs the CUDA runtime sees (0 when there is no driver or no device).
 int CudaDeviceCount();
+
+// The stream (the work queue) of a backend made by MakeCudaBackend; null for any other
+// backend. For benchmarks that time with CUDA events, and for interop.
+cudaStream_t CudaStreamOf(Backend* backend);
 
 }  // namespace dxs

@@ -14,7 +14,8 @@
 // - Results are deterministic: no floating-point atomics; every sum has a fixed order.
 //
 // Files: dense_ops.cu (conversion, norms, rope, elementwise, gathers), attention.cu (KV
-// cache write, paged attention), moe_ops.cu (layout, sort, combine, scale-add).
+// cache write, paged attention), moe_ops.cu (layout, sort, combine, scale-add),
+// random_fill.cu (seeded weights made in place).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -125,5 +126,13 @@ cudaError_t LaunchCombineRows(const void* recv, ElemType recv_type, const int32_
 cudaError_t LaunchScaleAddRows(const float* src, const float* scales, const int32_t* rows,
                                int64_t n, int64_t cols, float* dst, int64_t dst_rows,
                                void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// ---- random_fill.cu ----
+
+// Backend::FillUniform (kernels/backend.h): dst[i] = mean + (2u_i - 1) * half_width in
+// double, u_i from SplitMix64 output i of `seed` (common/splitmix64.h), rounded to
+// `values_type` and stored as `dst_type`: bit-identical to the CPU backend's values.
+cudaError_t LaunchFillUniform(void* dst, ElemType dst_type, int64_t n, uint64_t seed, double mean,
+                              double half_width, ElemType values_type, cudaStream_t stream);
 
 }  // namespace dxs::cuda

@@ -109,6 +109,29 @@ TEST_F(EngineTest, TwoMicroBatchesGiveTheSameLogitsAsOne) {
   EXPECT_FALSE(engine_->model().Forward(step, &two, 3).ok()) << "3 micro-batches is not a mode";
 }
 
+// A random preset made in place (Backend::FillUniform) is the checkpoint on disk, value for
+// value: the same tokens and bit-identical logits, in f32 and bf16 storage.
+TEST(RandomWeightsTest, InPlaceModelEqualsTheWrittenCheckpoint) {
+  for (const std::string name : {"default", "bf16-sharded", "odd"}) {
+    SCOPED_TRACE(name);
+    TempDir tmp;
+    auto from_disk = LocalEngine::Load(testing::WritePreset(tmp, name));
+    ASSERT_TRUE(from_disk.ok()) << from_disk.status();
+    absl::StatusOr<CheckpointPreset> preset = GetPreset(name);
+    ASSERT_TRUE(preset.ok());
+    auto in_place = LocalEngine::LoadRandom(*preset);
+    ASSERT_TRUE(in_place.ok()) << in_place.status();
+    GenerationRequest r;
+    r.prompt = {3, 141, 59, 26};
+    r.max_new_tokens = 6;
+    auto a = (*from_disk)->GenerateBatch({r});
+    auto b = (*in_place)->GenerateBatch({r});
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->front().tokens, b->front().tokens);
+    EXPECT_EQ(a->front().first_logits, b->front().first_logits);
+  }
+}
+
 TEST_F(EngineTest, RejectsBadRequestsNamingTheField) {
   struct Case {
     GenerationRequest r;

@@ -189,7 +189,7 @@ int BenchCommand(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args =
       Args::Parse(argv,
                   WithTlsValueFlags({"router", "local", "concurrency", "requests", "prompt-len",
-                                     "output-len", "format"}),
+                                     "output-len", "format", "device"}),
                   WithTlsBoolFlags({}));
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs bench: " << s.message() << "\n";
@@ -222,8 +222,10 @@ int BenchCommand(const std::vector<std::string>& argv) {
   if (args->Has("local")) {
     // Baseline: the single-process engine, `concurrency` requests batched together.
     mode = "single-process engine";
+    EngineOptions options;
+    options.device = args->GetString("device", "cpu");
     absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
-        LocalEngine::Load(args->GetString("local"));
+        LocalEngine::Load(args->GetString("local"), options);
     if (!engine.ok()) return fail(engine.status());
     const int64_t vocab = (*engine)->config().vocab_size;
     start = Clock::now();

@@ -19,6 +19,7 @@
 #include "dxs/v1/control_plane.grpc.pb.h"
 #include "dxs/v1/frontend.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "kernels/make_backend.h"
 #include "model/random_checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "tools/dxs/cli_args.h"
@@ -152,11 +153,11 @@ bool AllRanksReady(const std::string& address, int num_attention, const TlsConfi
 }  // namespace
 
 int UpCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args =
-      Args::Parse(argv,
-                  WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir",
-                                     "wire-dtype", "overlap-min-tokens", "stream-interval"}),
-                  WithTlsBoolFlags({}));
+  absl::StatusOr<Args> args = Args::Parse(
+      argv,
+      WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir", "wire-dtype",
+                         "overlap-min-tokens", "stream-interval", "device"}),
+      WithTlsBoolFlags({}));
   if (!args.ok()) return Fail("up", args.status());
   // With TLS, every process of the cluster uses the same files (one certificate that is
   // both server and cluster client).
@@ -180,6 +181,8 @@ int UpCommand(const std::vector<std::string>& argv) {
       if (absl::Status s = WriteRandomCheckpoint(*preset, model); !s.ok()) return Fail("up", s);
     }
   }
+  const std::string device = args->GetString("device", "cpu");
+  if (absl::Status s = ValidateDeviceName(device); !s.ok()) return Fail("up", s);
   const std::string log_dir = args->GetString("log-dir", "dxs-logs");
   std::filesystem::create_directories(log_dir);
   const std::string bin = SelfDir();
@@ -203,13 +206,20 @@ int UpCommand(const std::vector<std::string>& argv) {
        "--experts", std::to_string(*n), "--wire-dtype", args->GetString("wire-dtype", "f32")},
       "router");
   for (int r = 0; ok && r < *n; ++r) {
-    ok = spawn(
-        {bin + "/dxs-expert", "--model", model, "--rank", std::to_string(r), "--router", router},
-        absl::StrCat("expert", r));
+    ok = spawn({bin + "/dxs-expert", "--model", model, "--rank", std::to_string(r), "--router",
+                router, "--device", device},
+               absl::StrCat("expert", r));
   }
   for (int r = 0; ok && r < *m; ++r) {
-    std::vector<std::string> a = {bin + "/dxs-attention", "--model",  model, "--rank",
-                                  std::to_string(r),      "--router", router};
+    std::vector<std::string> a = {bin + "/dxs-attention",
+                                  "--model",
+                                  model,
+                                  "--rank",
+                                  std::to_string(r),
+                                  "--router",
+                                  router,
+                                  "--device",
+                                  device};
     for (const char* flag : {"overlap-min-tokens", "stream-interval"}) {
       if (args->Has(flag)) a.insert(a.end(), {absl::StrCat("--", flag), args->GetString(flag)});
     }

@@ -45,7 +45,7 @@ int RunCommand(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args =
       Args::Parse(argv,
                   {"model", "prompt-ids", "max-new-tokens", "temperature", "top-p", "top-k", "seed",
-                   "stop-ids", "prefill-chunk", "format"},
+                   "stop-ids", "prefill-chunk", "format", "device"},
                   {"dump-logits", "ignore-eos"});
   if (!args.ok()) return Fail("run", args.status());
   GenerationRequest req;
@@ -83,6 +83,7 @@ int RunCommand(const std::vector<std::string>& argv) {
   if (!model_dir.ok()) return Fail("run", model_dir.status());
   EngineOptions options;
   options.prefill_chunk_tokens = *chunk;
+  options.device = args->GetString("device", "cpu");
   absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Load(*model_dir, options);
   if (!engine.ok()) return Fail("run", engine.status());
   absl::StatusOr<std::vector<GenerationResult>> results = (*engine)->GenerateBatch({req});

@@ -1,0 +1,382 @@
+// dxs GPU benchmark (a benchmark, not a test): the CUDA backend on one GPU, each figure
+// beside the ceiling it is judged against, measured in the same run. Timing: CUDA events
+// on the backend's stream, after warm-up, medians; inputs are seeded random values.
+//
+//   [rates]     HBM device-to-device copy rate and the bf16 GEMM rate (cuBLAS, 8192^3)
+//   [ffn]       the grouped expert FFN (gate, up, SiLU*mul, down) on Qwen3-30B-A3B expert
+//               shapes (128 experts, hidden 2048, inter 768, top-8): time, TFLOP/s, and the
+//               rate its weights are read at against the copy rate
+//   [attention] paged decode attention (32 heads, 4 KV heads, d 128): against the floor of
+//               reading the KV cache once at the copy rate
+//   [decode]    decode tokens/s of the whole Qwen3-30B-A3B shape (48 layers, random bf16
+//               made on the GPU) at batch 1/32/128, context 1k, against the HBM floor
+//               (active weights + KV read per step at the copy rate)
+//   [prefill]   one 4096-token prompt: tokens/s and the fraction of the GEMM rate
+//
+// Usage: gpu_bench [--quick] [--layers N] [--json FILE]
+//   --layers N: the decode/prefill model with N layers instead of 48 (quick checks).
+//   --json: one JSON object per figure, for bench/gpu/report.py.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "model/engine.h"
+#include "model/random_checkpoint.h"
+#include "model/sampler.h"
+#include "nlohmann/json.hpp"
+
+namespace dxs {
+namespace {
+
+#define BENCH_CHECK(expr)                                                        \
+  do {                                                                           \
+    if (auto _s = (expr); !_s.ok()) {                                            \
+      std::fprintf(stderr, "gpu_bench: %s: %s\n", #expr, _s.ToString().c_str()); \
+      std::exit(1);                                                              \
+    }                                                                            \
+  } while (0)
+
+template <typename T>
+T Must(absl::StatusOr<T> v, const char* what) {
+  if (!v.ok()) {
+    std::fprintf(stderr, "gpu_bench: %s: %s\n", what, v.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(*v);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median milliseconds of `body` over `reps` runs after `warmup`, timed with CUDA events on
+// `stream` (the body enqueues on it).
+double TimeMs(cudaStream_t stream, int warmup, int reps, const std::function<void()>& body) {
+  for (int i = 0; i < warmup; ++i) body();
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(start, stream);
+    body();
+    cudaEventRecord(stop, stream);
+    cudaEventSynchronize(stop);
+    float t = 0;
+    cudaEventElapsedTime(&t, start, stop);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return Median(ms);
+}
+
+class Report {
+ public:
+  explicit Report(const std::string& path) {
+    if (!path.empty()) out_.open(path);
+  }
+  void Add(nlohmann::json row) {
+    if (out_.is_open()) out_ << row.dump() << "\n" << std::flush;
+  }
+
+ private:
+  std::ofstream out_;
+};
+
+Tensor RandomTensor(Backend* b, std::vector<int64_t> shape, uint64_t seed, double half_width,
+                    DType dtype = DType::kBF16) {
+  Tensor t = Must(b->Allocate(std::move(shape), dtype), "allocate");
+  BENCH_CHECK(b->FillUniform(&t, seed, 0.0, half_width, dtype));
+  return t;
+}
+
+struct Rates {
+  double copy_bytes_per_s = 0;  // read + write bytes per second of a D2D copy
+  double gemm_flops = 0;        // bf16 8192^3
+};
+
+Rates MeasureRates(Backend* b, cudaStream_t stream, bool quick, Report* report) {
+  Rates r;
+  const int64_t n = int64_t{1} << (quick ? 28 : 30);  // bytes
+  Tensor src = RandomTensor(b, {n / 2}, 1, 1.0), dst = Must(b->Allocate({n / 2}, DType::kBF16), "");
+  const double copy_ms = TimeMs(stream, 3, 10, [&] { BENCH_CHECK(b->Copy(src, &dst)); });
+  r.copy_bytes_per_s = 2.0 * n / (copy_ms * 1e-3);
+  const int64_t m = 8192;
+  Tensor x = RandomTensor(b, {m, m}, 2, 1.0), w = RandomTensor(b, {m, m}, 3, 0.01);
+  Tensor y = Must(b->Allocate({m, m}, DType::kBF16), "");
+  const double gemm_ms =
+      TimeMs(stream, 2, quick ? 3 : 10, [&] { BENCH_CHECK(b->Linear(x, w, nullptr, &y)); });
+  r.gemm_flops = 2.0 * m * m * m / (gemm_ms * 1e-3);
+  std::printf("[rates]\n  HBM copy (read + write)   %8.2f TB/s  (%.0f MiB)\n",
+              r.copy_bytes_per_s / 1e12, n / 1048576.0);
+  std::printf("  bf16 GEMM 8192^3 (cuBLAS) %8.1f TFLOP/s\n", r.gemm_flops / 1e12);
+  report->Add({{"section", "rates"},
+               {"copy_tbps", r.copy_bytes_per_s / 1e12},
+               {"gemm_tflops", r.gemm_flops / 1e12}});
+  return r;
+}
+
+void GroupedFfn(Backend* b, cudaStream_t stream, const Rates& rates, bool quick, Report* report) {
+  const int64_t experts = 128, hidden = 2048, inter = 768, top_k = 8;
+  std::vector<Tensor> gate, up, down;
+  for (int64_t e = 0; e < experts; ++e) {
+    const double s = std::sqrt(3.0 / hidden);
+    gate.push_back(RandomTensor(b, {inter, hidden}, 100 + 3 * e, s));
+    up.push_back(RandomTensor(b, {inter, hidden}, 101 + 3 * e, s));
+    down.push_back(RandomTensor(b, {hidden, inter}, 102 + 3 * e, std::sqrt(3.0 / inter)));
+  }
+  std::vector<const Tensor*> g, u, d;
+  for (int64_t e = 0; e < experts; ++e) {
+    g.push_back(&gate[e]);
+    u.push_back(&up[e]);
+    d.push_back(&down[e]);
+  }
+  std::printf("\n[ffn] grouped expert FFN, 128 experts, hidden 2048, inter 768, top-8, bf16\n");
+  std::printf("  %7s %10s %10s %12s %10s\n", "tokens", "us", "TFLOP/s", "weights TB/s", "of copy");
+  std::vector<int64_t> sizes = {16, 64, 256, 1024, 4096, 16384};
+  if (quick) sizes = {16, 1024};
+  for (int64_t tokens : sizes) {
+    const int64_t pairs = tokens * top_k;
+    // Random top-8 routing, sorted by expert on the host (the sort is not what is timed).
+    SplitMix64 rng(tokens);
+    std::vector<std::vector<int32_t>> by_expert(experts);
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<int32_t> pick(experts);
+      std::iota(pick.begin(), pick.end(), 0);
+      for (int64_t k = 0; k < top_k; ++k) {
+        std::swap(pick[k], pick[k + rng.Next() % (experts - k)]);
+        by_expert[pick[k]].push_back(static_cast<int32_t>(t));
+      }
+    }
+    std::vector<int32_t> rows, offsets = {0};
+    int64_t used_experts = 0;
+    for (const auto& v : by_expert) {
+      rows.insert(rows.end(), v.begin(), v.end());
+      offsets.push_back(static_cast<int32_t>(rows.size()));
+      used_experts += v.empty() ? 0 : 1;
+    }
+    Tensor x = RandomTensor(b, {tokens, hidden}, 7, 1.0);
+    Tensor row_t = Must(b->UploadIndices(rows), ""), off_t = Must(b->UploadIndices(offsets), "");
+    Tensor y = Must(b->Allocate({pairs, hidden}, DType::kF32), "");
+    const double ms = TimeMs(stream, 3, quick ? 5 : 20,
+                             [&] { BENCH_CHECK(b->GroupedSwiGlu(x, &row_t, off_t, g, u, d, &y)); });
+    const double flops = 2.0 * 3 * hidden * inter * pairs;
+    const double weight_bytes = 3.0 * hidden * inter * 2 * used_experts;
+    const double wbps = weight_bytes / (ms * 1e-3);
+    std::printf("  %7ld %10.1f %10.1f %12.2f %9.0f%%\n", static_cast<long>(tokens), ms * 1e3,
+                flops / (ms * 1e-3) / 1e12, wbps / 1e12, 100 * wbps / rates.copy_bytes_per_s);
+    report->Add({{"section", "ffn"},
+                 {"tokens", tokens},
+                 {"us", ms * 1e3},
+                 {"tflops", flops / (ms * 1e-3) / 1e12},
+                 {"weights_tbps", wbps / 1e12}});
+  }
+}
+
+void DecodeAttention(Backend* b, cudaStream_t stream, const Rates& rates, bool quick,
+                     Report* report) {
+  const int64_t heads = 32, kv_heads = 4, d = 128, bs = 16;
+  std::printf("\n[attention] paged decode, 32 heads, 4 KV heads, d 128, block 16, bf16\n");
+  std::printf("  %6s %8s %10s %10s %8s\n", "batch", "context", "us", "floor us", "of floor");
+  std::vector<int64_t> batches = {1, 8, 32, 128}, contexts = {1024, 4096, 16384};
+  if (quick) batches = {1, 32}, contexts = {1024};
+  for (int64_t batch : batches) {
+    for (int64_t ctx : contexts) {
+      const int64_t blocks_per_seq = (ctx + bs - 1) / bs, num_blocks = batch * blocks_per_seq;
+      Tensor kc = RandomTensor(b, {num_blocks, bs, kv_heads, d}, 11, 1.0);
+      Tensor vc = RandomTensor(b, {num_blocks, bs, kv_heads, d}, 12, 1.0);
+      Tensor q = RandomTensor(b, {batch, heads, d}, 13, 1.0);
+      Tensor out = Must(b->Allocate({batch, heads * d}, DType::kBF16), "");
+      std::vector<int32_t> qs(batch + 1), lens(batch, static_cast<int32_t>(ctx)), tables;
+      std::vector<int64_t> slots(batch);
+      for (int64_t s = 0; s <= batch; ++s) qs[s] = static_cast<int32_t>(s);
+      // Blocks interleaved across sequences, as a pool that has been churned.
+      for (int64_t s = 0; s < batch; ++s) {
+        for (int64_t k = 0; k < blocks_per_seq; ++k) {
+          tables.push_back(static_cast<int32_t>(k * batch + s));
+        }
+        slots[s] = int64_t{tables[s * blocks_per_seq + (ctx - 1) / bs]} * bs + (ctx - 1) % bs;
+      }
+      PagedAttentionMeta meta;
+      meta.num_seqs = batch;
+      meta.block_size = bs;
+      meta.max_blocks_per_seq = blocks_per_seq;
+      meta.max_query_len = 1;
+      meta.max_context_len = ctx;
+      meta.query_start = Must(b->UploadIndices(qs), "");
+      meta.context_lens = Must(b->UploadIndices(lens), "");
+      meta.block_tables = Must(b->UploadIndices(tables), "");
+      meta.slot_mapping = Must(b->Allocate({batch}, DType::kI64), "");
+      BENCH_CHECK(b->CopyFromHost(slots.data(), DType::kI64, &meta.slot_mapping));
+      const double ms = TimeMs(stream, 3, quick ? 5 : 20, [&] {
+        BENCH_CHECK(b->PagedAttention(q, kc, vc, meta, 0.088f, &out));
+      });
+      // The floor: K and V of every position read once, at the copy rate (as ANCHORS.md).
+      const double kv_bytes = 2.0 * batch * ctx * kv_heads * d * 2;
+      const double floor_ms = kv_bytes / rates.copy_bytes_per_s * 1e3;
+      std::printf("  %6ld %8ld %10.1f %10.1f %7.0f%%\n", static_cast<long>(batch),
+                  static_cast<long>(ctx), ms * 1e3, floor_ms * 1e3, 100 * floor_ms / ms);
+      report->Add({{"section", "attention"},
+                   {"batch", batch},
+                   {"context", ctx},
+                   {"us", ms * 1e3},
+                   {"floor_us", floor_ms * 1e3}});
+    }
+  }
+}
+
+// Weight bytes one decode step reads at `batch`: everything but the experts, plus the
+// experts a batch of random routing touches in expectation, per layer.
+double ActiveWeightBytes(const ModelConfig& c, int64_t batch) {
+  const double h = c.hidden_size, d = c.head_dim;
+  const double attn = h * d * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads);
+  const double router = h * c.num_experts;
+  const double expert = 3.0 * h * c.moe_intermediate_size;
+  const double e = c.num_experts, k = c.num_experts_per_tok;
+  const double touched = e * (1 - std::pow(1 - k / e, static_cast<double>(batch)));
+  const double per_layer = attn + router + touched * expert;
+  return 2.0 * (per_layer * c.num_hidden_layers + h * c.vocab_size);  // + lm_head
+}
+
+void ModelBenches(const Rates& rates, bool quick, int layers, Report* report) {
+  CheckpointPreset preset = Must(GetPreset("qwen3-30b-a3b"), "preset");
+  preset.config.num_hidden_layers = layers;
+  EngineOptions options;
+  options.device = "cuda";
+  options.kv_capacity_tokens = 1;  // the benchmark makes its own cache
+  std::unique_ptr<LocalEngine> engine = Must(LocalEngine::LoadRandom(preset, options), "model");
+  const ModelConfig& c = engine->config();
+  Backend* b = engine->backend();
+  cudaStream_t stream = CudaStreamOf(b);
+  std::printf(
+      "\n[decode] Qwen3-30B-A3B shape, %d layers, random bf16 made on the GPU, "
+      "context 1024\n",
+      layers);
+  std::printf("  %6s %12s %10s %10s %12s %8s\n", "batch", "tokens/s", "step ms", "us/layer",
+              "floor ms", "of floor");
+  const int64_t ctx = 1024;
+  std::vector<int64_t> batches = {1, 32, 128};
+  if (quick) batches = {1, 32};
+  for (int64_t batch : batches) {
+    KvCache kv(c, b, batch * (ctx + 64));
+    std::vector<SequenceChunk> seqs(batch);
+    for (int64_t s = 0; s < batch; ++s) {
+      seqs[s].kv_slot = Must(kv.Allocate(ctx + 64), "kv slot");
+      for (int64_t i = 0; i < ctx; ++i) {
+        seqs[s].tokens.push_back(static_cast<int32_t>(3 + (s * 7919 + i * 104729) % 150000));
+      }
+    }
+    // Prefill the contexts, 8192 tokens a step.
+    for (int64_t first = 0; first < batch; first += 8) {
+      std::vector<SequenceChunk> part(seqs.begin() + first,
+                                      seqs.begin() + std::min<int64_t>(batch, first + 8));
+      Must(engine->model().Forward(part, &kv), "prefill");
+    }
+    BENCH_CHECK(b->Synchronize());
+    for (auto& s : seqs) s.start_position = ctx;
+    int64_t step = 0;
+    auto decode = [&] {
+      for (int64_t s = 0; s < batch; ++s) {
+        seqs[s].tokens = {static_cast<int32_t>(5 + (s * 31 + step * 17) % 150000)};
+      }
+      Must(engine->model().Forward(seqs, &kv), "decode");
+      for (auto& s : seqs) ++s.start_position;
+      ++step;
+    };
+    const double ms = TimeMs(stream, 2, quick ? 4 : 16, decode);
+    const double kv_bytes =
+        2.0 * batch * (ctx + step) * c.num_key_value_heads * c.head_dim * 2 * c.num_hidden_layers;
+    const double floor_ms = (ActiveWeightBytes(c, batch) + kv_bytes) / rates.copy_bytes_per_s * 1e3;
+    std::printf("  %6ld %12.1f %10.2f %10.1f %12.2f %7.0f%%\n", static_cast<long>(batch),
+                batch / (ms * 1e-3), ms, ms * 1e3 / layers, floor_ms, 100 * floor_ms / ms);
+    report->Add({{"section", "decode"},
+                 {"layers", layers},
+                 {"batch", batch},
+                 {"tokens_per_s", batch / (ms * 1e-3)},
+                 {"step_ms", ms},
+                 {"floor_ms", floor_ms}});
+  }
+  // Prefill: one 4096-token prompt per step.
+  const int64_t prompt = 4096;
+  KvCache kv(c, b, 4 * prompt);
+  int64_t round = 0;
+  auto prefill = [&] {
+    SequenceChunk chunk;
+    chunk.kv_slot = Must(kv.Allocate(prompt), "kv slot");
+    for (int64_t i = 0; i < prompt; ++i) {
+      chunk.tokens.push_back(static_cast<int32_t>(3 + (round * 131 + i * 7919) % 150000));
+    }
+    Must(engine->model().Forward({chunk}, &kv), "prefill");
+    kv.Free(chunk.kv_slot);
+    ++round;
+  };
+  const double ms = TimeMs(stream, 1, quick ? 2 : 5, prefill);
+  const double h = c.hidden_size, d = c.head_dim;
+  const double active_params =
+      c.num_hidden_layers *
+      (h * d * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads) + h * c.num_experts +
+       c.num_experts_per_tok * 3.0 * h * c.moe_intermediate_size);
+  const double attn_flops =
+      2.0 * c.num_hidden_layers * c.num_attention_heads * d * prompt * prompt;  // causal QK+PV
+  const double flops = 2.0 * active_params * prompt + attn_flops + 2.0 * h * c.vocab_size;
+  std::printf("\n[prefill] one %ld-token prompt, %d layers\n", static_cast<long>(prompt), layers);
+  std::printf("  %10.1f tokens/s, %8.2f ms, %7.1f TFLOP/s = %4.0f%% of the GEMM rate\n",
+              prompt / (ms * 1e-3), ms, flops / (ms * 1e-3) / 1e12,
+              100 * flops / (ms * 1e-3) / rates.gemm_flops);
+  report->Add({{"section", "prefill"},
+               {"layers", layers},
+               {"tokens", prompt},
+               {"tokens_per_s", prompt / (ms * 1e-3)},
+               {"tflops", flops / (ms * 1e-3) / 1e12}});
+}
+
+int Main(int argc, char** argv) {
+  bool quick = false;
+  int layers = 48;
+  std::string json;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+    } else if (a == "--layers" && i + 1 < argc) {
+      layers = std::atoi(argv[++i]);
+    } else if (a == "--json" && i + 1 < argc) {
+      json = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: gpu_bench [--quick] [--layers N] [--json FILE]\n");
+      return 2;
+    }
+  }
+  std::unique_ptr<Backend> backend = Must(MakeCudaBackend(0), "no GPU");
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("dxs gpu_bench: %s, %d SMs, %.0f GiB\n", prop.name, prop.multiProcessorCount,
+              prop.totalGlobalMem / 1073741824.0);
+  Report report(json);
+  report.Add({{"section", "device"}, {"name", prop.name}, {"sms", prop.multiProcessorCount}});
+  cudaStream_t stream = CudaStreamOf(backend.get());
+  const Rates rates = MeasureRates(backend.get(), stream, quick, &report);
+  GroupedFfn(backend.get(), stream, rates, quick, &report);
+  DecodeAttention(backend.get(), stream, rates, quick, &report);
+  backend.reset();  // the model below makes its own backend and needs the memory
+  ModelBenches(rates, quick, layers, &report);
+  return 0;
+}
+
+}  // namespace
+}  // namespace dxs
+
+int main(int argc, char** argv) { return dxs::Main(argc, argv); }

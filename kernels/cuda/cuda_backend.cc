@@ -1,0 +1,510 @@
+// CUDA backend: memory, the stream and its events, the dense ops (cuBLAS GEMMs and the
+// kernels of dense_ops.cu) and paged attention (attention.cu). Routing and the MoE
+// exchange ops are in cuda_moe_backend.cc.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/op_checks.h"
+
+namespace dxs {
+
+static_assert(static_cast<int>(DType::kF32) == static_cast<int>(cuda::ElemType::kF32) &&
+                  static_cast<int>(DType::kF16) == static_cast<int>(cuda::ElemType::kF16) &&
+                  static_cast<int>(DType::kBF16) == static_cast<int>(cuda::ElemType::kBF16) &&
+                  static_cast<int>(DType::kI32) == static_cast<int>(cuda::ElemType::kI32) &&
+                  static_cast<int>(DType::kI64) == static_cast<int>(cuda::ElemType::kI64),
+              "cuda::ElemType mirrors DType");
+
+namespace {
+
+// Freed device blocks kept for reuse; beyond this they go back to cudaFree.
+constexpr size_t kMaxCachedDeviceBytes = size_t{8} << 30;
+// cuBLAS's own workspace, fixed so that its GEMMs can later be captured in CUDA graphs.
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+class CudaEvent final : public Event {
+ public:
+  explicit CudaEvent(cudaEvent_t event) : event_(event) {}
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_;
+};
+
+cudaDataType_t CublasType(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+}  // namespace
+
+absl::Status CudaStatus(cudaError_t error, const char* op) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(op, ": CUDA error ", cudaGetErrorName(error), " (",
+                                          cudaGetErrorString(error), ")"));
+}
+
+absl::Status CublasStatus(cublasStatus_t status, const char* op) {
+  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(op, ": cuBLAS error ", cublasGetStatusName(status), " (",
+                                          cublasGetStatusString(status), ")"));
+}
+
+cuda::ElemType ToElemType(DType dtype) { return static_cast<cuda::ElemType>(dtype); }
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error for later callers
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_ordinal) {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat("--device cuda: no usable GPU (",
+                                                      cudaGetErrorName(error), ": ",
+                                                      cudaGetErrorString(error), ")"));
+  }
+  if (device_ordinal < 0 || device_ordinal >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device cuda:", device_ordinal, ": ", count, " GPU(s) visible"));
+  }
+  auto backend = std::make_unique<CudaBackend>(device_ordinal);
+  DXS_RETURN_IF_ERROR(backend->Init());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+cudaStream_t CudaStreamOf(Backend* backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(backend);
+  return cuda != nullptr ? cuda->stream() : nullptr;
+}
+
+CudaBackend::CudaBackend(int device_ordinal) : device_(device_ordinal) {}
+
+absl::Status CudaBackend::Init() {
+  DXS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cuda backend: set device"));
+  DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                                 "cuda backend: create stream"));
+  const int device = device_;
+  allocator_ = CachingAllocator::Create(
+      Device::kCuda,
+      [device](size_t bytes) -> void* {
+        void* p = nullptr;
+        cudaSetDevice(device);
+        if (cudaMalloc(&p, bytes) != cudaSuccess) {
+          cudaGetLastError();  // out of memory is reported by the allocator, not sticky
+          return nullptr;
+        }
+        return p;
+      },
+      [device](void* p, size_t) {
+        cudaSetDevice(device);
+        cudaFree(p);
+      },
+      kMaxCachedDeviceBytes);
+  DXS_RETURN_IF_ERROR(CublasStatus(cublasCreate(&cublas_), "cuda backend: cuBLAS handle"));
+  DXS_RETURN_IF_ERROR(CublasStatus(cublasSetStream(cublas_, stream_), "cuda backend: cuBLAS"));
+  DXS_ASSIGN_OR_RETURN(cublas_workspace_, Workspace(kCublasWorkspaceBytes));
+  return CublasStatus(
+      cublasSetWorkspace(cublas_, cublas_workspace_.raw(), cublas_workspace_.num_bytes()),
+      "cuda backend: cuBLAS workspace");
+}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  cublas_workspace_ = Tensor();
+  // The allocator outlives us while tensors remain; its blocks are stream-ordered on a
+  // stream that is about to go, so everything queued has finished (synchronised above).
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaBackend::Enter(const char* op) const {
+  return CudaStatus(cudaSetDevice(device_), op);
+}
+
+absl::StatusOr<Tensor> CudaBackend::Allocate(std::vector<int64_t> shape, DType dtype) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("allocate: negative dimension in [", absl::StrJoin(shape, ", "), "]"));
+    }
+    n *= d;
+  }
+  DXS_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
+                       allocator_->Allocate(static_cast<size_t>(n) * DTypeSize(dtype)));
+  return Tensor(std::move(buffer), dtype, std::move(shape));
+}
+
+absl::StatusOr<Tensor> CudaBackend::Workspace(size_t bytes) {
+  // i32 elements: there is no byte dtype; the size rounds up to whole words.
+  return Allocate({static_cast<int64_t>((bytes + 3) / 4)}, DType::kI32);
+}
+
+// ---- Copies ----
+
+static absl::Status CheckConvertible(const char* op, DType from, DType to) {
+  if (from == to || (IsFloatDType(from) && IsFloatDType(to))) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      op, ": cannot convert ", std::string(DTypeName(from)), " to ", std::string(DTypeName(to))));
+}
+
+absl::Status CudaBackend::CopyFromHost(const void* src, DType src_dtype, Tensor* dst) {
+  DXS_RETURN_IF_ERROR(CheckConvertible("copy from host", src_dtype, dst->dtype()));
+  const size_t n = static_cast<size_t>(dst->num_elements());
+  if (n == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("copy from host"));
+  std::vector<uint8_t> converted;
+  if (src_dtype != dst->dtype()) {
+    // Converted on the host: weights arrive once, and host memory is plentiful.
+    converted.resize(n * DTypeSize(dst->dtype()));
+    std::vector<float> wide;
+    const float* f32 = static_cast<const float*>(src);
+    if (src_dtype != DType::kF32) {
+      wide.resize(n);
+      WidenToFloat32(src_dtype, src, n, wide.data());
+      f32 = wide.data();
+    }
+    if (dst->dtype() == DType::kF32) {
+      std::memcpy(converted.data(), f32, n * sizeof(float));
+    } else {
+      NarrowFromFloat32(dst->dtype(), f32, n, converted.data());
+    }
+    src = converted.data();
+  }
+  // From pageable memory, cudaMemcpyAsync returns once the source is staged, so `src` (and
+  // `converted`) may go as soon as this returns.
+  return CudaStatus(
+      cudaMemcpyAsync(dst->raw(), src, dst->num_bytes(), cudaMemcpyHostToDevice, stream_),
+      "copy from host");
+}
+
+absl::Status CudaBackend::CopyToHost(const Tensor& src, DType dst_dtype, void* dst) {
+  DXS_RETURN_IF_ERROR(CheckConvertible("copy to host", src.dtype(), dst_dtype));
+  const int64_t n = src.num_elements();
+  if (n == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("copy to host"));
+  Tensor from = src;
+  if (src.dtype() != dst_dtype) {
+    DXS_ASSIGN_OR_RETURN(from, Allocate({n}, dst_dtype));
+    DXS_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchConvert(src.raw(), ToElemType(src.dtype()), from.raw(),
+                                       ToElemType(dst_dtype), n, stream_),
+                   "copy to host: convert"));
+  }
+  DXS_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(dst, from.raw(), from.num_bytes(), cudaMemcpyDeviceToHost, stream_),
+      "copy to host"));
+  return CudaStatus(cudaStreamSynchronize(stream_), "copy to host: synchronize");
+}
+
+absl::Status CudaBackend::Copy(const Tensor& src, Tensor* dst) {
+  DXS_RETURN_IF_ERROR(CheckSameElements("copy", src, *dst));
+  DXS_RETURN_IF_ERROR(CheckConvertible("copy", src.dtype(), dst->dtype()));
+  if (src.num_elements() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("copy"));
+  if (src.dtype() == dst->dtype()) {
+    return CudaStatus(
+        cudaMemcpyAsync(dst->raw(), src.raw(), src.num_bytes(), cudaMemcpyDeviceToDevice, stream_),
+        "copy");
+  }
+  return CudaStatus(cuda::LaunchConvert(src.raw(), ToElemType(src.dtype()), dst->raw(),
+                                        ToElemType(dst->dtype()), src.num_elements(), stream_),
+                    "copy");
+}
+
+absl::Status CudaBackend::Fill(Tensor* t, float value) {
+  if (t->num_elements() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("fill"));
+  if (value == 0.f) {
+    return CudaStatus(cudaMemsetAsync(t->raw(), 0, t->num_bytes(), stream_), "fill");
+  }
+  return CudaStatus(
+      cuda::LaunchFill(t->raw(), ToElemType(t->dtype()), t->num_elements(), value, stream_),
+      "fill");
+}
+
+absl::Status CudaBackend::FillUniform(Tensor* t, uint64_t seed, double mean, double half_width,
+                                      DType values_dtype) {
+  if (!IsFloatDType(t->dtype()) || !IsFloatDType(values_dtype)) {
+    return absl::InvalidArgumentError("fill uniform: floating tensors only");
+  }
+  if (t->num_elements() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("fill uniform"));
+  return CudaStatus(
+      cuda::LaunchFillUniform(t->raw(), ToElemType(t->dtype()), t->num_elements(), seed, mean,
+                              half_width, ToElemType(values_dtype), stream_),
+      "fill uniform");
+}
+
+// ---- Queue and events ----
+
+absl::StatusOr<std::unique_ptr<Event>> CudaBackend::CreateEvent() {
+  DXS_RETURN_IF_ERROR(Enter("create event"));
+  cudaEvent_t event = nullptr;
+  DXS_RETURN_IF_ERROR(
+      CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "create event"));
+  return std::unique_ptr<Event>(new CudaEvent(event));
+}
+
+absl::Status CudaBackend::RecordEvent(Event* event) {
+  DXS_RETURN_IF_ERROR(Enter("record event"));
+  return CudaStatus(cudaEventRecord(static_cast<CudaEvent*>(event)->get(), stream_),
+                    "record event");
+}
+
+absl::Status CudaBackend::WaitEvent(Event* event) {
+  DXS_RETURN_IF_ERROR(Enter("wait event"));
+  return CudaStatus(cudaStreamWaitEvent(stream_, static_cast<CudaEvent*>(event)->get(), 0),
+                    "wait event");
+}
+
+absl::Status CudaBackend::SynchronizeEvent(Event* event) {
+  return CudaStatus(cudaEventSynchronize(static_cast<CudaEvent*>(event)->get()),
+                    "synchronize event");
+}
+
+absl::Status CudaBackend::Synchronize() {
+  DXS_RETURN_IF_ERROR(Enter("synchronize"));
+  return CudaStatus(cudaStreamSynchronize(stream_), "synchronize");
+}
+
+// ---- Dense ops ----
+
+absl::Status CudaBackend::Gemm(const void* x, const void* w, DType in_dtype, int64_t m, int64_t n,
+                               int64_t k, void* y, DType out_dtype, float beta, const char* op) {
+  // Row-major y[m, n] = x[m, k] w[n, k]^T is column-major y^T = w^T(op T) x^T: cuBLAS's
+  // A = w (k x n column-major, transposed), B = x (k x m column-major).
+  const float alpha = 1.f;
+  return CublasStatus(
+      cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                   static_cast<int>(k), &alpha, w, CublasType(in_dtype), static_cast<int>(k), x,
+                   CublasType(in_dtype), static_cast<int>(k), &beta, y, CublasType(out_dtype),
+                   static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      op);
+}
+
+absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor* y) {
+  DXS_RETURN_IF_ERROR(CheckFloat("linear", x, "x"));
+  DXS_RETURN_IF_ERROR(CheckFloat("linear", w, "w"));
+  DXS_RETURN_IF_ERROR(CheckFloat("linear", *y, "y"));
+  const int64_t m = x.rows(), k = x.row_size(), n = w.rows();
+  if (w.row_size() != k || y->num_elements() != m * n ||
+      (bias != nullptr && bias->num_elements() != n)) {
+    return absl::InvalidArgumentError(absl::StrCat("linear: x ", x.ShapeString(), ", w ",
+                                                   w.ShapeString(), ", y ", y->ShapeString()));
+  }
+  if (x.dtype() != w.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat("linear: x is ",
+                                                   std::string(DTypeName(x.dtype())), ", w is ",
+                                                   std::string(DTypeName(w.dtype()))));
+  }
+  if (y->dtype() != x.dtype() && y->dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat("linear: y is ",
+                                                   std::string(DTypeName(y->dtype())), " for ",
+                                                   std::string(DTypeName(x.dtype()))));
+  }
+  if (m == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("linear"));
+  float beta = 0.f;
+  if (bias != nullptr) {
+    // The bias broadcast into y first (a gather of row 0 of the bias m times), then the
+    // GEMM accumulates onto it.
+    DXS_ASSIGN_OR_RETURN(Tensor zeros, Allocate({m}, DType::kI32));
+    DXS_RETURN_IF_ERROR(
+        CudaStatus(cudaMemsetAsync(zeros.raw(), 0, zeros.num_bytes(), stream_), "linear: bias"));
+    DXS_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchGatherRows(bias->raw(), ToElemType(bias->dtype()), 1, zeros.i32(), m,
+                                          n, y->raw(), ToElemType(y->dtype()), stream_),
+                   "linear: bias"));
+    beta = 1.f;
+  }
+  return Gemm(x.raw(), w.raw(), x.dtype(), m, n, k, y->raw(), y->dtype(), beta, "linear");
+}
+
+absl::Status CudaBackend::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor* y) {
+  DXS_RETURN_IF_ERROR(CheckSameElements("rms norm", x, *y));
+  DXS_RETURN_IF_ERROR(CheckFloat("rms norm", x, "x"));
+  DXS_RETURN_IF_ERROR(CheckFloat("rms norm", weight, "weight"));
+  DXS_RETURN_IF_ERROR(CheckFloat("rms norm", *y, "y"));
+  const int64_t d = weight.num_elements();
+  if (d == 0 || x.num_elements() % d != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rms norm: rows of ", d, " do not tile ", x.ShapeString()));
+  }
+  if (x.num_elements() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("rms norm"));
+  return CudaStatus(
+      cuda::LaunchRmsNorm(x.raw(), ToElemType(x.dtype()), weight.raw(), ToElemType(weight.dtype()),
+                          eps, x.num_elements() / d, d, y->raw(), ToElemType(y->dtype()), stream_),
+      "rms norm");
+}
+
+absl::Status CudaBackend::Embedding(const Tensor& table, const Tensor& ids, Tensor* y) {
+  DXS_RETURN_IF_ERROR(CheckDType("embedding", ids, DType::kI32, "ids"));
+  DXS_RETURN_IF_ERROR(CheckFloat("embedding", table, "table"));
+  DXS_RETURN_IF_ERROR(CheckFloat("embedding", *y, "y"));
+  const int64_t d = table.row_size(), n = ids.num_elements();
+  if (y->num_elements() != n * d) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("embedding: ", n, " ids into ", y->ShapeString()));
+  }
+  if (n == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("embedding"));
+  return CudaStatus(
+      cuda::LaunchEmbedding(table.raw(), ToElemType(table.dtype()), table.rows(), ids.i32(), n, d,
+                            y->raw(), ToElemType(y->dtype()), stream_),
+      "embedding");
+}
+
+absl::Status CudaBackend::Rope(Tensor* x, const Tensor& positions, double theta) {
+  DXS_RETURN_IF_ERROR(CheckDType("rope", positions, DType::kI32, "positions"));
+  DXS_RETURN_IF_ERROR(CheckFloat("rope", *x, "x"));
+  if (x->shape().size() != 3 || x->dim(2) % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rope: x ", x->ShapeString(), " is not [tokens, heads, even head_dim]"));
+  }
+  const int64_t tokens = x->dim(0), heads = x->dim(1), d = x->dim(2);
+  if (positions.num_elements() != tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rope: ", positions.num_elements(), " positions for ", tokens, " tokens"));
+  }
+  if (x->num_elements() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("rope"));
+  return CudaStatus(cuda::LaunchRope(x->raw(), ToElemType(x->dtype()), positions.i32(), tokens,
+                                     heads, d, static_cast<float>(theta), stream_),
+                    "rope");
+}
+
+absl::Status CudaBackend::SiluMul(const Tensor& gate, const Tensor& up, Tensor* out) {
+  DXS_RETURN_IF_ERROR(CheckSameElements("silu mul", gate, up));
+  DXS_RETURN_IF_ERROR(CheckSameElements("silu mul", gate, *out));
+  DXS_RETURN_IF_ERROR(CheckFloat("silu mul", gate, "gate"));
+  DXS_RETURN_IF_ERROR(CheckFloat("silu mul", up, "up"));
+  DXS_RETURN_IF_ERROR(CheckFloat("silu mul", *out, "out"));
+  if (gate.num_elements() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("silu mul"));
+  return CudaStatus(
+      cuda::LaunchSiluMul(gate.raw(), ToElemType(gate.dtype()), up.raw(), ToElemType(up.dtype()),
+                          out->raw(), ToElemType(out->dtype()), gate.num_elements(), stream_),
+      "silu mul");
+}
+
+absl::Status CudaBackend::Add(const Tensor& x, Tensor* inout) {
+  DXS_RETURN_IF_ERROR(CheckSameElements("add", x, *inout));
+  DXS_RETURN_IF_ERROR(CheckFloat("add", x, "x"));
+  DXS_RETURN_IF_ERROR(CheckFloat("add", *inout, "inout"));
+  if (x.num_elements() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("add"));
+  return CudaStatus(cuda::LaunchAdd(x.raw(), ToElemType(x.dtype()), inout->raw(),
+                                    ToElemType(inout->dtype()), x.num_elements(), stream_),
+                    "add");
+}
+
+absl::Status CudaBackend::GatherRows(const Tensor& src, const Tensor& rows, Tensor* dst) {
+  DXS_RETURN_IF_ERROR(CheckDType("gather rows", rows, DType::kI32, "rows"));
+  DXS_RETURN_IF_ERROR(CheckConvertible("gather rows", src.dtype(), dst->dtype()));
+  const int64_t n = rows.num_elements(), d = src.row_size();
+  if (dst->rows() < n || dst->row_size() != d) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gather rows: ", n, " rows of ", src.ShapeString(), " into ", dst->ShapeString()));
+  }
+  if (n == 0 || d == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("gather rows"));
+  return CudaStatus(
+      cuda::LaunchGatherRows(src.raw(), ToElemType(src.dtype()), src.rows(), rows.i32(), n, d,
+                             dst->raw(), ToElemType(dst->dtype()), stream_),
+      "gather rows");
+}
+
+// ---- Paged attention ----
+
+absl::Status CudaBackend::WriteKvCache(const Tensor& k, const Tensor& v,
+                                       const PagedAttentionMeta& meta, Tensor* k_cache,
+                                       Tensor* v_cache) {
+  const int64_t tokens = k.rows();
+  DXS_RETURN_IF_ERROR(CheckPagedAttentionMeta("write KV cache", meta, tokens));
+  if (tokens == 0) return absl::OkStatus();
+  const int64_t row = k.row_size();
+  const int64_t num_slots = k_cache->dim(0) * k_cache->dim(1);
+  if (k_cache->num_elements() != num_slots * row || v.row_size() != row ||
+      v_cache->num_elements() != k_cache->num_elements() || k.dtype() != v.dtype() ||
+      k_cache->dtype() != v_cache->dtype()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("write KV cache: rows of ", row, " into a cache ", k_cache->ShapeString()));
+  }
+  DXS_RETURN_IF_ERROR(CheckConvertible("write KV cache", k.dtype(), k_cache->dtype()));
+  DXS_RETURN_IF_ERROR(Enter("write KV cache"));
+  return CudaStatus(cuda::LaunchWriteKvCache(k.raw(), v.raw(), ToElemType(k.dtype()),
+                                             meta.slot_mapping.i64(), tokens, row, k_cache->raw(),
+                                             v_cache->raw(), ToElemType(k_cache->dtype()), stream_),
+                    "write KV cache");
+}
+
+absl::Status CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
+                                         const Tensor& v_cache, const PagedAttentionMeta& meta,
+                                         float scale, Tensor* out) {
+  if (q.shape().size() != 3 || k_cache.shape().size() != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("paged attention: q ", q.ShapeString(), ", cache ", k_cache.ShapeString()));
+  }
+  const int64_t tokens = q.dim(0), heads = q.dim(1), d = q.dim(2);
+  DXS_RETURN_IF_ERROR(CheckPagedAttentionMeta("paged attention", meta, tokens));
+  const int64_t kv_heads = k_cache.dim(2);
+  if (k_cache.dim(3) != d || kv_heads <= 0 || heads % kv_heads != 0 ||
+      k_cache.dim(1) != meta.block_size || v_cache.shape() != k_cache.shape() ||
+      out->num_elements() != tokens * heads * d || k_cache.dtype() != v_cache.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat("paged attention: q ", q.ShapeString(),
+                                                   ", cache ", k_cache.ShapeString(), ", out ",
+                                                   out->ShapeString()));
+  }
+  DXS_RETURN_IF_ERROR(CheckFloat("paged attention", q, "q"));
+  DXS_RETURN_IF_ERROR(CheckFloat("paged attention", k_cache, "k_cache"));
+  DXS_RETURN_IF_ERROR(CheckFloat("paged attention", *out, "out"));
+  if (tokens == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("paged attention"));
+  cuda::PagedAttentionArgs args;
+  args.num_seqs = meta.num_seqs;
+  args.num_tokens = tokens;
+  args.num_heads = heads;
+  args.num_kv_heads = kv_heads;
+  args.head_dim = d;
+  args.block_size = meta.block_size;
+  args.max_blocks_per_seq = meta.max_blocks_per_seq;
+  args.max_query_len = meta.max_query_len;
+  args.max_context_len = meta.max_context_len;
+  args.query_start = meta.query_start.i32();
+  args.context_lens = meta.context_lens.i32();
+  args.block_tables = meta.block_tables.i32();
+  return CudaStatus(
+      cuda::LaunchPagedAttention(q.raw(), ToElemType(q.dtype()), k_cache.raw(), v_cache.raw(),
+                                 ToElemType(k_cache.dtype()), args, scale, out->raw(),
+                                 ToElemType(out->dtype()), stream_),
+      "paged attention");
+}
+
+}  // namespace dxs

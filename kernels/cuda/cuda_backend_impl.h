@@ -1,0 +1,110 @@
+// CudaBackend's class, shared by its two translation units: cuda_backend.cc (memory, the
+// queue, dense ops and attention) and cuda_moe_backend.cc (routing, the exchange ops and
+// the grouped expert FFN). Users go through MakeCudaBackend (kernels/cuda/cuda_backend.h).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/caching_allocator.h"
+#include "kernels/cuda/ops.cuh"
+
+namespace dxs {
+
+// INTERNAL naming the op and CUDA's error, or OK for cudaSuccess.
+absl::Status CudaStatus(cudaError_t error, const char* op);
+absl::Status CublasStatus(cublasStatus_t status, const char* op);
+cuda::ElemType ToElemType(DType dtype);
+
+class CudaBackend final : public Backend {
+ public:
+  // Use MakeCudaBackend; `Init` does the fallible part.
+  explicit CudaBackend(int device_ordinal);
+  ~CudaBackend() override;
+  absl::Status Init();
+  using Backend::Allocate;
+
+  std::string name() const override { return "cuda"; }
+  Device device() const override { return Device::kCuda; }
+  // bf16 for every floating weight: GEMM operands must share a dtype with the activations.
+  DType WeightDType(DType stored) const override {
+    return IsFloatDType(stored) ? DType::kBF16 : stored;
+  }
+  DType ActivationDType() const override { return DType::kBF16; }
+
+  absl::StatusOr<Tensor> Allocate(std::vector<int64_t> shape, DType dtype) override;
+  absl::Status CopyFromHost(const void* src, DType src_dtype, Tensor* dst) override;
+  absl::Status CopyToHost(const Tensor& src, DType dst_dtype, void* dst) override;
+  absl::Status Copy(const Tensor& src, Tensor* dst) override;
+  absl::Status Fill(Tensor* t, float value) override;
+  absl::Status FillUniform(Tensor* t, uint64_t seed, double mean, double half_width,
+                           DType values_dtype) override;
+
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override;
+  absl::Status RecordEvent(Event* event) override;
+  absl::Status WaitEvent(Event* event) override;
+  absl::Status SynchronizeEvent(Event* event) override;
+  absl::Status Synchronize() override;
+
+  absl::Status Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor* y) override;
+  absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor* y) override;
+  absl::Status Embedding(const Tensor& table, const Tensor& ids, Tensor* y) override;
+  absl::Status Rope(Tensor* x, const Tensor& positions, double theta) override;
+  absl::Status SiluMul(const Tensor& gate, const Tensor& up, Tensor* out) override;
+  absl::Status Add(const Tensor& x, Tensor* inout) override;
+  absl::Status GatherRows(const Tensor& src, const Tensor& rows, Tensor* dst) override;
+
+  absl::Status WriteKvCache(const Tensor& k, const Tensor& v, const PagedAttentionMeta& meta,
+                            Tensor* k_cache, Tensor* v_cache) override;
+  absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              const PagedAttentionMeta& meta, float scale, Tensor* out) override;
+
+  absl::Status TopKSoftmax(const Tensor& logits, int top_k, bool normalize, Tensor* ids,
+                           Tensor* weights) override;
+  absl::Status ComputeDispatchLayout(const Tensor& ids, const Tensor& weights,
+                                     const Tensor& expert_owner, int num_ranks,
+                                     DispatchLayoutTensors* layout) override;
+  absl::Status CombineRows(const Tensor& recv, const Tensor& token_rows,
+                           const std::vector<int64_t>& rank_offsets, Tensor* out) override;
+  absl::Status SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
+                                 Tensor* expert_offsets) override;
+  absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor* rows, const Tensor& expert_offsets,
+                             const std::vector<const Tensor*>& gate,
+                             const std::vector<const Tensor*>& up,
+                             const std::vector<const Tensor*>& down, Tensor* y) override;
+  absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
+                            Tensor* dst) override;
+
+  CachingAllocator::Stats allocator_stats() const { return allocator_->stats(); }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  // Makes this backend's GPU current on the calling thread (ops may come from any thread).
+  absl::Status Enter(const char* op) const;
+  // Scratch memory for one op, from the caching allocator: stream order makes its reuse by
+  // a later op safe once it goes back.
+  absl::StatusOr<Tensor> Workspace(size_t bytes);
+  // y = x * w^T with cuBLAS, x and w in one dtype, y in that dtype or f32.
+  absl::Status Gemm(const void* x, const void* w, DType in_dtype, int64_t m, int64_t n, int64_t k,
+                    void* y, DType out_dtype, float beta, const char* op);
+  // The grouped FFN one cuBLAS GEMM per expert (the host reads the offsets).
+  absl::Status GroupedSwiGluCublas(const Tensor& xs, const Tensor& expert_offsets,
+                                   const std::vector<const Tensor*>& gate,
+                                   const std::vector<const Tensor*>& up,
+                                   const std::vector<const Tensor*>& down, Tensor* y);
+
+  const int device_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  Tensor cublas_workspace_;
+  std::shared_ptr<CachingAllocator> allocator_;
+};
+
+}  // namespace dxs

@@ -1,0 +1,234 @@
+// CUDA backend: routing (top-k softmax), the dispatch layout, the combine's weighted sum,
+// the pair sort and scale-add (moe_ops.cu), and the grouped expert FFN.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/cuda/topk_softmax_cuda.h"
+#include "kernels/op_checks.h"
+#include "kernels/topk_softmax.h"
+
+namespace dxs {
+
+absl::Status CudaBackend::TopKSoftmax(const Tensor& logits, int top_k, bool normalize, Tensor* ids,
+                                      Tensor* weights) {
+  const int64_t tokens = logits.rows(), experts = logits.row_size();
+  DXS_RETURN_IF_ERROR(ValidateTopKArgs(tokens, experts, top_k));
+  DXS_RETURN_IF_ERROR(CheckDType("top-k softmax", *ids, DType::kI32, "ids"));
+  DXS_RETURN_IF_ERROR(CheckDType("top-k softmax", *weights, DType::kF32, "weights"));
+  if (ids->num_elements() != tokens * top_k || weights->num_elements() != tokens * top_k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top-k softmax: outputs ", ids->ShapeString(), " for ", tokens, " x ", top_k));
+  }
+  if (tokens == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("top-k softmax"));
+  if (logits.dtype() == DType::kBF16) {
+    return TopKSoftmaxCudaBf16(static_cast<const __nv_bfloat16*>(logits.raw()), tokens, experts,
+                               top_k, normalize, ids->i32(), weights->f32(), stream_);
+  }
+  DXS_RETURN_IF_ERROR(CheckDType("top-k softmax", logits, DType::kF32, "logits"));
+  return TopKSoftmaxCuda(logits.f32(), tokens, experts, top_k, normalize, ids->i32(),
+                         weights->f32(), stream_);
+}
+
+absl::Status CudaBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& weights,
+                                                const Tensor& expert_owner, int num_ranks,
+                                                DispatchLayoutTensors* layout) {
+  DXS_RETURN_IF_ERROR(CheckDType("dispatch layout", ids, DType::kI32, "ids"));
+  DXS_RETURN_IF_ERROR(CheckDType("dispatch layout", weights, DType::kF32, "weights"));
+  DXS_RETURN_IF_ERROR(CheckDType("dispatch layout", expert_owner, DType::kI32, "expert_owner"));
+  DXS_RETURN_IF_ERROR(CheckSameElements("dispatch layout", ids, weights));
+  if (num_ranks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("dispatch layout: ", num_ranks, " ranks"));
+  }
+  const int64_t num_tokens = ids.rows(), top_k = ids.rows() > 0 ? ids.row_size() : 0;
+  const int64_t num_pairs = ids.num_elements(), num_experts = expert_owner.num_elements();
+  const int64_t max_token_rows = num_tokens * std::min<int64_t>(top_k, num_ranks);
+  DXS_RETURN_IF_ERROR(Enter("dispatch layout"));
+  DXS_ASSIGN_OR_RETURN(layout->num_tokens_per_rank, Allocate({num_ranks}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(layout->num_pairs_per_rank, Allocate({num_ranks}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(layout->num_tokens_per_expert, Allocate({num_experts}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(layout->token_rows, Allocate({max_token_rows}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(layout->pairs, Allocate({3 * num_pairs}, DType::kI32));
+  const size_t bytes = cuda::DispatchLayoutWorkspaceBytes(num_tokens, top_k, num_ranks);
+  DXS_ASSIGN_OR_RETURN(Tensor workspace, Workspace(bytes));
+  return CudaStatus(
+      cuda::LaunchDispatchLayout(ids.i32(), weights.f32(), expert_owner.i32(), num_tokens, top_k,
+                                 num_experts, num_ranks, layout->num_tokens_per_rank.i32(),
+                                 layout->num_pairs_per_rank.i32(),
+                                 layout->num_tokens_per_expert.i32(), layout->token_rows.i32(),
+                                 layout->pairs.i32(), workspace.raw(), bytes, stream_),
+      "dispatch layout");
+}
+
+absl::Status CudaBackend::CombineRows(const Tensor& recv, const Tensor& token_rows,
+                                      const std::vector<int64_t>& rank_offsets, Tensor* out) {
+  DXS_RETURN_IF_ERROR(CheckDType("combine", token_rows, DType::kI32, "token_rows"));
+  const int64_t num_tokens = out->rows(), hidden = out->row_size();
+  const int64_t total = rank_offsets.empty() ? 0 : rank_offsets.back();
+  if (rank_offsets.empty() || rank_offsets.front() != 0 || recv.rows() < total ||
+      token_rows.num_elements() < total || (total > 0 && recv.row_size() != hidden)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "combine: ", total, " rows of ", recv.ShapeString(), " into ", out->ShapeString()));
+  }
+  if (!IsFloatDType(recv.dtype()) || !IsFloatDType(out->dtype())) {
+    return absl::InvalidArgumentError("combine: rows must be floating point");
+  }
+  for (size_t r = 0; r + 1 < rank_offsets.size(); ++r) {
+    if (rank_offsets[r + 1] < rank_offsets[r]) {
+      return absl::InvalidArgumentError("combine: rank offsets decrease");
+    }
+  }
+  if (num_tokens == 0 || hidden == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("combine"));
+  const int64_t num_ranks = static_cast<int64_t>(rank_offsets.size()) - 1;
+  DXS_ASSIGN_OR_RETURN(Tensor offsets, Allocate({num_ranks + 1}, DType::kI64));
+  DXS_RETURN_IF_ERROR(CopyFromHost(rank_offsets.data(), DType::kI64, &offsets));
+  return CudaStatus(cuda::LaunchCombineRows(recv.raw(), ToElemType(recv.dtype()), token_rows.i32(),
+                                            offsets.i64(), num_ranks, num_tokens, hidden,
+                                            out->raw(), ToElemType(out->dtype()), stream_),
+                    "combine");
+}
+
+absl::Status CudaBackend::SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
+                                            Tensor* expert_offsets) {
+  DXS_RETURN_IF_ERROR(CheckDType("sort pairs", experts, DType::kI32, "experts"));
+  DXS_RETURN_IF_ERROR(CheckDType("sort pairs", *order, DType::kI32, "order"));
+  DXS_RETURN_IF_ERROR(CheckDType("sort pairs", *expert_offsets, DType::kI32, "expert_offsets"));
+  const int64_t n = experts.num_elements();
+  if (num_experts <= 0 || order->num_elements() != n ||
+      expert_offsets->num_elements() != num_experts + 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sort pairs: ", n, " pairs over ", num_experts, " experts"));
+  }
+  DXS_RETURN_IF_ERROR(Enter("sort pairs"));
+  if (n == 0) return Fill(expert_offsets, 0.f);
+  const size_t bytes = cuda::SortPairsWorkspaceBytes(n, num_experts);
+  DXS_ASSIGN_OR_RETURN(Tensor workspace, Workspace(bytes));
+  return CudaStatus(
+      cuda::LaunchSortPairsByExpert(experts.i32(), n, num_experts, order->i32(),
+                                    expert_offsets->i32(), workspace.raw(), bytes, stream_),
+      "sort pairs");
+}
+
+absl::Status CudaBackend::ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
+                                       Tensor* dst) {
+  DXS_RETURN_IF_ERROR(CheckDType("scale add rows", scales, DType::kF32, "scales"));
+  DXS_RETURN_IF_ERROR(CheckDType("scale add rows", rows, DType::kI32, "rows"));
+  DXS_RETURN_IF_ERROR(CheckDType("scale add rows", src, DType::kF32, "src"));
+  DXS_RETURN_IF_ERROR(CheckDType("scale add rows", *dst, DType::kF32, "dst"));
+  const int64_t n = rows.num_elements(), d = src.row_size();
+  if (scales.num_elements() != n || src.rows() < n || dst->row_size() != d) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scale add rows: ", n, " rows of ", src.ShapeString(), " into ", dst->ShapeString()));
+  }
+  if (n == 0 || d == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("scale add rows"));
+  const size_t bytes = cuda::ScaleAddRowsWorkspaceBytes(n, dst->rows());
+  DXS_ASSIGN_OR_RETURN(Tensor workspace, Workspace(bytes));
+  return CudaStatus(cuda::LaunchScaleAddRows(src.f32(), scales.f32(), rows.i32(), n, d, dst->f32(),
+                                             dst->rows(), workspace.raw(), bytes, stream_),
+                    "scale add rows");
+}
+
+// ---- The grouped expert FFN ----
+
+absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
+                                        const Tensor& expert_offsets,
+                                        const std::vector<const Tensor*>& gate,
+                                        const std::vector<const Tensor*>& up,
+                                        const std::vector<const Tensor*>& down, Tensor* y) {
+  DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", expert_offsets, DType::kI32, "offsets"));
+  if (rows != nullptr) {
+    DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", *rows, DType::kI32, "rows"));
+  }
+  DXS_RETURN_IF_ERROR(CheckFloat("grouped SwiGLU", xs, "xs"));
+  if (y->dtype() != DType::kF32 && y->dtype() != DType::kBF16) {
+    return absl::InvalidArgumentError("grouped SwiGLU: y must be f32 or bf16");
+  }
+  const int64_t num_experts = expert_offsets.num_elements() - 1;
+  const int64_t hidden = xs.row_size();
+  const int64_t num_rows = rows != nullptr ? rows->num_elements() : xs.rows();
+  if (num_experts < 0 || static_cast<int64_t>(gate.size()) != num_experts ||
+      up.size() != gate.size() || down.size() != gate.size() || y->rows() != num_rows ||
+      y->row_size() != hidden) {
+    return absl::InvalidArgumentError(absl::StrCat("grouped SwiGLU: ", xs.ShapeString(), " over ",
+                                                   num_experts, " experts into ",
+                                                   y->ShapeString()));
+  }
+  if (num_rows == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("grouped SwiGLU"));
+  // The GEMMs take bf16 rows: the sorted rows gathered (and narrowed) once.
+  Tensor x = xs;
+  if (rows != nullptr || xs.dtype() != DType::kBF16) {
+    DXS_ASSIGN_OR_RETURN(x, Allocate({num_rows, hidden}, DType::kBF16));
+    if (rows != nullptr) {
+      DXS_RETURN_IF_ERROR(GatherRows(xs, *rows, &x));
+    } else {
+      DXS_RETURN_IF_ERROR(Copy(xs, &x));
+    }
+  }
+  return GroupedSwiGluCublas(x, expert_offsets, gate, up, down, y);
+}
+
+absl::Status CudaBackend::GroupedSwiGluCublas(const Tensor& x, const Tensor& expert_offsets,
+                                              const std::vector<const Tensor*>& gate,
+                                              const std::vector<const Tensor*>& up,
+                                              const std::vector<const Tensor*>& down, Tensor* y) {
+  const int64_t num_experts = static_cast<int64_t>(gate.size());
+  const int64_t hidden = x.row_size(), num_rows = x.rows();
+  std::vector<int32_t> offsets(static_cast<size_t>(num_experts) + 1);
+  DXS_RETURN_IF_ERROR(CopyToHost(expert_offsets, DType::kI32, offsets.data()));
+  if (offsets[0] != 0 || offsets[num_experts] != num_rows) {
+    return absl::InvalidArgumentError("grouped SwiGLU: offsets do not cover the rows");
+  }
+  int64_t inter = 0, max_rows = 0;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t n = offsets[e + 1] - offsets[e];
+    if (n == 0) continue;
+    if (n < 0 || gate[e] == nullptr || up[e] == nullptr || down[e] == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("grouped SwiGLU: expert ", e, " has ", n, " rows and no weights here"));
+    }
+    for (const Tensor* w : {gate[e], up[e], down[e]}) {
+      DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", *w, DType::kBF16, "expert weight"));
+    }
+    if (gate[e]->row_size() != hidden || up[e]->shape() != gate[e]->shape() ||
+        down[e]->rows() != hidden || down[e]->row_size() != gate[e]->rows()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grouped SwiGLU: expert ", e, " weights ", gate[e]->ShapeString(), " / ",
+                       down[e]->ShapeString(), " for hidden ", hidden));
+    }
+    inter = gate[e]->rows();
+    max_rows = std::max(max_rows, n);
+  }
+  DXS_ASSIGN_OR_RETURN(Tensor g, Allocate({max_rows, inter}, DType::kF32));
+  DXS_ASSIGN_OR_RETURN(Tensor u, Allocate({max_rows, inter}, DType::kF32));
+  DXS_ASSIGN_OR_RETURN(Tensor h, Allocate({max_rows, inter}, DType::kBF16));
+  const size_t x_row = static_cast<size_t>(hidden) * DTypeSize(x.dtype());
+  const size_t y_row = static_cast<size_t>(hidden) * DTypeSize(y->dtype());
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t begin = offsets[e], n = offsets[e + 1] - begin;
+    if (n == 0) continue;
+    const uint8_t* xe = static_cast<const uint8_t*>(x.raw()) + begin * x_row;
+    DXS_RETURN_IF_ERROR(Gemm(xe, gate[e]->raw(), DType::kBF16, n, inter, hidden, g.raw(),
+                             DType::kF32, 0.f, "grouped SwiGLU: gate"));
+    DXS_RETURN_IF_ERROR(Gemm(xe, up[e]->raw(), DType::kBF16, n, inter, hidden, u.raw(), DType::kF32,
+                             0.f, "grouped SwiGLU: up"));
+    DXS_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchSiluMul(g.raw(), cuda::ElemType::kF32, u.raw(), cuda::ElemType::kF32,
+                                       h.raw(), cuda::ElemType::kBF16, n * inter, stream_),
+                   "grouped SwiGLU: silu mul"));
+    uint8_t* ye = static_cast<uint8_t*>(y->raw()) + begin * y_row;
+    DXS_RETURN_IF_ERROR(Gemm(h.raw(), down[e]->raw(), DType::kBF16, n, hidden, inter, ye,
+                             y->dtype(), 0.f, "grouped SwiGLU: down"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dxs

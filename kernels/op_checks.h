@@ -1,0 +1,19 @@
+// Argument checks shared by backends: a clear INVALID_ARGUMENT naming the op and the
+// argument, the same text from every backend.
+#pragma once
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+#include "kernels/tensor.h"
+
+namespace dxs {
+
+absl::Status CheckDType(const char* op, const Tensor& t, DType want, const char* what);
+absl::Status CheckSameElements(const char* op, const Tensor& a, const Tensor& b);
+// t is defined and of a floating dtype (f32, f16, bf16).
+absl::Status CheckFloat(const char* op, const Tensor& t, const char* what);
+// The metadata tensors of paged attention fit `num_tokens` query rows.
+absl::Status CheckPagedAttentionMeta(const char* op, const PagedAttentionMeta& meta,
+                                     int64_t num_tokens);
+
+}  // namespace dxs

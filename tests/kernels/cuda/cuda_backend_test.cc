@@ -1,0 +1,429 @@
+// CudaBackend against CpuBackend, op by op through the Backend interface: the same host
+// inputs go to both, outputs of the CUDA op are poisoned (NaN / 0xFF) before it runs, and
+// results are compared (index outputs exactly, floating ones within bf16 error). Zero rows
+// for every op. The device-selection errors run everywhere; the rest skip without a GPU.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/make_backend.h"
+
+namespace dxs {
+namespace {
+
+TEST(CudaBackendDevice, NamesAreCheckedAndAMissingGpuIsFailedPrecondition) {
+  EXPECT_EQ(MakeBackend("tpu").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeBackend("cuda:x").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeBackend("cuda:-1").status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::unique_ptr<Backend>> far = MakeBackend("cuda:64");
+  ASSERT_FALSE(far.ok());
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kFailedPrecondition) << far.status();
+  if (CudaDeviceCount() == 0) {
+    absl::StatusOr<std::unique_ptr<Backend>> none = MakeBackend("cuda");
+    ASSERT_FALSE(none.ok());
+    EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition) << none.status();
+    EXPECT_NE(none.status().message().find("GPU"), std::string::npos) << none.status();
+  }
+  ASSERT_TRUE(MakeBackend("cpu").ok());
+}
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Rounds through bf16, so that both backends start from identical values.
+std::vector<float> Bf16Exact(std::vector<float> v) {
+  for (float& x : v) x = Bf16ToFloat(FloatToBf16(x));
+  return v;
+}
+
+double MaxRelError(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, ref = 1e-6;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isnan(got[i])) return INFINITY;
+    diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - want[i]));
+    ref = std::max(ref, std::fabs(static_cast<double>(want[i])));
+  }
+  return diff / ref;
+}
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeBackend("cuda");
+    if (!gpu.ok()) GTEST_SKIP() << "no GPU here: " << gpu.status().message();
+    gpu_ = std::move(*gpu);
+    cpu_ = MakeCpuBackend();
+  }
+
+  // A tensor on `b` holding `host` (floats) in `dtype`.
+  Tensor Put(Backend* b, const std::vector<float>& host, std::vector<int64_t> shape, DType dtype) {
+    absl::StatusOr<Tensor> t = b->Allocate(std::move(shape), dtype);
+    EXPECT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE(b->CopyFromHost(host.data(), DType::kF32, &*t).ok());
+    return *t;
+  }
+  Tensor PutIndices(Backend* b, const std::vector<int32_t>& host) {
+    absl::StatusOr<Tensor> t = b->UploadIndices(host);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return *t;
+  }
+  // An output on `b`, poisoned: NaN for floating types, all-ones bits for indices.
+  Tensor Poisoned(Backend* b, std::vector<int64_t> shape, DType dtype) {
+    absl::StatusOr<Tensor> t = b->Allocate(std::move(shape), dtype);
+    EXPECT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE(b->Fill(&*t, IsFloatDType(dtype) ? NAN : -1.f).ok());
+    return *t;
+  }
+  std::vector<float> Get(Backend* b, const Tensor& t) {
+    absl::StatusOr<std::vector<float>> v = b->Download(t);
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? *v : std::vector<float>{};
+  }
+  std::vector<int32_t> GetIndices(Backend* b, const Tensor& t) {
+    absl::StatusOr<std::vector<int32_t>> v = b->DownloadIndices(t);
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? *v : std::vector<int32_t>{};
+  }
+
+  std::unique_ptr<Backend> gpu_, cpu_;
+};
+
+TEST_F(CudaBackendTest, CopiesConvertBetweenDtypes) {
+  const std::vector<float> v = RandomFloats(1000, 1);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    Tensor t = Put(gpu_.get(), v, {10, 100}, dtype);
+    std::vector<float> back = Get(gpu_.get(), t);
+    EXPECT_LT(MaxRelError(back, v), dtype == DType::kF32 ? 1e-7 : 1e-2) << DTypeName(dtype);
+    Tensor wide = Poisoned(gpu_.get(), {1000}, DType::kF32);
+    ASSERT_TRUE(gpu_->Copy(t, &wide).ok());
+    EXPECT_EQ(Get(gpu_.get(), wide), back);
+  }
+  Tensor i64 = Poisoned(gpu_.get(), {3}, DType::kI64);
+  const std::vector<int64_t> host = {1, -2, int64_t{1} << 40};
+  ASSERT_TRUE(gpu_->CopyFromHost(host.data(), DType::kI64, &i64).ok());
+  std::vector<int64_t> out(3);
+  ASSERT_TRUE(gpu_->CopyToHost(i64, DType::kI64, out.data()).ok());
+  EXPECT_EQ(out, host);
+  EXPECT_EQ(gpu_->CopyToHost(i64, DType::kF32, out.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaBackendTest, LinearMatchesTheCpu) {
+  for (int64_t m : {0, 1, 7, 300}) {
+    SCOPED_TRACE(m);
+    const int64_t k = 256, n = 384;
+    const std::vector<float> x = Bf16Exact(RandomFloats(m * k, 2));
+    const std::vector<float> w = Bf16Exact(RandomFloats(n * k, 3, 0.05f));
+    const std::vector<float> bias = Bf16Exact(RandomFloats(n, 4));
+    Tensor cx = Put(cpu_.get(), x, {m, k}, DType::kF32),
+           cw = Put(cpu_.get(), w, {n, k}, DType::kF32);
+    Tensor cb = Put(cpu_.get(), bias, {n}, DType::kF32);
+    Tensor cy = Poisoned(cpu_.get(), {m, n}, DType::kF32);
+    ASSERT_TRUE(cpu_->Linear(cx, cw, &cb, &cy).ok());
+    for (DType out : {DType::kBF16, DType::kF32}) {
+      Tensor gx = Put(gpu_.get(), x, {m, k}, DType::kBF16);
+      Tensor gw = Put(gpu_.get(), w, {n, k}, DType::kBF16);
+      Tensor gb = Put(gpu_.get(), bias, {n}, DType::kBF16);
+      Tensor gy = Poisoned(gpu_.get(), {m, n}, out);
+      ASSERT_TRUE(gpu_->Linear(gx, gw, &gb, &gy).ok());
+      EXPECT_LT(MaxRelError(Get(gpu_.get(), gy), Get(cpu_.get(), cy)), 1e-2);
+      Tensor no_bias = Poisoned(gpu_.get(), {m, n}, out);
+      ASSERT_TRUE(gpu_->Linear(gx, gw, nullptr, &no_bias).ok());
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, DenseOpsMatchTheCpu) {
+  const int64_t t = 37, heads = 4, d = 128, hidden = heads * d;
+  const std::vector<float> x = Bf16Exact(RandomFloats(t * hidden, 5));
+  const std::vector<float> w = Bf16Exact(RandomFloats(d, 6));
+  const std::vector<float> u = Bf16Exact(RandomFloats(t * hidden, 7));
+  std::vector<int32_t> positions(t);
+  for (int64_t i = 0; i < t; ++i) positions[i] = static_cast<int32_t>(3 * i + 11);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const double tol = dtype == DType::kF32 ? 1e-5 : 1e-2;
+    // RmsNorm over per-head rows of d (the q/k norm) and over whole rows.
+    for (int64_t cols : {d, hidden}) {
+      const std::vector<float> wc = Bf16Exact(RandomFloats(cols, 8));
+      Tensor cy = Poisoned(cpu_.get(), {t, hidden}, DType::kF32);
+      ASSERT_TRUE(cpu_->RmsNorm(Put(cpu_.get(), x, {t, hidden}, DType::kF32),
+                                Put(cpu_.get(), wc, {cols}, DType::kF32), 1e-6f, &cy)
+                      .ok());
+      Tensor gy = Poisoned(gpu_.get(), {t, hidden}, dtype);
+      ASSERT_TRUE(gpu_->RmsNorm(Put(gpu_.get(), x, {t, hidden}, dtype),
+                                Put(gpu_.get(), wc, {cols}, dtype), 1e-6f, &gy)
+                      .ok());
+      EXPECT_LT(MaxRelError(Get(gpu_.get(), gy), Get(cpu_.get(), cy)), tol) << cols;
+    }
+    {  // Rope in place.
+      Tensor cx = Put(cpu_.get(), x, {t, heads, d}, DType::kF32);
+      Tensor gx = Put(gpu_.get(), x, {t, heads, d}, dtype);
+      ASSERT_TRUE(cpu_->Rope(&cx, PutIndices(cpu_.get(), positions), 1e6).ok());
+      ASSERT_TRUE(gpu_->Rope(&gx, PutIndices(gpu_.get(), positions), 1e6).ok());
+      EXPECT_LT(MaxRelError(Get(gpu_.get(), gx), Get(cpu_.get(), cx)), tol);
+    }
+    {  // SiluMul and Add.
+      Tensor cy = Poisoned(cpu_.get(), {t, hidden}, DType::kF32);
+      Tensor gy = Poisoned(gpu_.get(), {t, hidden}, dtype);
+      ASSERT_TRUE(cpu_->SiluMul(Put(cpu_.get(), x, {t, hidden}, DType::kF32),
+                                Put(cpu_.get(), u, {t, hidden}, DType::kF32), &cy)
+                      .ok());
+      ASSERT_TRUE(gpu_->SiluMul(Put(gpu_.get(), x, {t, hidden}, dtype),
+                                Put(gpu_.get(), u, {t, hidden}, dtype), &gy)
+                      .ok());
+      EXPECT_LT(MaxRelError(Get(gpu_.get(), gy), Get(cpu_.get(), cy)), tol);
+      ASSERT_TRUE(cpu_->Add(Put(cpu_.get(), u, {t, hidden}, DType::kF32), &cy).ok());
+      ASSERT_TRUE(gpu_->Add(Put(gpu_.get(), u, {t, hidden}, dtype), &gy).ok());
+      EXPECT_LT(MaxRelError(Get(gpu_.get(), gy), Get(cpu_.get(), cy)), tol);
+    }
+    {  // Embedding and GatherRows (narrowing into the wire dtype and widening back).
+      std::vector<int32_t> ids = {5, 0, 36, 5, 17};
+      Tensor cy = Poisoned(cpu_.get(), {5, hidden}, DType::kF32);
+      Tensor gy = Poisoned(gpu_.get(), {5, hidden}, dtype);
+      ASSERT_TRUE(cpu_->Embedding(Put(cpu_.get(), x, {t, hidden}, DType::kF32),
+                                  PutIndices(cpu_.get(), ids), &cy)
+                      .ok());
+      ASSERT_TRUE(
+          gpu_->Embedding(Put(gpu_.get(), x, {t, hidden}, dtype), PutIndices(gpu_.get(), ids), &gy)
+              .ok());
+      EXPECT_EQ(Get(gpu_.get(), gy), Get(cpu_.get(), cy));
+      Tensor narrow = Poisoned(gpu_.get(), {5, hidden}, DType::kBF16);
+      ASSERT_TRUE(gpu_->GatherRows(Put(gpu_.get(), x, {t, hidden}, dtype),
+                                   PutIndices(gpu_.get(), ids), &narrow)
+                      .ok());
+      EXPECT_EQ(Get(gpu_.get(), narrow), Get(cpu_.get(), cy));
+    }
+  }
+  // Zero rows: every op accepts them and leaves the output alone.
+  Tensor empty = Poisoned(gpu_.get(), {0, hidden}, DType::kBF16);
+  Tensor w0 = Put(gpu_.get(), std::vector<float>(hidden, 1.f), {hidden}, DType::kBF16);
+  EXPECT_TRUE(gpu_->RmsNorm(empty, w0, 1e-6f, &empty).ok());
+  EXPECT_TRUE(gpu_->Add(empty, &empty).ok());
+  EXPECT_TRUE(gpu_->SiluMul(empty, empty, &empty).ok());
+  Tensor no_rows = PutIndices(gpu_.get(), {});
+  EXPECT_TRUE(gpu_->GatherRows(w0.Reshape({1, hidden}), no_rows, &empty).ok());
+  EXPECT_TRUE(gpu_->Embedding(w0.Reshape({1, hidden}), no_rows, &empty).ok());
+  EXPECT_TRUE(gpu_->Synchronize().ok());
+}
+
+// Several sequences in one call: a prefill chunk over a cached prefix, a whole prompt and
+// decode tokens, GQA 4:1, blocks scattered through the pool.
+TEST_F(CudaBackendTest, PagedAttentionMatchesTheCpu) {
+  const int64_t heads = 8, kv_heads = 2, d = 128, bs = 16, num_blocks = 64;
+  const std::vector<int32_t> query_lens = {5, 1, 19, 1};
+  const std::vector<int32_t> context_lens = {40, 77, 19, 1};
+  const int64_t num_seqs = 4, max_blocks = 5;
+  std::vector<int32_t> tables(num_seqs * max_blocks, 0), query_start = {0};
+  std::mt19937 rng(9);
+  std::vector<int32_t> pool(num_blocks);
+  for (int i = 0; i < num_blocks; ++i) pool[i] = i;
+  std::shuffle(pool.begin(), pool.end(), rng);
+  for (int64_t s = 0, next = 0; s < num_seqs; ++s) {
+    query_start.push_back(query_start.back() + query_lens[s]);
+    for (int64_t b = 0; b * bs < context_lens[s]; ++b) tables[s * max_blocks + b] = pool[next++];
+  }
+  const int64_t tokens = query_start.back();
+  std::vector<int64_t> slots;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    for (int32_t i = 0; i < query_lens[s]; ++i) {
+      const int64_t pos = context_lens[s] - query_lens[s] + i;
+      slots.push_back(int64_t{tables[s * max_blocks + pos / bs]} * bs + pos % bs);
+    }
+  }
+  const std::vector<float> cache_init = Bf16Exact(RandomFloats(num_blocks * bs * kv_heads * d, 10));
+  const std::vector<float> q = Bf16Exact(RandomFloats(tokens * heads * d, 11));
+  const std::vector<float> k = Bf16Exact(RandomFloats(tokens * kv_heads * d, 12));
+  const std::vector<float> v = Bf16Exact(RandomFloats(tokens * kv_heads * d, 13));
+  auto run = [&](Backend* b, DType dtype) {
+    PagedAttentionMeta meta;
+    meta.num_seqs = num_seqs;
+    meta.block_size = bs;
+    meta.max_blocks_per_seq = max_blocks;
+    meta.max_query_len = 19;
+    meta.max_context_len = 77;
+    meta.query_start = PutIndices(b, query_start);
+    meta.context_lens = PutIndices(b, context_lens);
+    meta.block_tables = PutIndices(b, tables);
+    meta.slot_mapping = *b->Allocate({tokens}, DType::kI64);
+    EXPECT_TRUE(b->CopyFromHost(slots.data(), DType::kI64, &meta.slot_mapping).ok());
+    Tensor kc = Put(b, cache_init, {num_blocks, bs, kv_heads, d}, dtype);
+    Tensor vc = Put(b, cache_init, {num_blocks, bs, kv_heads, d}, dtype);
+    EXPECT_TRUE(b->WriteKvCache(Put(b, k, {tokens, kv_heads, d}, dtype),
+                                Put(b, v, {tokens, kv_heads, d}, dtype), meta, &kc, &vc)
+                    .ok());
+    Tensor out = Poisoned(b, {tokens, heads * d}, dtype);
+    absl::Status s = b->PagedAttention(Put(b, q, {tokens, heads, d}, dtype), kc, vc, meta,
+                                       1.f / std::sqrt(static_cast<float>(d)), &out);
+    EXPECT_TRUE(s.ok()) << s;
+    return std::make_pair(Get(b, out), Get(b, kc));
+  };
+  const auto want = run(cpu_.get(), DType::kF32);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const auto got = run(gpu_.get(), dtype);
+    EXPECT_EQ(got.second, want.second);  // the cache writes are exact (inputs are bf16 values)
+    EXPECT_LT(MaxRelError(got.first, want.first), dtype == DType::kF32 ? 1e-4 : 2e-2);
+  }
+}
+
+TEST_F(CudaBackendTest, RoutingAndTheExchangeMatchTheCpu) {
+  const int64_t experts = 128, top_k = 8, hidden = 256;
+  for (int64_t tokens : {0, 1, 300}) {
+    for (int ranks : {1, 3, 8}) {
+      SCOPED_TRACE(::testing::Message() << tokens << " tokens, " << ranks << " ranks");
+      const std::vector<float> logits = RandomFloats(tokens * experts, 20 + tokens);
+      std::vector<int32_t> owner(experts);
+      for (int64_t e = 0; e < experts; ++e) owner[e] = static_cast<int32_t>((e * 7) % ranks);
+      if (ranks == 8) std::replace(owner.begin(), owner.end(), 5, 6);  // rank 5 holds nothing
+      DispatchLayoutTensors cl, gl;
+      Tensor cids = Poisoned(cpu_.get(), {tokens, top_k}, DType::kI32);
+      Tensor cw = Poisoned(cpu_.get(), {tokens, top_k}, DType::kF32);
+      Tensor gids = Poisoned(gpu_.get(), {tokens, top_k}, DType::kI32);
+      Tensor gw = Poisoned(gpu_.get(), {tokens, top_k}, DType::kF32);
+      ASSERT_TRUE(cpu_->TopKSoftmax(Put(cpu_.get(), logits, {tokens, experts}, DType::kF32),
+                                    static_cast<int>(top_k), true, &cids, &cw)
+                      .ok());
+      ASSERT_TRUE(gpu_->TopKSoftmax(Put(gpu_.get(), logits, {tokens, experts}, DType::kF32),
+                                    static_cast<int>(top_k), true, &gids, &gw)
+                      .ok());
+      ASSERT_EQ(GetIndices(gpu_.get(), gids), GetIndices(cpu_.get(), cids));
+      EXPECT_LT(MaxRelError(Get(gpu_.get(), gw), Get(cpu_.get(), cw)), 1e-5);
+      // The layout from identical routing (the CPU's weights on both).
+      Tensor gw_same = Put(gpu_.get(), Get(cpu_.get(), cw), {tokens, top_k}, DType::kF32);
+      ASSERT_TRUE(
+          cpu_->ComputeDispatchLayout(cids, cw, PutIndices(cpu_.get(), owner), ranks, &cl).ok());
+      ASSERT_TRUE(
+          gpu_->ComputeDispatchLayout(gids, gw_same, PutIndices(gpu_.get(), owner), ranks, &gl)
+              .ok());
+      const std::vector<int32_t> counts = GetIndices(cpu_.get(), cl.num_tokens_per_rank);
+      EXPECT_EQ(GetIndices(gpu_.get(), gl.num_tokens_per_rank), counts);
+      EXPECT_EQ(GetIndices(gpu_.get(), gl.num_pairs_per_rank),
+                GetIndices(cpu_.get(), cl.num_pairs_per_rank));
+      EXPECT_EQ(GetIndices(gpu_.get(), gl.num_tokens_per_expert),
+                GetIndices(cpu_.get(), cl.num_tokens_per_expert));
+      int64_t used = 0;
+      for (int32_t c : counts) used += c;
+      std::vector<int32_t> crows = GetIndices(cpu_.get(), cl.token_rows);
+      std::vector<int32_t> grows = GetIndices(gpu_.get(), gl.token_rows);
+      crows.resize(used);
+      grows.resize(used);
+      EXPECT_EQ(grows, crows);
+      EXPECT_EQ(GetIndices(gpu_.get(), gl.pairs), GetIndices(cpu_.get(), cl.pairs));
+      // The combine over what each rank "sent back": random rows per (rank, token).
+      std::vector<int64_t> offsets = {0};
+      for (int32_t c : counts) offsets.push_back(offsets.back() + c);
+      const std::vector<float> recv = Bf16Exact(RandomFloats(used * hidden, 30));
+      for (DType wire : {DType::kF32, DType::kBF16}) {
+        Tensor cout = Poisoned(cpu_.get(), {tokens, hidden}, DType::kF32);
+        Tensor gout = Poisoned(gpu_.get(), {tokens, hidden}, DType::kF32);
+        ASSERT_TRUE(cpu_->CombineRows(Put(cpu_.get(), recv, {used, hidden}, DType::kF32),
+                                      cl.token_rows, offsets, &cout)
+                        .ok());
+        ASSERT_TRUE(gpu_->CombineRows(Put(gpu_.get(), recv, {used, hidden}, wire), gl.token_rows,
+                                      offsets, &gout)
+                        .ok());
+        EXPECT_LT(MaxRelError(Get(gpu_.get(), gout), Get(cpu_.get(), cout)), 1e-6);
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
+  const int64_t experts = 16, hidden = 256, inter = 128;
+  std::vector<std::vector<Tensor>> cw(3), gw(3);
+  for (int m = 0; m < 3; ++m) {
+    for (int64_t e = 0; e < experts; ++e) {
+      const std::vector<int64_t> shape =
+          m < 2 ? std::vector<int64_t>{inter, hidden} : std::vector<int64_t>{hidden, inter};
+      const std::vector<float> w = Bf16Exact(RandomFloats(inter * hidden, 100 + 16 * m + e, 0.06f));
+      cw[m].push_back(Put(cpu_.get(), w, shape, DType::kF32));
+      gw[m].push_back(Put(gpu_.get(), w, shape, DType::kBF16));
+    }
+  }
+  for (int64_t pairs : {0, 1, 40, 700}) {
+    SCOPED_TRACE(::testing::Message() << pairs << " pairs");
+    const int64_t rows_in = std::max<int64_t>(pairs / 3, 1);
+    std::mt19937 rng(static_cast<uint32_t>(pairs));
+    std::vector<int32_t> ex(pairs), rows(pairs), out_rows(pairs);
+    for (int64_t p = 0; p < pairs; ++p) {
+      ex[p] = static_cast<int32_t>(rng() % (experts - 3));  // the last 3 experts get nothing
+      rows[p] = static_cast<int32_t>(rng() % rows_in);
+      out_rows[p] = static_cast<int32_t>(rng() % rows_in);
+    }
+    const std::vector<float> scales = RandomFloats(pairs, 7);
+    const std::vector<float> x = Bf16Exact(RandomFloats(rows_in * hidden, 8));
+    auto run = [&](Backend* b, const std::vector<std::vector<Tensor>>& w, DType xdtype) {
+      Tensor order = Poisoned(b, {pairs}, DType::kI32);
+      Tensor offsets = Poisoned(b, {experts + 1}, DType::kI32);
+      EXPECT_TRUE(b->SortPairsByExpert(PutIndices(b, ex), experts, &order, &offsets).ok());
+      Tensor sorted_rows = Poisoned(b, {pairs}, DType::kI32);
+      Tensor sorted_out = Poisoned(b, {pairs}, DType::kI32);
+      Tensor sorted_scales = Poisoned(b, {pairs}, DType::kF32);
+      EXPECT_TRUE(b->GatherRows(PutIndices(b, rows), order, &sorted_rows).ok());
+      EXPECT_TRUE(b->GatherRows(PutIndices(b, out_rows), order, &sorted_out).ok());
+      EXPECT_TRUE(b->GatherRows(Put(b, scales, {pairs}, DType::kF32), order, &sorted_scales).ok());
+      std::vector<const Tensor*> g(experts), u(experts), dn(experts);
+      for (int64_t e = 0; e < experts; ++e) {
+        const bool held = e < experts - 3;  // experts without rows may have no weights
+        g[e] = held ? &w[0][e] : nullptr;
+        u[e] = held ? &w[1][e] : nullptr;
+        dn[e] = held ? &w[2][e] : nullptr;
+      }
+      Tensor y = Poisoned(b, {pairs, hidden}, DType::kF32);
+      absl::Status s = b->GroupedSwiGlu(Put(b, x, {rows_in, hidden}, xdtype), &sorted_rows, offsets,
+                                        g, u, dn, &y);
+      EXPECT_TRUE(s.ok()) << s;
+      Tensor sum =
+          Put(b, std::vector<float>(rows_in * hidden, 0.5f), {rows_in, hidden}, DType::kF32);
+      EXPECT_TRUE(b->ScaleAddRows(y, sorted_scales, sorted_out, &sum).ok());
+      return std::make_tuple(GetIndices(b, order), GetIndices(b, offsets), Get(b, y), Get(b, sum));
+    };
+    const auto want = run(cpu_.get(), cw, DType::kF32);
+    const auto got = run(gpu_.get(), gw, DType::kBF16);
+    EXPECT_EQ(std::get<0>(got), std::get<0>(want));
+    EXPECT_EQ(std::get<1>(got), std::get<1>(want));
+    EXPECT_LT(MaxRelError(std::get<2>(got), std::get<2>(want)), 2e-2);
+    EXPECT_LT(MaxRelError(std::get<3>(got), std::get<3>(want)), 2e-2);
+  }
+}
+
+TEST_F(CudaBackendTest, EventsOrderTheQueue) {
+  absl::StatusOr<std::unique_ptr<Event>> e = gpu_->CreateEvent();
+  ASSERT_TRUE(e.ok()) << e.status();
+  Tensor t = Poisoned(gpu_.get(), {1 << 20}, DType::kF32);
+  ASSERT_TRUE(gpu_->Fill(&t, 3.f).ok());
+  ASSERT_TRUE(gpu_->RecordEvent(e->get()).ok());
+  ASSERT_TRUE(gpu_->WaitEvent(e->get()).ok());
+  ASSERT_TRUE(gpu_->SynchronizeEvent(e->get()).ok());
+  std::vector<float> v = Get(gpu_.get(), t);
+  EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) { return x == 3.f; }));
+}
+
+TEST_F(CudaBackendTest, BadShapesAreInvalidArgumentAndLaunchNothing) {
+  Tensor x = Poisoned(gpu_.get(), {4, 8}, DType::kBF16);
+  Tensor w = Poisoned(gpu_.get(), {6, 9}, DType::kBF16);
+  Tensor y = Poisoned(gpu_.get(), {4, 6}, DType::kBF16);
+  EXPECT_EQ(gpu_->Linear(x, w, nullptr, &y).code(), absl::StatusCode::kInvalidArgument);
+  Tensor wf = Poisoned(gpu_.get(), {6, 8}, DType::kF32);
+  EXPECT_EQ(gpu_->Linear(x, wf, nullptr, &y).code(), absl::StatusCode::kInvalidArgument);
+  Tensor ids = Poisoned(gpu_.get(), {4, 8}, DType::kI32),
+         wts = Poisoned(gpu_.get(), {4, 8}, DType::kF32);
+  EXPECT_EQ(gpu_->TopKSoftmax(y, 9, true, &ids, &wts).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(gpu_->Synchronize().ok());
+}
+
+}  // namespace
+}  // namespace dxs

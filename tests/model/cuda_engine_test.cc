@@ -1,0 +1,156 @@
+// The single-process engine on the CUDA backend against the same engine on the CPU backend
+// (itself checked against transformers by golden_test), on the golden presets' prompts:
+// - first-token logits within 2e-2 of the largest CPU logit (bf16 weights and activations
+//   against float32);
+// - greedy tokens identical up to the first step where the CPU engine's top-2 margin is
+//   within the bf16 error, past which the two may rightly part.
+// Whole-prompt, chunked and batched prefill. Without a GPU every case skips, saying why.
+#include <algorithm>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "kernels/make_backend.h"
+#include "model/engine.h"
+#include "nlohmann/json.hpp"
+#include "tests/model/test_util.h"
+
+namespace dxs {
+namespace {
+
+using testing::RelativeError;
+using testing::TempDir;
+
+constexpr double kLogitTolerance = 2e-2;
+
+std::vector<std::vector<int32_t>> GoldenPrompts(const std::string& preset, int64_t* max_new) {
+  std::ifstream f(testing::SourceDir() + "/tests/golden/" + preset + ".json");
+  EXPECT_TRUE(f.good()) << "missing golden file for " << preset;
+  nlohmann::json j = nlohmann::json::parse(f);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& c : j.at("cases")) {
+    prompts.push_back(c.at("prompt_ids").get<std::vector<int32_t>>());
+    *max_new = c.at("max_new_tokens").get<int64_t>();
+  }
+  return prompts;
+}
+
+// The gap between the two largest logits.
+float TopTwoMargin(const std::vector<float>& logits) {
+  std::vector<float> v = logits;
+  std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
+  return v[0] - v[1];
+}
+
+float MaxAbs(const std::vector<float>& v) {
+  float m = 0.f;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+class CudaEngineTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Backend>> probe = MakeBackend("cuda");
+    if (!probe.ok()) GTEST_SKIP() << "no GPU here: " << probe.status().message();
+    model_dir_ = testing::WritePreset(tmp_, GetParam());
+    prompts_ = GoldenPrompts(GetParam(), &max_new_);
+    ASSERT_FALSE(prompts_.empty());
+  }
+
+  std::vector<GenerationResult> Generate(const std::string& device, int64_t chunk, bool batched,
+                                         const std::vector<std::vector<int32_t>>& prompts,
+                                         int64_t max_new) {
+    EngineOptions options;
+    options.device = device;
+    options.prefill_chunk_tokens = chunk;
+    auto engine = LocalEngine::Load(model_dir_, options);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    if (!engine.ok()) return {};
+    std::vector<GenerationRequest> requests;
+    for (const std::vector<int32_t>& p : prompts) {
+      GenerationRequest r;
+      r.prompt = p;
+      r.max_new_tokens = max_new;
+      r.ignore_eos = true;
+      requests.push_back(r);
+    }
+    std::vector<GenerationResult> results;
+    if (batched) {
+      auto out = (*engine)->GenerateBatch(requests);
+      EXPECT_TRUE(out.ok()) << out.status();
+      if (out.ok()) results = *out;
+      return results;
+    }
+    for (const GenerationRequest& r : requests) {
+      auto out = (*engine)->GenerateBatch({r});
+      EXPECT_TRUE(out.ok()) << out.status();
+      if (out.ok()) results.push_back(out->front());
+    }
+    return results;
+  }
+
+  void CheckAgainstCpu(int64_t chunk, bool batched) {
+    const std::vector<GenerationResult> cpu = Generate("cpu", chunk, batched, prompts_, max_new_);
+    const std::vector<GenerationResult> gpu = Generate("cuda", chunk, batched, prompts_, max_new_);
+    ASSERT_EQ(cpu.size(), prompts_.size());
+    ASSERT_EQ(gpu.size(), prompts_.size());
+    for (size_t i = 0; i < prompts_.size(); ++i) {
+      SCOPED_TRACE(::testing::Message()
+                   << "prompt " << i << " of " << prompts_[i].size() << " tokens");
+      ASSERT_EQ(gpu[i].first_logits.size(), cpu[i].first_logits.size());
+      EXPECT_LT(RelativeError(gpu[i].first_logits, cpu[i].first_logits), kLogitTolerance);
+      // Tokens agree until the CPU's choice was within the bf16 error of the runner-up.
+      const size_t n = std::min(cpu[i].tokens.size(), gpu[i].tokens.size());
+      size_t step = 0;
+      while (step < n && cpu[i].tokens[step] == gpu[i].tokens[step]) ++step;
+      if (step == n) {
+        EXPECT_EQ(gpu[i].tokens.size(), cpu[i].tokens.size());
+        continue;
+      }
+      // The CPU engine's logits at the step that differs: the prompt plus the agreed tokens.
+      std::vector<int32_t> prefix = prompts_[i];
+      prefix.insert(prefix.end(), cpu[i].tokens.begin(), cpu[i].tokens.begin() + step);
+      const std::vector<GenerationResult> at = Generate("cpu", 0, false, {prefix}, 1);
+      ASSERT_EQ(at.size(), 1u);
+      const float margin = TopTwoMargin(at[0].first_logits);
+      const float bf16_error = 2 * kLogitTolerance * MaxAbs(at[0].first_logits);
+      EXPECT_LT(margin, bf16_error)
+          << "greedy tokens differ at step " << step << " where the CPU's top-2 margin " << margin
+          << " exceeds the bf16 error " << bf16_error;
+    }
+  }
+
+  TempDir tmp_;
+  std::string model_dir_;
+  std::vector<std::vector<int32_t>> prompts_;
+  int64_t max_new_ = 0;
+};
+
+TEST_P(CudaEngineTest, WholePromptPrefillThenDecode) { CheckAgainstCpu(0, false); }
+TEST_P(CudaEngineTest, ChunkedPrefill) { CheckAgainstCpu(3, false); }
+TEST_P(CudaEngineTest, BatchedRequests) { CheckAgainstCpu(5, true); }
+
+INSTANTIATE_TEST_SUITE_P(Presets, CudaEngineTest,
+                         ::testing::Values("default", "odd", "bf16-sharded"), [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+// Asking for a GPU that is not there is a clear error, never a crash.
+TEST(CudaEngineDevice, MissingGpuIsAClearError) {
+  EngineOptions options;
+  options.device = "cuda:64";
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  auto engine = LocalEngine::Load(dir, options);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition) << engine.status();
+  options.device = "tpu";
+  engine = LocalEngine::Load(dir, options);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();
+}
+
+}  // namespace
+}  // namespace dxs
