@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Packs the GPU tests and gpu_bench, built here, into .device/ for bench/gpu/run_device.sh
+# on the GPU machine (../shared/tools/device-bundle.sh adds the shared libraries).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${DXS_BUILD_DIR:-build}
+bins=()
+for t in topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
+         grouped_gemm_cuda_test cuda_backend_test cuda_engine_test gpu_bench; do
+  [ -x "$build/bin/$t" ] && bins+=("$build/bin/$t")
+done
+rm -rf .device
+../shared/tools/device-bundle.sh .device "${bins[@]}"

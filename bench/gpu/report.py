@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Turns gpu_bench's and torch_baselines.py's JSON lines into the results section of
+docs/gpu.md (between the markers) and PNG plots, and prints the summary table.
+
+  report.py --dxs dxs.jsonl --torch torch.jsonl --doc docs/gpu.md --out OUTDIR
+Writes OUTDIR/gpu.md (the document with its results section replaced) and OUTDIR/*.png.
+"""
+import argparse
+import datetime
+import json
+import os
+
+BEGIN, END = "<!-- results: begin (bench/gpu/report.py) -->", "<!-- results: end -->"
+
+
+def rows(path, section):
+    if not path or not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("section") == section:
+                out.append(r)
+    return out
+
+
+def plot(path, title, series, xlabel, ylabel):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, xs, ys in series:
+        if xs:
+            ax.plot(xs, ys, marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--dxs", required=True)
+    p.add_argument("--torch", default="")
+    p.add_argument("--doc", required=True)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    dev = (rows(a.dxs, "device") or [{"name": "unknown GPU"}])[0]
+    rates = (rows(a.dxs, "rates") or [{}])[0]
+    copy, gemm = rates.get("copy_tbps", 0), rates.get("gemm_tflops", 0)
+    lines = [BEGIN, "",
+             f"Measured {datetime.date.today().isoformat()} on {dev['name']} "
+             f"({dev.get('sms', '?')} SMs), one device call: dxs and every baseline in the "
+             "same run. CUDA events, warm-up, medians, seeded random inputs.", "",
+             f"Ceilings measured in the run: HBM copy {copy:.2f} TB/s (read + write), "
+             f"bf16 GEMM 8192^3 {gemm:.0f} TFLOP/s (cuBLAS).", ""]
+    summary = []
+    ffn, tffn = rows(a.dxs, "ffn"), {r["tokens"]: r for r in rows(a.torch, "torch_ffn")}
+    if ffn:
+        lines += ["### Grouped expert FFN (128 experts, hidden 2048, inter 768, top-8)", "",
+                  "| tokens | dxs us | torch._grouped_mm us | speed-up | dxs TFLOP/s | dxs weights TB/s (of copy) |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in ffn:
+            t = tffn.get(r["tokens"])
+            ratio = t["us"] / r["us"] if t else float("nan")
+            lines.append(f"| {r['tokens']} | {r['us']:.1f} | {t['us'] if t else float('nan'):.1f} | "
+                         f"{ratio:.2f}x | {r['tflops']:.1f} | {r['weights_tbps']:.2f} "
+                         f"({100 * r['weights_tbps'] / copy if copy else 0:.0f}%) |")
+            summary.append(f"ffn {r['tokens']:>6} tok: dxs {r['us']:8.1f} us, torch "
+                           f"{t['us'] if t else float('nan'):8.1f} us, {ratio:5.2f}x")
+        lines.append("")
+        if plot(os.path.join(a.out, "gpu_ffn.png"), "Grouped expert FFN",
+                [("dxs", [r["tokens"] for r in ffn], [r["us"] for r in ffn]),
+                 ("torch._grouped_mm", sorted(tffn), [tffn[k]["us"] for k in sorted(tffn)])],
+                "tokens", "us"):
+            lines += ["![grouped FFN](gpu/gpu_ffn.png)", ""]
+    att = rows(a.dxs, "attention")
+    if att:
+        lines += ["### Paged decode attention (32 heads, 4 KV heads, d 128, bf16)", "",
+                  "| batch | context | dxs us | KV-read floor us | of floor |",
+                  "| ---: | ---: | ---: | ---: | ---: |"]
+        for r in att:
+            lines.append(f"| {r['batch']} | {r['context']} | {r['us']:.1f} | {r['floor_us']:.1f} | "
+                         f"{100 * r['floor_us'] / r['us']:.0f}% |")
+        worst = min(att, key=lambda r: r["floor_us"] / r["us"])
+        summary.append(f"attention: worst {100 * worst['floor_us'] / worst['us']:.0f}% of the "
+                       f"KV floor (batch {worst['batch']}, ctx {worst['context']})")
+        lines.append("")
+        series = []
+        for ctx in sorted({r["context"] for r in att}):
+            pts = [r for r in att if r["context"] == ctx]
+            series.append((f"dxs ctx {ctx}", [r["batch"] for r in pts], [r["us"] for r in pts]))
+            series.append((f"floor ctx {ctx}", [r["batch"] for r in pts],
+                           [r["floor_us"] for r in pts]))
+        if plot(os.path.join(a.out, "gpu_attention.png"), "Paged decode attention", series,
+                "batch", "us"):
+            lines += ["![paged attention](gpu/gpu_attention.png)", ""]
+    dec, hf = rows(a.dxs, "decode"), {r["batch"]: r for r in rows(a.torch, "hf_decode")}
+    if dec:
+        layers = dec[0]["layers"]
+        lines += [f"### Decode, Qwen3-30B-A3B shape ({layers} layers, random bf16), context 1024", "",
+                  "| batch | dxs tokens/s | dxs step ms | HBM floor ms | of floor | HF ms/layer | dxs ms/layer | vs HF |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in dec:
+            h = hf.get(r["batch"])
+            per_layer = r["step_ms"] / r["layers"]
+            vs = h["ms_per_layer"] / per_layer if h else float("nan")
+            lines.append(f"| {r['batch']} | {r['tokens_per_s']:.1f} | {r['step_ms']:.2f} | "
+                         f"{r['floor_ms']:.2f} | {100 * r['floor_ms'] / r['step_ms']:.0f}% | "
+                         f"{h['ms_per_layer'] if h else float('nan'):.2f} | {per_layer:.3f} | {vs:.0f}x |")
+            summary.append(f"decode b{r['batch']:>3}: {r['tokens_per_s']:9.1f} tok/s, "
+                           f"{100 * r['floor_ms'] / r['step_ms']:3.0f}% of floor, {vs:6.0f}x HF")
+        lines.append("")
+    pre = rows(a.dxs, "prefill")
+    if pre:
+        r = pre[0]
+        lines += [f"### Prefill: one {r['tokens']}-token prompt ({r['layers']} layers)", "",
+                  f"{r['tokens_per_s']:.0f} tokens/s, {r['tflops']:.1f} TFLOP/s = "
+                  f"{100 * r['tflops'] / gemm if gemm else 0:.0f}% of the measured GEMM rate.", ""]
+        summary.append(f"prefill: {r['tokens_per_s']:.0f} tok/s, "
+                       f"{100 * r['tflops'] / gemm if gemm else 0:.0f}% of GEMM rate")
+    lines.append(END)
+    with open(a.doc) as f:
+        doc = f.read()
+    if BEGIN in doc and END in doc:
+        doc = doc[:doc.index(BEGIN)] + "\n".join(lines) + doc[doc.index(END) + len(END):]
+    else:
+        doc = doc.rstrip() + "\n\n" + "\n".join(lines) + "\n"
+    with open(os.path.join(a.out, "gpu.md"), "w") as f:
+        f.write(doc)
+    print("\n".join(summary))
+
+
+if __name__ == "__main__":
+    main()
