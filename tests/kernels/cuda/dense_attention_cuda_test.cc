@@ -1,0 +1,1042 @@
+// The CUDA dense and attention kernels (kernels/cuda/ops.cuh, dense_ops.cu and attention.cu):
+// host-side guards (run everywhere, no device needed) and, on a GPU, agreement with the CPU
+// backend's ops on seeded random inputs in f32 and bf16. Without a device the GPU cases skip.
+//
+// The CPU backend computes in f32 on f32 tensors; a bf16 case gives it the bf16-rounded
+// inputs widened to f32 and compares the kernel's bf16 output within bf16 rounding.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/ops.cuh"
+
+namespace dxs {
+namespace {
+
+using cuda::ElemType;
+
+// Fake device pointers for the guard tests: never dereferenced, every check fires before a
+// launch.
+void* FakePtr(uintptr_t k = 1) { return reinterpret_cast<void*>(k * 256); }
+const int32_t* FakeI32(uintptr_t k = 2) { return static_cast<const int32_t*>(FakePtr(k)); }
+
+// ---- Host-side guards: none of these may reach CUDA, so they pass without a device. ----
+
+TEST(DenseAttentionCudaGuard, DenseZeroWorkWithNullPointersIsOk) {
+  const ElemType f32 = ElemType::kF32, bf16 = ElemType::kBF16;
+  EXPECT_EQ(cuda::LaunchConvert(nullptr, f32, nullptr, bf16, 0, nullptr), cudaSuccess);
+  EXPECT_EQ(cuda::LaunchConvert(nullptr, ElemType::kI32, nullptr, ElemType::kI32, 0, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(cuda::LaunchFill(nullptr, bf16, 0, 1.5f, nullptr), cudaSuccess);
+  EXPECT_EQ(cuda::LaunchFill(nullptr, ElemType::kI64, 0, 0.f, nullptr), cudaSuccess);
+  EXPECT_EQ(
+      cuda::LaunchRmsNorm(nullptr, bf16, nullptr, bf16, 1e-6f, 0, 128, nullptr, bf16, nullptr),
+      cudaSuccess);
+  EXPECT_EQ(cuda::LaunchEmbedding(nullptr, bf16, 100, nullptr, 0, 2048, nullptr, bf16, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(cuda::LaunchRope(nullptr, bf16, nullptr, 0, 32, 128, 1e6f, nullptr), cudaSuccess);
+  EXPECT_EQ(cuda::LaunchRope(nullptr, bf16, nullptr, 5, 0, 128, 1e6f, nullptr), cudaSuccess);
+  EXPECT_EQ(cuda::LaunchSiluMul(nullptr, bf16, nullptr, bf16, nullptr, bf16, 0, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(cuda::LaunchAdd(nullptr, f32, nullptr, bf16, 0, nullptr), cudaSuccess);
+  EXPECT_EQ(cuda::LaunchGatherRows(nullptr, bf16, 10, nullptr, 0, 64, nullptr, f32, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(cuda::LaunchGatherRows(nullptr, ElemType::kI32, 10, nullptr, 0, 1, nullptr,
+                                   ElemType::kI32, nullptr),
+            cudaSuccess);
+}
+
+TEST(DenseAttentionCudaGuard, DenseRejectsBadArguments) {
+  const ElemType f32 = ElemType::kF32, bf16 = ElemType::kBF16, i32 = ElemType::kI32,
+                 i64 = ElemType::kI64;
+  void* p = FakePtr();
+  const int32_t* ids = FakeI32();
+  const cudaError_t bad = cudaErrorInvalidValue;
+  // Convert: index types only to themselves; sizes; null pointers with work.
+  EXPECT_EQ(cuda::LaunchConvert(p, i32, p, i64, 4, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchConvert(p, i32, p, f32, 4, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchConvert(p, f32, p, i32, 0, nullptr), bad);  // checked even when empty
+  EXPECT_EQ(cuda::LaunchConvert(p, f32, p, bf16, -1, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchConvert(nullptr, f32, p, bf16, 4, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchConvert(p, f32, nullptr, bf16, 4, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchConvert(p, static_cast<ElemType>(9), p, f32, 4, nullptr), bad);
+  // Fill.
+  EXPECT_EQ(cuda::LaunchFill(nullptr, f32, 4, 1.f, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchFill(p, f32, -4, 1.f, nullptr), bad);
+  // RmsNorm.
+  EXPECT_EQ(cuda::LaunchRmsNorm(p, bf16, p, bf16, 1e-6f, 0, 0, p, bf16, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchRmsNorm(p, bf16, p, bf16, 1e-6f, -1, 128, p, bf16, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchRmsNorm(p, i32, p, bf16, 1e-6f, 2, 128, p, bf16, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchRmsNorm(p, bf16, nullptr, bf16, 1e-6f, 2, 128, p, bf16, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchRmsNorm(nullptr, bf16, p, bf16, 1e-6f, 2, 128, p, bf16, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchRmsNorm(p, bf16, p, bf16, 1e-6f, 2, 128, nullptr, bf16, nullptr), bad);
+  // Embedding: floating tables only.
+  EXPECT_EQ(cuda::LaunchEmbedding(p, i32, 10, ids, 3, 4, p, i32, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchEmbedding(p, bf16, 10, nullptr, 3, 4, p, bf16, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchEmbedding(p, bf16, -1, ids, 3, 4, p, bf16, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchEmbedding(p, bf16, 10, ids, 3, -4, p, bf16, nullptr), bad);
+  // Rope.
+  EXPECT_EQ(cuda::LaunchRope(p, bf16, ids, 3, 4, 0, 1e6f, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchRope(p, bf16, ids, 3, 4, 1024, 1e6f, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchRope(p, i32, ids, 3, 4, 128, 1e6f, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchRope(p, bf16, ids, -3, 4, 128, 1e6f, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchRope(p, bf16, nullptr, 3, 4, 128, 1e6f, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchRope(nullptr, bf16, ids, 3, 4, 128, 1e6f, nullptr), bad);
+  // SiluMul, Add.
+  EXPECT_EQ(cuda::LaunchSiluMul(p, bf16, p, i32, p, bf16, 8, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchSiluMul(p, bf16, nullptr, bf16, p, bf16, 8, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchSiluMul(p, bf16, p, bf16, p, bf16, -8, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchAdd(p, i64, p, i64, 8, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchAdd(nullptr, f32, p, f32, 8, nullptr), bad);
+  // GatherRows: floating conversions or equal index types.
+  EXPECT_EQ(cuda::LaunchGatherRows(p, i32, 10, ids, 3, 1, p, i64, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchGatherRows(p, f32, 10, ids, 3, 1, p, i32, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchGatherRows(p, f32, 10, nullptr, 3, 4, p, f32, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchGatherRows(p, f32, 10, ids, 3, 4, nullptr, f32, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchGatherRows(nullptr, f32, 10, ids, 3, 4, p, f32, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchGatherRows(p, f32, 10, ids, -3, 4, p, f32, nullptr), bad);
+}
+
+cuda::PagedAttentionArgs SomeAttentionArgs() {
+  cuda::PagedAttentionArgs args;
+  args.num_seqs = 2;
+  args.num_tokens = 5;
+  args.num_heads = 8;
+  args.num_kv_heads = 2;
+  args.head_dim = 128;
+  args.block_size = 16;
+  args.max_blocks_per_seq = 4;
+  args.max_query_len = 4;
+  args.max_context_len = 64;
+  args.query_start = FakeI32(3);
+  args.context_lens = FakeI32(4);
+  args.block_tables = FakeI32(5);
+  return args;
+}
+
+TEST(DenseAttentionCudaGuard, AttentionZeroWorkWithNullPointersIsOk) {
+  const ElemType bf16 = ElemType::kBF16;
+  EXPECT_EQ(cuda::LaunchWriteKvCache(nullptr, nullptr, bf16, nullptr, 0, 512, nullptr, nullptr,
+                                     bf16, nullptr),
+            cudaSuccess);
+  cuda::PagedAttentionArgs args = SomeAttentionArgs();
+  args.num_tokens = 0;
+  args.query_start = args.context_lens = args.block_tables = nullptr;
+  EXPECT_EQ(cuda::LaunchPagedAttention(nullptr, bf16, nullptr, nullptr, bf16, args, 0.1f, nullptr,
+                                       bf16, nullptr),
+            cudaSuccess);
+  args.num_seqs = 0;
+  EXPECT_EQ(cuda::LaunchPagedAttention(nullptr, bf16, nullptr, nullptr, bf16, args, 0.1f, nullptr,
+                                       bf16, nullptr),
+            cudaSuccess);
+}
+
+TEST(DenseAttentionCudaGuard, AttentionRejectsBadArguments) {
+  const ElemType bf16 = ElemType::kBF16, i32 = ElemType::kI32;
+  void* p = FakePtr();
+  const int64_t* slots = static_cast<const int64_t*>(FakePtr(7));
+  const cudaError_t bad = cudaErrorInvalidValue;
+  EXPECT_EQ(cuda::LaunchWriteKvCache(p, p, i32, slots, 4, 512, p, p, i32, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchWriteKvCache(p, p, bf16, slots, -4, 512, p, p, bf16, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchWriteKvCache(p, p, bf16, nullptr, 4, 512, p, p, bf16, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchWriteKvCache(p, nullptr, bf16, slots, 4, 512, p, p, bf16, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchWriteKvCache(p, p, bf16, slots, 4, 512, p, nullptr, bf16, nullptr), bad);
+
+  struct Case {
+    const char* what;
+    void (*edit)(cuda::PagedAttentionArgs*);
+  };
+  const Case cases[] = {
+      {"heads not a multiple of kv heads", [](cuda::PagedAttentionArgs* a) { a->num_heads = 7; }},
+      {"no kv heads", [](cuda::PagedAttentionArgs* a) { a->num_kv_heads = 0; }},
+      {"head_dim 0", [](cuda::PagedAttentionArgs* a) { a->head_dim = 0; }},
+      {"head_dim beyond 256", [](cuda::PagedAttentionArgs* a) { a->head_dim = 320; }},
+      {"block_size 0", [](cuda::PagedAttentionArgs* a) { a->block_size = 0; }},
+      {"negative tokens", [](cuda::PagedAttentionArgs* a) { a->num_tokens = -1; }},
+      {"negative sequences", [](cuda::PagedAttentionArgs* a) { a->num_seqs = -1; }},
+      {"null query_start", [](cuda::PagedAttentionArgs* a) { a->query_start = nullptr; }},
+      {"null context_lens", [](cuda::PagedAttentionArgs* a) { a->context_lens = nullptr; }},
+      {"null block_tables", [](cuda::PagedAttentionArgs* a) { a->block_tables = nullptr; }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    cuda::PagedAttentionArgs args = SomeAttentionArgs();
+    c.edit(&args);
+    EXPECT_EQ(cuda::LaunchPagedAttention(p, bf16, p, p, bf16, args, 0.1f, p, bf16, nullptr), bad);
+  }
+  const cuda::PagedAttentionArgs args = SomeAttentionArgs();
+  EXPECT_EQ(cuda::LaunchPagedAttention(p, i32, p, p, bf16, args, 0.1f, p, bf16, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchPagedAttention(p, bf16, p, p, i32, args, 0.1f, p, bf16, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchPagedAttention(nullptr, bf16, p, p, bf16, args, 0.1f, p, bf16, nullptr),
+            bad);
+  EXPECT_EQ(cuda::LaunchPagedAttention(p, bf16, nullptr, p, bf16, args, 0.1f, p, bf16, nullptr),
+            bad);
+  EXPECT_EQ(cuda::LaunchPagedAttention(p, bf16, p, p, bf16, args, 0.1f, nullptr, bf16, nullptr),
+            bad);
+}
+
+// ---- Device cases: skip cleanly when there is no GPU. ----
+
+// Empty when a device is usable; otherwise why not.
+std::string NoDeviceReason() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorName(err) +
+           ": " + cudaGetErrorString(err) + ")";
+  }
+  if (count == 0) return "no CUDA device (cudaGetDeviceCount returned 0)";
+  return "";
+}
+
+#define SKIP_WITHOUT_GPU()                                        \
+  do {                                                            \
+    if (std::string reason = NoDeviceReason(); !reason.empty()) { \
+      GTEST_SKIP() << "GPU case skipped: " << reason;             \
+    }                                                             \
+  } while (0)
+
+#define ASSERT_CUDA_OK(expr)                                                           \
+  do {                                                                                 \
+    const cudaError_t dxs_err_ = (expr);                                               \
+    ASSERT_EQ(dxs_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(dxs_err_); \
+  } while (0)
+
+#define ASSERT_OK_AND_ASSIGN_T(lhs, expr)            \
+  auto lhs##_or_ = (expr);                           \
+  ASSERT_TRUE(lhs##_or_.ok()) << lhs##_or_.status(); \
+  auto lhs = std::move(lhs##_or_).value()
+
+DType ToDType(ElemType t) {
+  switch (t) {
+    case ElemType::kF32:
+      return DType::kF32;
+    case ElemType::kF16:
+      return DType::kF16;
+    case ElemType::kBF16:
+      return DType::kBF16;
+    case ElemType::kI32:
+      return DType::kI32;
+    case ElemType::kI64:
+      return DType::kI64;
+  }
+  return DType::kF32;
+}
+
+const char* Name(ElemType t) {
+  switch (t) {
+    case ElemType::kF32:
+      return "f32";
+    case ElemType::kF16:
+      return "f16";
+    case ElemType::kBF16:
+      return "bf16";
+    case ElemType::kI32:
+      return "i32";
+    case ElemType::kI64:
+      return "i64";
+  }
+  return "?";
+}
+
+size_t SizeOf(ElemType t) {
+  return t == ElemType::kF32 || t == ElemType::kI32 ? 4 : t == ElemType::kI64 ? 8 : 2;
+}
+
+// Host floats as the bytes of `t` (rounded to nearest even; index types truncated).
+std::vector<uint8_t> Encode(const std::vector<float>& v, ElemType t) {
+  std::vector<uint8_t> bytes(v.size() * SizeOf(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint8_t* dst = bytes.data() + i * SizeOf(t);
+    switch (t) {
+      case ElemType::kF32:
+        std::memcpy(dst, &v[i], 4);
+        break;
+      case ElemType::kF16: {
+        const __half h = __float2half_rn(v[i]);
+        std::memcpy(dst, &h, 2);
+        break;
+      }
+      case ElemType::kBF16: {
+        const __nv_bfloat16 b = __float2bfloat16_rn(v[i]);
+        std::memcpy(dst, &b, 2);
+        break;
+      }
+      case ElemType::kI32: {
+        const int32_t x = static_cast<int32_t>(v[i]);
+        std::memcpy(dst, &x, 4);
+        break;
+      }
+      case ElemType::kI64: {
+        const int64_t x = static_cast<int64_t>(v[i]);
+        std::memcpy(dst, &x, 8);
+        break;
+      }
+    }
+  }
+  return bytes;
+}
+
+std::vector<float> Decode(const std::vector<uint8_t>& bytes, ElemType t) {
+  std::vector<float> v(bytes.size() / SizeOf(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint8_t* src = bytes.data() + i * SizeOf(t);
+    switch (t) {
+      case ElemType::kF32:
+        std::memcpy(&v[i], src, 4);
+        break;
+      case ElemType::kF16: {
+        __half h;
+        std::memcpy(&h, src, 2);
+        v[i] = __half2float(h);
+        break;
+      }
+      case ElemType::kBF16: {
+        __nv_bfloat16 b;
+        std::memcpy(&b, src, 2);
+        v[i] = __bfloat162float(b);
+        break;
+      }
+      case ElemType::kI32: {
+        int32_t x;
+        std::memcpy(&x, src, 4);
+        v[i] = static_cast<float>(x);
+        break;
+      }
+      case ElemType::kI64: {
+        int64_t x;
+        std::memcpy(&x, src, 8);
+        v[i] = static_cast<float>(x);
+        break;
+      }
+    }
+  }
+  return v;
+}
+
+// `v` as the kernel sees it in `t`, widened back to f32: the CPU reference's input.
+std::vector<float> Rounded(const std::vector<float>& v, ElemType t) {
+  return Decode(Encode(v, t), t);
+}
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float stddev = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// A device buffer freed on scope exit.
+class DeviceBytes {
+ public:
+  explicit DeviceBytes(size_t bytes) : bytes_(bytes) {
+    if (bytes_ > 0) err_ = cudaMalloc(&ptr_, bytes_);
+  }
+  template <typename T>
+  explicit DeviceBytes(const std::vector<T>& host) : DeviceBytes(host.size() * sizeof(T)) {
+    if (err_ == cudaSuccess && bytes_ > 0) {
+      err_ = cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice);
+    }
+  }
+  ~DeviceBytes() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  cudaError_t status() const { return err_; }
+  // 0xFF bytes: NaN in every floating type, so an element the kernel skipped shows.
+  cudaError_t Poison() const { return bytes_ == 0 ? cudaSuccess : cudaMemset(ptr_, 0xff, bytes_); }
+  std::vector<uint8_t> Download() const {
+    std::vector<uint8_t> host(bytes_);
+    if (bytes_ > 0) {
+      EXPECT_EQ(cudaMemcpy(host.data(), ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    return host;
+  }
+
+ private:
+  size_t bytes_;
+  void* ptr_ = nullptr;
+  cudaError_t err_ = cudaSuccess;
+};
+
+// A non-blocking stream like the backend's; uploads and memsets above are synchronous or on
+// the legacy stream, so Begin() synchronises the device before the launch.
+class Stream {
+ public:
+  Stream() { err_ = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); }
+  ~Stream() {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t get() const { return stream_; }
+  cudaError_t status() const { return err_; }
+  cudaError_t Begin() const { return cudaDeviceSynchronize(); }
+  cudaError_t Finish() const {
+    const cudaError_t err = cudaStreamSynchronize(stream_);
+    return err != cudaSuccess ? err : cudaGetLastError();
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaError_t err_ = cudaSuccess;
+};
+
+// |got - want| <= atol + rtol * |want| elementwise (NaN fails), reporting the first few.
+void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, float atol,
+                float rtol) {
+  ASSERT_EQ(got.size(), want.size());
+  int failures = 0;
+  for (size_t i = 0; i < got.size() && failures < 10; ++i) {
+    const float tolerance = atol + rtol * std::fabs(want[i]);
+    if (!(std::fabs(got[i] - want[i]) <= tolerance)) {
+      ADD_FAILURE() << "element " << i << ": got " << got[i] << ", want " << want[i];
+      ++failures;
+    }
+  }
+}
+
+// Tolerances for an output rounded to `t`: f32 differs from the CPU by f32 rounding only
+// (sum orders, device expf/sinf within 2 ulp); narrower types by their own rounding.
+void ExpectMatches(const std::vector<float>& got, const std::vector<float>& want, ElemType t) {
+  if (t == ElemType::kF32) {
+    ExpectNear(got, want, 1e-5f, 1e-5f);
+  } else {
+    ExpectNear(got, want, 2e-3f, 1e-2f);
+  }
+}
+
+class DenseAttentionCudaDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    cpu_ = MakeCpuBackend();
+  }
+  // A CPU f32 tensor of `host`.
+  Tensor Cpu(const std::vector<float>& host, std::vector<int64_t> shape) {
+    auto t = cpu_->Upload(host, std::move(shape));
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? *std::move(t) : Tensor();
+  }
+  Tensor CpuIndices(const std::vector<int32_t>& host) {
+    auto t = cpu_->UploadIndices(host);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? *std::move(t) : Tensor();
+  }
+  std::vector<float> Host(const Tensor& t) {
+    auto v = cpu_->Download(t);
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? *std::move(v) : std::vector<float>();
+  }
+  std::unique_ptr<Backend> cpu_;
+};
+
+// ---- Convert, Fill ----
+
+TEST_F(DenseAttentionCudaDevice, ConvertMatchesCpuCopy) {
+  struct Pair {
+    ElemType src, dst;
+  };
+  for (const Pair& pair :
+       {Pair{ElemType::kF32, ElemType::kBF16}, Pair{ElemType::kBF16, ElemType::kF32},
+        Pair{ElemType::kF32, ElemType::kF16}, Pair{ElemType::kF16, ElemType::kBF16},
+        Pair{ElemType::kBF16, ElemType::kBF16}, Pair{ElemType::kF32, ElemType::kF32},
+        Pair{ElemType::kI32, ElemType::kI32}, Pair{ElemType::kI64, ElemType::kI64}}) {
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{100003}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << Name(pair.src) << " -> " << Name(pair.dst) << ", n " << n);
+      std::vector<float> values = RandomFloats(n, static_cast<uint32_t>(n) + 1, 100.f);
+      const std::vector<uint8_t> src_bytes = Encode(values, pair.src);
+      // The CPU reference: Copy between tensors of the two dtypes.
+      ASSERT_OK_AND_ASSIGN_T(src_t, cpu_->Allocate({n}, ToDType(pair.src)));
+      ASSERT_OK_AND_ASSIGN_T(dst_t, cpu_->Allocate({n}, ToDType(pair.dst)));
+      ASSERT_TRUE(cpu_->CopyFromHost(src_bytes.data(), ToDType(pair.src), &src_t).ok());
+      ASSERT_TRUE(cpu_->Copy(src_t, &dst_t).ok());
+      std::vector<uint8_t> want(n * SizeOf(pair.dst));
+      ASSERT_TRUE(cpu_->CopyToHost(dst_t, ToDType(pair.dst), want.data()).ok());
+
+      DeviceBytes src(src_bytes), dst(n * SizeOf(pair.dst));
+      ASSERT_CUDA_OK(src.status());
+      ASSERT_CUDA_OK(dst.Poison());
+      Stream stream;
+      ASSERT_CUDA_OK(stream.Begin());
+      ASSERT_CUDA_OK(
+          cuda::LaunchConvert(src.get(), pair.src, dst.get(), pair.dst, n, stream.get()));
+      ASSERT_CUDA_OK(stream.Finish());
+      if (pair.dst == ElemType::kF16) {  // the CPU's own f16 rounding: allow an ulp
+        ExpectNear(Decode(dst.Download(), pair.dst), Decode(want, pair.dst), 1e-7f, 1e-3f);
+      } else {
+        EXPECT_EQ(dst.Download(), want);
+      }
+    }
+  }
+}
+
+TEST_F(DenseAttentionCudaDevice, FillMatchesCpuFill) {
+  for (ElemType t :
+       {ElemType::kF32, ElemType::kF16, ElemType::kBF16, ElemType::kI32, ElemType::kI64}) {
+    for (float value : {2.71828f, -3.75f, 0.f, 1000.5f}) {
+      SCOPED_TRACE(::testing::Message() << Name(t) << " " << value);
+      const int64_t n = 70001;
+      ASSERT_OK_AND_ASSIGN_T(want_t, cpu_->Allocate({n}, ToDType(t)));
+      ASSERT_TRUE(cpu_->Fill(&want_t, value).ok());
+      std::vector<uint8_t> want(n * SizeOf(t));
+      ASSERT_TRUE(cpu_->CopyToHost(want_t, ToDType(t), want.data()).ok());
+      DeviceBytes dst(n * SizeOf(t));
+      ASSERT_CUDA_OK(dst.Poison());
+      Stream stream;
+      ASSERT_CUDA_OK(stream.Begin());
+      ASSERT_CUDA_OK(cuda::LaunchFill(dst.get(), t, n, value, stream.get()));
+      ASSERT_CUDA_OK(stream.Finish());
+      EXPECT_EQ(dst.Download(), want);
+    }
+  }
+}
+
+// ---- RmsNorm ----
+
+struct Types3 {
+  ElemType a, b, out;
+};
+const Types3 kTypes3[] = {{ElemType::kF32, ElemType::kF32, ElemType::kF32},
+                          {ElemType::kBF16, ElemType::kBF16, ElemType::kBF16},
+                          {ElemType::kBF16, ElemType::kF32, ElemType::kF32},
+                          {ElemType::kF16, ElemType::kBF16, ElemType::kF16}};
+
+TEST_F(DenseAttentionCudaDevice, RmsNormMatchesCpu) {
+  struct Shape {
+    int64_t rows, cols;
+  };
+  // Warp rows (<= 1024 columns: Qwen3's per-head 128) and block rows (hidden 2048).
+  for (const Shape& s : {Shape{0, 128}, Shape{1, 128}, Shape{333, 128}, Shape{9, 1024},
+                         Shape{5, 1025}, Shape{37, 2048}, Shape{3, 5000}, Shape{7, 3}}) {
+    for (const Types3& t : kTypes3) {
+      SCOPED_TRACE(::testing::Message() << s.rows << "x" << s.cols << " x " << Name(t.a) << " w "
+                                        << Name(t.b) << " y " << Name(t.out));
+      const uint32_t seed = static_cast<uint32_t>(s.rows * 7919 + s.cols);
+      const std::vector<float> x = Rounded(RandomFloats(s.rows * s.cols, seed, 3.f), t.a);
+      std::vector<float> w = RandomFloats(s.cols, seed + 1);
+      for (float& v : w) v += 1.f;
+      w = Rounded(w, t.b);
+      const float eps = 1e-6f;
+      Tensor x_t = Cpu(x, {s.rows, s.cols}), w_t = Cpu(w, {s.cols});
+      ASSERT_OK_AND_ASSIGN_T(y_t, cpu_->Allocate({s.rows, s.cols}, DType::kF32));
+      ASSERT_TRUE(cpu_->RmsNorm(x_t, w_t, eps, &y_t).ok());
+
+      DeviceBytes x_d(Encode(x, t.a)), w_d(Encode(w, t.b)), y_d(s.rows * s.cols * SizeOf(t.out));
+      ASSERT_CUDA_OK(x_d.status());
+      ASSERT_CUDA_OK(w_d.status());
+      ASSERT_CUDA_OK(y_d.Poison());
+      Stream stream;
+      ASSERT_CUDA_OK(stream.Begin());
+      ASSERT_CUDA_OK(cuda::LaunchRmsNorm(x_d.get(), t.a, w_d.get(), t.b, eps, s.rows, s.cols,
+                                         y_d.get(), t.out, stream.get()));
+      ASSERT_CUDA_OK(stream.Finish());
+      ExpectMatches(Decode(y_d.Download(), t.out), Host(y_t), t.out);
+    }
+  }
+}
+
+TEST_F(DenseAttentionCudaDevice, RmsNormInPlace) {
+  for (int64_t cols : {128, 2048}) {
+    const int64_t rows = 19;
+    const std::vector<float> x = RandomFloats(rows * cols, 3), w = RandomFloats(cols, 4);
+    Tensor x_t = Cpu(x, {rows, cols}), w_t = Cpu(w, {cols});
+    ASSERT_OK_AND_ASSIGN_T(y_t, cpu_->Allocate({rows, cols}, DType::kF32));
+    ASSERT_TRUE(cpu_->RmsNorm(x_t, w_t, 1e-6f, &y_t).ok());
+    DeviceBytes x_d(x), w_d(w);
+    Stream stream;
+    ASSERT_CUDA_OK(stream.Begin());
+    ASSERT_CUDA_OK(cuda::LaunchRmsNorm(x_d.get(), ElemType::kF32, w_d.get(), ElemType::kF32, 1e-6f,
+                                       rows, cols, x_d.get(), ElemType::kF32, stream.get()));
+    ASSERT_CUDA_OK(stream.Finish());
+    ExpectMatches(Decode(x_d.Download(), ElemType::kF32), Host(y_t), ElemType::kF32);
+  }
+}
+
+// ---- Embedding, GatherRows ----
+
+// Random row indices into [0, src_rows), with `bad` of them (spread out) out of range.
+std::vector<int32_t> RandomRows(int64_t n, int64_t src_rows, int64_t bad, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(src_rows) - 1);
+  std::vector<int32_t> rows(n);
+  for (int32_t& r : rows) r = dist(rng);
+  for (int64_t b = 0; b < bad && b < n; ++b) {
+    rows[(b * 7919) % n] =
+        b % 2 == 0 ? -1 - static_cast<int32_t>(b) : static_cast<int32_t>(src_rows + b);
+  }
+  return rows;
+}
+
+// The CPU backend rejects out-of-range rows; the kernels give zero rows there. The reference
+// gathers row 0 instead and zeroes those rows afterwards.
+void ZeroBadRows(const std::vector<int32_t>& rows, int64_t src_rows, int64_t cols,
+                 std::vector<float>* out) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] >= src_rows) std::fill_n(out->begin() + i * cols, cols, 0.f);
+  }
+}
+std::vector<int32_t> ClampBadRows(std::vector<int32_t> rows, int64_t src_rows) {
+  for (int32_t& r : rows) {
+    if (r < 0 || r >= src_rows) r = 0;
+  }
+  return rows;
+}
+
+TEST_F(DenseAttentionCudaDevice, EmbeddingMatchesCpu) {
+  const int64_t table_rows = 300;
+  for (int64_t cols : {2048, 64, 7}) {
+    for (int64_t n : {0, 1, 45, 1000}) {
+      for (ElemType table_type : {ElemType::kF32, ElemType::kBF16}) {
+        for (ElemType y_type : {ElemType::kF32, ElemType::kBF16}) {
+          SCOPED_TRACE(::testing::Message() << n << " ids of " << cols << ", " << Name(table_type)
+                                            << " -> " << Name(y_type));
+          const std::vector<float> table =
+              Rounded(RandomFloats(table_rows * cols, static_cast<uint32_t>(cols)), table_type);
+          const std::vector<int32_t> ids = RandomRows(n, table_rows, n / 10, 17);
+          Tensor table_t = Cpu(table, {table_rows, cols});
+          Tensor ids_t = CpuIndices(ClampBadRows(ids, table_rows));
+          ASSERT_OK_AND_ASSIGN_T(y_t, cpu_->Allocate({n, cols}, DType::kF32));
+          ASSERT_TRUE(cpu_->Embedding(table_t, ids_t, &y_t).ok());
+          std::vector<float> want = Rounded(Host(y_t), y_type);
+          ZeroBadRows(ids, table_rows, cols, &want);
+
+          DeviceBytes table_d(Encode(table, table_type)), ids_d(ids),
+              y_d(n * cols * SizeOf(y_type));
+          ASSERT_CUDA_OK(table_d.status());
+          ASSERT_CUDA_OK(ids_d.status());
+          ASSERT_CUDA_OK(y_d.Poison());
+          Stream stream;
+          ASSERT_CUDA_OK(stream.Begin());
+          ASSERT_CUDA_OK(cuda::LaunchEmbedding(table_d.get(), table_type, table_rows,
+                                               ids_d.as<int32_t>(), n, cols, y_d.get(), y_type,
+                                               stream.get()));
+          ASSERT_CUDA_OK(stream.Finish());
+          // A move of rounded values: exact.
+          ExpectNear(Decode(y_d.Download(), y_type), want, 0.f, 0.f);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(DenseAttentionCudaDevice, GatherRowsMatchesCpu) {
+  struct Case {
+    ElemType src, dst;
+    int64_t cols;
+  };
+  const int64_t src_rows = 129;
+  // 16-byte copies (equal types, whole 16-byte rows), warp rows converting or not, and rows
+  // narrower than a warp (the one-element rows of index tensors).
+  for (const Case& c :
+       {Case{ElemType::kF32, ElemType::kF32, 2048}, Case{ElemType::kBF16, ElemType::kBF16, 2048},
+        Case{ElemType::kBF16, ElemType::kF32, 2048}, Case{ElemType::kF32, ElemType::kBF16, 2048},
+        Case{ElemType::kF16, ElemType::kBF16, 96}, Case{ElemType::kBF16, ElemType::kBF16, 36},
+        Case{ElemType::kF32, ElemType::kF32, 33}, Case{ElemType::kF32, ElemType::kBF16, 5},
+        Case{ElemType::kI32, ElemType::kI32, 1}, Case{ElemType::kI32, ElemType::kI32, 8},
+        Case{ElemType::kI64, ElemType::kI64, 1}, Case{ElemType::kI64, ElemType::kI64, 3}}) {
+    for (int64_t n : {0, 1, 77, 3000}) {
+      SCOPED_TRACE(::testing::Message()
+                   << n << " rows of " << c.cols << ", " << Name(c.src) << " -> " << Name(c.dst));
+      std::vector<float> values = RandomFloats(src_rows * c.cols, static_cast<uint32_t>(n), 1000.f);
+      const std::vector<uint8_t> src_bytes = Encode(values, c.src);
+      const std::vector<int32_t> rows =
+          RandomRows(n, src_rows, n / 10, static_cast<uint32_t>(c.cols));
+      // The CPU reference gathers in the two dtypes itself.
+      const std::vector<int64_t> shape =
+          c.cols == 1 ? std::vector<int64_t>{src_rows} : std::vector<int64_t>{src_rows, c.cols};
+      const std::vector<int64_t> out_shape =
+          c.cols == 1 ? std::vector<int64_t>{n} : std::vector<int64_t>{n, c.cols};
+      ASSERT_OK_AND_ASSIGN_T(src_t, cpu_->Allocate(shape, ToDType(c.src)));
+      ASSERT_TRUE(cpu_->CopyFromHost(src_bytes.data(), ToDType(c.src), &src_t).ok());
+      ASSERT_OK_AND_ASSIGN_T(dst_t, cpu_->Allocate(out_shape, ToDType(c.dst)));
+      Tensor rows_t = CpuIndices(ClampBadRows(rows, src_rows));
+      ASSERT_TRUE(cpu_->GatherRows(src_t, rows_t, &dst_t).ok());
+      std::vector<uint8_t> want_bytes(n * c.cols * SizeOf(c.dst));
+      ASSERT_TRUE(cpu_->CopyToHost(dst_t, ToDType(c.dst), want_bytes.data()).ok());
+      std::vector<float> want = Decode(want_bytes, c.dst);
+      ZeroBadRows(rows, src_rows, c.cols, &want);
+
+      DeviceBytes src_d(src_bytes), rows_d(rows), dst_d(n * c.cols * SizeOf(c.dst));
+      ASSERT_CUDA_OK(src_d.status());
+      ASSERT_CUDA_OK(rows_d.status());
+      ASSERT_CUDA_OK(dst_d.Poison());
+      Stream stream;
+      ASSERT_CUDA_OK(stream.Begin());
+      ASSERT_CUDA_OK(cuda::LaunchGatherRows(src_d.get(), c.src, src_rows, rows_d.as<int32_t>(), n,
+                                            c.cols, dst_d.get(), c.dst, stream.get()));
+      ASSERT_CUDA_OK(stream.Finish());
+      ExpectNear(Decode(dst_d.Download(), c.dst), want, 0.f, 0.f);
+    }
+  }
+}
+
+// ---- Rope ----
+
+TEST_F(DenseAttentionCudaDevice, RopeMatchesCpu) {
+  struct Shape {
+    int64_t tokens, heads, head_dim;
+    float theta;
+  };
+  for (const Shape& s : {Shape{0, 4, 128, 1e6f}, Shape{1, 32, 128, 1e6f}, Shape{37, 4, 128, 1e6f},
+                         Shape{9, 3, 64, 1e4f}, Shape{5, 2, 256, 1e4f}, Shape{4, 3, 7, 1e4f}}) {
+    for (ElemType t : {ElemType::kF32, ElemType::kBF16}) {
+      SCOPED_TRACE(::testing::Message() << s.tokens << " tokens x " << s.heads << " heads x "
+                                        << s.head_dim << ", " << Name(t));
+      const int64_t n = s.tokens * s.heads * s.head_dim;
+      const std::vector<float> x = Rounded(RandomFloats(n, static_cast<uint32_t>(n)), t);
+      std::mt19937 rng(static_cast<uint32_t>(s.tokens));
+      std::uniform_int_distribution<int32_t> pos_dist(0, 8191);
+      std::vector<int32_t> positions(s.tokens);
+      for (int32_t& p : positions) p = pos_dist(rng);
+
+      Tensor x_t = Cpu(x, {s.tokens, s.heads, s.head_dim});
+      ASSERT_TRUE(cpu_->Rope(&x_t, CpuIndices(positions), s.theta).ok());
+      DeviceBytes x_d(Encode(x, t)), pos_d(positions);
+      ASSERT_CUDA_OK(x_d.status());
+      ASSERT_CUDA_OK(pos_d.status());
+      Stream stream;
+      ASSERT_CUDA_OK(stream.Begin());
+      ASSERT_CUDA_OK(cuda::LaunchRope(x_d.get(), t, pos_d.as<int32_t>(), s.tokens, s.heads,
+                                      s.head_dim, s.theta, stream.get()));
+      ASSERT_CUDA_OK(stream.Finish());
+      ExpectMatches(Decode(x_d.Download(), t), Host(x_t), t);
+    }
+  }
+}
+
+// ---- SiluMul, Add ----
+
+TEST_F(DenseAttentionCudaDevice, SiluMulMatchesCpu) {
+  for (int64_t n : {0, 1, 1000, 300007}) {
+    for (const Types3& t : kTypes3) {
+      SCOPED_TRACE(::testing::Message()
+                   << n << ", gate " << Name(t.a) << " up " << Name(t.b) << " out " << Name(t.out));
+      const std::vector<float> gate = Rounded(RandomFloats(n, 5, 4.f), t.a);
+      const std::vector<float> up = Rounded(RandomFloats(n, 6), t.b);
+      ASSERT_OK_AND_ASSIGN_T(out_t, cpu_->Allocate({n}, DType::kF32));
+      ASSERT_TRUE(cpu_->SiluMul(Cpu(gate, {n}), Cpu(up, {n}), &out_t).ok());
+      DeviceBytes gate_d(Encode(gate, t.a)), up_d(Encode(up, t.b)), out_d(n * SizeOf(t.out));
+      ASSERT_CUDA_OK(out_d.Poison());
+      Stream stream;
+      ASSERT_CUDA_OK(stream.Begin());
+      ASSERT_CUDA_OK(cuda::LaunchSiluMul(gate_d.get(), t.a, up_d.get(), t.b, out_d.get(), t.out, n,
+                                         stream.get()));
+      ASSERT_CUDA_OK(stream.Finish());
+      ExpectMatches(Decode(out_d.Download(), t.out), Host(out_t), t.out);
+    }
+  }
+}
+
+TEST_F(DenseAttentionCudaDevice, AddMatchesCpu) {
+  for (int64_t n : {0, 1, 1000, 300007}) {
+    for (const Types3& t : kTypes3) {
+      SCOPED_TRACE(::testing::Message() << n << ", x " << Name(t.a) << " inout " << Name(t.out));
+      const std::vector<float> x = Rounded(RandomFloats(n, 7), t.a);
+      const std::vector<float> y = Rounded(RandomFloats(n, 8), t.out);
+      Tensor y_t = Cpu(y, {n});
+      ASSERT_TRUE(cpu_->Add(Cpu(x, {n}), &y_t).ok());
+      DeviceBytes x_d(Encode(x, t.a)), y_d(Encode(y, t.out));
+      Stream stream;
+      ASSERT_CUDA_OK(stream.Begin());
+      ASSERT_CUDA_OK(cuda::LaunchAdd(x_d.get(), t.a, y_d.get(), t.out, n, stream.get()));
+      ASSERT_CUDA_OK(stream.Finish());
+      ExpectMatches(Decode(y_d.Download(), t.out), Host(y_t), t.out);
+    }
+  }
+}
+
+// ---- WriteKvCache, PagedAttention ----
+
+// Metadata the CPU backend accepts around a slot mapping (one sequence; only the slots
+// matter to WriteKvCache).
+absl::StatusOr<PagedAttentionMeta> CpuMeta(Backend* cpu, const std::vector<int32_t>& query_start,
+                                           const std::vector<int32_t>& context_lens,
+                                           const std::vector<int32_t>& block_tables,
+                                           const std::vector<int64_t>& slots, int64_t block_size,
+                                           int64_t max_blocks_per_seq) {
+  PagedAttentionMeta meta;
+  meta.num_seqs = static_cast<int64_t>(context_lens.size());
+  meta.block_size = block_size;
+  meta.max_blocks_per_seq = max_blocks_per_seq;
+  meta.max_query_len = 0;
+  meta.max_context_len = 0;
+  for (size_t s = 0; s < context_lens.size(); ++s) {
+    meta.max_query_len = std::max<int64_t>(meta.max_query_len, query_start[s + 1] - query_start[s]);
+    meta.max_context_len = std::max<int64_t>(meta.max_context_len, context_lens[s]);
+  }
+  auto qs = cpu->UploadIndices(query_start);
+  auto cl = cpu->UploadIndices(context_lens);
+  auto bt = cpu->UploadIndices(block_tables);
+  auto sm = cpu->Allocate({static_cast<int64_t>(slots.size())}, DType::kI64);
+  for (const auto* s : {&qs, &cl, &bt}) {
+    if (!s->ok()) return s->status();
+  }
+  if (!sm.ok()) return sm.status();
+  meta.query_start = *qs;
+  meta.context_lens = *cl;
+  meta.block_tables = *bt;
+  meta.slot_mapping = *sm;
+  if (absl::Status s = cpu->CopyFromHost(slots.data(), DType::kI64, &meta.slot_mapping); !s.ok()) {
+    return s;
+  }
+  return meta;
+}
+
+TEST_F(DenseAttentionCudaDevice, WriteKvCacheMatchesCpu) {
+  struct Case {
+    ElemType kv, cache;
+    int64_t kv_heads, head_dim;
+  };
+  const int64_t num_blocks = 9, block_size = 4, num_slots = num_blocks * block_size;
+  for (const Case& c : {Case{ElemType::kF32, ElemType::kF32, 4, 128},
+                        Case{ElemType::kBF16, ElemType::kBF16, 4, 128},
+                        Case{ElemType::kF32, ElemType::kBF16, 2, 64},
+                        Case{ElemType::kBF16, ElemType::kBF16, 3, 5}}) {
+    for (int64_t tokens : {0, 1, 13}) {
+      SCOPED_TRACE(::testing::Message()
+                   << tokens << " tokens of " << c.kv_heads << "x" << c.head_dim << ", "
+                   << Name(c.kv) << " -> " << Name(c.cache));
+      const int64_t row = c.kv_heads * c.head_dim;
+      // Distinct random slots, as a step's new tokens have.
+      std::vector<int64_t> slots(num_slots);
+      std::iota(slots.begin(), slots.end(), 0);
+      std::shuffle(slots.begin(), slots.end(), std::mt19937(static_cast<uint32_t>(tokens)));
+      slots.resize(tokens);
+      const std::vector<float> k = Rounded(RandomFloats(tokens * row, 1), c.kv);
+      const std::vector<float> v = Rounded(RandomFloats(tokens * row, 2), c.kv);
+      const std::vector<float> k_cache = Rounded(RandomFloats(num_slots * row, 3), c.cache);
+      const std::vector<float> v_cache = Rounded(RandomFloats(num_slots * row, 4), c.cache);
+
+      ASSERT_OK_AND_ASSIGN_T(
+          meta,
+          CpuMeta(cpu_.get(), {0, static_cast<int32_t>(tokens)}, {static_cast<int32_t>(tokens)},
+                  std::vector<int32_t>(num_blocks, 0), slots, block_size, num_blocks));
+      const std::vector<int64_t> cache_shape = {num_blocks, block_size, c.kv_heads, c.head_dim};
+      Tensor k_cache_t = Cpu(k_cache, cache_shape), v_cache_t = Cpu(v_cache, cache_shape);
+      ASSERT_TRUE(cpu_->WriteKvCache(Cpu(k, {tokens, c.kv_heads, c.head_dim}),
+                                     Cpu(v, {tokens, c.kv_heads, c.head_dim}), meta, &k_cache_t,
+                                     &v_cache_t)
+                      .ok());
+
+      DeviceBytes k_d(Encode(k, c.kv)), v_d(Encode(v, c.kv)), slots_d(slots);
+      DeviceBytes k_cache_d(Encode(k_cache, c.cache)), v_cache_d(Encode(v_cache, c.cache));
+      ASSERT_CUDA_OK(k_cache_d.status());
+      ASSERT_CUDA_OK(v_cache_d.status());
+      Stream stream;
+      ASSERT_CUDA_OK(stream.Begin());
+      ASSERT_CUDA_OK(cuda::LaunchWriteKvCache(k_d.get(), v_d.get(), c.kv, slots_d.as<int64_t>(),
+                                              tokens, row, k_cache_d.get(), v_cache_d.get(),
+                                              c.cache, stream.get()));
+      ASSERT_CUDA_OK(stream.Finish());
+      // A move (rounded once when narrowing): exact.
+      ExpectNear(Decode(k_cache_d.Download(), c.cache), Rounded(Host(k_cache_t), c.cache), 0.f,
+                 0.f);
+      ExpectNear(Decode(v_cache_d.Download(), c.cache), Rounded(Host(v_cache_t), c.cache), 0.f,
+                 0.f);
+    }
+  }
+}
+
+TEST_F(DenseAttentionCudaDevice, WriteKvCacheSkipsNegativeSlots) {
+  const int64_t tokens = 3, row = 256, num_slots = 8;
+  const std::vector<int64_t> slots = {5, -1, 2};
+  const std::vector<float> k = RandomFloats(tokens * row, 1), v = RandomFloats(tokens * row, 2);
+  std::vector<float> want_k(num_slots * row, 0.5f), want_v(num_slots * row, -0.5f);
+  DeviceBytes k_cache_d(want_k), v_cache_d(want_v);
+  for (int64_t t : {0, 2}) {
+    std::copy_n(k.begin() + t * row, row, want_k.begin() + slots[t] * row);
+    std::copy_n(v.begin() + t * row, row, want_v.begin() + slots[t] * row);
+  }
+  DeviceBytes k_d(k), v_d(v), slots_d(slots);
+  Stream stream;
+  ASSERT_CUDA_OK(stream.Begin());
+  ASSERT_CUDA_OK(cuda::LaunchWriteKvCache(k_d.get(), v_d.get(), ElemType::kF32,
+                                          slots_d.as<int64_t>(), tokens, row, k_cache_d.get(),
+                                          v_cache_d.get(), ElemType::kF32, stream.get()));
+  ASSERT_CUDA_OK(stream.Finish());
+  ExpectNear(Decode(k_cache_d.Download(), ElemType::kF32), want_k, 0.f, 0.f);
+  ExpectNear(Decode(v_cache_d.Download(), ElemType::kF32), want_v, 0.f, 0.f);
+}
+
+struct AttentionCase {
+  int64_t heads, kv_heads, head_dim, block_size;
+  ElemType q, cache, out;
+};
+
+std::string Describe(const AttentionCase& c) {
+  return "h" + std::to_string(c.heads) + "_kv" + std::to_string(c.kv_heads) + "_d" +
+         std::to_string(c.head_dim) + "_bs" + std::to_string(c.block_size) + "_" + Name(c.q) + "_" +
+         Name(c.cache) + "_" + Name(c.out);
+}
+void PrintTo(const AttentionCase& c, std::ostream* os) { *os << Describe(c); }
+
+std::string AttentionCaseName(const ::testing::TestParamInfo<AttentionCase>& info) {
+  return Describe(info.param);
+}
+
+class DenseAttentionCudaPaged : public DenseAttentionCudaDevice,
+                                public ::testing::WithParamInterface<AttentionCase> {};
+
+TEST_P(DenseAttentionCudaPaged, MixedPrefillAndDecodeMatchCpu) {
+  const AttentionCase& c = GetParam();
+  // (query_len, context_len): prefill chunks over a cached prefix, a whole prompt, decode
+  // tokens, and contexts crossing several chunks of every kernel width.
+  struct Seq {
+    int32_t query_len, context_len;
+  };
+  const std::vector<Seq> seqs = {{5, 16},  {1, 37}, {9, 9},  {1, 1},    {70, 100},
+                                 {1, 200}, {3, 64}, {1, 65}, {33, 300}, {1, 129}};
+  const int64_t bs = c.block_size;
+  std::vector<int32_t> query_start = {0}, context_lens;
+  int64_t max_blocks_per_seq = 0, total_blocks = 0;
+  for (const Seq& s : seqs) {
+    query_start.push_back(query_start.back() + s.query_len);
+    context_lens.push_back(s.context_len);
+    const int64_t blocks = (s.context_len + bs - 1) / bs;
+    max_blocks_per_seq = std::max(max_blocks_per_seq, blocks + 1);  // and a spare entry
+    total_blocks += blocks;
+  }
+  const int64_t num_tokens = query_start.back(), num_seqs = static_cast<int64_t>(seqs.size());
+  // Non-contiguous blocks: a random permutation of the cache's blocks (with spares that no
+  // sequence uses); unused table entries are -1.
+  const int64_t num_blocks = total_blocks + 5;
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::mt19937 rng(42);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> block_tables(num_seqs * max_blocks_per_seq, -1);
+  int64_t next = 0;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    for (int64_t b = 0; b < (seqs[s].context_len + bs - 1) / bs; ++b) {
+      block_tables[s * max_blocks_per_seq + b] = perm[next++];
+    }
+  }
+
+  const int64_t d = c.head_dim, cache_elems = num_blocks * bs * c.kv_heads * d;
+  const std::vector<float> q = Rounded(RandomFloats(num_tokens * c.heads * d, 1), c.q);
+  const std::vector<float> k_cache = Rounded(RandomFloats(cache_elems, 2), c.cache);
+  const std::vector<float> v_cache = Rounded(RandomFloats(cache_elems, 3), c.cache);
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+
+  ASSERT_OK_AND_ASSIGN_T(meta,
+                         CpuMeta(cpu_.get(), query_start, context_lens, block_tables,
+                                 std::vector<int64_t>(num_tokens, 0), bs, max_blocks_per_seq));
+  const std::vector<int64_t> cache_shape = {num_blocks, bs, c.kv_heads, d};
+  ASSERT_OK_AND_ASSIGN_T(out_t, cpu_->Allocate({num_tokens, c.heads * d}, DType::kF32));
+  ASSERT_TRUE(cpu_->PagedAttention(Cpu(q, {num_tokens, c.heads, d}), Cpu(k_cache, cache_shape),
+                                   Cpu(v_cache, cache_shape), meta, scale, &out_t)
+                  .ok());
+
+  DeviceBytes q_d(Encode(q, c.q)), k_d(Encode(k_cache, c.cache)), v_d(Encode(v_cache, c.cache));
+  DeviceBytes qs_d(query_start), cl_d(context_lens), bt_d(block_tables);
+  DeviceBytes out_d(num_tokens * c.heads * d * SizeOf(c.out));
+  for (const DeviceBytes* b : {&q_d, &k_d, &v_d, &qs_d, &cl_d, &bt_d, &out_d}) {
+    ASSERT_CUDA_OK(b->status());
+  }
+  ASSERT_CUDA_OK(out_d.Poison());
+  cuda::PagedAttentionArgs args;
+  args.num_seqs = num_seqs;
+  args.num_tokens = num_tokens;
+  args.num_heads = c.heads;
+  args.num_kv_heads = c.kv_heads;
+  args.head_dim = d;
+  args.block_size = bs;
+  args.max_blocks_per_seq = max_blocks_per_seq;
+  args.max_query_len = meta.max_query_len;
+  args.max_context_len = meta.max_context_len;
+  args.query_start = qs_d.as<int32_t>();
+  args.context_lens = cl_d.as<int32_t>();
+  args.block_tables = bt_d.as<int32_t>();
+  Stream stream;
+  ASSERT_CUDA_OK(stream.Begin());
+  ASSERT_CUDA_OK(cuda::LaunchPagedAttention(q_d.get(), c.q, k_d.get(), v_d.get(), c.cache, args,
+                                            scale, out_d.get(), c.out, stream.get()));
+  ASSERT_CUDA_OK(stream.Finish());
+  const std::vector<float> want = Host(out_t);
+  if (c.out == ElemType::kF32) {
+    ExpectNear(Decode(out_d.Download(), c.out), want, 1e-5f, 1e-4f);
+  } else {
+    ExpectMatches(Decode(out_d.Download(), c.out), want, c.out);
+  }
+
+  // The same step again gives the same bits (fixed summation order).
+  const std::vector<uint8_t> first = out_d.Download();
+  ASSERT_CUDA_OK(out_d.Poison());
+  ASSERT_CUDA_OK(stream.Begin());
+  ASSERT_CUDA_OK(cuda::LaunchPagedAttention(q_d.get(), c.q, k_d.get(), v_d.get(), c.cache, args,
+                                            scale, out_d.get(), c.out, stream.get()));
+  ASSERT_CUDA_OK(stream.Finish());
+  EXPECT_EQ(out_d.Download(), first);
+}
+
+constexpr ElemType kF32 = ElemType::kF32, kBF16 = ElemType::kBF16;
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, DenseAttentionCudaPaged,
+    ::testing::Values(
+        // Qwen3-30B-A3B's attention (32 heads over 4 kv heads, d 128) in f32 and bf16.
+        AttentionCase{32, 4, 128, 16, kF32, kF32, kF32},
+        AttentionCase{32, 4, 128, 16, kBF16, kBF16, kBF16},
+        // GQA 4x, other widths (d 64: 128-position chunks; d 256: 32-position chunks).
+        AttentionCase{8, 2, 128, 16, kF32, kF32, kF32},
+        AttentionCase{16, 4, 64, 8, kBF16, kBF16, kBF16},
+        AttentionCase{8, 2, 256, 16, kBF16, kBF16, kBF16},
+        // Beyond 48 KiB of shared memory (16 heads a group), odd widths without 16-byte rows.
+        AttentionCase{32, 2, 128, 32, kBF16, kBF16, kBF16},
+        AttentionCase{4, 1, 36, 16, kBF16, kBF16, kBF16},
+        AttentionCase{4, 4, 96, 5, kF32, kF32, kF32},
+        // Mixed types: bf16 queries over an f32 cache into f32, f32 into bf16.
+        AttentionCase{8, 2, 128, 16, kBF16, kF32, kF32},
+        AttentionCase{8, 2, 128, 16, kF32, kBF16, kBF16}),
+    AttentionCaseName);
+
+TEST_F(DenseAttentionCudaDevice, ZeroRowsLeaveOutputsAlone) {
+  DeviceBytes out(64 * sizeof(float));
+  ASSERT_CUDA_OK(out.Poison());
+  const std::vector<uint8_t> before = out.Download();
+  Stream stream;
+  ASSERT_CUDA_OK(stream.Begin());
+  const ElemType f32 = ElemType::kF32;
+  EXPECT_EQ(cuda::LaunchConvert(nullptr, f32, out.get(), f32, 0, stream.get()), cudaSuccess);
+  EXPECT_EQ(cuda::LaunchFill(out.get(), f32, 0, 1.f, stream.get()), cudaSuccess);
+  EXPECT_EQ(
+      cuda::LaunchRmsNorm(nullptr, f32, nullptr, f32, 1e-6f, 0, 64, out.get(), f32, stream.get()),
+      cudaSuccess);
+  EXPECT_EQ(cuda::LaunchGatherRows(nullptr, f32, 4, nullptr, 0, 64, out.get(), f32, stream.get()),
+            cudaSuccess);
+  EXPECT_EQ(cuda::LaunchSiluMul(nullptr, f32, nullptr, f32, out.get(), f32, 0, stream.get()),
+            cudaSuccess);
+  EXPECT_EQ(cuda::LaunchWriteKvCache(nullptr, nullptr, f32, nullptr, 0, 64, out.get(), out.get(),
+                                     f32, stream.get()),
+            cudaSuccess);
+  cuda::PagedAttentionArgs args = SomeAttentionArgs();
+  args.num_tokens = 0;
+  EXPECT_EQ(cuda::LaunchPagedAttention(nullptr, f32, nullptr, nullptr, f32, args, 0.1f, out.get(),
+                                       f32, stream.get()),
+            cudaSuccess);
+  ASSERT_CUDA_OK(stream.Finish());
+  EXPECT_EQ(out.Download(), before);
+}
+
+}  // namespace
+}  // namespace dxs
