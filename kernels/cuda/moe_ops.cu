@@ -19,9 +19,13 @@
 //
 // Data-dependent bad input (ops.cuh): an expert id outside [0, num_experts), an owner
 // outside [0, num_ranks), a row outside [0, dst_rows) or a token_rows entry outside
-// [0, num_tokens) is skipped where the CPU backend would have failed.
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
+// [0, num_tokens) is skipped where the CPU backend would have failed. Skipped pairs are not
+// counted; SortPairsByExpert lists them after expert_offsets[num_experts] in `order`.
+//
+// Empty work launches nothing, as ops.cuh says; so SortPairsByExpert with no pairs leaves
+// expert_offsets unwritten (the caller zeroes them if it reads them). The dispatch layout
+// alone still writes its (zero) counts. CombineRows takes null recv and token_rows when
+// every rank's range is empty (only the device knows the ranges).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -29,15 +33,17 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 
 #include "kernels/cuda/ops.cuh"
 
 namespace dxs::cuda {
 namespace {
 
-#define DXS_CUDA_RETURN_IF_ERROR(expr)        \
-  do {                                        \
-    const cudaError_t dxs_cuda_err_ = (expr); \
+#define DXS_CUDA_RETURN_IF_ERROR(expr)                      \
+  do {                                                      \
+    const cudaError_t dxs_cuda_err_ = (expr);               \
     if (dxs_cuda_err_ != cudaSuccess) return dxs_cuda_err_; \
   } while (0)
 
@@ -205,11 +211,11 @@ __device__ __forceinline__ int32_t Digit(int32_t key, int shift, int32_t num_buc
 // items of the tile with digit d.
 __global__ void __launch_bounds__(kThreads)
     SortRankKernel(const int32_t* __restrict__ keys, int32_t num_keys,
-                   const int32_t* __restrict__ perm_in, int32_t n, int shift,
-                   int32_t num_buckets, int32_t* __restrict__ rank_in_tile,
-                   int32_t* __restrict__ counts) {
+                   const int32_t* __restrict__ perm_in, int32_t n, int shift, int32_t num_buckets,
+                   int32_t* __restrict__ rank_in_tile, int32_t* __restrict__ counts) {
   __shared__ int32_t digits[kSortTile];
-  const int32_t p = static_cast<int32_t>(blockIdx.x) * kSortTile + static_cast<int32_t>(threadIdx.x);
+  const int32_t p =
+      static_cast<int32_t>(blockIdx.x) * kSortTile + static_cast<int32_t>(threadIdx.x);
   int32_t digit = -1;  // padding past n matches no bucket
   if (p < n) digit = Digit(KeyOf(keys, num_keys, SortItem(perm_in, p)), shift, num_buckets);
   digits[threadIdx.x] = digit;
@@ -231,7 +237,8 @@ __global__ void __launch_bounds__(kThreads)
                       const int32_t* __restrict__ perm_in, int32_t n, int shift,
                       int32_t num_buckets, const int32_t* __restrict__ rank_in_tile,
                       const int32_t* __restrict__ starts, int32_t* __restrict__ perm_out) {
-  const int32_t p = static_cast<int32_t>(blockIdx.x) * kSortTile + static_cast<int32_t>(threadIdx.x);
+  const int32_t p =
+      static_cast<int32_t>(blockIdx.x) * kSortTile + static_cast<int32_t>(threadIdx.x);
   if (p >= n) return;
   const int32_t v = SortItem(perm_in, p);
   const int32_t digit = Digit(KeyOf(keys, num_keys, v), shift, num_buckets);
@@ -287,7 +294,7 @@ struct LayoutScratch {
   int32_t* pair_counts = nullptr;   // [cells] t's pairs on r
   int32_t* token_starts = nullptr;  // [cells] exclusive prefix sums of the above
   int32_t* pair_starts = nullptr;
-  int32_t* partials = nullptr;      // scan scratch, shared by both scans
+  int32_t* partials = nullptr;  // scan scratch, shared by both scans
 };
 
 LayoutScratch CarveLayout(Carver& c, int64_t cells) {
@@ -303,9 +310,8 @@ LayoutScratch CarveLayout(Carver& c, int64_t cells) {
 // The rank of pair p's expert (written to *expert), or -1 for an expert outside
 // [0, num_experts) or an owner outside [0, num_ranks): the pair is skipped.
 __device__ __forceinline__ int32_t PairRank(const int32_t* __restrict__ ids,
-                                            const int32_t* __restrict__ owner,
-                                            int32_t num_experts, int32_t num_ranks, int64_t p,
-                                            int32_t* expert) {
+                                            const int32_t* __restrict__ owner, int32_t num_experts,
+                                            int32_t num_ranks, int64_t p, int32_t* expert) {
   const int32_t e = ids[p];
   *expert = e;
   if (e < 0 || e >= num_experts) return -1;
@@ -345,17 +351,14 @@ __global__ void __launch_bounds__(kThreads)
   pair_counts[cell] = count;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    LayoutFillKernel(const int32_t* __restrict__ ids, const float* __restrict__ weights,
-                     const int32_t* __restrict__ owner, int32_t num_tokens, int32_t top_k,
-                     int32_t num_experts, int32_t num_ranks,
-                     const int32_t* __restrict__ token_flags,
-                     const int32_t* __restrict__ pair_counts,
-                     const int32_t* __restrict__ token_starts,
-                     const int32_t* __restrict__ pair_starts,
-                     int32_t* __restrict__ num_tokens_per_rank,
-                     int32_t* __restrict__ num_pairs_per_rank, int32_t* __restrict__ token_rows,
-                     int32_t* __restrict__ pairs) {
+__global__ void __launch_bounds__(kThreads) LayoutFillKernel(
+    const int32_t* __restrict__ ids, const float* __restrict__ weights,
+    const int32_t* __restrict__ owner, int32_t num_tokens, int32_t top_k, int32_t num_experts,
+    int32_t num_ranks, const int32_t* __restrict__ token_flags,
+    const int32_t* __restrict__ pair_counts, const int32_t* __restrict__ token_starts,
+    const int32_t* __restrict__ pair_starts, int32_t* __restrict__ num_tokens_per_rank,
+    int32_t* __restrict__ num_pairs_per_rank, int32_t* __restrict__ token_rows,
+    int32_t* __restrict__ pairs) {
   const int64_t cell = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (cell >= static_cast<int64_t>(num_ranks) * num_tokens) return;
   const int32_t r = static_cast<int32_t>(cell / num_tokens);
@@ -429,8 +432,8 @@ __device__ __forceinline__ int64_t FindTokenRow(const int32_t* __restrict__ toke
 template <typename In, typename Out>
 __global__ void __launch_bounds__(kThreads)
     CombineRowsKernel(const In* __restrict__ recv, const int32_t* __restrict__ token_rows,
-                      const int64_t* __restrict__ rank_offsets, int64_t num_ranks,
-                      int64_t hidden, Out* __restrict__ out) {
+                      const int64_t* __restrict__ rank_offsets, int64_t num_ranks, int64_t hidden,
+                      Out* __restrict__ out) {
   __shared__ int64_t found[kThreads];
   const int32_t t = static_cast<int32_t>(blockIdx.x);
   const int64_t col0 = static_cast<int64_t>(blockIdx.y) * kColsPerBlock + threadIdx.x;
@@ -472,9 +475,9 @@ cudaError_t CombineAs(const void* recv, const int32_t* token_rows, const int64_t
                       cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(num_tokens),
                   static_cast<unsigned>(CeilDiv(hidden, kColsPerBlock)));
-  CombineRowsKernel<In, Out><<<grid, kThreads, 0, stream>>>(
-      static_cast<const In*>(recv), token_rows, rank_offsets, num_ranks, hidden,
-      static_cast<Out*>(out));
+  CombineRowsKernel<In, Out><<<grid, kThreads, 0, stream>>>(static_cast<const In*>(recv),
+                                                            token_rows, rank_offsets, num_ranks,
+                                                            hidden, static_cast<Out*>(out));
   return cudaGetLastError();
 }
 
@@ -557,8 +560,8 @@ __global__ void __launch_bounds__(kThreads)
 // ---- Workspace sizes ----
 
 size_t DispatchLayoutWorkspaceBytes(int64_t num_tokens, int64_t top_k, int64_t num_ranks) {
-  if (num_tokens <= 0 || num_tokens > INT_MAX || top_k <= 0 || top_k > INT_MAX ||
-      num_ranks <= 0 || num_ranks > INT_MAX || num_ranks * num_tokens > INT_MAX) {
+  if (num_tokens <= 0 || num_tokens > INT_MAX || top_k <= 0 || top_k > INT_MAX || num_ranks <= 0 ||
+      num_ranks > INT_MAX || num_ranks * num_tokens > INT_MAX) {
     return 0;
   }
   Carver c(nullptr);
@@ -590,10 +593,9 @@ cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const
                                  int32_t* num_pairs_per_rank, int32_t* num_tokens_per_expert,
                                  int32_t* token_rows, int32_t* pairs, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream) {
-  if (num_tokens < 0 || num_tokens > INT_MAX || top_k < 0 || top_k > INT_MAX ||
-      num_experts < 0 || num_experts > INT_MAX || num_ranks <= 0 || num_ranks > INT_MAX ||
-      num_tokens * top_k > INT_MAX ||
-      num_ranks * num_tokens > INT_MAX) {
+  if (num_tokens < 0 || num_tokens > INT_MAX || top_k < 0 || top_k > INT_MAX || num_experts < 0 ||
+      num_experts > INT_MAX || num_ranks <= 0 || num_ranks > INT_MAX ||
+      num_tokens * top_k > INT_MAX || num_ranks * num_tokens > INT_MAX) {
     return cudaErrorInvalidValue;
   }
   if (num_tokens_per_rank == nullptr || num_pairs_per_rank == nullptr ||
@@ -622,7 +624,8 @@ cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const
   Carver carver(workspace);
   const LayoutScratch w = CarveLayout(carver, cells);
   const int32_t tokens = static_cast<int32_t>(num_tokens), k = static_cast<int32_t>(top_k);
-  const int32_t experts = static_cast<int32_t>(num_experts), ranks = static_cast<int32_t>(num_ranks);
+  const int32_t experts = static_cast<int32_t>(num_experts),
+                ranks = static_cast<int32_t>(num_ranks);
 
   DXS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
       num_tokens_per_expert, 0, static_cast<size_t>(num_experts) * sizeof(int32_t), stream));
@@ -638,8 +641,8 @@ cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const
   DXS_CUDA_RETURN_IF_ERROR(ExclusiveScan(w.token_flags, cells, w.token_starts, w.partials, stream));
   DXS_CUDA_RETURN_IF_ERROR(ExclusiveScan(w.pair_counts, cells, w.pair_starts, w.partials, stream));
   LayoutFillKernel<<<cell_blocks, kThreads, 0, stream>>>(
-      ids, weights, owner, tokens, k, experts, ranks, w.token_flags, w.pair_counts,
-      w.token_starts, w.pair_starts, num_tokens_per_rank, num_pairs_per_rank, token_rows, pairs);
+      ids, weights, owner, tokens, k, experts, ranks, w.token_flags, w.pair_counts, w.token_starts,
+      w.pair_starts, num_tokens_per_rank, num_pairs_per_rank, token_rows, pairs);
   return cudaGetLastError();
 }
 
@@ -674,11 +677,11 @@ cudaError_t LaunchCombineRows(const void* recv, ElemType recv_type, const int32_
   if (out == nullptr || (num_ranks > 0 && rank_offsets == nullptr)) return cudaErrorInvalidValue;
   switch (recv_type) {
     case ElemType::kF32:
-      return CombineFrom<float>(recv, token_rows, rank_offsets, num_ranks, num_tokens, hidden,
-                                out, out_type, stream);
+      return CombineFrom<float>(recv, token_rows, rank_offsets, num_ranks, num_tokens, hidden, out,
+                                out_type, stream);
     case ElemType::kF16:
-      return CombineFrom<__half>(recv, token_rows, rank_offsets, num_ranks, num_tokens, hidden,
-                                 out, out_type, stream);
+      return CombineFrom<__half>(recv, token_rows, rank_offsets, num_ranks, num_tokens, hidden, out,
+                                 out_type, stream);
     case ElemType::kBF16:
       return CombineFrom<__nv_bfloat16>(recv, token_rows, rank_offsets, num_ranks, num_tokens,
                                         hidden, out, out_type, stream);

@@ -78,8 +78,7 @@ TEST(MoeOpsCudaGuard, DispatchLayoutRejectsBadArguments) {
   const size_t bytes = DispatchLayoutWorkspaceBytes(16, 8, 4);
   auto launch = [&](int64_t tokens, int64_t k, int64_t experts, int64_t ranks) {
     return LaunchDispatchLayout(ids, weights, owner, tokens, k, experts, ranks, per_rank_tokens,
-                                per_rank_pairs, per_expert, token_rows, pairs, ws, bytes,
-                                nullptr);
+                                per_rank_pairs, per_expert, token_rows, pairs, ws, bytes, nullptr);
   };
   EXPECT_EQ(launch(16, 8, 128, 0), cudaErrorInvalidValue);
   EXPECT_EQ(launch(0, 8, 128, 0), cudaErrorInvalidValue);  // ranks are checked even when empty
@@ -93,14 +92,14 @@ TEST(MoeOpsCudaGuard, DispatchLayoutRejectsBadArguments) {
   EXPECT_EQ(launch(int64_t{1} << 40, int64_t{1} << 40, 128, 4), cudaErrorInvalidValue);
 
   // Too little workspace, or none.
-  EXPECT_EQ(LaunchDispatchLayout(ids, weights, owner, 16, 8, 128, 4, per_rank_tokens,
-                                 per_rank_pairs, per_expert, token_rows, pairs, ws, bytes - 1,
-                                 nullptr),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(LaunchDispatchLayout(ids, weights, owner, 16, 8, 128, 4, per_rank_tokens,
-                                 per_rank_pairs, per_expert, token_rows, pairs, nullptr, bytes,
-                                 nullptr),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      LaunchDispatchLayout(ids, weights, owner, 16, 8, 128, 4, per_rank_tokens, per_rank_pairs,
+                           per_expert, token_rows, pairs, ws, bytes - 1, nullptr),
+      cudaErrorInvalidValue);
+  EXPECT_EQ(
+      LaunchDispatchLayout(ids, weights, owner, 16, 8, 128, 4, per_rank_tokens, per_rank_pairs,
+                           per_expert, token_rows, pairs, nullptr, bytes, nullptr),
+      cudaErrorInvalidValue);
   // Null pointers with pairs to lay out.
   for (int which = 0; which < 7; ++which) {
     SCOPED_TRACE(::testing::Message() << "null pointer " << which);
@@ -112,10 +111,10 @@ TEST(MoeOpsCudaGuard, DispatchLayoutRejectsBadArguments) {
                                    which == 6 ? nullptr : token_rows, pairs, ws, bytes, nullptr),
               cudaErrorInvalidValue);
   }
-  EXPECT_EQ(LaunchDispatchLayout(ids, weights, owner, 16, 8, 128, 4, per_rank_tokens,
-                                 per_rank_pairs, per_expert, token_rows, nullptr, ws, bytes,
-                                 nullptr),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      LaunchDispatchLayout(ids, weights, owner, 16, 8, 128, 4, per_rank_tokens, per_rank_pairs,
+                           per_expert, token_rows, nullptr, ws, bytes, nullptr),
+      cudaErrorInvalidValue);
   // Zero tokens still writes the counts: their pointers are needed.
   EXPECT_EQ(LaunchDispatchLayout(nullptr, nullptr, nullptr, 0, 8, 128, 4, nullptr, per_rank_pairs,
                                  per_expert, nullptr, nullptr, nullptr, 0, nullptr),
@@ -139,9 +138,9 @@ TEST(MoeOpsCudaGuard, SortPairsRejectsBadArguments) {
             cudaErrorInvalidValue);  // experts are checked even when empty, like the CPU's
   EXPECT_EQ(LaunchSortPairsByExpert(experts, 100, -5, order, offsets, ws, bytes, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(LaunchSortPairsByExpert(experts, int64_t{1} << 31, 128, order, offsets, ws, bytes,
-                                    nullptr),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      LaunchSortPairsByExpert(experts, int64_t{1} << 31, 128, order, offsets, ws, bytes, nullptr),
+      cudaErrorInvalidValue);
   EXPECT_EQ(LaunchSortPairsByExpert(nullptr, 100, 128, order, offsets, ws, bytes, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(LaunchSortPairsByExpert(experts, 100, 128, nullptr, offsets, ws, bytes, nullptr),
@@ -165,12 +164,12 @@ TEST(MoeOpsCudaGuard, CombineRowsRejectsBadArguments) {
   void* out = Fake<void>(4);
   for (ElemType bad : {ElemType::kI32, ElemType::kI64}) {
     // Types are checked even with nothing to combine.
-    EXPECT_EQ(LaunchCombineRows(recv, bad, token_rows, offsets, 2, 0, 64, out, ElemType::kF32,
-                                nullptr),
-              cudaErrorInvalidValue);
-    EXPECT_EQ(LaunchCombineRows(recv, ElemType::kF32, token_rows, offsets, 2, 8, 64, out, bad,
-                                nullptr),
-              cudaErrorInvalidValue);
+    EXPECT_EQ(
+        LaunchCombineRows(recv, bad, token_rows, offsets, 2, 0, 64, out, ElemType::kF32, nullptr),
+        cudaErrorInvalidValue);
+    EXPECT_EQ(
+        LaunchCombineRows(recv, ElemType::kF32, token_rows, offsets, 2, 8, 64, out, bad, nullptr),
+        cudaErrorInvalidValue);
   }
   EXPECT_EQ(LaunchCombineRows(recv, static_cast<ElemType>(99), token_rows, offsets, 2, 8, 64, out,
                               ElemType::kF32, nullptr),
@@ -248,9 +247,9 @@ std::string NoDeviceReason() {
     ASSERT_EQ(dxs_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(dxs_err_); \
   } while (0)
 
-#define ASSERT_OK(expr)                        \
-  do {                                         \
-    const absl::Status dxs_status_ = (expr);   \
+#define ASSERT_OK(expr)                           \
+  do {                                            \
+    const absl::Status dxs_status_ = (expr);      \
     ASSERT_TRUE(dxs_status_.ok()) << dxs_status_; \
   } while (0)
 
@@ -348,15 +347,15 @@ Routing RandomRouting(int64_t tokens, int64_t top_k, int64_t experts,
   return r;
 }
 
-void ExpectLayoutMatchesCpu(const Routing& routing, int64_t tokens, int64_t top_k,
-                            int64_t experts, int num_ranks) {
+void ExpectLayoutMatchesCpu(const Routing& routing, int64_t tokens, int64_t top_k, int64_t experts,
+                            int num_ranks) {
   Backend& cpu = Cpu();
   ASSIGN_OR_FAIL(Tensor ids, cpu.UploadIndices(routing.ids));
   ASSIGN_OR_FAIL(Tensor weights, cpu.Upload(routing.weights, {tokens, top_k}));
   ASSIGN_OR_FAIL(Tensor owner, cpu.UploadIndices(routing.owner));
   DispatchLayoutTensors want;
-  ASSERT_OK(cpu.ComputeDispatchLayout(ids.Reshape({tokens, top_k}), weights, owner, num_ranks,
-                                      &want));
+  ASSERT_OK(
+      cpu.ComputeDispatchLayout(ids.Reshape({tokens, top_k}), weights, owner, num_ranks, &want));
   ASSIGN_OR_FAIL(std::vector<int32_t> want_tokens, cpu.DownloadIndices(want.num_tokens_per_rank));
   ASSIGN_OR_FAIL(std::vector<int32_t> want_pairs, cpu.DownloadIndices(want.num_pairs_per_rank));
   ASSIGN_OR_FAIL(std::vector<int32_t> want_experts,
@@ -381,10 +380,10 @@ void ExpectLayoutMatchesCpu(const Routing& routing, int64_t tokens, int64_t top_
   ASSERT_CUDA_OK(d_weights.status());
   ASSERT_CUDA_OK(ws.status());
   ASSERT_CUDA_OK(ws.Poison());
-  ASSERT_CUDA_OK(LaunchDispatchLayout(
-      d_ids.get(), d_weights.get(), d_owner.get(), tokens, top_k, experts, num_ranks,
-      d_tokens.get(), d_pairs_per_rank.get(), d_experts.get(), d_rows.get(), d_blocks.get(),
-      ws.get(), ws_bytes, nullptr));
+  ASSERT_CUDA_OK(LaunchDispatchLayout(d_ids.get(), d_weights.get(), d_owner.get(), tokens, top_k,
+                                      experts, num_ranks, d_tokens.get(), d_pairs_per_rank.get(),
+                                      d_experts.get(), d_rows.get(), d_blocks.get(), ws.get(),
+                                      ws_bytes, nullptr));
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
   std::vector<int32_t> got_tokens, got_pairs, got_experts, got_rows, got_blocks;
@@ -437,8 +436,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MoeOpsCudaDispatchLayoutVsCpu,
                          ::testing::Combine(::testing::Values<int64_t>(1, 37, 4096),
                                             ::testing::Values(1, 2, 3, 8),
                                             ::testing::Values<int64_t>(1, 8),
-                                            ::testing::Values<int64_t>(12, 128),
-                                            ::testing::Bool()),
+                                            ::testing::Values<int64_t>(12, 128), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<LayoutShape>& info) {
                            return "t" + std::to_string(std::get<0>(info.param)) + "_r" +
                                   std::to_string(std::get<1>(info.param)) + "_k" +
@@ -527,21 +525,19 @@ class MoeOpsCudaSortPairsVsCpu : public ::testing::TestWithParam<SortShapeParam>
 
 TEST_P(MoeOpsCudaSortPairsVsCpu, RandomExperts) {
   const auto [n, experts] = GetParam();
-  ExpectSortMatchesCpu(RandomExperts(n, experts, static_cast<uint32_t>(n * 13 + experts)),
-                       experts);
+  ExpectSortMatchesCpu(RandomExperts(n, experts, static_cast<uint32_t>(n * 13 + experts)), experts);
 }
 
 // Expert counts around the radix digits: 127 (one 7-bit pass), 128 and 255 (8 bits), 256
 // and 300 (two passes), 70000 (three).
-INSTANTIATE_TEST_SUITE_P(Shapes, MoeOpsCudaSortPairsVsCpu,
-                         ::testing::Combine(::testing::Values<int64_t>(1, 7, 256, 257, 4096,
-                                                                       32768, 131072),
-                                            ::testing::Values<int64_t>(1, 12, 127, 128, 255, 256,
-                                                                       300, 70000)),
-                         [](const ::testing::TestParamInfo<SortShapeParam>& info) {
-                           return "n" + std::to_string(std::get<0>(info.param)) + "_e" +
-                                  std::to_string(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MoeOpsCudaSortPairsVsCpu,
+    ::testing::Combine(::testing::Values<int64_t>(1, 7, 256, 257, 4096, 32768, 131072),
+                       ::testing::Values<int64_t>(1, 12, 127, 128, 255, 256, 300, 70000)),
+    [](const ::testing::TestParamInfo<SortShapeParam>& info) {
+      return "n" + std::to_string(std::get<0>(info.param)) + "_e" +
+             std::to_string(std::get<1>(info.param));
+    });
 
 TEST(MoeOpsCudaSortPairs, OneExpertKeepsPairOrder) {
   SKIP_WITHOUT_GPU();
@@ -622,16 +618,16 @@ void ExpectCombineMatchesCpu(int64_t num_tokens, int num_ranks, int64_t hidden, 
   ASSERT_CUDA_OK(d_offsets.status());
   ASSERT_CUDA_OK(d_out.Poison());
   ASSERT_CUDA_OK(LaunchCombineRows(d_recv.get(), recv_type, d_rows.get(), d_offsets.get(),
-                                   num_ranks, num_tokens, hidden, d_out.get(), out_type,
-                                   nullptr));
+                                   num_ranks, num_tokens, hidden, d_out.get(), out_type, nullptr));
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
   std::vector<uint8_t> got;
   ASSERT_CUDA_OK(d_out.Download(&got));
   ASSERT_EQ(got.size(), want.size());
   // f32: the same additions in the same order, so the same bits. Narrower: the same f32 sum
   // rounded once; allow one rounding of slack (a half ulp each way).
-  const float tolerance = out_type == ElemType::kF32 ? 0.f
-                          : out_type == ElemType::kBF16 ? 1.f / 256 : 1.f / 2048;
+  const float tolerance = out_type == ElemType::kF32    ? 0.f
+                          : out_type == ElemType::kBF16 ? 1.f / 256
+                                                        : 1.f / 2048;
   const size_t size = ElemSize(out_type);
   int failures = 0;
   for (size_t i = 0; i < got.size() / size && failures < 10; ++i) {
@@ -656,9 +652,9 @@ TEST(MoeOpsCudaCombineRows, F32MatchesCpuBitForBit) {
   };
   for (const Case& c : {Case{1, 1, 64, 1.0}, Case{1, 3, 1, 0.5}, Case{37, 3, 130, 0.5},
                         Case{4096, 8, 256, 0.3}, Case{100, 300, 64, 0.05},  // ranks > a block
-                        Case{50, 2, 2100, 0.7},                           // several column blocks
-                        Case{20, 4, 64, 0.0},                             // no rank holds anything
-                        Case{33, 0, 16, 1.0}}) {                           // no ranks at all
+                        Case{50, 2, 2100, 0.7},                             // several column blocks
+                        Case{20, 4, 64, 0.0},     // no rank holds anything
+                        Case{33, 0, 16, 1.0}}) {  // no ranks at all
     SCOPED_TRACE(::testing::Message() << c.tokens << " tokens, " << c.ranks << " ranks, hidden "
                                       << c.hidden << ", hold " << c.hold);
     ExpectCombineMatchesCpu(c.tokens, c.ranks, c.hidden, c.hold, ElemType::kF32, ElemType::kF32,
@@ -668,11 +664,10 @@ TEST(MoeOpsCudaCombineRows, F32MatchesCpuBitForBit) {
 
 TEST(MoeOpsCudaCombineRows, NarrowTypes) {
   SKIP_WITHOUT_GPU();
-  for (auto [recv, out] : {std::pair{ElemType::kBF16, ElemType::kBF16},
-                           std::pair{ElemType::kBF16, ElemType::kF32},
-                           std::pair{ElemType::kF16, ElemType::kF16},
-                           std::pair{ElemType::kF32, ElemType::kBF16},
-                           std::pair{ElemType::kF16, ElemType::kBF16}}) {
+  for (auto [recv, out] :
+       {std::pair{ElemType::kBF16, ElemType::kBF16}, std::pair{ElemType::kBF16, ElemType::kF32},
+        std::pair{ElemType::kF16, ElemType::kF16}, std::pair{ElemType::kF32, ElemType::kBF16},
+        std::pair{ElemType::kF16, ElemType::kBF16}}) {
     SCOPED_TRACE(::testing::Message() << "recv type " << static_cast<int>(recv) << ", out type "
                                       << static_cast<int>(out));
     ExpectCombineMatchesCpu(4096, 8, 256, 0.3, recv, out, 5);
@@ -709,8 +704,8 @@ void ExpectScaleAddMatchesCpu(const std::vector<int32_t>& rows, int64_t cols, in
   ASSERT_CUDA_OK(d_rows.status());
   ASSERT_CUDA_OK(ws.status());
   ASSERT_CUDA_OK(ws.Poison());
-  ASSERT_CUDA_OK(LaunchScaleAddRows(d_src.get(), d_scales.get(), d_rows.get(), n, cols,
-                                    d_dst.get(), dst_rows, ws.get(), ws_bytes, nullptr));
+  ASSERT_CUDA_OK(LaunchScaleAddRows(d_src.get(), d_scales.get(), d_rows.get(), n, cols, d_dst.get(),
+                                    dst_rows, ws.get(), ws_bytes, nullptr));
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> got;
   ASSERT_CUDA_OK(d_dst.Download(&got));
