@@ -19,14 +19,29 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-# The Python test client (tests/python): grpcio and its protoc, in a virtualenv of the
-# project's own so the system Python is left alone.
+# A virtualenv of the project's own (so the system Python is left alone) with
+# - grpcio and its protoc, for the Python test client (tests/python);
+# - nvidia-cutlass, whose wheel carries the CUTLASS/CuTe C++ headers that the CUDA grouped
+#   GEMM compiles against (CMake finds them through this venv's python; see
+#   kernels/cuda/CMakeLists.txt). Pinned: CUTLASS's C++ API moves between releases. Without
+#   its dependencies (cuda-python, scipy, ...): only the headers are used, never the Python.
+# Each is installed only when missing, so a second run changes nothing.
+CUTLASS_VERSION=4.2.0.0
 setup_python() {
   local venv=${DXS_PY_VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv}
-  if [ ! -x "$venv/bin/python3" ] || ! "$venv/bin/python3" -c "import grpc, grpc_tools" 2>/dev/null; then
-    echo "setup: creating $venv with grpcio and grpcio-tools"
+  local py="$venv/bin/python3"
+  if [ ! -x "$py" ]; then
+    echo "setup: creating $venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check grpcio grpcio-tools
+  fi
+  if ! "$py" -c "import grpc, grpc_tools" 2>/dev/null; then
+    echo "setup: installing grpcio and grpcio-tools into $venv"
+    "$py" -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools
+  fi
+  if [ "$("$py" -m pip show nvidia-cutlass 2>/dev/null | sed -n 's/^Version: //p')" != "$CUTLASS_VERSION" ]; then
+    echo "setup: installing nvidia-cutlass $CUTLASS_VERSION (CUTLASS headers) into $venv"
+    "$py" -m pip install --quiet --disable-pip-version-check --no-deps \
+      "nvidia-cutlass==$CUTLASS_VERSION"
   fi
 }
 

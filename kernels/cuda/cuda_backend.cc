@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -124,6 +125,20 @@ absl::Status CudaBackend::Init() {
         cudaFree(p);
       },
       kMaxCachedDeviceBytes);
+  const char* grouped = std::getenv("DXS_CUDA_GROUPED_GEMM");
+  const std::string choice = grouped != nullptr ? grouped : "";
+  if (!choice.empty() && choice != "cublas" && choice != "cutlass") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DXS_CUDA_GROUPED_GEMM=", choice, ": expected cublas or cutlass"));
+  }
+  cudaDeviceProp prop;
+  DXS_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, device_), "cuda backend"));
+  const bool cutlass_runs = DXS_HAVE_CUTLASS && prop.major == 9;  // the SM90 kernels
+  if (choice == "cutlass" && !cutlass_runs) {
+    return absl::FailedPreconditionError(
+        "DXS_CUDA_GROUPED_GEMM=cutlass: this build has no CUTLASS or the GPU is not sm_90");
+  }
+  use_cutlass_ = cutlass_runs && choice != "cublas";
   DXS_RETURN_IF_ERROR(CublasStatus(cublasCreate(&cublas_), "cuda backend: cuBLAS handle"));
   DXS_RETURN_IF_ERROR(CublasStatus(cublasSetStream(cublas_, stream_), "cuda backend: cuBLAS"));
   DXS_ASSIGN_OR_RETURN(cublas_workspace_, Workspace(kCublasWorkspaceBytes));

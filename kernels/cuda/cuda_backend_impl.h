@@ -6,12 +6,14 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/caching_allocator.h"
 #include "kernels/cuda/ops.cuh"
@@ -94,6 +96,17 @@ class CudaBackend final : public Backend {
   // y = x * w^T with cuBLAS, x and w in one dtype, y in that dtype or f32.
   absl::Status Gemm(const void* x, const void* w, DType in_dtype, int64_t m, int64_t n, int64_t k,
                     void* y, DType out_dtype, float beta, const char* op);
+  // The grouped FFN as three CUTLASS grouped GEMMs (kernels/cuda/grouped_gemm.cuh): per
+  // expert sizes stay on the device.
+  absl::Status GroupedSwiGluCutlass(const Tensor& x, const Tensor& expert_offsets,
+                                    const std::vector<const Tensor*>& gate,
+                                    const std::vector<const Tensor*>& up,
+                                    const std::vector<const Tensor*>& down, Tensor* y);
+  // The device table of gate | up | down weight pointers for these weights, uploaded once
+  // and kept (the expert shard passes the same weights every call of a layer).
+  absl::StatusOr<Tensor> WeightPointerTable(const std::vector<const Tensor*>& gate,
+                                            const std::vector<const Tensor*>& up,
+                                            const std::vector<const Tensor*>& down);
   // The grouped FFN one cuBLAS GEMM per expert (the host reads the offsets).
   absl::Status GroupedSwiGluCublas(const Tensor& xs, const Tensor& expert_offsets,
                                    const std::vector<const Tensor*>& gate,
@@ -101,6 +114,10 @@ class CudaBackend final : public Backend {
                                    const std::vector<const Tensor*>& down, Tensor* y);
 
   const int device_;
+  // DXS_CUDA_GROUPED_GEMM=cublas|cutlass (default: cutlass where built): which grouped FFN.
+  bool use_cutlass_ = false;
+  absl::Mutex tables_mu_;
+  std::map<std::vector<const void*>, Tensor> weight_tables_ ABSL_GUARDED_BY(tables_mu_);
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   Tensor cublas_workspace_;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/cuda/grouped_gemm.cuh"
 #include "kernels/cuda/topk_softmax_cuda.h"
 #include "kernels/op_checks.h"
 #include "kernels/topk_softmax.h"
@@ -173,7 +174,86 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
       DXS_RETURN_IF_ERROR(Copy(xs, &x));
     }
   }
+  if (use_cutlass_) return GroupedSwiGluCutlass(x, expert_offsets, gate, up, down, y);
   return GroupedSwiGluCublas(x, expert_offsets, gate, up, down, y);
+}
+
+absl::StatusOr<Tensor> CudaBackend::WeightPointerTable(const std::vector<const Tensor*>& gate,
+                                                       const std::vector<const Tensor*>& up,
+                                                       const std::vector<const Tensor*>& down) {
+  std::vector<const void*> key;
+  key.reserve(3 * gate.size());
+  for (const auto* list : {&gate, &up, &down}) {
+    for (const Tensor* w : *list) key.push_back(w != nullptr ? w->raw() : nullptr);
+  }
+  absl::MutexLock lock(&tables_mu_);
+  auto it = weight_tables_.find(key);
+  if (it != weight_tables_.end()) return it->second;
+  static_assert(sizeof(void*) == sizeof(int64_t), "pointers travel as i64");
+  DXS_ASSIGN_OR_RETURN(Tensor table, Allocate({static_cast<int64_t>(key.size())}, DType::kI64));
+  DXS_RETURN_IF_ERROR(CopyFromHost(key.data(), DType::kI64, &table));
+  weight_tables_.emplace(std::move(key), table);
+  return table;
+}
+
+absl::Status CudaBackend::GroupedSwiGluCutlass(const Tensor& x, const Tensor& expert_offsets,
+                                               const std::vector<const Tensor*>& gate,
+                                               const std::vector<const Tensor*>& up,
+                                               const std::vector<const Tensor*>& down, Tensor* y) {
+  const int64_t num_experts = static_cast<int64_t>(gate.size());
+  const int64_t hidden = x.row_size(), num_rows = x.rows();
+  // Shapes from the experts this shard holds (all alike); those with rows but no weights
+  // are skipped on the device (ExpertShard checks holders on the host first).
+  int64_t inter = -1;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    if (gate[e] == nullptr) continue;
+    if (up[e] == nullptr || down[e] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grouped SwiGLU: expert ", e, " has some weights and not others"));
+    }
+    for (const Tensor* w : {gate[e], up[e], down[e]}) {
+      DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", *w, DType::kBF16, "expert weight"));
+    }
+    if (inter < 0) inter = gate[e]->rows();
+    if (gate[e]->rows() != inter || gate[e]->row_size() != hidden ||
+        up[e]->shape() != gate[e]->shape() || down[e]->rows() != hidden ||
+        down[e]->row_size() != inter) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grouped SwiGLU: expert ", e, " weights ", gate[e]->ShapeString(), " / ",
+                       down[e]->ShapeString(), " for hidden ", hidden));
+    }
+  }
+  if (inter < 0) return absl::FailedPreconditionError("grouped SwiGLU: no expert weights here");
+  DXS_ASSIGN_OR_RETURN(Tensor table, WeightPointerTable(gate, up, down));
+  const auto* ptrs = reinterpret_cast<const __nv_bfloat16* const*>(table.raw());
+  const size_t ws_bytes = std::max(
+      cuda::GroupedGemmWorkspaceBytes(num_experts, num_rows, inter, hidden, cuda::ElemType::kF32),
+      cuda::GroupedGemmWorkspaceBytes(num_experts, num_rows, hidden, inter,
+                                      ToElemType(y->dtype())));
+  if (ws_bytes == 0) return absl::InternalError("grouped SwiGLU: no grouped GEMM workspace size");
+  DXS_ASSIGN_OR_RETURN(Tensor ws, Workspace(ws_bytes));
+  DXS_ASSIGN_OR_RETURN(Tensor g, Allocate({num_rows, inter}, DType::kF32));
+  DXS_ASSIGN_OR_RETURN(Tensor u, Allocate({num_rows, inter}, DType::kF32));
+  DXS_ASSIGN_OR_RETURN(Tensor h, Allocate({num_rows, inter}, DType::kBF16));
+  const auto* a = static_cast<const __nv_bfloat16*>(x.raw());
+  const int32_t* off = expert_offsets.i32();
+  DXS_RETURN_IF_ERROR(CudaStatus(
+      cuda::LaunchGroupedGemmBf16(a, off, ptrs, num_experts, num_rows, inter, hidden, g.raw(),
+                                  cuda::ElemType::kF32, ws.raw(), ws_bytes, stream_),
+      "grouped SwiGLU: gate"));
+  DXS_RETURN_IF_ERROR(CudaStatus(
+      cuda::LaunchGroupedGemmBf16(a, off, ptrs + num_experts, num_experts, num_rows, inter, hidden,
+                                  u.raw(), cuda::ElemType::kF32, ws.raw(), ws_bytes, stream_),
+      "grouped SwiGLU: up"));
+  DXS_RETURN_IF_ERROR(
+      CudaStatus(cuda::LaunchSiluMul(g.raw(), cuda::ElemType::kF32, u.raw(), cuda::ElemType::kF32,
+                                     h.raw(), cuda::ElemType::kBF16, num_rows * inter, stream_),
+                 "grouped SwiGLU: silu mul"));
+  return CudaStatus(
+      cuda::LaunchGroupedGemmBf16(static_cast<const __nv_bfloat16*>(h.raw()), off,
+                                  ptrs + 2 * num_experts, num_experts, num_rows, hidden, inter,
+                                  y->raw(), ToElemType(y->dtype()), ws.raw(), ws_bytes, stream_),
+      "grouped SwiGLU: down");
 }
 
 absl::Status CudaBackend::GroupedSwiGluCublas(const Tensor& x, const Tensor& expert_offsets,

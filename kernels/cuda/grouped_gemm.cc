@@ -1,0 +1,135 @@
+// Host side of the grouped GEMM (grouped_gemm.cuh): argument checks, the device query and
+// the choice of CUTLASS instantiation (grouped_gemm_sm90_*.cu). No CUTLASS here, so this
+// builds (and rejects what it must) without it too.
+#include "kernels/cuda/grouped_gemm.cuh"
+
+#include <cstdint>
+#include <limits>
+
+#include "kernels/cuda/grouped_gemm_sm90.h"
+
+#ifndef DXS_HAVE_CUTLASS
+#define DXS_HAVE_CUTLASS 0
+#endif
+
+namespace dxs::cuda {
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+bool AlignedTo(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// The checks that need no pointers: they hold for empty batches too.
+bool SizesOk(int64_t num_experts, int64_t total_rows, int64_t n, int64_t k, ElemType c_type) {
+  if (c_type != ElemType::kBF16 && c_type != ElemType::kF32) return false;
+  if (num_experts < 0 || total_rows < 0 || n <= 0 || k <= 0) return false;
+  if (num_experts >= kInt32Max || total_rows > kInt32Max || n > kInt32Max || k > kInt32Max) {
+    return false;
+  }
+  if (total_rows > 0 && num_experts == 0) return false;  // rows and no expert to own them
+  // TMA: every row of A, B and C starts on 16 bytes.
+  const int64_t c_row_align = c_type == ElemType::kBF16 ? 8 : 4;
+  return k % 8 == 0 && n % c_row_align == 0;
+}
+
+#if DXS_HAVE_CUTLASS
+struct Device {
+  int id = 0;
+  int sm_count = 0;
+  bool is_sm90 = false;
+};
+
+cudaError_t QueryDevice(Device* device) {
+  int major = 0, minor = 0;
+  cudaError_t err = cudaGetDevice(&device->id);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&device->sm_count, cudaDevAttrMultiProcessorCount, device->id);
+  }
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device->id);
+  }
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device->id);
+  }
+  // The kernels are sm_90a cubins, which run on compute capability 9.0 only.
+  device->is_sm90 = major == 9 && minor == 0;
+  return err;
+}
+
+// Up to this many rows an expert on average, the 64-row ping-pong tiles (decode); above
+// it, the 128-row cooperative ones. A first guess from the shapes, not a measured one.
+constexpr int64_t kSmallTileMaxRowsPerExpert = 64;
+
+const grouped_gemm::Sm90Kernel& PickKernel(int64_t num_experts, int64_t total_rows,
+                                           ElemType c_type) {
+  const bool small = total_rows <= kSmallTileMaxRowsPerExpert * num_experts;
+  if (c_type == ElemType::kBF16) {
+    return small ? grouped_gemm::kSm90SmallBf16Out : grouped_gemm::kSm90LargeBf16Out;
+  }
+  return small ? grouped_gemm::kSm90SmallF32Out : grouped_gemm::kSm90LargeF32Out;
+}
+#endif
+
+}  // namespace
+
+size_t GroupedGemmWorkspaceBytes(int64_t num_experts, int64_t total_rows, int64_t n, int64_t k,
+                                 ElemType c_type) {
+#if DXS_HAVE_CUTLASS
+  if (!SizesOk(num_experts, total_rows, n, k, c_type)) return 0;
+  Device device;
+  if (QueryDevice(&device) != cudaSuccess) {
+    cudaGetLastError();  // the query's error is not the caller's next launch's
+    return 0;
+  }
+  return PickKernel(num_experts, total_rows, c_type)
+      .workspace_bytes(static_cast<int32_t>(num_experts), device.sm_count);
+#else
+  return 0;
+#endif
+}
+
+cudaError_t LaunchGroupedGemmBf16(const __nv_bfloat16* a, const int32_t* expert_offsets,
+                                  const __nv_bfloat16* const* b_ptrs, int64_t num_experts,
+                                  int64_t total_rows, int64_t n, int64_t k, void* c,
+                                  ElemType c_type, void* workspace, size_t workspace_bytes,
+                                  cudaStream_t stream) {
+  if (!SizesOk(num_experts, total_rows, n, k, c_type)) return cudaErrorInvalidValue;
+  if (total_rows == 0) return cudaSuccess;  // no rows: no launch, no CUDA call at all
+  if (a == nullptr || expert_offsets == nullptr || b_ptrs == nullptr || c == nullptr ||
+      workspace == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (!AlignedTo(a, 16) || !AlignedTo(c, 16) || !AlignedTo(expert_offsets, sizeof(int32_t)) ||
+      !AlignedTo(b_ptrs, sizeof(void*)) ||
+      !AlignedTo(workspace, grouped_gemm::kWorkspaceAlignment)) {
+    return cudaErrorInvalidValue;
+  }
+#if DXS_HAVE_CUTLASS
+  Device device;
+  if (cudaError_t err = QueryDevice(&device); err != cudaSuccess) return err;
+  if (!device.is_sm90) return cudaErrorNotSupported;
+  const grouped_gemm::Sm90Kernel& kernel = PickKernel(num_experts, total_rows, c_type);
+  grouped_gemm::Problem p;
+  p.a = a;
+  p.expert_offsets = expert_offsets;
+  p.b_ptrs = b_ptrs;
+  p.num_experts = static_cast<int32_t>(num_experts);
+  p.total_rows = static_cast<int32_t>(total_rows);
+  p.n = static_cast<int32_t>(n);
+  p.k = static_cast<int32_t>(k);
+  p.c = c;
+  p.device = device.id;
+  p.sm_count = device.sm_count;
+  p.workspace = workspace;
+  p.workspace_bytes = workspace_bytes;
+  p.stream = stream;
+  if (workspace_bytes < kernel.workspace_bytes(p.num_experts, p.sm_count)) {
+    return cudaErrorInvalidValue;
+  }
+  return kernel.run(p);
+#else
+  return cudaErrorNotSupported;
+#endif
+}
+
+}  // namespace dxs::cuda
