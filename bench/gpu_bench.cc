@@ -255,7 +255,9 @@ void ModelBenches(const Rates& rates, bool quick, int layers, Report* report) {
   CheckpointPreset preset = Must(GetPreset("qwen3-30b-a3b"), "preset");
   preset.config.num_hidden_layers = layers;
   EngineOptions options;
-  options.device = "cuda";
+  // The backend linked into this binary, not the plugin MakeBackend would load: CudaStreamOf
+  // (the events' stream) recognises only its own.
+  options.backend_factory = [] { return Must(MakeCudaBackend(0), "no GPU"); };
   options.kv_capacity_tokens = 1;  // the benchmark makes its own cache
   std::unique_ptr<LocalEngine> engine = Must(LocalEngine::LoadRandom(preset, options), "model");
   const ModelConfig& c = engine->config();

@@ -1,5 +1,6 @@
 #include "kernels/make_backend.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -8,7 +9,10 @@
 #include "common/status_macros.h"
 
 #if DXS_HAVE_CUDA_BACKEND
-#include "kernels/cuda/cuda_backend.h"
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <climits>
 #endif
 
 namespace dxs {
@@ -27,6 +31,41 @@ absl::StatusOr<int> ParseDevice(absl::string_view device) {
       absl::StrCat("--device ", device, ": expected cpu, cuda or cuda:N"));
 }
 
+#if DXS_HAVE_CUDA_BACKEND
+using MakeCudaBackendFn = Backend* (*)(int device_ordinal, std::string* error);
+
+// libdxs_cuda.so (kernels/cuda/cuda_plugin.cc): $DXS_CUDA_PLUGIN, else beside the
+// executable. Loaded once and never unloaded (its code runs every tensor's release).
+absl::StatusOr<MakeCudaBackendFn> LoadCudaPlugin() {
+  static const absl::StatusOr<MakeCudaBackendFn>* plugin = [] {
+    std::string path;
+    if (const char* env = std::getenv("DXS_CUDA_PLUGIN"); env != nullptr && *env != 0) {
+      path = env;
+    } else {
+      char exe[PATH_MAX];
+      const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+      std::string dir = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string(".");
+      dir = dir.substr(0, dir.rfind('/') == std::string::npos ? 0 : dir.rfind('/'));
+      path = (dir.empty() ? std::string(".") : dir) + "/libdxs_cuda.so";
+    }
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* why = dlerror();
+      return new absl::StatusOr<MakeCudaBackendFn>(absl::FailedPreconditionError(
+          absl::StrCat("--device cuda: cannot load the CUDA backend ", path, ": ",
+                       why != nullptr ? why : "unknown error")));
+    }
+    auto fn = reinterpret_cast<MakeCudaBackendFn>(dlsym(lib, "dxs_make_cuda_backend"));
+    if (fn == nullptr) {
+      return new absl::StatusOr<MakeCudaBackendFn>(absl::FailedPreconditionError(
+          absl::StrCat("--device cuda: ", path, " has no dxs_make_cuda_backend")));
+    }
+    return new absl::StatusOr<MakeCudaBackendFn>(fn);
+  }();
+  return *plugin;
+}
+#endif
+
 }  // namespace
 
 bool BuiltWithCuda() { return DXS_HAVE_CUDA_BACKEND != 0; }
@@ -37,7 +76,17 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view device) {
   DXS_ASSIGN_OR_RETURN(const int ordinal, ParseDevice(device));
   if (ordinal < 0) return MakeCpuBackend();
 #if DXS_HAVE_CUDA_BACKEND
-  return MakeCudaBackend(ordinal);
+  DXS_ASSIGN_OR_RETURN(MakeCudaBackendFn make, LoadCudaPlugin());
+  std::string error;
+  Backend* backend = make(ordinal, &error);
+  if (backend == nullptr) {
+    const size_t tab = error.find('\t');
+    const int code = tab == std::string::npos ? static_cast<int>(absl::StatusCode::kInternal)
+                                              : std::atoi(error.substr(0, tab).c_str());
+    return absl::Status(static_cast<absl::StatusCode>(code),
+                        tab == std::string::npos ? error : error.substr(tab + 1));
+  }
+  return std::unique_ptr<Backend>(backend);
 #else
   return absl::FailedPreconditionError(
       absl::StrCat("--device ", device,

@@ -62,10 +62,10 @@ absl::Status CudaStatus(cudaError_t error, const char* op) {
                                           cudaGetErrorString(error), ")"));
 }
 
-absl::Status CublasStatus(cublasStatus_t status, const char* op) {
+absl::Status CublasStatus(const CublasApi& blas, cublasStatus_t status, const char* op) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(op, ": cuBLAS error ", cublasGetStatusName(status), " (",
-                                          cublasGetStatusString(status), ")"));
+  return absl::InternalError(absl::StrCat(op, ": cuBLAS error ", blas.status_name(status), " (",
+                                          blas.status_string(status), ")"));
 }
 
 cuda::ElemType ToElemType(DType dtype) { return static_cast<cuda::ElemType>(dtype); }
@@ -139,18 +139,20 @@ absl::Status CudaBackend::Init() {
         "DXS_CUDA_GROUPED_GEMM=cutlass: this build has no CUTLASS or the GPU is not sm_90");
   }
   use_cutlass_ = cutlass_runs && choice != "cublas";
-  DXS_RETURN_IF_ERROR(CublasStatus(cublasCreate(&cublas_), "cuda backend: cuBLAS handle"));
-  DXS_RETURN_IF_ERROR(CublasStatus(cublasSetStream(cublas_, stream_), "cuda backend: cuBLAS"));
+  DXS_ASSIGN_OR_RETURN(blas_, LoadCublas());
+  DXS_RETURN_IF_ERROR(CublasStatus(*blas_, blas_->create(&cublas_), "cuda backend: cuBLAS handle"));
+  DXS_RETURN_IF_ERROR(
+      CublasStatus(*blas_, blas_->set_stream(cublas_, stream_), "cuda backend: cuBLAS"));
   DXS_ASSIGN_OR_RETURN(cublas_workspace_, Workspace(kCublasWorkspaceBytes));
   return CublasStatus(
-      cublasSetWorkspace(cublas_, cublas_workspace_.raw(), cublas_workspace_.num_bytes()),
+      *blas_, blas_->set_workspace(cublas_, cublas_workspace_.raw(), cublas_workspace_.num_bytes()),
       "cuda backend: cuBLAS workspace");
 }
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (cublas_ != nullptr) blas_->destroy(cublas_);
   cublas_workspace_ = Tensor();
   // The allocator outlives us while tensors remain; its blocks are stream-ordered on a
   // stream that is about to go, so everything queued has finished (synchronised above).
@@ -316,10 +318,11 @@ absl::Status CudaBackend::Gemm(const void* x, const void* w, DType in_dtype, int
   // A = w (k x n column-major, transposed), B = x (k x m column-major).
   const float alpha = 1.f;
   return CublasStatus(
-      cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                   static_cast<int>(k), &alpha, w, CublasType(in_dtype), static_cast<int>(k), x,
-                   CublasType(in_dtype), static_cast<int>(k), &beta, y, CublasType(out_dtype),
-                   static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      *blas_,
+      blas_->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(k), &alpha, w, CublasType(in_dtype), static_cast<int>(k), x,
+                     CublasType(in_dtype), static_cast<int>(k), &beta, y, CublasType(out_dtype),
+                     static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       op);
 }
 

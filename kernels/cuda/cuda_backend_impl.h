@@ -16,13 +16,14 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/caching_allocator.h"
+#include "kernels/cuda/cublas_loader.h"
 #include "kernels/cuda/ops.cuh"
 
 namespace dxs {
 
 // INTERNAL naming the op and CUDA's error, or OK for cudaSuccess.
 absl::Status CudaStatus(cudaError_t error, const char* op);
-absl::Status CublasStatus(cublasStatus_t status, const char* op);
+absl::Status CublasStatus(const CublasApi& blas, cublasStatus_t status, const char* op);
 cuda::ElemType ToElemType(DType dtype);
 
 class CudaBackend final : public Backend {
@@ -119,6 +120,7 @@ class CudaBackend final : public Backend {
   absl::Mutex tables_mu_;
   std::map<std::vector<const void*>, Tensor> weight_tables_ ABSL_GUARDED_BY(tables_mu_);
   cudaStream_t stream_ = nullptr;
+  const CublasApi* blas_ = nullptr;  // kernels/cuda/cublas_loader.h
   cublasHandle_t cublas_ = nullptr;
   Tensor cublas_workspace_;
   std::shared_ptr<CachingAllocator> allocator_;

@@ -265,8 +265,7 @@ class InprocTransport final : public Transport {
   }
 
   // One address space: device buffers are copied like host memory (see the file comment).
-  // Host memory only: memcpy cannot reach device memory (a device path is its own backend).
-  bool SupportsMemory(MemoryType memory) const override { return memory == MemoryType::kHost; }
+  bool SupportsMemory(MemoryType memory) const override { return true; }
 
   bool ExchangeDone(ExchangeId id) override {
     auto it = groups_.find(id);

@@ -1,0 +1,35 @@
+// cuBLAS, loaded when the first CUDA backend starts rather than linked.
+//
+// Why: libcublasLt carries about 92 KiB of static thread-local storage. Linked at load
+// time, that much comes out of every thread's stack, and threads created with small
+// stacks fail to start: civetweb's (the metrics server's) 100 KiB worker threads did, in
+// every binary with the CUDA backend, even with --device cpu. Loaded with dlopen, its TLS
+// is allocated per thread on first use instead, and binaries that never ask for a GPU
+// never load cuBLAS at all.
+#pragma once
+
+#include <cublas_v2.h>
+
+#include "absl/status/statusor.h"
+
+namespace dxs {
+
+struct CublasApi {
+  decltype(&cublasCreate) create = nullptr;
+  decltype(&cublasDestroy) destroy = nullptr;
+  decltype(&cublasSetStream) set_stream = nullptr;
+  decltype(&cublasSetWorkspace) set_workspace = nullptr;
+  // cublasGemmEx (C++ overloads it, so its type is spelled out).
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                            cublasGemmAlgo_t) = nullptr;
+  decltype(&cublasGetStatusName) status_name = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+};
+
+// The process's cuBLAS (libcublas.so.<major of the toolkit built against>), loaded once;
+// FAILED_PRECONDITION naming the library when it cannot be loaded.
+absl::StatusOr<const CublasApi*> LoadCublas();
+
+}  // namespace dxs
