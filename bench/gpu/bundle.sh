@@ -11,3 +11,7 @@ for t in topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
 done
 rm -rf .device
 ../shared/tools/device-bundle.sh .device "${bins[@]}"
+# Debug info off and one compressed archive: the carry limit is 64 MiB for everything.
+strip --strip-debug .device/bin/* .device/lib/* 2>/dev/null || true
+tar cf - .device | xz -T2 -6 >.device.tar.xz
+du -h .device.tar.xz | awk '{print "archive: " $1 " (.device.tar.xz; carry it, run_device.sh unpacks it)"}'

@@ -10,6 +10,7 @@ what=${1:-all}
 quick=${2:-}
 OUT=${OUT:-/tmp/dxs-gpu-out}
 mkdir -p "$OUT"
+[ -f .device.tar.xz ] && tar xJf .device.tar.xz
 source .device/env.sh
 export DXS_SOURCE_DIR=$PWD DXS_BIN_DIR=$PWD/.device/bin
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv >"$OUT/nvidia-smi.txt" 2>&1
