@@ -76,8 +76,9 @@ absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& 
       }
     }
   }
-  DXS_ASSIGN_OR_RETURN(
-      Tensor last, backend_->Allocate({static_cast<int64_t>(chunks.size()), config_.hidden_size}));
+  DXS_ASSIGN_OR_RETURN(Tensor last,
+                       backend_->Allocate({static_cast<int64_t>(chunks.size()), config_.hidden_size},
+                                          DType::kF32));
   DXS_RETURN_IF_ERROR(GatherLastRows(mbs[0].chunks, mbs[0].hidden, 0, &last));
   if (num_micro_batches == 2) {
     DXS_RETURN_IF_ERROR(
@@ -127,7 +128,10 @@ absl::Status Qwen3MoeModel::Prepare(KvCache* kv, MicroBatch* mb) {
   DXS_RETURN_IF_ERROR(backend_->CopyFromHost(slot_mapping.data(), DType::kI64, &a.slot_mapping));
   DXS_ASSIGN_OR_RETURN(mb->positions, backend_->UploadIndices(positions));
   DXS_ASSIGN_OR_RETURN(Tensor token_ids, backend_->UploadIndices(ids));
-  DXS_ASSIGN_OR_RETURN(mb->hidden, backend_->Allocate({t, config_.hidden_size}));
+  // The residual stream is float32 on every backend (TensorRT-LLM offers the same for
+  // accuracy): on bf16 activations it keeps the sum of many layers' updates from rounding
+  // at every add. Layer inputs (the norms' outputs) are in the activation dtype.
+  DXS_ASSIGN_OR_RETURN(mb->hidden, backend_->Allocate({t, config_.hidden_size}, DType::kF32));
   return backend_->Embedding(w_.embed_tokens, token_ids, &mb->hidden);
 }
 
@@ -170,10 +174,14 @@ absl::Status Qwen3MoeModel::GatherLastRows(const std::vector<SequenceChunk>& chu
 }
 
 absl::StatusOr<Tensor> Qwen3MoeModel::Logits(Tensor last) {
+  DXS_ASSIGN_OR_RETURN(Tensor normed, backend_->Allocate({last.rows(), config_.hidden_size}));
   DXS_RETURN_IF_ERROR(
-      backend_->RmsNorm(last, w_.final_norm, static_cast<float>(config_.rms_norm_eps), &last));
-  DXS_ASSIGN_OR_RETURN(Tensor logits, backend_->Allocate({last.rows(), config_.vocab_size}));
-  DXS_RETURN_IF_ERROR(backend_->Linear(last, w_.lm_head, nullptr, &logits));
+      backend_->RmsNorm(last, w_.final_norm, static_cast<float>(config_.rms_norm_eps), &normed));
+  // Logits in float32 whatever the activations: sampling and first_logits see the GEMM's
+  // fp32 accumulation, not its bf16 rounding.
+  DXS_ASSIGN_OR_RETURN(Tensor logits,
+                       backend_->Allocate({last.rows(), config_.vocab_size}, DType::kF32));
+  DXS_RETURN_IF_ERROR(backend_->Linear(normed, w_.lm_head, nullptr, &logits));
   return logits;
 }
 
