@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -129,7 +130,10 @@ Rates MeasureRates(Backend* b, cudaStream_t stream, bool quick, Report* report) 
   return r;
 }
 
-void GroupedFfn(Backend* b, cudaStream_t stream, const Rates& rates, bool quick, Report* report) {
+// `b` runs the backend's default grouped GEMM (CUTLASS where built); `cublas`, on the same
+// GPU and the same tensors, the per-expert cuBLAS path it replaces (null: not measured).
+void GroupedFfn(Backend* b, cudaStream_t stream, Backend* cublas, const Rates& rates, bool quick,
+                Report* report) {
   const int64_t experts = 128, hidden = 2048, inter = 768, top_k = 8;
   std::vector<Tensor> gate, up, down;
   for (int64_t e = 0; e < experts; ++e) {
@@ -145,7 +149,8 @@ void GroupedFfn(Backend* b, cudaStream_t stream, const Rates& rates, bool quick,
     d.push_back(&down[e]);
   }
   std::printf("\n[ffn] grouped expert FFN, 128 experts, hidden 2048, inter 768, top-8, bf16\n");
-  std::printf("  %7s %10s %10s %12s %10s\n", "tokens", "us", "TFLOP/s", "weights TB/s", "of copy");
+  std::printf("  %7s %10s %10s %12s %10s %12s\n", "tokens", "us", "TFLOP/s", "weights TB/s",
+              "of copy", "cuBLAS us");
   std::vector<int64_t> sizes = {16, 64, 256, 1024, 4096, 16384};
   if (quick) sizes = {16, 1024};
   for (int64_t tokens : sizes) {
@@ -173,16 +178,25 @@ void GroupedFfn(Backend* b, cudaStream_t stream, const Rates& rates, bool quick,
     Tensor y = Must(b->Allocate({pairs, hidden}, DType::kF32), "");
     const double ms = TimeMs(stream, 3, quick ? 5 : 20,
                              [&] { BENCH_CHECK(b->GroupedSwiGlu(x, &row_t, off_t, g, u, d, &y)); });
+    double cublas_ms = 0;
+    if (cublas != nullptr) {
+      BENCH_CHECK(b->Synchronize());  // the inputs were written on b's stream
+      cublas_ms = TimeMs(CudaStreamOf(cublas), 2, quick ? 3 : 10, [&] {
+        BENCH_CHECK(cublas->GroupedSwiGlu(x, &row_t, off_t, g, u, d, &y));
+      });
+    }
     const double flops = 2.0 * 3 * hidden * inter * pairs;
     const double weight_bytes = 3.0 * hidden * inter * 2 * used_experts;
     const double wbps = weight_bytes / (ms * 1e-3);
-    std::printf("  %7ld %10.1f %10.1f %12.2f %9.0f%%\n", static_cast<long>(tokens), ms * 1e3,
-                flops / (ms * 1e-3) / 1e12, wbps / 1e12, 100 * wbps / rates.copy_bytes_per_s);
+    std::printf("  %7ld %10.1f %10.1f %12.2f %9.0f%% %12.1f\n", static_cast<long>(tokens), ms * 1e3,
+                flops / (ms * 1e-3) / 1e12, wbps / 1e12, 100 * wbps / rates.copy_bytes_per_s,
+                cublas_ms * 1e3);
     report->Add({{"section", "ffn"},
                  {"tokens", tokens},
                  {"us", ms * 1e3},
                  {"tflops", flops / (ms * 1e-3) / 1e12},
-                 {"weights_tbps", wbps / 1e12}});
+                 {"weights_tbps", wbps / 1e12},
+                 {"cublas_us", cublas_ms * 1e3}});
   }
 }
 
@@ -371,7 +385,12 @@ int Main(int argc, char** argv) {
   report.Add({{"section", "device"}, {"name", prop.name}, {"sms", prop.multiProcessorCount}});
   cudaStream_t stream = CudaStreamOf(backend.get());
   const Rates rates = MeasureRates(backend.get(), stream, quick, &report);
-  GroupedFfn(backend.get(), stream, rates, quick, &report);
+  // The per-expert cuBLAS grouped FFN, for the choice between it and CUTLASS.
+  setenv("DXS_CUDA_GROUPED_GEMM", "cublas", 1);
+  std::unique_ptr<Backend> cublas = Must(MakeCudaBackend(0), "cuBLAS backend");
+  unsetenv("DXS_CUDA_GROUPED_GEMM");
+  GroupedFfn(backend.get(), stream, cublas.get(), rates, quick, &report);
+  cublas.reset();
   DecodeAttention(backend.get(), stream, rates, quick, &report);
   backend.reset();  // the model below makes its own backend and needs the memory
   ModelBenches(rates, quick, layers, &report);

@@ -69,12 +69,13 @@ def main():
     ffn, tffn = rows(a.dxs, "ffn"), {r["tokens"]: r for r in rows(a.torch, "torch_ffn")}
     if ffn:
         lines += ["### Grouped expert FFN (128 experts, hidden 2048, inter 768, top-8)", "",
-                  "| tokens | dxs us | torch._grouped_mm us | speed-up | dxs TFLOP/s | dxs weights TB/s (of copy) |",
-                  "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "| tokens | dxs (CUTLASS) us | dxs per-expert cuBLAS us | torch._grouped_mm us | vs torch | dxs TFLOP/s | dxs weights TB/s (of copy) |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in ffn:
             t = tffn.get(r["tokens"])
             ratio = t["us"] / r["us"] if t else float("nan")
-            lines.append(f"| {r['tokens']} | {r['us']:.1f} | {t['us'] if t else float('nan'):.1f} | "
+            lines.append(f"| {r['tokens']} | {r['us']:.1f} | {r.get('cublas_us', float('nan')):.1f} | "
+                         f"{t['us'] if t else float('nan'):.1f} | "
                          f"{ratio:.2f}x | {r['tflops']:.1f} | {r['weights_tbps']:.2f} "
                          f"({100 * r['weights_tbps'] / copy if copy else 0:.0f}%) |")
             summary.append(f"ffn {r['tokens']:>6} tok: dxs {r['us']:8.1f} us, torch "
