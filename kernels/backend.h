@@ -177,6 +177,10 @@ class Backend {
                                      const std::vector<const Tensor*>& gate,
                                      const std::vector<const Tensor*>& up,
                                      const std::vector<const Tensor*>& down, Tensor* y) = 0;
+  // counts[e] += offsets[e + 1] - offsets[e] for the E experts of SortPairsByExpert's
+  // offsets (i32 [E + 1]) into counts (i64 [E]): per-expert loads kept on the device, so
+  // that counting needs no host synchronisation.
+  virtual absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) = 0;
   // dst[rows[i]] += scales[i] * src[i] in order of i (the fixed summation order). rows i32,
   // scales f32 tensors.
   virtual absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,

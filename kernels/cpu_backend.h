@@ -73,6 +73,7 @@ class CpuBackend : public Backend {
                              const std::vector<const Tensor*>& down, Tensor* y) override;
   absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                             Tensor* dst) override;
+  absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override;
 
   CachingAllocator::Stats allocator_stats() const { return allocator_->stats(); }
 

@@ -284,6 +284,18 @@ absl::Status CpuBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::AccumulateCounts(const Tensor& offsets, Tensor* counts) {
+  DXS_RETURN_IF_ERROR(CheckDType("accumulate counts", offsets, DType::kI32, "offsets"));
+  DXS_RETURN_IF_ERROR(CheckDType("accumulate counts", *counts, DType::kI64, "counts"));
+  if (offsets.num_elements() != counts->num_elements() + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("accumulate counts: ", offsets.ShapeString(),
+                                                   " offsets for ", counts->ShapeString()));
+  }
+  const int32_t* off = offsets.i32();
+  for (int64_t e = 0; e < counts->num_elements(); ++e) counts->i64()[e] += off[e + 1] - off[e];
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                                       Tensor* dst) {
   DXS_RETURN_IF_ERROR(CheckDType("scale add rows", scales, DType::kF32, "scales"));

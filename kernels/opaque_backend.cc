@@ -112,6 +112,10 @@ class OpaqueBackend final : public Backend {
     Tensor d = Open(*t);
     return inner_.Fill(&d, value);
   }
+  absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override {
+    Tensor c = Open(*counts);
+    return inner_.AccumulateCounts(Open(offsets), &c);
+  }
   absl::Status FillUniform(Tensor* t, uint64_t seed, double mean, double half_width,
                            DType values_dtype) override {
     Tensor open = Open(*t);

@@ -7,6 +7,16 @@
 #include "common/status_macros.h"
 
 namespace dxs {
+namespace {
+
+// Layers with routed experts (the others are dense).
+size_t LayersWithExperts(const ModelConfig& c) {
+  size_t n = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) n += c.IsMoeLayer(l) ? 1 : 0;
+  return n;
+}
+
+}  // namespace
 
 ExpertShard::ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Backend* backend)
     : config_(config),
@@ -28,11 +38,27 @@ ExpertShard::ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Bac
     up_[layer][expert] = &w.up_proj;
     down_[layer][expert] = &w.down_proj;
   }
+  const bool holds_all =
+      config.num_experts > 0 && weights_.size() == LayersWithExperts(config) * experts;
+  if (holds_all && backend_->device() == Device::kCuda) {
+    absl::StatusOr<Tensor> counts = backend_->Zeros({config.num_experts}, DType::kI64);
+    if (counts.ok()) {
+      device_counts_ = *counts;
+      counts_on_device_ = true;
+    }
+  }
 }
 
 std::vector<int64_t> ExpertShard::tokens_per_expert_snapshot() const {
   std::vector<int64_t> out(std::max<int64_t>(config_.num_experts, 0));
   for (size_t e = 0; e < out.size(); ++e) out[e] = tokens_per_expert_[e].load();
+  if (counts_on_device_) {
+    absl::MutexLock lock(&device_counts_mu_);
+    std::vector<int64_t> device(out.size());
+    if (backend_->CopyToHost(device_counts_, DType::kI64, device.data()).ok()) {
+      for (size_t e = 0; e < out.size(); ++e) out[e] += device[e];
+    }
+  }
   return out;
 }
 
@@ -103,25 +129,37 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
     DXS_RETURN_IF_ERROR(backend_->GatherRows(rows, order, &sorted_rows));
     DXS_RETURN_IF_ERROR(backend_->GatherRows(out_rows, order, &sorted_out_rows));
     DXS_RETURN_IF_ERROR(backend_->GatherRows(weights, order, &sorted_weights));
-    // Experts' per-layer counts: E + 1 offsets to the host, for the load metrics and to
-    // name a routed expert this shard does not hold.
-    std::vector<int32_t>& bounds = ws_.bounds;
-    bounds.resize(static_cast<size_t>(num_experts) + 1);
-    DXS_RETURN_IF_ERROR(backend_->CopyToHost(offsets, DType::kI32, bounds.data()));
-    for (int e = 0; e < num_experts; ++e) {
-      const int32_t n = bounds[e + 1] - bounds[e];
-      if (n > 0 && gate_[layer][e] == nullptr) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("expert ", e, " of layer ", layer, " is not held by this shard"));
-      }
+    if (counts_on_device_) {
+      // Every expert is here: count on the device, no host round trip.
+      absl::MutexLock lock(&device_counts_mu_);
+      DXS_RETURN_IF_ERROR(backend_->AccumulateCounts(offsets, &device_counts_));
+    } else {
+      DXS_RETURN_IF_ERROR(CountOnHost(layer, offsets));
     }
     Tensor y = ws_.y.Rows(0, num_pairs);
     DXS_RETURN_IF_ERROR(backend_->GroupedSwiGlu(x, &sorted_rows, offsets, gate_[layer], up_[layer],
                                                 down_[layer], &y));
     DXS_RETURN_IF_ERROR(backend_->ScaleAddRows(y, sorted_weights, sorted_out_rows, &sum));
-    for (int e = 0; e < num_experts; ++e) tokens_per_expert_[e] += bounds[e + 1] - bounds[e];
   }
   if (out->dtype() != DType::kF32) return backend_->Copy(sum, out);
+  return absl::OkStatus();
+}
+
+absl::Status ExpertShard::CountOnHost(int layer, const Tensor& offsets) {
+  const int num_experts = static_cast<int>(config_.num_experts);
+  // Experts' per-layer counts: E + 1 offsets to the host, for the load metrics and to name
+  // a routed expert this shard does not hold.
+  std::vector<int32_t>& bounds = ws_.bounds;
+  bounds.resize(static_cast<size_t>(num_experts) + 1);
+  DXS_RETURN_IF_ERROR(backend_->CopyToHost(offsets, DType::kI32, bounds.data()));
+  for (int e = 0; e < num_experts; ++e) {
+    const int32_t n = bounds[e + 1] - bounds[e];
+    if (n > 0 && gate_[layer][e] == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expert ", e, " of layer ", layer, " is not held by this shard"));
+    }
+  }
+  for (int e = 0; e < num_experts; ++e) tokens_per_expert_[e] += bounds[e + 1] - bounds[e];
   return absl::OkStatus();
 }
 

@@ -8,7 +8,8 @@
 // expert id, and in their given order within an expert, so the summation order is fixed.
 //
 // Thread safety: one thread at a time calls the Forward methods (they reuse a workspace);
-// Holds and tokens_per_expert_snapshot may be called from any thread.
+// Holds and tokens_per_expert_snapshot may be called from any thread (on a device backend,
+// the snapshot waits for the backend's queued work).
 #pragma once
 
 #include <atomic>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "common/model_config.h"
 #include "kernels/backend.h"
 #include "model/weights.h"
@@ -45,12 +47,22 @@ class ExpertShard final {
   std::vector<int64_t> tokens_per_expert_snapshot() const;
 
  private:
+  // The per-layer counts on the host (and the check that every routed expert is held).
+  absl::Status CountOnHost(int layer, const Tensor& offsets);
+
   ModelConfig config_;
   ExpertWeightMap weights_;
   Backend* backend_;
   // Per layer, per expert id: the weights, or null where not held (GroupedSwiGlu's table).
   std::vector<std::vector<const Tensor*>> gate_, up_, down_;
   std::unique_ptr<std::atomic<int64_t>[]> tokens_per_expert_;
+  // Where the shard holds every expert of every layer on a device backend, nothing can be
+  // routed to a missing expert, so the per-layer counts stay on the device (i64 [E],
+  // AccumulateCounts) instead of coming to the host each layer: no synchronisation inside
+  // a decode step. Read (and synchronised) only by tokens_per_expert_snapshot.
+  bool counts_on_device_ = false;
+  mutable absl::Mutex device_counts_mu_;
+  Tensor device_counts_;
   Tensor accumulator_;  // float32 sums for a narrower `out`, reused
   // ForwardPairs' workspace, reused (one caller thread), and ForwardRouted's pair rows.
   struct Workspace {

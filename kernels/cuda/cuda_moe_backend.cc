@@ -137,6 +137,20 @@ absl::Status CudaBackend::ScaleAddRows(const Tensor& src, const Tensor& scales, 
                     "scale add rows");
 }
 
+absl::Status CudaBackend::AccumulateCounts(const Tensor& offsets, Tensor* counts) {
+  DXS_RETURN_IF_ERROR(CheckDType("accumulate counts", offsets, DType::kI32, "offsets"));
+  DXS_RETURN_IF_ERROR(CheckDType("accumulate counts", *counts, DType::kI64, "counts"));
+  if (offsets.num_elements() != counts->num_elements() + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("accumulate counts: ", offsets.ShapeString(),
+                                                   " offsets for ", counts->ShapeString()));
+  }
+  if (counts->num_elements() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("accumulate counts"));
+  return CudaStatus(
+      cuda::LaunchAccumulateCounts(offsets.i32(), counts->num_elements(), counts->i64(), stream_),
+      "accumulate counts");
+}
+
 // ---- The grouped expert FFN ----
 
 absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,

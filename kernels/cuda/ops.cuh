@@ -127,6 +127,10 @@ cudaError_t LaunchScaleAddRows(const float* src, const float* scales, const int3
                                int64_t n, int64_t cols, float* dst, int64_t dst_rows,
                                void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
+// counts[e] += offsets[e + 1] - offsets[e] for e < n (Backend::AccumulateCounts).
+cudaError_t LaunchAccumulateCounts(const int32_t* offsets, int64_t n, int64_t* counts,
+                                   cudaStream_t stream);
+
 // ---- random_fill.cu ----
 
 // Backend::FillUniform (kernels/backend.h): dst[i] = mean + (2u_i - 1) * half_width in

@@ -1,4 +1,5 @@
-// Seeded uniform fills: random checkpoints made on the GPU with the host's exact values.
+// Seeded uniform fills (random checkpoints made on the GPU with the host's exact values)
+// and the per-expert load counters.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -57,6 +58,27 @@ cudaError_t LaunchFillUniform(void* dst, ElemType dst_type, int64_t n, uint64_t 
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65536);
   FillUniformKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       dst, dst_type, n, seed, mean, half_width, values_type);
+  return cudaGetLastError();
+}
+
+namespace {
+
+__global__ void AccumulateCountsKernel(const int32_t* offsets, int64_t n, int64_t* counts) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    counts[e] += offsets[e + 1] - offsets[e];
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchAccumulateCounts(const int32_t* offsets, int64_t n, int64_t* counts,
+                                   cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (offsets == nullptr || counts == nullptr) return cudaErrorInvalidValue;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 1024);
+  AccumulateCountsKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(offsets, n, counts);
   return cudaGetLastError();
 }
 

@@ -229,6 +229,18 @@ TEST_F(CpuBackendTest, DispatchLayoutCombineAndSortPairs) {
   EXPECT_EQ(*b_->DownloadIndices(offsets), (std::vector<int32_t>{0, 2, 3, 5, 6}));
 }
 
+TEST_F(CpuBackendTest, AccumulateCountsAddsEachExpertsRun) {
+  Tensor offsets = *b_->UploadIndices({0, 3, 3, 7, 10});
+  Tensor counts = *b_->Zeros({4}, DType::kI64);
+  ASSERT_TRUE(b_->AccumulateCounts(offsets, &counts).ok());
+  ASSERT_TRUE(b_->AccumulateCounts(offsets, &counts).ok());
+  std::vector<int64_t> host(4);
+  ASSERT_TRUE(b_->CopyToHost(counts, DType::kI64, host.data()).ok());
+  EXPECT_EQ(host, (std::vector<int64_t>{6, 0, 8, 6}));
+  Tensor wrong = *b_->Zeros({3}, DType::kI64);
+  EXPECT_EQ(b_->AccumulateCounts(offsets, &wrong).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CpuBackendTest, GroupedSwiGluEqualsPerExpertLinears) {
   const int64_t h = 3, inter = 2;
   Tensor g0 = Up({0.1f, 0.2f, 0.3f, -0.1f, 0.0f, 0.5f}, {inter, h});

@@ -369,6 +369,14 @@ TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
       Tensor order = Poisoned(b, {pairs}, DType::kI32);
       Tensor offsets = Poisoned(b, {experts + 1}, DType::kI32);
       EXPECT_TRUE(b->SortPairsByExpert(PutIndices(b, ex), experts, &order, &offsets).ok());
+      Tensor counts = *b->Zeros({experts}, DType::kI64);
+      EXPECT_TRUE(b->AccumulateCounts(offsets, &counts).ok());
+      EXPECT_TRUE(b->AccumulateCounts(offsets, &counts).ok());
+      std::vector<int64_t> host_counts(experts);
+      EXPECT_TRUE(b->CopyToHost(counts, DType::kI64, host_counts.data()).ok());
+      for (int64_t e = 0; e < experts; ++e) {
+        EXPECT_EQ(host_counts[e], 2 * std::count(ex.begin(), ex.end(), static_cast<int32_t>(e)));
+      }
       Tensor sorted_rows = Poisoned(b, {pairs}, DType::kI32);
       Tensor sorted_out = Poisoned(b, {pairs}, DType::kI32);
       Tensor sorted_scales = Poisoned(b, {pairs}, DType::kF32);
