@@ -77,6 +77,33 @@ TEST(DxsRun, BadFlagsAndBadModelGiveOneLineAndNonZeroExit) {
   }
 }
 
+// --preset makes the checkpoint in place; the tokens equal --model on the written one.
+// --device names a backend, and a GPU that is not there is one line and exit status 1.
+TEST(DxsRun, PresetMadeInPlaceAndDeviceErrors) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "bf16-sharded");
+  const std::string prompt = " --prompt-ids 5,6,7 --max-new-tokens 4 --format json";
+  Output disk = RunDxs("run --model " + dir + prompt, tmp);
+  Output in_place = RunDxs("run --preset bf16-sharded" + prompt, tmp);
+  ASSERT_EQ(disk.exit_code, 0) << disk.err;
+  ASSERT_EQ(in_place.exit_code, 0) << in_place.err;
+  EXPECT_EQ(nlohmann::json::parse(in_place.out).at("tokens"),
+            nlohmann::json::parse(disk.out).at("tokens"));
+  Output cpu = RunDxs("run --model " + dir + prompt + " --device cpu", tmp);
+  EXPECT_EQ(cpu.out, disk.out);
+  for (const auto& [args, code, message] :
+       std::vector<std::tuple<std::string, int, std::string>>{
+           {"run --model " + dir + prompt + " --device tpu", 2, "expected cpu, cuda or cuda:N"},
+           {"run --model " + dir + prompt + " --device cuda:64", 1, "--device cuda"},
+           {"run --model " + dir + " --preset default" + prompt, 2, "not both"}}) {
+    Output o = RunDxs(args, tmp);
+    EXPECT_EQ(o.exit_code, code) << args << " -> " << o.err;
+    EXPECT_NE(o.err.find(message), std::string::npos) << args << " -> " << o.err;
+    EXPECT_EQ(Lines(o.err), 1) << o.err;
+    EXPECT_TRUE(o.out.empty()) << args;
+  }
+}
+
 TEST(DxsRun, CorruptCheckpointNamesTheFile) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "default");

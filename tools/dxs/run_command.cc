@@ -45,7 +45,7 @@ int RunCommand(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args =
       Args::Parse(argv,
                   {"model", "prompt-ids", "max-new-tokens", "temperature", "top-p", "top-k", "seed",
-                   "stop-ids", "prefill-chunk", "format", "device"},
+                   "stop-ids", "prefill-chunk", "format", "device", "preset"},
                   {"dump-logits", "ignore-eos"});
   if (!args.ok()) return Fail("run", args.status());
   GenerationRequest req;
@@ -79,12 +79,26 @@ int RunCommand(const std::vector<std::string>& argv) {
   req.stop_token_ids = *stop;
   req.ignore_eos = args->Has("ignore-eos");
 
-  absl::StatusOr<std::string> model_dir = ResolveModel(*args);
-  if (!model_dir.ok()) return Fail("run", model_dir.status());
+  if (args->Has("preset") && args->Has("model")) {
+    return Fail("run", absl::InvalidArgumentError("give --model DIR or --preset NAME, not both"));
+  }
   EngineOptions options;
   options.prefill_chunk_tokens = *chunk;
   options.device = args->GetString("device", "cpu");
-  absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Load(*model_dir, options);
+  // --preset: the seeded random checkpoint made in place on the device (no disk), e.g. the
+  // full qwen3-30b-a3b shape on a GPU.
+  absl::StatusOr<std::string> model_dir =
+      args->Has("preset") ? absl::StatusOr<std::string>("preset " + args->GetString("preset"))
+                          : ResolveModel(*args);
+  if (!model_dir.ok()) return Fail("run", model_dir.status());
+  absl::StatusOr<std::unique_ptr<LocalEngine>> engine;
+  if (args->Has("preset")) {
+    absl::StatusOr<CheckpointPreset> preset = GetPreset(args->GetString("preset"));
+    if (!preset.ok()) return Fail("run", preset.status());
+    engine = LocalEngine::LoadRandom(*preset, options);
+  } else {
+    engine = LocalEngine::Load(*model_dir, options);
+  }
   if (!engine.ok()) return Fail("run", engine.status());
   absl::StatusOr<std::vector<GenerationResult>> results = (*engine)->GenerateBatch({req});
   if (!results.ok()) return Fail("run", results.status());
