@@ -177,6 +177,10 @@ class Backend {
                                      const std::vector<const Tensor*>& gate,
                                      const std::vector<const Tensor*>& up,
                                      const std::vector<const Tensor*>& down, Tensor* y) = 0;
+  // Greedy sampling on the backend: ids[i] (i32 [n]) = the index of the largest of
+  // logits[i, :] (f32 [n, vocab]), ties to the lowest index, NaNs never chosen unless the
+  // row starts with one (then 0): exactly Argmax of model/sampler.h. Only the ids come back.
+  virtual absl::Status ArgmaxRows(const Tensor& logits, Tensor* ids) = 0;
   // counts[e] += offsets[e + 1] - offsets[e] for the E experts of SortPairsByExpert's
   // offsets (i32 [E + 1]) into counts (i64 [E]): per-expert loads kept on the device, so
   // that counting needs no host synchronisation.

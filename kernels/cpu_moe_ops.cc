@@ -284,6 +284,25 @@ absl::Status CpuBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::ArgmaxRows(const Tensor& logits, Tensor* ids) {
+  DXS_RETURN_IF_ERROR(CheckDType("argmax rows", logits, DType::kF32, "logits"));
+  DXS_RETURN_IF_ERROR(CheckDType("argmax rows", *ids, DType::kI32, "ids"));
+  const int64_t n = logits.rows(), vocab = logits.row_size();
+  if (ids->num_elements() != n || (n > 0 && vocab <= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("argmax rows: ", logits.ShapeString(), " into ", ids->ShapeString()));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = logits.f32() + i * vocab;
+    int64_t best = 0;
+    for (int64_t j = 1; j < vocab; ++j) {
+      if (row[j] > row[best]) best = j;
+    }
+    ids->i32()[i] = static_cast<int32_t>(best);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::AccumulateCounts(const Tensor& offsets, Tensor* counts) {
   DXS_RETURN_IF_ERROR(CheckDType("accumulate counts", offsets, DType::kI32, "offsets"));
   DXS_RETURN_IF_ERROR(CheckDType("accumulate counts", *counts, DType::kI64, "counts"));

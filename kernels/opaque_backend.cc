@@ -112,6 +112,10 @@ class OpaqueBackend final : public Backend {
     Tensor d = Open(*t);
     return inner_.Fill(&d, value);
   }
+  absl::Status ArgmaxRows(const Tensor& logits, Tensor* ids) override {
+    Tensor d = Open(*ids);
+    return inner_.ArgmaxRows(Open(logits), &d);
+  }
   absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override {
     Tensor c = Open(*counts);
     return inner_.AccumulateCounts(Open(offsets), &c);

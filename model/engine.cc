@@ -48,6 +48,14 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(const ModelConf
   return e;
 }
 
+absl::Status LocalEngine::SampleGreedyOnBackend(const Tensor& logits, Scheduler* scheduler) {
+  DXS_ASSIGN_OR_RETURN(Tensor ids, backend_->Allocate({logits.rows()}, DType::kI32));
+  DXS_RETURN_IF_ERROR(backend_->ArgmaxRows(logits, &ids));
+  DXS_ASSIGN_OR_RETURN(std::vector<int32_t> greedy, backend_->DownloadIndices(ids));
+  scheduler->FinishStepWithTokens(greedy);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
     const std::vector<GenerationRequest>& requests) {
   // All-or-nothing: a bad request fails the batch before any work.
@@ -75,6 +83,16 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
     if (!logits.ok()) {
       scheduler.FailAll(logits.status());
       return logits.status();
+    }
+    // Greedy steps past every request's first token sample on the backend: a few ids come
+    // back instead of [rows, vocab] floats (39 MB a step at batch 64 on Qwen3's vocab).
+    if (backend_->device() != Device::kCpu && !scheduler.StepNeedsHostLogits()) {
+      absl::Status s = SampleGreedyOnBackend(*logits, &scheduler);
+      if (!s.ok()) {
+        scheduler.FailAll(s);
+        return s;
+      }
+      continue;
     }
     absl::StatusOr<std::vector<float>> host = backend_->Download(*logits);
     if (!host.ok()) {

@@ -62,6 +62,8 @@ class LocalEngine {
 
  private:
   LocalEngine() = default;
+  // The step's greedy tokens from the backend (Backend::ArgmaxRows), then FinishStep.
+  absl::Status SampleGreedyOnBackend(const Tensor& logits, Scheduler* scheduler);
   static absl::StatusOr<std::unique_ptr<LocalEngine>> Create(const ModelConfig& config,
                                                              const WeightSource& weights,
                                                              const EngineOptions& options);

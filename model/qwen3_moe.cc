@@ -76,9 +76,9 @@ absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& 
       }
     }
   }
-  DXS_ASSIGN_OR_RETURN(Tensor last,
-                       backend_->Allocate({static_cast<int64_t>(chunks.size()), config_.hidden_size},
-                                          DType::kF32));
+  DXS_ASSIGN_OR_RETURN(
+      Tensor last,
+      backend_->Allocate({static_cast<int64_t>(chunks.size()), config_.hidden_size}, DType::kF32));
   DXS_RETURN_IF_ERROR(GatherLastRows(mbs[0].chunks, mbs[0].hidden, 0, &last));
   if (num_micro_batches == 2) {
     DXS_RETURN_IF_ERROR(

@@ -166,12 +166,36 @@ std::vector<SequenceChunk> Scheduler::BuildStep() {
 
 void Scheduler::FinishStep(const std::vector<float>& logits) {
   const int64_t vocab = config_.vocab_size;
+  FinishStepWith([&](size_t j, Live& l, const float** row) {
+    *row = logits.data() + static_cast<int64_t>(j) * vocab;
+    return l.sampler.Sample(*row, vocab);
+  });
+}
+
+bool Scheduler::StepNeedsHostLogits() const {
+  for (size_t owner : step_owners_) {
+    const Live& l = running_[owner];
+    if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) continue;  // mid-prefill
+    if (l.generated.empty() || l.request.sampling.temperature != 0.f) return true;
+  }
+  return false;
+}
+
+void Scheduler::FinishStepWithTokens(const std::vector<int32_t>& greedy) {
+  FinishStepWith([&](size_t j, Live&, const float** row) {
+    *row = nullptr;
+    return greedy[j];
+  });
+}
+
+void Scheduler::FinishStepWith(
+    const std::function<int32_t(size_t j, Live& l, const float** row)>& sample) {
   std::vector<std::pair<size_t, FinishReason>> finished;
   for (size_t j = 0; j < step_owners_.size(); ++j) {
     Live& l = running_[step_owners_[j]];
     if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) continue;  // mid-prefill
-    const float* row = logits.data() + static_cast<int64_t>(j) * vocab;
-    const int32_t token = l.sampler.Sample(row, vocab);
+    const float* row = nullptr;
+    const int32_t token = sample(j, l, &row);
     l.generated.push_back(token);
     l.sink.on_token(token, row);
     const auto& eos = config_.eos_token_ids;

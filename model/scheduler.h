@@ -43,6 +43,8 @@ const char* FinishReasonName(FinishReason r);
 // Where a request's output goes. Called on the step thread; must not block for long.
 struct TokenSink {
   // One generated token; `logits` is its row (vocab floats), valid only during the call.
+  // Null for tokens after the first when the step was sampled on the backend
+  // (Scheduler::FinishStepWithTokens); the first token always comes with its row.
   std::function<void(int32_t token, const float* logits)> on_token;
   // Exactly once: OK with a finish reason, or the error that ended the request.
   std::function<void(const absl::Status& status, FinishReason reason)> on_done;
@@ -70,6 +72,13 @@ class Scheduler {
   std::vector<SequenceChunk> BuildStep() ABSL_LOCKS_EXCLUDED(mu_);
   // logits: the step's [num_chunks, vocab] on the host.
   void FinishStep(const std::vector<float>& logits) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether FinishStep needs the step's logits on the host: a request samples with a
+  // temperature, or gets its first token (whose row its sink receives). Otherwise every
+  // token is the row's argmax, and FinishStepWithTokens takes the backend's
+  // (Backend::ArgmaxRows): only the ids cross to the host.
+  bool StepNeedsHostLogits() const;
+  // greedy[j]: the argmax of the step's row j (every chunk's, sampled or not).
+  void FinishStepWithTokens(const std::vector<int32_t>& greedy) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends every request with `status` (a failed step) and frees their KV.
   void FailAll(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -93,6 +102,9 @@ class Scheduler {
   void Retire(size_t index, const absl::Status& status, FinishReason reason)
       ABSL_LOCKS_EXCLUDED(mu_);
   void AdmitQueued() ABSL_LOCKS_EXCLUDED(mu_);
+  // FinishStep's body: `sample(j, &row)` is row j's token (row: its logits, or null).
+  void FinishStepWith(const std::function<int32_t(size_t j, Live& l, const float** row)>& sample)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   ModelConfig config_;
   KvCache* kv_;

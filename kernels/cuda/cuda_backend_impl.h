@@ -85,6 +85,7 @@ class CudaBackend final : public Backend {
   absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                             Tensor* dst) override;
   absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override;
+  absl::Status ArgmaxRows(const Tensor& logits, Tensor* ids) override;
 
   CachingAllocator::Stats allocator_stats() const { return allocator_->stats(); }
   cudaStream_t stream() const { return stream_; }

@@ -137,6 +137,20 @@ absl::Status CudaBackend::ScaleAddRows(const Tensor& src, const Tensor& scales, 
                     "scale add rows");
 }
 
+absl::Status CudaBackend::ArgmaxRows(const Tensor& logits, Tensor* ids) {
+  DXS_RETURN_IF_ERROR(CheckDType("argmax rows", logits, DType::kF32, "logits"));
+  DXS_RETURN_IF_ERROR(CheckDType("argmax rows", *ids, DType::kI32, "ids"));
+  const int64_t n = logits.rows(), vocab = logits.row_size();
+  if (ids->num_elements() != n || (n > 0 && vocab <= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("argmax rows: ", logits.ShapeString(), " into ", ids->ShapeString()));
+  }
+  if (n == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("argmax rows"));
+  return CudaStatus(cuda::LaunchArgmaxRows(logits.f32(), n, vocab, ids->i32(), stream_),
+                    "argmax rows");
+}
+
 absl::Status CudaBackend::AccumulateCounts(const Tensor& offsets, Tensor* counts) {
   DXS_RETURN_IF_ERROR(CheckDType("accumulate counts", offsets, DType::kI32, "offsets"));
   DXS_RETURN_IF_ERROR(CheckDType("accumulate counts", *counts, DType::kI64, "counts"));

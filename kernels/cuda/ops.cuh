@@ -127,6 +127,13 @@ cudaError_t LaunchScaleAddRows(const float* src, const float* scales, const int3
                                int64_t n, int64_t cols, float* dst, int64_t dst_rows,
                                void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
+// ---- sampling.cu ----
+
+// ids[i] = argmax of logits[i, 0..vocab) (Backend::ArgmaxRows: ties to the lowest index,
+// NaNs never chosen unless at index 0), one block per row.
+cudaError_t LaunchArgmaxRows(const float* logits, int64_t n, int64_t vocab, int32_t* ids,
+                             cudaStream_t stream);
+
 // counts[e] += offsets[e + 1] - offsets[e] for e < n (Backend::AccumulateCounts).
 cudaError_t LaunchAccumulateCounts(const int32_t* offsets, int64_t n, int64_t* counts,
                                    cudaStream_t stream);

@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "model/sampler.h"
 
 namespace dxs {
 namespace {
@@ -227,6 +228,23 @@ TEST_F(CpuBackendTest, DispatchLayoutCombineAndSortPairs) {
   ASSERT_TRUE(b_->SortPairsByExpert(Ids({2, 0, 2, 1, 0, 3}), 4, &order, &offsets).ok());
   EXPECT_EQ(*b_->DownloadIndices(order), (std::vector<int32_t>{1, 4, 3, 0, 2, 5}));
   EXPECT_EQ(*b_->DownloadIndices(offsets), (std::vector<int32_t>{0, 2, 3, 5, 6}));
+}
+
+// Greedy sampling on the backend is the sampler's Argmax (model/sampler.h): the first
+// maximum, NaN never chosen unless it is at index 0.
+TEST_F(CpuBackendTest, ArgmaxRowsIsTheSamplersArgmax) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  const std::vector<std::pair<std::vector<float>, int32_t>> cases = {
+      {{1, 3, 3, 2}, 1}, {{nan, 5, 6}, 0},   {{1, nan, 0.5f}, 0},
+      {{-inf, -inf}, 0}, {{2, inf, inf}, 1}, {{7}, 0}};
+  for (const auto& [row, want] : cases) {
+    Tensor logits = *b_->Upload(row, {1, static_cast<int64_t>(row.size())});
+    Tensor ids = Alloc({1}, DType::kI32);
+    ASSERT_TRUE(b_->ArgmaxRows(logits, &ids).ok());
+    EXPECT_EQ(b_->DownloadIndices(ids)->at(0), want);
+  }
+  Tensor logits = Alloc({2, 3}), ids = Alloc({3}, DType::kI32);
+  EXPECT_EQ(b_->ArgmaxRows(logits, &ids).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CpuBackendTest, AccumulateCountsAddsEachExpertsRun) {

@@ -408,6 +408,34 @@ TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
   }
 }
 
+TEST_F(CudaBackendTest, ArgmaxRowsMatchesTheCpu) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  // Special rows, then random ones of Qwen3's vocabulary with planted ties.
+  std::vector<std::vector<float>> rows = {{1, 3, 3, 2}, {nan, 5, 6},   {1, nan, 0.5f},
+                                          {-inf, -inf}, {2, inf, inf}, {7}};
+  for (const auto& row : rows) {
+    Tensor ids = Poisoned(gpu_.get(), {1}, DType::kI32),
+           want = Poisoned(cpu_.get(), {1}, DType::kI32);
+    const int64_t n = static_cast<int64_t>(row.size());
+    ASSERT_TRUE(gpu_->ArgmaxRows(Put(gpu_.get(), row, {1, n}, DType::kF32), &ids).ok());
+    ASSERT_TRUE(cpu_->ArgmaxRows(Put(cpu_.get(), row, {1, n}, DType::kF32), &want).ok());
+    EXPECT_EQ(GetIndices(gpu_.get(), ids), GetIndices(cpu_.get(), want));
+  }
+  for (int64_t batch : {0, 1, 37}) {
+    const int64_t vocab = 151936;
+    std::vector<float> v = RandomFloats(batch * vocab, 77);
+    for (int64_t i = 0; i < batch; ++i) {
+      v[i * vocab + 1000 + i] = 50.f;  // the same maximum twice: the earlier index wins
+      v[i * vocab + 90000 - i] = 50.f;
+    }
+    Tensor ids = Poisoned(gpu_.get(), {batch}, DType::kI32),
+           want = Poisoned(cpu_.get(), {batch}, DType::kI32);
+    ASSERT_TRUE(gpu_->ArgmaxRows(Put(gpu_.get(), v, {batch, vocab}, DType::kF32), &ids).ok());
+    ASSERT_TRUE(cpu_->ArgmaxRows(Put(cpu_.get(), v, {batch, vocab}, DType::kF32), &want).ok());
+    EXPECT_EQ(GetIndices(gpu_.get(), ids), GetIndices(cpu_.get(), want)) << batch;
+  }
+}
+
 TEST_F(CudaBackendTest, EventsOrderTheQueue) {
   absl::StatusOr<std::unique_ptr<Event>> e = gpu_->CreateEvent();
   ASSERT_TRUE(e.ok()) << e.status();
