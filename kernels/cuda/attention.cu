@@ -1,7 +1,14 @@
 // Attention CUDA kernels of kernels/cuda/ops.cuh: the KV cache write and paged attention.
 // The CPU backend (kernels/cpu_attention.cc) is the reference.
 //
-// PagedAttention: one block per (sequence, query row, kv head). The block serves the GQA
+// PagedAttention has two kernels:
+// - PagedAttentionMmaKernel (below; its own comment): 16-bit q and cache of one type and
+//   head_dim 64 or 128, on tensor cores, a warp per (sequence, kv head, 16 rows, split of
+//   the positions), with split-KV partials merged by MergeSplitsKernel for decode. Every
+//   production shape takes it.
+// - PagedAttentionKernel, the general one (any floating types, any head_dim up to 256):
+//
+// PagedAttentionKernel: one block per (sequence, query row, kv head). The block serves the GQA
 // group of query heads that share the kv head, so each K/V row is read from the cache once
 // per query row and group rather than once per head. It walks the visible positions in
 // chunks of kChunk:
@@ -17,14 +24,18 @@
 //      probability-weighted V column (positions ascending).
 // The output is the accumulator over the denominator, rounded once. All sums have a fixed
 // order, so results are the same from run to run; they differ from the CPU backend's (one
-// max and one sum over all positions) by rounding only.
+// max and one sum over all positions) by rounding only. Table entries outside
+// [0, num_blocks) read as zero rows in both kernels.
 //
 // Grid: x walks a sequence's query rows (a grid-stride loop, so a wrong max_query_len hint
 // costs time, never rows), y is the kv head, z the sequence; blocks past a sequence's
 // query_len exit at once.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -91,6 +102,7 @@ struct AttentionShape {
   int head_dim;
   int64_t block_size;
   int64_t max_blocks_per_seq;
+  int64_t num_blocks;
   int chunk;
   float scale;
   ElemType q_type;
@@ -206,10 +218,11 @@ __global__ void __launch_bounds__(kAttnThreads)
         const int64_t pos = start + p;
         const int64_t block = table[pos / shape.block_size];
         row_base[p] =
-            block < 0 ? -1
-                      : ((block * shape.block_size + pos % shape.block_size) * shape.num_kv_heads +
-                         kv_head) *
-                            D;
+            block < 0 || block >= shape.num_blocks
+                ? -1
+                : ((block * shape.block_size + pos % shape.block_size) * shape.num_kv_heads +
+                   kv_head) *
+                      D;
       }
       __syncthreads();
       StageRows(k_cache, row_base, n, D, shape.vector_loads, tile);
@@ -271,6 +284,446 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 }
 
+// ---- PagedAttention on tensor cores (16-bit q and cache, head_dim 64 or 128) ----
+//
+// One warp per work item (sequence, kv head, tile of 16 "rows", split of the positions).
+// A row is a (query row, head of the GQA group) pair: row r of a sequence is query r / group,
+// head r % group, so a tile serves whole groups and consecutive queries. Positions go in
+// steps of 16 through mma.sync m16n8k16 with f32 accumulators:
+//   S[16 rows][16 positions] = q . k        (q fragments stay in registers)
+//   O[16 rows][head_dim]    += P . V       (P split into a 16-bit high and low part, two
+//                                           MMAs, so P carries ~16 bits, not 8)
+// Every fragment is loaded straight from global memory with 16-byte loads: the head_dim
+// axis is permuted (the same permutation for q and K leaves q . k unchanged; for V and O it
+// is undone when O is stored), so that each lane's K, q and V elements are contiguous.
+// The softmax is online, in base 2 (scores pre-multiplied by scale * log2(e)), per row, with
+// a fixed reduction order, so results are the same from run to run.
+//
+// Split-KV: with few work items (decode), each row's positions are cut into num_splits
+// ranges of split_len (the last one runs to the end, whatever max_context_len said); each
+// warp writes an unnormalised f32 partial (max, sum, acc[head_dim]) to the workspace and
+// MergeSplitsKernel combines them in split order. With one split the warp writes out.
+
+constexpr int kMmaWarps = 4;
+constexpr int kMmaThreads = kMmaWarps * kWarpSize;
+constexpr int kTileRows = 16;
+constexpr int kStep = 16;             // positions per step
+constexpr int64_t kMinSplitLen = 64;  // positions; shorter splits cost more to merge
+constexpr int kMaxSplits = 256;
+// Warps of work per SM that splitting aims at, never more: one wave at the kernel's
+// occupancy (two blocks of four warps at ~240 registers a thread).
+constexpr int kWarpsPerSmTarget = 8;
+
+struct MmaShape {
+  int64_t num_tokens;
+  int64_t num_heads;
+  int64_t num_kv_heads;
+  int64_t group;
+  int64_t block_size;
+  int64_t max_blocks_per_seq;
+  int64_t num_blocks;
+  int64_t row_slots;  // warps per (sequence, kv head, split), walking the row tiles
+  int64_t split_len;  // a multiple of kStep
+  int num_splits;
+  float scale_log2;  // scale * log2(e)
+  ElemType out_type;
+};
+
+template <typename T>
+struct Mma16;
+
+template <>
+struct Mma16<__nv_bfloat16> {
+  static __device__ __forceinline__ void Run(float c[4], const uint32_t a[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  // x = hi + lo, each a pair of bf16 (x0 in the low half).
+  static __device__ __forceinline__ void Split(float x0, float x1, uint32_t* hi, uint32_t* lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - __low2float(h), x1 - __high2float(h));
+    memcpy(hi, &h, 4);
+    memcpy(lo, &l, 4);
+  }
+};
+
+template <>
+struct Mma16<__half> {
+  static __device__ __forceinline__ void Run(float c[4], const uint32_t a[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ void Split(float x0, float x1, uint32_t* hi, uint32_t* lo) {
+    const __half2 h = __floats2half2_rn(x0, x1);
+    const __half2 l = __floats2half2_rn(x0 - __low2float(h), x1 - __high2float(h));
+    memcpy(hi, &h, 4);
+    memcpy(lo, &l, 4);
+  }
+};
+
+__device__ __forceinline__ uint32_t Word(const uint4& u, int i) {
+  return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
+}
+
+// Lane (g, t) = (lane / 4, lane % 4) of the m16n8k16 fragments:
+//   A (q, P): rows g and g + 8;  B (K, V): column g;  C (S, O): rows g, g + 8, columns 2t, 2t+1.
+// Physical head_dim index of the logical fragment slots:
+//   q . k: lane t's 16-byte unit j holds d = 32j + 8t .. +8: k-step 2j takes words 0, 1 and
+//          k-step 2j + 1 words 2, 3 (as both the A and the B operand);
+//   P . V: n-tile n, column c is d = c * (D / 8) + n, so lane g's V elements are the
+//          contiguous D / 8 at g * (D / 8).
+template <typename T, int D>
+__global__ void __launch_bounds__(kMmaThreads)
+    PagedAttentionMmaKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
+                            const T* __restrict__ v_cache, const int32_t* __restrict__ query_start,
+                            const int32_t* __restrict__ context_lens,
+                            const int32_t* __restrict__ block_tables, MmaShape shape,
+                            void* __restrict__ out, float* __restrict__ partial_acc,
+                            float* __restrict__ partial_ml) {
+  constexpr int kQUnits = D / 32;  // 16-byte units of q / K per lane and row
+  constexpr int kKSteps = D / 16;
+  constexpr int kNTiles = D / 8;  // of O
+  constexpr int kVElems = D / 8;  // V elements per lane and row
+  constexpr int kVUnits = kVElems / 8;
+  static_assert(D % 64 == 0, "two V units or one per lane");
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kMmaWarps + warp;
+  if (unit >= shape.row_slots * shape.num_splits) return;  // the whole warp
+  // Later row tiles see more positions (causal): they go first, so the tail is short ones.
+  const int64_t row_slot = shape.row_slots - 1 - unit % shape.row_slots;
+  const int split = static_cast<int>(unit / shape.row_slots);
+  const int64_t seq = blockIdx.z, kv_head = blockIdx.y;
+  const int64_t q_begin = query_start[seq];
+  const int64_t q_len = query_start[seq + 1] - q_begin;
+  const int64_t past = static_cast<int64_t>(context_lens[seq]) - q_len;
+  const int32_t* table = block_tables + seq * shape.max_blocks_per_seq;
+  const int64_t max_positions = shape.max_blocks_per_seq * shape.block_size;
+  const int64_t num_rows = q_len * shape.group;
+  const int64_t split_begin = split * shape.split_len;
+  const int64_t split_end = split == shape.num_splits - 1
+                                ? max_positions
+                                : min(split_begin + shape.split_len, max_positions);
+  const int64_t kv_stride = shape.num_kv_heads * D;
+
+  // The element offset of position pos's K/V row, or -1 for none (past `end`, or no block).
+  auto row_offset = [&](int64_t pos, int64_t end) -> int64_t {
+    if (pos >= end) return -1;
+    const int64_t block = table[pos / shape.block_size];
+    if (block < 0 || block >= shape.num_blocks) return -1;
+    return (block * shape.block_size + pos % shape.block_size) * kv_stride + kv_head * D;
+  };
+  auto load = [](const T* base, int64_t offset) -> uint4 {
+    return offset < 0 ? make_uint4(0, 0, 0, 0)
+                      : __ldg(reinterpret_cast<const uint4*>(base + offset));
+  };
+
+  for (int64_t tile = row_slot; tile * kTileRows < num_rows; tile += shape.row_slots) {
+    int64_t token[2], head[2], limit[2];
+    uint4 qu[2][kQUnits];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t r = tile * kTileRows + g + 8 * half;
+      const int64_t i = r / shape.group;
+      token[half] = q_begin + i;
+      head[half] = kv_head * shape.group + r % shape.group;
+      const bool valid = r < num_rows && token[half] >= 0 && token[half] < shape.num_tokens;
+      if (!valid) token[half] = -1;
+      // Row r sees [0, past + i]; this warp its part in [split_begin, split_end).
+      limit[half] = valid ? min(min(past + i + 1, max_positions), split_end) : 0;
+      const int64_t q_offset = valid ? (token[half] * shape.num_heads + head[half]) * D : -1;
+#pragma unroll
+      for (int j = 0; j < kQUnits; ++j) {
+        qu[half][j] = load(q, q_offset < 0 ? -1 : q_offset + 32 * j + 8 * t);
+      }
+    }
+    uint32_t qf[kKSteps][4];
+#pragma unroll
+    for (int j = 0; j < kQUnits; ++j) {
+      qf[2 * j][0] = qu[0][j].x;
+      qf[2 * j][1] = qu[1][j].x;
+      qf[2 * j][2] = qu[0][j].y;
+      qf[2 * j][3] = qu[1][j].y;
+      qf[2 * j + 1][0] = qu[0][j].z;
+      qf[2 * j + 1][1] = qu[1][j].z;
+      qf[2 * j + 1][2] = qu[0][j].w;
+      qf[2 * j + 1][3] = qu[1][j].w;
+    }
+    int64_t end = max(limit[0], limit[1]);  // the warp walks to its furthest row's limit
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      end = max(end, static_cast<int64_t>(
+                         __shfl_xor_sync(kFullMask, static_cast<long long>(end), offset)));
+    }
+
+    float o[kNTiles][4];
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.f, 0.f};
+
+    for (int64_t base = split_begin; base < end; base += kStep) {
+      uint4 kr[2][kQUnits];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int64_t offset = row_offset(base + nt * 8 + g, end);
+#pragma unroll
+        for (int j = 0; j < kQUnits; ++j) {
+          kr[nt][j] = load(k_cache, offset < 0 ? -1 : offset + 32 * j + 8 * t);
+        }
+      }
+      uint4 vr[4][kVUnits];  // positions base + 2t, 2t + 1, 2t + 8, 2t + 9
+#pragma unroll
+      for (int rr = 0; rr < 4; ++rr) {
+        const int64_t offset = row_offset(base + (rr >> 1) * 8 + 2 * t + (rr & 1), end);
+#pragma unroll
+        for (int u = 0; u < kVUnits; ++u) {
+          vr[rr][u] = load(v_cache, offset < 0 ? -1 : offset + g * kVElems + 8 * u);
+        }
+      }
+
+      float s[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+        for (int j = 0; j < kQUnits; ++j) {
+          Mma16<T>::Run(s[nt], qf[2 * j], kr[nt][j].x, kr[nt][j].y);
+          Mma16<T>::Run(s[nt], qf[2 * j + 1], kr[nt][j].z, kr[nt][j].w);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t pos = base + nt * 8 + 2 * t + e;
+          s[nt][e] = pos < limit[0] ? s[nt][e] * shape.scale_log2 : -INFINITY;
+          s[nt][2 + e] = pos < limit[1] ? s[nt][2 + e] * shape.scale_log2 : -INFINITY;
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float mx = fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]),
+                         fmaxf(s[1][2 * half], s[1][2 * half + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+        const float new_max = fmaxf(run_max[half], mx);
+        // Nothing visible yet: keep everything at zero (and avoid inf - inf).
+        const float ref = new_max == -INFINITY ? 0.f : new_max;
+        const float rescale = exp2f(run_max[half] - ref);  // 0 while run_max is -inf
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = exp2f(s[nt][2 * half + e] - ref);
+            s[nt][2 * half + e] = p;
+            sum += p;
+          }
+        }
+        run_sum[half] = run_sum[half] * rescale + sum;
+        run_max[half] = new_max;
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+          o[n][2 * half] *= rescale;
+          o[n][2 * half + 1] *= rescale;
+        }
+      }
+      uint32_t p_hi[4], p_lo[4];
+      Mma16<T>::Split(s[0][0], s[0][1], &p_hi[0], &p_lo[0]);
+      Mma16<T>::Split(s[0][2], s[0][3], &p_hi[1], &p_lo[1]);
+      Mma16<T>::Split(s[1][0], s[1][1], &p_hi[2], &p_lo[2]);
+      Mma16<T>::Split(s[1][2], s[1][3], &p_hi[3], &p_lo[3]);
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) {
+        const int w = n / 2;  // the word of each V row holding element n
+        const uint32_t sel = (n & 1) ? 0x7632u : 0x5410u;
+        const uint32_t b0 = __byte_perm(Word(vr[0][w / 4], w % 4), Word(vr[1][w / 4], w % 4), sel);
+        const uint32_t b1 = __byte_perm(Word(vr[2][w / 4], w % 4), Word(vr[3][w / 4], w % 4), sel);
+        Mma16<T>::Run(o[n], p_hi, b0, b1);
+        Mma16<T>::Run(o[n], p_lo, b0, b1);
+      }
+    }
+
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float sum = run_sum[half];
+      sum += __shfl_xor_sync(kFullMask, sum, 1);
+      sum += __shfl_xor_sync(kFullMask, sum, 2);
+      if (token[half] < 0) continue;
+      const int64_t out_row = (token[half] * shape.num_heads + head[half]) * D;
+      if (shape.num_splits == 1) {
+        // A row that sees no position (inconsistent metadata) gets zeros.
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            StoreFromFloat(out, shape.out_type, out_row + (2 * t + e) * kVElems + n,
+                           o[n][2 * half + e] * inv);
+          }
+        }
+      } else {
+        const int64_t index =
+            (token[half] * shape.num_heads + head[half]) * shape.num_splits + split;
+        float* acc = partial_acc + index * D;
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) acc[(2 * t + e) * kVElems + n] = o[n][2 * half + e];
+        }
+        if (t == 0) {
+          partial_ml[2 * index] = run_max[half];
+          partial_ml[2 * index + 1] = sum;
+        }
+      }
+    }
+  }
+}
+
+constexpr int kMergeThreads = 256;
+constexpr int kMergeWarps = kMergeThreads / kWarpSize;
+constexpr int kMaxMergeDim = 128;  // the tensor-core path's widest head
+constexpr int kMergeElems = kMaxMergeDim / kWarpSize;
+
+struct MergeShape {
+  int64_t num_tokens;
+  int64_t num_heads;
+  int head_dim;
+  int num_splits;
+  ElemType out_type;
+};
+
+// out[row, head] = sum_s acc_s * 2^(m_s - M) / sum_s l_s * 2^(m_s - M). A block per (row,
+// head) of sequence blockIdx.y; warp w takes splits w, w + kMergeWarps, ... (ascending) and
+// the warps' sums are added in warp order: a fixed order.
+__global__ void __launch_bounds__(kMergeThreads)
+    MergeSplitsKernel(const float* __restrict__ partial_acc, const float* __restrict__ partial_ml,
+                      const int32_t* __restrict__ query_start, MergeShape shape,
+                      void* __restrict__ out) {
+  __shared__ float warp_max[kMergeWarps], warp_sum[kMergeWarps];
+  __shared__ float warp_acc[kMergeWarps][kMaxMergeDim];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int64_t seq = blockIdx.y;
+  const int64_t q_begin = query_start[seq];
+  const int64_t q_len = query_start[seq + 1] - q_begin;
+  const int64_t items = q_len * shape.num_heads;
+  const int S = shape.num_splits, D = shape.head_dim;
+  for (int64_t f = blockIdx.x; f < items; f += gridDim.x) {  // uniform across the block
+    const int64_t token = q_begin + f / shape.num_heads;
+    if (token < 0 || token >= shape.num_tokens) continue;
+    const int64_t item = token * shape.num_heads + f % shape.num_heads;
+    const float* ml = partial_ml + 2 * item * S;
+    const float* pa = partial_acc + item * S * D;
+    float m = -INFINITY;
+    for (int s = warp; s < S; s += kMergeWarps) {
+      if (ml[2 * s + 1] > 0.f) m = fmaxf(m, ml[2 * s]);
+    }
+    if (lane == 0) warp_max[warp] = m;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kMergeWarps; ++w) m = fmaxf(m, warp_max[w]);
+    float acc[kMergeElems], total = 0.f;
+#pragma unroll
+    for (int k = 0; k < kMergeElems; ++k) acc[k] = 0.f;
+#pragma unroll 4
+    for (int s = warp; s < S; s += kMergeWarps) {
+      const float l = ml[2 * s + 1];
+      if (!(l > 0.f)) continue;  // an empty split: nothing to add
+      const float w = exp2f(ml[2 * s] - m);
+      total += l * w;
+#pragma unroll
+      for (int k = 0; k < kMergeElems; ++k) {
+        const int d = lane + k * kWarpSize;
+        if (d < D) acc[k] += pa[static_cast<int64_t>(s) * D + d] * w;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kMergeElems; ++k) {
+      const int d = lane + k * kWarpSize;
+      if (d < D) warp_acc[warp][d] = acc[k];
+    }
+    if (lane == 0) warp_sum[warp] = total;
+    __syncthreads();
+    for (int d = threadIdx.x; d < D; d += kMergeThreads) {
+      float sum = 0.f, value = 0.f;
+#pragma unroll
+      for (int w = 0; w < kMergeWarps; ++w) {
+        sum += warp_sum[w];
+        value += warp_acc[w][d];
+      }
+      // A row that sees no position (inconsistent metadata) gets zeros.
+      StoreFromFloat(out, shape.out_type, item * D + d, sum > 0.f ? value / sum : 0.f);
+    }
+    __syncthreads();  // before the next item overwrites the warp arrays
+  }
+}
+
+// How decode work is spread: splits of the positions when (sequence, kv head, row tile)
+// items alone would leave SMs idle. A function of the arguments and the device only.
+struct SplitPlan {
+  int num_splits = 1;
+  int64_t split_len = 0;
+  int64_t row_slots = 1;
+};
+
+// The current device's SM count, asked once per device (the plan runs on every launch).
+int DeviceSmCount() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();  // clear: no device is not this call's error
+    return 132;          // an H200's
+  }
+  if (device >= 0 && device < kMaxDevices) {
+    sms = cached[device].load(std::memory_order_relaxed);
+    if (sms > 0) return sms;
+  }
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      sms <= 0) {
+    cudaGetLastError();
+    return 132;
+  }
+  if (device >= 0 && device < kMaxDevices) cached[device].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+bool MmaHeadDim(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+
+SplitPlan PlanSplits(const PagedAttentionArgs& args) {
+  SplitPlan plan;
+  const int64_t group = args.num_heads / args.num_kv_heads;
+  const int64_t rows = std::max<int64_t>(1, std::min(args.max_query_len, args.num_tokens));
+  plan.row_slots = std::max<int64_t>(1, (rows * group + kTileRows - 1) / kTileRows);
+  const int64_t max_positions = args.max_blocks_per_seq * args.block_size;
+  const int64_t context = std::max<int64_t>(1, std::min(args.max_context_len, max_positions));
+  plan.split_len = (context + kStep - 1) / kStep * kStep;
+  if (!MmaHeadDim(args.head_dim)) return plan;
+  const int64_t items = args.num_seqs * args.num_kv_heads * plan.row_slots;
+  const int64_t target = static_cast<int64_t>(DeviceSmCount()) * kWarpsPerSmTarget;
+  int64_t splits = std::max<int64_t>(1, target / items);
+  splits = std::min<int64_t>({splits, (context + kMinSplitLen - 1) / kMinSplitLen, kMaxSplits});
+  if (splits <= 1) return plan;
+  const int64_t len = ((context + splits - 1) / splits + kStep - 1) / kStep * kStep;
+  plan.split_len = len;
+  plan.num_splits = static_cast<int>((context + len - 1) / len);
+  return plan;
+}
+
+size_t PartialBytes(const PagedAttentionArgs& args, const SplitPlan& plan) {
+  if (plan.num_splits <= 1) return 0;
+  return static_cast<size_t>(args.num_tokens) * args.num_heads * plan.num_splits *
+         (args.head_dim + 2) * sizeof(float);
+}
+
 }  // namespace
 
 cudaError_t LaunchWriteKvCache(const void* k, const void* v, ElemType kv_type,
@@ -307,15 +760,26 @@ cudaError_t LaunchWriteKvCache(const void* k, const void* v, ElemType kv_type,
   });
 }
 
+size_t PagedAttentionWorkspaceBytes(const PagedAttentionArgs& args) {
+  if (args.num_tokens <= 0 || args.num_seqs <= 0 || args.num_heads <= 0 || args.num_kv_heads <= 0 ||
+      args.num_heads % args.num_kv_heads != 0 || args.block_size <= 0 ||
+      args.max_blocks_per_seq < 0) {
+    return 0;
+  }
+  return PartialBytes(args, PlanSplits(args));
+}
+
 cudaError_t LaunchPagedAttention(const void* q, ElemType q_type, const void* k_cache,
                                  const void* v_cache, ElemType cache_type,
                                  const PagedAttentionArgs& args, float scale, void* out,
-                                 ElemType out_type, cudaStream_t stream) {
+                                 ElemType out_type, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream) {
   if (!IsFloating(q_type) || !IsFloating(cache_type) || !IsFloating(out_type) ||
       args.num_seqs < 0 || args.num_seqs > kMaxGridZ || args.num_tokens < 0 ||
       args.num_heads <= 0 || args.num_kv_heads <= 0 || args.num_kv_heads > kMaxGridZ ||
       args.num_heads % args.num_kv_heads != 0 || args.head_dim <= 0 ||
-      args.head_dim > kMaxHeadDim || args.block_size <= 0 || args.max_blocks_per_seq < 0) {
+      args.head_dim > kMaxHeadDim || args.block_size <= 0 || args.max_blocks_per_seq < 0 ||
+      args.num_blocks < 0) {
     return cudaErrorInvalidValue;
   }
   if (args.num_tokens == 0 || args.num_seqs == 0) return cudaSuccess;
@@ -326,6 +790,69 @@ cudaError_t LaunchPagedAttention(const void* q, ElemType q_type, const void* k_c
   }
   const int64_t group = args.num_heads / args.num_kv_heads;
   if (group > kAttnThreads * 16) return cudaErrorInvalidValue;  // far beyond any model
+  const SplitPlan plan = PlanSplits(args);
+  const size_t partial_bytes = PartialBytes(args, plan);
+  if (partial_bytes > 0 && (workspace == nullptr || workspace_bytes < partial_bytes)) {
+    return cudaErrorInvalidValue;
+  }
+
+  // Query rows per sequence: max_query_len is a hint, never more than the rows there are.
+  const int64_t rows = std::max<int64_t>(1, std::min(args.max_query_len, args.num_tokens));
+  const bool mma =
+      q_type == cache_type && (cache_type == ElemType::kBF16 || cache_type == ElemType::kF16) &&
+      MmaHeadDim(args.head_dim) && Aligned16(q) && Aligned16(k_cache) && Aligned16(v_cache);
+  if (mma) {
+    MmaShape shape;
+    shape.num_tokens = args.num_tokens;
+    shape.num_heads = args.num_heads;
+    shape.num_kv_heads = args.num_kv_heads;
+    shape.group = group;
+    shape.block_size = args.block_size;
+    shape.max_blocks_per_seq = args.max_blocks_per_seq;
+    shape.num_blocks = args.num_blocks;
+    shape.row_slots = plan.row_slots;
+    shape.split_len = plan.split_len;
+    shape.num_splits = plan.num_splits;
+    shape.scale_log2 = scale * 1.4426950408889634f;
+    shape.out_type = out_type;
+    float* partial_acc = static_cast<float*>(workspace);
+    float* partial_ml = plan.num_splits > 1 ? partial_acc + args.num_tokens * args.num_heads *
+                                                                plan.num_splits * args.head_dim
+                                            : nullptr;
+    const int64_t warps = plan.row_slots * plan.num_splits;
+    const dim3 grid(GridBlocks(warps, kMmaWarps), static_cast<unsigned>(args.num_kv_heads),
+                    static_cast<unsigned>(args.num_seqs));
+    if (static_cast<int64_t>(grid.x) * kMmaWarps < warps) return cudaErrorInvalidValue;
+    const int64_t d = args.head_dim;
+    if (cache_type == ElemType::kBF16) {
+      using T = __nv_bfloat16;
+      auto* kernel = d == 64 ? PagedAttentionMmaKernel<T, 64> : PagedAttentionMmaKernel<T, 128>;
+      kernel<<<grid, kMmaThreads, 0, stream>>>(
+          static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache),
+          args.query_start, args.context_lens, args.block_tables, shape, out, partial_acc,
+          partial_ml);
+    } else {
+      using T = __half;
+      auto* kernel = d == 64 ? PagedAttentionMmaKernel<T, 64> : PagedAttentionMmaKernel<T, 128>;
+      kernel<<<grid, kMmaThreads, 0, stream>>>(
+          static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache),
+          args.query_start, args.context_lens, args.block_tables, shape, out, partial_acc,
+          partial_ml);
+    }
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess || plan.num_splits == 1) return err;
+    MergeShape merge;
+    merge.num_tokens = args.num_tokens;
+    merge.num_heads = args.num_heads;
+    merge.head_dim = static_cast<int>(args.head_dim);
+    merge.num_splits = plan.num_splits;
+    merge.out_type = out_type;
+    const dim3 merge_grid(GridBlocks(rows * args.num_heads, 1),
+                          static_cast<unsigned>(args.num_seqs));
+    MergeSplitsKernel<<<merge_grid, kMergeThreads, 0, stream>>>(partial_acc, partial_ml,
+                                                                args.query_start, merge, out);
+    return cudaGetLastError();
+  }
 
   AttentionShape shape;
   shape.num_tokens = args.num_tokens;
@@ -335,6 +862,7 @@ cudaError_t LaunchPagedAttention(const void* q, ElemType q_type, const void* k_c
   shape.head_dim = static_cast<int>(args.head_dim);
   shape.block_size = args.block_size;
   shape.max_blocks_per_seq = args.max_blocks_per_seq;
+  shape.num_blocks = args.num_blocks;
   shape.chunk = ChunkFor(args.head_dim);
   shape.scale = scale;
   shape.q_type = q_type;
@@ -342,9 +870,6 @@ cudaError_t LaunchPagedAttention(const void* q, ElemType q_type, const void* k_c
   shape.vector_loads = (args.head_dim * static_cast<int64_t>(ElemSize(cache_type))) % 16 == 0 &&
                        Aligned16(k_cache) && Aligned16(v_cache);
   const size_t smem = AttentionSharedBytes(shape.group, shape.head_dim, shape.chunk);
-
-  // Query rows per sequence: max_query_len is a hint, never more than the rows there are.
-  const int64_t rows = std::max<int64_t>(1, std::min(args.max_query_len, args.num_tokens));
   const dim3 grid(GridBlocks(rows, 1), static_cast<unsigned>(args.num_kv_heads),
                   static_cast<unsigned>(args.num_seqs));
   return DispatchFloat(cache_type, [&](auto ct) {

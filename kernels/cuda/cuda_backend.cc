@@ -518,10 +518,18 @@ absl::Status CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
   args.query_start = meta.query_start.i32();
   args.context_lens = meta.context_lens.i32();
   args.block_tables = meta.block_tables.i32();
+  args.num_blocks = k_cache.dim(0);
+  const size_t workspace_bytes = cuda::PagedAttentionWorkspaceBytes(args);
+  void* workspace = nullptr;
+  Tensor workspace_t;
+  if (workspace_bytes > 0) {
+    DXS_ASSIGN_OR_RETURN(workspace_t, Workspace(workspace_bytes));
+    workspace = workspace_t.raw();
+  }
   return CudaStatus(
       cuda::LaunchPagedAttention(q.raw(), ToElemType(q.dtype()), k_cache.raw(), v_cache.raw(),
                                  ToElemType(k_cache.dtype()), args, scale, out->raw(),
-                                 ToElemType(out->dtype()), stream_),
+                                 ToElemType(out->dtype()), workspace, workspace_bytes, stream_),
       "paged attention");
 }
 

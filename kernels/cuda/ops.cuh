@@ -73,6 +73,7 @@ struct PagedAttentionArgs {
   int64_t max_blocks_per_seq = 0;
   int64_t max_query_len = 0;
   int64_t max_context_len = 0;
+  int64_t num_blocks = 0;  // cache blocks: table entries outside [0, num_blocks) read as zero rows
   const int32_t* query_start = nullptr;   // [num_seqs + 1]
   const int32_t* context_lens = nullptr;  // [num_seqs]
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
@@ -84,13 +85,21 @@ cudaError_t LaunchWriteKvCache(const void* k, const void* v, ElemType kv_type,
                                const int64_t* slot_mapping, int64_t tokens, int64_t row_elems,
                                void* k_cache, void* v_cache, ElemType cache_type,
                                cudaStream_t stream);
+// Scratch for LaunchPagedAttention with these arguments (the split-KV partials of short
+// queries over long contexts; 0 when it does not split). Depends on the sizes and hints in
+// args and on the current device only, never on the data.
+size_t PagedAttentionWorkspaceBytes(const PagedAttentionArgs& args);
 // Causal GQA attention of q[num_tokens, num_heads, head_dim] over the caches into
 // out[num_tokens, num_heads * head_dim]: query i of sequence s (at position
-// context_len - query_len + i) sees positions [0, that position].
+// context_len - query_len + i) sees positions [0, that position]. `workspace` holds at least
+// PagedAttentionWorkspaceBytes(args) bytes (cudaErrorInvalidValue otherwise). The summation
+// order depends on args' sizes and hints (how the positions are split), not on the data:
+// the same call gives the same bits.
 cudaError_t LaunchPagedAttention(const void* q, ElemType q_type, const void* k_cache,
                                  const void* v_cache, ElemType cache_type,
                                  const PagedAttentionArgs& args, float scale, void* out,
-                                 ElemType out_type, cudaStream_t stream);
+                                 ElemType out_type, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream);
 
 // ---- moe_ops.cu ----
 

@@ -121,6 +121,7 @@ cuda::PagedAttentionArgs SomeAttentionArgs() {
   args.max_blocks_per_seq = 4;
   args.max_query_len = 4;
   args.max_context_len = 64;
+  args.num_blocks = 8;
   args.query_start = FakeI32(3);
   args.context_lens = FakeI32(4);
   args.block_tables = FakeI32(5);
@@ -136,11 +137,11 @@ TEST(DenseAttentionCudaGuard, AttentionZeroWorkWithNullPointersIsOk) {
   args.num_tokens = 0;
   args.query_start = args.context_lens = args.block_tables = nullptr;
   EXPECT_EQ(cuda::LaunchPagedAttention(nullptr, bf16, nullptr, nullptr, bf16, args, 0.1f, nullptr,
-                                       bf16, nullptr),
+                                       bf16, nullptr, 0, nullptr),
             cudaSuccess);
   args.num_seqs = 0;
   EXPECT_EQ(cuda::LaunchPagedAttention(nullptr, bf16, nullptr, nullptr, bf16, args, 0.1f, nullptr,
-                                       bf16, nullptr),
+                                       bf16, nullptr, 0, nullptr),
             cudaSuccess);
 }
 
@@ -167,6 +168,7 @@ TEST(DenseAttentionCudaGuard, AttentionRejectsBadArguments) {
       {"block_size 0", [](cuda::PagedAttentionArgs* a) { a->block_size = 0; }},
       {"negative tokens", [](cuda::PagedAttentionArgs* a) { a->num_tokens = -1; }},
       {"negative sequences", [](cuda::PagedAttentionArgs* a) { a->num_seqs = -1; }},
+      {"negative num_blocks", [](cuda::PagedAttentionArgs* a) { a->num_blocks = -1; }},
       {"null query_start", [](cuda::PagedAttentionArgs* a) { a->query_start = nullptr; }},
       {"null context_lens", [](cuda::PagedAttentionArgs* a) { a->context_lens = nullptr; }},
       {"null block_tables", [](cuda::PagedAttentionArgs* a) { a->block_tables = nullptr; }},
@@ -175,17 +177,52 @@ TEST(DenseAttentionCudaGuard, AttentionRejectsBadArguments) {
     SCOPED_TRACE(c.what);
     cuda::PagedAttentionArgs args = SomeAttentionArgs();
     c.edit(&args);
-    EXPECT_EQ(cuda::LaunchPagedAttention(p, bf16, p, p, bf16, args, 0.1f, p, bf16, nullptr), bad);
+    EXPECT_EQ(
+        cuda::LaunchPagedAttention(p, bf16, p, p, bf16, args, 0.1f, p, bf16, nullptr, 0, nullptr),
+        bad);
   }
   const cuda::PagedAttentionArgs args = SomeAttentionArgs();
-  EXPECT_EQ(cuda::LaunchPagedAttention(p, i32, p, p, bf16, args, 0.1f, p, bf16, nullptr), bad);
-  EXPECT_EQ(cuda::LaunchPagedAttention(p, bf16, p, p, i32, args, 0.1f, p, bf16, nullptr), bad);
-  EXPECT_EQ(cuda::LaunchPagedAttention(nullptr, bf16, p, p, bf16, args, 0.1f, p, bf16, nullptr),
+  EXPECT_EQ(
+      cuda::LaunchPagedAttention(p, i32, p, p, bf16, args, 0.1f, p, bf16, nullptr, 0, nullptr),
+      bad);
+  EXPECT_EQ(
+      cuda::LaunchPagedAttention(p, bf16, p, p, i32, args, 0.1f, p, bf16, nullptr, 0, nullptr),
+      bad);
+  EXPECT_EQ(cuda::LaunchPagedAttention(nullptr, bf16, p, p, bf16, args, 0.1f, p, bf16, nullptr, 0,
+                                       nullptr),
             bad);
-  EXPECT_EQ(cuda::LaunchPagedAttention(p, bf16, nullptr, p, bf16, args, 0.1f, p, bf16, nullptr),
+  EXPECT_EQ(cuda::LaunchPagedAttention(p, bf16, nullptr, p, bf16, args, 0.1f, p, bf16, nullptr, 0,
+                                       nullptr),
             bad);
-  EXPECT_EQ(cuda::LaunchPagedAttention(p, bf16, p, p, bf16, args, 0.1f, nullptr, bf16, nullptr),
+  EXPECT_EQ(cuda::LaunchPagedAttention(p, bf16, p, p, bf16, args, 0.1f, nullptr, bf16, nullptr, 0,
+                                       nullptr),
             bad);
+}
+
+TEST(DenseAttentionCudaGuard, AttentionWorkspace) {
+  const ElemType bf16 = ElemType::kBF16;
+  void* p = FakePtr();
+  const cudaError_t bad = cudaErrorInvalidValue;
+  // A decode step over a long context splits its positions: it needs the workspace.
+  cuda::PagedAttentionArgs decode = SomeAttentionArgs();
+  decode.num_tokens = decode.num_seqs = decode.max_query_len = 1;
+  decode.max_blocks_per_seq = 1024;
+  decode.max_context_len = 16384;
+  const size_t need = cuda::PagedAttentionWorkspaceBytes(decode);
+  EXPECT_GT(need, 0u);
+  EXPECT_EQ(
+      cuda::LaunchPagedAttention(p, bf16, p, p, bf16, decode, 0.1f, p, bf16, nullptr, 0, nullptr),
+      bad);
+  EXPECT_EQ(
+      cuda::LaunchPagedAttention(p, bf16, p, p, bf16, decode, 0.1f, p, bf16, p, need - 1, nullptr),
+      bad);
+  // A long prompt fills the device without splitting; so does a short context.
+  cuda::PagedAttentionArgs prefill = decode;
+  prefill.num_tokens = prefill.max_query_len = 4096;
+  prefill.max_context_len = 4096;
+  EXPECT_EQ(cuda::PagedAttentionWorkspaceBytes(prefill), 0u);
+  decode.max_context_len = 16;
+  EXPECT_EQ(cuda::PagedAttentionWorkspaceBytes(decode), 0u);
 }
 
 // ---- Device cases: skip cleanly when there is no GPU. ----
@@ -895,22 +932,26 @@ std::string AttentionCaseName(const ::testing::TestParamInfo<AttentionCase>& inf
   return Describe(info.param);
 }
 
-class DenseAttentionCudaPaged : public DenseAttentionCudaDevice,
-                                public ::testing::WithParamInterface<AttentionCase> {};
+struct AttentionSeq {
+  int32_t query_len, context_len;
+};
 
-TEST_P(DenseAttentionCudaPaged, MixedPrefillAndDecodeMatchCpu) {
+class DenseAttentionCudaPaged : public DenseAttentionCudaDevice,
+                                public ::testing::WithParamInterface<AttentionCase> {
+ protected:
+  // Runs one step of `seqs` through LaunchPagedAttention on a shuffled block pool against
+  // the CPU backend, into a poisoned output, then again for the same bits. A positive
+  // `context_hint` replaces max_context_len (1: one split however long the contexts).
+  void Check(const std::vector<AttentionSeq>& seqs, uint32_t seed, int64_t context_hint = 0);
+};
+
+void DenseAttentionCudaPaged::Check(const std::vector<AttentionSeq>& seqs, uint32_t seed,
+                                    int64_t context_hint) {
   const AttentionCase& c = GetParam();
-  // (query_len, context_len): prefill chunks over a cached prefix, a whole prompt, decode
-  // tokens, and contexts crossing several chunks of every kernel width.
-  struct Seq {
-    int32_t query_len, context_len;
-  };
-  const std::vector<Seq> seqs = {{5, 16},  {1, 37}, {9, 9},  {1, 1},    {70, 100},
-                                 {1, 200}, {3, 64}, {1, 65}, {33, 300}, {1, 129}};
   const int64_t bs = c.block_size;
   std::vector<int32_t> query_start = {0}, context_lens;
   int64_t max_blocks_per_seq = 0, total_blocks = 0;
-  for (const Seq& s : seqs) {
+  for (const AttentionSeq& s : seqs) {
     query_start.push_back(query_start.back() + s.query_len);
     context_lens.push_back(s.context_len);
     const int64_t blocks = (s.context_len + bs - 1) / bs;
@@ -923,7 +964,7 @@ TEST_P(DenseAttentionCudaPaged, MixedPrefillAndDecodeMatchCpu) {
   const int64_t num_blocks = total_blocks + 5;
   std::vector<int32_t> perm(num_blocks);
   std::iota(perm.begin(), perm.end(), 0);
-  std::mt19937 rng(42);
+  std::mt19937 rng(seed + 42);
   std::shuffle(perm.begin(), perm.end(), rng);
   std::vector<int32_t> block_tables(num_seqs * max_blocks_per_seq, -1);
   int64_t next = 0;
@@ -934,9 +975,9 @@ TEST_P(DenseAttentionCudaPaged, MixedPrefillAndDecodeMatchCpu) {
   }
 
   const int64_t d = c.head_dim, cache_elems = num_blocks * bs * c.kv_heads * d;
-  const std::vector<float> q = Rounded(RandomFloats(num_tokens * c.heads * d, 1), c.q);
-  const std::vector<float> k_cache = Rounded(RandomFloats(cache_elems, 2), c.cache);
-  const std::vector<float> v_cache = Rounded(RandomFloats(cache_elems, 3), c.cache);
+  const std::vector<float> q = Rounded(RandomFloats(num_tokens * c.heads * d, seed + 1), c.q);
+  const std::vector<float> k_cache = Rounded(RandomFloats(cache_elems, seed + 2), c.cache);
+  const std::vector<float> v_cache = Rounded(RandomFloats(cache_elems, seed + 3), c.cache);
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
 
   ASSERT_OK_AND_ASSIGN_T(meta,
@@ -948,13 +989,6 @@ TEST_P(DenseAttentionCudaPaged, MixedPrefillAndDecodeMatchCpu) {
                                    Cpu(v_cache, cache_shape), meta, scale, &out_t)
                   .ok());
 
-  DeviceBytes q_d(Encode(q, c.q)), k_d(Encode(k_cache, c.cache)), v_d(Encode(v_cache, c.cache));
-  DeviceBytes qs_d(query_start), cl_d(context_lens), bt_d(block_tables);
-  DeviceBytes out_d(num_tokens * c.heads * d * SizeOf(c.out));
-  for (const DeviceBytes* b : {&q_d, &k_d, &v_d, &qs_d, &cl_d, &bt_d, &out_d}) {
-    ASSERT_CUDA_OK(b->status());
-  }
-  ASSERT_CUDA_OK(out_d.Poison());
   cuda::PagedAttentionArgs args;
   args.num_seqs = num_seqs;
   args.num_tokens = num_tokens;
@@ -964,18 +998,34 @@ TEST_P(DenseAttentionCudaPaged, MixedPrefillAndDecodeMatchCpu) {
   args.block_size = bs;
   args.max_blocks_per_seq = max_blocks_per_seq;
   args.max_query_len = meta.max_query_len;
-  args.max_context_len = meta.max_context_len;
+  args.max_context_len = context_hint > 0 ? context_hint : meta.max_context_len;
+  args.num_blocks = num_blocks;
+  DeviceBytes q_d(Encode(q, c.q)), k_d(Encode(k_cache, c.cache)), v_d(Encode(v_cache, c.cache));
+  DeviceBytes qs_d(query_start), cl_d(context_lens), bt_d(block_tables);
+  DeviceBytes out_d(num_tokens * c.heads * d * SizeOf(c.out));
+  const size_t workspace_bytes = cuda::PagedAttentionWorkspaceBytes(args);
+  DeviceBytes workspace_d(workspace_bytes);
+  for (const DeviceBytes* b : {&q_d, &k_d, &v_d, &qs_d, &cl_d, &bt_d, &out_d, &workspace_d}) {
+    ASSERT_CUDA_OK(b->status());
+  }
+  ASSERT_CUDA_OK(out_d.Poison());
+  ASSERT_CUDA_OK(workspace_d.Poison());
   args.query_start = qs_d.as<int32_t>();
   args.context_lens = cl_d.as<int32_t>();
   args.block_tables = bt_d.as<int32_t>();
   Stream stream;
   ASSERT_CUDA_OK(stream.Begin());
   ASSERT_CUDA_OK(cuda::LaunchPagedAttention(q_d.get(), c.q, k_d.get(), v_d.get(), c.cache, args,
-                                            scale, out_d.get(), c.out, stream.get()));
+                                            scale, out_d.get(), c.out, workspace_d.get(),
+                                            workspace_bytes, stream.get()));
   ASSERT_CUDA_OK(stream.Finish());
   const std::vector<float> want = Host(out_t);
-  if (c.out == ElemType::kF32) {
+  if (c.out == ElemType::kF32 && c.cache == ElemType::kF32) {
     ExpectNear(Decode(out_d.Download(), c.out), want, 1e-5f, 1e-4f);
+  } else if (c.out == ElemType::kF32) {
+    // 16-bit inputs on tensor cores: exact products, f32 sums in another order, and P
+    // carried as two 16-bit parts (about 16 bits).
+    ExpectNear(Decode(out_d.Download(), c.out), want, 5e-5f, 5e-4f);
   } else {
     ExpectMatches(Decode(out_d.Download(), c.out), want, c.out);
   }
@@ -983,14 +1033,57 @@ TEST_P(DenseAttentionCudaPaged, MixedPrefillAndDecodeMatchCpu) {
   // The same step again gives the same bits (fixed summation order).
   const std::vector<uint8_t> first = out_d.Download();
   ASSERT_CUDA_OK(out_d.Poison());
+  ASSERT_CUDA_OK(workspace_d.Poison());
   ASSERT_CUDA_OK(stream.Begin());
   ASSERT_CUDA_OK(cuda::LaunchPagedAttention(q_d.get(), c.q, k_d.get(), v_d.get(), c.cache, args,
-                                            scale, out_d.get(), c.out, stream.get()));
+                                            scale, out_d.get(), c.out, workspace_d.get(),
+                                            workspace_bytes, stream.get()));
   ASSERT_CUDA_OK(stream.Finish());
   EXPECT_EQ(out_d.Download(), first);
 }
 
-constexpr ElemType kF32 = ElemType::kF32, kBF16 = ElemType::kBF16;
+TEST_P(DenseAttentionCudaPaged, MixedPrefillAndDecodeMatchCpu) {
+  // (query_len, context_len): prefill chunks over a cached prefix, a whole prompt, decode
+  // tokens, and contexts crossing several chunks of every kernel width.
+  Check({{5, 16},
+         {1, 37},
+         {9, 9},
+         {1, 1},
+         {70, 100},
+         {1, 200},
+         {3, 64},
+         {1, 65},
+         {33, 300},
+         {1, 129}},
+        0);
+}
+
+TEST_P(DenseAttentionCudaPaged, LongDecodeMatchesCpu) {
+  // One sequence: from a single position to 16k (split in many parts on a 16-bit cache).
+  for (int32_t context : {1, 17, 1000, 4097, 16384}) {
+    SCOPED_TRACE(::testing::Message() << "context " << context);
+    ASSERT_NO_FATAL_FAILURE(Check({{1, context}}, static_cast<uint32_t>(context)));
+  }
+  // 64 sequences of mixed lengths; then the same with a context hint that allows one split
+  // only (the single split runs to each sequence's end).
+  std::vector<AttentionSeq> batch;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> length(1, 1500);
+  for (int s = 0; s < 64; ++s) batch.push_back({1, length(rng)});
+  ASSERT_NO_FATAL_FAILURE(Check(batch, 11));
+  ASSERT_NO_FATAL_FAILURE(Check(batch, 12, 1));
+}
+
+TEST_P(DenseAttentionCudaPaged, PrefillChunksOverLongPrefixMatchCpu) {
+  // Few query rows over long cached prefixes: the split path with causal rows.
+  ASSERT_NO_FATAL_FAILURE(Check({{3, 5000}, {2, 2047}}, 21));
+  // A prompt chunk over a prefix next to a long decode (one split: the chunk fills the GPU).
+  ASSERT_NO_FATAL_FAILURE(Check({{40, 2100}, {1, 4097}, {1, 16}}, 22));
+  // A whole prompt.
+  ASSERT_NO_FATAL_FAILURE(Check({{300, 300}}, 23));
+}
+
+constexpr ElemType kF32 = ElemType::kF32, kF16 = ElemType::kF16, kBF16 = ElemType::kBF16;
 INSTANTIATE_TEST_SUITE_P(
     Shapes, DenseAttentionCudaPaged,
     ::testing::Values(
@@ -1007,7 +1100,11 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{4, 4, 96, 5, kF32, kF32, kF32},
         // Mixed types: bf16 queries over an f32 cache into f32, f32 into bf16.
         AttentionCase{8, 2, 128, 16, kBF16, kF32, kF32},
-        AttentionCase{8, 2, 128, 16, kF32, kBF16, kBF16}),
+        AttentionCase{8, 2, 128, 16, kF32, kBF16, kBF16},
+        // Tensor-core path: GQA 1 and 8, f16, f32 outputs, an odd block size.
+        AttentionCase{8, 8, 128, 16, kBF16, kBF16, kBF16},
+        AttentionCase{16, 2, 128, 16, kBF16, kBF16, kF32},
+        AttentionCase{16, 2, 64, 7, kF16, kF16, kF16}),
     AttentionCaseName);
 
 TEST_F(DenseAttentionCudaDevice, ZeroRowsLeaveOutputsAlone) {
@@ -1032,7 +1129,7 @@ TEST_F(DenseAttentionCudaDevice, ZeroRowsLeaveOutputsAlone) {
   cuda::PagedAttentionArgs args = SomeAttentionArgs();
   args.num_tokens = 0;
   EXPECT_EQ(cuda::LaunchPagedAttention(nullptr, f32, nullptr, nullptr, f32, args, 0.1f, out.get(),
-                                       f32, stream.get()),
+                                       f32, nullptr, 0, stream.get()),
             cudaSuccess);
   ASSERT_CUDA_OK(stream.Finish());
   EXPECT_EQ(out.Download(), before);
