@@ -281,8 +281,8 @@ void ModelBenches(const Rates& rates, bool quick, int layers, Report* report) {
       "\n[decode] Qwen3-30B-A3B shape, %d layers, random bf16 made on the GPU, "
       "context 1024\n",
       layers);
-  std::printf("  %6s %12s %10s %10s %12s %8s\n", "batch", "tokens/s", "step ms", "us/layer",
-              "floor ms", "of floor");
+  std::printf("  %6s %12s %10s %10s %12s %8s %10s\n", "batch", "tokens/s", "step ms", "us/layer",
+              "floor ms", "of floor", "eager ms");
   const int64_t ctx = 1024;
   std::vector<int64_t> batches = {1, 32, 128};
   if (quick) batches = {1, 32};
@@ -304,25 +304,35 @@ void ModelBenches(const Rates& rates, bool quick, int layers, Report* report) {
     BENCH_CHECK(b->Synchronize());
     for (auto& s : seqs) s.start_position = ctx;
     int64_t step = 0;
+    // Eager steps, then the same through CUDA graphs (ForwardDecode records the first).
+    bool graphs = false;
     auto decode = [&] {
       for (int64_t s = 0; s < batch; ++s) {
         seqs[s].tokens = {static_cast<int32_t>(5 + (s * 31 + step * 17) % 150000)};
       }
-      Must(engine->model().Forward(seqs, &kv), "decode");
+      if (graphs) {
+        Must(engine->model().ForwardDecode(seqs, &kv, /*use_graph=*/true), "decode");
+      } else {
+        Must(engine->model().Forward(seqs, &kv), "decode");
+      }
       for (auto& s : seqs) ++s.start_position;
       ++step;
     };
+    const double eager_ms = TimeMs(stream, 2, quick ? 4 : 16, decode);
+    graphs = true;
     const double ms = TimeMs(stream, 2, quick ? 4 : 16, decode);
     const double kv_bytes =
         2.0 * batch * (ctx + step) * c.num_key_value_heads * c.head_dim * 2 * c.num_hidden_layers;
     const double floor_ms = (ActiveWeightBytes(c, batch) + kv_bytes) / rates.copy_bytes_per_s * 1e3;
-    std::printf("  %6ld %12.1f %10.2f %10.1f %12.2f %7.0f%%\n", static_cast<long>(batch),
-                batch / (ms * 1e-3), ms, ms * 1e3 / layers, floor_ms, 100 * floor_ms / ms);
+    std::printf("  %6ld %12.1f %10.2f %10.1f %12.2f %7.0f%% %10.2f\n", static_cast<long>(batch),
+                batch / (ms * 1e-3), ms, ms * 1e3 / layers, floor_ms, 100 * floor_ms / ms,
+                eager_ms);
     report->Add({{"section", "decode"},
                  {"layers", layers},
                  {"batch", batch},
                  {"tokens_per_s", batch / (ms * 1e-3)},
                  {"step_ms", ms},
+                 {"eager_step_ms", eager_ms},
                  {"floor_ms", floor_ms}});
   }
   // Prefill: one 4096-token prompt per step.

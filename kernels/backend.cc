@@ -1,8 +1,34 @@
 #include "kernels/backend.h"
 
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace dxs {
+
+absl::StatusOr<std::shared_ptr<Buffer>> Backend::AllocateStaging(size_t bytes) {
+  void* p = std::aligned_alloc(64, std::max<size_t>((bytes + 63) / 64 * 64, 64));
+  if (p == nullptr) return absl::ResourceExhaustedError("staging memory");
+  return std::make_shared<Buffer>(Device::kCpu, p, bytes, [](void* q) { std::free(q); });
+}
+
+absl::Status Backend::CopyFromStaging(const Buffer& staging, size_t offset, Tensor* dst) {
+  if (offset + dst->num_bytes() > staging.num_bytes()) {
+    return absl::InvalidArgumentError("copy from staging: past the staging buffer");
+  }
+  return CopyFromHost(static_cast<const uint8_t*>(staging.data()) + offset, dst->dtype(), dst);
+}
+
+absl::StatusOr<CapturedGraph> Backend::CaptureGraph(
+    const std::function<absl::StatusOr<Tensor>()>& body, Tensor* eager_output) {
+  return absl::UnimplementedError(absl::StrCat("the ", name(), " backend has no graphs"));
+}
+
+absl::Status Backend::Replay(Graph* graph) {
+  return absl::UnimplementedError(absl::StrCat("the ", name(), " backend has no graphs"));
+}
 
 absl::StatusOr<Tensor> Backend::Zeros(std::vector<int64_t> shape, DType dtype) {
   DXS_ASSIGN_OR_RETURN(Tensor t, Allocate(std::move(shape), dtype));

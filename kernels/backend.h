@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +41,19 @@ namespace dxs {
 class Event {
  public:
   virtual ~Event() = default;
+};
+
+// Recorded queue work that can be run again (a CUDA graph). Made by Backend::CaptureGraph.
+class Graph {
+ public:
+  virtual ~Graph() = default;
+};
+
+// CaptureGraph's result: the graph, and the tensor its body returned while being recorded
+// (what each Replay writes).
+struct CapturedGraph {
+  std::unique_ptr<Graph> graph;
+  Tensor output;
 };
 
 // Per-step metadata of paged attention over all of a step's sequences (prefill chunks and
@@ -114,6 +128,25 @@ class Backend {
   virtual absl::Status SynchronizeEvent(Event* event) = 0;
   // The calling thread waits for all enqueued work.
   virtual absl::Status Synchronize() = 0;
+
+  // ---- Graphs (CUDA graphs; unsupported on the CPU) ----
+  // Host memory the queue reads asynchronously (pinned on CUDA): inputs staged for a graph
+  // replay. The caller must not rewrite it while queued work may still read it.
+  virtual absl::StatusOr<std::shared_ptr<Buffer>> AllocateStaging(size_t bytes);
+  // dst's bytes from staging memory at `offset`; enqueued (and recorded by a capture).
+  virtual absl::Status CopyFromStaging(const Buffer& staging, size_t offset, Tensor* dst);
+  virtual bool SupportsGraphs() const { return false; }
+  // Runs `body` once eagerly (its result goes to *eager_output), then records it into a
+  // graph. During both, the backend allocates from a pool of its own that eager work never
+  // uses, so the memory a graph writes between replays is the graph's alone (PyTorch's
+  // private graph pool). `body` must not synchronise with the host while recorded. Tensors
+  // it reads that were made outside must outlive the graph unchanged in place.
+  virtual absl::StatusOr<CapturedGraph> CaptureGraph(
+      const std::function<absl::StatusOr<Tensor>()>& body, Tensor* eager_output);
+  // Whether CaptureGraph is running a body (persistent scratch must not be used then).
+  virtual bool InGraphCapture() const { return false; }
+  // Enqueues the recorded work again; it writes the CapturedGraph's output.
+  virtual absl::Status Replay(Graph* graph);
 
   // ---- Dense ops ----
   // y[m, n] = x[m, k] * w[n, k]^T (+ bias[n] when given). The GEMM.

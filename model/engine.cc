@@ -79,7 +79,10 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
   }
   while (scheduler.HasWork()) {
     std::vector<SequenceChunk> chunks = scheduler.BuildStep();
-    absl::StatusOr<Tensor> logits = model_->Forward(chunks, kv_.get());
+    const bool graphed = options_.graphs && backend_->SupportsGraphs() &&
+                         Qwen3MoeModel::IsDecodeStep(chunks);
+    absl::StatusOr<Tensor> logits = graphed ? model_->ForwardDecode(chunks, kv_.get(), true)
+                                            : model_->Forward(chunks, kv_.get());
     if (!logits.ok()) {
       scheduler.FailAll(logits.status());
       return logits.status();

@@ -38,6 +38,10 @@ struct EngineOptions {
   int64_t prefill_chunk_tokens = 0;  // 0: whole prompt in one step
   // Where to compute (kernels/make_backend.h): cpu, cuda or cuda:N.
   std::string device = "cpu";
+  // Decode steps through recorded graphs where the backend has them (CUDA graphs, per batch
+  // bucket: Qwen3MoeModel::ForwardDecode); false runs every step eagerly (vLLM's
+  // --enforce-eager).
+  bool graphs = true;
   // The compute backend, overriding `device` (tests: the opaque backend).
   std::function<std::unique_ptr<Backend>()> backend_factory;
 };

@@ -74,6 +74,9 @@ absl::Status ExpertShard::ForwardRouted(int layer, const Tensor& x, const Tensor
     std::vector<int32_t> host_rows(
         static_cast<size_t>(std::max(num_pairs, 2 * routed_rows_.rows())));
     for (size_t p = 0; p < host_rows.size(); ++p) host_rows[p] = static_cast<int32_t>(p / top_k);
+    // The old table stays alive: a captured graph may read it (it is a prefix of the new
+    // one, so its contents never change).
+    if (routed_rows_.defined()) retired_routed_rows_.push_back(routed_rows_);
     DXS_ASSIGN_OR_RETURN(routed_rows_, backend_->UploadIndices(host_rows));
     routed_rows_top_k_ = top_k;
   }
@@ -98,34 +101,41 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
   const int num_experts = static_cast<int>(config_.num_experts);
   // The pre-sum is taken in float32: in `out` itself, or (a narrower out: rows on a bf16
   // wire) in an accumulator rounded once at the end.
+  // In a graph capture the scratch is the call's own (from the graph's pool): the reused
+  // workspace may be regrown and handed to other tensors between replays.
+  const bool own_scratch = backend_->InGraphCapture();
+  Workspace local;
+  Workspace& ws = own_scratch ? local : ws_;
+  Tensor local_accumulator;
+  Tensor& accumulator = own_scratch ? local_accumulator : accumulator_;
   Tensor sum = *out;
   if (out->dtype() != DType::kF32) {
-    if (!accumulator_.defined() || accumulator_.num_elements() < out->num_elements()) {
+    if (!accumulator.defined() || accumulator.num_elements() < out->num_elements()) {
       DXS_ASSIGN_OR_RETURN(
-          accumulator_,
+          accumulator,
           backend_->Allocate({std::max<int64_t>(out->rows(), 1), out->row_size()}, DType::kF32));
     }
-    sum = accumulator_.Rows(0, out->rows());
+    sum = accumulator.Rows(0, out->rows());
   }
   DXS_RETURN_IF_ERROR(backend_->Fill(&sum, 0.f));
   if (num_pairs > 0) {  // empty batch: no kernels
     // Workspace reused across calls (grown for the largest batch seen).
-    if (!ws_.order.defined() || ws_.order.rows() < num_pairs) {
-      const int64_t n = std::max(num_pairs, 2 * (ws_.order.defined() ? ws_.order.rows() : 0));
-      DXS_ASSIGN_OR_RETURN(ws_.order, backend_->Allocate({n}, DType::kI32));
-      DXS_ASSIGN_OR_RETURN(ws_.sorted_rows, backend_->Allocate({n}, DType::kI32));
-      DXS_ASSIGN_OR_RETURN(ws_.sorted_out_rows, backend_->Allocate({n}, DType::kI32));
-      DXS_ASSIGN_OR_RETURN(ws_.sorted_weights, backend_->Allocate({n}, DType::kF32));
-      DXS_ASSIGN_OR_RETURN(ws_.y, backend_->Allocate({n, hidden}, DType::kF32));
+    if (!ws.order.defined() || ws.order.rows() < num_pairs) {
+      const int64_t n = std::max(num_pairs, 2 * (ws.order.defined() ? ws.order.rows() : 0));
+      DXS_ASSIGN_OR_RETURN(ws.order, backend_->Allocate({n}, DType::kI32));
+      DXS_ASSIGN_OR_RETURN(ws.sorted_rows, backend_->Allocate({n}, DType::kI32));
+      DXS_ASSIGN_OR_RETURN(ws.sorted_out_rows, backend_->Allocate({n}, DType::kI32));
+      DXS_ASSIGN_OR_RETURN(ws.sorted_weights, backend_->Allocate({n}, DType::kF32));
+      DXS_ASSIGN_OR_RETURN(ws.y, backend_->Allocate({n, hidden}, DType::kF32));
     }
-    if (!ws_.offsets.defined()) {
-      DXS_ASSIGN_OR_RETURN(ws_.offsets, backend_->Allocate({num_experts + 1}, DType::kI32));
+    if (!ws.offsets.defined()) {
+      DXS_ASSIGN_OR_RETURN(ws.offsets, backend_->Allocate({num_experts + 1}, DType::kI32));
     }
-    Tensor order = ws_.order.Rows(0, num_pairs), offsets = ws_.offsets;
+    Tensor order = ws.order.Rows(0, num_pairs), offsets = ws.offsets;
     DXS_RETURN_IF_ERROR(backend_->SortPairsByExpert(experts, num_experts, &order, &offsets));
-    Tensor sorted_rows = ws_.sorted_rows.Rows(0, num_pairs);
-    Tensor sorted_out_rows = ws_.sorted_out_rows.Rows(0, num_pairs);
-    Tensor sorted_weights = ws_.sorted_weights.Rows(0, num_pairs);
+    Tensor sorted_rows = ws.sorted_rows.Rows(0, num_pairs);
+    Tensor sorted_out_rows = ws.sorted_out_rows.Rows(0, num_pairs);
+    Tensor sorted_weights = ws.sorted_weights.Rows(0, num_pairs);
     DXS_RETURN_IF_ERROR(backend_->GatherRows(rows, order, &sorted_rows));
     DXS_RETURN_IF_ERROR(backend_->GatherRows(out_rows, order, &sorted_out_rows));
     DXS_RETURN_IF_ERROR(backend_->GatherRows(weights, order, &sorted_weights));
@@ -136,7 +146,7 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
     } else {
       DXS_RETURN_IF_ERROR(CountOnHost(layer, offsets));
     }
-    Tensor y = ws_.y.Rows(0, num_pairs);
+    Tensor y = ws.y.Rows(0, num_pairs);
     DXS_RETURN_IF_ERROR(backend_->GroupedSwiGlu(x, &sorted_rows, offsets, gate_[layer], up_[layer],
                                                 down_[layer], &y));
     DXS_RETURN_IF_ERROR(backend_->ScaleAddRows(y, sorted_weights, sorted_out_rows, &sum));

@@ -71,6 +71,7 @@ class ExpertShard final {
   };
   Workspace ws_;
   Tensor routed_rows_;
+  std::vector<Tensor> retired_routed_rows_;  // smaller tables a captured graph may still read
   int64_t routed_rows_top_k_ = 0;
 };
 

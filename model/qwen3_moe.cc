@@ -1,5 +1,6 @@
 #include "model/qwen3_moe.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -85,6 +86,150 @@ absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& 
         GatherLastRows(mbs[1].chunks, mbs[1].hidden, static_cast<int64_t>(split), &last));
   }
   return Logits(std::move(last));
+}
+
+// ---- Decode steps padded for graphs ----
+
+namespace {
+
+// Where each input of a padded decode step lies in its staging buffer.
+struct StagingLayout {
+  size_t slots, ids, positions, query_start, context_lens, block_tables, bytes;
+  StagingLayout(int64_t batch, int64_t width) {
+    size_t at = 0;
+    auto take = [&at](size_t n) {
+      const size_t start = at;
+      at += (n + 63) / 64 * 64;
+      return start;
+    };
+    slots = take(batch * sizeof(int64_t));
+    ids = take(batch * sizeof(int32_t));
+    positions = take(batch * sizeof(int32_t));
+    query_start = take((batch + 1) * sizeof(int32_t));
+    context_lens = take(batch * sizeof(int32_t));
+    block_tables = take(batch * width * sizeof(int32_t));
+    bytes = at;
+  }
+};
+
+int64_t NextPowerOfTwo(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+}  // namespace
+
+bool Qwen3MoeModel::IsDecodeStep(const std::vector<SequenceChunk>& chunks) {
+  if (chunks.empty() || static_cast<int64_t>(chunks.size()) > kMaxGraphBatch) return false;
+  for (const SequenceChunk& c : chunks) {
+    if (c.tokens.size() != 1) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<Tensor> Qwen3MoeModel::DecodeBody(const Buffer& staging, int64_t batch,
+                                                 int64_t width, KvCache* kv) {
+  const StagingLayout at(batch, width);
+  MicroBatch mb;
+  PagedAttentionMeta& a = mb.attn;
+  a.num_seqs = batch;
+  a.block_size = kv->block_size();
+  a.max_blocks_per_seq = width;
+  a.max_query_len = 1;
+  a.max_context_len = width * kv->block_size();
+  auto staged = [&](std::vector<int64_t> shape, DType dtype,
+                    size_t offset) -> absl::StatusOr<Tensor> {
+    DXS_ASSIGN_OR_RETURN(Tensor t, backend_->Allocate(std::move(shape), dtype));
+    DXS_RETURN_IF_ERROR(backend_->CopyFromStaging(staging, offset, &t));
+    return t;
+  };
+  DXS_ASSIGN_OR_RETURN(a.slot_mapping, staged({batch}, DType::kI64, at.slots));
+  DXS_ASSIGN_OR_RETURN(Tensor token_ids, staged({batch}, DType::kI32, at.ids));
+  DXS_ASSIGN_OR_RETURN(mb.positions, staged({batch}, DType::kI32, at.positions));
+  DXS_ASSIGN_OR_RETURN(a.query_start, staged({batch + 1}, DType::kI32, at.query_start));
+  DXS_ASSIGN_OR_RETURN(a.context_lens, staged({batch}, DType::kI32, at.context_lens));
+  DXS_ASSIGN_OR_RETURN(a.block_tables, staged({batch, width}, DType::kI32, at.block_tables));
+  DXS_ASSIGN_OR_RETURN(mb.hidden, backend_->Allocate({batch, config_.hidden_size}, DType::kF32));
+  DXS_RETURN_IF_ERROR(backend_->Embedding(w_.embed_tokens, token_ids, &mb.hidden));
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    DXS_RETURN_IF_ERROR(MicroFront(l, 0, 1, kv, &mb));
+    DXS_RETURN_IF_ERROR(MicroBack(l, 0, &mb));
+  }
+  return Logits(mb.hidden);  // one row per sequence: every row is its last
+}
+
+absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecode(const std::vector<SequenceChunk>& chunks,
+                                                    KvCache* kv, bool use_graph) {
+  if (!IsDecodeStep(chunks)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a padded decode step takes 1 to ", kMaxGraphBatch, " one-token chunks"));
+  }
+  DXS_RETURN_IF_ERROR(Validate(chunks, kv));
+  const int64_t n = static_cast<int64_t>(chunks.size()), bs = kv->block_size();
+  int64_t blocks = 1;
+  for (const SequenceChunk& c : chunks)
+    blocks = std::max(blocks, (c.start_position + 1 + bs - 1) / bs);
+  const int64_t batch = NextPowerOfTwo(n), width = NextPowerOfTwo(std::max<int64_t>(blocks, 16));
+  use_graph = use_graph && backend_->SupportsGraphs();
+  DecodeGraph local;
+  DecodeGraph& g = use_graph ? graphs_[{kv, batch, width}] : local;
+  const void* pool = kv->keys(0).defined() ? kv->keys(0).raw() : nullptr;
+  if (g.captured.graph != nullptr && g.kv_pool != pool) {
+    g = DecodeGraph();  // the KV pool grew since recording: record again
+  }
+  const StagingLayout at(batch, width);
+  if (g.staging == nullptr) {
+    DXS_ASSIGN_OR_RETURN(g.staging, backend_->AllocateStaging(at.bytes));
+    DXS_ASSIGN_OR_RETURN(g.done, backend_->CreateEvent());
+  } else {
+    DXS_RETURN_IF_ERROR(backend_->SynchronizeEvent(g.done.get()));  // the last replay read it
+  }
+  // The step's inputs, padded: extra rows decode token 0 at position 0 over one position
+  // and cache nothing (slot -1).
+  uint8_t* base = static_cast<uint8_t*>(g.staging->data());
+  auto* slots = reinterpret_cast<int64_t*>(base + at.slots);
+  auto* ids = reinterpret_cast<int32_t*>(base + at.ids);
+  auto* positions = reinterpret_cast<int32_t*>(base + at.positions);
+  auto* query_start = reinterpret_cast<int32_t*>(base + at.query_start);
+  auto* context_lens = reinterpret_cast<int32_t*>(base + at.context_lens);
+  auto* tables = reinterpret_cast<int32_t*>(base + at.block_tables);
+  std::fill(tables, tables + batch * width, 0);
+  for (int64_t s = 0; s <= batch; ++s) query_start[s] = static_cast<int32_t>(s);
+  for (int64_t s = 0; s < batch; ++s) {
+    if (s >= n) {
+      slots[s] = -1;
+      ids[s] = 0;
+      positions[s] = 0;
+      context_lens[s] = 1;
+      continue;
+    }
+    const SequenceChunk& c = chunks[s];
+    const std::vector<int32_t>& table = kv->block_table(c.kv_slot);
+    const int64_t p = c.start_position;
+    slots[s] = static_cast<int64_t>(table[p / bs]) * bs + p % bs;
+    ids[s] = c.tokens[0];
+    positions[s] = static_cast<int32_t>(p);
+    context_lens[s] = static_cast<int32_t>(p + 1);
+    std::copy(table.begin(), table.begin() + std::min<int64_t>(width, table.size()),
+              tables + s * width);
+  }
+  Tensor logits;
+  if (!use_graph) {
+    DXS_ASSIGN_OR_RETURN(logits, DecodeBody(*g.staging, batch, width, kv));
+  } else if (g.captured.graph == nullptr) {
+    // The first step of this shape: run it, and record it for the next ones.
+    const Buffer& staging = *g.staging;
+    DXS_ASSIGN_OR_RETURN(
+        g.captured,
+        backend_->CaptureGraph([&]() { return DecodeBody(staging, batch, width, kv); }, &logits));
+    g.kv_pool = pool;
+  } else {
+    DXS_RETURN_IF_ERROR(backend_->Replay(g.captured.graph.get()));
+    logits = g.captured.output;
+  }
+  DXS_RETURN_IF_ERROR(backend_->RecordEvent(g.done.get()));
+  return logits.Rows(0, n);
 }
 
 absl::Status Qwen3MoeModel::Prepare(KvCache* kv, MicroBatch* mb) {

@@ -12,6 +12,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -49,6 +52,20 @@ class Qwen3MoeModel {
   absl::StatusOr<Tensor> Forward(const std::vector<SequenceChunk>& chunks, KvCache* kv,
                                  int num_micro_batches = 1);
 
+  // A decode-shaped step (one token per chunk, at most kMaxGraphBatch chunks) padded to a
+  // batch bucket (a power of two) and a block-table width, as vLLM and SGLang pad for
+  // CUDA graphs: with `use_graph` on a backend that has graphs, the first step of a bucket
+  // records the step's work once (Backend::CaptureGraph) and later steps replay it, with
+  // the step's inputs staged in pinned memory; without, the same padded work runs eagerly
+  // (the reference a replay must equal bit for bit). Padding rows cache nothing. Returns
+  // logits[num_chunks, vocab] (f32), as Forward.
+  static constexpr int64_t kMaxGraphBatch = 256;
+  static bool IsDecodeStep(const std::vector<SequenceChunk>& chunks);
+  absl::StatusOr<Tensor> ForwardDecode(const std::vector<SequenceChunk>& chunks, KvCache* kv,
+                                       bool use_graph);
+  // Graphs recorded so far (one per batch bucket and table width).
+  size_t num_graphs() const { return graphs_.size(); }
+
  private:
   absl::Status Validate(const std::vector<SequenceChunk>& chunks, KvCache* kv) const;
 
@@ -79,10 +96,22 @@ class Qwen3MoeModel {
   // Router logits -> top-k ids [T, k] (i32) and weights [T, k] (f32) on the backend.
   absl::Status Route(int layer, const Tensor& normed, Tensor* ids, Tensor* weights);
 
+  // A recorded decode step and the pinned inputs its replays read.
+  struct DecodeGraph {
+    CapturedGraph captured;
+    std::shared_ptr<Buffer> staging;
+    std::unique_ptr<Event> done;    // after the last replay: staging may be rewritten
+    const void* kv_pool = nullptr;  // the KV pool recorded; a grown pool makes it stale
+  };
+  // ForwardDecode's padded work, reading its inputs from `staging` (layout: StagingLayout).
+  absl::StatusOr<Tensor> DecodeBody(const Buffer& staging, int64_t batch, int64_t width,
+                                    KvCache* kv);
+
   ModelConfig config_;
   AttentionWeights w_;
   Backend* backend_;
   MoeExecutor* moe_;
+  std::map<std::tuple<const KvCache*, int64_t, int64_t>, DecodeGraph> graphs_;
 };
 
 }  // namespace dxs

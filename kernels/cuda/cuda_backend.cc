@@ -109,22 +109,26 @@ absl::Status CudaBackend::Init() {
   DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                                  "cuda backend: create stream"));
   const int device = device_;
-  allocator_ = CachingAllocator::Create(
-      Device::kCuda,
-      [device](size_t bytes) -> void* {
-        void* p = nullptr;
-        cudaSetDevice(device);
-        if (cudaMalloc(&p, bytes) != cudaSuccess) {
-          cudaGetLastError();  // out of memory is reported by the allocator, not sticky
-          return nullptr;
-        }
-        return p;
-      },
-      [device](void* p, size_t) {
-        cudaSetDevice(device);
-        cudaFree(p);
-      },
-      kMaxCachedDeviceBytes);
+  auto make_pool = [device] {
+    return CachingAllocator::Create(
+        Device::kCuda,
+        [device](size_t bytes) -> void* {
+          void* p = nullptr;
+          cudaSetDevice(device);
+          if (cudaMalloc(&p, bytes) != cudaSuccess) {
+            cudaGetLastError();  // out of memory is reported by the allocator, not sticky
+            return nullptr;
+          }
+          return p;
+        },
+        [device](void* p, size_t) {
+          cudaSetDevice(device);
+          cudaFree(p);
+        },
+        kMaxCachedDeviceBytes);
+  };
+  graph_allocator_ = make_pool();
+  allocator_ = make_pool();
   const char* grouped = std::getenv("DXS_CUDA_GROUPED_GEMM");
   const std::string choice = grouped != nullptr ? grouped : "";
   if (!choice.empty() && choice != "cublas" && choice != "cutlass") {
@@ -172,8 +176,9 @@ absl::StatusOr<Tensor> CudaBackend::Allocate(std::vector<int64_t> shape, DType d
     }
     n *= d;
   }
+  CachingAllocator* pool = graph_mode_.load() ? graph_allocator_.get() : allocator_.get();
   DXS_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
-                       allocator_->Allocate(static_cast<size_t>(n) * DTypeSize(dtype)));
+                       pool->Allocate(static_cast<size_t>(n) * DTypeSize(dtype)));
   return Tensor(std::move(buffer), dtype, std::move(shape));
 }
 
@@ -191,6 +196,10 @@ static absl::Status CheckConvertible(const char* op, DType from, DType to) {
 }
 
 absl::Status CudaBackend::CopyFromHost(const void* src, DType src_dtype, Tensor* dst) {
+  if (recording_.load()) {
+    return absl::FailedPreconditionError(
+        "copy from host: not while a graph is being recorded (stage it: CopyFromStaging)");
+  }
   DXS_RETURN_IF_ERROR(CheckConvertible("copy from host", src_dtype, dst->dtype()));
   const size_t n = static_cast<size_t>(dst->num_elements());
   if (n == 0) return absl::OkStatus();
@@ -221,6 +230,9 @@ absl::Status CudaBackend::CopyFromHost(const void* src, DType src_dtype, Tensor*
 }
 
 absl::Status CudaBackend::CopyToHost(const Tensor& src, DType dst_dtype, void* dst) {
+  if (recording_.load()) {
+    return absl::FailedPreconditionError("copy to host: not while a graph is being recorded");
+  }
   DXS_RETURN_IF_ERROR(CheckConvertible("copy to host", src.dtype(), dst_dtype));
   const int64_t n = src.num_elements();
   if (n == 0) return absl::OkStatus();
@@ -278,6 +290,92 @@ absl::Status CudaBackend::FillUniform(Tensor* t, uint64_t seed, double mean, dou
       "fill uniform");
 }
 
+// ---- Graphs ----
+
+namespace {
+
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(cudaGraph_t graph, cudaGraphExec_t exec) : graph_(graph), exec_(exec) {}
+  ~CudaGraph() override {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Buffer>> CudaBackend::AllocateStaging(size_t bytes) {
+  DXS_RETURN_IF_ERROR(Enter("staging memory"));
+  void* p = nullptr;
+  DXS_RETURN_IF_ERROR(CudaStatus(
+      cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault), "staging memory"));
+  return std::make_shared<Buffer>(Device::kCpu, p, bytes, [](void* q) { cudaFreeHost(q); });
+}
+
+absl::Status CudaBackend::CopyFromStaging(const Buffer& staging, size_t offset, Tensor* dst) {
+  if (offset + dst->num_bytes() > staging.num_bytes()) {
+    return absl::InvalidArgumentError("copy from staging: past the staging buffer");
+  }
+  if (dst->num_bytes() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("copy from staging"));
+  return CudaStatus(
+      cudaMemcpyAsync(dst->raw(), static_cast<const uint8_t*>(staging.data()) + offset,
+                      dst->num_bytes(), cudaMemcpyHostToDevice, stream_),
+      "copy from staging");
+}
+
+absl::StatusOr<CapturedGraph> CudaBackend::CaptureGraph(
+    const std::function<absl::StatusOr<Tensor>()>& body, Tensor* eager_output) {
+  DXS_RETURN_IF_ERROR(Enter("capture graph"));
+  if (graph_mode_.exchange(true)) {
+    return absl::FailedPreconditionError("capture graph: a capture is already under way");
+  }
+  struct Leave {
+    std::atomic<bool>* mode;
+    ~Leave() { mode->store(false); }
+  } leave{&graph_mode_};
+  // Warm-up: the body once, for real, so that the pool holds every block it needs and
+  // lazily made tables exist before recording.
+  absl::StatusOr<Tensor> eager = body();
+  if (!eager.ok()) return eager.status();
+  *eager_output = *eager;
+  DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "capture graph: warm-up"));
+  DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed),
+                                 "capture graph: begin"));
+  recording_.store(true);
+  absl::StatusOr<Tensor> recorded = body();
+  recording_.store(false);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  if (!recorded.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return recorded.status();
+  }
+  DXS_RETURN_IF_ERROR(CudaStatus(end, "capture graph: end"));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  if (made != cudaSuccess) {
+    cudaGraphDestroy(graph);
+    return CudaStatus(made, "capture graph: instantiate");
+  }
+  CapturedGraph out;
+  out.graph = std::make_unique<CudaGraph>(graph, exec);
+  out.output = *recorded;
+  return out;
+}
+
+absl::Status CudaBackend::Replay(Graph* graph) {
+  DXS_RETURN_IF_ERROR(Enter("replay graph"));
+  return CudaStatus(cudaGraphLaunch(static_cast<CudaGraph*>(graph)->exec(), stream_),
+                    "replay graph");
+}
+
 // ---- Queue and events ----
 
 absl::StatusOr<std::unique_ptr<Event>> CudaBackend::CreateEvent() {
@@ -306,6 +404,9 @@ absl::Status CudaBackend::SynchronizeEvent(Event* event) {
 }
 
 absl::Status CudaBackend::Synchronize() {
+  if (recording_.load()) {
+    return absl::FailedPreconditionError("synchronize: not while a graph is being recorded");
+  }
   DXS_RETURN_IF_ERROR(Enter("synchronize"));
   return CudaStatus(cudaStreamSynchronize(stream_), "synchronize");
 }

@@ -6,6 +6,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -49,6 +51,14 @@ class CudaBackend final : public Backend {
   absl::Status Fill(Tensor* t, float value) override;
   absl::Status FillUniform(Tensor* t, uint64_t seed, double mean, double half_width,
                            DType values_dtype) override;
+
+  absl::StatusOr<std::shared_ptr<Buffer>> AllocateStaging(size_t bytes) override;
+  absl::Status CopyFromStaging(const Buffer& staging, size_t offset, Tensor* dst) override;
+  bool SupportsGraphs() const override { return true; }
+  absl::StatusOr<CapturedGraph> CaptureGraph(const std::function<absl::StatusOr<Tensor>()>& body,
+                                             Tensor* eager_output) override;
+  bool InGraphCapture() const override { return graph_mode_.load(); }
+  absl::Status Replay(Graph* graph) override;
 
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override;
   absl::Status RecordEvent(Event* event) override;
@@ -126,6 +136,11 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   Tensor cublas_workspace_;
   std::shared_ptr<CachingAllocator> allocator_;
+  // CaptureGraph's private pool (warm-up and recording allocate from it), and whether a
+  // capture is under way (then the queue must not be synchronised).
+  std::shared_ptr<CachingAllocator> graph_allocator_;
+  std::atomic<bool> graph_mode_{false};
+  std::atomic<bool> recording_{false};
 };
 
 }  // namespace dxs

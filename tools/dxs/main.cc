@@ -16,6 +16,7 @@ constexpr char kUsage[] =
     "               [--stop-ids a,b] [--ignore-eos] [--prefill-chunk N] [--dump-logits]\n"
     "               [--format json|text] [--device cpu|cuda[:N]]\n"
     "               [--preset NAME instead of --model: a gen-model preset made in place]\n"
+    "               [--eager (no CUDA graphs for decode steps)]\n"
     "  gen-model    write a seeded random checkpoint: --out DIR [--preset default|odd|\n"
     "               bf16-sharded|qwen3-30b-a3b] [--seed S]\n"
     "  fingerprint  print a checkpoint's fingerprint: --model DIR\n"

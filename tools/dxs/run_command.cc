@@ -46,7 +46,7 @@ int RunCommand(const std::vector<std::string>& argv) {
       Args::Parse(argv,
                   {"model", "prompt-ids", "max-new-tokens", "temperature", "top-p", "top-k", "seed",
                    "stop-ids", "prefill-chunk", "format", "device", "preset"},
-                  {"dump-logits", "ignore-eos"});
+                  {"dump-logits", "ignore-eos", "eager"});
   if (!args.ok()) return Fail("run", args.status());
   GenerationRequest req;
   auto prompt = args->GetIntList("prompt-ids");
@@ -85,6 +85,7 @@ int RunCommand(const std::vector<std::string>& argv) {
   EngineOptions options;
   options.prefill_chunk_tokens = *chunk;
   options.device = args->GetString("device", "cpu");
+  options.graphs = !args->Has("eager");
   // --preset: the seeded random checkpoint made in place on the device (no disk), e.g. the
   // full qwen3-30b-a3b shape on a GPU.
   absl::StatusOr<std::string> model_dir =
