@@ -54,7 +54,8 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<std::shared_ptr<Buffer>> AllocateStaging(size_t bytes) override;
   absl::Status CopyFromStaging(const Buffer& staging, size_t offset, Tensor* dst) override;
-  bool SupportsGraphs() const override { return true; }
+  // The per-expert cuBLAS FFN reads expert offsets on the host: no graphs with it.
+  bool SupportsGraphs() const override { return use_cutlass_; }
   absl::StatusOr<CapturedGraph> CaptureGraph(const std::function<absl::StatusOr<Tensor>()>& body,
                                              Tensor* eager_output) override;
   bool InGraphCapture() const override { return graph_mode_.load(); }

@@ -1,5 +1,6 @@
 // The single-process engine on the CUDA backend against the same engine on the CPU backend
-// (itself checked against transformers by golden_test), on the golden presets' prompts:
+// (itself checked against transformers by golden_test), on the golden presets' shapes and
+// prompts, stored in bf16 so that both compute with the same weights:
 // - first-token logits within 2e-2 of the largest CPU logit (bf16 weights and activations
 //   against float32);
 // - greedy tokens identical up to the first step where the CPU engine's top-2 margin is
@@ -52,7 +53,14 @@ class CudaEngineTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     absl::StatusOr<std::unique_ptr<Backend>> probe = MakeBackend("cuda");
     if (!probe.ok()) GTEST_SKIP() << "no GPU here: " << probe.status().message();
-    model_dir_ = testing::WritePreset(tmp_, GetParam());
+    // Stored in bf16, the dtype the CUDA backend keeps weights in, so that both engines
+    // compute with the very same weights: the comparison measures the arithmetic (bf16
+    // activations, fp32 accumulation), not the rounding of f32 weights at load.
+    absl::StatusOr<CheckpointPreset> preset = GetPreset(GetParam());
+    ASSERT_TRUE(preset.ok());
+    preset->storage_dtype = DType::kBF16;
+    model_dir_ = tmp_.path() + "/" + GetParam();
+    ASSERT_TRUE(WriteRandomCheckpoint(*preset, model_dir_).ok());
     prompts_ = GoldenPrompts(GetParam(), &max_new_);
     ASSERT_FALSE(prompts_.empty());
   }

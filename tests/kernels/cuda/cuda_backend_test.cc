@@ -221,8 +221,13 @@ TEST_F(CudaBackendTest, DenseOpsMatchTheCpu) {
 
 // Several sequences in one call: a prefill chunk over a cached prefix, a whole prompt and
 // decode tokens, GQA 4:1, blocks scattered through the pool.
-TEST_F(CudaBackendTest, PagedAttentionMatchesTheCpu) {
-  const int64_t heads = 8, kv_heads = 2, d = 128, bs = 16, num_blocks = 64;
+// The engine's presets' shapes too: (6, 2, 24) is the odd preset's GQA 3 with head_dim 24.
+class CudaPagedAttentionTest : public CudaBackendTest,
+                               public ::testing::WithParamInterface<std::tuple<int, int, int>> {};
+
+TEST_P(CudaPagedAttentionTest, MatchesTheCpu) {
+  const int64_t heads = std::get<0>(GetParam()), kv_heads = std::get<1>(GetParam()),
+                d = std::get<2>(GetParam()), bs = 16, num_blocks = 64;
   const std::vector<int32_t> query_lens = {5, 1, 19, 1};
   const std::vector<int32_t> context_lens = {40, 77, 19, 1};
   const int64_t num_seqs = 4, max_blocks = 5;
@@ -278,6 +283,11 @@ TEST_F(CudaBackendTest, PagedAttentionMatchesTheCpu) {
     EXPECT_LT(MaxRelError(got.first, want.first), dtype == DType::kF32 ? 1e-4 : 2e-2);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaPagedAttentionTest,
+                         ::testing::Values(std::make_tuple(8, 2, 128), std::make_tuple(6, 2, 24),
+                                           std::make_tuple(4, 2, 32), std::make_tuple(4, 1, 16),
+                                           std::make_tuple(32, 4, 128), std::make_tuple(8, 8, 64)));
 
 TEST_F(CudaBackendTest, RoutingAndTheExchangeMatchTheCpu) {
   const int64_t experts = 128, top_k = 8, hidden = 256;
