@@ -4,7 +4,8 @@
 // PagedAttention has two kernels:
 // - PagedAttentionMmaKernel (below; its own comment): 16-bit q and cache of one type and
 //   head_dim 64 or 128, on tensor cores, a warp per (sequence, kv head, 16 rows, split of
-//   the positions), with split-KV partials merged by MergeSplitsKernel for decode. Every
+//   the positions) fed through a cp.async ring in shared memory (shared by four warps in
+//   prefill), with split-KV partials merged by MergeSplitsKernel for decode. Every
 //   production shape takes it.
 // - PagedAttentionKernel, the general one (any floating types, any head_dim up to 256):
 //
@@ -39,6 +40,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/ops.cuh"
@@ -286,16 +288,23 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 // ---- PagedAttention on tensor cores (16-bit q and cache, head_dim 64 or 128) ----
 //
-// One warp per work item (sequence, kv head, tile of 16 "rows", split of the positions).
-// A row is a (query row, head of the GQA group) pair: row r of a sequence is query r / group,
-// head r % group, so a tile serves whole groups and consecutive queries. Positions go in
+// Work is cut into tiles of 16 "rows": a row is a (query row, head of the GQA group) pair,
+// row r of a sequence is query r / group, head r % group, so a tile serves whole groups and
+// consecutive queries. A warp owns a tile and walks its positions (or its split of them) in
 // steps of 16 through mma.sync m16n8k16 with f32 accumulators:
 //   S[16 rows][16 positions] = q . k        (q fragments stay in registers)
 //   O[16 rows][head_dim]    += P . V       (P split into a 16-bit high and low part, two
 //                                           MMAs, so P carries ~16 bits, not 8)
-// Every fragment is loaded straight from global memory with 16-byte loads: the head_dim
-// axis is permuted (the same permutation for q and K leaves q . k unchanged; for V and O it
-// is undone when O is stored), so that each lane's K, q and V elements are contiguous.
+// A team of kTeam warps (one for decode, four for prefill, where the warps hold consecutive
+// tiles of one sequence and kv head and so see the same positions) shares a ring of
+// kStages step buffers in shared memory: each step's K and V rows (16 positions) are copied
+// in with cp.async two steps ahead of the one being computed, so each warp keeps ~16 KiB of
+// loads in flight. The 16 rows of a step are looked up in the block table once per step (a
+// lane per row, passed on with shuffles), a step ahead of their copy.
+// Fragments are read from the ring with 16-byte loads: the head_dim axis is permuted (the
+// same permutation for q and K leaves q . k unchanged; for V and O it is undone when O is
+// stored), so that each lane's K, q and V elements are contiguous; the 16-byte units of
+// each row are XOR-swizzled so that those loads are free of bank conflicts.
 // The softmax is online, in base 2 (scores pre-multiplied by scale * log2(e)), per row, with
 // a fixed reduction order, so results are the same from run to run.
 //
@@ -308,10 +317,12 @@ constexpr int kMmaWarps = 4;
 constexpr int kMmaThreads = kMmaWarps * kWarpSize;
 constexpr int kTileRows = 16;
 constexpr int kStep = 16;             // positions per step
+constexpr int kStages = 3;            // ring buffers: two steps in flight, one computed
+constexpr int kPrefillTeam = 4;       // warps that share a ring when tiles share positions
 constexpr int64_t kMinSplitLen = 64;  // positions; shorter splits cost more to merge
 constexpr int kMaxSplits = 256;
 // Warps of work per SM that splitting aims at, never more: one wave at the kernel's
-// occupancy (two blocks of four warps at ~240 registers a thread).
+// occupancy (two blocks of four warps, held back by the ring's shared memory).
 constexpr int kWarpsPerSmTarget = 8;
 
 struct MmaShape {
@@ -319,11 +330,12 @@ struct MmaShape {
   int64_t num_heads;
   int64_t num_kv_heads;
   int64_t group;
-  int64_t block_size;
+  uint32_t block_size;  // clamped to 2^31 - 1: positions (below 2^31) divide the same
   int64_t max_blocks_per_seq;
   int64_t num_blocks;
-  int64_t row_slots;  // warps per (sequence, kv head, split), walking the row tiles
-  int64_t split_len;  // a multiple of kStep
+  int64_t team_slots;  // teams per (sequence, kv head, split), walking the tile groups
+  int64_t num_teams;   // num_seqs * num_kv_heads * num_splits * team_slots
+  int64_t split_len;   // a multiple of kStep
   int num_splits;
   float scale_log2;  // scale * log2(e)
   ElemType out_type;
@@ -373,6 +385,49 @@ __device__ __forceinline__ uint32_t Word(const uint4& u, int i) {
   return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
 }
 
+// 16 bytes from global to shared memory, bypassing L1; zeros when !valid (nothing read).
+__device__ __forceinline__ void CopyAsync16(uint4* dst, const void* src, bool valid) {
+  const unsigned dst_addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_addr), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void CopyAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CopyAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// The warps of a team agree that the ring's copies are visible and its readers done.
+template <int kTeam>
+__device__ __forceinline__ void TeamSync() {
+  static_assert(kTeam == 1 || kTeam == kMmaWarps, "a warp or the whole block");
+  if constexpr (kTeam == 1) {
+    __syncwarp();
+  } else {
+    __syncthreads();
+  }
+}
+
+// Swizzles of a step buffer's 16-byte units (row = position in the step, unit within the
+// row), chosen for the fragment reads below: each quarter-warp's 8 units fall in 8
+// different 4-bank groups.
+//   K: a quarter-warp reads rows g, g + 1 (g even), units 4j + t (t = 0..3).
+//   V: a quarter-warp reads rows 2t + c (t = 0..3), units D / 64 * g + u for two g.
+__device__ __forceinline__ int KSwizzle(int row) { return (row & 1) << 2; }
+template <int D>
+__device__ __forceinline__ int VSwizzle(int row) {
+  const int t = (row >> 1) & 3;
+  return D == 128 ? (t & 1) | ((t & 2) << 1) : t << 1;
+}
+
+template <int D, int kTeam>
+constexpr size_t MmaSharedBytes() {
+  return static_cast<size_t>(kMmaWarps / kTeam) * kStages * 2 * kStep * D * 2;
+}
+
 // Lane (g, t) = (lane / 4, lane % 4) of the m16n8k16 fragments:
 //   A (q, P): rows g and g + 8;  B (K, V): column g;  C (S, O): rows g, g + 8, columns 2t, 2t+1.
 // Physical head_dim index of the logical fragment slots:
@@ -380,7 +435,7 @@ __device__ __forceinline__ uint32_t Word(const uint4& u, int i) {
 //          k-step 2j + 1 words 2, 3 (as both the A and the B operand);
 //   P . V: n-tile n, column c is d = c * (D / 8) + n, so lane g's V elements are the
 //          contiguous D / 8 at g * (D / 8).
-template <typename T, int D>
+template <typename T, int D, int kTeam>
 __global__ void __launch_bounds__(kMmaThreads)
     PagedAttentionMmaKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
                             const T* __restrict__ v_cache, const int32_t* __restrict__ query_start,
@@ -393,195 +448,249 @@ __global__ void __launch_bounds__(kMmaThreads)
   constexpr int kNTiles = D / 8;  // of O
   constexpr int kVElems = D / 8;  // V elements per lane and row
   constexpr int kVUnits = kVElems / 8;
+  constexpr int kRowUnits = D / 8;                  // 16-byte units of a K or V row
+  constexpr int kStepUnits = kStep * kRowUnits;     // of the K (or V) rows of a step
+  constexpr int kTeamThreads = kTeam * kWarpSize;
+  constexpr int kCopies = kStepUnits / kTeamThreads;  // K (and V) units per thread and step
+  constexpr int kTeamsPerBlock = kMmaWarps / kTeam;
   static_assert(D % 64 == 0, "two V units or one per lane");
+  static_assert(kStepUnits % kTeamThreads == 0, "whole copies per thread");
+  extern __shared__ __align__(16) uint4 ring_smem[];  // [team][stage][K, V][kStepUnits]
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kMmaWarps + warp;
-  if (unit >= shape.row_slots * shape.num_splits) return;  // the whole warp
-  // Later row tiles see more positions (causal): they go first, so the tail is short ones.
-  const int64_t row_slot = shape.row_slots - 1 - unit % shape.row_slots;
-  const int split = static_cast<int>(unit / shape.row_slots);
-  const int64_t seq = blockIdx.z, kv_head = blockIdx.y;
-  const int64_t q_begin = query_start[seq];
-  const int64_t q_len = query_start[seq + 1] - q_begin;
-  const int64_t past = static_cast<int64_t>(context_lens[seq]) - q_len;
-  const int32_t* table = block_tables + seq * shape.max_blocks_per_seq;
-  const int64_t max_positions = shape.max_blocks_per_seq * shape.block_size;
-  const int64_t num_rows = q_len * shape.group;
-  const int64_t split_begin = split * shape.split_len;
-  const int64_t split_end = split == shape.num_splits - 1
-                                ? max_positions
-                                : min(split_begin + shape.split_len, max_positions);
+  const int team = warp / kTeam, warp_in_team = warp % kTeam;
+  const int team_tid = warp_in_team * kWarpSize + lane;
+  uint4* const ring = ring_smem + team * (kStages * 2 * kStepUnits);
   const int64_t kv_stride = shape.num_kv_heads * D;
+  const int64_t max_positions = shape.max_blocks_per_seq * shape.block_size;
 
-  // The element offset of position pos's K/V row, or -1 for none (past `end`, or no block).
-  auto row_offset = [&](int64_t pos, int64_t end) -> int64_t {
-    if (pos >= end) return -1;
-    const int64_t block = table[pos / shape.block_size];
-    if (block < 0 || block >= shape.num_blocks) return -1;
-    return (block * shape.block_size + pos % shape.block_size) * kv_stride + kv_head * D;
-  };
-  auto load = [](const T* base, int64_t offset) -> uint4 {
-    return offset < 0 ? make_uint4(0, 0, 0, 0)
-                      : __ldg(reinterpret_cast<const uint4*>(base + offset));
-  };
+  // Teams of the grid walk the (sequence, kv head, split, tile group) items; uniform
+  // across a team, so its barriers are reached by all of its warps.
+  for (int64_t id = static_cast<int64_t>(blockIdx.x) * kTeamsPerBlock + team; id < shape.num_teams;
+       id += static_cast<int64_t>(gridDim.x) * kTeamsPerBlock) {
+    int64_t rest = id;
+    // Later tile groups see more positions (causal): they go first, so the tail is short.
+    const int64_t team_slot = shape.team_slots - 1 - rest % shape.team_slots;
+    rest /= shape.team_slots;
+    const int split = static_cast<int>(rest % shape.num_splits);
+    rest /= shape.num_splits;
+    const int64_t kv_head = rest % shape.num_kv_heads;
+    const int64_t seq = rest / shape.num_kv_heads;
+    const int64_t q_begin = query_start[seq];
+    const int64_t q_len = query_start[seq + 1] - q_begin;
+    const int64_t past = static_cast<int64_t>(context_lens[seq]) - q_len;
+    const int32_t* table = block_tables + seq * shape.max_blocks_per_seq;
+    const int64_t num_rows = q_len * shape.group;
+    const int64_t split_begin = split * shape.split_len;
+    const int64_t split_end = split == shape.num_splits - 1
+                                  ? max_positions
+                                  : min(split_begin + shape.split_len, max_positions);
 
-  for (int64_t tile = row_slot; tile * kTileRows < num_rows; tile += shape.row_slots) {
-    int64_t token[2], head[2], limit[2];
-    uint4 qu[2][kQUnits];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t r = tile * kTileRows + g + 8 * half;
-      const int64_t i = r / shape.group;
-      token[half] = q_begin + i;
-      head[half] = kv_head * shape.group + r % shape.group;
-      const bool valid = r < num_rows && token[half] >= 0 && token[half] < shape.num_tokens;
-      if (!valid) token[half] = -1;
-      // Row r sees [0, past + i]; this warp its part in [split_begin, split_end).
-      limit[half] = valid ? min(min(past + i + 1, max_positions), split_end) : 0;
-      const int64_t q_offset = valid ? (token[half] * shape.num_heads + head[half]) * D : -1;
-#pragma unroll
-      for (int j = 0; j < kQUnits; ++j) {
-        qu[half][j] = load(q, q_offset < 0 ? -1 : q_offset + 32 * j + 8 * t);
-      }
-    }
-    uint32_t qf[kKSteps][4];
-#pragma unroll
-    for (int j = 0; j < kQUnits; ++j) {
-      qf[2 * j][0] = qu[0][j].x;
-      qf[2 * j][1] = qu[1][j].x;
-      qf[2 * j][2] = qu[0][j].y;
-      qf[2 * j][3] = qu[1][j].y;
-      qf[2 * j + 1][0] = qu[0][j].z;
-      qf[2 * j + 1][1] = qu[1][j].z;
-      qf[2 * j + 1][2] = qu[0][j].w;
-      qf[2 * j + 1][3] = qu[1][j].w;
-    }
-    int64_t end = max(limit[0], limit[1]);  // the warp walks to its furthest row's limit
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-      end = max(end, static_cast<int64_t>(
-                         __shfl_xor_sync(kFullMask, static_cast<long long>(end), offset)));
-    }
-
-    float o[kNTiles][4];
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.f, 0.f};
-
-    for (int64_t base = split_begin; base < end; base += kStep) {
-      uint4 kr[2][kQUnits];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int64_t offset = row_offset(base + nt * 8 + g, end);
-#pragma unroll
-        for (int j = 0; j < kQUnits; ++j) {
-          kr[nt][j] = load(k_cache, offset < 0 ? -1 : offset + 32 * j + 8 * t);
-        }
-      }
-      uint4 vr[4][kVUnits];  // positions base + 2t, 2t + 1, 2t + 8, 2t + 9
-#pragma unroll
-      for (int rr = 0; rr < 4; ++rr) {
-        const int64_t offset = row_offset(base + (rr >> 1) * 8 + 2 * t + (rr & 1), end);
-#pragma unroll
-        for (int u = 0; u < kVUnits; ++u) {
-          vr[rr][u] = load(v_cache, offset < 0 ? -1 : offset + g * kVElems + 8 * u);
-        }
-      }
-
-      float s[2][4];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-        for (int j = 0; j < kQUnits; ++j) {
-          Mma16<T>::Run(s[nt], qf[2 * j], kr[nt][j].x, kr[nt][j].y);
-          Mma16<T>::Run(s[nt], qf[2 * j + 1], kr[nt][j].z, kr[nt][j].w);
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int64_t pos = base + nt * 8 + 2 * t + e;
-          s[nt][e] = pos < limit[0] ? s[nt][e] * shape.scale_log2 : -INFINITY;
-          s[nt][2 + e] = pos < limit[1] ? s[nt][2 + e] * shape.scale_log2 : -INFINITY;
-        }
-      }
+    for (int64_t group_tile = team_slot; group_tile * kTeam * kTileRows < num_rows;
+         group_tile += shape.team_slots) {
+      const int64_t tile = group_tile * kTeam + warp_in_team;
+      int64_t token[2], head[2], limit[2];
+      uint4 qu[2][kQUnits];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float mx = fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]),
-                         fmaxf(s[1][2 * half], s[1][2 * half + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
-        const float new_max = fmaxf(run_max[half], mx);
-        // Nothing visible yet: keep everything at zero (and avoid inf - inf).
-        const float ref = new_max == -INFINITY ? 0.f : new_max;
-        const float rescale = exp2f(run_max[half] - ref);  // 0 while run_max is -inf
-        float sum = 0.f;
+        const int64_t r = tile * kTileRows + g + 8 * half;
+        const int64_t i = r / shape.group;
+        token[half] = q_begin + i;
+        head[half] = kv_head * shape.group + r % shape.group;
+        const bool valid = r < num_rows && token[half] >= 0 && token[half] < shape.num_tokens;
+        if (!valid) token[half] = -1;
+        // Row r sees [0, past + i]; this warp its part in [split_begin, split_end).
+        limit[half] = valid ? min(min(past + i + 1, max_positions), split_end) : 0;
+        const int64_t q_offset = valid ? (token[half] * shape.num_heads + head[half]) * D : -1;
+#pragma unroll
+        for (int j = 0; j < kQUnits; ++j) {
+          qu[half][j] = q_offset < 0 ? make_uint4(0, 0, 0, 0)
+                                     : __ldg(reinterpret_cast<const uint4*>(q + q_offset + 32 * j +
+                                                                            8 * t));
+        }
+      }
+      uint32_t qf[kKSteps][4];
+#pragma unroll
+      for (int j = 0; j < kQUnits; ++j) {
+        qf[2 * j][0] = qu[0][j].x;
+        qf[2 * j][1] = qu[1][j].x;
+        qf[2 * j][2] = qu[0][j].y;
+        qf[2 * j][3] = qu[1][j].y;
+        qf[2 * j + 1][0] = qu[0][j].z;
+        qf[2 * j + 1][1] = qu[1][j].z;
+        qf[2 * j + 1][2] = qu[0][j].w;
+        qf[2 * j + 1][3] = qu[1][j].w;
+      }
+      // The team walks to the limit of its last row (the furthest; rows of tiles past
+      // num_rows see nothing), which never exceeds the context (below 2^31).
+      const int64_t last_row = min((group_tile + 1) * kTeam * kTileRows, num_rows) - 1;
+      const int64_t end =
+          min(min(past + last_row / shape.group + 1, max_positions), split_end);
+      const int64_t num_steps = end > split_begin ? (end - split_begin + kStep - 1) / kStep : 0;
+
+      // The element offset of row lane % 16 of step s's K/V rows, or -1 for none (past
+      // `end`, or no block).
+      auto row_offset = [&](int64_t s) -> int64_t {
+        const int64_t pos = split_begin + s * kStep + (lane & (kStep - 1));
+        if (pos >= end) return -1;
+        const uint32_t p = static_cast<uint32_t>(pos);
+        const int64_t block = table[p / shape.block_size];
+        if (block < 0 || block >= shape.num_blocks) return -1;
+        return (block * shape.block_size + p % shape.block_size) * kv_stride + kv_head * D;
+      };
+      // Step s's K and V rows into its ring buffer (offsets from row_offset(s)).
+      auto copy_step = [&](int64_t s, int64_t offset) {
+        uint4* buf = ring + static_cast<int>(s % kStages) * (2 * kStepUnits);
+#pragma unroll
+        for (int c = 0; c < kCopies; ++c) {
+          const int u = team_tid + c * kTeamThreads;
+          const int row = u / kRowUnits, col = u % kRowUnits;
+          const int64_t src = __shfl_sync(kFullMask, static_cast<long long>(offset), row);
+          const bool valid = src >= 0;
+          const int64_t at = valid ? src + col * 8 : 0;
+          CopyAsync16(buf + row * kRowUnits + (col ^ KSwizzle(row)), k_cache + at, valid);
+          CopyAsync16(buf + kStepUnits + row * kRowUnits + (col ^ VSwizzle<D>(row)), v_cache + at,
+                      valid);
+        }
+      };
+
+      TeamSync<kTeam>();  // the ring's readers of the previous tile are done
+      int64_t offset = row_offset(0);
+#pragma unroll
+      for (int s = 0; s < kStages - 1; ++s) {
+        if (s < num_steps) {
+          copy_step(s, offset);
+          offset = row_offset(s + 1);
+        }
+        CopyAsyncCommit();  // one group per step, empty or not: the waits count groups
+      }
+
+      float o[kNTiles][4];
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+      float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.f, 0.f};
+
+      int stage = 0;
+      for (int64_t step = 0; step < num_steps; ++step) {
+        CopyAsyncWait<kStages - 2>();  // this step's group has landed (this thread's part)
+        TeamSync<kTeam>();  // everyone's part, and the buffer refilled below is read out
+        if (step + kStages - 1 < num_steps) {
+          copy_step(step + kStages - 1, offset);
+          offset = row_offset(step + kStages);
+        }
+        CopyAsyncCommit();
+        const uint4* ks = ring + stage * (2 * kStepUnits);
+        const uint4* vs = ks + kStepUnits;
+        stage = stage == kStages - 1 ? 0 : stage + 1;
+        const int64_t base = split_begin + step * kStep;
+
+        float s[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+          const int row = nt * 8 + g;
+#pragma unroll
+          for (int j = 0; j < kQUnits; ++j) {
+            const uint4 kr = ks[row * kRowUnits + ((4 * j + t) ^ KSwizzle(row))];
+            Mma16<T>::Run(s[nt], qf[2 * j], kr.x, kr.y);
+            Mma16<T>::Run(s[nt], qf[2 * j + 1], kr.z, kr.w);
+          }
+        }
+        uint4 vr[4][kVUnits];  // positions base + 2t, 2t + 1, 2t + 8, 2t + 9
+#pragma unroll
+        for (int rr = 0; rr < 4; ++rr) {
+          const int row = (rr >> 1) * 8 + 2 * t + (rr & 1);
+#pragma unroll
+          for (int u = 0; u < kVUnits; ++u) {
+            vr[rr][u] = vs[row * kRowUnits + ((g * kVUnits + u) ^ VSwizzle<D>(row))];
+          }
+        }
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float p = exp2f(s[nt][2 * half + e] - ref);
-            s[nt][2 * half + e] = p;
-            sum += p;
+            const int64_t pos = base + nt * 8 + 2 * t + e;
+            s[nt][e] = pos < limit[0] ? s[nt][e] * shape.scale_log2 : -INFINITY;
+            s[nt][2 + e] = pos < limit[1] ? s[nt][2 + e] * shape.scale_log2 : -INFINITY;
           }
         }
-        run_sum[half] = run_sum[half] * rescale + sum;
-        run_max[half] = new_max;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float mx = fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]),
+                           fmaxf(s[1][2 * half], s[1][2 * half + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+          const float new_max = fmaxf(run_max[half], mx);
+          // Nothing visible yet: keep everything at zero (and avoid inf - inf).
+          const float ref = new_max == -INFINITY ? 0.f : new_max;
+          const float rescale = exp2f(run_max[half] - ref);  // 0 while run_max is -inf
+          float sum = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float p = exp2f(s[nt][2 * half + e] - ref);
+              s[nt][2 * half + e] = p;
+              sum += p;
+            }
+          }
+          run_sum[half] = run_sum[half] * rescale + sum;
+          run_max[half] = new_max;
+#pragma unroll
+          for (int n = 0; n < kNTiles; ++n) {
+            o[n][2 * half] *= rescale;
+            o[n][2 * half + 1] *= rescale;
+          }
+        }
+        uint32_t p_hi[4], p_lo[4];
+        Mma16<T>::Split(s[0][0], s[0][1], &p_hi[0], &p_lo[0]);
+        Mma16<T>::Split(s[0][2], s[0][3], &p_hi[1], &p_lo[1]);
+        Mma16<T>::Split(s[1][0], s[1][1], &p_hi[2], &p_lo[2]);
+        Mma16<T>::Split(s[1][2], s[1][3], &p_hi[3], &p_lo[3]);
 #pragma unroll
         for (int n = 0; n < kNTiles; ++n) {
-          o[n][2 * half] *= rescale;
-          o[n][2 * half + 1] *= rescale;
+          const int w = n / 2;  // the word of each V row holding element n
+          const uint32_t sel = (n & 1) ? 0x7632u : 0x5410u;
+          const uint32_t b0 =
+              __byte_perm(Word(vr[0][w / 4], w % 4), Word(vr[1][w / 4], w % 4), sel);
+          const uint32_t b1 =
+              __byte_perm(Word(vr[2][w / 4], w % 4), Word(vr[3][w / 4], w % 4), sel);
+          Mma16<T>::Run(o[n], p_hi, b0, b1);
+          Mma16<T>::Run(o[n], p_lo, b0, b1);
         }
       }
-      uint32_t p_hi[4], p_lo[4];
-      Mma16<T>::Split(s[0][0], s[0][1], &p_hi[0], &p_lo[0]);
-      Mma16<T>::Split(s[0][2], s[0][3], &p_hi[1], &p_lo[1]);
-      Mma16<T>::Split(s[1][0], s[1][1], &p_hi[2], &p_lo[2]);
-      Mma16<T>::Split(s[1][2], s[1][3], &p_hi[3], &p_lo[3]);
-#pragma unroll
-      for (int n = 0; n < kNTiles; ++n) {
-        const int w = n / 2;  // the word of each V row holding element n
-        const uint32_t sel = (n & 1) ? 0x7632u : 0x5410u;
-        const uint32_t b0 = __byte_perm(Word(vr[0][w / 4], w % 4), Word(vr[1][w / 4], w % 4), sel);
-        const uint32_t b1 = __byte_perm(Word(vr[2][w / 4], w % 4), Word(vr[3][w / 4], w % 4), sel);
-        Mma16<T>::Run(o[n], p_hi, b0, b1);
-        Mma16<T>::Run(o[n], p_lo, b0, b1);
-      }
-    }
 
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float sum = run_sum[half];
-      sum += __shfl_xor_sync(kFullMask, sum, 1);
-      sum += __shfl_xor_sync(kFullMask, sum, 2);
-      if (token[half] < 0) continue;
-      const int64_t out_row = (token[half] * shape.num_heads + head[half]) * D;
-      if (shape.num_splits == 1) {
-        // A row that sees no position (inconsistent metadata) gets zeros.
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      for (int half = 0; half < 2; ++half) {
+        float sum = run_sum[half];
+        sum += __shfl_xor_sync(kFullMask, sum, 1);
+        sum += __shfl_xor_sync(kFullMask, sum, 2);
+        if (token[half] < 0) continue;
+        const int64_t out_row = (token[half] * shape.num_heads + head[half]) * D;
+        if (shape.num_splits == 1) {
+          // A row that sees no position (inconsistent metadata) gets zeros.
+          const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
-        for (int n = 0; n < kNTiles; ++n) {
+          for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            StoreFromFloat(out, shape.out_type, out_row + (2 * t + e) * kVElems + n,
-                           o[n][2 * half + e] * inv);
+            for (int e = 0; e < 2; ++e) {
+              StoreFromFloat(out, shape.out_type, out_row + (2 * t + e) * kVElems + n,
+                             o[n][2 * half + e] * inv);
+            }
           }
-        }
-      } else {
-        const int64_t index =
-            (token[half] * shape.num_heads + head[half]) * shape.num_splits + split;
-        float* acc = partial_acc + index * D;
+        } else {
+          const int64_t index =
+              (token[half] * shape.num_heads + head[half]) * shape.num_splits + split;
+          float* acc = partial_acc + index * D;
 #pragma unroll
-        for (int n = 0; n < kNTiles; ++n) {
+          for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) acc[(2 * t + e) * kVElems + n] = o[n][2 * half + e];
-        }
-        if (t == 0) {
-          partial_ml[2 * index] = run_max[half];
-          partial_ml[2 * index + 1] = sum;
+            for (int e = 0; e < 2; ++e) acc[(2 * t + e) * kVElems + n] = o[n][2 * half + e];
+          }
+          if (t == 0) {
+            partial_ml[2 * index] = run_max[half];
+            partial_ml[2 * index + 1] = sum;
+          }
         }
       }
     }
@@ -671,7 +780,9 @@ __global__ void __launch_bounds__(kMergeThreads)
 struct SplitPlan {
   int num_splits = 1;
   int64_t split_len = 0;
-  int64_t row_slots = 1;
+  int64_t row_slots = 1;   // 16-row tiles per (sequence, kv head) the launch provides for
+  int team = 1;            // warps sharing a ring: kPrefillTeam when tiles share positions
+  int64_t team_slots = 1;  // teams per (sequence, kv head, split)
 };
 
 // The current device's SM count, asked once per device (the plan runs on every launch).
@@ -707,7 +818,12 @@ SplitPlan PlanSplits(const PagedAttentionArgs& args) {
   const int64_t context = std::max<int64_t>(1, std::min(args.max_context_len, max_positions));
   plan.split_len = (context + kStep - 1) / kStep * kStep;
   if (!MmaHeadDim(args.head_dim)) return plan;
-  const int64_t items = args.num_seqs * args.num_kv_heads * plan.row_slots;
+  plan.team_slots = plan.row_slots;
+  if (plan.row_slots >= kPrefillTeam) {  // query chunks: a team's tiles share K/V steps
+    plan.team = kPrefillTeam;
+    plan.team_slots = (plan.row_slots + kPrefillTeam - 1) / kPrefillTeam;
+  }
+  const int64_t items = args.num_seqs * args.num_kv_heads * plan.team_slots * plan.team;
   const int64_t target = static_cast<int64_t>(DeviceSmCount()) * kWarpsPerSmTarget;
   int64_t splits = std::max<int64_t>(1, target / items);
   splits = std::min<int64_t>({splits, (context + kMinSplitLen - 1) / kMinSplitLen, kMaxSplits});
@@ -722,6 +838,58 @@ size_t PartialBytes(const PagedAttentionArgs& args, const SplitPlan& plan) {
   if (plan.num_splits <= 1) return 0;
   return static_cast<size_t>(args.num_tokens) * args.num_heads * plan.num_splits *
          (args.head_dim + 2) * sizeof(float);
+}
+
+// Kernels whose ring exceeds the default 48 KiB of dynamic shared memory opt in, once per
+// device (the launch path runs on every layer).
+template <typename Kernel>
+cudaError_t AllowSharedBytes(Kernel* kernel, size_t bytes, std::atomic<uint64_t>* allowed) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (allowed->load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(bytes));
+  if (err == cudaSuccess && bit != 0) allowed->fetch_or(bit, std::memory_order_relaxed);
+  return err;
+}
+
+template <typename T, int D, int kTeam>
+cudaError_t LaunchMmaKernel(const void* q, const void* k_cache, const void* v_cache,
+                            const PagedAttentionArgs& args, const MmaShape& shape,
+                            unsigned blocks, void* out, float* partial_acc, float* partial_ml,
+                            cudaStream_t stream) {
+  static std::atomic<uint64_t> allowed{0};
+  constexpr size_t kSmem = MmaSharedBytes<D, kTeam>();
+  auto* kernel = PagedAttentionMmaKernel<T, D, kTeam>;
+  const cudaError_t err = AllowSharedBytes(kernel, kSmem, &allowed);
+  if (err != cudaSuccess) return err;
+  kernel<<<blocks, kMmaThreads, kSmem, stream>>>(
+      static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache),
+      args.query_start, args.context_lens, args.block_tables, shape, out, partial_acc,
+      partial_ml);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchMma(const void* q, const void* k_cache, const void* v_cache,
+                      const PagedAttentionArgs& args, const MmaShape& shape, int team,
+                      unsigned blocks, void* out, float* partial_acc, float* partial_ml,
+                      cudaStream_t stream) {
+  auto launch = [&](auto d, auto team_c) {
+    return LaunchMmaKernel<T, decltype(d)::value, decltype(team_c)::value>(
+        q, k_cache, v_cache, args, shape, blocks, out, partial_acc, partial_ml, stream);
+  };
+  using Team1 = std::integral_constant<int, 1>;
+  using TeamN = std::integral_constant<int, kPrefillTeam>;
+  if (args.head_dim == 64) {
+    using D = std::integral_constant<int, 64>;
+    return team == 1 ? launch(D{}, Team1{}) : launch(D{}, TeamN{});
+  }
+  using D = std::integral_constant<int, 128>;
+  return team == 1 ? launch(D{}, Team1{}) : launch(D{}, TeamN{});
 }
 
 }  // namespace
@@ -807,10 +975,11 @@ cudaError_t LaunchPagedAttention(const void* q, ElemType q_type, const void* k_c
     shape.num_heads = args.num_heads;
     shape.num_kv_heads = args.num_kv_heads;
     shape.group = group;
-    shape.block_size = args.block_size;
+    shape.block_size = static_cast<uint32_t>(std::min<int64_t>(args.block_size, INT32_MAX));
     shape.max_blocks_per_seq = args.max_blocks_per_seq;
     shape.num_blocks = args.num_blocks;
-    shape.row_slots = plan.row_slots;
+    shape.team_slots = plan.team_slots;
+    shape.num_teams = args.num_seqs * args.num_kv_heads * plan.num_splits * plan.team_slots;
     shape.split_len = plan.split_len;
     shape.num_splits = plan.num_splits;
     shape.scale_log2 = scale * 1.4426950408889634f;
@@ -819,28 +988,14 @@ cudaError_t LaunchPagedAttention(const void* q, ElemType q_type, const void* k_c
     float* partial_ml = plan.num_splits > 1 ? partial_acc + args.num_tokens * args.num_heads *
                                                                 plan.num_splits * args.head_dim
                                             : nullptr;
-    const int64_t warps = plan.row_slots * plan.num_splits;
-    const dim3 grid(GridBlocks(warps, kMmaWarps), static_cast<unsigned>(args.num_kv_heads),
-                    static_cast<unsigned>(args.num_seqs));
-    if (static_cast<int64_t>(grid.x) * kMmaWarps < warps) return cudaErrorInvalidValue;
-    const int64_t d = args.head_dim;
-    if (cache_type == ElemType::kBF16) {
-      using T = __nv_bfloat16;
-      auto* kernel = d == 64 ? PagedAttentionMmaKernel<T, 64> : PagedAttentionMmaKernel<T, 128>;
-      kernel<<<grid, kMmaThreads, 0, stream>>>(
-          static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache),
-          args.query_start, args.context_lens, args.block_tables, shape, out, partial_acc,
-          partial_ml);
-    } else {
-      using T = __half;
-      auto* kernel = d == 64 ? PagedAttentionMmaKernel<T, 64> : PagedAttentionMmaKernel<T, 128>;
-      kernel<<<grid, kMmaThreads, 0, stream>>>(
-          static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache),
-          args.query_start, args.context_lens, args.block_tables, shape, out, partial_acc,
-          partial_ml);
-    }
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess || plan.num_splits == 1) return err;
+    const unsigned blocks = GridBlocks(shape.num_teams, kMmaWarps / plan.team);
+    const cudaError_t launched =
+        cache_type == ElemType::kBF16
+            ? LaunchMma<__nv_bfloat16>(q, k_cache, v_cache, args, shape, plan.team, blocks, out,
+                                       partial_acc, partial_ml, stream)
+            : LaunchMma<__half>(q, k_cache, v_cache, args, shape, plan.team, blocks, out,
+                                partial_acc, partial_ml, stream);
+    if (launched != cudaSuccess || plan.num_splits == 1) return launched;
     MergeShape merge;
     merge.num_tokens = args.num_tokens;
     merge.num_heads = args.num_heads;

@@ -1083,6 +1083,15 @@ TEST_P(DenseAttentionCudaPaged, PrefillChunksOverLongPrefixMatchCpu) {
   ASSERT_NO_FATAL_FAILURE(Check({{300, 300}}, 23));
 }
 
+TEST_P(DenseAttentionCudaPaged, ChunksOfSharedStepsSplitOverLongPrefixMatchCpu) {
+  // Chunks of 4+ row tiles (teams of warps sharing each step's K/V) over long prefixes,
+  // few enough to be split as well; a ragged chunk whose last team is partly empty; and
+  // decode rows taken by the same teams.
+  ASSERT_NO_FATAL_FAILURE(Check({{8, 6000}}, 31));
+  ASSERT_NO_FATAL_FAILURE(Check({{16, 3000}, {1, 5000}, {37, 1100}}, 32));
+  ASSERT_NO_FATAL_FAILURE(Check({{16, 3000}, {1, 5000}, {37, 1100}}, 33, 1));
+}
+
 constexpr ElemType kF32 = ElemType::kF32, kF16 = ElemType::kF16, kBF16 = ElemType::kBF16;
 INSTANTIATE_TEST_SUITE_P(
     Shapes, DenseAttentionCudaPaged,
@@ -1104,7 +1113,12 @@ INSTANTIATE_TEST_SUITE_P(
         // Tensor-core path: GQA 1 and 8, f16, f32 outputs, an odd block size.
         AttentionCase{8, 8, 128, 16, kBF16, kBF16, kBF16},
         AttentionCase{16, 2, 128, 16, kBF16, kBF16, kF32},
-        AttentionCase{16, 2, 64, 7, kF16, kF16, kF16}),
+        AttentionCase{16, 2, 64, 7, kF16, kF16, kF16},
+        // Tensor-core path, block sizes a multiple of the 16-position step and not.
+        AttentionCase{32, 4, 128, 48, kBF16, kBF16, kBF16},
+        AttentionCase{32, 4, 128, 24, kBF16, kBF16, kF32},
+        AttentionCase{8, 2, 64, 32, kF16, kF16, kF16},
+        AttentionCase{8, 1, 64, 1, kBF16, kBF16, kBF16}),
     AttentionCaseName);
 
 TEST_F(DenseAttentionCudaDevice, ZeroRowsLeaveOutputsAlone) {
