@@ -37,14 +37,7 @@ CpuBackend::CpuBackend(std::shared_ptr<CachingAllocator> allocator)
     : allocator_(std::move(allocator)) {}
 
 absl::StatusOr<Tensor> CpuBackend::Allocate(std::vector<int64_t> shape, DType dtype) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("allocate: negative dimension in [", absl::StrJoin(shape, ", "), "]"));
-    }
-    n *= d;
-  }
+  DXS_ASSIGN_OR_RETURN(const int64_t n, CountElements("allocate", shape));
   DXS_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
                        allocator_->Allocate(static_cast<size_t>(n) * DTypeSize(dtype)));
   return Tensor(std::move(buffer), dtype, std::move(shape));

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 
 namespace dxs {
@@ -23,6 +24,18 @@ absl::Status CheckSameElements(const char* op, const Tensor& a, const Tensor& b)
         absl::StrCat(op, ": ", a.ShapeString(), " and ", b.ShapeString(), " differ in size"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CountElements(const char* op, const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": negative dimension in [", absl::StrJoin(shape, ", "), "]"));
+    }
+    n *= d;
+  }
+  return n;
 }
 
 absl::Status CheckFloat(const char* op, const Tensor& t, const char* what) {

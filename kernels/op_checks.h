@@ -2,7 +2,11 @@
 // argument, the same text from every backend.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/tensor.h"
 
@@ -10,6 +14,8 @@ namespace dxs {
 
 absl::Status CheckDType(const char* op, const Tensor& t, DType want, const char* what);
 absl::Status CheckSameElements(const char* op, const Tensor& a, const Tensor& b);
+// The element count of `shape`; INVALID_ARGUMENT naming the op for a negative dimension.
+absl::StatusOr<int64_t> CountElements(const char* op, const std::vector<int64_t>& shape);
 // t is defined and of a floating dtype (f32, f16, bf16).
 absl::Status CheckFloat(const char* op, const Tensor& t, const char* what);
 // The metadata tensors of paged attention fit `num_tokens` query rows.

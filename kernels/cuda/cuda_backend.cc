@@ -168,14 +168,7 @@ absl::Status CudaBackend::Enter(const char* op) const {
 }
 
 absl::StatusOr<Tensor> CudaBackend::Allocate(std::vector<int64_t> shape, DType dtype) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("allocate: negative dimension in [", absl::StrJoin(shape, ", "), "]"));
-    }
-    n *= d;
-  }
+  DXS_ASSIGN_OR_RETURN(const int64_t n, CountElements("allocate", shape));
   CachingAllocator* pool = graph_mode_.load() ? graph_allocator_.get() : allocator_.get();
   DXS_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
                        pool->Allocate(static_cast<size_t>(n) * DTypeSize(dtype)));

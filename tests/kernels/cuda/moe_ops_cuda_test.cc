@@ -22,6 +22,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/tensor.h"
+#include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace dxs::cuda {
 namespace {
@@ -221,31 +222,6 @@ TEST(MoeOpsCudaGuard, ScaleAddRowsRejectsBadArguments) {
 }
 
 // ---- Device cases: skip cleanly when there is no GPU. ----
-
-// Empty when a device is usable; otherwise why not.
-std::string NoDeviceReason() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorName(err) +
-           ": " + cudaGetErrorString(err) + ")";
-  }
-  if (count == 0) return "no CUDA device (cudaGetDeviceCount returned 0)";
-  return "";
-}
-
-#define SKIP_WITHOUT_GPU()                                        \
-  do {                                                            \
-    if (std::string reason = NoDeviceReason(); !reason.empty()) { \
-      GTEST_SKIP() << "GPU case skipped: " << reason;             \
-    }                                                             \
-  } while (0)
-
-#define ASSERT_CUDA_OK(expr)                                                           \
-  do {                                                                                 \
-    const cudaError_t dxs_err_ = (expr);                                               \
-    ASSERT_EQ(dxs_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(dxs_err_); \
-  } while (0)
 
 #define ASSERT_OK(expr)                           \
   do {                                            \
