@@ -135,17 +135,15 @@ Rates MeasureRates(Backend* b, cudaStream_t stream, bool quick, Report* report) 
 void GroupedFfn(Backend* b, cudaStream_t stream, Backend* cublas, const Rates& rates, bool quick,
                 Report* report) {
   const int64_t experts = 128, hidden = 2048, inter = 768, top_k = 8;
-  std::vector<Tensor> gate, up, down;
+  // Per expert the packed gate_up [2 * inter, hidden] weight and down, as loaded.
+  std::vector<Tensor> gate_up, down;
   for (int64_t e = 0; e < experts; ++e) {
-    const double s = std::sqrt(3.0 / hidden);
-    gate.push_back(RandomTensor(b, {inter, hidden}, 100 + 3 * e, s));
-    up.push_back(RandomTensor(b, {inter, hidden}, 101 + 3 * e, s));
+    gate_up.push_back(RandomTensor(b, {2 * inter, hidden}, 100 + 3 * e, std::sqrt(3.0 / hidden)));
     down.push_back(RandomTensor(b, {hidden, inter}, 102 + 3 * e, std::sqrt(3.0 / inter)));
   }
-  std::vector<const Tensor*> g, u, d;
+  std::vector<const Tensor*> gu, d;
   for (int64_t e = 0; e < experts; ++e) {
-    g.push_back(&gate[e]);
-    u.push_back(&up[e]);
+    gu.push_back(&gate_up[e]);
     d.push_back(&down[e]);
   }
   std::printf("\n[ffn] grouped expert FFN, 128 experts, hidden 2048, inter 768, top-8, bf16\n");
@@ -177,13 +175,12 @@ void GroupedFfn(Backend* b, cudaStream_t stream, Backend* cublas, const Rates& r
     Tensor row_t = Must(b->UploadIndices(rows), ""), off_t = Must(b->UploadIndices(offsets), "");
     Tensor y = Must(b->Allocate({pairs, hidden}, DType::kF32), "");
     const double ms = TimeMs(stream, 3, quick ? 5 : 20,
-                             [&] { BENCH_CHECK(b->GroupedSwiGlu(x, &row_t, off_t, g, u, d, &y)); });
+                             [&] { BENCH_CHECK(b->GroupedSwiGlu(x, &row_t, off_t, gu, d, &y)); });
     double cublas_ms = 0;
     if (cublas != nullptr) {
       BENCH_CHECK(b->Synchronize());  // the inputs were written on b's stream
-      cublas_ms = TimeMs(CudaStreamOf(cublas), 2, quick ? 3 : 10, [&] {
-        BENCH_CHECK(cublas->GroupedSwiGlu(x, &row_t, off_t, g, u, d, &y));
-      });
+      cublas_ms = TimeMs(CudaStreamOf(cublas), 2, quick ? 3 : 10,
+                         [&] { BENCH_CHECK(cublas->GroupedSwiGlu(x, &row_t, off_t, gu, d, &y)); });
     }
     const double flops = 2.0 * 3 * hidden * inter * pairs;
     const double weight_bytes = 3.0 * hidden * inter * 2 * used_experts;
@@ -370,7 +367,7 @@ void ModelBenches(const Rates& rates, bool quick, int layers, Report* report) {
 }
 
 int Main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, ffn_only = false;
   int layers = 48;
   std::string json;
   for (int i = 1; i < argc; ++i) {
@@ -379,10 +376,12 @@ int Main(int argc, char** argv) {
       quick = true;
     } else if (a == "--layers" && i + 1 < argc) {
       layers = std::atoi(argv[++i]);
+    } else if (a == "--ffn-only") {
+      ffn_only = true;  // [rates] and [ffn] alone, for tile experiments
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: gpu_bench [--quick] [--layers N] [--json FILE]\n");
+      std::fprintf(stderr, "usage: gpu_bench [--quick] [--ffn-only] [--layers N] [--json FILE]\n");
       return 2;
     }
   }
@@ -401,6 +400,7 @@ int Main(int argc, char** argv) {
   unsetenv("DXS_CUDA_GROUPED_GEMM");
   GroupedFfn(backend.get(), stream, cublas.get(), rates, quick, &report);
   cublas.reset();
+  if (ffn_only) return 0;
   DecodeAttention(backend.get(), stream, rates, quick, &report);
   backend.reset();  // the model below makes its own backend and needs the memory
   ModelBenches(rates, quick, layers, &report);

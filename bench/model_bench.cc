@@ -128,9 +128,11 @@ int Main(bool quick) {
   ExpertWeightMap weights;
   for (int e = 0; e < 128; ++e) {
     const float s = 1.f / std::sqrt(2048.f);
+    std::vector<float> gate_up = Random(768 * 2048, 3 * e, s);
+    const std::vector<float> up = Random(768 * 2048, 3 * e + 1, s);
+    gate_up.insert(gate_up.end(), up.begin(), up.end());
     weights[{0, e}] =
-        ExpertWeights{*backend->Upload(Random(768 * 2048, 3 * e, s), {768, 2048}),
-                      *backend->Upload(Random(768 * 2048, 3 * e + 1, s), {768, 2048}),
+        ExpertWeights{*backend->Upload(gate_up, {2 * 768, 2048}),
                       *backend->Upload(Random(2048 * 768, 3 * e + 2, s), {2048, 768})};
   }
   ExpertShard shard(c, std::move(weights), backend.get());

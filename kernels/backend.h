@@ -203,12 +203,13 @@ class Backend {
   // go through down_e(silu(gate_e x) * up_e x) into the same rows of y. The sorted input is
   // xs itself when `rows` is null, else xs gathered by `rows` (i32 [P]; widened from a
   // narrower dtype), so the permutation is never written out (vLLM's sorted_token_ids).
-  // gate/up/down[e] are null for experts with no rows here (an expert with rows and no
-  // weights is FAILED_PRECONDITION).
+  // gate_up[e] is expert e's gate and up projections packed as one [2 * inter, hidden]
+  // weight, gate rows first (PackGateUp in model/weights.h), so a device does both in one
+  // GEMM; down[e] is [hidden, inter]. Both are null for experts with no rows here (an
+  // expert with rows and no weights is FAILED_PRECONDITION).
   virtual absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
                                      const Tensor& expert_offsets,
-                                     const std::vector<const Tensor*>& gate,
-                                     const std::vector<const Tensor*>& up,
+                                     const std::vector<const Tensor*>& gate_up,
                                      const std::vector<const Tensor*>& down, Tensor* y) = 0;
   // Greedy sampling on the backend: ids[i] (i32 [n]) = the index of the largest of
   // logits[i, :] (f32 [n, vocab]), ties to the lowest index, NaNs never chosen unless the

@@ -68,8 +68,7 @@ class CpuBackend : public Backend {
   absl::Status SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
                                  Tensor* expert_offsets) override;
   absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor* rows, const Tensor& expert_offsets,
-                             const std::vector<const Tensor*>& gate,
-                             const std::vector<const Tensor*>& up,
+                             const std::vector<const Tensor*>& gate_up,
                              const std::vector<const Tensor*>& down, Tensor* y) override;
   absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                             Tensor* dst) override;

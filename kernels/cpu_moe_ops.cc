@@ -220,8 +220,7 @@ absl::Status CpuBackend::SortPairsByExpert(const Tensor& experts, int num_expert
 
 absl::Status CpuBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
                                        const Tensor& expert_offsets,
-                                       const std::vector<const Tensor*>& gate,
-                                       const std::vector<const Tensor*>& up,
+                                       const std::vector<const Tensor*>& gate_up,
                                        const std::vector<const Tensor*>& down, Tensor* y) {
   DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", expert_offsets, DType::kI32, "offsets"));
   if (rows != nullptr)
@@ -230,9 +229,9 @@ absl::Status CpuBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
   const int64_t num_experts = expert_offsets.num_elements() - 1;
   const int64_t hidden = xs.row_size();
   const int64_t num_rows = rows != nullptr ? rows->num_elements() : xs.rows();
-  if (num_experts < 0 || static_cast<int64_t>(gate.size()) != num_experts ||
-      up.size() != gate.size() || down.size() != gate.size() || y->rows() != num_rows ||
-      y->row_size() != hidden || !IsFloatDType(xs.dtype())) {
+  if (num_experts < 0 || static_cast<int64_t>(gate_up.size()) != num_experts ||
+      down.size() != gate_up.size() || y->rows() != num_rows || y->row_size() != hidden ||
+      !IsFloatDType(xs.dtype())) {
     return absl::InvalidArgumentError(absl::StrCat("grouped SwiGLU: ", xs.ShapeString(), " over ",
                                                    num_experts, " experts into ",
                                                    y->ShapeString()));
@@ -247,7 +246,7 @@ absl::Status CpuBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t begin = offsets[e], n = offsets[e + 1] - begin;
     if (n == 0) continue;  // no rows: no GEMM
-    if (n < 0 || gate[e] == nullptr || up[e] == nullptr || down[e] == nullptr) {
+    if (n < 0 || gate_up[e] == nullptr || down[e] == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("grouped SwiGLU: expert ", e, " has ", n, " rows and no weights here"));
     }
@@ -268,13 +267,23 @@ absl::Status CpuBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
       }
       x = x_rows.data();
     }
-    const int64_t inter = gate[e]->rows();
+    const int64_t inter = down[e]->row_size();
+    if (gate_up[e]->rows() != 2 * inter || gate_up[e]->row_size() != hidden ||
+        down[e]->rows() != hidden) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grouped SwiGLU: expert ", e, " weights ", gate_up[e]->ShapeString(), " / ",
+                       down[e]->ShapeString(), " for hidden ", hidden));
+    }
+    // The gate and up halves of the packed weight, one GEMM each: the same sums, in the
+    // same order, as with separate weights.
+    const float* gate_w = gate_up[e]->f32();
+    const float* up_w = gate_w + inter * hidden;
     gate_rows.resize(static_cast<size_t>(n * inter));
     up_rows.resize(static_cast<size_t>(n * inter));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, inter, hidden, 1.f, x, hidden,
-                gate[e]->f32(), hidden, 0.f, gate_rows.data(), inter);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, inter, hidden, 1.f, x, hidden,
-                up[e]->f32(), hidden, 0.f, up_rows.data(), inter);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, inter, hidden, 1.f, x, hidden, gate_w,
+                hidden, 0.f, gate_rows.data(), inter);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, inter, hidden, 1.f, x, hidden, up_w,
+                hidden, 0.f, up_rows.data(), inter);
     float* g = gate_rows.data();
     const float* u = up_rows.data();
     for (int64_t i = 0; i < n * inter; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];

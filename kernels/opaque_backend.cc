@@ -200,12 +200,11 @@ class OpaqueBackend final : public Backend {
     return inner_.SortPairsByExpert(Open(experts), num_experts, &o, &off);
   }
   absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor* rows, const Tensor& expert_offsets,
-                             const std::vector<const Tensor*>& gate,
-                             const std::vector<const Tensor*>& up,
+                             const std::vector<const Tensor*>& gate_up,
                              const std::vector<const Tensor*>& down, Tensor* y) override {
     // The weight tables, opened (held here for the call).
     std::vector<Tensor> held;
-    held.reserve(3 * gate.size());
+    held.reserve(2 * gate_up.size());
     auto open_all = [&](const std::vector<const Tensor*>& table) {
       std::vector<const Tensor*> out(table.size(), nullptr);
       for (size_t e = 0; e < table.size(); ++e) {
@@ -215,10 +214,10 @@ class OpaqueBackend final : public Backend {
       }
       return out;
     };
-    const std::vector<const Tensor*> g = open_all(gate), u = open_all(up), d = open_all(down);
+    const std::vector<const Tensor*> gu = open_all(gate_up), d = open_all(down);
     Tensor r = rows != nullptr ? Open(*rows) : Tensor(), o = Open(*y);
-    return inner_.GroupedSwiGlu(Open(xs), rows != nullptr ? &r : nullptr, Open(expert_offsets), g,
-                                u, d, &o);
+    return inner_.GroupedSwiGlu(Open(xs), rows != nullptr ? &r : nullptr, Open(expert_offsets), gu,
+                                d, &o);
   }
   absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                             Tensor* dst) override {

@@ -25,7 +25,7 @@ ExpertShard::ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Bac
       tokens_per_expert_(new std::atomic<int64_t>[std::max<int64_t>(config.num_experts, 0)]()) {
   const size_t layers = static_cast<size_t>(std::max<int64_t>(config.num_hidden_layers, 0));
   const size_t experts = static_cast<size_t>(std::max<int64_t>(config.num_experts, 0));
-  for (auto* table : {&gate_, &up_, &down_}) {
+  for (auto* table : {&gate_up_, &down_}) {
     table->assign(layers, std::vector<const Tensor*>(experts, nullptr));
   }
   for (const auto& [key, w] : weights_) {
@@ -34,8 +34,7 @@ ExpertShard::ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Bac
         static_cast<size_t>(expert) >= experts) {
       continue;
     }
-    gate_[layer][expert] = &w.gate_proj;
-    up_[layer][expert] = &w.up_proj;
+    gate_up_[layer][expert] = &w.gate_up_proj;
     down_[layer][expert] = &w.down_proj;
   }
   const bool holds_all =
@@ -93,7 +92,7 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
     return absl::FailedPreconditionError(
         absl::StrCat("the ", backend_->name(), " backend's experts take float32 rows only"));
   }
-  if (layer < 0 || static_cast<size_t>(layer) >= gate_.size()) {
+  if (layer < 0 || static_cast<size_t>(layer) >= gate_up_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("expert layer ", layer, " does not exist"));
   }
   const int64_t num_pairs = rows.num_elements();
@@ -147,8 +146,8 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
       DXS_RETURN_IF_ERROR(CountOnHost(layer, offsets));
     }
     Tensor y = ws.y.Rows(0, num_pairs);
-    DXS_RETURN_IF_ERROR(backend_->GroupedSwiGlu(x, &sorted_rows, offsets, gate_[layer], up_[layer],
-                                                down_[layer], &y));
+    DXS_RETURN_IF_ERROR(
+        backend_->GroupedSwiGlu(x, &sorted_rows, offsets, gate_up_[layer], down_[layer], &y));
     DXS_RETURN_IF_ERROR(backend_->ScaleAddRows(y, sorted_weights, sorted_out_rows, &sum));
   }
   if (out->dtype() != DType::kF32) return backend_->Copy(sum, out);
@@ -164,7 +163,7 @@ absl::Status ExpertShard::CountOnHost(int layer, const Tensor& offsets) {
   DXS_RETURN_IF_ERROR(backend_->CopyToHost(offsets, DType::kI32, bounds.data()));
   for (int e = 0; e < num_experts; ++e) {
     const int32_t n = bounds[e + 1] - bounds[e];
-    if (n > 0 && gate_[layer][e] == nullptr) {
+    if (n > 0 && gate_up_[layer][e] == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("expert ", e, " of layer ", layer, " is not held by this shard"));
     }

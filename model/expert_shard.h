@@ -54,7 +54,7 @@ class ExpertShard final {
   ExpertWeightMap weights_;
   Backend* backend_;
   // Per layer, per expert id: the weights, or null where not held (GroupedSwiGlu's table).
-  std::vector<std::vector<const Tensor*>> gate_, up_, down_;
+  std::vector<std::vector<const Tensor*>> gate_up_, down_;
   std::unique_ptr<std::atomic<int64_t>[]> tokens_per_expert_;
   // Where the shard holds every expert of every layer on a device backend, nothing can be
   // routed to a missing expert, so the per-layer counts stay on the device (i64 [E],

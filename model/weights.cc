@@ -15,6 +15,20 @@ absl::StatusOr<Tensor> CheckpointWeightSource::Load(const std::string& name,
   return t;
 }
 
+absl::StatusOr<Tensor> PackGateUp(const Tensor& gate, const Tensor& up, Backend* backend) {
+  if (gate.shape() != up.shape() || gate.dtype() != up.dtype() || gate.shape().size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pack gate_up: gate ", gate.ShapeString(), " and up ", up.ShapeString()));
+  }
+  const int64_t inter = gate.rows();
+  DXS_ASSIGN_OR_RETURN(Tensor packed,
+                       backend->Allocate({2 * inter, gate.row_size()}, gate.dtype()));
+  Tensor gate_half = packed.Rows(0, inter), up_half = packed.Rows(inter, inter);
+  DXS_RETURN_IF_ERROR(backend->Copy(gate, &gate_half));
+  DXS_RETURN_IF_ERROR(backend->Copy(up, &up_half));
+  return packed;
+}
+
 std::string LayerTensorName(int layer, const std::string& suffix) {
   return absl::StrCat("model.layers.", layer, ".", suffix);
 }
@@ -97,10 +111,15 @@ absl::StatusOr<ExpertWeightMap> LoadExpertWeights(const WeightSource& source, co
             absl::StrCat("expert ", e, " is outside [0, ", c.num_experts, ")"));
       }
       ExpertWeights ew;
-      DXS_ASSIGN_OR_RETURN(ew.gate_proj,
-                           Load(ExpertTensorName(l, e, "gate_proj"), {inter, h}, backend));
-      DXS_ASSIGN_OR_RETURN(ew.up_proj,
-                           Load(ExpertTensorName(l, e, "up_proj"), {inter, h}, backend));
+      {
+        // The separate projections live only until packed: one expert's worth of extra
+        // memory at a time (the allocator reuses it for the next).
+        DXS_ASSIGN_OR_RETURN(Tensor gate,
+                             Load(ExpertTensorName(l, e, "gate_proj"), {inter, h}, backend));
+        DXS_ASSIGN_OR_RETURN(Tensor up,
+                             Load(ExpertTensorName(l, e, "up_proj"), {inter, h}, backend));
+        DXS_ASSIGN_OR_RETURN(ew.gate_up_proj, PackGateUp(gate, up, backend));
+      }
       DXS_ASSIGN_OR_RETURN(ew.down_proj,
                            Load(ExpertTensorName(l, e, "down_proj"), {h, inter}, backend));
       map.emplace(std::make_pair(l, e), std::move(ew));

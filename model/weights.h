@@ -32,10 +32,17 @@ struct AttentionWeights {
   Tensor lm_head;  // aliases embed_tokens when tied
 };
 
+// One expert's FFN. gate_proj and up_proj are packed into one weight when loaded, so a
+// device runs both as one GEMM (Backend::GroupedSwiGlu); the separate copies are not kept.
 struct ExpertWeights {
-  Tensor gate_proj, up_proj;  // [moe_intermediate, hidden]
-  Tensor down_proj;           // [hidden, moe_intermediate]
+  Tensor gate_up_proj;  // [2 * moe_intermediate, hidden]: gate_proj's rows, then up_proj's
+  Tensor down_proj;     // [hidden, moe_intermediate]
 };
+
+// [gate; up]: the two [inter, hidden] projections stacked into one new [2 * inter, hidden]
+// tensor on `backend`, in gate's dtype (INVALID_ARGUMENT where their shapes or dtypes
+// differ).
+absl::StatusOr<Tensor> PackGateUp(const Tensor& gate, const Tensor& up, Backend* backend);
 
 // Where weights come from: a checkpoint on disk, or a seeded random model made in place
 // on the backend (model/random_checkpoint.h: RandomWeightSource).

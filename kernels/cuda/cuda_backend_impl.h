@@ -90,8 +90,7 @@ class CudaBackend final : public Backend {
   absl::Status SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
                                  Tensor* expert_offsets) override;
   absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor* rows, const Tensor& expert_offsets,
-                             const std::vector<const Tensor*>& gate,
-                             const std::vector<const Tensor*>& up,
+                             const std::vector<const Tensor*>& gate_up,
                              const std::vector<const Tensor*>& down, Tensor* y) override;
   absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                             Tensor* dst) override;
@@ -110,22 +109,21 @@ class CudaBackend final : public Backend {
   // y = x * w^T with cuBLAS, x and w in one dtype, y in that dtype or f32.
   absl::Status Gemm(const void* x, const void* w, DType in_dtype, int64_t m, int64_t n, int64_t k,
                     void* y, DType out_dtype, float beta, const char* op);
-  // The grouped FFN as three CUTLASS grouped GEMMs (kernels/cuda/grouped_gemm.cuh): per
-  // expert sizes stay on the device.
+  // The grouped FFN as two CUTLASS grouped GEMMs (kernels/cuda/grouped_gemm.cuh), gate_up
+  // and down, around one SiLU*mul pass: per expert sizes stay on the device.
   absl::Status GroupedSwiGluCutlass(const Tensor& x, const Tensor& expert_offsets,
-                                    const std::vector<const Tensor*>& gate,
-                                    const std::vector<const Tensor*>& up,
-                                    const std::vector<const Tensor*>& down, Tensor* y);
-  // The device table of gate | up | down weight pointers for these weights, uploaded once
+                                    const std::vector<const Tensor*>& gate_up,
+                                    const std::vector<const Tensor*>& down, int64_t inter,
+                                    Tensor* y);
+  // The device table of gate_up | down weight pointers for these weights, uploaded once
   // and kept (the expert shard passes the same weights every call of a layer).
-  absl::StatusOr<Tensor> WeightPointerTable(const std::vector<const Tensor*>& gate,
-                                            const std::vector<const Tensor*>& up,
+  absl::StatusOr<Tensor> WeightPointerTable(const std::vector<const Tensor*>& gate_up,
                                             const std::vector<const Tensor*>& down);
-  // The grouped FFN one cuBLAS GEMM per expert (the host reads the offsets).
+  // The grouped FFN one cuBLAS GEMM per expert and projection (the host reads the offsets).
   absl::Status GroupedSwiGluCublas(const Tensor& xs, const Tensor& expert_offsets,
-                                   const std::vector<const Tensor*>& gate,
-                                   const std::vector<const Tensor*>& up,
-                                   const std::vector<const Tensor*>& down, Tensor* y);
+                                   const std::vector<const Tensor*>& gate_up,
+                                   const std::vector<const Tensor*>& down, int64_t inter,
+                                   Tensor* y);
 
   const int device_;
   // DXS_CUDA_GROUPED_GEMM=cublas|cutlass (default: cutlass where built): which grouped FFN.

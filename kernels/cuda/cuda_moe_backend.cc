@@ -169,8 +169,7 @@ absl::Status CudaBackend::AccumulateCounts(const Tensor& offsets, Tensor* counts
 
 absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
                                         const Tensor& expert_offsets,
-                                        const std::vector<const Tensor*>& gate,
-                                        const std::vector<const Tensor*>& up,
+                                        const std::vector<const Tensor*>& gate_up,
                                         const std::vector<const Tensor*>& down, Tensor* y) {
   DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", expert_offsets, DType::kI32, "offsets"));
   if (rows != nullptr) {
@@ -183,16 +182,37 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
   const int64_t num_experts = expert_offsets.num_elements() - 1;
   const int64_t hidden = xs.row_size();
   const int64_t num_rows = rows != nullptr ? rows->num_elements() : xs.rows();
-  if (num_experts < 0 || static_cast<int64_t>(gate.size()) != num_experts ||
-      up.size() != gate.size() || down.size() != gate.size() || y->rows() != num_rows ||
-      y->row_size() != hidden) {
+  if (num_experts < 0 || static_cast<int64_t>(gate_up.size()) != num_experts ||
+      down.size() != gate_up.size() || y->rows() != num_rows || y->row_size() != hidden) {
     return absl::InvalidArgumentError(absl::StrCat("grouped SwiGLU: ", xs.ShapeString(), " over ",
                                                    num_experts, " experts into ",
                                                    y->ShapeString()));
   }
+  // Shapes from the experts this shard holds (all alike); those with rows but no weights
+  // are the paths' to report or skip (ExpertShard checks holders on the host first).
+  int64_t inter = -1;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    if (gate_up[e] == nullptr && down[e] == nullptr) continue;
+    if (gate_up[e] == nullptr || down[e] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grouped SwiGLU: expert ", e, " has some weights and not others"));
+    }
+    for (const Tensor* w : {gate_up[e], down[e]}) {
+      DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", *w, DType::kBF16, "expert weight"));
+    }
+    if (inter < 0) inter = down[e]->row_size();
+    if (gate_up[e]->rows() != 2 * inter || gate_up[e]->row_size() != hidden ||
+        down[e]->rows() != hidden || down[e]->row_size() != inter) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grouped SwiGLU: expert ", e, " weights ", gate_up[e]->ShapeString(), " / ",
+                       down[e]->ShapeString(), " for hidden ", hidden));
+    }
+  }
   if (num_rows == 0) return absl::OkStatus();
+  if (inter < 0) return absl::FailedPreconditionError("grouped SwiGLU: no expert weights here");
   DXS_RETURN_IF_ERROR(Enter("grouped SwiGLU"));
-  // The GEMMs take bf16 rows: the sorted rows gathered (and narrowed) once.
+  // The GEMMs take bf16 rows: the sorted rows gathered (and narrowed) in one pass. (A
+  // TMA-fed mainloop cannot load A rows by index on Hopper, so the gather stays a pass.)
   Tensor x = xs;
   if (rows != nullptr || xs.dtype() != DType::kBF16) {
     DXS_ASSIGN_OR_RETURN(x, Allocate({num_rows, hidden}, DType::kBF16));
@@ -202,16 +222,15 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
       DXS_RETURN_IF_ERROR(Copy(xs, &x));
     }
   }
-  if (use_cutlass_) return GroupedSwiGluCutlass(x, expert_offsets, gate, up, down, y);
-  return GroupedSwiGluCublas(x, expert_offsets, gate, up, down, y);
+  if (use_cutlass_) return GroupedSwiGluCutlass(x, expert_offsets, gate_up, down, inter, y);
+  return GroupedSwiGluCublas(x, expert_offsets, gate_up, down, inter, y);
 }
 
-absl::StatusOr<Tensor> CudaBackend::WeightPointerTable(const std::vector<const Tensor*>& gate,
-                                                       const std::vector<const Tensor*>& up,
+absl::StatusOr<Tensor> CudaBackend::WeightPointerTable(const std::vector<const Tensor*>& gate_up,
                                                        const std::vector<const Tensor*>& down) {
   std::vector<const void*> key;
-  key.reserve(3 * gate.size());
-  for (const auto* list : {&gate, &up, &down}) {
+  key.reserve(2 * gate_up.size());
+  for (const auto* list : {&gate_up, &down}) {
     for (const Tensor* w : *list) key.push_back(w != nullptr ? w->raw() : nullptr);
   }
   absl::MutexLock lock(&tables_mu_);
@@ -225,98 +244,61 @@ absl::StatusOr<Tensor> CudaBackend::WeightPointerTable(const std::vector<const T
 }
 
 absl::Status CudaBackend::GroupedSwiGluCutlass(const Tensor& x, const Tensor& expert_offsets,
-                                               const std::vector<const Tensor*>& gate,
-                                               const std::vector<const Tensor*>& up,
-                                               const std::vector<const Tensor*>& down, Tensor* y) {
-  const int64_t num_experts = static_cast<int64_t>(gate.size());
+                                               const std::vector<const Tensor*>& gate_up,
+                                               const std::vector<const Tensor*>& down,
+                                               int64_t inter, Tensor* y) {
+  const int64_t num_experts = static_cast<int64_t>(gate_up.size());
   const int64_t hidden = x.row_size(), num_rows = x.rows();
-  // Shapes from the experts this shard holds (all alike); those with rows but no weights
-  // are skipped on the device (ExpertShard checks holders on the host first).
-  int64_t inter = -1;
-  for (int64_t e = 0; e < num_experts; ++e) {
-    if (gate[e] == nullptr) continue;
-    if (up[e] == nullptr || down[e] == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("grouped SwiGLU: expert ", e, " has some weights and not others"));
-    }
-    for (const Tensor* w : {gate[e], up[e], down[e]}) {
-      DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", *w, DType::kBF16, "expert weight"));
-    }
-    if (inter < 0) inter = gate[e]->rows();
-    if (gate[e]->rows() != inter || gate[e]->row_size() != hidden ||
-        up[e]->shape() != gate[e]->shape() || down[e]->rows() != hidden ||
-        down[e]->row_size() != inter) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("grouped SwiGLU: expert ", e, " weights ", gate[e]->ShapeString(), " / ",
-                       down[e]->ShapeString(), " for hidden ", hidden));
-    }
-  }
-  if (inter < 0) return absl::FailedPreconditionError("grouped SwiGLU: no expert weights here");
-  DXS_ASSIGN_OR_RETURN(Tensor table, WeightPointerTable(gate, up, down));
+  DXS_ASSIGN_OR_RETURN(Tensor table, WeightPointerTable(gate_up, down));
   const auto* ptrs = reinterpret_cast<const __nv_bfloat16* const*>(table.raw());
-  const size_t ws_bytes = std::max(
-      cuda::GroupedGemmWorkspaceBytes(num_experts, num_rows, inter, hidden, cuda::ElemType::kF32),
-      cuda::GroupedGemmWorkspaceBytes(num_experts, num_rows, hidden, inter,
-                                      ToElemType(y->dtype())));
+  const size_t ws_bytes = std::max(cuda::GroupedGemmWorkspaceBytes(num_experts, num_rows, 2 * inter,
+                                                                   hidden, cuda::ElemType::kBF16),
+                                   cuda::GroupedGemmWorkspaceBytes(num_experts, num_rows, hidden,
+                                                                   inter, ToElemType(y->dtype())));
   if (ws_bytes == 0) return absl::InternalError("grouped SwiGLU: no grouped GEMM workspace size");
   DXS_ASSIGN_OR_RETURN(Tensor ws, Workspace(ws_bytes));
-  DXS_ASSIGN_OR_RETURN(Tensor g, Allocate({num_rows, inter}, DType::kF32));
-  DXS_ASSIGN_OR_RETURN(Tensor u, Allocate({num_rows, inter}, DType::kF32));
+  // gate | up of every row in bf16 (as torch._grouped_mm's MoE does), then silu(gate) * up.
+  DXS_ASSIGN_OR_RETURN(Tensor gu, Allocate({num_rows, 2 * inter}, DType::kBF16));
   DXS_ASSIGN_OR_RETURN(Tensor h, Allocate({num_rows, inter}, DType::kBF16));
-  const auto* a = static_cast<const __nv_bfloat16*>(x.raw());
   const int32_t* off = expert_offsets.i32();
-  DXS_RETURN_IF_ERROR(CudaStatus(
-      cuda::LaunchGroupedGemmBf16(a, off, ptrs, num_experts, num_rows, inter, hidden, g.raw(),
-                                  cuda::ElemType::kF32, ws.raw(), ws_bytes, stream_),
-      "grouped SwiGLU: gate"));
-  DXS_RETURN_IF_ERROR(CudaStatus(
-      cuda::LaunchGroupedGemmBf16(a, off, ptrs + num_experts, num_experts, num_rows, inter, hidden,
-                                  u.raw(), cuda::ElemType::kF32, ws.raw(), ws_bytes, stream_),
-      "grouped SwiGLU: up"));
   DXS_RETURN_IF_ERROR(
-      CudaStatus(cuda::LaunchSiluMul(g.raw(), cuda::ElemType::kF32, u.raw(), cuda::ElemType::kF32,
-                                     h.raw(), cuda::ElemType::kBF16, num_rows * inter, stream_),
+      CudaStatus(cuda::LaunchGroupedGemmBf16(static_cast<const __nv_bfloat16*>(x.raw()), off, ptrs,
+                                             num_experts, num_rows, 2 * inter, hidden, gu.raw(),
+                                             cuda::ElemType::kBF16, ws.raw(), ws_bytes, stream_),
+                 "grouped SwiGLU: gate_up"));
+  DXS_RETURN_IF_ERROR(
+      CudaStatus(cuda::LaunchSiluMulPacked(gu.raw(), cuda::ElemType::kBF16, num_rows, inter,
+                                           h.raw(), cuda::ElemType::kBF16, stream_),
                  "grouped SwiGLU: silu mul"));
   return CudaStatus(
       cuda::LaunchGroupedGemmBf16(static_cast<const __nv_bfloat16*>(h.raw()), off,
-                                  ptrs + 2 * num_experts, num_experts, num_rows, hidden, inter,
+                                  ptrs + num_experts, num_experts, num_rows, hidden, inter,
                                   y->raw(), ToElemType(y->dtype()), ws.raw(), ws_bytes, stream_),
       "grouped SwiGLU: down");
 }
 
 absl::Status CudaBackend::GroupedSwiGluCublas(const Tensor& x, const Tensor& expert_offsets,
-                                              const std::vector<const Tensor*>& gate,
-                                              const std::vector<const Tensor*>& up,
-                                              const std::vector<const Tensor*>& down, Tensor* y) {
-  const int64_t num_experts = static_cast<int64_t>(gate.size());
+                                              const std::vector<const Tensor*>& gate_up,
+                                              const std::vector<const Tensor*>& down, int64_t inter,
+                                              Tensor* y) {
+  const int64_t num_experts = static_cast<int64_t>(gate_up.size());
   const int64_t hidden = x.row_size(), num_rows = x.rows();
   std::vector<int32_t> offsets(static_cast<size_t>(num_experts) + 1);
   DXS_RETURN_IF_ERROR(CopyToHost(expert_offsets, DType::kI32, offsets.data()));
   if (offsets[0] != 0 || offsets[num_experts] != num_rows) {
     return absl::InvalidArgumentError("grouped SwiGLU: offsets do not cover the rows");
   }
-  int64_t inter = 0, max_rows = 0;
+  int64_t max_rows = 0;
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t n = offsets[e + 1] - offsets[e];
     if (n == 0) continue;
-    if (n < 0 || gate[e] == nullptr || up[e] == nullptr || down[e] == nullptr) {
+    if (n < 0 || gate_up[e] == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("grouped SwiGLU: expert ", e, " has ", n, " rows and no weights here"));
     }
-    for (const Tensor* w : {gate[e], up[e], down[e]}) {
-      DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", *w, DType::kBF16, "expert weight"));
-    }
-    if (gate[e]->row_size() != hidden || up[e]->shape() != gate[e]->shape() ||
-        down[e]->rows() != hidden || down[e]->row_size() != gate[e]->rows()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("grouped SwiGLU: expert ", e, " weights ", gate[e]->ShapeString(), " / ",
-                       down[e]->ShapeString(), " for hidden ", hidden));
-    }
-    inter = gate[e]->rows();
     max_rows = std::max(max_rows, n);
   }
-  DXS_ASSIGN_OR_RETURN(Tensor g, Allocate({max_rows, inter}, DType::kF32));
-  DXS_ASSIGN_OR_RETURN(Tensor u, Allocate({max_rows, inter}, DType::kF32));
+  DXS_ASSIGN_OR_RETURN(Tensor gu, Allocate({max_rows, 2 * inter}, DType::kBF16));
   DXS_ASSIGN_OR_RETURN(Tensor h, Allocate({max_rows, inter}, DType::kBF16));
   const size_t x_row = static_cast<size_t>(hidden) * DTypeSize(x.dtype());
   const size_t y_row = static_cast<size_t>(hidden) * DTypeSize(y->dtype());
@@ -324,13 +306,11 @@ absl::Status CudaBackend::GroupedSwiGluCublas(const Tensor& x, const Tensor& exp
     const int64_t begin = offsets[e], n = offsets[e + 1] - begin;
     if (n == 0) continue;
     const uint8_t* xe = static_cast<const uint8_t*>(x.raw()) + begin * x_row;
-    DXS_RETURN_IF_ERROR(Gemm(xe, gate[e]->raw(), DType::kBF16, n, inter, hidden, g.raw(),
-                             DType::kF32, 0.f, "grouped SwiGLU: gate"));
-    DXS_RETURN_IF_ERROR(Gemm(xe, up[e]->raw(), DType::kBF16, n, inter, hidden, u.raw(), DType::kF32,
-                             0.f, "grouped SwiGLU: up"));
+    DXS_RETURN_IF_ERROR(Gemm(xe, gate_up[e]->raw(), DType::kBF16, n, 2 * inter, hidden, gu.raw(),
+                             DType::kBF16, 0.f, "grouped SwiGLU: gate_up"));
     DXS_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchSiluMul(g.raw(), cuda::ElemType::kF32, u.raw(), cuda::ElemType::kF32,
-                                       h.raw(), cuda::ElemType::kBF16, n * inter, stream_),
+        CudaStatus(cuda::LaunchSiluMulPacked(gu.raw(), cuda::ElemType::kBF16, n, inter, h.raw(),
+                                             cuda::ElemType::kBF16, stream_),
                    "grouped SwiGLU: silu mul"));
     uint8_t* ye = static_cast<uint8_t*>(y->raw()) + begin * y_row;
     DXS_RETURN_IF_ERROR(Gemm(h.raw(), down[e]->raw(), DType::kBF16, n, hidden, inter, ye,

@@ -4,6 +4,8 @@
 #include "kernels/cuda/grouped_gemm.cuh"
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "kernels/cuda/grouped_gemm_sm90.h"
@@ -56,17 +58,47 @@ cudaError_t QueryDevice(Device* device) {
   return err;
 }
 
-// Up to this many rows an expert on average, the 64-row ping-pong tiles (decode); above
-// it, the 128-row cooperative ones. A first guess from the shapes, not a measured one.
+// Up to this many rows an expert on average, the 64-row ping-pong tiles (decode); up to
+// kLargeTileMaxRowsPerExpert the 128x128 cooperative ones; above, 128x256 without clusters.
+// DXS_GROUPED_GEMM_TILES=small|large|wide1|wide (read once) forces one, for measurements
+// (wide: the 128x256 tiles in 2x1 clusters, measured slower; grouped_gemm_sm90.cuh).
 constexpr int64_t kSmallTileMaxRowsPerExpert = 64;
+constexpr int64_t kLargeTileMaxRowsPerExpert = 128;
+
+enum class Tiles { kAuto, kSmall, kLarge, kWide, kWide1 };
+
+Tiles ForcedTiles() {
+  static const Tiles forced = [] {
+    const char* v = std::getenv("DXS_GROUPED_GEMM_TILES");
+    if (v == nullptr) return Tiles::kAuto;
+    if (std::strcmp(v, "small") == 0) return Tiles::kSmall;
+    if (std::strcmp(v, "large") == 0) return Tiles::kLarge;
+    if (std::strcmp(v, "wide") == 0) return Tiles::kWide;
+    if (std::strcmp(v, "wide1") == 0) return Tiles::kWide1;
+    return Tiles::kAuto;
+  }();
+  return forced;
+}
 
 const grouped_gemm::Sm90Kernel& PickKernel(int64_t num_experts, int64_t total_rows,
                                            ElemType c_type) {
-  const bool small = total_rows <= kSmallTileMaxRowsPerExpert * num_experts;
-  if (c_type == ElemType::kBF16) {
-    return small ? grouped_gemm::kSm90SmallBf16Out : grouped_gemm::kSm90LargeBf16Out;
+  Tiles tiles = ForcedTiles();
+  if (tiles == Tiles::kAuto) {
+    tiles = total_rows <= kSmallTileMaxRowsPerExpert * num_experts   ? Tiles::kSmall
+            : total_rows <= kLargeTileMaxRowsPerExpert * num_experts ? Tiles::kLarge
+                                                                     : Tiles::kWide1;
   }
-  return small ? grouped_gemm::kSm90SmallF32Out : grouped_gemm::kSm90LargeF32Out;
+  const bool bf16 = c_type == ElemType::kBF16;
+  switch (tiles) {
+    case Tiles::kSmall:
+      return bf16 ? grouped_gemm::kSm90SmallBf16Out : grouped_gemm::kSm90SmallF32Out;
+    case Tiles::kLarge:
+      return bf16 ? grouped_gemm::kSm90LargeBf16Out : grouped_gemm::kSm90LargeF32Out;
+    case Tiles::kWide1:
+      return bf16 ? grouped_gemm::kSm90Wide1Bf16Out : grouped_gemm::kSm90Wide1F32Out;
+    default:
+      return bf16 ? grouped_gemm::kSm90WideBf16Out : grouped_gemm::kSm90WideF32Out;
+  }
 }
 #endif
 

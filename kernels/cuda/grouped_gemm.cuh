@@ -13,10 +13,10 @@
 // NOTES:
 // - The GEMM is CUTLASS 3's SM90 pointer-array grouped GEMM (TMA + wgmma, warp-specialised,
 //   persistent: one CTA per SM walks the tiles of all experts). Up to 64 rows an expert on
-//   average (decode) it uses 64x128 ping-pong tiles, above that 128x128 cooperative ones
-//   (grouped_gemm_sm90.cuh says why). It runs on sm_90 (Hopper) only; elsewhere, or in a
-//   build without CUTLASS (DXS_HAVE_CUTLASS=0), the launch returns cudaErrorNotSupported
-//   after the host checks.
+//   average (decode) it uses 64x128 ping-pong tiles, up to 128 128x128 cooperative ones,
+//   above that 128x256 cooperative ones (grouped_gemm_sm90.cuh says why). It runs on
+//   sm_90 (Hopper) only; elsewhere, or in a build without CUTLASS (DXS_HAVE_CUTLASS=0),
+//   the launch returns cudaErrorNotSupported after the host checks.
 // - An expert with no rows is a group of M = 0: it has no tiles, so the persistent
 //   scheduler never visits it and its null weight pointer is never read. It costs one
 //   entry of the group scan, nothing else.

@@ -88,8 +88,8 @@ struct Sm90GroupedGemm {
 };
 
 // Large-M configuration: 128x128x64 tiles, cooperative (both consumer warpgroups on one
-// tile, 64 rows each), cluster 1x1; chosen when the batch averages more than 64 rows an
-// expert (prefill). Why:
+// tile, 64 rows each), cluster 1x1; chosen when the batch averages 65 to 128 rows an
+// expert (short prefill; the wide configuration below takes over past that). Why:
 // - Even then an expert's rows are few (Qwen3-30B-A3B: 128 experts, top-8: 16k routed rows
 //   are ~128 an expert), and the group scheduler pads every group to whole clusters: a 2x1
 //   cluster (B multicast) would add an empty M tile, a full K loop of zeros, to many
@@ -102,6 +102,27 @@ struct Sm90GroupedGemm {
 //   swizzle width) leaves room for 6 stages of 32 KiB in shared memory.
 template <class ElementD>
 using ConfigSm90Large = Sm90GroupedGemm<ElementD, cute::Shape<cute::_128, cute::_128, cute::_64>,
+                                        cute::Shape<cute::_1, cute::_1, cute::_1>,
+                                        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+                                        cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+
+// Wide configuration, clustered: 128x256x64 tiles, cooperative, cluster 2x1x1 (the two M
+// tiles of a cluster share each weight tile through TMA multicast), the shape
+// torch._grouped_mm uses for large batches. Kept for measurements only
+// (DXS_GROUPED_GEMM_TILES=wide): the group scheduler rounds each expert's M tiles up to the
+// cluster's 2, and on an H200 it measured slower than ConfigSm90Wide1 (4096 tokens of the
+// Qwen3-30B-A3B FFN: 796 against 727 us; 16384: 2463 against 2397 us).
+template <class ElementD>
+using ConfigSm90Wide = Sm90GroupedGemm<ElementD, cute::Shape<cute::_128, cute::_256, cute::_64>,
+                                       cute::Shape<cute::_2, cute::_1, cute::_1>,
+                                       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+                                       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+
+// Wide configuration: the same tiles without the cluster (no M-tile padding); chosen where
+// the batch averages more than 128 rows an expert (large prefill). A 128x256 tile does
+// twice the MMA work per A and B byte of 128x128 and halves the epilogue count.
+template <class ElementD>
+using ConfigSm90Wide1 = Sm90GroupedGemm<ElementD, cute::Shape<cute::_128, cute::_256, cute::_64>,
                                         cute::Shape<cute::_1, cute::_1, cute::_1>,
                                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
                                         cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
@@ -256,6 +277,10 @@ template <class ElementD>
 struct ConfigSm90Large {};
 template <class ElementD>
 struct ConfigSm90Small {};
+template <class ElementD>
+struct ConfigSm90Wide {};
+template <class ElementD>
+struct ConfigSm90Wide1 {};
 
 #endif  // DXS_GROUPED_GEMM_SM90
 

@@ -39,6 +39,12 @@ struct Sm90Kernel {
 // 128x128x64 tiles, cooperative: for batches averaging more than 64 rows an expert.
 extern const Sm90Kernel kSm90LargeBf16Out;
 extern const Sm90Kernel kSm90LargeF32Out;
+// 128x256x64 tiles, cooperative: for batches averaging more than 128 rows an expert.
+extern const Sm90Kernel kSm90Wide1Bf16Out;
+extern const Sm90Kernel kSm90Wide1F32Out;
+// The same in 2x1 clusters (DXS_GROUPED_GEMM_TILES=wide only; measured slower).
+extern const Sm90Kernel kSm90WideBf16Out;
+extern const Sm90Kernel kSm90WideF32Out;
 // 64x128x64 tiles, ping-pong: for decode-sized batches (see grouped_gemm_sm90.cuh).
 extern const Sm90Kernel kSm90SmallBf16Out;
 extern const Sm90Kernel kSm90SmallF32Out;

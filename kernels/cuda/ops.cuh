@@ -51,6 +51,11 @@ cudaError_t LaunchRope(void* x, ElemType type, const int32_t* positions, int64_t
 // out = silu(gate) * up, elementwise over n.
 cudaError_t LaunchSiluMul(const void* gate, ElemType gate_type, const void* up, ElemType up_type,
                           void* out, ElemType out_type, int64_t n, cudaStream_t stream);
+// out[r, j] = silu(gate_up[r, j]) * gate_up[r, inter + j] for r < rows, j < inter:
+// gate_up [rows, 2 * inter] (the gate half first, the grouped FFN's packed projections),
+// out [rows, inter], both packed.
+cudaError_t LaunchSiluMulPacked(const void* gate_up, ElemType in_type, int64_t rows, int64_t inter,
+                                void* out, ElemType out_type, cudaStream_t stream);
 // inout += x, elementwise over n.
 cudaError_t LaunchAdd(const void* x, ElemType x_type, void* inout, ElemType inout_type, int64_t n,
                       cudaStream_t stream);

@@ -263,12 +263,15 @@ TEST_F(CpuBackendTest, GroupedSwiGluEqualsPerExpertLinears) {
   const int64_t h = 3, inter = 2;
   Tensor g0 = Up({0.1f, 0.2f, 0.3f, -0.1f, 0.0f, 0.5f}, {inter, h});
   Tensor u0 = Up({0.3f, -0.2f, 0.1f, 0.2f, 0.4f, -0.5f}, {inter, h});
+  // The packed weight: gate's rows, then up's.
+  Tensor gu0 = Up({0.1f, 0.2f, 0.3f, -0.1f, 0.0f, 0.5f, 0.3f, -0.2f, 0.1f, 0.2f, 0.4f, -0.5f},
+                  {2 * inter, h});
   Tensor d0 = Up({1, 2, -1, 0.5f, 0, 1}, {h, inter});
   Tensor xs = Up({1, 2, 3, -1, 0, 2}, {2, h});
   Tensor y = Alloc({2, h});
   // Expert 1 has both rows; experts 0 and 2 none (and expert 2 no weights).
-  ASSERT_TRUE(b_->GroupedSwiGlu(xs, nullptr, Ids({0, 0, 2, 2}), {&g0, &g0, nullptr},
-                                {&u0, &u0, nullptr}, {&d0, &d0, nullptr}, &y)
+  ASSERT_TRUE(b_->GroupedSwiGlu(xs, nullptr, Ids({0, 0, 2, 2}), {&gu0, &gu0, nullptr},
+                                {&d0, &d0, nullptr}, &y)
                   .ok());
   Tensor gate = Alloc({2, inter}), up = Alloc({2, inter}), want = Alloc({2, h});
   ASSERT_TRUE(b_->Linear(xs, g0, nullptr, &gate).ok());
@@ -281,16 +284,16 @@ TEST_F(CpuBackendTest, GroupedSwiGluEqualsPerExpertLinears) {
   ASSERT_TRUE(b_->Copy(xs, &xs16).ok());
   Tensor y2 = Alloc({2, h}), want2 = Alloc({2, h}), swapped = Alloc({2, h});
   ASSERT_TRUE(b_->GatherRows(xs16, Ids({1, 0}), &swapped).ok());
-  ASSERT_TRUE(b_->GroupedSwiGlu(swapped, nullptr, Ids({0, 0, 2, 2}), {&g0, &g0, nullptr},
-                                {&u0, &u0, nullptr}, {&d0, &d0, nullptr}, &want2)
+  ASSERT_TRUE(b_->GroupedSwiGlu(swapped, nullptr, Ids({0, 0, 2, 2}), {&gu0, &gu0, nullptr},
+                                {&d0, &d0, nullptr}, &want2)
                   .ok());
   const Tensor order = Ids({1, 0});
-  ASSERT_TRUE(b_->GroupedSwiGlu(xs16, &order, Ids({0, 0, 2, 2}), {&g0, &g0, nullptr},
-                                {&u0, &u0, nullptr}, {&d0, &d0, nullptr}, &y2)
+  ASSERT_TRUE(b_->GroupedSwiGlu(xs16, &order, Ids({0, 0, 2, 2}), {&gu0, &gu0, nullptr},
+                                {&d0, &d0, nullptr}, &y2)
                   .ok());
   EXPECT_EQ(Down(y2), Down(want2));
-  EXPECT_EQ(b_->GroupedSwiGlu(xs, nullptr, Ids({0, 0, 0, 2}), {&g0, &g0, nullptr},
-                              {&u0, &u0, nullptr}, {&d0, &d0, nullptr}, &y)
+  EXPECT_EQ(b_->GroupedSwiGlu(xs, nullptr, Ids({0, 0, 0, 2}), {&gu0, &gu0, nullptr},
+                              {&d0, &d0, nullptr}, &y)
                 .code(),
             absl::StatusCode::kFailedPrecondition);
 }

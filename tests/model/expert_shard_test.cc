@@ -31,8 +31,9 @@ class ExpertShardBf16Test : public ::testing::Test {
     ExpertWeightMap weights;
     for (int e = 0; e < kExperts; ++e) {
       ExpertWeights& w = weights[{0, e}];
-      w.gate_proj = *backend_->Upload(Random(kInter * kHidden, 0.2f), {kInter, kHidden});
-      w.up_proj = *backend_->Upload(Random(kInter * kHidden, 0.2f), {kInter, kHidden});
+      const Tensor gate = *backend_->Upload(Random(kInter * kHidden, 0.2f), {kInter, kHidden});
+      const Tensor up = *backend_->Upload(Random(kInter * kHidden, 0.2f), {kInter, kHidden});
+      w.gate_up_proj = *PackGateUp(gate, up, backend_.get());
       w.down_proj = *backend_->Upload(Random(kHidden * kInter, 0.2f), {kHidden, kInter});
     }
     shard_ = std::make_unique<ExpertShard>(config_, std::move(weights), backend_.get());

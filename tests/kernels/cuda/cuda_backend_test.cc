@@ -353,17 +353,20 @@ TEST_F(CudaBackendTest, RoutingAndTheExchangeMatchTheCpu) {
 
 TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
   const int64_t experts = 16, hidden = 256, inter = 128;
-  std::vector<std::vector<Tensor>> cw(3), gw(3);
-  for (int m = 0; m < 3; ++m) {
-    for (int64_t e = 0; e < experts; ++e) {
-      const std::vector<int64_t> shape =
-          m < 2 ? std::vector<int64_t>{inter, hidden} : std::vector<int64_t>{hidden, inter};
-      const std::vector<float> w = Bf16Exact(RandomFloats(inter * hidden, 100 + 16 * m + e, 0.06f));
-      cw[m].push_back(Put(cpu_.get(), w, shape, DType::kF32));
-      gw[m].push_back(Put(gpu_.get(), w, shape, DType::kBF16));
-    }
+  // Per expert: gate_up [2 * inter, hidden] (gate's rows, then up's) and down.
+  std::vector<std::vector<Tensor>> cw(2), gw(2);
+  for (int64_t e = 0; e < experts; ++e) {
+    std::vector<float> gate_up = Bf16Exact(RandomFloats(inter * hidden, 100 + e, 0.06f));
+    const std::vector<float> up = Bf16Exact(RandomFloats(inter * hidden, 116 + e, 0.06f));
+    gate_up.insert(gate_up.end(), up.begin(), up.end());
+    const std::vector<float> down = Bf16Exact(RandomFloats(inter * hidden, 132 + e, 0.06f));
+    cw[0].push_back(Put(cpu_.get(), gate_up, {2 * inter, hidden}, DType::kF32));
+    gw[0].push_back(Put(gpu_.get(), gate_up, {2 * inter, hidden}, DType::kBF16));
+    cw[1].push_back(Put(cpu_.get(), down, {hidden, inter}, DType::kF32));
+    gw[1].push_back(Put(gpu_.get(), down, {hidden, inter}, DType::kBF16));
   }
-  for (int64_t pairs : {0, 1, 40, 700}) {
+  // Up to ~54 rows an expert (the small tiles), ~108 (128-row tiles), ~310 (128x256 tiles).
+  for (int64_t pairs : {0, 1, 40, 700, 1400, 4000}) {
     SCOPED_TRACE(::testing::Message() << pairs << " pairs");
     const int64_t rows_in = std::max<int64_t>(pairs / 3, 1);
     std::mt19937 rng(static_cast<uint32_t>(pairs));
@@ -393,16 +396,15 @@ TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
       EXPECT_TRUE(b->GatherRows(PutIndices(b, rows), order, &sorted_rows).ok());
       EXPECT_TRUE(b->GatherRows(PutIndices(b, out_rows), order, &sorted_out).ok());
       EXPECT_TRUE(b->GatherRows(Put(b, scales, {pairs}, DType::kF32), order, &sorted_scales).ok());
-      std::vector<const Tensor*> g(experts), u(experts), dn(experts);
+      std::vector<const Tensor*> gu(experts), dn(experts);
       for (int64_t e = 0; e < experts; ++e) {
         const bool held = e < experts - 3;  // experts without rows may have no weights
-        g[e] = held ? &w[0][e] : nullptr;
-        u[e] = held ? &w[1][e] : nullptr;
-        dn[e] = held ? &w[2][e] : nullptr;
+        gu[e] = held ? &w[0][e] : nullptr;
+        dn[e] = held ? &w[1][e] : nullptr;
       }
       Tensor y = Poisoned(b, {pairs, hidden}, DType::kF32);
-      absl::Status s = b->GroupedSwiGlu(Put(b, x, {rows_in, hidden}, xdtype), &sorted_rows, offsets,
-                                        g, u, dn, &y);
+      absl::Status s =
+          b->GroupedSwiGlu(Put(b, x, {rows_in, hidden}, xdtype), &sorted_rows, offsets, gu, dn, &y);
       EXPECT_TRUE(s.ok()) << s;
       Tensor sum =
           Put(b, std::vector<float>(rows_in * hidden, 0.5f), {rows_in, hidden}, DType::kF32);

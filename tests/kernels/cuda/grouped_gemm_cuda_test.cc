@@ -386,16 +386,18 @@ class GroupedGemmCudaMatchesHost : public ::testing::TestWithParam<Case> {
 TEST_P(GroupedGemmCudaMatchesHost, PoisonedOutput) { RunAndCheck(GetParam()); }
 
 // Up to 64 rows an expert on average (8192 rows here) the launch takes the 64-row ping-pong
-// kernel, above it the 128-row cooperative one (grouped_gemm.cc): both are covered.
+// kernel, up to 128 (16384 rows) the 128x128 cooperative one, above that the 128x256 one
+// (grouped_gemm.cc): all three are covered.
 std::vector<Case> AllCases() {
   std::vector<Case> cases;
   // Qwen3-30B-A3B's expert FFN: gate_up (n 2 x 768, k 2048) and down (n 2048, k 768).
   for (auto [n, k] : {std::pair<int64_t, int64_t>{1536, 2048}, {2048, 768}}) {
-    for (int64_t rows : {16, 128, 4096, 16384}) {
+    for (int64_t rows : {16, 128, 4096, 16384, 20000}) {
       for (ElemType t : {kBF16, kF32}) cases.push_back({n, k, rows, t, Routing::kSomeEmpty});
     }
-    cases.push_back({n, k, 1000, kBF16, Routing::kOneExpert});  // 16 M tiles of 64
-    cases.push_back({n, k, 9000, kF32, Routing::kOneExpert});   // 71 M tiles of 128
+    cases.push_back({n, k, 1000, kBF16, Routing::kOneExpert});   // 16 M tiles of 64
+    cases.push_back({n, k, 9000, kF32, Routing::kOneExpert});    // 71 M tiles of 128
+    cases.push_back({n, k, 16500, kBF16, Routing::kOneExpert});  // 129 M tiles of 128x256
   }
   // Odd sizes: one row; tiles cut in N (n 200 is not a multiple of 128) and K (k 72 of 64).
   cases.push_back({200, 72, 1, kF32, Routing::kSomeEmpty});
