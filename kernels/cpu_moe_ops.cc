@@ -33,13 +33,7 @@ absl::Status CpuBackend::TopKSoftmax(const Tensor& logits, int top_k, bool norma
 absl::Status CpuBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& weights,
                                                const Tensor& expert_owner, int num_ranks,
                                                DispatchLayoutTensors* layout) {
-  DXS_RETURN_IF_ERROR(CheckDType("dispatch layout", ids, DType::kI32, "ids"));
-  DXS_RETURN_IF_ERROR(CheckDType("dispatch layout", weights, DType::kF32, "weights"));
-  DXS_RETURN_IF_ERROR(CheckDType("dispatch layout", expert_owner, DType::kI32, "expert_owner"));
-  DXS_RETURN_IF_ERROR(CheckSameElements("dispatch layout", ids, weights));
-  if (num_ranks <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("dispatch layout: ", num_ranks, " ranks"));
-  }
+  DXS_RETURN_IF_ERROR(CheckDispatchLayoutArgs(ids, weights, expert_owner, num_ranks));
   const int64_t num_tokens = ids.rows(), top_k = ids.rows() > 0 ? ids.row_size() : 0;
   const int64_t num_pairs = ids.num_elements(), num_experts = expert_owner.num_elements();
   const int64_t max_token_rows = num_tokens * std::min<int64_t>(top_k, num_ranks);
@@ -131,17 +125,8 @@ absl::Status CpuBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& 
 
 absl::Status CpuBackend::CombineRows(const Tensor& recv, const Tensor& token_rows,
                                      const std::vector<int64_t>& rank_offsets, Tensor* out) {
-  DXS_RETURN_IF_ERROR(CheckDType("combine", token_rows, DType::kI32, "token_rows"));
+  DXS_RETURN_IF_ERROR(CheckCombineArgs(recv, token_rows, rank_offsets, *out));
   const int64_t num_tokens = out->rows(), hidden = out->row_size();
-  const int64_t total = rank_offsets.empty() ? 0 : rank_offsets.back();
-  if (rank_offsets.empty() || rank_offsets.front() != 0 || recv.rows() < total ||
-      token_rows.num_elements() < total || (total > 0 && recv.row_size() != hidden)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "combine: ", total, " rows of ", recv.ShapeString(), " into ", out->ShapeString()));
-  }
-  if (!IsFloatDType(recv.dtype()) || !IsFloatDType(out->dtype())) {
-    return absl::InvalidArgumentError("combine: rows must be floating point");
-  }
   // The first rank holding a token writes it, later ones add; tokens no rank holds are
   // zeroed. A narrower output is summed in float32 and rounded once.
   thread_local std::vector<float> wide_sum, wide_row;
@@ -155,9 +140,6 @@ absl::Status CpuBackend::CombineRows(const Tensor& recv, const Tensor& token_row
   const uint8_t* src = static_cast<const uint8_t*>(recv.raw());
   const int32_t* rows = token_rows.i32();
   for (size_t r = 0; r + 1 < rank_offsets.size(); ++r) {
-    if (rank_offsets[r + 1] < rank_offsets[r]) {
-      return absl::InvalidArgumentError("combine: rank offsets decrease");
-    }
     for (int64_t i = rank_offsets[r]; i < rank_offsets[r + 1]; ++i) {
       const int32_t t = rows[i];
       if (t < 0 || t >= num_tokens) {
@@ -190,15 +172,8 @@ absl::Status CpuBackend::CombineRows(const Tensor& recv, const Tensor& token_row
 
 absl::Status CpuBackend::SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
                                            Tensor* expert_offsets) {
-  DXS_RETURN_IF_ERROR(CheckDType("sort pairs", experts, DType::kI32, "experts"));
-  DXS_RETURN_IF_ERROR(CheckDType("sort pairs", *order, DType::kI32, "order"));
-  DXS_RETURN_IF_ERROR(CheckDType("sort pairs", *expert_offsets, DType::kI32, "expert_offsets"));
+  DXS_RETURN_IF_ERROR(CheckSortPairsArgs(experts, num_experts, *order, *expert_offsets));
   const int64_t n = experts.num_elements();
-  if (num_experts <= 0 || order->num_elements() != n ||
-      expert_offsets->num_elements() != num_experts + 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sort pairs: ", n, " pairs over ", num_experts, " experts"));
-  }
   // A counting sort: stable, one pass to count, one to place.
   int32_t* offsets = expert_offsets->i32();
   std::fill(offsets, offsets + num_experts + 1, 0);
@@ -294,13 +269,8 @@ absl::Status CpuBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
 }
 
 absl::Status CpuBackend::ArgmaxRows(const Tensor& logits, Tensor* ids) {
-  DXS_RETURN_IF_ERROR(CheckDType("argmax rows", logits, DType::kF32, "logits"));
-  DXS_RETURN_IF_ERROR(CheckDType("argmax rows", *ids, DType::kI32, "ids"));
+  DXS_RETURN_IF_ERROR(CheckArgmaxRowsArgs(logits, *ids));
   const int64_t n = logits.rows(), vocab = logits.row_size();
-  if (ids->num_elements() != n || (n > 0 && vocab <= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("argmax rows: ", logits.ShapeString(), " into ", ids->ShapeString()));
-  }
   for (int64_t i = 0; i < n; ++i) {
     const float* row = logits.f32() + i * vocab;
     int64_t best = 0;
@@ -313,12 +283,7 @@ absl::Status CpuBackend::ArgmaxRows(const Tensor& logits, Tensor* ids) {
 }
 
 absl::Status CpuBackend::AccumulateCounts(const Tensor& offsets, Tensor* counts) {
-  DXS_RETURN_IF_ERROR(CheckDType("accumulate counts", offsets, DType::kI32, "offsets"));
-  DXS_RETURN_IF_ERROR(CheckDType("accumulate counts", *counts, DType::kI64, "counts"));
-  if (offsets.num_elements() != counts->num_elements() + 1) {
-    return absl::InvalidArgumentError(absl::StrCat("accumulate counts: ", offsets.ShapeString(),
-                                                   " offsets for ", counts->ShapeString()));
-  }
+  DXS_RETURN_IF_ERROR(CheckAccumulateCountsArgs(offsets, *counts));
   const int32_t* off = offsets.i32();
   for (int64_t e = 0; e < counts->num_elements(); ++e) counts->i64()[e] += off[e + 1] - off[e];
   return absl::OkStatus();

@@ -47,6 +47,74 @@ absl::Status CheckFloat(const char* op, const Tensor& t, const char* what) {
   return absl::OkStatus();
 }
 
+absl::Status CheckDispatchLayoutArgs(const Tensor& ids, const Tensor& weights,
+                                     const Tensor& expert_owner, int num_ranks) {
+  DXS_RETURN_IF_ERROR(CheckDType("dispatch layout", ids, DType::kI32, "ids"));
+  DXS_RETURN_IF_ERROR(CheckDType("dispatch layout", weights, DType::kF32, "weights"));
+  DXS_RETURN_IF_ERROR(CheckDType("dispatch layout", expert_owner, DType::kI32, "expert_owner"));
+  DXS_RETURN_IF_ERROR(CheckSameElements("dispatch layout", ids, weights));
+  if (num_ranks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("dispatch layout: ", num_ranks, " ranks"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCombineArgs(const Tensor& recv, const Tensor& token_rows,
+                              const std::vector<int64_t>& rank_offsets, const Tensor& out) {
+  DXS_RETURN_IF_ERROR(CheckDType("combine", token_rows, DType::kI32, "token_rows"));
+  const int64_t hidden = out.row_size();
+  const int64_t total = rank_offsets.empty() ? 0 : rank_offsets.back();
+  if (rank_offsets.empty() || rank_offsets.front() != 0 || recv.rows() < total ||
+      token_rows.num_elements() < total || (total > 0 && recv.row_size() != hidden)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "combine: ", total, " rows of ", recv.ShapeString(), " into ", out.ShapeString()));
+  }
+  if (!IsFloatDType(recv.dtype()) || !IsFloatDType(out.dtype())) {
+    return absl::InvalidArgumentError("combine: rows must be floating point");
+  }
+  for (size_t r = 0; r + 1 < rank_offsets.size(); ++r) {
+    if (rank_offsets[r + 1] < rank_offsets[r]) {
+      return absl::InvalidArgumentError("combine: rank offsets decrease");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSortPairsArgs(const Tensor& experts, int num_experts, const Tensor& order,
+                                const Tensor& expert_offsets) {
+  DXS_RETURN_IF_ERROR(CheckDType("sort pairs", experts, DType::kI32, "experts"));
+  DXS_RETURN_IF_ERROR(CheckDType("sort pairs", order, DType::kI32, "order"));
+  DXS_RETURN_IF_ERROR(CheckDType("sort pairs", expert_offsets, DType::kI32, "expert_offsets"));
+  const int64_t n = experts.num_elements();
+  if (num_experts <= 0 || order.num_elements() != n ||
+      expert_offsets.num_elements() != num_experts + 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sort pairs: ", n, " pairs over ", num_experts, " experts"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckArgmaxRowsArgs(const Tensor& logits, const Tensor& ids) {
+  DXS_RETURN_IF_ERROR(CheckDType("argmax rows", logits, DType::kF32, "logits"));
+  DXS_RETURN_IF_ERROR(CheckDType("argmax rows", ids, DType::kI32, "ids"));
+  const int64_t n = logits.rows(), vocab = logits.row_size();
+  if (ids.num_elements() != n || (n > 0 && vocab <= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("argmax rows: ", logits.ShapeString(), " into ", ids.ShapeString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAccumulateCountsArgs(const Tensor& offsets, const Tensor& counts) {
+  DXS_RETURN_IF_ERROR(CheckDType("accumulate counts", offsets, DType::kI32, "offsets"));
+  DXS_RETURN_IF_ERROR(CheckDType("accumulate counts", counts, DType::kI64, "counts"));
+  if (offsets.num_elements() != counts.num_elements() + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("accumulate counts: ", offsets.ShapeString(),
+                                                   " offsets for ", counts.ShapeString()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPagedAttentionMeta(const char* op, const PagedAttentionMeta& meta,
                                      int64_t num_tokens) {
   DXS_RETURN_IF_ERROR(CheckDType(op, meta.query_start, DType::kI32, "query_start"));

@@ -18,6 +18,17 @@ absl::Status CheckSameElements(const char* op, const Tensor& a, const Tensor& b)
 absl::StatusOr<int64_t> CountElements(const char* op, const std::vector<int64_t>& shape);
 // t is defined and of a floating dtype (f32, f16, bf16).
 absl::Status CheckFloat(const char* op, const Tensor& t, const char* what);
+// The arguments of the routing and exchange ops (kernels/backend.h), checked alike by
+// every backend: dtypes, sizes, and (combine) offsets that start at 0 and never decrease.
+absl::Status CheckDispatchLayoutArgs(const Tensor& ids, const Tensor& weights,
+                                     const Tensor& expert_owner, int num_ranks);
+absl::Status CheckCombineArgs(const Tensor& recv, const Tensor& token_rows,
+                              const std::vector<int64_t>& rank_offsets, const Tensor& out);
+absl::Status CheckSortPairsArgs(const Tensor& experts, int num_experts, const Tensor& order,
+                                const Tensor& expert_offsets);
+absl::Status CheckArgmaxRowsArgs(const Tensor& logits, const Tensor& ids);
+absl::Status CheckAccumulateCountsArgs(const Tensor& offsets, const Tensor& counts);
+
 // The metadata tensors of paged attention fit `num_tokens` query rows.
 absl::Status CheckPagedAttentionMeta(const char* op, const PagedAttentionMeta& meta,
                                      int64_t num_tokens);

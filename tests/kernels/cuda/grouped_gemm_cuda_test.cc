@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/grouped_gemm.cuh"
+#include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace dxs::cuda {
 namespace {
@@ -178,12 +179,6 @@ std::string NoSm90Reason() {
     if (std::string reason = NoSm90Reason(); !reason.empty()) { \
       GTEST_SKIP() << "GPU case skipped: " << reason;           \
     }                                                           \
-  } while (0)
-
-#define ASSERT_CUDA_OK(expr)                                                           \
-  do {                                                                                 \
-    const cudaError_t dxs_err_ = (expr);                                               \
-    ASSERT_EQ(dxs_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(dxs_err_); \
   } while (0)
 
 // A device buffer of `bytes`, freed on scope exit.
