@@ -79,8 +79,8 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
   }
   while (scheduler.HasWork()) {
     std::vector<SequenceChunk> chunks = scheduler.BuildStep();
-    const bool graphed = options_.graphs && backend_->SupportsGraphs() &&
-                         Qwen3MoeModel::IsDecodeStep(chunks);
+    const bool graphed =
+        options_.graphs && backend_->SupportsGraphs() && Qwen3MoeModel::IsDecodeStep(chunks);
     absl::StatusOr<Tensor> logits = graphed ? model_->ForwardDecode(chunks, kv_.get(), true)
                                             : model_->Forward(chunks, kv_.get());
     if (!logits.ok()) {

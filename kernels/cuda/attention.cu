@@ -448,8 +448,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   constexpr int kNTiles = D / 8;  // of O
   constexpr int kVElems = D / 8;  // V elements per lane and row
   constexpr int kVUnits = kVElems / 8;
-  constexpr int kRowUnits = D / 8;                  // 16-byte units of a K or V row
-  constexpr int kStepUnits = kStep * kRowUnits;     // of the K (or V) rows of a step
+  constexpr int kRowUnits = D / 8;               // 16-byte units of a K or V row
+  constexpr int kStepUnits = kStep * kRowUnits;  // of the K (or V) rows of a step
   constexpr int kTeamThreads = kTeam * kWarpSize;
   constexpr int kCopies = kStepUnits / kTeamThreads;  // K (and V) units per thread and step
   constexpr int kTeamsPerBlock = kMmaWarps / kTeam;
@@ -504,9 +504,9 @@ __global__ void __launch_bounds__(kMmaThreads)
         const int64_t q_offset = valid ? (token[half] * shape.num_heads + head[half]) * D : -1;
 #pragma unroll
         for (int j = 0; j < kQUnits; ++j) {
-          qu[half][j] = q_offset < 0 ? make_uint4(0, 0, 0, 0)
-                                     : __ldg(reinterpret_cast<const uint4*>(q + q_offset + 32 * j +
-                                                                            8 * t));
+          qu[half][j] = q_offset < 0
+                            ? make_uint4(0, 0, 0, 0)
+                            : __ldg(reinterpret_cast<const uint4*>(q + q_offset + 32 * j + 8 * t));
         }
       }
       uint32_t qf[kKSteps][4];
@@ -524,8 +524,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       // The team walks to the limit of its last row (the furthest; rows of tiles past
       // num_rows see nothing), which never exceeds the context (below 2^31).
       const int64_t last_row = min((group_tile + 1) * kTeam * kTileRows, num_rows) - 1;
-      const int64_t end =
-          min(min(past + last_row / shape.group + 1, max_positions), split_end);
+      const int64_t end = min(min(past + last_row / shape.group + 1, max_positions), split_end);
       const int64_t num_steps = end > split_begin ? (end - split_begin + kStep - 1) / kStep : 0;
 
       // The element offset of row lane % 16 of step s's K/V rows, or -1 for none (past
@@ -573,7 +572,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       int stage = 0;
       for (int64_t step = 0; step < num_steps; ++step) {
         CopyAsyncWait<kStages - 2>();  // this step's group has landed (this thread's part)
-        TeamSync<kTeam>();  // everyone's part, and the buffer refilled below is read out
+        TeamSync<kTeam>();             // everyone's part, and the buffer refilled below is read out
         if (step + kStages - 1 < num_steps) {
           copy_step(step + kStages - 1, offset);
           offset = row_offset(step + kStages);
@@ -858,9 +857,8 @@ cudaError_t AllowSharedBytes(Kernel* kernel, size_t bytes, std::atomic<uint64_t>
 
 template <typename T, int D, int kTeam>
 cudaError_t LaunchMmaKernel(const void* q, const void* k_cache, const void* v_cache,
-                            const PagedAttentionArgs& args, const MmaShape& shape,
-                            unsigned blocks, void* out, float* partial_acc, float* partial_ml,
-                            cudaStream_t stream) {
+                            const PagedAttentionArgs& args, const MmaShape& shape, unsigned blocks,
+                            void* out, float* partial_acc, float* partial_ml, cudaStream_t stream) {
   static std::atomic<uint64_t> allowed{0};
   constexpr size_t kSmem = MmaSharedBytes<D, kTeam>();
   auto* kernel = PagedAttentionMmaKernel<T, D, kTeam>;
@@ -868,8 +866,7 @@ cudaError_t LaunchMmaKernel(const void* q, const void* k_cache, const void* v_ca
   if (err != cudaSuccess) return err;
   kernel<<<blocks, kMmaThreads, kSmem, stream>>>(
       static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache),
-      args.query_start, args.context_lens, args.block_tables, shape, out, partial_acc,
-      partial_ml);
+      args.query_start, args.context_lens, args.block_tables, shape, out, partial_acc, partial_ml);
   return cudaGetLastError();
 }
 

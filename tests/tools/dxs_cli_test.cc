@@ -91,8 +91,7 @@ TEST(DxsRun, PresetMadeInPlaceAndDeviceErrors) {
             nlohmann::json::parse(disk.out).at("tokens"));
   Output cpu = RunDxs("run --model " + dir + prompt + " --device cpu", tmp);
   EXPECT_EQ(cpu.out, disk.out);
-  for (const auto& [args, code, message] :
-       std::vector<std::tuple<std::string, int, std::string>>{
+  for (const auto& [args, code, message] : std::vector<std::tuple<std::string, int, std::string>>{
            {"run --model " + dir + prompt + " --device tpu", 2, "expected cpu, cuda or cuda:N"},
            {"run --model " + dir + prompt + " --device cuda:64", 1, "--device cuda"},
            {"run --model " + dir + " --preset default" + prompt, 2, "not both"}}) {
