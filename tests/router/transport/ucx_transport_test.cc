@@ -19,12 +19,15 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "router/transport/transport.h"
+#include "tests/router/transport/pipe_io.h"
 #include "tests/router/transport/scoped_env.h"
 
 namespace dxs {
 namespace {
 
+using testing::ReadAll;
 using testing::ScopedEnv;
+using testing::WriteAll;
 
 std::string EnvOrEmpty(const char* name) {
   const char* value = std::getenv(name);
@@ -84,7 +87,7 @@ TEST(UcxTransportTest, ReceiverNeedsNoConnection) {
   EXPECT_EQ(message->header, "from five");
 }
 
-// A child process running ucx_transport_echo_child as peer 1.
+// A child process running ucx_echo_peer as peer 1.
 class EchoChild {
  public:
   // Starts the child and trades addresses with `parent` (peer 0).
@@ -153,29 +156,8 @@ class EchoChild {
     char self[PATH_MAX] = {};
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     std::string path(self, n > 0 ? static_cast<size_t>(n) : 0);
-    return path.substr(0, path.rfind('/') + 1) + "ucx_transport_echo_child";
+    return path.substr(0, path.rfind('/') + 1) + "ucx_echo_peer";
   }
-  static bool WriteAll(int fd, const void* data, size_t bytes) {
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      ssize_t n = write(fd, p, bytes);
-      if (n <= 0) return false;
-      p += n;
-      bytes -= static_cast<size_t>(n);
-    }
-    return true;
-  }
-  static bool ReadAll(int fd, void* data, size_t bytes) {
-    char* p = static_cast<char*>(data);
-    while (bytes > 0) {
-      ssize_t n = read(fd, p, bytes);
-      if (n <= 0) return false;
-      p += n;
-      bytes -= static_cast<size_t>(n);
-    }
-    return true;
-  }
-
   pid_t pid_;
   int to_child_;
   int from_child_;

@@ -1,10 +1,14 @@
-// Helper process for ucx_transport_test: creates its own UCX transport as peer 1, trades
+// The peer process ucx_transport_test starts (not a test: it asserts nothing itself). It
+// creates its own UCX transport as peer 1, trades
 // addresses with the parent over two pipes (length-prefixed), then echoes every message
 // from peer 0 back until the header is "quit" or peer 0 goes away. A message whose header
 // is "xchg <tag> <bytes>" is answered through the data exchange instead: the child
 // receives <bytes> from peer 0 under <tag>, then sends them back under the same tag.
 //
-// Usage: ucx_transport_echo_child <read_fd> <write_fd>
+// Each failure exits with its own non-zero status, which the test asserts (EchoChild::Join
+// expects 0); the echoed bytes are checked by the test.
+//
+// Usage: ucx_echo_peer <read_fd> <write_fd>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -19,30 +23,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "router/transport/transport.h"
+#include "tests/router/transport/pipe_io.h"
 
 namespace {
 
-bool WriteAll(int fd, const void* data, size_t bytes) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    ssize_t n = write(fd, p, bytes);
-    if (n <= 0) return false;
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-  return true;
-}
-
-bool ReadAll(int fd, void* data, size_t bytes) {
-  char* p = static_cast<char*>(data);
-  while (bytes > 0) {
-    ssize_t n = read(fd, p, bytes);
-    if (n <= 0) return false;
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-  return true;
-}
+using ::dxs::testing::ReadAll;
+using ::dxs::testing::WriteAll;
 
 // Receives `bytes` under `tag` from peer 0 and sends them back, each as a group.
 bool EchoExchange(dxs::Transport& transport, uint64_t tag, size_t bytes) {
