@@ -36,6 +36,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/ops.cuh"
 
 namespace dxs::cuda {
@@ -387,27 +388,6 @@ __global__ void __launch_bounds__(kThreads) LayoutFillKernel(
   }
 }
 
-// ---- Rows: loads and stores in f32 ----
-
-__device__ __forceinline__ float ToF32(float x) { return x; }
-__device__ __forceinline__ float ToF32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float ToF32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T FromF32(float x);
-template <>
-__device__ __forceinline__ float FromF32<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half FromF32<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF32<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
 // ---- Combine ----
 
 // The row of [begin, end) of token_rows (ascending) holding token t, or -1.
@@ -453,7 +433,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int c = 0; c < kColsPerThread; ++c) {
         const int64_t col = col0 + c * kThreads;
         if (col >= hidden) break;
-        const float x = ToF32(row[col]);
+        const float x = ToFloat(row[col]);
         sum[c] = have ? __fadd_rn(sum[c], x) : x;
       }
       have = true;
@@ -465,7 +445,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int c = 0; c < kColsPerThread; ++c) {
     const int64_t col = col0 + c * kThreads;
     if (col >= hidden) break;
-    dst[col] = FromF32<Out>(have ? sum[c] : 0.f);
+    dst[col] = FromFloat<Out>(have ? sum[c] : 0.f);
   }
 }
 
@@ -479,29 +459,6 @@ cudaError_t CombineAs(const void* recv, const int32_t* token_rows, const int64_t
                                                             token_rows, rank_offsets, num_ranks,
                                                             hidden, static_cast<Out*>(out));
   return cudaGetLastError();
-}
-
-template <typename In>
-cudaError_t CombineFrom(const void* recv, const int32_t* token_rows, const int64_t* rank_offsets,
-                        int64_t num_ranks, int64_t num_tokens, int64_t hidden, void* out,
-                        ElemType out_type, cudaStream_t stream) {
-  switch (out_type) {
-    case ElemType::kF32:
-      return CombineAs<In, float>(recv, token_rows, rank_offsets, num_ranks, num_tokens, hidden,
-                                  out, stream);
-    case ElemType::kF16:
-      return CombineAs<In, __half>(recv, token_rows, rank_offsets, num_ranks, num_tokens, hidden,
-                                   out, stream);
-    case ElemType::kBF16:
-      return CombineAs<In, __nv_bfloat16>(recv, token_rows, rank_offsets, num_ranks, num_tokens,
-                                          hidden, out, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
-bool IsFloatType(ElemType t) {
-  return t == ElemType::kF32 || t == ElemType::kF16 || t == ElemType::kBF16;
 }
 
 // ---- Scale-add ----
@@ -667,7 +624,7 @@ cudaError_t LaunchSortPairsByExpert(const int32_t* experts, int64_t n, int64_t n
 cudaError_t LaunchCombineRows(const void* recv, ElemType recv_type, const int32_t* token_rows,
                               const int64_t* rank_offsets, int64_t num_ranks, int64_t num_tokens,
                               int64_t hidden, void* out, ElemType out_type, cudaStream_t stream) {
-  if (!IsFloatType(recv_type) || !IsFloatType(out_type) || num_ranks < 0 || num_tokens < 0 ||
+  if (!IsFloating(recv_type) || !IsFloating(out_type) || num_ranks < 0 || num_tokens < 0 ||
       num_tokens > INT_MAX || hidden < 0 || CeilDiv(hidden, kColsPerBlock) > kMaxGridY) {
     return cudaErrorInvalidValue;
   }
@@ -675,19 +632,12 @@ cudaError_t LaunchCombineRows(const void* recv, ElemType recv_type, const int32_
   // recv and token_rows may be null (empty) when every rank's range is: only the device
   // knows the ranges.
   if (out == nullptr || (num_ranks > 0 && rank_offsets == nullptr)) return cudaErrorInvalidValue;
-  switch (recv_type) {
-    case ElemType::kF32:
-      return CombineFrom<float>(recv, token_rows, rank_offsets, num_ranks, num_tokens, hidden, out,
-                                out_type, stream);
-    case ElemType::kF16:
-      return CombineFrom<__half>(recv, token_rows, rank_offsets, num_ranks, num_tokens, hidden, out,
-                                 out_type, stream);
-    case ElemType::kBF16:
-      return CombineFrom<__nv_bfloat16>(recv, token_rows, rank_offsets, num_ranks, num_tokens,
-                                        hidden, out, out_type, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return DispatchFloat(recv_type, [&](auto in) {
+    return DispatchFloat(out_type, [&](auto o) {
+      return CombineAs<typename decltype(in)::type, typename decltype(o)::type>(
+          recv, token_rows, rank_offsets, num_ranks, num_tokens, hidden, out, stream);
+    });
+  });
 }
 
 cudaError_t LaunchScaleAddRows(const float* src, const float* scales, const int32_t* rows,
