@@ -111,15 +111,20 @@ class CudaBackend final : public Backend {
                     void* y, DType out_dtype, float beta, const char* op);
   // The grouped FFN as two CUTLASS grouped GEMMs (kernels/cuda/grouped_gemm.cuh), gate_up
   // and down, around one SiLU*mul pass: per expert sizes stay on the device.
+  // One expert shard's weights as the grouped FFN takes them: checked (bf16, one shape),
+  // their intermediate size (-1 when none is held) and a device table of gate_up | down
+  // pointers. Made on a set's first call and kept: the shard passes the same each call.
+  struct ExpertWeightSet {
+    Tensor pointers;  // i64 [2 * experts]
+    int64_t inter = -1;
+  };
+  absl::StatusOr<ExpertWeightSet> ExpertWeights(const std::vector<const Tensor*>& gate_up,
+                                                const std::vector<const Tensor*>& down,
+                                                int64_t hidden);
+  // The grouped FFN as two CUTLASS grouped GEMMs (kernels/cuda/grouped_gemm.cuh): per
+  // expert sizes stay on the device.
   absl::Status GroupedSwiGluCutlass(const Tensor& x, const Tensor& expert_offsets,
-                                    const std::vector<const Tensor*>& gate_up,
-                                    const std::vector<const Tensor*>& down, int64_t inter,
-                                    Tensor* y);
-  // The device table of gate_up | down weight pointers for these weights, uploaded once
-  // and kept (the expert shard passes the same weights every call of a layer).
-  absl::StatusOr<Tensor> WeightPointerTable(const std::vector<const Tensor*>& gate_up,
-                                            const std::vector<const Tensor*>& down);
-  // The grouped FFN one cuBLAS GEMM per expert and projection (the host reads the offsets).
+                                    const ExpertWeightSet& weights, Tensor* y);
   absl::Status GroupedSwiGluCublas(const Tensor& xs, const Tensor& expert_offsets,
                                    const std::vector<const Tensor*>& gate_up,
                                    const std::vector<const Tensor*>& down, int64_t inter,
@@ -129,7 +134,7 @@ class CudaBackend final : public Backend {
   // DXS_CUDA_GROUPED_GEMM=cublas|cutlass (default: cutlass where built): which grouped FFN.
   bool use_cutlass_ = false;
   absl::Mutex tables_mu_;
-  std::map<std::vector<const void*>, Tensor> weight_tables_ ABSL_GUARDED_BY(tables_mu_);
+  std::map<std::vector<const void*>, ExpertWeightSet> weight_tables_ ABSL_GUARDED_BY(tables_mu_);
   cudaStream_t stream_ = nullptr;
   const CublasApi* blas_ = nullptr;  // kernels/cuda/cublas_loader.h
   cublasHandle_t cublas_ = nullptr;

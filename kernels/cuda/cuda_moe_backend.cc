@@ -151,26 +151,9 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
                                                    num_experts, " experts into ",
                                                    y->ShapeString()));
   }
-  // Shapes from the experts this shard holds (all alike); those with rows but no weights
-  // are the paths' to report or skip (ExpertShard checks holders on the host first).
-  int64_t inter = -1;
-  for (int64_t e = 0; e < num_experts; ++e) {
-    if (gate_up[e] == nullptr && down[e] == nullptr) continue;
-    if (gate_up[e] == nullptr || down[e] == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("grouped SwiGLU: expert ", e, " has some weights and not others"));
-    }
-    for (const Tensor* w : {gate_up[e], down[e]}) {
-      DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", *w, DType::kBF16, "expert weight"));
-    }
-    if (inter < 0) inter = down[e]->row_size();
-    if (gate_up[e]->rows() != 2 * inter || gate_up[e]->row_size() != hidden ||
-        down[e]->rows() != hidden || down[e]->row_size() != inter) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("grouped SwiGLU: expert ", e, " weights ", gate_up[e]->ShapeString(), " / ",
-                       down[e]->ShapeString(), " for hidden ", hidden));
-    }
-  }
+  // The weights' checks and device pointer table, made once per set of weights.
+  DXS_ASSIGN_OR_RETURN(const ExpertWeightSet weights, ExpertWeights(gate_up, down, hidden));
+  const int64_t inter = weights.inter;
   if (num_rows == 0) return absl::OkStatus();
   if (inter < 0) return absl::FailedPreconditionError("grouped SwiGLU: no expert weights here");
   DXS_RETURN_IF_ERROR(Enter("grouped SwiGLU"));
@@ -185,12 +168,13 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
       DXS_RETURN_IF_ERROR(Copy(xs, &x));
     }
   }
-  if (use_cutlass_) return GroupedSwiGluCutlass(x, expert_offsets, gate_up, down, inter, y);
+  if (use_cutlass_) return GroupedSwiGluCutlass(x, expert_offsets, weights, y);
   return GroupedSwiGluCublas(x, expert_offsets, gate_up, down, inter, y);
 }
 
-absl::StatusOr<Tensor> CudaBackend::WeightPointerTable(const std::vector<const Tensor*>& gate_up,
-                                                       const std::vector<const Tensor*>& down) {
+absl::StatusOr<CudaBackend::ExpertWeightSet> CudaBackend::ExpertWeights(
+    const std::vector<const Tensor*>& gate_up, const std::vector<const Tensor*>& down,
+    int64_t hidden) {
   std::vector<const void*> key;
   key.reserve(2 * gate_up.size());
   for (const auto* list : {&gate_up, &down}) {
@@ -199,21 +183,38 @@ absl::StatusOr<Tensor> CudaBackend::WeightPointerTable(const std::vector<const T
   absl::MutexLock lock(&tables_mu_);
   auto it = weight_tables_.find(key);
   if (it != weight_tables_.end()) return it->second;
+  // Shapes from the experts this shard holds (all alike); those with rows but no weights
+  // are the paths' to report or skip (ExpertShard checks holders on the host first).
+  ExpertWeightSet set;
+  for (size_t e = 0; e < gate_up.size(); ++e) {
+    if (gate_up[e] == nullptr && down[e] == nullptr) continue;
+    if (gate_up[e] == nullptr || down[e] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grouped SwiGLU: expert ", e, " has some weights and not others"));
+    }
+    for (const Tensor* w : {gate_up[e], down[e]}) {
+      DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", *w, DType::kBF16, "expert weight"));
+    }
+    if (set.inter < 0) set.inter = down[e]->row_size();
+    if (gate_up[e]->rows() != 2 * set.inter || gate_up[e]->row_size() != hidden ||
+        down[e]->rows() != hidden || down[e]->row_size() != set.inter) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grouped SwiGLU: expert ", e, " weights ", gate_up[e]->ShapeString(), " / ",
+                       down[e]->ShapeString(), " for hidden ", hidden));
+    }
+  }
   static_assert(sizeof(void*) == sizeof(int64_t), "pointers travel as i64");
-  DXS_ASSIGN_OR_RETURN(Tensor table, Allocate({static_cast<int64_t>(key.size())}, DType::kI64));
-  DXS_RETURN_IF_ERROR(CopyFromHost(key.data(), DType::kI64, &table));
-  weight_tables_.emplace(std::move(key), table);
-  return table;
+  DXS_ASSIGN_OR_RETURN(set.pointers, Allocate({static_cast<int64_t>(key.size())}, DType::kI64));
+  DXS_RETURN_IF_ERROR(CopyFromHost(key.data(), DType::kI64, &set.pointers));
+  weight_tables_.emplace(std::move(key), set);
+  return set;
 }
 
 absl::Status CudaBackend::GroupedSwiGluCutlass(const Tensor& x, const Tensor& expert_offsets,
-                                               const std::vector<const Tensor*>& gate_up,
-                                               const std::vector<const Tensor*>& down,
-                                               int64_t inter, Tensor* y) {
-  const int64_t num_experts = static_cast<int64_t>(gate_up.size());
+                                               const ExpertWeightSet& weights, Tensor* y) {
+  const int64_t num_experts = weights.pointers.num_elements() / 2, inter = weights.inter;
   const int64_t hidden = x.row_size(), num_rows = x.rows();
-  DXS_ASSIGN_OR_RETURN(Tensor table, WeightPointerTable(gate_up, down));
-  const auto* ptrs = reinterpret_cast<const __nv_bfloat16* const*>(table.raw());
+  const auto* ptrs = reinterpret_cast<const __nv_bfloat16* const*>(weights.pointers.raw());
   const size_t ws_bytes = std::max(cuda::GroupedGemmWorkspaceBytes(num_experts, num_rows, 2 * inter,
                                                                    hidden, cuda::ElemType::kBF16),
                                    cuda::GroupedGemmWorkspaceBytes(num_experts, num_rows, hidden,
