@@ -32,7 +32,7 @@ absl::StatusOr<int> ParseDevice(absl::string_view device) {
 }
 
 #if DXS_HAVE_CUDA_BACKEND
-using MakeCudaBackendFn = Backend* (*)(int device_ordinal, std::string* error);
+using MakeCudaBackendFn = Backend* (*)(int device_ordinal, absl::Status* error);
 
 // libdxs_cuda.so (kernels/cuda/cuda_plugin.cc): $DXS_CUDA_PLUGIN, else beside the
 // executable. Loaded once and never unloaded (its code runs every tensor's release).
@@ -77,15 +77,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view device) {
   if (ordinal < 0) return MakeCpuBackend();
 #if DXS_HAVE_CUDA_BACKEND
   DXS_ASSIGN_OR_RETURN(MakeCudaBackendFn make, LoadCudaPlugin());
-  std::string error;
+  absl::Status error;
   Backend* backend = make(ordinal, &error);
-  if (backend == nullptr) {
-    const size_t tab = error.find('\t');
-    const int code = tab == std::string::npos ? static_cast<int>(absl::StatusCode::kInternal)
-                                              : std::atoi(error.substr(0, tab).c_str());
-    return absl::Status(static_cast<absl::StatusCode>(code),
-                        tab == std::string::npos ? error : error.substr(tab + 1));
-  }
+  if (backend == nullptr) return error;
   return std::unique_ptr<Backend>(backend);
 #else
   return absl::FailedPreconditionError(

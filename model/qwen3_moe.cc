@@ -120,6 +120,12 @@ int64_t NextPowerOfTwo(int64_t n) {
 
 }  // namespace
 
+size_t Qwen3MoeModel::num_graphs() const {
+  size_t n = 0;
+  for (const auto& [shape, g] : graphs_) n += g.captured.graph != nullptr ? 1 : 0;
+  return n;
+}
+
 bool Qwen3MoeModel::IsDecodeStep(const std::vector<SequenceChunk>& chunks) {
   if (chunks.empty() || static_cast<int64_t>(chunks.size()) > kMaxGraphBatch) return false;
   for (const SequenceChunk& c : chunks) {
@@ -172,8 +178,8 @@ absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecode(const std::vector<SequenceCh
     blocks = std::max(blocks, (c.start_position + 1 + bs - 1) / bs);
   const int64_t batch = NextPowerOfTwo(n), width = NextPowerOfTwo(std::max<int64_t>(blocks, 16));
   use_graph = use_graph && backend_->SupportsGraphs();
-  DecodeGraph local;
-  DecodeGraph& g = use_graph ? graphs_[{kv, batch, width}] : local;
+  // One entry per shape, graphed or not: its pinned staging is reused from step to step.
+  DecodeGraph& g = graphs_[{kv, batch, width}];
   const void* pool = kv->keys(0).defined() ? kv->keys(0).raw() : nullptr;
   if (g.captured.graph != nullptr && g.kv_pool != pool) {
     g = DecodeGraph();  // the KV pool grew since recording: record again

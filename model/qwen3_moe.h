@@ -64,7 +64,7 @@ class Qwen3MoeModel {
   absl::StatusOr<Tensor> ForwardDecode(const std::vector<SequenceChunk>& chunks, KvCache* kv,
                                        bool use_graph);
   // Graphs recorded so far (one per batch bucket and table width).
-  size_t num_graphs() const { return graphs_.size(); }
+  size_t num_graphs() const;
 
  private:
   absl::Status Validate(const std::vector<SequenceChunk>& chunks, KvCache* kv) const;
@@ -96,7 +96,7 @@ class Qwen3MoeModel {
   // Router logits -> top-k ids [T, k] (i32) and weights [T, k] (f32) on the backend.
   absl::Status Route(int layer, const Tensor& normed, Tensor* ids, Tensor* weights);
 
-  // A recorded decode step and the pinned inputs its replays read.
+  // A padded decode shape: the pinned inputs its steps read and, once recorded, its graph.
   struct DecodeGraph {
     CapturedGraph captured;
     std::shared_ptr<Buffer> staging;
