@@ -13,9 +13,12 @@
 //               (active weights + KV read per step at the copy rate)
 //   [prefill]   one 4096-token prompt: tokens/s and the fraction of the GEMM rate
 //
-// Usage: gpu_bench [--quick] [--layers N] [--json FILE]
+// Usage: gpu_bench [--quick] [--layers N] [--json FILE] [--profile WHAT [--batch N]]
 //   --layers N: the decode/prefill model with N layers instead of 48 (quick checks).
+//   --profile attention|decode|prefill: only that part, with one call of it between
+//     cudaProfilerStart/Stop, for `ncu --profile-from-start off` (decode at --batch N).
 //   --json: one JSON object per figure, for bench/gpu/report.py.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -30,8 +33,12 @@
 #include <string>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#if DXS_HAVE_FLASHINFER
+#include "kernels/cuda/flashinfer_attention.cuh"
+#endif
 #include "model/engine.h"
 #include "model/random_checkpoint.h"
 #include "model/sampler.h"
@@ -197,11 +204,26 @@ void GroupedFfn(Backend* b, cudaStream_t stream, Backend* cublas, const Rates& r
   }
 }
 
+// What --profile NAME brackets with cudaProfilerStart/Stop for `ncu --profile-from-start
+// off`: one call of each attention shape, one decode step (graph replay) or one prefill.
+struct Profile {
+  std::string what;   // "", "attention", "decode" or "prefill"
+  int64_t batch = 1;  // the decode batch profiled
+  void Once(const std::string& name, const std::function<void()>& body) const {
+    if (what != name) return;
+    cudaProfilerStart();
+    body();
+    cudaDeviceSynchronize();
+    cudaProfilerStop();
+  }
+};
+
 void DecodeAttention(Backend* b, cudaStream_t stream, const Rates& rates, bool quick,
-                     Report* report) {
+                     const Profile& profile, Report* report) {
   const int64_t heads = 32, kv_heads = 4, d = 128, bs = 16;
   std::printf("\n[attention] paged decode, 32 heads, 4 KV heads, d 128, block 16, bf16\n");
-  std::printf("  %6s %8s %10s %10s %8s\n", "batch", "context", "us", "floor us", "of floor");
+  std::printf("  %6s %8s %10s %10s %8s %10s %12s\n", "batch", "context", "graph us", "floor us",
+              "of floor", "1 call us", "FlashInfer us");
   std::vector<int64_t> batches = {1, 8, 32, 128}, contexts = {1024, 4096, 16384};
   if (quick) batches = {1, 32}, contexts = {1024};
   for (int64_t batch : batches) {
@@ -232,21 +254,151 @@ void DecodeAttention(Backend* b, cudaStream_t stream, const Rates& rates, bool q
       meta.block_tables = Must(b->UploadIndices(tables), "");
       meta.slot_mapping = Must(b->Allocate({batch}, DType::kI64), "");
       BENCH_CHECK(b->CopyFromHost(slots.data(), DType::kI64, &meta.slot_mapping));
-      const double ms = TimeMs(stream, 3, quick ? 5 : 20, [&] {
+      // One call as the host issues it: launch latency and the host's checks included.
+      const double eager_ms = TimeMs(stream, 3, quick ? 5 : 20, [&] {
         BENCH_CHECK(b->PagedAttention(q, kc, vc, meta, 0.088f, &out));
       });
-      // The floor: K and V of every position read once, at the copy rate (as ANCHORS.md).
+      // As a decode step runs it: inside a CUDA graph, with a cold L2 (the layer's weights
+      // pass through it between two attention calls). The graph holds kRepsInGraph calls
+      // cycling over enough copies of the cache to exceed the 50 MB L2.
       const double kv_bytes = 2.0 * batch * ctx * kv_heads * d * 2;
+      const int copies = static_cast<int>(std::clamp(std::ceil(256e6 / kv_bytes), 1.0, 16.0));
+      std::vector<Tensor> kcs = {kc}, vcs = {vc};
+      for (int i = 1; i < copies; ++i) {
+        kcs.push_back(RandomTensor(b, {num_blocks, bs, kv_heads, d}, 11 + 2 * i, 1.0));
+        vcs.push_back(RandomTensor(b, {num_blocks, bs, kv_heads, d}, 12 + 2 * i, 1.0));
+      }
+      constexpr int kRepsInGraph = 32;
+      Tensor unused;
+      CapturedGraph graph =
+          Must(b->CaptureGraph(
+                   [&]() -> absl::StatusOr<Tensor> {
+                     for (int r = 0; r < kRepsInGraph; ++r) {
+                       DXS_RETURN_IF_ERROR(b->PagedAttention(q, kcs[r % copies], vcs[r % copies],
+                                                             meta, 0.088f, &out));
+                     }
+                     return out;
+                   },
+                   &unused),
+               "attention graph");
+      const double ms =
+          TimeMs(stream, 2, quick ? 5 : 15, [&] { BENCH_CHECK(b->Replay(graph.graph.get())); }) /
+          kRepsInGraph;
+      profile.Once("attention",
+                   [&] { BENCH_CHECK(b->PagedAttention(q, kc, vc, meta, 0.088f, &out)); });
+      // FlashInfer's kernel on the same step the same way: its plan is made by the first
+      // (eager) call and reused by the recorded ones, as a graph would need.
+      double fi_ms = 0;
+#if DXS_HAVE_FLASHINFER
+      {
+        std::unique_ptr<cuda::FlashInferAttention, void (*)(cuda::FlashInferAttention*)> fi(
+            cuda::CreateFlashInferAttention(), cuda::DestroyFlashInferAttention);
+        cuda::PagedAttentionArgs args;
+        args.num_seqs = batch;
+        args.num_tokens = batch;
+        args.num_heads = heads;
+        args.num_kv_heads = kv_heads;
+        args.head_dim = d;
+        args.block_size = bs;
+        args.max_blocks_per_seq = blocks_per_seq;
+        args.max_query_len = 1;
+        args.max_context_len = ctx;
+        args.num_blocks = num_blocks;
+        args.query_start = meta.query_start.i32();
+        args.context_lens = meta.context_lens.i32();
+        args.block_tables = meta.block_tables.i32();
+        auto call = [&](int r) -> absl::Status {
+          const cudaError_t e = cuda::LaunchFlashInferAttention(
+              fi.get(), q.raw(), kcs[r % copies].raw(), vcs[r % copies].raw(), args, qs.data(),
+              lens.data(), 0.088f, out.raw(), stream);
+          return e == cudaSuccess ? absl::OkStatus()
+                                  : absl::InternalError(cuda::FlashInferAttentionError(fi.get()));
+        };
+        BENCH_CHECK(call(0));
+        CapturedGraph fi_graph = Must(b->CaptureGraph(
+                                          [&]() -> absl::StatusOr<Tensor> {
+                                            for (int r = 0; r < kRepsInGraph; ++r) {
+                                              DXS_RETURN_IF_ERROR(call(r));
+                                            }
+                                            return out;
+                                          },
+                                          &unused),
+                                      "flashinfer attention graph");
+        fi_ms = TimeMs(stream, 2, quick ? 5 : 15,
+                       [&] { BENCH_CHECK(b->Replay(fi_graph.graph.get())); }) /
+                kRepsInGraph;
+        profile.Once("attention", [&] { BENCH_CHECK(call(0)); });
+      }
+#endif
+      // The floor: K and V of every position read once, at the copy rate (as ANCHORS.md).
       const double floor_ms = kv_bytes / rates.copy_bytes_per_s * 1e3;
-      std::printf("  %6ld %8ld %10.1f %10.1f %7.0f%%\n", static_cast<long>(batch),
-                  static_cast<long>(ctx), ms * 1e3, floor_ms * 1e3, 100 * floor_ms / ms);
+      std::printf("  %6ld %8ld %10.1f %10.1f %7.0f%% %10.1f %12.1f\n", static_cast<long>(batch),
+                  static_cast<long>(ctx), ms * 1e3, floor_ms * 1e3, 100 * floor_ms / ms,
+                  eager_ms * 1e3, fi_ms * 1e3);
       report->Add({{"section", "attention"},
                    {"batch", batch},
                    {"context", ctx},
                    {"us", ms * 1e3},
+                   {"eager_us", eager_ms * 1e3},
+                   {"flashinfer_us", fi_ms * 1e3},
                    {"floor_us", floor_ms * 1e3}});
     }
   }
+}
+
+// Causal attention of one prompt over itself (prefill), dxs's kernel and FlashInfer's, each
+// one eager call (long enough that launch costs do not show).
+void PrefillAttention(Backend* b, cudaStream_t stream, const Rates& rates, bool quick,
+                      Report* report) {
+  const int64_t heads = 32, kv_heads = 4, d = 128, bs = 16;
+  std::printf("\n[prefill attention] one causal prompt, 32 heads, 4 KV heads, d 128, bf16\n");
+  std::printf("  %8s %10s %10s %14s %10s %8s\n", "prompt", "dxs us", "TFLOP/s", "FlashInfer us",
+              "TFLOP/s", "ratio");
+  std::vector<int64_t> prompts = {1024, 4096, 16384};
+  if (quick) prompts = {4096};
+  for (int64_t prompt : prompts) {
+    const int64_t blocks = (prompt + bs - 1) / bs;
+    Tensor kc = RandomTensor(b, {blocks, bs, kv_heads, d}, 21, 1.0);
+    Tensor vc = RandomTensor(b, {blocks, bs, kv_heads, d}, 22, 1.0);
+    Tensor q = RandomTensor(b, {prompt, heads, d}, 23, 1.0);
+    Tensor out = Must(b->Allocate({prompt, heads * d}, DType::kBF16), "");
+    std::vector<int32_t> tables(blocks);
+    std::iota(tables.begin(), tables.end(), 0);
+    PagedAttentionMeta meta;
+    meta.num_seqs = 1;
+    meta.block_size = bs;
+    meta.max_blocks_per_seq = blocks;
+    meta.max_query_len = prompt;
+    meta.max_context_len = prompt;
+    meta.query_start = Must(b->UploadIndices({0, static_cast<int32_t>(prompt)}), "");
+    meta.context_lens = Must(b->UploadIndices({static_cast<int32_t>(prompt)}), "");
+    meta.block_tables = Must(b->UploadIndices(tables), "");
+    meta.slot_mapping = Must(b->Allocate({prompt}, DType::kI64), "");
+    // Without host lengths the backend runs its own kernel; with them FlashInfer's.
+    const double ms = TimeMs(stream, 2, quick ? 3 : 10, [&] {
+      BENCH_CHECK(b->PagedAttention(q, kc, vc, meta, 0.088f, &out));
+    });
+    const std::vector<int32_t> host_qs = {0, static_cast<int32_t>(prompt)};
+    const std::vector<int32_t> host_lens = {static_cast<int32_t>(prompt)};
+    meta.host_query_start = host_qs.data();
+    meta.host_context_lens = host_lens.data();
+    double fi_ms = 0;
+    if (DXS_HAVE_FLASHINFER) {
+      fi_ms = TimeMs(stream, 2, quick ? 3 : 10,
+                     [&] { BENCH_CHECK(b->PagedAttention(q, kc, vc, meta, 0.088f, &out)); });
+    }
+    const double flops = 4.0 * heads * d * prompt * (prompt + 1) / 2;  // QK^T and PV, causal
+    std::printf("  %8ld %10.1f %10.1f %14.1f %10.1f %7.2fx\n", static_cast<long>(prompt), ms * 1e3,
+                flops / (ms * 1e-3) / 1e12, fi_ms * 1e3,
+                fi_ms > 0 ? flops / (fi_ms * 1e-3) / 1e12 : 0.0, fi_ms > 0 ? ms / fi_ms : 0.0);
+    report->Add({{"section", "prefill_attention"},
+                 {"prompt", prompt},
+                 {"us", ms * 1e3},
+                 {"flashinfer_us", fi_ms * 1e3},
+                 {"tflops", flops / (ms * 1e-3) / 1e12},
+                 {"flashinfer_tflops", fi_ms > 0 ? flops / (fi_ms * 1e-3) / 1e12 : 0.0}});
+  }
+  (void)rates;
 }
 
 // Weight bytes one decode step reads at `batch`: everything but the experts, plus the
@@ -262,7 +414,8 @@ double ActiveWeightBytes(const ModelConfig& c, int64_t batch) {
   return 2.0 * (per_layer * c.num_hidden_layers + h * c.vocab_size);  // + lm_head
 }
 
-void ModelBenches(const Rates& rates, bool quick, int layers, Report* report) {
+void ModelBenches(const Rates& rates, bool quick, int layers, const Profile& profile,
+                  Report* report) {
   CheckpointPreset preset = Must(GetPreset("qwen3-30b-a3b"), "preset");
   preset.config.num_hidden_layers = layers;
   EngineOptions options;
@@ -283,6 +436,8 @@ void ModelBenches(const Rates& rates, bool quick, int layers, Report* report) {
   const int64_t ctx = 1024;
   std::vector<int64_t> batches = {1, 32, 128};
   if (quick) batches = {1, 32};
+  if (profile.what == "decode") batches = {profile.batch};
+  if (profile.what == "prefill") batches = {};
   for (int64_t batch : batches) {
     KvCache kv(c, b, batch * (ctx + 64));
     std::vector<SequenceChunk> seqs(batch);
@@ -318,6 +473,7 @@ void ModelBenches(const Rates& rates, bool quick, int layers, Report* report) {
     const double eager_ms = TimeMs(stream, 2, quick ? 4 : 16, decode);
     graphs = true;
     const double ms = TimeMs(stream, 2, quick ? 4 : 16, decode);
+    profile.Once("decode", decode);
     const double kv_bytes =
         2.0 * batch * (ctx + step) * c.num_key_value_heads * c.head_dim * 2 * c.num_hidden_layers;
     const double floor_ms = (ActiveWeightBytes(c, batch) + kv_bytes) / rates.copy_bytes_per_s * 1e3;
@@ -332,6 +488,7 @@ void ModelBenches(const Rates& rates, bool quick, int layers, Report* report) {
                  {"eager_step_ms", eager_ms},
                  {"floor_ms", floor_ms}});
   }
+  if (profile.what == "decode") return;
   // Prefill: one 4096-token prompt per step.
   const int64_t prompt = 4096;
   KvCache kv(c, b, 4 * prompt);
@@ -347,6 +504,7 @@ void ModelBenches(const Rates& rates, bool quick, int layers, Report* report) {
     ++round;
   };
   const double ms = TimeMs(stream, 1, quick ? 2 : 5, prefill);
+  profile.Once("prefill", prefill);
   const double h = c.hidden_size, d = c.head_dim;
   const double active_params =
       c.num_hidden_layers *
@@ -368,6 +526,7 @@ void ModelBenches(const Rates& rates, bool quick, int layers, Report* report) {
 
 int Main(int argc, char** argv) {
   bool quick = false, ffn_only = false;
+  Profile profile;
   int layers = 48;
   std::string json;
   for (int i = 1; i < argc; ++i) {
@@ -378,10 +537,16 @@ int Main(int argc, char** argv) {
       layers = std::atoi(argv[++i]);
     } else if (a == "--ffn-only") {
       ffn_only = true;  // [rates] and [ffn] alone, for tile experiments
+    } else if (a == "--profile" && i + 1 < argc) {
+      profile.what = argv[++i];
+    } else if (a == "--batch" && i + 1 < argc) {
+      profile.batch = std::atoi(argv[++i]);
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: gpu_bench [--quick] [--ffn-only] [--layers N] [--json FILE]\n");
+      std::fprintf(stderr,
+                   "usage: gpu_bench [--quick] [--ffn-only] [--layers N] [--json FILE]\n"
+                   "                 [--profile attention|decode|prefill [--batch N]]\n");
       return 2;
     }
   }
@@ -398,12 +563,18 @@ int Main(int argc, char** argv) {
   setenv("DXS_CUDA_GROUPED_GEMM", "cublas", 1);
   std::unique_ptr<Backend> cublas = Must(MakeCudaBackend(0), "cuBLAS backend");
   unsetenv("DXS_CUDA_GROUPED_GEMM");
-  GroupedFfn(backend.get(), stream, cublas.get(), rates, quick, &report);
+  if (profile.what.empty()) GroupedFfn(backend.get(), stream, cublas.get(), rates, quick, &report);
   cublas.reset();
   if (ffn_only) return 0;
-  DecodeAttention(backend.get(), stream, rates, quick, &report);
+  if (profile.what.empty() || profile.what == "attention") {
+    DecodeAttention(backend.get(), stream, rates, quick, profile, &report);
+  }
+  if (profile.what.empty() || profile.what == "attention") {
+    PrefillAttention(backend.get(), stream, rates, quick, &report);
+  }
+  if (profile.what == "attention") return 0;
   backend.reset();  // the model below makes its own backend and needs the memory
-  ModelBenches(rates, quick, layers, &report);
+  ModelBenches(rates, quick, layers, profile, &report);
   return 0;
 }
 

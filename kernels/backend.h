@@ -69,6 +69,14 @@ struct PagedAttentionMeta {
   Tensor context_lens;  // [num_seqs] i32: positions cached after this step's tokens
   Tensor block_tables;  // [num_seqs, max_blocks_per_seq] i32: block of each position / bs
   Tensor slot_mapping;  // [num_tokens] i64: block * block_size + offset of each new token
+  // Optional host copies of query_start [num_seqs + 1] and context_lens [num_seqs] (null:
+  // not given), equal to the tensors. A backend whose kernel plans on the host (FlashInfer's,
+  // on CUDA) uses them. When a graph records the call, the backend reads them again at each
+  // Replay, so there they must point into the caller's staging memory, hold each replay's
+  // values when Replay is called, and live as long as the graph (ForwardDecode's staging).
+  const int32_t* host_query_start = nullptr;
+  const int32_t* host_context_lens = nullptr;
+  std::shared_ptr<const void> host_lens_owner;  // keeps them alive where nothing else does
 };
 
 // Where each EP rank's tokens and routed pairs are (DeepEP's dispatch layout plus the

@@ -156,6 +156,11 @@ absl::StatusOr<Tensor> Qwen3MoeModel::DecodeBody(const Buffer& staging, int64_t 
   DXS_ASSIGN_OR_RETURN(a.query_start, staged({batch + 1}, DType::kI32, at.query_start));
   DXS_ASSIGN_OR_RETURN(a.context_lens, staged({batch}, DType::kI32, at.context_lens));
   DXS_ASSIGN_OR_RETURN(a.block_tables, staged({batch, width}, DType::kI32, at.block_tables));
+  // Each replay's lengths are in the staging too (ForwardDecode writes them before Replay):
+  // a backend that plans attention on the host reads them there.
+  const uint8_t* base = static_cast<const uint8_t*>(staging.data());
+  a.host_query_start = reinterpret_cast<const int32_t*>(base + at.query_start);
+  a.host_context_lens = reinterpret_cast<const int32_t*>(base + at.context_lens);
   DXS_ASSIGN_OR_RETURN(mb.hidden, backend_->Allocate({batch, config_.hidden_size}, DType::kF32));
   DXS_RETURN_IF_ERROR(backend_->Embedding(w_.embed_tokens, token_ids, &mb.hidden));
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
@@ -275,6 +280,11 @@ absl::Status Qwen3MoeModel::Prepare(KvCache* kv, MicroBatch* mb) {
   DXS_ASSIGN_OR_RETURN(a.query_start, backend_->UploadIndices(query_start));
   DXS_ASSIGN_OR_RETURN(a.context_lens, backend_->UploadIndices(context_lens));
   DXS_ASSIGN_OR_RETURN(a.block_tables, backend_->UploadIndices(block_tables));
+  auto host_lens = std::make_shared<std::pair<std::vector<int32_t>, std::vector<int32_t>>>(
+      std::move(query_start), std::move(context_lens));
+  a.host_query_start = host_lens->first.data();
+  a.host_context_lens = host_lens->second.data();
+  a.host_lens_owner = std::move(host_lens);
   DXS_ASSIGN_OR_RETURN(a.slot_mapping, backend_->Allocate({t}, DType::kI64));
   DXS_RETURN_IF_ERROR(backend_->CopyFromHost(slot_mapping.data(), DType::kI64, &a.slot_mapping));
   DXS_ASSIGN_OR_RETURN(mb->positions, backend_->UploadIndices(positions));

@@ -25,8 +25,13 @@ done
 #   GEMM compiles against (CMake finds them through this venv's python; see
 #   kernels/cuda/CMakeLists.txt). Pinned: CUTLASS's C++ API moves between releases. Without
 #   its dependencies (cuda-python, scipy, ...): only the headers are used, never the Python.
+# - flashinfer-python, whose wheel carries FlashInfer's header-only attention kernels and
+#   the CCCL they compile against (kernels/cuda/flashinfer_attention.cu; the kernels used
+#   do not include its fp16.h, which would need a newer boost than Debian's). Pinned,
+#   without dependencies (torch...): headers only.
 # Each is installed only when missing, so a second run changes nothing.
 CUTLASS_VERSION=4.2.0.0
+FLASHINFER_VERSION=0.7.4
 setup_python() {
   local venv=${DXS_PY_VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv}
   local py="$venv/bin/python3"
@@ -38,10 +43,17 @@ setup_python() {
     echo "setup: installing grpcio and grpcio-tools into $venv"
     "$py" -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools
   fi
+  # DXS_SETUP_CUDA_HEADERS=0 (a CPU-only build: the container) skips the two header wheels.
+  [ "${DXS_SETUP_CUDA_HEADERS:-1}" = 0 ] && return 0
   if [ "$("$py" -m pip show nvidia-cutlass 2>/dev/null | sed -n 's/^Version: //p')" != "$CUTLASS_VERSION" ]; then
     echo "setup: installing nvidia-cutlass $CUTLASS_VERSION (CUTLASS headers) into $venv"
     "$py" -m pip install --quiet --disable-pip-version-check --no-deps \
       "nvidia-cutlass==$CUTLASS_VERSION"
+  fi
+  if [ "$("$py" -m pip show flashinfer-python 2>/dev/null | sed -n 's/^Version: //p')" != "$FLASHINFER_VERSION" ]; then
+    echo "setup: installing flashinfer-python $FLASHINFER_VERSION (FlashInfer headers) into $venv"
+    "$py" -m pip install --quiet --disable-pip-version-check --no-deps \
+      "flashinfer-python==$FLASHINFER_VERSION"
   fi
 }
 

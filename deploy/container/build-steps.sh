@@ -25,8 +25,9 @@ cd "$src"
 
 echo "build-steps: [1/3] build dependencies (scripts/setup.sh)"
 export DEBIAN_FRONTEND=noninteractive
-# setup.sh also makes the test client's Python venv; keep it out of the source tree.
-DXS_PY_VENV=/tmp/dxs-build-venv scripts/setup.sh
+# setup.sh also makes the test client's Python venv; keep it out of the source tree. CUDA
+# is off here, so without the CUDA header wheels (CUTLASS, FlashInfer).
+DXS_PY_VENV=/tmp/dxs-build-venv DXS_SETUP_CUDA_HEADERS=0 scripts/setup.sh
 rm -rf /var/lib/apt/lists/*
 
 export DXS_BUILD_DIR=build-container

@@ -15,6 +15,9 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_backend_impl.h"
+#if DXS_HAVE_FLASHINFER
+#include "kernels/cuda/flashinfer_attention.cuh"
+#endif
 #include "kernels/op_checks.h"
 
 namespace dxs {
@@ -129,6 +132,20 @@ absl::Status CudaBackend::Init() {
   };
   graph_allocator_ = make_pool();
   allocator_ = make_pool();
+  const char* attention = std::getenv("DXS_CUDA_ATTENTION");
+  const std::string attention_choice = attention != nullptr ? attention : "";
+  if (attention_choice == "dxs") {
+    attention_choice_ = AttentionChoice::kDxs;
+  } else if (attention_choice == "flashinfer") {
+    if (!DXS_HAVE_FLASHINFER) {
+      return absl::FailedPreconditionError(
+          "DXS_CUDA_ATTENTION=flashinfer: this build has no FlashInfer (run scripts/setup.sh)");
+    }
+    attention_choice_ = AttentionChoice::kFlashInfer;
+  } else if (!attention_choice.empty() && attention_choice != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("DXS_CUDA_ATTENTION=", attention_choice,
+                                                   ": expected auto, dxs or flashinfer"));
+  }
   const char* grouped = std::getenv("DXS_CUDA_GROUPED_GEMM");
   const std::string choice = grouped != nullptr ? grouped : "";
   if (!choice.empty() && choice != "cublas" && choice != "cutlass") {
@@ -158,6 +175,10 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   if (cublas_ != nullptr) blas_->destroy(cublas_);
   cublas_workspace_ = Tensor();
+  {
+    absl::MutexLock lock(&flashinfer_mu_);
+    flashinfer_.reset();
+  }
   // The allocator outlives us while tensors remain; its blocks are stream-ordered on a
   // stream that is about to go, so everything queued has finished (synchronised above).
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -289,16 +310,36 @@ namespace {
 
 class CudaGraph final : public Graph {
  public:
-  CudaGraph(cudaGraph_t graph, cudaGraphExec_t exec) : graph_(graph), exec_(exec) {}
+  CudaGraph(cudaGraph_t graph, cudaGraphExec_t exec,
+            std::vector<std::function<absl::Status(cudaEvent_t)>> before_replay)
+      : graph_(graph), exec_(exec), before_replay_(std::move(before_replay)) {}
   ~CudaGraph() override {
+    if (done_ != nullptr) {
+      cudaEventSynchronize(done_);
+      cudaEventDestroy(done_);
+    }
+    before_replay_.clear();  // what they own may be read by the graph: it is done now
     cudaGraphExecDestroy(exec_);
     cudaGraphDestroy(graph_);
   }
-  cudaGraphExec_t exec() const { return exec_; }
+  // Host work before a launch (FlashInfer's plan from the staged lengths), given the event
+  // after the previous launch (null before the first), then the launch and that event.
+  absl::Status Launch(cudaStream_t stream) {
+    for (const auto& hook : before_replay_) DXS_RETURN_IF_ERROR(hook(done_));
+    DXS_RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(exec_, stream), "replay graph"));
+    if (before_replay_.empty()) return absl::OkStatus();
+    if (done_ == nullptr) {
+      DXS_RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming),
+                                     "replay graph: event"));
+    }
+    return CudaStatus(cudaEventRecord(done_, stream), "replay graph: event");
+  }
 
  private:
   cudaGraph_t graph_;
   cudaGraphExec_t exec_;
+  std::vector<std::function<absl::Status(cudaEvent_t)>> before_replay_;
+  cudaEvent_t done_ = nullptr;
 };
 
 }  // namespace
@@ -341,9 +382,21 @@ absl::StatusOr<CapturedGraph> CudaBackend::CaptureGraph(
   DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "capture graph: warm-up"));
   DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed),
                                  "capture graph: begin"));
+  {
+    absl::MutexLock lock(&flashinfer_mu_);
+    capture_hooks_.clear();
+    capture_plan_ = nullptr;
+  }
   recording_.store(true);
   absl::StatusOr<Tensor> recorded = body();
   recording_.store(false);
+  std::vector<std::function<absl::Status(cudaEvent_t)>> hooks;
+  {
+    absl::MutexLock lock(&flashinfer_mu_);
+    hooks = std::move(capture_hooks_);
+    capture_hooks_.clear();
+    capture_plan_ = nullptr;
+  }
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
   if (!recorded.ok()) {
@@ -358,15 +411,14 @@ absl::StatusOr<CapturedGraph> CudaBackend::CaptureGraph(
     return CudaStatus(made, "capture graph: instantiate");
   }
   CapturedGraph out;
-  out.graph = std::make_unique<CudaGraph>(graph, exec);
+  out.graph = std::make_unique<CudaGraph>(graph, exec, std::move(hooks));
   out.output = *recorded;
   return out;
 }
 
 absl::Status CudaBackend::Replay(Graph* graph) {
   DXS_RETURN_IF_ERROR(Enter("replay graph"));
-  return CudaStatus(cudaGraphLaunch(static_cast<CudaGraph*>(graph)->exec(), stream_),
-                    "replay graph");
+  return static_cast<CudaGraph*>(graph)->Launch(stream_);
 }
 
 // ---- Queue and events ----
@@ -613,6 +665,41 @@ absl::Status CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
   args.context_lens = meta.context_lens.i32();
   args.block_tables = meta.block_tables.i32();
   args.num_blocks = k_cache.dim(0);
+#if DXS_HAVE_FLASHINFER
+  if (UseFlashInfer(q, k_cache, meta, *out)) {
+    absl::MutexLock lock(&flashinfer_mu_);
+    if (flashinfer_ == nullptr) flashinfer_.reset(cuda::CreateFlashInferAttention());
+    cudaError_t e;
+    if (recording_.load()) {
+      // One plan per recording, remade before each replay from the staged lengths.
+      const bool first = capture_plan_ == nullptr;
+      e = cuda::RecordFlashInferAttention(flashinfer_.get(), &capture_plan_, q.raw(), k_cache.raw(),
+                                          v_cache.raw(), args, meta.host_query_start,
+                                          meta.host_context_lens, scale, out->raw(), stream_);
+      if (first && capture_plan_ != nullptr) {
+        std::shared_ptr<cuda::FlashInferGraphPlan> plan(capture_plan_,
+                                                        cuda::DestroyFlashInferGraphPlan);
+        cudaStream_t stream = stream_;
+        capture_hooks_.push_back([plan, stream](cudaEvent_t last_replay_done) -> absl::Status {
+          const cudaError_t r =
+              cuda::RefreshFlashInferGraphPlan(plan.get(), last_replay_done, stream);
+          if (r == cudaSuccess) return absl::OkStatus();
+          return absl::InternalError(
+              absl::StrCat("replay graph: ", cuda::FlashInferGraphPlanError(plan.get()), ": ",
+                           cudaGetErrorString(r)));
+        });
+      }
+    } else {
+      e = cuda::LaunchFlashInferAttention(flashinfer_.get(), q.raw(), k_cache.raw(), v_cache.raw(),
+                                          args, meta.host_query_start, meta.host_context_lens,
+                                          scale, out->raw(), stream_);
+    }
+    if (e == cudaSuccess) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat(
+        "paged attention (FlashInfer): ", cuda::FlashInferAttentionError(flashinfer_.get()), ": ",
+        cudaGetErrorString(e)));
+  }
+#endif
   const size_t workspace_bytes = cuda::PagedAttentionWorkspaceBytes(args);
   void* workspace = nullptr;
   Tensor workspace_t;
@@ -625,6 +712,28 @@ absl::Status CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
                                  ToElemType(k_cache.dtype()), args, scale, out->raw(),
                                  ToElemType(out->dtype()), workspace, workspace_bytes, stream_),
       "paged attention");
+}
+
+bool CudaBackend::UseFlashInfer(const Tensor& q, const Tensor& k_cache,
+                                const PagedAttentionMeta& meta, const Tensor& out) const {
+#if DXS_HAVE_FLASHINFER
+  if (attention_choice_ == AttentionChoice::kDxs) return false;
+  return meta.host_query_start != nullptr && meta.host_context_lens != nullptr &&
+         cuda::FlashInferAttentionSupports(ToElemType(q.dtype()), ToElemType(k_cache.dtype()),
+                                           ToElemType(out.dtype()), q.dim(1), k_cache.dim(2),
+                                           q.dim(2));
+#else
+  (void)q, (void)k_cache, (void)meta, (void)out;
+  return false;
+#endif
+}
+
+void CudaBackend::FlashInferDeleter::operator()(cuda::FlashInferAttention* fi) const {
+#if DXS_HAVE_FLASHINFER
+  cuda::DestroyFlashInferAttention(fi);
+#else
+  (void)fi;
+#endif
 }
 
 }  // namespace dxs

@@ -21,6 +21,11 @@
 #include "kernels/cuda/cublas_loader.h"
 #include "kernels/cuda/ops.cuh"
 
+namespace dxs::cuda {
+struct FlashInferAttention;  // kernels/cuda/flashinfer_attention.cuh
+struct FlashInferGraphPlan;
+}  // namespace dxs::cuda
+
 namespace dxs {
 
 // INTERNAL naming the op and CUDA's error, or OK for cudaSuccess.
@@ -130,7 +135,28 @@ class CudaBackend final : public Backend {
                                    const std::vector<const Tensor*>& down, int64_t inter,
                                    Tensor* y);
 
+  // FlashInfer's paged attention (kernels/cuda/flashinfer_attention.cuh) for this call, or
+  // null when our own kernel (attention.cu) runs it: see DXS_CUDA_ATTENTION below.
+  bool UseFlashInfer(const Tensor& q, const Tensor& k_cache, const PagedAttentionMeta& meta,
+                     const Tensor& out) const;
+
   const int device_;
+  // DXS_CUDA_ATTENTION=auto|dxs|flashinfer (default auto, the same as flashinfer): which
+  // paged-attention kernel. FlashInfer's measured faster at every size (docs/gpu.md); it
+  // runs where the host lengths are given and it is built for the shape (bf16, head_dim
+  // 128), ours everywhere else and with dxs.
+  enum class AttentionChoice { kAuto, kDxs, kFlashInfer };
+  AttentionChoice attention_choice_ = AttentionChoice::kAuto;
+  absl::Mutex flashinfer_mu_;
+  struct FlashInferDeleter {
+    void operator()(cuda::FlashInferAttention* fi) const;
+  };
+  std::unique_ptr<cuda::FlashInferAttention, FlashInferDeleter> flashinfer_
+      ABSL_GUARDED_BY(flashinfer_mu_);
+  // While a graph records: its FlashInfer plan and what Replay must do first.
+  cuda::FlashInferGraphPlan* capture_plan_ ABSL_GUARDED_BY(flashinfer_mu_) = nullptr;
+  std::vector<std::function<absl::Status(cudaEvent_t)>> capture_hooks_
+      ABSL_GUARDED_BY(flashinfer_mu_);
   // DXS_CUDA_GROUPED_GEMM=cublas|cutlass (default: cutlass where built): which grouped FFN.
   bool use_cutlass_ = false;
   absl::Mutex tables_mu_;

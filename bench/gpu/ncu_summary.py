@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Summarises `ncu --csv --page raw` files from bench/gpu/profile_device.sh: per file, the
+kernels in launch order (name, grid, registers, microseconds, DRAM bytes and the rate they
+moved at), then the totals per kernel name. Lines of gpu_bench's own output that ncu's CSV
+carries (not starting with a quote) are printed first, as they hold the timed figures."""
+import csv
+import sys
+from collections import OrderedDict
+
+
+def short(name, width=60):
+    name = name.split("(")[0]
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def summarise(path):
+    with open(path) as f:
+        lines = f.read().splitlines()
+    rows = [l for l in lines if l.startswith('"')]
+    others = [l for l in lines if l and not l.startswith('"') and not l.startswith("==PROF==")]
+    print(f"### {path}")
+    for l in others[-40:]:
+        print("  " + l)
+    if len(rows) < 3:
+        print("  (no kernels profiled)")
+        return
+    table = list(csv.reader(rows))
+    head, body = table[0], table[2:]  # the second row holds the units
+    col = {n: i for i, n in enumerate(head)}
+
+    def num(r, key):
+        try:
+            return float(r[col[key]].replace(",", ""))
+        except (KeyError, ValueError):
+            return 0.0
+
+    tunit = table[1][col["gpu__time_duration.sum"]]
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3}.get(tunit, 1.0)
+    bunit = table[1][col["dram__bytes_read.sum"]]
+    bscale = {"byte": 1, "Kbyte": 1e3, "KB": 1e3, "Mbyte": 1e6, "MB": 1e6, "Gbyte": 1e9, "GB": 1e9}.get(bunit, 1)
+    totals = OrderedDict()
+    print(f"  {'kernel':60s} {'grid':>8s} {'regs':>5s} {'us':>9s} {'MB':>8s} {'TB/s':>6s}")
+    total_us = 0.0
+    for r in body:
+        name = short(r[col["Kernel Name"]])
+        us = num(r, "gpu__time_duration.sum") * scale
+        mb = (num(r, "dram__bytes_read.sum") + num(r, "dram__bytes_write.sum")) * bscale / 1e6
+        total_us += us
+        t = totals.setdefault(name, [0, 0.0, 0.0])
+        t[0] += 1
+        t[1] += us
+        t[2] += mb
+        if len(body) <= 80:
+            print(f"  {name:60s} {r[col['launch__grid_size']]:>8s} "
+                  f"{r[col['launch__registers_per_thread']]:>5s} {us:9.1f} {mb:8.2f} "
+                  f"{mb / us / 1e6 if us else 0:6.2f}")
+    print(f"  -- {len(body)} kernels, {total_us:.1f} us in all; per name:")
+    for name, (n, us, mb) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {name:60s} x{n:<4d} {us:9.1f} us {100 * us / total_us:5.1f}%  {mb:9.2f} MB")
+
+
+for p in sys.argv[1:]:
+    summarise(p)

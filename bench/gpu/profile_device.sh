@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call: Nsight Compute (ncu --clock-control none, the card's own clocks) over
+# gpu_bench's profile modes, so each missed target in docs/gpu.md has the kernel times
+# that show what limits it. Builds nothing (the binaries come in .device/, packed by
+# bench/gpu/bundle.sh). Per-kernel CSVs and a summary go to $OUT; the summary is printed.
+#   bench/gpu/profile_device.sh [attention decode prefill ...]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/dxs-gpu-out}
+mkdir -p "$OUT"
+[ -f .device.tar.xz ] && tar xJf .device.tar.xz
+source .device/env.sh
+ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
+what=("$@")
+[ ${#what[@]} -eq 0 ] && what=(attention decode prefill)
+for w in "${what[@]}"; do
+  case $w in
+    attention) args=(--profile attention) ;;
+    decode) args=(--profile decode --batch 1 --layers 2) ;;
+    decode32) args=(--profile decode --batch 32 --layers 2) ;;
+    prefill) args=(--profile prefill --layers 1) ;;
+    *) echo "unknown profile $w"; continue ;;
+  esac
+  timeout 400 "$ncu" --clock-control none --profile-from-start off --csv --page raw \
+    --metrics "$metrics" .device/bin/gpu_bench "${args[@]}" >"$OUT/ncu_$w.csv" 2>"$OUT/ncu_$w.log"
+  echo "ncu $w: rc=$?"
+done
+python3 bench/gpu/ncu_summary.py "$OUT"/ncu_*.csv | tee "$OUT/ncu_summary.txt"

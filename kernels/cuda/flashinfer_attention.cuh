@@ -1,0 +1,60 @@
+// Paged attention through FlashInfer's batch prefill kernel (flashinfer_attention.cu): an
+// alternative to attention.cu's kernel for bf16 with head_dim 128, used where it measures
+// faster (docs/gpu.md). Absl-free like ops.cuh. It plans on the host from the lengths, so
+// it needs them on the host; in a CUDA graph the plan is remade before each replay from
+// the staged lengths (below).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/ops.cuh"
+
+namespace dxs::cuda {
+
+// Workspaces (128 MB for split-KV partials, the plan's buffers) and the current plan. One
+// per stream; not thread-safe.
+struct FlashInferAttention;
+FlashInferAttention* CreateFlashInferAttention();
+void DestroyFlashInferAttention(FlashInferAttention* fi);
+// What the last failed call said (empty when none failed).
+const char* FlashInferAttentionError(const FlashInferAttention* fi);
+
+// Whether this build of FlashInfer's kernel takes these types and sizes.
+bool FlashInferAttentionSupports(ElemType q_type, ElemType cache_type, ElemType out_type,
+                                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
+
+// LaunchPagedAttention's contract (ops.cuh), with the sequences' query starts
+// [num_seqs + 1] and context lengths [num_seqs] also on the host: every sequence has a
+// context of at least its queries. The plan is made again only when those change. It may
+// wait for the previous plan's host-to-device copy (never for kernels).
+cudaError_t LaunchFlashInferAttention(FlashInferAttention* fi, const void* q, const void* k_cache,
+                                      const void* v_cache, const PagedAttentionArgs& args,
+                                      const int32_t* host_query_start,
+                                      const int32_t* host_context_lens, float scale, void* out,
+                                      cudaStream_t stream);
+
+// ---- In CUDA graphs ----
+// A plan recorded into a graph: FlashInfer's CUDA-graph plan (a launch shape fixed by the
+// sizes, the work list in a buffer the graph copies from pinned memory at each replay).
+struct FlashInferGraphPlan;
+// While a graph records: the first call of a recording makes *plan (null before) from the
+// host lengths, which must be staged memory holding each replay's values; later calls of
+// the same recording with the same pointers reuse it. The graph then holds the plan's copy,
+// the page-list compaction (once) and the kernels.
+cudaError_t RecordFlashInferAttention(FlashInferAttention* fi, FlashInferGraphPlan** plan,
+                                      const void* q, const void* k_cache, const void* v_cache,
+                                      const PagedAttentionArgs& args,
+                                      const int32_t* host_query_start,
+                                      const int32_t* host_context_lens, float scale, void* out,
+                                      cudaStream_t stream);
+// Before each replay: remakes the plan from the staged lengths when they changed, after
+// waiting for `last_replay_done` (the previous replay copied the pinned plan). An error if
+// the new lengths need another launch shape than the recorded one.
+cudaError_t RefreshFlashInferGraphPlan(FlashInferGraphPlan* plan, cudaEvent_t last_replay_done,
+                                       cudaStream_t stream);
+void DestroyFlashInferGraphPlan(FlashInferGraphPlan* plan);
+const char* FlashInferGraphPlanError(const FlashInferGraphPlan* plan);
+
+}  // namespace dxs::cuda
