@@ -21,7 +21,7 @@ std::vector<int32_t> Draws(const SamplingParams& p, int n) {
   const std::vector<float> row = Row(64);
   Sampler s(p);
   std::vector<int32_t> out;
-  for (int i = 0; i < n; ++i) out.push_back(s.Sample(row.data(), 64));
+  for (int i = 0; i < n; ++i) out.push_back(s.Sample(row.data(), 64, i));
   return out;
 }
 
@@ -42,8 +42,8 @@ TEST(SamplerTest, TopKOneAndTinyTopPAreGreedy) {
   Sampler top_k({1.3f, 1.0f, 1, 5});
   Sampler top_p({1.3f, 1e-6f, 0, 5});
   for (int i = 0; i < 32; ++i) {
-    EXPECT_EQ(top_k.Sample(row.data(), 64), greedy);
-    EXPECT_EQ(top_p.Sample(row.data(), 64), greedy);
+    EXPECT_EQ(top_k.Sample(row.data(), 64, i), greedy);
+    EXPECT_EQ(top_p.Sample(row.data(), 64, i), greedy);
   }
 }
 
