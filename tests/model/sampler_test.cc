@@ -25,6 +25,18 @@ std::vector<int32_t> Draws(const SamplingParams& p, int n) {
   return out;
 }
 
+// Draw k computed on its own is output k of the sequential generator.
+TEST(SamplerTest, CounterDrawsAreTheSequentialStream) {
+  for (uint64_t seed : {uint64_t{0}, uint64_t{1234}, ~uint64_t{0}}) {
+    SplitMix64 rng(seed);
+    for (uint64_t k = 0; k < 100; ++k) {
+      const uint64_t next = rng.Next();
+      EXPECT_EQ(SplitMix64At(seed, k), next);
+      EXPECT_EQ(SamplingUniform(seed, k), SplitMix64Unit(next));
+    }
+  }
+}
+
 TEST(SamplerTest, SeededDrawsArePinned) {
   EXPECT_EQ(Draws({1.0f, 1.0f, 0, 1}, 16),
             (std::vector<int32_t>{21, 55, 36, 2, 2, 46, 10, 12, 20, 37, 2, 30, 3, 12, 2, 38}));
