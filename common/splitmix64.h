@@ -28,6 +28,17 @@ DXS_HOST_DEVICE inline uint64_t SplitMix64Next(uint64_t* state) {
   return SplitMix64Mix(*state += kSplitMix64Gamma);
 }
 
+// Output i (from 0) of the stream seeded with `seed`, on its own: the state after i + 1
+// steps is seed + (i + 1) * gamma.
+DXS_HOST_DEVICE inline uint64_t SplitMix64At(uint64_t seed, uint64_t i) {
+  return SplitMix64Mix(seed + (i + 1) * kSplitMix64Gamma);
+}
+
+// A uniform double in [0, 1) from an output's top 53 bits.
+DXS_HOST_DEVICE inline double SplitMix64Unit(uint64_t bits) {
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
 }  // namespace dxs
 
 #undef DXS_HOST_DEVICE

@@ -221,8 +221,17 @@ class Backend {
                                      const std::vector<const Tensor*>& down, Tensor* y) = 0;
   // Greedy sampling on the backend: ids[i] (i32 [n]) = the index of the largest of
   // logits[i, :] (f32 [n, vocab]), ties to the lowest index, NaNs never chosen unless the
-  // row starts with one (then 0): exactly Argmax of model/sampler.h. Only the ids come back.
+  // row starts with one (then 0): exactly Argmax of kernels/sampling.h. Only the ids come back.
   virtual absl::Status ArgmaxRows(const Tensor& logits, Tensor* ids) = 0;
+  // Sampling on the backend (kernels/sampling.h's SampleToken, row by row): ids[i] (i32
+  // [n]) is logits[i, :] (f32 [n, vocab]) sampled with params row i (i64 [n, 4], one
+  // SamplingRow each: kernels/sampling_row.h). Temperature 0 is ArgmaxRows; otherwise
+  // temperature, top-k, top-p, then draw number `draw` of `seed`'s SplitMix64 stream,
+  // which needs no state: the tokens are the CPU's on every backend, except where a draw
+  // lands within rounding of a cumulative-mass boundary (the sums go in another order).
+  // Shapes and dtypes are INVALID_ARGUMENT; so are out-of-range parameters where the
+  // backend reads them on the host (CPU), while a device writes -1 for such a row.
+  virtual absl::Status SampleRows(const Tensor& logits, const Tensor& params, Tensor* ids) = 0;
   // counts[e] += offsets[e + 1] - offsets[e] for the E experts of SortPairsByExpert's
   // offsets (i32 [E + 1]) into counts (i64 [E]): per-expert loads kept on the device, so
   // that counting needs no host synchronisation.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cpu_backend.h"
+#include "kernels/sampling.h"
 #include "kernels/topk_softmax.h"
 
 namespace dxs {
@@ -271,13 +272,19 @@ absl::Status CpuBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
 absl::Status CpuBackend::ArgmaxRows(const Tensor& logits, Tensor* ids) {
   DXS_RETURN_IF_ERROR(CheckArgmaxRowsArgs(logits, *ids));
   const int64_t n = logits.rows(), vocab = logits.row_size();
+  for (int64_t i = 0; i < n; ++i) ids->i32()[i] = Argmax(logits.f32() + i * vocab, vocab);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SampleRows(const Tensor& logits, const Tensor& params, Tensor* ids) {
+  DXS_RETURN_IF_ERROR(CheckSampleRowsArgs(logits, params, *ids));
+  const int64_t n = logits.rows(), vocab = logits.row_size();
+  const auto* rows = reinterpret_cast<const SamplingRow*>(params.i64());
+  for (int64_t i = 0; i < n; ++i) DXS_RETURN_IF_ERROR(CheckSamplingRow(i, rows[i]));
+  SamplingScratch scratch;
   for (int64_t i = 0; i < n; ++i) {
-    const float* row = logits.f32() + i * vocab;
-    int64_t best = 0;
-    for (int64_t j = 1; j < vocab; ++j) {
-      if (row[j] > row[best]) best = j;
-    }
-    ids->i32()[i] = static_cast<int32_t>(best);
+    ids->i32()[i] = SampleToken(logits.f32() + i * vocab, vocab, FromSamplingRow(rows[i]),
+                                rows[i].draw, &scratch);
   }
   return absl::OkStatus();
 }

@@ -1,10 +1,13 @@
 #include "kernels/op_checks.h"
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "kernels/sampling.h"
 
 namespace dxs {
 
@@ -103,6 +106,29 @@ absl::Status CheckArgmaxRowsArgs(const Tensor& logits, const Tensor& ids) {
         absl::StrCat("argmax rows: ", logits.ShapeString(), " into ", ids.ShapeString()));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckSampleRowsArgs(const Tensor& logits, const Tensor& params, const Tensor& ids) {
+  DXS_RETURN_IF_ERROR(CheckDType("sample rows", logits, DType::kF32, "logits"));
+  DXS_RETURN_IF_ERROR(CheckDType("sample rows", params, DType::kI64, "params"));
+  DXS_RETURN_IF_ERROR(CheckDType("sample rows", ids, DType::kI32, "ids"));
+  const int64_t n = logits.rows(), vocab = logits.row_size();
+  if (ids.num_elements() != n || params.shape() != std::vector<int64_t>{n, kSamplingRowWords} ||
+      (n > 0 && (vocab <= 0 || vocab > INT32_MAX))) {
+    return absl::InvalidArgumentError(absl::StrCat("sample rows: ", logits.ShapeString(),
+                                                   " with params ", params.ShapeString(), " into ",
+                                                   ids.ShapeString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSamplingRow(int64_t row, const SamplingRow& params) {
+  absl::Status s = ValidateSamplingParams(FromSamplingRow(params));
+  if (s.ok() && params.reserved != 0) {
+    s = absl::InvalidArgumentError(absl::StrCat("reserved must be 0, got ", params.reserved));
+  }
+  if (s.ok()) return s;
+  return absl::InvalidArgumentError(absl::StrCat("sample rows: row ", row, ": ", s.message()));
 }
 
 absl::Status CheckAccumulateCountsArgs(const Tensor& offsets, const Tensor& counts) {

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/sampling_row.h"
 #include "kernels/tensor.h"
 
 namespace dxs {
@@ -27,6 +28,11 @@ absl::Status CheckCombineArgs(const Tensor& recv, const Tensor& token_rows,
 absl::Status CheckSortPairsArgs(const Tensor& experts, int num_experts, const Tensor& order,
                                 const Tensor& expert_offsets);
 absl::Status CheckArgmaxRowsArgs(const Tensor& logits, const Tensor& ids);
+// SampleRows: logits f32 [n, vocab], params i64 [n, kSamplingRowWords], ids i32 [n].
+absl::Status CheckSampleRowsArgs(const Tensor& logits, const Tensor& params, const Tensor& ids);
+// Row `row`'s sampling parameters are in range (ValidateSamplingParams; reserved is 0).
+// Only where the backend can read them on the host: the CPU backend.
+absl::Status CheckSamplingRow(int64_t row, const SamplingRow& params);
 absl::Status CheckAccumulateCountsArgs(const Tensor& offsets, const Tensor& counts);
 
 // The metadata tensors of paged attention fit `num_tokens` query rows.

@@ -116,6 +116,10 @@ class OpaqueBackend final : public Backend {
     Tensor d = Open(*ids);
     return inner_.ArgmaxRows(Open(logits), &d);
   }
+  absl::Status SampleRows(const Tensor& logits, const Tensor& params, Tensor* ids) override {
+    Tensor d = Open(*ids);
+    return inner_.SampleRows(Open(logits), Open(params), &d);
+  }
   absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override {
     Tensor c = Open(*counts);
     return inner_.AccumulateCounts(Open(offsets), &c);

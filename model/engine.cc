@@ -48,11 +48,21 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(const ModelConf
   return e;
 }
 
-absl::Status LocalEngine::SampleGreedyOnBackend(const Tensor& logits, Scheduler* scheduler) {
+absl::Status LocalEngine::SampleOnBackend(const Tensor& logits, Scheduler* scheduler) {
+  const std::vector<SamplingRow> rows = scheduler->StepSamplingRows();
+  const bool greedy = std::all_of(rows.begin(), rows.end(),
+                                  [](const SamplingRow& r) { return r.temperature == 0.f; });
   DXS_ASSIGN_OR_RETURN(Tensor ids, backend_->Allocate({logits.rows()}, DType::kI32));
-  DXS_RETURN_IF_ERROR(backend_->ArgmaxRows(logits, &ids));
-  DXS_ASSIGN_OR_RETURN(std::vector<int32_t> greedy, backend_->DownloadIndices(ids));
-  scheduler->FinishStepWithTokens(greedy);
+  if (greedy) {
+    DXS_RETURN_IF_ERROR(backend_->ArgmaxRows(logits, &ids));
+  } else {
+    const int64_t n = static_cast<int64_t>(rows.size());
+    DXS_ASSIGN_OR_RETURN(Tensor params, backend_->Allocate({n, kSamplingRowWords}, DType::kI64));
+    DXS_RETURN_IF_ERROR(backend_->CopyFromHost(rows.data(), DType::kI64, &params));
+    DXS_RETURN_IF_ERROR(backend_->SampleRows(logits, params, &ids));
+  }
+  DXS_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, backend_->DownloadIndices(ids));
+  scheduler->FinishStepWithTokens(tokens);
   return absl::OkStatus();
 }
 
@@ -87,10 +97,11 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
       scheduler.FailAll(logits.status());
       return logits.status();
     }
-    // Greedy steps past every request's first token sample on the backend: a few ids come
-    // back instead of [rows, vocab] floats (39 MB a step at batch 64 on Qwen3's vocab).
-    if (backend_->device() != Device::kCpu && !scheduler.StepNeedsHostLogits()) {
-      absl::Status s = SampleGreedyOnBackend(*logits, &scheduler);
+    // Steps past every request's first token sample on the backend, greedy or not: a few
+    // ids come back instead of [rows, vocab] floats (39 MB a step at batch 64 on Qwen3's
+    // vocab). The CPU takes the same path, so its tests cover it.
+    if (!scheduler.StepNeedsHostLogits()) {
+      absl::Status s = SampleOnBackend(*logits, &scheduler);
       if (!s.ok()) {
         scheduler.FailAll(s);
         return s;

@@ -1,32 +1,23 @@
-// Token sampling: greedy, or temperature -> top-k -> top-p -> draw, as transformers'
-// generate() orders its logits warpers. A seeded sampler is deterministic: the same seed
-// and logits give the same tokens on every machine (own PRNG, no std distributions).
+// The host sampler: one request's SamplingParams applied to logits rows on the host
+// (kernels/sampling.h has the semantics). Stateless apart from scratch: the caller names
+// which draw of the request's stream a token uses (the number it sampled before), so the
+// same token comes whether a step samples here or on the backend (Backend::SampleRows).
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
-#include "absl/status/status.h"
 #include "common/splitmix64.h"
+#include "kernels/sampling.h"
 
 namespace dxs {
 
-struct SamplingParams {
-  float temperature = 0.f;  // 0 = greedy
-  float top_p = 1.f;        // in (0, 1]
-  int32_t top_k = 0;        // 0 = off
-  uint64_t seed = 0;
-};
-
-absl::Status ValidateSamplingParams(const SamplingParams& p);
-
-// SplitMix64: small, fast, and the same everywhere.
+// SplitMix64 as a sequential generator: small, fast, and the same everywhere.
 class SplitMix64 {
  public:
   explicit SplitMix64(uint64_t seed) : state_(seed) {}
   uint64_t Next() { return SplitMix64Next(&state_); }
   // Uniform in [0, 1) with 53 random bits.
-  double NextDouble() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  double NextDouble() { return SplitMix64Unit(Next()); }
 
  private:
   uint64_t state_;
@@ -34,16 +25,16 @@ class SplitMix64 {
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
-  int32_t Sample(const float* logits, int64_t vocab);
+  explicit Sampler(const SamplingParams& params) : params_(params) {}
+  // The token of `logits` for draw number `draw` of the request (SampleToken).
+  int32_t Sample(const float* logits, int64_t vocab, uint64_t draw) {
+    return SampleToken(logits, vocab, params_, draw, &scratch_);
+  }
+  const SamplingParams& params() const { return params_; }
 
  private:
   SamplingParams params_;
-  SplitMix64 rng_;
-  std::vector<std::pair<float, int32_t>> scratch_;
+  SamplingScratch scratch_;
 };
-
-// Index of the largest logit; ties go to the lowest id (as torch.argmax does).
-int32_t Argmax(const float* logits, int64_t vocab);
 
 }  // namespace dxs

@@ -168,7 +168,7 @@ void Scheduler::FinishStep(const std::vector<float>& logits) {
   const int64_t vocab = config_.vocab_size;
   FinishStepWith([&](size_t j, Live& l, const float** row) {
     *row = logits.data() + static_cast<int64_t>(j) * vocab;
-    return l.sampler.Sample(*row, vocab);
+    return l.sampler.Sample(*row, vocab, l.generated.size());
   });
 }
 
@@ -176,15 +176,29 @@ bool Scheduler::StepNeedsHostLogits() const {
   for (size_t owner : step_owners_) {
     const Live& l = running_[owner];
     if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) continue;  // mid-prefill
-    if (l.generated.empty() || l.request.sampling.temperature != 0.f) return true;
+    if (l.generated.empty()) return true;
   }
   return false;
 }
 
-void Scheduler::FinishStepWithTokens(const std::vector<int32_t>& greedy) {
+std::vector<SamplingRow> Scheduler::StepSamplingRows() const {
+  std::vector<SamplingRow> rows;
+  rows.reserve(step_owners_.size());
+  for (size_t owner : step_owners_) {
+    const Live& l = running_[owner];
+    if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) {
+      rows.push_back(ToSamplingRow(SamplingParams{}, 0));  // mid-prefill: greedy, unused
+    } else {
+      rows.push_back(ToSamplingRow(l.request.sampling, l.generated.size()));
+    }
+  }
+  return rows;
+}
+
+void Scheduler::FinishStepWithTokens(const std::vector<int32_t>& tokens) {
   FinishStepWith([&](size_t j, Live&, const float** row) {
     *row = nullptr;
-    return greedy[j];
+    return tokens[j];
   });
 }
 

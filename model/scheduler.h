@@ -72,13 +72,16 @@ class Scheduler {
   std::vector<SequenceChunk> BuildStep() ABSL_LOCKS_EXCLUDED(mu_);
   // logits: the step's [num_chunks, vocab] on the host.
   void FinishStep(const std::vector<float>& logits) ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether FinishStep needs the step's logits on the host: a request samples with a
-  // temperature, or gets its first token (whose row its sink receives). Otherwise every
-  // token is the row's argmax, and FinishStepWithTokens takes the backend's
-  // (Backend::ArgmaxRows): only the ids cross to the host.
+  // Whether FinishStep needs the step's logits on the host: a request gets its first token
+  // (whose row its sink receives). Otherwise the backend samples every row
+  // (Backend::SampleRows with StepSamplingRows) and FinishStepWithTokens takes its ids:
+  // only the ids cross to the host.
   bool StepNeedsHostLogits() const;
-  // greedy[j]: the argmax of the step's row j (every chunk's, sampled or not).
-  void FinishStepWithTokens(const std::vector<int32_t>& greedy) ABSL_LOCKS_EXCLUDED(mu_);
+  // One SamplingRow per row of the step: the request's parameters and its draw number (the
+  // tokens it has sampled so far); greedy for rows still in prefill (their token is unused).
+  std::vector<SamplingRow> StepSamplingRows() const;
+  // tokens[j]: row j's token as the backend sampled it (every chunk's, sampled or not).
+  void FinishStepWithTokens(const std::vector<int32_t>& tokens) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends every request with `status` (a failed step) and frees their KV.
   void FailAll(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -101,6 +101,7 @@ class CudaBackend final : public Backend {
                             Tensor* dst) override;
   absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override;
   absl::Status ArgmaxRows(const Tensor& logits, Tensor* ids) override;
+  absl::Status SampleRows(const Tensor& logits, const Tensor& params, Tensor* ids) override;
 
   CachingAllocator::Stats allocator_stats() const { return allocator_->stats(); }
   cudaStream_t stream() const { return stream_; }

@@ -119,6 +119,21 @@ absl::Status CudaBackend::ArgmaxRows(const Tensor& logits, Tensor* ids) {
                     "argmax rows");
 }
 
+absl::Status CudaBackend::SampleRows(const Tensor& logits, const Tensor& params, Tensor* ids) {
+  DXS_RETURN_IF_ERROR(CheckSampleRowsArgs(logits, params, *ids));
+  const int64_t n = logits.rows(), vocab = logits.row_size();
+  if (n == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("sample rows"));
+  size_t bytes = 0;
+  DXS_RETURN_IF_ERROR(
+      CudaStatus(cuda::SampleRowsWorkspaceBytes(n, vocab, &bytes), "sample rows: workspace"));
+  DXS_ASSIGN_OR_RETURN(Tensor workspace, Workspace(bytes));
+  return CudaStatus(cuda::LaunchSampleRows(logits.f32(), n, vocab,
+                                           reinterpret_cast<const SamplingRow*>(params.i64()),
+                                           ids->i32(), workspace.raw(), bytes, stream_),
+                    "sample rows");
+}
+
 absl::Status CudaBackend::AccumulateCounts(const Tensor& offsets, Tensor* counts) {
   DXS_RETURN_IF_ERROR(CheckAccumulateCountsArgs(offsets, *counts));
   if (counts->num_elements() == 0) return absl::OkStatus();

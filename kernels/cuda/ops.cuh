@@ -15,13 +15,15 @@
 //
 // Files: dense_ops.cu (conversion, norms, rope, elementwise, gathers), attention.cu (KV
 // cache write, paged attention), moe_ops.cu (layout, sort, combine, scale-add),
-// random_fill.cu (seeded weights made in place).
+// sampling.cu (argmax and SampleRows), random_fill.cu (seeded weights made in place).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/sampling_row.h"
 
 namespace dxs::cuda {
 
@@ -147,6 +149,17 @@ cudaError_t LaunchScaleAddRows(const float* src, const float* scales, const int3
 // NaNs never chosen unless at index 0), one block per row.
 cudaError_t LaunchArgmaxRows(const float* logits, int64_t n, int64_t vocab, int32_t* ids,
                              cudaStream_t stream);
+
+// Scratch for LaunchSampleRows: sorted candidates of the rows sampled at once (at most
+// 2^23 candidates, 128 MiB) and CUB's sort storage. Asks CUB for its size (no device work).
+// cudaErrorInvalidValue for vocab outside [1, 2^23] or n outside [0, INT_MAX].
+cudaError_t SampleRowsWorkspaceBytes(int64_t n, int64_t vocab, size_t* bytes);
+// Backend::SampleRows: ids[i] = logits[i, 0..vocab) sampled with params[i] (device
+// SamplingRows), the host's SampleToken (kernels/sampling.h) up to the summation order;
+// -1 for a row whose parameters are out of range. No host synchronisation.
+cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t vocab,
+                             const SamplingRow* params, int32_t* ids, void* workspace,
+                             size_t workspace_bytes, cudaStream_t stream);
 
 // counts[e] += offsets[e + 1] - offsets[e] for e < n (Backend::AccumulateCounts).
 cudaError_t LaunchAccumulateCounts(const int32_t* offsets, int64_t n, int64_t* counts,

@@ -1,14 +1,54 @@
-// Sampling on the GPU: greedy (argmax) per row, so that only the chosen ids come back.
-#include <cuda_runtime_api.h>
+// Sampling on the GPU, so that only the chosen ids come back: greedy (argmax) per row, and
+// Backend::SampleRows (temperature, top-k, top-p and a counter-based draw; the host's
+// SampleToken in kernels/sampling.h is the reference).
+//
+// SampleRows, in chunks of rows whose candidates fit the workspace:
+// 1. PrepareKernel: per sampled row, keys[j] = logits[j] / temperature (float, rounded as
+//    the host divides) and ids[j] = j; the row's segment for the sort. Greedy rows and rows
+//    with bad parameters get an empty segment.
+// 2. CUB's segmented radix sort, descending. It is stable, so equal keys keep ascending ids:
+//    the host's order (larger key, then lower id). -0 and +0 compare equal, as on the host.
+// 3. SampleKernel, one block per row: the weights exp(key - max) in double over the top_k
+//    first candidates, their sum (block reduction), the top-p cut and the draw (block
+//    scans over tiles, stopping at the first prefix that qualifies). Greedy rows take the
+//    argmax of the raw logits instead. The sums go in another order than the host's, so a
+//    token differs from the CPU's only when a draw or a cut lands within rounding of a
+//    cumulative-mass boundary.
+// Nothing synchronises with the host, and the work depends only on the shapes: it can be
+// recorded in a CUDA graph.
+#include <cuda_runtime.h>
 
+#include <climits>
+#include <cstddef>
 #include <cstdint>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_segmented_radix_sort.cuh>
 
+#include "common/splitmix64.h"
 #include "kernels/cuda/ops.cuh"
 
 namespace dxs::cuda {
 namespace {
 
-constexpr int kThreads = 512;
+#define DXS_CUDA_RETURN_IF_ERROR(expr)                      \
+  do {                                                      \
+    const cudaError_t dxs_cuda_err_ = (expr);               \
+    if (dxs_cuda_err_ != cudaSuccess) return dxs_cuda_err_; \
+  } while (0)
+
+constexpr int kThreads = 512;  // argmax and sampling blocks
+constexpr int kItems = 8;      // per thread in a sampling scan tile
+constexpr int64_t kTile = int64_t{kThreads} * kItems;
+constexpr int kPrepareThreads = 256;
+constexpr int kPrepareItems = 4;
+constexpr int64_t kPrepareCols = int64_t{kPrepareThreads} * kPrepareItems;
+// Candidates sorted at once: the workspace holds two key and two id buffers of this many
+// (128 MiB), so 256 rows of a 152k vocabulary go in a few chunks.
+constexpr int64_t kMaxChunkItems = int64_t{1} << 23;
+constexpr int64_t kMaxGridY = 65535;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Whether (v, i) beats (best, best_i): larger, or equal and earlier. NaN never beats and
 // is never beaten here; the caller handles a NaN at index 0.
@@ -16,14 +56,10 @@ __device__ bool Better(float v, int64_t i, float best, int64_t best_i) {
   return v > best || (v == best && i < best_i);
 }
 
-__global__ void ArgmaxRowsKernel(const float* __restrict__ logits, int64_t vocab,
-                                 int32_t* __restrict__ ids) {
-  const float* row = logits + blockIdx.x * vocab;
+// The host's Argmax of one row by a block of kThreads; the result is valid in thread 0.
+__device__ int32_t BlockArgmax(const float* __restrict__ row, int64_t vocab) {
   // The host scan keeps index 0 when row[0] is NaN (nothing compares greater).
-  if (isnan(row[0])) {
-    if (threadIdx.x == 0) ids[blockIdx.x] = 0;
-    return;
-  }
+  if (isnan(row[0])) return 0;
   float best = -INFINITY;
   int64_t best_i = vocab;  // none yet
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
@@ -50,6 +86,7 @@ __global__ void ArgmaxRowsKernel(const float* __restrict__ logits, int64_t vocab
     warp_index[warp] = best_i;
   }
   __syncthreads();
+  int32_t result = 0;
   if (threadIdx.x == 0) {
     float b = warp_best[0];
     int64_t bi = warp_index[0];
@@ -60,8 +97,241 @@ __global__ void ArgmaxRowsKernel(const float* __restrict__ logits, int64_t vocab
       }
     }
     // A row of NaNs after a number at 0 keeps 0, as the host scan does.
-    ids[blockIdx.x] = static_cast<int32_t>(bi == vocab ? 0 : bi);
+    result = static_cast<int32_t>(bi == vocab ? 0 : bi);
   }
+  return result;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    ArgmaxRowsKernel(const float* __restrict__ logits, int64_t vocab, int32_t* __restrict__ ids) {
+  const int32_t best = BlockArgmax(logits + blockIdx.x * vocab, vocab);
+  if (threadIdx.x == 0) ids[blockIdx.x] = best;
+}
+
+// ---- SampleRows ----
+
+// ValidateSamplingParams (kernels/sampling.cc), on the device.
+__device__ bool ValidRow(const SamplingRow& p) {
+  return p.temperature >= 0.f && !isinf(p.temperature) && p.top_p > 0.f && p.top_p <= 1.f &&
+         p.top_k >= 0 && p.reserved == 0;
+}
+
+// Whether the row's candidates are sorted: sampled with a temperature, from more than one.
+__device__ bool SortsRow(const SamplingRow& p, int64_t vocab) {
+  return ValidRow(p) && p.temperature != 0.f && vocab > 1;
+}
+
+// grid (column blocks, rows of the chunk): keys and ids of the sampled rows, and every
+// row's segment [begin, end) of the chunk's candidates (empty when not sorted).
+__global__ void __launch_bounds__(kPrepareThreads)
+    PrepareKernel(const float* __restrict__ logits, const SamplingRow* __restrict__ params,
+                  int64_t vocab, float* __restrict__ keys, int32_t* __restrict__ ids,
+                  int* __restrict__ begin, int* __restrict__ end) {
+  const int64_t r = blockIdx.y;
+  const SamplingRow p = params[r];
+  const bool sorted = SortsRow(p, vocab);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    begin[r] = static_cast<int>(r * vocab);
+    end[r] = static_cast<int>(sorted ? (r + 1) * vocab : r * vocab);
+  }
+  if (!sorted) return;
+  const float* row = logits + r * vocab;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kPrepareCols + threadIdx.x;
+#pragma unroll
+  for (int c = 0; c < kPrepareItems; ++c) {
+    const int64_t j = col0 + c * kPrepareThreads;
+    if (j < vocab) {
+      keys[r * vocab + j] = __fdiv_rn(row[j], p.temperature);
+      ids[r * vocab + j] = static_cast<int32_t>(j);
+    }
+  }
+}
+
+// A candidate's weight, as the host computes it: the float difference, exp in double.
+__device__ double Weight(float key, float max_key) {
+  return exp(static_cast<double>(__fsub_rn(key, max_key)));
+}
+
+using BlockScanF64 = cub::BlockScan<double, kThreads>;
+using BlockReduceF64 = cub::BlockReduce<double, kThreads>;
+using BlockReduceI64 = cub::BlockReduce<int64_t, kThreads>;
+
+struct MinOp {
+  __device__ int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
+};
+
+struct SampleShared {
+  union {
+    BlockScanF64::TempStorage scan;
+    BlockReduceF64::TempStorage sum;
+    BlockReduceI64::TempStorage min;
+  } cub;
+  double total;
+  int64_t found;
+  double found_prefix;
+};
+
+// The first candidate i < count whose inclusive prefix of weights w (in candidate order)
+// satisfies `qualifies` (which must hold for every later prefix once it holds), and that
+// prefix; {count, the sum of all} when none does. Block-uniform result.
+struct Found {
+  int64_t index;
+  double prefix;
+};
+
+template <typename Qualifies>
+__device__ Found FindFirstPrefix(const float* __restrict__ keys, float max_key, int64_t count,
+                                 Qualifies qualifies, SampleShared& s) {
+  double carry = 0;
+  for (int64_t base = 0; base < count; base += kTile) {
+    const int64_t first_item = base + static_cast<int64_t>(threadIdx.x) * kItems;
+    double v[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t i = first_item + j;
+      v[j] = i < count ? Weight(keys[i], max_key) : 0.0;
+    }
+    double tile_sum;
+    BlockScanF64(s.cub.scan).InclusiveSum(v, v, tile_sum);
+    int64_t mine = INT64_MAX;
+    int mine_j = 0;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t i = first_item + j;
+      if (mine == INT64_MAX && i < count && qualifies(carry + v[j])) {
+        mine = i;
+        mine_j = j;
+      }
+    }
+    __syncthreads();  // the scan's storage is reused by the reduction
+    const int64_t first = BlockReduceI64(s.cub.min).Reduce(mine, MinOp());
+    if (threadIdx.x == 0) s.found = first;
+    __syncthreads();
+    const int64_t found = s.found;
+    if (found != INT64_MAX) {
+      if (mine == found) {
+        double prefix = 0;
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+          if (j == mine_j) prefix = carry + v[j];
+        }
+        s.found_prefix = prefix;
+      }
+      __syncthreads();
+      return {found, s.found_prefix};
+    }
+    carry += tile_sum;
+  }
+  return {count, carry};
+}
+
+// One block per row of the chunk; keys/ids are the chunk's sorted candidates.
+__global__ void __launch_bounds__(kThreads)
+    SampleKernel(const float* __restrict__ logits, const SamplingRow* __restrict__ params,
+                 int64_t vocab, const float* __restrict__ sorted_keys,
+                 const int32_t* __restrict__ sorted_ids, int32_t* __restrict__ out) {
+  __shared__ SampleShared s;
+  const int64_t r = blockIdx.x;
+  const SamplingRow p = params[r];
+  if (!ValidRow(p)) {
+    if (threadIdx.x == 0) out[r] = -1;
+    return;
+  }
+  if (!SortsRow(p, vocab)) {  // greedy, or a single candidate
+    const int32_t best = BlockArgmax(logits + r * vocab, vocab);
+    if (threadIdx.x == 0) out[r] = best;
+    return;
+  }
+  const float* keys = sorted_keys + r * vocab;
+  const int32_t* ids = sorted_ids + r * vocab;
+  const float max_key = keys[0];
+  const int64_t keep = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;
+
+  double local = 0;
+  for (int64_t i = threadIdx.x; i < keep; i += kThreads) local += Weight(keys[i], max_key);
+  const double sum = BlockReduceF64(s.cub.sum).Sum(local);
+  if (threadIdx.x == 0) s.total = sum;
+  __syncthreads();
+  const double total = s.total;
+
+  // Top-p: the smallest prefix whose mass reaches top_p (at least one candidate).
+  int64_t cut = keep;
+  double kept = total;
+  if (p.top_p < 1.f) {
+    const double top_p = p.top_p;
+    const Found f = FindFirstPrefix(
+        keys, max_key, keep, [total, top_p](double prefix) { return prefix / total >= top_p; }, s);
+    if (f.index < keep) {
+      cut = f.index + 1;
+      kept = f.prefix;
+    }
+  }
+  // The draw: the first candidate whose cumulative weight exceeds u * kept.
+  const double target = SplitMix64Unit(SplitMix64At(p.seed, p.draw)) * kept;
+  const Found d = FindFirstPrefix(
+      keys, max_key, cut, [target](double prefix) { return target < prefix; }, s);
+  if (threadIdx.x == 0) out[r] = ids[d.index < cut ? d.index : cut - 1];
+}
+
+// The chunk's shape: rows of `vocab` candidates sorted at once.
+int64_t ChunkRows(int64_t n, int64_t vocab) {
+  int64_t rows = kMaxChunkItems / vocab;   // >= 1: vocab <= kMaxChunkItems
+  if (rows > kMaxGridY) rows = kMaxGridY;  // PrepareKernel's grid.y
+  return rows < n ? rows : n;
+}
+
+// CUB's temporary storage for a sort of `rows` segments of `vocab`.
+cudaError_t SortTempBytes(int64_t rows, int64_t vocab, size_t* bytes) {
+  cub::DoubleBuffer<float> keys(nullptr, nullptr);
+  cub::DoubleBuffer<int32_t> ids(nullptr, nullptr);
+  *bytes = 0;
+  return cub::DeviceSegmentedRadixSort::SortPairsDescending(
+      nullptr, *bytes, keys, ids, static_cast<int>(rows * vocab), static_cast<int>(rows),
+      static_cast<int*>(nullptr), static_cast<int*>(nullptr));
+}
+
+// Carves 256-byte-aligned arrays out of a workspace (sized with a null base).
+class Carver {
+ public:
+  explicit Carver(void* base) : base_(static_cast<char*>(base)) {}
+  template <typename T>
+  T* Take(int64_t count) {
+    T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + used_);
+    used_ += (static_cast<size_t>(count) * sizeof(T) + 255) / 256 * 256;
+    return p;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+struct SampleScratch {
+  float* keys[2];
+  int32_t* ids[2];
+  int* begin;
+  int* end;
+  void* sort_temp;
+  size_t sort_temp_bytes;
+};
+
+cudaError_t CarveSample(Carver& c, int64_t n, int64_t vocab, SampleScratch* s) {
+  const int64_t chunk = ChunkRows(n, vocab);
+  size_t full = 0, last = 0;
+  DXS_CUDA_RETURN_IF_ERROR(SortTempBytes(chunk, vocab, &full));
+  if (n % chunk != 0) DXS_CUDA_RETURN_IF_ERROR(SortTempBytes(n % chunk, vocab, &last));
+  for (int b = 0; b < 2; ++b) s->keys[b] = c.Take<float>(chunk * vocab);
+  for (int b = 0; b < 2; ++b) s->ids[b] = c.Take<int32_t>(chunk * vocab);
+  s->begin = c.Take<int>(chunk);
+  s->end = c.Take<int>(chunk);
+  s->sort_temp_bytes = full > last ? full : last;
+  s->sort_temp = c.Take<char>(static_cast<int64_t>(s->sort_temp_bytes));
+  return cudaSuccess;
+}
+
+bool SampleShapeOk(int64_t n, int64_t vocab) {
+  return n >= 0 && vocab > 0 && vocab <= kMaxChunkItems && n <= INT_MAX;
 }
 
 }  // namespace
@@ -74,5 +344,55 @@ cudaError_t LaunchArgmaxRows(const float* logits, int64_t n, int64_t vocab, int3
   ArgmaxRowsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, vocab, ids);
   return cudaGetLastError();
 }
+
+cudaError_t SampleRowsWorkspaceBytes(int64_t n, int64_t vocab, size_t* bytes) {
+  *bytes = 0;
+  if (!SampleShapeOk(n, vocab)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  Carver c(nullptr);
+  SampleScratch s;
+  DXS_CUDA_RETURN_IF_ERROR(CarveSample(c, n, vocab, &s));
+  *bytes = c.used();
+  return cudaSuccess;
+}
+
+cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t vocab,
+                             const SamplingRow* params, int32_t* ids, void* workspace,
+                             size_t workspace_bytes, cudaStream_t stream) {
+  if (!SampleShapeOk(n, vocab)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  size_t need = 0;
+  DXS_CUDA_RETURN_IF_ERROR(SampleRowsWorkspaceBytes(n, vocab, &need));
+  if (logits == nullptr || params == nullptr || ids == nullptr || workspace == nullptr ||
+      workspace_bytes < need) {
+    return cudaErrorInvalidValue;
+  }
+  Carver carver(workspace);
+  SampleScratch s;
+  DXS_CUDA_RETURN_IF_ERROR(CarveSample(carver, n, vocab, &s));
+  const int64_t chunk = ChunkRows(n, vocab);
+  for (int64_t row0 = 0; row0 < n; row0 += chunk) {
+    const int64_t rows = n - row0 < chunk ? n - row0 : chunk;
+    const float* chunk_logits = logits + row0 * vocab;
+    const SamplingRow* chunk_params = params + row0;
+    const dim3 grid(static_cast<unsigned>(CeilDiv(vocab, kPrepareCols)),
+                    static_cast<unsigned>(rows));
+    PrepareKernel<<<grid, kPrepareThreads, 0, stream>>>(chunk_logits, chunk_params, vocab,
+                                                        s.keys[0], s.ids[0], s.begin, s.end);
+    DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    cub::DoubleBuffer<float> keys(s.keys[0], s.keys[1]);
+    cub::DoubleBuffer<int32_t> cand(s.ids[0], s.ids[1]);
+    size_t temp_bytes = s.sort_temp_bytes;
+    DXS_CUDA_RETURN_IF_ERROR(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+        s.sort_temp, temp_bytes, keys, cand, static_cast<int>(rows * vocab), static_cast<int>(rows),
+        s.begin, s.end, 0, static_cast<int>(sizeof(float) * 8), stream));
+    SampleKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        chunk_logits, chunk_params, vocab, keys.Current(), cand.Current(), ids + row0);
+    DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return cudaSuccess;
+}
+
+#undef DXS_CUDA_RETURN_IF_ERROR
 
 }  // namespace dxs::cuda

@@ -215,6 +215,42 @@ TEST(CudaGraphs, EngineTokensDoNotDependOnGraphs) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(tokens[i], tokens[i + 3]) << i;
 }
 
+// Seeded sampling on the device through the engine (Backend::SampleRows after the first
+// token): reproducible, seed-sensitive, and top-k 1 is greedy, graphs on or off.
+TEST(CudaEngineSampling, SeededTokensAreReproducibleAndTopKOneIsGreedy) {
+  if (!MakeBackend("cuda").ok()) GTEST_SKIP() << "no GPU here";
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  for (bool graphs : {true, false}) {
+    EngineOptions options;
+    options.device = "cuda";
+    options.graphs = graphs;
+    auto engine = LocalEngine::Load(dir, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    std::vector<GenerationRequest> requests(3);
+    for (int i = 0; i < 3; ++i) {
+      requests[i].prompt = {static_cast<int32_t>(11 + i), 40, 2};
+      requests[i].max_new_tokens = 16;
+      requests[i].ignore_eos = true;
+    }
+    requests[1].sampling = {1.0f, 0.9f, 50, 1234};
+    requests[2].sampling = {0.8f, 1.0f, 0, 1234};
+    auto a = (*engine)->GenerateBatch(requests);
+    auto b = (*engine)->GenerateBatch(requests);
+    // Top-k 1 gives the greedy tokens, so the whole batch is unchanged.
+    requests[0].sampling = {0.7f, 1.0f, 1, 5};
+    auto c = (*engine)->GenerateBatch(requests);
+    requests[1].sampling.seed = 1235;
+    auto d = (*engine)->GenerateBatch(requests);
+    ASSERT_TRUE(a.ok() && b.ok() && c.ok() && d.ok());
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ((*a)[i].tokens, (*b)[i].tokens) << i;
+      EXPECT_EQ((*a)[i].tokens, (*c)[i].tokens) << i;
+    }
+    EXPECT_NE((*d)[1].tokens, (*a)[1].tokens);
+  }
+}
+
 // Asking for a GPU that is not there is a clear error, never a crash.
 TEST(CudaEngineDevice, MissingGpuIsAClearError) {
   EngineOptions options;

@@ -188,6 +188,32 @@ TEST_F(EngineTest, SeededSamplingIsReproducibleAndSeedSensitive) {
   EXPECT_NE(a->front().tokens, c->front().tokens);
 }
 
+// Seeded tokens are pinned: the draw of token k of a request is SplitMix64 output k of its
+// seed, whether the step samples on the host or on the backend, batched with greedy
+// requests or not. The values were recorded with the host sampler.
+TEST_F(EngineTest, SeededSamplingTokensArePinned) {
+  std::vector<GenerationRequest> batch;
+  batch.push_back(Request({9, 41, 7}, 12));  // greedy
+  batch.push_back(Request({9, 41, 7}, 12));
+  batch.back().sampling = {1.0f, 0.9f, 50, 1234};
+  batch.push_back(Request({100, 200, 300, 400}, 12));
+  batch.back().sampling = {0.8f, 1.0f, 0, 7};
+  batch.push_back(Request({5, 6}, 12));
+  batch.back().sampling = {1.3f, 0.5f, 0, 99};
+  batch.push_back(Request({77}, 12));
+  batch.back().sampling = {2.0f, 1.0f, 20, 0xdeadbeefcafef00dull};
+  auto out = engine_->GenerateBatch(batch);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const std::vector<std::vector<int32_t>> want = {
+      {313, 2917, 2375, 1051, 1238, 2621, 747, 1192, 2155, 2291, 3617, 3257},
+      {1463, 4013, 802, 1576, 414, 2575, 3870, 1576, 899, 2351, 4038, 3884},
+      {194, 2927, 1349, 1624, 1515, 467, 2184, 2268, 1871, 3996, 1468, 2904},
+      {3969, 1043, 3066, 3808, 1940, 936, 2255, 3511, 3528, 625, 3171, 3296},
+      {1529, 3145, 1984, 1683, 221, 3273, 3951, 3504, 1165, 382, 1511, 3473}};
+  ASSERT_EQ(out->size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ((*out)[i].tokens, want[i]) << "request " << i;
+}
+
 TEST_F(EngineTest, TopKOneSamplingEqualsGreedy) {
   GenerationRequest greedy = Request({100, 200, 300}, 12);
   GenerationRequest sampled = greedy;

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/make_backend.h"
+#include "kernels/sampling.h"
 
 namespace dxs {
 namespace {
@@ -445,6 +446,32 @@ TEST_F(CudaBackendTest, ArgmaxRowsMatchesTheCpu) {
     ASSERT_TRUE(gpu_->ArgmaxRows(Put(gpu_.get(), v, {batch, vocab}, DType::kF32), &ids).ok());
     ASSERT_TRUE(cpu_->ArgmaxRows(Put(cpu_.get(), v, {batch, vocab}, DType::kF32), &want).ok());
     EXPECT_EQ(GetIndices(gpu_.get(), ids), GetIndices(cpu_.get(), want)) << batch;
+  }
+}
+
+// SampleRows beside the CPU on a small case (sampling_cuda_test has the full comparison;
+// this one runs under memcheck too): greedy, top-k, top-p and both.
+TEST_F(CudaBackendTest, SampleRowsMatchesTheCpu) {
+  for (int64_t batch : {0, 1, 9}) {
+    for (int64_t vocab : {1, 300, 5000}) {
+      const std::vector<float> v = RandomFloats(batch * vocab, 5, 2.f);
+      std::vector<SamplingRow> rows;
+      for (int64_t i = 0; i < batch; ++i) {
+        const SamplingParams kinds[] = {
+            {0.f, 1.f, 0, 1}, {1.f, 1.f, 20, 2}, {0.8f, 0.9f, 0, 3}, {1.2f, 0.95f, 64, 4}};
+        rows.push_back(ToSamplingRow(kinds[i % 4], static_cast<uint64_t>(i)));
+      }
+      std::vector<int32_t> got, want;
+      for (Backend* b : {gpu_.get(), cpu_.get()}) {
+        Tensor logits = Put(b, v, {batch, vocab}, DType::kF32);
+        Tensor params = *b->Allocate({batch, kSamplingRowWords}, DType::kI64);
+        ASSERT_TRUE(b->CopyFromHost(rows.data(), DType::kI64, &params).ok());
+        Tensor ids = Poisoned(b, {batch}, DType::kI32);
+        ASSERT_TRUE(b->SampleRows(logits, params, &ids).ok()) << b->name();
+        (b == gpu_.get() ? got : want) = GetIndices(b, ids);
+      }
+      EXPECT_EQ(got, want) << "batch " << batch << " vocab " << vocab;
+    }
   }
 }
 

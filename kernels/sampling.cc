@@ -1,9 +1,10 @@
-#include "model/sampler.h"
+#include "kernels/sampling.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/splitmix64.h"
 
 namespace dxs {
 
@@ -21,6 +22,14 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
   return absl::OkStatus();
 }
 
+SamplingRow ToSamplingRow(const SamplingParams& p, uint64_t draw) {
+  return SamplingRow{p.temperature, p.top_p, p.top_k, 0, p.seed, draw};
+}
+
+SamplingParams FromSamplingRow(const SamplingRow& row) {
+  return SamplingParams{row.temperature, row.top_p, row.top_k, row.seed};
+}
+
 int32_t Argmax(const float* logits, int64_t vocab) {
   int64_t best = 0;
   for (int64_t i = 1; i < vocab; ++i) {
@@ -29,52 +38,59 @@ int32_t Argmax(const float* logits, int64_t vocab) {
   return static_cast<int32_t>(best);
 }
 
-int32_t Sampler::Sample(const float* logits, int64_t vocab) {
-  if (params_.temperature == 0.f) return Argmax(logits, vocab);
-  scratch_.resize(vocab);
+double SamplingUniform(uint64_t seed, uint64_t draw) {
+  return SplitMix64Unit(SplitMix64At(seed, draw));
+}
+
+int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& p, uint64_t draw,
+                    SamplingScratch* scratch) {
+  if (p.temperature == 0.f) return Argmax(logits, vocab);
+  std::vector<std::pair<float, int32_t>>& cand = scratch->candidates;
+  cand.resize(vocab);
   for (int64_t i = 0; i < vocab; ++i) {
-    scratch_[i] = {logits[i] / params_.temperature, static_cast<int32_t>(i)};
+    cand[i] = {logits[i] / p.temperature, static_cast<int32_t>(i)};
   }
   // Descending by logit, ties by id, so the candidate order is fully determined.
   auto by_logit = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
   int64_t keep = vocab;
-  if (params_.top_k > 0 && params_.top_k < vocab) {
-    keep = params_.top_k;
-    std::partial_sort(scratch_.begin(), scratch_.begin() + keep, scratch_.end(), by_logit);
+  if (p.top_k > 0 && p.top_k < vocab) {
+    keep = p.top_k;
+    std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(), by_logit);
   } else {
-    std::sort(scratch_.begin(), scratch_.end(), by_logit);
+    std::sort(cand.begin(), cand.end(), by_logit);
   }
-  const float max_logit = scratch_[0].first;
-  std::vector<double> probs(keep);
+  const float max_logit = cand[0].first;
+  std::vector<double>& w = scratch->weights;
+  w.resize(keep);
   double sum = 0;
   for (int64_t i = 0; i < keep; ++i) {
-    probs[i] = std::exp(static_cast<double>(scratch_[i].first - max_logit));
-    sum += probs[i];
+    w[i] = std::exp(static_cast<double>(cand[i].first - max_logit));
+    sum += w[i];
   }
   // Top-p: the smallest prefix whose mass reaches top_p (at least one token).
-  if (params_.top_p < 1.f) {
+  if (p.top_p < 1.f) {
     double mass = 0;
     int64_t cut = keep;
     for (int64_t i = 0; i < keep; ++i) {
-      mass += probs[i] / sum;
-      if (mass >= params_.top_p) {
+      mass += w[i] / sum;
+      if (mass >= p.top_p) {
         cut = i + 1;
         break;
       }
     }
     keep = cut;
     sum = 0;
-    for (int64_t i = 0; i < keep; ++i) sum += probs[i];
+    for (int64_t i = 0; i < keep; ++i) sum += w[i];
   }
-  const double r = rng_.NextDouble() * sum;
+  const double r = SamplingUniform(p.seed, draw) * sum;
   double acc = 0;
   for (int64_t i = 0; i < keep; ++i) {
-    acc += probs[i];
-    if (r < acc) return scratch_[i].second;
+    acc += w[i];
+    if (r < acc) return cand[i].second;
   }
-  return scratch_[keep - 1].second;
+  return cand[keep - 1].second;
 }
 
 }  // namespace dxs

@@ -1,0 +1,233 @@
+// CUDA SampleRows against the CPU backend (the host sampler's code) on fresh random logits:
+// Qwen3's vocabulary and small ones, 0 to 64 rows (more than one sort chunk at 151936),
+// mixed parameters per row (greedy, temperature only, top-k only, top-p only, both), ties,
+// and rows with bad parameters. Outputs are poisoned before each call. Tokens must be
+// identical, except where recomputing on the host shows that the draw (or the top-p cut)
+// lies within 1e-9 relative of a cumulative-mass boundary: the device sums in another
+// order. Skips without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/make_backend.h"
+#include "kernels/sampling.h"
+
+namespace dxs {
+namespace {
+
+constexpr double kBoundaryTolerance = 1e-9;
+
+// Whether the host's sampling of `row` with `p` and draw `draw` has its draw or its top-p
+// cut within kBoundaryTolerance (relative) of a cumulative-mass boundary.
+bool NearBoundary(const float* row, int64_t vocab, const SamplingParams& p, uint64_t draw) {
+  if (p.temperature == 0.f) return false;
+  std::vector<std::pair<float, int32_t>> cand(vocab);
+  for (int64_t i = 0; i < vocab; ++i) cand[i] = {row[i] / p.temperature, static_cast<int32_t>(i)};
+  std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  const int64_t keep = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;
+  std::vector<double> prefix(keep);
+  double acc = 0;
+  for (int64_t i = 0; i < keep; ++i) {
+    acc += std::exp(static_cast<double>(cand[i].first - cand[0].first));
+    prefix[i] = acc;
+  }
+  const double total = prefix[keep - 1];
+  int64_t cut = keep;
+  if (p.top_p < 1.f) {
+    for (int64_t i = 0; i < keep; ++i) {
+      if (std::fabs(prefix[i] / total - p.top_p) <= kBoundaryTolerance * p.top_p) return true;
+    }
+    for (int64_t i = 0; i < keep; ++i) {
+      if (prefix[i] / total >= p.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+  }
+  const double kept = prefix[cut - 1];
+  const double target = SamplingUniform(p.seed, draw) * kept;
+  for (int64_t i = 0; i < cut; ++i) {
+    if (std::fabs(prefix[i] - target) <= kBoundaryTolerance * kept) return true;
+  }
+  return false;
+}
+
+class SamplingCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeBackend("cuda");
+    if (!gpu.ok()) GTEST_SKIP() << "no GPU here: " << gpu.status().message();
+    gpu_ = std::move(*gpu);
+    cpu_ = MakeCpuBackend();
+  }
+
+  static std::vector<float> RandomLogits(int64_t n, uint32_t seed, float scale) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(rng);
+    return v;
+  }
+
+  // SampleRows on `b` into an output poisoned with -7.
+  std::vector<int32_t> Sample(Backend* b, const std::vector<float>& logits, int64_t rows,
+                              int64_t vocab, const std::vector<SamplingRow>& params) {
+    absl::StatusOr<Tensor> l = b->Allocate({rows, vocab}, DType::kF32);
+    absl::StatusOr<Tensor> p = b->Allocate({rows, kSamplingRowWords}, DType::kI64);
+    absl::StatusOr<Tensor> ids = b->Allocate({rows}, DType::kI32);
+    EXPECT_TRUE(l.ok() && p.ok() && ids.ok());
+    EXPECT_TRUE(b->CopyFromHost(logits.data(), DType::kF32, &*l).ok());
+    EXPECT_TRUE(b->CopyFromHost(params.data(), DType::kI64, &*p).ok());
+    EXPECT_TRUE(b->Fill(&*ids, -7.f).ok());
+    const absl::Status s = b->SampleRows(*l, *p, &*ids);
+    EXPECT_TRUE(s.ok()) << b->name() << ": " << s;
+    absl::StatusOr<std::vector<int32_t>> out = b->DownloadIndices(*ids);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? *out : std::vector<int32_t>{};
+  }
+
+  // The GPU's tokens against the CPU's, row by row; a mismatch must sit on a boundary.
+  void ExpectCpuTokens(const std::vector<float>& logits, int64_t rows, int64_t vocab,
+                       const std::vector<SamplingRow>& params) {
+    const std::vector<int32_t> got = Sample(gpu_.get(), logits, rows, vocab, params);
+    const std::vector<int32_t> want = Sample(cpu_.get(), logits, rows, vocab, params);
+    ASSERT_EQ(got.size(), static_cast<size_t>(rows));
+    ASSERT_EQ(want.size(), static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      ++rows_checked_;
+      if (got[r] == want[r]) continue;
+      const SamplingParams p = FromSamplingRow(params[r]);
+      EXPECT_TRUE(NearBoundary(logits.data() + r * vocab, vocab, p, params[r].draw))
+          << "row " << r << " of " << rows << " (vocab " << vocab << ", T " << p.temperature
+          << ", top_p " << p.top_p << ", top_k " << p.top_k << ", seed " << p.seed << ", draw "
+          << params[r].draw << "): gpu " << got[r] << ", cpu " << want[r];
+      ++boundary_mismatches_;
+    }
+  }
+
+  void TearDown() override {
+    if (rows_checked_ > 0) {
+      // Boundary cases have probability ~1e-9 a row: more than one is suspicious.
+      EXPECT_LE(boundary_mismatches_, 1) << "of " << rows_checked_ << " rows";
+    }
+  }
+
+  std::unique_ptr<Backend> gpu_, cpu_;
+  int64_t rows_checked_ = 0;
+  int64_t boundary_mismatches_ = 0;
+};
+
+// Mixed parameters, cycled over the rows: greedy, temperature only, top-k only, top-p
+// only, both, and their greedy limits.
+const std::vector<SamplingParams> kMixed = {
+    {0.f, 1.f, 0, 0},     {1.f, 1.f, 0, 1},      {0.7f, 1.f, 50, 2},  {1.f, 0.9f, 0, 3},
+    {0.8f, 0.95f, 40, 4}, {1.f, 1.f, 1, 5},      {1.3f, 1e-7f, 0, 6}, {5.f, 0.99f, 0, 7},
+    {0.2f, 0.5f, 0, 8},   {1.f, 1.f, 100000, 9}, {0.f, 0.3f, 7, 10},  {2.f, 0.7f, 1000, 11}};
+
+std::vector<SamplingRow> MixedRows(int64_t rows, uint64_t salt) {
+  std::vector<SamplingRow> out;
+  for (int64_t r = 0; r < rows; ++r) {
+    SamplingParams p = kMixed[r % kMixed.size()];
+    p.seed = p.seed * 0x9e3779b97f4a7c15ull + salt;
+    out.push_back(ToSamplingRow(p, static_cast<uint64_t>(r) * 3 + salt));
+  }
+  return out;
+}
+
+TEST_F(SamplingCudaTest, QwenVocabularyMatchesTheCpu) {
+  const int64_t vocab = 151936;
+  for (int64_t rows : {0, 1, 7, 64}) {
+    SCOPED_TRACE(rows);
+    for (uint64_t salt : {0u, 1u}) {
+      const std::vector<float> logits =
+          RandomLogits(rows * vocab, static_cast<uint32_t>(rows * 10 + salt), 2.f);
+      ExpectCpuTokens(logits, rows, vocab, MixedRows(rows, salt));
+    }
+  }
+}
+
+TEST_F(SamplingCudaTest, SmallVocabulariesMatchTheCpu) {
+  for (int64_t vocab : {1, 2, 3, 10, 257, 4096, 5000}) {
+    for (int64_t rows : {1, 7, 64}) {
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " rows " << rows);
+      for (uint64_t salt = 0; salt < 8; ++salt) {
+        const std::vector<float> logits =
+            RandomLogits(rows * vocab, static_cast<uint32_t>(vocab * 131 + rows + salt), 1.5f);
+        ExpectCpuTokens(logits, rows, vocab, MixedRows(rows, salt));
+      }
+    }
+  }
+}
+
+// Every row on one kind of parameters, many draws of a few rows.
+TEST_F(SamplingCudaTest, EachKindOfRowMatchesTheCpu) {
+  const int64_t vocab = 32000, rows = 7;
+  for (const SamplingParams& base : kMixed) {
+    for (uint64_t draw = 0; draw < 6; ++draw) {
+      const std::vector<float> logits =
+          RandomLogits(rows * vocab, static_cast<uint32_t>(base.seed * 100 + draw), 2.5f);
+      std::vector<SamplingRow> params;
+      for (int64_t r = 0; r < rows; ++r) {
+        SamplingParams p = base;
+        p.seed = 1000 * base.seed + r;
+        params.push_back(ToSamplingRow(p, draw));
+      }
+      ExpectCpuTokens(logits, rows, vocab, params);
+    }
+  }
+}
+
+// Many equal logits (and -0 beside +0): the order among ties is by id, as on the host.
+TEST_F(SamplingCudaTest, TiesOrderByIdAsOnTheHost) {
+  const int64_t vocab = 4096, rows = 64;
+  std::vector<float> logits = RandomLogits(rows * vocab, 99, 1.f);
+  for (float& x : logits) x = std::round(x * 2.f) / 2.f;  // a few distinct values
+  for (int64_t r = 0; r < rows; ++r) {
+    logits[r * vocab + 5] = -0.f;
+    logits[r * vocab + 6] = 0.f;
+  }
+  for (uint64_t salt = 0; salt < 4; ++salt)
+    ExpectCpuTokens(logits, rows, vocab, MixedRows(rows, salt));
+}
+
+// A device cannot report data-dependent errors: rows with bad parameters get -1, the
+// others their tokens. Zero rows write nothing.
+TEST_F(SamplingCudaTest, BadRowsGetMinusOneAndZeroRowsNothing) {
+  const int64_t vocab = 1000;
+  const float nan = std::nanf("");
+  std::vector<SamplingRow> params = {
+      ToSamplingRow({1.f, 0.9f, 10, 1}, 0), ToSamplingRow({-1.f, 1.f, 0, 1}, 0),
+      ToSamplingRow({1.f, 0.f, 0, 1}, 0),   ToSamplingRow({1.f, nan, 0, 1}, 0),
+      ToSamplingRow({1.f, 1.f, -3, 1}, 0),  ToSamplingRow({0.f, 1.f, 0, 1}, 0)};
+  const int64_t rows = static_cast<int64_t>(params.size());
+  const std::vector<float> logits = RandomLogits(rows * vocab, 5, 1.f);
+  const std::vector<int32_t> got = Sample(gpu_.get(), logits, rows, vocab, params);
+  ASSERT_EQ(got.size(), params.size());
+  const std::vector<int32_t> first =
+      Sample(cpu_.get(), logits, 1, vocab, {params[0]});  // CPU rejects the bad rows
+  EXPECT_EQ(got[0], first.at(0));
+  for (int64_t r = 1; r < 5; ++r) EXPECT_EQ(got[r], -1) << "row " << r;
+  EXPECT_EQ(
+      got[5],
+      Sample(cpu_.get(), {logits.begin() + 5 * vocab, logits.end()}, 1, vocab, {params[5]}).at(0));
+
+  Tensor l = *gpu_->Allocate({0, vocab}, DType::kF32);
+  Tensor p = *gpu_->Allocate({0, kSamplingRowWords}, DType::kI64);
+  Tensor ids = *gpu_->Allocate({0}, DType::kI32);
+  EXPECT_TRUE(gpu_->SampleRows(l, p, &ids).ok());
+  Tensor wrong = *gpu_->Allocate({1, 3}, DType::kI64);
+  Tensor one = *gpu_->Allocate({1}, DType::kI32);
+  Tensor row = *gpu_->Allocate({1, vocab}, DType::kF32);
+  EXPECT_EQ(gpu_->SampleRows(row, wrong, &one).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dxs
