@@ -718,6 +718,12 @@ bool CudaBackend::UseFlashInfer(const Tensor& q, const Tensor& k_cache,
                                 const PagedAttentionMeta& meta, const Tensor& out) const {
 #if DXS_HAVE_FLASHINFER
   if (attention_choice_ == AttentionChoice::kDxs) return false;
+  // auto: an eager decode step (one query per sequence) is bound by the host's launches,
+  // and ours launches fewer kernels (no page-list compaction): ours there.
+  if (attention_choice_ == AttentionChoice::kAuto && !recording_.load() &&
+      meta.max_query_len <= 1) {
+    return false;
+  }
   return meta.host_query_start != nullptr && meta.host_context_lens != nullptr &&
          cuda::FlashInferAttentionSupports(ToElemType(q.dtype()), ToElemType(k_cache.dtype()),
                                            ToElemType(out.dtype()), q.dim(1), k_cache.dim(2),

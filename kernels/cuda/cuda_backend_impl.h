@@ -142,10 +142,12 @@ class CudaBackend final : public Backend {
                      const Tensor& out) const;
 
   const int device_;
-  // DXS_CUDA_ATTENTION=auto|dxs|flashinfer (default auto, the same as flashinfer): which
-  // paged-attention kernel. FlashInfer's measured faster at every size (docs/gpu.md); it
-  // runs where the host lengths are given and it is built for the shape (bf16, head_dim
-  // 128), ours everywhere else and with dxs.
+  // DXS_CUDA_ATTENTION=auto|dxs|flashinfer (default auto): which paged-attention kernel.
+  // FlashInfer's kernel measured faster at every size on the GPU (docs/gpu.md), so auto
+  // takes it for prefill and for decode steps recorded in graphs; an eager decode step is
+  // bound by the host's launches instead, where ours (fewer launches) measured faster.
+  // FlashInfer's runs only where the host lengths are given and it is built for the shape
+  // (bf16, head_dim 128); ours everywhere else, and always with dxs.
   enum class AttentionChoice { kAuto, kDxs, kFlashInfer };
   AttentionChoice attention_choice_ = AttentionChoice::kAuto;
   absl::Mutex flashinfer_mu_;
