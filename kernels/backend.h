@@ -85,6 +85,15 @@ struct DispatchLayoutTensors {
   Tensor pairs;                  // [3 * T * k] i32: per rank, rows | experts | weights
 };
 
+// A per-pair array that SortPairsByExpert permutes with its order in the same pass:
+// sorted[s] = values[order[s]]. Both 1-d, one element per pair, of one 32-bit dtype (i32 or
+// f32): the pairs' rows, output rows and weights in the expert shard.
+struct PairPayload {
+  const Tensor* values = nullptr;
+  Tensor* sorted = nullptr;
+};
+inline constexpr int kMaxPairPayloads = 3;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -197,8 +206,11 @@ class Backend {
                                    const std::vector<int64_t>& rank_offsets, Tensor* out) = 0;
   // Stable sort of routed pairs by expert: order[P] (i32) lists pair indices expert by
   // expert, in pair order within one; expert_offsets[E + 1] (i32) bounds each expert's run.
+  // Up to kMaxPairPayloads payloads are permuted by the order too (what would otherwise be a
+  // GatherRows each after the sort).
   virtual absl::Status SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
-                                         Tensor* expert_offsets) = 0;
+                                         Tensor* expert_offsets,
+                                         const std::vector<PairPayload>& payloads) = 0;
   // The grouped SwiGLU FFN: for each expert e, rows [off[e], off[e+1]) of the sorted input
   // go through down_e(silu(gate_e x) * up_e x) into the same rows of y. The sorted input is
   // xs itself when `rows` is null, else xs gathered by `rows` (i32 [P]; widened from a

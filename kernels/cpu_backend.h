@@ -66,7 +66,8 @@ class CpuBackend : public Backend {
   absl::Status CombineRows(const Tensor& recv, const Tensor& token_rows,
                            const std::vector<int64_t>& rank_offsets, Tensor* out) override;
   absl::Status SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
-                                 Tensor* expert_offsets) override;
+                                 Tensor* expert_offsets,
+                                 const std::vector<PairPayload>& payloads) override;
   absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor* rows, const Tensor& expert_offsets,
                              const std::vector<const Tensor*>& gate_up,
                              const std::vector<const Tensor*>& down, Tensor* y) override;

@@ -81,7 +81,8 @@ absl::Status CheckCombineArgs(const Tensor& recv, const Tensor& token_rows,
 }
 
 absl::Status CheckSortPairsArgs(const Tensor& experts, int num_experts, const Tensor& order,
-                                const Tensor& expert_offsets) {
+                                const Tensor& expert_offsets,
+                                const std::vector<PairPayload>& payloads) {
   DXS_RETURN_IF_ERROR(CheckDType("sort pairs", experts, DType::kI32, "experts"));
   DXS_RETURN_IF_ERROR(CheckDType("sort pairs", order, DType::kI32, "order"));
   DXS_RETURN_IF_ERROR(CheckDType("sort pairs", expert_offsets, DType::kI32, "expert_offsets"));
@@ -90,6 +91,22 @@ absl::Status CheckSortPairsArgs(const Tensor& experts, int num_experts, const Te
       expert_offsets.num_elements() != num_experts + 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("sort pairs: ", n, " pairs over ", num_experts, " experts"));
+  }
+  if (payloads.size() > static_cast<size_t>(kMaxPairPayloads)) {
+    return absl::InvalidArgumentError(absl::StrCat("sort pairs: ", payloads.size(),
+                                                   " payloads (at most ", kMaxPairPayloads, ")"));
+  }
+  for (const PairPayload& p : payloads) {
+    if (p.values == nullptr || p.sorted == nullptr) {
+      return absl::InvalidArgumentError("sort pairs: a payload without values or output");
+    }
+    const DType dtype = p.values->dtype();
+    if ((dtype != DType::kI32 && dtype != DType::kF32) || p.sorted->dtype() != dtype ||
+        p.values->num_elements() != n || p.sorted->num_elements() != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sort pairs: payload ", p.values->ShapeString(), " into ",
+                       p.sorted->ShapeString(), " for ", n, " pairs (i32 or f32, alike)"));
+    }
   }
   return absl::OkStatus();
 }

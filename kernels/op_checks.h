@@ -25,7 +25,8 @@ absl::Status CheckDispatchLayoutArgs(const Tensor& ids, const Tensor& weights,
 absl::Status CheckCombineArgs(const Tensor& recv, const Tensor& token_rows,
                               const std::vector<int64_t>& rank_offsets, const Tensor& out);
 absl::Status CheckSortPairsArgs(const Tensor& experts, int num_experts, const Tensor& order,
-                                const Tensor& expert_offsets);
+                                const Tensor& expert_offsets,
+                                const std::vector<PairPayload>& payloads);
 absl::Status CheckArgmaxRowsArgs(const Tensor& logits, const Tensor& ids);
 absl::Status CheckAccumulateCountsArgs(const Tensor& offsets, const Tensor& counts);
 

@@ -195,9 +195,25 @@ class OpaqueBackend final : public Backend {
     return inner_.CombineRows(Open(recv), Open(token_rows), rank_offsets, &o);
   }
   absl::Status SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
-                                 Tensor* expert_offsets) override {
+                                 Tensor* expert_offsets,
+                                 const std::vector<PairPayload>& payloads) override {
     Tensor o = Open(*order), off = Open(*expert_offsets);
-    return inner_.SortPairsByExpert(Open(experts), num_experts, &o, &off);
+    // The payloads, opened (held here for the call).
+    std::vector<Tensor> values, sorted;
+    values.reserve(payloads.size());
+    sorted.reserve(payloads.size());
+    std::vector<PairPayload> open(payloads.size());
+    for (size_t j = 0; j < payloads.size(); ++j) {
+      if (payloads[j].values != nullptr) {
+        values.push_back(Open(*payloads[j].values));
+        open[j].values = &values.back();
+      }
+      if (payloads[j].sorted != nullptr) {
+        sorted.push_back(Open(*payloads[j].sorted));
+        open[j].sorted = &sorted.back();
+      }
+    }
+    return inner_.SortPairsByExpert(Open(experts), num_experts, &o, &off, open);
   }
   absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor* rows, const Tensor& expert_offsets,
                              const std::vector<const Tensor*>& gate_up,

@@ -63,7 +63,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kSmallSortItems = 16;  // per thread: the small sort's items are in registers
 constexpr int64_t kSmallSortMaxItems = kThreads * kSmallSortItems;  // 4096
 constexpr int32_t kSmallSortMaxBuckets = 4096;  // num_keys + 1, in shared memory (16 KiB)
-constexpr int kMaxPayloads = 3;
 
 static_assert(1 << kMaxDigitBits <= kThreads, "a thread counts each bucket of its tile");
 
@@ -268,13 +267,6 @@ __global__ void __launch_bounds__(kThreads)
   for (int32_t k = before + 1; k <= at; ++k) offsets[k] = static_cast<int32_t>(p);
 }
 
-// Up to kMaxPayloads 32-bit arrays permuted with a sort: out[j][s] = in[j][sorted[s]].
-struct SortPayloads {
-  const int32_t* in[kMaxPayloads] = {};
-  int32_t* out[kMaxPayloads] = {};
-  int count = 0;
-};
-
 // ---- The small sort: one block ----
 //
 // A stable counting sort with every bucket in shared memory, for n <= kSmallSortMaxItems
@@ -335,7 +327,7 @@ __global__ void __launch_bounds__(kThreads)
     const int32_t at = bucket[key[c]] + rank[c];
     sorted[at] = i;
 #pragma unroll
-    for (int j = 0; j < kMaxPayloads; ++j) {
+    for (int j = 0; j < kMaxSortPayloads; ++j) {
       if (j < payloads.count) payloads.out[j][at] = payloads.in[j][i];
     }
   }
@@ -348,7 +340,7 @@ __global__ void __launch_bounds__(kThreads)
   if (s >= n) return;
   const int32_t v = sorted[s];
 #pragma unroll
-  for (int j = 0; j < kMaxPayloads; ++j) {
+  for (int j = 0; j < kMaxSortPayloads; ++j) {
     if (j < payloads.count) payloads.out[j][s] = payloads.in[j][v];
   }
 }
@@ -711,8 +703,10 @@ cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const
 
 cudaError_t LaunchSortPairsByExpert(const int32_t* experts, int64_t n, int64_t num_experts,
                                     int32_t* order, int32_t* expert_offsets, void* workspace,
-                                    size_t workspace_bytes, cudaStream_t stream) {
-  if (n < 0 || n > INT_MAX || num_experts <= 0 || num_experts >= INT_MAX) {
+                                    size_t workspace_bytes, cudaStream_t stream,
+                                    const SortPayloads& payloads) {
+  if (n < 0 || n > INT_MAX || num_experts <= 0 || num_experts >= INT_MAX || payloads.count < 0 ||
+      payloads.count > kMaxSortPayloads) {
     return cudaErrorInvalidValue;
   }
   if (n == 0) return cudaSuccess;
@@ -724,7 +718,10 @@ cudaError_t LaunchSortPairsByExpert(const int32_t* experts, int64_t n, int64_t n
   Carver carver(workspace);
   const SortScratch w = CarveSort(carver, s);
   // perm_tmp and `order` alternate between passes; the last one writes `order`.
-  return SortByKey(experts, s, w, order, expert_offsets, {}, stream);
+  for (int j = 0; j < payloads.count; ++j) {
+    if (payloads.in[j] == nullptr || payloads.out[j] == nullptr) return cudaErrorInvalidValue;
+  }
+  return SortByKey(experts, s, w, order, expert_offsets, payloads, stream);
 }
 
 cudaError_t LaunchCombineRows(const void* recv, ElemType recv_type, const int32_t* token_rows,

@@ -124,11 +124,20 @@ cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const
                                  int32_t* num_pairs_per_rank, int32_t* num_tokens_per_expert,
                                  int32_t* token_rows, int32_t* pairs, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream);
+// Up to kMaxSortPayloads arrays of n 32-bit elements permuted with a sort:
+// out[j][s] = in[j][order[s]] for j < count.
+constexpr int kMaxSortPayloads = 3;
+struct SortPayloads {
+  const int32_t* in[kMaxSortPayloads] = {};
+  int32_t* out[kMaxSortPayloads] = {};
+  int count = 0;
+};
 // Stable sort of pairs by expert: order[n] (pair indices, expert by expert, in pair order
-// within one) and expert_offsets[num_experts + 1].
+// within one) and expert_offsets[num_experts + 1], the payloads permuted alike.
 cudaError_t LaunchSortPairsByExpert(const int32_t* experts, int64_t n, int64_t num_experts,
                                     int32_t* order, int32_t* expert_offsets, void* workspace,
-                                    size_t workspace_bytes, cudaStream_t stream);
+                                    size_t workspace_bytes, cudaStream_t stream,
+                                    const SortPayloads& payloads = {});
 // The combine: out[t] = sum in ascending rank order of recv[i] over the i in rank r's range
 // [rank_offsets[r], rank_offsets[r + 1]) with token_rows[i] == t (each rank's token_rows
 // ascend); zero where no rank has t. rank_offsets is a device array of num_ranks + 1.

@@ -225,9 +225,36 @@ TEST_F(CpuBackendTest, DispatchLayoutCombineAndSortPairs) {
 
   // Stable sort by expert.
   Tensor order = Alloc({6}, DType::kI32), offsets = Alloc({5}, DType::kI32);
-  ASSERT_TRUE(b_->SortPairsByExpert(Ids({2, 0, 2, 1, 0, 3}), 4, &order, &offsets).ok());
+  ASSERT_TRUE(b_->SortPairsByExpert(Ids({2, 0, 2, 1, 0, 3}), 4, &order, &offsets, {}).ok());
   EXPECT_EQ(*b_->DownloadIndices(order), (std::vector<int32_t>{1, 4, 3, 0, 2, 5}));
   EXPECT_EQ(*b_->DownloadIndices(offsets), (std::vector<int32_t>{0, 2, 3, 5, 6}));
+
+  // Payloads come out as GatherRows by the order would write them, bit for bit.
+  const Tensor rows = Ids({10, 11, 12, 13, 14, 15});
+  const Tensor payload_weights = *b_->Upload({0.5f, -0.f, 1e-30f, 3.f, -2.f, 7.f}, {6});
+  Tensor sorted_rows = Alloc({6}, DType::kI32), sorted_weights = Alloc({6}, DType::kF32);
+  Tensor order2 = Alloc({6}, DType::kI32), offsets2 = Alloc({5}, DType::kI32);
+  ASSERT_TRUE(b_->SortPairsByExpert(Ids({2, 0, 2, 1, 0, 3}), 4, &order2, &offsets2,
+                                    {{&rows, &sorted_rows}, {&payload_weights, &sorted_weights}})
+                  .ok());
+  EXPECT_EQ(*b_->DownloadIndices(order2), *b_->DownloadIndices(order));
+  EXPECT_EQ(*b_->DownloadIndices(offsets2), *b_->DownloadIndices(offsets));
+  Tensor gathered_rows = Alloc({6}, DType::kI32), gathered_weights = Alloc({6}, DType::kF32);
+  ASSERT_TRUE(b_->GatherRows(rows, order, &gathered_rows).ok());
+  ASSERT_TRUE(b_->GatherRows(payload_weights, order, &gathered_weights).ok());
+  EXPECT_EQ(*b_->DownloadIndices(sorted_rows), *b_->DownloadIndices(gathered_rows));
+  EXPECT_EQ(0, std::memcmp(sorted_weights.raw(), gathered_weights.raw(), 6 * sizeof(float)));
+
+  // Payloads of another length or dtype, too many, or missing are refused.
+  Tensor short_rows = Alloc({5}, DType::kI32), bf16 = Alloc({6}, DType::kBF16);
+  for (const std::vector<PairPayload>& bad :
+       {std::vector<PairPayload>{{&rows, &short_rows}},
+        std::vector<PairPayload>{{&rows, &sorted_weights}},
+        std::vector<PairPayload>{{&bf16, &bf16}}, std::vector<PairPayload>{{&rows, nullptr}},
+        std::vector<PairPayload>(4, PairPayload{&rows, &sorted_rows})}) {
+    EXPECT_EQ(b_->SortPairsByExpert(Ids({2, 0, 2, 1, 0, 3}), 4, &order2, &offsets2, bad).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
 }
 
 // Greedy sampling on the backend is the sampler's Argmax (model/sampler.h): the first

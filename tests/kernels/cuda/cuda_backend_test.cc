@@ -381,7 +381,7 @@ TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
     auto run = [&](Backend* b, const std::vector<std::vector<Tensor>>& w, DType xdtype) {
       Tensor order = Poisoned(b, {pairs}, DType::kI32);
       Tensor offsets = Poisoned(b, {experts + 1}, DType::kI32);
-      EXPECT_TRUE(b->SortPairsByExpert(PutIndices(b, ex), experts, &order, &offsets).ok());
+      EXPECT_TRUE(b->SortPairsByExpert(PutIndices(b, ex), experts, &order, &offsets, {}).ok());
       Tensor counts = *b->Zeros({experts}, DType::kI64);
       EXPECT_TRUE(b->AccumulateCounts(offsets, &counts).ok());
       EXPECT_TRUE(b->AccumulateCounts(offsets, &counts).ok());
@@ -396,6 +396,28 @@ TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
       EXPECT_TRUE(b->GatherRows(PutIndices(b, rows), order, &sorted_rows).ok());
       EXPECT_TRUE(b->GatherRows(PutIndices(b, out_rows), order, &sorted_out).ok());
       EXPECT_TRUE(b->GatherRows(Put(b, scales, {pairs}, DType::kF32), order, &sorted_scales).ok());
+      // The sort's payload form (the expert shard's) writes what the gathers wrote.
+      {
+        const Tensor rows_t = PutIndices(b, rows), out_t = PutIndices(b, out_rows);
+        const Tensor scales_t = Put(b, scales, {pairs}, DType::kF32);
+        Tensor order2 = Poisoned(b, {pairs}, DType::kI32);
+        Tensor offsets2 = Poisoned(b, {experts + 1}, DType::kI32);
+        Tensor p_rows = Poisoned(b, {pairs}, DType::kI32),
+               p_out = Poisoned(b, {pairs}, DType::kI32);
+        Tensor p_scales = Poisoned(b, {pairs}, DType::kF32);
+        EXPECT_TRUE(
+            b->SortPairsByExpert(PutIndices(b, ex), experts, &order2, &offsets2,
+                                 {{&rows_t, &p_rows}, {&out_t, &p_out}, {&scales_t, &p_scales}})
+                .ok());
+        EXPECT_EQ(GetIndices(b, order2), GetIndices(b, order));
+        EXPECT_EQ(GetIndices(b, offsets2), GetIndices(b, offsets));
+        EXPECT_EQ(GetIndices(b, p_rows), GetIndices(b, sorted_rows));
+        EXPECT_EQ(GetIndices(b, p_out), GetIndices(b, sorted_out));
+        const std::vector<float> ps = Get(b, p_scales), gs = Get(b, sorted_scales);
+        EXPECT_EQ(ps.size(), gs.size());
+        EXPECT_TRUE(ps.size() == gs.size() &&
+                    std::memcmp(ps.data(), gs.data(), ps.size() * sizeof(float)) == 0);
+      }
       std::vector<const Tensor*> gu(experts), dn(experts);
       for (int64_t e = 0; e < experts; ++e) {
         const bool held = e < experts - 3;  // experts without rows may have no weights
