@@ -171,6 +171,18 @@ class Backend {
   virtual absl::Status SiluMul(const Tensor& gate, const Tensor& up, Tensor* out) = 0;
   // inout += x, elementwise.
   virtual absl::Status Add(const Tensor& x, Tensor* inout) = 0;
+  // The residual add and the norm after it in one pass: residual += x (residual float32, x
+  // of its element count), then y = RmsNorm(residual, weight, eps). The same values as Add
+  // then RmsNorm.
+  virtual absl::Status AddRmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                                  Tensor* residual, Tensor* y) = 0;
+  // Qwen3's per-head q/k norms and the rotary embedding in one pass, in place: each head of
+  // q[T, q_heads, d] and k[T, k_heads, d] (one dtype) is RmsNorm'ed with q_weight or
+  // k_weight ([d]), then rotated as Rope does. The values of RmsNorm then Rope on each (a
+  // device may keep the normalised values unrounded for the rotation).
+  virtual absl::Status QkNormRope(Tensor* q, Tensor* k, const Tensor& q_weight,
+                                  const Tensor& k_weight, float eps, const Tensor& positions,
+                                  double theta) = 0;
   // dst[i] = src[rows[i]] (rows: i32 tensor), converting floating dtypes (the pack of a
   // dispatch into the wire dtype, the gather of expert rows widened from it). Works on
   // index tensors too (same dtype), with one element per row for 1-d tensors.

@@ -27,6 +27,11 @@ absl::Status CheckCombineArgs(const Tensor& recv, const Tensor& token_rows,
 absl::Status CheckSortPairsArgs(const Tensor& experts, int num_experts, const Tensor& order,
                                 const Tensor& expert_offsets,
                                 const std::vector<PairPayload>& payloads);
+// The fused dense ops (kernels/backend.h): dtypes and shapes.
+absl::Status CheckAddRmsNormArgs(const Tensor& x, const Tensor& weight, const Tensor& residual,
+                                 const Tensor& y);
+absl::Status CheckQkNormRopeArgs(const Tensor& q, const Tensor& k, const Tensor& q_weight,
+                                 const Tensor& k_weight, const Tensor& positions);
 absl::Status CheckArgmaxRowsArgs(const Tensor& logits, const Tensor& ids);
 absl::Status CheckAccumulateCountsArgs(const Tensor& offsets, const Tensor& counts);
 

@@ -157,6 +157,16 @@ class OpaqueBackend final : public Backend {
     Tensor io = Open(*inout);
     return inner_.Add(Open(x), &io);
   }
+  absl::Status AddRmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor* residual,
+                          Tensor* y) override {
+    Tensor r = Open(*residual), out = Open(*y);
+    return inner_.AddRmsNorm(Open(x), Open(weight), eps, &r, &out);
+  }
+  absl::Status QkNormRope(Tensor* q, Tensor* k, const Tensor& q_weight, const Tensor& k_weight,
+                          float eps, const Tensor& positions, double theta) override {
+    Tensor qo = Open(*q), ko = Open(*k);
+    return inner_.QkNormRope(&qo, &ko, Open(q_weight), Open(k_weight), eps, Open(positions), theta);
+  }
   absl::Status GatherRows(const Tensor& src, const Tensor& rows, Tensor* dst) override {
     Tensor d = Open(*dst);
     return inner_.GatherRows(Open(src), Open(rows), &d);
