@@ -93,6 +93,15 @@ struct DispatchLayoutTensors {
   Tensor pairs;                  // [3 * T * k] i32: per rank, rows | experts | weights
 };
 
+// A per-pair array that SortPairsByExpert permutes with its order in the same pass:
+// sorted[s] = values[order[s]]. Both 1-d, one element per pair, of one 32-bit dtype (i32 or
+// f32): the pairs' rows, output rows and weights in the expert shard.
+struct PairPayload {
+  const Tensor* values = nullptr;
+  Tensor* sorted = nullptr;
+};
+inline constexpr int kMaxPairPayloads = 3;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -170,6 +179,18 @@ class Backend {
   virtual absl::Status SiluMul(const Tensor& gate, const Tensor& up, Tensor* out) = 0;
   // inout += x, elementwise.
   virtual absl::Status Add(const Tensor& x, Tensor* inout) = 0;
+  // The residual add and the norm after it in one pass: residual += x (residual float32, x
+  // of its element count), then y = RmsNorm(residual, weight, eps). The same values as Add
+  // then RmsNorm.
+  virtual absl::Status AddRmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                                  Tensor* residual, Tensor* y) = 0;
+  // Qwen3's per-head q/k norms and the rotary embedding in one pass, in place: each head of
+  // q[T, q_heads, d] and k[T, k_heads, d] (one dtype) is RmsNorm'ed with q_weight or
+  // k_weight ([d]), then rotated as Rope does. The values of RmsNorm then Rope on each (a
+  // device may keep the normalised values unrounded for the rotation).
+  virtual absl::Status QkNormRope(Tensor* q, Tensor* k, const Tensor& q_weight,
+                                  const Tensor& k_weight, float eps, const Tensor& positions,
+                                  double theta) = 0;
   // dst[i] = src[rows[i]] (rows: i32 tensor), converting floating dtypes (the pack of a
   // dispatch into the wire dtype, the gather of expert rows widened from it). Works on
   // index tensors too (same dtype), with one element per row for 1-d tensors.
@@ -205,8 +226,11 @@ class Backend {
                                    const std::vector<int64_t>& rank_offsets, Tensor* out) = 0;
   // Stable sort of routed pairs by expert: order[P] (i32) lists pair indices expert by
   // expert, in pair order within one; expert_offsets[E + 1] (i32) bounds each expert's run.
+  // Up to kMaxPairPayloads payloads are permuted by the order too (what would otherwise be a
+  // GatherRows each after the sort).
   virtual absl::Status SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
-                                         Tensor* expert_offsets) = 0;
+                                         Tensor* expert_offsets,
+                                         const std::vector<PairPayload>& payloads) = 0;
   // The grouped SwiGLU FFN: for each expert e, rows [off[e], off[e+1]) of the sorted input
   // go through down_e(silu(gate_e x) * up_e x) into the same rows of y. The sorted input is
   // xs itself when `rows` is null, else xs gathered by `rows` (i32 [P]; widened from a

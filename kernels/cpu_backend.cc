@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -29,6 +31,48 @@ std::shared_ptr<CachingAllocator> MakeHostAllocator() {
       [](size_t bytes) { return std::aligned_alloc(64, bytes); },
       [](void* p, size_t) { std::free(p); }, kMaxCachedHostBytes);
 }
+
+// out = w * (in * rsqrt(mean(in^2) + eps)) over one row of d values (in may be out):
+// RmsNorm's arithmetic, shared with the fused ops so that they give the same bits.
+void NormRow(const float* in, const float* w, int64_t d, float eps, float* out) {
+  float sum_sq = 0.f;
+  for (int64_t i = 0; i < d; ++i) sum_sq += in[i] * in[i];
+  const float inv = 1.f / std::sqrt(sum_sq / static_cast<float>(d) + eps);
+  for (int64_t i = 0; i < d; ++i) out[i] = w[i] * (in[i] * inv);
+}
+
+// The rotary embedding of Rope and QkNormRope: the same float32 arithmetic as
+// transformers' default rotary embedding, rotate-half layout.
+class RotaryTable {
+ public:
+  RotaryTable(double theta, int64_t head_dim)
+      : half_(head_dim / 2), inv_freq_(half_), cos_(half_), sin_(half_) {
+    for (int64_t i = 0; i < half_; ++i) {
+      inv_freq_[i] = 1.f / std::pow(static_cast<float>(theta),
+                                    static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    }
+  }
+  // The angles of one token's position.
+  void SetPosition(int32_t position) {
+    for (int64_t i = 0; i < half_; ++i) {
+      const float angle = static_cast<float>(position) * inv_freq_[i];
+      cos_[i] = std::cos(angle);
+      sin_[i] = std::sin(angle);
+    }
+  }
+  // Rotates one head's row at the position set last.
+  void Rotate(float* v) const {
+    for (int64_t i = 0; i < half_; ++i) {
+      const float a = v[i], b = v[i + half_];
+      v[i] = a * cos_[i] - b * sin_[i];
+      v[i + half_] = b * cos_[i] + a * sin_[i];
+    }
+  }
+
+ private:
+  int64_t half_;
+  std::vector<float> inv_freq_, cos_, sin_;
+};
 
 }  // namespace
 
@@ -157,14 +201,45 @@ absl::Status CpuBackend::RmsNorm(const Tensor& x, const Tensor& weight, float ep
         absl::StrCat("rms norm: rows of ", d, " do not tile ", x.ShapeString()));
   }
   const int64_t rows = x.num_elements() / d;
-  const float* w = weight.f32();
+  for (int64_t r = 0; r < rows; ++r)
+    NormRow(x.f32() + r * d, weight.f32(), d, eps, y->f32() + r * d);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AddRmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                                    Tensor* residual, Tensor* y) {
+  DXS_RETURN_IF_ERROR(CheckAddRmsNormArgs(x, weight, *residual, *y));
+  DXS_RETURN_IF_ERROR(CheckDType("add rms norm", x, DType::kF32, "x"));
+  DXS_RETURN_IF_ERROR(CheckDType("add rms norm", *y, DType::kF32, "y"));
+  const int64_t d = weight.num_elements(), rows = x.num_elements() / d;
+  // Row by row, Add's then RmsNorm's arithmetic: the row is in cache for the norm.
   for (int64_t r = 0; r < rows; ++r) {
-    const float* in = x.f32() + r * d;
-    float* out = y->f32() + r * d;
-    float sum_sq = 0.f;
-    for (int64_t i = 0; i < d; ++i) sum_sq += in[i] * in[i];
-    const float inv = 1.f / std::sqrt(sum_sq / static_cast<float>(d) + eps);
-    for (int64_t i = 0; i < d; ++i) out[i] = w[i] * (in[i] * inv);
+    const float* a = x.f32() + r * d;
+    float* res = residual->f32() + r * d;
+    for (int64_t i = 0; i < d; ++i) res[i] += a[i];
+    NormRow(res, weight.f32(), d, eps, y->f32() + r * d);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::QkNormRope(Tensor* q, Tensor* k, const Tensor& q_weight,
+                                    const Tensor& k_weight, float eps, const Tensor& positions,
+                                    double theta) {
+  DXS_RETURN_IF_ERROR(CheckQkNormRopeArgs(*q, *k, q_weight, k_weight, positions));
+  DXS_RETURN_IF_ERROR(CheckDType("qk norm rope", *q, DType::kF32, "q"));
+  const int64_t tokens = q->dim(0), d = q->dim(2);
+  RotaryTable rotary(theta, d);
+  // Per token and head, RmsNorm's then Rope's arithmetic.
+  for (int64_t t = 0; t < tokens; ++t) {
+    rotary.SetPosition(positions.i32()[t]);
+    for (auto [x, w] : {std::pair{q, &q_weight}, std::pair{k, &k_weight}}) {
+      const int64_t heads = x->dim(1);
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x->f32() + (t * heads + h) * d;
+        NormRow(v, w->f32(), d, eps, v);
+        rotary.Rotate(v);
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -193,26 +268,11 @@ absl::Status CpuBackend::Rope(Tensor* x, const Tensor& positions, double theta) 
     return absl::InvalidArgumentError(
         absl::StrCat("rope: ", positions.num_elements(), " positions for ", tokens, " tokens"));
   }
-  // Same float32 arithmetic as transformers' default rotary embedding.
-  std::vector<float> inv_freq(half), cos_v(half), sin_v(half);
-  for (int64_t i = 0; i < half; ++i) {
-    inv_freq[i] = 1.f / std::pow(static_cast<float>(theta),
-                                 static_cast<float>(2 * i) / static_cast<float>(d));
-  }
+  if (half == 0) return absl::OkStatus();
+  RotaryTable rotary(theta, d);
   for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(positions.i32()[t]) * inv_freq[i];
-      cos_v[i] = std::cos(angle);
-      sin_v[i] = std::sin(angle);
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = x->f32() + (t * heads + h) * d;
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half];
-        v[i] = a * cos_v[i] - b * sin_v[i];
-        v[i + half] = b * cos_v[i] + a * sin_v[i];
-      }
-    }
+    rotary.SetPosition(positions.i32()[t]);
+    for (int64_t h = 0; h < heads; ++h) rotary.Rotate(x->f32() + (t * heads + h) * d);
   }
   return absl::OkStatus();
 }

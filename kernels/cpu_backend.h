@@ -51,6 +51,10 @@ class CpuBackend : public Backend {
   absl::Status Rope(Tensor* x, const Tensor& positions, double theta) override;
   absl::Status SiluMul(const Tensor& gate, const Tensor& up, Tensor* out) override;
   absl::Status Add(const Tensor& x, Tensor* inout) override;
+  absl::Status AddRmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor* residual,
+                          Tensor* y) override;
+  absl::Status QkNormRope(Tensor* q, Tensor* k, const Tensor& q_weight, const Tensor& k_weight,
+                          float eps, const Tensor& positions, double theta) override;
   absl::Status GatherRows(const Tensor& src, const Tensor& rows, Tensor* dst) override;
 
   absl::Status WriteKvCache(const Tensor& k, const Tensor& v, const PagedAttentionMeta& meta,
@@ -66,7 +70,8 @@ class CpuBackend : public Backend {
   absl::Status CombineRows(const Tensor& recv, const Tensor& token_rows,
                            const std::vector<int64_t>& rank_offsets, Tensor* out) override;
   absl::Status SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
-                                 Tensor* expert_offsets) override;
+                                 Tensor* expert_offsets,
+                                 const std::vector<PairPayload>& payloads) override;
   absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor* rows, const Tensor& expert_offsets,
                              const std::vector<const Tensor*>& gate_up,
                              const std::vector<const Tensor*>& down, Tensor* y) override;

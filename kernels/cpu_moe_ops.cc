@@ -172,8 +172,9 @@ absl::Status CpuBackend::CombineRows(const Tensor& recv, const Tensor& token_row
 }
 
 absl::Status CpuBackend::SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
-                                           Tensor* expert_offsets) {
-  DXS_RETURN_IF_ERROR(CheckSortPairsArgs(experts, num_experts, *order, *expert_offsets));
+                                           Tensor* expert_offsets,
+                                           const std::vector<PairPayload>& payloads) {
+  DXS_RETURN_IF_ERROR(CheckSortPairsArgs(experts, num_experts, *order, *expert_offsets, payloads));
   const int64_t n = experts.num_elements();
   // A counting sort: stable, one pass to count, one to place.
   int32_t* offsets = expert_offsets->i32();
@@ -191,6 +192,11 @@ absl::Status CpuBackend::SortPairsByExpert(const Tensor& experts, int num_expert
   next.assign(offsets, offsets + num_experts);
   int32_t* o = order->i32();
   for (int64_t p = 0; p < n; ++p) o[next[e[p]]++] = static_cast<int32_t>(p);
+  for (const PairPayload& payload : payloads) {  // 32-bit elements, moved as bits
+    const uint32_t* in = static_cast<const uint32_t*>(payload.values->raw());
+    uint32_t* out = static_cast<uint32_t*>(payload.sorted->raw());
+    for (int64_t s = 0; s < n; ++s) out[s] = in[o[s]];
+  }
   return absl::OkStatus();
 }
 

@@ -84,7 +84,8 @@ absl::Status CheckCombineArgs(const Tensor& recv, const Tensor& token_rows,
 }
 
 absl::Status CheckSortPairsArgs(const Tensor& experts, int num_experts, const Tensor& order,
-                                const Tensor& expert_offsets) {
+                                const Tensor& expert_offsets,
+                                const std::vector<PairPayload>& payloads) {
   DXS_RETURN_IF_ERROR(CheckDType("sort pairs", experts, DType::kI32, "experts"));
   DXS_RETURN_IF_ERROR(CheckDType("sort pairs", order, DType::kI32, "order"));
   DXS_RETURN_IF_ERROR(CheckDType("sort pairs", expert_offsets, DType::kI32, "expert_offsets"));
@@ -93,6 +94,64 @@ absl::Status CheckSortPairsArgs(const Tensor& experts, int num_experts, const Te
       expert_offsets.num_elements() != num_experts + 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("sort pairs: ", n, " pairs over ", num_experts, " experts"));
+  }
+  if (payloads.size() > static_cast<size_t>(kMaxPairPayloads)) {
+    return absl::InvalidArgumentError(absl::StrCat("sort pairs: ", payloads.size(),
+                                                   " payloads (at most ", kMaxPairPayloads, ")"));
+  }
+  for (const PairPayload& p : payloads) {
+    if (p.values == nullptr || p.sorted == nullptr) {
+      return absl::InvalidArgumentError("sort pairs: a payload without values or output");
+    }
+    const DType dtype = p.values->dtype();
+    if ((dtype != DType::kI32 && dtype != DType::kF32) || p.sorted->dtype() != dtype ||
+        p.values->num_elements() != n || p.sorted->num_elements() != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sort pairs: payload ", p.values->ShapeString(), " into ",
+                       p.sorted->ShapeString(), " for ", n, " pairs (i32 or f32, alike)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAddRmsNormArgs(const Tensor& x, const Tensor& weight, const Tensor& residual,
+                                 const Tensor& y) {
+  DXS_RETURN_IF_ERROR(CheckDType("add rms norm", residual, DType::kF32, "residual"));
+  DXS_RETURN_IF_ERROR(CheckFloat("add rms norm", x, "x"));
+  DXS_RETURN_IF_ERROR(CheckFloat("add rms norm", weight, "weight"));
+  DXS_RETURN_IF_ERROR(CheckFloat("add rms norm", y, "y"));
+  DXS_RETURN_IF_ERROR(CheckSameElements("add rms norm", x, residual));
+  DXS_RETURN_IF_ERROR(CheckSameElements("add rms norm", x, y));
+  const int64_t d = weight.num_elements();
+  if (d == 0 || x.num_elements() % d != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("add rms norm: rows of ", d, " do not tile ", x.ShapeString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckQkNormRopeArgs(const Tensor& q, const Tensor& k, const Tensor& q_weight,
+                                 const Tensor& k_weight, const Tensor& positions) {
+  DXS_RETURN_IF_ERROR(CheckDType("qk norm rope", positions, DType::kI32, "positions"));
+  DXS_RETURN_IF_ERROR(CheckFloat("qk norm rope", q, "q"));
+  DXS_RETURN_IF_ERROR(CheckDType("qk norm rope", k, q.dtype(), "k"));
+  DXS_RETURN_IF_ERROR(CheckFloat("qk norm rope", q_weight, "q_weight"));
+  DXS_RETURN_IF_ERROR(CheckFloat("qk norm rope", k_weight, "k_weight"));
+  if (q.shape().size() != 3 || k.shape().size() != 3 || q.dim(0) != k.dim(0) ||
+      q.dim(2) != k.dim(2) || q.dim(2) % 2 != 0 || q.dim(2) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("qk norm rope: q ", q.ShapeString(), " and k ",
+                                                   k.ShapeString(),
+                                                   " are not [tokens, heads, even head_dim]"));
+  }
+  const int64_t d = q.dim(2);
+  if (q_weight.num_elements() != d || k_weight.num_elements() != d) {
+    return absl::InvalidArgumentError(absl::StrCat("qk norm rope: weights ", q_weight.ShapeString(),
+                                                   " and ", k_weight.ShapeString(),
+                                                   " for head_dim ", d));
+  }
+  if (positions.num_elements() != q.dim(0)) {
+    return absl::InvalidArgumentError(absl::StrCat("qk norm rope: ", positions.num_elements(),
+                                                   " positions for ", q.dim(0), " tokens"));
   }
   return absl::OkStatus();
 }

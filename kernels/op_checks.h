@@ -26,7 +26,13 @@ absl::Status CheckDispatchLayoutArgs(const Tensor& ids, const Tensor& weights,
 absl::Status CheckCombineArgs(const Tensor& recv, const Tensor& token_rows,
                               const std::vector<int64_t>& rank_offsets, const Tensor& out);
 absl::Status CheckSortPairsArgs(const Tensor& experts, int num_experts, const Tensor& order,
-                                const Tensor& expert_offsets);
+                                const Tensor& expert_offsets,
+                                const std::vector<PairPayload>& payloads);
+// The fused dense ops (kernels/backend.h): dtypes and shapes.
+absl::Status CheckAddRmsNormArgs(const Tensor& x, const Tensor& weight, const Tensor& residual,
+                                 const Tensor& y);
+absl::Status CheckQkNormRopeArgs(const Tensor& q, const Tensor& k, const Tensor& q_weight,
+                                 const Tensor& k_weight, const Tensor& positions);
 absl::Status CheckArgmaxRowsArgs(const Tensor& logits, const Tensor& ids);
 // SampleRows: logits f32 [n, vocab], params i64 [n, kSamplingRowWords], ids i32 [n].
 absl::Status CheckSampleRowsArgs(const Tensor& logits, const Tensor& params, const Tensor& ids);

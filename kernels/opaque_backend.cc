@@ -161,6 +161,16 @@ class OpaqueBackend final : public Backend {
     Tensor io = Open(*inout);
     return inner_.Add(Open(x), &io);
   }
+  absl::Status AddRmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor* residual,
+                          Tensor* y) override {
+    Tensor r = Open(*residual), out = Open(*y);
+    return inner_.AddRmsNorm(Open(x), Open(weight), eps, &r, &out);
+  }
+  absl::Status QkNormRope(Tensor* q, Tensor* k, const Tensor& q_weight, const Tensor& k_weight,
+                          float eps, const Tensor& positions, double theta) override {
+    Tensor qo = Open(*q), ko = Open(*k);
+    return inner_.QkNormRope(&qo, &ko, Open(q_weight), Open(k_weight), eps, Open(positions), theta);
+  }
   absl::Status GatherRows(const Tensor& src, const Tensor& rows, Tensor* dst) override {
     Tensor d = Open(*dst);
     return inner_.GatherRows(Open(src), Open(rows), &d);
@@ -199,9 +209,25 @@ class OpaqueBackend final : public Backend {
     return inner_.CombineRows(Open(recv), Open(token_rows), rank_offsets, &o);
   }
   absl::Status SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
-                                 Tensor* expert_offsets) override {
+                                 Tensor* expert_offsets,
+                                 const std::vector<PairPayload>& payloads) override {
     Tensor o = Open(*order), off = Open(*expert_offsets);
-    return inner_.SortPairsByExpert(Open(experts), num_experts, &o, &off);
+    // The payloads, opened (held here for the call).
+    std::vector<Tensor> values, sorted;
+    values.reserve(payloads.size());
+    sorted.reserve(payloads.size());
+    std::vector<PairPayload> open(payloads.size());
+    for (size_t j = 0; j < payloads.size(); ++j) {
+      if (payloads[j].values != nullptr) {
+        values.push_back(Open(*payloads[j].values));
+        open[j].values = &values.back();
+      }
+      if (payloads[j].sorted != nullptr) {
+        sorted.push_back(Open(*payloads[j].sorted));
+        open[j].sorted = &sorted.back();
+      }
+    }
+    return inner_.SortPairsByExpert(Open(experts), num_experts, &o, &off, open);
   }
   absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor* rows, const Tensor& expert_offsets,
                              const std::vector<const Tensor*>& gate_up,

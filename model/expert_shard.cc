@@ -131,13 +131,13 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
       DXS_ASSIGN_OR_RETURN(ws.offsets, backend_->Allocate({num_experts + 1}, DType::kI32));
     }
     Tensor order = ws.order.Rows(0, num_pairs), offsets = ws.offsets;
-    DXS_RETURN_IF_ERROR(backend_->SortPairsByExpert(experts, num_experts, &order, &offsets));
     Tensor sorted_rows = ws.sorted_rows.Rows(0, num_pairs);
     Tensor sorted_out_rows = ws.sorted_out_rows.Rows(0, num_pairs);
     Tensor sorted_weights = ws.sorted_weights.Rows(0, num_pairs);
-    DXS_RETURN_IF_ERROR(backend_->GatherRows(rows, order, &sorted_rows));
-    DXS_RETURN_IF_ERROR(backend_->GatherRows(out_rows, order, &sorted_out_rows));
-    DXS_RETURN_IF_ERROR(backend_->GatherRows(weights, order, &sorted_weights));
+    // The pairs' rows, output rows and weights permuted in the sort's own pass.
+    DXS_RETURN_IF_ERROR(backend_->SortPairsByExpert(
+        experts, num_experts, &order, &offsets,
+        {{&rows, &sorted_rows}, {&out_rows, &sorted_out_rows}, {&weights, &sorted_weights}}));
     if (counts_on_device_) {
       // Every expert is here: count on the device, no host round trip.
       absl::MutexLock lock(&device_counts_mu_);

@@ -3,9 +3,10 @@
 //
 // Forward pre-sums, per row, the weighted outputs of this shard's experts: the shard's part
 // of the single reduction stage. It runs as backend ops, one call each per layer: a stable
-// sort of the pairs by expert, the gather of their rows, the grouped SwiGLU over the rows
-// sorted by expert, and the weighted scatter-add. Pairs are applied grouped by ascending
-// expert id, and in their given order within an expert, so the summation order is fixed.
+// sort of the pairs by expert (permuting their rows, output rows and weights in the same pass), the
+// grouped SwiGLU over the rows sorted by expert, and the weighted scatter-add. Pairs are applied
+// grouped by ascending expert id, and in their given order within an expert, so the summation order
+// is fixed.
 //
 // Thread safety: one thread at a time calls the Forward methods (they reuse a workspace);
 // Holds and tokens_per_expert_snapshot may be called from any thread (on a device backend,

@@ -298,15 +298,18 @@ absl::Status Qwen3MoeModel::Prepare(KvCache* kv, MicroBatch* mb) {
 
 absl::Status Qwen3MoeModel::MicroFront(int layer, int micro, int num_micro, KvCache* kv,
                                        MicroBatch* mb) {
-  DXS_RETURN_IF_ERROR(AttentionBlock(layer, kv, mb));
+  Tensor o;
+  DXS_RETURN_IF_ERROR(AttentionBlock(layer, kv, mb, &o));
   const int64_t t = mb->hidden.rows();
   DXS_ASSIGN_OR_RETURN(mb->normed, backend_->Allocate({t, config_.hidden_size}));
-  DXS_RETURN_IF_ERROR(backend_->RmsNorm(mb->hidden, w_.layers[layer].post_attention_norm,
-                                        static_cast<float>(config_.rms_norm_eps), &mb->normed));
+  // The attention's residual add and the post-attention norm, one op.
+  DXS_RETURN_IF_ERROR(backend_->AddRmsNorm(o, w_.layers[layer].post_attention_norm,
+                                           static_cast<float>(config_.rms_norm_eps), &mb->hidden,
+                                           &mb->normed));
   DXS_ASSIGN_OR_RETURN(mb->mlp_out, backend_->Allocate({t, config_.hidden_size}));
   if (!config_.IsMoeLayer(layer)) {
     DXS_RETURN_IF_ERROR(DenseMlp(layer, mb->normed, &mb->mlp_out));
-    return backend_->Add(mb->mlp_out, &mb->hidden);
+    return ResidualAdd(layer, mb->mlp_out, mb);
   }
   Tensor ids, weights;
   DXS_RETURN_IF_ERROR(Route(layer, mb->normed, &ids, &weights));
@@ -318,7 +321,16 @@ absl::Status Qwen3MoeModel::MicroFront(int layer, int micro, int num_micro, KvCa
 absl::Status Qwen3MoeModel::MicroBack(int layer, int micro, MicroBatch* mb) {
   if (!config_.IsMoeLayer(layer)) return absl::OkStatus();  // MicroFront did it all
   DXS_RETURN_IF_ERROR(moe_->Combine(std::move(mb->moe), &mb->mlp_out));
-  return backend_->Add(mb->mlp_out, &mb->hidden);
+  return ResidualAdd(layer, mb->mlp_out, mb);
+}
+
+absl::Status Qwen3MoeModel::ResidualAdd(int layer, const Tensor& x, MicroBatch* mb) {
+  if (layer + 1 >= config_.num_hidden_layers) return backend_->Add(x, &mb->hidden);
+  DXS_ASSIGN_OR_RETURN(mb->input_normed,
+                       backend_->Allocate({mb->hidden.rows(), config_.hidden_size}));
+  return backend_->AddRmsNorm(x, w_.layers[layer + 1].input_norm,
+                              static_cast<float>(config_.rms_norm_eps), &mb->hidden,
+                              &mb->input_normed);
 }
 
 absl::Status Qwen3MoeModel::GatherLastRows(const std::vector<SequenceChunk>& chunks,
@@ -357,7 +369,7 @@ absl::Status Qwen3MoeModel::Route(int layer, const Tensor& normed, Tensor* ids, 
                                weights);
 }
 
-absl::Status Qwen3MoeModel::AttentionBlock(int layer, KvCache* kv, MicroBatch* mb) {
+absl::Status Qwen3MoeModel::AttentionBlock(int layer, KvCache* kv, MicroBatch* mb, Tensor* o) {
   const AttentionLayerWeights& lw = w_.layers[layer];
   Tensor* hidden = &mb->hidden;
   const int64_t t = hidden->rows(), d = config_.head_dim;
@@ -365,8 +377,15 @@ absl::Status Qwen3MoeModel::AttentionBlock(int layer, KvCache* kv, MicroBatch* m
   const float eps = static_cast<float>(config_.rms_norm_eps);
   auto bias = [](const Tensor& b) { return b.defined() ? &b : nullptr; };
 
-  DXS_ASSIGN_OR_RETURN(Tensor normed, backend_->Allocate({t, config_.hidden_size}));
-  DXS_RETURN_IF_ERROR(backend_->RmsNorm(*hidden, lw.input_norm, eps, &normed));
+  Tensor normed = std::move(mb->input_normed);  // the previous layer's residual add made it
+  mb->input_normed = Tensor();
+  if (layer == 0) {
+    DXS_ASSIGN_OR_RETURN(normed, backend_->Allocate({t, config_.hidden_size}));
+    DXS_RETURN_IF_ERROR(backend_->RmsNorm(*hidden, lw.input_norm, eps, &normed));
+  } else if (!normed.defined()) {
+    return absl::InternalError(
+        absl::StrCat("layer ", layer, ": no input norm from layer ", layer - 1));
+  }
   DXS_ASSIGN_OR_RETURN(Tensor q, backend_->Allocate({t, heads, d}));
   DXS_ASSIGN_OR_RETURN(Tensor k, backend_->Allocate({t, kv_heads, d}));
   DXS_ASSIGN_OR_RETURN(Tensor v, backend_->Allocate({t, kv_heads, d}));
@@ -375,10 +394,9 @@ absl::Status Qwen3MoeModel::AttentionBlock(int layer, KvCache* kv, MicroBatch* m
   DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.q_proj, bias(lw.q_bias), &q2));
   DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.k_proj, bias(lw.k_bias), &k2));
   DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.v_proj, bias(lw.v_bias), &v2));
-  DXS_RETURN_IF_ERROR(backend_->RmsNorm(q, lw.q_norm, eps, &q));
-  DXS_RETURN_IF_ERROR(backend_->RmsNorm(k, lw.k_norm, eps, &k));
-  DXS_RETURN_IF_ERROR(backend_->Rope(&q, mb->positions, config_.rope_theta));
-  DXS_RETURN_IF_ERROR(backend_->Rope(&k, mb->positions, config_.rope_theta));
+  // Per-head q/k norms and the rotary embedding, one op.
+  DXS_RETURN_IF_ERROR(
+      backend_->QkNormRope(&q, &k, lw.q_norm, lw.k_norm, eps, mb->positions, config_.rope_theta));
 
   // One call each for all the step's sequences: new keys and values into their pages, then
   // attention over the pages.
@@ -387,9 +405,8 @@ absl::Status Qwen3MoeModel::AttentionBlock(int layer, KvCache* kv, MicroBatch* m
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   DXS_RETURN_IF_ERROR(
       backend_->PagedAttention(q, kv->keys(layer), kv->values(layer), mb->attn, scale, &attn));
-  DXS_ASSIGN_OR_RETURN(Tensor o, backend_->Allocate({t, config_.hidden_size}));
-  DXS_RETURN_IF_ERROR(backend_->Linear(attn, lw.o_proj, bias(lw.o_bias), &o));
-  return backend_->Add(o, hidden);
+  DXS_ASSIGN_OR_RETURN(*o, backend_->Allocate({t, config_.hidden_size}));
+  return backend_->Linear(attn, lw.o_proj, bias(lw.o_bias), o);
 }
 
 absl::Status Qwen3MoeModel::DenseMlp(int layer, const Tensor& normed, Tensor* out) {

@@ -75,11 +75,19 @@ class Qwen3MoeModel {
     Tensor positions;                // [tokens] i32
     PagedAttentionMeta attn;         // the same for every layer of the step
     Tensor hidden, normed, mlp_out;  // normed and mlp_out live until the combine
+    // The next layer's input norm of hidden, written by this layer's last residual add
+    // (AddRmsNorm); the first layer computes its own.
+    Tensor input_normed;
     std::unique_ptr<MoeHandle> moe;  // a dispatched MoE layer, until its combine
   };
   // Uploads the micro-batch's token ids, positions and paged-attention metadata, and embeds.
   absl::Status Prepare(KvCache* kv, MicroBatch* mb);
-  absl::Status AttentionBlock(int layer, KvCache* kv, MicroBatch* mb);
+  // Attention of `layer` over mb->hidden (normed by the previous layer, or here for the
+  // first): the o projection into *o, before the residual add.
+  absl::Status AttentionBlock(int layer, KvCache* kv, MicroBatch* mb, Tensor* o);
+  // hidden += x, fused with the next layer's input norm into mb->input_normed (a plain add
+  // after the last layer: the final norm reads the chunks' last rows only).
+  absl::Status ResidualAdd(int layer, const Tensor& x, MicroBatch* mb);
   // The dense SwiGLU MLP of a non-MoE layer: normed -> out.
   absl::Status DenseMlp(int layer, const Tensor& normed, Tensor* out);
   // Attention of `layer`, the post-attention norm, then either the dense MLP (and its

@@ -589,6 +589,35 @@ absl::Status CudaBackend::Add(const Tensor& x, Tensor* inout) {
                     "add");
 }
 
+absl::Status CudaBackend::AddRmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                                     Tensor* residual, Tensor* y) {
+  DXS_RETURN_IF_ERROR(CheckAddRmsNormArgs(x, weight, *residual, *y));
+  if (x.num_elements() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("add rms norm"));
+  const int64_t d = weight.num_elements();
+  return CudaStatus(
+      cuda::LaunchAddRmsNorm(x.raw(), ToElemType(x.dtype()), residual->f32(), weight.raw(),
+                             ToElemType(weight.dtype()), eps, x.num_elements() / d, d, y->raw(),
+                             ToElemType(y->dtype()), stream_),
+      "add rms norm");
+}
+
+absl::Status CudaBackend::QkNormRope(Tensor* q, Tensor* k, const Tensor& q_weight,
+                                     const Tensor& k_weight, float eps, const Tensor& positions,
+                                     double theta) {
+  DXS_RETURN_IF_ERROR(CheckQkNormRopeArgs(*q, *k, q_weight, k_weight, positions));
+  if (q_weight.dtype() != k_weight.dtype()) {
+    return absl::InvalidArgumentError("qk norm rope: q_weight and k_weight differ in dtype");
+  }
+  if (q->num_elements() + k->num_elements() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("qk norm rope"));
+  return CudaStatus(cuda::LaunchQkNormRope(
+                        q->raw(), k->raw(), ToElemType(q->dtype()), q_weight.raw(), k_weight.raw(),
+                        ToElemType(q_weight.dtype()), positions.i32(), q->dim(0), q->dim(1),
+                        k->dim(1), q->dim(2), eps, static_cast<float>(theta), stream_),
+                    "qk norm rope");
+}
+
 absl::Status CudaBackend::GatherRows(const Tensor& src, const Tensor& rows, Tensor* dst) {
   DXS_RETURN_IF_ERROR(CheckDType("gather rows", rows, DType::kI32, "rows"));
   DXS_RETURN_IF_ERROR(CheckConvertible("gather rows", src.dtype(), dst->dtype()));

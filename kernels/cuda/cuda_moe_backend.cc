@@ -77,17 +77,24 @@ absl::Status CudaBackend::CombineRows(const Tensor& recv, const Tensor& token_ro
 }
 
 absl::Status CudaBackend::SortPairsByExpert(const Tensor& experts, int num_experts, Tensor* order,
-                                            Tensor* expert_offsets) {
-  DXS_RETURN_IF_ERROR(CheckSortPairsArgs(experts, num_experts, *order, *expert_offsets));
+                                            Tensor* expert_offsets,
+                                            const std::vector<PairPayload>& payloads) {
+  DXS_RETURN_IF_ERROR(CheckSortPairsArgs(experts, num_experts, *order, *expert_offsets, payloads));
+  static_assert(kMaxPairPayloads == cuda::kMaxSortPayloads, "one payload limit");
   const int64_t n = experts.num_elements();
   DXS_RETURN_IF_ERROR(Enter("sort pairs"));
   if (n == 0) return Fill(expert_offsets, 0.f);
+  cuda::SortPayloads device_payloads;
+  for (const PairPayload& p : payloads) {  // 32-bit elements, moved as bits
+    device_payloads.in[device_payloads.count] = static_cast<const int32_t*>(p.values->raw());
+    device_payloads.out[device_payloads.count++] = static_cast<int32_t*>(p.sorted->raw());
+  }
   const size_t bytes = cuda::SortPairsWorkspaceBytes(n, num_experts);
   DXS_ASSIGN_OR_RETURN(Tensor workspace, Workspace(bytes));
-  return CudaStatus(
-      cuda::LaunchSortPairsByExpert(experts.i32(), n, num_experts, order->i32(),
-                                    expert_offsets->i32(), workspace.raw(), bytes, stream_),
-      "sort pairs");
+  return CudaStatus(cuda::LaunchSortPairsByExpert(experts.i32(), n, num_experts, order->i32(),
+                                                  expert_offsets->i32(), workspace.raw(), bytes,
+                                                  stream_, device_payloads),
+                    "sort pairs");
 }
 
 absl::Status CudaBackend::ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,

@@ -6,12 +6,15 @@
 // - Elementwise ops (Convert, Fill, SiluMul, Add) are grid-stride loops, one element per
 //   thread per step. Outputs may alias inputs element for element (in-place use): every
 //   element is read and then written by one thread, so no pointer is __restrict__.
-// - RmsNorm: a warp per row up to kWarpRowMaxCols columns (Qwen3's per-head q/k norms of
-//   128), else a block per row (hidden rows of 2048). Two passes over the row: the sum of
+// - RmsNorm: a warp per row up to kWarpRowMaxCols columns, else a block per row (hidden rows
+//   of 2048), 16-byte loads where the rows allow. Two passes over the row: the sum of
 //   squares, reduced in a fixed tree, then the scaled store (the row is in L1 by then).
-// - Rope: one thread per (token, head, i < head_dim / 2), rotating the pair (i, i + half).
-//   inv_freq is computed on the host with the CPU backend's expression and passed by value,
-//   so both backends use the same bits.
+//   AddRmsNorm is the block kernel with the residual add in its first pass.
+// - Rope and QkNormRope: one kernel, a group of lanes per (token, head) row, each lane
+//   rotating its own pairs (i, i + half) from 16-byte loads of both halves; QkNormRope first
+//   normalises the row (its sum of squares reduced over the group by shuffles). q's and k's
+//   heads are rows of one launch. inv_freq is computed on the host with the CPU backend's
+//   expression and staged in shared memory, so both backends use the same bits.
 // - GatherRows / Embedding: a warp per row; 16-byte copies when the types are equal and the
 //   rows are 16-byte aligned, else converting element by element; rows narrower than a
 //   warp are gathered one element per thread.
@@ -33,6 +36,7 @@ constexpr int kWarpsPerBlock = kThreads / kWarpSize;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int64_t kWarpRowMaxCols = 1024;
 constexpr int64_t kRopeMaxHeadDim = 512;
+constexpr int kNormVec = 8;  // the block norms' columns per thread step (16 bytes of bf16)
 
 __device__ __forceinline__ int64_t GlobalThread() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -100,20 +104,61 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename X, typename W, typename Y>
+// ---- Vector access ----
+
+// kN elements of T as one unit of 16-byte loads and stores (fewer when kN * sizeof(T) is
+// smaller; then aligned to its size).
+template <typename T, int kN>
+struct alignas(sizeof(T) * kN >= 16 ? 16 : sizeof(T) * kN) Pack {
+  T v[kN];
+};
+
+template <typename T, int kN>
+__device__ __forceinline__ void LoadFloats(const T* p, float (&out)[kN]) {
+  const Pack<T, kN> pack = *reinterpret_cast<const Pack<T, kN>*>(p);
+#pragma unroll
+  for (int j = 0; j < kN; ++j) out[j] = ToFloat(pack.v[j]);
+}
+
+template <typename T, int kN>
+__device__ __forceinline__ void StoreFloats(T* p, const float (&in)[kN]) {
+  Pack<T, kN> pack;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) pack.v[j] = FromFloat<T>(in[j]);
+  *reinterpret_cast<Pack<T, kN>*>(p) = pack;
+}
+
+// ---- Residual add + RmsNorm ----
+
+// A block per row, kVec consecutive columns a thread per step: with kAdd, residual += x and
+// the norm is of the new residual row (written back in float32); else the norm is of x.
+// Two passes: the sum of squares (reduced in a fixed tree), then the scaled store, reading
+// back the row the same thread wrote (or read). y may be x (every element is read and then
+// written by one thread, after the row's sum is complete).
+template <typename X, typename W, typename Y, int kVec, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
-    RmsNormBlockKernel(const X* x, const W* __restrict__ w, float eps, int64_t rows, int64_t cols,
-                       Y* y) {
+    ResidualNormKernel(const X* x, float* residual, const W* __restrict__ w, float eps,
+                       int64_t rows, int64_t cols, Y* y) {
   __shared__ float warp_sums[kWarpsPerBlock];
   __shared__ float row_inv;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int64_t chunks = cols / kVec;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const X* in = x + row * cols;
-    Y* out = y + row * cols;
+    float* res = kAdd ? residual + row * cols : nullptr;
     float sum_sq = 0.f;
-    for (int64_t i = threadIdx.x; i < cols; i += kThreads) {
-      const float v = ToFloat(in[i]);
-      sum_sq += v * v;
+    for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
+      float v[kVec];
+      LoadFloats<X, kVec>(in + c * kVec, v);
+      if constexpr (kAdd) {
+        float r[kVec];
+        LoadFloats<float, kVec>(res + c * kVec, r);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v[j] = r[j] + v[j];
+        StoreFloats<float, kVec>(res + c * kVec, v);
+      }
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) sum_sq += v[j] * v[j];
     }
     sum_sq = WarpSum(sum_sq);
     if (lane == 0) warp_sums[warp] = sum_sq;
@@ -124,32 +169,114 @@ __global__ void __launch_bounds__(kThreads)
       row_inv = InvRms(total, cols, eps);
     }
     __syncthreads();
-    // The next row writes warp_sums and row_inv only after its first barrier, which every
-    // thread reaches after reading them here: no third barrier is needed.
+    // As in RmsNormBlockKernel, the next row's first barrier orders its writes of warp_sums
+    // and row_inv after these reads.
     const float inv = row_inv;
-    for (int64_t i = threadIdx.x; i < cols; i += kThreads) StoreNormalized(in, w, out, i, inv);
+    Y* out = y + row * cols;
+    for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
+      float v[kVec], wv[kVec];
+      if constexpr (kAdd) {
+        LoadFloats<float, kVec>(res + c * kVec, v);
+      } else {
+        LoadFloats<X, kVec>(in + c * kVec, v);
+      }
+      LoadFloats<W, kVec>(w + c * kVec, wv);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v[j] = wv[j] * (v[j] * inv);
+      StoreFloats<Y, kVec>(out + c * kVec, v);
+    }
   }
 }
 
-// ---- Rope ----
+// ---- Rope, and the per-head norms with it ----
 
 struct RopeInvFreq {
   float v[kRopeMaxHeadDim / 2];
 };
 
-template <typename T>
-__global__ void RopeKernel(T* __restrict__ x, const int32_t* __restrict__ positions, int64_t tokens,
-                           int64_t heads, int64_t half, int64_t head_dim, RopeInvFreq inv_freq) {
-  const int64_t total = tokens * heads * half;
-  for (int64_t idx = GlobalThread(); idx < total; idx += GridThreads()) {
-    const int64_t i = idx % half, token_head = idx / half, token = token_head / heads;
-    T* v = x + token_head * head_dim;
-    const float angle = static_cast<float>(positions[token]) * inv_freq.v[i];
-    float sin_v, cos_v;
-    sincosf(angle, &sin_v, &cos_v);
-    const float a = ToFloat(v[i]), b = ToFloat(v[i + half]);
-    v[i] = FromFloat<T>(a * cos_v - b * sin_v);
-    v[i + half] = FromFloat<T>(b * cos_v + a * sin_v);
+// A group of `lanes` lanes (a power of two dividing the warp) per head row of head_dim
+// elements, half = head_dim / 2 (an odd last element is left as it is): lane l holds kVec elements
+// of each half, the pairs (i, i + half) of i = (c * lanes + l) * kVec + j for c < kChunks, so it
+// rotates its own elements. With `norm`, the row is first RMS-normalised (the sum of squares
+// reduced over the group) and scaled by its head's weight, kept in float32 for the rotation (the
+// unfused pair rounds in between). Rows are q's heads of each token, then k's. inv_freq comes to
+// shared memory once a block; every lane of a warp runs the same loop trips (shuffles need them
+// all).
+template <typename T, typename W, int kVec, int kChunks>
+__global__ void __launch_bounds__(kThreads)
+    NormRopeKernel(T* q, T* k, const W* __restrict__ q_w, const W* __restrict__ k_w,
+                   const int32_t* __restrict__ positions, int32_t tokens, int32_t q_heads,
+                   int32_t k_heads, int32_t head_dim, int lanes, bool norm, float eps,
+                   RopeInvFreq inv_freq) {
+  const int32_t half = head_dim / 2;
+  __shared__ float s_inv_freq[kRopeMaxHeadDim / 2];
+  for (int i = threadIdx.x; i < half; i += kThreads) s_inv_freq[i] = inv_freq.v[i];
+  __syncthreads();
+  const int32_t heads = q_heads + k_heads;
+  const int64_t rows = static_cast<int64_t>(tokens) * heads;
+  const int groups_per_warp = kWarpSize / lanes;
+  const int lane = threadIdx.x % lanes, group = (threadIdx.x % kWarpSize) / lanes;
+  const int64_t warp_id = GlobalThread() / kWarpSize;
+  const int64_t step = GridThreads() / kWarpSize * groups_per_warp;
+  for (int64_t base = warp_id * groups_per_warp; base < rows; base += step) {  // warp-uniform
+    const int64_t row = base + group;
+    const bool valid = row < rows;
+    const int32_t token = valid ? static_cast<int32_t>(row / heads) : 0;
+    const int32_t h = valid ? static_cast<int32_t>(row - static_cast<int64_t>(token) * heads) : 0;
+    const bool is_q = h < q_heads;
+    T* v = is_q ? q + (static_cast<int64_t>(token) * q_heads + h) * head_dim
+                : k + (static_cast<int64_t>(token) * k_heads + (h - q_heads)) * head_dim;
+    const W* w = is_q ? q_w : k_w;
+    float a[kChunks][kVec], b[kChunks][kVec];
+    float sum_sq = 0.f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int i0 = (c * lanes + lane) * kVec;
+      const bool here = valid && i0 < half;  // i0 + kVec <= half when kVec > 1
+      if (here) {
+        LoadFloats<T, kVec>(v + i0, a[c]);
+        LoadFloats<T, kVec>(v + i0 + half, b[c]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) a[c][j] = b[c][j] = 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) sum_sq += a[c][j] * a[c][j] + b[c][j] * b[c][j];
+    }
+    float inv = 1.f;
+    if (norm) {
+      for (int offset = lanes / 2; offset > 0; offset /= 2) {
+        sum_sq += __shfl_xor_sync(kFullMask, sum_sq, offset);
+      }
+      inv = InvRms(sum_sq, head_dim, eps);
+    }
+    if (!valid) continue;
+    const float pos = static_cast<float>(positions[token]);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int i0 = (c * lanes + lane) * kVec;
+      if (i0 >= half) continue;
+      if (norm) {
+        float wa[kVec], wb[kVec];
+        LoadFloats<W, kVec>(w + i0, wa);
+        LoadFloats<W, kVec>(w + i0 + half, wb);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          a[c][j] = wa[j] * (a[c][j] * inv);
+          b[c][j] = wb[j] * (b[c][j] * inv);
+        }
+      }
+      float ra[kVec], rb[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        float sin_v, cos_v;
+        sincosf(pos * s_inv_freq[i0 + j], &sin_v, &cos_v);
+        ra[j] = a[c][j] * cos_v - b[c][j] * sin_v;
+        rb[j] = b[c][j] * cos_v + a[c][j] * sin_v;
+      }
+      StoreFloats<T, kVec>(v + i0, ra);
+      StoreFloats<T, kVec>(v + i0 + half, rb);
+    }
   }
 }
 
@@ -295,6 +422,59 @@ cudaError_t GatherRowsImpl(const void* src, ElemType src_type, int64_t src_rows,
   });
 }
 
+// Rope (norm false: k and the weights unused) and QkNormRope: the vector path when each
+// half of a head row is a power-of-two number (at most a warp) of 16-byte units and every
+// pointer is 16-byte aligned, else one element per lane per step.
+cudaError_t NormRopeImpl(void* q, void* k, ElemType type, const void* q_weight,
+                         const void* k_weight, ElemType w_type, bool norm, float eps,
+                         const int32_t* positions, int64_t tokens, int64_t q_heads, int64_t k_heads,
+                         int64_t head_dim, float theta, cudaStream_t stream) {
+  if (!IsFloating(type) || !IsFloating(w_type) || tokens < 0 || tokens > INT32_MAX || q_heads < 0 ||
+      k_heads < 0 || q_heads + k_heads > INT32_MAX || head_dim <= 0 || head_dim > kRopeMaxHeadDim ||
+      (norm && head_dim % 2 != 0)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t half = head_dim / 2;
+  if (tokens == 0 || q_heads + k_heads == 0 || half == 0) return cudaSuccess;
+  if (positions == nullptr || (q_heads > 0 && q == nullptr) || (k_heads > 0 && k == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  // The CPU backend's expression (kernels/cpu_backend.cc), evaluated on the host.
+  RopeInvFreq inv_freq{};
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq.v[i] = 1.f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  }
+  const int64_t rows = tokens * (q_heads + k_heads);
+  return DispatchFloat(type, [&](auto t) {
+    return DispatchFloat(w_type, [&](auto wt) {
+      using T = typename decltype(t)::type;
+      using W = typename decltype(wt)::type;
+      constexpr int kVec = 16 / sizeof(T);
+      T* qp = static_cast<T*>(q);
+      T* kp = static_cast<T*>(k);
+      const W* qw = static_cast<const W*>(q_weight);
+      const W* kw = static_cast<const W*>(k_weight);
+      const int64_t units = half / kVec;
+      const bool aligned =
+          Aligned16(qp) && Aligned16(kp) && (!norm || (Aligned16(qw) && Aligned16(kw)));
+      const int32_t n = static_cast<int32_t>(tokens), hq = static_cast<int32_t>(q_heads),
+                    hk = static_cast<int32_t>(k_heads), d = static_cast<int32_t>(head_dim);
+      if (head_dim % (2 * kVec) == 0 && units <= kWarpSize && (units & (units - 1)) == 0 &&
+          aligned) {
+        const int lanes = static_cast<int>(units);
+        NormRopeKernel<T, W, kVec, 1><<<GridBlocks(rows * lanes, kThreads), kThreads, 0, stream>>>(
+            qp, kp, qw, kw, positions, n, hq, hk, d, lanes, norm, eps, inv_freq);
+      } else {
+        constexpr int kChunks = kRopeMaxHeadDim / 2 / kWarpSize;
+        NormRopeKernel<T, W, 1, kChunks>
+            <<<GridBlocks(rows * kWarpSize, kThreads), kThreads, 0, stream>>>(
+                qp, kp, qw, kw, positions, n, hq, hk, d, kWarpSize, norm, eps, inv_freq);
+      }
+      return cudaGetLastError();
+    });
+  });
+}
+
 }  // namespace
 
 cudaError_t LaunchConvert(const void* src, ElemType src_type, void* dst, ElemType dst_type,
@@ -364,9 +544,45 @@ cudaError_t LaunchRmsNorm(const void* x, ElemType x_type, const void* weight, El
         if (cols <= kWarpRowMaxCols) {
           RmsNormWarpKernel<<<GridBlocks(rows, kWarpsPerBlock), kThreads, 0, stream>>>(
               in, w, eps, rows, static_cast<int>(cols), out);
+        } else if (cols % kNormVec == 0 && Aligned16(in) && Aligned16(w) && Aligned16(out)) {
+          ResidualNormKernel<X, W, Y, kNormVec, false>
+              <<<GridBlocks(rows, 1), kThreads, 0, stream>>>(in, nullptr, w, eps, rows, cols, out);
         } else {
-          RmsNormBlockKernel<<<GridBlocks(rows, 1), kThreads, 0, stream>>>(in, w, eps, rows, cols,
-                                                                           out);
+          ResidualNormKernel<X, W, Y, 1, false>
+              <<<GridBlocks(rows, 1), kThreads, 0, stream>>>(in, nullptr, w, eps, rows, cols, out);
+        }
+        return cudaGetLastError();
+      });
+    });
+  });
+}
+
+cudaError_t LaunchAddRmsNorm(const void* x, ElemType x_type, float* residual, const void* weight,
+                             ElemType w_type, float eps, int64_t rows, int64_t cols, void* y,
+                             ElemType y_type, cudaStream_t stream) {
+  if (!IsFloating(x_type) || !IsFloating(w_type) || !IsFloating(y_type) || rows < 0 || cols <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0) return cudaSuccess;
+  if (x == nullptr || residual == nullptr || weight == nullptr || y == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  return DispatchFloat(x_type, [&](auto xt) {
+    return DispatchFloat(w_type, [&](auto wt) {
+      return DispatchFloat(y_type, [&](auto yt) {
+        using X = typename decltype(xt)::type;
+        using W = typename decltype(wt)::type;
+        using Y = typename decltype(yt)::type;
+        const X* in = static_cast<const X*>(x);
+        const W* w = static_cast<const W*>(weight);
+        Y* out = static_cast<Y*>(y);
+        if (cols % kNormVec == 0 && Aligned16(in) && Aligned16(residual) && Aligned16(w) &&
+            Aligned16(out)) {
+          ResidualNormKernel<X, W, Y, kNormVec, true>
+              <<<GridBlocks(rows, 1), kThreads, 0, stream>>>(in, residual, w, eps, rows, cols, out);
+        } else {
+          ResidualNormKernel<X, W, Y, 1, true>
+              <<<GridBlocks(rows, 1), kThreads, 0, stream>>>(in, residual, w, eps, rows, cols, out);
         }
         return cudaGetLastError();
       });
@@ -383,23 +599,20 @@ cudaError_t LaunchEmbedding(const void* table, ElemType table_type, int64_t tabl
 
 cudaError_t LaunchRope(void* x, ElemType type, const int32_t* positions, int64_t tokens,
                        int64_t heads, int64_t head_dim, float theta, cudaStream_t stream) {
-  if (!IsFloating(type) || tokens < 0 || heads < 0 || head_dim <= 0 || head_dim > kRopeMaxHeadDim) {
-    return cudaErrorInvalidValue;
+  return NormRopeImpl(x, nullptr, type, nullptr, nullptr, type, /*norm=*/false, 0.f, positions,
+                      tokens, heads, 0, head_dim, theta, stream);
+}
+
+cudaError_t LaunchQkNormRope(void* q, void* k, ElemType type, const void* q_weight,
+                             const void* k_weight, ElemType w_type, const int32_t* positions,
+                             int64_t tokens, int64_t q_heads, int64_t k_heads, int64_t head_dim,
+                             float eps, float theta, cudaStream_t stream) {
+  if (q_weight == nullptr || k_weight == nullptr) {
+    return tokens > 0 && head_dim >= 2 && q_heads + k_heads > 0 ? cudaErrorInvalidValue
+                                                                : cudaSuccess;
   }
-  const int64_t half = head_dim / 2;
-  if (tokens == 0 || heads == 0 || half == 0) return cudaSuccess;
-  if (x == nullptr || positions == nullptr) return cudaErrorInvalidValue;
-  // The CPU backend's expression (kernels/cpu_backend.cc), evaluated on the host.
-  RopeInvFreq inv_freq{};
-  for (int64_t i = 0; i < half; ++i) {
-    inv_freq.v[i] = 1.f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
-  }
-  return DispatchFloat(type, [&](auto t) {
-    using T = typename decltype(t)::type;
-    RopeKernel<<<GridBlocks(tokens * heads * half, kThreads), kThreads, 0, stream>>>(
-        static_cast<T*>(x), positions, tokens, heads, half, head_dim, inv_freq);
-    return cudaGetLastError();
-  });
+  return NormRopeImpl(q, k, type, q_weight, k_weight, w_type, /*norm=*/true, eps, positions, tokens,
+                      q_heads, k_heads, head_dim, theta, stream);
 }
 
 cudaError_t LaunchSiluMul(const void* gate, ElemType gate_type, const void* up, ElemType up_type,

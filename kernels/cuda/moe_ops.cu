@@ -15,7 +15,9 @@
 //   out-of-range keys treated as num_keys (so they sort last). Each pass of at most 8 bits
 //   ranks every item within its tile of 256 (the count of equal digits before it, read from
 //   shared memory), scans the per-(digit, tile) counts digit-major and scatters; then the
-//   segment offsets [num_keys + 1] are read off the sorted keys.
+//   segment offsets [num_keys + 1] are read off the sorted keys. Small sorts (at most 4096
+//   items and 4096 buckets: a decode step's pairs) take one block instead (SmallSortKernel,
+//   a counting sort in shared memory), with the same result: one launch instead of six.
 //
 // Data-dependent bad input (ops.cuh): an expert id outside [0, num_experts), an owner
 // outside [0, num_ranks), a row outside [0, dst_rows) or a token_rows entry outside
@@ -56,6 +58,11 @@ constexpr int kMaxDigitBits = 8;     // a sort pass has at most kThreads buckets
 constexpr int kColsPerThread = 4;    // row kernels: a block covers 1024 columns of a row
 constexpr int64_t kColsPerBlock = kThreads * kColsPerThread;
 constexpr int64_t kMaxGridY = 65535;
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kSmallSortItems = 16;  // per thread: the small sort's items are in registers
+constexpr int64_t kSmallSortMaxItems = kThreads * kSmallSortItems;  // 4096
+constexpr int32_t kSmallSortMaxBuckets = 4096;  // num_keys + 1, in shared memory (16 KiB)
 
 static_assert(1 << kMaxDigitBits <= kThreads, "a thread counts each bucket of its tile");
 
@@ -260,11 +267,98 @@ __global__ void __launch_bounds__(kThreads)
   for (int32_t k = before + 1; k <= at; ++k) offsets[k] = static_cast<int32_t>(p);
 }
 
+// ---- The small sort: one block ----
+//
+// A stable counting sort with every bucket in shared memory, for n <= kSmallSortMaxItems
+// items and num_keys + 1 <= kSmallSortMaxBuckets buckets (a decode step's few pairs): one
+// launch instead of the radix chain's six. Thread x holds items c * kThreads + x (c <
+// kSmallSortItems) in registers. Chunk c's items are ranked warp by warp in item order: a
+// warp's lanes with equal keys find each other (__match_any_sync), take the bucket's running
+// count plus their lanes before, and the lowest adds the group's size. The counts become
+// the buckets' starts by one block scan, and each item lands at start + rank. The result is
+// the radix chain's exactly (both are the stable order, out-of-range keys last).
+__global__ void __launch_bounds__(kThreads)
+    SmallSortKernel(const int32_t* __restrict__ keys, int32_t num_keys, int32_t n,
+                    int32_t* __restrict__ sorted, int32_t* __restrict__ offsets,
+                    SortPayloads payloads) {
+  __shared__ int32_t bucket[kSmallSortMaxBuckets];  // running counts, then starts
+  __shared__ typename BlockScanI32::TempStorage temp;
+  const int32_t num_buckets = num_keys + 1;
+  for (int32_t b = threadIdx.x; b < num_buckets; b += kThreads) bucket[b] = 0;
+  __syncthreads();
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const unsigned lanes_before = (1u << lane) - 1u;
+  const int32_t chunks = (n + kThreads - 1) / kThreads;
+  int32_t key[kSmallSortItems], rank[kSmallSortItems];
+#pragma unroll
+  for (int c = 0; c < kSmallSortItems; ++c) {
+    key[c] = -1;
+    rank[c] = 0;
+    if (c >= chunks) continue;  // uniform over the block
+    const int32_t first = c * kThreads, i = first + static_cast<int32_t>(threadIdx.x);
+    if (i < n) key[c] = KeyOf(keys, num_keys, i);
+    const unsigned peers = __match_any_sync(kFullMask, key[c]);
+    const int32_t before = __popc(peers & lanes_before);
+    const int32_t warps = (min(n - first, kThreads) + kWarpSize - 1) / kWarpSize;
+    for (int w = 0; w < warps; ++w) {
+      if (warp == w && i < n) rank[c] = bucket[key[c]] + before;
+      __syncwarp();  // every peer has read the count before the lowest one adds to it
+      if (warp == w && i < n && before == 0) bucket[key[c]] += __popc(peers);
+      __syncthreads();
+    }
+  }
+  int32_t carry = 0;
+  for (int32_t base = 0; base < num_buckets; base += kThreads) {
+    const int32_t b = base + static_cast<int32_t>(threadIdx.x);
+    int32_t v = b < num_buckets ? bucket[b] : 0;
+    int32_t chunk_sum;
+    BlockScanI32(temp).ExclusiveSum(v, v, chunk_sum);
+    if (b < num_buckets) {
+      bucket[b] = carry + v;
+      offsets[b] = carry + v;
+    }
+    carry += chunk_sum;
+    __syncthreads();  // temp is reused by the next chunk; the starts are read below
+  }
+#pragma unroll
+  for (int c = 0; c < kSmallSortItems; ++c) {
+    const int32_t i = c * kThreads + static_cast<int32_t>(threadIdx.x);
+    if (c >= chunks || i >= n) continue;
+    const int32_t at = bucket[key[c]] + rank[c];
+    sorted[at] = i;
+#pragma unroll
+    for (int j = 0; j < kMaxSortPayloads; ++j) {
+      if (j < payloads.count) payloads.out[j][at] = payloads.in[j][i];
+    }
+  }
+}
+
+// out[j][s] = in[j][sorted[s]]: the payloads after the radix chain.
+__global__ void __launch_bounds__(kThreads)
+    PermutePayloadsKernel(const int32_t* __restrict__ sorted, int32_t n, SortPayloads payloads) {
+  const int32_t s = static_cast<int32_t>(blockIdx.x) * kThreads + static_cast<int32_t>(threadIdx.x);
+  if (s >= n) return;
+  const int32_t v = sorted[s];
+#pragma unroll
+  for (int j = 0; j < kMaxSortPayloads; ++j) {
+    if (j < payloads.count) payloads.out[j][s] = payloads.in[j][v];
+  }
+}
+
+bool UsesSmallSort(const SortShape& s) {
+  return s.n <= kSmallSortMaxItems && s.num_keys + 1 <= kSmallSortMaxBuckets;
+}
+
 // sorted[n] = the indices [0, n) stably sorted by KeyOf; offsets[num_keys + 1] bound each
-// key's run (out-of-range keys come after offsets[num_keys]).
+// key's run (out-of-range keys come after offsets[num_keys]); the payloads permuted alike.
 cudaError_t SortByKey(const int32_t* keys, const SortShape& s, const SortScratch& w,
-                      int32_t* sorted, int32_t* offsets, cudaStream_t stream) {
+                      int32_t* sorted, int32_t* offsets, const SortPayloads& payloads,
+                      cudaStream_t stream) {
   const int32_t n = static_cast<int32_t>(s.n), num_keys = static_cast<int32_t>(s.num_keys);
+  if (UsesSmallSort(s)) {
+    SmallSortKernel<<<1, kThreads, 0, stream>>>(keys, num_keys, n, sorted, offsets, payloads);
+    return cudaGetLastError();
+  }
   const int32_t num_buckets = 1 << s.digit_bits;
   const unsigned tiles = static_cast<unsigned>(s.tiles);
   const int32_t* in = nullptr;
@@ -283,6 +377,10 @@ cudaError_t SortByKey(const int32_t* keys, const SortShape& s, const SortScratch
   }
   const unsigned blocks = static_cast<unsigned>(CeilDiv(s.n + 1, kThreads));
   SegmentOffsetsKernel<<<blocks, kThreads, 0, stream>>>(keys, num_keys, sorted, n, offsets);
+  DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (payloads.count == 0) return cudaSuccess;
+  PermutePayloadsKernel<<<static_cast<unsigned>(CeilDiv(s.n, kThreads)), kThreads, 0, stream>>>(
+      sorted, n, payloads);
   return cudaGetLastError();
 }
 
@@ -605,8 +703,10 @@ cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const
 
 cudaError_t LaunchSortPairsByExpert(const int32_t* experts, int64_t n, int64_t num_experts,
                                     int32_t* order, int32_t* expert_offsets, void* workspace,
-                                    size_t workspace_bytes, cudaStream_t stream) {
-  if (n < 0 || n > INT_MAX || num_experts <= 0 || num_experts >= INT_MAX) {
+                                    size_t workspace_bytes, cudaStream_t stream,
+                                    const SortPayloads& payloads) {
+  if (n < 0 || n > INT_MAX || num_experts <= 0 || num_experts >= INT_MAX || payloads.count < 0 ||
+      payloads.count > kMaxSortPayloads) {
     return cudaErrorInvalidValue;
   }
   if (n == 0) return cudaSuccess;
@@ -618,7 +718,10 @@ cudaError_t LaunchSortPairsByExpert(const int32_t* experts, int64_t n, int64_t n
   Carver carver(workspace);
   const SortScratch w = CarveSort(carver, s);
   // perm_tmp and `order` alternate between passes; the last one writes `order`.
-  return SortByKey(experts, s, w, order, expert_offsets, stream);
+  for (int j = 0; j < payloads.count; ++j) {
+    if (payloads.in[j] == nullptr || payloads.out[j] == nullptr) return cudaErrorInvalidValue;
+  }
+  return SortByKey(experts, s, w, order, expert_offsets, payloads, stream);
 }
 
 cudaError_t LaunchCombineRows(const void* recv, ElemType recv_type, const int32_t* token_rows,
@@ -657,7 +760,7 @@ cudaError_t LaunchScaleAddRows(const float* src, const float* scales, const int3
   }
   Carver carver(workspace);
   const ScaleAddScratch w = CarveScaleAdd(carver, s);
-  DXS_CUDA_RETURN_IF_ERROR(SortByKey(rows, s, w.sort, w.order, w.offsets, stream));
+  DXS_CUDA_RETURN_IF_ERROR(SortByKey(rows, s, w.sort, w.order, w.offsets, {}, stream));
   const dim3 grid(static_cast<unsigned>(dst_rows),
                   static_cast<unsigned>(CeilDiv(cols, kColsPerBlock)));
   ScaleAddRowsKernel<<<grid, kThreads, 0, stream>>>(src, scales, w.order, w.offsets, cols, dst);

@@ -42,6 +42,11 @@ cudaError_t LaunchFill(void* dst, ElemType type, int64_t n, float value, cudaStr
 cudaError_t LaunchRmsNorm(const void* x, ElemType x_type, const void* weight, ElemType w_type,
                           float eps, int64_t rows, int64_t cols, void* y, ElemType y_type,
                           cudaStream_t stream);
+// residual[r] += x[r] (residual f32), then y[r] = weight * (residual[r] * rsqrt(mean of
+// residual[r]^2 + eps)), for `rows` rows of `cols`: Add and RmsNorm in one pass.
+cudaError_t LaunchAddRmsNorm(const void* x, ElemType x_type, float* residual, const void* weight,
+                             ElemType w_type, float eps, int64_t rows, int64_t cols, void* y,
+                             ElemType y_type, cudaStream_t stream);
 // y[i] = table[ids[i]] (rows of `cols`); ids outside [0, table_rows) give a zero row.
 cudaError_t LaunchEmbedding(const void* table, ElemType table_type, int64_t table_rows,
                             const int32_t* ids, int64_t n, int64_t cols, void* y, ElemType y_type,
@@ -50,6 +55,13 @@ cudaError_t LaunchEmbedding(const void* table, ElemType table_type, int64_t tabl
 // with inv_freq[i] = 1 / theta^(2i / head_dim) in f32 (transformers' default).
 cudaError_t LaunchRope(void* x, ElemType type, const int32_t* positions, int64_t tokens,
                        int64_t heads, int64_t head_dim, float theta, cudaStream_t stream);
+// Per-head RmsNorm (weights [head_dim] of w_type) then LaunchRope's rotation, in place on
+// q[tokens, q_heads, head_dim] and k[tokens, k_heads, head_dim] (both of `type`; head_dim
+// even), in one kernel. The normalised values stay f32 for the rotation.
+cudaError_t LaunchQkNormRope(void* q, void* k, ElemType type, const void* q_weight,
+                             const void* k_weight, ElemType w_type, const int32_t* positions,
+                             int64_t tokens, int64_t q_heads, int64_t k_heads, int64_t head_dim,
+                             float eps, float theta, cudaStream_t stream);
 // out = silu(gate) * up, elementwise over n.
 cudaError_t LaunchSiluMul(const void* gate, ElemType gate_type, const void* up, ElemType up_type,
                           void* out, ElemType out_type, int64_t n, cudaStream_t stream);
@@ -126,11 +138,20 @@ cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const
                                  int32_t* num_pairs_per_rank, int32_t* num_tokens_per_expert,
                                  int32_t* token_rows, int32_t* pairs, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream);
+// Up to kMaxSortPayloads arrays of n 32-bit elements permuted with a sort:
+// out[j][s] = in[j][order[s]] for j < count.
+constexpr int kMaxSortPayloads = 3;
+struct SortPayloads {
+  const int32_t* in[kMaxSortPayloads] = {};
+  int32_t* out[kMaxSortPayloads] = {};
+  int count = 0;
+};
 // Stable sort of pairs by expert: order[n] (pair indices, expert by expert, in pair order
-// within one) and expert_offsets[num_experts + 1].
+// within one) and expert_offsets[num_experts + 1], the payloads permuted alike.
 cudaError_t LaunchSortPairsByExpert(const int32_t* experts, int64_t n, int64_t num_experts,
                                     int32_t* order, int32_t* expert_offsets, void* workspace,
-                                    size_t workspace_bytes, cudaStream_t stream);
+                                    size_t workspace_bytes, cudaStream_t stream,
+                                    const SortPayloads& payloads = {});
 // The combine: out[t] = sum in ascending rank order of recv[i] over the i in rank r's range
 // [rank_offsets[r], rank_offsets[r + 1]) with token_rows[i] == t (each rank's token_rows
 // ascend); zero where no rank has t. rank_offsets is a device array of num_ranks + 1.

@@ -3,6 +3,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -225,9 +228,116 @@ TEST_F(CpuBackendTest, DispatchLayoutCombineAndSortPairs) {
 
   // Stable sort by expert.
   Tensor order = Alloc({6}, DType::kI32), offsets = Alloc({5}, DType::kI32);
-  ASSERT_TRUE(b_->SortPairsByExpert(Ids({2, 0, 2, 1, 0, 3}), 4, &order, &offsets).ok());
+  ASSERT_TRUE(b_->SortPairsByExpert(Ids({2, 0, 2, 1, 0, 3}), 4, &order, &offsets, {}).ok());
   EXPECT_EQ(*b_->DownloadIndices(order), (std::vector<int32_t>{1, 4, 3, 0, 2, 5}));
   EXPECT_EQ(*b_->DownloadIndices(offsets), (std::vector<int32_t>{0, 2, 3, 5, 6}));
+
+  // Payloads come out as GatherRows by the order would write them, bit for bit.
+  const Tensor rows = Ids({10, 11, 12, 13, 14, 15});
+  const Tensor payload_weights = *b_->Upload({0.5f, -0.f, 1e-30f, 3.f, -2.f, 7.f}, {6});
+  Tensor sorted_rows = Alloc({6}, DType::kI32), sorted_weights = Alloc({6}, DType::kF32);
+  Tensor order2 = Alloc({6}, DType::kI32), offsets2 = Alloc({5}, DType::kI32);
+  ASSERT_TRUE(b_->SortPairsByExpert(Ids({2, 0, 2, 1, 0, 3}), 4, &order2, &offsets2,
+                                    {{&rows, &sorted_rows}, {&payload_weights, &sorted_weights}})
+                  .ok());
+  EXPECT_EQ(*b_->DownloadIndices(order2), *b_->DownloadIndices(order));
+  EXPECT_EQ(*b_->DownloadIndices(offsets2), *b_->DownloadIndices(offsets));
+  Tensor gathered_rows = Alloc({6}, DType::kI32), gathered_weights = Alloc({6}, DType::kF32);
+  ASSERT_TRUE(b_->GatherRows(rows, order, &gathered_rows).ok());
+  ASSERT_TRUE(b_->GatherRows(payload_weights, order, &gathered_weights).ok());
+  EXPECT_EQ(*b_->DownloadIndices(sorted_rows), *b_->DownloadIndices(gathered_rows));
+  EXPECT_EQ(0, std::memcmp(sorted_weights.raw(), gathered_weights.raw(), 6 * sizeof(float)));
+
+  // Payloads of another length or dtype, too many, or missing are refused.
+  Tensor short_rows = Alloc({5}, DType::kI32), bf16 = Alloc({6}, DType::kBF16);
+  for (const std::vector<PairPayload>& bad :
+       {std::vector<PairPayload>{{&rows, &short_rows}},
+        std::vector<PairPayload>{{&rows, &sorted_weights}},
+        std::vector<PairPayload>{{&bf16, &bf16}}, std::vector<PairPayload>{{&rows, nullptr}},
+        std::vector<PairPayload>(4, PairPayload{&rows, &sorted_rows})}) {
+    EXPECT_EQ(b_->SortPairsByExpert(Ids({2, 0, 2, 1, 0, 3}), 4, &order2, &offsets2, bad).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// Seeded normal floats.
+std::vector<float> Normal(size_t n, uint32_t seed, float stddev = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+bool SameBits(const Tensor& a, const Tensor& b) {
+  return a.num_bytes() == b.num_bytes() && std::memcmp(a.raw(), b.raw(), a.num_bytes()) == 0;
+}
+
+// The fused ops are the unfused sequences' arithmetic: the same bits.
+TEST_F(CpuBackendTest, AddRmsNormIsAddThenRmsNorm) {
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{0, 64}, {1, 2048}, {37, 96}, {5, 7}}) {
+    SCOPED_TRACE(::testing::Message() << rows << "x" << cols);
+    const uint32_t seed = static_cast<uint32_t>(rows * 31 + cols);
+    const std::vector<float> x = Normal(rows * cols, seed), r = Normal(rows * cols, seed + 1, 4.f);
+    std::vector<float> w = Normal(cols, seed + 2);
+    Tensor weight = Up(w, {cols});
+    Tensor r_want = Up(r, {rows, cols}), y_want = Alloc({rows, cols});
+    ASSERT_TRUE(b_->Add(Up(x, {rows, cols}), &r_want).ok());
+    ASSERT_TRUE(b_->RmsNorm(r_want, weight, 1e-6f, &y_want).ok());
+    Tensor r_got = Up(r, {rows, cols}),
+           y_got = Up(std::vector<float>(rows * cols, NAN), {rows, cols});
+    ASSERT_TRUE(b_->AddRmsNorm(Up(x, {rows, cols}), weight, 1e-6f, &r_got, &y_got).ok());
+    EXPECT_TRUE(SameBits(r_got, r_want));
+    EXPECT_TRUE(SameBits(y_got, y_want));
+  }
+  // Mismatched sizes, a non-f32 residual, rows the weight does not tile.
+  Tensor x = Alloc({2, 8}), r = Alloc({2, 8}), y = Alloc({2, 8}), w = Alloc({8});
+  Tensor r_short = Alloc({2, 7}), r_bf16 = Alloc({2, 8}, DType::kBF16), w3 = Alloc({3});
+  EXPECT_EQ(b_->AddRmsNorm(x, w, 1e-6f, &r_short, &y).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->AddRmsNorm(x, w, 1e-6f, &r_bf16, &y).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->AddRmsNorm(x, w3, 1e-6f, &r, &y).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CpuBackendTest, QkNormRopeIsRmsNormThenRope) {
+  struct Shape {
+    int64_t tokens, q_heads, k_heads, d;
+  };
+  for (const Shape& s :
+       {Shape{0, 4, 2, 16}, Shape{1, 32, 4, 128}, Shape{9, 3, 1, 24}, Shape{4, 2, 2, 64}}) {
+    SCOPED_TRACE(::testing::Message() << s.tokens << " tokens, " << s.q_heads << "/" << s.k_heads
+                                      << " heads of " << s.d);
+    const uint32_t seed = static_cast<uint32_t>(s.tokens * 13 + s.d);
+    const std::vector<float> q = Normal(s.tokens * s.q_heads * s.d, seed, 3.f);
+    const std::vector<float> k = Normal(s.tokens * s.k_heads * s.d, seed + 1, 3.f);
+    Tensor qw = Up(Normal(s.d, seed + 2), {s.d}), kw = Up(Normal(s.d, seed + 3), {s.d});
+    std::vector<int32_t> pos;
+    for (int64_t t = 0; t < s.tokens; ++t) pos.push_back(static_cast<int32_t>(t * 997 % 40000));
+    const Tensor positions = Ids(pos);
+    Tensor q_want = Up(q, {s.tokens, s.q_heads, s.d}), k_want = Up(k, {s.tokens, s.k_heads, s.d});
+    ASSERT_TRUE(b_->RmsNorm(q_want, qw, 1e-6f, &q_want).ok());
+    ASSERT_TRUE(b_->RmsNorm(k_want, kw, 1e-6f, &k_want).ok());
+    ASSERT_TRUE(b_->Rope(&q_want, positions, 1e6).ok());
+    ASSERT_TRUE(b_->Rope(&k_want, positions, 1e6).ok());
+    Tensor q_got = Up(q, {s.tokens, s.q_heads, s.d}), k_got = Up(k, {s.tokens, s.k_heads, s.d});
+    ASSERT_TRUE(b_->QkNormRope(&q_got, &k_got, qw, kw, 1e-6f, positions, 1e6).ok());
+    EXPECT_TRUE(SameBits(q_got, q_want));
+    EXPECT_TRUE(SameBits(k_got, k_want));
+  }
+  // Odd head_dim, weights of another length, k of other tokens or head_dim, bad positions.
+  Tensor q = Alloc({2, 4, 8}), k = Alloc({2, 1, 8}), w = Alloc({8}), pos = Ids({0, 1});
+  Tensor q_odd = Alloc({2, 4, 7}), k_odd = Alloc({2, 1, 7}), w7 = Alloc({7}), w4 = Alloc({4});
+  Tensor k_tokens = Alloc({3, 1, 8}), k_dim = Alloc({2, 1, 4});
+  EXPECT_EQ(b_->QkNormRope(&q_odd, &k_odd, w7, w7, 1e-6f, pos, 1e4).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->QkNormRope(&q, &k, w4, w, 1e-6f, pos, 1e4).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->QkNormRope(&q, &k_tokens, w, w, 1e-6f, pos, 1e4).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->QkNormRope(&q, &k_dim, w, w, 1e-6f, pos, 1e4).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->QkNormRope(&q, &k, w, w, 1e-6f, Ids({0}), 1e4).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Greedy sampling on the backend is the sampler's Argmax (model/sampler.h): the first

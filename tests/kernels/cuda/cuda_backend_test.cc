@@ -352,6 +352,62 @@ TEST_F(CudaBackendTest, RoutingAndTheExchangeMatchTheCpu) {
   }
 }
 
+// The fused dense ops through the Backend interface (the model's dtypes: bf16 activations
+// and weights, an f32 residual) against the CPU's unfused sequences.
+TEST_F(CudaBackendTest, FusedNormsMatchTheUnfusedCpuOps) {
+  for (int64_t t : {0, 1, 33}) {
+    SCOPED_TRACE(::testing::Message() << t << " tokens");
+    const int64_t hidden = 2048, heads = 32, kv_heads = 4, d = 128;
+    const std::vector<float> x = Bf16Exact(RandomFloats(t * hidden, 11));
+    const std::vector<float> r = RandomFloats(t * hidden, 12, 3.f);
+    const std::vector<float> w = Bf16Exact(RandomFloats(hidden, 13));
+    Tensor cr = Put(cpu_.get(), r, {t, hidden}, DType::kF32);
+    Tensor cy = Poisoned(cpu_.get(), {t, hidden}, DType::kF32);
+    ASSERT_TRUE(cpu_->Add(Put(cpu_.get(), x, {t, hidden}, DType::kF32), &cr).ok());
+    ASSERT_TRUE(cpu_->RmsNorm(cr, Put(cpu_.get(), w, {hidden}, DType::kF32), 1e-6f, &cy).ok());
+    Tensor gr = Put(gpu_.get(), r, {t, hidden}, DType::kF32);
+    Tensor gy = Poisoned(gpu_.get(), {t, hidden}, DType::kBF16);
+    ASSERT_TRUE(gpu_->AddRmsNorm(Put(gpu_.get(), x, {t, hidden}, DType::kBF16),
+                                 Put(gpu_.get(), w, {hidden}, DType::kBF16), 1e-6f, &gr, &gy)
+                    .ok());
+    EXPECT_EQ(Get(gpu_.get(), gr), Get(cpu_.get(), cr));  // the same f32 additions
+    EXPECT_LT(MaxRelError(Get(gpu_.get(), gy), Get(cpu_.get(), cy)), 1e-2);
+
+    const std::vector<float> q = Bf16Exact(RandomFloats(t * heads * d, 14, 2.f));
+    const std::vector<float> k = Bf16Exact(RandomFloats(t * kv_heads * d, 15, 2.f));
+    const std::vector<float> qw = Bf16Exact(RandomFloats(d, 16)),
+                             kw = Bf16Exact(RandomFloats(d, 17));
+    std::vector<int32_t> pos(t);
+    for (int64_t i = 0; i < t; ++i) pos[i] = static_cast<int32_t>(i * 1237 % 32768);
+    Tensor cq = Put(cpu_.get(), q, {t, heads, d}, DType::kF32);
+    Tensor ck = Put(cpu_.get(), k, {t, kv_heads, d}, DType::kF32);
+    const Tensor cpos = PutIndices(cpu_.get(), pos);
+    ASSERT_TRUE(cpu_->RmsNorm(cq, Put(cpu_.get(), qw, {d}, DType::kF32), 1e-6f, &cq).ok());
+    ASSERT_TRUE(cpu_->RmsNorm(ck, Put(cpu_.get(), kw, {d}, DType::kF32), 1e-6f, &ck).ok());
+    ASSERT_TRUE(cpu_->Rope(&cq, cpos, 1e6).ok());
+    ASSERT_TRUE(cpu_->Rope(&ck, cpos, 1e6).ok());
+    Tensor gq = Put(gpu_.get(), q, {t, heads, d}, DType::kBF16);
+    Tensor gk = Put(gpu_.get(), k, {t, kv_heads, d}, DType::kBF16);
+    ASSERT_TRUE(gpu_->QkNormRope(&gq, &gk, Put(gpu_.get(), qw, {d}, DType::kBF16),
+                                 Put(gpu_.get(), kw, {d}, DType::kBF16), 1e-6f,
+                                 PutIndices(gpu_.get(), pos), 1e6)
+                    .ok());
+    EXPECT_LT(MaxRelError(Get(gpu_.get(), gq), Get(cpu_.get(), cq)), 1e-2);
+    EXPECT_LT(MaxRelError(Get(gpu_.get(), gk), Get(cpu_.get(), ck)), 1e-2);
+  }
+  // The shared argument checks: a bf16 residual, an odd head_dim.
+  Tensor x = Poisoned(gpu_.get(), {2, 64}, DType::kBF16),
+         w = Poisoned(gpu_.get(), {64}, DType::kBF16);
+  Tensor r16 = Poisoned(gpu_.get(), {2, 64}, DType::kBF16),
+         y = Poisoned(gpu_.get(), {2, 64}, DType::kBF16);
+  EXPECT_EQ(gpu_->AddRmsNorm(x, w, 1e-6f, &r16, &y).code(), absl::StatusCode::kInvalidArgument);
+  Tensor q = Poisoned(gpu_.get(), {2, 4, 7}, DType::kBF16),
+         k = Poisoned(gpu_.get(), {2, 1, 7}, DType::kBF16);
+  Tensor w7 = Poisoned(gpu_.get(), {7}, DType::kBF16);
+  EXPECT_EQ(gpu_->QkNormRope(&q, &k, w7, w7, 1e-6f, PutIndices(gpu_.get(), {0, 1}), 1e4).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
   const int64_t experts = 16, hidden = 256, inter = 128;
   // Per expert: gate_up [2 * inter, hidden] (gate's rows, then up's) and down.
@@ -382,7 +438,7 @@ TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
     auto run = [&](Backend* b, const std::vector<std::vector<Tensor>>& w, DType xdtype) {
       Tensor order = Poisoned(b, {pairs}, DType::kI32);
       Tensor offsets = Poisoned(b, {experts + 1}, DType::kI32);
-      EXPECT_TRUE(b->SortPairsByExpert(PutIndices(b, ex), experts, &order, &offsets).ok());
+      EXPECT_TRUE(b->SortPairsByExpert(PutIndices(b, ex), experts, &order, &offsets, {}).ok());
       Tensor counts = *b->Zeros({experts}, DType::kI64);
       EXPECT_TRUE(b->AccumulateCounts(offsets, &counts).ok());
       EXPECT_TRUE(b->AccumulateCounts(offsets, &counts).ok());
@@ -397,6 +453,28 @@ TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
       EXPECT_TRUE(b->GatherRows(PutIndices(b, rows), order, &sorted_rows).ok());
       EXPECT_TRUE(b->GatherRows(PutIndices(b, out_rows), order, &sorted_out).ok());
       EXPECT_TRUE(b->GatherRows(Put(b, scales, {pairs}, DType::kF32), order, &sorted_scales).ok());
+      // The sort's payload form (the expert shard's) writes what the gathers wrote.
+      {
+        const Tensor rows_t = PutIndices(b, rows), out_t = PutIndices(b, out_rows);
+        const Tensor scales_t = Put(b, scales, {pairs}, DType::kF32);
+        Tensor order2 = Poisoned(b, {pairs}, DType::kI32);
+        Tensor offsets2 = Poisoned(b, {experts + 1}, DType::kI32);
+        Tensor p_rows = Poisoned(b, {pairs}, DType::kI32),
+               p_out = Poisoned(b, {pairs}, DType::kI32);
+        Tensor p_scales = Poisoned(b, {pairs}, DType::kF32);
+        EXPECT_TRUE(
+            b->SortPairsByExpert(PutIndices(b, ex), experts, &order2, &offsets2,
+                                 {{&rows_t, &p_rows}, {&out_t, &p_out}, {&scales_t, &p_scales}})
+                .ok());
+        EXPECT_EQ(GetIndices(b, order2), GetIndices(b, order));
+        EXPECT_EQ(GetIndices(b, offsets2), GetIndices(b, offsets));
+        EXPECT_EQ(GetIndices(b, p_rows), GetIndices(b, sorted_rows));
+        EXPECT_EQ(GetIndices(b, p_out), GetIndices(b, sorted_out));
+        const std::vector<float> ps = Get(b, p_scales), gs = Get(b, sorted_scales);
+        EXPECT_EQ(ps.size(), gs.size());
+        EXPECT_TRUE(ps.size() == gs.size() &&
+                    std::memcmp(ps.data(), gs.data(), ps.size() * sizeof(float)) == 0);
+      }
       std::vector<const Tensor*> gu(experts), dn(experts);
       for (int64_t e = 0; e < experts; ++e) {
         const bool held = e < experts - 3;  // experts without rows may have no weights

@@ -53,6 +53,12 @@ TEST(DenseAttentionCudaGuard, DenseZeroWorkWithNullPointersIsOk) {
             cudaSuccess);
   EXPECT_EQ(cuda::LaunchRope(nullptr, bf16, nullptr, 0, 32, 128, 1e6f, nullptr), cudaSuccess);
   EXPECT_EQ(cuda::LaunchRope(nullptr, bf16, nullptr, 5, 0, 128, 1e6f, nullptr), cudaSuccess);
+  EXPECT_EQ(cuda::LaunchAddRmsNorm(nullptr, bf16, nullptr, nullptr, bf16, 1e-6f, 0, 2048, nullptr,
+                                   bf16, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(cuda::LaunchQkNormRope(nullptr, nullptr, bf16, nullptr, nullptr, bf16, nullptr, 0, 32,
+                                   4, 128, 1e-6f, 1e6f, nullptr),
+            cudaSuccess);
   EXPECT_EQ(cuda::LaunchSiluMul(nullptr, bf16, nullptr, bf16, nullptr, bf16, 0, nullptr),
             cudaSuccess);
   EXPECT_EQ(cuda::LaunchAdd(nullptr, f32, nullptr, bf16, 0, nullptr), cudaSuccess);
@@ -99,6 +105,32 @@ TEST(DenseAttentionCudaGuard, DenseRejectsBadArguments) {
   EXPECT_EQ(cuda::LaunchRope(p, bf16, ids, -3, 4, 128, 1e6f, nullptr), bad);
   EXPECT_EQ(cuda::LaunchRope(p, bf16, nullptr, 3, 4, 128, 1e6f, nullptr), bad);
   EXPECT_EQ(cuda::LaunchRope(nullptr, bf16, ids, 3, 4, 128, 1e6f, nullptr), bad);
+  // AddRmsNorm.
+  float* res = static_cast<float*>(FakePtr(2));
+  EXPECT_EQ(cuda::LaunchAddRmsNorm(p, bf16, res, p, bf16, 1e-6f, 2, 0, p, bf16, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchAddRmsNorm(p, i32, res, p, bf16, 1e-6f, 2, 128, p, bf16, nullptr), bad);
+  EXPECT_EQ(cuda::LaunchAddRmsNorm(p, bf16, nullptr, p, bf16, 1e-6f, 2, 128, p, bf16, nullptr),
+            bad);
+  EXPECT_EQ(cuda::LaunchAddRmsNorm(p, bf16, res, nullptr, bf16, 1e-6f, 2, 128, p, bf16, nullptr),
+            bad);
+  EXPECT_EQ(cuda::LaunchAddRmsNorm(p, bf16, res, p, bf16, 1e-6f, -2, 128, p, bf16, nullptr), bad);
+  // QkNormRope: odd or oversized head_dim, null pointers with work.
+  EXPECT_EQ(cuda::LaunchQkNormRope(p, p, bf16, p, p, bf16, ids, 3, 4, 1, 127, 1e-6f, 1e6f, nullptr),
+            bad);
+  EXPECT_EQ(
+      cuda::LaunchQkNormRope(p, p, bf16, p, p, bf16, ids, 3, 4, 1, 1024, 1e-6f, 1e6f, nullptr),
+      bad);
+  EXPECT_EQ(cuda::LaunchQkNormRope(p, p, i32, p, p, bf16, ids, 3, 4, 1, 128, 1e-6f, 1e6f, nullptr),
+            bad);
+  EXPECT_EQ(
+      cuda::LaunchQkNormRope(p, p, bf16, p, p, bf16, nullptr, 3, 4, 1, 128, 1e-6f, 1e6f, nullptr),
+      bad);
+  EXPECT_EQ(
+      cuda::LaunchQkNormRope(p, nullptr, bf16, p, p, bf16, ids, 3, 4, 1, 128, 1e-6f, 1e6f, nullptr),
+      bad);
+  EXPECT_EQ(
+      cuda::LaunchQkNormRope(p, p, bf16, nullptr, p, bf16, ids, 3, 4, 1, 128, 1e-6f, 1e6f, nullptr),
+      bad);
   // SiluMul, Add.
   EXPECT_EQ(cuda::LaunchSiluMul(p, bf16, p, i32, p, bf16, 8, nullptr), bad);
   EXPECT_EQ(cuda::LaunchSiluMul(p, bf16, nullptr, bf16, p, bf16, 8, nullptr), bad);
@@ -587,6 +619,130 @@ TEST_F(DenseAttentionCudaDevice, RmsNormInPlace) {
     ASSERT_CUDA_OK(stream.Finish());
     ExpectMatches(Decode(x_d.Download(), ElemType::kF32), Host(y_t), ElemType::kF32);
   }
+}
+
+// AddRmsNorm against the CPU's Add then RmsNorm: the 16-byte path (columns a multiple of 8)
+// and the element path, poisoned outputs, zero rows.
+TEST_F(DenseAttentionCudaDevice, AddRmsNormMatchesCpuAddThenRmsNorm) {
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (const Shape& s : {Shape{0, 2048}, Shape{1, 2048}, Shape{37, 2048}, Shape{5, 1000},
+                         Shape{3, 1001}, Shape{2, 5000}, Shape{4, 8}, Shape{7, 3}}) {
+    for (const Types3& t : kTypes3) {
+      SCOPED_TRACE(::testing::Message() << s.rows << "x" << s.cols << " x " << Name(t.a) << " w "
+                                        << Name(t.b) << " y " << Name(t.out));
+      const uint32_t seed = static_cast<uint32_t>(s.rows * 7717 + s.cols);
+      const std::vector<float> x = Rounded(RandomFloats(s.rows * s.cols, seed), t.a);
+      const std::vector<float> r = RandomFloats(s.rows * s.cols, seed + 1, 3.f);
+      std::vector<float> w = RandomFloats(s.cols, seed + 2);
+      for (float& v : w) v += 1.f;
+      w = Rounded(w, t.b);
+      const float eps = 1e-6f;
+      Tensor r_t = Cpu(r, {s.rows, s.cols}), w_t = Cpu(w, {s.cols});
+      ASSERT_TRUE(cpu_->Add(Cpu(x, {s.rows, s.cols}), &r_t).ok());
+      ASSERT_OK_AND_ASSIGN_T(y_t, cpu_->Allocate({s.rows, s.cols}, DType::kF32));
+      ASSERT_TRUE(cpu_->RmsNorm(r_t, w_t, eps, &y_t).ok());
+
+      DeviceBytes x_d(Encode(x, t.a)), r_d(r), w_d(Encode(w, t.b));
+      DeviceBytes y_d(s.rows * s.cols * SizeOf(t.out));
+      ASSERT_CUDA_OK(x_d.status());
+      ASSERT_CUDA_OK(r_d.status());
+      ASSERT_CUDA_OK(w_d.status());
+      ASSERT_CUDA_OK(y_d.Poison());
+      Stream stream;
+      ASSERT_CUDA_OK(stream.Begin());
+      ASSERT_CUDA_OK(cuda::LaunchAddRmsNorm(x_d.get(), t.a, r_d.as<float>(), w_d.get(), t.b, eps,
+                                            s.rows, s.cols, y_d.get(), t.out, stream.get()));
+      ASSERT_CUDA_OK(stream.Finish());
+      // The residual is the same f32 additions: the same bits.
+      const std::vector<float> r_got = Decode(r_d.Download(), ElemType::kF32), r_want = Host(r_t);
+      ASSERT_EQ(r_got.size(), r_want.size());
+      EXPECT_EQ(0, std::memcmp(r_got.data(), r_want.data(), r_got.size() * sizeof(float)));
+      ExpectMatches(Decode(y_d.Download(), t.out), Host(y_t), t.out);
+    }
+  }
+}
+
+// QkNormRope against the CPU's RmsNorm then Rope on q and k: Qwen3's shapes (the 16-byte
+// path: 8 lanes a head of 128 in bf16), head_dim 64 and 256, and the odd preset's 24 (the
+// element path), prefill and decode token counts.
+TEST_F(DenseAttentionCudaDevice, QkNormRopeMatchesCpuNormsThenRope) {
+  struct Shape {
+    int64_t tokens, q_heads, k_heads, head_dim;
+    float theta;
+  };
+  for (const Shape& s :
+       {Shape{0, 32, 4, 128, 1e6f}, Shape{1, 32, 4, 128, 1e6f}, Shape{300, 32, 4, 128, 1e6f},
+        Shape{9, 4, 2, 64, 1e4f}, Shape{5, 2, 1, 256, 1e4f}, Shape{11, 3, 1, 24, 1e4f},
+        Shape{3, 1, 3, 512, 1e4f}}) {
+    for (const auto& [t, wt] :
+         {std::pair{ElemType::kF32, ElemType::kF32}, std::pair{ElemType::kBF16, ElemType::kBF16},
+          std::pair{ElemType::kBF16, ElemType::kF32}, std::pair{ElemType::kF16, ElemType::kBF16}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << s.tokens << " tokens x " << s.q_heads << "/" << s.k_heads << " heads x "
+                   << s.head_dim << ", " << Name(t) << " weights " << Name(wt));
+      const int64_t d = s.head_dim, nq = s.tokens * s.q_heads * d, nk = s.tokens * s.k_heads * d;
+      const uint32_t seed = static_cast<uint32_t>(nq + nk + d);
+      const std::vector<float> q = Rounded(RandomFloats(nq, seed, 3.f), t);
+      const std::vector<float> k = Rounded(RandomFloats(nk, seed + 1, 3.f), t);
+      std::vector<float> qw = RandomFloats(d, seed + 2), kw = RandomFloats(d, seed + 3);
+      for (float& v : qw) v += 1.f;
+      qw = Rounded(qw, wt);
+      kw = Rounded(kw, wt);
+      std::mt19937 rng(seed);
+      std::uniform_int_distribution<int32_t> pos_dist(0, 40959);
+      std::vector<int32_t> positions(s.tokens);
+      for (int32_t& p : positions) p = pos_dist(rng);
+      const float eps = 1e-6f;
+
+      Tensor q_t = Cpu(q, {s.tokens, s.q_heads, d}), k_t = Cpu(k, {s.tokens, s.k_heads, d});
+      const Tensor pos_t = CpuIndices(positions);
+      ASSERT_TRUE(cpu_->RmsNorm(q_t, Cpu(qw, {d}), eps, &q_t).ok());
+      ASSERT_TRUE(cpu_->RmsNorm(k_t, Cpu(kw, {d}), eps, &k_t).ok());
+      ASSERT_TRUE(cpu_->Rope(&q_t, pos_t, s.theta).ok());
+      ASSERT_TRUE(cpu_->Rope(&k_t, pos_t, s.theta).ok());
+
+      DeviceBytes q_d(Encode(q, t)), k_d(Encode(k, t)), qw_d(Encode(qw, wt)), kw_d(Encode(kw, wt));
+      DeviceBytes pos_d(positions);
+      for (const DeviceBytes* b : {&q_d, &k_d, &qw_d, &kw_d, &pos_d}) {
+        ASSERT_CUDA_OK(b->status());
+      }
+      Stream stream;
+      ASSERT_CUDA_OK(stream.Begin());
+      ASSERT_CUDA_OK(cuda::LaunchQkNormRope(q_d.get(), k_d.get(), t, qw_d.get(), kw_d.get(), wt,
+                                            pos_d.as<int32_t>(), s.tokens, s.q_heads, s.k_heads, d,
+                                            eps, s.theta, stream.get()));
+      ASSERT_CUDA_OK(stream.Finish());
+      {
+        SCOPED_TRACE("q");
+        ExpectMatches(Decode(q_d.Download(), t), Host(q_t), t);
+      }
+      {
+        SCOPED_TRACE("k");
+        ExpectMatches(Decode(k_d.Download(), t), Host(k_t), t);
+      }
+    }
+  }
+}
+
+// The rotation at prefill size (4096 tokens x 32 heads x 128, bf16): the 16-byte path.
+TEST_F(DenseAttentionCudaDevice, RopeAtPrefillSizeMatchesCpu) {
+  const int64_t tokens = 4096, heads = 32, d = 128, n = tokens * heads * d;
+  const std::vector<float> x = Rounded(RandomFloats(n, 21), ElemType::kBF16);
+  std::vector<int32_t> positions(tokens);
+  for (int64_t t = 0; t < tokens; ++t) positions[t] = static_cast<int32_t>(t);
+  Tensor x_t = Cpu(x, {tokens, heads, d});
+  ASSERT_TRUE(cpu_->Rope(&x_t, CpuIndices(positions), 1e6).ok());
+  DeviceBytes x_d(Encode(x, ElemType::kBF16)), pos_d(positions);
+  ASSERT_CUDA_OK(x_d.status());
+  ASSERT_CUDA_OK(pos_d.status());
+  Stream stream;
+  ASSERT_CUDA_OK(stream.Begin());
+  ASSERT_CUDA_OK(cuda::LaunchRope(x_d.get(), ElemType::kBF16, pos_d.as<int32_t>(), tokens, heads, d,
+                                  1e6f, stream.get()));
+  ASSERT_CUDA_OK(stream.Finish());
+  ExpectMatches(Decode(x_d.Download(), ElemType::kBF16), Host(x_t), ElemType::kBF16);
 }
 
 // ---- Embedding, GatherRows ----

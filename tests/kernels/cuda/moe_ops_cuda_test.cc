@@ -156,6 +156,21 @@ TEST(MoeOpsCudaGuard, SortPairsRejectsBadArguments) {
   EXPECT_LT(bytes, SortPairsWorkspaceBytes(1000, 128));
   EXPECT_EQ(LaunchSortPairsByExpert(experts, 1000, 128, order, offsets, ws, bytes, nullptr),
             cudaErrorInvalidValue);
+  // Payloads: a count outside [0, kMaxSortPayloads], or a null array.
+  SortPayloads payloads;
+  payloads.count = kMaxSortPayloads + 1;
+  EXPECT_EQ(
+      LaunchSortPairsByExpert(experts, 100, 128, order, offsets, ws, bytes, nullptr, payloads),
+      cudaErrorInvalidValue);
+  payloads.count = -1;
+  EXPECT_EQ(
+      LaunchSortPairsByExpert(experts, 100, 128, order, offsets, ws, bytes, nullptr, payloads),
+      cudaErrorInvalidValue);
+  payloads.count = 1;
+  payloads.in[0] = Fake<const int32_t>(5);
+  EXPECT_EQ(
+      LaunchSortPairsByExpert(experts, 100, 128, order, offsets, ws, bytes, nullptr, payloads),
+      cudaErrorInvalidValue);  // out[0] is null
 }
 
 TEST(MoeOpsCudaGuard, CombineRowsRejectsBadArguments) {
@@ -456,13 +471,33 @@ TEST(MoeOpsCudaDispatchLayout, ZeroTokensWritesZeroCounts) {
 
 // ---- Sort pairs by expert ----
 
-void ExpectSortMatchesCpu(const std::vector<int32_t>& experts, int64_t num_experts) {
+// With num_payloads > 0, that many seeded random 32-bit payloads (i32 and f32 bits
+// alternately) are permuted with the order and compared bit for bit.
+void ExpectSortMatchesCpu(const std::vector<int32_t>& experts, int64_t num_experts,
+                          int num_payloads = 0) {
   const int64_t n = static_cast<int64_t>(experts.size());
   Backend& cpu = Cpu();
+  std::mt19937 rng(static_cast<uint32_t>(n * 31 + num_experts));
+  std::vector<std::vector<int32_t>> payloads(static_cast<size_t>(num_payloads));
+  for (auto& p : payloads) {
+    p.resize(static_cast<size_t>(n));
+    for (int32_t& x : p) x = static_cast<int32_t>(rng());
+  }
   ASSIGN_OR_FAIL(Tensor e, cpu.UploadIndices(experts));
   ASSIGN_OR_FAIL(Tensor order, cpu.Allocate({n}, DType::kI32));
   ASSIGN_OR_FAIL(Tensor offsets, cpu.Allocate({num_experts + 1}, DType::kI32));
-  ASSERT_OK(cpu.SortPairsByExpert(e, static_cast<int>(num_experts), &order, &offsets));
+  std::vector<Tensor> c_values, c_sorted;
+  for (int j = 0; j < num_payloads; ++j) {
+    const DType dtype = j % 2 == 0 ? DType::kI32 : DType::kF32;
+    ASSIGN_OR_FAIL(Tensor v, cpu.Allocate({n}, dtype));
+    ASSERT_OK(cpu.CopyFromHost(payloads[j].data(), dtype, &v));
+    c_values.push_back(v);
+    ASSIGN_OR_FAIL(Tensor s, cpu.Allocate({n}, dtype));
+    c_sorted.push_back(s);
+  }
+  std::vector<PairPayload> c_payloads;
+  for (int j = 0; j < num_payloads; ++j) c_payloads.push_back({&c_values[j], &c_sorted[j]});
+  ASSERT_OK(cpu.SortPairsByExpert(e, static_cast<int>(num_experts), &order, &offsets, c_payloads));
   ASSIGN_OR_FAIL(std::vector<int32_t> want_order, cpu.DownloadIndices(order));
   ASSIGN_OR_FAIL(std::vector<int32_t> want_offsets, cpu.DownloadIndices(offsets));
 
@@ -474,14 +509,33 @@ void ExpectSortMatchesCpu(const std::vector<int32_t>& experts, int64_t num_exper
   ASSERT_CUDA_OK(d_order.Poison());
   ASSERT_CUDA_OK(d_offsets.Poison());
   ASSERT_CUDA_OK(ws.Poison());
+  std::vector<std::unique_ptr<DeviceBuffer<int32_t>>> d_in, d_out;
+  SortPayloads d_payloads;
+  for (int j = 0; j < num_payloads; ++j) {
+    d_in.push_back(std::make_unique<DeviceBuffer<int32_t>>(payloads[j]));
+    d_out.push_back(std::make_unique<DeviceBuffer<int32_t>>(n));
+    ASSERT_CUDA_OK(d_in.back()->status());
+    ASSERT_CUDA_OK(d_out.back()->status());
+    ASSERT_CUDA_OK(d_out.back()->Poison());
+    d_payloads.in[j] = d_in.back()->get();
+    d_payloads.out[j] = d_out.back()->get();
+  }
+  d_payloads.count = num_payloads;
   ASSERT_CUDA_OK(LaunchSortPairsByExpert(d_experts.get(), n, num_experts, d_order.get(),
-                                         d_offsets.get(), ws.get(), ws_bytes, nullptr));
+                                         d_offsets.get(), ws.get(), ws_bytes, nullptr, d_payloads));
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
   std::vector<int32_t> got_order, got_offsets;
   ASSERT_CUDA_OK(d_order.Download(&got_order));
   ASSERT_CUDA_OK(d_offsets.Download(&got_offsets));
   EXPECT_EQ(got_offsets, want_offsets);
   EXPECT_EQ(got_order, want_order);
+  for (int j = 0; j < num_payloads; ++j) {
+    SCOPED_TRACE(::testing::Message() << "payload " << j);
+    std::vector<int32_t> want(static_cast<size_t>(n)), got;
+    std::memcpy(want.data(), c_sorted[j].raw(), want.size() * sizeof(int32_t));
+    ASSERT_CUDA_OK(d_out[j]->Download(&got));
+    EXPECT_EQ(got, want);
+  }
 }
 
 std::vector<int32_t> RandomExperts(int64_t n, int64_t num_experts, uint32_t seed) {
@@ -501,19 +555,33 @@ class MoeOpsCudaSortPairsVsCpu : public ::testing::TestWithParam<SortShapeParam>
 
 TEST_P(MoeOpsCudaSortPairsVsCpu, RandomExperts) {
   const auto [n, experts] = GetParam();
-  ExpectSortMatchesCpu(RandomExperts(n, experts, static_cast<uint32_t>(n * 13 + experts)), experts);
+  const std::vector<int32_t> e = RandomExperts(n, experts, static_cast<uint32_t>(n * 13 + experts));
+  ExpectSortMatchesCpu(e, experts);
+  ExpectSortMatchesCpu(e, experts, /*num_payloads=*/3);
+}
+
+TEST(MoeOpsCudaSortPairs, OneOrTwoPayloads) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t n : {int64_t{8}, int64_t{5000}}) {
+    const std::vector<int32_t> e = RandomExperts(n, 128, static_cast<uint32_t>(n));
+    ExpectSortMatchesCpu(e, 128, 1);
+    ExpectSortMatchesCpu(e, 128, 2);
+  }
 }
 
 // Expert counts around the radix digits: 127 (one 7-bit pass), 128 and 255 (8 bits), 256
-// and 300 (two passes), 70000 (three).
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, MoeOpsCudaSortPairsVsCpu,
-    ::testing::Combine(::testing::Values<int64_t>(1, 7, 256, 257, 4096, 32768, 131072),
-                       ::testing::Values<int64_t>(1, 12, 127, 128, 255, 256, 300, 70000)),
-    [](const ::testing::TestParamInfo<SortShapeParam>& info) {
-      return "n" + std::to_string(std::get<0>(info.param)) + "_e" +
-             std::to_string(std::get<1>(info.param));
-    });
+// and 300 (two passes), 70000 (three). Around the one-block sort's limits: up to 4096 pairs
+// and 4095 experts (4096 buckets) take it, 4097 pairs or 4096 experts the radix chain.
+INSTANTIATE_TEST_SUITE_P(Shapes, MoeOpsCudaSortPairsVsCpu,
+                         ::testing::Combine(::testing::Values<int64_t>(1, 7, 8, 256, 257, 4095,
+                                                                       4096, 4097, 32768, 131072),
+                                            ::testing::Values<int64_t>(1, 12, 127, 128, 255, 256,
+                                                                       300, 512, 4095, 4096,
+                                                                       70000)),
+                         [](const ::testing::TestParamInfo<SortShapeParam>& info) {
+                           return "n" + std::to_string(std::get<0>(info.param)) + "_e" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
 
 TEST(MoeOpsCudaSortPairs, OneExpertKeepsPairOrder) {
   SKIP_WITHOUT_GPU();
@@ -522,6 +590,47 @@ TEST(MoeOpsCudaSortPairs, OneExpertKeepsPairOrder) {
   std::vector<int32_t> descending(4000);
   for (size_t i = 0; i < descending.size(); ++i) descending[i] = 127 - static_cast<int>(i / 32);
   ExpectSortMatchesCpu(descending, 128);
+}
+
+// Out-of-range experts (which the CPU backend refuses) sort last, in pair order, after
+// expert_offsets[num_experts], on the one-block path and the radix chain alike.
+TEST(MoeOpsCudaSortPairs, OutOfRangeExpertsSortLast) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t n : {int64_t{9}, int64_t{4096}, int64_t{4097}, int64_t{20000}}) {
+    SCOPED_TRACE(::testing::Message() << n << " pairs");
+    const int64_t num_experts = 128;
+    std::vector<int32_t> experts = RandomExperts(n, num_experts, static_cast<uint32_t>(n));
+    for (int64_t p = 0; p < n; p += 3) experts[p] = p % 2 == 0 ? -1 - (p % 5) : 128 + (p % 7);
+    // The documented order: stable by expert, bad experts as one bucket past the last.
+    std::vector<int32_t> want_order(static_cast<size_t>(n));
+    std::iota(want_order.begin(), want_order.end(), 0);
+    auto bucket = [&](int32_t p) {
+      const int32_t e = experts[p];
+      return e >= 0 && e < num_experts ? e : static_cast<int32_t>(num_experts);
+    };
+    std::stable_sort(want_order.begin(), want_order.end(),
+                     [&](int32_t a, int32_t b) { return bucket(a) < bucket(b); });
+    std::vector<int32_t> want_offsets(static_cast<size_t>(num_experts) + 1, 0);
+    for (int64_t e = 0; e <= num_experts; ++e) {
+      want_offsets[e] = static_cast<int32_t>(std::count_if(
+          experts.begin(), experts.end(), [&](int32_t x) { return x >= 0 && x < e; }));
+    }
+    DeviceBuffer<int32_t> d_experts(experts), d_order(n), d_offsets(num_experts + 1);
+    const size_t ws_bytes = SortPairsWorkspaceBytes(n, num_experts);
+    DeviceBuffer<uint8_t> ws(ws_bytes);
+    for (auto* b : {&d_experts, &d_order, &d_offsets}) ASSERT_CUDA_OK(b->status());
+    ASSERT_CUDA_OK(ws.status());
+    ASSERT_CUDA_OK(d_order.Poison());
+    ASSERT_CUDA_OK(d_offsets.Poison());
+    ASSERT_CUDA_OK(LaunchSortPairsByExpert(d_experts.get(), n, num_experts, d_order.get(),
+                                           d_offsets.get(), ws.get(), ws_bytes, nullptr));
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<int32_t> got_order, got_offsets;
+    ASSERT_CUDA_OK(d_order.Download(&got_order));
+    ASSERT_CUDA_OK(d_offsets.Download(&got_offsets));
+    EXPECT_EQ(got_offsets, want_offsets);
+    EXPECT_EQ(got_order, want_order);
+  }
 }
 
 // ---- Combine ----
@@ -701,7 +810,8 @@ TEST(MoeOpsCudaScaleAddRows, RandomRowsMatchCpuBitForBit) {
   struct Case {
     int64_t n, cols, dst_rows;
   };
-  for (const Case& c : {Case{1, 1, 1}, Case{300, 64, 7}, Case{32768, 64, 4096},
+  for (const Case& c : {Case{1, 1, 1}, Case{8, 2048, 1}, Case{300, 64, 7}, Case{4096, 64, 4095},
+                        Case{4096, 64, 4096}, Case{4097, 64, 100}, Case{32768, 64, 4096},
                         Case{5000, 1500, 300},  // several column blocks
                         Case{2000, 16, 70000},  // three radix passes
                         Case{131072, 8, 16384}}) {
