@@ -355,46 +355,55 @@ TEST_F(CudaBackendTest, RoutingAndTheExchangeMatchTheCpu) {
 // The fused dense ops through the Backend interface (the model's dtypes: bf16 activations
 // and weights, an f32 residual) against the CPU's unfused sequences.
 TEST_F(CudaBackendTest, FusedNormsMatchTheUnfusedCpuOps) {
-  for (int64_t t : {0, 1, 33}) {
-    SCOPED_TRACE(::testing::Message() << t << " tokens");
-    const int64_t hidden = 2048, heads = 32, kv_heads = 4, d = 128;
-    const std::vector<float> x = Bf16Exact(RandomFloats(t * hidden, 11));
-    const std::vector<float> r = RandomFloats(t * hidden, 12, 3.f);
-    const std::vector<float> w = Bf16Exact(RandomFloats(hidden, 13));
-    Tensor cr = Put(cpu_.get(), r, {t, hidden}, DType::kF32);
-    Tensor cy = Poisoned(cpu_.get(), {t, hidden}, DType::kF32);
-    ASSERT_TRUE(cpu_->Add(Put(cpu_.get(), x, {t, hidden}, DType::kF32), &cr).ok());
-    ASSERT_TRUE(cpu_->RmsNorm(cr, Put(cpu_.get(), w, {hidden}, DType::kF32), 1e-6f, &cy).ok());
-    Tensor gr = Put(gpu_.get(), r, {t, hidden}, DType::kF32);
-    Tensor gy = Poisoned(gpu_.get(), {t, hidden}, DType::kBF16);
-    ASSERT_TRUE(gpu_->AddRmsNorm(Put(gpu_.get(), x, {t, hidden}, DType::kBF16),
-                                 Put(gpu_.get(), w, {hidden}, DType::kBF16), 1e-6f, &gr, &gy)
-                    .ok());
-    EXPECT_EQ(Get(gpu_.get(), gr), Get(cpu_.get(), cr));  // the same f32 additions
-    EXPECT_LT(MaxRelError(Get(gpu_.get(), gy), Get(cpu_.get(), cy)), 1e-2);
+  struct Shape {
+    int64_t hidden, heads, kv_heads, d;
+  };
+  // Qwen3-30B-A3B's, then the golden presets' (default, odd, bf16-sharded).
+  for (const Shape& shape :
+       {Shape{2048, 32, 4, 128}, Shape{128, 4, 2, 32}, Shape{96, 6, 2, 24}, Shape{64, 4, 1, 16}})
+    for (int64_t t : {0, 1, 7, 23, 33}) {
+      SCOPED_TRACE(::testing::Message()
+                   << t << " tokens, hidden " << shape.hidden << ", heads " << shape.heads << "/"
+                   << shape.kv_heads << " of " << shape.d);
+      const int64_t hidden = shape.hidden, heads = shape.heads, kv_heads = shape.kv_heads,
+                    d = shape.d;
+      const std::vector<float> x = Bf16Exact(RandomFloats(t * hidden, 11));
+      const std::vector<float> r = RandomFloats(t * hidden, 12, 3.f);
+      const std::vector<float> w = Bf16Exact(RandomFloats(hidden, 13));
+      Tensor cr = Put(cpu_.get(), r, {t, hidden}, DType::kF32);
+      Tensor cy = Poisoned(cpu_.get(), {t, hidden}, DType::kF32);
+      ASSERT_TRUE(cpu_->Add(Put(cpu_.get(), x, {t, hidden}, DType::kF32), &cr).ok());
+      ASSERT_TRUE(cpu_->RmsNorm(cr, Put(cpu_.get(), w, {hidden}, DType::kF32), 1e-6f, &cy).ok());
+      Tensor gr = Put(gpu_.get(), r, {t, hidden}, DType::kF32);
+      Tensor gy = Poisoned(gpu_.get(), {t, hidden}, DType::kBF16);
+      ASSERT_TRUE(gpu_->AddRmsNorm(Put(gpu_.get(), x, {t, hidden}, DType::kBF16),
+                                   Put(gpu_.get(), w, {hidden}, DType::kBF16), 1e-6f, &gr, &gy)
+                      .ok());
+      EXPECT_EQ(Get(gpu_.get(), gr), Get(cpu_.get(), cr));  // the same f32 additions
+      EXPECT_LT(MaxRelError(Get(gpu_.get(), gy), Get(cpu_.get(), cy)), 1e-2);
 
-    const std::vector<float> q = Bf16Exact(RandomFloats(t * heads * d, 14, 2.f));
-    const std::vector<float> k = Bf16Exact(RandomFloats(t * kv_heads * d, 15, 2.f));
-    const std::vector<float> qw = Bf16Exact(RandomFloats(d, 16)),
-                             kw = Bf16Exact(RandomFloats(d, 17));
-    std::vector<int32_t> pos(t);
-    for (int64_t i = 0; i < t; ++i) pos[i] = static_cast<int32_t>(i * 1237 % 32768);
-    Tensor cq = Put(cpu_.get(), q, {t, heads, d}, DType::kF32);
-    Tensor ck = Put(cpu_.get(), k, {t, kv_heads, d}, DType::kF32);
-    const Tensor cpos = PutIndices(cpu_.get(), pos);
-    ASSERT_TRUE(cpu_->RmsNorm(cq, Put(cpu_.get(), qw, {d}, DType::kF32), 1e-6f, &cq).ok());
-    ASSERT_TRUE(cpu_->RmsNorm(ck, Put(cpu_.get(), kw, {d}, DType::kF32), 1e-6f, &ck).ok());
-    ASSERT_TRUE(cpu_->Rope(&cq, cpos, 1e6).ok());
-    ASSERT_TRUE(cpu_->Rope(&ck, cpos, 1e6).ok());
-    Tensor gq = Put(gpu_.get(), q, {t, heads, d}, DType::kBF16);
-    Tensor gk = Put(gpu_.get(), k, {t, kv_heads, d}, DType::kBF16);
-    ASSERT_TRUE(gpu_->QkNormRope(&gq, &gk, Put(gpu_.get(), qw, {d}, DType::kBF16),
-                                 Put(gpu_.get(), kw, {d}, DType::kBF16), 1e-6f,
-                                 PutIndices(gpu_.get(), pos), 1e6)
-                    .ok());
-    EXPECT_LT(MaxRelError(Get(gpu_.get(), gq), Get(cpu_.get(), cq)), 1e-2);
-    EXPECT_LT(MaxRelError(Get(gpu_.get(), gk), Get(cpu_.get(), ck)), 1e-2);
-  }
+      const std::vector<float> q = Bf16Exact(RandomFloats(t * heads * d, 14, 2.f));
+      const std::vector<float> k = Bf16Exact(RandomFloats(t * kv_heads * d, 15, 2.f));
+      const std::vector<float> qw = Bf16Exact(RandomFloats(d, 16)),
+                               kw = Bf16Exact(RandomFloats(d, 17));
+      std::vector<int32_t> pos(t);
+      for (int64_t i = 0; i < t; ++i) pos[i] = static_cast<int32_t>(i * 1237 % 32768);
+      Tensor cq = Put(cpu_.get(), q, {t, heads, d}, DType::kF32);
+      Tensor ck = Put(cpu_.get(), k, {t, kv_heads, d}, DType::kF32);
+      const Tensor cpos = PutIndices(cpu_.get(), pos);
+      ASSERT_TRUE(cpu_->RmsNorm(cq, Put(cpu_.get(), qw, {d}, DType::kF32), 1e-6f, &cq).ok());
+      ASSERT_TRUE(cpu_->RmsNorm(ck, Put(cpu_.get(), kw, {d}, DType::kF32), 1e-6f, &ck).ok());
+      ASSERT_TRUE(cpu_->Rope(&cq, cpos, 1e6).ok());
+      ASSERT_TRUE(cpu_->Rope(&ck, cpos, 1e6).ok());
+      Tensor gq = Put(gpu_.get(), q, {t, heads, d}, DType::kBF16);
+      Tensor gk = Put(gpu_.get(), k, {t, kv_heads, d}, DType::kBF16);
+      ASSERT_TRUE(gpu_->QkNormRope(&gq, &gk, Put(gpu_.get(), qw, {d}, DType::kBF16),
+                                   Put(gpu_.get(), kw, {d}, DType::kBF16), 1e-6f,
+                                   PutIndices(gpu_.get(), pos), 1e6)
+                      .ok());
+      EXPECT_LT(MaxRelError(Get(gpu_.get(), gq), Get(cpu_.get(), cq)), 1e-2);
+      EXPECT_LT(MaxRelError(Get(gpu_.get(), gk), Get(cpu_.get(), ck)), 1e-2);
+    }
   // The shared argument checks: a bf16 residual, an odd head_dim.
   Tensor x = Poisoned(gpu_.get(), {2, 64}, DType::kBF16),
          w = Poisoned(gpu_.get(), {64}, DType::kBF16);

@@ -573,10 +573,10 @@ TEST(MoeOpsCudaSortPairs, OneOrTwoPayloads) {
 // and 300 (two passes), 70000 (three). Around the one-block sort's limits: up to 4096 pairs
 // and 4095 experts (4096 buckets) take it, 4097 pairs or 4096 experts the radix chain.
 INSTANTIATE_TEST_SUITE_P(Shapes, MoeOpsCudaSortPairsVsCpu,
-                         ::testing::Combine(::testing::Values<int64_t>(1, 7, 8, 256, 257, 4095,
+                         ::testing::Combine(::testing::Values<int64_t>(1, 7, 8, 92, 256, 257, 4095,
                                                                        4096, 4097, 32768, 131072),
-                                            ::testing::Values<int64_t>(1, 12, 127, 128, 255, 256,
-                                                                       300, 512, 4095, 4096,
+                                            ::testing::Values<int64_t>(1, 12, 16, 127, 128, 255,
+                                                                       256, 300, 512, 4095, 4096,
                                                                        70000)),
                          [](const ::testing::TestParamInfo<SortShapeParam>& info) {
                            return "n" + std::to_string(std::get<0>(info.param)) + "_e" +
@@ -810,11 +810,12 @@ TEST(MoeOpsCudaScaleAddRows, RandomRowsMatchCpuBitForBit) {
   struct Case {
     int64_t n, cols, dst_rows;
   };
-  for (const Case& c : {Case{1, 1, 1}, Case{8, 2048, 1}, Case{300, 64, 7}, Case{4096, 64, 4095},
-                        Case{4096, 64, 4096}, Case{4097, 64, 100}, Case{32768, 64, 4096},
-                        Case{5000, 1500, 300},  // several column blocks
-                        Case{2000, 16, 70000},  // three radix passes
-                        Case{131072, 8, 16384}}) {
+  for (const Case& c :
+       {Case{1, 1, 1}, Case{8, 2048, 1}, Case{300, 64, 7}, Case{92, 128, 23}, Case{28, 128, 7},
+        Case{69, 96, 23}, Case{4096, 64, 4095}, Case{4096, 64, 4096}, Case{4097, 64, 100},
+        Case{32768, 64, 4096}, Case{5000, 1500, 300},  // several column blocks
+        Case{2000, 16, 70000},                         // three radix passes
+        Case{131072, 8, 16384}}) {
     SCOPED_TRACE(::testing::Message() << c.n << " rows of " << c.cols << " into " << c.dst_rows);
     const std::vector<int32_t> rows = RandomExperts(c.n, c.dst_rows, static_cast<uint32_t>(c.n));
     ExpectScaleAddMatchesCpu(rows, c.cols, c.dst_rows, static_cast<uint32_t>(c.n + c.cols));
