@@ -261,7 +261,8 @@ class Backend {
   // that counting needs no host synchronisation.
   virtual absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) = 0;
   // dst[rows[i]] += scales[i] * src[i] in order of i (the fixed summation order). rows i32,
-  // scales f32 tensors.
+  // scales f32 tensors; dst f32, src f32 or (on a backend whose activations are) the
+  // activation dtype.
   virtual absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                                     Tensor* dst) = 0;
 

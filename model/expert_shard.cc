@@ -125,7 +125,9 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
       DXS_ASSIGN_OR_RETURN(ws.sorted_rows, backend_->Allocate({n}, DType::kI32));
       DXS_ASSIGN_OR_RETURN(ws.sorted_out_rows, backend_->Allocate({n}, DType::kI32));
       DXS_ASSIGN_OR_RETURN(ws.sorted_weights, backend_->Allocate({n}, DType::kF32));
-      DXS_ASSIGN_OR_RETURN(ws.y, backend_->Allocate({n, hidden}, DType::kF32));
+      // Each pair's expert output in the activation dtype (bf16 on a GPU, as a bf16 model's
+      // experts return it); the weighted sum over a token's pairs is float32.
+      DXS_ASSIGN_OR_RETURN(ws.y, backend_->Allocate({n, hidden}));
     }
     if (!ws.offsets.defined()) {
       DXS_ASSIGN_OR_RETURN(ws.offsets, backend_->Allocate({num_experts + 1}, DType::kI32));

@@ -101,7 +101,10 @@ absl::Status CudaBackend::ScaleAddRows(const Tensor& src, const Tensor& scales, 
                                        Tensor* dst) {
   DXS_RETURN_IF_ERROR(CheckDType("scale add rows", scales, DType::kF32, "scales"));
   DXS_RETURN_IF_ERROR(CheckDType("scale add rows", rows, DType::kI32, "rows"));
-  DXS_RETURN_IF_ERROR(CheckDType("scale add rows", src, DType::kF32, "src"));
+  if (src.dtype() != DType::kF32 && src.dtype() != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("scale add rows: src must be f32 or bf16, got ",
+                                                   std::string(DTypeName(src.dtype()))));
+  }
   DXS_RETURN_IF_ERROR(CheckDType("scale add rows", *dst, DType::kF32, "dst"));
   const int64_t n = rows.num_elements(), d = src.row_size();
   if (scales.num_elements() != n || src.rows() < n || dst->row_size() != d) {
@@ -112,9 +115,10 @@ absl::Status CudaBackend::ScaleAddRows(const Tensor& src, const Tensor& scales, 
   DXS_RETURN_IF_ERROR(Enter("scale add rows"));
   const size_t bytes = cuda::ScaleAddRowsWorkspaceBytes(n, dst->rows());
   DXS_ASSIGN_OR_RETURN(Tensor workspace, Workspace(bytes));
-  return CudaStatus(cuda::LaunchScaleAddRows(src.f32(), scales.f32(), rows.i32(), n, d, dst->f32(),
-                                             dst->rows(), workspace.raw(), bytes, stream_),
-                    "scale add rows");
+  return CudaStatus(
+      cuda::LaunchScaleAddRows(src.raw(), ToElemType(src.dtype()), scales.f32(), rows.i32(), n, d,
+                               dst->f32(), dst->rows(), workspace.raw(), bytes, stream_),
+      "scale add rows");
 }
 
 absl::Status CudaBackend::ArgmaxRows(const Tensor& logits, Tensor* ids) {

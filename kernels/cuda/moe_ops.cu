@@ -578,8 +578,9 @@ ScaleAddScratch CarveScaleAdd(Carver& c, const SortShape& s) {
 // Block (d, column chunk): each thread walks destination row d's contributions in
 // ascending i for its columns. Multiply and add are rounded separately, as on the CPU
 // (no contraction into an FMA).
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    ScaleAddRowsKernel(const float* __restrict__ src, const float* __restrict__ scales,
+    ScaleAddRowsKernel(const T* __restrict__ src, const float* __restrict__ scales,
                        const int32_t* __restrict__ order, const int32_t* __restrict__ offsets,
                        int64_t cols, float* __restrict__ dst) {
   const int64_t d = blockIdx.x;
@@ -596,11 +597,11 @@ __global__ void __launch_bounds__(kThreads)
   for (int32_t s = begin; s < end; ++s) {
     const int32_t i = order[s];
     const float w = scales[i];
-    const float* x = src + static_cast<int64_t>(i) * cols;
+    const T* x = src + static_cast<int64_t>(i) * cols;
 #pragma unroll
     for (int c = 0; c < kColsPerThread; ++c) {
       const int64_t col = col0 + c * kThreads;
-      if (col < cols) sum[c] = __fadd_rn(sum[c], __fmul_rn(w, x[col]));
+      if (col < cols) sum[c] = __fadd_rn(sum[c], __fmul_rn(w, ToFloat(x[col])));
     }
   }
 #pragma unroll
@@ -743,11 +744,13 @@ cudaError_t LaunchCombineRows(const void* recv, ElemType recv_type, const int32_
   });
 }
 
-cudaError_t LaunchScaleAddRows(const float* src, const float* scales, const int32_t* rows,
-                               int64_t n, int64_t cols, float* dst, int64_t dst_rows,
-                               void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+cudaError_t LaunchScaleAddRows(const void* src, ElemType src_type, const float* scales,
+                               const int32_t* rows, int64_t n, int64_t cols, float* dst,
+                               int64_t dst_rows, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream) {
   if (n < 0 || n > INT_MAX || cols < 0 || dst_rows < 0 || dst_rows >= INT_MAX ||
-      CeilDiv(cols, kColsPerBlock) > kMaxGridY) {
+      CeilDiv(cols, kColsPerBlock) > kMaxGridY ||
+      (src_type != ElemType::kF32 && src_type != ElemType::kBF16)) {
     return cudaErrorInvalidValue;
   }
   if (n == 0 || cols == 0) return cudaSuccess;
@@ -763,7 +766,13 @@ cudaError_t LaunchScaleAddRows(const float* src, const float* scales, const int3
   DXS_CUDA_RETURN_IF_ERROR(SortByKey(rows, s, w.sort, w.order, w.offsets, {}, stream));
   const dim3 grid(static_cast<unsigned>(dst_rows),
                   static_cast<unsigned>(CeilDiv(cols, kColsPerBlock)));
-  ScaleAddRowsKernel<<<grid, kThreads, 0, stream>>>(src, scales, w.order, w.offsets, cols, dst);
+  if (src_type == ElemType::kBF16) {
+    ScaleAddRowsKernel<<<grid, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(src),
+                                                      scales, w.order, w.offsets, cols, dst);
+  } else {
+    ScaleAddRowsKernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(src), scales,
+                                                      w.order, w.offsets, cols, dst);
+  }
   return cudaGetLastError();
 }
 

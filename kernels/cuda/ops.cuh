@@ -159,10 +159,12 @@ cudaError_t LaunchCombineRows(const void* recv, ElemType recv_type, const int32_
                               const int64_t* rank_offsets, int64_t num_ranks, int64_t num_tokens,
                               int64_t hidden, void* out, ElemType out_type, cudaStream_t stream);
 // dst[rows[i]] += scales[i] * src[i] for i < n in order of i (per destination row, the
-// contributions are added in ascending i). src and dst f32 rows of `cols`.
-cudaError_t LaunchScaleAddRows(const float* src, const float* scales, const int32_t* rows,
-                               int64_t n, int64_t cols, float* dst, int64_t dst_rows,
-                               void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// contributions are added in ascending i). src rows of `cols` in f32 or bf16 (widened
+// exactly), dst f32.
+cudaError_t LaunchScaleAddRows(const void* src, ElemType src_type, const float* scales,
+                               const int32_t* rows, int64_t n, int64_t cols, float* dst,
+                               int64_t dst_rows, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream);
 
 // ---- sampling.cu ----
 

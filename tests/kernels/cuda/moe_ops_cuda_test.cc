@@ -60,9 +60,11 @@ TEST(MoeOpsCudaGuard, ZeroWorkWithNullPointersIsOkWithoutLaunching) {
   EXPECT_EQ(LaunchCombineRows(nullptr, ElemType::kF32, nullptr, nullptr, 4, 16, 0, nullptr,
                               ElemType::kF32, nullptr),
             cudaSuccess);
-  EXPECT_EQ(LaunchScaleAddRows(nullptr, nullptr, nullptr, 0, 64, nullptr, 16, nullptr, 0, nullptr),
+  EXPECT_EQ(LaunchScaleAddRows(nullptr, ElemType::kF32, nullptr, nullptr, 0, 64, nullptr, 16,
+                               nullptr, 0, nullptr),
             cudaSuccess);
-  EXPECT_EQ(LaunchScaleAddRows(nullptr, nullptr, nullptr, 5, 0, nullptr, 16, nullptr, 0, nullptr),
+  EXPECT_EQ(LaunchScaleAddRows(nullptr, ElemType::kF32, nullptr, nullptr, 5, 0, nullptr, 16,
+                               nullptr, 0, nullptr),
             cudaSuccess);
 }
 
@@ -215,7 +217,8 @@ TEST(MoeOpsCudaGuard, ScaleAddRowsRejectsBadArguments) {
   void* ws = Fake<void>(5);
   const size_t bytes = ScaleAddRowsWorkspaceBytes(100, 16);
   auto launch = [&](int64_t n, int64_t cols, int64_t dst_rows, size_t ws_bytes) {
-    return LaunchScaleAddRows(src, scales, rows, n, cols, dst, dst_rows, ws, ws_bytes, nullptr);
+    return LaunchScaleAddRows(src, ElemType::kF32, scales, rows, n, cols, dst, dst_rows, ws,
+                              ws_bytes, nullptr);
   };
   EXPECT_EQ(launch(-1, 64, 16, bytes), cudaErrorInvalidValue);
   EXPECT_EQ(launch(100, -1, 16, bytes), cudaErrorInvalidValue);
@@ -224,15 +227,20 @@ TEST(MoeOpsCudaGuard, ScaleAddRowsRejectsBadArguments) {
   EXPECT_EQ(launch(100, 64, 16, bytes - 1), cudaErrorInvalidValue);
   EXPECT_EQ(launch(100, 64, 16, 0), cudaErrorInvalidValue);
   EXPECT_EQ(launch(100, 64, 70000, bytes), cudaErrorInvalidValue);  // needs more scratch
-  EXPECT_EQ(LaunchScaleAddRows(nullptr, scales, rows, 100, 64, dst, 16, ws, bytes, nullptr),
+  EXPECT_EQ(LaunchScaleAddRows(nullptr, ElemType::kF32, scales, rows, 100, 64, dst, 16, ws, bytes,
+                               nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(LaunchScaleAddRows(src, nullptr, rows, 100, 64, dst, 16, ws, bytes, nullptr),
+  EXPECT_EQ(
+      LaunchScaleAddRows(src, ElemType::kF32, nullptr, rows, 100, 64, dst, 16, ws, bytes, nullptr),
+      cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchScaleAddRows(src, ElemType::kF32, scales, nullptr, 100, 64, dst, 16, ws, bytes,
+                               nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(LaunchScaleAddRows(src, scales, nullptr, 100, 64, dst, 16, ws, bytes, nullptr),
+  EXPECT_EQ(LaunchScaleAddRows(src, ElemType::kF32, scales, rows, 100, 64, nullptr, 16, ws, bytes,
+                               nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(LaunchScaleAddRows(src, scales, rows, 100, 64, nullptr, 16, ws, bytes, nullptr),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(LaunchScaleAddRows(src, scales, rows, 100, 64, dst, 16, nullptr, bytes, nullptr),
+  EXPECT_EQ(LaunchScaleAddRows(src, ElemType::kF32, scales, rows, 100, 64, dst, 16, nullptr, bytes,
+                               nullptr),
             cudaErrorInvalidValue);
 }
 
@@ -763,7 +771,7 @@ TEST(MoeOpsCudaCombineRows, NarrowTypes) {
 // ---- Scale-add ----
 
 void ExpectScaleAddMatchesCpu(const std::vector<int32_t>& rows, int64_t cols, int64_t dst_rows,
-                              uint32_t seed) {
+                              uint32_t seed, bool bf16_src = false) {
   const int64_t n = static_cast<int64_t>(rows.size());
   std::mt19937 rng(seed);
   std::normal_distribution<float> value(0.f, 1.f);
@@ -772,6 +780,14 @@ void ExpectScaleAddMatchesCpu(const std::vector<int32_t>& rows, int64_t cols, in
   for (float& x : src) x = value(rng);
   for (float& x : scales) x = value(rng);
   for (float& x : dst) x = value(rng);
+  // A bf16 src (the expert outputs on a GPU): the CPU adds the same values, widened.
+  std::vector<uint16_t> src_bf16;
+  if (bf16_src) {
+    for (float& x : src) {
+      src_bf16.push_back(FloatToBf16(x));
+      x = Bf16ToFloat(src_bf16.back());
+    }
+  }
 
   Backend& cpu = Cpu();
   ASSIGN_OR_FAIL(Tensor c_src, cpu.Upload(src, {n, cols}));
@@ -782,15 +798,19 @@ void ExpectScaleAddMatchesCpu(const std::vector<int32_t>& rows, int64_t cols, in
   ASSIGN_OR_FAIL(std::vector<float> want, cpu.Download(c_dst));
 
   DeviceBuffer<float> d_src(src), d_scales(scales), d_dst(dst);
+  DeviceBuffer<uint16_t> d_src_bf16(src_bf16);
   DeviceBuffer<int32_t> d_rows(rows);
   const size_t ws_bytes = ScaleAddRowsWorkspaceBytes(n, dst_rows);
   DeviceBuffer<uint8_t> ws(ws_bytes);
   for (auto* b : {&d_src, &d_scales, &d_dst}) ASSERT_CUDA_OK(b->status());
+  ASSERT_CUDA_OK(d_src_bf16.status());
   ASSERT_CUDA_OK(d_rows.status());
   ASSERT_CUDA_OK(ws.status());
   ASSERT_CUDA_OK(ws.Poison());
-  ASSERT_CUDA_OK(LaunchScaleAddRows(d_src.get(), d_scales.get(), d_rows.get(), n, cols, d_dst.get(),
-                                    dst_rows, ws.get(), ws_bytes, nullptr));
+  ASSERT_CUDA_OK(
+      LaunchScaleAddRows(bf16_src ? static_cast<const void*>(d_src_bf16.get()) : d_src.get(),
+                         bf16_src ? ElemType::kBF16 : ElemType::kF32, d_scales.get(), d_rows.get(),
+                         n, cols, d_dst.get(), dst_rows, ws.get(), ws_bytes, nullptr));
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> got;
   ASSERT_CUDA_OK(d_dst.Download(&got));
@@ -819,6 +839,8 @@ TEST(MoeOpsCudaScaleAddRows, RandomRowsMatchCpuBitForBit) {
     SCOPED_TRACE(::testing::Message() << c.n << " rows of " << c.cols << " into " << c.dst_rows);
     const std::vector<int32_t> rows = RandomExperts(c.n, c.dst_rows, static_cast<uint32_t>(c.n));
     ExpectScaleAddMatchesCpu(rows, c.cols, c.dst_rows, static_cast<uint32_t>(c.n + c.cols));
+    ExpectScaleAddMatchesCpu(rows, c.cols, c.dst_rows, static_cast<uint32_t>(c.n + c.cols),
+                             /*bf16_src=*/true);
   }
 }
 
