@@ -7,7 +7,7 @@ build=${DXS_BUILD_DIR:-build}
 bins=()
 for t in topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
          grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test gpu_bench \
-         libdxs_cuda.so; do
+         nccl_transport_test libdxs_cuda.so; do
   [ -e "$build/bin/$t" ] && bins+=("$build/bin/$t")
 done
 rm -rf .device

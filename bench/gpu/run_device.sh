@@ -17,7 +17,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv >
 summary=()
 if [ "$what" != bench ]; then
   for t in topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
-           grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test; do
+           grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test \
+           nccl_transport_test; do
     [ -x ".device/bin/$t" ] || { summary+=("$t: not built"); continue; }
     timeout 300 ".device/bin/$t" >"$OUT/$t.log" 2>&1
     rc=$?
