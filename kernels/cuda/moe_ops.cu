@@ -39,6 +39,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/cuda/elem_type.cuh"
+#include "kernels/cuda/carver.cuh"
 #include "kernels/cuda/ops.cuh"
 
 namespace dxs::cuda {
@@ -68,23 +69,6 @@ static_assert(1 << kMaxDigitBits <= kThreads, "a thread counts each bucket of it
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Carves 256-byte-aligned arrays out of a workspace. The same calls with a null base size
-// it, so WorkspaceBytes and the launchers cannot disagree.
-class Carver {
- public:
-  explicit Carver(void* base) : base_(static_cast<char*>(base)) {}
-  template <typename T>
-  T* Take(int64_t count) {
-    T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + used_);
-    used_ += (static_cast<size_t>(count) * sizeof(T) + 255) / 256 * 256;
-    return p;
-  }
-  size_t used() const { return used_; }
-
- private:
-  char* base_;
-  size_t used_ = 0;
-};
 
 // ---- Exclusive prefix sum of i32 ----
 

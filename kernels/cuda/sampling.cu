@@ -26,6 +26,7 @@
 #include <cub/device/device_segmented_radix_sort.cuh>
 
 #include "common/splitmix64.h"
+#include "kernels/cuda/carver.cuh"
 #include "kernels/cuda/ops.cuh"
 
 namespace dxs::cuda {
@@ -290,22 +291,6 @@ cudaError_t SortTempBytes(int64_t rows, int64_t vocab, size_t* bytes) {
       static_cast<int*>(nullptr), static_cast<int*>(nullptr));
 }
 
-// Carves 256-byte-aligned arrays out of a workspace (sized with a null base).
-class Carver {
- public:
-  explicit Carver(void* base) : base_(static_cast<char*>(base)) {}
-  template <typename T>
-  T* Take(int64_t count) {
-    T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + used_);
-    used_ += (static_cast<size_t>(count) * sizeof(T) + 255) / 256 * 256;
-    return p;
-  }
-  size_t used() const { return used_; }
-
- private:
-  char* base_;
-  size_t used_ = 0;
-};
 
 struct SampleScratch {
   float* keys[2];
