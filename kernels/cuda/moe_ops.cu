@@ -38,8 +38,8 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/carver.cuh"
+#include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/ops.cuh"
 
 namespace dxs::cuda {
@@ -68,7 +68,6 @@ constexpr int32_t kSmallSortMaxBuckets = 4096;  // num_keys + 1, in shared memor
 static_assert(1 << kMaxDigitBits <= kThreads, "a thread counts each bucket of its tile");
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 
 // ---- Exclusive prefix sum of i32 ----
 

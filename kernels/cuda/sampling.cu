@@ -291,7 +291,6 @@ cudaError_t SortTempBytes(int64_t rows, int64_t vocab, size_t* bytes) {
       static_cast<int*>(nullptr), static_cast<int*>(nullptr));
 }
 
-
 struct SampleScratch {
   float* keys[2];
   int32_t* ids[2];
