@@ -105,13 +105,29 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   int64_t my_tokens = 0;
   for (const SequenceChunk& c : chunks) my_tokens += static_cast<int64_t>(c.tokens.size());
   absl::StatusOr<StepPlan> plan = ExchangeStep(my_tokens);
-  absl::StatusOr<std::vector<float>> logits = absl::UnknownError("no forward pass");
+  // The step's outcome: logits on the host where a request gets its first token (its sink
+  // receives the row), else only the tokens the backend sampled (SampleStepOnBackend).
+  absl::Status outcome = absl::UnknownError("no forward pass");
+  std::vector<float> host_logits;
+  std::vector<int32_t> sampled;
+  const bool host_sampling = scheduler_->StepNeedsHostLogits();
   if (plan.ok()) {
     moe_->set_step(step_);
     absl::StatusOr<Tensor> out = model_->Forward(chunks, kv_, plan->num_micro_batches);
-    logits = out.ok() ? model_->backend()->Download(*out) : out.status();
+    if (!out.ok()) {
+      outcome = out.status();
+    } else if (host_sampling) {
+      absl::StatusOr<std::vector<float>> h = model_->backend()->Download(*out);
+      outcome = h.status();
+      if (h.ok()) host_logits = *std::move(h);
+    } else {
+      absl::StatusOr<std::vector<int32_t>> t =
+          SampleStepOnBackend(model_->backend(), *out, *scheduler_);
+      outcome = t.status();
+      if (t.ok()) sampled = *std::move(t);
+    }
   } else {
-    logits = plan.status();
+    outcome = plan.status();
   }
   ++step_;
   counters_.next_step = step_;
@@ -123,20 +139,24 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   auto report = [&] {
     if (metrics_ == nullptr) return;
     metrics_->OnStep(
-        my_tokens, !logits.ok(), plan.ok() ? plan->num_micro_batches : 1,
+        my_tokens, !outcome.ok(), plan.ok() ? plan->num_micro_batches : 1,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
   };
-  if (!logits.ok()) {
+  if (!outcome.ok()) {
     ++counters_.failed_steps;
-    const absl::Status failure = absl::UnavailableError(absl::StrCat(
-        "step ", step_ - 1, " failed on DP rank ", dp_rank_, ": ", logits.status().message()));
+    const absl::Status failure = absl::UnavailableError(
+        absl::StrCat("step ", step_ - 1, " failed on DP rank ", dp_rank_, ": ", outcome.message()));
     std::cerr << "attention rank " << dp_rank_ << ": " << failure << "\n";
     scheduler_->FailAll(failure);
     report();
     if (on_step_end_) on_step_end_();
     return true;
   }
-  scheduler_->FinishStep(*logits);
+  if (host_sampling) {
+    scheduler_->FinishStep(host_logits);
+  } else {
+    scheduler_->FinishStepWithTokens(sampled);
+  }
   report();
   if (on_step_end_) on_step_end_();
   return true;

@@ -48,24 +48,6 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(const ModelConf
   return e;
 }
 
-absl::Status LocalEngine::SampleOnBackend(const Tensor& logits, Scheduler* scheduler) {
-  const std::vector<SamplingRow> rows = scheduler->StepSamplingRows();
-  const bool greedy = std::all_of(rows.begin(), rows.end(),
-                                  [](const SamplingRow& r) { return r.temperature == 0.f; });
-  DXS_ASSIGN_OR_RETURN(Tensor ids, backend_->Allocate({logits.rows()}, DType::kI32));
-  if (greedy) {
-    DXS_RETURN_IF_ERROR(backend_->ArgmaxRows(logits, &ids));
-  } else {
-    const int64_t n = static_cast<int64_t>(rows.size());
-    DXS_ASSIGN_OR_RETURN(Tensor params, backend_->Allocate({n, kSamplingRowWords}, DType::kI64));
-    DXS_RETURN_IF_ERROR(backend_->CopyFromHost(rows.data(), DType::kI64, &params));
-    DXS_RETURN_IF_ERROR(backend_->SampleRows(logits, params, &ids));
-  }
-  DXS_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, backend_->DownloadIndices(ids));
-  scheduler->FinishStepWithTokens(tokens);
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
     const std::vector<GenerationRequest>& requests) {
   // All-or-nothing: a bad request fails the batch before any work.
@@ -101,11 +83,13 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
     // ids come back instead of [rows, vocab] floats (39 MB a step at batch 64 on Qwen3's
     // vocab). The CPU takes the same path, so its tests cover it.
     if (!scheduler.StepNeedsHostLogits()) {
-      absl::Status s = SampleOnBackend(*logits, &scheduler);
-      if (!s.ok()) {
-        scheduler.FailAll(s);
-        return s;
+      absl::StatusOr<std::vector<int32_t>> tokens =
+          SampleStepOnBackend(backend_.get(), *logits, scheduler);
+      if (!tokens.ok()) {
+        scheduler.FailAll(tokens.status());
+        return tokens.status();
       }
+      scheduler.FinishStepWithTokens(*tokens);
       continue;
     }
     absl::StatusOr<std::vector<float>> host = backend_->Download(*logits);

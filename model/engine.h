@@ -66,9 +66,6 @@ class LocalEngine {
 
  private:
   LocalEngine() = default;
-  // The step's tokens sampled on the backend, then FinishStepWithTokens: ArgmaxRows when
-  // every row is greedy (no parameters to upload), else SampleRows.
-  absl::Status SampleOnBackend(const Tensor& logits, Scheduler* scheduler);
   static absl::StatusOr<std::unique_ptr<LocalEngine>> Create(const ModelConfig& config,
                                                              const WeightSource& weights,
                                                              const EngineOptions& options);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace dxs {
 
@@ -236,6 +237,23 @@ void Scheduler::FailAll(const absl::Status& status) {
   step_owners_.clear();
   absl::MutexLock lock(&mu_);
   num_running_ = 0;
+}
+
+absl::StatusOr<std::vector<int32_t>> SampleStepOnBackend(Backend* backend, const Tensor& logits,
+                                                         const Scheduler& scheduler) {
+  const std::vector<SamplingRow> rows = scheduler.StepSamplingRows();
+  const bool greedy = std::all_of(rows.begin(), rows.end(),
+                                  [](const SamplingRow& r) { return r.temperature == 0.f; });
+  DXS_ASSIGN_OR_RETURN(Tensor ids, backend->Allocate({logits.rows()}, DType::kI32));
+  if (greedy) {
+    DXS_RETURN_IF_ERROR(backend->ArgmaxRows(logits, &ids));
+  } else {
+    const int64_t n = static_cast<int64_t>(rows.size());
+    DXS_ASSIGN_OR_RETURN(Tensor params, backend->Allocate({n, kSamplingRowWords}, DType::kI64));
+    DXS_RETURN_IF_ERROR(backend->CopyFromHost(rows.data(), DType::kI64, &params));
+    DXS_RETURN_IF_ERROR(backend->SampleRows(logits, params, &ids));
+  }
+  return backend->DownloadIndices(ids);
 }
 
 }  // namespace dxs

@@ -20,8 +20,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/model_config.h"
+#include "kernels/backend.h"
 #include "kernels/tensor.h"
 #include "model/kv_cache.h"
 #include "model/qwen3_moe.h"
@@ -121,5 +123,13 @@ class Scheduler {
   size_t num_running_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<size_t> step_owners_;
 };
+
+// The step's tokens sampled on `backend` from its logits [rows, vocab] (for a step where
+// !scheduler.StepNeedsHostLogits()), for FinishStepWithTokens: ArgmaxRows when every row is
+// greedy (no parameters to upload), else SampleRows with StepSamplingRows. Only the ids
+// cross to the host. The single-process engine and the attention worker's step loop both
+// finish their steps with it.
+absl::StatusOr<std::vector<int32_t>> SampleStepOnBackend(Backend* backend, const Tensor& logits,
+                                                         const Scheduler& scheduler);
 
 }  // namespace dxs
