@@ -77,6 +77,9 @@ struct PagedAttentionMeta {
   const int32_t* host_query_start = nullptr;
   const int32_t* host_context_lens = nullptr;
   std::shared_ptr<const void> host_lens_owner;  // keeps them alive where nothing else does
+  // A padded decode step (Qwen3MoeModel::ForwardDecode), recorded into a graph or not: a
+  // backend computes it the same way either way, so replays equal eager runs bit for bit.
+  bool padded_decode = false;
 };
 
 // Where each EP rank's tokens and routed pairs are (DeepEP's dispatch layout plus the

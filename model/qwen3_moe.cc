@@ -161,6 +161,7 @@ absl::StatusOr<Tensor> Qwen3MoeModel::DecodeBody(const Buffer& staging, int64_t 
   const uint8_t* base = static_cast<const uint8_t*>(staging.data());
   a.host_query_start = reinterpret_cast<const int32_t*>(base + at.query_start);
   a.host_context_lens = reinterpret_cast<const int32_t*>(base + at.context_lens);
+  a.padded_decode = true;
   DXS_ASSIGN_OR_RETURN(mb.hidden, backend_->Allocate({batch, config_.hidden_size}, DType::kF32));
   DXS_RETURN_IF_ERROR(backend_->Embedding(w_.embed_tokens, token_ids, &mb.hidden));
   for (int l = 0; l < config_.num_hidden_layers; ++l) {

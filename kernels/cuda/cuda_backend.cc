@@ -719,9 +719,11 @@ absl::Status CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
         });
       }
     } else {
+      // A padded decode step run eagerly plans as its graph would: the same bits.
       e = cuda::LaunchFlashInferAttention(flashinfer_.get(), q.raw(), k_cache.raw(), v_cache.raw(),
                                           args, meta.host_query_start, meta.host_context_lens,
-                                          scale, out->raw(), stream_);
+                                          scale, out->raw(), stream_,
+                                          /*graph_plan=*/meta.padded_decode);
     }
     if (e == cudaSuccess) return absl::OkStatus();
     return absl::InternalError(absl::StrCat(
@@ -747,10 +749,11 @@ bool CudaBackend::UseFlashInfer(const Tensor& q, const Tensor& k_cache,
                                 const PagedAttentionMeta& meta, const Tensor& out) const {
 #if DXS_HAVE_FLASHINFER
   if (attention_choice_ == AttentionChoice::kDxs) return false;
-  // auto: an eager decode step (one query per sequence) is bound by the host's launches,
-  // and ours launches fewer kernels (no page-list compaction): ours there.
+  // auto: an eager decode step (one query per sequence) outside ForwardDecode is bound by
+  // the host's launches, and ours launches fewer kernels (no page-list compaction): ours
+  // there. ForwardDecode's padded steps take FlashInfer's graph plan, recorded or not.
   if (attention_choice_ == AttentionChoice::kAuto && !recording_.load() &&
-      meta.max_query_len <= 1) {
+      meta.max_query_len <= 1 && !meta.padded_decode) {
     return false;
   }
   return meta.host_query_start != nullptr && meta.host_context_lens != nullptr &&

@@ -34,6 +34,8 @@ constexpr int kHeadDim = 128;
 // FlashInfer's own default workspaces (the Python wrappers' 128 MB float, 8 MB int).
 constexpr size_t kFloatWorkspaceBytes = size_t{128} << 20;
 constexpr size_t kIntWorkspaceBytes = size_t{8} << 20;
+// A graph plan (a decode step's, up to 256 sequences) is a few KB.
+constexpr size_t kGraphPlanBytes = size_t{1} << 20;
 
 using Params =
     flashinfer::BatchPrefillPagedParams<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, int32_t>;
@@ -74,6 +76,7 @@ struct PlanState {
 struct FlashInferAttention {
   void* float_workspace = nullptr;  // split-KV partials, shared by every plan
   PlanState eager;                  // the eager calls' plan
+  PlanState eager_graph;            // theirs with graph_plan: a graph's launch shape
   int32_t* indices = nullptr;       // the eager calls' compacted page list
   int64_t indices_capacity = 0;
   cudaEvent_t plan_copied = nullptr;  // the eager plan's copy out of its pinned buffer ran
@@ -117,6 +120,8 @@ cudaError_t EnsureBuffers(FlashInferAttention* fi) {
   cudaError_t e = cudaMalloc(&fi->float_workspace, kFloatWorkspaceBytes);
   if (e != cudaSuccess) return Fail(&fi->last_error, "flashinfer attention: workspace", e);
   e = AllocatePlanBuffers(&fi->eager, kIntWorkspaceBytes, &fi->last_error);
+  fi->eager_graph.for_graph = true;
+  if (e == cudaSuccess) e = AllocatePlanBuffers(&fi->eager_graph, kGraphPlanBytes, &fi->last_error);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&fi->plan_copied, cudaEventDisableTiming);
   return e == cudaSuccess ? e : Fail(&fi->last_error, "flashinfer attention: buffers", e);
 }
@@ -289,6 +294,7 @@ void DestroyFlashInferAttention(FlashInferAttention* fi) {
   if (fi->plan_copied != nullptr) cudaEventSynchronize(fi->plan_copied);
   cudaFree(fi->float_workspace);
   FreePlanBuffers(&fi->eager);
+  FreePlanBuffers(&fi->eager_graph);
   cudaFree(fi->indices);
   if (fi->plan_copied != nullptr) cudaEventDestroy(fi->plan_copied);
   delete fi;
@@ -309,35 +315,36 @@ cudaError_t LaunchFlashInferAttention(FlashInferAttention* fi, const void* q, co
                                       const void* v_cache, const PagedAttentionArgs& args,
                                       const int32_t* host_query_start,
                                       const int32_t* host_context_lens, float scale, void* out,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, bool graph_plan) {
   if (fi == nullptr || !ArgsOk(args, host_query_start, host_context_lens)) {
     return cudaErrorInvalidValue;
   }
   if (args.num_tokens == 0 || args.num_seqs == 0) return cudaSuccess;
   cudaError_t e = EnsureBuffers(fi);
   if (e != cudaSuccess) return e;
-  if (!SameLengths(fi->eager, args, host_query_start, host_context_lens)) {
+  PlanState& plan = graph_plan ? fi->eager_graph : fi->eager;
+  if (!SameLengths(plan, args, host_query_start, host_context_lens)) {
     // The previous plan's copy must have left the pinned buffer before it is rewritten.
     e = cudaEventSynchronize(fi->plan_copied);
     if (e != cudaSuccess) return Fail(&fi->last_error, "flashinfer attention: plan event", e);
-    e = MakePlan(&fi->eager, fi->float_workspace, args, host_query_start, host_context_lens, stream,
+    e = MakePlan(&plan, fi->float_workspace, args, host_query_start, host_context_lens, stream,
                  &fi->last_error);
     if (e == cudaSuccess) e = cudaEventRecord(fi->plan_copied, stream);
     if (e != cudaSuccess) return e;
   }
-  if (fi->eager.total_pages > fi->indices_capacity) {
+  if (plan.total_pages > fi->indices_capacity) {
     // Earlier kernels may still read the old list: the list grows rarely, so wait.
     cudaStreamSynchronize(stream);
     cudaFree(fi->indices);
     fi->indices = nullptr;
-    const int64_t capacity = std::max<int64_t>(fi->eager.total_pages * 2, 1024);
+    const int64_t capacity = std::max<int64_t>(plan.total_pages * 2, 1024);
     e = cudaMalloc(&fi->indices, capacity * sizeof(int32_t));
     if (e != cudaSuccess) return Fail(&fi->last_error, "flashinfer attention: page list", e);
     fi->indices_capacity = capacity;
   }
   // The table is compacted on every call: the same lengths may come with another table.
-  return RunPlanned(fi->eager, fi->float_workspace, fi->indices, q, k_cache, v_cache, args, scale,
-                    out, /*compact=*/true, stream, &fi->last_error);
+  return RunPlanned(plan, fi->float_workspace, fi->indices, q, k_cache, v_cache, args, scale, out,
+                    /*compact=*/true, stream, &fi->last_error);
 }
 
 cudaError_t RecordFlashInferAttention(FlashInferAttention* fi, FlashInferGraphPlan** plan,
@@ -370,8 +377,7 @@ cudaError_t RecordFlashInferAttention(FlashInferAttention* fi, FlashInferGraphPl
     gp->args = args;
     gp->float_workspace = fi->float_workspace;
     gp->plan.for_graph = true;
-    // A decode step's plan is a few KB; this covers 256 sequences with room to spare.
-    e = AllocatePlanBuffers(&gp->plan, size_t{1} << 20, &fi->last_error);
+    e = AllocatePlanBuffers(&gp->plan, kGraphPlanBytes, &fi->last_error);
     if (e == cudaSuccess) {
       e = cudaMalloc(&gp->indices, std::max<int64_t>(args.num_seqs * args.max_blocks_per_seq, 1) *
                                        sizeof(int32_t));

@@ -28,12 +28,14 @@ bool FlashInferAttentionSupports(ElemType q_type, ElemType cache_type, ElemType 
 // LaunchPagedAttention's contract (ops.cuh), with the sequences' query starts
 // [num_seqs + 1] and context lengths [num_seqs] also on the host: every sequence has a
 // context of at least its queries. The plan is made again only when those change. It may
-// wait for the previous plan's host-to-device copy (never for kernels).
+// wait for the previous plan's host-to-device copy (never for kernels). With graph_plan,
+// the plan is FlashInfer's CUDA-graph plan (below) made eagerly: a padded decode step run
+// without a graph then sums in the very order its recorded replays do.
 cudaError_t LaunchFlashInferAttention(FlashInferAttention* fi, const void* q, const void* k_cache,
                                       const void* v_cache, const PagedAttentionArgs& args,
                                       const int32_t* host_query_start,
                                       const int32_t* host_context_lens, float scale, void* out,
-                                      cudaStream_t stream);
+                                      cudaStream_t stream, bool graph_plan = false);
 
 // ---- In CUDA graphs ----
 // A plan recorded into a graph: FlashInfer's CUDA-graph plan (a launch shape fixed by the

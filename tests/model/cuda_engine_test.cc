@@ -183,10 +183,21 @@ INSTANTIATE_TEST_SUITE_P(Presets, CudaEngineTest,
 // Decode steps replayed from CUDA graphs equal the same padded steps run eagerly, bit for
 // bit, across buckets (3 and 5 sequences pad to 4 and 8) and as contexts grow; the KV
 // caches written both ways stay equal, so every later step compares like with like.
-TEST(CudaGraphs, ReplayEqualsEagerExecutionBitForBit) {
-  if (!MakeBackend("cuda").ok()) GTEST_SKIP() << "no GPU here";
-  TempDir tmp;
-  const std::string dir = testing::WritePreset(tmp, "odd");
+// The default preset with Qwen3-30B-A3B's attention shape (head_dim 128, GQA 4).
+std::string WriteHeadDim128(const TempDir& tmp) {
+  absl::StatusOr<CheckpointPreset> preset = GetPreset("default");
+  EXPECT_TRUE(preset.ok());
+  preset->config.head_dim = 128;
+  preset->config.num_attention_heads = 8;
+  preset->config.num_key_value_heads = 2;
+  const std::string out = tmp.path() + "/default-d128";
+  EXPECT_TRUE(WriteRandomCheckpoint(*preset, out).ok());
+  return out;
+}
+
+// Decode steps of `dir`'s model replayed from graphs against the same padded steps run
+// eagerly (see ReplayEqualsEagerExecutionBitForBit).
+void ReplayEqualsEager(const std::string& dir) {
   EngineOptions options;
   options.device = "cuda";
   auto graphed = LocalEngine::Load(dir, options);
@@ -223,6 +234,17 @@ TEST(CudaGraphs, ReplayEqualsEagerExecutionBitForBit) {
   }
   EXPECT_EQ((*graphed)->model().num_graphs(), 2u);  // one per bucket
   EXPECT_EQ((*eager)->model().num_graphs(), 0u);
+}
+
+TEST(CudaGraphs, ReplayEqualsEagerExecutionBitForBit) {
+  if (!MakeBackend("cuda").ok()) GTEST_SKIP() << "no GPU here";
+  TempDir tmp;
+  // The odd preset (head_dim 24: dxs's own attention kernel), and the default preset with
+  // Qwen3's head_dim 128 and GQA 4 (FlashInfer's, with its graph plan recorded or not).
+  for (const std::string& dir : {testing::WritePreset(tmp, "odd"), WriteHeadDim128(tmp)}) {
+    SCOPED_TRACE(dir);
+    ReplayEqualsEager(dir);
+  }
 }
 
 // Graphs on and off give the same greedy tokens through the engine.
