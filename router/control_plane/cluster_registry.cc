@@ -461,6 +461,14 @@ v1::ExpertPlacement ClusterRegistry::BuildPlacementLocked() const {
       placement.mutable_expert_to_rank(e)->add_ep_ranks(static_cast<uint32_t>(r));
     }
   }
+  // The primary first: the rank whose contiguous block holds the expert, if it holds it
+  // (one rank per expert without replicas: nothing moves).
+  for (int e = 0; e < options_.num_experts; ++e) {
+    auto* ranks = placement.mutable_expert_to_rank(e)->mutable_ep_ranks();
+    const uint32_t home = static_cast<uint32_t>(default_placement_.owner(e));
+    auto it = std::find(ranks->begin(), ranks->end(), home);
+    if (it != ranks->end()) std::rotate(ranks->begin(), it, it + 1);
+  }
   return placement;
 }
 

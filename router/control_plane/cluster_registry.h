@@ -17,9 +17,10 @@
 //    replicas Placement::WithRedundantExperts places on rank r. Without redundant experts
 //    live claims never overlap; with them, overlapping claims are replicas. The
 //    registration that would make all N expert ranks live must leave no expert unclaimed.
-//    The published ExpertPlacement lists, per expert, the live ranks that claimed it in
-//    ascending order (the first is the primary; empty ep_ranks while unclaimed); its
-//    version increases whenever that map changes.
+//    The published ExpertPlacement lists, per expert, the live ranks that claimed it: the
+//    primary first (the rank of the expert's contiguous block when it holds it), then
+//    ascending (empty ep_ranks while unclaimed); its version increases whenever that map
+//    changes. The dispatch engine's replica choice does not depend on this order.
 //  - Lease: a worker silent (no Heartbeat) for longer than lease_timeout is marked
 //    WORKER_STATE_DEAD. It stays in the view so peers see the rank is down, but it holds
 //    nothing: its rank and its experts are free for the next registration, from any

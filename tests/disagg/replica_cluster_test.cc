@@ -93,6 +93,17 @@ TEST(ReplicaCluster, EveryExpertOnBothRanks) {
     }
     EXPECT_GT(replica_rows, 0) << "EP rank " << rank;
   }
+  // The router's view: 16 copies on each rank, 8 of them replicas.
+  absl::StatusOr<std::string> text = testing::Scrape(cluster.router_metrics_address());
+  ASSERT_TRUE(text.ok()) << text.status();
+  const std::map<std::string, double> router = testing::ParseSamples(*text);
+  for (const char* rank : {"0", "1"}) {
+    EXPECT_EQ(testing::Value(router, absl::StrCat(R"(dxs_placement_experts{rank=")", rank, "\"}")),
+              16);
+    EXPECT_EQ(testing::Value(router, absl::StrCat(R"(dxs_placement_replicas{rank=")", rank, "\"}")),
+              8);
+  }
+  EXPECT_GT(testing::Value(router, "dxs_placement_version"), 0);
 }
 
 // Uneven: 12 experts on 3 ranks with 5 redundant slots (some experts have two copies,
@@ -109,6 +120,11 @@ TEST(ReplicaCluster, UnevenRedundantSlots) {
   size_t slots = 0;
   for (int rank = 0; rank < 3; ++rank) slots += ExpertTokens(cluster, rank).size();
   EXPECT_EQ(slots, 12u + 5u);
+  absl::StatusOr<std::string> text = testing::Scrape(cluster.router_metrics_address());
+  ASSERT_TRUE(text.ok()) << text.status();
+  const std::map<std::string, double> router = testing::ParseSamples(*text);
+  EXPECT_EQ(testing::SumOf(router, "dxs_placement_experts"), 17);
+  EXPECT_EQ(testing::SumOf(router, "dxs_placement_replicas"), 5);
 }
 
 // More redundant slots than the ranks can hold: the router refuses to start.

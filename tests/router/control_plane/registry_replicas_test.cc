@@ -58,9 +58,11 @@ TEST(RegistryReplicasTest, DefaultClaimsFollowTheRedundantPlacement) {
     const std::vector<std::vector<int>> got = Replicas(p);
     ASSERT_EQ(static_cast<int>(got.size()), e) << what;
     for (int x = 0; x < e; ++x) {
+      // The primary (its contiguous block's rank) first, then the others ascending.
       std::vector<int> expect = want.replicas(x);
-      std::sort(expect.begin(), expect.end());  // the view lists ranks ascending
+      std::sort(expect.begin() + 1, expect.end());
       EXPECT_EQ(got[x], expect) << what << " expert " << x;
+      EXPECT_EQ(got[x][0], Placement::Contiguous(e, n).owner(x)) << what;
       EXPECT_EQ(std::set<int>(got[x].begin(), got[x].end()).size(), got[x].size()) << what;
       slots += static_cast<int>(got[x].size());
     }
@@ -95,8 +97,9 @@ TEST(RegistryReplicasTest, OverlappingClaimsAreReplicas) {
   ClusterRegistry reg(Options(2, 4, 2));
   ASSERT_TRUE(reg.Register(Expert(0, {0, 1, 2})).ok());
   ASSERT_TRUE(reg.Register(Expert(1, {2, 3, 0})).ok());
+  // Primaries first: experts 0-1 are rank 0's block, 2-3 rank 1's.
   EXPECT_EQ(Replicas(reg.View().placement()),
-            (std::vector<std::vector<int>>{{0, 1}, {0}, {0, 1}, {1}}));
+            (std::vector<std::vector<int>>{{0, 1}, {0}, {1, 0}, {1}}));
   // Coverage is still required of the last rank.
   ClusterRegistry gap(Options(2, 4, 2));
   ASSERT_TRUE(gap.Register(Expert(0, {0, 1})).ok());
