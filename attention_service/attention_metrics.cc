@@ -1,5 +1,7 @@
 #include "attention_service/attention_metrics.h"
 
+#include <algorithm>
+
 #include "common/metrics/step_metrics.h"
 #include "common/status_macros.h"
 
@@ -53,6 +55,13 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(
                       "Dispatch phase of one MoE layer: layout, packing and one send to "
                       "every EP rank."));
   am->dispatch_latency_ = &dispatch->Add({{"rank", r}}, m::ExponentialBuckets(1e-5, 2, 20));
+  DXS_ASSIGN_OR_RETURN(
+      m::HistogramFamily * balance,
+      m::AddHistogram(registry, "dxs_ep_balance_ratio",
+                      "Balance of one MoE layer's dispatch from this DP rank: mean over max "
+                      "of the tokens sent to each EP rank (1 is even); dispatches with no "
+                      "tokens are not observed."));
+  am->balance_ratio_ = &balance->Add({{"rank", r}}, m::LinearBuckets(0.1, 0.1, 10));
   DXS_ASSIGN_OR_RETURN(
       m::HistogramFamily * combine,
       m::AddHistogram(registry, "dxs_combine_latency_seconds",
@@ -113,6 +122,16 @@ void AttentionMetrics::OnDispatch(const std::vector<int64_t>& num_tokens_per_ran
     dispatched_[r]->Increment(num_tokens_per_rank[r]);
   }
   dispatch_latency_->Observe(seconds);
+  int64_t sum = 0, most = 0;
+  for (int64_t n : num_tokens_per_rank) {
+    sum += n;
+    most = std::max(most, n);
+  }
+  if (most > 0) {
+    balance_ratio_->Observe(static_cast<double>(sum) /
+                            static_cast<double>(num_tokens_per_rank.size()) /
+                            static_cast<double>(most));
+  }
 }
 
 void AttentionMetrics::OnCombine(const std::vector<int64_t>& num_tokens_per_rank, double seconds) {

@@ -1,6 +1,7 @@
 // AttentionMetrics: one DP rank's Prometheus series (docs/metrics.md, "Attention workers"):
 // steps, empty-batch steps and steps split for two-batch overlap, step time, tokens dispatched to
-// and combined from each EP rank, dispatch and combine latency, and, read at scrape time, queue
+// and combined from each EP rank, dispatch and combine latency, each dispatch's balance over the
+// EP ranks (dxs_ep_balance_ratio), and, read at scrape time, queue
 // length, running requests and KV cache use.
 //
 // The step loop calls OnStep; RemoteMoeExecutor calls OnDispatch / OnCombine (this is its
@@ -60,6 +61,7 @@ class AttentionMetrics final : public DispatchObserver {
   std::vector<prometheus::Counter*> dispatched_;  // per EP rank
   std::vector<prometheus::Counter*> combined_;    // per EP rank
   prometheus::Histogram* dispatch_latency_ = nullptr;
+  prometheus::Histogram* balance_ratio_ = nullptr;  // mean / max tokens per EP rank
   prometheus::Histogram* combine_latency_ = nullptr;
   // Declared last: unbound (and no longer running) before anything above goes away.
   metrics::CallbackRegistration queue_length_;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cpu_backend.h"
+#include "kernels/replica_choice.h"
 #include "kernels/sampling.h"
 #include "kernels/topk_softmax.h"
 
@@ -36,7 +37,8 @@ absl::Status CpuBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& 
                                                DispatchLayoutTensors* layout) {
   DXS_RETURN_IF_ERROR(CheckDispatchLayoutArgs(ids, weights, expert_owner, num_ranks));
   const int64_t num_tokens = ids.rows(), top_k = ids.rows() > 0 ? ids.row_size() : 0;
-  const int64_t num_pairs = ids.num_elements(), num_experts = expert_owner.num_elements();
+  const int64_t num_pairs = ids.num_elements(), num_experts = expert_owner.rows();
+  const int64_t num_slots = expert_owner.row_size();
   const int64_t max_token_rows = num_tokens * std::min<int64_t>(top_k, num_ranks);
   DXS_ASSIGN_OR_RETURN(layout->num_tokens_per_rank, Allocate({num_ranks}, DType::kI32));
   DXS_ASSIGN_OR_RETURN(layout->num_pairs_per_rank, Allocate({num_ranks}, DType::kI32));
@@ -45,14 +47,22 @@ absl::Status CpuBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& 
   DXS_ASSIGN_OR_RETURN(layout->pairs, Allocate({3 * num_pairs}, DType::kI32));
   const int32_t* id = ids.i32();
   const float* weight = weights.f32();
-  const int32_t* owner = expert_owner.i32();
+  const int32_t* table = expert_owner.i32();
   int32_t* per_expert = layout->num_tokens_per_expert.i32();
   std::fill(per_expert, per_expert + num_experts, 0);
+  // Each pair's rank: the replica choice of router/dispatch/placement.h.
+  thread_local std::vector<int32_t> pair_rank;
+  pair_rank.resize(static_cast<size_t>(num_pairs));
   for (int64_t p = 0; p < num_pairs; ++p) {
-    if (id[p] < 0 || id[p] >= num_experts || owner[id[p]] < 0 || owner[id[p]] >= num_ranks) {
+    const int64_t t = p / std::max<int64_t>(top_k, 1);
+    const int r = id[p] < 0 || id[p] >= num_experts
+                      ? -1
+                      : ChooseReplicaRank(table + id[p] * num_slots, num_slots, t);
+    if (r < 0 || r >= num_ranks) {
       return absl::InvalidArgumentError(absl::StrCat("dispatch layout: expert ", id[p],
                                                      " has no owner among ", num_ranks, " ranks"));
     }
+    pair_rank[p] = r;
     ++per_expert[id[p]];
   }
   int32_t* token_count = layout->num_tokens_per_rank.i32();
@@ -78,7 +88,7 @@ absl::Status CpuBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& 
   std::vector<int64_t> last_token(num_ranks, -1);
   for (int64_t t = 0; t < num_tokens; ++t) {
     for (int64_t k = 0; k < top_k; ++k) {
-      const int r = owner[id[t * top_k + k]];
+      const int r = pair_rank[t * top_k + k];
       ++pair_count[r];
       if (last_token[r] != t) {
         last_token[r] = t;
@@ -109,7 +119,7 @@ absl::Status CpuBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& 
   for (int64_t t = 0; t < num_tokens; ++t) {
     for (int64_t k = 0; k < top_k; ++k) {
       const int32_t expert = id[t * top_k + k];
-      const int r = owner[expert];
+      const int r = pair_rank[t * top_k + k];
       Cursor& c = cursor[r];
       if (last_token[r] != t) {
         last_token[r] = t;

@@ -56,6 +56,12 @@ absl::Status CheckDispatchLayoutArgs(const Tensor& ids, const Tensor& weights,
   DXS_RETURN_IF_ERROR(CheckDType("dispatch layout", weights, DType::kF32, "weights"));
   DXS_RETURN_IF_ERROR(CheckDType("dispatch layout", expert_owner, DType::kI32, "expert_owner"));
   DXS_RETURN_IF_ERROR(CheckSameElements("dispatch layout", ids, weights));
+  if (expert_owner.shape().empty() || expert_owner.shape().size() > 2 || expert_owner.rows() <= 0 ||
+      expert_owner.row_size() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("dispatch layout: expert_owner is ",
+                                                   expert_owner.ShapeString(),
+                                                   ", not [E] or [E, replicas] with E >= 1"));
+  }
   if (num_ranks <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("dispatch layout: ", num_ranks, " ranks"));
   }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "model/router_skew.h"
 #include "model/sampler.h"
 #include "model/weights.h"
 
@@ -173,6 +174,12 @@ std::vector<RandomTensorSpec> RandomTensorSpecs(const CheckpointPreset& preset) 
     if (c.IsMoeLayer(l)) {
       // Router logits with a spread of about 2: decisive, yet every expert gets tokens.
       add(name("mlp.gate.weight"), {c.num_experts, h}, 2.0 * fan_in(h));
+      if (preset.router_skew != 0) {
+        specs.back().row_scale =
+            preset.router_scales.size() == static_cast<size_t>(c.num_experts)
+                ? preset.router_scales
+                : ZipfRouterScales(c.num_experts, c.num_experts_per_tok, preset.router_skew);
+      }
       for (int e = 0; e < c.num_experts; ++e) {
         add(ExpertTensorName(l, e, "gate_proj"), {c.moe_intermediate_size, h}, fan_in(h));
         add(ExpertTensorName(l, e, "up_proj"), {c.moe_intermediate_size, h}, fan_in(h));
@@ -192,6 +199,30 @@ std::vector<RandomTensorSpec> RandomTensorSpecs(const CheckpointPreset& preset) 
 
 uint64_t RandomTensorSeed(uint64_t seed, const std::string& name) {
   return Fnv1a(kFnvOffset ^ seed, name.data(), name.size());
+}
+
+std::vector<float> RandomTensorValues(uint64_t seed, const RandomTensorSpec& spec) {
+  int64_t n = 1;
+  for (int64_t dim : spec.shape) n *= dim;
+  std::vector<float> values = RandomValues(seed, spec.name, n, spec.stddev, spec.mean);
+  const int64_t rows = static_cast<int64_t>(spec.row_scale.size());
+  if (rows == 0 || spec.shape.empty() || spec.shape[0] != rows) return values;
+  const int64_t cols = n / rows;
+  std::vector<double> norm(rows);
+  double mean_norm = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double sq = 0;
+    for (int64_t i = 0; i < cols; ++i) sq += double{values[r * cols + i]} * values[r * cols + i];
+    norm[r] = std::sqrt(sq);
+    mean_norm += norm[r] / rows;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const double f = norm[r] > 0 ? mean_norm / norm[r] * spec.row_scale[r] : 0.0;
+    for (int64_t i = 0; i < cols; ++i) {
+      values[r * cols + i] = static_cast<float>(values[r * cols + i] * f);
+    }
+  }
+  return values;
 }
 
 RandomWeightSource::RandomWeightSource(const CheckpointPreset& preset) : preset_(preset) {
@@ -214,6 +245,15 @@ absl::StatusOr<Tensor> RandomWeightSource::Load(const std::string& name, std::ve
   }
   DXS_ASSIGN_OR_RETURN(
       Tensor t, backend->Allocate(std::move(shape), backend->WeightDType(preset_.storage_dtype)));
+  if (!spec.row_scale.empty()) {
+    // A skewed gate (small: experts x hidden) is made on the host, rounded to the storage
+    // dtype as the checkpoint would hold it.
+    std::vector<float> values = RandomTensorValues(preset_.seed, spec);
+    std::vector<uint8_t> stored(values.size() * DTypeSize(preset_.storage_dtype));
+    NarrowFromFloat32(preset_.storage_dtype, values.data(), values.size(), stored.data());
+    DXS_RETURN_IF_ERROR(backend->CopyFromHost(stored.data(), preset_.storage_dtype, &t));
+    return t;
+  }
   DXS_RETURN_IF_ERROR(backend->FillUniform(&t, RandomTensorSeed(preset_.seed, name), spec.mean,
                                            spec.stddev * std::sqrt(3.0), preset_.storage_dtype));
   return t;
@@ -229,9 +269,7 @@ absl::Status WriteRandomCheckpoint(const CheckpointPreset& preset, const std::st
   }
   SafetensorsWriter writer;
   for (RandomTensorSpec& spec : RandomTensorSpecs(preset)) {
-    int64_t n = 1;
-    for (int64_t dim : spec.shape) n *= dim;
-    std::vector<float> values = RandomValues(preset.seed, spec.name, n, spec.stddev, spec.mean);
+    std::vector<float> values = RandomTensorValues(preset.seed, spec);
     writer.Add(spec.name, preset.storage_dtype, std::move(spec.shape), std::move(values));
   }
   DXS_RETURN_IF_ERROR(writer.WriteDirectory(dir, preset.num_shards));

@@ -24,6 +24,13 @@ struct CheckpointPreset {
   DType storage_dtype = DType::kF32;
   int num_shards = 1;
   uint64_t seed = 0;
+  // Zipf exponent of expert popularity (model/router_skew.h; dxs gen-model --router-skew):
+  // each MoE layer's gate rows are normalised to their mean norm and scaled by
+  // ZipfRouterScales. 0: the gate as drawn, bit for bit.
+  double router_skew = 0;
+  // Per-expert gate-row scales for router_skew, as CalibrateRouterSkew measured them
+  // (model/router_skew.h); empty: ZipfRouterScales's simulated ones.
+  std::vector<double> router_scales;
 };
 
 // "default" (the embedded model), "odd" (GQA 3, top-3 of 12 experts, a dense layer,
@@ -36,14 +43,20 @@ absl::Status WriteRandomCheckpoint(const CheckpointPreset& preset, const std::st
 
 // Every tensor of a preset: values uniform with standard deviation `stddev` around `mean`
 // (mean +- stddev * sqrt(3)), drawn from SplitMix64 seeded with RandomTensorSeed.
+// With row_scale (the gates of a skewed preset), each row r of the [rows, cols] tensor is
+// then rescaled to the rows' mean norm times row_scale[r] (RandomTensorValues).
 struct RandomTensorSpec {
   std::string name;
   std::vector<int64_t> shape;
   double stddev = 0;
   double mean = 0;
+  std::vector<double> row_scale;  // empty: none
 };
 std::vector<RandomTensorSpec> RandomTensorSpecs(const CheckpointPreset& preset);
 uint64_t RandomTensorSeed(uint64_t seed, const std::string& name);
+// A spec's values in float32, as WriteRandomCheckpoint stores them (before rounding to the
+// storage dtype).
+std::vector<float> RandomTensorValues(uint64_t seed, const RandomTensorSpec& spec);
 
 // The preset's checkpoint made in place on the backend (Backend::FillUniform), with the
 // very values WriteRandomCheckpoint would store: nothing is written to disk, so a

@@ -6,8 +6,11 @@
 //   dxs-router --model DIR --attention M --experts N [--listen HOST:PORT]
 //              [--metrics-listen HOST:PORT] [--transport ucx|nccl|inproc]
 //              [--wire-dtype f32|bf16] [--lease-ms 3000] [--heartbeat-ms 500]
-//              [--max-inflight 1024]
+//              [--max-inflight 1024] [--num-redundant-experts R]
 //
+// --num-redundant-experts R adds R expert slots beyond one per expert: replicas placed by
+// Placement::WithRedundantExperts (router/dispatch/placement.h) on distinct EP ranks; a
+// DP rank sends each routed pair to exactly one replica (the rule is in that header).
 // --max-inflight bounds the Generate requests in flight cluster-wide; beyond it Generate
 // is refused with RESOURCE_EXHAUSTED.
 //
@@ -70,6 +73,9 @@ ABSL_FLAG(std::string, wire_dtype, "f32", "Dispatch/combine payload type: f32 or
 ABSL_FLAG(int64_t, lease_ms, 3000,
           "A worker without a heartbeat for this long is dead, 1..3600000.");
 ABSL_FLAG(int64_t, heartbeat_ms, 500, "Workers' heartbeat interval, 1..3600000.");
+ABSL_FLAG(int, num_redundant_experts, 0,
+          "Expert slots beyond one per expert (replicas of experts on other EP ranks, as "
+          "vLLM's --num-redundant-experts), 0..experts*(EP ranks-1); 0: no replicas.");
 ABSL_FLAG(int64_t, max_inflight, 1024,
           "Generate requests in flight cluster-wide, 1..1000000; beyond: RESOURCE_EXHAUSTED.");
 
@@ -81,6 +87,7 @@ constexpr char kUsage[] =
     "                  [--metrics-listen HOST:PORT] [--transport ucx|nccl|inproc]\n"
     "                  [--wire-dtype f32|bf16]\n"
     "                  [--lease-ms MS] [--heartbeat-ms MS] [--max-inflight N]\n"
+    "                  [--num-redundant-experts R]\n"
     "                  [--tls-cert FILE --tls-key FILE --tls-ca FILE [--mtls]]\n"
     "                  [--flagfile FILE]\n"
     "Flags may be spelled with dashes or underscores; a --flagfile uses underscores.";
@@ -103,6 +110,7 @@ struct Flags {
   int64_t lease_ms = 0;
   int64_t heartbeat_ms = 0;
   int64_t max_inflight = 0;
+  int num_redundant_experts = 0;
 };
 
 // The one place the router's flags are checked.
@@ -159,6 +167,10 @@ absl::StatusOr<Flags> ValidateFlags() {
   if (flags.max_inflight < 1 || flags.max_inflight > 1000000) {
     return absl::InvalidArgumentError("--max-inflight must be in 1..1000000");
   }
+  flags.num_redundant_experts = absl::GetFlag(FLAGS_num_redundant_experts);
+  if (flags.num_redundant_experts < 0) {
+    return absl::InvalidArgumentError("--num-redundant-experts must be >= 0");
+  }
   absl::StatusOr<dxs::TlsConfig> tls = dxs::flags::TlsFromFlags(/*for_server=*/true);
   if (!tls.ok()) return tls.status();
   flags.tls = *tls;
@@ -199,6 +211,7 @@ int main(int argc, char** argv) {
   options.wire_dtype = flags->wire_dtype;
   options.heartbeat_interval = absl::Milliseconds(flags->heartbeat_ms);
   options.lease_timeout = absl::Milliseconds(flags->lease_ms);
+  options.num_redundant_experts = flags->num_redundant_experts;
   if (absl::Status s = options.Validate(); !s.ok()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(flags->model_dir, ": ", s.message())));
   }
@@ -283,14 +296,14 @@ int main(int argc, char** argv) {
   std::fprintf(stderr,
                "dxs-router: model %s (%lld experts, %lld layers, checkpoint %s config %s); "
                "%d attention + %d expert ranks; transport %s; lease %lld ms, heartbeat %lld ms; "
-               "at most %lld requests in flight\n",
+               "at most %lld requests in flight; %d redundant experts\n",
                flags->model_dir.c_str(), static_cast<long long>(config->num_experts),
                static_cast<long long>(config->num_hidden_layers),
                fingerprint->checkpoint_fingerprint().c_str(),
                fingerprint->config_fingerprint().c_str(), options.num_attention_ranks,
                options.num_expert_ranks, options.transport_backend.c_str(),
                static_cast<long long>(flags->lease_ms), static_cast<long long>(flags->heartbeat_ms),
-               static_cast<long long>(flags->max_inflight));
+               static_cast<long long>(flags->max_inflight), options.num_redundant_experts);
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);

@@ -143,20 +143,19 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
   shape.num_expert = static_cast<int>(view->num_expert_ranks());
   shape.wire_dtype = FromProtoDType(view->transport().wire_dtype());
   const v1::ExpertPlacement& p = view->placement();
-  std::vector<std::vector<int>> rank_experts(shape.num_expert);
-  bool placed = shape.num_expert > 0;
+  // Every replica of every expert (ExpertReplicas.ep_ranks, the primary first): the
+  // dispatch engine chooses among them (router/dispatch/placement.h).
+  std::vector<std::vector<int>> expert_ranks(p.expert_to_rank_size());
+  bool placed =
+      shape.num_expert > 0 && p.expert_to_rank_size() == static_cast<int>(p.num_experts());
   for (int e = 0; e < static_cast<int>(p.expert_to_rank_size()); ++e) {
-    if (p.expert_to_rank(e).ep_ranks_size() == 0) {
-      placed = false;
-      continue;
-    }
-    const int r = static_cast<int>(p.expert_to_rank(e).ep_ranks(0));
-    if (r < shape.num_expert) rank_experts[r].push_back(e);
+    if (p.expert_to_rank(e).ep_ranks_size() == 0) placed = false;
+    for (uint32_t r : p.expert_to_rank(e).ep_ranks())
+      expert_ranks[e].push_back(static_cast<int>(r));
   }
   absl::StatusOr<Placement> placement =
-      placed
-          ? Placement::FromRankExperts(static_cast<int>(p.num_experts()), rank_experts, p.version())
-          : absl::StatusOr<Placement>(absl::FailedPreconditionError("incomplete"));
+      placed ? Placement::FromExpertRanks(shape.num_expert, expert_ranks, p.version())
+             : absl::StatusOr<Placement>(absl::FailedPreconditionError("incomplete"));
   if (placement.ok()) shape.placement = *placement;
   complete_ =
       placement.ok() && self_set_ && attention == shape.num_attention && expert == shape.num_expert;

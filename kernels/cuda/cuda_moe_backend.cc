@@ -42,7 +42,7 @@ absl::Status CudaBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor&
                                                 DispatchLayoutTensors* layout) {
   DXS_RETURN_IF_ERROR(CheckDispatchLayoutArgs(ids, weights, expert_owner, num_ranks));
   const int64_t num_tokens = ids.rows(), top_k = ids.rows() > 0 ? ids.row_size() : 0;
-  const int64_t num_pairs = ids.num_elements(), num_experts = expert_owner.num_elements();
+  const int64_t num_pairs = ids.num_elements(), num_experts = expert_owner.rows();
   const int64_t max_token_rows = num_tokens * std::min<int64_t>(top_k, num_ranks);
   DXS_RETURN_IF_ERROR(Enter("dispatch layout"));
   DXS_ASSIGN_OR_RETURN(layout->num_tokens_per_rank, Allocate({num_ranks}, DType::kI32));
@@ -53,11 +53,11 @@ absl::Status CudaBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor&
   const size_t bytes = cuda::DispatchLayoutWorkspaceBytes(num_tokens, top_k, num_ranks);
   DXS_ASSIGN_OR_RETURN(Tensor workspace, Workspace(bytes));
   return CudaStatus(
-      cuda::LaunchDispatchLayout(ids.i32(), weights.f32(), expert_owner.i32(), num_tokens, top_k,
-                                 num_experts, num_ranks, layout->num_tokens_per_rank.i32(),
-                                 layout->num_pairs_per_rank.i32(),
-                                 layout->num_tokens_per_expert.i32(), layout->token_rows.i32(),
-                                 layout->pairs.i32(), workspace.raw(), bytes, stream_),
+      cuda::LaunchDispatchLayout(
+          ids.i32(), weights.f32(), expert_owner.i32(), expert_owner.row_size(), num_tokens, top_k,
+          num_experts, num_ranks, layout->num_tokens_per_rank.i32(),
+          layout->num_pairs_per_rank.i32(), layout->num_tokens_per_expert.i32(),
+          layout->token_rows.i32(), layout->pairs.i32(), workspace.raw(), bytes, stream_),
       "dispatch layout");
 }
 

@@ -41,6 +41,7 @@
 #include "kernels/cuda/carver.cuh"
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/ops.cuh"
+#include "kernels/replica_choice.h"
 
 namespace dxs::cuda {
 namespace {
@@ -389,37 +390,48 @@ LayoutScratch CarveLayout(Carver& c, int64_t cells) {
   return w;
 }
 
-// The rank of pair p's expert (written to *expert), or -1 for an expert outside
-// [0, num_experts) or an owner outside [0, num_ranks): the pair is skipped.
-__device__ __forceinline__ int32_t PairRank(const int32_t* __restrict__ ids,
-                                            const int32_t* __restrict__ owner, int32_t num_experts,
-                                            int32_t num_ranks, int64_t p, int32_t* expert) {
+// Where pairs go: owner[num_experts, width], each expert's replicas' ranks (primary
+// first, then -1); width 1 is one owner per expert.
+struct OwnerTable {
+  const int32_t* __restrict__ ranks;
+  int32_t width;
+  int32_t num_experts;
+  int32_t num_ranks;
+  int32_t top_k;
+};
+
+// The rank of pair p (the replica choice of kernels/replica_choice.h for its token row
+// p / top_k; its expert written to *expert), or -1 for an expert outside [0, num_experts)
+// or a rank outside [0, num_ranks): the pair is skipped.
+__device__ __forceinline__ int32_t PairRank(const int32_t* __restrict__ ids, const OwnerTable& o,
+                                            int64_t p, int32_t* expert) {
   const int32_t e = ids[p];
   *expert = e;
-  if (e < 0 || e >= num_experts) return -1;
-  const int32_t r = owner[e];
-  return r >= 0 && r < num_ranks ? r : -1;
+  if (e < 0 || e >= o.num_experts) return -1;
+  const int32_t r = o.width == 1 ? o.ranks[e]
+                                 : ChooseReplicaRank(o.ranks + static_cast<int64_t>(e) * o.width,
+                                                     o.width, p / o.top_k);
+  return r >= 0 && r < o.num_ranks ? r : -1;
 }
 
 // Integer atomics: the counts do not depend on their order.
 __global__ void __launch_bounds__(kThreads)
-    CountExpertsKernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ owner,
-                       int64_t num_pairs, int32_t num_experts, int32_t num_ranks,
+    CountExpertsKernel(const int32_t* __restrict__ ids, OwnerTable owner, int64_t num_pairs,
                        int32_t* __restrict__ num_tokens_per_expert) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; p < num_pairs;
        p += stride) {
     int32_t e;
-    if (PairRank(ids, owner, num_experts, num_ranks, p, &e) >= 0) {
+    if (PairRank(ids, owner, p, &e) >= 0) {
       atomicAdd(num_tokens_per_expert + e, 1);
     }
   }
 }
 
 __global__ void __launch_bounds__(kThreads)
-    LayoutCountKernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ owner,
-                      int32_t num_tokens, int32_t top_k, int32_t num_experts, int32_t num_ranks,
-                      int32_t* __restrict__ token_flags, int32_t* __restrict__ pair_counts) {
+    LayoutCountKernel(const int32_t* __restrict__ ids, OwnerTable owner, int32_t num_tokens,
+                      int32_t top_k, int32_t num_ranks, int32_t* __restrict__ token_flags,
+                      int32_t* __restrict__ pair_counts) {
   const int64_t cell = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (cell >= static_cast<int64_t>(num_ranks) * num_tokens) return;
   const int32_t r = static_cast<int32_t>(cell / num_tokens);
@@ -427,16 +439,15 @@ __global__ void __launch_bounds__(kThreads)
   int32_t count = 0;
   for (int32_t k = 0; k < top_k; ++k) {
     int32_t e;
-    count += PairRank(ids, owner, num_experts, num_ranks, t * top_k + k, &e) == r;
+    count += PairRank(ids, owner, t * top_k + k, &e) == r;
   }
   token_flags[cell] = count > 0;
   pair_counts[cell] = count;
 }
 
 __global__ void __launch_bounds__(kThreads) LayoutFillKernel(
-    const int32_t* __restrict__ ids, const float* __restrict__ weights,
-    const int32_t* __restrict__ owner, int32_t num_tokens, int32_t top_k, int32_t num_experts,
-    int32_t num_ranks, const int32_t* __restrict__ token_flags,
+    const int32_t* __restrict__ ids, const float* __restrict__ weights, OwnerTable owner,
+    int32_t num_tokens, int32_t top_k, int32_t num_ranks, const int32_t* __restrict__ token_flags,
     const int32_t* __restrict__ pair_counts, const int32_t* __restrict__ token_starts,
     const int32_t* __restrict__ pair_starts, int32_t* __restrict__ num_tokens_per_rank,
     int32_t* __restrict__ num_pairs_per_rank, int32_t* __restrict__ token_rows,
@@ -461,7 +472,7 @@ __global__ void __launch_bounds__(kThreads) LayoutFillKernel(
   for (int32_t k = 0; k < top_k; ++k) {
     const int64_t p = t * top_k + k;
     int32_t e;
-    if (PairRank(ids, owner, num_experts, num_ranks, p, &e) != r) continue;
+    if (PairRank(ids, owner, p, &e) != r) continue;
     block[j] = local_row;
     block[static_cast<int64_t>(rank_pairs) + j] = e;
     block[2 * static_cast<int64_t>(rank_pairs) + j] = __float_as_int(weights[p]);
@@ -632,9 +643,21 @@ cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const
                                  int32_t* num_pairs_per_rank, int32_t* num_tokens_per_expert,
                                  int32_t* token_rows, int32_t* pairs, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream) {
+  return LaunchDispatchLayout(ids, weights, owner, 1, num_tokens, top_k, num_experts, num_ranks,
+                              num_tokens_per_rank, num_pairs_per_rank, num_tokens_per_expert,
+                              token_rows, pairs, workspace, workspace_bytes, stream);
+}
+
+cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const int32_t* owner,
+                                 int64_t owner_width, int64_t num_tokens, int64_t top_k,
+                                 int64_t num_experts, int64_t num_ranks,
+                                 int32_t* num_tokens_per_rank, int32_t* num_pairs_per_rank,
+                                 int32_t* num_tokens_per_expert, int32_t* token_rows,
+                                 int32_t* pairs, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream) {
   if (num_tokens < 0 || num_tokens > INT_MAX || top_k < 0 || top_k > INT_MAX || num_experts < 0 ||
-      num_experts > INT_MAX || num_ranks <= 0 || num_ranks > INT_MAX ||
-      num_tokens * top_k > INT_MAX || num_ranks * num_tokens > INT_MAX) {
+      num_experts > INT_MAX || num_ranks <= 0 || num_ranks > INT_MAX || owner_width < 1 ||
+      owner_width > INT_MAX || num_tokens * top_k > INT_MAX || num_ranks * num_tokens > INT_MAX) {
     return cudaErrorInvalidValue;
   }
   if (num_tokens_per_rank == nullptr || num_pairs_per_rank == nullptr ||
@@ -665,22 +688,23 @@ cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const
   const int32_t tokens = static_cast<int32_t>(num_tokens), k = static_cast<int32_t>(top_k);
   const int32_t experts = static_cast<int32_t>(num_experts),
                 ranks = static_cast<int32_t>(num_ranks);
+  const OwnerTable table{owner, static_cast<int32_t>(owner_width), experts, ranks, k};
 
   DXS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
       num_tokens_per_expert, 0, static_cast<size_t>(num_experts) * sizeof(int32_t), stream));
   const int64_t count_blocks = CeilDiv(num_pairs, kThreads);
   CountExpertsKernel<<<static_cast<unsigned>(count_blocks < 1024 ? count_blocks : 1024), kThreads,
-                       0, stream>>>(ids, owner, num_pairs, experts, ranks, num_tokens_per_expert);
+                       0, stream>>>(ids, table, num_pairs, num_tokens_per_expert);
   DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
   const unsigned cell_blocks = static_cast<unsigned>(CeilDiv(cells, kThreads));
-  LayoutCountKernel<<<cell_blocks, kThreads, 0, stream>>>(ids, owner, tokens, k, experts, ranks,
+  LayoutCountKernel<<<cell_blocks, kThreads, 0, stream>>>(ids, table, tokens, k, ranks,
                                                           w.token_flags, w.pair_counts);
   DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   DXS_CUDA_RETURN_IF_ERROR(ExclusiveScan(w.token_flags, cells, w.token_starts, w.partials, stream));
   DXS_CUDA_RETURN_IF_ERROR(ExclusiveScan(w.pair_counts, cells, w.pair_starts, w.partials, stream));
   LayoutFillKernel<<<cell_blocks, kThreads, 0, stream>>>(
-      ids, weights, owner, tokens, k, experts, ranks, w.token_flags, w.pair_counts, w.token_starts,
+      ids, weights, table, tokens, k, ranks, w.token_flags, w.pair_counts, w.token_starts,
       w.pair_starts, num_tokens_per_rank, num_pairs_per_rank, token_rows, pairs);
   return cudaGetLastError();
 }

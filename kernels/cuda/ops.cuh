@@ -138,6 +138,16 @@ cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const
                                  int32_t* num_pairs_per_rank, int32_t* num_tokens_per_expert,
                                  int32_t* token_rows, int32_t* pairs, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream);
+// The same with replicas: owner[num_experts, owner_width] lists each expert's replicas'
+// ranks (primary first, then -1); the pair of token row t goes to the (t mod replicas)-th
+// (kernels/replica_choice.h). owner_width 1 is the function above.
+cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const int32_t* owner,
+                                 int64_t owner_width, int64_t num_tokens, int64_t top_k,
+                                 int64_t num_experts, int64_t num_ranks,
+                                 int32_t* num_tokens_per_rank, int32_t* num_pairs_per_rank,
+                                 int32_t* num_tokens_per_expert, int32_t* token_rows,
+                                 int32_t* pairs, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream);
 // Up to kMaxSortPayloads arrays of n 32-bit elements permuted with a sort:
 // out[j][s] = in[j][order[s]] for j < count.
 constexpr int kMaxSortPayloads = 3;

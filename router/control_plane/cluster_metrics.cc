@@ -84,7 +84,20 @@ void ClusterMetrics::SampleAt(absl::Time now) const {
   absl::MutexLock lock(&mu_);
   const std::vector<WorkerStatus> statuses = cluster_->WorkerStatuses();
   View view;
-  view.version = cluster_->version();
+  const v1::ClusterView cluster_view = cluster_->View();
+  view.version = cluster_view.version();
+  const v1::ExpertPlacement& placement = cluster_view.placement();
+  view.placement_version = placement.version();
+  view.placement_experts.assign(cluster_->options().num_expert_ranks, 0);
+  view.placement_replicas.assign(cluster_->options().num_expert_ranks, 0);
+  for (const v1::ExpertReplicas& replicas : placement.expert_to_rank()) {
+    for (int i = 0; i < replicas.ep_ranks_size(); ++i) {
+      const uint32_t r = replicas.ep_ranks(i);
+      if (r >= view.placement_experts.size()) continue;
+      ++view.placement_experts[r];
+      if (i > 0) ++view.placement_replicas[r];
+    }
+  }
   std::vector<uint64_t> ep_window_tokens;
   for (const WorkerStatus& s : statuses) {
     const v1::Role role = s.info.role();
@@ -162,6 +175,27 @@ std::vector<prometheus::MetricFamily> ClusterMetrics::Collect() const {
              "the router's window; 1 is balanced, and also reported with no "
              "traffic.",
              MetricType::Gauge);
+  prometheus::MetricFamily balance =
+      Family("dxs_cluster_ep_balance_ratio",
+             "Mean over max of the token rows each live EP rank received within "
+             "the router's window (the inverse of dxs_ep_token_imbalance); 1 is "
+             "balanced, and also reported with no traffic.",
+             MetricType::Gauge);
+  prometheus::MetricFamily placement_version =
+      Family("dxs_placement_version",
+             "Version of the published expert placement; 0 until every expert is "
+             "placed the first time, then it grows on every change of the map.",
+             MetricType::Gauge);
+  prometheus::MetricFamily placement_experts =
+      Family("dxs_placement_experts",
+             "Expert copies each EP rank holds in the published placement "
+             "(primaries and replicas; the same for every MoE layer).",
+             MetricType::Gauge);
+  prometheus::MetricFamily placement_replicas =
+      Family("dxs_placement_replicas",
+             "Expert copies on each EP rank that are redundant replicas (not the "
+             "expert's primary, its first rank in the placement).",
+             MetricType::Gauge);
   prometheus::MetricFamily workers =
       Family("dxs_workers", "Workers in the cluster view, by role and state.", MetricType::Gauge);
   prometheus::MetricFamily version =
@@ -187,6 +221,12 @@ std::vector<prometheus::MetricFamily> ClusterMetrics::Collect() const {
     }
   }
   AddSample(&imbalance, {}, view_.imbalance);
+  AddSample(&balance, {}, view_.imbalance > 0 ? 1.0 / view_.imbalance : 1.0);
+  AddSample(&placement_version, {}, static_cast<double>(view_.placement_version));
+  for (size_t r = 0; r < view_.placement_experts.size(); ++r) {
+    AddSample(&placement_experts, {{"rank", std::to_string(r)}}, view_.placement_experts[r]);
+    AddSample(&placement_replicas, {{"rank", std::to_string(r)}}, view_.placement_replicas[r]);
+  }
   AddSample(&version, {}, static_cast<double>(view_.version));
 
   std::vector<prometheus::MetricFamily> out;
@@ -194,7 +234,9 @@ std::vector<prometheus::MetricFamily> ClusterMetrics::Collect() const {
   for (prometheus::MetricFamily* f : {&steps, &empty, &tokens}) {
     if (!f->metric.empty()) out.push_back(std::move(*f));
   }
-  for (prometheus::MetricFamily* f : {&empty_ranks, &imbalance, &workers, &version}) {
+  for (prometheus::MetricFamily* f :
+       {&empty_ranks, &imbalance, &balance, &placement_version, &placement_experts,
+        &placement_replicas, &workers, &version}) {
     out.push_back(std::move(*f));
   }
   return out;

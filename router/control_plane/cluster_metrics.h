@@ -7,6 +7,10 @@
 //   dxs_cluster_tokens_total{role, rank}
 //   dxs_cluster_empty_ranks{role}    ranks whose empty-step count grew within the window
 //   dxs_ep_token_imbalance           max / mean of EP ranks' tokens within the window
+//   dxs_cluster_ep_balance_ratio     mean / max of the same (its inverse; 1 is even)
+//   dxs_placement_version            the published ExpertPlacement version
+//   dxs_placement_experts{rank}      expert copies each EP rank holds (primaries + replicas)
+//   dxs_placement_replicas{rank}     of them, copies that are not the expert's primary
 //   dxs_workers{role, state}         workers in the view by state
 //   dxs_cluster_view_version         the ClusterView version
 //
@@ -101,6 +105,9 @@ class ClusterMetrics final : public prometheus::Collectable {
     int workers[2][4] = {};  // [role: attention, expert][state: joining, ready, draining, dead]
     int empty_ranks[2] = {};
     double imbalance = 1;
+    uint64_t placement_version = 0;
+    std::vector<int> placement_experts;   // per EP rank (num_expert_ranks entries)
+    std::vector<int> placement_replicas;  // per EP rank
   };
 
   // Sample, callable from Collect.

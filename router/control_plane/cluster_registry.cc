@@ -17,13 +17,12 @@ bool IsLive(const std::optional<WorkerStatus>& slot) {
   return slot.has_value() && slot->info.state() != v1::WORKER_STATE_DEAD;
 }
 
-// Experts [r*E/N, (r+1)*E/N): Placement::Contiguous's block for rank r.
-std::vector<int> ContiguousBlock(int num_experts, int num_ranks, int rank) {
-  const int begin = static_cast<int>(int64_t{rank} * num_experts / num_ranks);
-  const int end = static_cast<int>(int64_t{rank + 1} * num_experts / num_ranks);
-  std::vector<int> experts;
-  for (int e = begin; e < end; ++e) experts.push_back(e);
-  return experts;
+// The default claims: the contiguous blocks plus the redundant experts' replicas. Options
+// must be valid.
+Placement DefaultPlacement(const ClusterRegistryOptions& o) {
+  absl::StatusOr<Placement> p = Placement::WithRedundantExperts(
+      o.num_experts, o.num_expert_ranks, std::max(o.num_redundant_experts, 0));
+  return p.ok() ? *std::move(p) : Placement::Contiguous(o.num_experts, o.num_expert_ranks);
 }
 
 // Sorted ids as ranges: "0-3,5,7-8"; "none" when empty.
@@ -85,6 +84,13 @@ absl::Status ClusterRegistryOptions::Validate() const {
   if (num_experts < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_experts must be >= 1, got ", num_experts));
   }
+  const int64_t most_redundant = int64_t{num_experts} * (num_expert_ranks - 1);
+  if (num_redundant_experts < 0 || num_redundant_experts > most_redundant) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_redundant_experts must be in 0..", most_redundant, " (", num_experts, " experts on ",
+        num_expert_ranks, " EP ranks; at most every rank holds every expert), got ",
+        num_redundant_experts));
+  }
   if (num_layers < 0) {
     return absl::InvalidArgumentError(absl::StrCat("num_layers must be >= 0, got ", num_layers));
   }
@@ -108,7 +114,8 @@ absl::Status ClusterRegistryOptions::Validate() const {
   return absl::OkStatus();
 }
 
-ClusterRegistry::ClusterRegistry(ClusterRegistryOptions options) : options_(std::move(options)) {
+ClusterRegistry::ClusterRegistry(ClusterRegistryOptions options)
+    : options_(std::move(options)), default_placement_(DefaultPlacement(options_)) {
   if (absl::Status s = options_.Validate(); !s.ok()) {
     std::fprintf(stderr, "ClusterRegistry: invalid options: %s\n", s.ToString().c_str());
     std::abort();
@@ -234,8 +241,9 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
 
   // The expert claim against the other live expert ranks.
   if (role == v1::ROLE_EXPERT) {
-    if (claim.empty())
-      claim = ContiguousBlock(options_.num_experts, options_.num_expert_ranks, rank);
+    if (claim.empty()) claim = default_placement_.experts_of(rank);
+    // With redundant experts an overlap is a replica; without, a conflict.
+    const bool replicas = options_.num_redundant_experts > 0;
     std::vector<int> owner(options_.num_experts, -1);
     int num_live_expert_ranks = 1;  // this one
     for (int q = 0; q < options_.num_expert_ranks; ++q) {
@@ -245,7 +253,7 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
     }
     std::vector<std::string> overlaps;
     for (int e : claim) {
-      if (owner[e] >= 0) {
+      if (owner[e] >= 0 && !replicas) {
         overlaps.push_back(absl::StrCat("expert ", e, " already held by EP rank ", owner[e]));
       }
     }
@@ -452,6 +460,14 @@ v1::ExpertPlacement ClusterRegistry::BuildPlacementLocked() const {
     for (int e : expert_[r]->experts) {
       placement.mutable_expert_to_rank(e)->add_ep_ranks(static_cast<uint32_t>(r));
     }
+  }
+  // The primary first: the rank whose contiguous block holds the expert, if it holds it
+  // (one rank per expert without replicas: nothing moves).
+  for (int e = 0; e < options_.num_experts; ++e) {
+    auto* ranks = placement.mutable_expert_to_rank(e)->mutable_ep_ranks();
+    const uint32_t home = static_cast<uint32_t>(default_placement_.owner(e));
+    auto it = std::find(ranks->begin(), ranks->end(), home);
+    if (it != ranks->end()) std::rotate(ranks->begin(), it, it + 1);
   }
   return placement;
 }

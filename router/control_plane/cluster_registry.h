@@ -12,11 +12,15 @@
 //    restarted on the same port) may take it over, as a new incarnation. An unset rank
 //    gets the rank this address held before, else the lowest rank without a live worker.
 //  - One grpc_address per live worker.
-//  - Placement: an expert rank's claim is RegisterRequest.loaded_experts, or the
-//    contiguous block [r*E/N, (r+1)*E/N) when empty. Live claims never overlap; the
+//  - Placement: an expert rank's claim is RegisterRequest.loaded_experts, or, when empty,
+//    the contiguous block [r*E/N, (r+1)*E/N) plus, with num_redundant_experts R > 0, the
+//    replicas Placement::WithRedundantExperts places on rank r. Without redundant experts
+//    live claims never overlap; with them, overlapping claims are replicas. The
 //    registration that would make all N expert ranks live must leave no expert unclaimed.
-//    The published ExpertPlacement lists, per expert, the live rank that claimed it (empty
-//    ep_ranks while unclaimed); its version increases whenever that map changes.
+//    The published ExpertPlacement lists, per expert, the live ranks that claimed it: the
+//    primary first (the rank of the expert's contiguous block when it holds it), then
+//    ascending (empty ep_ranks while unclaimed); its version increases whenever that map
+//    changes. The dispatch engine's replica choice does not depend on this order.
 //  - Lease: a worker silent (no Heartbeat) for longer than lease_timeout is marked
 //    WORKER_STATE_DEAD. It stays in the view so peers see the rank is down, but it holds
 //    nothing: its rank and its experts are free for the next registration, from any
@@ -44,6 +48,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "dxs/v1/control_plane.pb.h"
+#include "router/dispatch/placement.h"
 
 namespace dxs {
 
@@ -54,6 +59,11 @@ struct ClusterRegistryOptions {
   int num_expert_ranks = 1;
   // E: routed experts per MoE layer. At least 1.
   int num_experts = 1;
+  // R: expert slots beyond one per expert (vLLM's --num-redundant-experts), 0..E*(N-1).
+  // An expert rank registering without a claim gets its block of
+  // Placement::WithRedundantExperts(E, N, R): its contiguous block plus the replicas that
+  // rule puts on it. 0: no replicas, the placement as before.
+  int num_redundant_experts = 0;
   // Decoder layers, copied into ExpertPlacement.num_layers. Informational.
   int num_layers = 0;
   // The model the cluster serves. Both fields empty: pinned by the first registration.
@@ -168,6 +178,8 @@ class ClusterRegistry {
   v1::ExpertPlacement BuildPlacementLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const ClusterRegistryOptions options_;
+  // Placement::WithRedundantExperts(E, N, R): the default claims.
+  const Placement default_placement_;
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

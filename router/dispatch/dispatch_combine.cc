@@ -53,9 +53,11 @@ absl::Status RemoteMoeExecutor::Layout(const Tensor& ids, const Tensor& weights,
                                                       " EP ranks, the executor ", num_ranks));
   }
   if (!expert_owner_.defined()) {
-    std::vector<int32_t> owner(placement_.num_experts());
-    for (size_t e = 0; e < owner.size(); ++e) owner[e] = placement_.owner(static_cast<int>(e));
-    DXS_ASSIGN_OR_RETURN(expert_owner_, backend_->UploadIndices(owner));
+    // [E] owners, or [E, replicas] with redundant experts (Placement::RankTable).
+    DXS_ASSIGN_OR_RETURN(expert_owner_, backend_->UploadIndices(placement_.RankTable()));
+    if (placement_.max_replicas() > 1) {
+      expert_owner_ = expert_owner_.Reshape({placement_.num_experts(), placement_.max_replicas()});
+    }
   }
   DispatchHandle& h = *handle;
   h.num_tokens = ids.rows();

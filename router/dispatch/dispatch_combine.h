@@ -140,7 +140,7 @@ class RemoteMoeExecutor final : public MoeExecutor {
   Transport* transport_;
   std::vector<int> ep_peers_;
   Placement placement_;
-  Tensor expert_owner_;  // [E] i32 on the backend: placement_'s owner of each expert
+  Tensor expert_owner_;  // i32 on the backend: placement_'s rank table (Placement::RankTable)
   int64_t hidden_;
   DispatchOptions options_;
   uint64_t step_ = 0;

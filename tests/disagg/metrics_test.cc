@@ -152,6 +152,10 @@ TEST(Metrics, EveryProcessServesCleanMetricsThatMove) {
   EXPECT_GT(Value(attention0, R"(dxs_steps_total{role="attention",rank="0"})"),
             Value(attention0, R"(dxs_empty_batch_steps_total{role="attention",rank="0"})"));
   EXPECT_GT(Value(attention0, R"(dxs_dispatch_latency_seconds_count{rank="0"})"), 0);
+  // Each dispatch with tokens observed its balance over the EP ranks, a ratio in (0, 1].
+  EXPECT_GT(Value(attention0, R"(dxs_ep_balance_ratio_count{rank="0"})"), 0);
+  EXPECT_LE(Value(attention0, R"(dxs_ep_balance_ratio_sum{rank="0"})"),
+            Value(attention0, R"(dxs_ep_balance_ratio_count{rank="0"})"));
   EXPECT_GT(Value(attention0, R"(dxs_combine_latency_seconds_count{rank="0"})"), 0);
   EXPECT_GT(Value(attention0, R"(dxs_step_duration_seconds_count{role="attention",rank="0"})"), 0);
   EXPECT_EQ(Value(attention0, R"(dxs_overlapped_steps_total{rank="0"})"), overlapped1);
@@ -213,6 +217,15 @@ TEST(Metrics, EveryProcessServesCleanMetricsThatMove) {
   EXPECT_EQ(Value(r, R"(dxs_workers{role="expert",state="dead"})"), 0);
   EXPECT_GT(Value(r, "dxs_cluster_view_version"), 0);
   EXPECT_GE(Value(r, "dxs_ep_token_imbalance"), 1);
+  EXPECT_GT(Value(r, "dxs_cluster_ep_balance_ratio"), 0);
+  EXPECT_LE(Value(r, "dxs_cluster_ep_balance_ratio"), 1);
+  // The placement: published, 16 experts in two blocks, no replicas (no
+  // --num-redundant-experts).
+  EXPECT_GT(Value(r, "dxs_placement_version"), 0);
+  EXPECT_EQ(Value(r, R"(dxs_placement_experts{rank="0"})"), 8);
+  EXPECT_EQ(Value(r, R"(dxs_placement_experts{rank="1"})"), 8);
+  EXPECT_EQ(Value(r, R"(dxs_placement_replicas{rank="0"})"), 0);
+  EXPECT_EQ(Value(r, R"(dxs_placement_replicas{rank="1"})"), 0);
   // Within the router's 5 s window DP rank 1's empty-step count grew; DP rank 0's did
   // not have to.
   EXPECT_GE(Value(r, R"(dxs_cluster_empty_ranks{role="attention"})"), 1);

@@ -185,6 +185,13 @@ TEST(Prometheus, ScrapesTheClusterAndSeesAnIdleRankRunEmptySteps) {
   EXPECT_GT(prometheus.Query(R"(dxs_dispatch_latency_seconds_count{rank="1"})").value_or(-1), 0);
   EXPECT_GT(prometheus.Query("sum(dxs_time_to_first_token_seconds_count)").value_or(-1), 0);
   EXPECT_GT(prometheus.Query("sum(dxs_tokens_received_total)").value_or(-1), 0);
+  // The load-balancing series: the balance ratio (per dispatch and the router's), the
+  // placement version and the expert copies per EP rank (16 experts, no replicas).
+  EXPECT_GT(prometheus.Query(R"(dxs_ep_balance_ratio_count{rank="0"})").value_or(-1), 0);
+  EXPECT_GT(prometheus.Query("dxs_cluster_ep_balance_ratio").value_or(-1), 0);
+  EXPECT_GT(prometheus.Query("dxs_placement_version").value_or(-1), 0);
+  EXPECT_EQ(prometheus.Query("sum(dxs_placement_experts)").value_or(-1), 16);
+  EXPECT_EQ(prometheus.Query("sum(dxs_placement_replicas)").value_or(-1), 0);
 
   // Over the idle window, DP rank 1's empty-batch steps grew and were all of its steps.
   auto at = [&](const std::string& q, absl::Time t) { return prometheus.Query(q, t).value_or(-1); };

@@ -153,11 +153,12 @@ bool AllRanksReady(const std::string& address, int num_attention, const TlsConfi
 }  // namespace
 
 int UpCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(
-      argv,
-      WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir", "wire-dtype",
-                         "overlap-min-tokens", "stream-interval", "device"}),
-      WithTlsBoolFlags({}));
+  absl::StatusOr<Args> args =
+      Args::Parse(argv,
+                  WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir",
+                                     "wire-dtype", "overlap-min-tokens", "stream-interval",
+                                     "device", "num-redundant-experts"}),
+                  WithTlsBoolFlags({}));
   if (!args.ok()) return Fail("up", args.status());
   // With TLS, every process of the cluster uses the same files (one certificate that is
   // both server and cluster client).
@@ -201,10 +202,22 @@ int UpCommand(const std::vector<std::string>& argv) {
     children.push_back(*c);
     return true;
   };
-  bool ok = spawn(
-      {bin + "/dxs-router", "--listen", router, "--model", model, "--attention", std::to_string(*m),
-       "--experts", std::to_string(*n), "--wire-dtype", args->GetString("wire-dtype", "f32")},
-      "router");
+  std::vector<std::string> router_argv = {bin + "/dxs-router",
+                                          "--listen",
+                                          router,
+                                          "--model",
+                                          model,
+                                          "--attention",
+                                          std::to_string(*m),
+                                          "--experts",
+                                          std::to_string(*n),
+                                          "--wire-dtype",
+                                          args->GetString("wire-dtype", "f32")};
+  if (args->Has("num-redundant-experts")) {
+    router_argv.insert(router_argv.end(),
+                       {"--num-redundant-experts", args->GetString("num-redundant-experts")});
+  }
+  bool ok = spawn(router_argv, "router");
   for (int r = 0; ok && r < *n; ++r) {
     ok = spawn({bin + "/dxs-expert", "--model", model, "--rank", std::to_string(r), "--router",
                 router, "--device", device},

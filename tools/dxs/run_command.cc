@@ -3,9 +3,12 @@
 #include <filesystem>
 #include <iostream>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "model/engine.h"
 #include "model/random_checkpoint.h"
+#include "model/router_skew_calibration.h"
 #include "nlohmann/json.hpp"
 #include "tools/dxs/cli_args.h"
 #include "tools/dxs/commands.h"
@@ -119,7 +122,7 @@ int RunCommand(const std::vector<std::string>& argv) {
 }
 
 int GenModelCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(argv, {"out", "preset", "seed"}, {});
+  absl::StatusOr<Args> args = Args::Parse(argv, {"out", "preset", "seed", "router-skew"}, {});
   if (!args.ok()) return Fail("gen-model", args.status());
   if (!args->Has("out")) {
     return Fail("gen-model", absl::InvalidArgumentError("--out DIR is required"));
@@ -129,11 +132,23 @@ int GenModelCommand(const std::vector<std::string>& argv) {
   auto seed = args->GetUint("seed", preset->seed);
   if (!seed.ok()) return Fail("gen-model", seed.status());
   preset->seed = *seed;
+  if (args->Has("router-skew")) {
+    double skew = 0;
+    if (!absl::SimpleAtod(args->GetString("router-skew"), &skew) || !(skew >= 0) || skew > 100) {
+      return Fail("gen-model", absl::InvalidArgumentError(
+                                   absl::StrCat("--router-skew must be a number in [0, 100], got '",
+                                                args->GetString("router-skew"), "'")));
+    }
+    preset->router_skew = skew;
+    if (absl::Status s = CalibrateRouterSkew(&*preset); !s.ok()) return Fail("gen-model", s);
+  }
   const std::string out = args->GetString("out");
   if (absl::Status s = WriteRandomCheckpoint(*preset, out); !s.ok()) return Fail("gen-model", s);
   absl::StatusOr<std::string> fp = CheckpointFingerprint(out);
   if (!fp.ok()) return Fail("gen-model", fp.status());
-  std::cout << "wrote preset " << preset->name << " to " << out << " (fingerprint " << *fp << ")\n";
+  std::cout << "wrote preset " << preset->name << " to " << out;
+  if (preset->router_skew != 0) std::cout << " with router skew " << preset->router_skew;
+  std::cout << " (fingerprint " << *fp << ")\n";
   return 0;
 }
 
