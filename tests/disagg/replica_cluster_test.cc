@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "model/engine.h"
+#include "tests/disagg/cluster_equivalence.h"
 #include "tests/disagg/metrics_util.h"
 #include "tests/disagg/process_cluster.h"
 #include "tests/model/test_util.h"
@@ -19,42 +20,6 @@ using testing::ClusterSpec;
 using testing::GenerateResult;
 using testing::ProcessCluster;
 using testing::TempDir;
-
-std::vector<int32_t> Prompt(int i, int vocab) {
-  std::vector<int32_t> p;
-  for (int j = 0; j < 2 + 3 * i; ++j) p.push_back(5 + (i * 577 + j * 101) % (vocab - 5));
-  return p;
-}
-
-// Requests 0..n-1 concurrently, request i to DP rank i % M; each must equal the
-// single-process engine: greedy tokens identical, first logits within 1e-5 relative.
-void ExpectMatchesEngine(ProcessCluster* cluster, const std::string& dir, int num_attention,
-                         int num_requests, int vocab) {
-  std::vector<GenerateResult> results(num_requests);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < num_requests; ++i) {
-    threads.emplace_back([&, i] {
-      results[i] =
-          cluster->Generate(i % num_attention, absl::StrCat("req-", i), Prompt(i, vocab), 6);
-    });
-  }
-  for (auto& t : threads) t.join();
-  auto engine = LocalEngine::Load(dir);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  for (int i = 0; i < num_requests; ++i) {
-    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message() << cluster->DumpLogs();
-    GenerationRequest r;
-    r.prompt = Prompt(i, vocab);
-    r.max_new_tokens = 6;
-    auto out = (*engine)->GenerateBatch({r});
-    ASSERT_TRUE(out.ok()) << out.status();
-    const GenerationResult& want = out->front();
-    EXPECT_EQ(results[i].tokens, want.tokens) << "request " << i;
-    const std::vector<float> got = cluster->FirstLogits(absl::StrCat("req-", i));
-    ASSERT_EQ(got.size(), want.first_logits.size()) << "request " << i;
-    EXPECT_LT(testing::RelativeError(got, want.first_logits), 1e-5) << "request " << i;
-  }
-}
 
 // Per expert, the token rows expert rank `rank` computed for it (its dxs_expert_tokens_total
 // series: one per expert it holds, from start-up on).
@@ -82,7 +47,7 @@ TEST(ReplicaCluster, EveryExpertOnBothRanks) {
   ClusterSpec spec{dir, 2, 2, {}};
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
-  ExpectMatchesEngine(&cluster, dir, 2, 4, 4096);
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 2, 4, 4096);
   for (int rank = 0; rank < 2; ++rank) {
     const std::map<int, double> tokens = ExpertTokens(cluster, rank);
     EXPECT_EQ(tokens.size(), 16u) << "EP rank " << rank << " holds every expert";
@@ -116,7 +81,7 @@ TEST(ReplicaCluster, UnevenRedundantSlots) {
   ClusterSpec spec{dir, 1, 3, {}};
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
-  ExpectMatchesEngine(&cluster, dir, 1, 3, 3001);
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 3, 3001);
   size_t slots = 0;
   for (int rank = 0; rank < 3; ++rank) slots += ExpertTokens(cluster, rank).size();
   EXPECT_EQ(slots, 12u + 5u);

@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "model/engine.h"
+#include "tests/disagg/cluster_equivalence.h"
 #include "tests/disagg/process_cluster.h"
 #include "tests/model/test_util.h"
 
@@ -16,48 +17,6 @@ using testing::ClusterSpec;
 using testing::GenerateResult;
 using testing::ProcessCluster;
 using testing::TempDir;
-
-std::vector<int32_t> Prompt(int i, int vocab) {
-  std::vector<int32_t> p;
-  for (int j = 0; j < 2 + 3 * i; ++j) p.push_back(5 + (i * 577 + j * 101) % (vocab - 5));
-  return p;
-}
-
-GenerationResult Reference(const std::string& dir, const std::vector<int32_t>& prompt,
-                           int max_new) {
-  auto engine = LocalEngine::Load(dir);
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  GenerationRequest r;
-  r.prompt = prompt;
-  r.max_new_tokens = max_new;
-  auto out = (*engine)->GenerateBatch({r});
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out->front();
-}
-
-// Sends requests 0..n-1 concurrently, request i to DP rank i % M, and checks each against
-// the single-process engine: greedy tokens identical, first logits within 1e-5 relative.
-void ExpectMatchesEngine(ProcessCluster* cluster, const std::string& dir, int num_attention,
-                         int num_requests, int vocab) {
-  std::vector<GenerateResult> results(num_requests);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < num_requests; ++i) {
-    threads.emplace_back([&, i] {
-      results[i] =
-          cluster->Generate(i % num_attention, "req-" + std::to_string(i), Prompt(i, vocab), 6);
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int i = 0; i < num_requests; ++i) {
-    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message() << cluster->DumpLogs();
-    const GenerationResult want = Reference(dir, Prompt(i, vocab), 6);
-    EXPECT_EQ(results[i].tokens, want.tokens) << "request " << i;
-    const std::vector<float> got = cluster->FirstLogits("req-" + std::to_string(i));
-    ASSERT_EQ(got.size(), want.first_logits.size()) << "request " << i;
-    EXPECT_LT(testing::RelativeError(got, want.first_logits), 1e-5) << "request " << i;
-    EXPECT_EQ(results[i].finish_reason, v1::FINISH_REASON_LENGTH);
-  }
-}
 
 class UcxGrid : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
@@ -70,7 +29,7 @@ TEST_P(UcxGrid, EqualsSingleProcess) {
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
   // Two requests: with M = 3 one DP rank has none and runs empty steps.
-  ExpectMatchesEngine(&cluster, dir, m, 2, 4096);
+  testing::ExpectClusterMatchesEngine(&cluster, dir, m, 2, 4096);
 }
 
 INSTANTIATE_TEST_SUITE_P(MxN, UcxGrid,
@@ -87,7 +46,7 @@ TEST(UcxCluster, UnevenPlacementTwelveExpertsOnFiveRanks) {
   ClusterSpec spec{dir, 2, 5, {"0-3", "4-5", "6-8", "9", "10-11"}};
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
-  ExpectMatchesEngine(&cluster, dir, 2, 3, 3001);
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 2, 3, 3001);
 }
 
 TEST(UcxCluster, MismatchedWorkersAreRefused) {
@@ -105,7 +64,7 @@ TEST(UcxCluster, MismatchedWorkersAreRefused) {
   s = cluster.StartExpert(0, dir, "", "held by a live worker");
   EXPECT_TRUE(s.ok()) << s << cluster.DumpLogs();
   // The cluster still serves.
-  ExpectMatchesEngine(&cluster, dir, 1, 1, 4096);
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 1, 4096);
 }
 
 TEST(UcxCluster, OverlappingExpertsAreRefused) {
@@ -135,7 +94,8 @@ TEST(UcxCluster, KilledExpertFailsInFlightThenRecovers) {
   GenerateResult long_run;
   std::thread client([&] {
     // Long enough to be in flight when the expert dies.
-    long_run = cluster.Generate(0, "long", Prompt(1, 4096), 3000, absl::Seconds(60));
+    long_run =
+        cluster.Generate(0, "long", testing::ClusterPrompt(1, 4096), 3000, absl::Seconds(60));
   });
   absl::SleepFor(absl::Milliseconds(300));
   const absl::Time killed_at = absl::Now();
@@ -149,7 +109,7 @@ TEST(UcxCluster, KilledExpertFailsInFlightThenRecovers) {
 
   ASSERT_TRUE(cluster.StartExpert(1, dir, "").ok()) << cluster.DumpLogs();
   ASSERT_TRUE(cluster.WaitReady(absl::Seconds(30)).ok()) << cluster.DumpLogs();
-  ExpectMatchesEngine(&cluster, dir, 2, 2, 4096);
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 2, 2, 4096);
 }
 
 }  // namespace

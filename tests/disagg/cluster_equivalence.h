@@ -1,0 +1,62 @@
+// The check most disaggregated tests end with: requests sent concurrently to a running
+// ProcessCluster equal the single-process engine on the same checkpoint (greedy tokens
+// identical, first-token logits within 1e-5 relative).
+#pragma once
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "model/engine.h"
+#include "tests/disagg/process_cluster.h"
+#include "tests/model/test_util.h"
+
+namespace dxs::testing {
+
+// Request i's prompt (2 + 3i tokens of a vocabulary of `vocab`).
+inline std::vector<int32_t> ClusterPrompt(int i, int vocab) {
+  std::vector<int32_t> p;
+  for (int j = 0; j < 2 + 3 * i; ++j) p.push_back(5 + (i * 577 + j * 101) % (vocab - 5));
+  return p;
+}
+
+// The single-process engine's result for `prompt` on the checkpoint in `dir`.
+inline GenerationResult EngineReference(const std::string& dir, const std::vector<int32_t>& prompt,
+                                        int max_new) {
+  auto engine = LocalEngine::Load(dir);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return {};
+  GenerationRequest r;
+  r.prompt = prompt;
+  r.max_new_tokens = max_new;
+  auto out = (*engine)->GenerateBatch({r});
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? out->front() : GenerationResult();
+}
+
+// Sends requests 0..n-1 ("req-i", ClusterPrompt(i), 6 tokens) concurrently, request i to
+// DP rank i % num_attention, and checks each against the single-process engine.
+inline void ExpectClusterMatchesEngine(ProcessCluster* cluster, const std::string& dir,
+                                       int num_attention, int num_requests, int vocab) {
+  std::vector<GenerateResult> results(num_requests);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < num_requests; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = cluster->Generate(i % num_attention, "req-" + std::to_string(i),
+                                     ClusterPrompt(i, vocab), 6);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < num_requests; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message() << cluster->DumpLogs();
+    const GenerationResult want = EngineReference(dir, ClusterPrompt(i, vocab), 6);
+    EXPECT_EQ(results[i].tokens, want.tokens) << "request " << i;
+    const std::vector<float> got = cluster->FirstLogits("req-" + std::to_string(i));
+    ASSERT_EQ(got.size(), want.first_logits.size()) << "request " << i;
+    EXPECT_LT(RelativeError(got, want.first_logits), 1e-5) << "request " << i;
+    EXPECT_EQ(results[i].finish_reason, v1::FINISH_REASON_LENGTH);
+  }
+}
+
+}  // namespace dxs::testing
