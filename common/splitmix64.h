@@ -7,11 +7,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define DXS_HOST_DEVICE __host__ __device__
-#else
-#define DXS_HOST_DEVICE
-#endif
+#include "common/host_device.h"
 
 namespace dxs {
 
