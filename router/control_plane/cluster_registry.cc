@@ -438,6 +438,27 @@ std::vector<v1::WorkerInfo> ClusterRegistry::ExpireLeases(absl::Time now) {
   return expired;
 }
 
+absl::StatusOr<v1::ClusterView> ClusterRegistry::SetPlacement(const Placement& placement) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("the router is shutting down");
+  if (placement.num_experts() != options_.num_experts ||
+      placement.num_ranks() != options_.num_expert_ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement of ", placement.num_experts(), " experts over ", placement.num_ranks(),
+        " ranks; the cluster has ", options_.num_experts, " over ", options_.num_expert_ranks));
+  }
+  for (size_t r = 0; r < expert_.size(); ++r) {
+    if (!IsLive(expert_[r])) {
+      return absl::FailedPreconditionError(absl::StrCat("expert rank ", r, " is not live"));
+    }
+  }
+  for (size_t r = 0; r < expert_.size(); ++r) {
+    expert_[r]->experts = placement.experts_of(static_cast<int>(r));
+  }
+  PublishLocked();
+  return view_;
+}
+
 void ClusterRegistry::Shutdown() {
   absl::MutexLock lock(&mu_);
   shut_down_ = true;  // WaitForVersion's condition reads it; the unlock wakes waiters

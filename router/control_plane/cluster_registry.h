@@ -134,6 +134,13 @@ class ClusterRegistry {
   // Removes a worker (live or DEAD) from the view. NOT_FOUND for unknown or stale.
   absl::StatusOr<v1::DeregisterResponse> Deregister(const v1::DeregisterRequest& request);
 
+  // Publishes `placement` (EPLB, issue 13): every live expert rank's claim becomes what
+  // the placement assigns it, and the view (with a placement version one above the
+  // current, when the map changed) is returned. The caller has made every expert rank load
+  // it first. FAILED_PRECONDITION while an expert rank is not live; INVALID_ARGUMENT for a
+  // placement of another shape; UNAVAILABLE after Shutdown.
+  absl::StatusOr<v1::ClusterView> SetPlacement(const Placement& placement);
+
   // Marks DEAD every live worker whose last heartbeat is older than the lease timeout at
   // `now`, releasing its rank and experts. Returns those workers as they are now (DEAD).
   std::vector<v1::WorkerInfo> ExpireLeases(absl::Time now);
