@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
+#include "dxs/v1/expert_worker.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "model/engine.h"
 #include "model/random_checkpoint.h"
@@ -197,6 +198,28 @@ TEST(EplbCluster, RebalanceByHandPublishesBalancedPlacement) {
   EXPECT_GE(response.balance_ratio_after(), response.balance_ratio_before());
   EXPECT_EQ(RouterCounter(cluster, "dxs_eplb_rebalances_total"), 1);
   EXPECT_EQ(RouterCounter(cluster, "dxs_eplb_experts_moved_total"), response.experts_moved());
+  absl::StatusOr<std::string> text = testing::Scrape(cluster.router_metrics_address());
+  ASSERT_TRUE(text.ok()) << text.status();
+  const testing::PromtoolResult check = testing::CheckMetrics(*text);
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_EQ(check.output, "") << *text;
+  // Once the attention rank runs the new placement, the EP ranks free what they no longer
+  // hold: each ends with exactly its new experts resident.
+  for (const v1::WorkerInfo& w : after.workers()) {
+    if (w.role() != v1::ROLE_EXPERT) continue;
+    auto expert = v1::ExpertWorker::NewStub(
+        grpc::CreateChannel(w.grpc_address(), grpc::InsecureChannelCredentials()));
+    std::vector<int> resident;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      grpc::ClientContext status_ctx;
+      v1::GetExpertStatusResponse status;
+      ASSERT_TRUE(expert->GetStatus(&status_ctx, {}, &status).ok());
+      resident.assign(status.loaded_experts().begin(), status.loaded_experts().end());
+      if (resident == want->experts_of(static_cast<int>(w.rank()))) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(resident, want->experts_of(static_cast<int>(w.rank()))) << "EP rank " << w.rank();
+  }
 
   const std::map<int, double> tokens_before[2] = {ExpertTokens(cluster, 0),
                                                   ExpertTokens(cluster, 1)};
@@ -216,6 +239,22 @@ TEST(EplbCluster, RebalanceByHandPublishesBalancedPlacement) {
     }
   }
   EXPECT_GT(moved_and_computed, 0);
+}
+
+// Before every rank is up there is nothing to rebalance: FAILED_PRECONDITION.
+TEST(EplbCluster, RebalanceOfAnIncompleteClusterIsAFailedPrecondition) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ProcessCluster cluster(tmp.path());
+  ClusterSpec spec{dir, 1, 2, {}};
+  absl::Status started = cluster.StartRouter(spec, absl::Seconds(30));
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  auto cp = v1::ControlPlane::NewStub(
+      grpc::CreateChannel(cluster.router_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::RebalanceResponse response;
+  const grpc::Status s = cp->Rebalance(&ctx, v1::RebalanceRequest(), &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
 }
 
 }  // namespace
