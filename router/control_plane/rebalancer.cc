@@ -164,6 +164,19 @@ absl::StatusOr<v1::RebalanceResponse> Rebalancer::RebalanceLocked() {
     now_tokens[key] = std::move(tokens);
   }
 
+  // Nothing measured (no token since the last rebalance): nothing to balance by.
+  double total = 0;
+  for (double l : load) total += l;
+  if (total <= 0) {
+    last_tokens_ = std::move(now_tokens);
+    v1::RebalanceResponse unchanged;
+    unchanged.set_placement_version(current_proto.version());
+    unchanged.set_cluster_view_version(view.version());
+    unchanged.set_balance_ratio_before(1);
+    unchanged.set_balance_ratio_after(1);
+    return unchanged;
+  }
+
   // 2. Place.
   absl::StatusOr<Placement> next = BalancedPlacement(
       load, num_ranks, options_.num_redundant_experts, current_proto.version() + 1);

@@ -1,7 +1,8 @@
 // Rebalancer: EPLB live (issue 13 part 2). One rebalance:
 //   1. Measure: each expert rank's tokens per expert (ExpertWorker.GetStatus, summed over
 //      MoE layers), the growth since the previous rebalance summed over replicas.
-//   2. Place: BalancedPlacement(load, N, R, current version + 1).
+//   2. Place: BalancedPlacement(load, N, R, current version + 1). Without any measured
+//      token, or when it equals the current map, nothing changes (the version stays).
 //   3. Load: every expert rank gets the placement (ExpertWorker.LoadPlacement) and loads
 //      the experts it newly holds, keeping the old ones; all of them answer before step 4.
 //   4. Publish: the registry's ClusterView carries the new placement; each attention rank

@@ -97,6 +97,17 @@ std::map<int, double> ExpertTokens(const ProcessCluster& cluster, int rank) {
   return out;
 }
 
+// Runs `dxs ARGS`; its stdout, and an empty string unless it exits 0.
+std::string RunDxs(const ProcessCluster& cluster, const std::string& args) {
+  std::string out;
+  if (FILE* pipe = popen(absl::StrCat(cluster.bin("dxs"), " ", args, " 2>&1").c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
+    if (pclose(pipe) != 0) return "exit status != 0: " + out;
+  }
+  return out;
+}
+
 v1::ClusterView View(const ProcessCluster& cluster) {
   auto cp = v1::ControlPlane::NewStub(
       grpc::CreateChannel(cluster.router_address(), grpc::InsecureChannelCredentials()));
@@ -239,6 +250,17 @@ TEST(EplbCluster, RebalanceByHandPublishesBalancedPlacement) {
     }
   }
   EXPECT_GT(moved_and_computed, 0);
+
+  // The same by hand from the command line, and `dxs status` shows the placement.
+  const std::string out =
+      RunDxs(cluster, absl::StrCat("rebalance --router ", cluster.router_address()));
+  EXPECT_EQ(out.rfind("placement v", 0), 0u) << out;
+  const uint64_t version = View(cluster).placement().version();
+  EXPECT_GE(version, after.placement().version());
+  const std::string status =
+      RunDxs(cluster, absl::StrCat("status --router ", cluster.router_address()));
+  EXPECT_NE(status.find(absl::StrCat("placement v", version, "\n")), std::string::npos) << status;
+  EXPECT_NE(status.find("  ep 1: "), std::string::npos) << status;
 }
 
 // Before every rank is up there is nothing to rebalance: FAILED_PRECONDITION.
