@@ -241,7 +241,10 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
 
   // The expert claim against the other live expert ranks.
   if (role == v1::ROLE_EXPERT) {
-    if (claim.empty()) claim = default_placement_.experts_of(rank);
+    if (claim.empty()) {
+      claim =
+          eplb_placement_ ? eplb_placement_->experts_of(rank) : default_placement_.experts_of(rank);
+    }
     // With redundant experts an overlap is a replica; without, a conflict.
     const bool replicas = options_.num_redundant_experts > 0;
     std::vector<int> owner(options_.num_experts, -1);
@@ -455,6 +458,7 @@ absl::StatusOr<v1::ClusterView> ClusterRegistry::SetPlacement(const Placement& p
   for (size_t r = 0; r < expert_.size(); ++r) {
     expert_[r]->experts = placement.experts_of(static_cast<int>(r));
   }
+  eplb_placement_ = placement;
   PublishLocked();
   return view_;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics/families.h"
@@ -116,15 +117,17 @@ v1::ExpertWorker::Stub* Rebalancer::Stub(const std::string& address) {
 }
 
 absl::StatusOr<v1::RebalanceResponse> Rebalancer::Rebalance() {
-  if (!mu_.TryLock()) {
-    return absl::AbortedError("another rebalance is running; retry");
-  }
-  absl::StatusOr<v1::RebalanceResponse> result = RebalanceLocked();
-  mu_.Unlock();
-  return result;
+  if (rebalancing_) return absl::AbortedError("another rebalance is running; retry");
+  absl::MutexLock lock(&mu_);  // waits out a poll of the background thread
+  return RebalanceLocked();
 }
 
 absl::StatusOr<v1::RebalanceResponse> Rebalancer::RebalanceLocked() {
+  rebalancing_ = true;
+  struct Done {
+    std::atomic<bool>* flag;
+    ~Done() { *flag = false; }
+  } done{&rebalancing_};
   if (!registry_->IsComplete()) {
     return absl::FailedPreconditionError("the cluster is incomplete: some rank is not live");
   }

@@ -20,10 +20,11 @@
 // With interval_steps > 0 a thread rebalances each time the attention ranks' step counter
 // (the largest steps_total reported) has advanced that many steps since the last one.
 //
-// Thread safety: Rebalance may be called from any thread; one runs at a time (a second
-// concurrent call gets ABORTED).
+// Thread safety: Rebalance may be called from any thread; one runs at a time (a call while
+// one runs gets ABORTED).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -91,6 +92,7 @@ class Rebalancer {
   std::optional<v1::ExpertPlacement> to_release_ ABSL_GUARDED_BY(mu_);
   int64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;
 
+  std::atomic<bool> rebalancing_{false};  // RebalanceLocked is running
   absl::Notification stop_;
   std::thread thread_;
 };
