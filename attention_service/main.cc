@@ -21,6 +21,7 @@
 // Prometheus metrics (docs/metrics.md) are served on --metrics-listen (default
 // 127.0.0.1:0, any free port); the bound address is registered with the router (`dxs
 // status` shows it) and printed in the start-up line: "... listening on A, metrics on B".
+#include <atomic>
 #include <csignal>
 #include <iostream>
 #include <map>
@@ -148,8 +149,13 @@ int Main(int argc, char** argv) {
   AttentionWeights attention_weights = std::move(*weights);
 
   v1::RegisterRequest reg = runtime.BaseRegistration(v1::ROLE_ATTENTION, model_dir);
+  // The placement version this rank's steps dispatch with, set between steps: once the
+  // router sees the new one from every attention rank, no step uses the old placement and
+  // the expert ranks may free what it alone needed.
+  std::atomic<uint64_t> dispatch_placement_version{0};
   absl::Status joined = runtime.Join(flags->worker.router, reg, [&](v1::HeartbeatRequest* hb) {
     *hb->mutable_load() = service.Load();
+    hb->set_placement_version(dispatch_placement_version.load());
     hb->set_state(service.ready() ? v1::WORKER_STATE_READY : v1::WORKER_STATE_JOINING);
     if (AttentionStepLoop* l = service.step_loop()) {  // published atomically
       FillStepCounters(l->counters(), hb->mutable_counters());
@@ -181,6 +187,10 @@ int Main(int argc, char** argv) {
         service.set_step_loop(loop.get());
       } else {
         moe->set_placement(shape->placement);
+      }
+      if (shape->placement.version() != dispatch_placement_version.load()) {
+        dispatch_placement_version = shape->placement.version();
+        runtime.HeartbeatNow();
       }
     }
     if (const bool ready = loop != nullptr && runtime.cluster_complete();

@@ -1,11 +1,27 @@
 // ExpertWorkerService: dxs.v1.ExpertWorker — status of this EP rank (experts held, step
-// counters including empty-batch steps, tokens per expert). LoadPlacement (live
-// rebalancing) is declared by the contract and not implemented yet: UNIMPLEMENTED.
+// counters including empty-batch steps, tokens per expert) and LoadPlacement, the expert
+// side of live rebalancing (issue 13).
+//
+// LoadPlacement loads the experts the placement newly assigns to this rank on the gRPC
+// thread (the serving thread keeps serving rounds meanwhile), then hands them to the
+// serving thread, which installs them between two rounds (InstallPending) and answers. The
+// old experts stay resident beside the new ones: attention ranks switch versions at their
+// own step boundaries, so until all of them have, a round may carry pairs of either
+// version, and the union serves both. A LoadPlacement with release_unused (the router
+// sends it once every attention rank runs the new version) frees the rest.
+//
+// Thread safety: GetStatus and LoadPlacement run on gRPC threads; InstallPending on the
+// serving thread (the one that calls the shard's Forward methods). Loads are serialised.
 #pragma once
 
 #include <atomic>
+#include <functional>
+#include <optional>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "dxs/v1/expert_worker.grpc.pb.h"
 #include "expert_service/expert_step_server.h"
 #include "model/expert_shard.h"
@@ -22,48 +38,49 @@ inline void FillStepCounters(const ExpertCounters& c, v1::StepCounters* out) {
 
 class ExpertWorkerService final : public v1::ExpertWorker::Service {
  public:
+  // Loads the given experts' weights of every MoE layer (from the checkpoint).
+  using Loader = std::function<absl::StatusOr<ExpertWeightMap>(const std::vector<int>&)>;
+
   explicit ExpertWorkerService(int rank) : rank_(rank) {}
-  void set_shard(ExpertShard* shard, std::vector<int> experts) {
-    experts_ = std::move(experts);
-    shard_ = shard;
-  }
+  void set_shard(ExpertShard* shard, std::vector<int> experts, uint64_t placement_version,
+                 Loader loader);
   void set_step_server(ExpertStepServer* s) { step_server_ = s; }
   ExpertStepServer* step_server() const { return step_server_.load(); }
   // Serving rounds: the cluster is complete and this rank's data path is up.
   void set_serving(bool serving) { serving_ = serving; }
   bool serving() const { return serving_; }
+  // Shuts LoadPlacement down (UNAVAILABLE) and wakes a waiting one.
+  void Stop();
+  uint64_t placement_version() const;
+
+  // On the serving thread, between rounds: installs what a LoadPlacement prepared.
+  void InstallPending();
 
   grpc::Status GetStatus(grpc::ServerContext*, const v1::GetExpertStatusRequest*,
-                         v1::GetExpertStatusResponse* resp) override {
-    resp->set_rank(static_cast<uint32_t>(rank_));
-    ExpertShard* shard = shard_.load();
-    resp->set_state(shard ? v1::WORKER_STATE_READY : v1::WORKER_STATE_JOINING);
-    if (shard == nullptr) return grpc::Status::OK;
-    for (int e : experts_) resp->add_loaded_experts(static_cast<uint32_t>(e));
-    if (ExpertStepServer* s = step_server_.load()) {
-      FillStepCounters(s->counters(), resp->mutable_counters());
-    }
-    const std::vector<int64_t> per_expert = shard->tokens_per_expert_snapshot();
-    for (int e : experts_) {
-      v1::ExpertTokenCount* t = resp->add_expert_tokens();
-      t->set_expert(static_cast<uint32_t>(e));
-      t->set_tokens_total(static_cast<uint64_t>(per_expert[e]));
-    }
-    return grpc::Status::OK;
-  }
-
-  grpc::Status LoadPlacement(grpc::ServerContext*, const v1::LoadPlacementRequest*,
-                             v1::LoadPlacementResponse*) override {
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                        "live placement changes are not supported yet; restart the worker");
-  }
+                         v1::GetExpertStatusResponse* resp) override;
+  grpc::Status LoadPlacement(grpc::ServerContext*, const v1::LoadPlacementRequest* request,
+                             v1::LoadPlacementResponse* response) override;
 
  private:
+  struct Pending {
+    ExpertWeightMap add;
+    std::optional<std::vector<int>> keep_only;  // release_unused
+    std::vector<int> experts;                   // resident once installed
+    uint64_t version = 0;
+    bool installed = false;
+  };
+
   int rank_;
-  std::vector<int> experts_;  // written before shard_ is published
+  Loader loader_;
   std::atomic<ExpertShard*> shard_{nullptr};
   std::atomic<ExpertStepServer*> step_server_{nullptr};
   std::atomic<bool> serving_{false};
+  absl::Mutex load_mu_;  // one LoadPlacement at a time
+  mutable absl::Mutex mu_;
+  std::vector<int> experts_ ABSL_GUARDED_BY(mu_);  // resident, ascending
+  uint64_t placement_version_ ABSL_GUARDED_BY(mu_) = 0;
+  Pending* pending_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace dxs

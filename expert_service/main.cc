@@ -97,6 +97,7 @@ int Main(int argc, char** argv) {
   for (int e : claim) reg.add_loaded_experts(static_cast<uint32_t>(e));
   absl::Status joined = runtime.Join(flags->worker.router, reg, [&](v1::HeartbeatRequest* hb) {
     hb->set_state(service.serving() ? v1::WORKER_STATE_READY : v1::WORKER_STATE_JOINING);
+    hb->set_placement_version(service.placement_version());
     if (ExpertStepServer* s = service.step_server()) {  // published atomically
       FillStepCounters(s->counters(), hb->mutable_counters());
     }
@@ -116,7 +117,10 @@ int Main(int argc, char** argv) {
   if (!weights.ok()) return fail(weights.status());
   shard = std::make_unique<ExpertShard>(config, std::move(*weights), backend.get());
   ShardCompute compute(shard.get());
-  service.set_shard(shard.get(), experts);
+  service.set_shard(shard.get(), experts, placement.version(),
+                    [&ckpt, &config, b = backend.get()](const std::vector<int>& more) {
+                      return LoadExpertWeights(ckpt, config, more, b);
+                    });
   absl::StatusOr<std::unique_ptr<ExpertMetrics>> made_metrics = ExpertMetrics::Create(
       metrics_registry.get(), rank, experts, static_cast<int>(config.num_experts));
   if (!made_metrics.ok()) return fail(made_metrics.status());
@@ -126,6 +130,7 @@ int Main(int argc, char** argv) {
 
   bool reported_idle = true;  // no round since the last idle report
   while (!ShutdownRequested()) {
+    service.InstallPending();  // a LoadPlacement's experts, between rounds
     std::optional<ClusterShape> shape = runtime.ApplyPendingView();
     if (shape && shape->num_attention > 0) {
       std::vector<int> dp_peers;
@@ -158,6 +163,7 @@ int Main(int argc, char** argv) {
       reported_idle = true;
     }
   }
+  service.Stop();
   runtime.Stop();
   return 0;
 }

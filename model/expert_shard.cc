@@ -23,20 +23,8 @@ ExpertShard::ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Bac
       weights_(std::move(weights)),
       backend_(backend),
       tokens_per_expert_(new std::atomic<int64_t>[std::max<int64_t>(config.num_experts, 0)]()) {
-  const size_t layers = static_cast<size_t>(std::max<int64_t>(config.num_hidden_layers, 0));
+  RebuildTables();
   const size_t experts = static_cast<size_t>(std::max<int64_t>(config.num_experts, 0));
-  for (auto* table : {&gate_up_, &down_}) {
-    table->assign(layers, std::vector<const Tensor*>(experts, nullptr));
-  }
-  for (const auto& [key, w] : weights_) {
-    const auto [layer, expert] = key;
-    if (layer < 0 || static_cast<size_t>(layer) >= layers || expert < 0 ||
-        static_cast<size_t>(expert) >= experts) {
-      continue;
-    }
-    gate_up_[layer][expert] = &w.gate_up_proj;
-    down_[layer][expert] = &w.down_proj;
-  }
   const bool holds_all =
       config.num_experts > 0 && weights_.size() == LayersWithExperts(config) * experts;
   if (holds_all && backend_->device() == Device::kCuda) {
@@ -59,6 +47,39 @@ std::vector<int64_t> ExpertShard::tokens_per_expert_snapshot() const {
     }
   }
   return out;
+}
+
+void ExpertShard::RebuildTables() {
+  const size_t layers = static_cast<size_t>(std::max<int64_t>(config_.num_hidden_layers, 0));
+  const size_t experts = static_cast<size_t>(std::max<int64_t>(config_.num_experts, 0));
+  for (auto* table : {&gate_up_, &down_}) {
+    table->assign(layers, std::vector<const Tensor*>(experts, nullptr));
+  }
+  for (const auto& [key, w] : weights_) {
+    const auto [layer, expert] = key;
+    if (layer < 0 || static_cast<size_t>(layer) >= layers || expert < 0 ||
+        static_cast<size_t>(expert) >= experts) {
+      continue;
+    }
+    gate_up_[layer][expert] = &w.gate_up_proj;
+    down_[layer][expert] = &w.down_proj;
+  }
+}
+
+void ExpertShard::AddExperts(ExpertWeightMap more) {
+  for (auto& [key, w] : more) weights_.emplace(key, std::move(w));
+  RebuildTables();
+}
+
+void ExpertShard::KeepOnly(const std::vector<int>& keep) {
+  for (auto it = weights_.begin(); it != weights_.end();) {
+    if (std::find(keep.begin(), keep.end(), it->first.second) == keep.end()) {
+      it = weights_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  RebuildTables();
 }
 
 bool ExpertShard::Holds(int layer, int expert) const { return weights_.count({layer, expert}) > 0; }

@@ -31,6 +31,12 @@ class ExpertShard final {
   ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Backend* backend);
 
   bool Holds(int layer, int expert) const;
+  // Live rebalancing (issue 13): makes `more` resident beside what is held (a key already
+  // held keeps its weights), or frees every expert outside `keep`. Call them from the
+  // thread that calls the Forward methods, between calls (they change the tables Forward
+  // reads).
+  void AddExperts(ExpertWeightMap more);
+  void KeepOnly(const std::vector<int>& keep);
   Backend* backend() const { return backend_; }
   // The same for the router's output on the backend: row t's pairs are ids/weights[t, :]
   // (every expert local, out row == x row), as the single-process engine routes.
@@ -57,6 +63,7 @@ class ExpertShard final {
   // Per layer, per expert id: the weights, or null where not held (GroupedSwiGlu's table).
   std::vector<std::vector<const Tensor*>> gate_up_, down_;
   std::unique_ptr<std::atomic<int64_t>[]> tokens_per_expert_;
+  void RebuildTables();
   // Where the shard holds every expert of every layer on a device backend, nothing can be
   // routed to a missing expert, so the per-layer counts stay on the device (i64 [E],
   // AccumulateCounts) instead of coming to the host each layer: no synchronisation inside

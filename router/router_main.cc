@@ -7,7 +7,12 @@
 //              [--metrics-listen HOST:PORT] [--transport ucx|nccl|inproc]
 //              [--wire-dtype f32|bf16] [--lease-ms 3000] [--heartbeat-ms 500]
 //              [--max-inflight 1024] [--num-redundant-experts R]
+//              [--enable-eplb [--eplb-interval N]]
 //
+// --enable-eplb rebalances experts live every --eplb-interval steps (EPLB, issue 13;
+// router/control_plane/rebalancer.h): a placement from measured tokens per expert, loaded
+// by the expert ranks before it is published. `dxs rebalance` (ControlPlane.Rebalance)
+// runs one rebalance by hand, with or without --enable-eplb.
 // --num-redundant-experts R adds R expert slots beyond one per expert: replicas placed by
 // Placement::WithRedundantExperts (router/dispatch/placement.h) on distinct EP ranks; a
 // DP rank sends each routed pair to exactly one replica (the rule is in that header).
@@ -57,6 +62,7 @@
 #include "router/control_plane/cluster_registry.h"
 #include "router/control_plane/control_plane_service.h"
 #include "router/control_plane/model_identity.h"
+#include "router/control_plane/rebalancer.h"
 #include "router/frontend/cluster_watcher.h"
 #include "router/frontend/frontend_metrics.h"
 #include "router/frontend/frontend_service.h"
@@ -76,6 +82,10 @@ ABSL_FLAG(int64_t, heartbeat_ms, 500, "Workers' heartbeat interval, 1..3600000."
 ABSL_FLAG(int, num_redundant_experts, 0,
           "Expert slots beyond one per expert (replicas of experts on other EP ranks, as "
           "vLLM's --num-redundant-experts), 0..experts*(EP ranks-1); 0: no replicas.");
+ABSL_FLAG(bool, enable_eplb, false,
+          "Rebalance experts live from measured load every --eplb-interval steps (EPLB).");
+ABSL_FLAG(int64_t, eplb_interval, 1000,
+          "Steps between EPLB rebalances with --enable-eplb, 1..1000000000.");
 ABSL_FLAG(int64_t, max_inflight, 1024,
           "Generate requests in flight cluster-wide, 1..1000000; beyond: RESOURCE_EXHAUSTED.");
 
@@ -87,7 +97,7 @@ constexpr char kUsage[] =
     "                  [--metrics-listen HOST:PORT] [--transport ucx|nccl|inproc]\n"
     "                  [--wire-dtype f32|bf16]\n"
     "                  [--lease-ms MS] [--heartbeat-ms MS] [--max-inflight N]\n"
-    "                  [--num-redundant-experts R]\n"
+    "                  [--num-redundant-experts R] [--enable-eplb [--eplb-interval N]]\n"
     "                  [--tls-cert FILE --tls-key FILE --tls-ca FILE [--mtls]]\n"
     "                  [--flagfile FILE]\n"
     "Flags may be spelled with dashes or underscores; a --flagfile uses underscores.";
@@ -111,6 +121,7 @@ struct Flags {
   int64_t heartbeat_ms = 0;
   int64_t max_inflight = 0;
   int num_redundant_experts = 0;
+  int64_t eplb_interval = 0;  // 0: --enable-eplb off
 };
 
 // The one place the router's flags are checked.
@@ -170,6 +181,12 @@ absl::StatusOr<Flags> ValidateFlags() {
   flags.num_redundant_experts = absl::GetFlag(FLAGS_num_redundant_experts);
   if (flags.num_redundant_experts < 0) {
     return absl::InvalidArgumentError("--num-redundant-experts must be >= 0");
+  }
+  if (absl::GetFlag(FLAGS_enable_eplb)) {
+    flags.eplb_interval = absl::GetFlag(FLAGS_eplb_interval);
+    if (flags.eplb_interval < 1 || flags.eplb_interval > 1000000000) {
+      return absl::InvalidArgumentError("--eplb-interval must be in 1..1000000000");
+    }
   }
   absl::StatusOr<dxs::TlsConfig> tls = dxs::flags::TlsFromFlags(/*for_server=*/true);
   if (!tls.ok()) return tls.status();
@@ -261,6 +278,14 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> worker_credentials =
       dxs::MakeChannelCredentials(flags->tls);
   if (!worker_credentials.ok()) return Fail(worker_credentials.status());
+  dxs::RebalancerOptions rebalancer_options;
+  rebalancer_options.interval_steps = flags->eplb_interval;
+  rebalancer_options.num_redundant_experts = flags->num_redundant_experts;
+  rebalancer_options.credentials = *worker_credentials;
+  absl::StatusOr<std::unique_ptr<dxs::Rebalancer>> rebalancer =
+      dxs::Rebalancer::Create(&registry, rebalancer_options, metrics_registry.get());
+  if (!rebalancer.ok()) return Fail(rebalancer.status());
+  service.set_rebalance([r = rebalancer->get()] { return r->Rebalance(); });
   dxs::FrontendOptions frontend_options;
   frontend_options.max_inflight = flags->max_inflight;
   frontend_options.worker_credentials = *worker_credentials;
@@ -287,6 +312,7 @@ int main(int argc, char** argv) {
   });
 
   (*cluster_metrics)->Start();
+  (*rebalancer)->Start();
 
   const std::string host = flags->listen.substr(0, flags->listen.rfind(':'));
   const std::string metrics_host =
@@ -316,6 +342,7 @@ int main(int argc, char** argv) {
   health->Shutdown();
   frontend.Shutdown();
   service.Shutdown();
+  (*rebalancer)->Stop();
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->server->Wait();
   (*cluster_metrics)->Stop();

@@ -241,7 +241,10 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
 
   // The expert claim against the other live expert ranks.
   if (role == v1::ROLE_EXPERT) {
-    if (claim.empty()) claim = default_placement_.experts_of(rank);
+    if (claim.empty()) {
+      claim =
+          eplb_placement_ ? eplb_placement_->experts_of(rank) : default_placement_.experts_of(rank);
+    }
     // With redundant experts an overlap is a replica; without, a conflict.
     const bool replicas = options_.num_redundant_experts > 0;
     std::vector<int> owner(options_.num_experts, -1);
@@ -436,6 +439,28 @@ std::vector<v1::WorkerInfo> ClusterRegistry::ExpireLeases(absl::Time now) {
     PublishLocked();
   }
   return expired;
+}
+
+absl::StatusOr<v1::ClusterView> ClusterRegistry::SetPlacement(const Placement& placement) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("the router is shutting down");
+  if (placement.num_experts() != options_.num_experts ||
+      placement.num_ranks() != options_.num_expert_ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement of ", placement.num_experts(), " experts over ", placement.num_ranks(),
+        " ranks; the cluster has ", options_.num_experts, " over ", options_.num_expert_ranks));
+  }
+  for (size_t r = 0; r < expert_.size(); ++r) {
+    if (!IsLive(expert_[r])) {
+      return absl::FailedPreconditionError(absl::StrCat("expert rank ", r, " is not live"));
+    }
+  }
+  for (size_t r = 0; r < expert_.size(); ++r) {
+    expert_[r]->experts = placement.experts_of(static_cast<int>(r));
+  }
+  eplb_placement_ = placement;
+  PublishLocked();
+  return view_;
 }
 
 void ClusterRegistry::Shutdown() {

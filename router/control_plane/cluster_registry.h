@@ -134,6 +134,15 @@ class ClusterRegistry {
   // Removes a worker (live or DEAD) from the view. NOT_FOUND for unknown or stale.
   absl::StatusOr<v1::DeregisterResponse> Deregister(const v1::DeregisterRequest& request);
 
+  // Publishes `placement` (EPLB, issue 13): every live expert rank's claim becomes what
+  // the placement assigns it, and the view (with a placement version one above the
+  // current, when the map changed) is returned. The caller has made every expert rank load
+  // it first. From then on an expert rank registering without a claim (a restarted worker)
+  // claims its experts of this placement instead of the default block. FAILED_PRECONDITION
+  // while an expert rank is not live; INVALID_ARGUMENT for a
+  // placement of another shape; UNAVAILABLE after Shutdown.
+  absl::StatusOr<v1::ClusterView> SetPlacement(const Placement& placement);
+
   // Marks DEAD every live worker whose last heartbeat is older than the lease timeout at
   // `now`, releasing its rank and experts. Returns those workers as they are now (DEAD).
   std::vector<v1::WorkerInfo> ExpireLeases(absl::Time now);
@@ -180,6 +189,8 @@ class ClusterRegistry {
   const ClusterRegistryOptions options_;
   // Placement::WithRedundantExperts(E, N, R): the default claims.
   const Placement default_placement_;
+  // The last placement SetPlacement published: the default claims from then on.
+  std::optional<Placement> eplb_placement_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

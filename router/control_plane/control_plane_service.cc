@@ -164,4 +164,24 @@ grpc::Status ControlPlaneService::Deregister(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status ControlPlaneService::Rebalance(grpc::ServerContext* context,
+                                            const v1::RebalanceRequest*,
+                                            v1::RebalanceResponse* response) {
+  if (absl::Status s = RequireClusterPeer(*context, tls_); !s.ok()) return ToGrpcStatus(s);
+  if (!rebalance_) {
+    return ToGrpcStatus(absl::UnimplementedError("this router does not rebalance experts"));
+  }
+  absl::StatusOr<v1::RebalanceResponse> result = rebalance_();
+  if (!result.ok()) {
+    Log(absl::StrCat("rebalance refused: ", absl::StatusCodeToString(result.status().code()), ": ",
+                     result.status().message()));
+    return ToGrpcStatus(result.status());
+  }
+  Log(absl::StrCat("rebalanced by request: placement v", result->placement_version(), ", ",
+                   result->experts_moved(), " expert copies moved; view v",
+                   result->cluster_view_version()));
+  *response = *std::move(result);
+  return grpc::Status::OK;
+}
+
 }  // namespace dxs

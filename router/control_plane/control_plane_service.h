@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -44,6 +45,10 @@ class ControlPlaneService final : public v1::ControlPlane::Service {
   // With mutual TLS every control-plane RPC requires a cluster certificate (set before
   // the server starts).
   void set_tls(TlsConfig tls) { tls_ = std::move(tls); }
+  // What Rebalance runs (the router's Rebalancer); unset: UNIMPLEMENTED. Set before the
+  // server starts.
+  using RebalanceFn = std::function<absl::StatusOr<v1::RebalanceResponse>()>;
+  void set_rebalance(RebalanceFn rebalance) { rebalance_ = std::move(rebalance); }
 
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override;
@@ -55,6 +60,8 @@ class ControlPlaneService final : public v1::ControlPlane::Service {
                      v1::DrainResponse* response) override;
   grpc::Status Deregister(grpc::ServerContext* context, const v1::DeregisterRequest* request,
                           v1::DeregisterResponse* response) override;
+  grpc::Status Rebalance(grpc::ServerContext* context, const v1::RebalanceRequest* request,
+                         v1::RebalanceResponse* response) override;
 
  private:
   void ExpireLoop();
@@ -62,6 +69,7 @@ class ControlPlaneService final : public v1::ControlPlane::Service {
 
   ClusterRegistry* const registry_;
   TlsConfig tls_;
+  RebalanceFn rebalance_;
   std::FILE* const log_;
   absl::Notification stop_;
   std::thread expire_thread_;

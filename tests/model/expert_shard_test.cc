@@ -94,5 +94,41 @@ TEST_F(ExpertShardBf16Test, Bf16RowsGiveTheFloat32AnswerRoundedOnce) {
   }
 }
 
+// Live rebalancing: experts added to a shard compute as in a shard built with them, and
+// KeepOnly frees the rest (a pair for a freed expert is refused, not computed).
+TEST_F(ExpertShardBf16Test, AddedExpertsComputeAndKeepOnlyFrees) {
+  ExpertWeightMap all;
+  for (int e = 0; e < kExperts; ++e) {
+    ExpertWeights& w = all[{0, e}];
+    const Tensor gate = *backend_->Upload(Random(kInter * kHidden, 0.2f), {kInter, kHidden});
+    const Tensor up = *backend_->Upload(Random(kInter * kHidden, 0.2f), {kInter, kHidden});
+    w.gate_up_proj = *PackGateUp(gate, up, backend_.get());
+    w.down_proj = *backend_->Upload(Random(kHidden * kInter, 0.2f), {kHidden, kInter});
+  }
+  ExpertWeightMap low, high;
+  for (const auto& [key, w] : all) (key.second < 2 ? low : high).emplace(key, w);
+  ExpertShard full(config_, all, backend_.get());
+  ExpertShard partial(config_, low, backend_.get());
+  EXPECT_TRUE(partial.Holds(0, 1));
+  EXPECT_FALSE(partial.Holds(0, 2));
+  partial.AddExperts(high);
+  for (int e = 0; e < kExperts; ++e) EXPECT_TRUE(partial.Holds(0, e)) << e;
+
+  const int64_t rows = 9;
+  const Tensor x = *backend_->Upload(Random(rows * kHidden, 2.f), {rows, kHidden});
+  const RoutedPairs pairs = Route(rows);
+  ShardCompute full_compute(&full), partial_compute(&partial);
+  Tensor want = *backend_->Allocate({rows, kHidden});
+  Tensor got = *backend_->Allocate({rows, kHidden});
+  ASSERT_TRUE(full_compute.Forward(0, x, pairs, &want).ok());
+  ASSERT_TRUE(partial_compute.Forward(0, x, pairs, &got).ok());
+  for (int64_t i = 0; i < rows * kHidden; ++i) ASSERT_EQ(got.f32()[i], want.f32()[i]) << i;
+
+  partial.KeepOnly({2, 3});
+  EXPECT_FALSE(partial.Holds(0, 0));
+  EXPECT_TRUE(partial.Holds(0, 3));
+  EXPECT_FALSE(partial_compute.Forward(0, x, pairs, &got).ok());
+}
+
 }  // namespace
 }  // namespace dxs

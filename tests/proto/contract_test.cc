@@ -89,6 +89,8 @@ const MethodSpec kMethods[] = {
     {"dxs.v1.ControlPlane", "Drain", "dxs.v1.DrainRequest", "dxs.v1.DrainResponse", false},
     {"dxs.v1.ControlPlane", "Deregister", "dxs.v1.DeregisterRequest", "dxs.v1.DeregisterResponse",
      false},
+    {"dxs.v1.ControlPlane", "Rebalance", "dxs.v1.RebalanceRequest", "dxs.v1.RebalanceResponse",
+     false},
     {"dxs.v1.AttentionWorker", "Generate", "dxs.v1.GenerateRequest", "dxs.v1.GenerateResponse",
      true},
     {"dxs.v1.AttentionWorker", "Serve", "dxs.v1.ServeRequest", "dxs.v1.ServeEvents", true, true},

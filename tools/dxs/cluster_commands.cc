@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/flags/tls_flags.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
@@ -157,7 +158,7 @@ int UpCommand(const std::vector<std::string>& argv) {
       Args::Parse(argv,
                   WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir",
                                      "wire-dtype", "overlap-min-tokens", "stream-interval",
-                                     "device", "num-redundant-experts"}),
+                                     "device", "num-redundant-experts", "eplb-interval"}),
                   WithTlsBoolFlags({}));
   if (!args.ok()) return Fail("up", args.status());
   // With TLS, every process of the cluster uses the same files (one certificate that is
@@ -216,6 +217,10 @@ int UpCommand(const std::vector<std::string>& argv) {
   if (args->Has("num-redundant-experts")) {
     router_argv.insert(router_argv.end(),
                        {"--num-redundant-experts", args->GetString("num-redundant-experts")});
+  }
+  if (args->Has("eplb-interval")) {
+    router_argv.insert(router_argv.end(),
+                       {"--enable-eplb", "--eplb-interval", args->GetString("eplb-interval")});
   }
   bool ok = spawn(router_argv, "router");
   for (int r = 0; ok && r < *n; ++r) {
@@ -408,6 +413,18 @@ int StatusCommand(const std::vector<std::string>& argv) {
                               {"outstanding_tokens", l.num_outstanding_tokens()}});
     }
     if (!ls.ok()) out["loads_error"] = ls.error_message();
+    out["placement_version"] = view.placement().version();
+    nlohmann::json per_rank = nlohmann::json::array();
+    for (uint32_t r = 0; r < view.num_expert_ranks(); ++r) {
+      nlohmann::json experts = nlohmann::json::array();
+      for (int e = 0; e < view.placement().expert_to_rank_size(); ++e) {
+        for (uint32_t holder : view.placement().expert_to_rank(e).ep_ranks()) {
+          if (holder == r) experts.push_back(e);
+        }
+      }
+      per_rank.push_back({{"rank", r}, {"experts", experts}});
+    }
+    out["placement"] = per_rank;
     std::cout << out.dump() << "\n";
     return 0;
   }
@@ -424,6 +441,42 @@ int StatusCommand(const std::vector<std::string>& argv) {
               << l.kv_cache_total_tokens() << " tokens\n";
   }
   if (!ls.ok()) std::cout << "  (loads unavailable: " << ls.error_message() << ")\n";
+  // The placement: per EP rank the experts it holds, replicas (experts held elsewhere too)
+  // marked with '*'.
+  const v1::ExpertPlacement& p = view.placement();
+  std::cout << "placement v" << p.version() << "\n";
+  for (uint32_t r = 0; r < view.num_expert_ranks(); ++r) {
+    std::vector<std::string> held;
+    for (int e = 0; e < p.expert_to_rank_size(); ++e) {
+      for (uint32_t holder : p.expert_to_rank(e).ep_ranks()) {
+        if (holder != r) continue;
+        held.push_back(absl::StrCat(e, p.expert_to_rank(e).ep_ranks_size() > 1 ? "*" : ""));
+      }
+    }
+    std::cout << "  ep " << r << ": " << held.size() << " experts [" << absl::StrJoin(held, ",")
+              << "]\n";
+  }
+  return 0;
+}
+
+int RebalanceCommand(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args =
+      Args::Parse(argv, WithTlsValueFlags({"router"}), WithTlsBoolFlags({}));
+  if (!args.ok()) return Fail("rebalance", args.status());
+  absl::StatusOr<TlsConfig> tls = TlsFromArgs(*args, /*for_server=*/false);
+  if (!tls.ok()) return Fail("rebalance", tls.status());
+  if (absl::Status s = args->Require({"router"}); !s.ok()) return Fail("rebalance", s);
+  auto cp = v1::ControlPlane::NewStub(Channel(args->GetString("router"), *tls));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
+  v1::RebalanceResponse response;
+  grpc::Status s = cp->Rebalance(&ctx, v1::RebalanceRequest(), &response);
+  if (!s.ok()) return FailRpc("rebalance", s);
+  std::cout << "placement v" << response.placement_version() << ": " << response.experts_moved()
+            << " expert copies moved, balance ratio "
+            << absl::StrFormat("%.3f -> %.3f", response.balance_ratio_before(),
+                               response.balance_ratio_after())
+            << "\n";
   return 0;
 }
 

@@ -26,18 +26,22 @@ constexpr char kUsage[] =
     "               [--overlap-min-tokens N (two-batch overlap from N tokens a step; 0: off)]\n"
     "               [--stream-interval N (tokens per streamed chunk after the first; 1)]\n"
     "               [--device cpu|cuda[:N] (where the workers compute; cpu)]\n"
-    "               [--num-redundant-experts R (expert replicas; dxs-router's flag)];\n"
+    "               [--num-redundant-experts R (expert replicas; dxs-router's flag)]\n"
+    "               [--eplb-interval N (EPLB live: rebalance every N steps)];\n"
     "               prints 'listening on ADDR' when healthy,\n"
     "               stops everything on Ctrl-C or SIGTERM\n"
     "  generate     --router ADDR --prompt-ids 1,2,3 [--max-new-tokens N] [sampling flags]\n"
     "               [--dp-rank R] [--format json|text]\n"
-    "  status       --router ADDR [--format json]: workers, addresses and loads\n"
+    "  status       --router ADDR [--format json]: workers, addresses, loads and the\n"
+    "               expert placement (version, experts per EP rank)\n"
+    "  rebalance    --router ADDR: one EPLB rebalance now (placement from measured load)\n"
     "  bench        --router ADDR | --local MODEL  [--concurrency C --requests R\n"
     "               --prompt-len L --output-len O] [--format json]\n"
     "               [--device cpu|cuda[:N] (with --local)]\n"
     "--device: cpu (default), or a GPU where dxs was built with CUDA; a GPU asked for and\n"
     "  not there is a clear error (exit 1)\n"
-    "TLS (up, generate, status, bench and the services): --tls-cert FILE --tls-key FILE\n"
+    "TLS (up, generate, status, rebalance, bench and the services): --tls-cert FILE --tls-key "
+    "FILE\n"
     "  --tls-ca FILE [--mtls]\n";
 
 }  // namespace
@@ -55,6 +59,7 @@ int main(int argc, char** argv) {
   if (cmd == "up") return dxs::cli::UpCommand(args);
   if (cmd == "generate") return dxs::cli::GenerateCommand(args);
   if (cmd == "status") return dxs::cli::StatusCommand(args);
+  if (cmd == "rebalance") return dxs::cli::RebalanceCommand(args);
   if (cmd == "bench") return dxs::cli::BenchCommand(args);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::cout << kUsage;

@@ -2,6 +2,7 @@
 // default claims are Placement::WithRedundantExperts's blocks, the published placement
 // lists every replica (distinct ranks, every expert covered), overlapping claims are
 // replicas, and R = 0 publishes exactly what it did before replicas.
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -106,6 +107,42 @@ TEST(RegistryReplicasTest, OverlappingClaimsAreReplicas) {
   absl::StatusOr<v1::RegisterResponse> refused = gap.Register(Expert(1, {0, 1, 2}));
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("experts missing: 3"));
+}
+
+// EPLB's publish step: SetPlacement makes each EP rank's claim its experts in the new
+// placement and bumps the placement version once; refused while an EP rank is not live or
+// for a placement of another shape.
+TEST(RegistryReplicasTest, SetPlacementPublishesTheNewMap) {
+  ClusterRegistry reg(Options(2, 4, 1));
+  ASSERT_TRUE(reg.Register(Expert(0)).ok());
+  const Placement balanced = *Placement::FromExpertRanks(2, {{1}, {0, 1}, {0}, {0}}, 7);
+  absl::StatusOr<v1::ClusterView> refused = reg.SetPlacement(balanced);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  ASSERT_TRUE(reg.Register(Expert(1)).ok());
+  const v1::ClusterView before = reg.View();
+  absl::StatusOr<v1::ClusterView> view = reg.SetPlacement(balanced);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->version(), before.version() + 1);
+  EXPECT_EQ(view->placement().version(), before.placement().version() + 1);
+  std::vector<std::vector<int>> got = Replicas(view->placement());
+  for (auto& ranks : got) std::sort(ranks.begin(), ranks.end());
+  EXPECT_EQ(got, (std::vector<std::vector<int>>{{1}, {0, 1}, {0}, {0}}));
+  // The same map again changes nothing but the view version.
+  absl::StatusOr<v1::ClusterView> again = reg.SetPlacement(balanced);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->placement().version(), view->placement().version());
+  EXPECT_EQ(reg.SetPlacement(*Placement::FromExpertRanks(3, {{0}, {1}, {2}, {0}})).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A restarted EP rank without a claim takes its experts of the published placement back.
+  v1::DeregisterRequest leave;
+  leave.mutable_worker()->set_role(v1::ROLE_EXPERT);
+  leave.mutable_worker()->set_rank(1);
+  ASSERT_TRUE(reg.Deregister(leave).ok());
+  absl::StatusOr<v1::RegisterResponse> back = reg.Register(Expert(1));
+  ASSERT_TRUE(back.ok()) << back.status();
+  got = Replicas(back->placement());
+  for (auto& ranks : got) std::sort(ranks.begin(), ranks.end());
+  EXPECT_EQ(got, (std::vector<std::vector<int>>{{1}, {0, 1}, {0}, {0}}));
 }
 
 TEST(RegistryReplicasTest, ValidatesTheCount) {
