@@ -1,14 +1,17 @@
-// The check most disaggregated tests end with: requests sent concurrently to a running
+// Checks the disaggregated tests share: requests sent concurrently to a running
 // ProcessCluster equal the single-process engine on the same checkpoint (greedy tokens
-// identical, first-token logits within 1e-5 relative).
+// identical, first-token logits within 1e-5 relative), and which experts computed what.
 #pragma once
 
+#include <cstdlib>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "model/engine.h"
+#include "tests/disagg/metrics_util.h"
 #include "tests/disagg/process_cluster.h"
 #include "tests/model/test_util.h"
 
@@ -57,6 +60,23 @@ inline void ExpectClusterMatchesEngine(ProcessCluster* cluster, const std::strin
     EXPECT_LT(RelativeError(got, want.first_logits), 1e-5) << "request " << i;
     EXPECT_EQ(results[i].finish_reason, v1::FINISH_REASON_LENGTH);
   }
+}
+
+// Per expert, the token rows expert rank `rank` computed for it (its dxs_expert_tokens_total
+// series: one per expert it holds, from start-up on).
+inline std::map<int, double> ExpertTokens(const ProcessCluster& cluster, int rank) {
+  std::map<int, double> out;
+  absl::StatusOr<std::string> text = Scrape(cluster.expert_metrics_address(rank));
+  EXPECT_TRUE(text.ok()) << text.status();
+  if (!text.ok()) return out;
+  const std::string prefix = "dxs_expert_tokens_total{";
+  for (const auto& [series, value] : ParseSamples(*text)) {
+    if (series.rfind(prefix, 0) != 0) continue;
+    const size_t at = series.find("expert=\"");
+    if (at == std::string::npos) continue;
+    out[std::atoi(series.c_str() + at + 8)] = value;
+  }
+  return out;
 }
 
 }  // namespace dxs::testing

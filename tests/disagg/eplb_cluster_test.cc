@@ -17,6 +17,7 @@
 #include "model/engine.h"
 #include "model/random_checkpoint.h"
 #include "router/dispatch/eplb.h"
+#include "tests/disagg/cluster_equivalence.h"
 #include "tests/disagg/metrics_util.h"
 #include "tests/disagg/process_cluster.h"
 #include "tests/model/test_util.h"
@@ -79,22 +80,6 @@ void ExpectSoloOutputs(
     ASSERT_EQ(got.size(), out->front().first_logits.size()) << "request " << i;
     EXPECT_LT(testing::RelativeError(got, out->front().first_logits), 1e-5) << "request " << i;
   }
-}
-
-// Per expert, the token rows expert rank `rank` computed for it.
-std::map<int, double> ExpertTokens(const ProcessCluster& cluster, int rank) {
-  std::map<int, double> out;
-  absl::StatusOr<std::string> text = testing::Scrape(cluster.expert_metrics_address(rank));
-  EXPECT_TRUE(text.ok()) << text.status();
-  if (!text.ok()) return out;
-  const std::string prefix = "dxs_expert_tokens_total{";
-  for (const auto& [series, value] : testing::ParseSamples(*text)) {
-    if (series.rfind(prefix, 0) != 0) continue;
-    const size_t at = series.find("expert=\"");
-    if (at == std::string::npos) continue;
-    out[std::atoi(series.c_str() + at + 8)] = value;
-  }
-  return out;
 }
 
 // Runs `dxs ARGS`; its stdout, and an empty string unless it exits 0.
@@ -183,7 +168,7 @@ TEST(EplbCluster, RebalanceByHandPublishesBalancedPlacement) {
   ExpectSoloOutputs(&cluster, dir, 1, 6, 6, "warm-");
   std::vector<double> load(kNumExperts, 0);
   for (int r = 0; r < 2; ++r) {
-    for (const auto& [e, n] : ExpertTokens(cluster, r)) load[e] += n;
+    for (const auto& [e, n] : testing::ExpertTokens(cluster, r)) load[e] += n;
   }
   const v1::ClusterView before = View(cluster);
 
@@ -232,14 +217,14 @@ TEST(EplbCluster, RebalanceByHandPublishesBalancedPlacement) {
     EXPECT_EQ(resident, want->experts_of(static_cast<int>(w.rank()))) << "EP rank " << w.rank();
   }
 
-  const std::map<int, double> tokens_before[2] = {ExpertTokens(cluster, 0),
-                                                  ExpertTokens(cluster, 1)};
+  const std::map<int, double> tokens_before[2] = {testing::ExpertTokens(cluster, 0),
+                                                  testing::ExpertTokens(cluster, 1)};
   ExpectSoloOutputs(&cluster, dir, 1, 6, 6, "moved-");
   // An expert that moved to a rank computes there now.
   int moved_and_computed = 0;
   const std::vector<std::vector<int>> held_before = RankExperts(before);
   for (int r = 0; r < 2; ++r) {
-    const std::map<int, double> tokens = ExpertTokens(cluster, r);
+    const std::map<int, double> tokens = testing::ExpertTokens(cluster, r);
     for (int e : want->experts_of(r)) {
       const std::vector<int>& old = held_before[r];
       if (std::find(old.begin(), old.end(), e) != old.end()) continue;

@@ -21,23 +21,6 @@ using testing::GenerateResult;
 using testing::ProcessCluster;
 using testing::TempDir;
 
-// Per expert, the token rows expert rank `rank` computed for it (its dxs_expert_tokens_total
-// series: one per expert it holds, from start-up on).
-std::map<int, double> ExpertTokens(const ProcessCluster& cluster, int rank) {
-  std::map<int, double> out;
-  absl::StatusOr<std::string> text = testing::Scrape(cluster.expert_metrics_address(rank));
-  EXPECT_TRUE(text.ok()) << text.status();
-  if (!text.ok()) return out;
-  const std::string prefix = "dxs_expert_tokens_total{";
-  for (const auto& [series, value] : testing::ParseSamples(*text)) {
-    if (series.rfind(prefix, 0) != 0) continue;
-    const size_t at = series.find("expert=\"");
-    if (at == std::string::npos) continue;
-    out[std::atoi(series.c_str() + at + 8)] = value;
-  }
-  return out;
-}
-
 // R = E on two EP ranks: every expert on both, and each token goes whole to one of them.
 TEST(ReplicaCluster, EveryExpertOnBothRanks) {
   TempDir tmp;
@@ -49,7 +32,7 @@ TEST(ReplicaCluster, EveryExpertOnBothRanks) {
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
   testing::ExpectClusterMatchesEngine(&cluster, dir, 2, 4, 4096);
   for (int rank = 0; rank < 2; ++rank) {
-    const std::map<int, double> tokens = ExpertTokens(cluster, rank);
+    const std::map<int, double> tokens = testing::ExpertTokens(cluster, rank);
     EXPECT_EQ(tokens.size(), 16u) << "EP rank " << rank << " holds every expert";
     // The replicas outside the rank's own contiguous block computed too.
     double replica_rows = 0;
@@ -83,7 +66,7 @@ TEST(ReplicaCluster, UnevenRedundantSlots) {
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
   testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 3, 3001);
   size_t slots = 0;
-  for (int rank = 0; rank < 3; ++rank) slots += ExpertTokens(cluster, rank).size();
+  for (int rank = 0; rank < 3; ++rank) slots += testing::ExpertTokens(cluster, rank).size();
   EXPECT_EQ(slots, 12u + 5u);
   absl::StatusOr<std::string> text = testing::Scrape(cluster.router_metrics_address());
   ASSERT_TRUE(text.ok()) << text.status();
