@@ -624,7 +624,7 @@ UcxTransport::WaitResult UcxTransport::WaitUntil(absl::Time deadline, bool honor
     const absl::Time spin_end = absl::Now() + kSpinBeforeSleep;
     absl::Time now;
     do {
-      ProgressAll();
+      const unsigned events = ProgressAll();
       if (ready()) return WaitResult::kReady;
       if (honor_wake && wake_pending_.exchange(false, std::memory_order_acq_rel)) {
         return WaitResult::kWoken;
@@ -633,7 +633,10 @@ UcxTransport::WaitResult UcxTransport::WaitUntil(absl::Time deadline, bool honor
       if (now >= deadline) return WaitResult::kDeadline;
       // Hand the core to whoever is runnable: with more processes than cores the peer we
       // wait for may be the one that needs it. Costs a syscall when nothing else runs.
-      sched_yield();
+      // Not while the worker made progress: then a transfer is moving (a rendezvous is
+      // pipelined through shared memory fragment by fragment) and both ends must keep
+      // copying; yielding there hands the core away mid-transfer.
+      if (events == 0) sched_yield();
     } while (now < spin_end);
     if (!SleepOnEventFd(std::min(deadline - now, kMaxSleep))) return WaitResult::kError;
   }
