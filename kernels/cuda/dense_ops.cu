@@ -422,6 +422,23 @@ cudaError_t GatherRowsImpl(const void* src, ElemType src_type, int64_t src_rows,
   });
 }
 
+// ResidualNormKernel (kAdd: the norm of residual += x; else of x) in 16-byte steps where
+// the columns and every pointer allow, else one element at a time.
+template <bool kAdd, typename X, typename W, typename Y>
+cudaError_t LaunchResidualNorm(const X* in, float* residual, const W* w, float eps, int64_t rows,
+                               int64_t cols, Y* out, cudaStream_t stream) {
+  const bool vec = cols % kNormVec == 0 && Aligned16(in) && Aligned16(w) && Aligned16(out) &&
+                   (!kAdd || Aligned16(residual));
+  if (vec) {
+    ResidualNormKernel<X, W, Y, kNormVec, kAdd>
+        <<<GridBlocks(rows, 1), kThreads, 0, stream>>>(in, residual, w, eps, rows, cols, out);
+  } else {
+    ResidualNormKernel<X, W, Y, 1, kAdd>
+        <<<GridBlocks(rows, 1), kThreads, 0, stream>>>(in, residual, w, eps, rows, cols, out);
+  }
+  return cudaGetLastError();
+}
+
 // Rope (norm false: k and the weights unused) and QkNormRope: the vector path when each
 // half of a head row is a power-of-two number (at most a warp) of 16-byte units and every
 // pointer is 16-byte aligned, else one element per lane per step.
@@ -544,14 +561,9 @@ cudaError_t LaunchRmsNorm(const void* x, ElemType x_type, const void* weight, El
         if (cols <= kWarpRowMaxCols) {
           RmsNormWarpKernel<<<GridBlocks(rows, kWarpsPerBlock), kThreads, 0, stream>>>(
               in, w, eps, rows, static_cast<int>(cols), out);
-        } else if (cols % kNormVec == 0 && Aligned16(in) && Aligned16(w) && Aligned16(out)) {
-          ResidualNormKernel<X, W, Y, kNormVec, false>
-              <<<GridBlocks(rows, 1), kThreads, 0, stream>>>(in, nullptr, w, eps, rows, cols, out);
-        } else {
-          ResidualNormKernel<X, W, Y, 1, false>
-              <<<GridBlocks(rows, 1), kThreads, 0, stream>>>(in, nullptr, w, eps, rows, cols, out);
+          return cudaGetLastError();
         }
-        return cudaGetLastError();
+        return LaunchResidualNorm<false>(in, nullptr, w, eps, rows, cols, out, stream);
       });
     });
   });
@@ -576,15 +588,7 @@ cudaError_t LaunchAddRmsNorm(const void* x, ElemType x_type, float* residual, co
         const X* in = static_cast<const X*>(x);
         const W* w = static_cast<const W*>(weight);
         Y* out = static_cast<Y*>(y);
-        if (cols % kNormVec == 0 && Aligned16(in) && Aligned16(residual) && Aligned16(w) &&
-            Aligned16(out)) {
-          ResidualNormKernel<X, W, Y, kNormVec, true>
-              <<<GridBlocks(rows, 1), kThreads, 0, stream>>>(in, residual, w, eps, rows, cols, out);
-        } else {
-          ResidualNormKernel<X, W, Y, 1, true>
-              <<<GridBlocks(rows, 1), kThreads, 0, stream>>>(in, residual, w, eps, rows, cols, out);
-        }
-        return cudaGetLastError();
+        return LaunchResidualNorm<true>(in, residual, w, eps, rows, cols, out, stream);
       });
     });
   });

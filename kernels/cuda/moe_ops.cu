@@ -41,16 +41,11 @@
 #include "kernels/cuda/carver.cuh"
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/return_if_error.cuh"
 #include "kernels/replica_choice.h"
 
 namespace dxs::cuda {
 namespace {
-
-#define DXS_CUDA_RETURN_IF_ERROR(expr)                      \
-  do {                                                      \
-    const cudaError_t dxs_cuda_err_ = (expr);               \
-    if (dxs_cuda_err_ != cudaSuccess) return dxs_cuda_err_; \
-  } while (0)
 
 constexpr int kThreads = 256;  // every kernel's block size
 constexpr int kScanItems = 8;  // per thread in a scan tile
@@ -638,17 +633,6 @@ size_t ScaleAddRowsWorkspaceBytes(int64_t num_rows, int64_t dst_rows) {
 // ---- Launchers ----
 
 cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const int32_t* owner,
-                                 int64_t num_tokens, int64_t top_k, int64_t num_experts,
-                                 int64_t num_ranks, int32_t* num_tokens_per_rank,
-                                 int32_t* num_pairs_per_rank, int32_t* num_tokens_per_expert,
-                                 int32_t* token_rows, int32_t* pairs, void* workspace,
-                                 size_t workspace_bytes, cudaStream_t stream) {
-  return LaunchDispatchLayout(ids, weights, owner, 1, num_tokens, top_k, num_experts, num_ranks,
-                              num_tokens_per_rank, num_pairs_per_rank, num_tokens_per_expert,
-                              token_rows, pairs, workspace, workspace_bytes, stream);
-}
-
-cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const int32_t* owner,
                                  int64_t owner_width, int64_t num_tokens, int64_t top_k,
                                  int64_t num_experts, int64_t num_ranks,
                                  int32_t* num_tokens_per_rank, int32_t* num_pairs_per_rank,
@@ -782,7 +766,5 @@ cudaError_t LaunchScaleAddRows(const void* src, ElemType src_type, const float* 
   }
   return cudaGetLastError();
 }
-
-#undef DXS_CUDA_RETURN_IF_ERROR
 
 }  // namespace dxs::cuda

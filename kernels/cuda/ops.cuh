@@ -131,16 +131,9 @@ size_t ScaleAddRowsWorkspaceBytes(int64_t num_rows, int64_t dst_rows);
 // The dispatch layout of kernels/backend.h (DispatchLayoutTensors), identical to the CPU
 // backend's: per-rank token and pair counts, per-expert token counts, token_rows grouped
 // by rank (ascending within a rank), and pairs as per-rank blocks rows | experts | weights.
-// ids/weights are [num_tokens, top_k]; owner[num_experts] maps an expert to its rank.
-cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const int32_t* owner,
-                                 int64_t num_tokens, int64_t top_k, int64_t num_experts,
-                                 int64_t num_ranks, int32_t* num_tokens_per_rank,
-                                 int32_t* num_pairs_per_rank, int32_t* num_tokens_per_expert,
-                                 int32_t* token_rows, int32_t* pairs, void* workspace,
-                                 size_t workspace_bytes, cudaStream_t stream);
-// The same with replicas: owner[num_experts, owner_width] lists each expert's replicas'
-// ranks (primary first, then -1); the pair of token row t goes to the (t mod replicas)-th
-// (kernels/replica_choice.h). owner_width 1 is the function above.
+// ids/weights are [num_tokens, top_k]; owner[num_experts, owner_width] lists each
+// expert's replicas' ranks (primary first, then -1; owner_width 1: one rank an expert);
+// the pair of token row t goes to the (t mod replicas)-th (kernels/replica_choice.h).
 cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const int32_t* owner,
                                  int64_t owner_width, int64_t num_tokens, int64_t top_k,
                                  int64_t num_experts, int64_t num_ranks,

@@ -28,15 +28,10 @@
 #include "common/splitmix64.h"
 #include "kernels/cuda/carver.cuh"
 #include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/return_if_error.cuh"
 
 namespace dxs::cuda {
 namespace {
-
-#define DXS_CUDA_RETURN_IF_ERROR(expr)                      \
-  do {                                                      \
-    const cudaError_t dxs_cuda_err_ = (expr);               \
-    if (dxs_cuda_err_ != cudaSuccess) return dxs_cuda_err_; \
-  } while (0)
 
 constexpr int kThreads = 512;  // argmax and sampling blocks
 constexpr int kItems = 8;      // per thread in a sampling scan tile
@@ -376,7 +371,5 @@ cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t vocab,
   }
   return cudaSuccess;
 }
-
-#undef DXS_CUDA_RETURN_IF_ERROR
 
 }  // namespace dxs::cuda

@@ -247,6 +247,28 @@ TEST(CudaGraphs, ReplayEqualsEagerExecutionBitForBit) {
   }
 }
 
+// The engine on CUDA over `dir`, with graphs or without (null, and a failure, if it does not
+// load).
+std::unique_ptr<LocalEngine> CudaEngine(const std::string& dir, bool graphs) {
+  EngineOptions options;
+  options.device = "cuda";
+  options.graphs = graphs;
+  auto engine = LocalEngine::Load(dir, options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? *std::move(engine) : nullptr;
+}
+
+// Three greedy requests of 3-token prompts, `max_new` tokens each, past EOS.
+std::vector<GenerationRequest> ThreeRequests(int64_t max_new) {
+  std::vector<GenerationRequest> requests(3);
+  for (int i = 0; i < 3; ++i) {
+    requests[i].prompt = {static_cast<int32_t>(11 + i), 40, 2};
+    requests[i].max_new_tokens = max_new;
+    requests[i].ignore_eos = true;
+  }
+  return requests;
+}
+
 // Graphs on and off give the same greedy tokens through the engine.
 TEST(CudaGraphs, EngineTokensDoNotDependOnGraphs) {
   if (!MakeBackend("cuda").ok()) GTEST_SKIP() << "no GPU here";
@@ -254,18 +276,9 @@ TEST(CudaGraphs, EngineTokensDoNotDependOnGraphs) {
   const std::string dir = testing::WritePreset(tmp, "default");
   std::vector<std::vector<int32_t>> tokens;
   for (bool graphs : {true, false}) {
-    EngineOptions options;
-    options.device = "cuda";
-    options.graphs = graphs;
-    auto engine = LocalEngine::Load(dir, options);
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    std::vector<GenerationRequest> requests(3);
-    for (int i = 0; i < 3; ++i) {
-      requests[i].prompt = {static_cast<int32_t>(11 + i), 40, 2};
-      requests[i].max_new_tokens = 12;
-      requests[i].ignore_eos = true;
-    }
-    auto out = (*engine)->GenerateBatch(requests);
+    std::unique_ptr<LocalEngine> engine = CudaEngine(dir, graphs);
+    ASSERT_NE(engine, nullptr);
+    auto out = engine->GenerateBatch(ThreeRequests(12));
     ASSERT_TRUE(out.ok()) << out.status();
     for (const auto& r : *out) tokens.push_back(r.tokens);
   }
@@ -279,26 +292,18 @@ TEST(CudaEngineSampling, SeededTokensAreReproducibleAndTopKOneIsGreedy) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "default");
   for (bool graphs : {true, false}) {
-    EngineOptions options;
-    options.device = "cuda";
-    options.graphs = graphs;
-    auto engine = LocalEngine::Load(dir, options);
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    std::vector<GenerationRequest> requests(3);
-    for (int i = 0; i < 3; ++i) {
-      requests[i].prompt = {static_cast<int32_t>(11 + i), 40, 2};
-      requests[i].max_new_tokens = 16;
-      requests[i].ignore_eos = true;
-    }
+    std::unique_ptr<LocalEngine> engine = CudaEngine(dir, graphs);
+    ASSERT_NE(engine, nullptr);
+    std::vector<GenerationRequest> requests = ThreeRequests(16);
     requests[1].sampling = {1.0f, 0.9f, 50, 1234};
     requests[2].sampling = {0.8f, 1.0f, 0, 1234};
-    auto a = (*engine)->GenerateBatch(requests);
-    auto b = (*engine)->GenerateBatch(requests);
+    auto a = engine->GenerateBatch(requests);
+    auto b = engine->GenerateBatch(requests);
     // Top-k 1 gives the greedy tokens, so the whole batch is unchanged.
     requests[0].sampling = {0.7f, 1.0f, 1, 5};
-    auto c = (*engine)->GenerateBatch(requests);
+    auto c = engine->GenerateBatch(requests);
     requests[1].sampling.seed = 1235;
-    auto d = (*engine)->GenerateBatch(requests);
+    auto d = engine->GenerateBatch(requests);
     ASSERT_TRUE(a.ok() && b.ok() && c.ok() && d.ok());
     for (int i = 0; i < 3; ++i) {
       EXPECT_EQ((*a)[i].tokens, (*b)[i].tokens) << i;

@@ -80,7 +80,7 @@ TEST(MoeOpsCudaGuard, DispatchLayoutRejectsBadArguments) {
   void* ws = Fake<void>(9);
   const size_t bytes = DispatchLayoutWorkspaceBytes(16, 8, 4);
   auto launch = [&](int64_t tokens, int64_t k, int64_t experts, int64_t ranks) {
-    return LaunchDispatchLayout(ids, weights, owner, tokens, k, experts, ranks, per_rank_tokens,
+    return LaunchDispatchLayout(ids, weights, owner, 1, tokens, k, experts, ranks, per_rank_tokens,
                                 per_rank_pairs, per_expert, token_rows, pairs, ws, bytes, nullptr);
   };
   EXPECT_EQ(launch(16, 8, 128, 0), cudaErrorInvalidValue);
@@ -96,18 +96,18 @@ TEST(MoeOpsCudaGuard, DispatchLayoutRejectsBadArguments) {
 
   // Too little workspace, or none.
   EXPECT_EQ(
-      LaunchDispatchLayout(ids, weights, owner, 16, 8, 128, 4, per_rank_tokens, per_rank_pairs,
+      LaunchDispatchLayout(ids, weights, owner, 1, 16, 8, 128, 4, per_rank_tokens, per_rank_pairs,
                            per_expert, token_rows, pairs, ws, bytes - 1, nullptr),
       cudaErrorInvalidValue);
   EXPECT_EQ(
-      LaunchDispatchLayout(ids, weights, owner, 16, 8, 128, 4, per_rank_tokens, per_rank_pairs,
+      LaunchDispatchLayout(ids, weights, owner, 1, 16, 8, 128, 4, per_rank_tokens, per_rank_pairs,
                            per_expert, token_rows, pairs, nullptr, bytes, nullptr),
       cudaErrorInvalidValue);
   // Null pointers with pairs to lay out.
   for (int which = 0; which < 7; ++which) {
     SCOPED_TRACE(::testing::Message() << "null pointer " << which);
     EXPECT_EQ(LaunchDispatchLayout(which == 0 ? nullptr : ids, which == 1 ? nullptr : weights,
-                                   which == 2 ? nullptr : owner, 16, 8, 128, 4,
+                                   which == 2 ? nullptr : owner, 1, 16, 8, 128, 4,
                                    which == 3 ? nullptr : per_rank_tokens,
                                    which == 4 ? nullptr : per_rank_pairs,
                                    which == 5 ? nullptr : per_expert,
@@ -115,14 +115,14 @@ TEST(MoeOpsCudaGuard, DispatchLayoutRejectsBadArguments) {
               cudaErrorInvalidValue);
   }
   EXPECT_EQ(
-      LaunchDispatchLayout(ids, weights, owner, 16, 8, 128, 4, per_rank_tokens, per_rank_pairs,
+      LaunchDispatchLayout(ids, weights, owner, 1, 16, 8, 128, 4, per_rank_tokens, per_rank_pairs,
                            per_expert, token_rows, nullptr, ws, bytes, nullptr),
       cudaErrorInvalidValue);
   // Zero tokens still writes the counts: their pointers are needed.
-  EXPECT_EQ(LaunchDispatchLayout(nullptr, nullptr, nullptr, 0, 8, 128, 4, nullptr, per_rank_pairs,
-                                 per_expert, nullptr, nullptr, nullptr, 0, nullptr),
+  EXPECT_EQ(LaunchDispatchLayout(nullptr, nullptr, nullptr, 1, 0, 8, 128, 4, nullptr,
+                                 per_rank_pairs, per_expert, nullptr, nullptr, nullptr, 0, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(LaunchDispatchLayout(nullptr, nullptr, nullptr, 0, 8, 128, 4, per_rank_tokens,
+  EXPECT_EQ(LaunchDispatchLayout(nullptr, nullptr, nullptr, 1, 0, 8, 128, 4, per_rank_tokens,
                                  per_rank_pairs, nullptr, nullptr, nullptr, nullptr, 0, nullptr),
             cudaErrorInvalidValue);
 }
@@ -379,7 +379,7 @@ void ExpectLayoutMatchesCpu(const Routing& routing, int64_t tokens, int64_t top_
   ASSERT_CUDA_OK(d_weights.status());
   ASSERT_CUDA_OK(ws.status());
   ASSERT_CUDA_OK(ws.Poison());
-  ASSERT_CUDA_OK(LaunchDispatchLayout(d_ids.get(), d_weights.get(), d_owner.get(), tokens, top_k,
+  ASSERT_CUDA_OK(LaunchDispatchLayout(d_ids.get(), d_weights.get(), d_owner.get(), 1, tokens, top_k,
                                       experts, num_ranks, d_tokens.get(), d_pairs_per_rank.get(),
                                       d_experts.get(), d_rows.get(), d_blocks.get(), ws.get(),
                                       ws_bytes, nullptr));
@@ -466,7 +466,7 @@ TEST(MoeOpsCudaDispatchLayout, ZeroTokensWritesZeroCounts) {
     ASSERT_CUDA_OK(b->status());
     ASSERT_CUDA_OK(b->Poison());
   }
-  ASSERT_CUDA_OK(LaunchDispatchLayout(nullptr, nullptr, nullptr, 0, 8, 128, 8, tokens.get(),
+  ASSERT_CUDA_OK(LaunchDispatchLayout(nullptr, nullptr, nullptr, 1, 0, 8, 128, 8, tokens.get(),
                                       pairs.get(), experts.get(), nullptr, nullptr, nullptr, 0,
                                       nullptr));
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
