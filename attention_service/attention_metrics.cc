@@ -69,6 +69,8 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(
                       "every EP rank's rows are received and summed (includes the "
                       "experts' compute)."));
   am->combine_latency_ = &combine->Add({{"rank", r}}, m::ExponentialBuckets(1e-5, 2, 20));
+  DXS_ASSIGN_OR_RETURN(am->exchange_bytes_,
+                       m::ExchangeBytes::Register(registry, "attention", rank));
 
   DXS_ASSIGN_OR_RETURN(m::CallbackGaugeFamily * queue,
                        gauges->Add("dxs_queue_length",

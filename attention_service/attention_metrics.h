@@ -1,7 +1,8 @@
 // AttentionMetrics: one DP rank's Prometheus series (docs/metrics.md, "Attention workers"):
 // steps, empty-batch steps and steps split for two-batch overlap, step time, tokens dispatched to
 // and combined from each EP rank, dispatch and combine latency, each dispatch's balance over the
-// EP ranks (dxs_ep_balance_ratio), and, read at scrape time, queue
+// EP ranks (dxs_ep_balance_ratio), the bytes posted to the data exchange by memory type
+// (dxs_exchange_bytes_total), and, read at scrape time, queue
 // length, running requests and KV cache use.
 //
 // The step loop calls OnStep; RemoteMoeExecutor calls OnDispatch / OnCombine (this is its
@@ -20,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/metrics/callback_gauge.h"
+#include "common/metrics/exchange_bytes.h"
 #include "common/metrics/families.h"
 #include "model/kv_cache.h"
 #include "model/scheduler.h"
@@ -44,6 +46,9 @@ class AttentionMetrics final : public DispatchObserver {
 
   void OnDispatch(const std::vector<int64_t>& num_tokens_per_rank, double seconds) override;
   void OnCombine(const std::vector<int64_t>& num_tokens_per_rank, double seconds) override;
+  void OnExchange(const Transfer* transfers, size_t num_transfers) override {
+    exchange_bytes_.Count(transfers, num_transfers);
+  }
 
  private:
   AttentionMetrics() = default;
@@ -63,6 +68,7 @@ class AttentionMetrics final : public DispatchObserver {
   prometheus::Histogram* dispatch_latency_ = nullptr;
   prometheus::Histogram* balance_ratio_ = nullptr;  // mean / max tokens per EP rank
   prometheus::Histogram* combine_latency_ = nullptr;
+  metrics::ExchangeBytes exchange_bytes_;
   // Declared last: unbound (and no longer running) before anything above goes away.
   metrics::CallbackRegistration queue_length_;
   metrics::CallbackRegistration running_requests_;

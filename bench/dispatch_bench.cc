@@ -180,7 +180,7 @@ size_t MaxMessageBytes() {
 }
 
 std::unique_ptr<Transport> ConnectDxs(int self, int read_fd, int write_fd) {
-  auto transport = MakeUcxTransport(UcxTransportOptions{});
+  auto transport = MakeUcxTransport();
   if (!transport.ok()) Die(transport.status().ToString());
   if (!(*transport)->SetSelf(self).ok()) Die("SetSelf");
   const std::string peer = bench::TradeAddresses(read_fd, write_fd, (*transport)->LocalAddress());
@@ -819,10 +819,6 @@ Options ParseOptions(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const dxs::Options options = dxs::ParseOptions(argc, argv);
-  // What UcxTransport does with keep_shared_memory, done before either side touches UCX so
-  // the raw baseline runs over the same UCX transports.
-  setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
-  setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
   int to_child[2], from_child[2];
   if (pipe(to_child) != 0 || pipe(from_child) != 0) dxs::bench::Die("pipe");
   const pid_t pid = fork();

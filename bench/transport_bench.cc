@@ -171,7 +171,7 @@ void RawTagServer(int read_fd, int write_fd, int scale) {
 // ---- dxs UcxTransport -------------------------------------------------------------------
 
 std::unique_ptr<dxs::Transport> ConnectDxs(int self, int read_fd, int write_fd) {
-  auto transport = dxs::MakeUcxTransport(dxs::UcxTransportOptions{});
+  auto transport = dxs::MakeUcxTransport();
   if (!transport.ok()) Die(transport.status().ToString());
   if (!(*transport)->SetSelf(self).ok()) Die("SetSelf");
   const std::string peer = TradeAddresses(read_fd, write_fd, (*transport)->LocalAddress());
@@ -328,10 +328,6 @@ int main(int argc, char** argv) {
       Die("usage: transport_bench [--quick] [--pin]");
     }
   }
-  // What UcxTransport does with keep_shared_memory, done up front so both sides of the
-  // comparison run over the same UCX transports.
-  setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
-  setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
   int to_child[2], from_child[2];
   if (pipe(to_child) != 0 || pipe(from_child) != 0) Die("pipe");
   const pid_t pid = fork();

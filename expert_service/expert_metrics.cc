@@ -19,6 +19,7 @@ absl::StatusOr<std::unique_ptr<ExpertMetrics>> ExpertMetrics::Create(
                        m::RegisterStepMetrics(registry, "expert", rank));
   em->steps_ = steps.steps;
   em->empty_steps_ = steps.empty_steps;
+  DXS_ASSIGN_OR_RETURN(em->exchange_bytes_, m::ExchangeBytes::Register(registry, "expert", rank));
   DXS_ASSIGN_OR_RETURN(
       m::CounterFamily * rounds,
       m::AddCounter(registry, "dxs_layer_rounds_total",

@@ -1,6 +1,6 @@
 // ExpertMetrics: one EP rank's Prometheus series (docs/metrics.md, "Expert workers"): steps
 // and empty-batch steps, layer rounds and empty ones, token rows received, rows computed
-// per expert, and expert compute time.
+// per expert, expert compute time, and the bytes posted to the data exchange by memory type.
 //
 // ExpertStepServer calls OnRound after each MoE layer round and OnStep after a step's last
 // MoE layer. Children are looked up once (per expert: this rank's experts at creation), so
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/metrics/exchange_bytes.h"
 #include "common/metrics/families.h"
 #include "prometheus/registry.h"
 #include "router/dispatch/routed_pairs.h"
@@ -37,6 +38,10 @@ class ExpertMetrics {
   void OnRound(int64_t num_rows, const RoutedPairs& pairs, double compute_seconds);
   // A step ended (its last MoE layer was served); `empty` if no row arrived in any layer.
   void OnStep(bool empty);
+  // A group (a round's receives, or its combine sends) is about to be posted.
+  void OnExchange(const Transfer* transfers, size_t num_transfers) {
+    exchange_bytes_.Count(transfers, num_transfers);
+  }
 
  private:
   ExpertMetrics() = default;
@@ -51,6 +56,7 @@ class ExpertMetrics {
   metrics::CounterFamily* expert_tokens_family_ = nullptr;
   std::vector<prometheus::Counter*> expert_tokens_;  // by expert id; null until seen
   std::vector<int64_t> round_counts_;                // by expert id; zero between rounds
+  metrics::ExchangeBytes exchange_bytes_;
 };
 
 }  // namespace dxs

@@ -147,6 +147,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
                           static_cast<size_t>(headers[i].num_pairs) * 12});
   }
   const uint64_t tag = ExchangeTag(first.key());
+  if (metrics_ != nullptr) metrics_->OnExchange(transfers_.data(), transfers_.size());
   DXS_ASSIGN_OR_RETURN(ExchangeId received,
                        transport_->PostExchange(tag, transfers_.data(), transfers_.size()));
   DXS_RETURN_IF_ERROR(transport_->WaitExchange(received, deadline + absl::Seconds(5)));
@@ -242,6 +243,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
                           const_cast<uint8_t*>(out_bytes) + row_offset_[i] * row_bytes,
                           static_cast<size_t>(headers[i].num_rows) * row_bytes, memory});
   }
+  if (metrics_ != nullptr) metrics_->OnExchange(transfers_.data(), transfers_.size());
   DXS_ASSIGN_OR_RETURN(ExchangeId sent,
                        transport_->PostExchange(tag, transfers_.data(), transfers_.size()));
   // The DP ranks posted their receives with their dispatch, so the sends complete at once

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Installs every build and test dependency of dxs from Debian 12's packages.
+# Installs every build and test dependency of dxs: Debian 12's packages, and a venv of PyPI
+# wheels (below).
 # Idempotent and non-interactive: packages already present are not touched.
 set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libabsl-dev libucx-dev ucx-utils libcivetweb-dev prometheus-cpp-dev nlohmann-json3-dev
+  libabsl-dev libcivetweb-dev prometheus-cpp-dev nlohmann-json3-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
   prometheus python3 python3-venv openssl
@@ -29,7 +30,12 @@ done
 #   the CCCL they compile against (kernels/cuda/flashinfer_attention.cu; the kernels used
 #   do not include its fp16.h, which would need a newer boost than Debian's). Pinned,
 #   without dependencies (torch...): headers only.
+# - libucx-cu13, UCX 1.22 built with CUDA (its cuda_copy/cuda_ipc transports move GPU memory
+#   between processes): the transport's UCX, headers and libraries, on every machine, GPU or
+#   not (CMake finds it through this venv's python; see the top-level CMakeLists.txt). It
+#   replaces Debian's UCX 1.13. Pinned, without dependencies.
 # Each is installed only when missing, so a second run changes nothing.
+UCX_VERSION=1.22.0
 CUTLASS_VERSION=4.2.0.0
 FLASHINFER_VERSION=0.7.4
 setup_python() {
@@ -42,6 +48,11 @@ setup_python() {
   if ! "$py" -c "import grpc, grpc_tools" 2>/dev/null; then
     echo "setup: installing grpcio and grpcio-tools into $venv"
     "$py" -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools
+  fi
+  if [ "$("$py" -m pip show libucx-cu13 2>/dev/null | sed -n 's/^Version: //p')" != "$UCX_VERSION" ]; then
+    echo "setup: installing libucx-cu13 $UCX_VERSION (UCX with CUDA) into $venv"
+    "$py" -m pip install --quiet --disable-pip-version-check --no-deps \
+      "libucx-cu13==$UCX_VERSION"
   fi
   # DXS_SETUP_CUDA_HEADERS=0 (a CPU-only build: the container) skips the two header wheels.
   [ "${DXS_SETUP_CUDA_HEADERS:-1}" = 0 ] && return 0

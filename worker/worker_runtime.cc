@@ -40,7 +40,7 @@ DType FromProtoDType(v1::DType d) {
 }
 
 absl::Status WorkerRuntime::Start(const std::string& listen, grpc::Service* service) {
-  absl::StatusOr<std::unique_ptr<Transport>> transport = MakeUcxTransport({});
+  absl::StatusOr<std::unique_ptr<Transport>> transport = MakeUcxTransport();
   if (!transport.ok()) return transport.status();
   transport_ = std::move(*transport);
   GrpcServerOptions options;

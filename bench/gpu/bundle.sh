@@ -7,11 +7,18 @@ build=${DXS_BUILD_DIR:-build}
 bins=()
 for t in topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
          grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test gpu_bench \
-         nccl_transport_test libdxs_cuda.so; do
+         nccl_transport_test gpu_cluster_test gpu_exchange_bench dxs dxs-router dxs-attention \
+         dxs-expert libdxs_cuda.so; do
   [ -e "$build/bin/$t" ] && bins+=("$build/bin/$t")
 done
 rm -rf .device
 ../shared/tools/device-bundle.sh .device "${bins[@]}"
+# UCX is the libucx-cu13 wheel's 1.22 (ldd brought its libraries): its transport modules,
+# cuda_ipc among them, replace the Debian ones device-bundle.sh copies.
+ucx_dir=$(.venv/bin/python3 -c \
+  "import importlib.util; print(list(importlib.util.find_spec('libucx').submodule_search_locations)[0])")
+rm -f .device/ucx/*
+cp -L "$ucx_dir"/lib/ucx/libuc[tm]_*.so.0 .device/ucx/
 # Debug info off and one compressed archive: the carry limit is 64 MiB for everything.
 strip --strip-debug .device/bin/* .device/lib/* 2>/dev/null || true
 tar cf - .device | xz -T2 -6 >.device.tar.xz

@@ -18,12 +18,34 @@ summary=()
 if [ "$what" != bench ]; then
   for t in topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
            grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test \
-           nccl_transport_test; do
+           nccl_transport_test gpu_cluster_test; do
     [ -x ".device/bin/$t" ] || { summary+=("$t: not built"); continue; }
     timeout 300 ".device/bin/$t" >"$OUT/$t.log" 2>&1
     rc=$?
     summary+=("$t: rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|SKIPPED \]' "$OUT/$t.log" | tr '\n' ' ' | cut -c1-150)")
   done
+  # dxs up --gpus 0: a 1 attention + 1 expert cluster on the GPU (time-sliced), its greedy
+  # tokens against dxs run --device cuda on the same checkpoint.
+  up_dir=$(mktemp -d)
+  .device/bin/dxs gen-model --out "$up_dir/model" >/dev/null 2>&1
+  port=$((20000 + RANDOM % 20000))
+  .device/bin/dxs up --model "$up_dir/model" --attention 1 --experts 1 --gpus 0 --port "$port" \
+    --log-dir "$up_dir/logs" >"$up_dir/up.log" 2>&1 &
+  up_pid=$!
+  for _ in $(seq 600); do grep -q "listening on" "$up_dir/up.log" && break; sleep 0.2; done
+  prompt="--prompt-ids 5,6,7,8 --max-new-tokens 8 --format json"
+  got=$(timeout 120 .device/bin/dxs generate --router "127.0.0.1:$port" $prompt 2>&1)
+  want=$(timeout 120 .device/bin/dxs run --device cuda --model "$up_dir/model" $prompt 2>&1)
+  tok() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["tokens"])' 2>/dev/null; }
+  g=$(echo "$got" | tok); w=$(echo "$want" | tok)
+  kill "$up_pid" 2>/dev/null; wait "$up_pid" 2>/dev/null
+  { echo "generate: $got"; echo "run: $want"; cat "$up_dir/up.log" "$up_dir"/logs/*.log; } \
+    >"$OUT/dxs_up_gpus.log" 2>&1
+  if [ -n "$g" ] && [ "$g" = "$w" ]; then
+    summary+=("dxs up --gpus 0 (1+1 on one GPU): tokens equal dxs run --device cuda: $g")
+  else
+    summary+=("dxs up --gpus 0: MISMATCH or failure (cluster '$g', run '$w'; see dxs_up_gpus.log)")
+  fi
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [ -x "$sanitizer" ]; then
     timeout 300 "$sanitizer" --tool memcheck --error-exitcode 99 .device/bin/cuda_backend_test \

@@ -27,7 +27,9 @@ echo "build-steps: [1/3] build dependencies (scripts/setup.sh)"
 export DEBIAN_FRONTEND=noninteractive
 # setup.sh also makes the test client's Python venv; keep it out of the source tree. CUDA
 # is off here, so without the CUDA header wheels (CUTLASS, FlashInfer).
-DXS_PY_VENV=/tmp/dxs-build-venv DXS_SETUP_CUDA_HEADERS=0 scripts/setup.sh
+# CMake finds UCX (the libucx-cu13 wheel) through the same venv.
+export DXS_PY_VENV=/tmp/dxs-build-venv
+DXS_SETUP_CUDA_HEADERS=0 scripts/setup.sh
 rm -rf /var/lib/apt/lists/*
 
 export DXS_BUILD_DIR=build-container
@@ -54,8 +56,21 @@ else
   bin_dir=$DXS_BUILD_DIR/bin
 fi
 
-echo "build-steps: [3/3] install into $prefix/bin"
+echo "build-steps: [3/3] install into $prefix/bin and $prefix/lib"
 for b in $binaries; do
   install -D -m 0755 "$bin_dir/$b" "$prefix/bin/$b"
 done
 ls -l "$prefix/bin"
+# UCX 1.22 comes from the libucx-cu13 wheel setup.sh put in the venv (not a Debian package):
+# its libraries, and beside them in ucx/ the transport modules UCX loads at run time. The
+# runtime stage copies $prefix/lib to /usr/local/lib/dxs, which ld.so.conf.d names.
+ucx_dir=$("$DXS_PY_VENV/bin/python3" -c \
+  "import importlib.util; print(list(importlib.util.find_spec('libucx').submodule_search_locations)[0])")
+install -d "$prefix/lib/ucx"
+for l in libucp libuct libucs libucm; do
+  install -m 0644 "$ucx_dir/lib/$l.so.0" "$prefix/lib/$l.so.0"
+done
+for m in "$ucx_dir"/lib/ucx/libuc[tm]_*.so.0; do
+  install -m 0644 "$m" "$prefix/lib/ucx/"
+done
+ls -l "$prefix/lib" "$prefix/lib/ucx"

@@ -26,6 +26,7 @@
 #                               the pod's FQDN (`hostname -f`, which kubelet puts in
 #                               /etc/hosts for a StatefulSet pod with a headless Service:
 #                               NAME-0.SERVICE.NAMESPACE.svc.cluster.local), else POD_IP
+#              DXS_DEVICE       --device cpu|cuda[:N]: where the worker computes (unset: cpu)
 #   attention: DXS_KV_TOKENS, DXS_PREFILL_CHUNK, DXS_OVERLAP_MIN_TOKENS (0: no two-batch
 #              overlap), DXS_STREAM_INTERVAL (tokens per streamed chunk after the first)
 #              (unset: the binary's defaults)
@@ -134,6 +135,7 @@ case $role in
     args=$(
       printf '%s\n' --model "$model" --rank "$rank" \
         --router "${DXS_ROUTER_ADDR:-dxs-router-cp:50051}" --listen "${host}:${grpc_port}"
+      opt --device "${DXS_DEVICE:-}"
       if [ "$role" = attention ]; then
         opt --kv-tokens "${DXS_KV_TOKENS:-}"
         opt --prefill-chunk "${DXS_PREFILL_CHUNK:-}"

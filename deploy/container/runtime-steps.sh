@@ -5,13 +5,14 @@
 set -eu
 
 # What `ldd` lists for dxs, dxs-router, dxs-attention and dxs-expert, by Debian package;
-# their own dependencies (libgrpc29, libre2-9, libc-ares2, libnuma1, libgfortran5, ...)
-# come along. prometheus-cpp's pull library serves /metrics on civetweb.
+# their own dependencies (libgrpc29, libre2-9, libc-ares2, libgfortran5, ...) come along.
+# UCX is not among them: it is the libucx-cu13 wheel's 1.22, which the build stage installs
+# into /opt/dxs/lib (libnuma1 is what its libucs needs). prometheus-cpp's pull library serves /metrics on civetweb.
 RUNTIME_PACKAGES="
   libgrpc++1.51
   libprotobuf32
   libabsl20220623
-  libucx0
+  libnuma1
   libprometheus-cpp-core1.0
   libprometheus-cpp-pull1.0
   libcivetweb1
@@ -26,6 +27,9 @@ apt-get update -q
 apt-get install -y -q --no-install-recommends $RUNTIME_PACKAGES
 apt-get clean
 rm -rf /var/lib/apt/lists/*
+
+# UCX's libraries, copied from the build stage to /usr/local/lib/dxs (the Dockerfile).
+echo /usr/local/lib/dxs >/etc/ld.so.conf.d/dxs.conf
 
 groupadd --gid 10001 dxs
 useradd --uid 10001 --gid 10001 --home-dir /home/dxs --create-home --shell /usr/sbin/nologin dxs

@@ -185,6 +185,7 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
     send_status = RowsWritten();
   }
   if (send_status.ok()) {
+    if (observer_ != nullptr) observer_->OnExchange(transfers_.data(), transfers_.size());
     absl::StatusOr<ExchangeId> group = transport_->PostExchange(
         ExchangeTag(WireHeader::Key(step_, layer, micro)), transfers_.data(), transfers_.size());
     if (group.ok()) {

@@ -86,6 +86,8 @@ class DispatchObserver {
   // The combine phase succeeded: every EP rank's rows received (this includes waiting
   // for the experts to compute) and summed into the output.
   virtual void OnCombine(const std::vector<int64_t>& num_tokens_per_rank, double seconds) = 0;
+  // One layer's group (its sends and receives, zero sizes included) is about to be posted.
+  virtual void OnExchange(const Transfer* transfers, size_t num_transfers) {}
 };
 
 struct DispatchOptions {

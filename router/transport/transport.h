@@ -126,15 +126,11 @@ class Transport : public DataExchange {
   virtual absl::Status PeerStatus(int peer) = 0;
 };
 
-struct UcxTransportOptions {
-  // Keep shared memory with peer error handling on UCX 1.13: sets
-  // UCX_POSIX_ERROR_HANDLING=y and UCX_SYSV_ERROR_HANDLING=y unless already set.
-  bool keep_shared_memory = true;
-};
-
 // UCP active messages (control) and tagged sends/receives (data exchange); addresses
-// exchanged out of band (through the router).
-absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport(const UcxTransportOptions& options);
+// exchanged out of band (through the router). UCX 1.22 (the libucx-cu13 wheel): shared
+// memory between processes of one host, with peer error handling, and GPU memory through
+// cuda_ipc where UCX's CUDA module loads (SupportsMemory(kDevice) says whether it did).
+absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport();
 
 // A group of in-process transports for unit tests: element i is peer i; addresses are
 // ignored and every pair is connected from the start.

@@ -178,7 +178,7 @@ class UcxTransport final : public Transport {
   UcxTransport() = default;
   ~UcxTransport() override;
 
-  absl::Status Init(const UcxTransportOptions& options);
+  absl::Status Init();
 
   std::string name() const override { return "ucx"; }
   std::string LocalAddress() const override { return local_address_; }
@@ -262,13 +262,7 @@ class UcxTransport final : public Transport {
   ExchangeId next_exchange_id_ = 1;
 };
 
-absl::Status UcxTransport::Init(const UcxTransportOptions& options) {
-  if (options.keep_shared_memory) {
-    // UCX 1.13 drops shared memory transports for endpoints with peer error handling
-    // unless these are set. overwrite=0: an operator's explicit choice wins.
-    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
-    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
-  }
+absl::Status UcxTransport::Init() {
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) {
@@ -958,7 +952,7 @@ void UcxTransport::ReapZombies() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport(const UcxTransportOptions& options) {
+absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport() {
   // Messages of megabytes arrive every layer step. By default glibc serves each from fresh
   // mmap'd pages and unmaps them on free, so every message pays page faults on first
   // touch (measured: most of a 16 MiB round trip). Keep large blocks in the heap instead.
@@ -969,7 +963,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport(const UcxTransportOp
   }();
   (void)tuned;
   auto transport = std::make_unique<UcxTransport>();
-  absl::Status status = transport->Init(options);
+  absl::Status status = transport->Init();
   if (!status.ok()) return status;
   return std::unique_ptr<Transport>(std::move(transport));
 }

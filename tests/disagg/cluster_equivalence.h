@@ -1,6 +1,7 @@
 // Checks the disaggregated tests share: requests sent concurrently to a running
 // ProcessCluster equal the single-process engine on the same checkpoint (greedy tokens
-// identical, first-token logits within 1e-5 relative), and which experts computed what.
+// identical, first-token logits within 1e-5 relative, or what EngineEquivalence says), and
+// which experts computed what.
 #pragma once
 
 #include <cstdlib>
@@ -24,10 +25,17 @@ inline std::vector<int32_t> ClusterPrompt(int i, int vocab) {
   return p;
 }
 
+// What the cluster is compared with: the single-process engine on `engine.device`, its
+// first-token logits within `max_logit_error` (relative to the largest).
+struct EngineEquivalence {
+  EngineOptions engine;
+  double max_logit_error = 1e-5;
+};
+
 // The single-process engine's result for `prompt` on the checkpoint in `dir`.
 inline GenerationResult EngineReference(const std::string& dir, const std::vector<int32_t>& prompt,
-                                        int max_new) {
-  auto engine = LocalEngine::Load(dir);
+                                        int max_new, const EngineOptions& options = {}) {
+  auto engine = LocalEngine::Load(dir, options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (!engine.ok()) return {};
   GenerationRequest r;
@@ -41,7 +49,8 @@ inline GenerationResult EngineReference(const std::string& dir, const std::vecto
 // Sends requests 0..n-1 ("req-i", ClusterPrompt(i), 6 tokens) concurrently, request i to
 // DP rank i % num_attention, and checks each against the single-process engine.
 inline void ExpectClusterMatchesEngine(ProcessCluster* cluster, const std::string& dir,
-                                       int num_attention, int num_requests, int vocab) {
+                                       int num_attention, int num_requests, int vocab,
+                                       const EngineEquivalence& reference = {}) {
   std::vector<GenerateResult> results(num_requests);
   std::vector<std::thread> threads;
   for (int i = 0; i < num_requests; ++i) {
@@ -53,11 +62,12 @@ inline void ExpectClusterMatchesEngine(ProcessCluster* cluster, const std::strin
   for (auto& t : threads) t.join();
   for (int i = 0; i < num_requests; ++i) {
     ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message() << cluster->DumpLogs();
-    const GenerationResult want = EngineReference(dir, ClusterPrompt(i, vocab), 6);
+    const GenerationResult want =
+        EngineReference(dir, ClusterPrompt(i, vocab), 6, reference.engine);
     EXPECT_EQ(results[i].tokens, want.tokens) << "request " << i;
     const std::vector<float> got = cluster->FirstLogits("req-" + std::to_string(i));
     ASSERT_EQ(got.size(), want.first_logits.size()) << "request " << i;
-    EXPECT_LT(RelativeError(got, want.first_logits), 1e-5) << "request " << i;
+    EXPECT_LT(RelativeError(got, want.first_logits), reference.max_logit_error) << "request " << i;
     EXPECT_EQ(results[i].finish_reason, v1::FINISH_REASON_LENGTH);
   }
 }

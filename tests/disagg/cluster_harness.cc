@@ -20,7 +20,7 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
   const int num_peers = num_attention + num_expert;
   if (options.transport == "ucx") {
     for (int i = 0; i < num_peers; ++i) {
-      absl::StatusOr<std::unique_ptr<Transport>> t = MakeUcxTransport(UcxTransportOptions{});
+      absl::StatusOr<std::unique_ptr<Transport>> t = MakeUcxTransport();
       EXPECT_TRUE(t.ok()) << t.status();
       transports_.push_back(std::move(*t));
     }

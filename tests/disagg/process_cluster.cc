@@ -152,6 +152,7 @@ absl::Status ProcessCluster::StartWorkers(const ClusterSpec& spec, absl::Duratio
         "--router",           router_address_, "--listen",     "127.0.0.1:0", "--dump-first-logits",
         logits_dir()};
     argv.insert(argv.end(), spec.attention_args.begin(), spec.attention_args.end());
+    argv.insert(argv.end(), worker_args_.begin(), worker_args_.end());
     argv.insert(argv.end(), common_args_.begin(), common_args_.end());
     absl::StatusOr<ChildProcess> a =
         SpawnAndWait(argv, absl::StrCat("attention ", r),
@@ -178,6 +179,7 @@ absl::Status ProcessCluster::StartExpert(int rank, const std::string& model_dir,
     argv.push_back("--experts");
     argv.push_back(claim);
   }
+  argv.insert(argv.end(), worker_args_.begin(), worker_args_.end());
   argv.insert(argv.end(), common_args_.begin(), common_args_.end());
   absl::StatusOr<ChildProcess> e =
       SpawnAndWait(argv, absl::StrCat("expert ", rank),

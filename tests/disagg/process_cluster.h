@@ -59,6 +59,9 @@ class ProcessCluster {
   // Flags every process gets (router and workers), e.g. the TLS flags, and the
   // credentials this object's own stubs use; set before Start.
   void set_common_args(std::vector<std::string> args) { common_args_ = std::move(args); }
+  // Flags the attention and expert workers get (not the router), e.g. {"--device", "cuda"};
+  // set before Start (StartExpert uses them too).
+  void set_worker_args(std::vector<std::string> args) { worker_args_ = std::move(args); }
   void set_client_credentials(std::shared_ptr<grpc::ChannelCredentials> c) {
     credentials_ = std::move(c);
   }
@@ -111,6 +114,7 @@ class ProcessCluster {
   std::unique_ptr<v1::Frontend::Stub> frontend_;
   std::vector<std::string> router_args_;
   std::vector<std::string> common_args_;
+  std::vector<std::string> worker_args_;
   std::shared_ptr<grpc::ChannelCredentials> credentials_ = grpc::InsecureChannelCredentials();
 };
 

@@ -103,6 +103,23 @@ TEST(DxsRun, PresetMadeInPlaceAndDeviceErrors) {
   }
 }
 
+// dxs up --gpus: a list of GPU numbers, with --device cuda (which it implies); anything else
+// is one line and exit status 2 before a process starts.
+TEST(DxsUp, GpusFlagErrors) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--gpus 0,x", "'x' is not a GPU number"},
+           {"--gpus 0,-1", "'-1' is not a GPU number"},
+           {"--gpus 0 --device cpu", "goes with --device cuda, not --device cpu"},
+           {"--gpus 0 --device cuda:1", "goes with --device cuda, not --device cuda:1"}}) {
+    Output o = RunDxs("up --model " + dir + " --log-dir " + tmp.path() + "/logs " + args, tmp);
+    EXPECT_EQ(o.exit_code, 2) << args << " -> " << o.err;
+    EXPECT_NE(o.err.find(message), std::string::npos) << args << " -> " << o.err;
+    EXPECT_EQ(Lines(o.err), 1) << o.err;
+  }
+}
+
 TEST(DxsRun, CorruptCheckpointNamesTheFile) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "default");

@@ -13,9 +13,11 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/flags/tls_flags.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
 #include "dxs/v1/frontend.grpc.pb.h"
@@ -153,12 +155,36 @@ bool AllRanksReady(const std::string& address, int num_attention, const TlsConfi
 
 }  // namespace
 
+absl::StatusOr<std::vector<std::string>> WorkerDevices(const std::string& device,
+                                                       const std::string& gpus, int num_attention,
+                                                       int num_experts) {
+  if (absl::Status s = ValidateDeviceName(device); !s.ok()) return s;
+  const int num_workers = num_attention + num_experts;
+  if (gpus.empty()) return std::vector<std::string>(num_workers, device);
+  if (device != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpus places workers on GPUs: it goes with --device cuda, not --device ", device));
+  }
+  std::vector<std::string> ids;
+  for (absl::string_view id : absl::StrSplit(gpus, ',')) {
+    int n = -1;
+    if (!absl::SimpleAtoi(id, &n) || n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--gpus: '", id, "' is not a GPU number (expected a list like 0,1,2)"));
+    }
+    ids.push_back(absl::StrCat("cuda:", n));
+  }
+  std::vector<std::string> out;
+  for (int w = 0; w < num_workers; ++w) out.push_back(ids[w % ids.size()]);
+  return out;
+}
+
 int UpCommand(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args =
       Args::Parse(argv,
                   WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir",
                                      "wire-dtype", "overlap-min-tokens", "stream-interval",
-                                     "device", "num-redundant-experts", "eplb-interval"}),
+                                     "device", "gpus", "num-redundant-experts", "eplb-interval"}),
                   WithTlsBoolFlags({}));
   if (!args.ok()) return Fail("up", args.status());
   // With TLS, every process of the cluster uses the same files (one certificate that is
@@ -183,8 +209,13 @@ int UpCommand(const std::vector<std::string>& argv) {
       if (absl::Status s = WriteRandomCheckpoint(*preset, model); !s.ok()) return Fail("up", s);
     }
   }
-  const std::string device = args->GetString("device", "cpu");
-  if (absl::Status s = ValidateDeviceName(device); !s.ok()) return Fail("up", s);
+  // Where each worker computes: attention ranks 0..M-1, then expert ranks 0..N-1, one
+  // device string each. --gpus 0,1 places them on those GPUs in turn (several may share
+  // one: on one GPU they time-slice it).
+  absl::StatusOr<std::vector<std::string>> devices =
+      WorkerDevices(args->GetString("device", args->Has("gpus") ? "cuda" : "cpu"),
+                    args->GetString("gpus"), static_cast<int>(*m), static_cast<int>(*n));
+  if (!devices.ok()) return Fail("up", devices.status());
   const std::string log_dir = args->GetString("log-dir", "dxs-logs");
   std::filesystem::create_directories(log_dir);
   const std::string bin = SelfDir();
@@ -225,19 +256,13 @@ int UpCommand(const std::vector<std::string>& argv) {
   bool ok = spawn(router_argv, "router");
   for (int r = 0; ok && r < *n; ++r) {
     ok = spawn({bin + "/dxs-expert", "--model", model, "--rank", std::to_string(r), "--router",
-                router, "--device", device},
+                router, "--device", (*devices)[*m + r]},
                absl::StrCat("expert", r));
   }
   for (int r = 0; ok && r < *m; ++r) {
-    std::vector<std::string> a = {bin + "/dxs-attention",
-                                  "--model",
-                                  model,
-                                  "--rank",
-                                  std::to_string(r),
-                                  "--router",
-                                  router,
-                                  "--device",
-                                  device};
+    std::vector<std::string> a = {bin + "/dxs-attention", "--model",  model,  "--rank",
+                                  std::to_string(r),      "--router", router, "--device",
+                                  (*devices)[r]};
     for (const char* flag : {"overlap-min-tokens", "stream-interval"}) {
       if (args->Has(flag)) a.insert(a.end(), {absl::StrCat("--", flag), args->GetString(flag)});
     }

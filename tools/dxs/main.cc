@@ -26,6 +26,8 @@ constexpr char kUsage[] =
     "               [--overlap-min-tokens N (two-batch overlap from N tokens a step; 0: off)]\n"
     "               [--stream-interval N (tokens per streamed chunk after the first; 1)]\n"
     "               [--device cpu|cuda[:N] (where the workers compute; cpu)]\n"
+    "               [--gpus 0,1,... (attention ranks, then expert ranks, on these GPUs\n"
+    "               in turn; implies --device cuda)]\n"
     "               [--num-redundant-experts R (expert replicas; dxs-router's flag)]\n"
     "               [--eplb-interval N (EPLB live: rebalance every N steps)];\n"
     "               prints 'listening on ADDR' when healthy,\n"

@@ -127,7 +127,7 @@ class ZeroCopyTest : public ::testing::TestWithParam<std::tuple<std::string, DTy
       transports_ = MakeInprocTransportGroup(1 + num_ep);
     } else {
       for (int i = 0; i <= num_ep; ++i) {
-        auto t = MakeUcxTransport(UcxTransportOptions{});
+        auto t = MakeUcxTransport();
         ASSERT_TRUE(t.ok()) << t.status();
         transports_.push_back(std::move(*t));
       }

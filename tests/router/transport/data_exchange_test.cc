@@ -91,7 +91,7 @@ class DataExchangeTest : public ::testing::TestWithParam<std::string> {
       std::optional<ScopedEnv> tls;
       if (backend == "ucx_tcp") tls.emplace("UCX_TLS", "tcp");
       for (int i = 0; i < kNumPeers; ++i) {
-        auto transport = MakeUcxTransport(UcxTransportOptions{});
+        auto transport = MakeUcxTransport();
         ASSERT_TRUE(transport.ok()) << transport.status();
         group_.push_back(std::move(*transport));
       }

@@ -44,7 +44,7 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
       std::optional<ScopedEnv> tls;
       if (backend == "ucx_tcp") tls.emplace("UCX_TLS", "tcp");
       for (int i = 0; i < 2; ++i) {
-        auto transport = MakeUcxTransport(UcxTransportOptions{});
+        auto transport = MakeUcxTransport();
         ASSERT_TRUE(transport.ok()) << transport.status();
         group_.push_back(std::move(*transport));
       }

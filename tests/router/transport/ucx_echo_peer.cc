@@ -43,7 +43,7 @@ bool EchoExchange(dxs::Transport& transport, uint64_t tag, size_t bytes) {
 }
 
 int Run(int read_fd, int write_fd) {
-  auto transport = dxs::MakeUcxTransport(dxs::UcxTransportOptions{});
+  auto transport = dxs::MakeUcxTransport();
   if (!transport.ok() || !(*transport)->SetSelf(1).ok()) return 2;
   const std::string address = (*transport)->LocalAddress();
   const uint64_t address_bytes = address.size();

@@ -1,0 +1,40 @@
+#include "common/metrics/exchange_bytes.h"
+
+#include <string>
+
+#include "common/metrics/families.h"
+
+namespace dxs::metrics {
+
+absl::StatusOr<ExchangeBytes> ExchangeBytes::Register(prometheus::Registry* registry,
+                                                      std::string_view role, int rank) {
+  absl::StatusOr<CounterFamily*> family = AddCounter(
+      registry, "dxs_exchange_bytes_total",
+      "Bytes this rank posted to the data exchange (dispatch rows and pairs, combine rows), "
+      "by direction and by the memory they lie in on this side (host or device).");
+  if (!family.ok()) return family.status();
+  ExchangeBytes out;
+  const char* directions[2] = {"send", "recv"};
+  const char* memories[2] = {"host", "device"};
+  for (int d = 0; d < 2; ++d) {
+    for (int m = 0; m < 2; ++m) {
+      out.bytes_[d][m] = &(*family)->Add({{"role", std::string(role)},
+                                          {"rank", std::to_string(rank)},
+                                          {"direction", directions[d]},
+                                          {"memory", memories[m]}});
+    }
+  }
+  return out;
+}
+
+void ExchangeBytes::Count(const Transfer* transfers, size_t num_transfers) {
+  for (size_t i = 0; i < num_transfers; ++i) {
+    const Transfer& t = transfers[i];
+    if (t.bytes == 0) continue;
+    const int d = t.kind == Transfer::Kind::kSend ? 0 : 1;
+    const int m = t.memory == MemoryType::kDevice ? 1 : 0;
+    bytes_[d][m]->Increment(static_cast<double>(t.bytes));
+  }
+}
+
+}  // namespace dxs::metrics

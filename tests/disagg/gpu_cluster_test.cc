@@ -1,0 +1,146 @@
+// The disaggregated cluster on the GPU: dxs-router, dxs-attention --device cuda and
+// dxs-expert --device cuda as real processes sharing one GPU (time-sliced), the rows moving
+// between them in device memory over UCX's cuda_ipc. Outputs equal the single-process CUDA
+// engine; an uneven placement, an empty DP rank and an EP rank with no rows take part in
+// every step; a killed expert gives UNAVAILABLE and the cluster recovers; the exchange's
+// rows never touch host memory (dxs_exchange_bytes_total). Skips without a GPU.
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "kernels/make_backend.h"
+#include "model/engine.h"
+#include "tests/disagg/cluster_equivalence.h"
+#include "tests/disagg/metrics_util.h"
+#include "tests/disagg/process_cluster.h"
+#include "tests/model/test_util.h"
+
+namespace dxs {
+namespace {
+
+using testing::ClusterSpec;
+using testing::EngineEquivalence;
+using testing::GenerateResult;
+using testing::ProcessCluster;
+using testing::TempDir;
+
+// The single-process CUDA engine, first-token logits within the CUDA engine test's bound.
+EngineEquivalence CudaReference() {
+  EngineEquivalence e;
+  e.engine.device = "cuda";
+  e.max_logit_error = 2e-2;
+  return e;
+}
+
+double ExchangeBytes(const std::map<std::string, double>& samples, const std::string& role,
+                     int rank, const std::string& direction, const std::string& memory) {
+  return testing::Value(samples, "dxs_exchange_bytes_total{role=\"" + role + "\",rank=\"" +
+                                     std::to_string(rank) + "\",direction=\"" + direction +
+                                     "\",memory=\"" + memory + "\"}");
+}
+
+std::map<std::string, double> Samples(const std::string& address) {
+  absl::StatusOr<std::string> text = testing::Scrape(address);
+  EXPECT_TRUE(text.ok()) << text.status();
+  return text.ok() ? testing::ParseSamples(*text) : std::map<std::string, double>();
+}
+
+class GpuCluster : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Backend>> probe = MakeBackend("cuda");
+    if (!probe.ok()) GTEST_SKIP() << "no GPU here: " << probe.status().message();
+  }
+  // A cluster whose workers compute on the GPU.
+  static void OnGpu(ProcessCluster* cluster) { cluster->set_worker_args({"--device", "cuda"}); }
+};
+
+TEST_F(GpuCluster, OneAttentionOneExpertEqualsCudaEngine) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ProcessCluster cluster(tmp.path());
+  OnGpu(&cluster);
+  ClusterSpec spec{dir, 1, 1, {}};
+  spec.wire_dtype = "bf16";
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 3, 4096, CudaReference());
+
+  // The rows went device to device: nothing the attention rank posted lay in host memory,
+  // and the expert rank sent its combine rows from the device. (The expert receives each
+  // pair's row, expert and weight, 12 bytes, into host memory, where it checks them.)
+  const auto attention = Samples(cluster.attention_metrics_address(0));
+  const auto expert = Samples(cluster.expert_metrics_address(0));
+  EXPECT_GT(ExchangeBytes(attention, "attention", 0, "send", "device"), 0);
+  EXPECT_GT(ExchangeBytes(attention, "attention", 0, "recv", "device"), 0);
+  EXPECT_EQ(ExchangeBytes(attention, "attention", 0, "send", "host"), 0);
+  EXPECT_EQ(ExchangeBytes(attention, "attention", 0, "recv", "host"), 0);
+  EXPECT_GT(ExchangeBytes(expert, "expert", 0, "recv", "device"), 0);
+  EXPECT_GT(ExchangeBytes(expert, "expert", 0, "send", "device"), 0);
+  EXPECT_EQ(ExchangeBytes(expert, "expert", 0, "send", "host"), 0);
+  // Rows of hidden 128 in bf16 (256 bytes) against 12 bytes per pair, 4 pairs per row.
+  EXPECT_LT(ExchangeBytes(expert, "expert", 0, "recv", "host"),
+            ExchangeBytes(expert, "expert", 0, "recv", "device"));
+}
+
+TEST_F(GpuCluster, UnevenPlacementOnTwoExperts) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "odd");
+  ProcessCluster cluster(tmp.path());
+  OnGpu(&cluster);
+  ClusterSpec spec{dir, 1, 2, {"0-8", "9-11"}};
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 3, 3001, CudaReference());
+}
+
+// Two DP ranks, requests to rank 0 only: rank 1 runs empty steps. EP rank 1 holds one
+// expert of 16 (top-4), so some of its layer rounds carry no rows. Both take part in every
+// step, and the outputs are right.
+TEST_F(GpuCluster, EmptyDpRankAndEpRankWithoutRows) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ProcessCluster cluster(tmp.path());
+  OnGpu(&cluster);
+  ClusterSpec spec{dir, 2, 2, {"0-14", "15"}};
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 2, 4096, CudaReference());
+  const auto dp1 = Samples(cluster.attention_metrics_address(1));
+  EXPECT_GT(testing::Value(dp1, "dxs_empty_batch_steps_total{role=\"attention\",rank=\"1\"}"), 0);
+  const auto ep1 = Samples(cluster.expert_metrics_address(1));
+  EXPECT_GT(testing::Value(ep1, "dxs_empty_layer_rounds_total{rank=\"1\"}"), 0);
+  EXPECT_GT(testing::Value(ep1, "dxs_layer_rounds_total{rank=\"1\"}"),
+            testing::Value(ep1, "dxs_empty_layer_rounds_total{rank=\"1\"}"));
+}
+
+// As UcxCluster.KilledExpertFailsInFlightThenRecovers, on the GPU.
+TEST_F(GpuCluster, KilledExpertFailsInFlightThenRecovers) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ProcessCluster cluster(tmp.path());
+  OnGpu(&cluster);
+  ClusterSpec spec{dir, 1, 2, {}};
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  GenerateResult long_run;
+  std::thread client([&] {
+    long_run =
+        cluster.Generate(0, "long", testing::ClusterPrompt(1, 4096), 3000, absl::Seconds(90));
+  });
+  absl::SleepFor(absl::Seconds(1));
+  const absl::Time killed_at = absl::Now();
+  cluster.KillExpert(1);
+  client.join();
+  const absl::Duration took = absl::Now() - killed_at;
+  EXPECT_EQ(long_run.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << long_run.status.error_message() << cluster.DumpLogs();
+  EXPECT_LT(took, absl::Seconds(5));
+  EXPECT_FALSE(long_run.tokens.empty()) << "the request should have been running";
+
+  ASSERT_TRUE(cluster.StartExpert(1, dir, "").ok()) << cluster.DumpLogs();
+  ASSERT_TRUE(cluster.WaitReady(absl::Seconds(60)).ok()) << cluster.DumpLogs();
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 2, 4096, CudaReference());
+}
+
+}  // namespace
+}  // namespace dxs
