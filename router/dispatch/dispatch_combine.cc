@@ -185,6 +185,15 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   // Headers first (the counts size the receives), then the one group: to every EP rank its
   // rows and pairs, from every EP rank its combine rows, zero sizes included. Keep
   // announcing after a failure so the healthy ranks see this layer from us and stay in step.
+  // A rank of this placement already known to have failed: nothing is sent to anyone, so
+  // the healthy ranks get no round that nobody will combine (the step is run again once
+  // a placement without that rank arrives).
+  for (int r = 0; r < num_ranks && r < placement_.num_ranks(); ++r) {
+    if (placement_.experts_of(r).empty()) continue;
+    if (absl::Status s = transport_->PeerStatus(ep_peers_[r]); absl::IsUnavailable(s)) {
+      return absl::UnavailableError(absl::StrCat("dispatch to EP rank ", r, ": ", s.message()));
+    }
+  }
   absl::Status send_status;
   std::vector<bool>& in_step = in_step_;
   in_step.assign(num_ranks, false);
