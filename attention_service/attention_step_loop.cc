@@ -38,9 +38,11 @@ absl::StatusOr<AttentionStepLoop::StepPlan> AttentionStepLoop::ExchangeStep(int6
   const int num_dp = static_cast<int>(dp_peers_.size());
   // Step messages carry (token count, overlap threshold) in (aux, num_rows).
   int32_t threshold = OverlapThresholdOnWire();
+  uint64_t version = moe_->newest_placement_version();
   auto plan = [&](int64_t total) {
     StepPlan p;
     p.total_tokens = total;
+    p.placement_version = version;
     const bool overlap =
         moe_->overlaps() && threshold != std::numeric_limits<int32_t>::max() && total >= threshold;
     p.num_micro_batches = overlap ? 2 : 1;
@@ -66,6 +68,7 @@ absl::StatusOr<AttentionStepLoop::StepPlan> AttentionStepLoop::ExchangeStep(int6
   mine.step = step_;
   mine.aux = my_tokens;
   mine.num_rows = threshold;
+  mine.placement_version = version;
   const std::string encoded = mine.Encode();
   for (int r = 0; r < num_dp; ++r) {
     if (r == dp_rank_) continue;
@@ -86,6 +89,7 @@ absl::StatusOr<AttentionStepLoop::StepPlan> AttentionStepLoop::ExchangeStep(int6
     }
     total += theirs[r].aux;
     threshold = std::max(threshold, theirs[r].num_rows);
+    version = std::min(version, theirs[r].placement_version);
   }
   return plan(total);
 }
@@ -113,6 +117,7 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   const bool host_sampling = scheduler_->StepNeedsHostLogits();
   if (plan.ok()) {
     moe_->set_step(step_);
+    (void)moe_->UsePlacement(plan->placement_version);  // kept: else the current one
     absl::StatusOr<Tensor> out = model_->Forward(chunks, kv_, plan->num_micro_batches);
     if (!out.ok()) {
       outcome = out.status();
@@ -142,7 +147,30 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
         my_tokens, !outcome.ok(), plan.ok() ? plan->num_micro_batches : 1,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
   };
+  if (!outcome.ok() && retry_window_ > absl::ZeroDuration() && absl::IsUnavailable(outcome)) {
+    const absl::Time now = absl::Now();
+    if (!failing_since_) failing_since_ = now;
+    if (now - *failing_since_ < retry_window_) {
+      ++counters_.failed_steps;
+      ++counters_.retried_steps;
+      if (counters_.retried_steps == 1 || now == *failing_since_) {
+        std::cerr << "attention rank " << dp_rank_ << ": step " << step_ - 1
+                  << " failed, running it again until a placement without the failed EP rank "
+                     "arrives: "
+                  << outcome << "\n";
+      }
+      scheduler_->UndoStep();
+      report();
+      if (on_step_failed_) on_step_failed_();
+      // Not at once: a new placement (or the peer) takes a moment; a new view wakes us.
+      (void)transport_->WaitForActivity(absl::Now() + absl::Milliseconds(20));
+      wake_pending_ = true;  // the retry runs even if this rank has no request left
+      return true;
+    }
+  }
+  if (outcome.ok()) failing_since_.reset();
   if (!outcome.ok()) {
+    failing_since_.reset();
     ++counters_.failed_steps;
     const absl::Status failure = absl::UnavailableError(
         absl::StrCat("step ", step_ - 1, " failed on DP rank ", dp_rank_, ": ", outcome.message()));

@@ -14,12 +14,26 @@
 // compute the other. Each rank's setting travels in its step message and the strictest
 // one applies, so all ranks always split the same way.
 //
+// Placement versions: each rank's step message carries the newest expert placement it
+// has; the step dispatches with the oldest of those (every rank keeps a few), so all DP
+// ranks of a step send to the same EP ranks, and an EP rank that joins or leaves the
+// placement hears from every DP rank of the step or from none.
+//
+// Retries (elastic EP, set_retry_window): a step that fails with UNAVAILABLE (an EP rank
+// died) is not failed to its requests: the scheduler forgets it (Scheduler::UndoStep; the
+// attention ranks still hold every input) and it is built and run again, under a new step
+// number, once a placement without the dead rank arrives (on_step_failed reports the
+// failed EP ranks to the router). Requests wait meanwhile, up to their own deadline (an
+// abort is taken at the next attempt); after `window` of failing steps they fail as
+// before.
+//
 // Thread safety: RunOnce is called by the step thread only; Wake and counters from any.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -38,6 +52,7 @@ struct AttentionCounters {
   std::atomic<int64_t> empty_steps{0};      // steps in which this rank had no tokens
   std::atomic<int64_t> all_empty_steps{0};  // steps in which no DP rank had tokens
   std::atomic<int64_t> failed_steps{0};
+  std::atomic<int64_t> retried_steps{0};     // failed steps run again rather than failed
   std::atomic<int64_t> overlapped_steps{0};  // steps split into two micro-batches
   std::atomic<int64_t> tokens{0};
   std::atomic<uint64_t> next_step{0};
@@ -69,12 +84,18 @@ class AttentionStepLoop {
   // sinks (so a server can send all of a step's tokens in one message). Set before the
   // first RunOnce.
   void set_on_step_end(std::function<void()> on_step_end) { on_step_end_ = std::move(on_step_end); }
+  // Elastic EP: steps failing with UNAVAILABLE are run again for up to `window` (zero, the
+  // default: failed at once, their requests with UNAVAILABLE). Step thread.
+  void set_retry_window(absl::Duration window) { retry_window_ = window; }
+  // Runs on the step thread after a step failed and will be retried.
+  void set_on_step_failed(std::function<void()> f) { on_step_failed_ = std::move(f); }
 
  private:
   // What the DP ranks agree on in the step exchange.
   struct StepPlan {
     int64_t total_tokens = 0;  // over all DP ranks
     int num_micro_batches = 1;
+    uint64_t placement_version = 0;  // the oldest newest-version over the DP ranks
   };
   absl::StatusOr<StepPlan> ExchangeStep(int64_t my_tokens);
   // This rank's overlap threshold as sent in step messages (off: the largest value).
@@ -94,6 +115,9 @@ class AttentionStepLoop {
   AttentionCounters counters_;
   AttentionMetrics* metrics_ = nullptr;
   std::function<void()> on_step_end_;
+  std::function<void()> on_step_failed_;
+  absl::Duration retry_window_ = absl::ZeroDuration();
+  std::optional<absl::Time> failing_since_;  // first failure of the current retries
 };
 
 }  // namespace dxs

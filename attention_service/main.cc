@@ -27,6 +27,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -53,6 +54,9 @@ ABSL_FLAG(int64_t, overlap_min_tokens, dxs::AttentionStepLoop::kDefaultOverlapMi
           "Two-batch overlap for steps with at least this many tokens over all DP ranks; "
           "0: off.");
 ABSL_FLAG(int64_t, stream_interval, 1, "Tokens per streamed chunk after the first, >= 1.");
+ABSL_FLAG(int64_t, step_retry_ms, 30000,
+          "Elastic EP (dxs-router --elastic-ep): how long failed steps are run again before "
+          "their requests fail, >= 1.");
 ABSL_FLAG(std::string, dump_first_logits, "",
           "Debugging: write each request's first logits to this directory.");
 
@@ -76,6 +80,7 @@ struct Flags {
   int64_t step_timeout_ms = 0;
   int64_t overlap_min_tokens = 0;
   int64_t stream_interval = 0;
+  int64_t step_retry_ms = 0;
   std::string dump_first_logits;
 };
 
@@ -87,7 +92,9 @@ absl::StatusOr<Flags> ValidateFlags() {
   flags.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   flags.step_timeout_ms = absl::GetFlag(FLAGS_step_timeout_ms);
   flags.stream_interval = absl::GetFlag(FLAGS_stream_interval);
+  flags.step_retry_ms = absl::GetFlag(FLAGS_step_retry_ms);
   for (const auto& [name, value] : {std::pair<const char*, int64_t>{"kv-tokens", flags.kv_tokens},
+                                    {"step-retry-ms", flags.step_retry_ms},
                                     {"prefill-chunk", flags.prefill_chunk},
                                     {"step-timeout-ms", flags.step_timeout_ms},
                                     {"stream-interval", flags.stream_interval}}) {
@@ -166,9 +173,23 @@ int Main(int argc, char** argv) {
             << ", metrics on " << runtime.metrics_address() << std::endl;
 
   bool reported_idle = true;  // no step since the last idle report
+  int num_attention = 0;
+  // EP ranks (by WorkerId) already reported unreachable to the router.
+  std::set<std::pair<uint32_t, uint64_t>> reported_unreachable;
+  auto report_failed_ep_ranks = [&] {
+    for (int r : moe->FailedEpRanks()) {
+      std::optional<v1::WorkerId> id = runtime.WorkerAtTransportRank(num_attention + r);
+      if (!id || id->role() != v1::ROLE_EXPERT) continue;
+      if (!reported_unreachable.insert({id->rank(), id->incarnation()}).second) continue;
+      absl::Status s = runtime.ReportUnreachable(*id, "a step's dispatch/combine failed");
+      std::cerr << "dxs-attention rank " << rank << ": reported EP rank " << id->rank()
+                << " unreachable: " << (s.ok() ? "marked dead" : s.ToString()) << "\n";
+    }
+  };
   while (!ShutdownRequested()) {
     std::optional<ClusterShape> shape = runtime.ApplyPendingView();
-    if (shape && runtime.cluster_complete()) {
+    if (shape && runtime.can_serve() && shape->placement.num_ranks() > 0) {
+      num_attention = shape->num_attention;
       if (!loop) {
         std::vector<int> dp_peers, ep_peers;
         for (int r = 0; r < shape->num_attention; ++r) dp_peers.push_back(r);
@@ -184,21 +205,27 @@ int Main(int argc, char** argv) {
         loop->set_metrics(attention_metrics->get());
         loop->set_overlap_min_tokens(flags->overlap_min_tokens);
         loop->set_on_step_end([&service] { service.FlushStreams(); });
+        loop->set_on_step_failed(report_failed_ep_ranks);
         service.set_step_loop(loop.get());
       } else {
-        moe->set_placement(shape->placement);
+        std::vector<int> ep_peers;
+        for (int r = 0; r < shape->num_expert; ++r) ep_peers.push_back(shape->num_attention + r);
+        moe->set_ep_peers(ep_peers);
+        // Switched to at the step whose DP ranks all have it (AttentionStepLoop).
+        moe->AddPlacement(shape->placement);
       }
-      if (shape->placement.version() != dispatch_placement_version.load()) {
-        dispatch_placement_version = shape->placement.version();
+      loop->set_retry_window(shape->elastic_ep ? absl::Milliseconds(flags->step_retry_ms)
+                                               : absl::ZeroDuration());
+      if (moe->newest_placement_version() != dispatch_placement_version.load()) {
+        dispatch_placement_version = moe->newest_placement_version();
         runtime.HeartbeatNow();
       }
     }
-    if (const bool ready = loop != nullptr && runtime.cluster_complete();
-        ready != service.ready()) {
+    if (const bool ready = loop != nullptr && runtime.can_serve(); ready != service.ready()) {
       service.set_ready(ready);
       runtime.HeartbeatNow();
     }
-    if (!loop || !runtime.cluster_complete()) {
+    if (!loop || !runtime.can_serve()) {
       (void)runtime.transport()->WaitForActivity(absl::Now() + absl::Milliseconds(50));
       continue;
     }

@@ -144,4 +144,9 @@ grpc::Status ExpertWorkerService::LoadPlacement(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+std::vector<int> ExpertWorkerService::resident_experts() const {
+  absl::MutexLock lock(&mu_);
+  return experts_;
+}
+
 }  // namespace dxs

@@ -52,6 +52,8 @@ class ExpertWorkerService final : public v1::ExpertWorker::Service {
   // Shuts LoadPlacement down (UNAVAILABLE) and wakes a waiting one.
   void Stop();
   uint64_t placement_version() const;
+  // Experts resident now, ascending.
+  std::vector<int> resident_experts() const;
 
   // On the serving thread, between rounds: installs what a LoadPlacement prepared.
   void InstallPending();

@@ -129,9 +129,20 @@ int Main(int argc, char** argv) {
             << experts.size() << " experts, metrics on " << runtime.metrics_address() << std::endl;
 
   bool reported_idle = true;  // no round since the last idle report
+  bool draining = false, holds_none = false;
   while (!ShutdownRequested()) {
     service.InstallPending();  // a LoadPlacement's experts, between rounds
     std::optional<ClusterShape> shape = runtime.ApplyPendingView();
+    if (shape) {
+      draining = shape->elastic_ep && shape->self_state == v1::WORKER_STATE_DRAINING;
+      holds_none = shape->placement.num_ranks() > rank && shape->placement.experts_of(rank).empty();
+    }
+    // Drained (elastic EP): the router moved this rank's experts off and, once no attention
+    // rank dispatches here any more, freed them; nothing is left to serve.
+    if (draining && holds_none && service.resident_experts().empty()) {
+      std::cout << "dxs-expert rank " << rank << ": drained, leaving the cluster" << std::endl;
+      break;
+    }
     if (shape && shape->num_attention > 0) {
       std::vector<int> dp_peers;
       for (int r = 0; r < shape->num_attention; ++r) dp_peers.push_back(r);
@@ -142,12 +153,12 @@ int Main(int argc, char** argv) {
         service.set_step_server(server.get());
       }
     }
-    if (const bool serving = server != nullptr && runtime.cluster_complete();
+    if (const bool serving = server != nullptr && runtime.can_serve();
         serving != service.serving()) {
       service.set_serving(serving);
       runtime.HeartbeatNow();
     }
-    if (!server || !runtime.cluster_complete()) {
+    if (!server || !runtime.can_serve()) {
       (void)runtime.transport()->WaitForActivity(absl::Now() + absl::Milliseconds(50));
       continue;
     }

@@ -143,6 +143,7 @@ std::vector<SequenceChunk> Scheduler::BuildStep() {
   AdmitQueued();
   std::vector<SequenceChunk> chunks;
   step_owners_.clear();
+  step_prefill_.clear();
   for (size_t i = 0; i < running_.size(); ++i) {
     Live& l = running_[i];
     SequenceChunk c;
@@ -155,9 +156,11 @@ std::vector<SequenceChunk> Scheduler::BuildStep() {
       c.tokens.assign(l.request.prompt.begin() + l.prefilled,
                       l.request.prompt.begin() + l.prefilled + n);
       l.prefilled += n;
+      step_prefill_.push_back(n);
     } else {
       c.start_position = prompt_len + static_cast<int64_t>(l.generated.size()) - 1;
       c.tokens = {l.generated.back()};
+      step_prefill_.push_back(0);
     }
     chunks.push_back(std::move(c));
     step_owners_.push_back(i);
@@ -230,6 +233,13 @@ void Scheduler::FinishStepWith(
   step_owners_.clear();
   absl::MutexLock lock(&mu_);
   num_running_ = running_.size();
+}
+
+void Scheduler::UndoStep() {
+  for (size_t j = 0; j < step_owners_.size(); ++j)
+    running_[step_owners_[j]].prefilled -= step_prefill_[j];
+  step_owners_.clear();
+  step_prefill_.clear();
 }
 
 void Scheduler::FailAll(const absl::Status& status) {

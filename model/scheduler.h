@@ -84,6 +84,11 @@ class Scheduler {
   std::vector<SamplingRow> StepSamplingRows() const;
   // tokens[j]: row j's token as the backend sampled it (every chunk's, sampled or not).
   void FinishStepWithTokens(const std::vector<int32_t>& tokens) ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets the step BuildStep built (its forward pass failed and will be run again): the
+  // prompt chunks it took count as not prefilled; the KV it wrote is overwritten by the
+  // retry with the same values. The next BuildStep builds the step anew (aborts and
+  // arrivals included).
+  void UndoStep() ABSL_LOCKS_EXCLUDED(mu_);
   // Ends every request with `status` (a failed step) and frees their KV.
   void FailAll(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -122,6 +127,7 @@ class Scheduler {
   std::vector<Live> running_;  // step thread only (size mirrored for num_running)
   size_t num_running_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<size_t> step_owners_;
+  std::vector<int64_t> step_prefill_;  // per step row: prompt tokens BuildStep took
 };
 
 // The step's tokens sampled on `backend` from its logits [rows, vocab] (for a step where

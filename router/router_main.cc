@@ -86,6 +86,10 @@ ABSL_FLAG(bool, enable_eplb, false,
           "Rebalance experts live from measured load every --eplb-interval steps (EPLB).");
 ABSL_FLAG(int64_t, eplb_interval, 1000,
           "Steps between EPLB rebalances with --enable-eplb, 1..1000000000.");
+ABSL_FLAG(bool, elastic_ep, false,
+          "Elastic EP: keep serving when an EP rank dies (its experts' replicas take over, "
+          "experts it alone held are reloaded on live ranks, failed steps are run again), and "
+          "move a drained EP rank's experts off before it leaves (dxs drain).");
 ABSL_FLAG(int64_t, max_inflight, 1024,
           "Generate requests in flight cluster-wide, 1..1000000; beyond: RESOURCE_EXHAUSTED.");
 
@@ -98,6 +102,7 @@ constexpr char kUsage[] =
     "                  [--wire-dtype f32|bf16]\n"
     "                  [--lease-ms MS] [--heartbeat-ms MS] [--max-inflight N]\n"
     "                  [--num-redundant-experts R] [--enable-eplb [--eplb-interval N]]\n"
+    "                  [--elastic-ep]\n"
     "                  [--tls-cert FILE --tls-key FILE --tls-ca FILE [--mtls]]\n"
     "                  [--flagfile FILE]\n"
     "Flags may be spelled with dashes or underscores; a --flagfile uses underscores.";
@@ -229,6 +234,7 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::Milliseconds(flags->heartbeat_ms);
   options.lease_timeout = absl::Milliseconds(flags->lease_ms);
   options.num_redundant_experts = flags->num_redundant_experts;
+  options.elastic_ep = absl::GetFlag(FLAGS_elastic_ep);
   if (absl::Status s = options.Validate(); !s.ok()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(flags->model_dir, ": ", s.message())));
   }
@@ -282,6 +288,7 @@ int main(int argc, char** argv) {
   rebalancer_options.interval_steps = flags->eplb_interval;
   rebalancer_options.num_redundant_experts = flags->num_redundant_experts;
   rebalancer_options.credentials = *worker_credentials;
+  rebalancer_options.elastic_ep = options.elastic_ep;
   absl::StatusOr<std::unique_ptr<dxs::Rebalancer>> rebalancer =
       dxs::Rebalancer::Create(&registry, rebalancer_options, metrics_registry.get());
   if (!rebalancer.ok()) return Fail(rebalancer.status());

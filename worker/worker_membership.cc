@@ -151,4 +151,26 @@ void WorkerMembership::HeartbeatLoop() {
   }
 }
 
+absl::Status WorkerMembership::ReportUnreachable(const v1::WorkerId& peer,
+                                                 const std::string& reason,
+                                                 absl::Duration timeout) {
+  v1::ReportUnreachableRequest req;
+  {
+    absl::MutexLock lock(&mu_);
+    req.mutable_reporter()->set_role(request_.role());
+    req.mutable_reporter()->set_rank(registration_.rank());
+    req.mutable_reporter()->set_incarnation(registration_.incarnation());
+  }
+  *req.mutable_peer() = peer;
+  req.set_reason(reason);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout)));
+  v1::ReportUnreachableResponse resp;
+  grpc::Status s = stub_->ReportUnreachable(&ctx, req, &resp);
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return absl::OkStatus();
+}
+
 }  // namespace dxs

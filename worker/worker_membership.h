@@ -44,6 +44,11 @@ class WorkerMembership {
   // heartbeat interval late (WorkerRuntime::HeartbeatNow).
   void HeartbeatSoon() { heartbeat_soon_ = true; }
 
+  // ControlPlane.ReportUnreachable: tells the router `peer`'s connection failed (it probes
+  // the peer and marks it dead if it does not answer). Blocks up to `timeout`.
+  absl::Status ReportUnreachable(const v1::WorkerId& peer, const std::string& reason,
+                                 absl::Duration timeout);
+
  private:
   WorkerMembership() = default;
   absl::Status RegisterOnce();

@@ -116,9 +116,17 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
   if (!view) return std::nullopt;
   const v1::Role my_role = role_name_ == "attention" ? v1::ROLE_ATTENTION : v1::ROLE_EXPERT;
   int attention = 0, expert = 0;
+  ClusterShape shape;
+  by_transport_rank_.clear();
   for (const v1::WorkerInfo& w : view->workers()) {
     const int peer = static_cast<int>(w.transport_rank());
+    v1::WorkerId id;
+    id.set_role(w.role());
+    id.set_rank(w.rank());
+    id.set_incarnation(w.incarnation());
+    by_transport_rank_[peer] = id;
     if (w.role() == my_role && static_cast<int>(w.rank()) == rank_) {
+      shape.self_state = w.state();
       if (!self_set_) {
         (void)transport_->SetSelf(peer);
         self_set_ = true;
@@ -138,7 +146,8 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
     if (w.state() == v1::WORKER_STATE_DEAD) continue;
     (w.role() == v1::ROLE_ATTENTION ? attention : expert)++;
   }
-  ClusterShape shape;
+  shape.elastic_ep = view->elastic_ep();
+  elastic_ = shape.elastic_ep;
   shape.num_attention = static_cast<int>(view->num_attention_ranks());
   shape.num_expert = static_cast<int>(view->num_expert_ranks());
   shape.wire_dtype = FromProtoDType(view->transport().wire_dtype());
@@ -159,7 +168,18 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
   if (placement.ok()) shape.placement = *placement;
   complete_ =
       placement.ok() && self_set_ && attention == shape.num_attention && expert == shape.num_expert;
+  if (elastic_ && started_) {
+    // Elastic EP: expert ranks may be missing while every expert has a live replica.
+    complete_ = placement.ok() && self_set_ && attention == shape.num_attention;
+  }
+  if (complete_) started_ = true;
   return shape;
+}
+
+std::optional<v1::WorkerId> WorkerRuntime::WorkerAtTransportRank(int peer) const {
+  auto it = by_transport_rank_.find(peer);
+  if (it == by_transport_rank_.end()) return std::nullopt;
+  return it->second;
 }
 
 void WorkerRuntime::Stop() {

@@ -38,6 +38,10 @@ struct ClusterShape {
   int num_expert = 0;
   Placement placement;  // empty (0 ranks) until every expert is placed
   DType wire_dtype = DType::kF32;
+  // ClusterView.elastic_ep.
+  bool elastic_ep = false;
+  // This worker's state in the view (DRAINING after dxs drain).
+  v1::WorkerState self_state = v1::WORKER_STATE_UNSPECIFIED;
 };
 
 class WorkerRuntime {
@@ -65,6 +69,17 @@ class WorkerRuntime {
   std::optional<ClusterShape> ApplyPendingView();
   // Every configured rank is registered and every expert placed (as of the applied view).
   bool cluster_complete() const { return complete_; }
+  // Steps may run: the cluster is complete, or, with elastic EP, it was once and every
+  // expert still has a live replica, or some expert is being recovered (its steps fail and
+  // are run again until a placement covers it).
+  bool can_serve() const { return complete_ || (elastic_ && started_); }
+  // ControlPlane.ReportUnreachable through the membership (no-op before Join).
+  absl::Status ReportUnreachable(const v1::WorkerId& peer, const std::string& reason) {
+    return membership_ ? membership_->ReportUnreachable(peer, reason, absl::Seconds(2))
+                       : absl::OkStatus();
+  }
+  // The worker at transport rank `peer` in the last applied view, if any.
+  std::optional<v1::WorkerId> WorkerAtTransportRank(int peer) const;
 
   Transport* transport() const { return transport_.get(); }
   const std::string& grpc_address() const { return grpc_address_; }
@@ -95,6 +110,9 @@ class WorkerRuntime {
   std::optional<v1::ClusterView> pending_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::string> connected_;  // transport rank -> address connected to
   bool complete_ = false;
+  bool started_ = false;  // complete_ has been true
+  bool elastic_ = false;
+  std::map<int, v1::WorkerId> by_transport_rank_;  // of the last applied view
   bool self_set_ = false;
 };
 

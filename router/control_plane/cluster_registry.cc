@@ -244,6 +244,9 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
     if (claim.empty()) {
       claim =
           eplb_placement_ ? eplb_placement_->experts_of(rank) : default_placement_.experts_of(rank);
+      // Elastic EP: experts that moved to live ranks while this one was away stay there; a
+      // restarted rank comes back empty and is rebalanced onto.
+      if (options_.elastic_ep && started_) claim.clear();
     }
     // With redundant experts an overlap is a replica; without, a conflict.
     const bool replicas = options_.num_redundant_experts > 0;
@@ -269,7 +272,7 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
           num_overlaps > kMaxListed ? absl::StrCat("; ... (", num_overlaps, " in all)") : "",
           " (EP rank ", rank, " claims ", FormatExperts(claim), ")"));
     }
-    if (num_live_expert_ranks == options_.num_expert_ranks) {
+    if (num_live_expert_ranks == options_.num_expert_ranks && !(options_.elastic_ep && started_)) {
       for (int e : claim) owner[e] = rank;
       std::vector<int> missing;
       for (int e = 0; e < options_.num_experts; ++e) {
@@ -392,7 +395,20 @@ absl::StatusOr<v1::DrainResponse> ClusterRegistry::Drain(const v1::DrainRequest&
   absl::StatusOr<WorkerStatus*> found = FindLocked(request.worker(), /*allow_dead=*/false);
   if (!found.ok()) return found.status();
   WorkerStatus& slot = **found;
-  if (slot.info.role() == v1::ROLE_EXPERT && !slot.experts.empty()) {
+  if (slot.info.role() == v1::ROLE_EXPERT && !slot.experts.empty() && options_.elastic_ep) {
+    int others = 0;
+    for (size_t r = 0; r < expert_.size(); ++r) {
+      if (r != slot.info.rank() && IsLive(expert_[r]) &&
+          expert_[r]->info.state() != v1::WORKER_STATE_DRAINING) {
+        ++others;
+      }
+    }
+    if (others == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expert rank ", slot.info.rank(),
+                       " is the last expert rank not draining; its experts have nowhere to go"));
+    }
+  } else if (slot.info.role() == v1::ROLE_EXPERT && !slot.experts.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "expert rank ", slot.info.rank(), " holds experts ", FormatExperts(slot.experts),
         ", which have no other replica; deregister it instead"));
@@ -429,8 +445,7 @@ std::vector<v1::WorkerInfo> ClusterRegistry::ExpireLeases(absl::Time now) {
   for (auto* slots : {&attention_, &expert_}) {
     for (std::optional<WorkerStatus>& slot : *slots) {
       if (!IsLive(slot) || now - slot->last_heartbeat <= options_.lease_timeout) continue;
-      slot->info.set_state(v1::WORKER_STATE_DEAD);
-      slot->experts.clear();
+      KillLocked(&*slot);
       expired.push_back(slot->info);
     }
   }
@@ -439,6 +454,26 @@ std::vector<v1::WorkerInfo> ClusterRegistry::ExpireLeases(absl::Time now) {
     PublishLocked();
   }
   return expired;
+}
+
+void ClusterRegistry::KillLocked(WorkerStatus* slot) {
+  if (slot->info.role() == v1::ROLE_EXPERT && !slot->experts.empty()) {
+    ++counters_.expert_losses_total;
+    counters_.last_expert_loss = options_.now();
+  }
+  slot->info.set_state(v1::WORKER_STATE_DEAD);
+  slot->experts.clear();
+}
+
+absl::StatusOr<v1::ClusterView> ClusterRegistry::MarkDead(const v1::WorkerId& id) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("the router is shutting down");
+  absl::StatusOr<WorkerStatus*> found = FindLocked(id, /*allow_dead=*/false);
+  if (!found.ok()) return found.status();
+  KillLocked(*found);
+  ++counters_.expirations_total;
+  PublishLocked();
+  return view_;
 }
 
 absl::StatusOr<v1::ClusterView> ClusterRegistry::SetPlacement(const Placement& placement) {
@@ -451,12 +486,14 @@ absl::StatusOr<v1::ClusterView> ClusterRegistry::SetPlacement(const Placement& p
         " ranks; the cluster has ", options_.num_experts, " over ", options_.num_expert_ranks));
   }
   for (size_t r = 0; r < expert_.size(); ++r) {
-    if (!IsLive(expert_[r])) {
+    // Elastic EP: a rank that is not live may be left out (given no experts).
+    const bool may_skip = options_.elastic_ep && placement.experts_of(static_cast<int>(r)).empty();
+    if (!IsLive(expert_[r]) && !may_skip) {
       return absl::FailedPreconditionError(absl::StrCat("expert rank ", r, " is not live"));
     }
   }
   for (size_t r = 0; r < expert_.size(); ++r) {
-    expert_[r]->experts = placement.experts_of(static_cast<int>(r));
+    if (IsLive(expert_[r])) expert_[r]->experts = placement.experts_of(static_cast<int>(r));
   }
   eplb_placement_ = placement;
   PublishLocked();
@@ -515,7 +552,9 @@ void ClusterRegistry::PublishLocked() {
   view.set_num_attention_ranks(static_cast<uint32_t>(options_.num_attention_ranks));
   view.set_num_expert_ranks(static_cast<uint32_t>(options_.num_expert_ranks));
   *view.mutable_fingerprint() = fingerprint_;
+  view.set_elastic_ep(options_.elastic_ep);
   view_ = std::move(view);
+  if (!started_ && IsCompleteLocked()) started_ = true;
 }
 
 v1::ClusterView ClusterRegistry::View() const {
@@ -539,11 +578,21 @@ std::optional<v1::ClusterView> ClusterRegistry::WaitForVersion(uint64_t known_ve
   return view_;
 }
 
+bool ClusterRegistry::started() const {
+  absl::MutexLock lock(&mu_);
+  return started_;
+}
+
 bool ClusterRegistry::IsComplete() const {
   absl::MutexLock lock(&mu_);
+  return IsCompleteLocked();
+}
+
+bool ClusterRegistry::IsCompleteLocked() const {
+  const bool elastic = options_.elastic_ep && started_;
   for (const auto* slots : {&attention_, &expert_}) {
     for (const std::optional<WorkerStatus>& slot : *slots) {
-      if (!IsLive(slot)) return false;
+      if (!IsLive(slot) && !(elastic && slots == &expert_)) return false;
     }
   }
   for (const v1::ExpertReplicas& replicas : view_.placement().expert_to_rank()) {

@@ -76,6 +76,11 @@ struct ClusterRegistryOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   // Heartbeat silence after which a worker is DEAD. Greater than heartbeat_interval.
   absl::Duration lease_timeout = absl::Seconds(3);
+  // Elastic EP (dxs-router --elastic-ep; ClusterView.elastic_ep): once every rank has been
+  // live, the cluster stays complete while every attention rank is live and every expert
+  // has a live replica; an expert rank holding experts may drain (the Rebalancer moves
+  // them off) and SetPlacement accepts a placement that leaves dead ranks empty.
+  bool elastic_ep = false;
   // Clock for registration and heartbeat times; tests substitute a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
 
@@ -106,6 +111,10 @@ struct RegistryCounters {
   uint64_t refusals_total = 0;
   uint64_t expirations_total = 0;
   uint64_t deregistrations_total = 0;
+  // Expert ranks lost (lease expired or MarkDead) while holding experts, and when the last
+  // one was.
+  uint64_t expert_losses_total = 0;
+  absl::Time last_expert_loss = absl::InfinitePast();
 };
 
 class ClusterRegistry {
@@ -143,6 +152,11 @@ class ClusterRegistry {
   // placement of another shape; UNAVAILABLE after Shutdown.
   absl::StatusOr<v1::ClusterView> SetPlacement(const Placement& placement);
 
+  // Marks the live worker `id` DEAD now (a peer reported it unreachable and it did not
+  // answer), releasing its rank and experts as lease expiry does. NOT_FOUND as for
+  // Heartbeat (incarnation 0 matches any).
+  absl::StatusOr<v1::ClusterView> MarkDead(const v1::WorkerId& id);
+
   // Marks DEAD every live worker whose last heartbeat is older than the lease timeout at
   // `now`, releasing its rank and experts. Returns those workers as they are now (DEAD).
   std::vector<v1::WorkerInfo> ExpireLeases(absl::Time now);
@@ -159,8 +173,11 @@ class ClusterRegistry {
   std::optional<v1::ClusterView> WaitForVersion(uint64_t known_version, absl::Duration timeout);
 
   // True when all M attention and N expert ranks have a live (JOINING, READY or DRAINING)
-  // worker and the placement gives every expert an owner.
+  // worker and the placement gives every expert an owner. With elastic EP, once that has
+  // been true: every attention rank is live and every expert has a live replica.
   bool IsComplete() const;
+  // Every rank has been live at once (IsComplete was true without elastic relaxation).
+  bool started() const;
 
   // All workers in the view, ordered by (role, rank), DEAD ones included.
   std::vector<v1::WorkerInfo> Workers() const;
@@ -186,6 +203,10 @@ class ClusterRegistry {
   void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::ExpertPlacement BuildPlacementLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
+  bool IsCompleteLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Marks a live slot DEAD (expiry or MarkDead) without publishing.
+  void KillLocked(WorkerStatus* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const ClusterRegistryOptions options_;
   // Placement::WithRedundantExperts(E, N, R): the default claims.
   const Placement default_placement_;
@@ -194,6 +215,9 @@ class ClusterRegistry {
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Every rank has been live at once (the cluster has served); elastic EP relaxes
+  // completeness from then on.
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
   v1::ModelFingerprint fingerprint_ ABSL_GUARDED_BY(mu_);
   std::vector<std::optional<Slot>> attention_ ABSL_GUARDED_BY(mu_);
   std::vector<std::optional<Slot>> expert_ ABSL_GUARDED_BY(mu_);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/grpc/status_conversion.h"
+#include "grpcpp/create_channel.h"
 
 namespace dxs {
 namespace {
@@ -181,6 +182,61 @@ grpc::Status ControlPlaneService::Rebalance(grpc::ServerContext* context,
                    result->experts_moved(), " expert copies moved; view v",
                    result->cluster_view_version()));
   *response = *std::move(result);
+  return grpc::Status::OK;
+}
+
+namespace {
+
+// Whether a gRPC server answers at `address` within `timeout`: a connection is made, or
+// the channel fails (connection refused: the process is gone) or the time runs out.
+bool Answers(const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& creds,
+             absl::Duration timeout) {
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(address, creds);
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
+  grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
+  while (state != GRPC_CHANNEL_READY) {
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) return false;
+    if (!channel->WaitForStateChange(state, deadline)) return false;
+    state = channel->GetState(/*try_to_connect=*/true);
+  }
+  return true;
+}
+
+}  // namespace
+
+grpc::Status ControlPlaneService::ReportUnreachable(grpc::ServerContext* context,
+                                                    const v1::ReportUnreachableRequest* request,
+                                                    v1::ReportUnreachableResponse* response) {
+  if (absl::Status s = RequireClusterPeer(*context, tls_); !s.ok()) return ToGrpcStatus(s);
+  const v1::WorkerId& peer = request->peer();
+  if (peer.role() != v1::ROLE_ATTENTION && peer.role() != v1::ROLE_EXPERT) {
+    return ToGrpcStatus(
+        absl::InvalidArgumentError("peer.role is required: ROLE_ATTENTION or ROLE_EXPERT"));
+  }
+  std::string address;
+  for (const v1::WorkerInfo& w : registry_->Workers()) {
+    if (w.role() == peer.role() && w.rank() == peer.rank() && w.state() != v1::WORKER_STATE_DEAD &&
+        (peer.incarnation() == 0 || peer.incarnation() == w.incarnation())) {
+      address = w.grpc_address();
+    }
+  }
+  if (address.empty()) {
+    return ToGrpcStatus(absl::NotFoundError(
+        absl::StrCat(Describe(peer), " is not a live worker (already dead or gone)")));
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds = MakeChannelCredentials(tls_);
+  if (!creds.ok()) return ToGrpcStatus(creds.status());
+  if (Answers(address, *creds, kProbeTimeout)) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        absl::StrCat(Describe(peer), " at ", address, " answers; not marked dead")));
+  }
+  absl::StatusOr<v1::ClusterView> view = registry_->MarkDead(peer);
+  if (!view.ok()) return ToGrpcStatus(view.status());
+  Log(absl::StrCat("marked ", Describe(peer), " dead: reported unreachable by ",
+                   Describe(request->reporter()), " (", request->reason(),
+                   ") and its gRPC server does not answer; view v", view->version()));
+  response->set_cluster_view_version(view->version());
   return grpc::Status::OK;
 }
 

@@ -62,6 +62,11 @@ class ControlPlaneService final : public v1::ControlPlane::Service {
                           v1::DeregisterResponse* response) override;
   grpc::Status Rebalance(grpc::ServerContext* context, const v1::RebalanceRequest* request,
                          v1::RebalanceResponse* response) override;
+  // Probes the peer's gRPC server (kProbeTimeout); marks it dead if it does not answer.
+  grpc::Status ReportUnreachable(grpc::ServerContext* context,
+                                 const v1::ReportUnreachableRequest* request,
+                                 v1::ReportUnreachableResponse* response) override;
+  static constexpr absl::Duration kProbeTimeout = absl::Milliseconds(500);
 
  private:
   void ExpireLoop();

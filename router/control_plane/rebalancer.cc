@@ -68,6 +68,18 @@ absl::StatusOr<std::unique_ptr<Rebalancer>> Rebalancer::Create(ClusterRegistry* 
         "Expert copies (expert, EP rank) that EPLB rebalances made an EP rank load.");
     if (!moved.ok()) return moved.status();
     r->experts_moved_ = &(*moved)->Add({});
+    absl::StatusOr<metrics::CounterFamily*> recoveries = metrics::AddCounter(
+        metrics, "dxs_eplb_recoveries_total",
+        "Losses of an expert rank holding experts after which every expert had a live "
+        "replica again (elastic EP).");
+    if (!recoveries.ok()) return recoveries.status();
+    r->recoveries_ = &(*recoveries)->Add({});
+    absl::StatusOr<metrics::HistogramFamily*> seconds = metrics::AddHistogram(
+        metrics, "dxs_eplb_recovery_duration_seconds",
+        "From the loss of an expert rank holding experts to a placement with a live replica "
+        "of every expert (elastic EP).");
+    if (!seconds.ok()) return seconds.status();
+    r->recovery_seconds_ = &(*seconds)->Add({}, metrics::ExponentialBuckets(0.01, 2, 12));
   }
   return r;
 }
@@ -87,8 +99,16 @@ void Rebalancer::Stop() {
 }
 
 void Rebalancer::Loop() {
-  while (!stop_.WaitForNotificationWithTimeout(kPollInterval)) {
+  uint64_t known_version = 0;
+  while (!stop_.HasBeenNotified()) {
+    // Woken by every new view (a lost or drained rank is acted on at once), else polled.
+    if (std::optional<v1::ClusterView> v =
+            registry_->WaitForVersion(known_version, kPollInterval)) {
+      known_version = v->version();
+    }
+    if (stop_.HasBeenNotified()) break;
     absl::MutexLock lock(&mu_);
+    if (options_.elastic_ep) MaybeRecover();
     MaybeRelease();
     if (options_.interval_steps <= 0 || to_release_) continue;
     int64_t step = 0;
@@ -180,9 +200,25 @@ absl::StatusOr<v1::RebalanceResponse> Rebalancer::RebalanceLocked() {
     return unchanged;
   }
 
-  // 2. Place.
-  absl::StatusOr<Placement> next = BalancedPlacement(
-      load, num_ranks, options_.num_redundant_experts, current_proto.version() + 1);
+  // 2. Place, over the live ranks that are not draining (all of them without elastic EP).
+  std::vector<int> targets;
+  for (const v1::WorkerInfo* w : experts) {
+    if (w->state() != v1::WORKER_STATE_DRAINING) targets.push_back(static_cast<int>(w->rank()));
+  }
+  std::sort(targets.begin(), targets.end());
+  if (targets.empty()) return absl::FailedPreconditionError("no expert rank to place experts on");
+  const int num_targets = static_cast<int>(targets.size());
+  const int num_redundant =
+      std::min<int64_t>(options_.num_redundant_experts, int64_t{num_experts} * (num_targets - 1));
+  absl::StatusOr<Placement> dense =
+      BalancedPlacement(load, num_targets, num_redundant, current_proto.version() + 1);
+  if (!dense.ok()) return dense.status();
+  std::vector<std::vector<int>> spread(num_experts);
+  for (int e = 0; e < num_experts; ++e) {
+    for (int i : dense->replicas(e)) spread[e].push_back(targets[i]);
+  }
+  absl::StatusOr<Placement> next =
+      Placement::FromExpertRanks(num_ranks, spread, current_proto.version() + 1);
   if (!next.ok()) return next.status();
   last_tokens_ = std::move(now_tokens);
   v1::RebalanceResponse response;
@@ -206,19 +242,7 @@ absl::StatusOr<v1::RebalanceResponse> Rebalancer::RebalanceLocked() {
 
   // 3. Load (every rank, before anything dispatches with it).
   const v1::ExpertPlacement next_proto = ToProto(*next, current_proto);
-  v1::LoadPlacementRequest load_request;
-  *load_request.mutable_placement() = next_proto;
-  for (const v1::WorkerInfo* w : experts) {
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.load_timeout);
-    v1::LoadPlacementResponse loaded;
-    if (grpc::Status s = Stub(w->grpc_address())->LoadPlacement(&context, load_request, &loaded);
-        !s.ok()) {
-      return absl::UnavailableError(absl::StrCat("expert rank ", w->rank(),
-                                                 " could not load placement v", next->version(),
-                                                 ": ", s.error_message()));
-    }
-  }
+  if (absl::Status s = LoadEverywhere(view, next_proto); !s.ok()) return s;
 
   // 4. Publish.
   absl::StatusOr<v1::ClusterView> published = registry_->SetPlacement(*next);
@@ -235,6 +259,105 @@ absl::StatusOr<v1::RebalanceResponse> Rebalancer::RebalanceLocked() {
                static_cast<unsigned long long>(response.cluster_view_version()), moved,
                response.balance_ratio_before(), response.balance_ratio_after());
   return response;
+}
+
+absl::Status Rebalancer::LoadEverywhere(const v1::ClusterView& view,
+                                        const v1::ExpertPlacement& placement) {
+  v1::LoadPlacementRequest request;
+  *request.mutable_placement() = placement;
+  for (const v1::WorkerInfo& w : view.workers()) {
+    if (w.role() != v1::ROLE_EXPERT || !IsLiveState(w.state())) continue;
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.load_timeout);
+    v1::LoadPlacementResponse loaded;
+    if (grpc::Status s = Stub(w.grpc_address())->LoadPlacement(&context, request, &loaded);
+        !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("expert rank ", w.rank(),
+                                                 " could not load placement v", placement.version(),
+                                                 ": ", s.error_message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Rebalancer::MaybeRecover() {
+  if (!registry_->started()) return;  // still starting: experts wait for their ranks
+  const RegistryCounters counters = registry_->counters();
+  if (counters.expert_losses_total > losses_seen_) {
+    losses_seen_ = counters.expert_losses_total;
+    if (!recovering_since_) recovering_since_ = counters.last_expert_loss;
+  }
+  const v1::ClusterView view = registry_->View();
+  const v1::ExpertPlacement& current = view.placement();
+  const int num_experts = current.expert_to_rank_size();
+  const int num_ranks = static_cast<int>(current.num_expert_ranks());
+  std::vector<bool> draining(num_ranks, false), target(num_ranks, false);
+  for (const v1::WorkerInfo& w : view.workers()) {
+    if (w.role() != v1::ROLE_EXPERT || w.rank() >= static_cast<uint32_t>(num_ranks)) continue;
+    draining[w.rank()] = w.state() == v1::WORKER_STATE_DRAINING;
+    target[w.rank()] = w.state() == v1::WORKER_STATE_JOINING || w.state() == v1::WORKER_STATE_READY;
+  }
+  std::vector<std::vector<int>> ranks(num_experts);
+  std::vector<int> slots(num_ranks, 0);
+  bool covered = num_experts > 0, moves = false;
+  for (int e = 0; e < num_experts; ++e) {
+    const auto& held = current.expert_to_rank(e).ep_ranks();
+    if (held.empty()) covered = false;
+    for (uint32_t r : held) {
+      if (draining[r]) {
+        moves = true;
+      } else {
+        ranks[e].push_back(static_cast<int>(r));
+        ++slots[r];
+      }
+    }
+  }
+  if (covered && recovering_since_) {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - *recovering_since_);
+    if (recoveries_ != nullptr) recoveries_->Increment();
+    if (recovery_seconds_ != nullptr) recovery_seconds_->Observe(seconds);
+    std::fprintf(stderr,
+                 "dxs-router: elastic EP: every expert has a live replica again, %.3f s after "
+                 "the loss (placement v%llu)\n",
+                 seconds, static_cast<unsigned long long>(current.version()));
+    recovering_since_.reset();
+  }
+  if (covered && !moves) return;
+  // Each expert left without a rank goes to the live, non-draining rank with the fewest.
+  for (int e = 0; e < num_experts; ++e) {
+    if (!ranks[e].empty()) continue;
+    int best = -1;
+    for (int r = 0; r < num_ranks; ++r) {
+      if (target[r] && (best < 0 || slots[r] < slots[best])) best = r;
+    }
+    if (best < 0) return;  // no live expert rank: wait for one
+    ranks[e].push_back(best);
+    ++slots[best];
+  }
+  absl::StatusOr<Placement> next =
+      Placement::FromExpertRanks(num_ranks, ranks, current.version() + 1);
+  if (!next.ok()) {
+    std::fprintf(stderr, "dxs-router: elastic EP: %s\n", next.status().ToString().c_str());
+    return;
+  }
+  const v1::ExpertPlacement next_proto = ToProto(*next, current);
+  if (absl::Status s = LoadEverywhere(view, next_proto); !s.ok()) {
+    std::fprintf(stderr, "dxs-router: elastic EP: %s; retrying\n", s.ToString().c_str());
+    return;
+  }
+  absl::StatusOr<v1::ClusterView> published = registry_->SetPlacement(*next);
+  if (!published.ok()) {
+    std::fprintf(stderr, "dxs-router: elastic EP: publishing placement v%llu: %s\n",
+                 static_cast<unsigned long long>(next->version()),
+                 published.status().ToString().c_str());
+    return;
+  }
+  to_release_ = published->placement();
+  std::fprintf(stderr, "dxs-router: elastic EP: placement v%llu published (view v%llu): %s\n",
+               static_cast<unsigned long long>(published->placement().version()),
+               static_cast<unsigned long long>(published->version()),
+               moves ? "experts moved off draining ranks" : "lost experts reassigned");
+  // The next pass (woken by this view) times the recovery.
 }
 
 void Rebalancer::MaybeRelease() {

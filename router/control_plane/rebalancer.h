@@ -20,6 +20,17 @@
 // With interval_steps > 0 a thread rebalances each time the attention ranks' step counter
 // (the largest steps_total reported) has advanced that many steps since the last one.
 //
+// Elastic EP (options.elastic_ep, dxs-router --elastic-ep): the thread also recovers. When
+// some expert has no live replica (its ranks died) or is held by a DRAINING expert rank
+// (dxs drain), it is reassigned (every other replica kept): each such expert to the live,
+// non-draining rank holding the fewest experts; the ranks load the placement (from the
+// checkpoint), it is published, and the drained rank's copies are freed as in step 5
+// (after which the drained worker deregisters and exits). EPLB rebalances spread over the
+// live, non-draining ranks only. A recovery is counted from the moment the registry lost
+// an expert rank holding experts to the first view in which every expert has a live
+// replica again (dxs_eplb_recoveries_total, dxs_eplb_recovery_duration_seconds); with full
+// replica cover that is the same view, so the duration is ~0.
+//
 // Thread safety: Rebalance may be called from any thread; one runs at a time (a call while
 // one runs gets ABORTED).
 #pragma once
@@ -40,6 +51,7 @@
 #include "dxs/v1/expert_worker.grpc.pb.h"
 #include "grpcpp/security/credentials.h"
 #include "prometheus/counter.h"
+#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "router/control_plane/cluster_registry.h"
 
@@ -53,6 +65,8 @@ struct RebalancerOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // How long an expert rank may take to load its new experts.
   absl::Duration load_timeout = absl::Seconds(120);
+  // Recover lost and drained experts (see above); the router's --elastic-ep.
+  bool elastic_ep = false;
 };
 
 class Rebalancer {
@@ -77,6 +91,12 @@ class Rebalancer {
   absl::StatusOr<v1::RebalanceResponse> RebalanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step 5 for the pending placement, when every attention rank runs it.
   void MaybeRelease() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elastic EP: reassigns experts without a live replica or on draining ranks; times
+  // recoveries.
+  void MaybeRecover() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ExpertWorker.LoadPlacement of `placement` on every live expert rank.
+  absl::Status LoadEverywhere(const v1::ClusterView& view, const v1::ExpertPlacement& placement)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::ExpertWorker::Stub* Stub(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop();
 
@@ -84,6 +104,10 @@ class Rebalancer {
   const RebalancerOptions options_;
   prometheus::Counter* rebalances_ = nullptr;
   prometheus::Counter* experts_moved_ = nullptr;
+  prometheus::Counter* recoveries_ = nullptr;
+  prometheus::Histogram* recovery_seconds_ = nullptr;
+  uint64_t losses_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<absl::Time> recovering_since_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex mu_;
   // Per (expert rank, incarnation), per expert: tokens counted at the last rebalance.

@@ -28,7 +28,50 @@ RemoteMoeExecutor::RemoteMoeExecutor(Backend* backend, Transport* transport,
       placement_(std::move(placement)),
       hidden_(hidden),
       options_(options),
-      counters_(std::make_unique<DispatchCounters>(static_cast<int>(ep_peers_.size()))) {}
+      counters_(std::make_unique<DispatchCounters>(static_cast<int>(ep_peers_.size()))) {
+  if (placement_.num_ranks() > 0) history_[placement_.version()] = placement_;
+}
+
+void RemoteMoeExecutor::AddPlacement(Placement p) {
+  const uint64_t version = p.version();
+  history_[version] = std::move(p);
+  while (history_.size() > kPlacementHistory) history_.erase(history_.begin());
+  if (placement_.num_ranks() == 0) (void)UsePlacement(version);
+}
+
+bool RemoteMoeExecutor::UsePlacement(uint64_t version) {
+  auto it = history_.find(version);
+  if (it == history_.end()) return false;
+  if (placement_.num_ranks() == 0 || placement_.version() != version) {
+    placement_ = it->second;
+    expert_owner_ = Tensor();  // uploaded again at the next dispatch
+  }
+  return true;
+}
+
+void RemoteMoeExecutor::set_ep_peers(std::vector<int> peers) {
+  if (peers.size() > ep_peers_.size()) {
+    auto grown = std::make_unique<DispatchCounters>(static_cast<int>(peers.size()));
+    for (size_t r = 0; r < ep_peers_.size(); ++r) {
+      grown->tokens_dispatched[r] = counters_->tokens_dispatched[r].load();
+      grown->tokens_combined[r] = counters_->tokens_combined[r].load();
+    }
+    grown->combines_in_target = counters_->combines_in_target.load();
+    grown->combines_into_out = counters_->combines_into_out.load();
+    counters_ = std::move(grown);
+  }
+  if (peers.size() >= ep_peers_.size()) ep_peers_ = std::move(peers);
+}
+
+std::vector<int> RemoteMoeExecutor::FailedEpRanks() const {
+  std::vector<int> failed;
+  for (size_t r = 0; r < ep_peers_.size(); ++r) {
+    if (absl::IsUnavailable(transport_->PeerStatus(ep_peers_[r]))) {
+      failed.push_back(static_cast<int>(r));
+    }
+  }
+  return failed;
+}
 
 DispatchHandle::~DispatchHandle() {
   // A group still in flight is cancelled by a wait that ends at once; its receives stop
@@ -48,7 +91,7 @@ absl::Status RemoteMoeExecutor::Run(int layer, const Tensor& x, const Tensor& id
 absl::Status RemoteMoeExecutor::Layout(const Tensor& ids, const Tensor& weights,
                                        DispatchHandle* handle) {
   const int num_ranks = static_cast<int>(ep_peers_.size());
-  if (placement_.num_ranks() != num_ranks) {
+  if (placement_.num_ranks() == 0 || placement_.num_ranks() > num_ranks) {
     return absl::FailedPreconditionError(absl::StrCat("the placement has ", placement_.num_ranks(),
                                                       " EP ranks, the executor ", num_ranks));
   }
@@ -142,19 +185,37 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   // Headers first (the counts size the receives), then the one group: to every EP rank its
   // rows and pairs, from every EP rank its combine rows, zero sizes included. Keep
   // announcing after a failure so the healthy ranks see this layer from us and stay in step.
-  absl::Status send_status;
-  for (int r = 0; r < num_ranks; ++r) {
-    absl::Status s = SendHeader(r, micro, num_micro, h);
-    if (!s.ok() && send_status.ok()) {
-      send_status =
-          absl::UnavailableError(absl::StrCat("dispatch to EP rank ", r, ": ", s.message()));
+  // A rank of this placement already known to have failed: nothing is sent to anyone, so
+  // the healthy ranks get no round that nobody will combine (the step is run again once
+  // a placement without that rank arrives).
+  for (int r = 0; r < num_ranks && r < placement_.num_ranks(); ++r) {
+    if (placement_.experts_of(r).empty()) continue;
+    if (absl::Status s = transport_->PeerStatus(ep_peers_[r]); absl::IsUnavailable(s)) {
+      return absl::UnavailableError(absl::StrCat("dispatch to EP rank ", r, ": ", s.message()));
     }
+  }
+  absl::Status send_status;
+  std::vector<bool>& in_step = in_step_;
+  in_step.assign(num_ranks, false);
+  for (int r = 0; r < num_ranks; ++r) {
+    // Ranks holding no expert of this placement take no part (and have no rows).
+    if (r >= placement_.num_ranks() || placement_.experts_of(r).empty()) continue;
+    absl::Status s = SendHeader(r, micro, num_micro, h);
+    if (!s.ok()) {
+      if (send_status.ok()) {
+        send_status =
+            absl::UnavailableError(absl::StrCat("dispatch to EP rank ", r, ": ", s.message()));
+      }
+      continue;
+    }
+    in_step[r] = true;
     counters_->tokens_dispatched[r] += h.num_tokens_per_rank[r];
   }
   const MemoryType memory = TransportMemoryOf(*backend_);
   const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(dtype);
   transfers_.clear();
-  for (int r = 0; r < num_ranks && send_status.ok(); ++r) {
+  for (int r = 0; r < num_ranks; ++r) {
+    if (!in_step[r]) continue;
     const int peer = ep_peers_[r];
     const int64_t n = h.num_tokens_per_rank[r];
     const bool straight = n == h.num_tokens && x.dtype() == dtype;
@@ -179,18 +240,17 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
          memory});
     transfers_.push_back({Transfer::Kind::kRecv, peer, answer, rows_bytes, memory});
   }
-  if (send_status.ok()) {
-    // The transport reads the rows as soon as the group is posted: the pack (and whatever
-    // wrote x) must have finished on the backend's queue.
-    send_status = RowsWritten();
-  }
-  if (send_status.ok()) {
+  // The transport reads the rows as soon as the group is posted: the pack (and whatever
+  // wrote x) must have finished on the backend's queue.
+  absl::Status written = RowsWritten();
+  if (!written.ok() && send_status.ok()) send_status = written;
+  if (written.ok()) {
     if (observer_ != nullptr) observer_->OnExchange(transfers_.data(), transfers_.size());
     absl::StatusOr<ExchangeId> group = transport_->PostExchange(
         ExchangeTag(WireHeader::Key(step_, layer, micro)), transfers_.data(), transfers_.size());
     if (group.ok()) {
       h.group = *group;
-    } else {
+    } else if (send_status.ok()) {
       send_status = absl::UnavailableError(
           absl::StrCat("dispatch of layer ", layer, ": ", group.status().message()));
     }
@@ -219,6 +279,7 @@ absl::Status RemoteMoeExecutor::SendHeader(int r, int micro, int num_micro,
   header.num_micro = static_cast<uint8_t>(num_micro);
   header.step = step_;
   header.layer = h.layer;
+  header.placement_version = placement_.version();
   header.num_rows = static_cast<int32_t>(h.num_tokens_per_rank[r]);
   header.num_pairs = static_cast<int32_t>(h.num_pairs_per_rank[r]);
   header.hidden = static_cast<int32_t>(hidden_);

@@ -15,6 +15,15 @@
 // ranks, in ascending rank order, of the rank's pre-summed rows. That sum is the single
 // reduction stage; nothing reduces the MoE output again.
 //
+// Only the EP ranks that hold experts in the step's placement take part in it (headers
+// and transfers): a rank that died, drained or has just joined holds none, so no step
+// waits for it. Every DP rank of a step uses the same placement version, agreed in the
+// step exchange, so every EP rank of the step hears from every DP rank.
+//
+// A dispatch whose header to some EP rank fails still posts the group for the others
+// (their rows arrive and their rounds complete) before it fails the step: the healthy
+// ranks move on to the step's retry at once instead of waiting out a timeout.
+//
 // The DispatchHandle holds everything Combine needs (layout, counts, offsets, buffers, the
 // group); Combine recomputes nothing. A failed step cancels its group before it returns,
 // so nothing writes into the caller's memory afterwards. The transport reads and writes
@@ -25,6 +34,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -109,12 +119,30 @@ class RemoteMoeExecutor final : public MoeExecutor {
 
   // The step id stamped on messages; the step loop sets it before each forward pass.
   void set_step(uint64_t step) { step_ = step; }
+  // Adds `p` to the placements this executor can dispatch with and dispatches with it.
   void set_placement(Placement p) {
-    placement_ = std::move(p);
-    expert_owner_ = Tensor();  // uploaded again at the next dispatch
+    const uint64_t version = p.version();
+    AddPlacement(std::move(p));
+    (void)UsePlacement(version);
   }
-  void set_ep_peers(std::vector<int> peers) { ep_peers_ = std::move(peers); }
+  // Adds `p` (a newer version from the ClusterView) without switching to it: the DP ranks
+  // agree on the version of each step (AttentionStepLoop), so a rank keeps the last
+  // kPlacementHistory versions it has seen.
+  void AddPlacement(Placement p);
+  // Dispatches with `version` from now on; false (and no change) if it is not kept.
+  bool UsePlacement(uint64_t version);
+  uint64_t newest_placement_version() const {
+    return history_.empty() ? placement_.version() : history_.rbegin()->first;
+  }
+  const Placement& placement() const { return placement_; }
+  static constexpr size_t kPlacementHistory = 8;
+  // EP rank r's transport peer is peers[r]; grows when an EP rank joins (never shrinks:
+  // a rank that left holds no experts and takes no part in steps).
+  void set_ep_peers(std::vector<int> peers);
+  int num_ep_ranks() const { return static_cast<int>(ep_peers_.size()); }
   const DispatchCounters& counters() const { return *counters_; }
+  // EP ranks whose transport connection has failed (UNAVAILABLE), after a failed step.
+  std::vector<int> FailedEpRanks() const;
   // Not owned; null (the default) observes nothing. Set before the first Run.
   void set_observer(DispatchObserver* observer) { observer_ = observer; }
 
@@ -142,6 +170,7 @@ class RemoteMoeExecutor final : public MoeExecutor {
   Transport* transport_;
   std::vector<int> ep_peers_;
   Placement placement_;
+  std::map<uint64_t, Placement> history_;  // by version, the newest kPlacementHistory
   Tensor expert_owner_;  // i32 on the backend: placement_'s rank table (Placement::RankTable)
   int64_t hidden_;
   DispatchOptions options_;
@@ -151,6 +180,7 @@ class RemoteMoeExecutor final : public MoeExecutor {
   // Handles back from Combine, kept for their buffers (reused by later dispatches).
   std::vector<std::unique_ptr<DispatchHandle>> spare_handles_;
   std::vector<Transfer> transfers_;
+  std::vector<bool> in_step_;            // per EP rank: sent this micro-batch's header
   std::unique_ptr<Event> rows_written_;  // recorded after the pack, before the exchange
   // Recent combine waits (Combine's start to its last answer), smoothed: how long the
   // next is expected to take. Zero until the first.

@@ -7,7 +7,7 @@
 namespace dxs {
 namespace {
 
-constexpr size_t kEncodedSize = 4 + 1 + 1 + 2 + 8 + 4 * 4 + 8;
+constexpr size_t kEncodedSize = 4 + 1 + 1 + 2 + 8 + 4 * 4 + 8 + 8;
 
 template <typename T>
 void Put(std::string* out, T v) {
@@ -38,6 +38,7 @@ std::string WireHeader::Encode() const {
   Put<int32_t>(&out, num_pairs);
   Put<int32_t>(&out, hidden);
   Put<int64_t>(&out, aux);
+  Put<uint64_t>(&out, placement_version);
   return out;
 }
 
@@ -67,6 +68,7 @@ absl::StatusOr<WireHeader> WireHeader::Decode(std::string_view bytes) {
   h.num_pairs = Get<int32_t>(bytes, &off);
   h.hidden = Get<int32_t>(bytes, &off);
   h.aux = Get<int64_t>(bytes, &off);
+  h.placement_version = Get<uint64_t>(bytes, &off);
   if (h.num_micro < 1 || h.micro >= h.num_micro) {
     return absl::InvalidArgumentError("wire header: bad micro-batch");
   }

@@ -8,8 +8,9 @@
 //       expert -> attention (the combine): rows[num_rows, hidden] in wire dtype, the expert
 //       rank's pre-summed output for each dispatched row, in dispatch order. Every transfer
 //       is posted, zero sizes included.
-//   step     (attention -> attention): `aux` is the sender's token count and `num_rows` its
-//       two-batch-overlap threshold (AttentionStepLoop)
+//   step     (attention -> attention): `aux` is the sender's token count, `num_rows` its
+//       two-batch-overlap threshold and `placement_version` the newest expert placement it
+//       has; the step dispatches with the oldest of those (AttentionStepLoop)
 //
 // A step split into micro-batches (two-batch overlap) sends one dispatch header and one
 // group per (layer, micro-batch); `micro` and `num_micro` say which.
@@ -41,6 +42,8 @@ struct WireHeader {
   int32_t num_pairs = 0;
   int32_t hidden = 0;
   int64_t aux = 0;
+  // The expert placement version the sender dispatches with (dispatch) or has (step).
+  uint64_t placement_version = 0;
 
   std::string Encode() const;
   static absl::StatusOr<WireHeader> Decode(std::string_view bytes);

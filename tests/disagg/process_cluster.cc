@@ -235,6 +235,23 @@ void ProcessCluster::KillAttention(int rank) { KillChild(attention_[rank]); }
 
 void ProcessCluster::KillExpert(int rank) { KillChild(experts_[rank]); }
 
+absl::StatusOr<int> ProcessCluster::WaitExpertExit(int rank, absl::Duration timeout) {
+  ChildProcess& p = experts_[rank];
+  const absl::Time deadline = absl::Now() + timeout;
+  while (p.pid > 0) {
+    int status = 0;
+    if (waitpid(p.pid, &status, WNOHANG) == p.pid) {
+      p.pid = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("expert rank ", rank, " still runs"));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::FailedPreconditionError(absl::StrCat("expert rank ", rank, " is not running"));
+}
+
 absl::Status ProcessCluster::WaitReady(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   for (size_t r = 0; r < stubs_.size(); ++r) {

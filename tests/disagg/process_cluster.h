@@ -75,7 +75,10 @@ class ProcessCluster {
   // worker is expected to print it and exit (a refusal), and nothing is replaced.
   absl::Status StartExpert(int rank, const std::string& model_dir, const std::string& claim,
                            const std::string& ready_text = "listening on");
-  void KillExpert(int rank);     // SIGKILL
+  void KillExpert(int rank);  // SIGKILL
+  // Waits for expert `rank` to exit by itself (a drained rank); its exit status, or
+  // DEADLINE_EXCEEDED.
+  absl::StatusOr<int> WaitExpertExit(int rank, absl::Duration timeout);
   void KillAttention(int rank);  // SIGKILL
   // Waits until every attention rank answers GetLoad with state READY.
   absl::Status WaitReady(absl::Duration timeout);

@@ -91,6 +91,8 @@ const MethodSpec kMethods[] = {
      false},
     {"dxs.v1.ControlPlane", "Rebalance", "dxs.v1.RebalanceRequest", "dxs.v1.RebalanceResponse",
      false},
+    {"dxs.v1.ControlPlane", "ReportUnreachable", "dxs.v1.ReportUnreachableRequest",
+     "dxs.v1.ReportUnreachableResponse", false},
     {"dxs.v1.AttentionWorker", "Generate", "dxs.v1.GenerateRequest", "dxs.v1.GenerateResponse",
      true},
     {"dxs.v1.AttentionWorker", "Serve", "dxs.v1.ServeRequest", "dxs.v1.ServeEvents", true, true},

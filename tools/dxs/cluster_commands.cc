@@ -505,4 +505,35 @@ int RebalanceCommand(const std::vector<std::string>& argv) {
   return 0;
 }
 
+int DrainCommand(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args =
+      Args::Parse(argv, WithTlsValueFlags({"router", "rank", "role"}), WithTlsBoolFlags({}));
+  if (!args.ok()) return Fail("drain", args.status());
+  absl::StatusOr<TlsConfig> tls = TlsFromArgs(*args, /*for_server=*/false);
+  if (!tls.ok()) return Fail("drain", tls.status());
+  if (absl::Status s = args->Require({"router", "rank"}); !s.ok()) return Fail("drain", s);
+  int rank = -1;
+  if (!absl::SimpleAtoi(args->GetString("rank"), &rank) || rank < 0) {
+    return Fail("drain", absl::InvalidArgumentError(absl::StrCat(
+                             "--rank must be a rank number, got '", args->GetString("rank"), "'")));
+  }
+  const std::string role = args->Has("role") ? args->GetString("role") : "expert";
+  if (role != "expert" && role != "attention") {
+    return Fail("drain", absl::InvalidArgumentError(
+                             absl::StrCat("--role must be expert or attention, got '", role, "'")));
+  }
+  auto cp = v1::ControlPlane::NewStub(Channel(args->GetString("router"), *tls));
+  v1::DrainRequest request;
+  request.mutable_worker()->set_role(role == "expert" ? v1::ROLE_EXPERT : v1::ROLE_ATTENTION);
+  request.mutable_worker()->set_rank(static_cast<uint32_t>(rank));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::DrainResponse response;
+  grpc::Status s = cp->Drain(&ctx, request, &response);
+  if (!s.ok()) return FailRpc("drain", s);
+  std::cout << role << " rank " << rank << " draining (view v" << response.cluster_view_version()
+            << ")\n";
+  return 0;
+}
+
 }  // namespace dxs::cli

@@ -15,6 +15,7 @@ int UpCommand(const std::vector<std::string>& args);           // dxs up
 int GenerateCommand(const std::vector<std::string>& args);     // dxs generate
 int StatusCommand(const std::vector<std::string>& args);       // dxs status
 int RebalanceCommand(const std::vector<std::string>& args);    // dxs rebalance
+int DrainCommand(const std::vector<std::string>& args);        // dxs drain
 int BenchCommand(const std::vector<std::string>& args);        // dxs bench
 
 // Where the embedded default model lives when --model is omitted: $DXS_CACHE_DIR, else

@@ -37,6 +37,9 @@ constexpr char kUsage[] =
     "  status       --router ADDR [--format json]: workers, addresses, loads and the\n"
     "               expert placement (version, experts per EP rank)\n"
     "  rebalance    --router ADDR: one EPLB rebalance now (placement from measured load)\n"
+    "  drain        --router ADDR --rank N [--role expert|attention]: stop sending work to\n"
+    "               a rank; with dxs-router --elastic-ep an EP rank's experts move off\n"
+    "               first, then it exits\n"
     "  bench        --router ADDR | --local MODEL  [--concurrency C --requests R\n"
     "               --prompt-len L --output-len O] [--format json]\n"
     "               [--device cpu|cuda[:N] (with --local)]\n"
@@ -62,6 +65,7 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return dxs::cli::GenerateCommand(args);
   if (cmd == "status") return dxs::cli::StatusCommand(args);
   if (cmd == "rebalance") return dxs::cli::RebalanceCommand(args);
+  if (cmd == "drain") return dxs::cli::DrainCommand(args);
   if (cmd == "bench") return dxs::cli::BenchCommand(args);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::cout << kUsage;
