@@ -3,7 +3,7 @@
 # backend test, gpu_bench and the PyTorch / Hugging Face baselines, then docs/gpu.md's
 # results and plots into $OUT. Builds nothing: the binaries come in .device/ (packed here
 # by bench/gpu/bundle.sh). Prints a short table last; full logs are in $OUT.
-#   bench/gpu/run_device.sh [tests|bench|all] [--quick]
+#   bench/gpu/run_device.sh [tests|bench|cluster|all] [--quick]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
@@ -15,7 +15,7 @@ source .device/env.sh
 export DXS_SOURCE_DIR=$PWD DXS_BIN_DIR=$PWD/.device/bin
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv >"$OUT/nvidia-smi.txt" 2>&1
 summary=()
-if [ "$what" != bench ]; then
+if [ "$what" = tests ] || [ "$what" = all ]; then
   for t in topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
            grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test \
            nccl_transport_test gpu_cluster_test; do
@@ -55,7 +55,21 @@ if [ "$what" != bench ]; then
     summary+=("memcheck: compute-sanitizer not found")
   fi
 fi
-if [ "$what" != tests ]; then
+if [ "$what" = cluster ] || [ "$what" = all ]; then
+  # Between two processes on the one GPU: dxs's dispatch+combine round trip against the
+  # interprocess-event ping-pong, and decode of a cut Qwen3-30B-A3B shape, 1 + 1 processes
+  # against one.
+  if [ -x .device/bin/gpu_exchange_bench ]; then
+    timeout 400 .device/bin/gpu_exchange_bench --json "$OUT/exchange.jsonl" \
+      >"$OUT/gpu_exchange_bench.log" 2>&1
+    summary+=("gpu_exchange_bench: rc=$?")
+    tail -20 "$OUT/gpu_exchange_bench.log"
+  fi
+  timeout 500 bench/gpu/cluster_decode_bench.sh 4 >"$OUT/cluster_decode.out" 2>&1
+  summary+=("cluster_decode_bench: rc=$?")
+  cat "$OUT/cluster_decode.out"
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
   timeout 420 .device/bin/gpu_bench $quick --json "$OUT/dxs.jsonl" >"$OUT/gpu_bench.log" 2>&1
   summary+=("gpu_bench: rc=$?")
   timeout 300 python3 bench/gpu/torch_baselines.py $quick --json "$OUT/torch.jsonl" \

@@ -103,6 +103,27 @@ TEST(DxsRun, PresetMadeInPlaceAndDeviceErrors) {
   }
 }
 
+// gen-model --layers N keeps the preset's shape with N layers; out of range is exit 2.
+TEST(DxsGenModel, LayersCutThePreset) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/two";
+  Output made = RunDxs("gen-model --preset default --layers 2 --out " + dir, tmp);
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  std::ifstream f(dir + "/config.json");
+  const nlohmann::json config = nlohmann::json::parse(f);
+  EXPECT_EQ(config.at("num_hidden_layers"), 2);
+  EXPECT_EQ(config.at("hidden_size"), 128);
+  Output run = RunDxs("run --model " + dir + " --prompt-ids 5,6,7 --max-new-tokens 2", tmp);
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  for (const char* layers : {"0", "5"}) {
+    Output o = RunDxs(std::string("gen-model --preset default --layers ") + layers + " --out " +
+                          tmp.path() + "/bad",
+                      tmp);
+    EXPECT_EQ(o.exit_code, 2) << o.err;
+    EXPECT_NE(o.err.find("--layers must be in [1, 4]"), std::string::npos) << o.err;
+  }
+}
+
 // dxs up --gpus: a list of GPU numbers, with --device cuda (which it implies); anything else
 // is one line and exit status 2 before a process starts.
 TEST(DxsUp, GpusFlagErrors) {

@@ -20,6 +20,7 @@ constexpr char kUsage[] =
     "  gen-model    write a seeded random checkpoint: --out DIR [--preset default|odd|\n"
     "               bf16-sharded|qwen3-30b-a3b] [--seed S] [--router-skew S (Zipf exponent\n"
     "               of expert popularity; 0: uniform-ish, the weights as drawn)]\n"
+    "               [--layers N (the preset's first N layers only)]\n"
     "  fingerprint  print a checkpoint's fingerprint: --model DIR\n"
     "  up           start a local cluster: [--model DIR] --attention M --experts N\n"
     "               [--port P] [--log-dir DIR] [--wire-dtype f32|bf16]\n"

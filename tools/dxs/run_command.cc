@@ -122,7 +122,7 @@ int RunCommand(const std::vector<std::string>& argv) {
 }
 
 int GenModelCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(argv, {"out", "preset", "seed", "router-skew"}, {});
+  absl::StatusOr<Args> args = Args::Parse(argv, {"out", "preset", "seed", "router-skew", "layers"}, {});
   if (!args.ok()) return Fail("gen-model", args.status());
   if (!args->Has("out")) {
     return Fail("gen-model", absl::InvalidArgumentError("--out DIR is required"));
@@ -132,6 +132,17 @@ int GenModelCommand(const std::vector<std::string>& argv) {
   auto seed = args->GetUint("seed", preset->seed);
   if (!seed.ok()) return Fail("gen-model", seed.status());
   preset->seed = *seed;
+  if (args->Has("layers")) {
+    // The preset's shape with fewer layers (a Qwen3-30B-A3B-shaped model that fits a disk).
+    auto layers = args->GetInt("layers", 0);
+    if (!layers.ok()) return Fail("gen-model", layers.status());
+    if (*layers < 1 || *layers > preset->config.num_hidden_layers) {
+      return Fail("gen-model", absl::InvalidArgumentError(absl::StrCat(
+                                   "--layers must be in [1, ", preset->config.num_hidden_layers,
+                                   "] for preset ", preset->name, ", got ", *layers)));
+    }
+    preset->config.num_hidden_layers = static_cast<int>(*layers);
+  }
   if (args->Has("router-skew")) {
     double skew = 0;
     if (!absl::SimpleAtod(args->GetString("router-skew"), &skew) || !(skew >= 0) || skew > 100) {
