@@ -1,0 +1,654 @@
+// Dispatch + combine round trip between two processes on one GPU (a benchmark, not a test).
+//
+// One DP rank (this process: RemoteMoeExecutor::Run) and one EP rank (a forked child:
+// ExpertStepServer::ServeRound), each with the CUDA backend (MakeBackend("cuda"), made after
+// the fork), over the dxs UCX transport: x, the routing, the output and the EP rank's rows
+// are all device tensors, so the rows move GPU to GPU through UCX's cuda_ipc (the bench
+// aborts if the transport cannot move device memory). The EP rank holds every expert, so
+// each token goes once each way. Its experts are a stand-in on the device, out[r] = (sum of
+// row r's pair weights) * x[r], from backend ops: the per-row sums come from the host
+// RoutedPairs and are uploaded each round (a pageable copy of 4 bytes a row), then Fill,
+// ScaleAddRows into a float32 accumulator and Copy to bf16 out. Forward synchronises the
+// backend before it returns (the server waits for that work right after it anyway), so
+// ExpertCounters::compute_ns covers the whole stand-in, host sums, upload and kernels, and
+// the bench reports the exchange alone too: xchg_us = median over the round trips of
+// (round trip - that round's compute).
+//
+// Baseline, in the same run, between the same two processes: the interprocess-event
+// ping-pong. A launches a one-thread kernel and records an event made with
+// cudaEventInterprocess | cudaEventDisableTiming, tells B over a pipe; B's stream waits on
+// that event (cudaIpcOpenEventHandle), launches its kernel, records its own interprocess
+// event and tells A; A waits on B's event (cudaEventSynchronize). Without MPS the GPU
+// time-slices between the two processes' contexts, so this is the floor of any round trip
+// that hands work from one process to the other on the GPU and back.
+//
+// Timing: host wall-clock per round trip (CUDA events cannot time across processes),
+// after a warm-up; per row the two methods run interleaved in blocks, so a burst of load
+// hits both; median and p99 of each. Every device buffer of a shape (x, ids, weights, out,
+// the stand-in's scratch) is allocated once for the largest token count before its rows
+// are timed; the timed loop copies no rows through the host. The combined output is
+// checked against (sum of weights) * x on the host after each row; a wrong answer aborts.
+//
+// Bytes: dispatch = the dxs header (control channel) + rows * hidden * 2 (bf16) + 12 * pairs;
+// combine = rows * hidden * 2. rows_GB/s = the row bytes of both directions / dxs median.
+//
+// Usage: gpu_exchange_bench [--reps N] [--json FILE]
+//   --reps N: measured round trips per method and row (default 200, at least 50);
+//   --json FILE: one JSON object per row (section "exchange"), for bench/gpu/report.py.
+// Exit status 1, with one line on stderr, when there is no usable GPU, when UCX cannot move
+// device memory, or when the bench itself fails.
+#include <cuda_runtime_api.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "bench/raw_ucx_pingpong.h"
+#include "common/dtype.h"
+#include "common/model_config.h"
+#include "expert_service/expert_compute.h"
+#include "expert_service/expert_step_server.h"
+#include "kernels/backend.h"
+#include "kernels/make_backend.h"
+#include "model/sampler.h"
+#include "nlohmann/json.hpp"
+#include "router/dispatch/dispatch_combine.h"
+#include "router/dispatch/placement.h"
+#include "router/dispatch/wire.h"
+#include "router/transport/transport.h"
+
+namespace dxs {
+namespace bench {
+// bench/gpu_exchange_tick.cu: one thread adds 1 to *counter, on `stream`.
+cudaError_t LaunchTick(unsigned int* counter, cudaStream_t stream);
+}  // namespace bench
+
+namespace {
+
+using bench::Die;
+using bench::ReadAll;
+using bench::WriteAll;
+
+struct Shape {
+  const char* name;
+  int64_t hidden;
+};
+// Qwen3-30B-A3B's hidden size and DeepSeek-V3's; both top-8 of 128 experts here.
+constexpr Shape kShapes[] = {{"h2048", 2048}, {"h7168", 7168}};
+constexpr int kNumExperts = 128;
+constexpr int kTopK = 8;
+constexpr int64_t kTokensPerDpRank[] = {1, 128, 1024, 4096};
+constexpr int64_t kMaxTokens = kTokensPerDpRank[std::size(kTokensPerDpRank) - 1];
+constexpr DType kWire = DType::kBF16;
+
+constexpr int kDpPeer = 0;
+constexpr int kEpPeer = 1;
+constexpr int kLayer = 0;
+constexpr int kDevice = 0;
+constexpr uint64_t kSeed = 20261201;
+constexpr int64_t kMinReps = 50;
+constexpr int64_t kWarmupReps = 20;
+constexpr int kBlocks = 4;  // per row, each method runs this many interleaved blocks
+constexpr unsigned kWatchdogSeconds = 500;
+constexpr double kMaxRelativeError = 1e-2;  // bf16 rounding of x and of the answer
+
+#define BENCH_CUDA(call)                                                     \
+  do {                                                                       \
+    if (const cudaError_t _e = (call); _e != cudaSuccess) {                  \
+      ::dxs::bench::Die(std::string(#call) + ": " + cudaGetErrorString(_e)); \
+    }                                                                        \
+  } while (0)
+
+void Check(const absl::Status& status, const std::string& what) {
+  if (!status.ok()) Die(what + ": " + status.ToString());
+}
+
+template <typename T>
+T Must(absl::StatusOr<T> value, const std::string& what) {
+  Check(value.status(), what);
+  return std::move(*value);
+}
+
+// ---- Parent -> child commands -----------------------------------------------------------
+
+enum class Method : int32_t { kDxs = 1, kPingPong = 2, kQuit = 3 };
+
+struct Command {
+  Method method;
+  int32_t shape;  // kDxs: which ExpertStepServer (the hidden size differs per shape)
+  int64_t count;  // round trips to serve
+};
+
+double NowUs() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Sends this process's start-up error ("" when it has none) and returns the peer's.
+std::string TradeErrors(int read_fd, int write_fd, const std::string& own) {
+  return bench::TradeAddresses(read_fd, write_fd, own);
+}
+
+// The CUDA backend of this process, or the reason there is none.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendHere() {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend("cuda");
+  if (backend.ok() && (*backend)->device() != Device::kCuda) {
+    return absl::FailedPreconditionError("MakeBackend(\"cuda\") gave a backend not on a GPU");
+  }
+  return backend;
+}
+
+std::unique_ptr<Transport> ConnectDxs(int self, int read_fd, int write_fd) {
+  std::unique_ptr<Transport> transport = Must(MakeUcxTransport(), "MakeUcxTransport");
+  Check(transport->SetSelf(self), "SetSelf");
+  const std::string peer = bench::TradeAddresses(read_fd, write_fd, transport->LocalAddress());
+  Check(transport->Connect(self == kDpPeer ? kEpPeer : kDpPeer, peer), "Connect");
+  return transport;
+}
+
+// ---- The interprocess-event ping-pong ---------------------------------------------------
+
+// One end: a stream of this process's, its interprocess event, and the peer's, opened
+// from the handle that came over the pipe. Made with the CUDA runtime linked into this
+// binary; the backend's (in its plugin) shares the device's primary context with it.
+class PingPongEnd {
+ public:
+  void Open(int read_fd, int write_fd) {
+    BENCH_CUDA(cudaSetDevice(kDevice));
+    BENCH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&counter_), sizeof(unsigned int)));
+    BENCH_CUDA(cudaMemsetAsync(counter_, 0, sizeof(unsigned int), stream_));
+    BENCH_CUDA(cudaStreamSynchronize(stream_));
+    BENCH_CUDA(cudaEventCreateWithFlags(&own_, cudaEventInterprocess | cudaEventDisableTiming));
+    cudaIpcEventHandle_t own_handle, peer_handle;
+    BENCH_CUDA(cudaIpcGetEventHandle(&own_handle, own_));
+    WriteAll(write_fd, &own_handle, sizeof(own_handle));
+    ReadAll(read_fd, &peer_handle, sizeof(peer_handle));
+    BENCH_CUDA(cudaIpcOpenEventHandle(&peer_, peer_handle));
+  }
+
+  // The peer has closed its end (it quit) or never will use ours again.
+  void Close() {
+    if (stream_ != nullptr) BENCH_CUDA(cudaStreamSynchronize(stream_));
+    if (peer_ != nullptr) cudaEventDestroy(peer_);
+    if (own_ != nullptr) cudaEventDestroy(own_);
+    if (counter_ != nullptr) cudaFree(counter_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    peer_ = own_ = nullptr;
+    counter_ = nullptr;
+    stream_ = nullptr;
+  }
+
+  // A: one round trip (kernel, record, tell B; hear from B, wait on B's event).
+  void Initiate(int read_fd, int write_fd) {
+    BENCH_CUDA(bench::LaunchTick(counter_, stream_));
+    BENCH_CUDA(cudaEventRecord(own_, stream_));
+    char token = 1;
+    WriteAll(write_fd, &token, 1);
+    ReadAll(read_fd, &token, 1);
+    BENCH_CUDA(cudaEventSynchronize(peer_));
+  }
+
+  // B: one answer (hear from A; wait on A's event, kernel, record, tell A).
+  void Answer(int read_fd, int write_fd) {
+    char token = 0;
+    ReadAll(read_fd, &token, 1);
+    BENCH_CUDA(cudaStreamWaitEvent(stream_, peer_, 0));
+    BENCH_CUDA(bench::LaunchTick(counter_, stream_));
+    BENCH_CUDA(cudaEventRecord(own_, stream_));
+    WriteAll(write_fd, &token, 1);
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t own_ = nullptr;
+  cudaEvent_t peer_ = nullptr;
+  unsigned int* counter_ = nullptr;
+};
+
+// ---- EP rank (child) --------------------------------------------------------------------
+
+// Stand-in experts on the device: out[r] = (sum of row r's pair weights) * x[r], in
+// float32, rounded once to out's dtype. Scratch sized for `max_rows` is allocated up front.
+class WeightedSumExperts final : public ExpertCompute {
+ public:
+  WeightedSumExperts(Backend* backend, int64_t hidden, int64_t max_rows) : backend_(backend) {
+    std::vector<int32_t> identity(max_rows);
+    std::iota(identity.begin(), identity.end(), 0);
+    identity_ = Must(backend->UploadIndices(identity), "upload rows");
+    scales_ = Must(backend->Allocate({max_rows}, DType::kF32), "allocate scales");
+    sum_ = Must(backend->Allocate({max_rows, hidden}, DType::kF32), "allocate sums");
+  }
+
+  bool Holds(int layer, int expert) const override { return expert >= 0 && expert < kNumExperts; }
+  Backend* backend() const override { return backend_; }
+
+  absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out) override {
+    const int64_t rows = out->rows();
+    if (rows > identity_.rows()) {
+      return absl::InvalidArgumentError("stand-in experts: more rows than the bench sized for");
+    }
+    row_scale_.assign(rows, 0.f);
+    for (size_t p = 0; p < pairs.size(); ++p) {
+      // One DP rank: every out row is its own x row, which ScaleAddRows below relies on.
+      if (pairs.out_row(p) != pairs.rows[p]) {
+        return absl::InternalError("stand-in experts: a pair's out row is not its x row");
+      }
+      row_scale_[pairs.out_row(p)] += pairs.weights[p];
+    }
+    if (rows == 0) return absl::OkStatus();
+    Tensor scales = scales_.Rows(0, rows);
+    Tensor sum = sum_.Rows(0, rows);
+    absl::Status s = backend_->CopyFromHost(row_scale_.data(), DType::kF32, &scales);
+    if (s.ok()) s = backend_->Fill(&sum, 0.f);
+    if (s.ok()) s = backend_->ScaleAddRows(x, scales, identity_.Rows(0, rows), &sum);
+    if (s.ok()) s = backend_->Copy(sum, out);
+    // The server waits for this work right after Forward; waiting here instead puts the
+    // kernels' time into ExpertCounters::compute_ns.
+    if (s.ok()) s = backend_->Synchronize();
+    return s;
+  }
+
+ private:
+  Backend* backend_;
+  Tensor identity_;  // i32 [max_rows]: 0, 1, 2, ...
+  Tensor scales_;    // f32 [max_rows]: this round's per-row sums, uploaded
+  Tensor sum_;       // f32 [max_rows, hidden]
+  std::vector<float> row_scale_;
+};
+
+int RunExpertRank(int read_fd, int write_fd) {
+  absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackendHere();
+  const std::string peer_error =
+      TradeErrors(read_fd, write_fd, made.ok() ? "" : std::string(made.status().message()));
+  if (!made.ok() || !peer_error.empty()) return 1;  // the parent says why
+  std::unique_ptr<Backend> backend = std::move(*made);
+  PingPongEnd ping_pong;
+  ping_pong.Open(read_fd, write_fd);
+  std::unique_ptr<Transport> transport = ConnectDxs(kEpPeer, read_fd, write_fd);
+  const char device_memory = transport->SupportsMemory(MemoryType::kDevice) ? 1 : 0;
+  WriteAll(write_fd, &device_memory, 1);
+
+  std::vector<std::unique_ptr<WeightedSumExperts>> experts;
+  std::vector<std::unique_ptr<ExpertStepServer>> servers;
+  for (const Shape& s : kShapes) {
+    ModelConfig config;
+    config.hidden_size = s.hidden;
+    config.num_hidden_layers = 1;
+    config.num_experts = kNumExperts;
+    config.num_experts_per_tok = kTopK;
+    experts.push_back(std::make_unique<WeightedSumExperts>(backend.get(), s.hidden, kMaxTokens));
+    servers.push_back(std::make_unique<ExpertStepServer>(transport.get(), std::vector<int>{kDpPeer},
+                                                         experts.back().get(), config));
+  }
+  std::vector<double> compute_us;
+  for (;;) {
+    Command command;
+    ReadAll(read_fd, &command, sizeof(command));
+    if (command.method == Method::kQuit) break;
+    compute_us.clear();
+    for (int64_t i = 0; i < command.count; ++i) {
+      if (command.method == Method::kPingPong) {
+        ping_pong.Answer(read_fd, write_fd);
+        continue;
+      }
+      ExpertStepServer& server = *servers.at(command.shape);
+      const int64_t before_ns = server.counters().compute_ns.load();
+      Check(server.ServeRound(absl::Now() + absl::Seconds(60)), "ServeRound");
+      compute_us.push_back((server.counters().compute_ns.load() - before_ns) * 1e-3);
+    }
+    const int64_t n = static_cast<int64_t>(compute_us.size());
+    WriteAll(write_fd, &n, sizeof(n));
+    WriteAll(write_fd, compute_us.data(), n * sizeof(double));
+  }
+  servers.clear();
+  experts.clear();
+  transport.reset();
+  ping_pong.Close();
+  return 0;
+}
+
+// ---- DP rank (parent) -------------------------------------------------------------------
+
+struct Stats {
+  double median_us = 0;
+  double p99_us = 0;
+};
+
+Stats StatsOf(std::vector<double> us) {
+  std::sort(us.begin(), us.end());
+  const size_t n = us.size();
+  const size_t p99 = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(n))) - 1;
+  return {us[n / 2], us[std::min(p99, n - 1)]};
+}
+
+struct Row {
+  const Shape* shape = nullptr;
+  int64_t tokens = 0;
+  int64_t dispatch_bytes = 0;
+  int64_t combine_bytes = 0;
+  int64_t reps = 0;
+  Stats dxs, ping_pong;
+  double compute_us = 0;   // median of the EP rank's stand-in compute per round
+  double exchange_us = 0;  // median of (round trip - that round's compute)
+  double rows_gbps = 0;
+};
+
+// One shape's inputs for the largest token count (a row of n tokens uses the first n):
+// random non-zero bf16 activations, random top-8 routing (distinct experts) with random
+// positive weights; on the device, and on the host for the check.
+struct Inputs {
+  std::vector<uint16_t> x_bf16;  // [kMaxTokens, hidden]
+  std::vector<int32_t> ids;      // [kMaxTokens, kTopK]
+  std::vector<float> weights;    // [kMaxTokens, kTopK]
+  Tensor x, ids_dev, weights_dev, out;
+};
+
+Inputs MakeInputs(Backend* backend, const Shape& s, uint64_t seed) {
+  SplitMix64 rng(seed);
+  Inputs in;
+  std::vector<float> x(static_cast<size_t>(kMaxTokens * s.hidden));
+  for (float& v : x) {
+    const float sign = (rng.Next() & 1) != 0 ? 1.f : -1.f;
+    v = sign * static_cast<float>(0.05 + 0.95 * rng.NextDouble());
+  }
+  in.x_bf16.resize(x.size());
+  NarrowFromFloat32(kWire, x.data(), x.size(), in.x_bf16.data());
+  std::vector<int32_t> experts(kNumExperts);
+  for (int64_t t = 0; t < kMaxTokens; ++t) {
+    std::iota(experts.begin(), experts.end(), 0);
+    for (int k = 0; k < kTopK; ++k) {
+      const int pick = k + static_cast<int>(rng.Next() % (kNumExperts - k));
+      std::swap(experts[k], experts[pick]);
+      in.ids.push_back(experts[k]);
+      in.weights.push_back(static_cast<float>(0.05 + 0.95 * rng.NextDouble()));
+    }
+  }
+  in.x = Must(backend->Allocate({kMaxTokens, s.hidden}, kWire), "allocate x");
+  Check(backend->CopyFromHost(in.x_bf16.data(), kWire, &in.x), "upload x");
+  in.ids_dev = Must(backend->UploadIndices(in.ids), "upload ids").Reshape({kMaxTokens, kTopK});
+  in.weights_dev = Must(backend->Upload(in.weights, {kMaxTokens, kTopK}), "upload weights");
+  in.out = Must(backend->Allocate({kMaxTokens, s.hidden}, kWire), "allocate out");
+  Check(backend->Synchronize(), "upload inputs");
+  return in;
+}
+
+// Largest error of the first `tokens` rows of out against (sum of weights) * x, relative
+// to the expected magnitude (x is never near zero). NaN (a row never written) fails too.
+double MaxRelativeError(Backend* backend, const Inputs& in, const Shape& s, int64_t tokens) {
+  std::vector<float> got(static_cast<size_t>(tokens * s.hidden));
+  Check(backend->CopyToHost(in.out.Rows(0, tokens), DType::kF32, got.data()), "download out");
+  double worst = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    float scale = 0;
+    for (int k = 0; k < kTopK; ++k) scale += in.weights[t * kTopK + k];
+    for (int64_t j = 0; j < s.hidden; ++j) {
+      const double expect = scale * Bf16ToFloat(in.x_bf16[t * s.hidden + j]);
+      const double error = std::abs(got[t * s.hidden + j] - expect) / std::abs(expect);
+      if (std::isnan(error)) return std::numeric_limits<double>::infinity();
+      worst = std::max(worst, error);
+    }
+  }
+  return worst;
+}
+
+std::string HardwareLine() {
+  cudaDeviceProp prop;
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, kDevice));
+  char line[512];
+  std::snprintf(line, sizeof(line), "%s, %d SMs, %.0f GiB; UCX %s", prop.name,
+                prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0,
+                ucp_get_version_string());
+  return line;
+}
+
+void PrintTable(const std::vector<Row>& rows, const std::string& hardware) {
+  std::printf(
+      "gpu_exchange_bench: dxs dispatch+combine round trip between two processes on one GPU, "
+      "against the interprocess-event ping-pong, same run\n");
+  std::printf("hardware: %s\n", hardware.c_str());
+  std::printf(
+      "layout: 1 DP rank (parent) x 1 EP rank (forked child) holding all %d experts, top-%d, "
+      "both on GPU %d, time-sliced (no MPS)\n"
+      "memory: device; x, routing, out and the EP rank's rows are CUDA backend tensors and the "
+      "UCX transport moves them as UCS_MEMORY_TYPE_CUDA (bf16 wire and activations)\n"
+      "experts: stand-in on the EP rank's GPU, out[r] = (sum of r's weights) * x[r] (upload of "
+      "the per-row sums, Fill, ScaleAddRows, Copy); cmp_us = its time per round, waited for\n"
+      "bytes: disp_B = dxs header + rows*hidden*2 + 12*pairs, comb_B = rows*hidden*2; "
+      "rows_GB/s = row bytes of both directions / dxs_med\n"
+      "times: host wall-clock per round trip (us), median and p99 of %lld runs after warm-up, "
+      "the two methods interleaved; xchg_us = median of (round trip - that round's cmp_us); "
+      "pp = interprocess-event ping-pong (kernel + event each way); dxs/pp = dxs_med / pp_med\n\n",
+      kNumExperts, kTopK, kDevice, static_cast<long long>(rows.empty() ? 0 : rows[0].reps));
+  std::printf("%-6s %6s %10s %10s %9s %9s %8s %9s %8s %8s %7s %9s\n", "shape", "tokens", "disp_B",
+              "comb_B", "dxs_med", "dxs_p99", "cmp_us", "xchg_us", "pp_med", "pp_p99", "dxs/pp",
+              "rows_GB/s");
+  for (const Row& r : rows) {
+    std::printf("%-6s %6lld %10lld %10lld %9.1f %9.1f %8.1f %9.1f %8.1f %8.1f %7.2f %9.2f\n",
+                r.shape->name, static_cast<long long>(r.tokens),
+                static_cast<long long>(r.dispatch_bytes), static_cast<long long>(r.combine_bytes),
+                r.dxs.median_us, r.dxs.p99_us, r.compute_us, r.exchange_us, r.ping_pong.median_us,
+                r.ping_pong.p99_us, r.dxs.median_us / r.ping_pong.median_us, r.rows_gbps);
+  }
+}
+
+struct Options {
+  int64_t reps = 200;
+  std::string json;
+};
+
+int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
+  absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackendHere();
+  const std::string child_error =
+      TradeErrors(read_fd, write_fd, made.ok() ? "" : std::string(made.status().message()));
+  if (!made.ok() || !child_error.empty()) {
+    std::string why = made.ok() ? child_error : std::string(made.status().message());
+    std::replace(why.begin(), why.end(), '\n', ' ');
+    std::fprintf(stderr, "gpu_exchange_bench: needs a usable GPU; MakeBackend(\"cuda\") says: %s\n",
+                 why.c_str());
+    return 1;
+  }
+  std::unique_ptr<Backend> backend = std::move(*made);
+  PingPongEnd ping_pong;
+  ping_pong.Open(read_fd, write_fd);
+  std::unique_ptr<Transport> transport = ConnectDxs(kDpPeer, read_fd, write_fd);
+  char child_device_memory = 0;
+  ReadAll(read_fd, &child_device_memory, 1);
+  if (!transport->SupportsMemory(MemoryType::kDevice) || child_device_memory == 0) {
+    const Command quit = {Method::kQuit, 0, 0};
+    WriteAll(write_fd, &quit, sizeof(quit));
+    Die(std::string("UCX ") + ucp_get_version_string() +
+        " cannot move device memory here (no UCS_MEMORY_TYPE_CUDA: its CUDA transports did "
+        "not load; check UCX_MODULE_DIR and that libucx is the CUDA build)");
+  }
+  const std::string hardware = HardwareLine();
+  const std::string ucx_version = ucp_get_version_string();
+
+  // Tells the EP rank to serve n round trips of `method`, and collects its per-round
+  // compute times once they are done.
+  auto serve = [&](Method method, int shape, int64_t n) {
+    const Command c = {method, shape, n};
+    WriteAll(write_fd, &c, sizeof(c));
+  };
+  auto served = [&] {
+    int64_t n = 0;
+    ReadAll(read_fd, &n, sizeof(n));
+    std::vector<double> compute_us(n);
+    ReadAll(read_fd, compute_us.data(), n * sizeof(double));
+    return compute_us;
+  };
+
+  // Every shape's device buffers first, sized for the largest row.
+  std::vector<Inputs> inputs;
+  for (size_t si = 0; si < std::size(kShapes); ++si) {
+    inputs.push_back(MakeInputs(backend.get(), kShapes[si], kSeed + si));
+  }
+  std::ofstream json;
+  if (!opts.json.empty()) {
+    json.open(opts.json);
+    if (!json) Die("cannot write " + opts.json);
+  }
+  const int64_t header_bytes = static_cast<int64_t>(WireHeader().Encode().size());
+  uint64_t step = 0;
+  std::vector<Row> rows;
+  for (size_t si = 0; si < std::size(kShapes); ++si) {
+    const Shape& s = kShapes[si];
+    Inputs& in = inputs[si];
+    DispatchOptions options;
+    options.wire_dtype = kWire;
+    options.timeout = absl::Seconds(60);
+    RemoteMoeExecutor executor(backend.get(), transport.get(), {kEpPeer},
+                               Placement::Contiguous(kNumExperts, 1), s.hidden, options);
+    for (int64_t tokens : kTokensPerDpRank) {
+      const Tensor x = in.x.Rows(0, tokens);
+      const Tensor ids = in.ids_dev.Rows(0, tokens);
+      const Tensor weights = in.weights_dev.Rows(0, tokens);
+      Tensor out = in.out.Rows(0, tokens);
+      // NaN until a combine writes it: a row the exchange missed fails the check.
+      Check(backend->Fill(&out, std::numeric_limits<float>::quiet_NaN()), "fill out");
+      std::vector<double> dxs_us, compute_us, exchange_us, ping_pong_us;
+      auto dxs_block = [&](int64_t n, bool keep) {
+        serve(Method::kDxs, static_cast<int>(si), n);
+        const size_t first = dxs_us.size();
+        for (int64_t i = 0; i < n; ++i) {
+          const double t0 = NowUs();
+          executor.set_step(++step);
+          Check(executor.Run(kLayer, x, ids, weights, &out), "RemoteMoeExecutor::Run");
+          dxs_us.push_back(NowUs() - t0);
+        }
+        const std::vector<double> cmp = served();
+        if (cmp.size() != static_cast<size_t>(n)) Die("EP rank: wrong number of rounds");
+        if (!keep) {
+          dxs_us.resize(first);
+          return;
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          compute_us.push_back(cmp[i]);
+          exchange_us.push_back(dxs_us[first + i] - cmp[i]);
+        }
+      };
+      auto ping_pong_block = [&](int64_t n, bool keep) {
+        serve(Method::kPingPong, 0, n);
+        for (int64_t i = 0; i < n; ++i) {
+          const double t0 = NowUs();
+          ping_pong.Initiate(read_fd, write_fd);
+          if (keep) ping_pong_us.push_back(NowUs() - t0);
+        }
+        if (!served().empty()) Die("EP rank: compute times for a ping-pong");
+      };
+      dxs_block(kWarmupReps, false);
+      ping_pong_block(kWarmupReps, false);
+      const int64_t block = (opts.reps + kBlocks - 1) / kBlocks;
+      for (int b = 0; b < kBlocks; ++b) {
+        dxs_block(block, true);
+        ping_pong_block(block, true);
+      }
+      const double error = MaxRelativeError(backend.get(), in, s, tokens);
+      if (!(error <= kMaxRelativeError)) {
+        Die("dxs: combined output is wrong at " + std::to_string(tokens) + " tokens, hidden " +
+            std::to_string(s.hidden) + " (max relative error " + std::to_string(error) + ")");
+      }
+      Row row;
+      row.shape = &s;
+      row.tokens = tokens;
+      const int64_t row_bytes = tokens * s.hidden * static_cast<int64_t>(DTypeSize(kWire));
+      row.dispatch_bytes = header_bytes + row_bytes + 12 * tokens * kTopK;
+      row.combine_bytes = row_bytes;
+      row.reps = static_cast<int64_t>(dxs_us.size());
+      row.dxs = StatsOf(dxs_us);
+      row.ping_pong = StatsOf(ping_pong_us);
+      row.compute_us = StatsOf(compute_us).median_us;
+      row.exchange_us = StatsOf(exchange_us).median_us;
+      row.rows_gbps = 2.0 * row_bytes / (row.dxs.median_us * 1e-6) / 1e9;
+      rows.push_back(row);
+      if (json.is_open()) {
+        nlohmann::json j = {{"section", "exchange"},
+                            {"shape", s.name},
+                            {"hidden", s.hidden},
+                            {"experts", kNumExperts},
+                            {"top_k", kTopK},
+                            {"wire", "bf16"},
+                            {"memory", "device"},
+                            {"tokens", tokens},
+                            {"dispatch_bytes", row.dispatch_bytes},
+                            {"combine_bytes", row.combine_bytes},
+                            {"reps", row.reps},
+                            {"dxs_median_us", row.dxs.median_us},
+                            {"dxs_p99_us", row.dxs.p99_us},
+                            {"compute_us", row.compute_us},
+                            {"exchange_us", row.exchange_us},
+                            {"pingpong_median_us", row.ping_pong.median_us},
+                            {"pingpong_p99_us", row.ping_pong.p99_us},
+                            {"ratio", row.dxs.median_us / row.ping_pong.median_us},
+                            {"rows_gbps", row.rows_gbps},
+                            {"max_rel_error", error},
+                            {"hardware", hardware},
+                            {"ucx", ucx_version}};
+        json << j.dump() << "\n" << std::flush;
+      }
+    }
+  }
+  const Command quit = {Method::kQuit, 0, 0};
+  WriteAll(write_fd, &quit, sizeof(quit));
+  PrintTable(rows, hardware);
+  inputs.clear();
+  transport.reset();
+  ping_pong.Close();
+  return 0;
+}
+
+Options ParseOptions(int argc, char** argv) {
+  Options opts;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--reps" && i + 1 < argc) {
+      opts.reps = std::atoll(argv[++i]);
+    } else if (arg == "--json" && i + 1 < argc) {
+      opts.json = argv[++i];
+    } else {
+      Die("unknown argument '" + arg + "'; usage: gpu_exchange_bench [--reps N] [--json FILE]");
+    }
+  }
+  if (opts.reps < kMinReps) Die("--reps must be at least " + std::to_string(kMinReps));
+  return opts;
+}
+
+}  // namespace
+}  // namespace dxs
+
+int main(int argc, char** argv) {
+  const dxs::Options options = dxs::ParseOptions(argc, argv);
+  // Nothing has touched CUDA or UCX yet: neither survives a fork.
+  int to_child[2], from_child[2];
+  if (pipe(to_child) != 0 || pipe(from_child) != 0) dxs::bench::Die("pipe");
+  const pid_t pid = fork();
+  if (pid < 0) dxs::bench::Die("fork");
+  alarm(dxs::kWatchdogSeconds);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    const int rc = dxs::RunExpertRank(to_child[0], from_child[1]);
+    std::exit(rc);
+  }
+  const int rc = dxs::RunAttentionRank(from_child[0], to_child[1], options);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (rc == 0 && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
+    dxs::bench::Die("EP rank process failed");
+  }
+  return rc;
+}
