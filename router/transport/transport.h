@@ -130,7 +130,14 @@ class Transport : public DataExchange {
 // exchanged out of band (through the router). UCX 1.22 (the libucx-cu13 wheel): shared
 // memory between processes of one host, with peer error handling, and GPU memory through
 // cuda_ipc where UCX's CUDA module loads (SupportsMemory(kDevice) says whether it did).
-absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport();
+struct UcxTransportOptions {
+  // Tagged sends of host memory also go on the peer's data endpoint (ucx_transport.cc: the
+  // endpoint without error handling that carries GPU memory), so that tests exercise it on
+  // machines without a GPU.
+  bool host_sends_on_data_endpoint = false;
+};
+absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport(
+    const UcxTransportOptions& options = {});
 
 // A group of in-process transports for unit tests: element i is peer i; addresses are
 // ignored and every pair is connected from the start.

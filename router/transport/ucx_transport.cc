@@ -25,6 +25,18 @@
 // Faults: endpoints use UCP_ERR_HANDLING_MODE_PEER; the error callback marks the peer
 // failed and records a failure event for WaitForActivity.
 //
+// Device memory: tagged sends of GPU memory go on a second endpoint to the peer, its data
+// endpoint, made at the first such send with UCP_ERR_HANDLING_MODE_NONE. Where UCX's
+// shared-memory transports cannot detect a dead peer (a process in a non-initial PID
+// namespace: a container, a Kubernetes pod, the lent GPU machine) peer error handling
+// leaves TCP as the only transport, and UCX 1.22 then hands the GPU buffer to TCP (send()
+// fails with EIO) instead of using cuda_ipc. Without error handling UCX picks shared memory
+// for its messages and cuda_ipc for the rows. Faults are still seen: the peer's first
+// endpoint keeps peer error handling (keepalive), its failure fails the groups of both,
+// and the data endpoint is closed (forced) with it. Receives are posted on the worker, so
+// the receiver does not care which endpoint a send came on; since UCP orders sends per
+// endpoint, a group may not send both host and device memory to one peer.
+//
 // Data exchange: tagged sends and receives on the same worker and endpoints. The UCP tag is
 // the source's transport rank above kExchangeTagBits and the caller's tag below, and
 // receives match it exactly, so each matches one source; UCP matches one endpoint's sends
@@ -167,6 +179,8 @@ struct EndpointContext {
 struct PeerState {
   ucp_ep_h ep = nullptr;
   std::unique_ptr<EndpointContext> ep_context;
+  std::string address;         // the peer's worker address, for its data endpoint
+  ucp_ep_h data_ep = nullptr;  // GPU-memory sends (error handling NONE); made on first use
   bool ever_connected = false;
   // Set when the connection failed or was closed by Disconnect(); cleared by Connect().
   std::string failure;
@@ -175,7 +189,7 @@ struct PeerState {
 
 class UcxTransport final : public Transport {
  public:
-  UcxTransport() = default;
+  explicit UcxTransport(const UcxTransportOptions& options) : options_(options) {}
   ~UcxTransport() override;
 
   absl::Status Init();
@@ -229,7 +243,10 @@ class UcxTransport final : public Transport {
   // Pops a failed front Inbound; true if the front one is complete.
   bool FrontReady(PeerState& state);
   bool AnyFrontReady();
-  void CloseEndpoint(PeerState& state);
+  // Closes the peer's endpoints (the first always forced). `flush_data`: its data
+  // endpoint is flushed first (the destructor, while the peer may live and be receiving);
+  // otherwise it is forced too, which completes its sends, cancelled.
+  void CloseEndpoint(PeerState& state, bool flush_data = false);
   absl::Status Unavailable(int peer, const PeerState& state) const;
 
   // Posts one transfer; a refused post completes the op with the error.
@@ -239,6 +256,11 @@ class UcxTransport final : public Transport {
   // Cancels what UCP can withdraw and waits out matched receives (see the file comment);
   // keeps the group as a zombie while UCP still holds some of its requests.
   void CancelGroup(std::unique_ptr<ExchangeGroup> group);
+  // The peer's data endpoint, made on first use.
+  absl::Status EnsureDataEndpoint(int peer, PeerState& state);
+  // Closes ep: forced (requests completed with UCS_ERR_CANCELED) or flushed; waits up to
+  // kCloseTimeout. True if the close completed.
+  bool CloseUcpEndpoint(ucp_ep_h ep, bool force);
   void ReapZombies();
 
   ucp_context_h context_ = nullptr;
@@ -256,6 +278,12 @@ class UcxTransport final : public Transport {
   std::vector<ucp_dt_iov_t> send_iov_;  // reused by SendV
   std::atomic<bool> wake_pending_{false};
   bool device_memory_ = false;  // UCP moves UCS_MEMORY_TYPE_CUDA
+  UcxTransportOptions options_;
+  // Whether a send travels on the peer's data endpoint.
+  bool OnDataEndpoint(const Transfer& t) const {
+    return t.kind == Transfer::Kind::kSend &&
+           (t.memory == MemoryType::kDevice || options_.host_sends_on_data_endpoint);
+  }
   std::map<ExchangeId, std::unique_ptr<ExchangeGroup>> exchanges_;
   // Cancelled groups UCP still holds requests of (unmatched sends).
   std::vector<std::unique_ptr<ExchangeGroup>> zombie_exchanges_;
@@ -358,7 +386,7 @@ absl::Status UcxTransport::Init() {
 
 UcxTransport::~UcxTransport() {
   if (worker_ != nullptr) {
-    for (auto& [peer, state] : peers_) CloseEndpoint(state);
+    for (auto& [peer, state] : peers_) CloseEndpoint(state, /*flush_data=*/state.failure.empty());
     // Cancel rendezvous receives still in flight; their callbacks run during progress and
     // touch only their Inbound, which lives until after the worker is gone.
     for (auto& [peer, state] : peers_) {
@@ -418,6 +446,7 @@ absl::Status UcxTransport::Connect(int peer, const std::string& address) {
   }
   state.ep = ep;
   state.ep_context = std::move(context);
+  state.address = address;
   state.ever_connected = true;
   state.failure.clear();
   return absl::OkStatus();
@@ -430,13 +459,11 @@ void UcxTransport::Disconnect(int peer) {
   if (it->second.failure.empty()) it->second.failure = "disconnected";
 }
 
-void UcxTransport::CloseEndpoint(PeerState& state) {
-  if (state.ep == nullptr) return;
-  state.ep_context->closing = true;
+bool UcxTransport::CloseUcpEndpoint(ucp_ep_h ep, bool force) {
   ucp_request_param_t params = {};
   params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  params.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  ucs_status_ptr_t request = ucp_ep_close_nbx(state.ep, &params);
+  params.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &params);
   bool closed = true;
   if (UCS_PTR_IS_PTR(request)) {
     const absl::Time deadline = absl::Now() + kCloseTimeout;
@@ -446,9 +473,36 @@ void UcxTransport::CloseEndpoint(PeerState& state) {
     // Frees now if complete, otherwise when UCX completes it.
     ucp_request_free(request);
   }
-  if (!closed) orphaned_contexts_.push_back(std::move(state.ep_context));
+  return closed;
+}
+
+void UcxTransport::CloseEndpoint(PeerState& state, bool flush_data) {
+  if (state.data_ep != nullptr) {
+    (void)CloseUcpEndpoint(state.data_ep, /*force=*/!flush_data);
+    state.data_ep = nullptr;
+  }
+  if (state.ep == nullptr) return;
+  state.ep_context->closing = true;
+  if (!CloseUcpEndpoint(state.ep, /*force=*/true)) {
+    orphaned_contexts_.push_back(std::move(state.ep_context));
+  }
   state.ep = nullptr;
   state.ep_context.reset();
+}
+
+absl::Status UcxTransport::EnsureDataEndpoint(int peer, PeerState& state) {
+  if (state.data_ep != nullptr) return absl::OkStatus();
+  ucp_ep_params_t params = {};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  params.address = reinterpret_cast<const ucp_address_t*>(state.address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+  ucs_status_t status = ucp_ep_create(worker_, &params, &state.data_ep);
+  if (status != UCS_OK) {
+    state.data_ep = nullptr;
+    return absl::UnavailableError(
+        absl::StrCat("data endpoint to peer ", peer, " failed: ", UcsError(status)));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status UcxTransport::Unavailable(int peer, const PeerState& state) const {
@@ -770,6 +824,23 @@ absl::StatusOr<ExchangeId> UcxTransport::PostExchange(uint64_t tag, const Transf
     return absl::FailedPreconditionError(
         absl::StrCat("exchange tag ", tag, ": SetSelf() was not called"));
   }
+  // Sends of device memory travel on the peer's data endpoint, the others on its first;
+  // UCP orders sends per endpoint, so one peer's sends in a group share a memory type.
+  for (size_t i = 0; i < num_transfers; ++i) {
+    const Transfer& t = transfers[i];
+    if (!OnDataEndpoint(t)) continue;
+    for (size_t j = 0; j < num_transfers; ++j) {
+      const Transfer& u = transfers[j];
+      if (u.kind == Transfer::Kind::kSend && u.peer == t.peer && u.memory != t.memory) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("exchange tag ", tag, ": sends to peer ", t.peer,
+                         " mix host and device memory (transfers ", i, " and ", j, ")"));
+      }
+    }
+    if (absl::Status s = EnsureDataEndpoint(t.peer, peers_.find(t.peer)->second); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("exchange tag ", tag, ": ", s.message()));
+    }
+  }
   ReapZombies();
   auto group = std::make_unique<ExchangeGroup>();
   group->tag = tag;
@@ -793,14 +864,15 @@ void UcxTransport::PostExchangeOp(ExchangeOp& op, uint64_t tag) {
   params.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
   params.user_data = &op;
-  params.memory_type =
-      t.memory == MemoryType::kDevice ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+  // Zero bytes touch no memory: declared host memory, whatever the transfer says.
+  params.memory_type = t.memory == MemoryType::kDevice && t.bytes > 0 ? UCS_MEMORY_TYPE_CUDA
+                                                                     : UCS_MEMORY_TYPE_HOST;
   void* buffer = t.data != nullptr ? t.data : &zero_byte_buffer;
   ucs_status_ptr_t request;
   if (t.kind == Transfer::Kind::kSend) {
     params.cb.send = &UcxTransport::ExchangeSendCallback;
-    request =
-        ucp_tag_send_nbx(op.peer_state->ep, buffer, t.bytes, ExchangeWireTag(self_, tag), &params);
+    ucp_ep_h ep = OnDataEndpoint(t) ? op.peer_state->data_ep : op.peer_state->ep;
+    request = ucp_tag_send_nbx(ep, buffer, t.bytes, ExchangeWireTag(self_, tag), &params);
   } else {
     // UCX 1.13 leaves recv_info unfilled on some immediate completions (an unexpected
     // message received at once), so the size could not be checked: receives always
@@ -952,7 +1024,7 @@ void UcxTransport::ReapZombies() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport() {
+absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport(const UcxTransportOptions& options) {
   // Messages of megabytes arrive every layer step. By default glibc serves each from fresh
   // mmap'd pages and unmaps them on free, so every message pays page faults on first
   // touch (measured: most of a 16 MiB round trip). Keep large blocks in the heap instead.
@@ -962,7 +1034,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport() {
     return true;
   }();
   (void)tuned;
-  auto transport = std::make_unique<UcxTransport>();
+  auto transport = std::make_unique<UcxTransport>(options);
   absl::Status status = transport->Init();
   if (!status.ok()) return status;
   return std::unique_ptr<Transport>(std::move(transport));

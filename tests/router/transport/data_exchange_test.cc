@@ -90,8 +90,11 @@ class DataExchangeTest : public ::testing::TestWithParam<std::string> {
     } else {
       std::optional<ScopedEnv> tls;
       if (backend == "ucx_tcp") tls.emplace("UCX_TLS", "tcp");
+      // ucx_data_ep: every send on the peers' data endpoints, the path of GPU memory.
+      UcxTransportOptions options;
+      options.host_sends_on_data_endpoint = backend == "ucx_data_ep";
       for (int i = 0; i < kNumPeers; ++i) {
-        auto transport = MakeUcxTransport();
+        auto transport = MakeUcxTransport(options);
         ASSERT_TRUE(transport.ok()) << transport.status();
         group_.push_back(std::move(*transport));
       }
@@ -465,7 +468,7 @@ TEST_P(DataExchangeTest, DeadlineCancelsTheGroup) {
 // transport's fault detection, and the rest of the group (transfers with live peers) is
 // cancelled without writing.
 TEST_P(DataExchangeTest, FailedPeerMakesTheGroupUnavailable) {
-  if (GetParam() == "ucx") {
+  if (GetParam() == "ucx" || GetParam() == "ucx_data_ep") {
     GTEST_SKIP() << "over shared memory UCX notices a dead peer by its process, which here is "
                     "this one; ucx_transport_test kills a real process mid-exchange";
   }
@@ -656,7 +659,7 @@ TEST_P(DataExchangeTest, DeviceMemoryIsPassedOrRefused) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, DataExchangeTest, ::testing::Values("inproc", "ucx", "ucx_tcp"),
+INSTANTIATE_TEST_SUITE_P(Backends, DataExchangeTest, ::testing::Values("inproc", "ucx", "ucx_tcp", "ucx_data_ep"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

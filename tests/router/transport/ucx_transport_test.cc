@@ -164,7 +164,11 @@ class UcxCrossProcessTest : public ::testing::TestWithParam<std::string> {
   // for the "tcp" parameter (UCX_TLS, inherited by the child through exec).
   void StartParentAndChild() {
     if (GetParam() == "tcp") tls_.emplace("UCX_TLS", "tcp");
-    auto parent = MakeUcxTransport();
+    // "data_ep": the parent's exchange sends go on its data endpoint (no error handling),
+    // as GPU memory does: a dead child must still fail them.
+    UcxTransportOptions options;
+    options.host_sends_on_data_endpoint = GetParam() == "data_ep";
+    auto parent = MakeUcxTransport(options);
     ASSERT_TRUE(parent.ok()) << parent.status();
     parent_ = std::move(*parent);
     ASSERT_TRUE(parent_->SetSelf(0).ok());
@@ -298,7 +302,8 @@ TEST_P(UcxCrossProcessTest, PeerKilledDuringExchange) {
   EXPECT_EQ(second->Join(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, UcxCrossProcessTest, ::testing::Values("default", "tcp"),
+INSTANTIATE_TEST_SUITE_P(Transports, UcxCrossProcessTest,
+                         ::testing::Values("default", "tcp", "data_ep"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
