@@ -57,6 +57,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/debugging/failure_signal_handler.h"
+#include "absl/debugging/symbolize.h"
 #include "bench/raw_ucx_pingpong.h"
 #include "common/dtype.h"
 #include "common/model_config.h"
@@ -632,6 +634,8 @@ Options ParseOptions(int argc, char** argv) {
 }  // namespace dxs
 
 int main(int argc, char** argv) {
+  absl::InitializeSymbolizer(argv[0]);
+  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
   const dxs::Options options = dxs::ParseOptions(argc, argv);
   // Nothing has touched CUDA or UCX yet: neither survives a fork.
   int to_child[2], from_child[2];

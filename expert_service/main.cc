@@ -14,6 +14,8 @@
 // metrics on B".
 #include <iostream>
 
+#include "absl/debugging/failure_signal_handler.h"
+#include "absl/debugging/symbolize.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags/parse.h"
@@ -182,4 +184,10 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace dxs
 
-int main(int argc, char** argv) { return dxs::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // A crash (in a CUDA or UCX library as much as in dxs) leaves a symbolized stack in the
+  // worker's log. UCX_HANDLE_ERRORS=none keeps UCX from replacing the handler with its own.
+  absl::InitializeSymbolizer(argv[0]);
+  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
+  return dxs::Main(argc, argv);
+}

@@ -661,12 +661,19 @@ absl::Status CudaBackend::WriteKvCache(const Tensor& k, const Tensor& v,
 absl::Status CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
                                          const Tensor& v_cache, const PagedAttentionMeta& meta,
                                          float scale, Tensor* out) {
-  if (q.shape().size() != 3 || k_cache.shape().size() != 4) {
+  if (q.shape().size() != 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("paged attention: q ", q.ShapeString(), ", cache ", k_cache.ShapeString()));
   }
   const int64_t tokens = q.dim(0), heads = q.dim(1), d = q.dim(2);
   DXS_RETURN_IF_ERROR(CheckPagedAttentionMeta("paged attention", meta, tokens));
+  // An empty step (a DP rank with no requests) may come before any page exists: the
+  // cache is checked, and anything launched, only when there are tokens (as on the CPU).
+  if (tokens == 0) return absl::OkStatus();
+  if (k_cache.shape().size() != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("paged attention: q ", q.ShapeString(), ", cache ", k_cache.ShapeString()));
+  }
   const int64_t kv_heads = k_cache.dim(2);
   if (k_cache.dim(3) != d || kv_heads <= 0 || heads % kv_heads != 0 ||
       k_cache.dim(1) != meta.block_size || v_cache.shape() != k_cache.shape() ||
@@ -678,7 +685,6 @@ absl::Status CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
   DXS_RETURN_IF_ERROR(CheckFloat("paged attention", q, "q"));
   DXS_RETURN_IF_ERROR(CheckFloat("paged attention", k_cache, "k_cache"));
   DXS_RETURN_IF_ERROR(CheckFloat("paged attention", *out, "out"));
-  if (tokens == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("paged attention"));
   cuda::PagedAttentionArgs args;
   args.num_seqs = meta.num_seqs;

@@ -304,6 +304,19 @@ absl::Status UcxTransport::Init() {
           absl::StrCat("ucp_config_modify(KEEPALIVE_INTERVAL): ", UcsError(status)));
     }
   }
+  if (std::getenv("UCX_MEMTYPE_CACHE") == nullptr) {
+    // Every send and receive names its buffer's memory type, so UCX need not guess it. Its
+    // guess is wrong here: the memory-type cache learns of GPU allocations from hooks on
+    // the CUDA runtime, which do not see the CUDA plugin's statically linked runtime, so a
+    // small send of GPU memory was packed as host memory (a segfault in
+    // ucp_eager_single_pack on the H200 machine).
+    status = ucp_config_modify(config, "MEMTYPE_CACHE", "n");
+    if (status != UCS_OK) {
+      ucp_config_release(config);
+      return absl::InternalError(
+          absl::StrCat("ucp_config_modify(MEMTYPE_CACHE): ", UcsError(status)));
+    }
+  }
   ucp_params_t params = {};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -865,8 +878,8 @@ void UcxTransport::PostExchangeOp(ExchangeOp& op, uint64_t tag) {
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
   params.user_data = &op;
   // Zero bytes touch no memory: declared host memory, whatever the transfer says.
-  params.memory_type = t.memory == MemoryType::kDevice && t.bytes > 0 ? UCS_MEMORY_TYPE_CUDA
-                                                                     : UCS_MEMORY_TYPE_HOST;
+  params.memory_type =
+      t.memory == MemoryType::kDevice && t.bytes > 0 ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
   void* buffer = t.data != nullptr ? t.data : &zero_byte_buffer;
   ucs_status_ptr_t request;
   if (t.kind == Transfer::Kind::kSend) {

@@ -285,6 +285,32 @@ TEST_P(CudaPagedAttentionTest, MatchesTheCpu) {
   }
 }
 
+// An empty step (a DP rank with no requests) may come before its KV cache has a page: with
+// no tokens, WriteKvCache and PagedAttention take a cache never allocated and launch
+// nothing, on the GPU as on the CPU (gpu_cluster_test's empty DP rank found the GPU refusing).
+TEST_F(CudaBackendTest, AnEmptyStepNeedsNoCache) {
+  for (Backend* b : {cpu_.get(), gpu_.get()}) {
+    SCOPED_TRACE(b->name());
+    PagedAttentionMeta meta;
+    meta.num_seqs = 0;
+    meta.block_size = 16;
+    meta.max_blocks_per_seq = 0;
+    meta.query_start = PutIndices(b, {0});
+    meta.context_lens = *b->Allocate({0}, DType::kI32);
+    meta.block_tables = *b->Allocate({0}, DType::kI32);
+    meta.slot_mapping = *b->Allocate({0}, DType::kI64);
+    const DType dtype = b == gpu_.get() ? DType::kBF16 : DType::kF32;
+    Tensor q = *b->Allocate({0, 4, 32}, dtype);
+    Tensor k = *b->Allocate({0, 2, 32}, dtype);
+    Tensor out = *b->Allocate({0, 4 * 32}, dtype);
+    Tensor k_cache, v_cache;  // never allocated
+    absl::Status written = b->WriteKvCache(k, k, meta, &k_cache, &v_cache);
+    EXPECT_TRUE(written.ok()) << written;
+    absl::Status attended = b->PagedAttention(q, k_cache, v_cache, meta, 0.125f, &out);
+    EXPECT_TRUE(attended.ok()) << attended;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaPagedAttentionTest,
                          ::testing::Values(std::make_tuple(8, 2, 128), std::make_tuple(6, 2, 24),
                                            std::make_tuple(4, 2, 32), std::make_tuple(4, 1, 16),
