@@ -72,6 +72,34 @@ inline void ExpectClusterMatchesEngine(ProcessCluster* cluster, const std::strin
   }
 }
 
+// Kills EP rank `rank` `after` a long request started on DP rank 0: the request fails with
+// UNAVAILABLE within 5 s, never a hang; the expert comes back on its address and registers
+// again, and the cluster serves results equal to `reference` without restarting anything
+// else.
+inline void ExpectKilledExpertFailsInFlightThenRecovers(ProcessCluster* cluster,
+                                                        const std::string& dir, int num_attention,
+                                                        int rank, absl::Duration after,
+                                                        const EngineEquivalence& reference = {}) {
+  GenerateResult long_run;
+  std::thread client([&] {
+    // Long enough to be in flight when the expert dies.
+    long_run = cluster->Generate(0, "long", ClusterPrompt(1, 4096), 3000, absl::Seconds(90));
+  });
+  absl::SleepFor(after);
+  const absl::Time killed_at = absl::Now();
+  cluster->KillExpert(rank);
+  client.join();
+  const absl::Duration took = absl::Now() - killed_at;
+  EXPECT_EQ(long_run.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << long_run.status.error_message() << cluster->DumpLogs();
+  EXPECT_LT(took, absl::Seconds(5));
+  EXPECT_FALSE(long_run.tokens.empty()) << "the request should have been running";
+
+  ASSERT_TRUE(cluster->StartExpert(rank, dir, "").ok()) << cluster->DumpLogs();
+  ASSERT_TRUE(cluster->WaitReady(absl::Seconds(60)).ok()) << cluster->DumpLogs();
+  ExpectClusterMatchesEngine(cluster, dir, num_attention, 2, 4096, reference);
+}
+
 // Per expert, the token rows expert rank `rank` computed for it (its dxs_expert_tokens_total
 // series: one per expert it holds, from start-up on).
 inline std::map<int, double> ExpertTokens(const ProcessCluster& cluster, int rank) {

@@ -2,7 +2,6 @@
 // dxs-expert over gRPC (control) and UCX (dispatch/combine). Outputs equal the
 // single-process engine; mismatched workers are refused; a killed expert fails in-flight
 // requests with UNAVAILABLE within 5 s and the cluster recovers when it comes back.
-#include <thread>
 
 #include "gtest/gtest.h"
 #include "model/engine.h"
@@ -14,7 +13,6 @@ namespace dxs {
 namespace {
 
 using testing::ClusterSpec;
-using testing::GenerateResult;
 using testing::ProcessCluster;
 using testing::TempDir;
 
@@ -91,25 +89,8 @@ TEST(UcxCluster, KilledExpertFailsInFlightThenRecovers) {
   ClusterSpec spec{dir, 2, 2, {}};
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
-  GenerateResult long_run;
-  std::thread client([&] {
-    // Long enough to be in flight when the expert dies.
-    long_run =
-        cluster.Generate(0, "long", testing::ClusterPrompt(1, 4096), 3000, absl::Seconds(60));
-  });
-  absl::SleepFor(absl::Milliseconds(300));
-  const absl::Time killed_at = absl::Now();
-  cluster.KillExpert(1);
-  client.join();
-  const absl::Duration took = absl::Now() - killed_at;
-  EXPECT_EQ(long_run.status.error_code(), grpc::StatusCode::UNAVAILABLE)
-      << long_run.status.error_message() << cluster.DumpLogs();
-  EXPECT_LT(took, absl::Seconds(5));
-  EXPECT_FALSE(long_run.tokens.empty()) << "the request should have been running";
-
-  ASSERT_TRUE(cluster.StartExpert(1, dir, "").ok()) << cluster.DumpLogs();
-  ASSERT_TRUE(cluster.WaitReady(absl::Seconds(30)).ok()) << cluster.DumpLogs();
-  testing::ExpectClusterMatchesEngine(&cluster, dir, 2, 2, 4096);
+  testing::ExpectKilledExpertFailsInFlightThenRecovers(&cluster, dir, 2, 1,
+                                                       absl::Milliseconds(300));
 }
 
 }  // namespace
