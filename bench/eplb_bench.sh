@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# EPLB benchmark (not a test; issue 13 part 7): a skewed model (`dxs gen-model
+# --router-skew S`) on 1 attention + 4 expert ranks, EPLB off and on in the same run.
+#   off: dxs-router --elastic-ep (no replicas, no EPLB)
+#   on:  dxs-router --elastic-ep --num-redundant-experts R --enable-eplb --eplb-interval I
+# For each: the balance ratio (the attention rank's dxs_ep_balance_ratio, mean over max
+# tokens per EP rank per MoE layer step; and the same from the experts'
+# dxs_tokens_received_total over the whole window), the slowest EP rank's expert compute
+# per layer round over the mean rank's (dxs_expert_compute_seconds), and output tokens/s
+# (`dxs bench`). Then how long things take:
+#   rebalance: on the "on" cluster under load, from `dxs rebalance` to the new placement
+#     version in `dxs status` (the first rebalance: from the load-blind default placement);
+#   recovery, covered: kill -9, under load, an EP rank all of whose experts have a replica
+#     elsewhere, until `dxs status` shows a placement without it;
+#   recovery, uncovered: the same on the "off" cluster (no replicas: its experts are
+#     reloaded on the live ranks). Both also from dxs_eplb_recovery_duration_seconds.
+# The processes are started directly, not with `dxs up`, which has no --elastic-ep.
+# Usage: bench/eplb_bench.sh
+# Environment: DXS_BENCH_SKEW (1.0), DXS_BENCH_PRESET (default), DXS_BENCH_REQUESTS (1024),
+# DXS_BENCH_CONCURRENCY (32), DXS_BENCH_PROMPT_LEN (16), DXS_BENCH_OUTPUT_LEN (32),
+# DXS_BENCH_REDUNDANT (R; the preset's expert count), DXS_BENCH_EPLB_INTERVAL (1000 steps),
+# DXS_BIN_DIR (build/bin).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${DXS_BIN_DIR:-build/bin}
+SKEW=${DXS_BENCH_SKEW:-1.0}
+PRESET=${DXS_BENCH_PRESET:-default}
+REQUESTS=${DXS_BENCH_REQUESTS:-1024}
+CONCURRENCY=${DXS_BENCH_CONCURRENCY:-32}
+PROMPT=${DXS_BENCH_PROMPT_LEN:-16}
+OUTPUT=${DXS_BENCH_OUTPUT_LEN:-32}
+INTERVAL=${DXS_BENCH_EPLB_INTERVAL:-1000}
+NUM_EP=4
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+MODEL=$WORK/model
+"$BIN/dxs" gen-model --preset "$PRESET" --router-skew "$SKEW" --out "$MODEL" >/dev/null
+NUM_EXPERTS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["num_experts"])' "$MODEL/config.json")
+REDUNDANT=${DXS_BENCH_REDUNDANT:-$NUM_EXPERTS}
+now() { date +%s.%N; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+status_json() { "$BIN/dxs" status --router "$ROUTER" --format json 2>/dev/null; }
+
+# start_cluster TAG [dxs-router flags]: sets ROUTER, ROUTER_METRICS and EXPERT_PID[r].
+start_cluster() {
+  local tag=$1
+  shift
+  ROUTER=127.0.0.1:$(free_port)
+  "$BIN/dxs-router" --listen "$ROUTER" --model "$MODEL" --attention 1 --experts $NUM_EP "$@" \
+    >"$WORK/$tag-router.log" 2>&1 &
+  PIDS+=($!)
+  EXPERT_PID=()
+  for r in $(seq 0 $((NUM_EP - 1))); do
+    "$BIN/dxs-expert" --model "$MODEL" --rank "$r" --router "$ROUTER" >"$WORK/$tag-expert$r.log" 2>&1 &
+    EXPERT_PID[r]=$!
+    PIDS+=($!)
+  done
+  "$BIN/dxs-attention" --model "$MODEL" --rank 0 --router "$ROUTER" >"$WORK/$tag-attention0.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 240); do
+    "$BIN/dxs" generate --router "$ROUTER" --prompt-ids 1,2,3 --max-new-tokens 2 >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  "$BIN/dxs" generate --router "$ROUTER" --prompt-ids 1,2,3 --max-new-tokens 2 >/dev/null 2>&1 ||
+    { tail -n 5 "$WORK/$tag"-*.log; exit 1; }
+  ROUTER_METRICS=$(grep -o 'metrics on [^ ,]*' "$WORK/$tag-router.log" | head -n 1 | cut -d' ' -f3)
+}
+stop_cluster() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  PIDS=()
+}
+# scrape FILE: every worker's and the router's /metrics, as JSON {address: text}.
+scrape() {
+  status_json | python3 -c '
+import json, sys, urllib.request
+view = json.load(sys.stdin)
+addrs = [w["metrics_address"] for w in view["workers"] if w["metrics_address"] and w["state"] != "DEAD"]
+out = {}
+for a in addrs + [sys.argv[1]]:
+    try:
+        out[a] = urllib.request.urlopen("http://%s/metrics" % a, timeout=5).read().decode()
+    except OSError:
+        pass
+print(json.dumps(out))' "$ROUTER_METRICS" >"$1"
+}
+# metrics BEFORE AFTER: "balance_hist balance_tokens compute_max_over_mean" over the window.
+metrics() {
+  python3 - "$1" "$2" <<'EOF'
+import json, re, sys
+def series(path):
+    out = {}
+    for text in json.load(open(path)).values():
+        for line in text.splitlines():
+            m = re.match(r'^([a-z_]+)(\{[^}]*\})? ([-+0-9.eEinfNa]+)$', line)
+            if m:
+                out[m.group(1) + (m.group(2) or '')] = float(m.group(3))
+    return out
+a, b = series(sys.argv[1]), series(sys.argv[2])
+d = lambda k: b.get(k, 0.0) - a.get(k, 0.0)
+def by_rank(name):
+    r = {}
+    for k in b:
+        m = re.match(name + r'\{.*rank="(\d+)".*\}$', k)
+        if m and 'ep_rank' not in k:
+            r[int(m.group(1))] = d(k)
+    return r
+s, c = sum(by_rank('dxs_ep_balance_ratio_sum').values()), sum(by_rank('dxs_ep_balance_ratio_count').values())
+tok = list(by_rank('dxs_tokens_received_total').values())
+cs, cc = by_rank('dxs_expert_compute_seconds_sum'), by_rank('dxs_expert_compute_seconds_count')
+per = [cs[r] / cc[r] for r in cs if cc.get(r)]
+print('%.3f %.3f %.2f %d %d' % (s / c if c else float('nan'),
+                          (sum(tok) / len(tok)) / max(tok) if tok and max(tok) else float('nan'),
+                          max(per) / (sum(per) / len(per)) if per else float('nan'),
+                          sum(tok), d('dxs_eplb_rebalances_total')))
+EOF
+}
+# hist_mean BEFORE AFTER NAME: the mean of a histogram's new observations.
+hist_mean() {
+  python3 - "$1" "$2" "$3" <<'EOF'
+import json, re, sys
+def get(path, key):
+    for text in json.load(open(path)).values():
+        for line in text.splitlines():
+            if line.startswith(key + ' ') or line.startswith(key + '{'):
+                return float(line.split()[-1])
+    return 0.0
+n = get(sys.argv[2], sys.argv[3] + '_count') - get(sys.argv[1], sys.argv[3] + '_count')
+s = get(sys.argv[2], sys.argv[3] + '_sum') - get(sys.argv[1], sys.argv[3] + '_sum')
+print('%.3f' % (s / n) if n else 'none')
+EOF
+}
+bench() {
+  "$BIN/dxs" bench --router "$ROUTER" --concurrency "$CONCURRENCY" --requests "$1" \
+    --prompt-len "$PROMPT" --output-len "$OUTPUT" --format json 2>/dev/null
+}
+json_field() { python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
+errors() { python3 -c 'import json,sys; e=json.load(sys.stdin)["errors"]; print(sum(e.values()) if isinstance(e, dict) else e)'; }
+placement_version() { status_json | json_field placement_version; }
+# The EP rank to kill: covered=1, one all of whose experts are held elsewhere too;
+# covered=0, any rank (the highest) holding experts.
+victim() {
+  status_json | python3 -c '
+import json, sys
+p = json.load(sys.stdin)["placement"]
+held = {r["rank"]: set(r["experts"]) for r in p}
+want = sys.argv[1] == "1"
+for r in sorted(held, reverse=True):
+    others = set().union(*[h for q, h in held.items() if q != r])
+    if held[r] and (not want or held[r] <= others):
+        print(r); break
+else:
+    print(-1)' "$1"
+}
+# recovery COVERED TAG: kill -9 a rank under load; prints "seconds_to_status metric_seconds errors".
+recovery() {
+  local r
+  r=$(victim "$1")
+  if [ "$r" -lt 0 ]; then echo "n/a n/a n/a"; return; fi
+  scrape "$WORK/$2-rec0.json"
+  bench $((REQUESTS / 2)) >"$WORK/$2-rec-bench.json" &
+  local load=$!
+  sleep 1.5
+  local t0 t1
+  t0=$(now)
+  kill -9 "${EXPERT_PID[r]}"
+  for _ in $(seq 600); do
+    status_json | python3 -c '
+import json, sys
+p = {r["rank"]: r["experts"] for r in json.load(sys.stdin)["placement"]}
+all_held = set().union(*[set(e) for q, e in p.items() if q != int(sys.argv[1])])
+sys.exit(0 if not p.get(int(sys.argv[1])) and len(all_held) == int(sys.argv[2]) else 1)' \
+      "$r" "$NUM_EXPERTS" 2>/dev/null && break
+    sleep 0.05
+  done
+  t1=$(now)
+  wait $load || true
+  scrape "$WORK/$2-rec1.json"
+  echo "$(python3 -c "print('%.2f' % ($t1 - $t0))") $(hist_mean "$WORK/$2-rec0.json" \
+    "$WORK/$2-rec1.json" dxs_eplb_recovery_duration_seconds) rank$r/$(errors <"$WORK/$2-rec-bench.json")"
+}
+# measure TAG: a warm-up, then the measured bench between two scrapes: "balance tok-bal
+# compute-ratio rows rebalances tok/s errors".
+measure() {
+  bench $((REQUESTS / 4)) >/dev/null
+  scrape "$WORK/$1-m0.json"
+  bench "$REQUESTS" >"$WORK/$1-bench.json"
+  scrape "$WORK/$1-m1.json"
+  echo "$(metrics "$WORK/$1-m0.json" "$WORK/$1-m1.json") \
+$(json_field output_tokens_per_second <"$WORK/$1-bench.json") $(errors <"$WORK/$1-bench.json")"
+}
+
+echo "eplb_bench: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),"\
+     "1 attention + $NUM_EP expert ranks on loopback (UCX); preset $PRESET, $NUM_EXPERTS experts,"\
+     "router skew $SKEW; $REQUESTS requests at concurrency $CONCURRENCY, prompt $PROMPT, output $OUTPUT"
+
+start_cluster off --elastic-ep
+OFF=$(measure off)
+REC_UNCOVERED=$(recovery 0 off)
+stop_cluster
+
+start_cluster on --elastic-ep --num-redundant-experts "$REDUNDANT" --enable-eplb --eplb-interval "$INTERVAL"
+# The first rebalance, by hand, under load: from the load-blind default placement.
+bench $((REQUESTS / 2)) >/dev/null &
+LOAD=$!
+sleep 1
+V0=$(placement_version)
+T0=$(now)
+REBALANCE_OUT=$("$BIN/dxs" rebalance --router "$ROUTER" 2>&1) || true
+T1=$(now)
+for _ in $(seq 600); do [ "$(placement_version)" != "$V0" ] && break; sleep 0.05; done
+T2=$(now)
+wait $LOAD || true
+ON=$(measure on)
+stop_cluster
+
+# Replica cover: the default placement with R >= E experts holds every expert on two
+# ranks (EPLB's placements replicate the hot experts, leaving cold ones single).
+start_cluster cover --elastic-ep --num-redundant-experts "$REDUNDANT"
+REC_COVERED=$(recovery 1 cover)
+stop_cluster
+
+echo "rebalance: $REBALANCE_OUT"
+echo
+printf '%-5s %8s %8s %17s %9s %11s %11s %7s\n' EPLB balance tok-bal "compute max/mean" "tok/s" "rows/token" rebalances errors
+for row in "off $OFF" "on $ON"; do
+  read -r name b t c rows reb tps e <<<"$row"
+  python3 -c "print('%-5s %8s %8s %17s %9.1f %11.1f %11s %7s' % ('$name', '$b', '$t', '$c', $tps, $rows / ($REQUESTS * $OUTPUT), '$reb', '$e'))"
+done
+echo "(balance: dxs_ep_balance_ratio, per MoE layer step; tok-bal: mean/max over EP ranks of"
+echo " dxs_tokens_received_total over the window; compute: dxs_expert_compute_seconds per layer"
+echo " round, slowest rank over the mean; rows/token: rows the EP ranks received per output token)"
+python3 -c "print('rebalance (R=$REDUNDANT, v$V0 -> new): RPC %.2f s, new version in dxs status after %.2f s' % ($T1 - $T0, $T2 - $T0))"
+read -r s m re <<<"$REC_COVERED"
+echo "recovery, replica cover:    placement without the rank after $s s; dxs_eplb_recovery_duration_seconds $m s; killed/errors $re"
+read -r s m re <<<"$REC_UNCOVERED"
+echo "recovery, no replica cover: placement without the rank after $s s; dxs_eplb_recovery_duration_seconds $m s; killed/errors $re"
