@@ -19,7 +19,8 @@
 # Environment: DXS_BENCH_SKEW (1.0), DXS_BENCH_PRESET (default), DXS_BENCH_REQUESTS (1024),
 # DXS_BENCH_CONCURRENCY (32), DXS_BENCH_PROMPT_LEN (16), DXS_BENCH_OUTPUT_LEN (32),
 # DXS_BENCH_REDUNDANT (R; the preset's expert count), DXS_BENCH_EPLB_INTERVAL (1000 steps),
-# DXS_BIN_DIR (build/bin).
+# DXS_BENCH_ROUNDS (3: off and on alternate, tok/s is the median), DXS_ATTENTION_ARGS (extra
+# dxs-attention flags, e.g. --overlap-min-tokens 0), DXS_BIN_DIR (build/bin).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${DXS_BIN_DIR:-build/bin}
@@ -30,6 +31,7 @@ CONCURRENCY=${DXS_BENCH_CONCURRENCY:-32}
 PROMPT=${DXS_BENCH_PROMPT_LEN:-16}
 OUTPUT=${DXS_BENCH_OUTPUT_LEN:-32}
 INTERVAL=${DXS_BENCH_EPLB_INTERVAL:-1000}
+ROUNDS=${DXS_BENCH_ROUNDS:-3}
 NUM_EP=4
 WORK=$(mktemp -d)
 PIDS=()
@@ -47,7 +49,15 @@ now() { date +%s.%N; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 status_json() { "$BIN/dxs" status --router "$ROUTER" --format json 2>/dev/null; }
 
-# start_cluster TAG [dxs-router flags]: sets ROUTER, ROUTER_METRICS and EXPERT_PID[r].
+# start_cluster TAG [dxs-router flags]: starts a cluster, and `use TAG` makes it the one
+# the functions below talk to (ROUTER, ROUTER_METRICS, EXPERT_PID[r]). Idle clusters sleep,
+# so two can be up at once and measured in alternation.
+declare -A ROUTERS RMETRICS EPIDS
+use() {
+  ROUTER=${ROUTERS[$1]}
+  ROUTER_METRICS=${RMETRICS[$1]}
+  read -r -a EXPERT_PID <<<"${EPIDS[$1]}"
+}
 start_cluster() {
   local tag=$1
   shift
@@ -61,7 +71,9 @@ start_cluster() {
     EXPERT_PID[r]=$!
     PIDS+=($!)
   done
-  "$BIN/dxs-attention" --model "$MODEL" --rank 0 --router "$ROUTER" >"$WORK/$tag-attention0.log" 2>&1 &
+  # shellcheck disable=SC2086
+  "$BIN/dxs-attention" --model "$MODEL" --rank 0 --router "$ROUTER" ${DXS_ATTENTION_ARGS:-} \
+    >"$WORK/$tag-attention0.log" 2>&1 &
   PIDS+=($!)
   for _ in $(seq 240); do
     "$BIN/dxs" generate --router "$ROUTER" --prompt-ids 1,2,3 --max-new-tokens 2 >/dev/null 2>&1 && break
@@ -69,7 +81,9 @@ start_cluster() {
   done
   "$BIN/dxs" generate --router "$ROUTER" --prompt-ids 1,2,3 --max-new-tokens 2 >/dev/null 2>&1 ||
     { tail -n 5 "$WORK/$tag"-*.log; exit 1; }
-  ROUTER_METRICS=$(grep -o 'metrics on [^ ,]*' "$WORK/$tag-router.log" | head -n 1 | cut -d' ' -f3)
+  ROUTERS[$tag]=$ROUTER
+  RMETRICS[$tag]=$(grep -o 'metrics on [^ ,]*' "$WORK/$tag-router.log" | head -n 1 | cut -d' ' -f3)
+  EPIDS[$tag]="${EXPERT_PID[*]}"
 }
 stop_cluster() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -142,6 +156,7 @@ bench() {
 }
 json_field() { python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
 errors() { python3 -c 'import json,sys; e=json.load(sys.stdin)["errors"]; print(sum(e.values()) if isinstance(e, dict) else e)'; }
+e2e_p99() { python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["e2e_ms"]["p99"])'; }
 placement_version() { status_json | json_field placement_version; }
 # The EP rank to kill: covered=1, one all of whose experts are held elsewhere too;
 # covered=0, any rank (the highest) holding experts.
@@ -158,11 +173,12 @@ for r in sorted(held, reverse=True):
 else:
     print(-1)' "$1"
 }
-# recovery COVERED TAG: kill -9 a rank under load; prints "seconds_to_status metric_seconds errors".
+# recovery COVERED TAG: kill -9 a rank under load; prints "seconds_to_status metric_seconds
+# killed-rank/errors e2e-p99-ms" (the load's end-to-end p99: the stall shows there).
 recovery() {
   local r
   r=$(victim "$1")
-  if [ "$r" -lt 0 ]; then echo "n/a n/a n/a"; return; fi
+  if [ "$r" -lt 0 ]; then echo "n/a n/a n/a n/a"; return; fi
   scrape "$WORK/$2-rec0.json"
   bench $((REQUESTS / 2)) >"$WORK/$2-rec-bench.json" &
   local load=$!
@@ -183,30 +199,20 @@ sys.exit(0 if not p.get(int(sys.argv[1])) and len(all_held) == int(sys.argv[2]) 
   wait $load || true
   scrape "$WORK/$2-rec1.json"
   echo "$(python3 -c "print('%.2f' % ($t1 - $t0))") $(hist_mean "$WORK/$2-rec0.json" \
-    "$WORK/$2-rec1.json" dxs_eplb_recovery_duration_seconds) rank$r/$(errors <"$WORK/$2-rec-bench.json")"
+    "$WORK/$2-rec1.json" dxs_eplb_recovery_duration_seconds) rank$r/$(errors <"$WORK/$2-rec-bench.json") \
+$(e2e_p99 <"$WORK/$2-rec-bench.json")"
 }
-# measure TAG: a warm-up, then the measured bench between two scrapes: "balance tok-bal
-# compute-ratio rows rebalances tok/s errors".
-measure() {
-  bench $((REQUESTS / 4)) >/dev/null
-  scrape "$WORK/$1-m0.json"
-  bench "$REQUESTS" >"$WORK/$1-bench.json"
-  scrape "$WORK/$1-m1.json"
-  echo "$(metrics "$WORK/$1-m0.json" "$WORK/$1-m1.json") \
-$(json_field output_tokens_per_second <"$WORK/$1-bench.json") $(errors <"$WORK/$1-bench.json")"
-}
+# stats V...: "median min max".
+stats() { python3 -c 'import sys,statistics as s; v=sorted(map(float,sys.argv[1:])); print(s.median(v), v[0], v[-1])' "$@"; }
 
 echo "eplb_bench: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),"\
      "1 attention + $NUM_EP expert ranks on loopback (UCX); preset $PRESET, $NUM_EXPERTS experts,"\
      "router skew $SKEW; $REQUESTS requests at concurrency $CONCURRENCY, prompt $PROMPT, output $OUTPUT"
 
 start_cluster off --elastic-ep
-OFF=$(measure off)
-REC_UNCOVERED=$(recovery 0 off)
-stop_cluster
-
 start_cluster on --elastic-ep --num-redundant-experts "$REDUNDANT" --enable-eplb --eplb-interval "$INTERVAL"
 # The first rebalance, by hand, under load: from the load-blind default placement.
+use on
 bench $((REQUESTS / 2)) >/dev/null &
 LOAD=$!
 sleep 1
@@ -217,27 +223,46 @@ T1=$(now)
 for _ in $(seq 600); do [ "$(placement_version)" != "$V0" ] && break; sleep 0.05; done
 T2=$(now)
 wait $LOAD || true
-ON=$(measure on)
+# Off and on alternate, ROUNDS benches each, so a burst of load elsewhere hits both alike;
+# the counters are read once before the first round and once after the last.
+for tag in off on; do use $tag; bench $((REQUESTS / 4)) >/dev/null || true; scrape "$WORK/$tag-m0.json"; done
+declare -A TPS P99 ERRS
+for i in $(seq "$ROUNDS"); do
+  for tag in off on; do
+    use $tag
+    bench "$REQUESTS" >"$WORK/$tag-bench$i.json" || true
+    TPS[$tag]+=" $(json_field output_tokens_per_second <"$WORK/$tag-bench$i.json")"
+    P99[$tag]+=" $(e2e_p99 <"$WORK/$tag-bench$i.json")"
+    ERRS[$tag]=$((${ERRS[$tag]:-0} + $(errors <"$WORK/$tag-bench$i.json")))
+  done
+done
+for tag in off on; do use $tag; scrape "$WORK/$tag-m1.json"; done
+use off
+REC_UNCOVERED=$(recovery 0 off)
 stop_cluster
 
 # Replica cover: the default placement with R >= E experts holds every expert on two
 # ranks (EPLB's placements replicate the hot experts, leaving cold ones single).
 start_cluster cover --elastic-ep --num-redundant-experts "$REDUNDANT"
+use cover
 REC_COVERED=$(recovery 1 cover)
 stop_cluster
 
 echo "rebalance: $REBALANCE_OUT"
 echo
-printf '%-5s %8s %8s %17s %9s %11s %11s %7s\n' EPLB balance tok-bal "compute max/mean" "tok/s" "rows/token" rebalances errors
-for row in "off $OFF" "on $ON"; do
-  read -r name b t c rows reb tps e <<<"$row"
-  python3 -c "print('%-5s %8s %8s %17s %9.1f %11.1f %11s %7s' % ('$name', '$b', '$t', '$c', $tps, $rows / ($REQUESTS * $OUTPUT), '$reb', '$e'))"
+printf '%-5s %8s %8s %17s %24s %11s %11s %7s %12s\n' EPLB balance tok-bal "compute max/mean" \
+  "tok/s median (min-max)" "rows/token" rebalances errors "e2e p99 med"
+for tag in off on; do
+  read -r b t c rows reb <<<"$(metrics "$WORK/$tag-m0.json" "$WORK/$tag-m1.json")"
+  read -r tm tmin tmax <<<"$(stats ${TPS[$tag]})"
+  read -r pm _ _ <<<"$(stats ${P99[$tag]})"
+  python3 -c "print('%-5s %8s %8s %17s %8.0f (%6.0f-%6.0f) %11.1f %11s %7s %9.0f ms' % ('$tag', '$b', '$t', '$c', $tm, $tmin, $tmax, $rows / ($ROUNDS * $REQUESTS * $OUTPUT), '$reb', '${ERRS[$tag]}', $pm))"
 done
 echo "(balance: dxs_ep_balance_ratio, per MoE layer step; tok-bal: mean/max over EP ranks of"
 echo " dxs_tokens_received_total over the window; compute: dxs_expert_compute_seconds per layer"
 echo " round, slowest rank over the mean; rows/token: rows the EP ranks received per output token)"
 python3 -c "print('rebalance (R=$REDUNDANT, v$V0 -> new): RPC %.2f s, new version in dxs status after %.2f s' % ($T1 - $T0, $T2 - $T0))"
-read -r s m re <<<"$REC_COVERED"
-echo "recovery, replica cover:    placement without the rank after $s s; dxs_eplb_recovery_duration_seconds $m s; killed/errors $re"
-read -r s m re <<<"$REC_UNCOVERED"
-echo "recovery, no replica cover: placement without the rank after $s s; dxs_eplb_recovery_duration_seconds $m s; killed/errors $re"
+read -r s m re p99 <<<"$REC_COVERED"
+echo "recovery, replica cover:    placement without the rank after $s s; dxs_eplb_recovery_duration_seconds $m s; killed/errors $re; load's e2e p99 $p99 ms"
+read -r s m re p99 <<<"$REC_UNCOVERED"
+echo "recovery, no replica cover: placement without the rank after $s s; dxs_eplb_recovery_duration_seconds $m s; killed/errors $re; load's e2e p99 $p99 ms"
