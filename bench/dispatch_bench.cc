@@ -819,6 +819,10 @@ Options ParseOptions(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const dxs::Options options = dxs::ParseOptions(argc, argv);
+  // What UcxTransport does with keep_shared_memory, done before either side touches UCX so
+  // the raw baseline runs over the same UCX transports.
+  setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+  setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
   int to_child[2], from_child[2];
   if (pipe(to_child) != 0 || pipe(from_child) != 0) dxs::bench::Die("pipe");
   const pid_t pid = fork();

@@ -4,7 +4,8 @@
 //
 // Two processes, forked before either touches UCX (UCX state must not cross fork());
 // worker addresses travel over pipes. Endpoints use peer error handling, as the dxs
-// transport does (UCX 1.22 keeps shared memory with it).
+// transport does; callers set UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING before
+// Init so both sides of a comparison keep shared memory.
 //
 // Protocol: one active message per request and per answer. The server answers each
 // request with a message of the size the request's AM header asks for (8 bytes), or of

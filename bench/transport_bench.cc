@@ -328,6 +328,10 @@ int main(int argc, char** argv) {
       Die("usage: transport_bench [--quick] [--pin]");
     }
   }
+  // What UcxTransport does with keep_shared_memory, done up front so both sides of the
+  // comparison run over the same UCX transports.
+  setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+  setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
   int to_child[2], from_child[2];
   if (pipe(to_child) != 0 || pipe(from_child) != 0) Die("pipe");
   const pid_t pid = fork();

@@ -26,12 +26,12 @@
 // failed and records a failure event for WaitForActivity.
 //
 // Device memory: tagged sends of GPU memory go on a second endpoint to the peer, its data
-// endpoint, made at the first such send with UCP_ERR_HANDLING_MODE_NONE. Where UCX's
-// shared-memory transports cannot detect a dead peer (a process in a non-initial PID
-// namespace: a container, a Kubernetes pod, the lent GPU machine) peer error handling
-// leaves TCP as the only transport, and UCX 1.22 then hands the GPU buffer to TCP (send()
-// fails with EIO) instead of using cuda_ipc. Without error handling UCX picks shared memory
-// for its messages and cuda_ipc for the rows. Faults are still seen: the peer's first
+// endpoint, made at the first such send with UCP_ERR_HANDLING_MODE_NONE. An endpoint with
+// peer error handling gets shared memory only while UCX_POSIX/SYSV_ERROR_HANDLING are on
+// (UcxTransportOptions::keep_shared_memory); without them it gets TCP alone, and UCX 1.22
+// then hands GPU buffers to TCP (send() fails with EIO, seen on the H200 machine) instead
+// of using cuda_ipc. Without error handling UCX picks shared memory for its messages and
+// cuda_ipc for the rows whatever those switches say. Faults are still seen: the peer's first
 // endpoint keeps peer error handling (keepalive), its failure fails the groups of both,
 // and the data endpoint is closed (forced) with it. Receives are posted on the worker, so
 // the receiver does not care which endpoint a send came on; since UCP orders sends per
@@ -100,6 +100,8 @@ constexpr absl::Duration kCloseTimeout = absl::Seconds(2);
 // Bound on waiting for matched receives of a cancelled exchange to finish before their
 // peers' endpoints are closed to end them.
 constexpr absl::Duration kCancelTimeout = absl::Seconds(2);
+// How long a cancelled group waits for the matched receives of a failed peer.
+constexpr absl::Duration kFailedPeerSettle = absl::Milliseconds(100);
 
 // Exchange tags: source rank in the bits above the caller's tag.
 constexpr int kMaxExchangeRank = (1 << (64 - kExchangeTagBits)) - 1;
@@ -291,6 +293,12 @@ class UcxTransport final : public Transport {
 };
 
 absl::Status UcxTransport::Init() {
+  if (options_.keep_shared_memory) {
+    // overwrite=0: an operator's explicit choice wins. (UCX may still list them as "unused
+    // environment variables" at ucp_init, before its shared-memory transports read them.)
+    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+  }
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) {
@@ -1004,13 +1012,26 @@ void UcxTransport::CancelGroup(std::unique_ptr<ExchangeGroup> group) {
   }
   // A matched receive is being written. It ends by itself (the data is on its way) or with
   // its peer's endpoint (UCP purges that endpoint's requests when it fails or is closed).
-  auto receives_done = [&] {
-    for (const ExchangeOp& op : group->ops) {
-      if (!op.done && op.transfer.kind == Transfer::Kind::kRecv) return false;
+  // A failed peer writes nothing more, but a receive it matched may never end: one that
+  // came on its data endpoint (no error handling) is purged by nothing. Such receives get a
+  // short settling time, not the full wait: a killed expert must fail its step within
+  // seconds (on the H200 the two full waits made it 5.1 s).
+  std::vector<bool> peer_failed(group->ops.size());
+  for (size_t i = 0; i < group->ops.size(); ++i) {
+    peer_failed[i] = !group->ops[i].peer_state->failure.empty();
+  }
+  auto receives_done = [&](bool of_failed_peers) {
+    for (size_t i = 0; i < group->ops.size(); ++i) {
+      const ExchangeOp& op = group->ops[i];
+      if (op.done || op.transfer.kind != Transfer::Kind::kRecv) continue;
+      if (of_failed_peers || !peer_failed[i]) return false;
     }
     return true;
   };
-  if (WaitUntil(absl::Now() + kCancelTimeout, /*honor_wake=*/false, receives_done) !=
+  (void)WaitUntil(absl::Now() + kFailedPeerSettle, /*honor_wake=*/false,
+                  [&] { return receives_done(/*of_failed_peers=*/true); });
+  auto live_receives_done = [&] { return receives_done(/*of_failed_peers=*/false); };
+  if (WaitUntil(absl::Now() + kCancelTimeout, /*honor_wake=*/false, live_receives_done) !=
       WaitResult::kReady) {
     // Still being written: close those peers' endpoints, which ends their transfers.
     for (ExchangeOp& op : group->ops) {
@@ -1023,7 +1044,7 @@ void UcxTransport::CancelGroup(std::unique_ptr<ExchangeGroup> group) {
         failure_event_ = true;
       }
     }
-    (void)WaitUntil(absl::Now() + kCancelTimeout, /*honor_wake=*/false, receives_done);
+    (void)WaitUntil(absl::Now() + kCancelTimeout, /*honor_wake=*/false, live_receives_done);
   }
   if (group->num_pending > 0) zombie_exchanges_.push_back(std::move(group));
 }

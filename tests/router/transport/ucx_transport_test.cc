@@ -29,6 +29,34 @@ using testing::ReadAll;
 using testing::ScopedEnv;
 using testing::WriteAll;
 
+std::string EnvOrEmpty(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+
+TEST(UcxTransportTest, KeepSharedMemorySetsErrorHandlingEnv) {
+  ScopedEnv posix("UCX_POSIX_ERROR_HANDLING", nullptr);
+  ScopedEnv sysv("UCX_SYSV_ERROR_HANDLING", nullptr);
+  {
+    UcxTransportOptions options;
+    options.keep_shared_memory = false;
+    ASSERT_TRUE(MakeUcxTransport(options).ok());
+    EXPECT_EQ(std::getenv("UCX_POSIX_ERROR_HANDLING"), nullptr);
+    EXPECT_EQ(std::getenv("UCX_SYSV_ERROR_HANDLING"), nullptr);
+  }
+  ASSERT_TRUE(MakeUcxTransport().ok());
+  EXPECT_EQ(EnvOrEmpty("UCX_POSIX_ERROR_HANDLING"), "y");
+  EXPECT_EQ(EnvOrEmpty("UCX_SYSV_ERROR_HANDLING"), "y");
+}
+
+TEST(UcxTransportTest, KeepSharedMemoryLeavesOperatorChoice) {
+  ScopedEnv posix("UCX_POSIX_ERROR_HANDLING", "n");
+  ScopedEnv sysv("UCX_SYSV_ERROR_HANDLING", nullptr);
+  ASSERT_TRUE(MakeUcxTransport().ok());
+  EXPECT_EQ(EnvOrEmpty("UCX_POSIX_ERROR_HANDLING"), "n");
+  EXPECT_EQ(EnvOrEmpty("UCX_SYSV_ERROR_HANDLING"), "y");
+}
+
 TEST(UcxTransportTest, SendNeedsSelfAndConnection) {
   auto a = MakeUcxTransport();
   auto b = MakeUcxTransport();
