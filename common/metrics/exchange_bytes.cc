@@ -28,12 +28,17 @@ absl::StatusOr<ExchangeBytes> ExchangeBytes::Register(prometheus::Registry* regi
 }
 
 void ExchangeBytes::Count(const Transfer* transfers, size_t num_transfers) {
+  // Summed first: a counter's Increment is a compare-exchange loop, once per series here.
+  size_t sums[2][2] = {};
   for (size_t i = 0; i < num_transfers; ++i) {
     const Transfer& t = transfers[i];
-    if (t.bytes == 0) continue;
-    const int d = t.kind == Transfer::Kind::kSend ? 0 : 1;
-    const int m = t.memory == MemoryType::kDevice ? 1 : 0;
-    bytes_[d][m]->Increment(static_cast<double>(t.bytes));
+    sums[t.kind == Transfer::Kind::kSend ? 0 : 1][t.memory == MemoryType::kDevice ? 1 : 0] +=
+        t.bytes;
+  }
+  for (int d = 0; d < 2; ++d) {
+    for (int m = 0; m < 2; ++m) {
+      if (sums[d][m] > 0) bytes_[d][m]->Increment(static_cast<double>(sums[d][m]));
+    }
   }
 }
 

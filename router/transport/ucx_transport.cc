@@ -71,6 +71,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -281,6 +282,7 @@ class UcxTransport final : public Transport {
   std::atomic<bool> wake_pending_{false};
   bool device_memory_ = false;  // UCP moves UCS_MEMORY_TYPE_CUDA
   UcxTransportOptions options_;
+  absl::flat_hash_map<int, MemoryType> send_memory_;  // PostExchange's check, reused
   // Whether a send travels on the peer's data endpoint.
   bool OnDataEndpoint(const Transfer& t) const {
     return t.kind == Transfer::Kind::kSend &&
@@ -847,17 +849,16 @@ absl::StatusOr<ExchangeId> UcxTransport::PostExchange(uint64_t tag, const Transf
   }
   // Sends of device memory travel on the peer's data endpoint, the others on its first;
   // UCP orders sends per endpoint, so one peer's sends in a group share a memory type.
+  send_memory_.clear();
   for (size_t i = 0; i < num_transfers; ++i) {
     const Transfer& t = transfers[i];
-    if (!OnDataEndpoint(t)) continue;
-    for (size_t j = 0; j < num_transfers; ++j) {
-      const Transfer& u = transfers[j];
-      if (u.kind == Transfer::Kind::kSend && u.peer == t.peer && u.memory != t.memory) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("exchange tag ", tag, ": sends to peer ", t.peer,
-                         " mix host and device memory (transfers ", i, " and ", j, ")"));
-      }
+    if (t.kind != Transfer::Kind::kSend) continue;
+    const auto [first, inserted] = send_memory_.try_emplace(t.peer, t.memory);
+    if (!inserted && first->second != t.memory) {
+      return absl::InvalidArgumentError(absl::StrCat("exchange tag ", tag, ": sends to peer ",
+                                                     t.peer, " mix host and device memory"));
     }
+    if (!OnDataEndpoint(t)) continue;
     if (absl::Status s = EnsureDataEndpoint(t.peer, peers_.find(t.peer)->second); !s.ok()) {
       return absl::UnavailableError(absl::StrCat("exchange tag ", tag, ": ", s.message()));
     }

@@ -72,6 +72,13 @@ inline void ExpectClusterMatchesEngine(ProcessCluster* cluster, const std::strin
   }
 }
 
+// The router's current view; a test failure (and an empty view) if it sent none.
+inline v1::ClusterView CurrentClusterView(const ProcessCluster& cluster) {
+  absl::StatusOr<v1::ClusterView> view = cluster.WatchClusterOnce();
+  EXPECT_TRUE(view.ok()) << view.status();
+  return view.ok() ? *view : v1::ClusterView();
+}
+
 // Kills EP rank `rank` `after` a long request started on DP rank 0: the request fails with
 // UNAVAILABLE within 5 s, never a hang; the expert comes back on its address and registers
 // again, and the cluster serves results equal to `reference` without restarting anything

@@ -14,6 +14,7 @@
 #include "dxs/v1/control_plane.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "model/engine.h"
+#include "tests/disagg/cluster_equivalence.h"
 #include "tests/disagg/metrics_util.h"
 #include "tests/disagg/process_cluster.h"
 #include "tests/model/test_util.h"
@@ -33,19 +34,6 @@ std::vector<int32_t> Prompt(int i) {
   std::vector<int32_t> p;
   for (int j = 0; j < 3 + (i * 5) % 11; ++j) p.push_back(7 + (i * 389 + j * 131) % (kVocab - 7));
   return p;
-}
-
-v1::ClusterView View(const ProcessCluster& cluster) {
-  auto cp = v1::ControlPlane::NewStub(
-      grpc::CreateChannel(cluster.router_address(), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  auto reader = cp->WatchCluster(&ctx, v1::WatchClusterRequest());
-  v1::ClusterView view;
-  EXPECT_TRUE(reader->Read(&view));
-  ctx.TryCancel();
-  (void)reader->Finish();
-  return view;
 }
 
 double RouterValue(const ProcessCluster& cluster, const std::string& name) {
@@ -90,6 +78,21 @@ void RunThrough(ProcessCluster* cluster, const std::string& dir, int num_attenti
   }
 }
 
+// RunThrough with EP rank 1 killed once the streams are under way; how long after the kill
+// the last stream finished (also recorded as the test property finished_after_kill_ms).
+absl::Duration RunThroughAKill(ProcessCluster* cluster, const std::string& dir, int num_attention,
+                               int num_requests, const std::string& tag) {
+  absl::Time killed_at;
+  RunThrough(cluster, dir, num_attention, num_requests, 48, tag, [&] {
+    killed_at = absl::Now();
+    cluster->KillExpert(1);
+  });
+  const absl::Duration took = absl::Now() - killed_at;
+  ::testing::Test::RecordProperty("finished_after_kill_ms",
+                                  static_cast<int>(absl::ToInt64Milliseconds(took)));
+  return took;
+}
+
 std::vector<int> ExpertsOf(const v1::ClusterView& view, uint32_t rank) {
   std::vector<int> out;
   for (int e = 0; e < view.placement().expert_to_rank_size(); ++e) {
@@ -116,14 +119,8 @@ TEST(ElasticCluster, KilledExpertWithReplicasFailsNoRequest) {
   ClusterSpec spec{dir, 2, 2, {}};
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
-  absl::Time killed_at;
-  RunThrough(&cluster, dir, 2, 8, 48, "covered-", [&] {
-    killed_at = absl::Now();
-    cluster.KillExpert(1);
-  });
-  const absl::Duration took = absl::Now() - killed_at;
-  RecordProperty("finished_after_kill_ms", static_cast<int>(absl::ToInt64Milliseconds(took)));
-  const v1::ClusterView view = View(cluster);
+  RunThroughAKill(&cluster, dir, 2, 8, "covered-");
+  const v1::ClusterView view = testing::CurrentClusterView(cluster);
   EXPECT_EQ(ExpertsOf(view, 0), AllExperts());
   EXPECT_TRUE(ExpertsOf(view, 1).empty());
   EXPECT_EQ(RouterValue(cluster, "dxs_eplb_recoveries_total"), 1) << cluster.DumpLogs();
@@ -144,15 +141,9 @@ TEST(ElasticCluster, KilledExpertWithoutReplicaIsReloadedAndRequestsWait) {
   ClusterSpec spec{dir, 1, 2, {}};
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
-  absl::Time killed_at;
-  RunThrough(&cluster, dir, 1, 6, 48, "uncovered-", [&] {
-    killed_at = absl::Now();
-    cluster.KillExpert(1);
-  });
-  const absl::Duration took = absl::Now() - killed_at;
-  RecordProperty("finished_after_kill_ms", static_cast<int>(absl::ToInt64Milliseconds(took)));
+  const absl::Duration took = RunThroughAKill(&cluster, dir, 1, 6, "uncovered-");
   EXPECT_LT(took, absl::Seconds(10)) << cluster.DumpLogs();
-  const v1::ClusterView view = View(cluster);
+  const v1::ClusterView view = testing::CurrentClusterView(cluster);
   EXPECT_EQ(ExpertsOf(view, 0), AllExperts());
   EXPECT_EQ(RouterValue(cluster, "dxs_eplb_recoveries_total"), 1) << cluster.DumpLogs();
   const double seconds = RouterValue(cluster, "dxs_eplb_recovery_duration_seconds_sum");
@@ -187,7 +178,7 @@ TEST(ElasticCluster, DrainMovesExpertsOffThenTheRankExits) {
   absl::StatusOr<int> exited = cluster.WaitExpertExit(1, absl::Seconds(20));
   ASSERT_TRUE(exited.ok()) << exited.status() << cluster.DumpLogs();
   EXPECT_EQ(*exited, 0);
-  const v1::ClusterView view = View(cluster);
+  const v1::ClusterView view = testing::CurrentClusterView(cluster);
   EXPECT_EQ(ExpertsOf(view, 0), AllExperts());
   EXPECT_TRUE(ExpertsOf(view, 1).empty());
   // Drained, not lost: no recovery.

@@ -93,19 +93,6 @@ std::string RunDxs(const ProcessCluster& cluster, const std::string& args) {
   return out;
 }
 
-v1::ClusterView View(const ProcessCluster& cluster) {
-  auto cp = v1::ControlPlane::NewStub(
-      grpc::CreateChannel(cluster.router_address(), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  auto reader = cp->WatchCluster(&ctx, v1::WatchClusterRequest());
-  v1::ClusterView view;
-  EXPECT_TRUE(reader->Read(&view));
-  ctx.TryCancel();
-  (void)reader->Finish();
-  return view;
-}
-
 std::vector<std::vector<int>> RankExperts(const v1::ClusterView& view) {
   std::vector<std::vector<int>> out(view.num_expert_ranks());
   for (int e = 0; e < view.placement().expert_to_rank_size(); ++e) {
@@ -131,12 +118,12 @@ TEST(EplbCluster, LiveRebalanceUnderConcurrentStreamsKeepsOutputs) {
   ClusterSpec spec{dir, 2, 2, {}};
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
-  const uint64_t version_before = View(cluster).placement().version();
+  const uint64_t version_before = testing::CurrentClusterView(cluster).placement().version();
   // Watches for a new placement while the streams run.
   std::atomic<bool> streams_done{false}, switched_midway{false};
   std::thread watch([&] {
     while (!streams_done) {
-      if (View(cluster).placement().version() > version_before) {
+      if (testing::CurrentClusterView(cluster).placement().version() > version_before) {
         switched_midway = !streams_done;
         return;
       }
@@ -150,7 +137,7 @@ TEST(EplbCluster, LiveRebalanceUnderConcurrentStreamsKeepsOutputs) {
   const double rebalances = RouterCounter(cluster, "dxs_eplb_rebalances_total");
   RecordProperty("rebalances", static_cast<int>(rebalances));
   EXPECT_GE(rebalances, 1) << cluster.DumpLogs();
-  EXPECT_GT(View(cluster).placement().version(), version_before);
+  EXPECT_GT(testing::CurrentClusterView(cluster).placement().version(), version_before);
   // And after the switches settled, once more.
   ExpectSoloOutputs(&cluster, dir, 2, 4, 6, "after-");
 }
@@ -170,7 +157,7 @@ TEST(EplbCluster, RebalanceByHandPublishesBalancedPlacement) {
   for (int r = 0; r < 2; ++r) {
     for (const auto& [e, n] : testing::ExpertTokens(cluster, r)) load[e] += n;
   }
-  const v1::ClusterView before = View(cluster);
+  const v1::ClusterView before = testing::CurrentClusterView(cluster);
 
   auto cp = v1::ControlPlane::NewStub(
       grpc::CreateChannel(cluster.router_address(), grpc::InsecureChannelCredentials()));
@@ -181,7 +168,7 @@ TEST(EplbCluster, RebalanceByHandPublishesBalancedPlacement) {
 
   absl::StatusOr<Placement> want = BalancedPlacement(load, 2, 0, before.placement().version() + 1);
   ASSERT_TRUE(want.ok()) << want.status();
-  const v1::ClusterView after = View(cluster);
+  const v1::ClusterView after = testing::CurrentClusterView(cluster);
   const std::vector<std::vector<int>> got = RankExperts(after);
   const bool moves = got.size() == 2 && (RankExperts(before)[0] != want->experts_of(0) ||
                                          RankExperts(before)[1] != want->experts_of(1));
@@ -240,7 +227,7 @@ TEST(EplbCluster, RebalanceByHandPublishesBalancedPlacement) {
   const std::string out =
       RunDxs(cluster, absl::StrCat("rebalance --router ", cluster.router_address()));
   EXPECT_EQ(out.rfind("placement v", 0), 0u) << out;
-  const uint64_t version = View(cluster).placement().version();
+  const uint64_t version = testing::CurrentClusterView(cluster).placement().version();
   EXPECT_GE(version, after.placement().version());
   const std::string status =
       RunDxs(cluster, absl::StrCat("status --router ", cluster.router_address()));

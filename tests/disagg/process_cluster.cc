@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -302,6 +303,19 @@ std::string ProcessCluster::DumpLogs() const {
   for (const auto& [r, e] : experts_) out += "\n--- " + e.name + " ---\n" + ReadFile(e.log_path);
   for (const auto& e : refused_) out += "\n--- refused " + e.name + " ---\n" + ReadFile(e.log_path);
   return out;
+}
+
+absl::StatusOr<v1::ClusterView> ProcessCluster::WatchClusterOnce() const {
+  auto cp = v1::ControlPlane::NewStub(grpc::CreateChannel(router_address_, credentials_));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  auto reader = cp->WatchCluster(&ctx, v1::WatchClusterRequest());
+  v1::ClusterView view;
+  const bool read = reader->Read(&view);
+  ctx.TryCancel();
+  (void)reader->Finish();
+  if (!read) return absl::UnavailableError("WatchCluster sent no view");
+  return view;
 }
 
 }  // namespace dxs::testing

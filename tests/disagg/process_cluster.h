@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "dxs/v1/attention_worker.grpc.pb.h"
+#include "dxs/v1/control_plane.grpc.pb.h"
 #include "dxs/v1/frontend.grpc.pb.h"
 #include "grpcpp/security/credentials.h"
 
@@ -99,6 +100,9 @@ class ProcessCluster {
   std::string expert_metrics_address(int rank) const;
   // All of the above for the processes running: router, attention ranks, expert ranks.
   std::vector<std::string> metrics_addresses() const;
+  // The router's current ClusterView: the first message of a ControlPlane.WatchCluster
+  // stream (5 s deadline).
+  absl::StatusOr<v1::ClusterView> WatchClusterOnce() const;
   // dxs.v1.Frontend on router_address(); valid after StartRouter.
   v1::Frontend::Stub* frontend() { return frontend_.get(); }
   std::string DumpLogs() const;

@@ -153,8 +153,9 @@ bool AllRanksReady(const std::string& address, int num_attention, const TlsConfi
   return ready == num_attention;
 }
 
-}  // namespace
-
+// `dxs up`'s device per worker: attention ranks 0..M-1, then expert ranks 0..N-1. Without
+// `gpus` every worker gets `device`; with it (a list like "0,1", and device cuda) the
+// workers go round the list in that order, so several may share a GPU.
 absl::StatusOr<std::vector<std::string>> WorkerDevices(const std::string& device,
                                                        const std::string& gpus, int num_attention,
                                                        int num_experts) {
@@ -178,6 +179,8 @@ absl::StatusOr<std::vector<std::string>> WorkerDevices(const std::string& device
   for (int w = 0; w < num_workers; ++w) out.push_back(ids[w % ids.size()]);
   return out;
 }
+
+}  // namespace
 
 int UpCommand(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args =

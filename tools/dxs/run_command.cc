@@ -122,7 +122,8 @@ int RunCommand(const std::vector<std::string>& argv) {
 }
 
 int GenModelCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(argv, {"out", "preset", "seed", "router-skew", "layers"}, {});
+  absl::StatusOr<Args> args =
+      Args::Parse(argv, {"out", "preset", "seed", "router-skew", "layers"}, {});
   if (!args.ok()) return Fail("gen-model", args.status());
   if (!args->Has("out")) {
     return Fail("gen-model", absl::InvalidArgumentError("--out DIR is required"));

@@ -659,7 +659,8 @@ TEST_P(DataExchangeTest, DeviceMemoryIsPassedOrRefused) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, DataExchangeTest, ::testing::Values("inproc", "ucx", "ucx_tcp", "ucx_data_ep"),
+INSTANTIATE_TEST_SUITE_P(Backends, DataExchangeTest,
+                         ::testing::Values("inproc", "ucx", "ucx_tcp", "ucx_data_ep"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
