@@ -34,6 +34,13 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(
                     "DP rank splits the same steps."));
   am->overlapped_steps_ = &overlapped->Add({{"rank", r}});
   DXS_ASSIGN_OR_RETURN(
+      m::CounterFamily * piecewise,
+      m::AddCounter(registry, "dxs_piecewise_decode_steps_total",
+                    "Decode steps of one micro-batch run in graph segments (dxs-attention "
+                    "--piecewise-graphs on a GPU: the work between two exchanges replayed "
+                    "as recorded CUDA graphs)."));
+  am->piecewise_steps_ = &piecewise->Add({{"rank", r}});
+  DXS_ASSIGN_OR_RETURN(
       m::HistogramFamily * step_duration,
       m::AddHistogram(registry, "dxs_step_duration_seconds",
                       "Duration of one model step on this rank, from building the batch "
@@ -102,11 +109,12 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(
 }
 
 void AttentionMetrics::OnStep(int64_t num_tokens, bool failed, int num_micro_batches,
-                              double seconds) {
+                              bool piecewise, double seconds) {
   steps_->Increment();
   if (num_tokens == 0) empty_steps_->Increment();
   if (failed) failed_steps_->Increment();
   if (num_micro_batches > 1) overlapped_steps_->Increment();
+  if (piecewise) piecewise_steps_->Increment();
   step_duration_->Observe(seconds);
 }
 

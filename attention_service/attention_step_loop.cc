@@ -115,10 +115,16 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   std::vector<float> host_logits;
   std::vector<int32_t> sampled;
   const bool host_sampling = scheduler_->StepNeedsHostLogits();
+  bool piecewise_step = false;
   if (plan.ok()) {
     moe_->set_step(step_);
     (void)moe_->UsePlacement(plan->placement_version);  // kept: else the current one
-    absl::StatusOr<Tensor> out = model_->Forward(chunks, kv_, plan->num_micro_batches);
+    piecewise_step = piecewise_ != PiecewiseDecode::kOff && plan->num_micro_batches == 1 &&
+                     Qwen3MoeModel::IsDecodeStep(chunks);
+    absl::StatusOr<Tensor> out =
+        piecewise_step
+            ? model_->ForwardDecodePiecewise(chunks, kv_, piecewise_ == PiecewiseDecode::kGraphs)
+            : model_->Forward(chunks, kv_, plan->num_micro_batches);
     if (!out.ok()) {
       outcome = out.status();
     } else if (host_sampling) {
@@ -141,10 +147,11 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   if (my_tokens == 0) ++counters_.empty_steps;
   if (plan.ok() && plan->total_tokens == 0) ++counters_.all_empty_steps;
   if (plan.ok() && plan->num_micro_batches > 1) ++counters_.overlapped_steps;
+  if (piecewise_step) ++counters_.piecewise_steps;
   auto report = [&] {
     if (metrics_ == nullptr) return;
     metrics_->OnStep(
-        my_tokens, !outcome.ok(), plan.ok() ? plan->num_micro_batches : 1,
+        my_tokens, !outcome.ok(), plan.ok() ? plan->num_micro_batches : 1, piecewise_step,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
   };
   if (!outcome.ok() && retry_window_ > absl::ZeroDuration() && absl::IsUnavailable(outcome)) {

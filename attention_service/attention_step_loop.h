@@ -54,6 +54,7 @@ struct AttentionCounters {
   std::atomic<int64_t> failed_steps{0};
   std::atomic<int64_t> retried_steps{0};     // failed steps run again rather than failed
   std::atomic<int64_t> overlapped_steps{0};  // steps split into two micro-batches
+  std::atomic<int64_t> piecewise_steps{0};   // decode steps run in graph segments
   std::atomic<int64_t> tokens{0};
   std::atomic<uint64_t> next_step{0};
 };
@@ -77,6 +78,13 @@ class AttentionStepLoop {
   // the first RunOnce.
   void set_overlap_min_tokens(int64_t n) { overlap_min_tokens_ = n; }
   static constexpr int64_t kDefaultOverlapMinTokens = 16;
+  // Decode steps of one micro-batch (below the two-batch-overlap threshold) through
+  // Qwen3MoeModel::ForwardDecodePiecewise: kGraphs replays the work between exchanges as
+  // recorded graphs (on a backend that has them); kEager runs the same padded segments
+  // without (the reference, and what tests run on the CPU); kOff (the default) runs the
+  // plain forward pass. Set before the first RunOnce.
+  enum class PiecewiseDecode { kOff, kEager, kGraphs };
+  void set_piecewise_decode(PiecewiseDecode mode) { piecewise_ = mode; }
   // Where each step is reported for Prometheus; not owned, null (the default) for none.
   // Set before the first RunOnce.
   void set_metrics(AttentionMetrics* metrics) { metrics_ = metrics; }
@@ -110,6 +118,7 @@ class AttentionStepLoop {
   KvCache* kv_;
   absl::Duration timeout_;
   int64_t overlap_min_tokens_ = kDefaultOverlapMinTokens;
+  PiecewiseDecode piecewise_ = PiecewiseDecode::kOff;
   uint64_t step_ = 0;
   std::atomic<bool> wake_pending_{false};
   AttentionCounters counters_;

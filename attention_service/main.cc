@@ -55,6 +55,10 @@ ABSL_FLAG(int64_t, step_timeout_ms, 5000,
 ABSL_FLAG(int64_t, overlap_min_tokens, dxs::AttentionStepLoop::kDefaultOverlapMinTokens,
           "Two-batch overlap for steps with at least this many tokens over all DP ranks; "
           "0: off.");
+ABSL_FLAG(bool, piecewise_graphs, true,
+          "On a GPU: decode steps below the two-batch-overlap threshold run the work between "
+          "two exchanges as recorded CUDA graphs (vLLM's piecewise graphs); false: eagerly. "
+          "No effect on the CPU.");
 ABSL_FLAG(int64_t, stream_interval, 1, "Tokens per streamed chunk after the first, >= 1.");
 ABSL_FLAG(int64_t, step_retry_ms, 30000,
           "Elastic EP (dxs-router --elastic-ep): how long failed steps are run again before "
@@ -71,6 +75,7 @@ constexpr char kUsage[] =
     "                     [--metrics-listen HOST:PORT] [--device cpu|cuda[:N]] [--kv-tokens N] "
     "[--prefill-chunk N]\n"
     "                     [--step-timeout-ms MS] [--overlap-min-tokens N] [--stream-interval N]\n"
+    "                     [--piecewise-graphs=true|false]\n"
     "                     [--tls-cert FILE --tls-key FILE --tls-ca FILE [--mtls]]\n"
     "                     [--flagfile FILE]\n"
     "Flags may be spelled with dashes or underscores; a --flagfile uses underscores.";
@@ -83,6 +88,7 @@ struct Flags {
   int64_t overlap_min_tokens = 0;
   int64_t stream_interval = 0;
   int64_t step_retry_ms = 0;
+  bool piecewise_graphs = true;
   std::string dump_first_logits;
 };
 
@@ -110,6 +116,7 @@ absl::StatusOr<Flags> ValidateFlags() {
         absl::StrCat("--overlap-min-tokens must be >= 0, got ", flags.overlap_min_tokens));
   }
   flags.dump_first_logits = absl::GetFlag(FLAGS_dump_first_logits);
+  flags.piecewise_graphs = absl::GetFlag(FLAGS_piecewise_graphs);
   return flags;
 }
 
@@ -131,7 +138,7 @@ int Main(int argc, char** argv) {
       PrepareWorker(flags->worker, "attention", metrics_registry.get(), &runtime);
   if (!prepared.ok()) return fail(prepared.status());
   const ModelConfig& config = prepared->config;
-  const Checkpoint& ckpt = *prepared->checkpoint;
+  const WeightSource& ckpt = *prepared->weights;
   std::unique_ptr<Backend> backend = std::move(prepared->backend);
   absl::StatusOr<AttentionWeights> weights = LoadAttentionWeights(ckpt, config, backend.get());
   if (!weights.ok()) return fail(weights.status());
@@ -206,6 +213,9 @@ int Main(int argc, char** argv) {
                                                    moe.get(), &scheduler, &kv, timeout);
         loop->set_metrics(attention_metrics->get());
         loop->set_overlap_min_tokens(flags->overlap_min_tokens);
+        loop->set_piecewise_decode(flags->piecewise_graphs && backend->SupportsGraphs()
+                                       ? AttentionStepLoop::PiecewiseDecode::kGraphs
+                                       : AttentionStepLoop::PiecewiseDecode::kOff);
         loop->set_on_step_end([&service] { service.FlushStreams(); });
         loop->set_on_step_failed(report_failed_ep_ranks);
         service.set_step_loop(loop.get());

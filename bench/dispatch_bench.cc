@@ -202,14 +202,16 @@ class WeightedCopyExperts final : public ExpertCompute {
   bool Holds(int layer, int expert) const override { return expert >= 0 && expert < num_experts_; }
   Backend* backend() const override { return backend_; }
 
-  absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out) override {
+  absl::Status Forward(int layer, const Tensor& x, const RoutedPairTensors& pairs,
+                       Tensor* out) override {
     const int64_t rows = out->rows();
     const int64_t hidden = x.row_size();
     row_scale_.assign(rows, 0.f);
     src_row_.assign(rows, 0);
-    for (size_t p = 0; p < pairs.size(); ++p) {
-      row_scale_[pairs.out_row(p)] += pairs.weights[p];
-      src_row_[pairs.out_row(p)] = pairs.rows[p];
+    // The CPU backend's pair tensors are host memory.
+    for (int64_t p = 0; p < pairs.size(); ++p) {
+      row_scale_[pairs.rows.i32()[p]] += pairs.weights.f32()[p];
+      src_row_[pairs.rows.i32()[p]] = pairs.rows.i32()[p];
     }
     if (x.dtype() == DType::kF32 && out->dtype() == DType::kF32) {
       for (int64_t r = 0; r < rows; ++r) {

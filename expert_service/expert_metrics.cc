@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<ExpertMetrics>> ExpertMetrics::Create(
                                      "layers (a row routed to two of this rank's experts "
                                      "counts for each)."));
   em->expert_tokens_.assign(static_cast<size_t>(std::max(num_experts, 0)), nullptr);
-  em->round_counts_.assign(em->expert_tokens_.size(), 0);
+  em->synced_.assign(em->expert_tokens_.size(), 0);
   for (int e : experts) {
     if (e < 0 || e >= num_experts) {
       return absl::InvalidArgumentError(
@@ -60,22 +60,25 @@ absl::StatusOr<std::unique_ptr<ExpertMetrics>> ExpertMetrics::Create(
   return em;
 }
 
-void ExpertMetrics::OnRound(int64_t num_rows, const RoutedPairs& pairs, double compute_seconds) {
+void ExpertMetrics::OnRound(int64_t num_rows, double compute_seconds) {
   rounds_->Increment();
   if (num_rows == 0) empty_rounds_->Increment();
   tokens_received_->Increment(num_rows);
   compute_->Observe(compute_seconds);
-  for (int32_t e : pairs.experts) {
-    if (e >= 0 && static_cast<size_t>(e) < round_counts_.size()) ++round_counts_[e];
-  }
-  for (size_t e = 0; e < round_counts_.size(); ++e) {
-    if (round_counts_[e] == 0) continue;
+}
+
+void ExpertMetrics::SyncExpertTokens(const std::vector<int64_t>& cumulative) {
+  const size_t n = std::min(cumulative.size(), synced_.size());
+  for (size_t e = 0; e < n; ++e) {
+    // A count that went down was started again (the experts were rebuilt): all of it is new.
+    const int64_t grown = cumulative[e] >= synced_[e] ? cumulative[e] - synced_[e] : cumulative[e];
+    synced_[e] = cumulative[e];
+    if (grown == 0) continue;
     if (expert_tokens_[e] == nullptr) {  // not in the initial set: placement changed
       expert_tokens_[e] =
           &expert_tokens_family_->Add({{"rank", rank_}, {"expert", std::to_string(e)}});
     }
-    expert_tokens_[e]->Increment(round_counts_[e]);
-    round_counts_[e] = 0;
+    expert_tokens_[e]->Increment(static_cast<double>(grown));
   }
 }
 

@@ -20,7 +20,6 @@
 #include "common/metrics/exchange_bytes.h"
 #include "common/metrics/families.h"
 #include "prometheus/registry.h"
-#include "router/dispatch/routed_pairs.h"
 
 namespace dxs {
 
@@ -33,9 +32,14 @@ class ExpertMetrics {
                                                                const std::vector<int>& experts,
                                                                int num_experts);
 
-  // One MoE layer round: `num_rows` token rows received from all DP ranks, routed to this
-  // rank's experts by `pairs`; the experts took `compute_seconds`.
-  void OnRound(int64_t num_rows, const RoutedPairs& pairs, double compute_seconds);
+  // One MoE layer round: `num_rows` token rows received from all DP ranks; the experts took
+  // `compute_seconds`.
+  void OnRound(int64_t num_rows, double compute_seconds);
+  // The experts' cumulative rows so far ([E], ExpertCompute::TokensPerExpert): what grew
+  // since the last call goes to dxs_expert_tokens_total. The per-expert counts are kept
+  // where the experts run (on the device on a GPU), so they are read once per step, not
+  // from the pairs of every round.
+  void SyncExpertTokens(const std::vector<int64_t>& cumulative);
   // A step ended (its last MoE layer was served); `empty` if no row arrived in any layer.
   void OnStep(bool empty);
   // A group (a round's receives, or its combine sends) is about to be posted.
@@ -55,7 +59,7 @@ class ExpertMetrics {
   prometheus::Histogram* compute_ = nullptr;
   metrics::CounterFamily* expert_tokens_family_ = nullptr;
   std::vector<prometheus::Counter*> expert_tokens_;  // by expert id; null until seen
-  std::vector<int64_t> round_counts_;                // by expert id; zero between rounds
+  std::vector<int64_t> synced_;                      // by expert id: the last cumulative
   metrics::ExchangeBytes exchange_bytes_;
 };
 

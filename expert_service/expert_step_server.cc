@@ -66,6 +66,72 @@ absl::Status ExpertStepServer::EnsureRows(int64_t rows, DType dtype) {
   return absl::OkStatus();
 }
 
+absl::Status ExpertStepServer::EnsurePairs(int64_t pairs) {
+  if (pair_rows_.defined() && pair_rows_.rows() >= pairs) return absl::OkStatus();
+  Backend* backend = shard_->backend();
+  const int64_t capacity =
+      std::max<int64_t>({pairs, 2 * (pair_rows_.defined() ? pair_rows_.rows() : 0), 1});
+  DXS_ASSIGN_OR_RETURN(pair_blocks_, backend->Allocate({3 * capacity}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(pair_rows_, backend->Allocate({capacity}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(pair_experts_, backend->Allocate({capacity}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(pair_weights_, backend->Allocate({capacity}, DType::kF32));
+  if (!bad_.defined()) {
+    DXS_ASSIGN_OR_RETURN(bad_, backend->Allocate({2}, DType::kI32));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const Tensor*> ExpertStepServer::HeldTable(int layer) {
+  // The experts of `layer` this rank holds, asked of the compute every round (a placement
+  // may change between rounds) and uploaded only when the answer changed.
+  held_host_.resize(static_cast<size_t>(std::max<int64_t>(config_.num_experts, 1)));
+  for (int64_t e = 0; e < config_.num_experts; ++e) {
+    held_host_[e] = shard_->Holds(layer, static_cast<int>(e)) ? 1 : 0;
+  }
+  HeldTableOnBackend& table = held_[layer];
+  if (!table.tensor.defined() || table.host != held_host_) {
+    Backend* backend = shard_->backend();
+    DXS_ASSIGN_OR_RETURN(table.tensor,
+                         backend->Allocate({static_cast<int64_t>(held_host_.size())}, DType::kI32));
+    DXS_RETURN_IF_ERROR(backend->CopyFromHost(held_host_.data(), DType::kI32, &table.tensor));
+    table.host = held_host_;
+  }
+  return &table.tensor;
+}
+
+absl::Status ExpertStepServer::UnpackPairs(int layer, const std::vector<WireHeader>& headers,
+                                           int64_t total_pairs, RoutedPairTensors* pairs) {
+  pairs->rows = pair_rows_.Rows(0, total_pairs);
+  pairs->experts = pair_experts_.Rows(0, total_pairs);
+  pairs->weights = pair_weights_.Rows(0, total_pairs);
+  if (total_pairs == 0) return absl::OkStatus();  // an empty round: nothing launched
+  segments_.clear();
+  for (size_t i = 0; i < headers.size(); ++i) {
+    segments_.push_back({static_cast<int32_t>(pair_offset_[i]), headers[i].num_pairs,
+                         static_cast<int32_t>(row_offset_[i]), headers[i].num_rows});
+  }
+  Backend* backend = shard_->backend();
+  DXS_ASSIGN_OR_RETURN(const Tensor* held, HeldTable(layer));
+  DXS_RETURN_IF_ERROR(backend->UnpackRoutedPairs(pair_blocks_.Rows(0, 3 * total_pairs), segments_,
+                                                 *held, &pairs->rows, &pairs->experts,
+                                                 &pairs->weights, &bad_));
+  // The check's answer (8 bytes) before any expert computes on the pairs.
+  int32_t bad[2] = {0, 0};
+  DXS_RETURN_IF_ERROR(backend->CopyToHost(bad_, DType::kI32, bad));
+  if (bad[0] == 0) return absl::OkStatus();
+  // A bad pair: name the first, as it arrived (the blocks come to the host only here).
+  std::vector<int32_t> blocks(static_cast<size_t>(3 * total_pairs));
+  DXS_RETURN_IF_ERROR(
+      backend->CopyToHost(pair_blocks_.Rows(0, 3 * total_pairs), DType::kI32, blocks.data()));
+  size_t i = 0;
+  while (i + 1 < headers.size() && bad[1] >= pair_offset_[i] + headers[i].num_pairs) ++i;
+  const int64_t first = pair_offset_[i], n = headers[i].num_pairs, k = bad[1] - first;
+  const int32_t row = blocks[3 * first + k], expert = blocks[3 * first + n + k];
+  return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i], " routed row ", row,
+                                          " to expert ", expert,
+                                          ", which this rank does not hold"));
+}
+
 absl::Status ExpertStepServer::Fill(size_t i, absl::Time deadline) {
   DXS_ASSIGN_OR_RETURN(TransportMessage m, transport_->Recv(dp_peers_[i], deadline));
   absl::StatusOr<WireHeader> h = WireHeader::Decode(m.header);
@@ -126,87 +192,32 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   const int k = next_out_;
   Tensor x = x_.Rows(0, total_rows);
   Tensor out = out_[k].Rows(0, total_rows);
-  // Receive: rows into x, pairs into the round's arrays, each DP rank at its offsets.
-  RoutedPairs& pairs = pairs_;
-  pairs.rows.resize(total_pairs);
-  pairs.out_rows.clear();
-  pairs.experts.resize(total_pairs);
-  pairs.weights.resize(total_pairs);
+  // Receive: rows into x, each DP rank's pairs as one block (rows | experts | weights) into
+  // the pair buffer, each DP rank at its offsets; both where the backend keeps tensors
+  // (device memory on a GPU: nothing crosses the host).
   Backend* backend = shard_->backend();
   const MemoryType memory = TransportMemoryOf(*backend);
   const size_t row_bytes = static_cast<size_t>(hidden) * DTypeSize(dtype);
+  DXS_RETURN_IF_ERROR(EnsurePairs(total_pairs));
   uint8_t* x_bytes = static_cast<uint8_t*>(backend->TransportAddress(x_));
-  // Each DP rank's pairs arrive as one block (rows | experts | weights), split below.
-  pair_blocks_.resize(3 * static_cast<size_t>(total_pairs));
+  uint8_t* pair_bytes = static_cast<uint8_t*>(backend->TransportAddress(pair_blocks_));
   transfers_.clear();
   for (size_t i = 0; i < num_dp; ++i) {
     const int peer = dp_peers_[i];
     transfers_.push_back({Transfer::Kind::kRecv, peer, x_bytes + row_offset_[i] * row_bytes,
                           static_cast<size_t>(headers[i].num_rows) * row_bytes, memory});
-    transfers_.push_back({Transfer::Kind::kRecv, peer, pair_blocks_.data() + 3 * pair_offset_[i],
-                          static_cast<size_t>(headers[i].num_pairs) * 12});
+    transfers_.push_back({Transfer::Kind::kRecv, peer,
+                          pair_bytes + 3 * pair_offset_[i] * sizeof(int32_t),
+                          static_cast<size_t>(headers[i].num_pairs) * 12, memory});
   }
   const uint64_t tag = ExchangeTag(first.key());
   if (metrics_ != nullptr) metrics_->OnExchange(transfers_.data(), transfers_.size());
   DXS_ASSIGN_OR_RETURN(ExchangeId received,
                        transport_->PostExchange(tag, transfers_.data(), transfers_.size()));
   DXS_RETURN_IF_ERROR(transport_->WaitExchange(received, deadline + absl::Seconds(5)));
-  for (size_t i = 0; i < num_dp; ++i) {
-    const int64_t p = pair_offset_[i], n = headers[i].num_pairs;
-    if (n == 0) continue;
-    const int32_t* block = pair_blocks_.data() + 3 * p;
-    std::memcpy(pairs.rows.data() + p, block, n * sizeof(int32_t));
-    std::memcpy(pairs.experts.data() + p, block + n, n * sizeof(int32_t));
-    std::memcpy(pairs.weights.data() + p, block + 2 * n, n * sizeof(float));
-  }
   ++counters_.rounds_in_place;
-  // Which of the round's layer's experts this rank holds, asked once per expert rather
-  // than once per pair (Holds is virtual, ExpertShard's a map lookup) when the round has
-  // more pairs than there are experts. Asked again every round, so the answers are those
-  // of this round's Holds. held_[table_size] == 0: experts outside the table (and every
-  // expert of a round too small for one) fail the quick check below and are asked one by
-  // one, as before.
-  const uint32_t table_size = config_.num_experts > 0 && total_pairs >= config_.num_experts
-                                  ? static_cast<uint32_t>(config_.num_experts)
-                                  : 0;
-  held_.resize(table_size + 1);
-  for (uint32_t e = 0; e < table_size; ++e) {
-    held_[e] = shard_->Holds(first.layer, static_cast<int>(e)) ? 1 : 0;
-  }
-  held_[table_size] = 0;
-  auto holds = [&](int32_t expert) {
-    return static_cast<uint32_t>(expert) < table_size ? held_[expert] != 0
-                                                      : shard_->Holds(first.layer, expert);
-  };
-  for (size_t i = 0; i < num_dp; ++i) {
-    const WireHeader& h = headers[i];
-    const int64_t next_pair = pair_offset_[i];
-    int32_t* rows = pairs.rows.data() + next_pair;
-    int32_t* experts = pairs.experts.data() + next_pair;
-    // A branch-free check of every pair against the table (negative rows and experts
-    // compare as large unsigned values), then the exact check, and the error naming the
-    // first bad pair, only if some pair failed it.
-    const uint8_t* held = held_.data();
-    const uint32_t num_rows = static_cast<uint32_t>(std::max(h.num_rows, 0));
-    bool suspect = false;
-    for (int32_t k = 0; k < h.num_pairs; ++k) {
-      const uint32_t expert = std::min(static_cast<uint32_t>(experts[k]), table_size);
-      suspect |= (static_cast<uint32_t>(rows[k]) >= num_rows) | (held[expert] == 0);
-    }
-    for (int32_t k = 0; suspect && k < h.num_pairs; ++k) {
-      if (rows[k] < 0 || rows[k] >= h.num_rows || !holds(experts[k])) {
-        const int32_t row = rows[k], expert = experts[k];
-        return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i], " routed row ", row,
-                                                " to expert ", expert,
-                                                ", which this rank does not hold"));
-      }
-    }
-    // Rows index into the rank's own rows; x and out hold every rank's, concatenated.
-    const int32_t offset = static_cast<int32_t>(row_offset_[i]);
-    if (offset != 0) {
-      for (int32_t k = 0; k < h.num_pairs; ++k) rows[k] += offset;
-    }
-  }
+  RoutedPairTensors pairs;
+  DXS_RETURN_IF_ERROR(UnpackPairs(first.layer, headers, total_pairs, &pairs));
   // The output buffer's last sends (two rounds ago) are done before it is overwritten.
   WaitCombineSends(k);
   const auto compute_start = std::chrono::steady_clock::now();
@@ -216,7 +227,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   counters_.compute_ns +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(compute_time).count();
   DXS_RETURN_IF_ERROR(compute);
-  if (metrics_ != nullptr) metrics_->OnRound(total_rows, pairs, compute_seconds);
+  if (metrics_ != nullptr) metrics_->OnRound(total_rows, compute_seconds);
 
   ++counters_.rounds;
   counters_.rows_received += total_rows;
@@ -225,7 +236,10 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   if (first.layer == last_moe_layer_ && first.micro + 1 == first.num_micro) {
     ++counters_.steps;
     if (rows_this_step_ == 0) ++counters_.empty_steps;
-    if (metrics_ != nullptr) metrics_->OnStep(rows_this_step_ == 0);
+    if (metrics_ != nullptr) {
+      metrics_->OnStep(rows_this_step_ == 0);
+      metrics_->SyncExpertTokens(shard_->TokensPerExpert());
+    }
     rows_this_step_ = 0;
   }
   // The experts' output must be written before the transport reads it.

@@ -6,10 +6,13 @@
 // stale (a step that failed elsewhere) and are dropped. With every rank's counts known, the
 // server posts one data-exchange group that receives each rank's rows straight into its
 // region of the input tensor (in the wire's dtype, through Backend::TransportAddress) and
-// its routing pairs straight into the round's pair arrays; runs this rank's experts over all
-// rows (SwiGLU, grouped by expert), pre-summing each row's weighted outputs over its own
-// experts; and posts the combine: each rank's rows of the output tensor back to it, in
-// dispatch order, under the same tag. Nothing is copied through a transport buffer.
+// its routing pairs into its region of a pair tensor, both where the backend keeps tensors
+// (GPU memory on a GPU: no byte of the round crosses the host); checks and unpacks the pairs
+// on the backend (Backend::UnpackRoutedPairs: rows in range, experts held; only the 8-byte
+// answer comes to the host); runs this rank's experts over all rows (SwiGLU, grouped by
+// expert), pre-summing each row's weighted outputs over its own experts; and posts the
+// combine: each rank's rows of the output tensor back to it, in dispatch order, under the
+// same tag. Nothing is copied through a transport buffer.
 //
 // A round returns once its combine is delivered (the DP ranks posted their receives with
 // their dispatch, so that is at once). Sends to a rank that abandoned the step are never
@@ -24,6 +27,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -78,6 +82,14 @@ class ExpertStepServer final {
   // Waits for the combine sends that last read out_[k].
   void WaitCombineSends(int k);
   absl::Status EnsureRows(int64_t rows, DType dtype);
+  // Grows the pair buffers (the blocks as they arrive, the unpacked pairs) to `pairs`.
+  absl::Status EnsurePairs(int64_t pairs);
+  // The experts of `layer` this rank holds, as Backend::UnpackRoutedPairs's table.
+  absl::StatusOr<const Tensor*> HeldTable(int layer);
+  // The round's pair blocks, checked and unpacked on the backend into *pairs; INTERNAL
+  // naming the first bad pair (a row outside its DP rank's rows, an expert not held).
+  absl::Status UnpackPairs(int layer, const std::vector<WireHeader>& headers, int64_t total_pairs,
+                           RoutedPairTensors* pairs);
 
   Transport* transport_;
   std::vector<int> dp_peers_;
@@ -95,14 +107,21 @@ class ExpertStepServer final {
   Tensor out_[2];
   std::optional<ExchangeId> combine_group_[2];
   int next_out_ = 0;
-  // Per round, reused: headers, each DP rank's first row and pair, the pairs, the group.
+  // Per round, reused: headers, each DP rank's first row and pair, the group.
   std::vector<WireHeader> headers_;
   std::vector<int64_t> row_offset_, pair_offset_;
-  RoutedPairs pairs_;
-  std::vector<int32_t> pair_blocks_;  // the pairs as they arrive: per DP rank one block
   std::vector<Transfer> transfers_;
   std::unique_ptr<Event> out_written_;  // recorded after the experts, before the combine
-  std::vector<uint8_t> held_;
+  // The pairs on the backend, [capacity] (blocks [3 * capacity]): as they arrive, one
+  // block per DP rank, and unpacked; the check's answer.
+  Tensor pair_blocks_, pair_rows_, pair_experts_, pair_weights_, bad_;
+  std::vector<PairSegment> segments_;
+  struct HeldTableOnBackend {
+    std::vector<int32_t> host;  // what `tensor` holds
+    Tensor tensor;              // i32 [E]
+  };
+  std::map<int, HeldTableOnBackend> held_;  // by layer
+  std::vector<int32_t> held_host_;
 };
 
 }  // namespace dxs

@@ -84,7 +84,7 @@ int Main(int argc, char** argv) {
       PrepareWorker(flags->worker, "expert", metrics_registry.get(), &runtime);
   if (!prepared.ok()) return fail(prepared.status());
   const ModelConfig& config = prepared->config;
-  const Checkpoint& ckpt = *prepared->checkpoint;
+  const WeightSource& ckpt = *prepared->weights;
   std::unique_ptr<Backend> backend = std::move(prepared->backend);
   ExpertWorkerService service(rank);
   if (absl::Status s = StartServing(flags->worker, &service, {metrics_registry}, &runtime);

@@ -105,6 +105,19 @@ struct PairPayload {
 };
 inline constexpr int kMaxPairPayloads = 3;
 
+// One DP rank's routed pairs in an expert round's receive buffer (UnpackRoutedPairs): its
+// pairs are the triples from pair first_pair on, its rows are rows [row_offset, row_offset
+// + num_rows) of the round's input.
+struct PairSegment {
+  int32_t first_pair = 0;
+  int32_t num_pairs = 0;
+  int32_t row_offset = 0;
+  int32_t num_rows = 0;
+};
+// At most this many segments (DP ranks) per UnpackRoutedPairs call: the segments travel as
+// a kernel argument on a device.
+inline constexpr int kMaxPairSegments = 128;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -200,7 +213,8 @@ class Backend {
   virtual absl::Status GatherRows(const Tensor& src, const Tensor& rows, Tensor* dst) = 0;
 
   // ---- Paged attention ----
-  // Writes each new token's k/v rows [T, kv_heads, d] into the caches at meta.slot_mapping.
+  // Writes each new token's k/v rows [T, kv_heads, d] into the caches at meta.slot_mapping;
+  // a negative slot (a padding row of a padded decode step) caches nothing.
   virtual absl::Status WriteKvCache(const Tensor& k, const Tensor& v,
                                     const PagedAttentionMeta& meta, Tensor* k_cache,
                                     Tensor* v_cache) = 0;
@@ -271,6 +285,21 @@ class Backend {
   // activation dtype.
   virtual absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                                     Tensor* dst) = 0;
+  // An expert round's routed pairs as the wire delivered them, checked and unpacked where
+  // they arrived (device memory on a GPU: no pair crosses the host). `blocks` (i32 [3 * P])
+  // holds each segment's pairs as the dispatch layout sends them: its num_pairs rows (into
+  // the segment's own rows), then its experts, then its weights (float32 bits), from
+  // 3 * first_pair on. Writes rows[p] (the row plus the segment's row_offset), experts[p]
+  // and weights[p] ([P] i32, i32, f32). A pair is bad if its row is outside [0, num_rows)
+  // or its expert outside [0, E) or held[expert] == 0 (held: i32 [E], non-zero for the
+  // experts this rank holds); bad (i32 [2]) gets their count and the lowest bad pair index
+  // (INT32_MAX if none). The caller reads `bad` before computing on the pairs. Segments
+  // must tile [0, P) in order; at most kMaxPairSegments. No pairs: nothing is done, and
+  // `bad` is not written.
+  virtual absl::Status UnpackRoutedPairs(const Tensor& blocks,
+                                         const std::vector<PairSegment>& segments,
+                                         const Tensor& held, Tensor* rows, Tensor* experts,
+                                         Tensor* weights, Tensor* bad) = 0;
 
   // ---- Conveniences over the ops above ----
   absl::StatusOr<Tensor> Allocate(std::vector<int64_t> shape) {

@@ -25,7 +25,8 @@ absl::Status CpuBackend::WriteKvCache(const Tensor& k, const Tensor& v,
   }
   const int64_t* slots = meta.slot_mapping.i64();
   for (int64_t t = 0; t < tokens; ++t) {
-    if (slots[t] < 0 || slots[t] >= num_slots) {
+    if (slots[t] < 0) continue;  // a padding row of a padded decode step: nothing to cache
+    if (slots[t] >= num_slots) {
       return absl::InvalidArgumentError(
           absl::StrCat("write KV cache: slot ", slots[t], " outside [0, ", num_slots, ")"));
     }

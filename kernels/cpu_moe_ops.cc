@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -309,6 +310,39 @@ absl::Status CpuBackend::AccumulateCounts(const Tensor& offsets, Tensor* counts)
   DXS_RETURN_IF_ERROR(CheckAccumulateCountsArgs(offsets, *counts));
   const int32_t* off = offsets.i32();
   for (int64_t e = 0; e < counts->num_elements(); ++e) counts->i64()[e] += off[e + 1] - off[e];
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::UnpackRoutedPairs(const Tensor& blocks,
+                                           const std::vector<PairSegment>& segments,
+                                           const Tensor& held, Tensor* rows, Tensor* experts,
+                                           Tensor* weights, Tensor* bad) {
+  DXS_RETURN_IF_ERROR(
+      CheckUnpackRoutedPairsArgs(blocks, segments, held, *rows, *experts, *weights, *bad));
+  if (rows->num_elements() == 0) return absl::OkStatus();  // as a device: bad untouched
+  const int32_t* in = blocks.i32();
+  const int32_t* is_held = held.i32();
+  const int64_t num_experts = held.num_elements();
+  int32_t num_bad = 0, first_bad = std::numeric_limits<int32_t>::max();
+  for (const PairSegment& s : segments) {
+    const int32_t* seg_rows = in + 3 * static_cast<int64_t>(s.first_pair);
+    const int32_t* seg_experts = seg_rows + s.num_pairs;
+    const int32_t* seg_weights = seg_experts + s.num_pairs;
+    for (int32_t k = 0; k < s.num_pairs; ++k) {
+      const int64_t p = s.first_pair + k;
+      const int32_t row = seg_rows[k], expert = seg_experts[k];
+      if (row < 0 || row >= s.num_rows || expert < 0 || expert >= num_experts ||
+          is_held[expert] == 0) {
+        ++num_bad;
+        first_bad = std::min(first_bad, static_cast<int32_t>(p));
+      }
+      rows->i32()[p] = row + s.row_offset;
+      experts->i32()[p] = expert;
+      std::memcpy(weights->f32() + p, seg_weights + k, sizeof(float));
+    }
+  }
+  bad->i32()[0] = num_bad;
+  bad->i32()[1] = first_bad;
   return absl::OkStatus();
 }
 

@@ -206,6 +206,44 @@ absl::Status CheckAccumulateCountsArgs(const Tensor& offsets, const Tensor& coun
   return absl::OkStatus();
 }
 
+absl::Status CheckUnpackRoutedPairsArgs(const Tensor& blocks,
+                                        const std::vector<PairSegment>& segments,
+                                        const Tensor& held, const Tensor& rows,
+                                        const Tensor& experts, const Tensor& weights,
+                                        const Tensor& bad) {
+  constexpr const char* kOp = "unpack routed pairs";
+  DXS_RETURN_IF_ERROR(CheckDType(kOp, blocks, DType::kI32, "blocks"));
+  DXS_RETURN_IF_ERROR(CheckDType(kOp, held, DType::kI32, "held"));
+  DXS_RETURN_IF_ERROR(CheckDType(kOp, rows, DType::kI32, "rows"));
+  DXS_RETURN_IF_ERROR(CheckDType(kOp, experts, DType::kI32, "experts"));
+  DXS_RETURN_IF_ERROR(CheckDType(kOp, weights, DType::kF32, "weights"));
+  DXS_RETURN_IF_ERROR(CheckDType(kOp, bad, DType::kI32, "bad"));
+  const int64_t p = rows.num_elements();
+  if (blocks.num_elements() < 3 * p || experts.num_elements() != p || weights.num_elements() != p ||
+      bad.num_elements() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": ", p, " pairs from ", blocks.ShapeString(), " blocks into ", experts.ShapeString(),
+        " experts, ", weights.ShapeString(), " weights and ", bad.ShapeString(), " bad"));
+  }
+  if (segments.size() > static_cast<size_t>(kMaxPairSegments)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": ", segments.size(), " segments, at most ", kMaxPairSegments));
+  }
+  int64_t next = 0;
+  for (const PairSegment& s : segments) {
+    if (s.first_pair != next || s.num_pairs < 0 || s.num_rows < 0 || s.row_offset < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": segments do not tile the ", p, " pairs in order"));
+    }
+    next += s.num_pairs;
+  }
+  if (next != p) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": segments hold ", next, " pairs, not ", p));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPagedAttentionMeta(const char* op, const PagedAttentionMeta& meta,
                                      int64_t num_tokens) {
   DXS_RETURN_IF_ERROR(CheckDType(op, meta.query_start, DType::kI32, "query_start"));

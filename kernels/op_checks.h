@@ -40,6 +40,11 @@ absl::Status CheckSampleRowsArgs(const Tensor& logits, const Tensor& params, con
 // Only where the backend can read them on the host: the CPU backend.
 absl::Status CheckSamplingRow(int64_t row, const SamplingRow& params);
 absl::Status CheckAccumulateCountsArgs(const Tensor& offsets, const Tensor& counts);
+absl::Status CheckUnpackRoutedPairsArgs(const Tensor& blocks,
+                                        const std::vector<PairSegment>& segments,
+                                        const Tensor& held, const Tensor& rows,
+                                        const Tensor& experts, const Tensor& weights,
+                                        const Tensor& bad);
 
 // The metadata tensors of paged attention fit `num_tokens` query rows.
 absl::Status CheckPagedAttentionMeta(const char* op, const PagedAttentionMeta& meta,

@@ -124,6 +124,12 @@ class OpaqueBackend final : public Backend {
     Tensor c = Open(*counts);
     return inner_.AccumulateCounts(Open(offsets), &c);
   }
+  absl::Status UnpackRoutedPairs(const Tensor& blocks, const std::vector<PairSegment>& segments,
+                                 const Tensor& held, Tensor* rows, Tensor* experts, Tensor* weights,
+                                 Tensor* bad) override {
+    Tensor r = Open(*rows), e = Open(*experts), w = Open(*weights), b = Open(*bad);
+    return inner_.UnpackRoutedPairs(Open(blocks), segments, Open(held), &r, &e, &w, &b);
+  }
   absl::Status FillUniform(Tensor* t, uint64_t seed, double mean, double half_width,
                            DType values_dtype) override {
     Tensor open = Open(*t);

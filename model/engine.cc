@@ -13,8 +13,9 @@ namespace dxs {
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Load(const std::string& model_dir,
                                                                const EngineOptions& options) {
   DXS_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(model_dir));
-  DXS_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(model_dir));
-  return Create(config, CheckpointWeightSource(*ckpt), options);
+  // Safetensors, or an in-place recipe (model/random_checkpoint.h) made on the backend.
+  DXS_ASSIGN_OR_RETURN(std::unique_ptr<WeightSource> weights, OpenWeightSource(model_dir));
+  return Create(config, *weights, options);
 }
 
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::LoadRandom(const CheckpointPreset& preset,

@@ -178,11 +178,9 @@ absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecode(const std::vector<SequenceCh
         absl::StrCat("a padded decode step takes 1 to ", kMaxGraphBatch, " one-token chunks"));
   }
   DXS_RETURN_IF_ERROR(Validate(chunks, kv));
-  const int64_t n = static_cast<int64_t>(chunks.size()), bs = kv->block_size();
-  int64_t blocks = 1;
-  for (const SequenceChunk& c : chunks)
-    blocks = std::max(blocks, (c.start_position + 1 + bs - 1) / bs);
-  const int64_t batch = NextPowerOfTwo(n), width = NextPowerOfTwo(std::max<int64_t>(blocks, 16));
+  const int64_t n = static_cast<int64_t>(chunks.size());
+  const std::pair<int64_t, int64_t> shape = DecodeShape(chunks, *kv);
+  const int64_t batch = shape.first, width = shape.second;
   use_graph = use_graph && backend_->SupportsGraphs();
   // One entry per shape, graphed or not: its pinned staging is reused from step to step.
   DecodeGraph& g = graphs_[{kv, batch, width}];
@@ -197,9 +195,42 @@ absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecode(const std::vector<SequenceCh
   } else {
     DXS_RETURN_IF_ERROR(backend_->SynchronizeEvent(g.done.get()));  // the last replay read it
   }
+  StageDecodeStep(chunks, kv, batch, width, static_cast<uint8_t*>(g.staging->data()));
+  Tensor logits;
+  if (!use_graph) {
+    DXS_ASSIGN_OR_RETURN(logits, DecodeBody(*g.staging, batch, width, kv));
+  } else if (g.captured.graph == nullptr) {
+    // The first step of this shape: run it, and record it for the next ones.
+    const Buffer& staging = *g.staging;
+    DXS_ASSIGN_OR_RETURN(
+        g.captured,
+        backend_->CaptureGraph([&]() { return DecodeBody(staging, batch, width, kv); }, &logits));
+    g.kv_pool = pool;
+  } else {
+    DXS_RETURN_IF_ERROR(backend_->Replay(g.captured.graph.get()));
+    logits = g.captured.output;
+  }
+  DXS_RETURN_IF_ERROR(backend_->RecordEvent(g.done.get()));
+  return logits.Rows(0, n);
+}
+
+std::pair<int64_t, int64_t> Qwen3MoeModel::DecodeShape(const std::vector<SequenceChunk>& chunks,
+                                                       const KvCache& kv) const {
+  const int64_t bs = kv.block_size();
+  int64_t blocks = 1;
+  for (const SequenceChunk& c : chunks) {
+    blocks = std::max(blocks, (c.start_position + 1 + bs - 1) / bs);
+  }
+  return {NextPowerOfTwo(static_cast<int64_t>(chunks.size())),
+          NextPowerOfTwo(std::max<int64_t>(blocks, 16))};
+}
+
+void Qwen3MoeModel::StageDecodeStep(const std::vector<SequenceChunk>& chunks, KvCache* kv,
+                                    int64_t batch, int64_t width, uint8_t* base) const {
   // The step's inputs, padded: extra rows decode token 0 at position 0 over one position
   // and cache nothing (slot -1).
-  uint8_t* base = static_cast<uint8_t*>(g.staging->data());
+  const StagingLayout at(batch, width);
+  const int64_t n = static_cast<int64_t>(chunks.size()), bs = kv->block_size();
   auto* slots = reinterpret_cast<int64_t*>(base + at.slots);
   auto* ids = reinterpret_cast<int32_t*>(base + at.ids);
   auto* positions = reinterpret_cast<int32_t*>(base + at.positions);
@@ -226,21 +257,153 @@ absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecode(const std::vector<SequenceCh
     std::copy(table.begin(), table.begin() + std::min<int64_t>(width, table.size()),
               tables + s * width);
   }
-  Tensor logits;
-  if (!use_graph) {
-    DXS_ASSIGN_OR_RETURN(logits, DecodeBody(*g.staging, batch, width, kv));
-  } else if (g.captured.graph == nullptr) {
-    // The first step of this shape: run it, and record it for the next ones.
-    const Buffer& staging = *g.staging;
-    DXS_ASSIGN_OR_RETURN(
-        g.captured,
-        backend_->CaptureGraph([&]() { return DecodeBody(staging, batch, width, kv); }, &logits));
-    g.kv_pool = pool;
-  } else {
-    DXS_RETURN_IF_ERROR(backend_->Replay(g.captured.graph.get()));
-    logits = g.captured.output;
+}
+
+// ---- Decode steps through remote experts, in graph segments ----
+
+size_t Qwen3MoeModel::num_piecewise_graphs() const {
+  size_t n = 0;
+  for (const auto& [shape, p] : piecewise_) {
+    for (const CapturedGraph& g : p.segments) n += g.graph != nullptr ? 1 : 0;
   }
-  DXS_RETURN_IF_ERROR(backend_->RecordEvent(g.done.get()));
+  return n;
+}
+
+absl::Status Qwen3MoeModel::PreparePiecewise(int64_t batch, int64_t width, KvCache* kv,
+                                             PiecewiseShape* p) {
+  const int64_t h = config_.hidden_size, k = config_.num_experts_per_tok;
+  const StagingLayout at(batch, width);
+  DXS_ASSIGN_OR_RETURN(p->staging, backend_->AllocateStaging(at.bytes));
+  DXS_ASSIGN_OR_RETURN(p->done, backend_->CreateEvent());
+  MicroBatch& mb = p->mb;
+  PagedAttentionMeta& a = mb.attn;
+  a.num_seqs = batch;
+  a.block_size = kv->block_size();
+  a.max_blocks_per_seq = width;
+  a.max_query_len = 1;
+  a.max_context_len = width * kv->block_size();
+  // No host lengths: the backend's attention needs no plan on the host between replays.
+  a.padded_decode = true;
+  DXS_ASSIGN_OR_RETURN(a.slot_mapping, backend_->Allocate({batch}, DType::kI64));
+  DXS_ASSIGN_OR_RETURN(a.query_start, backend_->Allocate({batch + 1}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(a.context_lens, backend_->Allocate({batch}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(a.block_tables, backend_->Allocate({batch, width}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(mb.positions, backend_->Allocate({batch}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(p->token_ids, backend_->Allocate({batch}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(mb.hidden, backend_->Allocate({batch, h}, DType::kF32));
+  DXS_ASSIGN_OR_RETURN(mb.normed, backend_->Allocate({batch, h}));
+  // The combine writes the real rows only; the padding rows' MoE output stays zero.
+  DXS_ASSIGN_OR_RETURN(mb.mlp_out, backend_->Zeros({batch, h}, backend_->ActivationDType()));
+  DXS_ASSIGN_OR_RETURN(p->ids, backend_->Allocate({batch, k}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(p->weights, backend_->Allocate({batch, k}, DType::kF32));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Qwen3MoeModel::PiecewiseSegment(PiecewiseShape* p, int after, int last,
+                                                       bool logits, int64_t batch, int64_t width,
+                                                       KvCache* kv) {
+  MicroBatch& mb = p->mb;
+  if (after < 0) {
+    const StagingLayout at(batch, width);
+    PagedAttentionMeta& a = mb.attn;
+    for (const auto& [dst, offset] : {std::pair<Tensor*, size_t>{&a.slot_mapping, at.slots},
+                                      {&p->token_ids, at.ids},
+                                      {&mb.positions, at.positions},
+                                      {&a.query_start, at.query_start},
+                                      {&a.context_lens, at.context_lens},
+                                      {&a.block_tables, at.block_tables}}) {
+      DXS_RETURN_IF_ERROR(backend_->CopyFromStaging(*p->staging, offset, dst));
+    }
+    DXS_RETURN_IF_ERROR(backend_->Embedding(w_.embed_tokens, p->token_ids, &mb.hidden));
+  } else {
+    DXS_RETURN_IF_ERROR(ResidualAdd(after, mb.mlp_out, &mb));
+  }
+  for (int l = after + 1; l <= last; ++l) {
+    Tensor o;
+    DXS_RETURN_IF_ERROR(AttentionBlock(l, kv, &mb, &o));
+    DXS_RETURN_IF_ERROR(backend_->AddRmsNorm(o, w_.layers[l].post_attention_norm,
+                                             static_cast<float>(config_.rms_norm_eps), &mb.hidden,
+                                             &mb.normed));
+    if (config_.IsMoeLayer(l)) {
+      DXS_RETURN_IF_ERROR(Route(l, mb.normed, &p->ids, &p->weights));
+      continue;  // the last layer of the segment: its dispatch follows
+    }
+    DXS_ASSIGN_OR_RETURN(Tensor dense, backend_->Allocate({batch, config_.hidden_size}));
+    DXS_RETURN_IF_ERROR(DenseMlp(l, mb.normed, &dense));
+    DXS_RETURN_IF_ERROR(ResidualAdd(l, dense, &mb));
+  }
+  if (!logits) return Tensor();
+  return Logits(mb.hidden);  // one row per sequence: every row is its last
+}
+
+absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecodePiecewise(
+    const std::vector<SequenceChunk>& chunks, KvCache* kv, bool use_graph) {
+  if (!IsDecodeStep(chunks)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a padded decode step takes 1 to ", kMaxGraphBatch, " one-token chunks"));
+  }
+  DXS_RETURN_IF_ERROR(Validate(chunks, kv));
+  const int64_t n = static_cast<int64_t>(chunks.size());
+  const std::pair<int64_t, int64_t> shape = DecodeShape(chunks, *kv);
+  const int64_t batch = shape.first, width = shape.second;
+  use_graph = use_graph && backend_->SupportsGraphs();
+  PiecewiseShape& p = piecewise_[{kv, batch, width}];
+  const void* pool = kv->keys(0).defined() ? kv->keys(0).raw() : nullptr;
+  if (p.done == nullptr || p.kv_pool != pool) {
+    // New, or the KV pool grew since the segments were recorded: record them again.
+    if (p.done != nullptr) DXS_RETURN_IF_ERROR(backend_->SynchronizeEvent(p.done.get()));
+    p = PiecewiseShape();
+    DXS_RETURN_IF_ERROR(PreparePiecewise(batch, width, kv, &p));
+    p.kv_pool = pool;
+  } else {
+    DXS_RETURN_IF_ERROR(backend_->SynchronizeEvent(p.done.get()));  // the last step read it
+  }
+  StageDecodeStep(chunks, kv, batch, width, static_cast<uint8_t*>(p.staging->data()));
+  // The segments: up to each MoE layer's router (its exchange follows), then the rest of
+  // the layers and the logits. Each is (the MoE layer before it, or -1; its last layer).
+  std::vector<std::pair<int, int>> plan;
+  int after = -1;
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    if (!config_.IsMoeLayer(l)) continue;
+    plan.push_back({after, l});
+    after = l;
+  }
+  plan.push_back({after, config_.num_hidden_layers - 1});
+  if (p.segments.size() != plan.size()) p.segments.resize(plan.size());
+  Tensor logits;
+  for (size_t s = 0; s < plan.size(); ++s) {
+    const int from = plan[s].first, last = plan[s].second;
+    const bool is_last = s + 1 == plan.size();
+    auto body = [&, from, last, is_last]() -> absl::StatusOr<Tensor> {
+      return PiecewiseSegment(&p, from, last, is_last, batch, width, kv);
+    };
+    CapturedGraph& g = p.segments[s];
+    Tensor out;
+    if (!use_graph) {
+      DXS_ASSIGN_OR_RETURN(out, body());
+    } else if (g.graph == nullptr) {
+      DXS_ASSIGN_OR_RETURN(g, backend_->CaptureGraph(body, &out));
+    } else {
+      DXS_RETURN_IF_ERROR(backend_->Replay(g.graph.get()));
+      out = g.output;
+    }
+    if (is_last) {
+      logits = out;
+      break;
+    }
+    // MoE layer `last`'s exchange, eagerly, for the step's real rows only.
+    Tensor mlp_rows = p.mb.mlp_out.Rows(0, n);
+    absl::StatusOr<std::unique_ptr<MoeHandle>> h = moe_->Dispatch(
+        last, 0, 1, p.mb.normed.Rows(0, n), p.ids.Rows(0, n), p.weights.Rows(0, n), &mlp_rows);
+    absl::Status combined = h.ok() ? moe_->Combine(*std::move(h), &mlp_rows) : h.status();
+    if (!combined.ok()) {
+      // A failed exchange (a lost EP rank) ends the step here: let the segments already
+      // queued finish before the next step rewrites the staging they may still read.
+      (void)backend_->Synchronize();
+      return combined;
+    }
+  }
+  DXS_RETURN_IF_ERROR(backend_->RecordEvent(p.done.get()));
   return logits.Rows(0, n);
 }
 
@@ -364,8 +527,14 @@ absl::Status Qwen3MoeModel::Route(int layer, const Tensor& normed, Tensor* ids, 
   DXS_ASSIGN_OR_RETURN(Tensor router_logits,
                        backend_->Allocate({t, config_.num_experts}, DType::kF32));
   DXS_RETURN_IF_ERROR(backend_->Linear(normed, w_.layers[layer].router, nullptr, &router_logits));
-  DXS_ASSIGN_OR_RETURN(*ids, backend_->Allocate({t, top_k}, DType::kI32));
-  DXS_ASSIGN_OR_RETURN(*weights, backend_->Allocate({t, top_k}, DType::kF32));
+  // Into the caller's tensors where it gives them (a piecewise step's, kept across
+  // segments), else new ones.
+  if (!ids->defined()) {
+    DXS_ASSIGN_OR_RETURN(*ids, backend_->Allocate({t, top_k}, DType::kI32));
+  }
+  if (!weights->defined()) {
+    DXS_ASSIGN_OR_RETURN(*weights, backend_->Allocate({t, top_k}, DType::kF32));
+  }
   return backend_->TopKSoftmax(router_logits, static_cast<int>(top_k), config_.norm_topk_prob, ids,
                                weights);
 }

@@ -66,6 +66,24 @@ class Qwen3MoeModel {
   // Graphs recorded so far (one per batch bucket and table width).
   size_t num_graphs() const;
 
+  // A decode-shaped step through a MoE executor whose experts are elsewhere (overlaps():
+  // the dispatch and combine need the host between layers), padded as ForwardDecode pads,
+  // with the work between two exchanges recorded as one graph per segment (vLLM's
+  // piecewise CUDA graphs): segment 0 is the step's inputs, the embedding and every layer
+  // up to the first MoE layer's router; segment i + 1 is MoE layer i's residual add and
+  // the layers up to the next MoE layer's router; the last ends with lm_head. Between
+  // segments the executor's Dispatch and Combine run eagerly on the step's real rows only
+  // (padding rows are never dispatched). Every tensor that crosses a segment boundary is
+  // allocated once per shape, so a segment's first run records it and later steps replay
+  // it. Attention takes the backend's plan-free kernel (no host lengths), so nothing runs
+  // on the host between replays. With `use_graph` false (or a backend without graphs) the
+  // same padded segments run eagerly: the reference a replay must equal. Returns
+  // logits[num_chunks, vocab] (f32), as Forward.
+  absl::StatusOr<Tensor> ForwardDecodePiecewise(const std::vector<SequenceChunk>& chunks,
+                                                KvCache* kv, bool use_graph);
+  // Segment graphs recorded so far, all shapes.
+  size_t num_piecewise_graphs() const;
+
  private:
   absl::Status Validate(const std::vector<SequenceChunk>& chunks, KvCache* kv) const;
 
@@ -115,11 +133,36 @@ class Qwen3MoeModel {
   absl::StatusOr<Tensor> DecodeBody(const Buffer& staging, int64_t batch, int64_t width,
                                     KvCache* kv);
 
+  // Writes a padded decode step's inputs into `base` (StagingLayout of batch x width).
+  void StageDecodeStep(const std::vector<SequenceChunk>& chunks, KvCache* kv, int64_t batch,
+                       int64_t width, uint8_t* base) const;
+  // The padded batch and block-table width of a decode step.
+  std::pair<int64_t, int64_t> DecodeShape(const std::vector<SequenceChunk>& chunks,
+                                          const KvCache& kv) const;
+
+  // One padded shape of ForwardDecodePiecewise: its staging, the tensors that cross segment
+  // boundaries (allocated once) and, once recorded, one graph per segment.
+  struct PiecewiseShape {
+    std::shared_ptr<Buffer> staging;
+    std::unique_ptr<Event> done;  // after the last step: staging may be rewritten
+    const void* kv_pool = nullptr;
+    MicroBatch mb;  // positions, attention metadata, hidden, normed, mlp_out
+    Tensor token_ids, ids, weights;
+    std::vector<CapturedGraph> segments;
+  };
+  absl::Status PreparePiecewise(int64_t batch, int64_t width, KvCache* kv, PiecewiseShape* p);
+  // One segment of a piecewise step: layers (after, last] (after = -1: the step's inputs
+  // and the embedding first; else MoE layer `after`'s residual add first), a MoE layer
+  // `last` up to its router; with `logits`, then the logits, which it returns.
+  absl::StatusOr<Tensor> PiecewiseSegment(PiecewiseShape* p, int after, int last, bool logits,
+                                          int64_t batch, int64_t width, KvCache* kv);
+
   ModelConfig config_;
   AttentionWeights w_;
   Backend* backend_;
   MoeExecutor* moe_;
   std::map<std::tuple<const KvCache*, int64_t, int64_t>, DecodeGraph> graphs_;
+  std::map<std::tuple<const KvCache*, int64_t, int64_t>, PiecewiseShape> piecewise_;
 };
 
 }  // namespace dxs

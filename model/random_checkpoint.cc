@@ -15,6 +15,7 @@
 #include "model/router_skew.h"
 #include "model/sampler.h"
 #include "model/weights.h"
+#include "nlohmann/json.hpp"
 
 namespace dxs {
 namespace {
@@ -279,13 +280,96 @@ absl::Status WriteRandomCheckpoint(const CheckpointPreset& preset, const std::st
   return absl::OkStatus();
 }
 
+absl::Status WriteInPlaceCheckpoint(const CheckpointPreset& preset, const std::string& dir) {
+  DXS_RETURN_IF_ERROR(preset.config.Validate());
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  nlohmann::ordered_json recipe;
+  recipe["format"] = "dxs in-place random weights";
+  recipe["format_version"] = 1;
+  recipe["preset"] = preset.name;
+  recipe["seed"] = preset.seed;
+  recipe["storage_dtype"] = std::string(DTypeName(preset.storage_dtype));
+  recipe["router_skew"] = preset.router_skew;
+  recipe["router_scales"] = preset.router_scales;
+  for (const auto& [name, text] :
+       {std::pair<std::string, std::string>{"config.json", preset.config.ToJson()},
+        std::pair<std::string, std::string>{kInPlaceWeightsFile, recipe.dump(2)}}) {
+    std::ofstream out(dir + "/" + name);
+    out << text << "\n";
+    if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", dir, "/", name));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointPreset> ReadInPlaceCheckpoint(const std::string& dir) {
+  const std::string path = dir + "/" + kInPlaceWeightsFile;
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(dir, ": no ", kInPlaceWeightsFile));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CheckpointPreset preset;
+  try {
+    const nlohmann::json recipe = nlohmann::json::parse(text);
+    if (recipe.value("format", "") != "dxs in-place random weights" ||
+        recipe.value("format_version", 0) != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": not a dxs in-place recipe of format_version 1"));
+    }
+    preset.name = recipe.at("preset").get<std::string>();
+    preset.seed = recipe.at("seed").get<uint64_t>();
+    DXS_ASSIGN_OR_RETURN(preset.storage_dtype,
+                         ParseDType(recipe.at("storage_dtype").get<std::string>()));
+    preset.router_skew = recipe.value("router_skew", 0.0);
+    preset.router_scales = recipe.value("router_scales", std::vector<double>());
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+  }
+  DXS_ASSIGN_OR_RETURN(preset.config, LoadModelConfig(dir));
+  if (!preset.router_scales.empty() &&
+      static_cast<int64_t>(preset.router_scales.size()) != preset.config.num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": router_scales has ",
+                                                   preset.router_scales.size(), " entries for ",
+                                                   preset.config.num_experts, " experts"));
+  }
+  return preset;
+}
+
+namespace {
+
+// CheckpointWeightSource over a checkpoint it owns.
+class OwnedCheckpointSource final : public WeightSource {
+ public:
+  explicit OwnedCheckpointSource(std::unique_ptr<Checkpoint> ckpt)
+      : ckpt_(std::move(ckpt)), source_(*ckpt_) {}
+  absl::StatusOr<Tensor> Load(const std::string& name, std::vector<int64_t> shape,
+                              Backend* backend) const override {
+    return source_.Load(name, std::move(shape), backend);
+  }
+
+ private:
+  std::unique_ptr<Checkpoint> ckpt_;
+  CheckpointWeightSource source_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WeightSource>> OpenWeightSource(const std::string& dir) {
+  absl::StatusOr<CheckpointPreset> in_place = ReadInPlaceCheckpoint(dir);
+  if (in_place.ok()) return std::make_unique<RandomWeightSource>(*in_place);
+  if (!absl::IsNotFound(in_place.status())) return in_place.status();
+  DXS_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
+  return std::make_unique<OwnedCheckpointSource>(std::move(ckpt));
+}
+
 absl::StatusOr<std::string> CheckpointFingerprint(const std::string& dir) {
   std::vector<std::string> names;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string n = entry.path().filename().string();
-    if (n == "config.json" || (n.size() > 12 && (n.substr(n.size() - 12) == ".safetensors" ||
-                                                 n.substr(n.size() - 11) == ".index.json"))) {
+    if (n == "config.json" || n == kInPlaceWeightsFile ||
+        (n.size() > 12 &&
+         (n.substr(n.size() - 12) == ".safetensors" || n.substr(n.size() - 11) == ".index.json"))) {
       names.push_back(n);
     }
   }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -72,8 +73,24 @@ class RandomWeightSource final : public WeightSource {
   std::map<std::string, RandomTensorSpec> specs_;
 };
 
-// FNV-1a 64 over the sorted names and contents of config.json and the *.safetensors /
-// index files in `dir`, as 16 hex digits. Ties reference outputs to the exact checkpoint.
+// An in-place checkpoint directory: config.json and kInPlaceWeightsFile (the preset's
+// name, seed, storage dtype and router skew), no safetensors. Every process that opens it
+// (OpenWeightSource: dxs run, dxs-attention, dxs-expert, EPLB's reloads) makes the very
+// weights WriteRandomCheckpoint would have written, on its own device, so a cluster of
+// the full Qwen3-30B-A3B shape (61 GB in bf16) runs on a machine whose disk cannot hold
+// it. The fingerprint covers the recipe file, so every rank agrees on the model.
+inline constexpr char kInPlaceWeightsFile[] = "dxs_in_place_weights.json";
+absl::Status WriteInPlaceCheckpoint(const CheckpointPreset& preset, const std::string& dir);
+// The preset an in-place directory describes; NOT_FOUND if `dir` has no kInPlaceWeightsFile
+// (a checkpoint of safetensors), INVALID_ARGUMENT if it does not parse.
+absl::StatusOr<CheckpointPreset> ReadInPlaceCheckpoint(const std::string& dir);
+
+// The weights of the model in `dir`: its safetensors checkpoint, or the in-place recipe.
+absl::StatusOr<std::unique_ptr<WeightSource>> OpenWeightSource(const std::string& dir);
+
+// FNV-1a 64 over the sorted names and contents of config.json, the in-place recipe and the
+// *.safetensors / index files in `dir`, as 16 hex digits. Ties reference outputs to the
+// exact checkpoint.
 absl::StatusOr<std::string> CheckpointFingerprint(const std::string& dir);
 
 }  // namespace dxs

@@ -7,6 +7,7 @@
 #include "common/flags/tls_flags.h"
 #include "common/metrics/build_info.h"
 #include "kernels/make_backend.h"
+#include "model/random_checkpoint.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory (Hugging Face layout); required.");
 ABSL_FLAG(int, rank, -1, "This worker's rank in its role, from 0; required.");
@@ -61,9 +62,9 @@ absl::StatusOr<WorkerModel> PrepareWorker(const WorkerFlags& flags, const std::s
   absl::StatusOr<ModelConfig> config = LoadModelConfig(flags.model_dir);
   if (!config.ok()) return config.status();
   model.config = *config;
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(flags.model_dir);
-  if (!checkpoint.ok()) return checkpoint.status();
-  model.checkpoint = std::move(*checkpoint);
+  absl::StatusOr<std::unique_ptr<WeightSource>> weights = OpenWeightSource(flags.model_dir);
+  if (!weights.ok()) return weights.status();
+  model.weights = std::move(*weights);
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(flags.device);
   if (!backend.ok()) return backend.status();
   model.backend = std::move(*backend);

@@ -17,6 +17,7 @@
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "kernels/backend.h"
+#include "model/weights.h"
 #include "prometheus/collectable.h"
 #include "prometheus/registry.h"
 #include "worker/worker_runtime.h"
@@ -40,7 +41,9 @@ absl::StatusOr<WorkerFlags> ValidateWorkerFlags();
 
 struct WorkerModel {
   ModelConfig config;
-  std::unique_ptr<Checkpoint> checkpoint;
+  // The checkpoint's tensors, or an in-place recipe's made on `backend`
+  // (model/random_checkpoint.h: OpenWeightSource).
+  std::unique_ptr<WeightSource> weights;
   std::unique_ptr<Backend> backend;  // on --device
 };
 

@@ -3,7 +3,7 @@
 # backend test, gpu_bench and the PyTorch / Hugging Face baselines, then docs/gpu.md's
 # results and plots into $OUT. Builds nothing: the binaries come in .device/ (packed here
 # by bench/gpu/bundle.sh). Prints a short table last; full logs are in $OUT.
-#   bench/gpu/run_device.sh [tests|bench|cluster|all] [--quick]
+#   bench/gpu/run_device.sh [tests|bench|cluster|exchange|decode|all] [--quick]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
@@ -55,17 +55,21 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     summary+=("memcheck: compute-sanitizer not found")
   fi
 fi
-if [ "$what" = cluster ] || [ "$what" = all ]; then
+if [ "$what" = cluster ] || [ "$what" = exchange ] || [ "$what" = all ]; then
   # Between two processes on the one GPU: dxs's dispatch+combine round trip against the
-  # interprocess-event ping-pong, and decode of a cut Qwen3-30B-A3B shape, 1 + 1 processes
-  # against one.
+  # interprocess-event ping-pong.
   if [ -x .device/bin/gpu_exchange_bench ]; then
     timeout 400 .device/bin/gpu_exchange_bench --json "$OUT/exchange.jsonl" \
       >"$OUT/gpu_exchange_bench.log" 2>&1
     summary+=("gpu_exchange_bench: rc=$?")
     tail -20 "$OUT/gpu_exchange_bench.log"
   fi
-  timeout 500 bench/gpu/cluster_decode_bench.sh 4 >"$OUT/cluster_decode.out" 2>&1
+fi
+if [ "$what" = cluster ] || [ "$what" = decode ] || [ "$what" = all ]; then
+  # Decode of the Qwen3-30B-A3B shape (DXS_DECODE_LAYERS layers, all 48 by default), 1 + 1
+  # processes with and without piecewise graphs against one process.
+  timeout 540 bench/gpu/cluster_decode_bench.sh "${DXS_DECODE_LAYERS:-48}" \
+    >"$OUT/cluster_decode.out" 2>&1
   summary+=("cluster_decode_bench: rc=$?")
   cat "$OUT/cluster_decode.out"
 fi

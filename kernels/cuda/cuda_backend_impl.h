@@ -105,6 +105,9 @@ class CudaBackend final : public Backend {
   absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                             Tensor* dst) override;
   absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override;
+  absl::Status UnpackRoutedPairs(const Tensor& blocks, const std::vector<PairSegment>& segments,
+                                 const Tensor& held, Tensor* rows, Tensor* experts, Tensor* weights,
+                                 Tensor* bad) override;
   absl::Status ArgmaxRows(const Tensor& logits, Tensor* ids) override;
   absl::Status SampleRows(const Tensor& logits, const Tensor& params, Tensor* ids) override;
 

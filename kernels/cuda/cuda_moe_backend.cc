@@ -154,6 +154,24 @@ absl::Status CudaBackend::AccumulateCounts(const Tensor& offsets, Tensor* counts
       "accumulate counts");
 }
 
+absl::Status CudaBackend::UnpackRoutedPairs(const Tensor& blocks,
+                                            const std::vector<PairSegment>& segments,
+                                            const Tensor& held, Tensor* rows, Tensor* experts,
+                                            Tensor* weights, Tensor* bad) {
+  DXS_RETURN_IF_ERROR(
+      CheckUnpackRoutedPairsArgs(blocks, segments, held, *rows, *experts, *weights, *bad));
+  static_assert(sizeof(PairSegment) == 4 * sizeof(int32_t) &&
+                kMaxPairSegments == cuda::kMaxUnpackSegments);
+  if (rows->num_elements() == 0) return absl::OkStatus();  // nothing launched, bad untouched
+  DXS_RETURN_IF_ERROR(Enter("unpack routed pairs"));
+  return CudaStatus(
+      cuda::LaunchUnpackRoutedPairs(blocks.i32(), reinterpret_cast<const int32_t*>(segments.data()),
+                                    static_cast<int>(segments.size()), held.i32(),
+                                    held.num_elements(), rows->num_elements(), rows->i32(),
+                                    experts->i32(), weights->f32(), bad->i32(), stream_),
+      "unpack routed pairs");
+}
+
 // ---- The grouped expert FFN ----
 
 absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,

@@ -767,4 +767,65 @@ cudaError_t LaunchScaleAddRows(const void* src, ElemType src_type, const float* 
   return cudaGetLastError();
 }
 
+namespace {
+
+// The segments as a kernel argument (2 KiB: within the 4 KiB every launch may pass).
+struct UnpackSegments {
+  int32_t v[4 * kMaxUnpackSegments];  // first_pair, num_pairs, row_offset, num_rows
+  int n;
+};
+
+__global__ void UnpackInitKernel(int32_t* bad) {
+  bad[0] = 0;
+  bad[1] = INT_MAX;
+}
+
+// One thread per pair; its segment by a scan over the (few) segments.
+__global__ void UnpackRoutedPairsKernel(const int32_t* __restrict__ blocks, UnpackSegments segs,
+                                        const int32_t* __restrict__ held, int64_t num_experts,
+                                        int64_t num_pairs, int32_t* __restrict__ rows,
+                                        int32_t* __restrict__ experts, float* __restrict__ weights,
+                                        int32_t* bad) {
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < num_pairs;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int s = 0;
+    while (s + 1 < segs.n && p >= segs.v[4 * s] + segs.v[4 * s + 1]) ++s;
+    const int64_t first = segs.v[4 * s], count = segs.v[4 * s + 1];
+    const int64_t k = p - first;
+    const int32_t* seg = blocks + 3 * first;
+    const int32_t row = seg[k], expert = seg[count + k];
+    rows[p] = row + segs.v[4 * s + 2];
+    experts[p] = expert;
+    weights[p] = __int_as_float(seg[2 * count + k]);
+    if (row < 0 || row >= segs.v[4 * s + 3] || expert < 0 || expert >= num_experts ||
+        held[expert] == 0) {
+      atomicAdd(&bad[0], 1);
+      atomicMin(&bad[1], static_cast<int32_t>(p));
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchUnpackRoutedPairs(const int32_t* blocks, const int32_t* segments,
+                                    int num_segments, const int32_t* held, int64_t num_experts,
+                                    int64_t num_pairs, int32_t* rows, int32_t* experts,
+                                    float* weights, int32_t* bad, cudaStream_t stream) {
+  if (num_segments < 1 || num_segments > kMaxUnpackSegments || num_pairs < 0 ||
+      num_pairs > INT_MAX || num_experts < 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_pairs == 0) return cudaSuccess;
+  UnpackSegments segs{};
+  for (int i = 0; i < 4 * num_segments; ++i) segs.v[i] = segments[i];
+  segs.n = num_segments;
+  UnpackInitKernel<<<1, 1, 0, stream>>>(bad);
+  DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const int64_t blocks_needed = (num_pairs + 255) / 256;
+  UnpackRoutedPairsKernel<<<static_cast<unsigned>(blocks_needed < 1024 ? blocks_needed : 1024), 256,
+                            0, stream>>>(blocks, segs, held, num_experts, num_pairs, rows, experts,
+                                         weights, bad);
+  return cudaGetLastError();
+}
+
 }  // namespace dxs::cuda

@@ -168,6 +168,17 @@ cudaError_t LaunchScaleAddRows(const void* src, ElemType src_type, const float* 
                                const int32_t* rows, int64_t n, int64_t cols, float* dst,
                                int64_t dst_rows, void* workspace, size_t workspace_bytes,
                                cudaStream_t stream);
+// Backend::UnpackRoutedPairs: an expert round's pair blocks, segment by segment, into rows
+// (plus each segment's row offset), experts and weights [num_pairs]; bad[0] = the number
+// of pairs with a row outside their segment's rows or an expert outside [0, num_experts)
+// or not held, bad[1] = the lowest such pair index (INT32_MAX if none). Segments are
+// PairSegment {first_pair, num_pairs, row_offset, num_rows} (kernels/backend.h) as int32
+// quadruples, at most kMaxUnpackSegments, tiling [0, num_pairs) in order.
+inline constexpr int kMaxUnpackSegments = 128;
+cudaError_t LaunchUnpackRoutedPairs(const int32_t* blocks, const int32_t* segments,
+                                    int num_segments, const int32_t* held, int64_t num_experts,
+                                    int64_t num_pairs, int32_t* rows, int32_t* experts,
+                                    float* weights, int32_t* bad, cudaStream_t stream);
 
 // ---- sampling.cu ----
 

@@ -65,6 +65,7 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
     dp->loop = std::make_unique<AttentionStepLoop>(
         r, dp_peers, transports_[r].get(), dp->model.get(), dp->moe.get(), dp->scheduler.get(),
         dp->kv.get(), absl::Seconds(5));
+    dp->loop->set_piecewise_decode(options.piecewise);
     dp_.push_back(std::move(dp));
   }
   for (auto& ep : ep_) {

@@ -35,6 +35,8 @@ struct ClusterOptions {
   std::string transport = "inproc";  // or "ucx"
   // Each rank's backend; null: the CPU backend.
   std::function<std::unique_ptr<Backend>()> backend_factory;
+  // How the DP ranks run one-micro-batch decode steps (AttentionStepLoop).
+  AttentionStepLoop::PiecewiseDecode piecewise = AttentionStepLoop::PiecewiseDecode::kOff;
 };
 
 class InprocCluster {
@@ -54,6 +56,12 @@ class InprocCluster {
 
   const AttentionCounters& attention_counters(int r) const { return dp_[r]->loop->counters(); }
   const ExpertCounters& expert_counters(int r) const { return ep_[r]->server->counters(); }
+  // (token, expert) pairs EP rank r's experts computed, all layers.
+  int64_t expert_pairs(int r) const {
+    int64_t n = 0;
+    for (int64_t c : ep_[r]->shard->tokens_per_expert_snapshot()) n += c;
+    return n;
+  }
   int num_attention() const { return static_cast<int>(dp_.size()); }
 
  private:

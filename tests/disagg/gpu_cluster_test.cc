@@ -63,9 +63,8 @@ TEST_F(GpuCluster, OneAttentionOneExpertEqualsCudaEngine) {
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
   testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 3, 4096, CudaReference());
 
-  // The rows went device to device: nothing the attention rank posted lay in host memory,
-  // and the expert rank sent its combine rows from the device. (The expert receives each
-  // pair's row, expert and weight, 12 bytes, into host memory, where it checks them.)
+  // The rows went device to device: nothing either rank posted lay in host memory (the
+  // expert rank receives the routed pairs on the device too and checks them there).
   const auto attention = Samples(cluster.attention_metrics_address(0));
   const auto expert = Samples(cluster.expert_metrics_address(0));
   EXPECT_GT(ExchangeBytes(attention, "attention", 0, "send", "device"), 0);
@@ -75,9 +74,25 @@ TEST_F(GpuCluster, OneAttentionOneExpertEqualsCudaEngine) {
   EXPECT_GT(ExchangeBytes(expert, "expert", 0, "recv", "device"), 0);
   EXPECT_GT(ExchangeBytes(expert, "expert", 0, "send", "device"), 0);
   EXPECT_EQ(ExchangeBytes(expert, "expert", 0, "send", "host"), 0);
-  // Rows of hidden 128 in bf16 (256 bytes) against 12 bytes per pair, 4 pairs per row.
-  EXPECT_LT(ExchangeBytes(expert, "expert", 0, "recv", "host"),
-            ExchangeBytes(expert, "expert", 0, "recv", "device"));
+  EXPECT_EQ(ExchangeBytes(expert, "expert", 0, "recv", "host"), 0);
+  // Decode steps ran in recorded graph segments (--piecewise-graphs, the default).
+  EXPECT_GT(testing::Value(attention, R"(dxs_piecewise_decode_steps_total{rank="0"})"), 0);
+}
+
+// The same cluster with --piecewise-graphs=false: every step eager, the same answers.
+TEST_F(GpuCluster, EagerDecodeStepsEqualCudaEngine) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ProcessCluster cluster(tmp.path());
+  OnGpu(&cluster);
+  ClusterSpec spec{dir, 1, 1, {}};
+  spec.wire_dtype = "bf16";
+  spec.attention_args = {"--piecewise-graphs=false"};
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 3, 4096, CudaReference());
+  const auto attention = Samples(cluster.attention_metrics_address(0));
+  EXPECT_EQ(testing::Value(attention, R"(dxs_piecewise_decode_steps_total{rank="0"})"), 0);
 }
 
 TEST_F(GpuCluster, UnevenPlacementOnTwoExperts) {

@@ -83,6 +83,54 @@ INSTANTIATE_TEST_SUITE_P(MxN, DisaggGrid,
                                   std::to_string(std::get<1>(info.param));
                          });
 
+// Decode steps in graph segments (AttentionStepLoop::PiecewiseDecode, run eagerly: the
+// CPU has no graphs): padded to a batch bucket, the exchange between segments for the real
+// rows only. Tokens equal the single-process engine on a model with a dense layer between
+// MoE layers (odd: segments of two layers) and on the default one, with an empty DP rank;
+// the EP ranks receive no padding row.
+TEST(Disagg, PiecewiseDecodeStepsEqualSingleProcess) {
+  for (const std::string preset : {"odd", "default"}) {
+    SCOPED_TRACE(preset);
+    TempDir tmp;
+    const std::string dir = testing::WritePreset(tmp, preset);
+    auto engine = LocalEngine::Load(dir);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const int vocab = (*engine)->config().vocab_size, experts = (*engine)->config().num_experts;
+    const std::vector<GenerationRequest> requests = Requests(4, 7, vocab);
+    auto reference = (*engine)->GenerateBatch(requests);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    testing::ClusterOptions options;
+    options.piecewise = AttentionStepLoop::PiecewiseDecode::kEager;
+    InprocCluster cluster(dir, 3, Placement::Contiguous(experts, 2), options);
+    std::vector<std::shared_ptr<ResultSink>> sinks;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      sinks.push_back(std::make_shared<ResultSink>());
+      // DP rank 0 gets three requests (decode batches of 3 padded to 4), rank 1 one, rank 2
+      // none.
+      ASSERT_TRUE(cluster.Submit(i == 3 ? 1 : 0, i, requests[i], sinks.back()).ok());
+    }
+    ASSERT_TRUE(cluster.WaitAllDone(sinks, absl::Seconds(60))) << "cluster hung";
+    int64_t fed = 0;  // tokens that went through the model: the prompt, then all but the last
+    for (size_t i = 0; i < requests.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "request " << i);
+      ASSERT_TRUE(sinks[i]->status.ok()) << sinks[i]->status;
+      EXPECT_EQ(sinks[i]->tokens, (*reference)[i].tokens);
+      EXPECT_LT(RelativeError(sinks[i]->first_logits, (*reference)[i].first_logits), 1e-5);
+      fed += static_cast<int64_t>(requests[i].prompt.size() + sinks[i]->tokens.size()) - 1;
+    }
+    EXPECT_GT(cluster.attention_counters(0).piecewise_steps.load(), 0);
+    EXPECT_GT(cluster.attention_counters(1).piecewise_steps.load(), 0);
+    EXPECT_EQ(cluster.attention_counters(2).piecewise_steps.load(), 0) << "an empty rank";
+    // Each fed token's top-k experts computed it once per MoE layer: no padding row was
+    // dispatched.
+    const ModelConfig& c = (*engine)->config();
+    int moe_layers = 0;
+    for (int l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
+    EXPECT_EQ(cluster.expert_pairs(0) + cluster.expert_pairs(1),
+              fed * c.num_experts_per_tok * moe_layers);
+  }
+}
+
 // Two-batch overlap: with enough tokens per step, every DP rank splits its steps into two
 // micro-batches (prompts of several lengths, so the split is uneven and decode steps read
 // KV written by either micro-batch). Outputs still equal the single-process engine, the

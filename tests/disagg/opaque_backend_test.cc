@@ -85,6 +85,8 @@ void ExpectCpuTokens(const std::string& dir, const std::string& transport,
   ClusterOptions options;
   options.transport = transport;
   options.backend_factory = Opaque;
+  // Decode steps in graph segments (eagerly): the padded path touches no host memory either.
+  options.piecewise = AttentionStepLoop::PiecewiseDecode::kEager;
   InprocCluster cluster(dir, 3, placement, options);  // DP rank 2 gets no request
   std::vector<std::shared_ptr<ResultSink>> sinks;
   for (size_t i = 0; i < requests.size(); ++i) {

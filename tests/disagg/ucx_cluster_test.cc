@@ -5,6 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "model/engine.h"
+#include "model/random_checkpoint.h"
 #include "tests/disagg/cluster_equivalence.h"
 #include "tests/disagg/process_cluster.h"
 #include "tests/model/test_util.h"
@@ -45,6 +46,23 @@ TEST(UcxCluster, UnevenPlacementTwelveExpertsOnFiveRanks) {
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
   testing::ExpectClusterMatchesEngine(&cluster, dir, 2, 3, 3001);
+}
+
+// An in-place model directory (gen-model --in-place: no safetensors): the router and every
+// worker make the same weights themselves, and the cluster equals the engine on the
+// checkpoint written from the same preset. An EP rank's experts load from the recipe.
+TEST(UcxCluster, InPlaceModelEqualsTheWrittenCheckpoint) {
+  TempDir tmp;
+  const std::string written = testing::WritePreset(tmp, "odd");
+  absl::StatusOr<CheckpointPreset> preset = GetPreset("odd");
+  ASSERT_TRUE(preset.ok());
+  const std::string in_place = tmp.path() + "/odd-in-place";
+  ASSERT_TRUE(WriteInPlaceCheckpoint(*preset, in_place).ok());
+  ProcessCluster cluster(tmp.path());
+  ClusterSpec spec{in_place, 1, 2, {}};
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  testing::ExpectClusterMatchesEngine(&cluster, written, 1, 2, 3001);
 }
 
 TEST(UcxCluster, MismatchedWorkersAreRefused) {

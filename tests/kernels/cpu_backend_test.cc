@@ -2,6 +2,7 @@
 #include "kernels/cpu_backend.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -111,6 +112,23 @@ PagedAttentionMeta Meta(Backend* b, int64_t block_size,
   m.slot_mapping = *b->Allocate({static_cast<int64_t>(slots.size())}, DType::kI64);
   EXPECT_TRUE(b->CopyFromHost(slots.data(), DType::kI64, &m.slot_mapping).ok());
   return m;
+}
+
+// A padded decode step's padding rows (slot -1) cache nothing, as on a GPU; a slot past the
+// pool is refused.
+TEST_F(CpuBackendTest, WriteKvCacheSkipsPaddingRows) {
+  Tensor k = Up({1.f, 2.f, 3.f, 4.f}, {2, 1, 2});
+  Tensor k_cache = *b_->Zeros({2, 1, 1, 2}, DType::kF32);
+  Tensor v_cache = *b_->Zeros({2, 1, 1, 2}, DType::kF32);
+  PagedAttentionMeta meta = Meta(b_.get(), 1, {{0, 2}}, {{1, 0}});
+  const std::vector<int64_t> slots = {1, -1};
+  ASSERT_TRUE(b_->CopyFromHost(slots.data(), DType::kI64, &meta.slot_mapping).ok());
+  ASSERT_TRUE(b_->WriteKvCache(k, k, meta, &k_cache, &v_cache).ok());
+  EXPECT_EQ(Down(k_cache), (std::vector<float>{0, 0, 1, 2}));
+  const std::vector<int64_t> past = {1, 2};
+  ASSERT_TRUE(b_->CopyFromHost(past.data(), DType::kI64, &meta.slot_mapping).ok());
+  EXPECT_EQ(b_->WriteKvCache(k, k, meta, &k_cache, &v_cache).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CpuBackendTest, PagedAttentionIsCausalAndGrouped) {
@@ -367,6 +385,59 @@ TEST_F(CpuBackendTest, AccumulateCountsAddsEachExpertsRun) {
   EXPECT_EQ(host, (std::vector<int64_t>{6, 0, 8, 6}));
   Tensor wrong = *b_->Zeros({3}, DType::kI64);
   EXPECT_EQ(b_->AccumulateCounts(offsets, &wrong).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Two DP ranks' pair blocks (rows | experts | weight bits) unpacked with their row offsets;
+// bad pairs counted, the lowest named; no pairs touches nothing.
+TEST_F(CpuBackendTest, UnpackRoutedPairsChecksEachSegmentsRowsAndTheHeldExperts) {
+  auto bits = [](float w) {
+    int32_t b;
+    std::memcpy(&b, &w, sizeof(b));
+    return b;
+  };
+  // Segment 0: 2 pairs over 3 rows at row 0; segment 1: 3 pairs over 2 rows at row 3.
+  std::vector<int32_t> blocks = {2, 0, 1, 3, bits(0.25f), bits(0.75f), 1,        0,
+                                 1, 3, 1, 3, bits(0.5f),  bits(1.f),   bits(2.f)};
+  const std::vector<PairSegment> segments = {{0, 2, 0, 3}, {2, 3, 3, 2}};
+  Tensor held = Ids({0, 1, 0, 1});  // experts 1 and 3
+  Tensor rows = Alloc({5}, DType::kI32), experts = Alloc({5}, DType::kI32);
+  Tensor weights = Alloc({5}), bad = Alloc({2}, DType::kI32);
+  ASSERT_TRUE(
+      b_->UnpackRoutedPairs(Ids(blocks), segments, held, &rows, &experts, &weights, &bad).ok());
+  EXPECT_EQ(*b_->DownloadIndices(rows), (std::vector<int32_t>{2, 0, 4, 3, 4}));
+  EXPECT_EQ(*b_->DownloadIndices(experts), (std::vector<int32_t>{1, 3, 3, 1, 3}));
+  EXPECT_EQ(Down(weights), (std::vector<float>{0.25f, 0.75f, 0.5f, 1.f, 2.f}));
+  EXPECT_EQ(*b_->DownloadIndices(bad), (std::vector<int32_t>{0, INT32_MAX}));
+
+  blocks[7] = 2;   // segment 1's second row is 2: outside its 2 rows
+  blocks[11] = 2;  // segment 1's third expert is 2: not held
+  blocks[1] = 9;   // segment 0's second row: outside
+  ASSERT_TRUE(
+      b_->UnpackRoutedPairs(Ids(blocks), segments, held, &rows, &experts, &weights, &bad).ok());
+  EXPECT_EQ(*b_->DownloadIndices(bad), (std::vector<int32_t>{3, 1}));
+  blocks[1] = 0;
+  blocks[11] = 7;  // outside the table
+  ASSERT_TRUE(
+      b_->UnpackRoutedPairs(Ids(blocks), segments, held, &rows, &experts, &weights, &bad).ok());
+  EXPECT_EQ(*b_->DownloadIndices(bad), (std::vector<int32_t>{2, 3}));
+
+  // No pairs: nothing is written, not even `bad`.
+  Tensor untouched = Ids({5, 6});
+  Tensor none = Alloc({0}, DType::kI32), none_f = Alloc({0});
+  ASSERT_TRUE(b_->UnpackRoutedPairs(Alloc({0}, DType::kI32), {{0, 0, 0, 4}}, held, &none, &none,
+                                    &none_f, &untouched)
+                  .ok());
+  EXPECT_EQ(*b_->DownloadIndices(untouched), (std::vector<int32_t>{5, 6}));
+  // Segments that do not tile the pairs, and a short `bad`, are refused.
+  EXPECT_EQ(b_->UnpackRoutedPairs(Ids(blocks), {{0, 2, 0, 3}, {3, 3, 3, 2}}, held, &rows, &experts,
+                                  &weights, &bad)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  Tensor short_bad = Alloc({1}, DType::kI32);
+  EXPECT_EQ(
+      b_->UnpackRoutedPairs(Ids(blocks), segments, held, &rows, &experts, &weights, &short_bad)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CpuBackendTest, GroupedSwiGluEqualsPerExpertLinears) {

@@ -132,6 +132,71 @@ TEST(RandomWeightsTest, InPlaceModelEqualsTheWrittenCheckpoint) {
   }
 }
 
+// An in-place directory (gen-model --in-place: config.json and the recipe, no safetensors)
+// opens as the written checkpoint, value for value, a skewed gate and a cut layer count
+// included; its fingerprint is its own and follows the recipe.
+TEST(RandomWeightsTest, InPlaceDirectoryEqualsTheWrittenCheckpoint) {
+  for (const std::string name : {"default", "odd"}) {
+    SCOPED_TRACE(name);
+    TempDir tmp;
+    absl::StatusOr<CheckpointPreset> preset = GetPreset(name);
+    ASSERT_TRUE(preset.ok());
+    preset->seed = 77;
+    preset->config.num_hidden_layers -= 1;
+    preset->router_skew = 1.0;
+    preset->router_scales.assign(preset->config.num_experts, 1.0);
+    preset->router_scales[0] = 3.0;  // expert 0 hot: the scales must travel in the recipe
+    const std::string disk = tmp.path() + "/disk", recipe = tmp.path() + "/recipe";
+    ASSERT_TRUE(WriteRandomCheckpoint(*preset, disk).ok());
+    ASSERT_TRUE(WriteInPlaceCheckpoint(*preset, recipe).ok());
+    EXPECT_FALSE(std::filesystem::exists(recipe + "/model.safetensors"));
+    absl::StatusOr<CheckpointPreset> read = ReadInPlaceCheckpoint(recipe);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->seed, 77u);
+    EXPECT_EQ(read->router_scales, preset->router_scales);
+    EXPECT_EQ(read->config.num_hidden_layers, preset->config.num_hidden_layers);
+    auto from_disk = LocalEngine::Load(disk);
+    ASSERT_TRUE(from_disk.ok()) << from_disk.status();
+    auto in_place = LocalEngine::Load(recipe);
+    ASSERT_TRUE(in_place.ok()) << in_place.status();
+    GenerationRequest r;
+    r.prompt = {3, 141, 59, 26};
+    r.max_new_tokens = 6;
+    auto a = (*from_disk)->GenerateBatch({r});
+    auto b = (*in_place)->GenerateBatch({r});
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->front().tokens, b->front().tokens);
+    EXPECT_EQ(a->front().first_logits, b->front().first_logits);
+
+    absl::StatusOr<std::string> fp = CheckpointFingerprint(recipe);
+    ASSERT_TRUE(fp.ok());
+    preset->seed = 78;
+    const std::string other = tmp.path() + "/other";
+    ASSERT_TRUE(WriteInPlaceCheckpoint(*preset, other).ok());
+    absl::StatusOr<std::string> other_fp = CheckpointFingerprint(other);
+    ASSERT_TRUE(other_fp.ok());
+    EXPECT_NE(*fp, *other_fp) << "the seed is part of the model's identity";
+  }
+}
+
+TEST(RandomWeightsTest, ABadRecipeIsAClearError) {
+  TempDir tmp;
+  absl::StatusOr<CheckpointPreset> preset = GetPreset("default");
+  ASSERT_TRUE(preset.ok());
+  const std::string dir = tmp.path() + "/recipe";
+  ASSERT_TRUE(WriteInPlaceCheckpoint(*preset, dir).ok());
+  for (const std::string text :
+       {std::string("{not json"), std::string(R"({"format": "something else"})"),
+        std::string(R"({"format": "dxs in-place random weights", "format_version": 1,)"
+                    R"( "preset": "default", "seed": 1, "storage_dtype": "int3"})")}) {
+    SCOPED_TRACE(text);
+    std::ofstream(dir + "/" + kInPlaceWeightsFile) << text;
+    auto engine = LocalEngine::Load(dir);
+    ASSERT_FALSE(engine.ok());
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();
+  }
+}
+
 TEST_F(EngineTest, RejectsBadRequestsNamingTheField) {
   struct Case {
     GenerationRequest r;

@@ -62,7 +62,7 @@ class ExpertShardBf16Test : public ::testing::Test {
   std::unique_ptr<Backend> backend_;
   ModelConfig config_;
   std::unique_ptr<ExpertShard> shard_;
-  std::unique_ptr<ShardCompute> compute_;  // the expert worker's view: host pairs
+  std::unique_ptr<ShardCompute> compute_;  // the expert worker's view
 };
 
 TEST_F(ExpertShardBf16Test, Bf16RowsGiveTheFloat32AnswerRoundedOnce) {
@@ -72,7 +72,7 @@ TEST_F(ExpertShardBf16Test, Bf16RowsGiveTheFloat32AnswerRoundedOnce) {
     NarrowFromFloat32(DType::kBF16, values.data(), values.size(), x16.raw());
     std::vector<float> exact(values.size());
     WidenToFloat32(DType::kBF16, x16.raw(), exact.size(), exact.data());
-    const RoutedPairs pairs = Route(rows);
+    const RoutedPairTensors pairs = *UploadRoutedPairs(Route(rows), backend_.get());
 
     Tensor x32 = *backend_->Upload(exact, {rows, kHidden});
     Tensor out32 = *backend_->Allocate({rows, kHidden});
@@ -116,7 +116,7 @@ TEST_F(ExpertShardBf16Test, AddedExpertsComputeAndKeepOnlyFrees) {
 
   const int64_t rows = 9;
   const Tensor x = *backend_->Upload(Random(rows * kHidden, 2.f), {rows, kHidden});
-  const RoutedPairs pairs = Route(rows);
+  const RoutedPairTensors pairs = *UploadRoutedPairs(Route(rows), backend_.get());
   ShardCompute full_compute(&full), partial_compute(&partial);
   Tensor want = *backend_->Allocate({rows, kHidden});
   Tensor got = *backend_->Allocate({rows, kHidden});

@@ -183,12 +183,12 @@ absl::StatusOr<std::vector<std::string>> WorkerDevices(const std::string& device
 }  // namespace
 
 int UpCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args =
-      Args::Parse(argv,
-                  WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir",
-                                     "wire-dtype", "overlap-min-tokens", "stream-interval",
-                                     "device", "gpus", "num-redundant-experts", "eplb-interval"}),
-                  WithTlsBoolFlags({}));
+  absl::StatusOr<Args> args = Args::Parse(
+      argv,
+      WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir", "wire-dtype",
+                         "overlap-min-tokens", "stream-interval", "device", "gpus",
+                         "num-redundant-experts", "eplb-interval", "piecewise-graphs"}),
+      WithTlsBoolFlags({}));
   if (!args.ok()) return Fail("up", args.status());
   // With TLS, every process of the cluster uses the same files (one certificate that is
   // both server and cluster client).
@@ -268,6 +268,10 @@ int UpCommand(const std::vector<std::string>& argv) {
                                   (*devices)[r]};
     for (const char* flag : {"overlap-min-tokens", "stream-interval"}) {
       if (args->Has(flag)) a.insert(a.end(), {absl::StrCat("--", flag), args->GetString(flag)});
+    }
+    // A boolean: its value in the same argument.
+    if (args->Has("piecewise-graphs")) {
+      a.push_back(absl::StrCat("--piecewise-graphs=", args->GetString("piecewise-graphs")));
     }
     ok = spawn(a, absl::StrCat("attention", r));
   }

@@ -123,7 +123,7 @@ int RunCommand(const std::vector<std::string>& argv) {
 
 int GenModelCommand(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args =
-      Args::Parse(argv, {"out", "preset", "seed", "router-skew", "layers"}, {});
+      Args::Parse(argv, {"out", "preset", "seed", "router-skew", "layers"}, {"in-place"});
   if (!args.ok()) return Fail("gen-model", args.status());
   if (!args->Has("out")) {
     return Fail("gen-model", absl::InvalidArgumentError("--out DIR is required"));
@@ -155,10 +155,18 @@ int GenModelCommand(const std::vector<std::string>& argv) {
     if (absl::Status s = CalibrateRouterSkew(&*preset); !s.ok()) return Fail("gen-model", s);
   }
   const std::string out = args->GetString("out");
-  if (absl::Status s = WriteRandomCheckpoint(*preset, out); !s.ok()) return Fail("gen-model", s);
+  // --in-place: config.json and the recipe only; each process makes the weights on its own
+  // device when it opens the directory (a full-size shape on a small disk).
+  const bool in_place = args->Has("in-place");
+  if (absl::Status s =
+          in_place ? WriteInPlaceCheckpoint(*preset, out) : WriteRandomCheckpoint(*preset, out);
+      !s.ok()) {
+    return Fail("gen-model", s);
+  }
   absl::StatusOr<std::string> fp = CheckpointFingerprint(out);
   if (!fp.ok()) return Fail("gen-model", fp.status());
-  std::cout << "wrote preset " << preset->name << " to " << out;
+  std::cout << "wrote " << (in_place ? "the in-place recipe of preset " : "preset ") << preset->name
+            << " to " << out;
   if (preset->router_skew != 0) std::cout << " with router skew " << preset->router_skew;
   std::cout << " (fingerprint " << *fp << ")\n";
   return 0;

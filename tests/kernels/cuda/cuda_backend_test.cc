@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -584,6 +585,67 @@ TEST_F(CudaBackendTest, SampleRowsMatchesTheCpu) {
         (b == gpu_.get() ? got : want) = GetIndices(b, ids);
       }
       EXPECT_EQ(got, want) << "batch " << batch << " vocab " << vocab;
+    }
+  }
+}
+
+// An expert round's pairs checked and unpacked on the device equal the CPU's, bad pairs and
+// the lowest one included, over DP-rank segments (empty ones among them) of random sizes.
+TEST_F(CudaBackendTest, UnpackRoutedPairsMatchesTheCpu) {
+  const int64_t experts = 128;
+  std::mt19937 rng(11);
+  std::vector<int32_t> held_host(experts);
+  for (int32_t& h : held_host) h = rng() % 4 != 0;
+  for (int num_segments : {1, 3, 64}) {
+    for (int bad_every : {0, 97, 5}) {
+      SCOPED_TRACE(::testing::Message() << num_segments << " segments, bad every " << bad_every);
+      std::vector<PairSegment> segments;
+      std::vector<int32_t> blocks;
+      int32_t pairs = 0, rows_before = 0;
+      for (int s = 0; s < num_segments; ++s) {
+        const int32_t n = s % 3 == 1 ? 0 : static_cast<int32_t>(rng() % 300);
+        const int32_t num_rows = n == 0 ? static_cast<int32_t>(rng() % 2) : 1 + n / 4;
+        segments.push_back({pairs, n, rows_before, num_rows});
+        std::vector<int32_t> r(n), e(n), w(n);
+        for (int32_t k = 0; k < n; ++k) {
+          r[k] = static_cast<int32_t>(rng() % num_rows);
+          do {
+            e[k] = static_cast<int32_t>(rng() % experts);
+          } while (held_host[e[k]] == 0);
+          const float weight = static_cast<float>(rng() % 1000) / 1000.f;
+          std::memcpy(&w[k], &weight, sizeof(weight));
+          if (bad_every > 0 && (pairs + k) % bad_every == 3) {
+            if (k % 2 == 0)
+              r[k] = num_rows + static_cast<int32_t>(rng() % 3);
+            else
+              e[k] = -1 - static_cast<int32_t>(rng() % 2);
+          }
+        }
+        blocks.insert(blocks.end(), r.begin(), r.end());
+        blocks.insert(blocks.end(), e.begin(), e.end());
+        blocks.insert(blocks.end(), w.begin(), w.end());
+        pairs += n;
+        rows_before += num_rows;
+      }
+      auto run = [&](Backend* b) {
+        Tensor rows = Poisoned(b, {pairs}, DType::kI32);
+        Tensor ex = Poisoned(b, {pairs}, DType::kI32);
+        Tensor w = Poisoned(b, {pairs}, DType::kF32);
+        Tensor bad = Poisoned(b, {2}, DType::kI32);
+        EXPECT_TRUE(b->UnpackRoutedPairs(PutIndices(b, blocks), segments, PutIndices(b, held_host),
+                                         &rows, &ex, &w, &bad)
+                        .ok());
+        std::vector<float> weights(pairs);
+        EXPECT_TRUE(b->CopyToHost(w, DType::kF32, weights.data()).ok());
+        return std::make_tuple(GetIndices(b, rows), GetIndices(b, ex), weights, GetIndices(b, bad));
+      };
+      const auto want = run(cpu_.get());
+      const auto got = run(gpu_.get());
+      EXPECT_EQ(std::get<0>(got), std::get<0>(want));
+      EXPECT_EQ(std::get<1>(got), std::get<1>(want));
+      EXPECT_EQ(std::get<2>(got), std::get<2>(want));
+      EXPECT_EQ(std::get<3>(got), std::get<3>(want));
+      EXPECT_EQ(std::get<3>(want)[0] > 0, bad_every > 0 && pairs > 3);
     }
   }
 }

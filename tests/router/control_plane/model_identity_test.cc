@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/random_checkpoint.h"
 
 namespace dxs {
 namespace {
@@ -102,6 +103,20 @@ TEST_F(ModelIdentityTest, BadDirectories) {
   ASSERT_FALSE(fp.ok());
   EXPECT_EQ(fp.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(fp.status().message()), HasSubstr("config.json"));
+}
+
+// An in-place checkpoint (model/random_checkpoint.h: kInPlaceWeightsFile, no safetensors)
+// is identified by its recipe: another seed is another model to the router, as it is to
+// every worker's CheckpointFingerprint.
+TEST_F(ModelIdentityTest, AnInPlaceRecipeIsPartOfTheCheckpoint) {
+  std::filesystem::remove(dir_ / "model-00001-of-00002.safetensors");
+  std::filesystem::remove(dir_ / "model-00002-of-00002.safetensors");
+  Write(kInPlaceWeightsFile, R"({"preset": "default", "seed": 1})");
+  v1::ModelFingerprint a = Identity();
+  Write(kInPlaceWeightsFile, R"({"preset": "default", "seed": 2})");
+  v1::ModelFingerprint b = Identity();
+  EXPECT_NE(a.checkpoint_fingerprint(), b.checkpoint_fingerprint());
+  EXPECT_EQ(a.config_fingerprint(), b.config_fingerprint());
 }
 
 }  // namespace

@@ -145,8 +145,11 @@ TEST(DispatchLayoutTest, MatchesReference) {
 
 constexpr int kNumExperts = 8;
 constexpr int64_t kHidden = 4;
-constexpr int kNotHeld = 5;       // inside the config's expert range, not held
-constexpr int kHeldOutside = 11;  // outside the config's range, held all the same
+constexpr int kNotHeld = 5;  // inside the config's expert range, not held
+// Outside the config's range, "held" all the same: still refused, since the pairs are
+// checked on the backend against a table of the config's experts (no shard can hold an
+// expert the config does not have).
+constexpr int kHeldOutside = 11;
 
 // Holds experts 0-7 but kNotHeld, and kHeldOutside; each pair's out row is its x row.
 // Keeps the pairs it got.
@@ -157,11 +160,14 @@ class SomeExperts final : public ExpertCompute {
     return (expert >= 0 && expert < kNumExperts && expert != kNotHeld) || expert == kHeldOutside;
   }
   Backend* backend() const override { return backend_; }
-  absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out) override {
-    last_pairs = pairs;
-    for (size_t p = 0; p < pairs.size(); ++p) {
-      std::memcpy(out->f32() + pairs.out_row(p) * kHidden, x.f32() + pairs.rows[p] * kHidden,
-                  kHidden * sizeof(float));
+  absl::Status Forward(int layer, const Tensor& x, const RoutedPairTensors& pairs,
+                       Tensor* out) override {
+    // The CPU backend's pair tensors are host memory.
+    last_pairs = RoutedPairs();
+    for (int64_t p = 0; p < pairs.size(); ++p) {
+      last_pairs.Add(pairs.rows.i32()[p], pairs.experts.i32()[p], pairs.weights.f32()[p]);
+      std::memcpy(out->f32() + pairs.rows.i32()[p] * kHidden,
+                  x.f32() + pairs.rows.i32()[p] * kHidden, kHidden * sizeof(float));
     }
     return absl::OkStatus();
   }
@@ -252,9 +258,9 @@ RoutedPairs PairsWith(int32_t num_rows, int num_pairs, int at, int32_t row, int3
 }
 
 TEST_F(ExpertRoutingCheckTest, AcceptsHeldExpertsAndRowsInRange) {
-  // Few pairs (checked one by one) and many (checked against the table of held experts).
+  // Fewer pairs than experts, and more.
   for (int num_pairs : {3, 40}) {
-    RoutedPairs pairs = PairsWith(10, num_pairs, 1, 9, kHeldOutside);
+    RoutedPairs pairs = PairsWith(10, num_pairs, 1, 9, kNumExperts - 1);
     absl::Status s = Round(10, pairs);
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_EQ(experts_->last_pairs.rows, pairs.rows);
@@ -267,7 +273,8 @@ TEST_F(ExpertRoutingCheckTest, RejectsBadPairsNamingTheFirst) {
   struct Case {
     int32_t row, expert;
   };
-  const Case cases[] = {{10, 1}, {-1, 1}, {2, kNotHeld}, {2, -3}, {2, kNumExperts}, {2, 1000}};
+  const Case cases[] = {{10, 1},          {-1, 1},           {2, kNotHeld}, {2, -3},
+                        {2, kNumExperts}, {2, kHeldOutside}, {2, 1000}};
   for (int num_pairs : {3, 40}) {
     for (const Case& c : cases) {
       for (bool second : {false, true}) {

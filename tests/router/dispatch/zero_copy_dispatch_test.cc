@@ -52,13 +52,14 @@ class ScaledCopyExperts final : public ExpertCompute {
   explicit ScaledCopyExperts(Backend* backend) : backend_(backend) {}
   bool Holds(int layer, int expert) const override { return expert >= 0 && expert < kNumExperts; }
   Backend* backend() const override { return backend_; }
-  absl::Status Forward(int layer, const Tensor& x, const RoutedPairs& pairs, Tensor* out) override {
-    // Per row of out: its scale and its row of x.
+  absl::Status Forward(int layer, const Tensor& x, const RoutedPairTensors& pairs,
+                       Tensor* out) override {
+    // Per row of out: its scale and its row of x (the CPU backend's pairs are host memory).
     std::vector<float> scale(out->rows(), 0.f);
     std::vector<int64_t> src(out->rows(), 0);
-    for (size_t p = 0; p < pairs.size(); ++p) {
-      scale[pairs.out_row(p)] += pairs.weights[p];
-      src[pairs.out_row(p)] = pairs.rows[p];
+    for (int64_t p = 0; p < pairs.size(); ++p) {
+      scale[pairs.rows.i32()[p]] += pairs.weights.f32()[p];
+      src[pairs.rows.i32()[p]] = pairs.rows.i32()[p];
     }
     for (int64_t r = 0; r < out->rows(); ++r) {
       for (int64_t j = 0; j < kHidden; ++j) {
