@@ -112,10 +112,16 @@ absl::Status ExpertStepServer::UnpackPairs(int layer, const std::vector<WireHead
   }
   Backend* backend = shard_->backend();
   DXS_ASSIGN_OR_RETURN(const Tensor* held, HeldTable(layer));
-  DXS_RETURN_IF_ERROR(backend->UnpackRoutedPairs(pair_blocks_.Rows(0, 3 * total_pairs), segments_,
-                                                 *held, &pairs->rows, &pairs->experts,
-                                                 &pairs->weights, &bad_));
-  // The check's answer (8 bytes) before any expert computes on the pairs.
+  return backend->UnpackRoutedPairs(pair_blocks_.Rows(0, 3 * total_pairs), segments_, *held,
+                                    &pairs->rows, &pairs->experts, &pairs->weights, &bad_);
+}
+
+absl::Status ExpertStepServer::CheckPairs(const std::vector<WireHeader>& headers,
+                                          int64_t total_pairs) {
+  if (total_pairs == 0) return absl::OkStatus();
+  // The check's answer (8 bytes), after the round's compute has synchronised: bad pairs
+  // were computed as harmless ones, and nothing has left yet.
+  Backend* backend = shard_->backend();
   int32_t bad[2] = {0, 0};
   DXS_RETURN_IF_ERROR(backend->CopyToHost(bad_, DType::kI32, bad));
   if (bad[0] == 0) return absl::OkStatus();
@@ -174,7 +180,8 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   pair_offset_.assign(num_dp, 0);
   for (size_t i = 0; i < num_dp; ++i) {
     const WireHeader& h = headers[i];
-    if (h.hidden != hidden || h.wire_dtype != dtype || h.num_rows < 0 || h.num_pairs < 0) {
+    if (h.hidden != hidden || h.wire_dtype != dtype || h.num_rows < 0 || h.num_pairs < 0 ||
+        (h.num_pairs > 0 && h.num_rows == 0)) {
       return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i],
                                               ": malformed dispatch (hidden ", h.hidden, ", ",
                                               h.num_rows, " rows, ", h.num_pairs, " pairs)"));
@@ -227,6 +234,15 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   counters_.compute_ns +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(compute_time).count();
   DXS_RETURN_IF_ERROR(compute);
+  // The experts' output must be written before the transport reads it.
+  if (!out_written_) {
+    DXS_ASSIGN_OR_RETURN(out_written_, backend->CreateEvent());
+  }
+  DXS_RETURN_IF_ERROR(backend->RecordEvent(out_written_.get()));
+  DXS_RETURN_IF_ERROR(backend->SynchronizeEvent(out_written_.get()));
+  // Pairs that failed the check were computed as harmless ones; the round fails here,
+  // before it is counted and before its combine leaves.
+  DXS_RETURN_IF_ERROR(CheckPairs(headers, total_pairs));
   if (metrics_ != nullptr) metrics_->OnRound(total_rows, compute_seconds);
 
   ++counters_.rounds;
@@ -242,12 +258,6 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     }
     rows_this_step_ = 0;
   }
-  // The experts' output must be written before the transport reads it.
-  if (!out_written_) {
-    DXS_ASSIGN_OR_RETURN(out_written_, backend->CreateEvent());
-  }
-  DXS_RETURN_IF_ERROR(backend->RecordEvent(out_written_.get()));
-  DXS_RETURN_IF_ERROR(backend->SynchronizeEvent(out_written_.get()));
   // Combine: each DP rank gets its rows back, pre-summed over this rank's experts,
   // straight from out. Completed before out_[k] is written again.
   const uint8_t* out_bytes = static_cast<const uint8_t*>(backend->TransportAddress(out_[k]));

@@ -86,10 +86,13 @@ class ExpertStepServer final {
   absl::Status EnsurePairs(int64_t pairs);
   // The experts of `layer` this rank holds, as Backend::UnpackRoutedPairs's table.
   absl::StatusOr<const Tensor*> HeldTable(int layer);
-  // The round's pair blocks, checked and unpacked on the backend into *pairs; INTERNAL
-  // naming the first bad pair (a row outside its DP rank's rows, an expert not held).
+  // The round's pair blocks, checked and unpacked on the backend into *pairs (queued: bad
+  // pairs become harmless ones, counted in bad_).
   absl::Status UnpackPairs(int layer, const std::vector<WireHeader>& headers, int64_t total_pairs,
                            RoutedPairTensors* pairs);
+  // After the round's compute has synchronised: INTERNAL naming the first bad pair (a row
+  // outside its DP rank's rows, an expert not held), if the check found one.
+  absl::Status CheckPairs(const std::vector<WireHeader>& headers, int64_t total_pairs);
 
   Transport* transport_;
   std::vector<int> dp_peers_;

@@ -293,9 +293,11 @@ class Backend {
   // and weights[p] ([P] i32, i32, f32). A pair is bad if its row is outside [0, num_rows)
   // or its expert outside [0, E) or held[expert] == 0 (held: i32 [E], non-zero for the
   // experts this rank holds); bad (i32 [2]) gets their count and the lowest bad pair index
-  // (INT32_MAX if none). The caller reads `bad` before computing on the pairs. Segments
-  // must tile [0, P) in order; at most kMaxPairSegments. No pairs: nothing is done, and
-  // `bad` is not written.
+  // (INT32_MAX if none), and each bad pair is written as (the segment's first row, the
+  // lowest held expert, weight 0): safe to compute on, adding nothing. So the caller may
+  // compute first and read `bad` at the synchronisation it has anyway, before anything
+  // leaves. Segments must tile [0, P) in order, and one with pairs must have rows; at most
+  // kMaxPairSegments. No pairs: nothing is done, and `bad` is not written.
   virtual absl::Status UnpackRoutedPairs(const Tensor& blocks,
                                          const std::vector<PairSegment>& segments,
                                          const Tensor& held, Tensor* rows, Tensor* experts,

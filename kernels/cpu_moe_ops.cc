@@ -323,6 +323,8 @@ absl::Status CpuBackend::UnpackRoutedPairs(const Tensor& blocks,
   const int32_t* in = blocks.i32();
   const int32_t* is_held = held.i32();
   const int64_t num_experts = held.num_elements();
+  int32_t lowest_held = 0;
+  while (lowest_held + 1 < num_experts && is_held[lowest_held] == 0) ++lowest_held;
   int32_t num_bad = 0, first_bad = std::numeric_limits<int32_t>::max();
   for (const PairSegment& s : segments) {
     const int32_t* seg_rows = in + 3 * static_cast<int64_t>(s.first_pair);
@@ -331,14 +333,20 @@ absl::Status CpuBackend::UnpackRoutedPairs(const Tensor& blocks,
     for (int32_t k = 0; k < s.num_pairs; ++k) {
       const int64_t p = s.first_pair + k;
       const int32_t row = seg_rows[k], expert = seg_experts[k];
-      if (row < 0 || row >= s.num_rows || expert < 0 || expert >= num_experts ||
-          is_held[expert] == 0) {
+      const bool ok = row >= 0 && row < s.num_rows && expert >= 0 && expert < num_experts &&
+                      is_held[expert] != 0;
+      if (!ok) {
         ++num_bad;
         first_bad = std::min(first_bad, static_cast<int32_t>(p));
       }
-      rows->i32()[p] = row + s.row_offset;
-      experts->i32()[p] = expert;
-      std::memcpy(weights->f32() + p, seg_weights + k, sizeof(float));
+      // A bad pair becomes one that is safe to compute and adds nothing.
+      rows->i32()[p] = (ok ? row : 0) + s.row_offset;
+      experts->i32()[p] = ok ? expert : lowest_held;
+      if (ok) {
+        std::memcpy(weights->f32() + p, seg_weights + k, sizeof(float));
+      } else {
+        weights->f32()[p] = 0.f;
+      }
     }
   }
   bad->i32()[0] = num_bad;

@@ -231,7 +231,8 @@ absl::Status CheckUnpackRoutedPairsArgs(const Tensor& blocks,
   }
   int64_t next = 0;
   for (const PairSegment& s : segments) {
-    if (s.first_pair != next || s.num_pairs < 0 || s.num_rows < 0 || s.row_offset < 0) {
+    if (s.first_pair != next || s.num_pairs < 0 || s.num_rows < 0 || s.row_offset < 0 ||
+        (s.num_pairs > 0 && s.num_rows == 0)) {
       return absl::InvalidArgumentError(
           absl::StrCat(kOp, ": segments do not tile the ", p, " pairs in order"));
     }

@@ -794,14 +794,19 @@ __global__ void UnpackRoutedPairsKernel(const int32_t* __restrict__ blocks, Unpa
     const int64_t k = p - first;
     const int32_t* seg = blocks + 3 * first;
     const int32_t row = seg[k], expert = seg[count + k];
-    rows[p] = row + segs.v[4 * s + 2];
-    experts[p] = expert;
-    weights[p] = __int_as_float(seg[2 * count + k]);
-    if (row < 0 || row >= segs.v[4 * s + 3] || expert < 0 || expert >= num_experts ||
-        held[expert] == 0) {
+    const bool ok = row >= 0 && row < segs.v[4 * s + 3] && expert >= 0 && expert < num_experts &&
+                    held[expert] != 0;
+    // A bad pair becomes one that is safe to compute and adds nothing: the segment's first
+    // row, the lowest held expert, weight 0.
+    int32_t fallback = 0;
+    if (!ok) {
+      while (fallback + 1 < num_experts && held[fallback] == 0) ++fallback;
       atomicAdd(&bad[0], 1);
       atomicMin(&bad[1], static_cast<int32_t>(p));
     }
+    rows[p] = (ok ? row : 0) + segs.v[4 * s + 2];
+    experts[p] = ok ? expert : fallback;
+    weights[p] = ok ? __int_as_float(seg[2 * count + k]) : 0.f;
   }
 }
 

@@ -171,7 +171,8 @@ cudaError_t LaunchScaleAddRows(const void* src, ElemType src_type, const float* 
 // Backend::UnpackRoutedPairs: an expert round's pair blocks, segment by segment, into rows
 // (plus each segment's row offset), experts and weights [num_pairs]; bad[0] = the number
 // of pairs with a row outside their segment's rows or an expert outside [0, num_experts)
-// or not held, bad[1] = the lowest such pair index (INT32_MAX if none). Segments are
+// or not held, bad[1] = the lowest such pair index (INT32_MAX if none); a bad pair is
+// written as (its segment's first row, the lowest held expert, weight 0). Segments are
 // PairSegment {first_pair, num_pairs, row_offset, num_rows} (kernels/backend.h) as int32
 // quadruples, at most kMaxUnpackSegments, tiling [0, num_pairs) in order.
 inline constexpr int kMaxUnpackSegments = 128;

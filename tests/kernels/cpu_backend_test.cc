@@ -415,6 +415,11 @@ TEST_F(CpuBackendTest, UnpackRoutedPairsChecksEachSegmentsRowsAndTheHeldExperts)
   ASSERT_TRUE(
       b_->UnpackRoutedPairs(Ids(blocks), segments, held, &rows, &experts, &weights, &bad).ok());
   EXPECT_EQ(*b_->DownloadIndices(bad), (std::vector<int32_t>{3, 1}));
+  // Bad pairs are written harmless: their segment's first row, the lowest held expert (1),
+  // weight 0; the good ones as before.
+  EXPECT_EQ(*b_->DownloadIndices(rows), (std::vector<int32_t>{2, 0, 4, 3, 3}));
+  EXPECT_EQ(*b_->DownloadIndices(experts), (std::vector<int32_t>{1, 1, 3, 1, 1}));
+  EXPECT_EQ(Down(weights), (std::vector<float>{0.25f, 0.f, 0.5f, 0.f, 0.f}));
   blocks[1] = 0;
   blocks[11] = 7;  // outside the table
   ASSERT_TRUE(
