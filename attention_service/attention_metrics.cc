@@ -4,6 +4,7 @@
 
 #include "common/metrics/step_metrics.h"
 #include "common/status_macros.h"
+#include "router/dispatch/eplb.h"
 
 namespace dxs {
 
@@ -126,22 +127,17 @@ void AttentionMetrics::GrowEpRanks(size_t num_ep_ranks) {
   }
 }
 
-void AttentionMetrics::OnDispatch(const std::vector<int64_t>& num_tokens_per_rank, double seconds) {
+void AttentionMetrics::OnDispatch(const std::vector<int64_t>& num_tokens_per_rank,
+                                  const std::vector<bool>& in_step, double seconds) {
   GrowEpRanks(num_tokens_per_rank.size());
+  int64_t most = 0;
   for (size_t r = 0; r < num_tokens_per_rank.size(); ++r) {
     dispatched_[r]->Increment(num_tokens_per_rank[r]);
+    most = std::max(most, num_tokens_per_rank[r]);
   }
   dispatch_latency_->Observe(seconds);
-  int64_t sum = 0, most = 0;
-  for (int64_t n : num_tokens_per_rank) {
-    sum += n;
-    most = std::max(most, n);
-  }
-  if (most > 0) {
-    balance_ratio_->Observe(static_cast<double>(sum) /
-                            static_cast<double>(num_tokens_per_rank.size()) /
-                            static_cast<double>(most));
-  }
+  // Over the EP ranks of the step only: a dead or empty rank is not an imbalance.
+  if (most > 0) balance_ratio_->Observe(DispatchBalanceRatio(num_tokens_per_rank, in_step));
 }
 
 void AttentionMetrics::OnCombine(const std::vector<int64_t>& num_tokens_per_rank, double seconds) {

@@ -45,7 +45,8 @@ class AttentionMetrics final : public DispatchObserver {
   void OnStep(int64_t num_tokens, bool failed, int num_micro_batches, bool piecewise,
               double seconds);
 
-  void OnDispatch(const std::vector<int64_t>& num_tokens_per_rank, double seconds) override;
+  void OnDispatch(const std::vector<int64_t>& num_tokens_per_rank, const std::vector<bool>& in_step,
+                  double seconds) override;
   void OnCombine(const std::vector<int64_t>& num_tokens_per_rank, double seconds) override;
   void OnExchange(const Transfer* transfers, size_t num_transfers) override {
     exchange_bytes_.Count(transfers, num_transfers);

@@ -70,7 +70,9 @@
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory (Hugging Face layout); required.");
 ABSL_FLAG(int, attention, 0, "Attention workers (DP ranks), 1..65536; required.");
-ABSL_FLAG(int, experts, 0, "Expert workers (EP ranks), 1..65536; required.");
+ABSL_FLAG(int, experts, 0,
+          "Expert workers (EP ranks) at start, 1..65536; required. With --elastic-ep more "
+          "join, each with the next rank number.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC HOST:PORT (port 0: any free port).");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "Prometheus /metrics on HOST:PORT (port 0: any free port).");
@@ -89,7 +91,8 @@ ABSL_FLAG(int64_t, eplb_interval, 1000,
 ABSL_FLAG(bool, elastic_ep, false,
           "Elastic EP: keep serving when an EP rank dies (its experts' replicas take over, "
           "experts it alone held are reloaded on live ranks, failed steps are run again), and "
-          "move a drained EP rank's experts off before it leaves (dxs drain).");
+          "move a drained EP rank's experts off before it leaves (dxs drain); an EP rank "
+          "started with the next rank number joins and is rebalanced onto.");
 ABSL_FLAG(int64_t, max_inflight, 1024,
           "Generate requests in flight cluster-wide, 1..1000000; beyond: RESOURCE_EXHAUSTED.");
 

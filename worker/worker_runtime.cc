@@ -168,8 +168,12 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
   if (placement.ok()) shape.placement = *placement;
   complete_ =
       placement.ok() && self_set_ && attention == shape.num_attention && expert == shape.num_expert;
-  if (elastic_ && started_) {
-    // Elastic EP: expert ranks may be missing while every expert has a live replica.
+  if (elastic_ && (started_ || my_role == v1::ROLE_EXPERT)) {
+    // Elastic EP: expert ranks may be missing while every expert has a live replica. An
+    // expert rank exchanges with the attention ranks alone, so one that joins (or comes
+    // back) while another expert rank is dead serves as soon as they are all live; the
+    // attention ranks, which dispatch to every expert rank, still wait for the whole
+    // cluster the first time.
     complete_ = placement.ok() && self_set_ && attention == shape.num_attention;
   }
   if (complete_) started_ = true;

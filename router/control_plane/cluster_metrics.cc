@@ -88,8 +88,11 @@ void ClusterMetrics::SampleAt(absl::Time now) const {
   view.version = cluster_view.version();
   const v1::ExpertPlacement& placement = cluster_view.placement();
   view.placement_version = placement.version();
-  view.placement_experts.assign(cluster_->options().num_expert_ranks, 0);
-  view.placement_replicas.assign(cluster_->options().num_expert_ranks, 0);
+  // Expert ranks that joined (elastic EP) are in the view's count, not the options'.
+  const size_t num_expert_ranks =
+      std::max<size_t>(cluster_view.num_expert_ranks(), cluster_->options().num_expert_ranks);
+  view.placement_experts.assign(num_expert_ranks, 0);
+  view.placement_replicas.assign(num_expert_ranks, 0);
   for (const v1::ExpertReplicas& replicas : placement.expert_to_rank()) {
     for (int i = 0; i < replicas.ep_ranks_size(); ++i) {
       const uint32_t r = replicas.ep_ranks(i);
@@ -131,7 +134,10 @@ void ClusterMetrics::SampleAt(absl::Time now) const {
     while (t.history.size() >= 2 && t.history[1].time <= window_start) t.history.pop_front();
     const Track::Point& base = t.history.front();
     if (last_empty > base.empty_steps) ++view.empty_ranks[role_index];
-    if (role == v1::ROLE_EXPERT && s.info.state() != v1::WORKER_STATE_DEAD) {
+    // The balance is over the EP ranks that take part in steps: live and holding experts.
+    // A dead rank, or a live one holding none (joined or restarted and not yet rebalanced
+    // onto, or drained), receives nothing by design and would read as imbalance.
+    if (role == v1::ROLE_EXPERT && s.info.state() != v1::WORKER_STATE_DEAD && !s.experts.empty()) {
       ep_window_tokens.push_back(last_tokens - base.tokens);
     }
   }

@@ -158,11 +158,31 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
         "grpc_address is required: host:port of the worker's gRPC server");
   }
   const int num_ranks =
-      role == v1::ROLE_ATTENTION ? options_.num_attention_ranks : options_.num_expert_ranks;
+      role == v1::ROLE_ATTENTION ? options_.num_attention_ranks : static_cast<int>(expert_.size());
+  // Elastic EP: once the cluster has started, a new expert rank may join with the next
+  // rank number (num_ranks); the cluster then has one expert rank more.
+  const bool may_join = role == v1::ROLE_EXPERT && options_.elastic_ep;
+  bool joins = false;
   if (request.has_rank() && request.rank() >= static_cast<uint32_t>(num_ranks)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(role_name, " rank ", request.rank(), " is out of range: the cluster has ",
-                     num_ranks, " ", role_name, " ranks (0..", num_ranks - 1, ")"));
+    if (!may_join) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          role_name, " rank ", request.rank(), " is out of range: the cluster has ", num_ranks, " ",
+          role_name, " ranks (0..", num_ranks - 1, ")",
+          role == v1::ROLE_EXPERT ? "; new expert ranks join only with dxs-router --elastic-ep"
+                                  : ""));
+    }
+    if (request.rank() > static_cast<uint32_t>(num_ranks)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expert rank ", request.rank(), " cannot join: the cluster has ", num_ranks,
+                       " expert ranks (0..", num_ranks - 1, "), so the next one to join is rank ",
+                       num_ranks, "; ranks join one at a time, in order"));
+    }
+    if (!started_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expert rank ", request.rank(), " cannot join yet: expert ranks 0..",
+                       num_ranks - 1, " and every attention rank must all have been live first"));
+    }
+    joins = true;
   }
   if (options_.transport_backend == "ucx" && request.transport().ucx_worker_address().empty()) {
     return absl::InvalidArgumentError(
@@ -204,7 +224,8 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
   int rank = -1;
   if (request.has_rank()) {
     rank = static_cast<int>(request.rank());
-    const std::optional<WorkerStatus>& holder = slots[rank];
+    const std::optional<WorkerStatus> empty;
+    const std::optional<WorkerStatus>& holder = joins ? empty : slots[rank];
     if (IsLive(holder) && holder->info.grpc_address() != request.grpc_address()) {
       return absl::AlreadyExistsError(
           absl::StrCat(role_name, " rank ", rank, " is held by a live worker at ",
@@ -219,6 +240,10 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
     }
     for (int r = 0; r < num_ranks && rank < 0; ++r) {
       if (!IsLive(slots[r])) rank = r;
+    }
+    if (rank < 0 && may_join && started_) {
+      rank = num_ranks;  // elastic EP: the next rank number joins
+      joins = true;
     }
     if (rank < 0) {
       return absl::ResourceExhaustedError(absl::StrCat("no free ", role_name, " rank: all ",
@@ -242,8 +267,8 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
   // The expert claim against the other live expert ranks.
   if (role == v1::ROLE_EXPERT) {
     if (claim.empty()) {
-      claim =
-          eplb_placement_ ? eplb_placement_->experts_of(rank) : default_placement_.experts_of(rank);
+      const Placement& defaults = eplb_placement_ ? *eplb_placement_ : default_placement_;
+      if (rank < defaults.num_ranks()) claim = defaults.experts_of(rank);
       // Elastic EP: experts that moved to live ranks while this one was away stay there; a
       // restarted rank comes back empty and is rebalanced onto.
       if (options_.elastic_ep && started_) claim.clear();
@@ -252,7 +277,7 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
     const bool replicas = options_.num_redundant_experts > 0;
     std::vector<int> owner(options_.num_experts, -1);
     int num_live_expert_ranks = 1;  // this one
-    for (int q = 0; q < options_.num_expert_ranks; ++q) {
+    for (int q = 0; q < static_cast<int>(expert_.size()); ++q) {
       if (q == rank || !IsLive(expert_[q])) continue;
       ++num_live_expert_ranks;
       for (int e : expert_[q]->experts) owner[e] = q;
@@ -272,7 +297,7 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
           num_overlaps > kMaxListed ? absl::StrCat("; ... (", num_overlaps, " in all)") : "",
           " (EP rank ", rank, " claims ", FormatExperts(claim), ")"));
     }
-    if (num_live_expert_ranks == options_.num_expert_ranks && !(options_.elastic_ep && started_)) {
+    if (num_live_expert_ranks == num_ranks && !(options_.elastic_ep && started_)) {
       for (int e : claim) owner[e] = rank;
       std::vector<int> missing;
       for (int e = 0; e < options_.num_experts; ++e) {
@@ -281,7 +306,7 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
       if (!missing.empty()) {
         return absl::FailedPreconditionError(absl::StrCat(
             "experts missing: ", FormatExperts(missing), " claimed by no EP rank; EP rank ", rank,
-            " (claiming ", FormatExperts(claim), ") is the last of ", options_.num_expert_ranks,
+            " (claiming ", FormatExperts(claim), ") is the last of ", num_ranks,
             " and the placement must cover experts 0-", options_.num_experts - 1));
       }
     }
@@ -307,6 +332,11 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
   slot.software_version = request.software_version();
   slot.model_info = request.model_info();
   const uint64_t incarnation = info.incarnation();
+  if (joins) {
+    slots.resize(rank + 1);
+    std::fprintf(stderr, "dxs-router: expert rank %d joins: the cluster has %d expert ranks\n",
+                 rank, rank + 1);
+  }
   slots[rank] = std::move(slot);
   PublishLocked();
 
@@ -479,21 +509,27 @@ absl::StatusOr<v1::ClusterView> ClusterRegistry::MarkDead(const v1::WorkerId& id
 absl::StatusOr<v1::ClusterView> ClusterRegistry::SetPlacement(const Placement& placement) {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("the router is shutting down");
+  const int num_ranks = static_cast<int>(expert_.size());
+  // Elastic EP: a placement computed before a rank joined leaves the new rank empty.
+  const bool fewer_ranks = options_.elastic_ep && placement.num_ranks() < num_ranks;
   if (placement.num_experts() != options_.num_experts ||
-      placement.num_ranks() != options_.num_expert_ranks) {
+      (placement.num_ranks() != num_ranks && !fewer_ranks)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "placement of ", placement.num_experts(), " experts over ", placement.num_ranks(),
-        " ranks; the cluster has ", options_.num_experts, " over ", options_.num_expert_ranks));
+        " ranks; the cluster has ", options_.num_experts, " over ", num_ranks));
   }
-  for (size_t r = 0; r < expert_.size(); ++r) {
+  auto experts_of = [&placement](int r) {
+    return r < placement.num_ranks() ? placement.experts_of(r) : std::vector<int>();
+  };
+  for (int r = 0; r < num_ranks; ++r) {
     // Elastic EP: a rank that is not live may be left out (given no experts).
-    const bool may_skip = options_.elastic_ep && placement.experts_of(static_cast<int>(r)).empty();
+    const bool may_skip = options_.elastic_ep && experts_of(r).empty();
     if (!IsLive(expert_[r]) && !may_skip) {
       return absl::FailedPreconditionError(absl::StrCat("expert rank ", r, " is not live"));
     }
   }
-  for (size_t r = 0; r < expert_.size(); ++r) {
-    if (IsLive(expert_[r])) expert_[r]->experts = placement.experts_of(static_cast<int>(r));
+  for (int r = 0; r < num_ranks; ++r) {
+    if (IsLive(expert_[r])) expert_[r]->experts = experts_of(r);
   }
   eplb_placement_ = placement;
   PublishLocked();
@@ -515,7 +551,7 @@ v1::ExpertPlacement ClusterRegistry::BuildPlacementLocked() const {
   placement.set_version(view_.placement().version());
   placement.set_num_layers(static_cast<uint32_t>(options_.num_layers));
   placement.set_num_experts(static_cast<uint32_t>(options_.num_experts));
-  placement.set_num_expert_ranks(static_cast<uint32_t>(options_.num_expert_ranks));
+  placement.set_num_expert_ranks(static_cast<uint32_t>(expert_.size()));
   for (int e = 0; e < options_.num_experts; ++e) placement.add_expert_to_rank();
   for (size_t r = 0; r < expert_.size(); ++r) {
     if (!IsLive(expert_[r])) continue;
@@ -550,7 +586,7 @@ void ClusterRegistry::PublishLocked() {
   view.mutable_transport()->set_backend(options_.transport_backend);
   view.mutable_transport()->set_wire_dtype(options_.wire_dtype);
   view.set_num_attention_ranks(static_cast<uint32_t>(options_.num_attention_ranks));
-  view.set_num_expert_ranks(static_cast<uint32_t>(options_.num_expert_ranks));
+  view.set_num_expert_ranks(static_cast<uint32_t>(expert_.size()));
   *view.mutable_fingerprint() = fingerprint_;
   view.set_elastic_ep(options_.elastic_ep);
   view_ = std::move(view);
@@ -615,6 +651,11 @@ std::vector<WorkerStatus> ClusterRegistry::WorkerStatuses() const {
     }
   }
   return statuses;
+}
+
+int ClusterRegistry::num_expert_ranks() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(expert_.size());
 }
 
 RegistryCounters ClusterRegistry::counters() const {

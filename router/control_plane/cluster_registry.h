@@ -11,6 +11,13 @@
 //    its lease expires; only a registration from the same grpc_address (the same worker
 //    restarted on the same port) may take it over, as a new incarnation. An unset rank
 //    gets the rank this address held before, else the lowest rank without a live worker.
+//  - Joining (elastic EP only, once started()): an expert registration with rank N, the
+//    current number of expert ranks, grows the cluster to N+1 expert ranks (an unset rank
+//    does the same when every rank is live). It claims nothing unless it names experts;
+//    the Rebalancer gives it some. A rank above N is refused with FAILED_PRECONDITION (ranks
+//    join one at a time, in order), as is rank N before the cluster has started; without
+//    elastic EP it is INVALID_ARGUMENT, out of range. Expert ranks never shrink: a joined
+//    rank that deregisters leaves its number free for the next registration.
 //  - One grpc_address per live worker.
 //  - Placement: an expert rank's claim is RegisterRequest.loaded_experts, or, when empty,
 //    the contiguous block [r*E/N, (r+1)*E/N) plus, with num_redundant_experts R > 0, the
@@ -55,7 +62,8 @@ namespace dxs {
 struct ClusterRegistryOptions {
   // M: configured attention (DP) ranks. At least 1.
   int num_attention_ranks = 1;
-  // N: configured expert (EP) ranks. At least 1.
+  // N: configured expert (EP) ranks, the cluster's size at start. At least 1. With elastic
+  // EP more may join (ClusterRegistry::num_expert_ranks).
   int num_expert_ranks = 1;
   // E: routed experts per MoE layer. At least 1.
   int num_experts = 1;
@@ -149,7 +157,8 @@ class ClusterRegistry {
   // it first. From then on an expert rank registering without a claim (a restarted worker)
   // claims its experts of this placement instead of the default block. FAILED_PRECONDITION
   // while an expert rank is not live; INVALID_ARGUMENT for a
-  // placement of another shape; UNAVAILABLE after Shutdown.
+  // placement of another shape (with elastic EP one over fewer ranks is accepted: it was
+  // computed before a rank joined, which it leaves empty); UNAVAILABLE after Shutdown.
   absl::StatusOr<v1::ClusterView> SetPlacement(const Placement& placement);
 
   // Marks the live worker `id` DEAD now (a peer reported it unreachable and it did not
@@ -184,6 +193,8 @@ class ClusterRegistry {
   // The same, with counters and load.
   std::vector<WorkerStatus> WorkerStatuses() const;
   RegistryCounters counters() const;
+  // Expert ranks in the cluster: options().num_expert_ranks plus those that joined.
+  int num_expert_ranks() const;
 
   const ClusterRegistryOptions& options() const { return options_; }
 

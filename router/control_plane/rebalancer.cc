@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics/families.h"
@@ -110,6 +111,7 @@ void Rebalancer::Loop() {
     absl::MutexLock lock(&mu_);
     if (options_.elastic_ep) MaybeRecover();
     MaybeRelease();
+    if (options_.elastic_ep && !to_release_) MaybeTakeIn();
     if (options_.interval_steps <= 0 || to_release_) continue;
     int64_t step = 0;
     for (const WorkerStatus& w : registry_->WorkerStatuses()) {
@@ -142,7 +144,7 @@ absl::StatusOr<v1::RebalanceResponse> Rebalancer::Rebalance() {
   return RebalanceLocked();
 }
 
-absl::StatusOr<v1::RebalanceResponse> Rebalancer::RebalanceLocked() {
+absl::StatusOr<v1::RebalanceResponse> Rebalancer::RebalanceLocked(bool even_when_unmeasured) {
   rebalancing_ = true;
   struct Done {
     std::atomic<bool>* flag;
@@ -190,6 +192,10 @@ absl::StatusOr<v1::RebalanceResponse> Rebalancer::RebalanceLocked() {
   // Nothing measured (no token since the last rebalance): nothing to balance by.
   double total = 0;
   for (double l : load) total += l;
+  if (total <= 0 && even_when_unmeasured) {
+    std::fill(load.begin(), load.end(), 1.0);
+    total = num_experts;
+  }
   if (total <= 0) {
     last_tokens_ = std::move(now_tokens);
     v1::RebalanceResponse unchanged;
@@ -358,6 +364,41 @@ void Rebalancer::MaybeRecover() {
                static_cast<unsigned long long>(published->version()),
                moves ? "experts moved off draining ranks" : "lost experts reassigned");
   // The next pass (woken by this view) times the recovery.
+}
+
+void Rebalancer::MaybeTakeIn() {
+  if (!registry_->started() || !registry_->IsComplete()) return;
+  const v1::ClusterView view = registry_->View();
+  const v1::ExpertPlacement& placement = view.placement();
+  std::vector<bool> holds(placement.num_expert_ranks(), false);
+  for (const v1::ExpertReplicas& replicas : placement.expert_to_rank()) {
+    for (uint32_t r : replicas.ep_ranks()) {
+      if (r < holds.size()) holds[r] = true;
+    }
+  }
+  std::vector<std::pair<int, uint64_t>> empty;
+  for (const v1::WorkerInfo& w : view.workers()) {
+    if (w.role() != v1::ROLE_EXPERT || w.state() != v1::WORKER_STATE_READY) continue;
+    const std::pair<int, uint64_t> key{static_cast<int>(w.rank()), w.incarnation()};
+    if (w.rank() < holds.size() && holds[w.rank()]) continue;
+    if (!taken_in_.count(key)) empty.push_back(key);
+  }
+  if (empty.empty()) return;
+  absl::StatusOr<v1::RebalanceResponse> done = RebalanceLocked(/*even_when_unmeasured=*/true);
+  std::string ranks;
+  for (const auto& [rank, incarnation] : empty)
+    absl::StrAppend(&ranks, ranks.empty() ? "" : ",", rank);
+  if (!done.ok()) {
+    std::fprintf(stderr, "dxs-router: elastic EP: taking in expert rank %s: %s; retrying\n",
+                 ranks.c_str(), done.status().ToString().c_str());
+    return;
+  }
+  taken_in_.insert(empty.begin(), empty.end());
+  std::fprintf(stderr,
+               "dxs-router: elastic EP: expert rank %s taken in: placement v%llu, %u expert "
+               "copies moved\n",
+               ranks.c_str(), static_cast<unsigned long long>(done->placement_version()),
+               done->experts_moved());
 }
 
 void Rebalancer::MaybeRelease() {

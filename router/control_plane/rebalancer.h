@@ -29,7 +29,11 @@
 // live, non-draining ranks only. A recovery is counted from the moment the registry lost
 // an expert rank holding experts to the first view in which every expert has a live
 // replica again (dxs_eplb_recoveries_total, dxs_eplb_recovery_duration_seconds); with full
-// replica cover that is the same view, so the duration is ~0.
+// replica cover that is the same view, so the duration is ~0. It also takes ranks in: once
+// the cluster is complete and nothing waits to be freed, a READY expert rank that holds no
+// expert (one that joined with the next rank number, or came back empty after a restart)
+// is rebalanced onto, once per incarnation: a rebalance as above over every live,
+// non-draining rank, by the measured load, or evenly when no token was measured.
 //
 // Thread safety: Rebalance may be called from any thread; one runs at a time (a call while
 // one runs gets ABORTED).
@@ -40,6 +44,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -88,12 +93,17 @@ class Rebalancer {
 
  private:
   Rebalancer(ClusterRegistry* registry, RebalancerOptions options);
-  absl::StatusOr<v1::RebalanceResponse> RebalanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `even_when_unmeasured`: with no token measured, balance an even load (every expert
+  // alike) instead of leaving the placement as it is.
+  absl::StatusOr<v1::RebalanceResponse> RebalanceLocked(bool even_when_unmeasured = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step 5 for the pending placement, when every attention rank runs it.
   void MaybeRelease() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Elastic EP: reassigns experts without a live replica or on draining ranks; times
   // recoveries.
   void MaybeRecover() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elastic EP: rebalances onto READY expert ranks holding no expert (see above).
+  void MaybeTakeIn() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ExpertWorker.LoadPlacement of `placement` on every live expert rank.
   absl::Status LoadEverywhere(const v1::ClusterView& view, const v1::ExpertPlacement& placement)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -115,6 +125,8 @@ class Rebalancer {
   std::map<std::string, std::unique_ptr<v1::ExpertWorker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::ExpertPlacement> to_release_ ABSL_GUARDED_BY(mu_);
   int64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;
+  // (expert rank, incarnation) already taken in by MaybeTakeIn.
+  std::set<std::pair<int, uint64_t>> taken_in_ ABSL_GUARDED_BY(mu_);
 
   std::atomic<bool> rebalancing_{false};  // RebalanceLocked is running
   absl::Notification stop_;

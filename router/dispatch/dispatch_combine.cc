@@ -256,7 +256,7 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
     }
   }
   if (observer_ != nullptr) {
-    observer_->OnDispatch(h.num_tokens_per_rank, SecondsSince(dispatch_start));
+    observer_->OnDispatch(h.num_tokens_per_rank, in_step, SecondsSince(dispatch_start));
   }
   if (!send_status.ok()) return send_status;  // the handle goes, and its group with it
   return std::unique_ptr<MoeHandle>(std::move(handle));

@@ -90,9 +90,12 @@ struct DispatchCounters {
 class DispatchObserver {
  public:
   virtual ~DispatchObserver() = default;
-  // The dispatch phase ended: layout, packing and one send to every EP rank (sends that
-  // failed included). num_tokens_per_rank[r] tokens went to EP rank r.
-  virtual void OnDispatch(const std::vector<int64_t>& num_tokens_per_rank, double seconds) = 0;
+  // The dispatch phase ended: layout, packing and one send to every EP rank of the step
+  // (sends that failed included). num_tokens_per_rank[r] tokens went to EP rank r;
+  // in_step[r]: rank r took part (it holds experts of the step's placement and its header
+  // was sent); the others were sent nothing.
+  virtual void OnDispatch(const std::vector<int64_t>& num_tokens_per_rank,
+                          const std::vector<bool>& in_step, double seconds) = 0;
   // The combine phase succeeded: every EP rank's rows received (this includes waiting
   // for the experts to compute) and summed into the output.
   virtual void OnCombine(const std::vector<int64_t>& num_tokens_per_rank, double seconds) = 0;

@@ -32,4 +32,11 @@ absl::StatusOr<Placement> BalancedPlacement(const std::vector<double>& load, int
 std::vector<double> RankLoads(const Placement& placement, const std::vector<double>& load);
 double BalanceRatio(const std::vector<double>& rank_loads);
 
+// The balance ratio of one dispatch: mean over max of the tokens sent to the EP ranks that
+// take part in its step (in_step[r]; ranks past its end do not). A rank outside the step
+// holds no expert of the step's placement (dead, drained, or joined and not yet rebalanced
+// onto) and receives nothing by design, so it is not counted. 1 when nothing was sent.
+double DispatchBalanceRatio(const std::vector<int64_t>& num_tokens_per_rank,
+                            const std::vector<bool>& in_step);
+
 }  // namespace dxs

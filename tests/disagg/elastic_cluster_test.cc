@@ -4,14 +4,20 @@
 //    request fails, and every output equals its solo run of the single-process engine;
 //  - an EP rank holding the only copy of its experts is killed: they are reloaded on the
 //    live rank, the requests wait and then finish, equal to their solo runs;
-//  - `dxs drain --rank 1`: its experts move to rank 0, it exits by itself, no request fails.
+//  - `dxs drain --rank 1`: its experts move to rank 0, it exits by itself, no request fails;
+//  - a new EP rank joins under 24 streams (dxs-expert --rank N): it is taken in and
+//    rebalanced onto, receives tokens, and no request fails; then, under 16 streams, it is
+//    drained again and exits, and no request fails.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
+#include "dxs/v1/expert_worker.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "model/engine.h"
 #include "tests/disagg/cluster_equivalence.h"
@@ -184,6 +190,163 @@ TEST(ElasticCluster, DrainMovesExpertsOffThenTheRankExits) {
   // Drained, not lost: no recovery.
   EXPECT_EQ(RouterValue(cluster, "dxs_eplb_recoveries_total"), 0);
   RunThrough(&cluster, dir, 1, 2, 4, "after-", [] {});
+}
+
+// Runs `dxs ARGS`; its output, prefixed with the failure when it does not exit 0.
+std::string RunDxs(const ProcessCluster& cluster, const std::string& args) {
+  std::string out;
+  if (FILE* pipe = popen(absl::StrCat(cluster.bin("dxs"), " ", args, " 2>&1").c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
+    if (pclose(pipe) != 0) out = "exit status != 0: " + out;
+  }
+  return out;
+}
+
+// Requests running or queued on the attention ranks now.
+int InFlight(ProcessCluster* cluster, int num_attention) {
+  int n = 0;
+  for (int r = 0; r < num_attention; ++r) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::GetLoadResponse load;
+    if (cluster->attention(r)->GetLoad(&ctx, {}, &load).ok()) {
+      n += static_cast<int>(load.load().num_running_requests() + load.load().num_queued_requests());
+    }
+  }
+  return n;
+}
+
+// Polls the router's view (every 20 ms, up to `timeout`) until `done` holds; whether it did.
+bool WaitForView(const ProcessCluster& cluster, absl::Duration timeout,
+                 const std::function<bool(const v1::ClusterView&)>& done) {
+  for (const absl::Time end = absl::Now() + timeout; absl::Now() < end;) {
+    absl::StatusOr<v1::ClusterView> view = cluster.WatchClusterOnce();
+    if (view.ok() && done(*view)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+double ExpertRowsReceived(const ProcessCluster& cluster, int rank) {
+  absl::StatusOr<std::string> text = testing::Scrape(cluster.expert_metrics_address(rank));
+  return text.ok() ? testing::SumOf(testing::ParseSamples(*text), "dxs_tokens_received_total") : -1;
+}
+
+// Issue 13: a worker started with the next rank number joins a running cluster under load.
+// The router grows to 3 EP ranks, the Rebalancer loads experts on the new rank (evenly: the
+// tokens measured so far are the load), publishes, and the old ranks free what moved; the
+// attention ranks connect to it from the view and dispatch to it once both DP ranks have the
+// placement. No request fails and every output equals its solo run. Then the joined rank is
+// drained under load: its experts move back, it exits, and again no request fails.
+TEST(ElasticCluster, ANewExpertRankJoinsUnderLoadIsRebalancedOntoAndDrains) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ProcessCluster cluster(tmp.path());
+  cluster.set_router_args({"--elastic-ep", "--heartbeat-ms", "100"});
+  ClusterSpec spec{dir, 2, 2, {}};
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+
+  // Numbers beyond the next one are refused, and the worker exits saying which would do.
+  ASSERT_TRUE(cluster.StartExpert(3, dir, "", "the next one to join is rank 2").ok())
+      << cluster.DumpLogs();
+
+  absl::Duration to_placed = absl::InfiniteDuration(), to_tokens = absl::InfiniteDuration();
+  int in_flight_when_placed = 0;
+  RunThrough(&cluster, dir, 2, 24, 96, "join-", [&] {
+    const absl::Time start = absl::Now();
+    absl::Status joined = cluster.StartExpert(2, dir, "");
+    ASSERT_TRUE(joined.ok()) << joined << cluster.DumpLogs();
+    const bool placed = WaitForView(cluster, absl::Seconds(30), [](const v1::ClusterView& v) {
+      return v.num_expert_ranks() == 3 && !ExpertsOf(v, 2).empty();
+    });
+    ASSERT_TRUE(placed) << cluster.DumpLogs();
+    to_placed = absl::Now() - start;
+    in_flight_when_placed = InFlight(&cluster, 2);
+    // First rows routed to it (while the streams last; checked again below).
+    for (const absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
+      if (ExpertRowsReceived(cluster, 2) > 0) {
+        to_tokens = absl::Now() - start;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  RecordProperty("join_to_placed_ms", static_cast<int>(absl::ToInt64Milliseconds(to_placed)));
+  RecordProperty("join_to_first_tokens_ms", static_cast<int>(absl::ToInt64Milliseconds(to_tokens)));
+  std::fprintf(stderr, "join: placed after %s, first rows after %s, %d requests in flight\n",
+               absl::FormatDuration(to_placed).c_str(), absl::FormatDuration(to_tokens).c_str(),
+               in_flight_when_placed);
+  EXPECT_GT(in_flight_when_placed, 0) << "the join should happen under load";
+
+  // Taken in: three EP ranks, each holding experts, every expert placed, rank 2 listed by
+  // `dxs status`, and each rank's resident experts exactly its own (the moved ones freed).
+  const v1::ClusterView view = testing::CurrentClusterView(cluster);
+  ASSERT_EQ(view.num_expert_ranks(), 3u);
+  std::vector<int> copies(kNumExperts, 0);
+  for (uint32_t r = 0; r < 3; ++r) {
+    EXPECT_FALSE(ExpertsOf(view, r).empty()) << "EP rank " << r;
+    for (int e : ExpertsOf(view, r)) ++copies[e];
+  }
+  for (int e = 0; e < kNumExperts; ++e) EXPECT_GE(copies[e], 1) << "expert " << e;
+  const std::string status = RunDxs(cluster, "status --router " + cluster.router_address());
+  EXPECT_NE(status.find("3 expert ranks"), std::string::npos) << status;
+  EXPECT_NE(status.find("expert 2  READY"), std::string::npos) << status;
+  EXPECT_NE(status.find("ep 2: " + std::to_string(ExpertsOf(view, 2).size()) + " experts"),
+            std::string::npos)
+      << status;
+  for (const v1::WorkerInfo& w : view.workers()) {
+    if (w.role() != v1::ROLE_EXPERT) continue;
+    auto expert = v1::ExpertWorker::NewStub(
+        grpc::CreateChannel(w.grpc_address(), grpc::InsecureChannelCredentials()));
+    std::vector<int> resident;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      grpc::ClientContext ctx;
+      v1::GetExpertStatusResponse s;
+      ASSERT_TRUE(expert->GetStatus(&ctx, {}, &s).ok());
+      resident.assign(s.loaded_experts().begin(), s.loaded_experts().end());
+      if (resident == ExpertsOf(view, w.rank())) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(resident, ExpertsOf(view, w.rank())) << "EP rank " << w.rank();
+  }
+
+  // It computes: rows arrive and its experts count tokens.
+  RunThrough(&cluster, dir, 2, 4, 8, "joined-", [] {});
+  EXPECT_GT(ExpertRowsReceived(cluster, 2), 0) << cluster.DumpLogs();
+  double expert_tokens = 0;
+  for (const auto& [e, tokens] : testing::ExpertTokens(cluster, 2)) expert_tokens += tokens;
+  EXPECT_GT(expert_tokens, 0);
+  // The balance ratio is over the three ranks holding experts, all of which got rows.
+  EXPECT_GT(RouterValue(cluster, "dxs_cluster_ep_balance_ratio"), 0);
+
+  // Drained under load: its experts move back to ranks 0 and 1, it exits, nothing fails.
+  int in_flight_when_moved = 0;
+  std::string drain_out;
+  RunThrough(&cluster, dir, 2, 16, 96, "drain-joined-", [&] {
+    drain_out = RunDxs(cluster, "drain --router " + cluster.router_address() + " --rank 2");
+    const bool moved = WaitForView(cluster, absl::Seconds(30), [](const v1::ClusterView& v) {
+      return ExpertsOf(v, 2).empty();
+    });
+    ASSERT_TRUE(moved) << cluster.DumpLogs();
+    in_flight_when_moved = InFlight(&cluster, 2);
+  });
+  EXPECT_EQ(drain_out.rfind("expert rank 2 draining", 0), 0u) << drain_out;
+  EXPECT_GT(in_flight_when_moved, 0) << "the drain should happen under load";
+  absl::StatusOr<int> exited = cluster.WaitExpertExit(2, absl::Seconds(20));
+  ASSERT_TRUE(exited.ok()) << exited.status() << cluster.DumpLogs();
+  EXPECT_EQ(*exited, 0);
+  const v1::ClusterView drained = testing::CurrentClusterView(cluster);
+  std::vector<int> held;
+  for (uint32_t r = 0; r < 2; ++r) {
+    for (int e : ExpertsOf(drained, r)) held.push_back(e);
+  }
+  std::sort(held.begin(), held.end());
+  held.erase(std::unique(held.begin(), held.end()), held.end());
+  EXPECT_EQ(held, AllExperts());
+  EXPECT_EQ(RouterValue(cluster, "dxs_eplb_recoveries_total"), 0);
+  RunThrough(&cluster, dir, 2, 2, 4, "after-", [] {});
 }
 
 }  // namespace

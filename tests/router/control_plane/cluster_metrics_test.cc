@@ -36,7 +36,7 @@ std::map<std::string, double> Samples(const ClusterMetrics& metrics) {
 
 class ClusterMetricsTest : public ::testing::Test {
  protected:
-  ClusterMetricsTest() : cluster_(Options()) {
+  explicit ClusterMetricsTest(bool elastic_ep = false) : cluster_(Options(elastic_ep)) {
     ClusterMetricsOptions options;
     options.window = absl::Seconds(5);
     options.interval = absl::Seconds(1);
@@ -44,8 +44,9 @@ class ClusterMetricsTest : public ::testing::Test {
     metrics_ = ClusterMetrics::Create(&cluster_, options).value();
   }
 
-  ClusterRegistryOptions Options() {
+  ClusterRegistryOptions Options(bool elastic_ep) {
     ClusterRegistryOptions o;
+    o.elastic_ep = elastic_ep;
     o.num_attention_ranks = 2;
     o.num_expert_ranks = 2;
     o.num_experts = 4;
@@ -176,6 +177,49 @@ TEST_F(ClusterMetricsTest, BackgroundSamplingStartsAndStops) {
   EXPECT_EQ(Samples(*metrics_)[R"(dxs_workers{role="attention",state="joining"})"], 1);
   metrics_->Stop();
   metrics_->Stop();  // idempotent
+}
+
+class ElasticClusterMetricsTest : public ClusterMetricsTest {
+ protected:
+  ElasticClusterMetricsTest() : ClusterMetricsTest(/*elastic_ep=*/true) {}
+};
+
+// The balance is over the EP ranks that take part in steps. A dead rank, a restarted one
+// that came back empty and a rank that joined and holds nothing yet receive no rows by
+// design; counting them as ranks with 0 tokens read a perfectly even cluster as 3x
+// imbalanced.
+TEST_F(ElasticClusterMetricsTest, BalanceIsOverLiveRanksHoldingExperts) {
+  const v1::WorkerId a0 = Register(v1::ROLE_ATTENTION, 0, "a0:1");
+  Register(v1::ROLE_ATTENTION, 1, "a1:1");
+  const v1::WorkerId e0 = Register(v1::ROLE_EXPERT, 0, "e0:1");
+  const v1::WorkerId e1 = Register(v1::ROLE_EXPERT, 1, "e1:1");
+  ASSERT_TRUE(cluster_.started());
+  // EP rank 1 dies and comes back empty (elastic EP); rank 2 joins, empty too.
+  ASSERT_TRUE(cluster_.MarkDead(e1).ok());
+  const v1::WorkerId e1b = Register(v1::ROLE_EXPERT, 1, "e1:2");
+  const v1::WorkerId e2 = Register(v1::ROLE_EXPERT, 2, "e2:1");
+  ASSERT_EQ(cluster_.num_expert_ranks(), 3);
+  std::map<std::string, double> s = Tick();  // the window's first point: no rows yet
+  Beat(a0, 10, 0, 40);
+  Beat(e0, 10, 0, 100);
+  Beat(e1b, 10, 10, 0);
+  Beat(e2, 10, 10, 0);
+  s = Tick();
+  EXPECT_DOUBLE_EQ(s["dxs_ep_token_imbalance"], 1.0);  // was 3: 100 * 3 ranks / 100
+  EXPECT_DOUBLE_EQ(s["dxs_cluster_ep_balance_ratio"], 1.0);
+  EXPECT_EQ(s[R"(dxs_placement_experts{rank="0"})"], 2);
+  EXPECT_EQ(s[R"(dxs_placement_experts{rank="2"})"], 0);  // the joined rank is listed
+
+  // Rank 1 is given experts 2 and 3 and takes 300 rows: the ratio is over ranks 0 and 1.
+  ASSERT_TRUE(cluster_.SetPlacement(*Placement::FromExpertRanks(3, {{0}, {0}, {1}, {1}}, 10)).ok());
+  Beat(e0, 20, 0, 200);
+  Beat(e1b, 20, 10, 300);
+  Beat(e2, 20, 20, 0);
+  s = Tick();
+  // Within the window rank 0 took 200 rows and rank 1 300: max 300 over mean 250.
+  EXPECT_DOUBLE_EQ(s["dxs_ep_token_imbalance"], 300.0 / 250.0);
+  EXPECT_DOUBLE_EQ(s["dxs_cluster_ep_balance_ratio"], 250.0 / 300.0);
+  EXPECT_EQ(s[R"(dxs_placement_experts{rank="1"})"], 2);
 }
 
 TEST(ClusterMetricsOptionsTest, RefusesANonPositiveWindowOrInterval) {

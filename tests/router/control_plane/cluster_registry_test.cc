@@ -470,6 +470,81 @@ TEST_F(ClusterRegistryTest, ExpiredWorkerCanBeDeregistered) {
   EXPECT_THAT(reg.Workers(), IsEmpty());
 }
 
+// Elastic EP: a new expert rank joins with the next rank number once the cluster has
+// started; any other number beyond the cluster is refused, saying which one would do.
+TEST_F(ClusterRegistryTest, ElasticExpertRankJoinsWithTheNextNumber) {
+  ClusterRegistryOptions o = Options(1, 2, 4);
+  o.elastic_ep = true;
+  ClusterRegistry reg(o);
+  ASSERT_TRUE(reg.Register(Attention(0, "a0:1")).ok());
+  ASSERT_TRUE(reg.Register(Expert(0, "e0:1")).ok());
+  // Not started yet (rank 1 never was live): nobody joins.
+  ExpectRefused(reg.Register(Expert(2, "e2:1")), absl::StatusCode::kFailedPrecondition,
+                "cannot join yet");
+  ASSERT_TRUE(reg.Register(Expert(1, "e1:1")).ok());
+  ASSERT_TRUE(reg.started());
+  const uint64_t placement_version = reg.View().placement().version();
+  ExpectRefused(reg.Register(Expert(3, "e3:1")), absl::StatusCode::kFailedPrecondition,
+                "the next one to join is rank 2");
+  ExpectRefused(reg.Register(Expert(2, "e0:1")), absl::StatusCode::kAlreadyExists,
+                "already registered");
+  EXPECT_EQ(reg.num_expert_ranks(), 2);  // refusals change nothing
+
+  absl::StatusOr<v1::RegisterResponse> joined = reg.Register(Expert(2, "e2:1"));
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(joined->rank(), 2u);
+  EXPECT_EQ(reg.num_expert_ranks(), 3);
+  const v1::ClusterView view = reg.View();
+  EXPECT_EQ(view.num_expert_ranks(), 3u);
+  EXPECT_EQ(view.placement().num_expert_ranks(), 3u);
+  // It holds nothing until the Rebalancer gives it experts: the map is unchanged.
+  EXPECT_EQ(view.placement().version(), placement_version);
+  EXPECT_THAT(Owners(view.placement()), ElementsAre(0, 0, 1, 1));
+  EXPECT_EQ(view.workers(view.workers_size() - 1).transport_rank(), 1u + 2u);
+  EXPECT_TRUE(reg.IsComplete());
+
+  // An unset rank with every rank live joins as the next one.
+  absl::StatusOr<v1::RegisterResponse> unset =
+      reg.Register(Request(v1::ROLE_EXPERT, std::nullopt, "e3:1"));
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_EQ(unset->rank(), 3u);
+
+  // The new ranks take experts from a placement over all four.
+  absl::StatusOr<Placement> four = Placement::FromExpertRanks(4, {{0}, {1}, {2}, {3}}, 9);
+  ASSERT_TRUE(four.ok());
+  absl::StatusOr<v1::ClusterView> published = reg.SetPlacement(*four);
+  ASSERT_TRUE(published.ok()) << published.status();
+  EXPECT_THAT(Owners(published->placement()), ElementsAre(0, 1, 2, 3));
+  // One computed before rank 3 joined leaves it empty; one over more ranks is refused.
+  ASSERT_TRUE(reg.SetPlacement(*Placement::FromExpertRanks(3, {{0}, {1}, {2}, {2}}, 10)).ok());
+  EXPECT_THAT(Owners(reg.View().placement()), ElementsAre(0, 1, 2, 2));
+  EXPECT_EQ(
+      reg.SetPlacement(*Placement::FromExpertRanks(5, {{0}, {1}, {2}, {4}}, 11)).status().code(),
+      absl::StatusCode::kInvalidArgument);
+
+  // A joined rank that deregisters leaves its number free; the count stays.
+  ASSERT_TRUE(reg.Deregister([&] {
+                   v1::DeregisterRequest d;
+                   *d.mutable_worker() = Id(v1::ROLE_EXPERT, *unset);
+                   return d;
+                 }())
+                  .ok());
+  EXPECT_EQ(reg.num_expert_ranks(), 4);
+  absl::StatusOr<v1::RegisterResponse> again = reg.Register(Expert(3, "e3:2"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->rank(), 3u);
+}
+
+TEST_F(ClusterRegistryTest, ExpertRanksBeyondTheClusterNeedElasticEp) {
+  ClusterRegistry reg(Options(1, 1, 4));
+  ASSERT_TRUE(reg.Register(Attention(0, "a0:1")).ok());
+  ASSERT_TRUE(reg.Register(Expert(0, "e0:1")).ok());
+  ExpectRefused(reg.Register(Expert(1, "e1:1")), absl::StatusCode::kInvalidArgument,
+                "new expert ranks join only with dxs-router --elastic-ep");
+  ExpectRefused(reg.Register(Request(v1::ROLE_EXPERT, std::nullopt, "e1:1")),
+                absl::StatusCode::kResourceExhausted, "no free expert rank");
+}
+
 TEST_F(ClusterRegistryTest, DrainRules) {
   ClusterRegistry reg(Options(1, 3, 2));
   absl::StatusOr<v1::RegisterResponse> e0 = reg.Register(Expert(0, "e0:1", {0}));

@@ -95,6 +95,20 @@ TEST(Eplb, DeterministicAndEvenWithoutLoad) {
   EXPECT_DOUBLE_EQ(BalanceRatio(RankLoads(*a, zero)), 1.0);
 }
 
+// Issue 13: the per-dispatch ratio was mean over max over every EP rank the executor knew,
+// so after an elastic EP kill (or with a joined rank not yet rebalanced onto) a perfectly
+// even dispatch over the ranks of the step read (N-1)/N.
+TEST(Eplb, DispatchBalanceRatioCountsTheRanksOfTheStepOnly) {
+  EXPECT_DOUBLE_EQ(DispatchBalanceRatio({10, 10, 0}, {true, true, false}), 1.0);
+  EXPECT_DOUBLE_EQ(DispatchBalanceRatio({10, 0, 30}, {true, false, true}), 20.0 / 30.0);
+  // A rank of the step that got nothing is an imbalance.
+  EXPECT_DOUBLE_EQ(DispatchBalanceRatio({10, 0, 0}, {true, true, false}), 0.5);
+  // Ranks past in_step's end (the executor grew) are outside the step.
+  EXPECT_DOUBLE_EQ(DispatchBalanceRatio({8, 8, 0}, {true, true}), 1.0);
+  EXPECT_DOUBLE_EQ(DispatchBalanceRatio({0, 0}, {true, true}), 1.0);
+  EXPECT_DOUBLE_EQ(DispatchBalanceRatio({}, {}), 1.0);
+}
+
 TEST(Eplb, BadInputIsInvalidArgument) {
   EXPECT_EQ(BalancedPlacement({}, 2, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(BalancedPlacement({1, 2}, 0, 0).status().code(), absl::StatusCode::kInvalidArgument);
