@@ -27,7 +27,10 @@
 #   DXS_CHECK_CONTAINER=1 scripts/check-container.sh
 # scripts/run-tests.sh runs it with DXS_PREBUILT_BIN=build/bin: about 2 minutes on a 2-core
 # VM (1.5 of them apt installing the build stage's dependencies; debootstrap adds half a
-# minute the first time). Compiling inside the image as well takes far longer on such a
+# minute the first time); the CUDA image about 1 more (the 420 MB cuBLAS wheel, a 570 MB
+# layer, its export), and --layers, which the CUDA image's reuse of the build stage needs,
+# costs the CPU build's commits of every step (measured on a busy 2-core machine with stub
+# binaries: CPU build 88 s with --layers=false, 185 s with --layers; CUDA image 68 s). Compiling inside the image as well takes far longer on such a
 # machine, so that stays a manual run. Needs root, podman and debootstrap (installed when
 # missing) and a Debian mirror. Environment:
 #   DXS_CONTAINER_WORK   work directory [/tmp/dxs-container-check]; the debootstrapped base
