@@ -2,7 +2,7 @@
 # Single quotes here hold text for dpkg-query and for shells inside the chroot.
 # shellcheck disable=SC2016
 
-# Builds deploy/container/Dockerfile with a real container engine and checks the image:
+# Builds deploy/container/Dockerfile with a real container engine and checks the images:
 #   - `podman build --isolation chroot` (Debian's podman 4.3), FROM a Debian 12 root made
 #     with debootstrap and brought in with `podman import` (standing in for debian:bookworm);
 #   - the image's metadata: USER 10001, the entrypoint, the exposed ports (gRPC, metrics)
@@ -15,12 +15,22 @@
 #     entrypoint (ranks taken from POD_INDEX and from the pod-style HOSTNAME, as in
 #     Kubernetes) answers `dxs generate` and `dxs status`, serves /metrics on every
 #     process, keeps UCX inside UCX_TCP_PORT_RANGE (what the NetworkPolicy opens), then
-#     stops on SIGTERM.
+#     stops on SIGTERM; `dxs run --device cuda` fails with one line (no CUDA backend);
+#   - the CUDA image (target cuda), when DXS_PREBUILT_BIN has libdxs_cuda.so (a CUDA build),
+#     built from the same layers plus cuBLAS from PyPI, checked without a GPU: metadata and
+#     Debian packages as the CPU image's; the plugin, cuBLAS and UCX's CUDA runtime present,
+#     no driver library (libcuda.so.1, libnvidia-ml.so.1: the node's); ldd of the binaries,
+#     the plugin, cuBLAS and UCX's modules finds all but the driver's libraries; cuBLAS
+#     loads by name as USER; `dxs run --device cuda` exits 1 with the plugin's one-line
+#     "no usable GPU" error, and `dxs run` on the CPU works.
 #
 #   DXS_CHECK_CONTAINER=1 scripts/check-container.sh
 # scripts/run-tests.sh runs it with DXS_PREBUILT_BIN=build/bin: about 2 minutes on a 2-core
 # VM (1.5 of them apt installing the build stage's dependencies; debootstrap adds half a
-# minute the first time). Compiling inside the image as well takes far longer on such a
+# minute the first time); the CUDA image about 1 more (the 420 MB cuBLAS wheel, a 570 MB
+# layer, its export), and --layers, which the CUDA image's reuse of the build stage needs,
+# costs the CPU build's commits of every step (measured on a busy 2-core machine with stub
+# binaries: CPU build 88 s with --layers=false, 185 s with --layers; CUDA image 68 s). Compiling inside the image as well takes far longer on such a
 # machine, so that stays a manual run. Needs root, podman and debootstrap (installed when
 # missing) and a Debian mirror. Environment:
 #   DXS_CONTAINER_WORK   work directory [/tmp/dxs-container-check]; the debootstrapped base
@@ -29,8 +39,10 @@
 #   DXS_PREBUILT_BIN     a directory with dxs, dxs-router, dxs-attention, dxs-expert built
 #                        from this tree on Debian 12, mounted into the build: the build
 #                        stage then installs the dependencies and configures but does not
-#                        compile (build-steps.sh), for machines too small to build twice
-#   DXS_CHECK_KEEP=1     keep the image and the exported root afterwards
+#                        compile (build-steps.sh), for machines too small to build twice.
+#                        With libdxs_cuda.so there too, the CUDA image is built and
+#                        checked; without it (or without DXS_PREBUILT_BIN) it is skipped
+#   DXS_CHECK_KEEP=1     keep the images and the exported roots afterwards
 #   DXS_BUILD_CA_BUNDLE  a CA bundle for pip in the build stage [$PIP_CERT or
 #                        $REQUESTS_CA_BUNDLE]: for machines behind a TLS-intercepting proxy
 # Runs under `flock /tmp/dxs-build.lock`, like other heavy jobs on shared machines.
@@ -54,6 +66,7 @@ mirror=${DXS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 runner=$repo/deploy/container/chroot-run.py
 base_image=localhost/dxs-check-base:bookworm
 image=localhost/dxs:check
+cuda_image=localhost/dxs:check-cuda
 start=$(date +%s)
 step() { echo "check-container: [$(($(date +%s) - start))s] $*"; }
 fail() { echo "check-container: FAIL: $*" >&2; exit 1; }
@@ -90,12 +103,14 @@ fi
 
 version=$(sed -n 's/^project(dxs VERSION \([0-9.]*\).*/\1/p' "$repo/CMakeLists.txt")
 commit=$(git -C "$repo" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-# --layers=false: no intermediate images left behind run after run (each run builds afresh,
-# which is also what the timing below assumes).
-build_args=(--isolation chroot --layers=false -f "$repo/deploy/container/Dockerfile"
+# --layers: the cuda target's build takes the build and runtime stages from the cpu
+# target's (the same steps with the same arguments) instead of running apt again. The layers
+# are this run's own: the prebuilt binaries' mount point names them (below), so another
+# run's cache is never taken for them, and cleanup removes every image this run made.
+build_args=(--isolation chroot --layers -f "$repo/deploy/container/Dockerfile"
   --ignorefile "$repo/deploy/container/Dockerfile.dockerignore"
   --build-arg "DEBIAN_IMAGE=$base_image" --build-arg "DXS_VERSION=$version"
-  --build-arg "DXS_GIT_COMMIT=$commit" -t "$image")
+  --build-arg "DXS_GIT_COMMIT=$commit")
 # A machine behind a TLS-intercepting proxy trusts the proxy's CA through PIP_CERT (or
 # REQUESTS_CA_BUNDLE); setup.sh's pip in the build stage needs the same bundle.
 ca_bundle=${DXS_BUILD_CA_BUNDLE:-${PIP_CERT:-${REQUESTS_CA_BUNDLE:-}}}
@@ -108,17 +123,49 @@ if [ -n "${DXS_PREBUILT_BIN:-}" ]; then
   for b in dxs dxs-router dxs-attention dxs-expert; do
     [ -x "$prebuilt/$b" ] || fail "DXS_PREBUILT_BIN=$prebuilt has no $b"
   done
-  build_args+=(-v "$prebuilt:/prebuilt:ro" --build-arg DXS_PREBUILT_BIN=/prebuilt)
+  # DXS_PREBUILT_BIN is an argument of the build stage's RUN, so a mount point that changes
+  # with the binaries (names, sizes, times) keeps a layer cache from serving older ones.
+  stamp=$(cd "$prebuilt" && stat -c '%n %s %Y' -- dxs dxs-router dxs-attention dxs-expert \
+    libdxs_cuda.so 2>/dev/null | md5sum | cut -c1-12)
+  build_args+=(-v "$prebuilt:/prebuilt-$stamp:ro" --build-arg "DXS_PREBUILT_BIN=/prebuilt-$stamp")
   step "podman build (build stage: dependencies and configure; binaries from $prebuilt)"
 else
+  build_args+=(--no-cache)
   step "podman build (the build stage compiles dxs)"
 fi
-# The full output goes to build.log; the steps are shown as they go.
-if ! podman build "${build_args[@]}" "$repo" 2>&1 | tee "$work/build.log" |
-  grep --line-buffered -E '^(STEP |build-steps|setup:|-- dxs:|COMMIT|Successfully)' | sed -u 's/^/  | /'; then
-  tail -40 "$work/build.log" >&2
-  fail "podman build failed (log: $work/build.log)"
-fi
+
+runtime=$work/rootfs
+cuda_root=$work/rootfs-cuda
+podman images -a -q --no-trunc | sort -u >"$work/images.before"
+cleanup() {
+  if [ "${DXS_CHECK_KEEP:-0}" != 1 ]; then
+    rm -rf --one-file-system "$runtime" "$cuda_root"
+    podman image rm -f "$image" "$cuda_image" >/dev/null 2>&1 || true
+  fi
+  # The intermediate images of --layers that this run made and that are left (removing a
+  # tagged image removes its untagged parents; those of a failed build stay).
+  for _ in 1 2 3; do
+    new=$(podman images -a -q --no-trunc | sort -u | comm -13 "$work/images.before" -)
+    [ -n "$new" ] || break
+    # shellcheck disable=SC2086  # one image per word
+    podman image rm $new >/dev/null 2>&1 || true
+  done
+}
+trap cleanup EXIT
+
+# podman_build LOG IMAGE [more podman build arguments]: the full output goes to LOG; the
+# steps are shown as they go.
+podman_build() {
+  local log=$1 tag=$2
+  shift 2
+  if ! podman build "${build_args[@]}" -t "$tag" "$@" "$repo" 2>&1 | tee "$log" |
+    grep --line-buffered -E '^(STEP |build-steps|cuda-steps|setup:|-- dxs:|COMMIT|Successfully)' |
+    sed -u 's/^/  | /'; then
+    tail -40 "$log" >&2
+    fail "podman build failed (log: $log)"
+  fi
+}
+podman_build "$work/build.log" "$image"
 podman image inspect "$image" >"$work/image.json"
 
 step "image metadata"
@@ -140,19 +187,16 @@ echo "  USER $user, ENTRYPOINT $entrypoint, CMD $(meta '" ".join(c.get("Cmd") or
 echo "  labels: $labels"
 
 step "podman export: the image's file system"
-runtime=$work/rootfs
-rm -rf --one-file-system "$runtime"
-mkdir -p "$runtime"
-container=$(podman create "$image")
-podman export "$container" | tar -C "$runtime" --numeric-owner -x
-podman rm "$container" >/dev/null
-cleanup() {
-  if [ "${DXS_CHECK_KEEP:-0}" != 1 ]; then
-    rm -rf --one-file-system "$runtime"
-    podman image rm -f "$image" >/dev/null 2>&1 || true
-  fi
+# export_root IMAGE DIR
+export_root() {
+  rm -rf --one-file-system "$2"
+  mkdir -p "$2"
+  local container
+  container=$(podman create "$1")
+  podman export "$container" | tar -C "$2" --numeric-owner -x
+  podman rm "$container" >/dev/null
 }
-trap cleanup EXIT
+export_root "$image" "$runtime"
 
 in_runtime() { python3 "$runner" --root "$runtime" --image-config "$work/image.json" "$@"; }
 
@@ -161,20 +205,25 @@ echo "  USER $user: $(in_runtime -- id)"
 
 step "image: packages"
 chroot "$work/base" dpkg-query -W -f '${Package}\n' | sort >"$work/base.packages"
-chroot "$runtime" dpkg-query -W -f '${Package}\n' | sort >"$work/runtime.packages"
-added=$(comm -13 "$work/base.packages" "$work/runtime.packages" | tr '\n' ' ')
-echo "  added to debian:bookworm: $added"
-bad=$(comm -13 "$work/base.packages" "$work/runtime.packages" |
-  grep -E -- '-dev$|^(gcc|g\+\+|cpp|clang|llvm|cmake|ninja-build|make|binutils|protobuf-compiler)' || true)
-[ -z "$bad" ] || fail "build-only packages in the image: $bad"
-for f in /usr/local/bin/dxs /usr/local/bin/dxs-router /usr/local/bin/dxs-attention \
-  /usr/local/bin/dxs-expert /usr/local/bin/dxs-entrypoint; do
-  [ -x "$runtime$f" ] || fail "$f missing from the image"
-done
-if [ -e "$runtime/src" ] || [ -e "$runtime/opt/dxs" ]; then
-  fail "build stage files leaked into the image"
-fi
-du -sh --exclude=proc --exclude=sys --exclude=dev "$runtime" | awk '{print "  image root: " $1}'
+# check_files ROOT NAME: Debian packages beyond the base (none for building), the binaries,
+# nothing else of the build stage; writes NAME.packages.
+check_files() {
+  local root=$1 name=$2 f bad
+  chroot "$root" dpkg-query -W -f '${Package}\n' | sort >"$work/$name.packages"
+  echo "  added to debian:bookworm: $(comm -13 "$work/base.packages" "$work/$name.packages" | tr '\n' ' ')"
+  bad=$(comm -13 "$work/base.packages" "$work/$name.packages" |
+    grep -E -- '-dev$|^(gcc|g\+\+|cpp|clang|llvm|cmake|ninja-build|make|binutils|protobuf-compiler)' || true)
+  [ -z "$bad" ] || fail "build-only packages in the image: $bad"
+  for f in /usr/local/bin/dxs /usr/local/bin/dxs-router /usr/local/bin/dxs-attention \
+    /usr/local/bin/dxs-expert /usr/local/bin/dxs-entrypoint; do
+    [ -x "$root$f" ] || fail "$f missing from the image"
+  done
+  if [ -e "$root/src" ] || [ -e "$root/opt/dxs" ]; then
+    fail "build stage files leaked into the image"
+  fi
+  du -sh --exclude=proc --exclude=sys --exclude=dev "$root" | awk '{print "  image root: " $1}'
+}
+check_files "$runtime" runtime
 
 step "image: shared libraries"
 missing=$(in_runtime -- /bin/sh -c 'for b in /usr/local/bin/dxs*; do
@@ -188,6 +237,22 @@ in_runtime -- dxs-entrypoint help >/dev/null || fail "dxs-entrypoint help (the i
 in_runtime -- dxs-router --help >/dev/null || fail "dxs-router --help"
 in_runtime -- /bin/sh -c 'test ! -w /usr/local/bin/dxs-router' || fail "the binaries are writable by $user"
 echo "  dxs help, dxs-router --help, dxs-entrypoint help: exit 0; binaries read-only to $user"
+
+# expect_cuda_error PATTERN RUNNER...: `dxs run --device cuda` through RUNNER (in_runtime,
+# in_cuda) must exit 1 with one line on stderr that matches PATTERN: not a crash, not a hang
+# (timeout's 124).
+expect_cuda_error() {
+  local pattern=$1 rc=0 err
+  shift
+  err=$("$@" -- timeout 120 dxs run --device cuda --max-new-tokens 1 --prompt-ids 1 2>&1 >/dev/null) || rc=$?
+  [ "$rc" = 1 ] || fail "dxs run --device cuda: exit status $rc, not 1: $err"
+  [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] || fail "dxs run --device cuda: not one line: $err"
+  printf '%s\n' "$err" | grep -q -E "$pattern" || fail "dxs run --device cuda: '$err' does not match '$pattern'"
+  echo "  dxs run --device cuda: exit 1, $err"
+}
+# The binaries may be a CUDA build (DXS_PREBUILT_BIN from a machine with the toolkit); this
+# image has no plugin either way.
+expect_cuda_error '^dxs run: --device cuda: (this build of dxs has no CUDA backend|cannot load the CUDA backend /usr/local/bin/libdxs_cuda.so: )' in_runtime
 
 step "image: a 2 DP x 2 EP cluster through dxs-entrypoint, as $user"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -284,4 +349,79 @@ print(f"  dashboard: {len(used)} series names used, {len(used) - len(missing)} e
       + (f"; not (yet) exposed: {', '.join(missing)}" if missing else ""))
 PY
 
-step "OK: podman built the image and it works (work dir $work)"
+# The CUDA image (--target cuda): what it adds to the image above, without a GPU.
+if [ -z "${DXS_PREBUILT_BIN:-}" ]; then
+  step "CUDA image: skipped (it needs binaries built with the CUDA toolkit: DXS_PREBUILT_BIN)"
+elif [ ! -f "$prebuilt/libdxs_cuda.so" ]; then
+  step "CUDA image: skipped ($prebuilt has no libdxs_cuda.so: not built with the CUDA toolkit)"
+else
+  step "podman build --target cuda (the stages above from the layer cache; cuBLAS from PyPI)"
+  podman_build "$work/build-cuda.log" "$cuda_image" --target cuda
+  podman image inspect "$cuda_image" >"$work/image-cuda.json"
+  in_cuda() { python3 "$runner" --root "$cuda_root" --image-config "$work/image-cuda.json" "$@"; }
+
+  step "CUDA image: metadata"
+  python3 - "$work/image.json" "$work/image-cuda.json" <<'PY' || fail "CUDA image metadata"
+import json, sys
+cpu, cuda = (json.load(open(f))[0]["Config"] for f in sys.argv[1:])
+for k in ("User", "Entrypoint", "Cmd", "ExposedPorts", "WorkingDir"):
+    if cpu.get(k) != cuda.get(k):
+        sys.exit(f"  {k}: {cuda.get(k)!r}, the CPU image has {cpu.get(k)!r}")
+env = set(cuda.get("Env") or [])
+if not set(cpu.get("Env") or []) <= env or "NVIDIA_DRIVER_CAPABILITIES=compute,utility" not in env:
+    sys.exit(f"  Env: {sorted(env)}")
+labels = cuda.get("Labels") or {}
+if "CUDA" not in labels.get("org.opencontainers.image.description", ""):
+    sys.exit(f"  the description label does not say CUDA: {labels}")
+for k in ("version", "revision", "title"):
+    k = "org.opencontainers.image." + k
+    if labels.get(k) != (cpu.get("Labels") or {}).get(k):
+        sys.exit(f"  label {k}: {labels.get(k)!r}")
+print("  as the CPU image (USER, ENTRYPOINT, CMD, EXPOSE, labels), plus",
+      " ".join(sorted(e for e in env if e.startswith("NVIDIA_"))))
+PY
+
+  step "CUDA image: file system"
+  export_root "$cuda_image" "$cuda_root"
+  check_files "$cuda_root" cuda
+  cmp -s "$work/runtime.packages" "$work/cuda.packages" ||
+    fail "the cuda target changed the Debian packages: $(diff "$work/runtime.packages" "$work/cuda.packages" | tr '\n' ' ')"
+  for f in /usr/local/bin/libdxs_cuda.so /usr/local/lib/dxs/libcublas.so.13 \
+    /usr/local/lib/dxs/libcublasLt.so.13; do
+    [ -f "$cuda_root$f" ] || fail "$f missing from the CUDA image"
+  done
+  ls "$cuda_root"/usr/local/lib/dxs/libcudart-*.so.* >/dev/null 2>&1 ||
+    fail "no libcudart-*.so.* (UCX's libucm_cuda.so.0 links it) in /usr/local/lib/dxs"
+  driver=$(find "$cuda_root" -xdev \( -name 'libcuda.so*' -o -name 'libnvidia-ml.so*' \) | sed "s|^$cuda_root||")
+  [ -z "$driver" ] || fail "driver libraries in the image (the node's NVIDIA toolkit mounts them): $driver"
+  (cd "$cuda_root/usr/local" && du -ch bin/libdxs_cuda.so lib/dxs/libcublas*.so.13 lib/dxs/libcudart-* |
+    awk '{print "  " $2 ": " $1}')
+
+  step "CUDA image: shared libraries (all but the driver's libcuda.so.1, libnvidia-ml.so.1)"
+  in_cuda -- /bin/sh -c 'for f in /usr/local/bin/dxs /usr/local/bin/dxs-attention \
+    /usr/local/bin/dxs-expert /usr/local/bin/dxs-router /usr/local/bin/libdxs_cuda.so \
+    /usr/local/lib/dxs/*.so* /usr/local/lib/dxs/ucx/*.so*; do
+    ldd "$f" | sed "s|^|$f: |"; done' >"$work/cuda.ldd" || fail "ldd in the CUDA image"
+  missing=$(grep "not found" "$work/cuda.ldd" | grep -v -E ':\s+(libcuda|libnvidia-ml)\.so\.1 => not found' || true)
+  [ -z "$missing" ] || fail "missing shared libraries: $missing"
+  echo "  ldd: every library of the binaries, libdxs_cuda.so, cuBLAS and UCX found; the driver's:" \
+    "$(grep -E ':\s+lib(cuda|nvidia-ml)\.so\.1 => not found' "$work/cuda.ldd" | sed 's|:.*/||; s|:\s*| needs |; s| =>.*||' | sort -u | tr '\n' ',' | sed 's/,$//; s/,/, /g')"
+  # dlopen("libcublas.so.13"), as the plugin calls it, goes through ld.so's cache: load both
+  # by name into a process as the user (ld.so warns and goes on when one cannot be loaded).
+  in_cuda -- /sbin/ldconfig -p | grep -q 'libcublasLt.so.13 .*=> /usr/local/lib/dxs/' ||
+    fail "libcublasLt.so.13 is not in the image's ld.so cache"
+  err=$(in_cuda --env "LD_PRELOAD=libcublas.so.13 libcublasLt.so.13" -- dxs help 2>&1 >/dev/null) ||
+    fail "dxs help with cuBLAS preloaded: $err"
+  [ -z "$err" ] || fail "cuBLAS does not load by name as $user: $err"
+  echo "  libcublas.so.13 and libcublasLt.so.13 load by name (ld.so cache) as $user"
+
+  step "CUDA image: dxs run, as $user, with no GPU and no driver"
+  # The plugin loads (its own error, not make_backend.cc's "cannot load the CUDA backend")
+  # and reports that there is no GPU; cuBLAS is loaded only once a GPU is there.
+  expect_cuda_error '^dxs run: --device cuda: no usable GPU \(' in_cuda
+  tokens=$(in_cuda -- timeout 120 dxs run --max-new-tokens 2 --prompt-ids 1,2,3 2>/dev/null) ||
+    fail "dxs run on the CPU in the CUDA image"
+  echo "  dxs run on the CPU: tokens $tokens"
+fi
+
+step "OK: podman built the image(s) and they work (work dir $work)"

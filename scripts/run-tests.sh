@@ -11,9 +11,11 @@ ctest --test-dir "${DXS_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" ${D
 # Kubernetes manifests: render every overlay and validate offline (schemas, CRDs, PromQL).
 scripts/check-deploy.sh
 # The image: podman build on a debootstrapped Debian 12 base, its metadata, and a 2 x 2
-# cluster from its file system in a chroot. The binaries just built go into the image
-# (DXS_PREBUILT_BIN), which keeps it to about 2 minutes on 2 cores; DXS_CHECK_CONTAINER=0
-# skips it.
+# cluster from its file system in a chroot; then, where the build made the CUDA plugin
+# (build/bin/libdxs_cuda.so, wherever the CUDA toolkit is installed), the CUDA image from
+# the same layers plus cuBLAS, checked without a GPU. The binaries just built go into the
+# images (DXS_PREBUILT_BIN), which keeps it to a few minutes on 2 cores;
+# DXS_CHECK_CONTAINER=0 skips it.
 if [ "${DXS_CHECK_CONTAINER:-1}" = 1 ]; then
   DXS_CHECK_CONTAINER=1 DXS_PREBUILT_BIN="${DXS_PREBUILT_BIN:-${DXS_BUILD_DIR:-build}/bin}" \
     scripts/check-container.sh

@@ -34,10 +34,16 @@ done
 #   between processes): the transport's UCX, headers and libraries, on every machine, GPU or
 #   not (CMake finds it through this venv's python; see the top-level CMakeLists.txt). It
 #   replaces Debian's UCX 1.13. Pinned, without dependencies.
+# - nvidia-cublas (DXS_SETUP_CUBLAS=1 only): cuBLAS/cuBLASLt 13 (nvidia/cu13/lib/
+#   libcublas.so.13, libcublasLt.so.13), which the CUDA plugin loads at run time
+#   (kernels/cuda/cublas_loader.cc). A machine with the CUDA toolkit has them already; the
+#   CUDA container image takes them from here (deploy/container/cuda-steps.sh). Pinned to the
+#   release of the toolkit dxs is built and tested with, without dependencies (it has none).
 # Each is installed only when missing, so a second run changes nothing.
 UCX_VERSION=1.22.0
 CUTLASS_VERSION=4.2.0.0
 FLASHINFER_VERSION=0.7.4
+CUBLAS_VERSION=13.1.0.3
 setup_python() {
   local venv=${DXS_PY_VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv}
   local py="$venv/bin/python3"
@@ -53,6 +59,12 @@ setup_python() {
     echo "setup: installing libucx-cu13 $UCX_VERSION (UCX with CUDA) into $venv"
     "$py" -m pip install --quiet --disable-pip-version-check --no-deps \
       "libucx-cu13==$UCX_VERSION"
+  fi
+  if [ "${DXS_SETUP_CUBLAS:-0}" = 1 ] &&
+    [ "$("$py" -m pip show nvidia-cublas 2>/dev/null | sed -n 's/^Version: //p')" != "$CUBLAS_VERSION" ]; then
+    echo "setup: installing nvidia-cublas $CUBLAS_VERSION (cuBLAS 13 run-time libraries) into $venv"
+    "$py" -m pip install --quiet --disable-pip-version-check --no-deps \
+      "nvidia-cublas==$CUBLAS_VERSION"
   fi
   # DXS_SETUP_CUDA_HEADERS=0 (a CPU-only build: the container) skips the two header wheels.
   [ "${DXS_SETUP_CUDA_HEADERS:-1}" = 0 ] && return 0

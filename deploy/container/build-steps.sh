@@ -1,8 +1,9 @@
 #!/bin/sh
 # The build stage of deploy/container/Dockerfile: installs the build dependencies with
 # scripts/setup.sh and builds the four binaries with scripts/build.sh (CPU only), then
-# installs them into PREFIX/bin. scripts/check-container.sh runs this same file in a
-# Debian 12 chroot, so the image build and the check cannot drift apart.
+# installs them into PREFIX/bin (the CUDA plugin, when there is one, into PREFIX/cuda).
+# scripts/check-container.sh runs this same file in a Debian 12 chroot, so the image build
+# and the check cannot drift apart.
 #
 #   build-steps.sh SRC_DIR PREFIX
 #
@@ -13,7 +14,9 @@
 #   DXS_BUILD_JOBS    parallel compile jobs [all cores]
 #   DXS_PREBUILT_BIN  a directory holding dxs, dxs-router, dxs-attention and dxs-expert
 #                     built from this tree on Debian 12: configure as usual but install
-#                     these instead of compiling (check-container.sh on 2-core machines)
+#                     these instead of compiling (check-container.sh on 2-core machines).
+#                     With libdxs_cuda.so beside them (a CUDA build), that plugin is put
+#                     aside in PREFIX/cuda for the image's cuda target (cuda-steps.sh).
 set -eu
 
 [ $# -eq 2 ] || { echo "usage: build-steps.sh SRC_DIR PREFIX" >&2; exit 2; }
@@ -61,6 +64,13 @@ for b in $binaries; do
   install -D -m 0755 "$bin_dir/$b" "$prefix/bin/$b"
 done
 ls -l "$prefix/bin"
+# The CUDA backend plugin, where the binaries are a CUDA build (built with the CUDA toolkit
+# present, which leaves libdxs_cuda.so beside them): put aside in $prefix/cuda for the
+# Dockerfile's cuda target (cuda-steps.sh), not in $prefix/bin, which the CPU image copies.
+if [ -f "$bin_dir/libdxs_cuda.so" ]; then
+  install -D -m 0644 "$bin_dir/libdxs_cuda.so" "$prefix/cuda/libdxs_cuda.so"
+  ls -l "$prefix/cuda"
+fi
 # UCX 1.22 comes from the libucx-cu13 wheel setup.sh put in the venv (not a Debian package):
 # its libraries, and beside them in ucx/ the transport modules UCX loads at run time. The
 # runtime stage copies $prefix/lib to /usr/local/lib/dxs, which ld.so.conf.d names.

@@ -14,8 +14,9 @@ output. For every file:
     ConfigMap; ports and gRPC probes agree with DXS_GRPC_PORT / DXS_METRICS_PORT;
     Services, PodDisruptionBudgets, NetworkPolicies and the PodMonitor select pods that
     exist; the metrics port is reachable only from the monitoring namespace, the UCX port
-    range of the ConfigMap is open between dxs pods; the dashboard ConfigMap carries the
-    Grafana sidecar label and the dashboard file's exact content.
+    range of the ConfigMap is open between dxs pods; with DXS_DEVICE=cuda every image is a
+    CUDA image (tag ending in -cuda); the dashboard ConfigMap carries the Grafana sidecar
+    label and the dashboard file's exact content.
 And the dashboard: it parses, every panel has targets with an expression, every metric
 selector applies the $namespace and $model variables, no Grafana macros, only known dxs
 metric names, and (with promtool) every expression parses as PromQL once the variables are
@@ -149,6 +150,7 @@ def check_invariants(docs, name, dashboard_text):
     config = configs[0]["data"]
     grpc_port = int(config.get("DXS_GRPC_PORT", "0"))
     metrics_port = int(config.get("DXS_METRICS_PORT", "0"))
+    cuda = config.get("DXS_DEVICE", "cpu").startswith("cuda")
     templates = pod_templates(docs)
 
     # M and N: the router's flags and the StatefulSets' sizes come from the same values.
@@ -200,6 +202,11 @@ def check_invariants(docs, name, dashboard_text):
             image = c.get("image", "")
             if ":" not in image.rsplit("/", 1)[-1] and "@" not in image:
                 problem(where, f"container {c['name']}: image {image!r} has no tag")
+            # --device cuda needs the CUDA image (the Dockerfile's cuda target, tagged
+            # VERSION-cuda): the CPU image has no CUDA backend.
+            elif cuda and "@" not in image and not image.rsplit(":", 1)[-1].endswith("-cuda"):
+                problem(where, f"container {c['name']}: DXS_DEVICE={config['DXS_DEVICE']} "
+                               f"needs a CUDA image (tag ...-cuda), not {image!r}")
 
     # Selectors select something.
     all_pod_labels = [t["metadata"].get("labels", {}) for _, t in templates]
