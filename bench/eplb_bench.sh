@@ -213,7 +213,7 @@ start_cluster off --elastic-ep
 start_cluster on --elastic-ep --num-redundant-experts "$REDUNDANT" --enable-eplb --eplb-interval "$INTERVAL"
 # The first rebalance, by hand, under load: from the load-blind default placement.
 use on
-bench $((REQUESTS / 2)) >/dev/null &
+bench $((REQUESTS / 2)) >"$WORK/rebalance-load.json" &
 LOAD=$!
 sleep 1
 V0=$(placement_version)
@@ -226,7 +226,7 @@ wait $LOAD || true
 # Off and on alternate, ROUNDS benches each, so a burst of load elsewhere hits both alike;
 # the counters are read once before the first round and once after the last.
 for tag in off on; do use $tag; bench $((REQUESTS / 4)) >/dev/null || true; scrape "$WORK/$tag-m0.json"; done
-declare -A TPS P99 ERRS
+declare -A TPS P99 ERRS ITL_MAX
 for i in $(seq "$ROUNDS"); do
   for tag in off on; do
     use $tag
@@ -234,6 +234,7 @@ for i in $(seq "$ROUNDS"); do
     TPS[$tag]+=" $(json_field output_tokens_per_second <"$WORK/$tag-bench$i.json")"
     P99[$tag]+=" $(e2e_p99 <"$WORK/$tag-bench$i.json")"
     ERRS[$tag]=$((${ERRS[$tag]:-0} + $(errors <"$WORK/$tag-bench$i.json")))
+    ITL_MAX[$tag]+=" $(python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["itl_ms"]["max"])' <"$WORK/$tag-bench$i.json" 2>/dev/null || echo 0)"
   done
 done
 for tag in off on; do use $tag; scrape "$WORK/$tag-m1.json"; done
@@ -262,6 +263,18 @@ echo "(balance: dxs_ep_balance_ratio, per MoE layer step; tok-bal: mean/max over
 echo " dxs_tokens_received_total over the window; compute: dxs_expert_compute_seconds per layer"
 echo " round, slowest rank over the mean; rows/token: rows the EP ranks received per output token)"
 python3 -c "print('rebalance (R=$REDUNDANT, v$V0 -> new): RPC %.2f s, new version in dxs status after %.2f s' % ($T1 - $T0, $T2 - $T0))"
+# The stall a live rebalance causes (issue 13: at most one step): the longest gap between
+# two tokens of any stream of the load that ran across it, beside that load's median gap
+# (one step) and the longest gap of the on cluster's measured rounds (no rebalance).
+python3 - "$WORK/rebalance-load.json" ${ITL_MAX[on]} <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+quiet = max(map(float, sys.argv[2:])) if len(sys.argv) > 2 else float("nan")
+itl = j["itl_ms"]
+print("rebalance stall: the load across it: longest gap between tokens %.1f ms, median %.1f ms"
+      " (one step), p99 %.1f ms, errors %d; longest gap in the on cluster's measured rounds"
+      " (no rebalance) %.1f ms" % (itl["max"], itl["p50"], itl["p99"], len(j["errors"]), quiet))
+PY
 read -r s m re p99 <<<"$REC_COVERED"
 echo "recovery, replica cover:    placement without the rank after $s s; dxs_eplb_recovery_duration_seconds $m s; killed/errors $re; load's e2e p99 $p99 ms"
 read -r s m re p99 <<<"$REC_UNCOVERED"

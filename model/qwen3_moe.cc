@@ -173,13 +173,8 @@ absl::StatusOr<Tensor> Qwen3MoeModel::DecodeBody(const Buffer& staging, int64_t 
 
 absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecode(const std::vector<SequenceChunk>& chunks,
                                                     KvCache* kv, bool use_graph) {
-  if (!IsDecodeStep(chunks)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a padded decode step takes 1 to ", kMaxGraphBatch, " one-token chunks"));
-  }
-  DXS_RETURN_IF_ERROR(Validate(chunks, kv));
+  DXS_ASSIGN_OR_RETURN(const auto shape, CheckedDecodeShape(chunks, kv));
   const int64_t n = static_cast<int64_t>(chunks.size());
-  const std::pair<int64_t, int64_t> shape = DecodeShape(chunks, *kv);
   const int64_t batch = shape.first, width = shape.second;
   use_graph = use_graph && backend_->SupportsGraphs();
   // One entry per shape, graphed or not: its pinned staging is reused from step to step.
@@ -214,15 +209,20 @@ absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecode(const std::vector<SequenceCh
   return logits.Rows(0, n);
 }
 
-std::pair<int64_t, int64_t> Qwen3MoeModel::DecodeShape(const std::vector<SequenceChunk>& chunks,
-                                                       const KvCache& kv) const {
-  const int64_t bs = kv.block_size();
+absl::StatusOr<std::pair<int64_t, int64_t>> Qwen3MoeModel::CheckedDecodeShape(
+    const std::vector<SequenceChunk>& chunks, KvCache* kv) const {
+  if (!IsDecodeStep(chunks)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a padded decode step takes 1 to ", kMaxGraphBatch, " one-token chunks"));
+  }
+  DXS_RETURN_IF_ERROR(Validate(chunks, kv));
+  const int64_t bs = kv->block_size();
   int64_t blocks = 1;
   for (const SequenceChunk& c : chunks) {
     blocks = std::max(blocks, (c.start_position + 1 + bs - 1) / bs);
   }
-  return {NextPowerOfTwo(static_cast<int64_t>(chunks.size())),
-          NextPowerOfTwo(std::max<int64_t>(blocks, 16))};
+  return std::pair<int64_t, int64_t>{NextPowerOfTwo(static_cast<int64_t>(chunks.size())),
+                                     NextPowerOfTwo(std::max<int64_t>(blocks, 16))};
 }
 
 void Qwen3MoeModel::StageDecodeStep(const std::vector<SequenceChunk>& chunks, KvCache* kv,
@@ -338,13 +338,8 @@ absl::StatusOr<Tensor> Qwen3MoeModel::PiecewiseSegment(PiecewiseShape* p, int af
 
 absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecodePiecewise(
     const std::vector<SequenceChunk>& chunks, KvCache* kv, bool use_graph) {
-  if (!IsDecodeStep(chunks)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a padded decode step takes 1 to ", kMaxGraphBatch, " one-token chunks"));
-  }
-  DXS_RETURN_IF_ERROR(Validate(chunks, kv));
+  DXS_ASSIGN_OR_RETURN(const auto shape, CheckedDecodeShape(chunks, kv));
   const int64_t n = static_cast<int64_t>(chunks.size());
-  const std::pair<int64_t, int64_t> shape = DecodeShape(chunks, *kv);
   const int64_t batch = shape.first, width = shape.second;
   use_graph = use_graph && backend_->SupportsGraphs();
   PiecewiseShape& p = piecewise_[{kv, batch, width}];

@@ -136,9 +136,10 @@ class Qwen3MoeModel {
   // Writes a padded decode step's inputs into `base` (StagingLayout of batch x width).
   void StageDecodeStep(const std::vector<SequenceChunk>& chunks, KvCache* kv, int64_t batch,
                        int64_t width, uint8_t* base) const;
-  // The padded batch and block-table width of a decode step.
-  std::pair<int64_t, int64_t> DecodeShape(const std::vector<SequenceChunk>& chunks,
-                                          const KvCache& kv) const;
+  // Checks a decode-shaped step (IsDecodeStep, Validate) and returns its padded batch and
+  // block-table width.
+  absl::StatusOr<std::pair<int64_t, int64_t>> CheckedDecodeShape(
+      const std::vector<SequenceChunk>& chunks, KvCache* kv) const;
 
   // One padded shape of ForwardDecodePiecewise: its staging, the tensors that cross segment
   // boundaries (allocated once) and, once recorded, one graph per segment.
