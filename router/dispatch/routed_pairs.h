@@ -1,6 +1,8 @@
 // RoutedPairs: the routed (row, expert, weight) triples one EP rank receives for one MoE
 // layer, one per selected expert of a row: the unit of the dispatch wire (router/dispatch/
-// wire.h), in host memory on the expert side.
+// wire.h), as host vectors. The expert worker itself receives them into its backend's
+// memory and unpacks them there (Backend::UnpackRoutedPairs, RoutedPairTensors); host
+// pairs are for tests and benchmarks that build rounds by hand (UploadRoutedPairs).
 #pragma once
 
 #include <cstddef>
