@@ -60,6 +60,11 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// The recipe file of an in-place checkpoint directory (config.json and this, no
+// safetensors: model/random_checkpoint.h makes its weights on a device); it is part of
+// the directory's fingerprint wherever one is taken.
+inline constexpr char kInPlaceWeightsFile[] = "dxs_in_place_weights.json";
+
 class Checkpoint {
  public:
   // `dir` holds model.safetensors, or model.safetensors.index.json and its shards.

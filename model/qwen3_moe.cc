@@ -112,6 +112,19 @@ struct StagingLayout {
   }
 };
 
+// The sizes of a padded decode step's paged-attention metadata (its tensors are the
+// caller's): one query per sequence, every table `width` blocks wide.
+PagedAttentionMeta PaddedDecodeMeta(int64_t batch, int64_t width, const KvCache& kv) {
+  PagedAttentionMeta a;
+  a.num_seqs = batch;
+  a.block_size = kv.block_size();
+  a.max_blocks_per_seq = width;
+  a.max_query_len = 1;
+  a.max_context_len = width * kv.block_size();
+  a.padded_decode = true;
+  return a;
+}
+
 int64_t NextPowerOfTwo(int64_t n) {
   int64_t p = 1;
   while (p < n) p *= 2;
@@ -139,11 +152,7 @@ absl::StatusOr<Tensor> Qwen3MoeModel::DecodeBody(const Buffer& staging, int64_t 
   const StagingLayout at(batch, width);
   MicroBatch mb;
   PagedAttentionMeta& a = mb.attn;
-  a.num_seqs = batch;
-  a.block_size = kv->block_size();
-  a.max_blocks_per_seq = width;
-  a.max_query_len = 1;
-  a.max_context_len = width * kv->block_size();
+  a = PaddedDecodeMeta(batch, width, *kv);
   auto staged = [&](std::vector<int64_t> shape, DType dtype,
                     size_t offset) -> absl::StatusOr<Tensor> {
     DXS_ASSIGN_OR_RETURN(Tensor t, backend_->Allocate(std::move(shape), dtype));
@@ -161,7 +170,6 @@ absl::StatusOr<Tensor> Qwen3MoeModel::DecodeBody(const Buffer& staging, int64_t 
   const uint8_t* base = static_cast<const uint8_t*>(staging.data());
   a.host_query_start = reinterpret_cast<const int32_t*>(base + at.query_start);
   a.host_context_lens = reinterpret_cast<const int32_t*>(base + at.context_lens);
-  a.padded_decode = true;
   DXS_ASSIGN_OR_RETURN(mb.hidden, backend_->Allocate({batch, config_.hidden_size}, DType::kF32));
   DXS_RETURN_IF_ERROR(backend_->Embedding(w_.embed_tokens, token_ids, &mb.hidden));
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
@@ -277,13 +285,8 @@ absl::Status Qwen3MoeModel::PreparePiecewise(int64_t batch, int64_t width, KvCac
   DXS_ASSIGN_OR_RETURN(p->done, backend_->CreateEvent());
   MicroBatch& mb = p->mb;
   PagedAttentionMeta& a = mb.attn;
-  a.num_seqs = batch;
-  a.block_size = kv->block_size();
-  a.max_blocks_per_seq = width;
-  a.max_query_len = 1;
-  a.max_context_len = width * kv->block_size();
   // No host lengths: the backend's attention needs no plan on the host between replays.
-  a.padded_decode = true;
+  a = PaddedDecodeMeta(batch, width, *kv);
   DXS_ASSIGN_OR_RETURN(a.slot_mapping, backend_->Allocate({batch}, DType::kI64));
   DXS_ASSIGN_OR_RETURN(a.query_start, backend_->Allocate({batch + 1}, DType::kI32));
   DXS_ASSIGN_OR_RETURN(a.context_lens, backend_->Allocate({batch}, DType::kI32));

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "common/model_config.h"
+#include "common/safetensors.h"
 #include "model/weights.h"
 
 namespace dxs {
@@ -78,8 +79,8 @@ class RandomWeightSource final : public WeightSource {
 // (OpenWeightSource: dxs run, dxs-attention, dxs-expert, EPLB's reloads) makes the very
 // weights WriteRandomCheckpoint would have written, on its own device, so a cluster of
 // the full Qwen3-30B-A3B shape (61 GB in bf16) runs on a machine whose disk cannot hold
-// it. The fingerprint covers the recipe file, so every rank agrees on the model.
-inline constexpr char kInPlaceWeightsFile[] = "dxs_in_place_weights.json";
+// it. The fingerprint covers the recipe file (common/safetensors.h: kInPlaceWeightsFile), so
+// every rank agrees on the model.
 absl::Status WriteInPlaceCheckpoint(const CheckpointPreset& preset, const std::string& dir);
 // The preset an in-place directory describes; NOT_FOUND if `dir` has no kInPlaceWeightsFile
 // (a checkpoint of safetensors), INVALID_ARGUMENT if it does not parse.

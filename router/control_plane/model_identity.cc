@@ -9,13 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/safetensors.h"  // kInPlaceWeightsFile
 
 namespace dxs {
 namespace {
 
-// model/random_checkpoint.h's kInPlaceWeightsFile (the router does not link the model;
-// model_identity_test checks the two names agree).
-constexpr char kInPlaceRecipe[] = "dxs_in_place_weights.json";
 constexpr uint64_t kFnvOffsetBasis = 0xcbf29ce484222325ULL;
 constexpr uint64_t kFnvPrime = 0x100000001b3ULL;
 // Larger safetensors headers are refused: real ones are a few MiB at most.
@@ -105,10 +103,10 @@ absl::StatusOr<v1::ModelFingerprint> ModelIdentity(const std::string& dir) {
   Fnv1a64 checkpoint_hash;
   checkpoint_hash.AddField("config.json");
   checkpoint_hash.AddField(*config);
-  // An in-place checkpoint's recipe (model/random_checkpoint.h: kInPlaceWeightsFile) is
+  // An in-place checkpoint's recipe (common/safetensors.h: kInPlaceWeightsFile) is
   // its weights: every value follows from it.
-  if (absl::StatusOr<std::string> recipe = ReadWholeFile(root / kInPlaceRecipe); recipe.ok()) {
-    checkpoint_hash.AddField(kInPlaceRecipe);
+  if (absl::StatusOr<std::string> recipe = ReadWholeFile(root / kInPlaceWeightsFile); recipe.ok()) {
+    checkpoint_hash.AddField(kInPlaceWeightsFile);
     checkpoint_hash.AddField(*recipe);
   }
   for (const std::string& name : shards) {

@@ -50,23 +50,33 @@ class GpuCluster : public ::testing::Test {
   }
   // A cluster whose workers compute on the GPU.
   static void OnGpu(ProcessCluster* cluster) { cluster->set_worker_args({"--device", "cuda"}); }
+  // 1 attention + 1 expert process on the GPU (bf16 wire, the default preset) with these
+  // dxs-attention flags, checked against the single-process CUDA engine; then each rank's
+  // metrics.
+  static void RunOneByOne(const std::vector<std::string>& attention_args,
+                          std::map<std::string, double>* attention,
+                          std::map<std::string, double>* expert) {
+    TempDir tmp;
+    const std::string dir = testing::WritePreset(tmp, "default");
+    ProcessCluster cluster(tmp.path());
+    OnGpu(&cluster);
+    ClusterSpec spec{dir, 1, 1, {}};
+    spec.wire_dtype = "bf16";
+    spec.attention_args = attention_args;
+    absl::Status started = cluster.Start(spec);
+    ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+    testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 3, 4096, CudaReference());
+    *attention = Samples(cluster.attention_metrics_address(0));
+    *expert = Samples(cluster.expert_metrics_address(0));
+  }
 };
 
 TEST_F(GpuCluster, OneAttentionOneExpertEqualsCudaEngine) {
-  TempDir tmp;
-  const std::string dir = testing::WritePreset(tmp, "default");
-  ProcessCluster cluster(tmp.path());
-  OnGpu(&cluster);
-  ClusterSpec spec{dir, 1, 1, {}};
-  spec.wire_dtype = "bf16";
-  absl::Status started = cluster.Start(spec);
-  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
-  testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 3, 4096, CudaReference());
+  std::map<std::string, double> attention, expert;
+  ASSERT_NO_FATAL_FAILURE(RunOneByOne({}, &attention, &expert));
 
   // The rows went device to device: nothing either rank posted lay in host memory (the
   // expert rank receives the routed pairs on the device too and checks them there).
-  const auto attention = Samples(cluster.attention_metrics_address(0));
-  const auto expert = Samples(cluster.expert_metrics_address(0));
   EXPECT_GT(ExchangeBytes(attention, "attention", 0, "send", "device"), 0);
   EXPECT_GT(ExchangeBytes(attention, "attention", 0, "recv", "device"), 0);
   EXPECT_EQ(ExchangeBytes(attention, "attention", 0, "send", "host"), 0);
@@ -81,17 +91,8 @@ TEST_F(GpuCluster, OneAttentionOneExpertEqualsCudaEngine) {
 
 // The same cluster with --piecewise-graphs=false: every step eager, the same answers.
 TEST_F(GpuCluster, EagerDecodeStepsEqualCudaEngine) {
-  TempDir tmp;
-  const std::string dir = testing::WritePreset(tmp, "default");
-  ProcessCluster cluster(tmp.path());
-  OnGpu(&cluster);
-  ClusterSpec spec{dir, 1, 1, {}};
-  spec.wire_dtype = "bf16";
-  spec.attention_args = {"--piecewise-graphs=false"};
-  absl::Status started = cluster.Start(spec);
-  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
-  testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 3, 4096, CudaReference());
-  const auto attention = Samples(cluster.attention_metrics_address(0));
+  std::map<std::string, double> attention, expert;
+  ASSERT_NO_FATAL_FAILURE(RunOneByOne({"--piecewise-graphs=false"}, &attention, &expert));
   EXPECT_EQ(testing::Value(attention, R"(dxs_piecewise_decode_steps_total{rank="0"})"), 0);
 }
 

@@ -7,9 +7,9 @@
 #include <fstream>
 #include <string>
 
+#include "common/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/random_checkpoint.h"
 
 namespace dxs {
 namespace {
@@ -105,7 +105,7 @@ TEST_F(ModelIdentityTest, BadDirectories) {
   EXPECT_THAT(std::string(fp.status().message()), HasSubstr("config.json"));
 }
 
-// An in-place checkpoint (model/random_checkpoint.h: kInPlaceWeightsFile, no safetensors)
+// An in-place checkpoint (common/safetensors.h: kInPlaceWeightsFile, no safetensors)
 // is identified by its recipe: another seed is another model to the router, as it is to
 // every worker's CheckpointFingerprint.
 TEST_F(ModelIdentityTest, AnInPlaceRecipeIsPartOfTheCheckpoint) {
