@@ -24,8 +24,10 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(
   DXS_ASSIGN_OR_RETURN(
       m::CounterFamily * failed,
       m::AddCounter(registry, "dxs_failed_steps_total",
-                    "Steps that failed (a peer timed out or was lost); their requests "
-                    "ended with UNAVAILABLE."));
+                    "Steps that failed (a peer timed out or was lost). With elastic EP "
+                    "such a step is run again once a placement without the lost rank "
+                    "arrives (each attempt counts); else its requests end with "
+                    "UNAVAILABLE."));
   am->failed_steps_ = &failed->Add({{"role", "attention"}, {"rank", r}});
   DXS_ASSIGN_OR_RETURN(
       m::CounterFamily * overlapped,

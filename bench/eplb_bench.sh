@@ -8,18 +8,24 @@
 # dxs_tokens_received_total over the whole window), the slowest EP rank's expert compute
 # per layer round over the mean rank's (dxs_expert_compute_seconds), and output tokens/s
 # (`dxs bench`). Then how long things take:
-#   rebalance: on the "on" cluster under load, from `dxs rebalance` to the new placement
-#     version in `dxs status` (the first rebalance: from the load-blind default placement);
+#   rebalance: on a fresh "on" cluster under load, `dxs rebalance` (measure, load, publish:
+#     the RPC returns once the placement is published), the first rebalance, from the
+#     load-blind default placement; DXS_BENCH_TRIALS times, each on a new cluster;
+#   the stall it causes (issue 13: at most one step): the longest gap between two tokens of
+#     any stream of the load across it, beside the same cluster's quiet load just before
+#     (same size, no rebalance). Nothing else runs during either load: no polling;
 #   recovery, covered: kill -9, under load, an EP rank all of whose experts have a replica
-#     elsewhere, until `dxs status` shows a placement without it;
+#     elsewhere: the longest gap between tokens across the kill (issue 13: at most 1 s),
+#     beside the load before it; dxs_eplb_recovery_duration_seconds; errors;
 #   recovery, uncovered: the same on the "off" cluster (no replicas: its experts are
-#     reloaded on the live ranks). Both also from dxs_eplb_recovery_duration_seconds.
+#     reloaded on the live ranks). After each load, `dxs status` must show the rank gone.
 # The processes are started directly, not with `dxs up`, which has no --elastic-ep.
 # Usage: bench/eplb_bench.sh
 # Environment: DXS_BENCH_SKEW (1.0), DXS_BENCH_PRESET (default), DXS_BENCH_REQUESTS (1024),
 # DXS_BENCH_CONCURRENCY (32), DXS_BENCH_PROMPT_LEN (16), DXS_BENCH_OUTPUT_LEN (32),
 # DXS_BENCH_REDUNDANT (R; the preset's expert count), DXS_BENCH_EPLB_INTERVAL (1000 steps),
-# DXS_BENCH_ROUNDS (3: off and on alternate, tok/s is the median), DXS_ATTENTION_ARGS (extra
+# DXS_BENCH_ROUNDS (3: off and on alternate, tok/s is the median), DXS_BENCH_TRIALS (3:
+# rebalance stall trials), DXS_ATTENTION_ARGS (extra
 # dxs-attention flags, e.g. --overlap-min-tokens 0), DXS_BIN_DIR (build/bin).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +38,7 @@ PROMPT=${DXS_BENCH_PROMPT_LEN:-16}
 OUTPUT=${DXS_BENCH_OUTPUT_LEN:-32}
 INTERVAL=${DXS_BENCH_EPLB_INTERVAL:-1000}
 ROUNDS=${DXS_BENCH_ROUNDS:-3}
+TRIALS=${DXS_BENCH_TRIALS:-3}
 NUM_EP=4
 WORK=$(mktemp -d)
 PIDS=()
@@ -173,34 +180,49 @@ for r in sorted(held, reverse=True):
 else:
     print(-1)' "$1"
 }
-# recovery COVERED TAG: kill -9 a rank under load; prints "seconds_to_status metric_seconds
-# killed-rank/errors e2e-p99-ms" (the load's end-to-end p99: the stall shows there).
+itl_max() { python3 -c 'import json,sys; print("%.1f" % json.load(sys.stdin)["itl_ms"]["max"])'; }
+# recovery COVERED TAG: kill -9 a rank under load; prints "stall_ms quiet_ms metric_seconds
+# killed-rank/errors gone": the longest gap between tokens of the load across the kill, of
+# the same load just before (no kill), the recovery histogram's mean, and whether
+# `dxs status` shows a placement without the rank once the load is over.
 recovery() {
   local r
   r=$(victim "$1")
-  if [ "$r" -lt 0 ]; then echo "n/a n/a n/a n/a"; return; fi
+  if [ "$r" -lt 0 ]; then echo "n/a n/a n/a n/a n/a"; return; fi
+  bench $((REQUESTS / 2)) >"$WORK/$2-rec-quiet.json"
   scrape "$WORK/$2-rec0.json"
   bench $((REQUESTS / 2)) >"$WORK/$2-rec-bench.json" &
   local load=$!
   sleep 1.5
-  local t0 t1
-  t0=$(now)
   kill -9 "${EXPERT_PID[r]}"
-  for _ in $(seq 600); do
-    status_json | python3 -c '
+  wait $load || true
+  local gone
+  gone=$(status_json | python3 -c '
 import json, sys
 p = {r["rank"]: r["experts"] for r in json.load(sys.stdin)["placement"]}
 all_held = set().union(*[set(e) for q, e in p.items() if q != int(sys.argv[1])])
-sys.exit(0 if not p.get(int(sys.argv[1])) and len(all_held) == int(sys.argv[2]) else 1)' \
-      "$r" "$NUM_EXPERTS" 2>/dev/null && break
-    sleep 0.05
-  done
+print("yes" if not p.get(int(sys.argv[1])) and len(all_held) == int(sys.argv[2]) else "no")' \
+    "$r" "$NUM_EXPERTS" 2>/dev/null || echo no)
+  scrape "$WORK/$2-rec1.json"
+  echo "$(itl_max <"$WORK/$2-rec-bench.json") $(itl_max <"$WORK/$2-rec-quiet.json") \
+$(hist_mean "$WORK/$2-rec0.json" "$WORK/$2-rec1.json" dxs_eplb_recovery_duration_seconds) \
+rank$r/$(errors <"$WORK/$2-rec-bench.json") $gone"
+}
+# rebalance_trial TAG: on cluster TAG (in use), a quiet load, then the same load with
+# `dxs rebalance` 1 s into it; prints "rpc_s stall_ms quiet_ms p50_ms errors rebalance-output".
+rebalance_trial() {
+  bench $((REQUESTS / 2)) >"$WORK/$1-quiet.json"
+  bench $((REQUESTS / 2)) >"$WORK/$1-rebalance.json" &
+  local load=$! t0 t1 out
+  sleep 1
+  t0=$(now)
+  out=$("$BIN/dxs" rebalance --router "$ROUTER" 2>&1) || true
   t1=$(now)
   wait $load || true
-  scrape "$WORK/$2-rec1.json"
-  echo "$(python3 -c "print('%.2f' % ($t1 - $t0))") $(hist_mean "$WORK/$2-rec0.json" \
-    "$WORK/$2-rec1.json" dxs_eplb_recovery_duration_seconds) rank$r/$(errors <"$WORK/$2-rec-bench.json") \
-$(e2e_p99 <"$WORK/$2-rec-bench.json")"
+  echo "$(python3 -c "print('%.3f' % ($t1 - $t0))") $(itl_max <"$WORK/$1-rebalance.json") \
+$(itl_max <"$WORK/$1-quiet.json") \
+$(python3 -c 'import json,sys; print("%.1f" % json.load(sys.stdin)["itl_ms"]["p50"])' <"$WORK/$1-rebalance.json") \
+$(errors <"$WORK/$1-rebalance.json") $out"
 }
 # stats V...: "median min max".
 stats() { python3 -c 'import sys,statistics as s; v=sorted(map(float,sys.argv[1:])); print(s.median(v), v[0], v[-1])' "$@"; }
@@ -213,16 +235,7 @@ start_cluster off --elastic-ep
 start_cluster on --elastic-ep --num-redundant-experts "$REDUNDANT" --enable-eplb --eplb-interval "$INTERVAL"
 # The first rebalance, by hand, under load: from the load-blind default placement.
 use on
-bench $((REQUESTS / 2)) >"$WORK/rebalance-load.json" &
-LOAD=$!
-sleep 1
-V0=$(placement_version)
-T0=$(now)
-REBALANCE_OUT=$("$BIN/dxs" rebalance --router "$ROUTER" 2>&1) || true
-T1=$(now)
-for _ in $(seq 600); do [ "$(placement_version)" != "$V0" ] && break; sleep 0.05; done
-T2=$(now)
-wait $LOAD || true
+TRIAL[1]=$(rebalance_trial on)
 # Off and on alternate, ROUNDS benches each, so a burst of load elsewhere hits both alike;
 # the counters are read once before the first round and once after the last.
 for tag in off on; do use $tag; bench $((REQUESTS / 4)) >/dev/null || true; scrape "$WORK/$tag-m0.json"; done
@@ -242,6 +255,15 @@ use off
 REC_UNCOVERED=$(recovery 0 off)
 stop_cluster
 
+# More rebalance trials, each on a new cluster (only the first rebalance moves experts).
+for i in $(seq 2 "$TRIALS"); do
+  start_cluster "trial$i" --elastic-ep --num-redundant-experts "$REDUNDANT" --enable-eplb \
+    --eplb-interval "$INTERVAL"
+  use "trial$i"
+  TRIAL[i]=$(rebalance_trial "trial$i")
+  stop_cluster
+done
+
 # Replica cover: the default placement with R >= E experts holds every expert on two
 # ranks (EPLB's placements replicate the hot experts, leaving cold ones single).
 start_cluster cover --elastic-ep --num-redundant-experts "$REDUNDANT"
@@ -249,7 +271,6 @@ use cover
 REC_COVERED=$(recovery 1 cover)
 stop_cluster
 
-echo "rebalance: $REBALANCE_OUT"
 echo
 printf '%-5s %8s %8s %17s %24s %11s %11s %7s %12s\n' EPLB balance tok-bal "compute max/mean" \
   "tok/s median (min-max)" "rows/token" rebalances errors "e2e p99 med"
@@ -262,20 +283,14 @@ done
 echo "(balance: dxs_ep_balance_ratio, per MoE layer step; tok-bal: mean/max over EP ranks of"
 echo " dxs_tokens_received_total over the window; compute: dxs_expert_compute_seconds per layer"
 echo " round, slowest rank over the mean; rows/token: rows the EP ranks received per output token)"
-python3 -c "print('rebalance (R=$REDUNDANT, v$V0 -> new): RPC %.2f s, new version in dxs status after %.2f s' % ($T1 - $T0, $T2 - $T0))"
-# The stall a live rebalance causes (issue 13: at most one step): the longest gap between
-# two tokens of any stream of the load that ran across it, beside that load's median gap
-# (one step) and the longest gap of the on cluster's measured rounds (no rebalance).
-python3 - "$WORK/rebalance-load.json" ${ITL_MAX[on]} <<'PY'
-import json, sys
-j = json.load(open(sys.argv[1]))
-quiet = max(map(float, sys.argv[2:])) if len(sys.argv) > 2 else float("nan")
-itl = j["itl_ms"]
-print("rebalance stall: the load across it: longest gap between tokens %.1f ms, median %.1f ms"
-      " (one step), p99 %.1f ms, errors %d; longest gap in the on cluster's measured rounds"
-      " (no rebalance) %.1f ms" % (itl["max"], itl["p50"], itl["p99"], len(j["errors"]), quiet))
-PY
-read -r s m re p99 <<<"$REC_COVERED"
-echo "recovery, replica cover:    placement without the rank after $s s; dxs_eplb_recovery_duration_seconds $m s; killed/errors $re; load's e2e p99 $p99 ms"
-read -r s m re p99 <<<"$REC_UNCOVERED"
-echo "recovery, no replica cover: placement without the rank after $s s; dxs_eplb_recovery_duration_seconds $m s; killed/errors $re; load's e2e p99 $p99 ms"
+echo "rebalance under load (R=$REDUNDANT, the first one: from the default placement), $TRIALS trials on new clusters:"
+echo "  trial  RPC s  longest gap ms (across it / quiet load before)  median gap ms  errors  result"
+for i in $(seq "$TRIALS"); do
+  read -r rpc stall quiet p50 err out <<<"${TRIAL[i]}"
+  printf '  %5d  %5s  %14s / %-28s  %13s  %6s  %s\n' "$i" "$rpc" "$stall" "$quiet" "$p50" "$err" "$out"
+done
+echo "  (longest gap quiet: the on cluster's measured rounds too: ${ITL_MAX[on]} ms)"
+read -r stall quiet m re gone <<<"$REC_COVERED"
+echo "recovery, replica cover:    longest gap across the kill $stall ms (quiet load before: $quiet ms); dxs_eplb_recovery_duration_seconds $m s; killed/errors $re; rank gone from dxs status: $gone"
+read -r stall quiet m re gone <<<"$REC_UNCOVERED"
+echo "recovery, no replica cover: longest gap across the kill $stall ms (quiet load before: $quiet ms); dxs_eplb_recovery_duration_seconds $m s; killed/errors $re; rank gone from dxs status: $gone"

@@ -138,6 +138,18 @@ TEST(EplbCluster, LiveRebalanceUnderConcurrentStreamsKeepsOutputs) {
   RecordProperty("rebalances", static_cast<int>(rebalances));
   EXPECT_GE(rebalances, 1) << cluster.DumpLogs();
   EXPECT_GT(testing::CurrentClusterView(cluster).placement().version(), version_before);
+  // No stall: no step failed or was run again across the switches (a switch that made a
+  // step wait for weights, or sent a pair to a rank without its expert, would).
+  for (int r = 0; r < 2; ++r) {
+    absl::StatusOr<std::string> text = testing::Scrape(cluster.attention_metrics_address(r));
+    ASSERT_TRUE(text.ok()) << text.status();
+    const std::map<std::string, double> samples = testing::ParseSamples(*text);
+    EXPECT_GT(testing::SumOf(samples, "dxs_steps_total"), 0) << "DP rank " << r;
+    EXPECT_EQ(testing::Value(samples, absl::StrCat("dxs_failed_steps_total{role=\"attention\",rank=\"",
+                                                   r, "\"}")),
+              0)
+        << "DP rank " << r << cluster.DumpLogs();
+  }
   // And after the switches settled, once more.
   ExpectSoloOutputs(&cluster, dir, 2, 4, 6, "after-");
 }

@@ -80,18 +80,26 @@ std::string SelfDir() {
 struct Child {
   pid_t pid = -1;
   std::string name;
+  // What started it, so that `dxs up --elastic-ep` can start it again.
+  std::vector<std::string> argv;
+  std::string log_path;
+  // An expert rank under --elastic-ep: started again when it dies (not when it drained).
+  bool restart_on_failure = false;
+  std::chrono::steady_clock::time_point restart_at{};
 };
 
-// Starts `argv` with output to `log_path`; the child dies with this process (PDEATHSIG).
+// Starts `argv` with output to `log_path` (appended to with `append`, else truncated); the
+// child dies with this process (PDEATHSIG).
 absl::StatusOr<Child> Spawn(const std::vector<std::string>& argv, const std::string& name,
-                            const std::string& log_path) {
+                            const std::string& log_path, bool append = false) {
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);  // the parent died before prctl
-    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int fd =
+        open(log_path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644);
     dup2(fd, 1);
     dup2(fd, 2);
     signal(SIGINT, SIG_IGN);  // Ctrl-C reaches the whole group; `dxs up` stops children
@@ -105,7 +113,18 @@ absl::StatusOr<Child> Spawn(const std::vector<std::string>& argv, const std::str
     execv(args[0], args.data());
     _exit(127);
   }
-  return Child{pid, name};
+  Child c;
+  c.pid = pid;
+  c.name = name;
+  c.argv = argv;
+  c.log_path = log_path;
+  return c;
+}
+
+// How a child ended, for `dxs up`'s log: "exit status N" or "signal N".
+std::string DescribeExit(int status) {
+  if (WIFSIGNALED(status)) return absl::StrCat("signal ", WTERMSIG(status));
+  return absl::StrCat("exit status ", WEXITSTATUS(status));
 }
 
 void StopAll(std::vector<Child>* children) {
@@ -188,8 +207,9 @@ int UpCommand(const std::vector<std::string>& argv) {
       WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir", "wire-dtype",
                          "overlap-min-tokens", "stream-interval", "device", "gpus",
                          "num-redundant-experts", "eplb-interval", "piecewise-graphs"}),
-      WithTlsBoolFlags({}));
+      WithTlsBoolFlags({"elastic-ep"}));
   if (!args.ok()) return Fail("up", args.status());
+  const bool elastic_ep = args->Has("elastic-ep");
   // With TLS, every process of the cluster uses the same files (one certificate that is
   // both server and cluster client).
   absl::StatusOr<TlsConfig> tls = TlsFromArgs(*args, /*for_server=*/true);
@@ -227,13 +247,15 @@ int UpCommand(const std::vector<std::string>& argv) {
   std::signal(SIGTERM, OnStopSignal);
 
   std::vector<Child> children;
-  auto spawn = [&](std::vector<std::string> a, const std::string& name) -> bool {
+  auto spawn = [&](std::vector<std::string> a, const std::string& name,
+                   bool restart_on_failure = false) -> bool {
     a.insert(a.end(), tls_argv.begin(), tls_argv.end());
     absl::StatusOr<Child> c = Spawn(a, name, log_dir + "/" + name + ".log");
     if (!c.ok()) {
       Fail("up", c.status());
       return false;
     }
+    c->restart_on_failure = restart_on_failure;
     children.push_back(*c);
     return true;
   };
@@ -256,11 +278,12 @@ int UpCommand(const std::vector<std::string>& argv) {
     router_argv.insert(router_argv.end(),
                        {"--enable-eplb", "--eplb-interval", args->GetString("eplb-interval")});
   }
+  if (elastic_ep) router_argv.push_back("--elastic-ep");
   bool ok = spawn(router_argv, "router");
   for (int r = 0; ok && r < *n; ++r) {
     ok = spawn({bin + "/dxs-expert", "--model", model, "--rank", std::to_string(r), "--router",
                 router, "--device", (*devices)[*m + r]},
-               absl::StrCat("expert", r));
+               absl::StrCat("expert", r), /*restart_on_failure=*/elastic_ep);
   }
   for (int r = 0; ok && r < *m; ++r) {
     std::vector<std::string> a = {bin + "/dxs-attention", "--model",  model,  "--rank",
@@ -302,11 +325,38 @@ int UpCommand(const std::vector<std::string>& argv) {
   }
   std::cout << "dxs up: listening on " << router << " (" << *m << " attention, " << *n
             << " expert ranks; model " << model << "; logs in " << log_dir << ")" << std::endl;
+  // With --elastic-ep an expert worker that dies (a signal or a failing exit) is started
+  // again, as a Kubernetes Deployment would: meanwhile the router serves from the replicas
+  // or reloads its experts elsewhere, and the new process rejoins as the same rank once the
+  // router has marked the old one dead (until then its registration is refused and it
+  // exits, so it is retried every second). One that exits 0 drained (`dxs drain`) and stays
+  // gone.
+  constexpr auto kRestartDelay = std::chrono::seconds(1);
   while (!g_stop) {
+    const auto now = std::chrono::steady_clock::now();
     for (Child& c : children) {
-      if (c.pid > 0 && waitpid(c.pid, nullptr, WNOHANG) == c.pid) {
-        std::cerr << "dxs up: " << c.name << " exited\n";
+      int status = 0;
+      if (c.pid > 0 && waitpid(c.pid, &status, WNOHANG) == c.pid) {
         c.pid = -1;
+        const bool failed = WIFSIGNALED(status) || WEXITSTATUS(status) != 0;
+        if (c.restart_on_failure && failed) {
+          std::cerr << "dxs up: " << c.name << " exited (" << DescribeExit(status)
+                    << "); starting it again (elastic EP)\n";
+          c.restart_at = now + kRestartDelay;
+        } else {
+          std::cerr << "dxs up: " << c.name << " exited (" << DescribeExit(status) << ")"
+                    << (c.restart_on_failure ? ": drained, not restarted" : "") << "\n";
+          c.restart_on_failure = false;
+        }
+      }
+      if (c.pid < 0 && c.restart_on_failure && now >= c.restart_at) {
+        absl::StatusOr<Child> again = Spawn(c.argv, c.name, c.log_path, /*append=*/true);
+        if (again.ok()) {
+          c.pid = again->pid;
+        } else {
+          std::cerr << "dxs up: starting " << c.name << " again: " << again.status() << "\n";
+          c.restart_at = now + kRestartDelay;
+        }
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -431,6 +481,7 @@ int StatusCommand(const std::vector<std::string>& argv) {
       out["workers"].push_back({{"role", role(w.role())},
                                 {"rank", w.rank()},
                                 {"state", state(w.state())},
+                                {"incarnation", w.incarnation()},
                                 {"grpc_address", w.grpc_address()},
                                 {"metrics_address", w.metrics_address()}});
     }
@@ -446,6 +497,7 @@ int StatusCommand(const std::vector<std::string>& argv) {
     }
     if (!ls.ok()) out["loads_error"] = ls.error_message();
     out["placement_version"] = view.placement().version();
+    out["elastic_ep"] = view.elastic_ep();
     nlohmann::json per_rank = nlohmann::json::array();
     for (uint32_t r = 0; r < view.num_expert_ranks(); ++r) {
       nlohmann::json experts = nlohmann::json::array();
