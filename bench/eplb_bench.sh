@@ -19,7 +19,8 @@
 #     beside the load before it; dxs_eplb_recovery_duration_seconds; errors;
 #   recovery, uncovered: the same on the "off" cluster (no replicas: its experts are
 #     reloaded on the live ranks). After each load, `dxs status` must show the rank gone.
-# The processes are started directly, not with `dxs up`, which has no --elastic-ep.
+# The processes are started directly, not with `dxs up --elastic-ep`: the bench kills one
+# expert by pid, and `dxs up --elastic-ep` would start it again.
 # Usage: bench/eplb_bench.sh
 # Environment: DXS_BENCH_SKEW (1.0), DXS_BENCH_PRESET (default), DXS_BENCH_REQUESTS (1024),
 # DXS_BENCH_CONCURRENCY (32), DXS_BENCH_PROMPT_LEN (16), DXS_BENCH_OUTPUT_LEN (32),
