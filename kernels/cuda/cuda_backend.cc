@@ -146,6 +146,13 @@ absl::Status CudaBackend::Init() {
     return absl::InvalidArgumentError(absl::StrCat("DXS_CUDA_ATTENTION=", attention_choice,
                                                    ": expected auto, dxs or flashinfer"));
   }
+  const char* gemv = std::getenv("DXS_CUDA_GEMV");
+  const std::string gemv_choice = gemv != nullptr ? gemv : "";
+  if (!gemv_choice.empty() && gemv_choice != "auto" && gemv_choice != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DXS_CUDA_GEMV=", gemv_choice, ": expected auto or off"));
+  }
+  use_gemv_ = gemv_choice != "off";
   const char* grouped = std::getenv("DXS_CUDA_GROUPED_GEMM");
   const std::string choice = grouped != nullptr ? grouped : "";
   if (!choice.empty() && choice != "cublas" && choice != "cutlass") {
@@ -494,6 +501,13 @@ absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor*
   }
   if (m == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("linear"));
+  // A decode step's few rows: one pass over the weights (gemv.cu) beats a GEMM's tiles.
+  if (use_gemv_ && bias == nullptr && w.dtype() == DType::kBF16 && m <= cuda::kGemvMaxRows &&
+      k % 8 == 0 && Aligned16(x.raw()) && Aligned16(w.raw())) {
+    return CudaStatus(cuda::LaunchGemvBf16(x.raw(), ToElemType(x.dtype()), m, w.raw(), n, k,
+                                           y->raw(), ToElemType(y->dtype()), stream_),
+                      "linear (gemv)");
+  }
   float beta = 0.f;
   if (bias != nullptr) {
     // The bias broadcast into y first (a gather of row 0 of the bias m times), then the

@@ -28,6 +28,9 @@ struct FlashInferGraphPlan;
 
 namespace dxs {
 
+// For the 16-byte loads of kernels/cuda/gemv.cu.
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // INTERNAL naming the op and CUDA's error, or OK for cudaSuccess.
 absl::Status CudaStatus(cudaError_t error, const char* op);
 absl::Status CublasStatus(const CublasApi& blas, cublasStatus_t status, const char* op);
@@ -170,6 +173,10 @@ class CudaBackend final : public Backend {
       ABSL_GUARDED_BY(flashinfer_mu_);
   // DXS_CUDA_GROUPED_GEMM=cublas|cutlass (default: cutlass where built): which grouped FFN.
   bool use_cutlass_ = false;
+  // DXS_CUDA_GEMV=auto|off (default auto): decode-sized Linear calls (at most
+  // cuda::kGemvMaxRows rows, no bias) and grouped FFNs (at most cuda::kGemvMaxPairs pairs)
+  // stream their bf16 weights through kernels/cuda/gemv.cu instead of cuBLAS / CUTLASS.
+  bool use_gemv_ = true;
   absl::Mutex tables_mu_;
   std::map<std::vector<const void*>, ExpertWeightSet> weight_tables_ ABSL_GUARDED_BY(tables_mu_);
   cudaStream_t stream_ = nullptr;

@@ -201,6 +201,19 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
   if (num_rows == 0) return absl::OkStatus();
   if (inter < 0) return absl::FailedPreconditionError("grouped SwiGLU: no expert weights here");
   DXS_RETURN_IF_ERROR(Enter("grouped SwiGLU"));
+  // Decode-sized: each held expert's weights streamed once (gemv.cu), the rows read where
+  // they are, no gather, no SiLU pass.
+  if (use_gemv_ && num_rows <= cuda::kGemvMaxPairs && hidden % 8 == 0 && inter % 8 == 0 &&
+      (xs.dtype() == DType::kBF16 || xs.dtype() == DType::kF32) && Aligned16(xs.raw())) {
+    DXS_ASSIGN_OR_RETURN(Tensor act, Allocate({num_rows, inter}, DType::kBF16));
+    return CudaStatus(
+        cuda::LaunchMoeSwiGluGemv(
+            xs.raw(), ToElemType(xs.dtype()), xs.rows(), rows != nullptr ? rows->i32() : nullptr,
+            num_rows, expert_offsets.i32(), num_experts,
+            reinterpret_cast<const void* const*>(weights.pointers.raw()), hidden, inter,
+            act.raw(), y->raw(), ToElemType(y->dtype()), stream_),
+        "grouped SwiGLU (gemv)");
+  }
   // The GEMMs take bf16 rows: the sorted rows gathered (and narrowed) in one pass. (A
   // TMA-fed mainloop cannot load A rows by index on Hopper, so the gather stays a pass.)
   Tensor x = xs;

@@ -13,9 +13,10 @@
 //   can on the host; the CPU backend, which checks everything, is the reference in tests.
 // - Results are deterministic: no floating-point atomics; every sum has a fixed order.
 //
-// Files: dense_ops.cu (conversion, norms, rope, elementwise, gathers), attention.cu (KV
-// cache write, paged attention), moe_ops.cu (layout, sort, combine, scale-add),
-// sampling.cu (argmax and SampleRows), random_fill.cu (seeded weights made in place).
+// Files: gemv.cu (decode-sized GEMVs), dense_ops.cu (conversion, norms, rope, elementwise,
+// gathers), attention.cu (KV cache write, paged attention), moe_ops.cu (layout, sort,
+// combine, scale-add), sampling.cu (argmax and SampleRows), random_fill.cu (seeded weights
+// made in place).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,6 +30,28 @@ namespace dxs::cuda {
 
 // The same values as dxs::DType (common/dtype.h); cuda_backend.cc static_asserts that.
 enum class ElemType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2, kI32 = 3, kI64 = 4 };
+
+// ---- gemv.cu (decode-sized batches: weights streamed once, see the file comment) ----
+
+// Rows of x (tokens) LaunchGemvBf16 takes, and routed pairs LaunchMoeSwiGluGemv takes.
+inline constexpr int64_t kGemvMaxRows = 8;
+inline constexpr int64_t kGemvMaxPairs = 128;
+
+// y[m, n] = sum_k x[m, k] * w[n, k]: x f32 or bf16 [m, k], w bf16 [n, k], y f32 or bf16;
+// m <= kGemvMaxRows, k % 8 == 0, x and w 16-byte aligned.
+cudaError_t LaunchGemvBf16(const void* x, ElemType x_type, int64_t m, const void* w, int64_t n,
+                           int64_t k, void* y, ElemType y_type, cudaStream_t stream);
+
+// The grouped SwiGLU FFN of num_pairs <= kGemvMaxPairs routed pairs sorted by expert
+// (expert_offsets [E + 1]): pair p's input is row rows[p] of xs (f32 or bf16 [x_rows,
+// hidden]; row p when rows is null), weights[e] / weights[E + e] expert e's bf16 gate_up
+// [2 * inter, hidden] / down [hidden, inter] (null: zeros). act is bf16 scratch [num_pairs,
+// inter]; y [num_pairs, hidden] f32 or bf16. hidden and inter multiples of 8.
+cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
+                                const int32_t* rows, int64_t num_pairs,
+                                const int32_t* expert_offsets, int64_t num_experts,
+                                const void* const* weights, int64_t hidden, int64_t inter,
+                                void* act, void* y, ElemType y_type, cudaStream_t stream);
 
 // ---- dense_ops.cu ----
 

@@ -122,10 +122,13 @@ TEST_F(CudaBackendTest, CopiesConvertBetweenDtypes) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Up to cuda::kGemvMaxRows rows without a bias run gemv.cu, else cuBLAS; k = 260 is not a
+// multiple of 8, so cuBLAS at every m.
 TEST_F(CudaBackendTest, LinearMatchesTheCpu) {
-  for (int64_t m : {0, 1, 7, 300}) {
-    SCOPED_TRACE(m);
-    const int64_t k = 256, n = 384;
+  for (const auto& [m, k] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 256}, {1, 256}, {2, 256}, {7, 256}, {8, 256}, {9, 256}, {300, 256}, {1, 260}}) {
+    SCOPED_TRACE(::testing::Message() << "m " << m << " k " << k);
+    const int64_t n = 384;
     const std::vector<float> x = Bf16Exact(RandomFloats(m * k, 2));
     const std::vector<float> w = Bf16Exact(RandomFloats(n * k, 3, 0.05f));
     const std::vector<float> bias = Bf16Exact(RandomFloats(n, 4));
@@ -134,6 +137,8 @@ TEST_F(CudaBackendTest, LinearMatchesTheCpu) {
     Tensor cb = Put(cpu_.get(), bias, {n}, DType::kF32);
     Tensor cy = Poisoned(cpu_.get(), {m, n}, DType::kF32);
     ASSERT_TRUE(cpu_->Linear(cx, cw, &cb, &cy).ok());
+    Tensor cy_no_bias = Poisoned(cpu_.get(), {m, n}, DType::kF32);
+    ASSERT_TRUE(cpu_->Linear(cx, cw, nullptr, &cy_no_bias).ok());
     for (DType out : {DType::kBF16, DType::kF32}) {
       Tensor gx = Put(gpu_.get(), x, {m, k}, DType::kBF16);
       Tensor gw = Put(gpu_.get(), w, {n, k}, DType::kBF16);
@@ -143,6 +148,7 @@ TEST_F(CudaBackendTest, LinearMatchesTheCpu) {
       EXPECT_LT(MaxRelError(Get(gpu_.get(), gy), Get(cpu_.get(), cy)), 1e-2);
       Tensor no_bias = Poisoned(gpu_.get(), {m, n}, out);
       ASSERT_TRUE(gpu_->Linear(gx, gw, nullptr, &no_bias).ok());
+      EXPECT_LT(MaxRelError(Get(gpu_.get(), no_bias), Get(cpu_.get(), cy_no_bias)), 1e-2);
     }
   }
 }
@@ -458,8 +464,10 @@ TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
     cw[1].push_back(Put(cpu_.get(), down, {hidden, inter}, DType::kF32));
     gw[1].push_back(Put(gpu_.get(), down, {hidden, inter}, DType::kBF16));
   }
-  // Up to ~54 rows an expert (the small tiles), ~108 (128-row tiles), ~310 (128x256 tiles).
-  for (int64_t pairs : {0, 1, 40, 700, 1400, 4000}) {
+  // Up to cuda::kGemvMaxPairs (128) pairs: gemv.cu (runs of one expert longer than its 4
+  // pairs a pass at 40 and 128); then up to ~54 rows an expert (the small tiles), ~108
+  // (128-row tiles), ~310 (128x256 tiles).
+  for (int64_t pairs : {0, 1, 8, 40, 128, 129, 700, 1400, 4000}) {
     SCOPED_TRACE(::testing::Message() << pairs << " pairs");
     const int64_t rows_in = std::max<int64_t>(pairs / 3, 1);
     std::mt19937 rng(static_cast<uint32_t>(pairs));
@@ -527,11 +535,91 @@ TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
       return std::make_tuple(GetIndices(b, order), GetIndices(b, offsets), Get(b, y), Get(b, sum));
     };
     const auto want = run(cpu_.get(), cw, DType::kF32);
-    const auto got = run(gpu_.get(), gw, DType::kBF16);
-    EXPECT_EQ(std::get<0>(got), std::get<0>(want));
-    EXPECT_EQ(std::get<1>(got), std::get<1>(want));
-    EXPECT_LT(MaxRelError(std::get<2>(got), std::get<2>(want)), 2e-2);
-    EXPECT_LT(MaxRelError(std::get<3>(got), std::get<3>(want)), 2e-2);
+    for (DType xdtype : {DType::kBF16, DType::kF32}) {
+      SCOPED_TRACE(DTypeName(xdtype));
+      const auto got = run(gpu_.get(), gw, xdtype);
+      EXPECT_EQ(std::get<0>(got), std::get<0>(want));
+      EXPECT_EQ(std::get<1>(got), std::get<1>(want));
+      EXPECT_LT(MaxRelError(std::get<2>(got), std::get<2>(want)), 2e-2);
+      EXPECT_LT(MaxRelError(std::get<3>(got), std::get<3>(want)), 2e-2);
+    }
+  }
+}
+
+// DXS_CUDA_GEMV=off takes cuBLAS / CUTLASS for what gemv.cu runs by default: on the
+// Qwen3-30B-A3B shapes of a decode step both agree within bf16 error.
+TEST_F(CudaBackendTest, GemvAndGemmPathsAgree) {
+  setenv("DXS_CUDA_GEMV", "sideways", 1);
+  EXPECT_EQ(MakeBackend("cuda").status().code(), absl::StatusCode::kInvalidArgument);
+  setenv("DXS_CUDA_GEMV", "off", 1);
+  absl::StatusOr<std::unique_ptr<Backend>> made = MakeBackend("cuda");
+  unsetenv("DXS_CUDA_GEMV");
+  ASSERT_TRUE(made.ok()) << made.status();
+  Backend* gemm = made->get();
+  Backend* gemv = gpu_.get();
+  const int64_t hidden = 2048;
+  for (const auto& [m, n] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 4096}, {1, 512}, {4, 128}, {8, 4096}, {3, 2050}}) {
+    SCOPED_TRACE(::testing::Message() << "linear m " << m << " n " << n);
+    const std::vector<float> x = Bf16Exact(RandomFloats(m * hidden, 21));
+    const std::vector<float> w = Bf16Exact(RandomFloats(n * hidden, 22, 0.02f));
+    std::vector<std::vector<float>> out;
+    for (Backend* b : {gemv, gemm}) {
+      Tensor y = Poisoned(b, {m, n}, DType::kF32);
+      ASSERT_TRUE(b->Linear(Put(b, x, {m, hidden}, DType::kBF16),
+                            Put(b, w, {n, hidden}, DType::kBF16), nullptr, &y)
+                      .ok());
+      out.push_back(Get(b, y));
+    }
+    EXPECT_LT(MaxRelError(out[0], out[1]), 1e-2);
+  }
+  // The grouped FFN: Qwen3-30B-A3B's expert shape (inter 768), top-8 of 1 and of 16 tokens
+  // over 32 experts (fewer than its 128, to keep the host's random weights quick).
+  const int64_t experts = 32, inter = 768;
+  std::vector<std::vector<Tensor>> w(2, std::vector<Tensor>(2 * experts));
+  std::vector<std::vector<const Tensor*>> gu(2), dn(2);
+  for (int64_t e = 0; e < experts; ++e) {
+    const std::vector<float> gate_up = Bf16Exact(RandomFloats(2 * inter * hidden, 300 + e, 0.02f));
+    const std::vector<float> down = Bf16Exact(RandomFloats(hidden * inter, 500 + e, 0.02f));
+    for (int b = 0; b < 2; ++b) {
+      Backend* be = b == 0 ? gemv : gemm;
+      w[b][e] = Put(be, gate_up, {2 * inter, hidden}, DType::kBF16);
+      w[b][experts + e] = Put(be, down, {hidden, inter}, DType::kBF16);
+    }
+  }
+  for (int b = 0; b < 2; ++b) {
+    for (int64_t e = 0; e < experts; ++e) {
+      gu[b].push_back(&w[b][e]);
+      dn[b].push_back(&w[b][experts + e]);
+    }
+  }
+  for (int64_t tokens : {1, 16}) {
+    SCOPED_TRACE(::testing::Message() << tokens << " tokens");
+    const int64_t pairs = tokens * 8;
+    std::mt19937 rng(static_cast<uint32_t>(tokens));
+    std::vector<int32_t> ex(pairs), rows(pairs);
+    for (int64_t p = 0; p < pairs; ++p) {
+      ex[p] = static_cast<int32_t>(rng() % experts);
+      rows[p] = static_cast<int32_t>(p / 8);
+    }
+    const std::vector<float> x = Bf16Exact(RandomFloats(tokens * hidden, 23));
+    std::vector<std::vector<float>> out;
+    for (int b = 0; b < 2; ++b) {
+      Backend* be = b == 0 ? gemv : gemm;
+      Tensor order = Poisoned(be, {pairs}, DType::kI32);
+      Tensor offsets = Poisoned(be, {experts + 1}, DType::kI32);
+      Tensor sorted_rows = Poisoned(be, {pairs}, DType::kI32);
+      const Tensor rows_t = PutIndices(be, rows);
+      ASSERT_TRUE(be->SortPairsByExpert(PutIndices(be, ex), experts, &order, &offsets,
+                                        {{&rows_t, &sorted_rows}})
+                      .ok());
+      Tensor y = Poisoned(be, {pairs, hidden}, DType::kBF16);
+      ASSERT_TRUE(be->GroupedSwiGlu(Put(be, x, {tokens, hidden}, DType::kBF16), &sorted_rows,
+                                    offsets, gu[b], dn[b], &y)
+                      .ok());
+      out.push_back(Get(be, y));
+    }
+    EXPECT_LT(MaxRelError(out[0], out[1]), 2e-2);
   }
 }
 

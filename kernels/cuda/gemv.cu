@@ -1,0 +1,359 @@
+// Weight-streaming kernels for decode-sized batches, where a GEMM library's tiles sit mostly
+// idle: a matrix-vector product reads each bf16 weight once, 16 bytes a lane, and the few
+// activation rows ride along in registers.
+//
+// - LaunchGemvBf16: y[m, n] = x[m, :] . w[n, :] for up to kGemvMaxRows rows of x (the dense
+//   projections of a decode step: q, k, v, o, the router, lm_head). A warp owns kFeatures
+//   output features; each lane walks k in 8-element (16-byte) chunks, 256 elements a warp
+//   per turn, so the loads of a row are coalesced; the lane sums are reduced by a fixed
+//   xor-shuffle tree, so results are deterministic.
+// - LaunchMoeSwiGluGemv: the grouped SwiGLU FFN of few routed pairs (decode), in two
+//   kernels instead of a gather, two grouped GEMMs and the SiLU pass:
+//     act[p, i] = silu(gate_e[i] . x[rows[p]]) * (up_e[i] . x[rows[p]])   (bf16, as the GEMM
+//                 path rounds gate and up to bf16, then silu(g) * u to bf16),
+//     y[p, n]   = down_e[n] . act[p]
+//   for the pairs sorted by expert (expert_offsets). A block is a (pair, feature tile); the
+//   block of a run's first pair computes the whole run (kRunPairs pairs per pass over the
+//   weights), the others exit, so each held expert's weights are read once per pass. Pairs
+//   of an expert without weights (a null pointer) get zeros.
+//
+// Both need k % 8 == 0 and 16-byte aligned rows; the backend checks and otherwise uses the
+// GEMM path.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/elem_type.cuh"
+#include "kernels/cuda/ops.cuh"
+
+namespace dxs::cuda {
+namespace {
+
+constexpr int kWarps = 4;     // warps a block
+constexpr int kFeatures = 2;  // output features a warp
+constexpr int kChunk = 8;     // elements a lane loads at once (16 bytes of bf16)
+constexpr int kRunPairs = 4;  // pairs of one expert computed per pass over its weights
+
+// 8 bf16 from 16 bytes, streamed (read once: no L1 allocation).
+__device__ __forceinline__ void LoadWeights8(const __nv_bfloat16* p, float out[kChunk]) {
+  uint4 raw;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+               : "l"(p));
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kChunk / 2; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+// 8 activations as float.
+__device__ __forceinline__ void LoadRow8(const __nv_bfloat16* p, float out[kChunk]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kChunk / 2; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void LoadRow8(const float* p, float out[kChunk]) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+  out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ float Dot8(const float a[kChunk], const float b[kChunk]) {
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) s = fmaf(a[i], b[i], s);
+  return s;
+}
+
+// ---- dense ----
+
+template <typename TX, typename TY, int M>
+__global__ void __launch_bounds__(kWarps * 32)
+    GemvKernel(const TX* __restrict__ x, int m, const __nv_bfloat16* __restrict__ w, int n, int k,
+               TY* __restrict__ y) {
+  const int lane = threadIdx.x % 32;
+  const int feature0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kFeatures;
+  if (feature0 >= n) return;
+  float acc[kFeatures][M];
+#pragma unroll
+  for (int f = 0; f < kFeatures; ++f) {
+#pragma unroll
+    for (int r = 0; r < M; ++r) acc[f][r] = 0.f;
+  }
+#pragma unroll 2
+  for (int c = lane * kChunk; c < k; c += 32 * kChunk) {
+    float wv[kFeatures][kChunk];
+#pragma unroll
+    for (int f = 0; f < kFeatures; ++f) {
+      const int feature = min(feature0 + f, n - 1);  // a tail warp repeats its last row
+      LoadWeights8(w + static_cast<int64_t>(feature) * k + c, wv[f]);
+    }
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+      if (r < m) {
+        float xv[kChunk];
+        LoadRow8(x + static_cast<int64_t>(r) * k + c, xv);
+#pragma unroll
+        for (int f = 0; f < kFeatures; ++f) acc[f][r] += Dot8(wv[f], xv);
+      }
+    }
+  }
+#pragma unroll
+  for (int f = 0; f < kFeatures; ++f) {
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+      const float s = WarpSum(acc[f][r]);
+      if (lane == 0 && r < m && feature0 + f < n) {
+        y[static_cast<int64_t>(r) * n + feature0 + f] = FromFloat<TY>(s);
+      }
+    }
+  }
+}
+
+// ---- the grouped SwiGLU of few pairs ----
+
+// The expert of sorted pair p: the largest e with offsets[e] <= p, i.e. the number of
+// e in [0, E) with offsets[e] <= p, less one (offsets ascend). Each lane counts a slice of
+// the offsets with independent loads and the warp adds the counts, so a block waits for
+// one round of loads, not for a binary search's chain of them.
+__device__ __forceinline__ int ExpertOfPair(const int32_t* offsets, int num_experts, int p) {
+  const int lane = threadIdx.x % 32;
+  int count = 0;
+  for (int e = lane; e < num_experts; e += 32) count += __ldg(offsets + e) <= p ? 1 : 0;
+  return max(__reduce_add_sync(0xffffffffu, count) - 1, 0);
+}
+
+__device__ __forceinline__ float RoundBf16(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+// act[p, i] for the run of pair blockIdx.y, features of this block's warps.
+template <typename TX>
+__global__ void __launch_bounds__(kWarps * 32)
+    MoeGateUpKernel(const TX* __restrict__ xs, int x_rows, const int32_t* __restrict__ rows,
+                    const int32_t* __restrict__ offsets, int num_experts,
+                    const __nv_bfloat16* const* __restrict__ gate_up, int hidden, int inter,
+                    __nv_bfloat16* __restrict__ act) {
+  const int p = blockIdx.y;
+  const int e = ExpertOfPair(offsets, num_experts, p);
+  if (__ldg(offsets + e) != p) return;  // the run's first pair's block does the run
+  const int run = __ldg(offsets + e + 1) - p;
+  const int lane = threadIdx.x % 32;
+  const int feature0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kFeatures;
+  if (feature0 >= inter) return;
+  const __nv_bfloat16* w = gate_up[e];
+  for (int done = 0; done < run; done += kRunPairs) {
+    const int pairs = min(kRunPairs, run - done);
+    // A row outside xs (a bad index: kernels skip those) computes as a zero row.
+    const TX* x[kRunPairs];
+    bool valid[kRunPairs];
+#pragma unroll
+    for (int j = 0; j < kRunPairs; ++j) {
+      const int q = p + done + min(j, pairs - 1);
+      const int row = rows != nullptr ? __ldg(rows + q) : q;
+      valid[j] = j < pairs && row >= 0 && row < x_rows;
+      x[j] = xs + static_cast<int64_t>(valid[j] ? row : 0) * hidden;
+    }
+    float g[kFeatures][kRunPairs], u[kFeatures][kRunPairs];
+#pragma unroll
+    for (int f = 0; f < kFeatures; ++f) {
+#pragma unroll
+      for (int j = 0; j < kRunPairs; ++j) g[f][j] = u[f][j] = 0.f;
+    }
+    if (w != nullptr) {
+#pragma unroll 2
+      for (int c = lane * kChunk; c < hidden; c += 32 * kChunk) {
+        float gw[kFeatures][kChunk], uw[kFeatures][kChunk];
+#pragma unroll
+        for (int f = 0; f < kFeatures; ++f) {
+          const int feature = min(feature0 + f, inter - 1);
+          LoadWeights8(w + static_cast<int64_t>(feature) * hidden + c, gw[f]);
+          LoadWeights8(w + static_cast<int64_t>(inter + feature) * hidden + c, uw[f]);
+        }
+#pragma unroll
+        for (int j = 0; j < kRunPairs; ++j) {
+          if (valid[j]) {
+            float xv[kChunk];
+            LoadRow8(x[j] + c, xv);
+#pragma unroll
+            for (int f = 0; f < kFeatures; ++f) {
+              g[f][j] += Dot8(gw[f], xv);
+              u[f][j] += Dot8(uw[f], xv);
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int f = 0; f < kFeatures; ++f) {
+#pragma unroll
+      for (int j = 0; j < kRunPairs; ++j) {
+        const float gs = RoundBf16(WarpSum(g[f][j])), us = RoundBf16(WarpSum(u[f][j]));
+        if (lane == 0 && j < pairs && feature0 + f < inter) {
+          act[static_cast<int64_t>(p + done + j) * inter + feature0 + f] =
+              __float2bfloat16_rn(gs / (1.f + expf(-gs)) * us);
+        }
+      }
+    }
+  }
+}
+
+// y[p, n] for the run of pair blockIdx.y, output rows of this block's warps.
+template <typename TY>
+__global__ void __launch_bounds__(kWarps * 32)
+    MoeDownKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ offsets,
+                  int num_experts, const __nv_bfloat16* const* __restrict__ down, int hidden,
+                  int inter, TY* __restrict__ y) {
+  const int p = blockIdx.y;
+  const int e = ExpertOfPair(offsets, num_experts, p);
+  if (__ldg(offsets + e) != p) return;
+  const int run = __ldg(offsets + e + 1) - p;
+  const int lane = threadIdx.x % 32;
+  const int feature0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kFeatures;
+  if (feature0 >= hidden) return;
+  const __nv_bfloat16* w = down[e];
+  for (int done = 0; done < run; done += kRunPairs) {
+    const int pairs = min(kRunPairs, run - done);
+    float acc[kFeatures][kRunPairs];
+#pragma unroll
+    for (int f = 0; f < kFeatures; ++f) {
+#pragma unroll
+      for (int j = 0; j < kRunPairs; ++j) acc[f][j] = 0.f;
+    }
+    if (w != nullptr) {
+#pragma unroll 2
+      for (int c = lane * kChunk; c < inter; c += 32 * kChunk) {
+        float wv[kFeatures][kChunk];
+#pragma unroll
+        for (int f = 0; f < kFeatures; ++f) {
+          const int feature = min(feature0 + f, hidden - 1);
+          LoadWeights8(w + static_cast<int64_t>(feature) * inter + c, wv[f]);
+        }
+#pragma unroll
+        for (int j = 0; j < kRunPairs; ++j) {
+          if (j < pairs) {
+            float av[kChunk];
+            LoadRow8(act + static_cast<int64_t>(p + done + j) * inter + c, av);
+#pragma unroll
+            for (int f = 0; f < kFeatures; ++f) acc[f][j] += Dot8(wv[f], av);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int f = 0; f < kFeatures; ++f) {
+#pragma unroll
+      for (int j = 0; j < kRunPairs; ++j) {
+        const float s = WarpSum(acc[f][j]);
+        if (lane == 0 && j < pairs && feature0 + f < hidden) {
+          y[static_cast<int64_t>(p + done + j) * hidden + feature0 + f] = FromFloat<TY>(s);
+        }
+      }
+    }
+  }
+}
+
+int FeatureBlocks(int64_t features) {
+  return static_cast<int>((features + kWarps * kFeatures - 1) / (kWarps * kFeatures));
+}
+
+}  // namespace
+
+cudaError_t LaunchGemvBf16(const void* x, ElemType x_type, int64_t m, const void* w, int64_t n,
+                           int64_t k, void* y, ElemType y_type, cudaStream_t stream) {
+  if (m < 0 || n < 0 || k < 0 || m > kGemvMaxRows || k % kChunk != 0 || n > INT32_MAX ||
+      k > INT32_MAX || (x_type != ElemType::kBF16 && x_type != ElemType::kF32) ||
+      (y_type != ElemType::kBF16 && y_type != ElemType::kF32)) {
+    return cudaErrorInvalidValue;
+  }
+  if (m == 0 || n == 0) return cudaSuccess;
+  if (x == nullptr || w == nullptr || y == nullptr || !Aligned16(x) || !Aligned16(w)) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid(FeatureBlocks(n));
+  const auto* wb = static_cast<const __nv_bfloat16*>(w);
+  auto launch = [&](auto xt, auto yt, auto rows) {
+    using TX = typename decltype(xt)::type;
+    using TY = typename decltype(yt)::type;
+    GemvKernel<TX, TY, decltype(rows)::value><<<grid, kWarps * 32, 0, stream>>>(
+        static_cast<const TX*>(x), static_cast<int>(m), wb, static_cast<int>(n),
+        static_cast<int>(k), static_cast<TY*>(y));
+    return cudaGetLastError();
+  };
+  auto by_rows = [&](auto xt, auto yt) {
+    if (m == 1) return launch(xt, yt, std::integral_constant<int, 1>{});
+    if (m == 2) return launch(xt, yt, std::integral_constant<int, 2>{});
+    if (m <= 4) return launch(xt, yt, std::integral_constant<int, 4>{});
+    return launch(xt, yt, std::integral_constant<int, kGemvMaxRows>{});
+  };
+  auto by_out = [&](auto xt) {
+    return y_type == ElemType::kF32 ? by_rows(xt, TypeTag<float>{})
+                                    : by_rows(xt, TypeTag<__nv_bfloat16>{});
+  };
+  return x_type == ElemType::kF32 ? by_out(TypeTag<float>{}) : by_out(TypeTag<__nv_bfloat16>{});
+}
+
+cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
+                                const int32_t* rows, int64_t num_pairs,
+                                const int32_t* expert_offsets, int64_t num_experts,
+                                const void* const* weights, int64_t hidden, int64_t inter,
+                                void* act, void* y, ElemType y_type, cudaStream_t stream) {
+  if (num_pairs < 0 || num_pairs > kGemvMaxPairs || num_experts < 1 || hidden <= 0 ||
+      inter <= 0 || hidden % kChunk != 0 || inter % kChunk != 0 || hidden > INT32_MAX ||
+      inter > INT32_MAX || num_experts > INT32_MAX || x_rows < 0 ||
+      (x_type != ElemType::kBF16 && x_type != ElemType::kF32) ||
+      (y_type != ElemType::kBF16 && y_type != ElemType::kF32)) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_pairs == 0) return cudaSuccess;
+  if (xs == nullptr || expert_offsets == nullptr || weights == nullptr || act == nullptr ||
+      y == nullptr || !Aligned16(xs) || !Aligned16(act) ||
+      (rows == nullptr && x_rows < num_pairs)) {
+    return cudaErrorInvalidValue;
+  }
+  const auto* const* gate_up = reinterpret_cast<const __nv_bfloat16* const*>(weights);
+  const auto* const* down = gate_up + num_experts;
+  auto* a = static_cast<__nv_bfloat16*>(act);
+  const int e = static_cast<int>(num_experts), h = static_cast<int>(hidden),
+            i = static_cast<int>(inter);
+  const int xr = static_cast<int>(std::min<int64_t>(x_rows, INT32_MAX));
+  const dim3 gate_grid(FeatureBlocks(inter), static_cast<unsigned>(num_pairs));
+  if (x_type == ElemType::kF32) {
+    MoeGateUpKernel<float><<<gate_grid, kWarps * 32, 0, stream>>>(
+        static_cast<const float*>(xs), xr, rows, expert_offsets, e, gate_up, h, i, a);
+  } else {
+    MoeGateUpKernel<__nv_bfloat16><<<gate_grid, kWarps * 32, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(xs), xr, rows, expert_offsets, e, gate_up, h, i, a);
+  }
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  const dim3 down_grid(FeatureBlocks(hidden), static_cast<unsigned>(num_pairs));
+  if (y_type == ElemType::kF32) {
+    MoeDownKernel<float><<<down_grid, kWarps * 32, 0, stream>>>(a, expert_offsets, e, down, h, i,
+                                                                static_cast<float*>(y));
+  } else {
+    MoeDownKernel<__nv_bfloat16><<<down_grid, kWarps * 32, 0, stream>>>(
+        a, expert_offsets, e, down, h, i, static_cast<__nv_bfloat16*>(y));
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace dxs::cuda
