@@ -30,6 +30,21 @@ absl::Status Backend::Replay(Graph* graph) {
   return absl::UnimplementedError(absl::StrCat("the ", name(), " backend has no graphs"));
 }
 
+absl::Status Backend::Linears(const Tensor& x, const std::vector<const Tensor*>& ws,
+                              const std::vector<Tensor*>& ys) {
+  if (ws.size() != ys.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("linears: ", ws.size(), " weights for ", ys.size(), " outputs"));
+  }
+  for (size_t i = 0; i < ws.size(); ++i) {
+    if (ws[i] == nullptr || ys[i] == nullptr) {
+      return absl::InvalidArgumentError("linears: a null weight or output");
+    }
+    DXS_RETURN_IF_ERROR(Linear(x, *ws[i], nullptr, ys[i]));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Tensor> Backend::Zeros(std::vector<int64_t> shape, DType dtype) {
   DXS_ASSIGN_OR_RETURN(Tensor t, Allocate(std::move(shape), dtype));
   DXS_RETURN_IF_ERROR(Fill(&t, 0.f));

@@ -184,6 +184,10 @@ class Backend {
   // ---- Dense ops ----
   // y[m, n] = x[m, k] * w[n, k]^T (+ bias[n] when given). The GEMM.
   virtual absl::Status Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor* y) = 0;
+  // ys[i] = x * ws[i]^T, no biases, for weights sharing their input (a layer's q, k and v):
+  // Linear for each, which a device may run as one launch. ws and ys of one size.
+  virtual absl::Status Linears(const Tensor& x, const std::vector<const Tensor*>& ws,
+                               const std::vector<Tensor*>& ys);
   // y = x * rsqrt(mean(x^2) + eps) * weight over rows of weight.num_elements() values.
   virtual absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor* y) = 0;
   // y[i] = table[ids[i]]; ids is an i32 tensor of ids already checked against the table.

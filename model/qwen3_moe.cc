@@ -559,9 +559,15 @@ absl::Status Qwen3MoeModel::AttentionBlock(int layer, KvCache* kv, MicroBatch* m
   DXS_ASSIGN_OR_RETURN(Tensor v, backend_->Allocate({t, kv_heads, d}));
   Tensor q2 = q.Reshape({t, heads * d}), k2 = k.Reshape({t, kv_heads * d}),
          v2 = v.Reshape({t, kv_heads * d});
-  DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.q_proj, bias(lw.q_bias), &q2));
-  DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.k_proj, bias(lw.k_bias), &k2));
-  DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.v_proj, bias(lw.v_bias), &v2));
+  if (!lw.q_bias.defined() && !lw.k_bias.defined() && !lw.v_bias.defined()) {
+    // Qwen3: no biases; the three projections of one input, in one launch where it can.
+    DXS_RETURN_IF_ERROR(
+        backend_->Linears(normed, {&lw.q_proj, &lw.k_proj, &lw.v_proj}, {&q2, &k2, &v2}));
+  } else {
+    DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.q_proj, bias(lw.q_bias), &q2));
+    DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.k_proj, bias(lw.k_bias), &k2));
+    DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.v_proj, bias(lw.v_bias), &v2));
+  }
   // Per-head q/k norms and the rotary embedding, one op.
   DXS_RETURN_IF_ERROR(
       backend_->QkNormRope(&q, &k, lw.q_norm, lw.k_norm, eps, mb->positions, config_.rope_theta));

@@ -524,6 +524,37 @@ absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor*
   return Gemm(x.raw(), w.raw(), x.dtype(), m, n, k, y->raw(), y->dtype(), beta, "linear");
 }
 
+absl::Status CudaBackend::Linears(const Tensor& x, const std::vector<const Tensor*>& ws,
+                                  const std::vector<Tensor*>& ys) {
+  // One gemv.cu launch for all of them where each Linear alone would take the GEMV path.
+  bool one_launch = use_gemv_ && !ws.empty() && ws.size() == ys.size() &&
+                    ws.size() <= static_cast<size_t>(cuda::kGemvMaxOutputs) &&
+                    x.dtype() == DType::kBF16 && x.rows() <= cuda::kGemvMaxRows &&
+                    x.row_size() % 8 == 0 && Aligned16(x.raw());
+  for (size_t i = 0; one_launch && i < ws.size(); ++i) {
+    one_launch = ws[i] != nullptr && ys[i] != nullptr && ws[i]->dtype() == DType::kBF16 &&
+                 ws[i]->row_size() == x.row_size() && Aligned16(ws[i]->raw()) &&
+                 ys[i]->dtype() == ys[0]->dtype() &&
+                 (ys[i]->dtype() == DType::kBF16 || ys[i]->dtype() == DType::kF32) &&
+                 ys[i]->num_elements() == x.rows() * ws[i]->rows();
+  }
+  if (!one_launch) return Backend::Linears(x, ws, ys);
+  if (x.rows() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("linears"));
+  std::vector<const void*> w_ptrs;
+  std::vector<int64_t> ns;
+  std::vector<void*> y_ptrs;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    w_ptrs.push_back(ws[i]->raw());
+    ns.push_back(ws[i]->rows());
+    y_ptrs.push_back(ys[i]->raw());
+  }
+  return CudaStatus(cuda::LaunchGemvsBf16(x.raw(), ToElemType(x.dtype()), x.rows(), x.row_size(),
+                                          static_cast<int>(ws.size()), w_ptrs.data(), ns.data(),
+                                          y_ptrs.data(), ToElemType(ys[0]->dtype()), stream_),
+                    "linears (gemv)");
+}
+
 absl::Status CudaBackend::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor* y) {
   DXS_RETURN_IF_ERROR(CheckSameElements("rms norm", x, *y));
   DXS_RETURN_IF_ERROR(CheckFloat("rms norm", x, "x"));

@@ -76,6 +76,8 @@ class CudaBackend final : public Backend {
   absl::Status Synchronize() override;
 
   absl::Status Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor* y) override;
+  absl::Status Linears(const Tensor& x, const std::vector<const Tensor*>& ws,
+                       const std::vector<Tensor*>& ys) override;
   absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor* y) override;
   absl::Status Embedding(const Tensor& table, const Tensor& ids, Tensor* y) override;
   absl::Status Rope(Tensor* x, const Tensor& positions, double theta) override;

@@ -86,12 +86,31 @@ __device__ __forceinline__ float Dot8(const float a[kChunk], const float b[kChun
 
 // ---- dense ----
 
+// The weights of one launch (LaunchGemvBf16's one, or LaunchGemvsBf16's several sharing x):
+// blocks [first_block[o], first_block[o + 1]) compute output o.
+struct GemvOutputs {
+  const __nv_bfloat16* w[kGemvMaxOutputs];
+  void* y[kGemvMaxOutputs];
+  int n[kGemvMaxOutputs];
+  int first_block[kGemvMaxOutputs + 1];
+  int count;
+};
+
 template <typename TX, typename TY, int M>
 __global__ void __launch_bounds__(kWarps * 32)
-    GemvKernel(const TX* __restrict__ x, int m, const __nv_bfloat16* __restrict__ w, int n, int k,
-               TY* __restrict__ y) {
+    GemvKernel(const TX* __restrict__ x, int m, const GemvOutputs outs, int k) {
+  static_assert(kGemvMaxOutputs == 3, "the selection below names each output");
+  // Selected with constant indices: a runtime index would copy the parameters to the stack.
+  const int block = static_cast<int>(blockIdx.x);
+  const int o = block >= outs.first_block[2] && outs.count > 2   ? 2
+                : block >= outs.first_block[1] && outs.count > 1 ? 1
+                                                                 : 0;
+  const __nv_bfloat16* __restrict__ w = o == 0 ? outs.w[0] : o == 1 ? outs.w[1] : outs.w[2];
+  TY* __restrict__ y = static_cast<TY*>(o == 0 ? outs.y[0] : o == 1 ? outs.y[1] : outs.y[2]);
+  const int n = o == 0 ? outs.n[0] : o == 1 ? outs.n[1] : outs.n[2];
+  const int first = o == 0 ? outs.first_block[0] : o == 1 ? outs.first_block[1] : outs.first_block[2];
   const int lane = threadIdx.x % 32;
-  const int feature0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kFeatures;
+  const int feature0 = ((block - first) * kWarps + threadIdx.x / 32) * kFeatures;
   if (feature0 >= n) return;
   float acc[kFeatures][M];
 #pragma unroll
@@ -278,25 +297,38 @@ int FeatureBlocks(int64_t features) {
 
 }  // namespace
 
-cudaError_t LaunchGemvBf16(const void* x, ElemType x_type, int64_t m, const void* w, int64_t n,
-                           int64_t k, void* y, ElemType y_type, cudaStream_t stream) {
-  if (m < 0 || n < 0 || k < 0 || m > kGemvMaxRows || k % kChunk != 0 || n > INT32_MAX ||
-      k > INT32_MAX || (x_type != ElemType::kBF16 && x_type != ElemType::kF32) ||
+cudaError_t LaunchGemvsBf16(const void* x, ElemType x_type, int64_t m, int64_t k, int count,
+                            const void* const* ws, const int64_t* ns, void* const* ys,
+                            ElemType y_type, cudaStream_t stream) {
+  if (m < 0 || k < 0 || m > kGemvMaxRows || k % kChunk != 0 || k > INT32_MAX || count < 1 ||
+      count > kGemvMaxOutputs || ws == nullptr || ns == nullptr || ys == nullptr ||
+      (x_type != ElemType::kBF16 && x_type != ElemType::kF32) ||
       (y_type != ElemType::kBF16 && y_type != ElemType::kF32)) {
     return cudaErrorInvalidValue;
   }
-  if (m == 0 || n == 0) return cudaSuccess;
-  if (x == nullptr || w == nullptr || y == nullptr || !Aligned16(x) || !Aligned16(w)) {
-    return cudaErrorInvalidValue;
+  GemvOutputs outs{};
+  int64_t blocks = 0;
+  for (int o = 0; o < count; ++o) {
+    if (ns[o] < 0 || ns[o] > INT32_MAX) return cudaErrorInvalidValue;
+    outs.w[o] = static_cast<const __nv_bfloat16*>(ws[o]);
+    outs.y[o] = ys[o];
+    outs.n[o] = static_cast<int>(ns[o]);
+    outs.first_block[o] = static_cast<int>(blocks);
+    blocks += FeatureBlocks(ns[o]);
+    if (m > 0 && ns[o] > 0 && (ws[o] == nullptr || ys[o] == nullptr || !Aligned16(ws[o]))) {
+      return cudaErrorInvalidValue;
+    }
   }
-  const dim3 grid(FeatureBlocks(n));
-  const auto* wb = static_cast<const __nv_bfloat16*>(w);
+  outs.first_block[count] = static_cast<int>(blocks);
+  outs.count = count;
+  if (m == 0 || blocks == 0) return cudaSuccess;
+  if (x == nullptr || !Aligned16(x) || blocks > INT32_MAX) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(blocks));
   auto launch = [&](auto xt, auto yt, auto rows) {
     using TX = typename decltype(xt)::type;
     using TY = typename decltype(yt)::type;
     GemvKernel<TX, TY, decltype(rows)::value><<<grid, kWarps * 32, 0, stream>>>(
-        static_cast<const TX*>(x), static_cast<int>(m), wb, static_cast<int>(n),
-        static_cast<int>(k), static_cast<TY*>(y));
+        static_cast<const TX*>(x), static_cast<int>(m), outs, static_cast<int>(k));
     return cudaGetLastError();
   };
   auto by_rows = [&](auto xt, auto yt) {
@@ -310,6 +342,11 @@ cudaError_t LaunchGemvBf16(const void* x, ElemType x_type, int64_t m, const void
                                     : by_rows(xt, TypeTag<__nv_bfloat16>{});
   };
   return x_type == ElemType::kF32 ? by_out(TypeTag<float>{}) : by_out(TypeTag<__nv_bfloat16>{});
+}
+
+cudaError_t LaunchGemvBf16(const void* x, ElemType x_type, int64_t m, const void* w, int64_t n,
+                           int64_t k, void* y, ElemType y_type, cudaStream_t stream) {
+  return LaunchGemvsBf16(x, x_type, m, k, 1, &w, &n, &y, y_type, stream);
 }
 
 cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,

@@ -41,6 +41,12 @@ inline constexpr int64_t kGemvMaxPairs = 128;
 // m <= kGemvMaxRows, k % 8 == 0, x and w 16-byte aligned.
 cudaError_t LaunchGemvBf16(const void* x, ElemType x_type, int64_t m, const void* w, int64_t n,
                            int64_t k, void* y, ElemType y_type, cudaStream_t stream);
+// The same for `count` (<= kGemvMaxOutputs) weights sharing x, in one launch: ys[o][m,
+// ns[o]] = x * ws[o]^T (q, k and v of a decode step).
+inline constexpr int kGemvMaxOutputs = 3;
+cudaError_t LaunchGemvsBf16(const void* x, ElemType x_type, int64_t m, int64_t k, int count,
+                            const void* const* ws, const int64_t* ns, void* const* ys,
+                            ElemType y_type, cudaStream_t stream);
 
 // The grouped SwiGLU FFN of num_pairs <= kGemvMaxPairs routed pairs sorted by expert
 // (expert_offsets [E + 1]): pair p's input is row rows[p] of xs (f32 or bf16 [x_rows,

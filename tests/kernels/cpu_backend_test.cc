@@ -49,6 +49,29 @@ TEST_F(CpuBackendTest, LinearMatchesNaiveProduct) {
   }
 }
 
+TEST_F(CpuBackendTest, LinearsAreLinearForEachWeight) {
+  const int64_t m = 2, k = 6;
+  std::vector<float> x(m * k);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.3f * static_cast<float>(i) - 1.f;
+  const Tensor tx = Up(x, {m, k});
+  std::vector<Tensor> ws, ys, want;
+  for (int64_t n : {3, 1, 5}) {
+    std::vector<float> w(n * k);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.07f * static_cast<float>((i * n) % 11) - 0.3f;
+    ws.push_back(Up(w, {n, k}));
+    ys.push_back(Alloc({m, n}));
+    want.push_back(Alloc({m, n}));
+    ASSERT_TRUE(b_->Linear(tx, ws.back(), nullptr, &want.back()).ok());
+  }
+  ASSERT_TRUE(b_->Linears(tx, {&ws[0], &ws[1], &ws[2]}, {&ys[0], &ys[1], &ys[2]}).ok());
+  for (size_t i = 0; i < ws.size(); ++i) EXPECT_EQ(Down(ys[i]), Down(want[i])) << i;
+  EXPECT_EQ(b_->Linears(tx, {&ws[0], &ws[1]}, {&ys[0]}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->Linears(tx, {&ws[0]}, {nullptr}).code(), absl::StatusCode::kInvalidArgument);
+  // A shape mismatch is Linear's INVALID_ARGUMENT.
+  EXPECT_EQ(b_->Linears(tx, {&ws[0]}, {&ys[1]}).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CpuBackendTest, ZeroRowOperationsAreNoOps) {
   Tensor x = Alloc({0, 8}), w = Up(std::vector<float>(32, 1.f), {4, 8});
   Tensor y = Alloc({0, 4});

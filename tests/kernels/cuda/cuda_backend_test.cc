@@ -153,6 +153,34 @@ TEST_F(CudaBackendTest, LinearMatchesTheCpu) {
   }
 }
 
+// Linears: q, k and v of one input, in one gemv.cu launch up to cuda::kGemvMaxRows rows,
+// else a Linear each; every output equals the CPU's Linear.
+TEST_F(CudaBackendTest, LinearsMatchTheCpu) {
+  const int64_t k = 512;
+  for (int64_t m : {0, 1, 3, 8, 9}) {
+    SCOPED_TRACE(::testing::Message() << "m " << m);
+    const std::vector<float> x = Bf16Exact(RandomFloats(m * k, 31));
+    std::vector<Tensor> gw, gy;
+    std::vector<std::vector<float>> want;
+    for (int64_t n : {640, 128, 136}) {
+      const std::vector<float> w = Bf16Exact(RandomFloats(n * k, 32 + n, 0.05f));
+      Tensor cy = Poisoned(cpu_.get(), {m, n}, DType::kF32);
+      ASSERT_TRUE(cpu_->Linear(Put(cpu_.get(), x, {m, k}, DType::kF32),
+                               Put(cpu_.get(), w, {n, k}, DType::kF32), nullptr, &cy)
+                      .ok());
+      want.push_back(Get(cpu_.get(), cy));
+      gw.push_back(Put(gpu_.get(), w, {n, k}, DType::kBF16));
+      gy.push_back(Poisoned(gpu_.get(), {m, n}, DType::kBF16));
+    }
+    ASSERT_TRUE(gpu_->Linears(Put(gpu_.get(), x, {m, k}, DType::kBF16), {&gw[0], &gw[1], &gw[2]},
+                              {&gy[0], &gy[1], &gy[2]})
+                    .ok());
+    for (size_t i = 0; i < gy.size(); ++i) {
+      EXPECT_LT(MaxRelError(Get(gpu_.get(), gy[i]), want[i]), 1e-2) << "output " << i;
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, DenseOpsMatchTheCpu) {
   const int64_t t = 37, heads = 4, d = 128, hidden = heads * d;
   const std::vector<float> x = Bf16Exact(RandomFloats(t * hidden, 5));
