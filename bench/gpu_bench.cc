@@ -559,10 +559,13 @@ int Main(int argc, char** argv) {
   report.Add({{"section", "device"}, {"name", prop.name}, {"sms", prop.multiProcessorCount}});
   cudaStream_t stream = CudaStreamOf(backend.get());
   const Rates rates = MeasureRates(backend.get(), stream, quick, &report);
-  // The per-expert cuBLAS grouped FFN, for the choice between it and CUTLASS.
+  // The per-expert cuBLAS grouped FFN, for the choice between it and CUTLASS (at every
+  // size: without gemv.cu's decode-sized path, which would take the small batches).
   setenv("DXS_CUDA_GROUPED_GEMM", "cublas", 1);
+  setenv("DXS_CUDA_GEMV", "off", 1);
   std::unique_ptr<Backend> cublas = Must(MakeCudaBackend(0), "cuBLAS backend");
   unsetenv("DXS_CUDA_GROUPED_GEMM");
+  unsetenv("DXS_CUDA_GEMV");
   if (profile.what.empty()) GroupedFfn(backend.get(), stream, cublas.get(), rates, quick, &report);
   cublas.reset();
   if (ffn_only) return 0;

@@ -45,6 +45,18 @@ absl::Status Backend::Linears(const Tensor& x, const std::vector<const Tensor*>&
   return absl::OkStatus();
 }
 
+absl::Status Backend::ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
+                                   Tensor* out) {
+  Tensor sum = *out;
+  if (out->dtype() != DType::kF32) {
+    DXS_ASSIGN_OR_RETURN(sum, Allocate({out->rows(), out->row_size()}, DType::kF32));
+  }
+  DXS_RETURN_IF_ERROR(Fill(&sum, 0.f));
+  if (rows.num_elements() > 0) DXS_RETURN_IF_ERROR(ScaleAddRows(src, scales, rows, &sum));
+  if (out->dtype() != DType::kF32) return Copy(sum, out);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Tensor> Backend::Zeros(std::vector<int64_t> shape, DType dtype) {
   DXS_ASSIGN_OR_RETURN(Tensor t, Allocate(std::move(shape), dtype));
   DXS_RETURN_IF_ERROR(Fill(&t, 0.f));

@@ -289,6 +289,11 @@ class Backend {
   // activation dtype.
   virtual absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                                     Tensor* dst) = 0;
+  // The same into zeros, written in out's dtype: out = 0, ScaleAddRows into float32, then
+  // rounded once into out (f32 or, on a backend whose activations are, the activation
+  // dtype). One op, so a device may do it in one pass (an expert round's weighted pre-sum).
+  virtual absl::Status ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
+                                    Tensor* out);
   // An expert round's routed pairs as the wire delivered them, checked and unpacked where
   // they arrived (device memory on a GPU: no pair crosses the host). `blocks` (i32 [3 * P])
   // holds each segment's pairs as the dispatch layout sends them: its num_pairs rows (into

@@ -119,26 +119,14 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
   const int64_t num_pairs = rows.num_elements();
   const int64_t hidden = config_.hidden_size;
   const int num_experts = static_cast<int>(config_.num_experts);
-  // The pre-sum is taken in float32: in `out` itself, or (a narrower out: rows on a bf16
-  // wire) in an accumulator rounded once at the end.
   // In a graph capture the scratch is the call's own (from the graph's pool): the reused
   // workspace may be regrown and handed to other tensors between replays.
   const bool own_scratch = backend_->InGraphCapture();
   Workspace local;
   Workspace& ws = own_scratch ? local : ws_;
-  Tensor local_accumulator;
-  Tensor& accumulator = own_scratch ? local_accumulator : accumulator_;
-  Tensor sum = *out;
-  if (out->dtype() != DType::kF32) {
-    if (!accumulator.defined() || accumulator.num_elements() < out->num_elements()) {
-      DXS_ASSIGN_OR_RETURN(
-          accumulator,
-          backend_->Allocate({std::max<int64_t>(out->rows(), 1), out->row_size()}, DType::kF32));
-    }
-    sum = accumulator.Rows(0, out->rows());
-  }
-  DXS_RETURN_IF_ERROR(backend_->Fill(&sum, 0.f));
-  if (num_pairs > 0) {  // empty batch: no kernels
+  // Empty batch: zeros, no other kernel.
+  if (num_pairs == 0) return backend_->Fill(out, 0.f);
+  {
     // Workspace reused across calls (grown for the largest batch seen).
     if (!ws.order.defined() || ws.order.rows() < num_pairs) {
       const int64_t n = std::max(num_pairs, 2 * (ws.order.defined() ? ws.order.rows() : 0));
@@ -171,9 +159,10 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
     Tensor y = ws.y.Rows(0, num_pairs);
     DXS_RETURN_IF_ERROR(
         backend_->GroupedSwiGlu(x, &sorted_rows, offsets, gate_up_[layer], down_[layer], &y));
-    DXS_RETURN_IF_ERROR(backend_->ScaleAddRows(y, sorted_weights, sorted_out_rows, &sum));
+    // The weighted pre-sum over each token's pairs, in float32, rounded once into out (rows
+    // on a bf16 wire are bf16).
+    DXS_RETURN_IF_ERROR(backend_->ScaleSumRows(y, sorted_weights, sorted_out_rows, out));
   }
-  if (out->dtype() != DType::kF32) return backend_->Copy(sum, out);
   return absl::OkStatus();
 }
 

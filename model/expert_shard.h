@@ -71,7 +71,6 @@ class ExpertShard final {
   bool counts_on_device_ = false;
   mutable absl::Mutex device_counts_mu_;
   Tensor device_counts_;
-  Tensor accumulator_;  // float32 sums for a narrower `out`, reused
   // ForwardPairs' workspace, reused (one caller thread), and ForwardRouted's pair rows.
   struct Workspace {
     Tensor order, offsets, sorted_rows, sorted_out_rows, sorted_weights, y;

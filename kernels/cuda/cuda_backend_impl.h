@@ -109,6 +109,8 @@ class CudaBackend final : public Backend {
                              const std::vector<const Tensor*>& down, Tensor* y) override;
   absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                             Tensor* dst) override;
+  absl::Status ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
+                            Tensor* out) override;
   absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override;
   absl::Status UnpackRoutedPairs(const Tensor& blocks, const std::vector<PairSegment>& segments,
                                  const Tensor& held, Tensor* rows, Tensor* experts, Tensor* weights,

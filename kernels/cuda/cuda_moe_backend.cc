@@ -121,6 +121,33 @@ absl::Status CudaBackend::ScaleAddRows(const Tensor& src, const Tensor& scales, 
       "scale add rows");
 }
 
+absl::Status CudaBackend::ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
+                                       Tensor* out) {
+  const int64_t n = rows.num_elements();
+  // Decode-sized: the zeroing, the sum and the rounding in one kernel (gemv.cu).
+  if (!use_gemv_ || n > cuda::kGemvMaxPairs || (out->dtype() != DType::kF32 &&
+                                                 out->dtype() != DType::kBF16)) {
+    return Backend::ScaleSumRows(src, scales, rows, out);
+  }
+  DXS_RETURN_IF_ERROR(CheckDType("scale sum rows", scales, DType::kF32, "scales"));
+  DXS_RETURN_IF_ERROR(CheckDType("scale sum rows", rows, DType::kI32, "rows"));
+  if (src.dtype() != DType::kF32 && src.dtype() != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("scale sum rows: src must be f32 or bf16, got ",
+                                                   std::string(DTypeName(src.dtype()))));
+  }
+  const int64_t d = out->row_size();
+  if (scales.num_elements() != n || src.rows() < n || (n > 0 && src.row_size() != d)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scale sum rows: ", n, " rows of ", src.ShapeString(), " into ", out->ShapeString()));
+  }
+  if (out->num_elements() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("scale sum rows"));
+  return CudaStatus(cuda::LaunchScaleSumRows(src.raw(), ToElemType(src.dtype()), scales.f32(),
+                                             rows.i32(), n, d, out->raw(),
+                                             ToElemType(out->dtype()), out->rows(), stream_),
+                    "scale sum rows");
+}
+
 absl::Status CudaBackend::ArgmaxRows(const Tensor& logits, Tensor* ids) {
   DXS_RETURN_IF_ERROR(CheckArgmaxRowsArgs(logits, *ids));
   const int64_t n = logits.rows(), vocab = logits.row_size();

@@ -36,7 +36,11 @@ namespace {
 constexpr int kWarps = 4;     // warps a block
 constexpr int kFeatures = 2;  // output features a warp
 constexpr int kChunk = 8;     // elements a lane loads at once (16 bytes of bf16)
-constexpr int kRunPairs = 4;  // pairs of one expert computed per pass over its weights
+// Pairs of one expert computed per pass over its weights: 4, or 1 for the smallest batches
+// (a token's top-k experts are distinct, so runs are single pairs there, and the kernels'
+// registers then fit a whole grid in one wave).
+constexpr int kRunPairs = 4;
+constexpr int64_t kSinglePairRunsUpTo = 16;  // pairs
 
 // 8 bf16 from 16 bytes, streamed (read once: no L1 allocation).
 __device__ __forceinline__ void LoadWeights8(const __nv_bfloat16* p, float out[kChunk]) {
@@ -166,7 +170,7 @@ __device__ __forceinline__ float RoundBf16(float v) {
 }
 
 // act[p, i] for the run of pair blockIdx.y, features of this block's warps.
-template <typename TX>
+template <typename TX, int kRunPairs>
 __global__ void __launch_bounds__(kWarps * 32)
     MoeGateUpKernel(const TX* __restrict__ xs, int x_rows, const int32_t* __restrict__ rows,
                     const int32_t* __restrict__ offsets, int num_experts,
@@ -237,7 +241,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // y[p, n] for the run of pair blockIdx.y, output rows of this block's warps.
-template <typename TY>
+template <typename TY, int kRunPairs>
 __global__ void __launch_bounds__(kWarps * 32)
     MoeDownKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ offsets,
                   int num_experts, const __nv_bfloat16* const* __restrict__ down, int hidden,
@@ -295,7 +299,73 @@ int FeatureBlocks(int64_t features) {
   return static_cast<int>((features + kWarps * kFeatures - 1) / (kWarps * kFeatures));
 }
 
+// out[t, :] = sum over pairs i ascending with rows[i] == t of scales[i] * src[i, :], from
+// zero, then rounded once into TO: ScaleAddRows into a zeroed float32 row and the copy, in
+// one pass. Warp 0 lists row t's pairs in ascending order (ballots over the n <= 128 rows),
+// then each thread sums its columns. Multiply and add are rounded separately, as on the CPU.
+template <typename TS, typename TO>
+__global__ void __launch_bounds__(256)
+    ScaleSumRowsKernel(const TS* __restrict__ src, const float* __restrict__ scales,
+                       const int32_t* __restrict__ rows, int n, int cols, TO* __restrict__ out) {
+  __shared__ int32_t list[kGemvMaxPairs];
+  __shared__ int count;
+  const int t = blockIdx.x;
+  if (threadIdx.x < 32) {
+    int found = 0;
+    for (int i0 = 0; i0 < n; i0 += 32) {
+      const int i = i0 + static_cast<int>(threadIdx.x);
+      const bool hit = i < n && __ldg(rows + i) == t;
+      const unsigned mask = __ballot_sync(0xffffffffu, hit);
+      if (hit) list[found + __popc(mask & ((1u << threadIdx.x) - 1u))] = i;
+      found += __popc(mask);
+    }
+    if (threadIdx.x == 0) count = found;
+  }
+  __syncthreads();
+  const int pairs = count;
+  for (int col = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x); col < cols;
+       col += static_cast<int>(gridDim.y * blockDim.x)) {
+    float sum = 0.f;
+    for (int j = 0; j < pairs; ++j) {
+      const int i = list[j];
+      sum = __fadd_rn(sum, __fmul_rn(__ldg(scales + i),
+                                     ToFloat(src[static_cast<int64_t>(i) * cols + col])));
+    }
+    out[static_cast<int64_t>(t) * cols + col] = FromFloat<TO>(sum);
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchScaleSumRows(const void* src, ElemType src_type, const float* scales,
+                               const int32_t* rows, int64_t n, int64_t cols, void* out,
+                               ElemType out_type, int64_t out_rows, cudaStream_t stream) {
+  if (n < 0 || n > kGemvMaxPairs || cols < 0 || cols > INT32_MAX || out_rows < 0 ||
+      out_rows > INT32_MAX || (src_type != ElemType::kF32 && src_type != ElemType::kBF16) ||
+      (out_type != ElemType::kF32 && out_type != ElemType::kBF16)) {
+    return cudaErrorInvalidValue;
+  }
+  if (out_rows == 0 || cols == 0) return cudaSuccess;
+  if (out == nullptr || (n > 0 && (src == nullptr || scales == nullptr || rows == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  constexpr int kThreadsPerBlock = 256;
+  const dim3 grid(static_cast<unsigned>(out_rows),
+                  static_cast<unsigned>(std::min<int64_t>((cols + 1023) / 1024, 65535)));
+  auto launch = [&](auto st, auto ot) {
+    using TS = typename decltype(st)::type;
+    using TO = typename decltype(ot)::type;
+    ScaleSumRowsKernel<TS, TO><<<grid, kThreadsPerBlock, 0, stream>>>(
+        static_cast<const TS*>(src), scales, rows, static_cast<int>(n), static_cast<int>(cols),
+        static_cast<TO*>(out));
+    return cudaGetLastError();
+  };
+  auto by_out = [&](auto st) {
+    return out_type == ElemType::kF32 ? launch(st, TypeTag<float>{})
+                                      : launch(st, TypeTag<__nv_bfloat16>{});
+  };
+  return src_type == ElemType::kF32 ? by_out(TypeTag<float>{}) : by_out(TypeTag<__nv_bfloat16>{});
+}
 
 cudaError_t LaunchGemvsBf16(const void* x, ElemType x_type, int64_t m, int64_t k, int count,
                             const void* const* ws, const int64_t* ns, void* const* ys,
@@ -374,23 +444,28 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
             i = static_cast<int>(inter);
   const int xr = static_cast<int>(std::min<int64_t>(x_rows, INT32_MAX));
   const dim3 gate_grid(FeatureBlocks(inter), static_cast<unsigned>(num_pairs));
-  if (x_type == ElemType::kF32) {
-    MoeGateUpKernel<float><<<gate_grid, kWarps * 32, 0, stream>>>(
-        static_cast<const float*>(xs), xr, rows, expert_offsets, e, gate_up, h, i, a);
-  } else {
-    MoeGateUpKernel<__nv_bfloat16><<<gate_grid, kWarps * 32, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(xs), xr, rows, expert_offsets, e, gate_up, h, i, a);
-  }
-  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   const dim3 down_grid(FeatureBlocks(hidden), static_cast<unsigned>(num_pairs));
-  if (y_type == ElemType::kF32) {
-    MoeDownKernel<float><<<down_grid, kWarps * 32, 0, stream>>>(a, expert_offsets, e, down, h, i,
-                                                                static_cast<float*>(y));
-  } else {
-    MoeDownKernel<__nv_bfloat16><<<down_grid, kWarps * 32, 0, stream>>>(
-        a, expert_offsets, e, down, h, i, static_cast<__nv_bfloat16*>(y));
-  }
-  return cudaGetLastError();
+  auto launch = [&](auto run_pairs) {
+    constexpr int kRun = decltype(run_pairs)::value;
+    if (x_type == ElemType::kF32) {
+      MoeGateUpKernel<float, kRun><<<gate_grid, kWarps * 32, 0, stream>>>(
+          static_cast<const float*>(xs), xr, rows, expert_offsets, e, gate_up, h, i, a);
+    } else {
+      MoeGateUpKernel<__nv_bfloat16, kRun><<<gate_grid, kWarps * 32, 0, stream>>>(
+          static_cast<const __nv_bfloat16*>(xs), xr, rows, expert_offsets, e, gate_up, h, i, a);
+    }
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+    if (y_type == ElemType::kF32) {
+      MoeDownKernel<float, kRun><<<down_grid, kWarps * 32, 0, stream>>>(
+          a, expert_offsets, e, down, h, i, static_cast<float*>(y));
+    } else {
+      MoeDownKernel<__nv_bfloat16, kRun><<<down_grid, kWarps * 32, 0, stream>>>(
+          a, expert_offsets, e, down, h, i, static_cast<__nv_bfloat16*>(y));
+    }
+    return cudaGetLastError();
+  };
+  if (num_pairs <= kSinglePairRunsUpTo) return launch(std::integral_constant<int, 1>{});
+  return launch(std::integral_constant<int, kRunPairs>{});
 }
 
 }  // namespace dxs::cuda

@@ -59,6 +59,13 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
                                 const void* const* weights, int64_t hidden, int64_t inter,
                                 void* act, void* y, ElemType y_type, cudaStream_t stream);
 
+// out[t] (f32 or bf16 [out_rows, cols]) = the sum over i < n in ascending order with
+// rows[i] == t of scales[i] * src[i] (f32 or bf16 rows), zero where none: a zeroed f32
+// LaunchScaleAddRows then the copy into out, bit for bit, in one kernel; n <= kGemvMaxPairs.
+cudaError_t LaunchScaleSumRows(const void* src, ElemType src_type, const float* scales,
+                               const int32_t* rows, int64_t n, int64_t cols, void* out,
+                               ElemType out_type, int64_t out_rows, cudaStream_t stream);
+
 // ---- dense_ops.cu ----
 
 // dst[i] = src[i] for n elements, converting between floating types (or copying index

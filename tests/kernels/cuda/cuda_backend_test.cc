@@ -651,6 +651,37 @@ TEST_F(CudaBackendTest, GemvAndGemmPathsAgree) {
   }
 }
 
+// ScaleSumRows: zeros, ScaleAddRows, one rounding into out. gemv.cu's one-kernel form (up
+// to cuda::kGemvMaxPairs rows) and the ops it stands for (129 rows) give the CPU's bits.
+TEST_F(CudaBackendTest, ScaleSumRowsIsZerosThenScaleAddRows) {
+  const int64_t cols = 2050, out_rows = 5;
+  for (int64_t n : {0, 1, 8, 128, 129}) {
+    SCOPED_TRACE(::testing::Message() << n << " rows");
+    std::mt19937 rng(static_cast<uint32_t>(n) + 40);
+    std::vector<int32_t> rows(n);
+    for (int32_t& r : rows) r = static_cast<int32_t>(rng() % (out_rows - 1));  // the last: none
+    const std::vector<float> src = Bf16Exact(RandomFloats(std::max<int64_t>(n, 1) * cols, 41));
+    const std::vector<float> scales = RandomFloats(n, 42);
+    for (DType out_dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(DTypeName(out_dtype));
+      std::vector<std::vector<float>> got;
+      for (Backend* b : {cpu_.get(), gpu_.get()}) {
+        Tensor out = Poisoned(b, {out_rows, cols}, out_dtype);
+        // The same (bf16-exact) values: f32 on the CPU, whose activations are f32.
+        const Tensor src_t = Put(b, src, {std::max<int64_t>(n, 1), cols},
+                                 b == cpu_.get() ? DType::kF32 : DType::kBF16);
+        ASSERT_TRUE(b->ScaleSumRows(src_t.Rows(0, n), Put(b, scales, {n}, DType::kF32),
+                                    PutIndices(b, rows), &out)
+                        .ok());
+        got.push_back(Get(b, out));
+      }
+      ASSERT_EQ(got[0].size(), got[1].size());
+      EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0);
+      for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(got[1][(out_rows - 1) * cols + c], 0.f);
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, ArgmaxRowsMatchesTheCpu) {
   const float nan = std::nanf(""), inf = INFINITY;
   // Special rows, then random ones of Qwen3's vocabulary with planted ties.
