@@ -42,12 +42,8 @@ constexpr int kChunk = 8;     // elements a lane loads at once (16 bytes of bf16
 constexpr int kRunPairs = 4;
 constexpr int64_t kSinglePairRunsUpTo = 16;  // pairs
 
-// 8 bf16 from 16 bytes, streamed (read once: no L1 allocation).
-__device__ __forceinline__ void LoadWeights8(const __nv_bfloat16* p, float out[kChunk]) {
-  uint4 raw;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-               : "l"(p));
+// The 8 bf16 of 16 bytes, widened.
+__device__ __forceinline__ void WidenBf16x8(const uint4& raw, float out[kChunk]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
   for (int i = 0; i < kChunk / 2; ++i) {
@@ -57,16 +53,18 @@ __device__ __forceinline__ void LoadWeights8(const __nv_bfloat16* p, float out[k
   }
 }
 
+// 8 bf16 weights from 16 bytes, streamed (read once: no L1 allocation).
+__device__ __forceinline__ void LoadWeights8(const __nv_bfloat16* p, float out[kChunk]) {
+  uint4 raw;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+      : "l"(p));
+  WidenBf16x8(raw, out);
+}
+
 // 8 activations as float.
 __device__ __forceinline__ void LoadRow8(const __nv_bfloat16* p, float out[kChunk]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < kChunk / 2; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
+  WidenBf16x8(*reinterpret_cast<const uint4*>(p), out);
 }
 __device__ __forceinline__ void LoadRow8(const float* p, float out[kChunk]) {
   const float4 a = *reinterpret_cast<const float4*>(p);
