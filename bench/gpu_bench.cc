@@ -561,11 +561,18 @@ int Main(int argc, char** argv) {
   const Rates rates = MeasureRates(backend.get(), stream, quick, &report);
   // The per-expert cuBLAS grouped FFN, for the choice between it and CUTLASS (at every
   // size: without gemv.cu's decode-sized path, which would take the small batches).
+  // The caller's DXS_CUDA_GEMV stays for every other backend (run_device.sh gemv sets it).
+  const char* caller_gemv = std::getenv("DXS_CUDA_GEMV");
+  const std::string saved_gemv = caller_gemv != nullptr ? caller_gemv : "";
   setenv("DXS_CUDA_GROUPED_GEMM", "cublas", 1);
   setenv("DXS_CUDA_GEMV", "off", 1);
   std::unique_ptr<Backend> cublas = Must(MakeCudaBackend(0), "cuBLAS backend");
   unsetenv("DXS_CUDA_GROUPED_GEMM");
-  unsetenv("DXS_CUDA_GEMV");
+  if (caller_gemv != nullptr) {
+    setenv("DXS_CUDA_GEMV", saved_gemv.c_str(), 1);
+  } else {
+    unsetenv("DXS_CUDA_GEMV");
+  }
   if (profile.what.empty()) GroupedFfn(backend.get(), stream, cublas.get(), rates, quick, &report);
   cublas.reset();
   if (ffn_only) return 0;
