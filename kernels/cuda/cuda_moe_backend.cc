@@ -125,8 +125,8 @@ absl::Status CudaBackend::ScaleSumRows(const Tensor& src, const Tensor& scales, 
                                        Tensor* out) {
   const int64_t n = rows.num_elements();
   // Decode-sized: the zeroing, the sum and the rounding in one kernel (gemv.cu).
-  if (!use_gemv_ || n > cuda::kGemvMaxPairs || (out->dtype() != DType::kF32 &&
-                                                 out->dtype() != DType::kBF16)) {
+  if (!use_gemv_ || n > cuda::kGemvMaxPairs ||
+      (out->dtype() != DType::kF32 && out->dtype() != DType::kBF16)) {
     return Backend::ScaleSumRows(src, scales, rows, out);
   }
   DXS_RETURN_IF_ERROR(CheckDType("scale sum rows", scales, DType::kF32, "scales"));
@@ -142,10 +142,10 @@ absl::Status CudaBackend::ScaleSumRows(const Tensor& src, const Tensor& scales, 
   }
   if (out->num_elements() == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("scale sum rows"));
-  return CudaStatus(cuda::LaunchScaleSumRows(src.raw(), ToElemType(src.dtype()), scales.f32(),
-                                             rows.i32(), n, d, out->raw(),
-                                             ToElemType(out->dtype()), out->rows(), stream_),
-                    "scale sum rows");
+  return CudaStatus(
+      cuda::LaunchScaleSumRows(src.raw(), ToElemType(src.dtype()), scales.f32(), rows.i32(), n, d,
+                               out->raw(), ToElemType(out->dtype()), out->rows(), stream_),
+      "scale sum rows");
 }
 
 absl::Status CudaBackend::ArgmaxRows(const Tensor& logits, Tensor* ids) {
@@ -233,13 +233,12 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
   if (use_gemv_ && num_rows <= cuda::kGemvMaxPairs && hidden % 8 == 0 && inter % 8 == 0 &&
       (xs.dtype() == DType::kBF16 || xs.dtype() == DType::kF32) && Aligned16(xs.raw())) {
     DXS_ASSIGN_OR_RETURN(Tensor act, Allocate({num_rows, inter}, DType::kBF16));
-    return CudaStatus(
-        cuda::LaunchMoeSwiGluGemv(
-            xs.raw(), ToElemType(xs.dtype()), xs.rows(), rows != nullptr ? rows->i32() : nullptr,
-            num_rows, expert_offsets.i32(), num_experts,
-            reinterpret_cast<const void* const*>(weights.pointers.raw()), hidden, inter,
-            act.raw(), y->raw(), ToElemType(y->dtype()), stream_),
-        "grouped SwiGLU (gemv)");
+    return CudaStatus(cuda::LaunchMoeSwiGluGemv(
+                          xs.raw(), ToElemType(xs.dtype()), xs.rows(),
+                          rows != nullptr ? rows->i32() : nullptr, num_rows, expert_offsets.i32(),
+                          num_experts, reinterpret_cast<const void* const*>(weights.pointers.raw()),
+                          hidden, inter, act.raw(), y->raw(), ToElemType(y->dtype()), stream_),
+                      "grouped SwiGLU (gemv)");
   }
   // The GEMMs take bf16 rows: the sorted rows gathered (and narrowed) in one pass. (A
   // TMA-fed mainloop cannot load A rows by index on Hopper, so the gather stays a pass.)

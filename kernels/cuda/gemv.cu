@@ -110,7 +110,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const __nv_bfloat16* __restrict__ w = o == 0 ? outs.w[0] : o == 1 ? outs.w[1] : outs.w[2];
   TY* __restrict__ y = static_cast<TY*>(o == 0 ? outs.y[0] : o == 1 ? outs.y[1] : outs.y[2]);
   const int n = o == 0 ? outs.n[0] : o == 1 ? outs.n[1] : outs.n[2];
-  const int first = o == 0 ? outs.first_block[0] : o == 1 ? outs.first_block[1] : outs.first_block[2];
+  const int first = o == 0   ? outs.first_block[0]
+                    : o == 1 ? outs.first_block[1]
+                             : outs.first_block[2];
   const int lane = threadIdx.x % 32;
   const int feature0 = ((block - first) * kWarps + threadIdx.x / 32) * kFeatures;
   if (feature0 >= n) return;
@@ -326,8 +328,8 @@ __global__ void __launch_bounds__(256)
     float sum = 0.f;
     for (int j = 0; j < pairs; ++j) {
       const int i = list[j];
-      sum = __fadd_rn(sum, __fmul_rn(__ldg(scales + i),
-                                     ToFloat(src[static_cast<int64_t>(i) * cols + col])));
+      sum = __fadd_rn(
+          sum, __fmul_rn(__ldg(scales + i), ToFloat(src[static_cast<int64_t>(i) * cols + col])));
     }
     out[static_cast<int64_t>(t) * cols + col] = FromFloat<TO>(sum);
   }
@@ -422,9 +424,9 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
                                 const int32_t* expert_offsets, int64_t num_experts,
                                 const void* const* weights, int64_t hidden, int64_t inter,
                                 void* act, void* y, ElemType y_type, cudaStream_t stream) {
-  if (num_pairs < 0 || num_pairs > kGemvMaxPairs || num_experts < 1 || hidden <= 0 ||
-      inter <= 0 || hidden % kChunk != 0 || inter % kChunk != 0 || hidden > INT32_MAX ||
-      inter > INT32_MAX || num_experts > INT32_MAX || x_rows < 0 ||
+  if (num_pairs < 0 || num_pairs > kGemvMaxPairs || num_experts < 1 || hidden <= 0 || inter <= 0 ||
+      hidden % kChunk != 0 || inter % kChunk != 0 || hidden > INT32_MAX || inter > INT32_MAX ||
+      num_experts > INT32_MAX || x_rows < 0 ||
       (x_type != ElemType::kBF16 && x_type != ElemType::kF32) ||
       (y_type != ElemType::kBF16 && y_type != ElemType::kF32)) {
     return cudaErrorInvalidValue;

@@ -145,9 +145,10 @@ TEST(EplbCluster, LiveRebalanceUnderConcurrentStreamsKeepsOutputs) {
     ASSERT_TRUE(text.ok()) << text.status();
     const std::map<std::string, double> samples = testing::ParseSamples(*text);
     EXPECT_GT(testing::SumOf(samples, "dxs_steps_total"), 0) << "DP rank " << r;
-    EXPECT_EQ(testing::Value(samples, absl::StrCat("dxs_failed_steps_total{role=\"attention\",rank=\"",
-                                                   r, "\"}")),
-              0)
+    EXPECT_EQ(
+        testing::Value(samples,
+                       absl::StrCat("dxs_failed_steps_total{role=\"attention\",rank=\"", r, "\"}")),
+        0)
         << "DP rank " << r << cluster.DumpLogs();
   }
   // And after the switches settled, once more.

@@ -65,8 +65,7 @@ TEST_F(CpuBackendTest, LinearsAreLinearForEachWeight) {
   }
   ASSERT_TRUE(b_->Linears(tx, {&ws[0], &ws[1], &ws[2]}, {&ys[0], &ys[1], &ys[2]}).ok());
   for (size_t i = 0; i < ws.size(); ++i) EXPECT_EQ(Down(ys[i]), Down(want[i])) << i;
-  EXPECT_EQ(b_->Linears(tx, {&ws[0], &ws[1]}, {&ys[0]}).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->Linears(tx, {&ws[0], &ws[1]}, {&ys[0]}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(b_->Linears(tx, {&ws[0]}, {nullptr}).code(), absl::StatusCode::kInvalidArgument);
   // A shape mismatch is Linear's INVALID_ARGUMENT.
   EXPECT_EQ(b_->Linears(tx, {&ws[0]}, {&ys[1]}).code(), absl::StatusCode::kInvalidArgument);

@@ -98,8 +98,7 @@ absl::StatusOr<Child> Spawn(const std::vector<std::string>& argv, const std::str
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);  // the parent died before prctl
-    const int fd =
-        open(log_path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644);
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644);
     dup2(fd, 1);
     dup2(fd, 2);
     signal(SIGINT, SIG_IGN);  // Ctrl-C reaches the whole group; `dxs up` stops children
