@@ -126,44 +126,41 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
   Workspace& ws = own_scratch ? local : ws_;
   // Empty batch: zeros, no other kernel.
   if (num_pairs == 0) return backend_->Fill(out, 0.f);
-  {
-    // Workspace reused across calls (grown for the largest batch seen).
-    if (!ws.order.defined() || ws.order.rows() < num_pairs) {
-      const int64_t n = std::max(num_pairs, 2 * (ws.order.defined() ? ws.order.rows() : 0));
-      DXS_ASSIGN_OR_RETURN(ws.order, backend_->Allocate({n}, DType::kI32));
-      DXS_ASSIGN_OR_RETURN(ws.sorted_rows, backend_->Allocate({n}, DType::kI32));
-      DXS_ASSIGN_OR_RETURN(ws.sorted_out_rows, backend_->Allocate({n}, DType::kI32));
-      DXS_ASSIGN_OR_RETURN(ws.sorted_weights, backend_->Allocate({n}, DType::kF32));
-      // Each pair's expert output in the activation dtype (bf16 on a GPU, as a bf16 model's
-      // experts return it); the weighted sum over a token's pairs is float32.
-      DXS_ASSIGN_OR_RETURN(ws.y, backend_->Allocate({n, hidden}));
-    }
-    if (!ws.offsets.defined()) {
-      DXS_ASSIGN_OR_RETURN(ws.offsets, backend_->Allocate({num_experts + 1}, DType::kI32));
-    }
-    Tensor order = ws.order.Rows(0, num_pairs), offsets = ws.offsets;
-    Tensor sorted_rows = ws.sorted_rows.Rows(0, num_pairs);
-    Tensor sorted_out_rows = ws.sorted_out_rows.Rows(0, num_pairs);
-    Tensor sorted_weights = ws.sorted_weights.Rows(0, num_pairs);
-    // The pairs' rows, output rows and weights permuted in the sort's own pass.
-    DXS_RETURN_IF_ERROR(backend_->SortPairsByExpert(
-        experts, num_experts, &order, &offsets,
-        {{&rows, &sorted_rows}, {&out_rows, &sorted_out_rows}, {&weights, &sorted_weights}}));
-    if (counts_on_device_) {
-      // Every expert is here: count on the device, no host round trip.
-      absl::MutexLock lock(&device_counts_mu_);
-      DXS_RETURN_IF_ERROR(backend_->AccumulateCounts(offsets, &device_counts_));
-    } else {
-      DXS_RETURN_IF_ERROR(CountOnHost(layer, offsets));
-    }
-    Tensor y = ws.y.Rows(0, num_pairs);
-    DXS_RETURN_IF_ERROR(
-        backend_->GroupedSwiGlu(x, &sorted_rows, offsets, gate_up_[layer], down_[layer], &y));
-    // The weighted pre-sum over each token's pairs, in float32, rounded once into out (rows
-    // on a bf16 wire are bf16).
-    DXS_RETURN_IF_ERROR(backend_->ScaleSumRows(y, sorted_weights, sorted_out_rows, out));
+  // Workspace reused across calls (grown for the largest batch seen).
+  if (!ws.order.defined() || ws.order.rows() < num_pairs) {
+    const int64_t n = std::max(num_pairs, 2 * (ws.order.defined() ? ws.order.rows() : 0));
+    DXS_ASSIGN_OR_RETURN(ws.order, backend_->Allocate({n}, DType::kI32));
+    DXS_ASSIGN_OR_RETURN(ws.sorted_rows, backend_->Allocate({n}, DType::kI32));
+    DXS_ASSIGN_OR_RETURN(ws.sorted_out_rows, backend_->Allocate({n}, DType::kI32));
+    DXS_ASSIGN_OR_RETURN(ws.sorted_weights, backend_->Allocate({n}, DType::kF32));
+    // Each pair's expert output in the activation dtype (bf16 on a GPU, as a bf16 model's
+    // experts return it); the weighted sum over a token's pairs is float32.
+    DXS_ASSIGN_OR_RETURN(ws.y, backend_->Allocate({n, hidden}));
   }
-  return absl::OkStatus();
+  if (!ws.offsets.defined()) {
+    DXS_ASSIGN_OR_RETURN(ws.offsets, backend_->Allocate({num_experts + 1}, DType::kI32));
+  }
+  Tensor order = ws.order.Rows(0, num_pairs), offsets = ws.offsets;
+  Tensor sorted_rows = ws.sorted_rows.Rows(0, num_pairs);
+  Tensor sorted_out_rows = ws.sorted_out_rows.Rows(0, num_pairs);
+  Tensor sorted_weights = ws.sorted_weights.Rows(0, num_pairs);
+  // The pairs' rows, output rows and weights permuted in the sort's own pass.
+  DXS_RETURN_IF_ERROR(backend_->SortPairsByExpert(
+      experts, num_experts, &order, &offsets,
+      {{&rows, &sorted_rows}, {&out_rows, &sorted_out_rows}, {&weights, &sorted_weights}}));
+  if (counts_on_device_) {
+    // Every expert is here: count on the device, no host round trip.
+    absl::MutexLock lock(&device_counts_mu_);
+    DXS_RETURN_IF_ERROR(backend_->AccumulateCounts(offsets, &device_counts_));
+  } else {
+    DXS_RETURN_IF_ERROR(CountOnHost(layer, offsets));
+  }
+  Tensor y = ws.y.Rows(0, num_pairs);
+  DXS_RETURN_IF_ERROR(
+      backend_->GroupedSwiGlu(x, &sorted_rows, offsets, gate_up_[layer], down_[layer], &y));
+  // The weighted pre-sum over each token's pairs, in float32, rounded once into out (rows
+  // on a bf16 wire are bf16).
+  return backend_->ScaleSumRows(y, sorted_weights, sorted_out_rows, out);
 }
 
 absl::Status ExpertShard::CountOnHost(int layer, const Tensor& offsets) {

@@ -502,8 +502,7 @@ absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor*
   if (m == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("linear"));
   // A decode step's few rows: one pass over the weights (gemv.cu) beats a GEMM's tiles.
-  if (use_gemv_ && bias == nullptr && w.dtype() == DType::kBF16 && m <= cuda::kGemvMaxRows &&
-      k % 8 == 0 && Aligned16(x.raw()) && Aligned16(w.raw())) {
+  if (bias == nullptr && TakesGemv(x, w, *y)) {
     return CudaStatus(cuda::LaunchGemvBf16(x.raw(), ToElemType(x.dtype()), m, w.raw(), n, k,
                                            y->raw(), ToElemType(y->dtype()), stream_),
                       "linear (gemv)");
@@ -524,18 +523,21 @@ absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor*
   return Gemm(x.raw(), w.raw(), x.dtype(), m, n, k, y->raw(), y->dtype(), beta, "linear");
 }
 
+bool CudaBackend::TakesGemv(const Tensor& x, const Tensor& w, const Tensor& y) const {
+  return use_gemv_ && x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 &&
+         (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32) &&
+         x.rows() <= cuda::kGemvMaxRows && x.row_size() % 8 == 0 && w.row_size() == x.row_size() &&
+         Aligned16(x.raw()) && Aligned16(w.raw());
+}
+
 absl::Status CudaBackend::Linears(const Tensor& x, const std::vector<const Tensor*>& ws,
                                   const std::vector<Tensor*>& ys) {
   // One gemv.cu launch for all of them where each Linear alone would take the GEMV path.
-  bool one_launch = use_gemv_ && !ws.empty() && ws.size() == ys.size() &&
-                    ws.size() <= static_cast<size_t>(cuda::kGemvMaxOutputs) &&
-                    x.dtype() == DType::kBF16 && x.rows() <= cuda::kGemvMaxRows &&
-                    x.row_size() % 8 == 0 && Aligned16(x.raw());
+  bool one_launch = !ws.empty() && ws.size() == ys.size() &&
+                    ws.size() <= static_cast<size_t>(cuda::kGemvMaxOutputs);
   for (size_t i = 0; one_launch && i < ws.size(); ++i) {
-    one_launch = ws[i] != nullptr && ys[i] != nullptr && ws[i]->dtype() == DType::kBF16 &&
-                 ws[i]->row_size() == x.row_size() && Aligned16(ws[i]->raw()) &&
+    one_launch = ws[i] != nullptr && ys[i] != nullptr && TakesGemv(x, *ws[i], *ys[i]) &&
                  ys[i]->dtype() == ys[0]->dtype() &&
-                 (ys[i]->dtype() == DType::kBF16 || ys[i]->dtype() == DType::kF32) &&
                  ys[i]->num_elements() == x.rows() * ws[i]->rows();
   }
   if (!one_launch) return Backend::Linears(x, ws, ys);

@@ -97,20 +97,33 @@ absl::Status CudaBackend::SortPairsByExpert(const Tensor& experts, int num_exper
                     "sort pairs");
 }
 
+namespace {
+
+// What ScaleAddRows and ScaleSumRows take: f32 scales and i32 rows of one count n, at
+// least n rows of f32 or bf16 src, rows as wide as dst's.
+absl::Status CheckScaleRowsArgs(const char* op, const Tensor& src, const Tensor& scales,
+                                const Tensor& rows, const Tensor& dst) {
+  DXS_RETURN_IF_ERROR(CheckDType(op, scales, DType::kF32, "scales"));
+  DXS_RETURN_IF_ERROR(CheckDType(op, rows, DType::kI32, "rows"));
+  if (src.dtype() != DType::kF32 && src.dtype() != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": src must be f32 or bf16, got ", std::string(DTypeName(src.dtype()))));
+  }
+  const int64_t n = rows.num_elements();
+  if (scales.num_elements() != n || src.rows() < n || dst.row_size() != src.row_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", n, " rows of ", src.ShapeString(), " into ", dst.ShapeString()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CudaBackend::ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                                        Tensor* dst) {
-  DXS_RETURN_IF_ERROR(CheckDType("scale add rows", scales, DType::kF32, "scales"));
-  DXS_RETURN_IF_ERROR(CheckDType("scale add rows", rows, DType::kI32, "rows"));
-  if (src.dtype() != DType::kF32 && src.dtype() != DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("scale add rows: src must be f32 or bf16, got ",
-                                                   std::string(DTypeName(src.dtype()))));
-  }
+  DXS_RETURN_IF_ERROR(CheckScaleRowsArgs("scale add rows", src, scales, rows, *dst));
   DXS_RETURN_IF_ERROR(CheckDType("scale add rows", *dst, DType::kF32, "dst"));
   const int64_t n = rows.num_elements(), d = src.row_size();
-  if (scales.num_elements() != n || src.rows() < n || dst->row_size() != d) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "scale add rows: ", n, " rows of ", src.ShapeString(), " into ", dst->ShapeString()));
-  }
   if (n == 0 || d == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("scale add rows"));
   const size_t bytes = cuda::ScaleAddRowsWorkspaceBytes(n, dst->rows());
@@ -129,17 +142,8 @@ absl::Status CudaBackend::ScaleSumRows(const Tensor& src, const Tensor& scales, 
       (out->dtype() != DType::kF32 && out->dtype() != DType::kBF16)) {
     return Backend::ScaleSumRows(src, scales, rows, out);
   }
-  DXS_RETURN_IF_ERROR(CheckDType("scale sum rows", scales, DType::kF32, "scales"));
-  DXS_RETURN_IF_ERROR(CheckDType("scale sum rows", rows, DType::kI32, "rows"));
-  if (src.dtype() != DType::kF32 && src.dtype() != DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("scale sum rows: src must be f32 or bf16, got ",
-                                                   std::string(DTypeName(src.dtype()))));
-  }
+  DXS_RETURN_IF_ERROR(CheckScaleRowsArgs("scale sum rows", src, scales, rows, *out));
   const int64_t d = out->row_size();
-  if (scales.num_elements() != n || src.rows() < n || (n > 0 && src.row_size() != d)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "scale sum rows: ", n, " rows of ", src.ShapeString(), " into ", out->ShapeString()));
-  }
   if (out->num_elements() == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("scale sum rows"));
   return CudaStatus(
