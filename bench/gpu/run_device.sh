@@ -5,10 +5,15 @@
 # by bench/gpu/bundle.sh). Prints a short table last; full logs are in $OUT.
 #   bench/gpu/run_device.sh [tests|bench|cluster|exchange|decode|gemv|all] [--quick]
 #   gemv: gpu_bench --quick with DXS_CUDA_GEMV=off and auto, decode and FFN side by side.
+#   bench/gpu/run_device.sh ab "ENV=v ..." "ENV=v ..." ...: gpu_bench --quick under each set of
+#   environment settings (the first is the baseline), in DXS_AB_ROUNDS (2) interleaved
+#   rounds; the decode and FFN rows side by side, medians over the rounds, ratios to the first.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
 quick=${2:-}
+variants=()
+if [ "$what" = ab ]; then shift; variants=("$@"); quick=; fi
 OUT=${OUT:-/tmp/dxs-gpu-out}
 mkdir -p "$OUT"
 [ -f .device.tar.xz ] && tar xJf .device.tar.xz
@@ -101,6 +106,41 @@ for b in sorted(k for k in on if not str(k).startswith("ffn")):
 for k in sorted(k for k in on if str(k).startswith("ffn")):
     print("  grouped FFN %5s tokens: %7.1f -> %7.1f us  %.2fx" % (k[3:], off[k]["us"], on[k]["us"],
                                                                   off[k]["us"] / on[k]["us"]))
+PY
+fi
+if [ "$what" = ab ]; then
+  for round in $(seq "${DXS_AB_ROUNDS:-2}"); do
+    for i in "${!variants[@]}"; do
+      env ${variants[$i]} timeout 200 .device/bin/gpu_bench --quick \
+        --json "$OUT/ab_${i}_$round.jsonl" >"$OUT/ab_${i}_$round.log" 2>&1
+      summary+=("gpu_bench [${variants[$i]}] round $round: rc=$?")
+    done
+  done
+  python3 - "$OUT" "${variants[@]}" <<'PY'
+import glob, json, statistics, sys
+out, variants = sys.argv[1], sys.argv[2:]
+def rows(i):
+    got = {}
+    for path in sorted(glob.glob("%s/ab_%d_*.jsonl" % (out, i))):
+        for line in open(path):
+            r = json.loads(line)
+            if r.get("section") == "decode":
+                got.setdefault("decode b%d tok/s" % r["batch"], []).append(r["tokens_per_s"])
+            elif r.get("section") == "ffn":
+                got.setdefault("ffn %d tokens us" % r["tokens"], []).append(r["us"])
+    return {k: statistics.median(v) for k, v in got.items()}
+table = [rows(i) for i in range(len(variants))]
+print("A/B, gpu_bench --quick, medians of the rounds; ratio = speed against the first column")
+for i, v in enumerate(variants):
+    print("  [%d] %s" % (i, v or "(defaults)"))
+for key in sorted(table[0]):
+    cells = []
+    for t in table:
+        if key not in t:
+            cells.append("-"); continue
+        r = t[key] / table[0][key] if "tok/s" in key else table[0][key] / t[key]
+        cells.append("%.1f (%.2fx)" % (t[key], r))
+    print("  %-22s %s" % (key, "  ".join(cells)))
 PY
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

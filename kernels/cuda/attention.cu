@@ -43,6 +43,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/elem_type.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
 
 namespace dxs::cuda {
@@ -60,6 +61,7 @@ __global__ void __launch_bounds__(kKvThreads)
     WriteKvCacheVecKernel(const uint4* __restrict__ k, const uint4* __restrict__ v,
                           const int64_t* __restrict__ slot_mapping, int64_t tokens, int64_t units,
                           uint4* __restrict__ k_cache, uint4* __restrict__ v_cache) {
+  PdlWait();
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const int64_t slot = slot_mapping[t];
     if (slot < 0) continue;  // a padding token: nothing to cache
@@ -75,6 +77,7 @@ __global__ void __launch_bounds__(kKvThreads)
     WriteKvCacheKernel(const Src* __restrict__ k, const Src* __restrict__ v,
                        const int64_t* __restrict__ slot_mapping, int64_t tokens, int64_t row_elems,
                        Dst* __restrict__ k_cache, Dst* __restrict__ v_cache) {
+  PdlWait();
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const int64_t slot = slot_mapping[t];
     if (slot < 0) continue;
@@ -177,6 +180,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                          const int32_t* __restrict__ context_lens,
                          const int32_t* __restrict__ block_tables, AttentionShape shape,
                          void* __restrict__ out) {
+  PdlWait();
   const int G = shape.group, D = shape.head_dim, C = shape.chunk, stride = D + 1;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   int64_t* row_base = reinterpret_cast<int64_t*>(smem_bytes);  // [C]
@@ -443,6 +447,7 @@ __global__ void __launch_bounds__(kMmaThreads)
                             const int32_t* __restrict__ block_tables, MmaShape shape,
                             void* __restrict__ out, float* __restrict__ partial_acc,
                             float* __restrict__ partial_ml) {
+  PdlWait();
   constexpr int kQUnits = D / 32;  // 16-byte units of q / K per lane and row
   constexpr int kKSteps = D / 16;
   constexpr int kNTiles = D / 8;  // of O
@@ -716,6 +721,7 @@ __global__ void __launch_bounds__(kMergeThreads)
     MergeSplitsKernel(const float* __restrict__ partial_acc, const float* __restrict__ partial_ml,
                       const int32_t* __restrict__ query_start, MergeShape shape,
                       void* __restrict__ out) {
+  PdlWait();
   __shared__ float warp_max[kMergeWarps], warp_sum[kMergeWarps];
   __shared__ float warp_acc[kMergeWarps][kMaxMergeDim];
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -864,9 +870,9 @@ cudaError_t LaunchMmaKernel(const void* q, const void* k_cache, const void* v_ca
   auto* kernel = PagedAttentionMmaKernel<T, D, kTeam>;
   const cudaError_t err = AllowSharedBytes(kernel, kSmem, &allowed);
   if (err != cudaSuccess) return err;
-  kernel<<<blocks, kMmaThreads, kSmem, stream>>>(
-      static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache),
-      args.query_start, args.context_lens, args.block_tables, shape, out, partial_acc, partial_ml);
+  LaunchKernel(kernel, blocks, kMmaThreads, kSmem, stream, static_cast<const T*>(q),
+               static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), args.query_start,
+               args.context_lens, args.block_tables, shape, out, partial_acc, partial_ml);
   return cudaGetLastError();
 }
 
@@ -907,19 +913,19 @@ cudaError_t LaunchWriteKvCache(const void* k, const void* v, ElemType kv_type,
   const size_t row_bytes = static_cast<size_t>(row_elems) * ElemSize(kv_type);
   if (kv_type == cache_type && row_bytes % 16 == 0 && Aligned16(k) && Aligned16(v) &&
       Aligned16(k_cache) && Aligned16(v_cache)) {
-    WriteKvCacheVecKernel<<<blocks, kKvThreads, 0, stream>>>(
-        static_cast<const uint4*>(k), static_cast<const uint4*>(v), slot_mapping, tokens,
-        static_cast<int64_t>(row_bytes / 16), static_cast<uint4*>(k_cache),
-        static_cast<uint4*>(v_cache));
+    LaunchKernel(WriteKvCacheVecKernel, blocks, kKvThreads, 0, stream, static_cast<const uint4*>(k),
+                 static_cast<const uint4*>(v), slot_mapping, tokens,
+                 static_cast<int64_t>(row_bytes / 16), static_cast<uint4*>(k_cache),
+                 static_cast<uint4*>(v_cache));
     return cudaGetLastError();
   }
   return DispatchFloat(kv_type, [&](auto st) {
     return DispatchFloat(cache_type, [&](auto dt) {
       using Src = typename decltype(st)::type;
       using Dst = typename decltype(dt)::type;
-      WriteKvCacheKernel<<<blocks, kKvThreads, 0, stream>>>(
-          static_cast<const Src*>(k), static_cast<const Src*>(v), slot_mapping, tokens, row_elems,
-          static_cast<Dst*>(k_cache), static_cast<Dst*>(v_cache));
+      LaunchKernel(WriteKvCacheKernel<Src, Dst>, blocks, kKvThreads, 0, stream,
+                   static_cast<const Src*>(k), static_cast<const Src*>(v), slot_mapping, tokens,
+                   row_elems, static_cast<Dst*>(k_cache), static_cast<Dst*>(v_cache));
       return cudaGetLastError();
     });
   });
@@ -1001,8 +1007,8 @@ cudaError_t LaunchPagedAttention(const void* q, ElemType q_type, const void* k_c
     merge.out_type = out_type;
     const dim3 merge_grid(GridBlocks(rows * args.num_heads, 1),
                           static_cast<unsigned>(args.num_seqs));
-    MergeSplitsKernel<<<merge_grid, kMergeThreads, 0, stream>>>(partial_acc, partial_ml,
-                                                                args.query_start, merge, out);
+    LaunchKernel(MergeSplitsKernel, merge_grid, kMergeThreads, 0, stream, partial_acc, partial_ml,
+                 args.query_start, merge, out);
     return cudaGetLastError();
   }
 
@@ -1032,9 +1038,9 @@ cudaError_t LaunchPagedAttention(const void* q, ElemType q_type, const void* k_c
                                static_cast<int>(smem));
       if (err != cudaSuccess) return err;
     }
-    PagedAttentionKernel<T><<<grid, kAttnThreads, smem, stream>>>(
-        q, static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), args.query_start,
-        args.context_lens, args.block_tables, shape, out);
+    LaunchKernel(PagedAttentionKernel<T>, grid, kAttnThreads, smem, stream, q,
+                 static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), args.query_start,
+                 args.context_lens, args.block_tables, shape, out);
     return cudaGetLastError();
   });
 }

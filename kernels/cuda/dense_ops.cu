@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "kernels/cuda/elem_type.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
 
 namespace dxs::cuda {
@@ -58,6 +59,7 @@ __device__ __forceinline__ float WarpSum(float v) {
 
 template <typename Src, typename Dst>
 __global__ void ConvertKernel(const Src* src, Dst* dst, int64_t n) {
+  PdlWait();
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     dst[i] = ConvertElem<Src, Dst>(src[i]);
   }
@@ -65,6 +67,7 @@ __global__ void ConvertKernel(const Src* src, Dst* dst, int64_t n) {
 
 template <typename T>
 __global__ void FillKernel(T* __restrict__ dst, int64_t n, float value) {
+  PdlWait();
   const T v = FromFloat<T>(value);
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) dst[i] = v;
 }
@@ -88,6 +91,7 @@ template <typename X, typename W, typename Y>
 __global__ void __launch_bounds__(kThreads)
     RmsNormWarpKernel(const X* x, const W* __restrict__ w, float eps, int64_t rows, int cols,
                       Y* y) {
+  PdlWait();
   const int lane = threadIdx.x % kWarpSize;
   const int64_t num_warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
@@ -139,6 +143,7 @@ template <typename X, typename W, typename Y, int kVec, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
     ResidualNormKernel(const X* x, float* residual, const W* __restrict__ w, float eps,
                        int64_t rows, int64_t cols, Y* y) {
+  PdlWait();
   __shared__ float warp_sums[kWarpsPerBlock];
   __shared__ float row_inv;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -208,6 +213,7 @@ __global__ void __launch_bounds__(kThreads)
                    const int32_t* __restrict__ positions, int32_t tokens, int32_t q_heads,
                    int32_t k_heads, int32_t head_dim, int lanes, bool norm, float eps,
                    RopeInvFreq inv_freq) {
+  PdlWait();
   const int32_t half = head_dim / 2;
   __shared__ float s_inv_freq[kRopeMaxHeadDim / 2];
   for (int i = threadIdx.x; i < half; i += kThreads) s_inv_freq[i] = inv_freq.v[i];
@@ -284,6 +290,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename G, typename U, typename O>
 __global__ void SiluMulKernel(const G* gate, const U* up, O* out, int64_t n) {
+  PdlWait();
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     const float g = ToFloat(gate[i]);
     out[i] = FromFloat<O>(g / (1.f + expf(-g)) * ToFloat(up[i]));
@@ -295,6 +302,7 @@ __global__ void SiluMulKernel(const G* gate, const U* up, O* out, int64_t n) {
 // allows), so the pass runs at copy speed.
 template <typename T, typename O, int kVec>
 __global__ void SiluMulPackedKernel(const T* gu, O* out, int64_t rows, int64_t inter) {
+  PdlWait();
   const int64_t chunks = inter / kVec, total = rows * chunks;
   for (int64_t idx = GlobalThread(); idx < total; idx += GridThreads()) {
     const int64_t r = idx / chunks, j = (idx - r * chunks) * kVec;
@@ -319,6 +327,7 @@ __global__ void SiluMulPackedKernel(const T* gu, O* out, int64_t rows, int64_t i
 
 template <typename X, typename Y>
 __global__ void AddKernel(const X* x, Y* inout, int64_t n) {
+  PdlWait();
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     inout[i] = FromFloat<Y>(ToFloat(inout[i]) + ToFloat(x[i]));
   }
@@ -335,6 +344,7 @@ __global__ void __launch_bounds__(kThreads)
     GatherRowsVecKernel(const uint4* __restrict__ src, int64_t src_rows,
                         const int32_t* __restrict__ rows, int64_t n, int64_t units,
                         uint4* __restrict__ dst) {
+  PdlWait();
   const int lane = threadIdx.x % kWarpSize;
   const int64_t num_warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
@@ -356,6 +366,7 @@ __global__ void __launch_bounds__(kThreads)
     GatherRowsWarpKernel(const Src* __restrict__ src, int64_t src_rows,
                          const int32_t* __restrict__ rows, int64_t n, int64_t cols,
                          Dst* __restrict__ dst) {
+  PdlWait();
   const int lane = threadIdx.x % kWarpSize;
   const int64_t num_warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
@@ -376,6 +387,7 @@ template <typename Src, typename Dst>
 __global__ void GatherRowsFlatKernel(const Src* __restrict__ src, int64_t src_rows,
                                      const int32_t* __restrict__ rows, int64_t n, int64_t cols,
                                      Dst* __restrict__ dst) {
+  PdlWait();
   const int64_t total = n * cols;
   for (int64_t idx = GlobalThread(); idx < total; idx += GridThreads()) {
     const int64_t i = idx / cols, j = idx - i * cols;
@@ -401,9 +413,9 @@ cudaError_t GatherRowsImpl(const void* src, ElemType src_type, int64_t src_rows,
   }
   const size_t row_bytes = static_cast<size_t>(cols) * ElemSize(src_type);
   if (src_type == dst_type && row_bytes % 16 == 0 && Aligned16(src) && Aligned16(dst)) {
-    GatherRowsVecKernel<<<GridBlocks(n, kWarpsPerBlock), kThreads, 0, stream>>>(
-        static_cast<const uint4*>(src), src_rows, rows, n, static_cast<int64_t>(row_bytes / 16),
-        static_cast<uint4*>(dst));
+    LaunchKernel(GatherRowsVecKernel, GridBlocks(n, kWarpsPerBlock), kThreads, 0, stream,
+                 static_cast<const uint4*>(src), src_rows, rows, n,
+                 static_cast<int64_t>(row_bytes / 16), static_cast<uint4*>(dst));
     return cudaGetLastError();
   }
   return DispatchConversion(src_type, dst_type, [&](auto s, auto d) {
@@ -412,11 +424,11 @@ cudaError_t GatherRowsImpl(const void* src, ElemType src_type, int64_t src_rows,
     const Src* in = static_cast<const Src*>(src);
     Dst* out = static_cast<Dst*>(dst);
     if (cols < kWarpSize) {
-      GatherRowsFlatKernel<<<GridBlocks(n * cols, kThreads), kThreads, 0, stream>>>(
-          in, src_rows, rows, n, cols, out);
+      LaunchKernel(GatherRowsFlatKernel<Src, Dst>, GridBlocks(n * cols, kThreads), kThreads, 0,
+                   stream, in, src_rows, rows, n, cols, out);
     } else {
-      GatherRowsWarpKernel<<<GridBlocks(n, kWarpsPerBlock), kThreads, 0, stream>>>(
-          in, src_rows, rows, n, cols, out);
+      LaunchKernel(GatherRowsWarpKernel<Src, Dst>, GridBlocks(n, kWarpsPerBlock), kThreads, 0,
+                   stream, in, src_rows, rows, n, cols, out);
     }
     return cudaGetLastError();
   });
@@ -430,11 +442,11 @@ cudaError_t LaunchResidualNorm(const X* in, float* residual, const W* w, float e
   const bool vec = cols % kNormVec == 0 && Aligned16(in) && Aligned16(w) && Aligned16(out) &&
                    (!kAdd || Aligned16(residual));
   if (vec) {
-    ResidualNormKernel<X, W, Y, kNormVec, kAdd>
-        <<<GridBlocks(rows, 1), kThreads, 0, stream>>>(in, residual, w, eps, rows, cols, out);
+    LaunchKernel(ResidualNormKernel<X, W, Y, kNormVec, kAdd>, GridBlocks(rows, 1), kThreads, 0,
+                 stream, in, residual, w, eps, rows, cols, out);
   } else {
-    ResidualNormKernel<X, W, Y, 1, kAdd>
-        <<<GridBlocks(rows, 1), kThreads, 0, stream>>>(in, residual, w, eps, rows, cols, out);
+    LaunchKernel(ResidualNormKernel<X, W, Y, 1, kAdd>, GridBlocks(rows, 1), kThreads, 0, stream, in,
+                 residual, w, eps, rows, cols, out);
   }
   return cudaGetLastError();
 }
@@ -479,13 +491,13 @@ cudaError_t NormRopeImpl(void* q, void* k, ElemType type, const void* q_weight,
       if (head_dim % (2 * kVec) == 0 && units <= kWarpSize && (units & (units - 1)) == 0 &&
           aligned) {
         const int lanes = static_cast<int>(units);
-        NormRopeKernel<T, W, kVec, 1><<<GridBlocks(rows * lanes, kThreads), kThreads, 0, stream>>>(
-            qp, kp, qw, kw, positions, n, hq, hk, d, lanes, norm, eps, inv_freq);
+        LaunchKernel(NormRopeKernel<T, W, kVec, 1>, GridBlocks(rows * lanes, kThreads), kThreads, 0,
+                     stream, qp, kp, qw, kw, positions, n, hq, hk, d, lanes, norm, eps, inv_freq);
       } else {
         constexpr int kChunks = kRopeMaxHeadDim / 2 / kWarpSize;
-        NormRopeKernel<T, W, 1, kChunks>
-            <<<GridBlocks(rows * kWarpSize, kThreads), kThreads, 0, stream>>>(
-                qp, kp, qw, kw, positions, n, hq, hk, d, kWarpSize, norm, eps, inv_freq);
+        LaunchKernel(NormRopeKernel<T, W, 1, kChunks>, GridBlocks(rows * kWarpSize, kThreads),
+                     kThreads, 0, stream, qp, kp, qw, kw, positions, n, hq, hk, d, kWarpSize, norm,
+                     eps, inv_freq);
       }
       return cudaGetLastError();
     });
@@ -510,8 +522,8 @@ cudaError_t LaunchConvert(const void* src, ElemType src_type, void* dst, ElemTyp
   return DispatchConversion(src_type, dst_type, [&](auto s, auto d) {
     using Src = typename decltype(s)::type;
     using Dst = typename decltype(d)::type;
-    ConvertKernel<<<GridBlocks(n, kThreads), kThreads, 0, stream>>>(static_cast<const Src*>(src),
-                                                                    static_cast<Dst*>(dst), n);
+    LaunchKernel(ConvertKernel<Src, Dst>, GridBlocks(n, kThreads), kThreads, 0, stream,
+                 static_cast<const Src*>(src), static_cast<Dst*>(dst), n);
     return cudaGetLastError();
   });
 }
@@ -526,15 +538,17 @@ cudaError_t LaunchFill(void* dst, ElemType type, int64_t n, float value, cudaStr
   const unsigned blocks = GridBlocks(n, kThreads);
   switch (type) {
     case ElemType::kI32:
-      FillKernel<<<blocks, kThreads, 0, stream>>>(static_cast<int32_t*>(dst), n, value);
+      LaunchKernel(FillKernel<int32_t>, blocks, kThreads, 0, stream, static_cast<int32_t*>(dst), n,
+                   value);
       return cudaGetLastError();
     case ElemType::kI64:
-      FillKernel<<<blocks, kThreads, 0, stream>>>(static_cast<int64_t*>(dst), n, value);
+      LaunchKernel(FillKernel<int64_t>, blocks, kThreads, 0, stream, static_cast<int64_t*>(dst), n,
+                   value);
       return cudaGetLastError();
     default:
       return DispatchFloat(type, [&](auto t) {
         using T = typename decltype(t)::type;
-        FillKernel<<<blocks, kThreads, 0, stream>>>(static_cast<T*>(dst), n, value);
+        LaunchKernel(FillKernel<T>, blocks, kThreads, 0, stream, static_cast<T*>(dst), n, value);
         return cudaGetLastError();
       });
   }
@@ -559,8 +573,8 @@ cudaError_t LaunchRmsNorm(const void* x, ElemType x_type, const void* weight, El
         const W* w = static_cast<const W*>(weight);
         Y* out = static_cast<Y*>(y);
         if (cols <= kWarpRowMaxCols) {
-          RmsNormWarpKernel<<<GridBlocks(rows, kWarpsPerBlock), kThreads, 0, stream>>>(
-              in, w, eps, rows, static_cast<int>(cols), out);
+          LaunchKernel(RmsNormWarpKernel<X, W, Y>, GridBlocks(rows, kWarpsPerBlock), kThreads, 0,
+                       stream, in, w, eps, rows, static_cast<int>(cols), out);
           return cudaGetLastError();
         }
         return LaunchResidualNorm<false>(in, nullptr, w, eps, rows, cols, out, stream);
@@ -632,8 +646,9 @@ cudaError_t LaunchSiluMul(const void* gate, ElemType gate_type, const void* up, 
         using G = typename decltype(gt)::type;
         using U = typename decltype(ut)::type;
         using O = typename decltype(ot)::type;
-        SiluMulKernel<<<GridBlocks(n, kThreads), kThreads, 0, stream>>>(
-            static_cast<const G*>(gate), static_cast<const U*>(up), static_cast<O*>(out), n);
+        LaunchKernel(SiluMulKernel<G, U, O>, GridBlocks(n, kThreads), kThreads, 0, stream,
+                     static_cast<const G*>(gate), static_cast<const U*>(up), static_cast<O*>(out),
+                     n);
         return cudaGetLastError();
       });
     });
@@ -656,11 +671,11 @@ cudaError_t LaunchSiluMulPacked(const void* gate_up, ElemType in_type, int64_t r
       const bool aligned =
           reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(o) % 16 == 0;
       if (sizeof(T) == 2 && sizeof(O) == 2 && inter % 8 == 0 && aligned) {
-        SiluMulPackedKernel<T, O, 8>
-            <<<GridBlocks(rows * inter / 8, kThreads), kThreads, 0, stream>>>(in, o, rows, inter);
+        LaunchKernel(SiluMulPackedKernel<T, O, 8>, GridBlocks(rows * inter / 8, kThreads), kThreads,
+                     0, stream, in, o, rows, inter);
       } else {
-        SiluMulPackedKernel<T, O, 1>
-            <<<GridBlocks(rows * inter, kThreads), kThreads, 0, stream>>>(in, o, rows, inter);
+        LaunchKernel(SiluMulPackedKernel<T, O, 1>, GridBlocks(rows * inter, kThreads), kThreads, 0,
+                     stream, in, o, rows, inter);
       }
       return cudaGetLastError();
     });
@@ -676,8 +691,8 @@ cudaError_t LaunchAdd(const void* x, ElemType x_type, void* inout, ElemType inou
     return DispatchFloat(inout_type, [&](auto yt) {
       using X = typename decltype(xt)::type;
       using Y = typename decltype(yt)::type;
-      AddKernel<<<GridBlocks(n, kThreads), kThreads, 0, stream>>>(static_cast<const X*>(x),
-                                                                  static_cast<Y*>(inout), n);
+      LaunchKernel(AddKernel<X, Y>, GridBlocks(n, kThreads), kThreads, 0, stream,
+                   static_cast<const X*>(x), static_cast<Y*>(inout), n);
       return cudaGetLastError();
     });
   });

@@ -26,6 +26,7 @@
 #include "flashinfer/attention/scheduler.cuh"
 #include "flashinfer/attention/variants.cuh"
 #include "kernels/cuda/flashinfer_attention.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace dxs::cuda {
 namespace {
@@ -47,6 +48,7 @@ using Variant = flashinfer::DefaultAttention</*use_custom_mask=*/false,
 __global__ void CompactBlockTableKernel(const int32_t* __restrict__ block_tables, int64_t width,
                                         const int32_t* __restrict__ indptr, int64_t num_seqs,
                                         int32_t* __restrict__ indices) {
+  PdlWait();
   const int64_t s = blockIdx.y;
   if (s >= num_seqs) return;
   const int32_t begin = indptr[s], pages = indptr[s + 1] - begin;
@@ -207,8 +209,8 @@ cudaError_t RunPlanned(const PlanState& p, void* float_workspace, int32_t* indic
   if (compact) {
     const dim3 grid(static_cast<unsigned>((args.max_blocks_per_seq + 255) / 256),
                     static_cast<unsigned>(n));
-    CompactBlockTableKernel<<<grid, 256, 0, stream>>>(args.block_tables, args.max_blocks_per_seq,
-                                                      indptr, n, indices);
+    LaunchKernel(CompactBlockTableKernel, grid, 256, 0, stream, args.block_tables,
+                 args.max_blocks_per_seq, indptr, n, indices);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return Fail(error, "flashinfer attention: compact block table", e);
   }
@@ -256,13 +258,12 @@ cudaError_t RunPlanned(const PlanState& p, void* float_workspace, int32_t* indic
   cudaError_t e = cudaSuccess;
   try {
     switch (info.cta_tile_q) {
-#define DXS_FI_TILE(TILE)                                                                         \
-  case TILE:                                                                                      \
-    e = flashinfer::BatchPrefillWithPagedKVCacheDispatched<                                       \
-        /*SAME_KV_STRIDES=*/true, TILE, kHeadDim, kHeadDim, flashinfer::PosEncodingMode::kNone,   \
-        /*USE_FP16_QK_REDUCTION=*/false, flashinfer::MaskMode::kCausal,                           \
-        /*USE_TOKEN_HEAD_SF=*/false, Variant, Params>(params, tmp_v, tmp_s, /*enable_pdl=*/false, \
-                                                      stream);                                    \
+#define DXS_FI_TILE(TILE)                                                                          \
+  case TILE:                                                                                       \
+    e = flashinfer::BatchPrefillWithPagedKVCacheDispatched<                                        \
+        /*SAME_KV_STRIDES=*/true, TILE, kHeadDim, kHeadDim, flashinfer::PosEncodingMode::kNone,    \
+        /*USE_FP16_QK_REDUCTION=*/false, flashinfer::MaskMode::kCausal,                            \
+        /*USE_TOKEN_HEAD_SF=*/false, Variant, Params>(params, tmp_v, tmp_s, PdlEnabled(), stream); \
     break;
       DXS_FI_TILE(16)
       DXS_FI_TILE(64)

@@ -25,9 +25,12 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/elem_type.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
 
 namespace dxs::cuda {
@@ -53,13 +56,18 @@ __device__ __forceinline__ void WidenBf16x8(const uint4& raw, float out[kChunk])
   }
 }
 
-// 8 bf16 weights from 16 bytes, streamed (read once: no L1 allocation).
-__device__ __forceinline__ void LoadWeights8(const __nv_bfloat16* p, float out[kChunk]) {
+// 16 bytes of bf16 weights, streamed (read once: no L1 allocation).
+__device__ __forceinline__ uint4 LoadWeightsRaw(const __nv_bfloat16* p) {
   uint4 raw;
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
       : "l"(p));
-  WidenBf16x8(raw, out);
+  return raw;
+}
+
+// The same, widened to 8 floats.
+__device__ __forceinline__ void LoadWeights8(const __nv_bfloat16* p, float out[kChunk]) {
+  WidenBf16x8(LoadWeightsRaw(p), out);
 }
 
 // 8 activations as float.
@@ -100,7 +108,7 @@ struct GemvOutputs {
 
 template <typename TX, typename TY, int M>
 __global__ void __launch_bounds__(kWarps * 32)
-    GemvKernel(const TX* __restrict__ x, int m, const GemvOutputs outs, int k) {
+    GemvKernel(const TX* __restrict__ x, int m, const GemvOutputs outs, int k, int ksplit) {
   static_assert(kGemvMaxOutputs == 3, "the selection below names each output");
   // Selected with constant indices: a runtime index would copy the parameters to the stack.
   const int block = static_cast<int>(blockIdx.x);
@@ -113,23 +121,38 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int first = o == 0   ? outs.first_block[0]
                     : o == 1 ? outs.first_block[1]
                              : outs.first_block[2];
-  const int lane = threadIdx.x % 32;
-  const int feature0 = ((block - first) * kWarps + threadIdx.x / 32) * kFeatures;
-  if (feature0 >= n) return;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // ksplit warps share a feature group, each taking every ksplit-th 256-element slice of k;
+  // their sums meet in shared memory in warp order (deterministic).
+  const int sub = warp % ksplit;
+  const int feature0 = ((block - first) * (kWarps / ksplit) + warp / ksplit) * kFeatures;
+  const bool active = feature0 < n;
+  const int c0 = (sub * 32 + lane) * kChunk, stride = ksplit * 32 * kChunk;
+  int64_t row[kFeatures];
+#pragma unroll
+  for (int f = 0; f < kFeatures; ++f) {
+    row[f] = static_cast<int64_t>(min(feature0 + f, n - 1)) * k;  // a tail repeats its last row
+  }
+  // pdl-early: the weights are the model's, never written by a kernel, so the first slices
+  // are requested before waiting for the previous kernel (PdlWait) and stream while it
+  // finishes. Nothing else is read or written before the wait.
+  constexpr int kEarly = 2;
+  uint4 early[kEarly][kFeatures];
+#pragma unroll
+  for (int i = 0; i < kEarly; ++i) {
+#pragma unroll
+    for (int f = 0; f < kFeatures; ++f) {
+      if (active && c0 + i * stride < k) early[i][f] = LoadWeightsRaw(w + row[f] + c0 + i * stride);
+    }
+  }
+  PdlWait();
   float acc[kFeatures][M];
 #pragma unroll
   for (int f = 0; f < kFeatures; ++f) {
 #pragma unroll
     for (int r = 0; r < M; ++r) acc[f][r] = 0.f;
   }
-#pragma unroll 2
-  for (int c = lane * kChunk; c < k; c += 32 * kChunk) {
-    float wv[kFeatures][kChunk];
-#pragma unroll
-    for (int f = 0; f < kFeatures; ++f) {
-      const int feature = min(feature0 + f, n - 1);  // a tail warp repeats its last row
-      LoadWeights8(w + static_cast<int64_t>(feature) * k + c, wv[f]);
-    }
+  auto accumulate = [&](int c, const float(&wv)[kFeatures][kChunk]) {
 #pragma unroll
     for (int r = 0; r < M; ++r) {
       if (r < m) {
@@ -139,17 +162,42 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int f = 0; f < kFeatures; ++f) acc[f][r] += Dot8(wv[f], xv);
       }
     }
+  };
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < kEarly; ++i) {
+      const int c = c0 + i * stride;
+      if (c < k) {
+        float wv[kFeatures][kChunk];
+#pragma unroll
+        for (int f = 0; f < kFeatures; ++f) WidenBf16x8(early[i][f], wv[f]);
+        accumulate(c, wv);
+      }
+    }
+#pragma unroll 2
+    for (int c = c0 + kEarly * stride; c < k; c += stride) {
+      float wv[kFeatures][kChunk];
+#pragma unroll
+      for (int f = 0; f < kFeatures; ++f) LoadWeights8(w + row[f] + c, wv[f]);
+      accumulate(c, wv);
+    }
   }
+  __shared__ float partial[kWarps][kFeatures][M];
 #pragma unroll
   for (int f = 0; f < kFeatures; ++f) {
 #pragma unroll
     for (int r = 0; r < M; ++r) {
       const float s = WarpSum(acc[f][r]);
-      if (lane == 0 && r < m && feature0 + f < n) {
-        y[static_cast<int64_t>(r) * n + feature0 + f] = FromFloat<TY>(s);
-      }
+      if (lane == 0) partial[warp][f][r] = s;
     }
   }
+  if (ksplit > 1) __syncthreads();
+  if (!active || sub != 0 || lane >= kFeatures * M) return;
+  const int f = lane / M, r = lane % M;
+  if (r >= m || feature0 + f >= n) return;
+  float s = partial[warp][f][r];
+  for (int j = 1; j < ksplit; ++j) s += partial[warp + j][f][r];
+  y[static_cast<int64_t>(r) * n + feature0 + f] = FromFloat<TY>(s);
 }
 
 // ---- the grouped SwiGLU of few pairs ----
@@ -176,6 +224,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                     const int32_t* __restrict__ offsets, int num_experts,
                     const __nv_bfloat16* const* __restrict__ gate_up, int hidden, int inter,
                     __nv_bfloat16* __restrict__ act) {
+  PdlWait();
   const int p = blockIdx.y;
   const int e = ExpertOfPair(offsets, num_experts, p);
   if (__ldg(offsets + e) != p) return;  // the run's first pair's block does the run
@@ -246,6 +295,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     MoeDownKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ offsets,
                   int num_experts, const __nv_bfloat16* const* __restrict__ down, int hidden,
                   int inter, TY* __restrict__ y) {
+  PdlWait();
   const int p = blockIdx.y;
   const int e = ExpertOfPair(offsets, num_experts, p);
   if (__ldg(offsets + e) != p) return;
@@ -295,8 +345,28 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-int FeatureBlocks(int64_t features) {
-  return static_cast<int>((features + kWarps * kFeatures - 1) / (kWarps * kFeatures));
+// Blocks for `features` outputs when ksplit warps share each feature group.
+int FeatureBlocks(int64_t features, int ksplit = 1) {
+  const int64_t per_block = kWarps / ksplit * kFeatures;
+  return static_cast<int>((features + per_block - 1) / per_block);
+}
+
+// Warps sharing a feature group in LaunchGemvsBf16: split k (up to kWarps ways, each warp
+// keeping at least two 256-element slices) until the launch has about 4096 warps, 31 a
+// streaming multiprocessor on an H200: a short, wide stream (o-proj: 2048 features of 4096)
+// otherwise has too few loads in flight to reach the copy rate. DXS_CUDA_GEMV_SPLITK=off
+// keeps one warp a group (for A/B runs).
+int GemvKSplit(int64_t groups, int64_t k) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("DXS_CUDA_GEMV_SPLITK");
+    return v == nullptr || std::strcmp(v, "off") != 0;
+  }();
+  int ksplit = 1;
+  if (!enabled) return ksplit;
+  while (ksplit < kWarps && groups * ksplit < 4096 && k / (2 * ksplit) >= 2 * 32 * kChunk) {
+    ksplit *= 2;
+  }
+  return ksplit;
 }
 
 // out[t, :] = sum over pairs i ascending with rows[i] == t of scales[i] * src[i, :], from
@@ -307,6 +377,7 @@ template <typename TS, typename TO>
 __global__ void __launch_bounds__(256)
     ScaleSumRowsKernel(const TS* __restrict__ src, const float* __restrict__ scales,
                        const int32_t* __restrict__ rows, int n, int cols, TO* __restrict__ out) {
+  PdlWait();
   __shared__ int32_t list[kGemvMaxPairs];
   __shared__ int count;
   const int t = blockIdx.x;
@@ -355,9 +426,9 @@ cudaError_t LaunchScaleSumRows(const void* src, ElemType src_type, const float* 
   auto launch = [&](auto st, auto ot) {
     using TS = typename decltype(st)::type;
     using TO = typename decltype(ot)::type;
-    ScaleSumRowsKernel<TS, TO><<<grid, kThreadsPerBlock, 0, stream>>>(
-        static_cast<const TS*>(src), scales, rows, static_cast<int>(n), static_cast<int>(cols),
-        static_cast<TO*>(out));
+    LaunchKernel(ScaleSumRowsKernel<TS, TO>, grid, kThreadsPerBlock, 0, stream,
+                 static_cast<const TS*>(src), scales, rows, static_cast<int>(n),
+                 static_cast<int>(cols), static_cast<TO*>(out));
     return cudaGetLastError();
   };
   auto by_out = [&](auto st) {
@@ -377,14 +448,19 @@ cudaError_t LaunchGemvsBf16(const void* x, ElemType x_type, int64_t m, int64_t k
     return cudaErrorInvalidValue;
   }
   GemvOutputs outs{};
-  int64_t blocks = 0;
+  int64_t groups = 0;
   for (int o = 0; o < count; ++o) {
     if (ns[o] < 0 || ns[o] > INT32_MAX) return cudaErrorInvalidValue;
+    groups += (ns[o] + kFeatures - 1) / kFeatures;
+  }
+  const int ksplit = GemvKSplit(groups, k);
+  int64_t blocks = 0;
+  for (int o = 0; o < count; ++o) {
     outs.w[o] = static_cast<const __nv_bfloat16*>(ws[o]);
     outs.y[o] = ys[o];
     outs.n[o] = static_cast<int>(ns[o]);
     outs.first_block[o] = static_cast<int>(blocks);
-    blocks += FeatureBlocks(ns[o]);
+    blocks += FeatureBlocks(ns[o], ksplit);
     if (m > 0 && ns[o] > 0 && (ws[o] == nullptr || ys[o] == nullptr || !Aligned16(ws[o]))) {
       return cudaErrorInvalidValue;
     }
@@ -397,8 +473,8 @@ cudaError_t LaunchGemvsBf16(const void* x, ElemType x_type, int64_t m, int64_t k
   auto launch = [&](auto xt, auto yt, auto rows) {
     using TX = typename decltype(xt)::type;
     using TY = typename decltype(yt)::type;
-    GemvKernel<TX, TY, decltype(rows)::value><<<grid, kWarps * 32, 0, stream>>>(
-        static_cast<const TX*>(x), static_cast<int>(m), outs, static_cast<int>(k));
+    LaunchKernel(GemvKernel<TX, TY, decltype(rows)::value>, grid, kWarps * 32, 0, stream,
+                 static_cast<const TX*>(x), static_cast<int>(m), outs, static_cast<int>(k), ksplit);
     return cudaGetLastError();
   };
   auto by_rows = [&](auto xt, auto yt) {
@@ -448,19 +524,20 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
   auto launch = [&](auto run_pairs) {
     constexpr int kRun = decltype(run_pairs)::value;
     if (x_type == ElemType::kF32) {
-      MoeGateUpKernel<float, kRun><<<gate_grid, kWarps * 32, 0, stream>>>(
-          static_cast<const float*>(xs), xr, rows, expert_offsets, e, gate_up, h, i, a);
+      LaunchKernel(MoeGateUpKernel<float, kRun>, gate_grid, kWarps * 32, 0, stream,
+                   static_cast<const float*>(xs), xr, rows, expert_offsets, e, gate_up, h, i, a);
     } else {
-      MoeGateUpKernel<__nv_bfloat16, kRun><<<gate_grid, kWarps * 32, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(xs), xr, rows, expert_offsets, e, gate_up, h, i, a);
+      LaunchKernel(MoeGateUpKernel<__nv_bfloat16, kRun>, gate_grid, kWarps * 32, 0, stream,
+                   static_cast<const __nv_bfloat16*>(xs), xr, rows, expert_offsets, e, gate_up, h,
+                   i, a);
     }
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     if (y_type == ElemType::kF32) {
-      MoeDownKernel<float, kRun><<<down_grid, kWarps * 32, 0, stream>>>(
-          a, expert_offsets, e, down, h, i, static_cast<float*>(y));
+      LaunchKernel(MoeDownKernel<float, kRun>, down_grid, kWarps * 32, 0, stream, a, expert_offsets,
+                   e, down, h, i, static_cast<float*>(y));
     } else {
-      MoeDownKernel<__nv_bfloat16, kRun><<<down_grid, kWarps * 32, 0, stream>>>(
-          a, expert_offsets, e, down, h, i, static_cast<__nv_bfloat16*>(y));
+      LaunchKernel(MoeDownKernel<__nv_bfloat16, kRun>, down_grid, kWarps * 32, 0, stream, a,
+                   expert_offsets, e, down, h, i, static_cast<__nv_bfloat16*>(y));
     }
     return cudaGetLastError();
   };

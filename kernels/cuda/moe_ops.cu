@@ -40,6 +40,7 @@
 
 #include "kernels/cuda/carver.cuh"
 #include "kernels/cuda/elem_type.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/return_if_error.cuh"
 #include "kernels/replica_choice.h"
@@ -73,6 +74,7 @@ using BlockScanI32 = cub::BlockScan<int32_t, kThreads>;
 
 __global__ void __launch_bounds__(kThreads)
     ScanTileSumsKernel(const int32_t* __restrict__ in, int64_t n, int32_t* __restrict__ sums) {
+  PdlWait();
   using BlockReduceI32 = cub::BlockReduce<int32_t, kThreads>;
   __shared__ typename BlockReduceI32::TempStorage temp;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * kScanTile;
@@ -89,6 +91,7 @@ __global__ void __launch_bounds__(kThreads)
 // One block: the tile sums become the tiles' exclusive offsets, in place.
 __global__ void __launch_bounds__(kThreads)
     ScanTileOffsetsKernel(int32_t* __restrict__ sums, int64_t num_tiles) {
+  PdlWait();
   __shared__ typename BlockScanI32::TempStorage temp;
   int32_t carry = 0;
   for (int64_t base = 0; base < num_tiles; base += kThreads) {
@@ -105,6 +108,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     ScanTilesKernel(const int32_t* __restrict__ in, int64_t n,
                     const int32_t* __restrict__ tile_offsets, int32_t* __restrict__ out) {
+  PdlWait();
   __shared__ typename BlockScanI32::TempStorage temp;
   // Blocked: thread x holds items [x * kScanItems, (x + 1) * kScanItems) of the tile.
   const int64_t base = static_cast<int64_t>(blockIdx.x) * kScanTile + threadIdx.x * kScanItems;
@@ -124,11 +128,13 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t ExclusiveScan(const int32_t* in, int64_t n, int32_t* out, int32_t* partials,
                           cudaStream_t stream) {
   const int64_t tiles = ScanPartials(n);
-  ScanTileSumsKernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(in, n, partials);
+  LaunchKernel(ScanTileSumsKernel, static_cast<unsigned>(tiles), kThreads, 0, stream, in, n,
+               partials);
   DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  ScanTileOffsetsKernel<<<1, kThreads, 0, stream>>>(partials, tiles);
+  LaunchKernel(ScanTileOffsetsKernel, 1, kThreads, 0, stream, partials, tiles);
   DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  ScanTilesKernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(in, n, partials, out);
+  LaunchKernel(ScanTilesKernel, static_cast<unsigned>(tiles), kThreads, 0, stream, in, n, partials,
+               out);
   return cudaGetLastError();
 }
 
@@ -200,6 +206,7 @@ __global__ void __launch_bounds__(kThreads)
     SortRankKernel(const int32_t* __restrict__ keys, int32_t num_keys,
                    const int32_t* __restrict__ perm_in, int32_t n, int shift, int32_t num_buckets,
                    int32_t* __restrict__ rank_in_tile, int32_t* __restrict__ counts) {
+  PdlWait();
   __shared__ int32_t digits[kSortTile];
   const int32_t p =
       static_cast<int32_t>(blockIdx.x) * kSortTile + static_cast<int32_t>(threadIdx.x);
@@ -224,6 +231,7 @@ __global__ void __launch_bounds__(kThreads)
                       const int32_t* __restrict__ perm_in, int32_t n, int shift,
                       int32_t num_buckets, const int32_t* __restrict__ rank_in_tile,
                       const int32_t* __restrict__ starts, int32_t* __restrict__ perm_out) {
+  PdlWait();
   const int32_t p =
       static_cast<int32_t>(blockIdx.x) * kSortTile + static_cast<int32_t>(threadIdx.x);
   if (p >= n) return;
@@ -239,6 +247,7 @@ __global__ void __launch_bounds__(kThreads)
     SegmentOffsetsKernel(const int32_t* __restrict__ keys, int32_t num_keys,
                          const int32_t* __restrict__ sorted, int32_t n,
                          int32_t* __restrict__ offsets) {
+  PdlWait();
   const int64_t p = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (p > n) return;
   const int32_t before = p == 0 ? -1 : KeyOf(keys, num_keys, sorted[p - 1]);
@@ -260,6 +269,7 @@ __global__ void __launch_bounds__(kThreads)
     SmallSortKernel(const int32_t* __restrict__ keys, int32_t num_keys, int32_t n,
                     int32_t* __restrict__ sorted, int32_t* __restrict__ offsets,
                     SortPayloads payloads) {
+  PdlWait();
   __shared__ int32_t bucket[kSmallSortMaxBuckets];  // running counts, then starts
   __shared__ typename BlockScanI32::TempStorage temp;
   const int32_t num_buckets = num_keys + 1;
@@ -315,6 +325,7 @@ __global__ void __launch_bounds__(kThreads)
 // out[j][s] = in[j][sorted[s]]: the payloads after the radix chain.
 __global__ void __launch_bounds__(kThreads)
     PermutePayloadsKernel(const int32_t* __restrict__ sorted, int32_t n, SortPayloads payloads) {
+  PdlWait();
   const int32_t s = static_cast<int32_t>(blockIdx.x) * kThreads + static_cast<int32_t>(threadIdx.x);
   if (s >= n) return;
   const int32_t v = sorted[s];
@@ -335,7 +346,8 @@ cudaError_t SortByKey(const int32_t* keys, const SortShape& s, const SortScratch
                       cudaStream_t stream) {
   const int32_t n = static_cast<int32_t>(s.n), num_keys = static_cast<int32_t>(s.num_keys);
   if (UsesSmallSort(s)) {
-    SmallSortKernel<<<1, kThreads, 0, stream>>>(keys, num_keys, n, sorted, offsets, payloads);
+    LaunchKernel(SmallSortKernel, 1, kThreads, 0, stream, keys, num_keys, n, sorted, offsets,
+                 payloads);
     return cudaGetLastError();
   }
   const int32_t num_buckets = 1 << s.digit_bits;
@@ -345,21 +357,22 @@ cudaError_t SortByKey(const int32_t* keys, const SortShape& s, const SortScratch
     // Alternate between sorted and perm_tmp so that the last pass lands in sorted.
     int32_t* out = (s.passes - 1 - pass) % 2 == 0 ? sorted : w.perm_tmp;
     const int shift = pass * s.digit_bits;
-    SortRankKernel<<<tiles, kThreads, 0, stream>>>(keys, num_keys, in, n, shift, num_buckets,
-                                                   w.rank_in_tile, w.counts);
+    LaunchKernel(SortRankKernel, tiles, kThreads, 0, stream, keys, num_keys, in, n, shift,
+                 num_buckets, w.rank_in_tile, w.counts);
     DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     DXS_CUDA_RETURN_IF_ERROR(ExclusiveScan(w.counts, s.cells, w.starts, w.partials, stream));
-    SortScatterKernel<<<tiles, kThreads, 0, stream>>>(keys, num_keys, in, n, shift, num_buckets,
-                                                      w.rank_in_tile, w.starts, out);
+    LaunchKernel(SortScatterKernel, tiles, kThreads, 0, stream, keys, num_keys, in, n, shift,
+                 num_buckets, w.rank_in_tile, w.starts, out);
     DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     in = out;
   }
   const unsigned blocks = static_cast<unsigned>(CeilDiv(s.n + 1, kThreads));
-  SegmentOffsetsKernel<<<blocks, kThreads, 0, stream>>>(keys, num_keys, sorted, n, offsets);
+  LaunchKernel(SegmentOffsetsKernel, blocks, kThreads, 0, stream, keys, num_keys, sorted, n,
+               offsets);
   DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   if (payloads.count == 0) return cudaSuccess;
-  PermutePayloadsKernel<<<static_cast<unsigned>(CeilDiv(s.n, kThreads)), kThreads, 0, stream>>>(
-      sorted, n, payloads);
+  LaunchKernel(PermutePayloadsKernel, static_cast<unsigned>(CeilDiv(s.n, kThreads)), kThreads, 0,
+               stream, sorted, n, payloads);
   return cudaGetLastError();
 }
 
@@ -413,6 +426,7 @@ __device__ __forceinline__ int32_t PairRank(const int32_t* __restrict__ ids, con
 __global__ void __launch_bounds__(kThreads)
     CountExpertsKernel(const int32_t* __restrict__ ids, OwnerTable owner, int64_t num_pairs,
                        int32_t* __restrict__ num_tokens_per_expert) {
+  PdlWait();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; p < num_pairs;
        p += stride) {
@@ -427,6 +441,7 @@ __global__ void __launch_bounds__(kThreads)
     LayoutCountKernel(const int32_t* __restrict__ ids, OwnerTable owner, int32_t num_tokens,
                       int32_t top_k, int32_t num_ranks, int32_t* __restrict__ token_flags,
                       int32_t* __restrict__ pair_counts) {
+  PdlWait();
   const int64_t cell = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (cell >= static_cast<int64_t>(num_ranks) * num_tokens) return;
   const int32_t r = static_cast<int32_t>(cell / num_tokens);
@@ -447,6 +462,7 @@ __global__ void __launch_bounds__(kThreads) LayoutFillKernel(
     const int32_t* __restrict__ pair_starts, int32_t* __restrict__ num_tokens_per_rank,
     int32_t* __restrict__ num_pairs_per_rank, int32_t* __restrict__ token_rows,
     int32_t* __restrict__ pairs) {
+  PdlWait();
   const int64_t cell = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (cell >= static_cast<int64_t>(num_ranks) * num_tokens) return;
   const int32_t r = static_cast<int32_t>(cell / num_tokens);
@@ -501,6 +517,7 @@ __global__ void __launch_bounds__(kThreads)
     CombineRowsKernel(const In* __restrict__ recv, const int32_t* __restrict__ token_rows,
                       const int64_t* __restrict__ rank_offsets, int64_t num_ranks, int64_t hidden,
                       Out* __restrict__ out) {
+  PdlWait();
   __shared__ int64_t found[kThreads];
   const int32_t t = static_cast<int32_t>(blockIdx.x);
   const int64_t col0 = static_cast<int64_t>(blockIdx.y) * kColsPerBlock + threadIdx.x;
@@ -542,9 +559,8 @@ cudaError_t CombineAs(const void* recv, const int32_t* token_rows, const int64_t
                       cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(num_tokens),
                   static_cast<unsigned>(CeilDiv(hidden, kColsPerBlock)));
-  CombineRowsKernel<In, Out><<<grid, kThreads, 0, stream>>>(static_cast<const In*>(recv),
-                                                            token_rows, rank_offsets, num_ranks,
-                                                            hidden, static_cast<Out*>(out));
+  LaunchKernel(CombineRowsKernel<In, Out>, grid, kThreads, 0, stream, static_cast<const In*>(recv),
+               token_rows, rank_offsets, num_ranks, hidden, static_cast<Out*>(out));
   return cudaGetLastError();
 }
 
@@ -572,6 +588,7 @@ __global__ void __launch_bounds__(kThreads)
     ScaleAddRowsKernel(const T* __restrict__ src, const float* __restrict__ scales,
                        const int32_t* __restrict__ order, const int32_t* __restrict__ offsets,
                        int64_t cols, float* __restrict__ dst) {
+  PdlWait();
   const int64_t d = blockIdx.x;
   const int32_t begin = offsets[d], end = offsets[d + 1];
   if (begin == end) return;
@@ -677,19 +694,19 @@ cudaError_t LaunchDispatchLayout(const int32_t* ids, const float* weights, const
   DXS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
       num_tokens_per_expert, 0, static_cast<size_t>(num_experts) * sizeof(int32_t), stream));
   const int64_t count_blocks = CeilDiv(num_pairs, kThreads);
-  CountExpertsKernel<<<static_cast<unsigned>(count_blocks < 1024 ? count_blocks : 1024), kThreads,
-                       0, stream>>>(ids, table, num_pairs, num_tokens_per_expert);
+  LaunchKernel(CountExpertsKernel, static_cast<unsigned>(count_blocks < 1024 ? count_blocks : 1024),
+               kThreads, 0, stream, ids, table, num_pairs, num_tokens_per_expert);
   DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
   const unsigned cell_blocks = static_cast<unsigned>(CeilDiv(cells, kThreads));
-  LayoutCountKernel<<<cell_blocks, kThreads, 0, stream>>>(ids, table, tokens, k, ranks,
-                                                          w.token_flags, w.pair_counts);
+  LaunchKernel(LayoutCountKernel, cell_blocks, kThreads, 0, stream, ids, table, tokens, k, ranks,
+               w.token_flags, w.pair_counts);
   DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   DXS_CUDA_RETURN_IF_ERROR(ExclusiveScan(w.token_flags, cells, w.token_starts, w.partials, stream));
   DXS_CUDA_RETURN_IF_ERROR(ExclusiveScan(w.pair_counts, cells, w.pair_starts, w.partials, stream));
-  LayoutFillKernel<<<cell_blocks, kThreads, 0, stream>>>(
-      ids, weights, table, tokens, k, ranks, w.token_flags, w.pair_counts, w.token_starts,
-      w.pair_starts, num_tokens_per_rank, num_pairs_per_rank, token_rows, pairs);
+  LaunchKernel(LayoutFillKernel, cell_blocks, kThreads, 0, stream, ids, weights, table, tokens, k,
+               ranks, w.token_flags, w.pair_counts, w.token_starts, w.pair_starts,
+               num_tokens_per_rank, num_pairs_per_rank, token_rows, pairs);
   return cudaGetLastError();
 }
 
@@ -758,11 +775,11 @@ cudaError_t LaunchScaleAddRows(const void* src, ElemType src_type, const float* 
   const dim3 grid(static_cast<unsigned>(dst_rows),
                   static_cast<unsigned>(CeilDiv(cols, kColsPerBlock)));
   if (src_type == ElemType::kBF16) {
-    ScaleAddRowsKernel<<<grid, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(src),
-                                                      scales, w.order, w.offsets, cols, dst);
+    LaunchKernel(ScaleAddRowsKernel<__nv_bfloat16>, grid, kThreads, 0, stream,
+                 static_cast<const __nv_bfloat16*>(src), scales, w.order, w.offsets, cols, dst);
   } else {
-    ScaleAddRowsKernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(src), scales,
-                                                      w.order, w.offsets, cols, dst);
+    LaunchKernel(ScaleAddRowsKernel<float>, grid, kThreads, 0, stream,
+                 static_cast<const float*>(src), scales, w.order, w.offsets, cols, dst);
   }
   return cudaGetLastError();
 }
@@ -776,6 +793,7 @@ struct UnpackSegments {
 };
 
 __global__ void UnpackInitKernel(int32_t* bad) {
+  PdlWait();
   bad[0] = 0;
   bad[1] = INT_MAX;
 }
@@ -786,6 +804,7 @@ __global__ void UnpackRoutedPairsKernel(const int32_t* __restrict__ blocks, Unpa
                                         int64_t num_pairs, int32_t* __restrict__ rows,
                                         int32_t* __restrict__ experts, float* __restrict__ weights,
                                         int32_t* bad) {
+  PdlWait();
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < num_pairs;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int s = 0;
@@ -824,12 +843,12 @@ cudaError_t LaunchUnpackRoutedPairs(const int32_t* blocks, const int32_t* segmen
   UnpackSegments segs{};
   for (int i = 0; i < 4 * num_segments; ++i) segs.v[i] = segments[i];
   segs.n = num_segments;
-  UnpackInitKernel<<<1, 1, 0, stream>>>(bad);
+  LaunchKernel(UnpackInitKernel, 1, 1, 0, stream, bad);
   DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const int64_t blocks_needed = (num_pairs + 255) / 256;
-  UnpackRoutedPairsKernel<<<static_cast<unsigned>(blocks_needed < 1024 ? blocks_needed : 1024), 256,
-                            0, stream>>>(blocks, segs, held, num_experts, num_pairs, rows, experts,
-                                         weights, bad);
+  LaunchKernel(UnpackRoutedPairsKernel,
+               static_cast<unsigned>(blocks_needed < 1024 ? blocks_needed : 1024), 256, 0, stream,
+               blocks, segs, held, num_experts, num_pairs, rows, experts, weights, bad);
   return cudaGetLastError();
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/splitmix64.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
 
 namespace dxs::cuda {
@@ -24,6 +25,7 @@ __device__ float RoundTo(ElemType type, float v) {
 
 __global__ void FillUniformKernel(void* dst, ElemType dst_type, int64_t n, uint64_t seed,
                                   double mean, double half_width, ElemType values_type) {
+  PdlWait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint64_t bits = SplitMix64Mix(seed + static_cast<uint64_t>(i + 1) * kSplitMix64Gamma);
@@ -56,14 +58,15 @@ cudaError_t LaunchFillUniform(void* dst, ElemType dst_type, int64_t n, uint64_t 
   if (dst == nullptr) return cudaErrorInvalidValue;
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65536);
-  FillUniformKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      dst, dst_type, n, seed, mean, half_width, values_type);
+  LaunchKernel(FillUniformKernel, static_cast<unsigned>(blocks), kThreads, 0, stream, dst, dst_type,
+               n, seed, mean, half_width, values_type);
   return cudaGetLastError();
 }
 
 namespace {
 
 __global__ void AccumulateCountsKernel(const int32_t* offsets, int64_t n, int64_t* counts) {
+  PdlWait();
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     counts[e] += offsets[e + 1] - offsets[e];
@@ -78,7 +81,8 @@ cudaError_t LaunchAccumulateCounts(const int32_t* offsets, int64_t n, int64_t* c
   if (n == 0) return cudaSuccess;
   if (offsets == nullptr || counts == nullptr) return cudaErrorInvalidValue;
   const int64_t blocks = std::min<int64_t>((n + 255) / 256, 1024);
-  AccumulateCountsKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(offsets, n, counts);
+  LaunchKernel(AccumulateCountsKernel, static_cast<unsigned>(blocks), 256, 0, stream, offsets, n,
+               counts);
   return cudaGetLastError();
 }
 

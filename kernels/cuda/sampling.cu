@@ -27,6 +27,7 @@
 
 #include "common/splitmix64.h"
 #include "kernels/cuda/carver.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/return_if_error.cuh"
 
@@ -100,6 +101,7 @@ __device__ int32_t BlockArgmax(const float* __restrict__ row, int64_t vocab) {
 
 __global__ void __launch_bounds__(kThreads)
     ArgmaxRowsKernel(const float* __restrict__ logits, int64_t vocab, int32_t* __restrict__ ids) {
+  PdlWait();
   const int32_t best = BlockArgmax(logits + blockIdx.x * vocab, vocab);
   if (threadIdx.x == 0) ids[blockIdx.x] = best;
 }
@@ -123,6 +125,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
     PrepareKernel(const float* __restrict__ logits, const SamplingRow* __restrict__ params,
                   int64_t vocab, float* __restrict__ keys, int32_t* __restrict__ ids,
                   int* __restrict__ begin, int* __restrict__ end) {
+  PdlWait();
   const int64_t r = blockIdx.y;
   const SamplingRow p = params[r];
   const bool sorted = SortsRow(p, vocab);
@@ -226,6 +229,7 @@ __global__ void __launch_bounds__(kThreads)
     SampleKernel(const float* __restrict__ logits, const SamplingRow* __restrict__ params,
                  int64_t vocab, const float* __restrict__ sorted_keys,
                  const int32_t* __restrict__ sorted_ids, int32_t* __restrict__ out) {
+  PdlWait();
   __shared__ SampleShared s;
   const int64_t r = blockIdx.x;
   const SamplingRow p = params[r];
@@ -320,7 +324,7 @@ cudaError_t LaunchArgmaxRows(const float* logits, int64_t n, int64_t vocab, int3
   if (n < 0 || vocab <= 0 || n > 2147483647 || vocab > 2147483647) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (logits == nullptr || ids == nullptr) return cudaErrorInvalidValue;
-  ArgmaxRowsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, vocab, ids);
+  LaunchKernel(ArgmaxRowsKernel, static_cast<unsigned>(n), kThreads, 0, stream, logits, vocab, ids);
   return cudaGetLastError();
 }
 
@@ -356,8 +360,8 @@ cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t vocab,
     const SamplingRow* chunk_params = params + row0;
     const dim3 grid(static_cast<unsigned>(CeilDiv(vocab, kPrepareCols)),
                     static_cast<unsigned>(rows));
-    PrepareKernel<<<grid, kPrepareThreads, 0, stream>>>(chunk_logits, chunk_params, vocab,
-                                                        s.keys[0], s.ids[0], s.begin, s.end);
+    LaunchKernel(PrepareKernel, grid, kPrepareThreads, 0, stream, chunk_logits, chunk_params, vocab,
+                 s.keys[0], s.ids[0], s.begin, s.end);
     DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     cub::DoubleBuffer<float> keys(s.keys[0], s.keys[1]);
     cub::DoubleBuffer<int32_t> cand(s.ids[0], s.ids[1]);
@@ -365,8 +369,8 @@ cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t vocab,
     DXS_CUDA_RETURN_IF_ERROR(cub::DeviceSegmentedRadixSort::SortPairsDescending(
         s.sort_temp, temp_bytes, keys, cand, static_cast<int>(rows * vocab), static_cast<int>(rows),
         s.begin, s.end, 0, static_cast<int>(sizeof(float) * 8), stream));
-    SampleKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        chunk_logits, chunk_params, vocab, keys.Current(), cand.Current(), ids + row0);
+    LaunchKernel(SampleKernel, static_cast<unsigned>(rows), kThreads, 0, stream, chunk_logits,
+                 chunk_params, vocab, keys.Current(), cand.Current(), ids + row0);
     DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   return cudaSuccess;

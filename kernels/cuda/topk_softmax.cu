@@ -10,10 +10,14 @@
 #include <climits>
 #include <cstdint>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/topk_softmax.cuh"
 
 namespace dxs {
 namespace {
+
+using cuda::LaunchKernel;
+using cuda::PdlWait;
 
 constexpr int kWarpSize = 32;
 constexpr int kWarpsPerBlock = 4;
@@ -44,6 +48,7 @@ template <int kSlots, typename T>
 __global__ void __launch_bounds__(kWarpSize* kWarpsPerBlock)
     TopKSoftmaxKernel(const T* __restrict__ logits, int64_t num_tokens, int num_experts, int top_k,
                       bool normalize, int32_t* __restrict__ ids, float* __restrict__ weights) {
+  PdlWait();
   const int lane = threadIdx.x % kWarpSize;
   const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
   if (token >= num_tokens) return;  // the whole warp leaves together
@@ -144,20 +149,20 @@ cudaError_t Launch(const T* logits, int64_t num_tokens, int64_t num_experts, int
   const int k = static_cast<int>(top_k);
   const int64_t slots = (num_experts + kWarpSize - 1) / kWarpSize;
   if (slots <= 1) {
-    TopKSoftmaxKernel<1>
-        <<<grid, block, 0, stream>>>(logits, num_tokens, experts, k, normalize, ids, weights);
+    LaunchKernel(TopKSoftmaxKernel<1, T>, grid, block, 0, stream, logits, num_tokens, experts, k,
+                 normalize, ids, weights);
   } else if (slots <= 2) {
-    TopKSoftmaxKernel<2>
-        <<<grid, block, 0, stream>>>(logits, num_tokens, experts, k, normalize, ids, weights);
+    LaunchKernel(TopKSoftmaxKernel<2, T>, grid, block, 0, stream, logits, num_tokens, experts, k,
+                 normalize, ids, weights);
   } else if (slots <= 4) {
-    TopKSoftmaxKernel<4>
-        <<<grid, block, 0, stream>>>(logits, num_tokens, experts, k, normalize, ids, weights);
+    LaunchKernel(TopKSoftmaxKernel<4, T>, grid, block, 0, stream, logits, num_tokens, experts, k,
+                 normalize, ids, weights);
   } else if (slots <= 8) {
-    TopKSoftmaxKernel<8>
-        <<<grid, block, 0, stream>>>(logits, num_tokens, experts, k, normalize, ids, weights);
+    LaunchKernel(TopKSoftmaxKernel<8, T>, grid, block, 0, stream, logits, num_tokens, experts, k,
+                 normalize, ids, weights);
   } else {
-    TopKSoftmaxKernel<16>
-        <<<grid, block, 0, stream>>>(logits, num_tokens, experts, k, normalize, ids, weights);
+    LaunchKernel(TopKSoftmaxKernel<16, T>, grid, block, 0, stream, logits, num_tokens, experts, k,
+                 normalize, ids, weights);
   }
   return cudaGetLastError();
 }
