@@ -57,6 +57,16 @@ absl::Status Backend::ScaleSumRows(const Tensor& src, const Tensor& scales, cons
   return absl::OkStatus();
 }
 
+bool Backend::TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const { return false; }
+
+absl::Status Backend::RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                                   const std::vector<const Tensor*>& gate_up,
+                                   const std::vector<const Tensor*>& down, Tensor* counts,
+                                   Tensor* out) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "routed SwiGLU: the ", name(), " backend has no fused path (TakesRoutedSwiGlu)"));
+}
+
 absl::StatusOr<Tensor> Backend::Zeros(std::vector<int64_t> shape, DType dtype) {
   DXS_ASSIGN_OR_RETURN(Tensor t, Allocate(std::move(shape), dtype));
   DXS_RETURN_IF_ERROR(Fill(&t, 0.f));

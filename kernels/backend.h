@@ -294,6 +294,21 @@ class Backend {
   // dtype). One op, so a device may do it in one pass (an expert round's weighted pre-sum).
   virtual absl::Status ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                                     Tensor* out);
+  // Whether RoutedSwiGlu takes `tokens` tokens of top_k routed experts each: a decode-sized
+  // batch on a backend that fuses it (the CUDA backend's GEMV path). The default takes none.
+  virtual bool TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const;
+  // The MoE FFN of a few tokens straight from their routing (ids i32 and weights f32
+  // [tokens, top_k]), on a shard holding every expert (gate_up / down as GroupedSwiGlu's):
+  // out[t] = the sum over token t's pairs, in ascending expert order, of weights[t, j] *
+  // down_e(silu(gate_e x[t]) * up_e x[t]), each expert's output rounded to the activation
+  // dtype first, the sum in float32 from zero rounded once into out. That is what
+  // SortPairsByExpert, GroupedSwiGlu and ScaleSumRows give (ExpertShard's path), without the
+  // sort and its launches. counts (i64 [E], may be null) += each expert's pairs. Only where
+  // TakesRoutedSwiGlu says so; elsewhere FAILED_PRECONDITION.
+  virtual absl::Status RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                                    const std::vector<const Tensor*>& gate_up,
+                                    const std::vector<const Tensor*>& down, Tensor* counts,
+                                    Tensor* out);
   // An expert round's routed pairs as the wire delivered them, checked and unpacked where
   // they arrived (device memory on a GPU: no pair crosses the host). `blocks` (i32 [3 * P])
   // holds each segment's pairs as the dispatch layout sends them: its num_pairs rows (into

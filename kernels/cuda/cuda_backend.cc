@@ -153,6 +153,13 @@ absl::Status CudaBackend::Init() {
         absl::StrCat("DXS_CUDA_GEMV=", gemv_choice, ": expected auto or off"));
   }
   use_gemv_ = gemv_choice != "off";
+  const char* routed = std::getenv("DXS_CUDA_ROUTED_SWIGLU");
+  const std::string routed_choice = routed != nullptr ? routed : "";
+  if (!routed_choice.empty() && routed_choice != "auto" && routed_choice != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DXS_CUDA_ROUTED_SWIGLU=", routed_choice, ": expected auto or off"));
+  }
+  use_routed_swiglu_ = use_gemv_ && routed_choice != "off";
   const char* grouped = std::getenv("DXS_CUDA_GROUPED_GEMM");
   const std::string choice = grouped != nullptr ? grouped : "";
   if (!choice.empty() && choice != "cublas" && choice != "cutlass") {

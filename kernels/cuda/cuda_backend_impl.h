@@ -115,6 +115,11 @@ class CudaBackend final : public Backend {
   absl::Status ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                             Tensor* out) override;
   absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override;
+  bool TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const override;
+  absl::Status RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                            const std::vector<const Tensor*>& gate_up,
+                            const std::vector<const Tensor*>& down, Tensor* counts,
+                            Tensor* out) override;
   absl::Status UnpackRoutedPairs(const Tensor& blocks, const std::vector<PairSegment>& segments,
                                  const Tensor& held, Tensor* rows, Tensor* experts, Tensor* weights,
                                  Tensor* bad) override;
@@ -184,6 +189,9 @@ class CudaBackend final : public Backend {
   // cuda::kGemvMaxRows rows, no bias) and grouped FFNs (at most cuda::kGemvMaxPairs pairs)
   // stream their bf16 weights through kernels/cuda/gemv.cu instead of cuBLAS / CUTLASS.
   bool use_gemv_ = true;
+  // DXS_CUDA_ROUTED_SWIGLU=auto|off (default auto, off with the GEMVs): RoutedSwiGlu's fused
+  // path for decode-sized batches; off keeps ExpertShard's sorted path (for A/B runs).
+  bool use_routed_swiglu_ = true;
   absl::Mutex tables_mu_;
   std::map<std::vector<const void*>, ExpertWeightSet> weight_tables_ ABSL_GUARDED_BY(tables_mu_);
   cudaStream_t stream_ = nullptr;

@@ -152,6 +152,57 @@ absl::Status CudaBackend::ScaleSumRows(const Tensor& src, const Tensor& scales, 
       "scale sum rows");
 }
 
+// At most 16 routed pairs (a decode step of one or two tokens at top-8): the pairs are then
+// single-expert runs in the sorted path too, so the fused path streams the same weights
+// with three fewer launches (sort, counts, ScaleSumRows).
+bool CudaBackend::TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const {
+  return use_routed_swiglu_ && tokens >= 1 && top_k >= 1 && top_k <= 16 && tokens * top_k <= 16;
+}
+
+absl::Status CudaBackend::RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                                       const std::vector<const Tensor*>& gate_up,
+                                       const std::vector<const Tensor*>& down, Tensor* counts,
+                                       Tensor* out) {
+  constexpr const char* kOp = "routed SwiGLU";
+  DXS_RETURN_IF_ERROR(CheckDType(kOp, ids, DType::kI32, "ids"));
+  DXS_RETURN_IF_ERROR(CheckDType(kOp, weights, DType::kF32, "weights"));
+  DXS_RETURN_IF_ERROR(CheckFloat(kOp, x, "x"));
+  const int64_t tokens = x.rows(), hidden = x.row_size();
+  const int64_t top_k = ids.num_elements() > 0 ? ids.row_size() : 0;
+  if (ids.rows() != tokens || weights.rows() != tokens || weights.row_size() != ids.row_size() ||
+      out->rows() != tokens || out->row_size() != hidden ||
+      (out->dtype() != DType::kF32 && out->dtype() != DType::kBF16) ||
+      gate_up.size() != down.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", x.ShapeString(), " routed by ",
+                                                   ids.ShapeString(), " / ", weights.ShapeString(),
+                                                   " into ", out->ShapeString()));
+  }
+  const int64_t num_experts = static_cast<int64_t>(gate_up.size());
+  if (counts != nullptr) {
+    DXS_RETURN_IF_ERROR(CheckDType(kOp, *counts, DType::kI64, "counts"));
+    if (counts->num_elements() != num_experts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": counts ", counts->ShapeString(), " for ", num_experts, " experts"));
+    }
+  }
+  if (tokens == 0) return absl::OkStatus();
+  if (!TakesRoutedSwiGlu(tokens, top_k) || !Aligned16(x.raw())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kOp, ": ", tokens, " tokens of top-", top_k, " are not a fused batch (TakesRoutedSwiGlu)"));
+  }
+  DXS_ASSIGN_OR_RETURN(const ExpertWeightSet set, ExpertWeights(gate_up, down, hidden));
+  if (set.inter < 0) return absl::FailedPreconditionError("routed SwiGLU: no expert weights here");
+  DXS_RETURN_IF_ERROR(Enter(kOp));
+  DXS_ASSIGN_OR_RETURN(Tensor act, Allocate({tokens * top_k, set.inter}, DType::kBF16));
+  return CudaStatus(
+      cuda::LaunchRoutedSwiGluGemv(
+          x.raw(), ToElemType(x.dtype()), tokens, ids.i32(), weights.f32(), top_k, num_experts,
+          reinterpret_cast<const void* const*>(set.pointers.raw()), hidden, set.inter, act.raw(),
+          ToElemType(ActivationDType()), counts != nullptr ? counts->i64() : nullptr, out->raw(),
+          ToElemType(out->dtype()), stream_),
+      kOp);
+}
+
 absl::Status CudaBackend::ArgmaxRows(const Tensor& logits, Tensor* ids) {
   DXS_RETURN_IF_ERROR(CheckArgmaxRowsArgs(logits, *ids));
   const int64_t n = logits.rows(), vocab = logits.row_size();

@@ -221,18 +221,31 @@ __device__ __forceinline__ float RoundBf16(float v) {
 template <typename TX, int kRunPairs>
 __global__ void __launch_bounds__(kWarps * 32)
     MoeGateUpKernel(const TX* __restrict__ xs, int x_rows, const int32_t* __restrict__ rows,
-                    const int32_t* __restrict__ offsets, int num_experts,
+                    int pairs_per_row, const int32_t* __restrict__ offsets,
+                    const int32_t* __restrict__ experts, int num_experts,
                     const __nv_bfloat16* const* __restrict__ gate_up, int hidden, int inter,
-                    __nv_bfloat16* __restrict__ act) {
+                    __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ counts) {
   PdlWait();
   const int p = blockIdx.y;
-  const int e = ExpertOfPair(offsets, num_experts, p);
-  if (__ldg(offsets + e) != p) return;  // the run's first pair's block does the run
-  const int run = __ldg(offsets + e + 1) - p;
+  int e, run = 1;
+  const __nv_bfloat16* w = nullptr;
+  if (experts != nullptr) {
+    // Unsorted pairs (LaunchRoutedSwiGluGemv): each its own run; an expert outside [0, E)
+    // computes zeros and is not counted.
+    e = __ldg(experts + p);
+    if (e >= 0 && e < num_experts) {
+      w = gate_up[e];
+      if (counts != nullptr && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(counts + e, 1ull);
+    }
+  } else {
+    e = ExpertOfPair(offsets, num_experts, p);
+    if (__ldg(offsets + e) != p) return;  // the run's first pair's block does the run
+    run = __ldg(offsets + e + 1) - p;
+    w = gate_up[e];
+  }
   const int lane = threadIdx.x % 32;
   const int feature0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kFeatures;
   if (feature0 >= inter) return;
-  const __nv_bfloat16* w = gate_up[e];
   for (int done = 0; done < run; done += kRunPairs) {
     const int pairs = min(kRunPairs, run - done);
     // A row outside xs (a bad index: kernels skip those) computes as a zero row.
@@ -241,7 +254,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int j = 0; j < kRunPairs; ++j) {
       const int q = p + done + min(j, pairs - 1);
-      const int row = rows != nullptr ? __ldg(rows + q) : q;
+      const int row = rows != nullptr ? __ldg(rows + q) : q / pairs_per_row;
       valid[j] = j < pairs && row >= 0 && row < x_rows;
       x[j] = xs + static_cast<int64_t>(valid[j] ? row : 0) * hidden;
     }
@@ -343,6 +356,76 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
+}
+
+// ---- the MoE FFN of a few tokens from their routing, without the sort ----
+
+constexpr int kDownSumWarps = 8;     // a warp per pair (two for top_k > 8)
+constexpr int kDownSumFeatures = 4;  // output features a block
+constexpr int kDownSumMaxTopK = 2 * kDownSumWarps;
+
+// out[t, n] for token t = blockIdx.y and features n of this block: each warp computes its
+// pairs' down rows (MoeDownKernel's dot, lane order and tree, bit for bit), rounded to TY
+// as the experts' outputs are; then the weighted sum over the token's pairs in ascending
+// expert order (ties by pair), from zero in float32, rounded once into TO: the sorted
+// path's ScaleSumRows. Pairs of an expert outside [0, E) add nothing.
+template <typename TY, typename TO>
+__global__ void __launch_bounds__(kDownSumWarps * 32)
+    MoeDownSumKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ experts,
+                     const float* __restrict__ scales, int top_k, int num_experts,
+                     const __nv_bfloat16* const* __restrict__ down, int hidden, int inter,
+                     TO* __restrict__ out) {
+  PdlWait();
+  __shared__ float part[kDownSumMaxTopK][kDownSumFeatures];
+  __shared__ int expert_of[kDownSumMaxTopK];
+  const int t = blockIdx.y;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int feature0 = blockIdx.x * kDownSumFeatures;
+  for (int j = warp; j < top_k; j += kDownSumWarps) {
+    const int p = t * top_k + j;
+    const int e = __ldg(experts + p);
+    const bool held = e >= 0 && e < num_experts && down[e] != nullptr;
+    const __nv_bfloat16* w = held ? down[e] : nullptr;
+    float acc[kDownSumFeatures];
+#pragma unroll
+    for (int f = 0; f < kDownSumFeatures; ++f) acc[f] = 0.f;
+    if (w != nullptr) {
+#pragma unroll 2
+      for (int c = lane * kChunk; c < inter; c += 32 * kChunk) {
+        float av[kChunk];
+        LoadRow8(act + static_cast<int64_t>(p) * inter + c, av);
+#pragma unroll
+        for (int f = 0; f < kDownSumFeatures; ++f) {
+          float wv[kChunk];
+          LoadWeights8(w + static_cast<int64_t>(min(feature0 + f, hidden - 1)) * inter + c, wv);
+          acc[f] += Dot8(wv, av);
+        }
+      }
+    }
+#pragma unroll
+    for (int f = 0; f < kDownSumFeatures; ++f) {
+      const float v = WarpSum(acc[f]);
+      if (lane == 0) part[j][f] = ToFloat(FromFloat<TY>(v));
+    }
+    if (lane == 0) expert_of[j] = e >= 0 && e < num_experts ? e : -1;
+  }
+  __syncthreads();
+  const int f = threadIdx.x;
+  if (f >= kDownSumFeatures || feature0 + f >= hidden) return;
+  float sum = 0.f;
+  int last_e = -1, last_j = -1;
+  for (int step = 0; step < top_k; ++step) {
+    int best_e = INT_MAX, best_j = -1;
+    for (int j = 0; j < top_k; ++j) {
+      const int e = expert_of[j];
+      const bool after = e > last_e || (e == last_e && j > last_j);
+      if (e >= 0 && after && e < best_e) best_e = e, best_j = j;
+    }
+    if (best_j < 0) break;
+    sum = __fadd_rn(sum, __fmul_rn(__ldg(scales + t * top_k + best_j), part[best_j][f]));
+    last_e = best_e, last_j = best_j;
+  }
+  out[static_cast<int64_t>(t) * hidden + feature0 + f] = FromFloat<TO>(sum);
 }
 
 // Blocks for `features` outputs when ksplit warps share each feature group.
@@ -525,11 +608,12 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
     constexpr int kRun = decltype(run_pairs)::value;
     if (x_type == ElemType::kF32) {
       LaunchKernel(MoeGateUpKernel<float, kRun>, gate_grid, kWarps * 32, 0, stream,
-                   static_cast<const float*>(xs), xr, rows, expert_offsets, e, gate_up, h, i, a);
+                   static_cast<const float*>(xs), xr, rows, 1, expert_offsets, nullptr, e, gate_up,
+                   h, i, a, nullptr);
     } else {
       LaunchKernel(MoeGateUpKernel<__nv_bfloat16, kRun>, gate_grid, kWarps * 32, 0, stream,
-                   static_cast<const __nv_bfloat16*>(xs), xr, rows, expert_offsets, e, gate_up, h,
-                   i, a);
+                   static_cast<const __nv_bfloat16*>(xs), xr, rows, 1, expert_offsets, nullptr, e,
+                   gate_up, h, i, a, nullptr);
     }
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     if (y_type == ElemType::kF32) {
@@ -543,6 +627,58 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
   };
   if (num_pairs <= kSinglePairRunsUpTo) return launch(std::integral_constant<int, 1>{});
   return launch(std::integral_constant<int, kRunPairs>{});
+}
+
+cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t tokens,
+                                   const int32_t* ids, const float* scales, int64_t top_k,
+                                   int64_t num_experts, const void* const* weights, int64_t hidden,
+                                   int64_t inter, void* act, ElemType y_type, int64_t* counts,
+                                   void* out, ElemType out_type, cudaStream_t stream) {
+  if (tokens < 0 || top_k < 1 || top_k > kDownSumMaxTopK || tokens * top_k > kGemvMaxPairs ||
+      num_experts < 1 || num_experts > INT32_MAX || hidden <= 0 || inter <= 0 ||
+      hidden % kChunk != 0 || inter % kChunk != 0 || hidden > INT32_MAX || inter > INT32_MAX ||
+      (x_type != ElemType::kBF16 && x_type != ElemType::kF32) ||
+      (y_type != ElemType::kBF16 && y_type != ElemType::kF32) ||
+      (out_type != ElemType::kBF16 && out_type != ElemType::kF32)) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens == 0) return cudaSuccess;
+  if (xs == nullptr || ids == nullptr || scales == nullptr || weights == nullptr ||
+      act == nullptr || out == nullptr || !Aligned16(xs) || !Aligned16(act)) {
+    return cudaErrorInvalidValue;
+  }
+  const auto* const* gate_up = reinterpret_cast<const __nv_bfloat16* const*>(weights);
+  const auto* const* down = gate_up + num_experts;
+  auto* a = static_cast<__nv_bfloat16*>(act);
+  auto* c = reinterpret_cast<unsigned long long*>(counts);
+  const int e = static_cast<int>(num_experts), h = static_cast<int>(hidden),
+            i = static_cast<int>(inter), k = static_cast<int>(top_k);
+  const int xr = static_cast<int>(tokens);
+  const dim3 gate_grid(FeatureBlocks(inter), static_cast<unsigned>(tokens * top_k));
+  if (x_type == ElemType::kF32) {
+    LaunchKernel(MoeGateUpKernel<float, 1>, gate_grid, kWarps * 32, 0, stream,
+                 static_cast<const float*>(xs), xr, nullptr, k, nullptr, ids, e, gate_up, h, i, a,
+                 c);
+  } else {
+    LaunchKernel(MoeGateUpKernel<__nv_bfloat16, 1>, gate_grid, kWarps * 32, 0, stream,
+                 static_cast<const __nv_bfloat16*>(xs), xr, nullptr, k, nullptr, ids, e, gate_up, h,
+                 i, a, c);
+  }
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  const dim3 sum_grid(static_cast<unsigned>((hidden + kDownSumFeatures - 1) / kDownSumFeatures),
+                      static_cast<unsigned>(tokens));
+  auto launch = [&](auto yt, auto ot) {
+    using TY = typename decltype(yt)::type;
+    using TO = typename decltype(ot)::type;
+    LaunchKernel(MoeDownSumKernel<TY, TO>, sum_grid, kDownSumWarps * 32, 0, stream, a, ids, scales,
+                 k, e, down, h, i, static_cast<TO*>(out));
+    return cudaGetLastError();
+  };
+  auto by_out = [&](auto yt) {
+    return out_type == ElemType::kF32 ? launch(yt, TypeTag<float>{})
+                                      : launch(yt, TypeTag<__nv_bfloat16>{});
+  };
+  return y_type == ElemType::kF32 ? by_out(TypeTag<float>{}) : by_out(TypeTag<__nv_bfloat16>{});
 }
 
 }  // namespace dxs::cuda

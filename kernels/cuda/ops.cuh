@@ -59,6 +59,20 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
                                 const void* const* weights, int64_t hidden, int64_t inter,
                                 void* act, void* y, ElemType y_type, cudaStream_t stream);
 
+// The MoE FFN of `tokens` tokens from their routing, without sorting the pairs: out[t]
+// (f32 or bf16 [tokens, hidden]) = the sum over the token's top_k pairs (ids i32 and scales
+// f32 [tokens, top_k]) in ascending expert order of scales * SwiGLU_e(xs[t]), each expert's
+// output rounded to y_type first and the sum in float32 rounded once: LaunchMoeSwiGluGemv on
+// the sorted pairs then LaunchScaleSumRows, bit for bit, in two kernels. weights as there;
+// act bf16 scratch [tokens * top_k, inter]; counts (i64 [E], may be null) += each expert's
+// pairs. tokens * top_k <= kGemvMaxPairs, top_k <= 16.
+cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t tokens,
+                                   const int32_t* ids, const float* scales, int64_t top_k,
+                                   int64_t num_experts, const void* const* weights,
+                                   int64_t hidden, int64_t inter, void* act, ElemType y_type,
+                                   int64_t* counts, void* out, ElemType out_type,
+                                   cudaStream_t stream);
+
 // out[t] (f32 or bf16 [out_rows, cols]) = the sum over i < n in ascending order with
 // rows[i] == t of scales[i] * src[i] (f32 or bf16 rows), zero where none: a zeroed f32
 // LaunchScaleAddRows then the copy into out, bit for bit, in one kernel; n <= kGemvMaxPairs.

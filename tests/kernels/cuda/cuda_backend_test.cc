@@ -651,6 +651,127 @@ TEST_F(CudaBackendTest, GemvAndGemmPathsAgree) {
   }
 }
 
+// RoutedSwiGlu, the decode-sized MoE FFN without the sort: the sorted path's bits
+// (SortPairsByExpert, GroupedSwiGlu into the activation dtype, ScaleSumRows), the experts'
+// counts, and the CPU's ops within bf16 rounding.
+TEST_F(CudaBackendTest, RoutedSwiGluEqualsTheSortedPath) {
+  Backend* gpu = gpu_.get();
+  EXPECT_FALSE(cpu_->TakesRoutedSwiGlu(1, 8));
+  EXPECT_TRUE(gpu->TakesRoutedSwiGlu(1, 8));
+  EXPECT_TRUE(gpu->TakesRoutedSwiGlu(2, 8));
+  EXPECT_FALSE(gpu->TakesRoutedSwiGlu(3, 8));
+  EXPECT_FALSE(gpu->TakesRoutedSwiGlu(0, 8));
+  const int64_t experts = 32, hidden = 2048, inter = 768;
+  std::vector<std::vector<Tensor>> w(2, std::vector<Tensor>(2 * experts));
+  std::vector<std::vector<const Tensor*>> gu(2), dn(2);
+  for (int64_t e = 0; e < experts; ++e) {
+    const std::vector<float> gate_up = Bf16Exact(RandomFloats(2 * inter * hidden, 700 + e, 0.02f));
+    const std::vector<float> down = Bf16Exact(RandomFloats(hidden * inter, 900 + e, 0.02f));
+    for (int b = 0; b < 2; ++b) {
+      Backend* be = b == 0 ? gpu : cpu_.get();
+      const DType dtype = b == 0 ? DType::kBF16 : DType::kF32;  // the same bf16-exact values
+      w[b][e] = Put(be, gate_up, {2 * inter, hidden}, dtype);
+      w[b][experts + e] = Put(be, down, {hidden, inter}, dtype);
+    }
+  }
+  for (int b = 0; b < 2; ++b) {
+    for (int64_t e = 0; e < experts; ++e) {
+      gu[b].push_back(&w[b][e]);
+      dn[b].push_back(&w[b][experts + e]);
+    }
+  }
+  for (const auto& [tokens, top_k] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {2, 8}, {3, 4}, {1, 16}, {1, 1}}) {
+    SCOPED_TRACE(::testing::Message() << tokens << " tokens of top-" << top_k);
+    ASSERT_TRUE(gpu->TakesRoutedSwiGlu(tokens, top_k));
+    const int64_t pairs = tokens * top_k;
+    std::mt19937 rng(static_cast<uint32_t>(pairs + 77));
+    std::vector<int32_t> ids(pairs), rows(pairs);
+    std::vector<int64_t> want_counts(experts, 0);
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<int32_t> all(experts);
+      for (int64_t e = 0; e < experts; ++e) all[e] = static_cast<int32_t>(e);
+      std::shuffle(all.begin(), all.end(), rng);  // distinct experts a token, unsorted
+      for (int64_t j = 0; j < top_k; ++j) {
+        ids[t * top_k + j] = all[j];
+        rows[t * top_k + j] = static_cast<int32_t>(t);
+        ++want_counts[all[j]];
+      }
+    }
+    const std::vector<float> scales = RandomFloats(pairs, 78, 0.3f);
+    const std::vector<float> x = Bf16Exact(RandomFloats(tokens * hidden, 79));
+    for (DType x_dtype : {DType::kBF16, DType::kF32}) {
+      for (DType out_dtype : {DType::kBF16, DType::kF32}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "x " << DTypeName(x_dtype) << ", out " << DTypeName(out_dtype));
+        // The fused path, with counts from zero.
+        const Tensor x_gpu = Put(gpu, x, {tokens, hidden}, x_dtype);
+        Tensor fused = Poisoned(gpu, {tokens, hidden}, out_dtype);
+        absl::StatusOr<Tensor> counts = gpu->Zeros({experts}, DType::kI64);
+        ASSERT_TRUE(counts.ok()) << counts.status();
+        const absl::Status st = gpu->RoutedSwiGlu(
+            x_gpu, PutIndices(gpu, ids).Reshape({tokens, top_k}),
+            Put(gpu, scales, {tokens, top_k}, DType::kF32), gu[0], dn[0], &*counts, &fused);
+        ASSERT_TRUE(st.ok()) << st;
+        std::vector<int64_t> got_counts(experts, -1);
+        ASSERT_TRUE(gpu->CopyToHost(*counts, DType::kI64, got_counts.data()).ok());
+        EXPECT_EQ(got_counts, want_counts);
+        // The sorted path, on each backend.
+        std::vector<std::vector<float>> sorted;
+        for (int b = 0; b < 2; ++b) {
+          Backend* be = b == 0 ? gpu : cpu_.get();
+          Tensor order = Poisoned(be, {pairs}, DType::kI32);
+          Tensor offsets = Poisoned(be, {experts + 1}, DType::kI32);
+          Tensor sorted_rows = Poisoned(be, {pairs}, DType::kI32);
+          Tensor sorted_scales = Poisoned(be, {pairs}, DType::kF32);
+          const Tensor rows_t = PutIndices(be, rows);
+          const Tensor scales_t = Put(be, scales, {pairs}, DType::kF32);
+          ASSERT_TRUE(be->SortPairsByExpert(PutIndices(be, ids), experts, &order, &offsets,
+                                            {{&rows_t, &sorted_rows}, {&scales_t, &sorted_scales}})
+                          .ok());
+          absl::StatusOr<Tensor> y = be->Allocate({pairs, hidden});  // the activation dtype
+          ASSERT_TRUE(y.ok());
+          ASSERT_TRUE(
+              be->GroupedSwiGlu(Put(be, x, {tokens, hidden}, b == 0 ? x_dtype : DType::kF32),
+                                &sorted_rows, offsets, gu[b], dn[b], &*y)
+                  .ok());
+          Tensor out = Poisoned(be, {tokens, hidden}, out_dtype);
+          ASSERT_TRUE(be->ScaleSumRows(*y, sorted_scales, sorted_rows, &out).ok());
+          sorted.push_back(Get(be, out));
+        }
+        const std::vector<float> got = Get(gpu, fused);
+        ASSERT_EQ(got.size(), sorted[0].size());
+        EXPECT_EQ(std::memcmp(got.data(), sorted[0].data(), got.size() * sizeof(float)), 0);
+        EXPECT_LT(MaxRelError(got, sorted[1]), 2e-2);
+      }
+    }
+  }
+  // No tokens: nothing to do, nothing written.
+  Tensor none = Poisoned(gpu, {0, hidden}, DType::kBF16);
+  EXPECT_TRUE(gpu->RoutedSwiGlu(Poisoned(gpu, {0, hidden}, DType::kBF16),
+                                Poisoned(gpu, {0, 8}, DType::kI32),
+                                Poisoned(gpu, {0, 8}, DType::kF32), gu[0], dn[0], nullptr, &none)
+                  .ok());
+  // Mismatched shapes, a batch it does not take, and a backend without the path.
+  Tensor out = Poisoned(gpu, {1, hidden}, DType::kBF16);
+  const Tensor x1 = Poisoned(gpu, {1, hidden}, DType::kBF16);
+  EXPECT_EQ(gpu->RoutedSwiGlu(x1, Poisoned(gpu, {1, 8}, DType::kI32),
+                              Poisoned(gpu, {1, 4}, DType::kF32), gu[0], dn[0], nullptr, &out)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu->RoutedSwiGlu(x1, Poisoned(gpu, {1, 32}, DType::kI32),
+                              Poisoned(gpu, {1, 32}, DType::kF32), gu[0], dn[0], nullptr, &out)
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  Tensor cpu_out = Poisoned(cpu_.get(), {1, hidden}, DType::kF32);
+  EXPECT_EQ(
+      cpu_->RoutedSwiGlu(Poisoned(cpu_.get(), {1, hidden}, DType::kF32),
+                         Poisoned(cpu_.get(), {1, 8}, DType::kI32),
+                         Poisoned(cpu_.get(), {1, 8}, DType::kF32), gu[1], dn[1], nullptr, &cpu_out)
+          .code(),
+      absl::StatusCode::kFailedPrecondition);
+}
+
 // ScaleSumRows: zeros, ScaleAddRows, one rounding into out. gemv.cu's one-kernel form (up
 // to cuda::kGemvMaxPairs rows) and the ops it stands for (129 rows) give the CPU's bits.
 TEST_F(CudaBackendTest, ScaleSumRowsIsZerosThenScaleAddRows) {
