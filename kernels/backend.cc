@@ -57,13 +57,6 @@ absl::Status Backend::ScaleSumRows(const Tensor& src, const Tensor& scales, cons
   return absl::OkStatus();
 }
 
-absl::Status Backend::RouterTopK(const Tensor& x, const Tensor& router, int top_k, bool normalize,
-                                 Tensor* ids, Tensor* weights) {
-  DXS_ASSIGN_OR_RETURN(Tensor logits, Allocate({x.rows(), router.rows()}, DType::kF32));
-  DXS_RETURN_IF_ERROR(Linear(x, router, nullptr, &logits));
-  return TopKSoftmax(logits, top_k, normalize, ids, weights);
-}
-
 bool Backend::TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const { return false; }
 
 absl::Status Backend::RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Tensor& weights,

@@ -294,11 +294,6 @@ class Backend {
   // dtype). One op, so a device may do it in one pass (an expert round's weighted pre-sum).
   virtual absl::Status ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                                     Tensor* out);
-  // The router of a step: ids / weights [T, top_k] = TopKSoftmax(x . router^T) (x [T,
-  // hidden], router [E, hidden], the logits float32), as Linear then TopKSoftmax, which is
-  // the default; a device may do both in one launch at decode sizes.
-  virtual absl::Status RouterTopK(const Tensor& x, const Tensor& router, int top_k, bool normalize,
-                                  Tensor* ids, Tensor* weights);
   // Whether RoutedSwiGlu takes `tokens` tokens of top_k routed experts each: a decode-sized
   // batch on a backend that fuses it (the CUDA backend's GEMV path). The default takes none.
   virtual bool TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const;

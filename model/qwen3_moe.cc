@@ -522,6 +522,9 @@ absl::StatusOr<Tensor> Qwen3MoeModel::Logits(Tensor last) {
 
 absl::Status Qwen3MoeModel::Route(int layer, const Tensor& normed, Tensor* ids, Tensor* weights) {
   const int64_t top_k = config_.num_experts_per_tok, t = normed.rows();
+  DXS_ASSIGN_OR_RETURN(Tensor router_logits,
+                       backend_->Allocate({t, config_.num_experts}, DType::kF32));
+  DXS_RETURN_IF_ERROR(backend_->Linear(normed, w_.layers[layer].router, nullptr, &router_logits));
   // Into the caller's tensors where it gives them (a piecewise step's, kept across
   // segments), else new ones.
   if (!ids->defined()) {
@@ -530,8 +533,8 @@ absl::Status Qwen3MoeModel::Route(int layer, const Tensor& normed, Tensor* ids, 
   if (!weights->defined()) {
     DXS_ASSIGN_OR_RETURN(*weights, backend_->Allocate({t, top_k}, DType::kF32));
   }
-  return backend_->RouterTopK(normed, w_.layers[layer].router, static_cast<int>(top_k),
-                              config_.norm_topk_prob, ids, weights);
+  return backend_->TopKSoftmax(router_logits, static_cast<int>(top_k), config_.norm_topk_prob, ids,
+                               weights);
 }
 
 absl::Status Qwen3MoeModel::AttentionBlock(int layer, KvCache* kv, MicroBatch* mb, Tensor* o) {

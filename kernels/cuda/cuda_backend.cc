@@ -160,18 +160,6 @@ absl::Status CudaBackend::Init() {
         absl::StrCat("DXS_CUDA_ROUTED_SWIGLU=", routed_choice, ": expected auto or off"));
   }
   use_routed_swiglu_ = use_gemv_ && routed_choice != "off";
-  const char* router = std::getenv("DXS_CUDA_ROUTER_TOPK");
-  const std::string router_choice = router != nullptr ? router : "";
-  if (!router_choice.empty() && router_choice != "auto" && router_choice != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DXS_CUDA_ROUTER_TOPK=", router_choice, ": expected auto or off"));
-  }
-  use_router_topk_ = use_gemv_ && router_choice != "off";
-  DXS_RETURN_IF_ERROR(
-      CudaStatus(cudaMalloc(reinterpret_cast<void**>(&router_done_), sizeof(unsigned)),
-                 "cuda backend: router counter"));
-  DXS_RETURN_IF_ERROR(
-      CudaStatus(cudaMemset(router_done_, 0, sizeof(unsigned)), "cuda backend: router counter"));
   const char* grouped = std::getenv("DXS_CUDA_GROUPED_GEMM");
   const std::string choice = grouped != nullptr ? grouped : "";
   if (!choice.empty() && choice != "cublas" && choice != "cutlass") {
@@ -207,7 +195,6 @@ CudaBackend::~CudaBackend() {
   }
   // The allocator outlives us while tensors remain; its blocks are stream-ordered on a
   // stream that is about to go, so everything queued has finished (synchronised above).
-  if (router_done_ != nullptr) cudaFree(router_done_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 

@@ -115,8 +115,6 @@ class CudaBackend final : public Backend {
   absl::Status ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                             Tensor* out) override;
   absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override;
-  absl::Status RouterTopK(const Tensor& x, const Tensor& router, int top_k, bool normalize,
-                          Tensor* ids, Tensor* weights) override;
   bool TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const override;
   absl::Status RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Tensor& weights,
                             const std::vector<const Tensor*>& gate_up,
@@ -194,11 +192,6 @@ class CudaBackend final : public Backend {
   // DXS_CUDA_ROUTED_SWIGLU=auto|off (default auto, off with the GEMVs): RoutedSwiGlu's fused
   // path for decode-sized batches; off keeps ExpertShard's sorted path (for A/B runs).
   bool use_routed_swiglu_ = true;
-  // DXS_CUDA_ROUTER_TOPK=auto|off (default auto, off with the GEMVs): RouterTopK in one
-  // launch at decode sizes; off keeps Linear then TopKSoftmax (for A/B runs).
-  bool use_router_topk_ = true;
-  // RouterTopK's fused launch counts its finished blocks here (zero between launches).
-  unsigned* router_done_ = nullptr;
   absl::Mutex tables_mu_;
   std::map<std::vector<const void*>, ExpertWeightSet> weight_tables_ ABSL_GUARDED_BY(tables_mu_);
   cudaStream_t stream_ = nullptr;

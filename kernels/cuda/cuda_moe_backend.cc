@@ -16,30 +16,6 @@
 
 namespace dxs {
 
-absl::Status CudaBackend::RouterTopK(const Tensor& x, const Tensor& router, int top_k,
-                                     bool normalize, Tensor* ids, Tensor* weights) {
-  const int64_t tokens = x.rows(), experts = router.rows();
-  // Decode-sized (gemv.cu): the router GEMV's last block runs the top-k, one launch.
-  DXS_ASSIGN_OR_RETURN(Tensor logits, Allocate({tokens, experts}, DType::kF32));
-  if (!use_router_topk_ || !TakesGemv(x, router, logits) || tokens < 1 ||
-      experts > cuda::kRouterTopKMaxExperts || router.row_size() != x.row_size()) {
-    return Backend::RouterTopK(x, router, top_k, normalize, ids, weights);
-  }
-  DXS_RETURN_IF_ERROR(ValidateTopKArgs(tokens, experts, top_k));
-  DXS_RETURN_IF_ERROR(CheckDType("router top-k", *ids, DType::kI32, "ids"));
-  DXS_RETURN_IF_ERROR(CheckDType("router top-k", *weights, DType::kF32, "weights"));
-  if (ids->num_elements() != tokens * top_k || weights->num_elements() != tokens * top_k) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("router top-k: outputs ", ids->ShapeString(), " for ", tokens, " x ", top_k));
-  }
-  DXS_RETURN_IF_ERROR(Enter("router top-k"));
-  return CudaStatus(
-      cuda::LaunchRouterTopKGemv(x.raw(), ToElemType(x.dtype()), tokens, router.raw(), experts,
-                                 x.row_size(), logits.f32(), router_done_, top_k, normalize,
-                                 ids->i32(), weights->f32(), stream_),
-      "router top-k");
-}
-
 absl::Status CudaBackend::TopKSoftmax(const Tensor& logits, int top_k, bool normalize, Tensor* ids,
                                       Tensor* weights) {
   const int64_t tokens = logits.rows(), experts = logits.row_size();

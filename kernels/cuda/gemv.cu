@@ -32,7 +32,6 @@
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
-#include "kernels/cuda/topk_softmax_warp.cuh"
 
 namespace dxs::cuda {
 namespace {
@@ -107,65 +106,46 @@ struct GemvOutputs {
   int count;
 };
 
-constexpr int kEarly = 2;  // 256-element slices of weights a lane loads before PdlWait
-
-// One warp's part of a GEMV launch: which output, which features, which slices of k, and the
-// first kEarly slices of its weights, loaded before the kernel waits for its predecessor.
-struct GemvTile {
-  const __nv_bfloat16* w;
-  void* y;
-  int n, feature0, sub, c0, stride;
-  bool active;
-  int64_t row[kFeatures];
-  uint4 early[kEarly][kFeatures];
-};
-
-// Reads the launch parameters and the model's weights only (never written by a kernel), so
-// it may run before PdlWait.
-__device__ __forceinline__ GemvTile GemvStart(const GemvOutputs& outs, int k, int ksplit) {
+template <typename TX, typename TY, int M>
+__global__ void __launch_bounds__(kWarps * 32)
+    GemvKernel(const TX* __restrict__ x, int m, const GemvOutputs outs, int k, int ksplit) {
   static_assert(kGemvMaxOutputs == 3, "the selection below names each output");
-  GemvTile t;
   // Selected with constant indices: a runtime index would copy the parameters to the stack.
   const int block = static_cast<int>(blockIdx.x);
   const int o = block >= outs.first_block[2] && outs.count > 2   ? 2
                 : block >= outs.first_block[1] && outs.count > 1 ? 1
                                                                  : 0;
-  t.w = o == 0 ? outs.w[0] : o == 1 ? outs.w[1] : outs.w[2];
-  t.y = o == 0 ? outs.y[0] : o == 1 ? outs.y[1] : outs.y[2];
-  t.n = o == 0 ? outs.n[0] : o == 1 ? outs.n[1] : outs.n[2];
+  const __nv_bfloat16* __restrict__ w = o == 0 ? outs.w[0] : o == 1 ? outs.w[1] : outs.w[2];
+  TY* __restrict__ y = static_cast<TY*>(o == 0 ? outs.y[0] : o == 1 ? outs.y[1] : outs.y[2]);
+  const int n = o == 0 ? outs.n[0] : o == 1 ? outs.n[1] : outs.n[2];
   const int first = o == 0   ? outs.first_block[0]
                     : o == 1 ? outs.first_block[1]
                              : outs.first_block[2];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // ksplit warps share a feature group, each taking every ksplit-th 256-element slice of k;
   // their sums meet in shared memory in warp order (deterministic).
-  t.sub = warp % ksplit;
-  t.feature0 = ((block - first) * (kWarps / ksplit) + warp / ksplit) * kFeatures;
-  t.active = t.feature0 < t.n;
-  t.c0 = (t.sub * 32 + lane) * kChunk;
-  t.stride = ksplit * 32 * kChunk;
+  const int sub = warp % ksplit;
+  const int feature0 = ((block - first) * (kWarps / ksplit) + warp / ksplit) * kFeatures;
+  const bool active = feature0 < n;
+  const int c0 = (sub * 32 + lane) * kChunk, stride = ksplit * 32 * kChunk;
+  int64_t row[kFeatures];
 #pragma unroll
   for (int f = 0; f < kFeatures; ++f) {
-    t.row[f] =
-        static_cast<int64_t>(min(t.feature0 + f, t.n - 1)) * k;  // a tail repeats its last row
+    row[f] = static_cast<int64_t>(min(feature0 + f, n - 1)) * k;  // a tail repeats its last row
   }
+  // pdl-early: the weights are the model's, never written by a kernel, so the first slices
+  // are requested before waiting for the previous kernel (PdlWait) and stream while it
+  // finishes. Nothing else is read or written before the wait.
+  constexpr int kEarly = 2;
+  uint4 early[kEarly][kFeatures];
 #pragma unroll
   for (int i = 0; i < kEarly; ++i) {
 #pragma unroll
     for (int f = 0; f < kFeatures; ++f) {
-      if (t.active && t.c0 + i * t.stride < k) {
-        t.early[i][f] = LoadWeightsRaw(t.w + t.row[f] + t.c0 + i * t.stride);
-      }
+      if (active && c0 + i * stride < k) early[i][f] = LoadWeightsRaw(w + row[f] + c0 + i * stride);
     }
   }
-  return t;
-}
-
-// The rest of the tile after PdlWait: y[r, feature] = x[r, :] . w[feature, :].
-template <typename TX, typename TY, int M>
-__device__ __forceinline__ void GemvFinish(const GemvTile& t, const TX* __restrict__ x, int m,
-                                           int k, int ksplit) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  PdlWait();
   float acc[kFeatures][M];
 #pragma unroll
   for (int f = 0; f < kFeatures; ++f) {
@@ -183,22 +163,22 @@ __device__ __forceinline__ void GemvFinish(const GemvTile& t, const TX* __restri
       }
     }
   };
-  if (t.active) {
+  if (active) {
 #pragma unroll
     for (int i = 0; i < kEarly; ++i) {
-      const int c = t.c0 + i * t.stride;
+      const int c = c0 + i * stride;
       if (c < k) {
         float wv[kFeatures][kChunk];
 #pragma unroll
-        for (int f = 0; f < kFeatures; ++f) WidenBf16x8(t.early[i][f], wv[f]);
+        for (int f = 0; f < kFeatures; ++f) WidenBf16x8(early[i][f], wv[f]);
         accumulate(c, wv);
       }
     }
 #pragma unroll 2
-    for (int c = t.c0 + kEarly * t.stride; c < k; c += t.stride) {
+    for (int c = c0 + kEarly * stride; c < k; c += stride) {
       float wv[kFeatures][kChunk];
 #pragma unroll
-      for (int f = 0; f < kFeatures; ++f) LoadWeights8(t.w + t.row[f] + c, wv[f]);
+      for (int f = 0; f < kFeatures; ++f) LoadWeights8(w + row[f] + c, wv[f]);
       accumulate(c, wv);
     }
   }
@@ -212,53 +192,12 @@ __device__ __forceinline__ void GemvFinish(const GemvTile& t, const TX* __restri
     }
   }
   if (ksplit > 1) __syncthreads();
-  if (!t.active || t.sub != 0 || lane >= kFeatures * M) return;
+  if (!active || sub != 0 || lane >= kFeatures * M) return;
   const int f = lane / M, r = lane % M;
-  if (r >= m || t.feature0 + f >= t.n) return;
+  if (r >= m || feature0 + f >= n) return;
   float s = partial[warp][f][r];
   for (int j = 1; j < ksplit; ++j) s += partial[warp + j][f][r];
-  static_cast<TY*>(t.y)[static_cast<int64_t>(r) * t.n + t.feature0 + f] = FromFloat<TY>(s);
-}
-
-template <typename TX, typename TY, int M>
-__global__ void __launch_bounds__(kWarps * 32)
-    GemvKernel(const TX* __restrict__ x, int m, const GemvOutputs outs, int k, int ksplit) {
-  // pdl-early: GemvStart loads the first slices of the model's weights (never written by a
-  // kernel) before the wait, so they stream while the previous kernel finishes; nothing
-  // else is read or written before it.
-  const GemvTile tile = GemvStart(outs, k, ksplit);
-  PdlWait();
-  GemvFinish<TX, TY, M>(tile, x, m, k, ksplit);
-}
-
-// The router: logits = x . w^T (LaunchGemvBf16 into float32, bit for bit), then the block
-// that finishes last runs the top-k softmax (topk_softmax_warp.cuh) on every row: the
-// LaunchTopKSoftmax that would follow, in the same launch. `done` counts finished blocks; the
-// last one sets it back to zero for the next launch.
-template <typename TX, int M, int kSlots>
-__global__ void __launch_bounds__(kWarps * 32)
-    GemvTopKKernel(const TX* __restrict__ x, int m, const GemvOutputs outs, int k, int ksplit,
-                   unsigned* __restrict__ done, int top_k, bool normalize,
-                   int32_t* __restrict__ ids, float* __restrict__ weights) {
-  // pdl-early: as GemvKernel, only the model's weights before the wait.
-  const GemvTile tile = GemvStart(outs, k, ksplit);
-  PdlWait();
-  GemvFinish<TX, float, M>(tile, x, m, k, ksplit);
-  __shared__ bool last;
-  __threadfence();  // this block's logits, visible before it counts itself done
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int num_experts = outs.n[0];
-  const float* logits = static_cast<const float*>(outs.y[0]);
-  for (int r = threadIdx.x / 32; r < m; r += kWarps) {
-    topk_detail::TopKSoftmaxWarp<kSlots, true>(logits + static_cast<int64_t>(r) * num_experts,
-                                               num_experts, top_k, normalize, ids + r * top_k,
-                                               weights + r * top_k);
-  }
-  if (threadIdx.x == 0) *done = 0;
+  y[static_cast<int64_t>(r) * n + feature0 + f] = FromFloat<TY>(s);
 }
 
 // ---- the grouped SwiGLU of few pairs ----
@@ -550,38 +489,6 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// LaunchGemvsBf16's launch: outs, the grid's blocks (0: nothing to launch) and ksplit.
-cudaError_t PlanGemv(const void* x, int64_t m, int64_t k, int count, const void* const* ws,
-                     const int64_t* ns, void* const* ys, GemvOutputs* plan, int64_t* num_blocks,
-                     int* num_ksplit) {
-  GemvOutputs& outs = *plan;
-  int64_t groups = 0;
-  for (int o = 0; o < count; ++o) {
-    if (ns[o] < 0 || ns[o] > INT32_MAX) return cudaErrorInvalidValue;
-    groups += (ns[o] + kFeatures - 1) / kFeatures;
-  }
-  const int ksplit = GemvKSplit(groups, k);
-  int64_t blocks = 0;
-  for (int o = 0; o < count; ++o) {
-    outs.w[o] = static_cast<const __nv_bfloat16*>(ws[o]);
-    outs.y[o] = ys[o];
-    outs.n[o] = static_cast<int>(ns[o]);
-    outs.first_block[o] = static_cast<int>(blocks);
-    blocks += FeatureBlocks(ns[o], ksplit);
-    if (m > 0 && ns[o] > 0 && (ws[o] == nullptr || ys[o] == nullptr || !Aligned16(ws[o]))) {
-      return cudaErrorInvalidValue;
-    }
-  }
-  outs.first_block[count] = static_cast<int>(blocks);
-  outs.count = count;
-  *num_blocks = 0;
-  if (m == 0 || blocks == 0) return cudaSuccess;
-  if (x == nullptr || !Aligned16(x) || blocks > INT32_MAX) return cudaErrorInvalidValue;
-  *num_blocks = blocks;
-  *num_ksplit = ksplit;
-  return cudaSuccess;
-}
-
 }  // namespace
 
 cudaError_t LaunchScaleSumRows(const void* src, ElemType src_type, const float* scales,
@@ -624,12 +531,27 @@ cudaError_t LaunchGemvsBf16(const void* x, ElemType x_type, int64_t m, int64_t k
     return cudaErrorInvalidValue;
   }
   GemvOutputs outs{};
-  int64_t blocks = 0;
-  int ksplit = 1;
-  if (cudaError_t err = PlanGemv(x, m, k, count, ws, ns, ys, &outs, &blocks, &ksplit);
-      err != cudaSuccess || blocks == 0) {
-    return err;
+  int64_t groups = 0;
+  for (int o = 0; o < count; ++o) {
+    if (ns[o] < 0 || ns[o] > INT32_MAX) return cudaErrorInvalidValue;
+    groups += (ns[o] + kFeatures - 1) / kFeatures;
   }
+  const int ksplit = GemvKSplit(groups, k);
+  int64_t blocks = 0;
+  for (int o = 0; o < count; ++o) {
+    outs.w[o] = static_cast<const __nv_bfloat16*>(ws[o]);
+    outs.y[o] = ys[o];
+    outs.n[o] = static_cast<int>(ns[o]);
+    outs.first_block[o] = static_cast<int>(blocks);
+    blocks += FeatureBlocks(ns[o], ksplit);
+    if (m > 0 && ns[o] > 0 && (ws[o] == nullptr || ys[o] == nullptr || !Aligned16(ws[o]))) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  outs.first_block[count] = static_cast<int>(blocks);
+  outs.count = count;
+  if (m == 0 || blocks == 0) return cudaSuccess;
+  if (x == nullptr || !Aligned16(x) || blocks > INT32_MAX) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(blocks));
   auto launch = [&](auto xt, auto yt, auto rows) {
     using TX = typename decltype(xt)::type;
@@ -757,42 +679,6 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
                                       : launch(yt, TypeTag<__nv_bfloat16>{});
   };
   return y_type == ElemType::kF32 ? by_out(TypeTag<float>{}) : by_out(TypeTag<__nv_bfloat16>{});
-}
-
-cudaError_t LaunchRouterTopKGemv(const void* x, ElemType x_type, int64_t m, const void* w,
-                                 int64_t num_experts, int64_t k, float* logits, unsigned* done,
-                                 int64_t top_k, bool normalize, int32_t* ids, float* weights,
-                                 cudaStream_t stream) {
-  if (x_type != ElemType::kBF16 || num_experts < 1 || num_experts > kRouterTopKMaxExperts ||
-      top_k < 1 || top_k > num_experts || top_k > kTopKSoftmaxMaxTopK || done == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  if (m > 0 && (ids == nullptr || weights == nullptr)) return cudaErrorInvalidValue;
-  GemvOutputs outs{};
-  int64_t blocks = 0;
-  int ksplit = 1;
-  void* y = logits;
-  if (cudaError_t err = PlanGemv(x, m, k, 1, &w, &num_experts, &y, &outs, &blocks, &ksplit);
-      err != cudaSuccess || blocks == 0) {
-    return err;
-  }
-  const dim3 grid(static_cast<unsigned>(blocks));
-  auto launch = [&](auto rows, auto slots) {
-    LaunchKernel(GemvTopKKernel<__nv_bfloat16, decltype(rows)::value, decltype(slots)::value>, grid,
-                 kWarps * 32, 0, stream, static_cast<const __nv_bfloat16*>(x), static_cast<int>(m),
-                 outs, static_cast<int>(k), ksplit, done, static_cast<int>(top_k), normalize, ids,
-                 weights);
-    return cudaGetLastError();
-  };
-  auto by_slots = [&](auto rows) {
-    if (num_experts <= 32) return launch(rows, std::integral_constant<int, 1>{});
-    if (num_experts <= 64) return launch(rows, std::integral_constant<int, 2>{});
-    return launch(rows, std::integral_constant<int, 4>{});
-  };
-  if (m == 1) return by_slots(std::integral_constant<int, 1>{});
-  if (m == 2) return by_slots(std::integral_constant<int, 2>{});
-  if (m <= 4) return by_slots(std::integral_constant<int, 4>{});
-  return by_slots(std::integral_constant<int, kGemvMaxRows>{});
 }
 
 }  // namespace dxs::cuda

@@ -59,17 +59,6 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
                                 const void* const* weights, int64_t hidden, int64_t inter,
                                 void* act, void* y, ElemType y_type, cudaStream_t stream);
 
-// The router of up to kGemvMaxRows tokens in one launch: logits (f32 [m, num_experts],
-// scratch) = x (bf16 [m, k]) . w^T (bf16 [num_experts, k]) as LaunchGemvBf16, then the top-k
-// softmax of LaunchTopKSoftmax on them into ids / weights [m, top_k], bit for bit. done: a
-// device counter that is zero between launches (the kernel leaves it so); one launch at a
-// time per counter. num_experts <= kRouterTopKMaxExperts.
-inline constexpr int64_t kRouterTopKMaxExperts = 128;
-cudaError_t LaunchRouterTopKGemv(const void* x, ElemType x_type, int64_t m, const void* w,
-                                 int64_t num_experts, int64_t k, float* logits, unsigned* done,
-                                 int64_t top_k, bool normalize, int32_t* ids, float* weights,
-                                 cudaStream_t stream);
-
 // The MoE FFN of `tokens` tokens from their routing, without sorting the pairs: out[t]
 // (f32 or bf16 [tokens, hidden]) = the sum over the token's top_k pairs (ids i32 and scales
 // f32 [tokens, top_k]) in ascending expert order of scales * SwiGLU_e(xs[t]), each expert's

@@ -651,56 +651,6 @@ TEST_F(CudaBackendTest, GemvAndGemmPathsAgree) {
   }
 }
 
-// RouterTopK's one-launch form (gemv.cu: the router GEMV, then top-k in its last block)
-// gives Linear then TopKSoftmax's ids and weights bit for bit, launch after launch (the
-// finished-block counter resets itself), and the CPU's ids.
-TEST_F(CudaBackendTest, RouterTopKEqualsLinearThenTopK) {
-  const int64_t hidden = 2048;
-  for (const auto& [tokens, experts, top_k] : std::vector<std::tuple<int64_t, int64_t, int>>{
-           {1, 128, 8}, {2, 128, 8}, {3, 60, 4}, {8, 16, 2}, {9, 128, 8}}) {
-    for (bool normalize : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << tokens << " tokens, " << experts << " experts, top-"
-                                        << top_k << (normalize ? ", normalized" : ""));
-      const std::vector<float> x = Bf16Exact(RandomFloats(tokens * hidden, 90 + tokens));
-      const std::vector<float> w = Bf16Exact(RandomFloats(experts * hidden, 91, 0.05f));
-      const Tensor xg = Put(gpu_.get(), x, {tokens, hidden}, DType::kBF16);
-      const Tensor wg = Put(gpu_.get(), w, {experts, hidden}, DType::kBF16);
-      Tensor logits = Poisoned(gpu_.get(), {tokens, experts}, DType::kF32);
-      ASSERT_TRUE(gpu_->Linear(xg, wg, nullptr, &logits).ok());
-      Tensor want_ids = Poisoned(gpu_.get(), {tokens, top_k}, DType::kI32);
-      Tensor want_w = Poisoned(gpu_.get(), {tokens, top_k}, DType::kF32);
-      ASSERT_TRUE(gpu_->TopKSoftmax(logits, top_k, normalize, &want_ids, &want_w).ok());
-      const std::vector<int32_t> ids = GetIndices(gpu_.get(), want_ids);
-      const std::vector<float> weights = Get(gpu_.get(), want_w);
-      for (int repeat = 0; repeat < 3; ++repeat) {
-        Tensor got_ids = Poisoned(gpu_.get(), {tokens, top_k}, DType::kI32);
-        Tensor got_w = Poisoned(gpu_.get(), {tokens, top_k}, DType::kF32);
-        const absl::Status st = gpu_->RouterTopK(xg, wg, top_k, normalize, &got_ids, &got_w);
-        ASSERT_TRUE(st.ok()) << st;
-        EXPECT_EQ(GetIndices(gpu_.get(), got_ids), ids);
-        const std::vector<float> got = Get(gpu_.get(), got_w);
-        ASSERT_EQ(got.size(), weights.size());
-        EXPECT_EQ(std::memcmp(got.data(), weights.data(), got.size() * sizeof(float)), 0);
-      }
-      Tensor cpu_ids = Poisoned(cpu_.get(), {tokens, top_k}, DType::kI32);
-      Tensor cpu_w = Poisoned(cpu_.get(), {tokens, top_k}, DType::kF32);
-      ASSERT_TRUE(cpu_->RouterTopK(Put(cpu_.get(), x, {tokens, hidden}, DType::kF32),
-                                   Put(cpu_.get(), w, {experts, hidden}, DType::kF32), top_k,
-                                   normalize, &cpu_ids, &cpu_w)
-                      .ok());
-      EXPECT_EQ(GetIndices(cpu_.get(), cpu_ids), ids);
-      EXPECT_LT(MaxRelError(Get(cpu_.get(), cpu_w), weights), 1e-3);
-    }
-  }
-  // Outputs of the wrong size are INVALID_ARGUMENT on the fused path too.
-  Tensor ids = Poisoned(gpu_.get(), {1, 4}, DType::kI32),
-         w = Poisoned(gpu_.get(), {1, 4}, DType::kF32);
-  EXPECT_EQ(gpu_->RouterTopK(Poisoned(gpu_.get(), {1, hidden}, DType::kBF16),
-                             Poisoned(gpu_.get(), {128, hidden}, DType::kBF16), 8, true, &ids, &w)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-}
-
 // RoutedSwiGlu, the decode-sized MoE FFN without the sort: the sorted path's bits
 // (SortPairsByExpert, GroupedSwiGlu into the activation dtype, ScaleSumRows), the experts'
 // counts, and the CPU's ops within bf16 rounding.
