@@ -57,8 +57,6 @@ absl::Status Backend::ScaleSumRows(const Tensor& src, const Tensor& scales, cons
   return absl::OkStatus();
 }
 
-absl::Status Backend::PrefetchWeights(const Tensor& weights) { return absl::OkStatus(); }
-
 bool Backend::TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const { return false; }
 
 absl::Status Backend::RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Tensor& weights,

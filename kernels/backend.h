@@ -294,11 +294,6 @@ class Backend {
   // dtype). One op, so a device may do it in one pass (an expert round's weighted pre-sum).
   virtual absl::Status ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                                     Tensor* out);
-  // A hint that `weights` (a model weight, never written by the queue's work) will be read
-  // soon: a device may start bringing them into its cache behind the work queued before
-  // the next op (the o-projection's weights while a decode step's attention runs). Changes
-  // no result; the default does nothing.
-  virtual absl::Status PrefetchWeights(const Tensor& weights);
   // Whether RoutedSwiGlu takes `tokens` tokens of top_k routed experts each: a decode-sized
   // batch on a backend that fuses it (the CUDA backend's GEMV path). The default takes none.
   virtual bool TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const;

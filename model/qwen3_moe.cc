@@ -572,9 +572,6 @@ absl::Status Qwen3MoeModel::AttentionBlock(int layer, KvCache* kv, MicroBatch* m
   DXS_RETURN_IF_ERROR(
       backend_->QkNormRope(&q, &k, lw.q_norm, lw.k_norm, eps, mb->positions, config_.rope_theta));
 
-  // The o-projection's weights are read right after attention, which reads little else
-  // at decode sizes: the backend may bring them into its cache meanwhile.
-  DXS_RETURN_IF_ERROR(backend_->PrefetchWeights(lw.o_proj));
   // One call each for all the step's sequences: new keys and values into their pages, then
   // attention over the pages.
   DXS_RETURN_IF_ERROR(backend_->WriteKvCache(k, v, mb->attn, &kv->keys(layer), &kv->values(layer)));

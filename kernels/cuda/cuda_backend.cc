@@ -160,13 +160,6 @@ absl::Status CudaBackend::Init() {
         absl::StrCat("DXS_CUDA_ROUTED_SWIGLU=", routed_choice, ": expected auto or off"));
   }
   use_routed_swiglu_ = use_gemv_ && routed_choice != "off";
-  const char* prefetch = std::getenv("DXS_CUDA_PREFETCH");
-  const std::string prefetch_choice = prefetch != nullptr ? prefetch : "";
-  if (!prefetch_choice.empty() && prefetch_choice != "auto" && prefetch_choice != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DXS_CUDA_PREFETCH=", prefetch_choice, ": expected auto or off"));
-  }
-  use_prefetch_ = prefetch_choice != "off";
   const char* grouped = std::getenv("DXS_CUDA_GROUPED_GEMM");
   const std::string choice = grouped != nullptr ? grouped : "";
   if (!choice.empty() && choice != "cublas" && choice != "cutlass") {

@@ -115,7 +115,6 @@ class CudaBackend final : public Backend {
   absl::Status ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                             Tensor* out) override;
   absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override;
-  absl::Status PrefetchWeights(const Tensor& weights) override;
   bool TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const override;
   absl::Status RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Tensor& weights,
                             const std::vector<const Tensor*>& gate_up,
@@ -193,9 +192,6 @@ class CudaBackend final : public Backend {
   // DXS_CUDA_ROUTED_SWIGLU=auto|off (default auto, off with the GEMVs): RoutedSwiGlu's fused
   // path for decode-sized batches; off keeps ExpertShard's sorted path (for A/B runs).
   bool use_routed_swiglu_ = true;
-  // DXS_CUDA_PREFETCH=auto|off (default auto): PrefetchWeights brings weights of up to
-  // kPrefetchMaxBytes into L2 behind the queued work; off ignores the hint (for A/B runs).
-  bool use_prefetch_ = true;
   absl::Mutex tables_mu_;
   std::map<std::vector<const void*>, ExpertWeightSet> weight_tables_ ABSL_GUARDED_BY(tables_mu_);
   cudaStream_t stream_ = nullptr;

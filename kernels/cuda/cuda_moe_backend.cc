@@ -152,20 +152,6 @@ absl::Status CudaBackend::ScaleSumRows(const Tensor& src, const Tensor& scales, 
       "scale sum rows");
 }
 
-// About half of an H200's 50 MB L2, so that what the hint brings in stays there until it
-// is read (an o-projection: 16.8 MB in Qwen3-30B-A3B).
-constexpr int64_t kPrefetchMaxBytes = int64_t{24} << 20;
-
-absl::Status CudaBackend::PrefetchWeights(const Tensor& weights) {
-  if (!use_prefetch_ || weights.num_bytes() == 0 || weights.num_bytes() > kPrefetchMaxBytes ||
-      weights.device() != Device::kCuda) {
-    return absl::OkStatus();
-  }
-  DXS_RETURN_IF_ERROR(Enter("prefetch weights"));
-  return CudaStatus(cuda::LaunchPrefetchL2(weights.raw(), weights.num_bytes(), stream_),
-                    "prefetch weights");
-}
-
 // At most 16 routed pairs (a decode step of one or two tokens at top-8): the pairs are then
 // single-expert runs in the sorted path too, so the fused path streams the same weights
 // with three fewer launches (sort, counts, ScaleSumRows).

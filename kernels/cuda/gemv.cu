@@ -369,80 +369,35 @@ constexpr int kDownSumMaxTopK = 2 * kDownSumWarps;
 // as the experts' outputs are; then the weighted sum over the token's pairs in ascending
 // expert order (ties by pair), from zero in float32, rounded once into TO: the sorted
 // path's ScaleSumRows. Pairs of an expert outside [0, E) add nothing.
-// Pair p's down weights, null for an expert outside [0, E) or not held.
-__device__ __forceinline__ const __nv_bfloat16* DownWeightsOf(const int32_t* experts,
-                                                              const __nv_bfloat16* const* down,
-                                                              int num_experts, int p) {
-  const int e = __ldg(experts + p);
-  return e >= 0 && e < num_experts ? down[e] : nullptr;
-}
-
 template <typename TY, typename TO>
 __global__ void __launch_bounds__(kDownSumWarps * 32)
     MoeDownSumKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ experts,
                      const float* __restrict__ scales, int top_k, int num_experts,
                      const __nv_bfloat16* const* __restrict__ down, int hidden, int inter,
                      TO* __restrict__ out) {
+  PdlWait();
   __shared__ float part[kDownSumMaxTopK][kDownSumFeatures];
   __shared__ int expert_of[kDownSumMaxTopK];
   const int t = blockIdx.y;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int feature0 = blockIdx.x * kDownSumFeatures;
-  int64_t row[kDownSumFeatures];
-#pragma unroll
-  for (int f = 0; f < kDownSumFeatures; ++f) {
-    row[f] = static_cast<int64_t>(min(feature0 + f, hidden - 1)) * inter;
-  }
-  // pdl-early: the experts were written before the gate_up kernel that precedes this one
-  // in LaunchRoutedSwiGluGemv (so they are complete when this kernel starts: launch.cuh),
-  // and the down weights are the model's; the first slices of this warp's first pair stream
-  // while gate_up finishes. act, written by gate_up, is read after the wait.
-  constexpr int kEarlyDown = 2;
-  uint4 early[kEarlyDown][kDownSumFeatures];
-  const __nv_bfloat16* first_w =
-      warp < top_k ? DownWeightsOf(experts, down, num_experts, t * top_k + warp) : nullptr;
-#pragma unroll
-  for (int i = 0; i < kEarlyDown; ++i) {
-#pragma unroll
-    for (int f = 0; f < kDownSumFeatures; ++f) {
-      const int c = lane * kChunk + i * 32 * kChunk;
-      if (first_w != nullptr && c < inter) early[i][f] = LoadWeightsRaw(first_w + row[f] + c);
-    }
-  }
-  PdlWait();
   for (int j = warp; j < top_k; j += kDownSumWarps) {
     const int p = t * top_k + j;
     const int e = __ldg(experts + p);
-    const __nv_bfloat16* w =
-        j == warp ? first_w : DownWeightsOf(experts, down, num_experts, t * top_k + j);
+    const bool held = e >= 0 && e < num_experts && down[e] != nullptr;
+    const __nv_bfloat16* w = held ? down[e] : nullptr;
     float acc[kDownSumFeatures];
 #pragma unroll
     for (int f = 0; f < kDownSumFeatures; ++f) acc[f] = 0.f;
-    int c = lane * kChunk;
-    if (w != nullptr && j == warp) {
-#pragma unroll
-      for (int i = 0; i < kEarlyDown; ++i, c += 32 * kChunk) {
-        if (c < inter) {
-          float av[kChunk];
-          LoadRow8(act + static_cast<int64_t>(p) * inter + c, av);
-#pragma unroll
-          for (int f = 0; f < kDownSumFeatures; ++f) {
-            float wv[kChunk];
-            WidenBf16x8(early[i][f], wv);
-            acc[f] += Dot8(wv, av);
-          }
-        }
-      }
-    }
     if (w != nullptr) {
 #pragma unroll 2
-      for (; c < inter; c += 32 * kChunk) {
+      for (int c = lane * kChunk; c < inter; c += 32 * kChunk) {
         float av[kChunk];
         LoadRow8(act + static_cast<int64_t>(p) * inter + c, av);
 #pragma unroll
         for (int f = 0; f < kDownSumFeatures; ++f) {
           float wv[kChunk];
-          LoadWeights8(w + row[f] + c, wv);
+          LoadWeights8(w + static_cast<int64_t>(min(feature0 + f, hidden - 1)) * inter + c, wv);
           acc[f] += Dot8(wv, av);
         }
       }
@@ -471,29 +426,6 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
     last_e = best_e, last_j = best_j;
   }
   out[static_cast<int64_t>(t) * hidden + feature0 + f] = FromFloat<TO>(sum);
-}
-
-// ---- L2 prefetch ----
-
-constexpr size_t kPrefetchChunk = 16 << 10;  // bytes a thread's bulk prefetch covers
-
-__global__ void __launch_bounds__(128) PrefetchL2Kernel(const char* p, size_t bytes) {
-  // pdl-early: the bytes are a model weight, which no kernel writes; the prefetches are
-  // issued, not waited for, and the wait after them keeps the launch ordered behind its
-  // predecessor (launch.cuh).
-  const size_t begin =
-      (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kPrefetchChunk;
-  if (begin < bytes) {
-    const size_t n = min(kPrefetchChunk, bytes - begin) / 16 * 16;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (n > 0) {
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + begin),
-                   "r"(static_cast<unsigned>(n))
-                   : "memory");
-    }
-#endif
-  }
-  PdlWait();
 }
 
 // Blocks for `features` outputs when ksplit warps share each feature group.
@@ -747,15 +679,6 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
                                       : launch(yt, TypeTag<__nv_bfloat16>{});
   };
   return y_type == ElemType::kF32 ? by_out(TypeTag<float>{}) : by_out(TypeTag<__nv_bfloat16>{});
-}
-
-cudaError_t LaunchPrefetchL2(const void* p, size_t bytes, cudaStream_t stream) {
-  if (bytes == 0) return cudaSuccess;
-  if (p == nullptr || !Aligned16(p)) return cudaErrorInvalidValue;
-  const size_t threads = (bytes + kPrefetchChunk - 1) / kPrefetchChunk;
-  LaunchKernel(PrefetchL2Kernel, static_cast<unsigned>((threads + 127) / 128), 128, 0, stream,
-               static_cast<const char*>(p), bytes);
-  return cudaGetLastError();
 }
 
 }  // namespace dxs::cuda

@@ -59,11 +59,6 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
                                 const void* const* weights, int64_t hidden, int64_t inter,
                                 void* act, void* y, ElemType y_type, cudaStream_t stream);
 
-// Brings [p, p + bytes) into L2 (cp.async.bulk.prefetch: issued, not waited for) for a kernel
-// queued later; reads nothing a kernel writes, so it waits for nothing but is ordered after
-// its predecessor like every launch here (launch.cuh).
-cudaError_t LaunchPrefetchL2(const void* p, size_t bytes, cudaStream_t stream);
-
 // The MoE FFN of `tokens` tokens from their routing, without sorting the pairs: out[t]
 // (f32 or bf16 [tokens, hidden]) = the sum over the token's top_k pairs (ids i32 and scales
 // f32 [tokens, top_k]) in ascending expert order of scales * SwiGLU_e(xs[t]), each expert's
