@@ -62,6 +62,7 @@
 #include "router/control_plane/cluster_registry.h"
 #include "router/control_plane/control_plane_service.h"
 #include "router/control_plane/model_identity.h"
+#include "router/control_plane/nccl_unique_id.h"
 #include "router/control_plane/rebalancer.h"
 #include "router/frontend/cluster_watcher.h"
 #include "router/frontend/frontend_metrics.h"
@@ -233,6 +234,11 @@ int main(int argc, char** argv) {
   options.num_layers = static_cast<int>(config->num_hidden_layers);
   options.fingerprint = *fingerprint;
   options.transport_backend = flags->transport;
+  if (flags->transport == "nccl") {
+    // The communicators' ids come from the router's NCCL (loaded at run time).
+    if (absl::Status s = dxs::CheckNcclLoads(); !s.ok()) return Fail(s);
+    options.nccl_unique_id = dxs::NewNcclUniqueId;
+  }
   options.wire_dtype = flags->wire_dtype;
   options.heartbeat_interval = absl::Milliseconds(flags->heartbeat_ms);
   options.lease_timeout = absl::Milliseconds(flags->lease_ms);

@@ -98,6 +98,9 @@ absl::Status ClusterRegistryOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "transport backend must be ucx, nccl or inproc, got '", transport_backend, "'"));
   }
+  if (transport_backend == "nccl" && !nccl_unique_id) {
+    return absl::InvalidArgumentError("the nccl transport backend needs an nccl_unique_id source");
+  }
   if (wire_dtype != v1::DTYPE_FLOAT32 && wire_dtype != v1::DTYPE_BFLOAT16 &&
       wire_dtype != v1::DTYPE_FLOAT16) {
     return absl::InvalidArgumentError("wire dtype must be float32, bfloat16 or float16");
@@ -585,6 +588,33 @@ void ClusterRegistry::PublishLocked() {
   *view.mutable_placement() = std::move(placement);
   view.mutable_transport()->set_backend(options_.transport_backend);
   view.mutable_transport()->set_wire_dtype(options_.wire_dtype);
+  if (options_.transport_backend == "nccl") {
+    // One communicator per set of live workers: the same id while the set stands, a new
+    // one when a rank joins, dies, leaves or comes back as a new incarnation.
+    std::string members;
+    for (const v1::WorkerInfo& w : view.workers()) {
+      if (w.state() == v1::WORKER_STATE_DEAD) continue;
+      absl::StrAppend(&members, static_cast<int>(w.role()), ":", w.rank(), ":", w.incarnation(),
+                      ";");
+    }
+    if (members.empty()) {
+      nccl_members_.clear();
+    } else if (members == nccl_members_ && !view_.transport().nccl_unique_id().empty()) {
+      view.mutable_transport()->set_nccl_unique_id(view_.transport().nccl_unique_id());
+    } else {
+      absl::StatusOr<std::string> id = options_.nccl_unique_id();
+      if (id.ok()) {
+        view.mutable_transport()->set_nccl_unique_id(*std::move(id));
+        nccl_members_ = std::move(members);
+      } else {
+        // Workers see no id and cannot make the communicator; the next change tries again.
+        std::fprintf(stderr, "cluster view %llu: no NCCL unique id: %s\n",
+                     static_cast<unsigned long long>(view.version()),
+                     id.status().ToString().c_str());
+        nccl_members_.clear();
+      }
+    }
+  }
   view.set_num_attention_ranks(static_cast<uint32_t>(options_.num_attention_ranks));
   view.set_num_expert_ranks(static_cast<uint32_t>(expert_.size()));
   *view.mutable_fingerprint() = fingerprint_;

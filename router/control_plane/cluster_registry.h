@@ -79,6 +79,11 @@ struct ClusterRegistryOptions {
   // Transport backend: "ucx", "nccl" or "inproc". "ucx" requires every worker to send
   // transport.ucx_worker_address; "nccl" requires transport.nccl.
   std::string transport_backend = "ucx";
+  // Makes the "nccl" backend's communicator ids (ClusterView.transport.nccl_unique_id):
+  // a new one for every new set of live workers, so that a communicator is made again when
+  // a rank joins, dies, leaves or registers anew. Required for "nccl" (the router passes
+  // NewNcclUniqueId, router/control_plane/nccl_unique_id.h); unused otherwise.
+  std::function<absl::StatusOr<std::string>()> nccl_unique_id;
   // Element type of dispatch/combine payloads.
   v1::DType wire_dtype = v1::DTYPE_FLOAT32;
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
@@ -219,6 +224,8 @@ class ClusterRegistry {
   void KillLocked(WorkerStatus* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ClusterRegistryOptions options_;
+  // The live workers (role, rank, incarnation) the current nccl_unique_id was made for.
+  std::string nccl_members_ ABSL_GUARDED_BY(mu_);
   // Placement::WithRedundantExperts(E, N, R): the default claims.
   const Placement default_placement_;
   // The last placement SetPlacement published: the default claims from then on.

@@ -28,9 +28,12 @@
 //   UNIMPLEMENTED (the engine stages through device buffers, as it stages the other way
 //   for ucx without CUDA).
 //
-// The unique id: transport rank 0 makes it (NcclUniqueId) and every rank passes the same
-// bytes to Init. Distributing it through the router's control plane is the integration
-// step that comes with two GPUs; here the caller carries it.
+// The unique id: every rank passes the same bytes to Init. In a cluster the router makes
+// them (router/control_plane/nccl_unique_id.h, NCCL's ncclGetUniqueId, which needs no GPU)
+// and publishes them in ClusterView.transport.nccl_unique_id, a new id for every new set
+// of live workers; the workers' use of that id (registering with transport.nccl, Init on
+// each new id) is the integration step that comes with two GPUs. In the tests the caller
+// carries an id from NcclUniqueId below.
 //
 // This library links the CUDA runtime and NCCL, so only tests and tools link it for now;
 // the services will load it as a plugin (as kernels/make_backend.cc loads the CUDA

@@ -12,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "router/control_plane/nccl_unique_id.h"
 
 namespace dxs {
 namespace {
@@ -110,6 +111,9 @@ TEST_F(ClusterRegistryTest, OptionsAreValidated) {
   o = Options(1, 1, 4);
   o.lease_timeout = absl::Milliseconds(100);
   EXPECT_THAT(std::string(o.Validate().message()), HasSubstr("lease timeout"));
+  o = Options(1, 1, 4);
+  o.transport_backend = "nccl";  // without a source of communicator ids
+  EXPECT_THAT(std::string(o.Validate().message()), HasSubstr("nccl_unique_id"));
 }
 
 TEST_F(ClusterRegistryTest, EmptyClusterIsVersionOne) {
@@ -164,6 +168,7 @@ TEST_F(ClusterRegistryTest, InvalidArgumentRefusals) {
 TEST_F(ClusterRegistryTest, OtherBackendsNeedTheirAddress) {
   ClusterRegistryOptions o = Options(1, 1, 2);
   o.transport_backend = "nccl";
+  o.nccl_unique_id = [] { return std::string(kNcclUniqueIdBytes, 'x'); };
   ClusterRegistry nccl(o);
   ExpectRefused(nccl.Register(Attention(0, "a:1")), absl::StatusCode::kInvalidArgument,
                 "transport.nccl is required");
@@ -404,6 +409,84 @@ TEST_F(ClusterRegistryTest, UnevenPlacementCompletesTheCluster) {
   for (int i = 0; i < view.workers_size(); ++i) {
     EXPECT_EQ(view.workers(i).transport_rank(), static_cast<uint32_t>(i));
   }
+}
+
+// The nccl backend: every view carries the id of the communicator for its set of live
+// workers; the id stands while the set does (state changes, heartbeats) and is new when a
+// rank joins, dies or comes back. A failing source leaves the id empty until the next change.
+TEST_F(ClusterRegistryTest, NcclViewsCarryAnIdPerSetOfLiveWorkers) {
+  ClusterRegistryOptions o = Options(1, 2, 4);
+  o.transport_backend = "nccl";
+  int made = 0;
+  bool fail = false;
+  o.nccl_unique_id = [&]() -> absl::StatusOr<std::string> {
+    if (fail) return absl::FailedPreconditionError("no NCCL here");
+    std::string id = absl::StrCat("id-", ++made);
+    id.resize(kNcclUniqueIdBytes, '\0');
+    return id;
+  };
+  ClusterRegistry reg(o);
+  EXPECT_TRUE(reg.View().transport().nccl_unique_id().empty());  // nobody yet
+  auto nccl = [](v1::RegisterRequest r) {
+    r.mutable_transport()->clear_ucx_worker_address();
+    r.mutable_transport()->mutable_nccl()->set_hostname("node-0");
+    return r;
+  };
+  auto id = [&] { return reg.View().transport().nccl_unique_id().substr(0, 4); };
+  absl::StatusOr<v1::RegisterResponse> a = reg.Register(nccl(Attention(0, "a:1")));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(reg.View().transport().nccl_unique_id().size(), kNcclUniqueIdBytes);
+  EXPECT_EQ(id(), "id-1");
+  EXPECT_EQ(a->transport().nccl_unique_id(), reg.View().transport().nccl_unique_id());
+  absl::StatusOr<v1::RegisterResponse> e0 = reg.Register(nccl(Expert(0, "e0:1")));
+  absl::StatusOr<v1::RegisterResponse> e1 = reg.Register(nccl(Expert(1, "e1:1")));
+  ASSERT_TRUE(e0.ok() && e1.ok());
+  EXPECT_EQ(id(), "id-3");
+  // The same set: heartbeats moving workers to READY publish new views, not new ids.
+  const uint64_t before = reg.version();
+  for (const auto& [role, response] :
+       {std::pair{v1::ROLE_ATTENTION, *a}, std::pair{v1::ROLE_EXPERT, *e0},
+        std::pair{v1::ROLE_EXPERT, *e1}}) {
+    ASSERT_TRUE(reg.Heartbeat(Beat(Id(role, response))).ok());
+  }
+  EXPECT_GT(reg.version(), before);
+  EXPECT_EQ(id(), "id-3");
+  EXPECT_EQ(made, 3);
+  // Expert 1 dies: a new communicator without it.
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(reg.Heartbeat(Beat(Id(v1::ROLE_ATTENTION, *a))).ok());
+  ASSERT_TRUE(reg.Heartbeat(Beat(Id(v1::ROLE_EXPERT, *e0))).ok());
+  clock_.Advance(absl::Seconds(1) + absl::Milliseconds(1));
+  ASSERT_EQ(reg.ExpireLeases(clock_.Now()).size(), 1u);
+  EXPECT_EQ(id(), "id-4");
+  // It comes back while NCCL fails in the router: no id, then one at the next change.
+  fail = true;
+  absl::StatusOr<v1::RegisterResponse> back = reg.Register(nccl(Expert(1, "e1:2")));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(reg.View().transport().nccl_unique_id().empty());
+  fail = false;
+  ASSERT_TRUE(reg.Heartbeat(Beat(Id(v1::ROLE_EXPERT, *back))).ok());
+  EXPECT_EQ(id(), "id-5");
+  // Other backends carry none.
+  ClusterRegistry ucx(Options(1, 1, 4));
+  ASSERT_TRUE(ucx.Register(Attention(0, "a:1")).ok());
+  EXPECT_TRUE(ucx.View().transport().nccl_unique_id().empty());
+}
+
+// The router's real source: NCCL's ncclGetUniqueId, loaded at run time; it needs no GPU.
+TEST(NcclUniqueId, NcclMakesDistinctIdsWithoutAGpu) {
+  if (absl::Status s = CheckNcclLoads(); !s.ok()) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("DXS_NCCL_LIBRARY"));
+    GTEST_SKIP() << "no NCCL on this machine: " << s.message();
+  }
+  absl::StatusOr<std::string> first = NewNcclUniqueId();
+  absl::StatusOr<std::string> second = NewNcclUniqueId();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(first->size(), kNcclUniqueIdBytes);
+  EXPECT_NE(*first, *second);
+  EXPECT_NE(*first, std::string(kNcclUniqueIdBytes, '\0'));
 }
 
 TEST_F(ClusterRegistryTest, LeaseExpiryAndRecovery) {
