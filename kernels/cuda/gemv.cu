@@ -6,7 +6,9 @@
 //   projections of a decode step: q, k, v, o, the router, lm_head). A warp owns kFeatures
 //   output features; each lane walks k in 8-element (16-byte) chunks, 256 elements a warp
 //   per turn, so the loads of a row are coalesced; the lane sums are reduced by a fixed
-//   xor-shuffle tree, so results are deterministic.
+//   xor-shuffle tree, so results are deterministic. A short, wide launch splits k over up
+//   to kWarps warps a feature group (GemvKSplit), their sums meeting in shared memory in
+//   warp order; each warp requests its first weight slices before PdlWait (launch.cuh).
 // - LaunchMoeSwiGluGemv: the grouped SwiGLU FFN of few routed pairs (decode), in two
 //   kernels instead of a gather, two grouped GEMMs and the SiLU pass:
 //     act[p, i] = silu(gate_e[i] . x[rows[p]]) * (up_e[i] . x[rows[p]])   (bf16, as the GEMM
@@ -16,6 +18,10 @@
 //   block of a run's first pair computes the whole run (kRunPairs pairs per pass over the
 //   weights), the others exit, so each held expert's weights are read once per pass. Pairs
 //   of an expert without weights (a null pointer) get zeros.
+// - LaunchRoutedSwiGluGemv: the same FFN for one or two tokens straight from the top-k ids
+//   (Backend::RoutedSwiGlu): gate_up reads each pair's expert itself (no sort), and the
+//   down kernel adds a token's pairs, weighted, in ascending expert order into the output
+//   (the sorted path's ScaleSumRows, bit for bit).
 //
 // Both need k % 8 == 0 and 16-byte aligned rows; the backend checks and otherwise uses the
 // GEMM path.
@@ -217,7 +223,9 @@ __device__ __forceinline__ float RoundBf16(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
 
-// act[p, i] for the run of pair blockIdx.y, features of this block's warps.
+// act[p, i] for the run of pair blockIdx.y, features of this block's warps. Pair p's row of
+// xs is rows[p], or p / pairs_per_row without rows. Sorted pairs come with offsets; unsorted
+// ones (experts given) are each their own run, and counts (if given) gets +1 per pair.
 template <typename TX, int kRunPairs>
 __global__ void __launch_bounds__(kWarps * 32)
     MoeGateUpKernel(const TX* __restrict__ xs, int x_rows, const int32_t* __restrict__ rows,
