@@ -68,10 +68,9 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
 // pairs. tokens * top_k <= kGemvMaxPairs, top_k <= 16.
 cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t tokens,
                                    const int32_t* ids, const float* scales, int64_t top_k,
-                                   int64_t num_experts, const void* const* weights,
-                                   int64_t hidden, int64_t inter, void* act, ElemType y_type,
-                                   int64_t* counts, void* out, ElemType out_type,
-                                   cudaStream_t stream);
+                                   int64_t num_experts, const void* const* weights, int64_t hidden,
+                                   int64_t inter, void* act, ElemType y_type, int64_t* counts,
+                                   void* out, ElemType out_type, cudaStream_t stream);
 
 // out[t] (f32 or bf16 [out_rows, cols]) = the sum over i < n in ascending order with
 // rows[i] == t of scales[i] * src[i] (f32 or bf16 rows), zero where none: a zeroed f32

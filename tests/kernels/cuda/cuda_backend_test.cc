@@ -99,6 +99,37 @@ class CudaBackendTest : public ::testing::Test {
     return v.ok() ? *v : std::vector<int32_t>{};
   }
 
+  // Seeded random experts on each (backend, dtype), the same bf16-exact values on all:
+  // expert e's gate_up [2 * inter, hidden] from seed gate_seed + e, its down [hidden, inter]
+  // from down_seed + e. gate_up[b] / down[b] are GroupedSwiGlu's tables on backend b.
+  struct ExpertSets {
+    std::vector<std::vector<Tensor>> tensors;  // [backend]: each gate_up, then each down
+    std::vector<std::vector<const Tensor*>> gate_up, down;
+  };
+  ExpertSets PutExperts(const std::vector<std::pair<Backend*, DType>>& on, int64_t experts,
+                        int64_t hidden, int64_t inter, uint32_t gate_seed, uint32_t down_seed) {
+    ExpertSets sets;
+    sets.tensors.assign(on.size(), std::vector<Tensor>(2 * experts));
+    for (int64_t e = 0; e < experts; ++e) {
+      const std::vector<float> gate_up =
+          Bf16Exact(RandomFloats(2 * inter * hidden, gate_seed + e, 0.02f));
+      const std::vector<float> down = Bf16Exact(RandomFloats(hidden * inter, down_seed + e, 0.02f));
+      for (size_t b = 0; b < on.size(); ++b) {
+        sets.tensors[b][e] = Put(on[b].first, gate_up, {2 * inter, hidden}, on[b].second);
+        sets.tensors[b][experts + e] = Put(on[b].first, down, {hidden, inter}, on[b].second);
+      }
+    }
+    sets.gate_up.resize(on.size());
+    sets.down.resize(on.size());
+    for (size_t b = 0; b < on.size(); ++b) {
+      for (int64_t e = 0; e < experts; ++e) {
+        sets.gate_up[b].push_back(&sets.tensors[b][e]);
+        sets.down[b].push_back(&sets.tensors[b][experts + e]);
+      }
+    }
+    return sets;
+  }
+
   std::unique_ptr<Backend> gpu_, cpu_;
 };
 
@@ -604,23 +635,10 @@ TEST_F(CudaBackendTest, GemvAndGemmPathsAgree) {
   // The grouped FFN: Qwen3-30B-A3B's expert shape (inter 768), top-8 of 1 and of 16 tokens
   // over 32 experts (fewer than its 128, to keep the host's random weights quick).
   const int64_t experts = 32, inter = 768;
-  std::vector<std::vector<Tensor>> w(2, std::vector<Tensor>(2 * experts));
-  std::vector<std::vector<const Tensor*>> gu(2), dn(2);
-  for (int64_t e = 0; e < experts; ++e) {
-    const std::vector<float> gate_up = Bf16Exact(RandomFloats(2 * inter * hidden, 300 + e, 0.02f));
-    const std::vector<float> down = Bf16Exact(RandomFloats(hidden * inter, 500 + e, 0.02f));
-    for (int b = 0; b < 2; ++b) {
-      Backend* be = b == 0 ? gemv : gemm;
-      w[b][e] = Put(be, gate_up, {2 * inter, hidden}, DType::kBF16);
-      w[b][experts + e] = Put(be, down, {hidden, inter}, DType::kBF16);
-    }
-  }
-  for (int b = 0; b < 2; ++b) {
-    for (int64_t e = 0; e < experts; ++e) {
-      gu[b].push_back(&w[b][e]);
-      dn[b].push_back(&w[b][experts + e]);
-    }
-  }
+  const ExpertSets expert_weights =
+      PutExperts({{gemv, DType::kBF16}, {gemm, DType::kBF16}}, experts, hidden, inter, 300, 500);
+  const auto& gu = expert_weights.gate_up;
+  const auto& dn = expert_weights.down;
   for (int64_t tokens : {1, 16}) {
     SCOPED_TRACE(::testing::Message() << tokens << " tokens");
     const int64_t pairs = tokens * 8;
@@ -662,24 +680,11 @@ TEST_F(CudaBackendTest, RoutedSwiGluEqualsTheSortedPath) {
   EXPECT_FALSE(gpu->TakesRoutedSwiGlu(3, 8));
   EXPECT_FALSE(gpu->TakesRoutedSwiGlu(0, 8));
   const int64_t experts = 32, hidden = 2048, inter = 768;
-  std::vector<std::vector<Tensor>> w(2, std::vector<Tensor>(2 * experts));
-  std::vector<std::vector<const Tensor*>> gu(2), dn(2);
-  for (int64_t e = 0; e < experts; ++e) {
-    const std::vector<float> gate_up = Bf16Exact(RandomFloats(2 * inter * hidden, 700 + e, 0.02f));
-    const std::vector<float> down = Bf16Exact(RandomFloats(hidden * inter, 900 + e, 0.02f));
-    for (int b = 0; b < 2; ++b) {
-      Backend* be = b == 0 ? gpu : cpu_.get();
-      const DType dtype = b == 0 ? DType::kBF16 : DType::kF32;  // the same bf16-exact values
-      w[b][e] = Put(be, gate_up, {2 * inter, hidden}, dtype);
-      w[b][experts + e] = Put(be, down, {hidden, inter}, dtype);
-    }
-  }
-  for (int b = 0; b < 2; ++b) {
-    for (int64_t e = 0; e < experts; ++e) {
-      gu[b].push_back(&w[b][e]);
-      dn[b].push_back(&w[b][experts + e]);
-    }
-  }
+  // The same bf16-exact values: bf16 on the GPU, f32 on the CPU.
+  const ExpertSets expert_weights = PutExperts({{gpu, DType::kBF16}, {cpu_.get(), DType::kF32}},
+                                               experts, hidden, inter, 700, 900);
+  const auto& gu = expert_weights.gate_up;
+  const auto& dn = expert_weights.down;
   for (const auto& [tokens, top_k] :
        std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {2, 8}, {3, 4}, {1, 16}, {1, 1}}) {
     SCOPED_TRACE(::testing::Message() << tokens << " tokens of top-" << top_k);
