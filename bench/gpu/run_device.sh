@@ -4,7 +4,7 @@
 # results and plots into $OUT. Builds nothing: the binaries come in .device/ (packed here
 # by bench/gpu/bundle.sh). Prints a short table last; full logs are in $OUT.
 #   bench/gpu/run_device.sh [tests|bench|cluster|exchange|decode|gemv|all] [--quick]
-#   gemv: gpu_bench --quick with DXS_CUDA_GEMV=off and auto, decode and FFN side by side.
+#   gemv: ab with DXS_CUDA_GEMV=off and auto, decode and FFN side by side.
 #   bench/gpu/run_device.sh ab "ENV=v ..." "ENV=v ..." ...: gpu_bench --quick under each set of
 #   environment settings (the first is the baseline), in DXS_AB_ROUNDS (2) interleaved
 #   rounds; the decode and FFN rows side by side, medians over the rounds, ratios to the first.
@@ -14,6 +14,8 @@ what=${1:-all}
 quick=${2:-}
 variants=()
 if [ "$what" = ab ]; then shift; variants=("$@"); quick=; fi
+# gemv: gemv.cu's decode-sized paths against the GEMM libraries (cuBLAS, CUTLASS).
+if [ "$what" = gemv ]; then what=ab; variants=("DXS_CUDA_GEMV=off" "DXS_CUDA_GEMV=auto"); fi
 OUT=${OUT:-/tmp/dxs-gpu-out}
 mkdir -p "$OUT"
 [ -f .device.tar.xz ] && tar xJf .device.tar.xz
@@ -78,35 +80,6 @@ if [ "$what" = cluster ] || [ "$what" = decode ] || [ "$what" = all ]; then
     >"$OUT/cluster_decode.out" 2>&1
   summary+=("cluster_decode_bench: rc=$?")
   cat "$OUT/cluster_decode.out"
-fi
-if [ "$what" = gemv ]; then
-  # gemv.cu's decode-sized paths against the GEMM libraries (DXS_CUDA_GEMV=off) in one call:
-  # gpu_bench --quick each way, then the decode rows side by side with their ratio.
-  for v in off auto; do
-    DXS_CUDA_GEMV=$v timeout 200 .device/bin/gpu_bench --quick --json "$OUT/gemv_$v.jsonl" \
-      >"$OUT/gpu_bench_gemv_$v.log" 2>&1
-    summary+=("gpu_bench DXS_CUDA_GEMV=$v: rc=$?")
-  done
-  python3 - "$OUT/gemv_off.jsonl" "$OUT/gemv_auto.jsonl" <<'PY'
-import json, sys
-def rows(path):
-    out = {}
-    for line in open(path):
-        r = json.loads(line)
-        if r.get("section") == "decode":
-            out[r["batch"]] = r
-        if r.get("section") == "ffn":
-            out["ffn%d" % r["tokens"]] = r
-    return out
-off, on = rows(sys.argv[1]), rows(sys.argv[2])
-print("decode (48 layers), DXS_CUDA_GEMV=off (cuBLAS, CUTLASS) against auto (gemv.cu), same call:")
-for b in sorted(k for k in on if not str(k).startswith("ffn")):
-    print("  batch %4d: %8.1f -> %8.1f tok/s  %.2fx" % (b, off[b]["tokens_per_s"], on[b]["tokens_per_s"],
-                                                       on[b]["tokens_per_s"] / off[b]["tokens_per_s"]))
-for k in sorted(k for k in on if str(k).startswith("ffn")):
-    print("  grouped FFN %5s tokens: %7.1f -> %7.1f us  %.2fx" % (k[3:], off[k]["us"], on[k]["us"],
-                                                                  off[k]["us"] / on[k]["us"]))
-PY
 fi
 if [ "$what" = ab ]; then
   for round in $(seq "${DXS_AB_ROUNDS:-2}"); do

@@ -57,6 +57,17 @@ cudaDataType_t CublasType(DType dtype) {
   }
 }
 
+// An auto|off switch from the environment (unset: auto): whether the path it names is on;
+// any other value is INVALID_ARGUMENT.
+absl::StatusOr<bool> AutoOrOff(const char* name) {
+  const char* value = std::getenv(name);
+  const std::string choice = value != nullptr ? value : "";
+  if (!choice.empty() && choice != "auto" && choice != "off") {
+    return absl::InvalidArgumentError(absl::StrCat(name, "=", choice, ": expected auto or off"));
+  }
+  return choice != "off";
+}
+
 }  // namespace
 
 absl::Status CudaStatus(cudaError_t error, const char* op) {
@@ -146,20 +157,9 @@ absl::Status CudaBackend::Init() {
     return absl::InvalidArgumentError(absl::StrCat("DXS_CUDA_ATTENTION=", attention_choice,
                                                    ": expected auto, dxs or flashinfer"));
   }
-  const char* gemv = std::getenv("DXS_CUDA_GEMV");
-  const std::string gemv_choice = gemv != nullptr ? gemv : "";
-  if (!gemv_choice.empty() && gemv_choice != "auto" && gemv_choice != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DXS_CUDA_GEMV=", gemv_choice, ": expected auto or off"));
-  }
-  use_gemv_ = gemv_choice != "off";
-  const char* routed = std::getenv("DXS_CUDA_ROUTED_SWIGLU");
-  const std::string routed_choice = routed != nullptr ? routed : "";
-  if (!routed_choice.empty() && routed_choice != "auto" && routed_choice != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DXS_CUDA_ROUTED_SWIGLU=", routed_choice, ": expected auto or off"));
-  }
-  use_routed_swiglu_ = use_gemv_ && routed_choice != "off";
+  DXS_ASSIGN_OR_RETURN(use_gemv_, AutoOrOff("DXS_CUDA_GEMV"));
+  DXS_ASSIGN_OR_RETURN(const bool routed_swiglu, AutoOrOff("DXS_CUDA_ROUTED_SWIGLU"));
+  use_routed_swiglu_ = use_gemv_ && routed_swiglu;
   const char* grouped = std::getenv("DXS_CUDA_GROUPED_GEMM");
   const std::string choice = grouped != nullptr ? grouped : "";
   if (!choice.empty() && choice != "cublas" && choice != "cutlass") {

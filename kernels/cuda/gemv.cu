@@ -31,8 +31,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/elem_type.cuh"
@@ -448,10 +446,7 @@ int FeatureBlocks(int64_t features, int ksplit = 1) {
 // otherwise has too few loads in flight to reach the copy rate. DXS_CUDA_GEMV_SPLITK=off
 // keeps one warp a group (for A/B runs).
 int GemvKSplit(int64_t groups, int64_t k) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("DXS_CUDA_GEMV_SPLITK");
-    return v == nullptr || std::strcmp(v, "off") != 0;
-  }();
+  static const bool enabled = !SwitchedOff("DXS_CUDA_GEMV_SPLITK");
   int ksplit = 1;
   if (!enabled) return ksplit;
   while (ksplit < kWarps && groups * ksplit < 4096 && k / (2 * ksplit) >= 2 * 32 * kChunk) {

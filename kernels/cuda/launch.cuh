@@ -29,12 +29,16 @@
 
 namespace dxs::cuda {
 
+// Whether the environment variable `name` is "off": the A/B switches of the launchers
+// here and in gemv.cu (read once each by their callers).
+inline bool SwitchedOff(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "off") == 0;
+}
+
 // Whether launches carry the PDL attribute: on unless DXS_CUDA_PDL=off (read once).
 inline bool PdlEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("DXS_CUDA_PDL");
-    return v == nullptr || std::strcmp(v, "off") != 0;
-  }();
+  static const bool enabled = !SwitchedOff("DXS_CUDA_PDL");
   return enabled;
 }
 
