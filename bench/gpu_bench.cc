@@ -346,14 +346,16 @@ void DecodeAttention(Backend* b, cudaStream_t stream, const Rates& rates, bool q
   }
 }
 
-// Causal attention of one prompt over itself (prefill), dxs's kernel and FlashInfer's, each
-// one eager call (long enough that launch costs do not show).
+// Causal attention of one prompt over itself (prefill): dxs's kernel, FlashInfer's FA2 and
+// SM90 (FA3-style) kernels called directly, and what the backend runs by default (the SM90
+// kernel for these prompts on sm_90, DXS_CUDA_PREFILL_SM90=auto), each one eager call (long
+// enough that launch costs do not show).
 void PrefillAttention(Backend* b, cudaStream_t stream, const Rates& rates, bool quick,
                       Report* report) {
   const int64_t heads = 32, kv_heads = 4, d = 128, bs = 16;
   std::printf("\n[prefill attention] one causal prompt, 32 heads, 4 KV heads, d 128, bf16\n");
-  std::printf("  %8s %10s %10s %14s %10s %8s\n", "prompt", "dxs us", "TFLOP/s", "FlashInfer us",
-              "TFLOP/s", "ratio");
+  std::printf("  %8s %10s %8s %10s %8s %12s %8s %8s %11s\n", "prompt", "dxs us", "TFLOP/s",
+              "FA2 us", "TFLOP/s", "FA3 sm90 us", "TFLOP/s", "vs FA2", "default us");
   std::vector<int64_t> prompts = {1024, 4096, 16384};
   if (quick) prompts = {4096};
   for (int64_t prompt : prompts) {
@@ -382,21 +384,57 @@ void PrefillAttention(Backend* b, cudaStream_t stream, const Rates& rates, bool 
     const std::vector<int32_t> host_lens = {static_cast<int32_t>(prompt)};
     meta.host_query_start = host_qs.data();
     meta.host_context_lens = host_lens.data();
-    double fi_ms = 0;
-    if (DXS_HAVE_FLASHINFER) {
-      fi_ms = TimeMs(stream, 2, quick ? 3 : 10,
-                     [&] { BENCH_CHECK(b->PagedAttention(q, kc, vc, meta, 0.088f, &out)); });
+    double fi_ms = 0, sm90_ms = 0, default_ms = 0;
+#if DXS_HAVE_FLASHINFER
+    {
+      // Each FlashInfer kernel forced, on its own plan (made by the warm-up calls).
+      std::unique_ptr<cuda::FlashInferAttention, void (*)(cuda::FlashInferAttention*)> fi(
+          cuda::CreateFlashInferAttention(), cuda::DestroyFlashInferAttention);
+      cuda::PagedAttentionArgs args;
+      args.num_seqs = 1;
+      args.num_tokens = prompt;
+      args.num_heads = heads;
+      args.num_kv_heads = kv_heads;
+      args.head_dim = d;
+      args.block_size = bs;
+      args.max_blocks_per_seq = blocks;
+      args.max_query_len = prompt;
+      args.max_context_len = prompt;
+      args.num_blocks = blocks;
+      args.query_start = meta.query_start.i32();
+      args.context_lens = meta.context_lens.i32();
+      args.block_tables = meta.block_tables.i32();
+      auto call = [&](cuda::FlashInferKernel kernel) {
+        const cudaError_t e = cuda::LaunchFlashInferAttention(
+            fi.get(), q.raw(), kc.raw(), vc.raw(), args, host_qs.data(), host_lens.data(), 0.088f,
+            out.raw(), stream, /*graph_plan=*/false, kernel);
+        BENCH_CHECK(e == cudaSuccess
+                        ? absl::OkStatus()
+                        : absl::InternalError(cuda::FlashInferAttentionError(fi.get())));
+      };
+      fi_ms = TimeMs(stream, 2, quick ? 3 : 10, [&] { call(cuda::FlashInferKernel::kFa2); });
+      if (cuda::FlashInferSm90Available()) {
+        sm90_ms = TimeMs(stream, 2, quick ? 3 : 10, [&] { call(cuda::FlashInferKernel::kSm90); });
+      }
     }
+    default_ms = TimeMs(stream, 2, quick ? 3 : 10,
+                        [&] { BENCH_CHECK(b->PagedAttention(q, kc, vc, meta, 0.088f, &out)); });
+#endif
     const double flops = 4.0 * heads * d * prompt * (prompt + 1) / 2;  // QK^T and PV, causal
-    std::printf("  %8ld %10.1f %10.1f %14.1f %10.1f %7.2fx\n", static_cast<long>(prompt), ms * 1e3,
-                flops / (ms * 1e-3) / 1e12, fi_ms * 1e3,
-                fi_ms > 0 ? flops / (fi_ms * 1e-3) / 1e12 : 0.0, fi_ms > 0 ? ms / fi_ms : 0.0);
+    auto tflops = [&](double t_ms) { return t_ms > 0 ? flops / (t_ms * 1e-3) / 1e12 : 0.0; };
+    std::printf("  %8ld %10.1f %8.1f %10.1f %8.1f %12.1f %8.1f %7.2fx %11.1f\n",
+                static_cast<long>(prompt), ms * 1e3, tflops(ms), fi_ms * 1e3, tflops(fi_ms),
+                sm90_ms * 1e3, tflops(sm90_ms), sm90_ms > 0 ? fi_ms / sm90_ms : 0.0,
+                default_ms * 1e3);
     report->Add({{"section", "prefill_attention"},
                  {"prompt", prompt},
                  {"us", ms * 1e3},
                  {"flashinfer_us", fi_ms * 1e3},
-                 {"tflops", flops / (ms * 1e-3) / 1e12},
-                 {"flashinfer_tflops", fi_ms > 0 ? flops / (fi_ms * 1e-3) / 1e12 : 0.0}});
+                 {"sm90_us", sm90_ms * 1e3},
+                 {"default_us", default_ms * 1e3},
+                 {"tflops", tflops(ms)},
+                 {"flashinfer_tflops", tflops(fi_ms)},
+                 {"sm90_tflops", tflops(sm90_ms)}});
   }
   (void)rates;
 }

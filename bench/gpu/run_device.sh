@@ -101,6 +101,10 @@ def rows(i):
                 got.setdefault("decode b%d tok/s" % r["batch"], []).append(r["tokens_per_s"])
             elif r.get("section") == "ffn":
                 got.setdefault("ffn %d tokens us" % r["tokens"], []).append(r["us"])
+            elif r.get("section") == "prefill":
+                got.setdefault("prefill tok/s", []).append(r["tokens_per_s"])
+            elif r.get("section") == "attention":
+                got.setdefault("attn b%d x %d us" % (r["batch"], r["context"]), []).append(r["us"])
     return {k: statistics.median(v) for k, v in got.items()}
 table = [rows(i) for i in range(len(variants))]
 print("A/B, gpu_bench --quick, medians of the rounds; ratio = speed against the first column")

@@ -13,9 +13,14 @@
 // lengths ForwardDecode staged (as SGLang calls plan() before replaying). FlashInfer's paged
 // cache is CSR (an indptr over a flat list of page ids), ours a padded table per sequence,
 // so a small kernel compacts the table.
+//
+// On sm_90, prefill-heavy eager steps take FlashInfer's SM90 kernel instead
+// (flashinfer_prefill_sm90.cu: FlashAttention-3's TMA/wgmma design, its own planner). The
+// routing, the lengths' checks and the page-list compaction stay here; see PrefillHeavy.
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -26,7 +31,13 @@
 #include "flashinfer/attention/scheduler.cuh"
 #include "flashinfer/attention/variants.cuh"
 #include "kernels/cuda/flashinfer_attention.cuh"
+#include "kernels/cuda/flashinfer_prefill_sm90.cuh"
 #include "kernels/cuda/launch.cuh"
+
+// Whether flashinfer_prefill_sm90.cu is built in (kernels/cuda/CMakeLists.txt).
+#ifndef DXS_HAVE_FLASHINFER_SM90
+#define DXS_HAVE_FLASHINFER_SM90 0
+#endif
 
 namespace dxs::cuda {
 namespace {
@@ -57,6 +68,29 @@ __global__ void CompactBlockTableKernel(const int32_t* __restrict__ block_tables
   }
 }
 
+// What a plan was made for: the lengths, and the sizes that shape it.
+struct PlanKey {
+  std::vector<int32_t> qs, lens;
+  int64_t heads = 0, kv_heads = 0, block_size = 0, max_blocks = 0;
+
+  bool Matches(const PagedAttentionArgs& args, const int32_t* host_qs,
+               const int32_t* host_lens) const {
+    const size_t n = static_cast<size_t>(args.num_seqs);
+    return qs.size() == n + 1 && heads == args.num_heads && kv_heads == args.num_kv_heads &&
+           block_size == args.block_size && max_blocks == args.max_blocks_per_seq &&
+           std::equal(qs.begin(), qs.end(), host_qs) &&
+           std::equal(lens.begin(), lens.end(), host_lens);
+  }
+  void Set(const PagedAttentionArgs& args, const int32_t* host_qs, const int32_t* host_lens) {
+    qs.assign(host_qs, host_qs + args.num_seqs + 1);
+    lens.assign(host_lens, host_lens + args.num_seqs);
+    heads = args.num_heads;
+    kv_heads = args.num_kv_heads;
+    block_size = args.block_size;
+    max_blocks = args.max_blocks_per_seq;
+  }
+};
+
 }  // namespace
 
 // One plan: FlashInfer's arrays for the kernel (request and tile indices, output offsets,
@@ -70,18 +104,26 @@ struct PlanState {
   flashinfer::PrefillPlanInfo info;
   size_t tail_offset = 0;  // where indptr | last_page_len start in both buffers
   int64_t total_pages = 0;
-  // What it was made for.
-  std::vector<int32_t> qs, lens;
-  int64_t heads = 0, kv_heads = 0, block_size = 0, max_blocks = 0;
+  PlanKey key;  // what it was made for
 };
 
 struct FlashInferAttention {
   void* float_workspace = nullptr;  // split-KV partials, shared by every plan
   PlanState eager;                  // the eager calls' plan
   PlanState eager_graph;            // theirs with graph_plan: a graph's launch shape
-  int32_t* indices = nullptr;       // the eager calls' compacted page list
+  int32_t* indices = nullptr;       // the eager calls' compacted page list (both kernels)
   int64_t indices_capacity = 0;
   cudaEvent_t plan_copied = nullptr;  // the eager plan's copy out of its pinned buffer ran
+  // The SM90 kernel: DXS_CUDA_PREFILL_SM90 as read at creation, whether it runs on this
+  // device (-1: not asked yet) and the device's SMs, its plan and what that was made for.
+  bool sm90_off = false;
+  std::string switch_error;  // an unknown DXS_CUDA_PREFILL_SM90, reported by every call
+  int sm90_runs = -1;
+  int num_sms = 0;
+  FlashInferSm90Plan* sm90 = nullptr;
+  PlanKey sm90_key;
+  int64_t sm90_total_pages = 0;
+  FlashInferKernel last_kernel = FlashInferKernel::kAuto;
   std::string last_error;
 };
 
@@ -130,10 +172,31 @@ cudaError_t EnsureBuffers(FlashInferAttention* fi) {
 
 bool SameLengths(const PlanState& p, const PagedAttentionArgs& args, const int32_t* qs,
                  const int32_t* lens) {
-  const size_t n = static_cast<size_t>(args.num_seqs);
-  return p.qs.size() == n + 1 && p.heads == args.num_heads && p.kv_heads == args.num_kv_heads &&
-         p.block_size == args.block_size && p.max_blocks == args.max_blocks_per_seq &&
-         std::equal(p.qs.begin(), p.qs.end(), qs) && std::equal(p.lens.begin(), p.lens.end(), lens);
+  return p.key.Matches(args, qs, lens);
+}
+
+// The CSR page lists of the sequences' pages (indptr [num_seqs + 1] into the compacted list,
+// the last page's filled slots), after checking the lengths.
+cudaError_t BuildPageLists(const PagedAttentionArgs& args, const int32_t* host_query_start,
+                           const int32_t* host_context_lens, std::vector<int32_t>* page_indptr,
+                           std::vector<int32_t>* last_page_len, std::string* error) {
+  const int64_t n = args.num_seqs, bs = args.block_size;
+  page_indptr->assign(n + 1, 0);
+  last_page_len->assign(n, 0);
+  for (int64_t s = 0; s < n; ++s) {
+    const int32_t len = host_context_lens[s];
+    const int32_t q_len = host_query_start[s + 1] - host_query_start[s];
+    const int32_t pages = static_cast<int32_t>((len + bs - 1) / bs);
+    if (len <= 0 || pages > args.max_blocks_per_seq || q_len < 0 || q_len > len) {
+      return Fail(error,
+                  "flashinfer attention: a sequence without context, with more queries than "
+                  "context or more pages than its table",
+                  cudaErrorInvalidValue);
+    }
+    (*page_indptr)[s + 1] = (*page_indptr)[s] + pages;
+    (*last_page_len)[s] = len - (pages - 1) * static_cast<int32_t>(bs);
+  }
+  return cudaSuccess;
 }
 
 // Makes p's plan for these lengths in its pinned buffer and enqueues the copies to its
@@ -143,20 +206,13 @@ cudaError_t MakePlan(PlanState* p, void* float_workspace, const PagedAttentionAr
                      cudaStream_t stream, std::string* error) {
   const int64_t n = args.num_seqs, bs = args.block_size;
   std::vector<int32_t> qo_indptr(host_query_start, host_query_start + n + 1);
-  std::vector<int32_t> page_indptr(n + 1, 0), last_page_len(n);
+  std::vector<int32_t> page_indptr, last_page_len;
+  cudaError_t e = BuildPageLists(args, host_query_start, host_context_lens, &page_indptr,
+                                 &last_page_len, error);
+  if (e != cudaSuccess) return e;
   bool uniform = true;
   for (int64_t s = 0; s < n; ++s) {
-    const int32_t len = host_context_lens[s], q_len = qo_indptr[s + 1] - qo_indptr[s];
-    const int32_t pages = static_cast<int32_t>((len + bs - 1) / bs);
-    if (len <= 0 || pages > args.max_blocks_per_seq || q_len < 0 || q_len > len) {
-      return Fail(error,
-                  "flashinfer attention: a sequence without context, with more queries than "
-                  "context or more pages than its table",
-                  cudaErrorInvalidValue);
-    }
-    uniform = uniform && q_len == qo_indptr[1] - qo_indptr[0];
-    page_indptr[s + 1] = page_indptr[s] + pages;
-    last_page_len[s] = len - (pages - 1) * static_cast<int32_t>(bs);
+    uniform = uniform && qo_indptr[s + 1] - qo_indptr[s] == qo_indptr[1] - qo_indptr[0];
   }
   // indptr | last_page_len go after FlashInfer's arrays, at the end of the buffers.
   const size_t tail_bytes = (2 * n + 1) * sizeof(int32_t);
@@ -164,7 +220,6 @@ cudaError_t MakePlan(PlanState* p, void* float_workspace, const PagedAttentionAr
   // A graph's plan keeps one launch shape for every replay: uniform query lengths (decode)
   // tell FlashInfer so, and it sizes the grid for the worst case.
   const int64_t uniform_q_len = p->for_graph && uniform ? qo_indptr[1] - qo_indptr[0] : 0;
-  cudaError_t e;
   try {
     e = flashinfer::PrefillPlan<int32_t>(
         float_workspace, kFloatWorkspaceBytes, p->device, p->pinned, tail_offset, p->info,
@@ -187,13 +242,19 @@ cudaError_t MakePlan(PlanState* p, void* float_workspace, const PagedAttentionAr
   if (e != cudaSuccess) return Fail(error, "flashinfer attention: plan copy", e);
   p->tail_offset = tail_offset;
   p->total_pages = page_indptr[n];
-  p->qs = std::move(qo_indptr);
-  p->lens.assign(host_context_lens, host_context_lens + n);
-  p->heads = args.num_heads;
-  p->kv_heads = args.num_kv_heads;
-  p->block_size = bs;
-  p->max_blocks = args.max_blocks_per_seq;
+  p->key.Set(args, host_query_start, host_context_lens);
   return cudaSuccess;
+}
+
+// indices := the padded block table compacted by `indptr` (device).
+cudaError_t CompactPages(const PagedAttentionArgs& args, const int32_t* indptr, int32_t* indices,
+                         cudaStream_t stream, std::string* error) {
+  const dim3 grid(static_cast<unsigned>((args.max_blocks_per_seq + 255) / 256),
+                  static_cast<unsigned>(args.num_seqs));
+  LaunchKernel(CompactBlockTableKernel, grid, 256, 0, stream, args.block_tables,
+               args.max_blocks_per_seq, indptr, args.num_seqs, indices);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? e : Fail(error, "flashinfer attention: compact block table", e);
 }
 
 // The page list from the padded block table, then the kernel (and its split merge), on the
@@ -207,12 +268,8 @@ cudaError_t RunPlanned(const PlanState& p, void* float_workspace, int32_t* indic
   int32_t* indptr = dev_tail;
   int32_t* last_page_len = dev_tail + n + 1;
   if (compact) {
-    const dim3 grid(static_cast<unsigned>((args.max_blocks_per_seq + 255) / 256),
-                    static_cast<unsigned>(n));
-    LaunchKernel(CompactBlockTableKernel, grid, 256, 0, stream, args.block_tables,
-                 args.max_blocks_per_seq, indptr, n, indices);
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return Fail(error, "flashinfer attention: compact block table", e);
+    const cudaError_t e = CompactPages(args, indptr, indices, stream, error);
+    if (e != cudaSuccess) return e;
   }
   using flashinfer::GetPtrFromBaseOffset;
   Params params;
@@ -286,9 +343,153 @@ bool ArgsOk(const PagedAttentionArgs& args, const int32_t* host_query_start,
          args.num_seqs >= 0 && args.num_kv_heads > 0 && args.num_heads % args.num_kv_heads == 0;
 }
 
+// The compacted page list holds at least total_pages entries.
+cudaError_t EnsureIndices(FlashInferAttention* fi, int64_t total_pages, cudaStream_t stream) {
+  if (total_pages <= fi->indices_capacity) return cudaSuccess;
+  // Earlier kernels may still read the old list: the list grows rarely, so wait.
+  cudaStreamSynchronize(stream);
+  cudaFree(fi->indices);
+  fi->indices = nullptr;
+  fi->indices_capacity = 0;
+  const int64_t capacity = std::max<int64_t>(total_pages * 2, 1024);
+  const cudaError_t e = cudaMalloc(&fi->indices, capacity * sizeof(int32_t));
+  if (e != cudaSuccess) return Fail(&fi->last_error, "flashinfer attention: page list", e);
+  fi->indices_capacity = capacity;
+  return cudaSuccess;
+}
+
+// ---- The SM90 kernel for prefill-heavy eager steps ----
+//
+// FlashInfer's SM90 kernel is FlashAttention-3's design (TMA loads of Q, wgmma, a producer
+// warpgroup feeding two consumer warpgroups, softmax overlapped with the next tile's GEMM)
+// with a gathering cp.async producer for paged K/V. On long causal prompts it should be the
+// faster kernel: the FA2 one reaches 258 TFLOP/s on a 4096-token prompt (docs/gpu.md), about
+// a third of the H200's dense bf16 rate, where the FA3 paper reports 60-70% of it for causal
+// head_dim 128 (on contiguous K/V; this one gathers pages, so expect less: gpu_bench's
+// "FA3 (sm90)" column measures it). But it works in 128-row query tiles per query head, with
+// no GQA packing and no split-KV, so it loses where those matter; kAuto takes it only for
+// steps that are prefill-heavy:
+// - the longest query has at least kSm90MinQueryRows = 128 rows, one full query tile: below,
+//   every tile is partly empty, and a short chunk is a few microseconds on either kernel
+//   (the FA2 one splitting the KV of few rows over a long prefix across the SMs);
+// - its tiles times the query heads fill the SMs (one wave), as it cannot split the KV to
+//   make more work: a 128-row chunk over a 16k prefix with 32 heads would be 32 CTAs on
+//   132 SMs;
+// - at least 3/4 of its tiles' causal work (rows x keys up to each tile's last row) is real
+//   rows. A decode row or a ragged tail costs it a whole 128-row tile per head where the FA2
+//   kernel packs the GQA group's rows, so a mixed step with many decode rows over long
+//   contexts is cheaper on FA2. If the SM90 kernel is s times faster per real row, it wins
+//   down to 1/s real; 3/4 keeps a margin for s as low as 1.33 and for the estimate (the
+//   kernel's 96-key tiles, the planner's balance). A choice to revisit with mixed steps
+//   measured on the H200;
+// - FlashInfer's planner stays on the per-work scheduler (at most 4096 tiles a head), the one
+//   instantiated.
+// Graph plans (decode) and calls while a graph records stay on FA2: the SM90 plan is eager.
+constexpr int64_t kSm90MinQueryRows = 128;
+
+// Whether the step's lengths make it prefill-heavy (above) on a GPU of num_sms SMs.
+bool PrefillHeavy(const PagedAttentionArgs& args, const int32_t* host_query_start,
+                  const int32_t* host_context_lens, int num_sms) {
+  const int64_t n = args.num_seqs, tile = kSm90QueryTile;
+  int64_t max_q = 0;
+  for (int64_t s = 0; s < n; ++s) {
+    max_q = std::max<int64_t>(max_q, host_query_start[s + 1] - host_query_start[s]);
+  }
+  if (max_q < kSm90MinQueryRows) return false;
+  if ((args.num_tokens + tile - 1) / tile + n - 1 > kSm90MaxTilesPerHead) return false;
+  int64_t tiles = 0;
+  double real = 0, padded = 0;
+  for (int64_t s = 0; s < n; ++s) {
+    const int64_t q = host_query_start[s + 1] - host_query_start[s], len = host_context_lens[s];
+    for (int64_t first = 0; first < q; first += tile) {
+      const int64_t rows = std::min(tile, q - first);
+      // The keys up to the tile's last row (queries are the context's last q positions).
+      const double keys = static_cast<double>(std::max<int64_t>(len - q + first + rows, 0));
+      real += rows * keys;
+      padded += tile * keys;
+      ++tiles;
+    }
+  }
+  return tiles * args.num_heads >= num_sms && 4 * real >= 3 * padded;
+}
+
+// Whether the SM90 kernel runs on this device (built, sm_90), and its SMs: asked once.
+cudaError_t InitSm90(FlashInferAttention* fi) {
+  if (fi->sm90_runs >= 0) return cudaSuccess;
+  if (!FlashInferSm90Available()) {
+    fi->sm90_runs = 0;
+    return cudaSuccess;
+  }
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) {
+    e = cudaDeviceGetAttribute(&fi->num_sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  if (e != cudaSuccess) return Fail(&fi->last_error, "flashinfer attention: device attributes", e);
+  fi->sm90_runs = 1;
+  return cudaSuccess;
+}
+
+// Whether a graph is being captured on the stream: the SM90 kernel's plan is copied from
+// pinned memory when it is made, eagerly only.
+cudaError_t Capturing(FlashInferAttention* fi, cudaStream_t stream, bool* capturing) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t e = cudaStreamIsCapturing(stream, &status);
+  if (e != cudaSuccess) return Fail(&fi->last_error, "flashinfer attention: capture status", e);
+  *capturing = status != cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+// The step on the SM90 kernel: its plan (made again only when the lengths change), the
+// page list compacted by the plan's indptr, the kernel.
+cudaError_t LaunchSm90(FlashInferAttention* fi, const void* q, const void* k_cache,
+                       const void* v_cache, const PagedAttentionArgs& args,
+                       const int32_t* host_query_start, const int32_t* host_context_lens,
+                       float scale, void* out, cudaStream_t stream) {
+#if DXS_HAVE_FLASHINFER_SM90
+  if (fi->sm90 == nullptr) fi->sm90 = CreateFlashInferSm90Plan();
+  cudaError_t e;
+  if (!fi->sm90_key.Matches(args, host_query_start, host_context_lens)) {
+    fi->sm90_key = PlanKey();  // a failed plan is made again by the next call
+    std::vector<int32_t> page_indptr, last_page_len;
+    e = BuildPageLists(args, host_query_start, host_context_lens, &page_indptr, &last_page_len,
+                       &fi->last_error);
+    if (e != cudaSuccess) return e;
+    e = MakeFlashInferSm90Plan(fi->sm90, args, host_query_start, host_context_lens,
+                               page_indptr.data(), stream, &fi->last_error);
+    if (e != cudaSuccess) return e;
+    fi->sm90_key.Set(args, host_query_start, host_context_lens);
+    fi->sm90_total_pages = page_indptr[args.num_seqs];
+  }
+  e = EnsureIndices(fi, fi->sm90_total_pages, stream);
+  if (e != cudaSuccess) return e;
+  // The table is compacted on every call: the same lengths may come with another table.
+  e = CompactPages(args, FlashInferSm90PageIndptr(fi->sm90), fi->indices, stream, &fi->last_error);
+  if (e != cudaSuccess) return e;
+  return RunFlashInferSm90(fi->sm90, q, k_cache, v_cache, args, fi->indices, scale, out, stream,
+                           &fi->last_error);
+#else
+  (void)q, (void)k_cache, (void)v_cache, (void)args, (void)host_query_start;
+  (void)host_context_lens, (void)scale, (void)out, (void)stream;
+  return Fail(&fi->last_error, "flashinfer attention: built without the SM90 kernel",
+              cudaErrorNotSupported);
+#endif
+}
+
 }  // namespace
 
-FlashInferAttention* CreateFlashInferAttention() { return new FlashInferAttention(); }
+FlashInferAttention* CreateFlashInferAttention() {
+  FlashInferAttention* fi = new FlashInferAttention();
+  // Read once per instance (the backend makes one), like the backend's other switches.
+  const char* v = std::getenv("DXS_CUDA_PREFILL_SM90");
+  const std::string choice = v != nullptr ? v : "";
+  if (choice == "off") {
+    fi->sm90_off = true;
+  } else if (!choice.empty() && choice != "auto") {
+    fi->switch_error = "DXS_CUDA_PREFILL_SM90=" + choice + ": expected auto or off";
+  }
+  return fi;
+}
 
 void DestroyFlashInferAttention(FlashInferAttention* fi) {
   if (fi == nullptr) return;
@@ -296,9 +497,29 @@ void DestroyFlashInferAttention(FlashInferAttention* fi) {
   cudaFree(fi->float_workspace);
   FreePlanBuffers(&fi->eager);
   FreePlanBuffers(&fi->eager_graph);
+#if DXS_HAVE_FLASHINFER_SM90
+  DestroyFlashInferSm90Plan(fi->sm90);
+#endif
   cudaFree(fi->indices);
   if (fi->plan_copied != nullptr) cudaEventDestroy(fi->plan_copied);
   delete fi;
+}
+
+bool FlashInferSm90Available() {
+#if DXS_HAVE_FLASHINFER_SM90
+  // Built for sm_90a only, which runs on compute capability 9.0 exactly.
+  int device = 0, major = 0, minor = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+         major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+
+FlashInferKernel FlashInferLastKernel(const FlashInferAttention* fi) {
+  return fi == nullptr ? FlashInferKernel::kAuto : fi->last_kernel;
 }
 
 const char* FlashInferAttentionError(const FlashInferAttention* fi) {
@@ -316,12 +537,46 @@ cudaError_t LaunchFlashInferAttention(FlashInferAttention* fi, const void* q, co
                                       const void* v_cache, const PagedAttentionArgs& args,
                                       const int32_t* host_query_start,
                                       const int32_t* host_context_lens, float scale, void* out,
-                                      cudaStream_t stream, bool graph_plan) {
+                                      cudaStream_t stream, bool graph_plan,
+                                      FlashInferKernel kernel) {
   if (fi == nullptr || !ArgsOk(args, host_query_start, host_context_lens)) {
     return cudaErrorInvalidValue;
   }
+  if (!fi->switch_error.empty()) {
+    return Fail(&fi->last_error, fi->switch_error, cudaErrorInvalidValue);
+  }
+  if (graph_plan && kernel == FlashInferKernel::kSm90) {
+    return Fail(&fi->last_error, "flashinfer attention: the SM90 kernel has no graph plan",
+                cudaErrorInvalidValue);
+  }
   if (args.num_tokens == 0 || args.num_seqs == 0) return cudaSuccess;
-  cudaError_t e = EnsureBuffers(fi);
+  cudaError_t e;
+  const bool forced = kernel == FlashInferKernel::kSm90;
+  if (forced || (kernel == FlashInferKernel::kAuto && !graph_plan && !fi->sm90_off)) {
+    e = InitSm90(fi);
+    if (e != cudaSuccess) return e;
+    bool capturing = false;
+    const bool wanted =
+        fi->sm90_runs == 1 &&
+        (forced || PrefillHeavy(args, host_query_start, host_context_lens, fi->num_sms));
+    if (wanted) {
+      e = Capturing(fi, stream, &capturing);
+      if (e != cudaSuccess) return e;
+    }
+    if (forced && (fi->sm90_runs != 1 || capturing)) {
+      return Fail(&fi->last_error,
+                  "flashinfer attention: the SM90 kernel does not run here (not an sm_90 GPU, "
+                  "not built, or a graph is being captured)",
+                  cudaErrorNotSupported);
+    }
+    if (wanted && !capturing) {
+      e = LaunchSm90(fi, q, k_cache, v_cache, args, host_query_start, host_context_lens, scale, out,
+                     stream);
+      if (e == cudaSuccess) fi->last_kernel = FlashInferKernel::kSm90;
+      return e;
+    }
+  }
+  e = EnsureBuffers(fi);
   if (e != cudaSuccess) return e;
   PlanState& plan = graph_plan ? fi->eager_graph : fi->eager;
   if (!SameLengths(plan, args, host_query_start, host_context_lens)) {
@@ -333,19 +588,13 @@ cudaError_t LaunchFlashInferAttention(FlashInferAttention* fi, const void* q, co
     if (e == cudaSuccess) e = cudaEventRecord(fi->plan_copied, stream);
     if (e != cudaSuccess) return e;
   }
-  if (plan.total_pages > fi->indices_capacity) {
-    // Earlier kernels may still read the old list: the list grows rarely, so wait.
-    cudaStreamSynchronize(stream);
-    cudaFree(fi->indices);
-    fi->indices = nullptr;
-    const int64_t capacity = std::max<int64_t>(plan.total_pages * 2, 1024);
-    e = cudaMalloc(&fi->indices, capacity * sizeof(int32_t));
-    if (e != cudaSuccess) return Fail(&fi->last_error, "flashinfer attention: page list", e);
-    fi->indices_capacity = capacity;
-  }
+  e = EnsureIndices(fi, plan.total_pages, stream);
+  if (e != cudaSuccess) return e;
   // The table is compacted on every call: the same lengths may come with another table.
-  return RunPlanned(plan, fi->float_workspace, fi->indices, q, k_cache, v_cache, args, scale, out,
-                    /*compact=*/true, stream, &fi->last_error);
+  e = RunPlanned(plan, fi->float_workspace, fi->indices, q, k_cache, v_cache, args, scale, out,
+                 /*compact=*/true, stream, &fi->last_error);
+  if (e == cudaSuccess) fi->last_kernel = FlashInferKernel::kFa2;
+  return e;
 }
 
 cudaError_t RecordFlashInferAttention(FlashInferAttention* fi, FlashInferGraphPlan** plan,
@@ -356,6 +605,9 @@ cudaError_t RecordFlashInferAttention(FlashInferAttention* fi, FlashInferGraphPl
                                       cudaStream_t stream) {
   if (fi == nullptr || plan == nullptr || !ArgsOk(args, host_query_start, host_context_lens)) {
     return cudaErrorInvalidValue;
+  }
+  if (!fi->switch_error.empty()) {
+    return Fail(&fi->last_error, fi->switch_error, cudaErrorInvalidValue);
   }
   if (args.num_tokens == 0 || args.num_seqs == 0) return cudaSuccess;
   cudaError_t e = EnsureBuffers(fi);
@@ -391,8 +643,10 @@ cudaError_t RecordFlashInferAttention(FlashInferAttention* fi, FlashInferGraphPl
     if (e != cudaSuccess) return e;
   }
   // The page list once per recording (every layer reads the same table).
-  return RunPlanned(gp->plan, fi->float_workspace, gp->indices, q, k_cache, v_cache, args, scale,
-                    out, /*compact=*/!reuse, stream, &fi->last_error);
+  e = RunPlanned(gp->plan, fi->float_workspace, gp->indices, q, k_cache, v_cache, args, scale, out,
+                 /*compact=*/!reuse, stream, &fi->last_error);
+  if (e == cudaSuccess) fi->last_kernel = FlashInferKernel::kFa2;
+  return e;
 }
 
 cudaError_t RefreshFlashInferGraphPlan(FlashInferGraphPlan* gp, cudaEvent_t last_replay_done,

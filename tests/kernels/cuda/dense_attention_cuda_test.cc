@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -260,6 +261,69 @@ TEST(DenseAttentionCudaGuard, AttentionWorkspace) {
   decode.max_context_len = 16;
   EXPECT_EQ(cuda::PagedAttentionWorkspaceBytes(decode), 0u);
 }
+
+// Sets an environment variable for the scope (restoring what was there).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+#if DXS_HAVE_FLASHINFER
+// DXS_CUDA_PREFILL_SM90 is auto or off; anything else fails every call with a message that
+// names it (before any CUDA call: no device needed), graph plans included. The SM90 kernel
+// forced with a graph plan is refused.
+TEST(DenseAttentionCudaGuard, FlashInferRejectsUnknownPrefillSm90Switch) {
+  using Fi = std::unique_ptr<cuda::FlashInferAttention, void (*)(cuda::FlashInferAttention*)>;
+  cuda::PagedAttentionArgs args = SomeAttentionArgs();
+  const std::vector<int32_t> qs = {0, 4, 5}, lens = {40, 64};
+  void* p = FakePtr();
+  Fi fi(nullptr, cuda::DestroyFlashInferAttention);
+  {
+    ScopedEnv env("DXS_CUDA_PREFILL_SM90", "fast");
+    fi.reset(cuda::CreateFlashInferAttention());
+  }
+  EXPECT_EQ(cuda::LaunchFlashInferAttention(fi.get(), p, p, p, args, qs.data(), lens.data(), 0.1f,
+                                            p, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cuda::FlashInferAttentionError(fi.get()))
+                .find("DXS_CUDA_PREFILL_SM90=fast: expected auto or off"),
+            std::string::npos)
+      << cuda::FlashInferAttentionError(fi.get());
+  cuda::FlashInferGraphPlan* plan = nullptr;
+  EXPECT_EQ(cuda::RecordFlashInferAttention(fi.get(), &plan, p, p, p, args, qs.data(), lens.data(),
+                                            0.1f, p, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(plan, nullptr);
+  for (const char* value : {"auto", "off"}) {
+    ScopedEnv env("DXS_CUDA_PREFILL_SM90", value);
+    Fi ok(cuda::CreateFlashInferAttention(), cuda::DestroyFlashInferAttention);
+    EXPECT_EQ(cuda::LaunchFlashInferAttention(ok.get(), p, p, p, args, qs.data(), lens.data(), 0.1f,
+                                              p, nullptr, /*graph_plan=*/true,
+                                              cuda::FlashInferKernel::kSm90),
+              cudaErrorInvalidValue)
+        << value;
+    EXPECT_STREQ(cuda::FlashInferAttentionError(ok.get()),
+                 "flashinfer attention: the SM90 kernel has no graph plan");
+  }
+}
+#endif
 
 // ---- Device cases: skip cleanly when there is no GPU. ----
 
@@ -1071,17 +1135,24 @@ struct AttentionSeq {
   int32_t query_len, context_len;
 };
 
+// Which of FlashInfer's kernels its automatic choice (FlashInferKernel::kAuto) must take
+// for a step where the SM90 kernel runs (elsewhere it is FA2's); kAny: not checked.
+enum class AutoChoice { kAny, kSm90, kFa2 };
+
 class DenseAttentionCudaPaged : public DenseAttentionCudaDevice,
                                 public ::testing::WithParamInterface<AttentionCase> {
  protected:
   // Runs one step of `seqs` through LaunchPagedAttention on a shuffled block pool against
   // the CPU backend, into a poisoned output, then again for the same bits. A positive
   // `context_hint` replaces max_context_len (1: one split however long the contexts).
-  void Check(const std::vector<AttentionSeq>& seqs, uint32_t seed, int64_t context_hint = 0);
+  // Where FlashInfer is built for the shape, its FA2 kernel and (on sm_90) its SM90 kernel
+  // run the same step, and its automatic choice is checked against `auto_choice`.
+  void Check(const std::vector<AttentionSeq>& seqs, uint32_t seed, int64_t context_hint = 0,
+             AutoChoice auto_choice = AutoChoice::kAny);
 };
 
 void DenseAttentionCudaPaged::Check(const std::vector<AttentionSeq>& seqs, uint32_t seed,
-                                    int64_t context_hint) {
+                                    int64_t context_hint, AutoChoice auto_choice) {
   const AttentionCase& c = GetParam();
   const int64_t bs = c.block_size;
   std::vector<int32_t> query_start = {0}, context_lens;
@@ -1176,44 +1247,89 @@ void DenseAttentionCudaPaged::Check(const std::vector<AttentionSeq>& seqs, uint3
   ASSERT_CUDA_OK(stream.Finish());
   EXPECT_EQ(out_d.Download(), first);
 #if DXS_HAVE_FLASHINFER
-  // FlashInfer's kernel on the same step, where it is built for the shape: against the
-  // same CPU reference, twice (the second call reuses the plan), then on a plan made for
-  // other lengths and this one again (a plan is not stale after a change).
+  // FlashInfer's kernels on the same step, where they are built for the shape: FA2's, then
+  // on sm_90 the SM90 one, each against the same CPU reference, twice (the second call
+  // reuses the plan), then on a plan made for other lengths and this one again (a plan is
+  // not stale after a change).
   if (!cuda::FlashInferAttentionSupports(c.q, c.cache, c.out, c.heads, c.kv_heads, d)) return;
-  std::unique_ptr<cuda::FlashInferAttention, void (*)(cuda::FlashInferAttention*)> fi(
-      cuda::CreateFlashInferAttention(), cuda::DestroyFlashInferAttention);
-  auto run_flashinfer = [&](const cuda::PagedAttentionArgs& a, const std::vector<int32_t>& qs,
-                            const std::vector<int32_t>& lens) {
+  using Fi = std::unique_ptr<cuda::FlashInferAttention, void (*)(cuda::FlashInferAttention*)>;
+  Fi fi(cuda::CreateFlashInferAttention(), cuda::DestroyFlashInferAttention);
+  auto run_flashinfer = [&](cuda::FlashInferAttention* f, const cuda::PagedAttentionArgs& a,
+                            const std::vector<int32_t>& qs, const std::vector<int32_t>& lens,
+                            cuda::FlashInferKernel kernel) {
     ASSERT_CUDA_OK(out_d.Poison());
     ASSERT_CUDA_OK(stream.Begin());
-    const cudaError_t e =
-        cuda::LaunchFlashInferAttention(fi.get(), q_d.get(), k_d.get(), v_d.get(), a, qs.data(),
-                                        lens.data(), scale, out_d.get(), stream.get());
-    ASSERT_EQ(e, cudaSuccess) << cuda::FlashInferAttentionError(fi.get()) << ": "
-                              << cudaGetErrorString(e);
+    const cudaError_t e = cuda::LaunchFlashInferAttention(
+        f, q_d.get(), k_d.get(), v_d.get(), a, qs.data(), lens.data(), scale, out_d.get(),
+        stream.get(), /*graph_plan=*/false, kernel);
+    ASSERT_EQ(e, cudaSuccess) << cuda::FlashInferAttentionError(f) << ": " << cudaGetErrorString(e);
     ASSERT_CUDA_OK(stream.Finish());
   };
   // FlashInfer rounds the softmax weights P to bf16 before P.V (as FlashAttention does;
   // our kernel carries P in two 16-bit parts): each weight is off by up to 2^-9 of itself,
   // so on unit-scale V the output moves by up to ~4e-3 beyond the output's own rounding.
-  // Measured on the H200: at most 3.7e-3 over these cases.
+  // Measured on the H200: at most 3.7e-3 over these cases (FA2's kernel). The SM90 kernel
+  // rounds P the same way and sums in another order: the same bound.
   auto expect_flashinfer = [&] { ExpectNear(Decode(out_d.Download(), c.out), want, 5e-3f, 1e-2f); };
-  for (int round = 0; round < 2; ++round) {
-    SCOPED_TRACE(::testing::Message() << "FlashInfer, call " << round);
-    ASSERT_NO_FATAL_FAILURE(run_flashinfer(args, query_start, context_lens));
-    expect_flashinfer();
+  const bool sm90 = cuda::FlashInferSm90Available();
+  std::vector<cuda::FlashInferKernel> kernels = {cuda::FlashInferKernel::kFa2};
+  if (sm90) kernels.push_back(cuda::FlashInferKernel::kSm90);
+  for (cuda::FlashInferKernel kernel : kernels) {
+    const char* name = kernel == cuda::FlashInferKernel::kSm90 ? "SM90" : "FA2";
+    std::vector<uint8_t> first_bits;
+    for (int round = 0; round < 2; ++round) {
+      SCOPED_TRACE(::testing::Message() << "FlashInfer " << name << ", call " << round);
+      ASSERT_NO_FATAL_FAILURE(run_flashinfer(fi.get(), args, query_start, context_lens, kernel));
+      EXPECT_EQ(cuda::FlashInferLastKernel(fi.get()), kernel);
+      expect_flashinfer();
+      // The SM90 kernel has no split-KV and no atomics: one plan gives one summation order.
+      if (kernel == cuda::FlashInferKernel::kSm90 && round == 0) first_bits = out_d.Download();
+      if (kernel == cuda::FlashInferKernel::kSm90 && round == 1) {
+        EXPECT_EQ(out_d.Download(), first_bits);
+      }
+    }
+    // The first sequence alone (another plan), then the whole step again.
+    cuda::PagedAttentionArgs one = args;
+    one.num_seqs = 1;
+    one.num_tokens = query_start[1];
+    one.max_query_len = query_start[1];
+    ASSERT_NO_FATAL_FAILURE(
+        run_flashinfer(fi.get(), one, {0, query_start[1]}, {context_lens[0]}, kernel));
+    {
+      SCOPED_TRACE(::testing::Message() << "FlashInfer " << name << ", after another plan");
+      ASSERT_NO_FATAL_FAILURE(run_flashinfer(fi.get(), args, query_start, context_lens, kernel));
+      expect_flashinfer();
+    }
   }
-  // The first sequence alone (another plan), then the whole step again.
-  cuda::PagedAttentionArgs one = args;
-  one.num_seqs = 1;
-  one.num_tokens = query_start[1];
-  one.max_query_len = query_start[1];
-  ASSERT_NO_FATAL_FAILURE(run_flashinfer(one, {0, query_start[1]}, {context_lens[0]}));
+  if (auto_choice == AutoChoice::kAny) return;
+  // The automatic choice: the SM90 kernel for a prefill-heavy step where it runs, FA2's
+  // otherwise, and always FA2's with DXS_CUDA_PREFILL_SM90=off (read at creation).
+  const char* env = std::getenv("DXS_CUDA_PREFILL_SM90");
+  const bool switched_off = env != nullptr && std::string(env) == "off";
+  const cuda::FlashInferKernel want_auto = auto_choice == AutoChoice::kSm90 && sm90 && !switched_off
+                                               ? cuda::FlashInferKernel::kSm90
+                                               : cuda::FlashInferKernel::kFa2;
   {
-    SCOPED_TRACE("FlashInfer, after another plan");
-    ASSERT_NO_FATAL_FAILURE(run_flashinfer(args, query_start, context_lens));
+    SCOPED_TRACE("FlashInfer, automatic choice");
+    ASSERT_NO_FATAL_FAILURE(
+        run_flashinfer(fi.get(), args, query_start, context_lens, cuda::FlashInferKernel::kAuto));
+    EXPECT_EQ(cuda::FlashInferLastKernel(fi.get()), want_auto);
     expect_flashinfer();
   }
+  Fi off(nullptr, cuda::DestroyFlashInferAttention);
+  {
+    ScopedEnv env_off("DXS_CUDA_PREFILL_SM90", "off");
+    off.reset(cuda::CreateFlashInferAttention());
+  }
+  {
+    SCOPED_TRACE("FlashInfer, automatic choice with DXS_CUDA_PREFILL_SM90=off");
+    ASSERT_NO_FATAL_FAILURE(
+        run_flashinfer(off.get(), args, query_start, context_lens, cuda::FlashInferKernel::kAuto));
+    EXPECT_EQ(cuda::FlashInferLastKernel(off.get()), cuda::FlashInferKernel::kFa2);
+    expect_flashinfer();
+  }
+#else
+  (void)auto_choice;
 #endif
 }
 
@@ -1267,6 +1383,78 @@ TEST_P(DenseAttentionCudaPaged, ChunksOfSharedStepsSplitOverLongPrefixMatchCpu) 
   ASSERT_NO_FATAL_FAILURE(Check({{16, 3000}, {1, 5000}, {37, 1100}}, 33, 1));
 }
 
+TEST_P(DenseAttentionCudaPaged, PrefillHeavyStepsMatchCpu) {
+  // Steps that FlashInfer's automatic choice gives its SM90 kernel on sm_90 (queries of 128
+  // rows and more, enough 128-row tiles times heads to fill 132 SMs, at most a quarter of
+  // the tiles' work padding): whole prompts of several lengths (full and ragged tiles),
+  // chunks after earlier context, and decode rows in the same step. The 32-head shapes fill
+  // the SMs with fewer tiles (the CPU reference is the cost here).
+  const AttentionCase& c = GetParam();
+#if DXS_HAVE_FLASHINFER
+  if (!cuda::FlashInferAttentionSupports(c.q, c.cache, c.out, c.heads, c.kv_heads, c.head_dim)) {
+    GTEST_SKIP() << "FlashInfer is not built for " << Describe(c);
+  }
+#else
+  GTEST_SKIP() << "this build has no FlashInfer";
+#endif
+  if (c.heads >= 32) {
+    ASSERT_NO_FATAL_FAILURE(Check({{256, 256}, {128, 500}, {256, 300}, {1, 300}, {128, 128}}, 41, 0,
+                                  AutoChoice::kSm90));
+  } else {
+    ASSERT_NO_FATAL_FAILURE(Check({{128, 128},
+                                   {256, 256},
+                                   {250, 250},
+                                   {128, 600},
+                                   {240, 400},
+                                   {1, 300},
+                                   {1, 17},
+                                   {240, 240},
+                                   {128, 128},
+                                   {256, 300},
+                                   {128, 256},
+                                   {200, 200}},
+                                  42, 0, AutoChoice::kSm90));
+  }
+  // A prompt beside many decode rows over long contexts: its 128-row tiles would be mostly
+  // padding (a tile per decode row and head), so FA2's kernel is chosen.
+  std::vector<AttentionSeq> mixed = {{256, 256}};
+  for (int s = 0; s < 24; ++s) mixed.push_back({1, 600 + 17 * s});
+  ASSERT_NO_FATAL_FAILURE(Check(mixed, 43, 0, AutoChoice::kFa2));
+  // A short chunk over a longer prefix: too few tiles to fill the SMs without split-KV.
+  ASSERT_NO_FATAL_FAILURE(Check({{128, 600}}, 44, 0, AutoChoice::kFa2));
+}
+
+TEST_P(DenseAttentionCudaPaged, SmallDecodeStepsMatchCpu) {
+  // Decode steps of 1 to 8 sequences: LaunchPagedAttention runs them in one kernel of
+  // clusters (decode_attention.cu) for 16-bit q and cache, head_dim 128 and GQA groups up to
+  // 8 on sm_90, which must take them there. Contexts shorter than a cluster (CTAs without
+  // positions), at block and 64-position batch edges, and up to the kernel's limit.
+  const AttentionCase& c = GetParam();
+  cuda::PagedAttentionArgs probe;
+  probe.num_seqs = probe.num_tokens = 8;
+  probe.num_heads = c.heads;
+  probe.num_kv_heads = c.kv_heads;
+  probe.head_dim = c.head_dim;
+  probe.block_size = c.block_size;
+  probe.max_blocks_per_seq = 8192 / c.block_size + 2;
+  probe.max_query_len = 1;
+  probe.max_context_len = 8000;
+  int device = 0, major = 0;
+  ASSERT_CUDA_OK(cudaGetDevice(&device));
+  ASSERT_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  const bool sixteen_bit = c.q == c.cache && (c.q == ElemType::kBF16 || c.q == ElemType::kF16);
+  const bool eligible = major >= 9 && sixteen_bit && c.head_dim == 128 && c.heads / c.kv_heads <= 8;
+  const char* env = std::getenv("DXS_CUDA_DECODE_CLUSTER");
+  const bool switched_off = env != nullptr && std::string(env) == "off";
+  EXPECT_EQ(cuda::PagedDecodeClusterTakes(c.q, c.cache, c.out, probe), eligible && !switched_off);
+  probe.num_tokens = 9;  // not one row a sequence
+  EXPECT_FALSE(cuda::PagedDecodeClusterTakes(c.q, c.cache, c.out, probe));
+  ASSERT_NO_FATAL_FAILURE(Check({{1, 1}}, 51));
+  ASSERT_NO_FATAL_FAILURE(Check({{1, 2}, {1, 1000}}, 52));
+  ASSERT_NO_FATAL_FAILURE(
+      Check({{1, 5}, {1, 16}, {1, 17}, {1, 64}, {1, 65}, {1, 1024}, {1, 2049}, {1, 8000}}, 53));
+}
+
 constexpr ElemType kF32 = ElemType::kF32, kF16 = ElemType::kF16, kBF16 = ElemType::kBF16;
 INSTANTIATE_TEST_SUITE_P(
     Shapes, DenseAttentionCudaPaged,
@@ -1287,8 +1475,10 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{8, 2, 128, 16, kF32, kBF16, kBF16},
         // Tensor-core path: GQA 1 and 8, f16, f32 outputs, an odd block size.
         AttentionCase{8, 8, 128, 16, kBF16, kBF16, kBF16},
+        AttentionCase{8, 1, 128, 16, kBF16, kBF16, kBF16},
         AttentionCase{16, 2, 128, 16, kBF16, kBF16, kF32},
         AttentionCase{16, 2, 64, 7, kF16, kF16, kF16},
+        AttentionCase{8, 2, 128, 5, kF16, kF16, kF32},
         // Tensor-core path, block sizes a multiple of the 16-position step and not.
         AttentionCase{32, 4, 128, 48, kBF16, kBF16, kBF16},
         AttentionCase{32, 4, 128, 24, kBF16, kBF16, kF32},
