@@ -959,12 +959,6 @@ cudaError_t LaunchPagedAttention(const void* q, ElemType q_type, const void* k_c
       (args.block_tables == nullptr && args.max_blocks_per_seq > 0)) {
     return cudaErrorInvalidValue;
   }
-  // A small decode step: one kernel of clusters (decode_attention.cu), no split merge.
-  if (PagedDecodeClusterTakes(q_type, cache_type, out_type, args) && Aligned16(q) &&
-      Aligned16(k_cache) && Aligned16(v_cache)) {
-    return LaunchPagedDecodeCluster(q, q_type, k_cache, v_cache, cache_type, args, scale, out,
-                                    out_type, stream);
-  }
   const int64_t group = args.num_heads / args.num_kv_heads;
   if (group > kAttnThreads * 16) return cudaErrorInvalidValue;  // far beyond any model
   const SplitPlan plan = PlanSplits(args);

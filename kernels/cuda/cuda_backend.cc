@@ -755,13 +755,7 @@ absl::Status CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
   args.block_tables = meta.block_tables.i32();
   args.num_blocks = k_cache.dim(0);
 #if DXS_HAVE_FLASHINFER
-  // Small decode steps take our one-kernel cluster path (kernels/cuda/decode_attention.cu)
-  // unless FlashInfer is asked for: FlashInfer's is three kernels there.
-  const bool decode_cluster =
-      attention_choice_ != AttentionChoice::kFlashInfer &&
-      cuda::PagedDecodeClusterTakes(ToElemType(q.dtype()), ToElemType(k_cache.dtype()),
-                                    ToElemType(out->dtype()), args);
-  if (!decode_cluster && UseFlashInfer(q, k_cache, meta, *out)) {
+  if (UseFlashInfer(q, k_cache, meta, *out)) {
     absl::MutexLock lock(&flashinfer_mu_);
     if (flashinfer_ == nullptr) flashinfer_.reset(cuda::CreateFlashInferAttention());
     cudaError_t e;

@@ -69,26 +69,4 @@ cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// LaunchKernel for a grid of thread-block clusters of `cluster` CTAs along x (gridDim.x a
-// multiple of it), with the PDL attribute as there.
-template <typename... Params, typename... Args>
-cudaError_t LaunchClusterKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                int cluster, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attribute[2];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
-  attribute[1].id = cudaLaunchAttributeClusterDimension;
-  attribute[1].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attribute[1].val.clusterDim.y = 1;
-  attribute[1].val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = 2;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
 }  // namespace dxs::cuda

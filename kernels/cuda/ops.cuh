@@ -169,24 +169,6 @@ cudaError_t LaunchPagedAttention(const void* q, ElemType q_type, const void* k_c
                                  ElemType out_type, void* workspace, size_t workspace_bytes,
                                  cudaStream_t stream);
 
-// ---- decode_attention.cu ----
-
-// LaunchPagedAttention's decode steps of at most this many sequences over contexts of at
-// most kDecodeClusterMaxContext positions (the max_context_len hint) run in one kernel of
-// thread-block clusters (sm_90 and later; DXS_CUDA_DECODE_CLUSTER=off keeps the split path).
-inline constexpr int64_t kDecodeClusterMaxSeqs = 8;
-inline constexpr int64_t kDecodeClusterMaxContext = 8192;
-// Whether LaunchPagedDecodeCluster takes a step: one query row a sequence (num_tokens ==
-// num_seqs, max_query_len <= 1), q and cache of one 16-bit type, head_dim 128, a GQA group
-// of at most 8, the sizes above, a device with clusters.
-bool PagedDecodeClusterTakes(ElemType q_type, ElemType cache_type, ElemType out_type,
-                             const PagedAttentionArgs& args);
-// LaunchPagedAttention for such a step (cudaErrorNotSupported for any other): no workspace.
-cudaError_t LaunchPagedDecodeCluster(const void* q, ElemType q_type, const void* k_cache,
-                                     const void* v_cache, ElemType cache_type,
-                                     const PagedAttentionArgs& args, float scale, void* out,
-                                     ElemType out_type, cudaStream_t stream);
-
 // ---- moe_ops.cu ----
 
 // Scratch sizes for the launchers below that need workspace (CUB's temporary storage and

@@ -1424,37 +1424,6 @@ TEST_P(DenseAttentionCudaPaged, PrefillHeavyStepsMatchCpu) {
   ASSERT_NO_FATAL_FAILURE(Check({{128, 600}}, 44, 0, AutoChoice::kFa2));
 }
 
-TEST_P(DenseAttentionCudaPaged, SmallDecodeStepsMatchCpu) {
-  // Decode steps of 1 to 8 sequences: LaunchPagedAttention runs them in one kernel of
-  // clusters (decode_attention.cu) for 16-bit q and cache, head_dim 128 and GQA groups up to
-  // 8 on sm_90, which must take them there. Contexts shorter than a cluster (CTAs without
-  // positions), at block and 64-position batch edges, and up to the kernel's limit.
-  const AttentionCase& c = GetParam();
-  cuda::PagedAttentionArgs probe;
-  probe.num_seqs = probe.num_tokens = 8;
-  probe.num_heads = c.heads;
-  probe.num_kv_heads = c.kv_heads;
-  probe.head_dim = c.head_dim;
-  probe.block_size = c.block_size;
-  probe.max_blocks_per_seq = 8192 / c.block_size + 2;
-  probe.max_query_len = 1;
-  probe.max_context_len = 8000;
-  int device = 0, major = 0;
-  ASSERT_CUDA_OK(cudaGetDevice(&device));
-  ASSERT_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  const bool sixteen_bit = c.q == c.cache && (c.q == ElemType::kBF16 || c.q == ElemType::kF16);
-  const bool eligible = major >= 9 && sixteen_bit && c.head_dim == 128 && c.heads / c.kv_heads <= 8;
-  const char* env = std::getenv("DXS_CUDA_DECODE_CLUSTER");
-  const bool switched_off = env != nullptr && std::string(env) == "off";
-  EXPECT_EQ(cuda::PagedDecodeClusterTakes(c.q, c.cache, c.out, probe), eligible && !switched_off);
-  probe.num_tokens = 9;  // not one row a sequence
-  EXPECT_FALSE(cuda::PagedDecodeClusterTakes(c.q, c.cache, c.out, probe));
-  ASSERT_NO_FATAL_FAILURE(Check({{1, 1}}, 51));
-  ASSERT_NO_FATAL_FAILURE(Check({{1, 2}, {1, 1000}}, 52));
-  ASSERT_NO_FATAL_FAILURE(
-      Check({{1, 5}, {1, 16}, {1, 17}, {1, 64}, {1, 65}, {1, 1024}, {1, 2049}, {1, 8000}}, 53));
-}
-
 constexpr ElemType kF32 = ElemType::kF32, kF16 = ElemType::kF16, kBF16 = ElemType::kBF16;
 INSTANTIATE_TEST_SUITE_P(
     Shapes, DenseAttentionCudaPaged,
