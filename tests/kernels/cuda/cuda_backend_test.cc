@@ -605,6 +605,17 @@ TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
   }
 }
 
+// An unknown value of FlashInfer's SM90 prefill switch fails the backend's creation, as the
+// other auto|off switches do, rather than the first prefill step.
+TEST_F(CudaBackendTest, AnUnknownPrefillSm90SwitchFailsCreation) {
+  setenv("DXS_CUDA_PREFILL_SM90", "sideways", 1);
+  const absl::StatusOr<std::unique_ptr<Backend>> made = MakeBackend("cuda");
+  unsetenv("DXS_CUDA_PREFILL_SM90");
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(made.status().message().find("DXS_CUDA_PREFILL_SM90"), std::string::npos);
+}
+
 // DXS_CUDA_GEMV=off takes cuBLAS / CUTLASS for what gemv.cu runs by default: on the
 // Qwen3-30B-A3B shapes of a decode step both agree within bf16 error.
 TEST_F(CudaBackendTest, GemvAndGemmPathsAgree) {
