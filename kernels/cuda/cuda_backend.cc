@@ -157,9 +157,12 @@ absl::Status CudaBackend::Init() {
     return absl::InvalidArgumentError(absl::StrCat("DXS_CUDA_ATTENTION=", attention_choice,
                                                    ": expected auto, dxs or flashinfer"));
   }
-  // Read again by FlashInfer's attention when it is first used; checked here so that a bad
-  // value fails the backend's creation, not a later step.
-  DXS_RETURN_IF_ERROR(AutoOrOff("DXS_CUDA_PREFILL_SM90").status());
+  // Switches read where they act (FlashInfer's attention when first used; launch.cuh and
+  // gemv.cu, which take anything but "off" as on): checked here so that a bad value fails
+  // the backend's creation, not a later step or silently.
+  for (const char* name : {"DXS_CUDA_PREFILL_SM90", "DXS_CUDA_PDL", "DXS_CUDA_GEMV_SPLITK"}) {
+    DXS_RETURN_IF_ERROR(AutoOrOff(name).status());
+  }
   DXS_ASSIGN_OR_RETURN(use_gemv_, AutoOrOff("DXS_CUDA_GEMV"));
   DXS_ASSIGN_OR_RETURN(const bool routed_swiglu, AutoOrOff("DXS_CUDA_ROUTED_SWIGLU"));
   use_routed_swiglu_ = use_gemv_ && routed_swiglu;

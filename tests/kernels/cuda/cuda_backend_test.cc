@@ -605,15 +605,19 @@ TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
   }
 }
 
-// An unknown value of FlashInfer's SM90 prefill switch fails the backend's creation, as the
-// other auto|off switches do, rather than the first prefill step.
-TEST_F(CudaBackendTest, AnUnknownPrefillSm90SwitchFailsCreation) {
-  setenv("DXS_CUDA_PREFILL_SM90", "sideways", 1);
-  const absl::StatusOr<std::unique_ptr<Backend>> made = MakeBackend("cuda");
-  unsetenv("DXS_CUDA_PREFILL_SM90");
-  ASSERT_FALSE(made.ok());
-  EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(made.status().message().find("DXS_CUDA_PREFILL_SM90"), std::string::npos);
+// An unknown value of a switch read outside the backend (FlashInfer's SM90 prefill, PDL,
+// the GEMVs' split-k) fails the backend's creation, as the backend's own auto|off switches
+// do, rather than the first prefill step or silently meaning "on".
+TEST_F(CudaBackendTest, UnknownSwitchValuesFailCreation) {
+  for (const char* name : {"DXS_CUDA_PREFILL_SM90", "DXS_CUDA_PDL", "DXS_CUDA_GEMV_SPLITK"}) {
+    SCOPED_TRACE(name);
+    setenv(name, "sideways", 1);
+    const absl::StatusOr<std::unique_ptr<Backend>> made = MakeBackend("cuda");
+    unsetenv(name);
+    ASSERT_FALSE(made.ok());
+    EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(made.status().message().find(name), std::string::npos) << made.status();
+  }
 }
 
 // DXS_CUDA_GEMV=off takes cuBLAS / CUTLASS for what gemv.cu runs by default: on the
