@@ -116,6 +116,29 @@ struct Rates {
   double gemm_flops = 0;        // bf16 8192^3
 };
 
+#if DXS_HAVE_FLASHINFER
+// FlashInfer's arguments for the step that PagedAttention(q [tokens, heads, d], kc, ...,
+// meta) runs, for calling its kernels directly.
+cuda::PagedAttentionArgs FlashInferArgs(const Tensor& q, const Tensor& kc,
+                                        const PagedAttentionMeta& meta) {
+  cuda::PagedAttentionArgs args;
+  args.num_seqs = meta.num_seqs;
+  args.num_tokens = q.dim(0);
+  args.num_heads = q.dim(1);
+  args.num_kv_heads = kc.dim(2);
+  args.head_dim = q.dim(2);
+  args.block_size = meta.block_size;
+  args.max_blocks_per_seq = meta.max_blocks_per_seq;
+  args.max_query_len = meta.max_query_len;
+  args.max_context_len = meta.max_context_len;
+  args.num_blocks = kc.dim(0);
+  args.query_start = meta.query_start.i32();
+  args.context_lens = meta.context_lens.i32();
+  args.block_tables = meta.block_tables.i32();
+  return args;
+}
+#endif
+
 Rates MeasureRates(Backend* b, cudaStream_t stream, bool quick, Report* report) {
   Rates r;
   const int64_t n = int64_t{1} << (quick ? 28 : 30);  // bytes
@@ -293,20 +316,7 @@ void DecodeAttention(Backend* b, cudaStream_t stream, const Rates& rates, bool q
       {
         std::unique_ptr<cuda::FlashInferAttention, void (*)(cuda::FlashInferAttention*)> fi(
             cuda::CreateFlashInferAttention(), cuda::DestroyFlashInferAttention);
-        cuda::PagedAttentionArgs args;
-        args.num_seqs = batch;
-        args.num_tokens = batch;
-        args.num_heads = heads;
-        args.num_kv_heads = kv_heads;
-        args.head_dim = d;
-        args.block_size = bs;
-        args.max_blocks_per_seq = blocks_per_seq;
-        args.max_query_len = 1;
-        args.max_context_len = ctx;
-        args.num_blocks = num_blocks;
-        args.query_start = meta.query_start.i32();
-        args.context_lens = meta.context_lens.i32();
-        args.block_tables = meta.block_tables.i32();
+        const cuda::PagedAttentionArgs args = FlashInferArgs(q, kc, meta);
         auto call = [&](int r) -> absl::Status {
           const cudaError_t e = cuda::LaunchFlashInferAttention(
               fi.get(), q.raw(), kcs[r % copies].raw(), vcs[r % copies].raw(), args, qs.data(),
@@ -390,20 +400,7 @@ void PrefillAttention(Backend* b, cudaStream_t stream, const Rates& rates, bool 
       // Each FlashInfer kernel forced, on its own plan (made by the warm-up calls).
       std::unique_ptr<cuda::FlashInferAttention, void (*)(cuda::FlashInferAttention*)> fi(
           cuda::CreateFlashInferAttention(), cuda::DestroyFlashInferAttention);
-      cuda::PagedAttentionArgs args;
-      args.num_seqs = 1;
-      args.num_tokens = prompt;
-      args.num_heads = heads;
-      args.num_kv_heads = kv_heads;
-      args.head_dim = d;
-      args.block_size = bs;
-      args.max_blocks_per_seq = blocks;
-      args.max_query_len = prompt;
-      args.max_context_len = prompt;
-      args.num_blocks = blocks;
-      args.query_start = meta.query_start.i32();
-      args.context_lens = meta.context_lens.i32();
-      args.block_tables = meta.block_tables.i32();
+      const cuda::PagedAttentionArgs args = FlashInferArgs(q, kc, meta);
       auto call = [&](cuda::FlashInferKernel kernel) {
         const cudaError_t e = cuda::LaunchFlashInferAttention(
             fi.get(), q.raw(), kc.raw(), vc.raw(), args, host_qs.data(), host_lens.data(), 0.088f,
