@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,17 @@ absl::StatusOr<bool> AutoOrOff(const char* name) {
     return absl::InvalidArgumentError(absl::StrCat(name, "=", choice, ": expected auto or off"));
   }
   return choice != "off";
+}
+
+// A switch from the environment that is unset or one of `values`; else INVALID_ARGUMENT.
+absl::Status OneOf(const char* name, std::initializer_list<const char*> values) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return absl::OkStatus();
+  for (const char* v : values) {
+    if (std::strcmp(value, v) == 0) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, "=", value, ": expected one of ", absl::StrJoin(values, ", ")));
 }
 
 }  // namespace
@@ -163,6 +175,8 @@ absl::Status CudaBackend::Init() {
   for (const char* name : {"DXS_CUDA_PREFILL_SM90", "DXS_CUDA_PDL", "DXS_CUDA_GEMV_SPLITK"}) {
     DXS_RETURN_IF_ERROR(AutoOrOff(name).status());
   }
+  DXS_RETURN_IF_ERROR(OneOf("DXS_CUDA_NORM_EARLY_TRIGGER", {"on", "off"}));
+  DXS_RETURN_IF_ERROR(OneOf("DXS_CUDA_GEMV_EARLY", {"2", "4"}));
   DXS_ASSIGN_OR_RETURN(use_gemv_, AutoOrOff("DXS_CUDA_GEMV"));
   DXS_ASSIGN_OR_RETURN(const bool routed_swiglu, AutoOrOff("DXS_CUDA_ROUTED_SWIGLU"));
   use_routed_swiglu_ = use_gemv_ && routed_swiglu;

@@ -142,7 +142,10 @@ __device__ __forceinline__ void StoreFloats(T* p, const float (&in)[kN]) {
 template <typename X, typename W, typename Y, int kVec, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
     ResidualNormKernel(const X* x, float* residual, const W* __restrict__ w, float eps,
-                       int64_t rows, int64_t cols, Y* y) {
+                       int64_t rows, int64_t cols, Y* y, bool trigger_early) {
+  // pdl-early: only lets the next kernel be scheduled (launch.cuh's PdlTrigger, with
+  // DXS_CUDA_NORM_EARLY_TRIGGER=on); nothing is read or written before the wait.
+  if (trigger_early) PdlTrigger();
   PdlWait();
   __shared__ float warp_sums[kWarpsPerBlock];
   __shared__ float row_inv;
@@ -443,10 +446,10 @@ cudaError_t LaunchResidualNorm(const X* in, float* residual, const W* w, float e
                    (!kAdd || Aligned16(residual));
   if (vec) {
     LaunchKernel(ResidualNormKernel<X, W, Y, kNormVec, kAdd>, GridBlocks(rows, 1), kThreads, 0,
-                 stream, in, residual, w, eps, rows, cols, out);
+                 stream, in, residual, w, eps, rows, cols, out, NormEarlyTrigger());
   } else {
     LaunchKernel(ResidualNormKernel<X, W, Y, 1, kAdd>, GridBlocks(rows, 1), kThreads, 0, stream, in,
-                 residual, w, eps, rows, cols, out);
+                 residual, w, eps, rows, cols, out, NormEarlyTrigger());
   }
   return cudaGetLastError();
 }

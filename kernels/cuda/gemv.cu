@@ -31,6 +31,8 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/elem_type.cuh"
@@ -110,7 +112,7 @@ struct GemvOutputs {
   int count;
 };
 
-template <typename TX, typename TY, int M>
+template <typename TX, typename TY, int M, int kEarly>
 __global__ void __launch_bounds__(kWarps * 32)
     GemvKernel(const TX* __restrict__ x, int m, const GemvOutputs outs, int k, int ksplit) {
   static_assert(kGemvMaxOutputs == 3, "the selection below names each output");
@@ -137,10 +139,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int f = 0; f < kFeatures; ++f) {
     row[f] = static_cast<int64_t>(min(feature0 + f, n - 1)) * k;  // a tail repeats its last row
   }
-  // pdl-early: the weights are the model's, never written by a kernel, so the first slices
-  // are requested before waiting for the previous kernel (PdlWait) and stream while it
-  // finishes. Nothing else is read or written before the wait.
-  constexpr int kEarly = 2;
+  // pdl-early: the weights are the model's, never written by a kernel, so the first kEarly
+  // slices are requested before waiting for the previous kernel (PdlWait) and stream while
+  // it finishes. Nothing else is read or written before the wait.
   uint4 early[kEarly][kFeatures];
 #pragma unroll
   for (int i = 0; i < kEarly; ++i) {
@@ -434,6 +435,18 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
   out[static_cast<int64_t>(t) * hidden + feature0 + f] = FromFloat<TO>(sum);
 }
 
+// The weight slices (256 elements a lane's warp) a dense GEMV warp requests before PdlWait:
+// 2, or 4 with DXS_CUDA_GEMV_EARLY=4 (an experiment not yet measured: with ksplit, 4 is the
+// whole of a q/k/v or o-projection warp's share at Qwen3-30B-A3B's shapes, so the whole
+// stream is requested while the previous kernel finishes). Read once.
+int GemvEarlySlices() {
+  static const int slices = [] {
+    const char* v = std::getenv("DXS_CUDA_GEMV_EARLY");
+    return v != nullptr && std::strcmp(v, "4") == 0 ? 4 : 2;
+  }();
+  return slices;
+}
+
 // Blocks for `features` outputs when ksplit warps share each feature group.
 int FeatureBlocks(int64_t features, int ksplit = 1) {
   const int64_t per_block = kWarps / ksplit * kFeatures;
@@ -559,8 +572,16 @@ cudaError_t LaunchGemvsBf16(const void* x, ElemType x_type, int64_t m, int64_t k
   auto launch = [&](auto xt, auto yt, auto rows) {
     using TX = typename decltype(xt)::type;
     using TY = typename decltype(yt)::type;
-    LaunchKernel(GemvKernel<TX, TY, decltype(rows)::value>, grid, kWarps * 32, 0, stream,
-                 static_cast<const TX*>(x), static_cast<int>(m), outs, static_cast<int>(k), ksplit);
+    constexpr int kRows = decltype(rows)::value;
+    if (GemvEarlySlices() == 4) {
+      LaunchKernel(GemvKernel<TX, TY, kRows, 4>, grid, kWarps * 32, 0, stream,
+                   static_cast<const TX*>(x), static_cast<int>(m), outs, static_cast<int>(k),
+                   ksplit);
+    } else {
+      LaunchKernel(GemvKernel<TX, TY, kRows, 2>, grid, kWarps * 32, 0, stream,
+                   static_cast<const TX*>(x), static_cast<int>(m), outs, static_cast<int>(k),
+                   ksplit);
+    }
     return cudaGetLastError();
   };
   auto by_rows = [&](auto xt, auto yt) {

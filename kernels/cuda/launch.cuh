@@ -51,6 +51,29 @@ __device__ __forceinline__ void PdlWait() {
 #endif
 }
 
+// Lets the next kernel of the stream be scheduled now, before this one waits. For a short
+// kernel whose successor streams weights (a norm before a GEMV): the successor's pdl-early
+// weight loads then overlap this kernel's wait for its own predecessor instead of starting
+// after it. A kernel that calls it (before PdlWait, under a `// pdl-early:` comment) gives
+// up the "two or more kernels back" guarantee for its successor, which may start while this
+// kernel's predecessor still runs; that is safe because every kernel touches only immutable
+// weights before its own PdlWait(). DXS_CUDA_NORM_EARLY_TRIGGER=on|off (default off, an
+// experiment not yet measured) turns it on for ResidualNormKernel.
+__device__ __forceinline__ void PdlTrigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether the residual norms call PdlTrigger() before waiting (read once).
+inline bool NormEarlyTrigger() {
+  static const bool on = [] {
+    const char* v = std::getenv("DXS_CUDA_NORM_EARLY_TRIGGER");
+    return v != nullptr && std::strcmp(v, "on") == 0;
+  }();
+  return on;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute (see above). Returns
 // the launch's error, which cudaGetLastError() also reports.
 template <typename... Params, typename... Args>
