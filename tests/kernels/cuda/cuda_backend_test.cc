@@ -606,8 +606,9 @@ TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
 }
 
 // An unknown value of a switch read outside the backend (FlashInfer's SM90 prefill, PDL,
-// the GEMVs' split-k and early slices, the norms' early trigger) fails the backend's creation, as the backend's own auto|off switches
-// do, rather than the first prefill step or silently meaning "on".
+// the GEMVs' split-k and early slices, the norms' early trigger) fails the backend's
+// creation, as the backend's own auto|off switches do, rather than the first prefill step or
+// silently meaning "on".
 TEST_F(CudaBackendTest, UnknownSwitchValuesFailCreation) {
   for (const char* name : {"DXS_CUDA_PREFILL_SM90", "DXS_CUDA_PDL", "DXS_CUDA_GEMV_SPLITK",
                            "DXS_CUDA_NORM_EARLY_TRIGGER", "DXS_CUDA_GEMV_EARLY"}) {
