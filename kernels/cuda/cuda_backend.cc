@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_backend_impl.h"
 #if DXS_HAVE_FLASHINFER
@@ -58,26 +57,26 @@ cudaDataType_t CublasType(DType dtype) {
   }
 }
 
-// An auto|off switch from the environment (unset: auto): whether the path it names is on;
-// any other value is INVALID_ARGUMENT.
-absl::StatusOr<bool> AutoOrOff(const char* name) {
-  const char* value = std::getenv(name);
-  const std::string choice = value != nullptr ? value : "";
-  if (!choice.empty() && choice != "auto" && choice != "off") {
-    return absl::InvalidArgumentError(absl::StrCat(name, "=", choice, ": expected auto or off"));
-  }
-  return choice != "off";
-}
-
-// A switch from the environment that is unset or one of `values`; else INVALID_ARGUMENT.
+// A switch from the environment that is unset or one of `values`; else INVALID_ARGUMENT
+// ("NAME=v: expected a, b or c").
 absl::Status OneOf(const char* name, std::initializer_list<const char*> values) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return absl::OkStatus();
-  for (const char* v : values) {
+  std::string expected;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const char* v = values.begin()[i];
     if (std::strcmp(value, v) == 0) return absl::OkStatus();
+    if (i > 0) expected += i + 1 == values.size() ? " or " : ", ";
+    expected += v;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(name, "=", value, ": expected one of ", absl::StrJoin(values, ", ")));
+  return absl::InvalidArgumentError(absl::StrCat(name, "=", value, ": expected ", expected));
+}
+
+// An auto|off switch from the environment (unset: auto): whether the path it names is on.
+absl::StatusOr<bool> AutoOrOff(const char* name) {
+  DXS_RETURN_IF_ERROR(OneOf(name, {"auto", "off"}));
+  const char* value = std::getenv(name);
+  return value == nullptr || std::strcmp(value, "off") != 0;
 }
 
 }  // namespace
@@ -155,6 +154,7 @@ absl::Status CudaBackend::Init() {
   };
   graph_allocator_ = make_pool();
   allocator_ = make_pool();
+  DXS_RETURN_IF_ERROR(OneOf("DXS_CUDA_ATTENTION", {"auto", "dxs", "flashinfer"}));
   const char* attention = std::getenv("DXS_CUDA_ATTENTION");
   const std::string attention_choice = attention != nullptr ? attention : "";
   if (attention_choice == "dxs") {
@@ -165,27 +165,21 @@ absl::Status CudaBackend::Init() {
           "DXS_CUDA_ATTENTION=flashinfer: this build has no FlashInfer (run scripts/setup.sh)");
     }
     attention_choice_ = AttentionChoice::kFlashInfer;
-  } else if (!attention_choice.empty() && attention_choice != "auto") {
-    return absl::InvalidArgumentError(absl::StrCat("DXS_CUDA_ATTENTION=", attention_choice,
-                                                   ": expected auto, dxs or flashinfer"));
   }
   // Switches read where they act (FlashInfer's attention when first used; launch.cuh and
   // gemv.cu, which take anything but "off" as on): checked here so that a bad value fails
   // the backend's creation, not a later step or silently.
   for (const char* name : {"DXS_CUDA_PREFILL_SM90", "DXS_CUDA_PDL", "DXS_CUDA_GEMV_SPLITK"}) {
-    DXS_RETURN_IF_ERROR(AutoOrOff(name).status());
+    DXS_RETURN_IF_ERROR(OneOf(name, {"auto", "off"}));
   }
   DXS_RETURN_IF_ERROR(OneOf("DXS_CUDA_NORM_EARLY_TRIGGER", {"on", "off"}));
   DXS_RETURN_IF_ERROR(OneOf("DXS_CUDA_GEMV_EARLY", {"2", "4"}));
   DXS_ASSIGN_OR_RETURN(use_gemv_, AutoOrOff("DXS_CUDA_GEMV"));
   DXS_ASSIGN_OR_RETURN(const bool routed_swiglu, AutoOrOff("DXS_CUDA_ROUTED_SWIGLU"));
   use_routed_swiglu_ = use_gemv_ && routed_swiglu;
+  DXS_RETURN_IF_ERROR(OneOf("DXS_CUDA_GROUPED_GEMM", {"cublas", "cutlass"}));
   const char* grouped = std::getenv("DXS_CUDA_GROUPED_GEMM");
   const std::string choice = grouped != nullptr ? grouped : "";
-  if (!choice.empty() && choice != "cublas" && choice != "cutlass") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DXS_CUDA_GROUPED_GEMM=", choice, ": expected cublas or cutlass"));
-  }
   cudaDeviceProp prop;
   DXS_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, device_), "cuda backend"));
   const bool cutlass_runs = DXS_HAVE_CUTLASS && prop.major == 9;  // the SM90 kernels

@@ -170,11 +170,6 @@ cudaError_t EnsureBuffers(FlashInferAttention* fi) {
   return e == cudaSuccess ? e : Fail(&fi->last_error, "flashinfer attention: buffers", e);
 }
 
-bool SameLengths(const PlanState& p, const PagedAttentionArgs& args, const int32_t* qs,
-                 const int32_t* lens) {
-  return p.key.Matches(args, qs, lens);
-}
-
 // The CSR page lists of the sequences' pages (indptr [num_seqs + 1] into the compacted list,
 // the last page's filled slots), after checking the lengths.
 cudaError_t BuildPageLists(const PagedAttentionArgs& args, const int32_t* host_query_start,
@@ -579,7 +574,7 @@ cudaError_t LaunchFlashInferAttention(FlashInferAttention* fi, const void* q, co
   e = EnsureBuffers(fi);
   if (e != cudaSuccess) return e;
   PlanState& plan = graph_plan ? fi->eager_graph : fi->eager;
-  if (!SameLengths(plan, args, host_query_start, host_context_lens)) {
+  if (!plan.key.Matches(args, host_query_start, host_context_lens)) {
     // The previous plan's copy must have left the pinned buffer before it is rewritten.
     e = cudaEventSynchronize(fi->plan_copied);
     if (e != cudaSuccess) return Fail(&fi->last_error, "flashinfer attention: plan event", e);
@@ -618,7 +613,7 @@ cudaError_t RecordFlashInferAttention(FlashInferAttention* fi, FlashInferGraphPl
                      gp->args.num_seqs == args.num_seqs &&
                      gp->args.max_blocks_per_seq == args.max_blocks_per_seq &&
                      gp->args.block_tables == args.block_tables &&
-                     SameLengths(gp->plan, args, host_query_start, host_context_lens);
+                     gp->plan.key.Matches(args, host_query_start, host_context_lens);
   if (!reuse) {
     if (gp != nullptr)
       return Fail(&fi->last_error, "flashinfer attention: one graph plan per recording",
@@ -652,7 +647,7 @@ cudaError_t RecordFlashInferAttention(FlashInferAttention* fi, FlashInferGraphPl
 cudaError_t RefreshFlashInferGraphPlan(FlashInferGraphPlan* gp, cudaEvent_t last_replay_done,
                                        cudaStream_t stream) {
   if (gp == nullptr) return cudaErrorInvalidValue;
-  if (SameLengths(gp->plan, gp->args, gp->host_query_start, gp->host_context_lens)) {
+  if (gp->plan.key.Matches(gp->args, gp->host_query_start, gp->host_context_lens)) {
     return cudaSuccess;
   }
   // The last replay's recorded copy read the pinned plan: wait for it before rewriting.

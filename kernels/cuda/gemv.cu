@@ -440,10 +440,7 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
 // whole of a q/k/v or o-projection warp's share at Qwen3-30B-A3B's shapes, so the whole
 // stream is requested while the previous kernel finishes). Read once.
 int GemvEarlySlices() {
-  static const int slices = [] {
-    const char* v = std::getenv("DXS_CUDA_GEMV_EARLY");
-    return v != nullptr && std::strcmp(v, "4") == 0 ? 4 : 2;
-  }();
+  static const int slices = EnvIs("DXS_CUDA_GEMV_EARLY", "4") ? 4 : 2;
   return slices;
 }
 

@@ -29,12 +29,14 @@
 
 namespace dxs::cuda {
 
-// Whether the environment variable `name` is "off": the A/B switches of the launchers
-// here and in gemv.cu (read once each by their callers).
-inline bool SwitchedOff(const char* name) {
+// Whether the environment variable `name` is `value`: the A/B switches of the launchers
+// here and in gemv.cu (read once each by their callers; CudaBackend rejects other values
+// when it is created).
+inline bool EnvIs(const char* name, const char* value) {
   const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "off") == 0;
+  return v != nullptr && std::strcmp(v, value) == 0;
 }
+inline bool SwitchedOff(const char* name) { return EnvIs(name, "off"); }
 
 // Whether launches carry the PDL attribute: on unless DXS_CUDA_PDL=off (read once).
 inline bool PdlEnabled() {
@@ -67,10 +69,7 @@ __device__ __forceinline__ void PdlTrigger() {
 
 // Whether the residual norms call PdlTrigger() before waiting (read once).
 inline bool NormEarlyTrigger() {
-  static const bool on = [] {
-    const char* v = std::getenv("DXS_CUDA_NORM_EARLY_TRIGGER");
-    return v != nullptr && std::strcmp(v, "on") == 0;
-  }();
+  static const bool on = EnvIs("DXS_CUDA_NORM_EARLY_TRIGGER", "on");
   return on;
 }
 
