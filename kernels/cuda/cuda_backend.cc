@@ -35,6 +35,9 @@ namespace {
 constexpr size_t kMaxCachedDeviceBytes = size_t{8} << 30;
 // cuBLAS's own workspace, fixed so that its GEMMs can later be captured in CUDA graphs.
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+// Decode steps of at most this many (sequence, kv head) pairs may take decode_attention.cu's
+// kernel (batch 8 at 4 kv heads; CudaBackend::UseDecodeAttention).
+constexpr int64_t kDecodeAttentionMaxPairs = 32;
 
 class CudaEvent final : public Event {
  public:
@@ -166,6 +169,14 @@ absl::Status CudaBackend::Init() {
     }
     attention_choice_ = AttentionChoice::kFlashInfer;
   }
+  DXS_RETURN_IF_ERROR(OneOf("DXS_CUDA_DECODE_ATTENTION", {"auto", "on", "off"}));
+  const char* decode = std::getenv("DXS_CUDA_DECODE_ATTENTION");
+  const std::string decode_choice = decode != nullptr ? decode : "";
+  decode_choice_ = decode_choice == "on"    ? DecodeChoice::kOn
+                   : decode_choice == "off" ? DecodeChoice::kOff
+                                            : DecodeChoice::kAuto;
+  DXS_RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_), "cuda backend"));
   // Switches read where they act (FlashInfer's attention when first used; launch.cuh and
   // gemv.cu, which take anything but "off" as on): checked here so that a bad value fails
   // the backend's creation, not a later step or silently.
@@ -768,6 +779,18 @@ absl::Status CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
   args.context_lens = meta.context_lens.i32();
   args.block_tables = meta.block_tables.i32();
   args.num_blocks = k_cache.dim(0);
+  if (UseDecodeAttention(q, k_cache, meta, *out)) {
+    const int splits = cuda::DecodeAttentionSplits(meta.num_seqs, kv_heads, num_sms_);
+    const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(args, splits);
+    DXS_ASSIGN_OR_RETURN(Tensor workspace, Workspace(bytes));
+    DXS_ASSIGN_OR_RETURN(int32_t * counters, DecodeCounters(tokens * kv_heads));
+    return CudaStatus(
+        cuda::LaunchDecodeAttention(q.raw(), ToElemType(q.dtype()), k_cache.raw(), v_cache.raw(),
+                                    ToElemType(k_cache.dtype()), args, scale, out->raw(),
+                                    ToElemType(out->dtype()), splits, workspace.raw(), bytes,
+                                    counters, stream_),
+        "paged attention (decode)");
+  }
 #if DXS_HAVE_FLASHINFER
   if (UseFlashInfer(q, k_cache, meta, *out)) {
     absl::MutexLock lock(&flashinfer_mu_);
@@ -817,6 +840,38 @@ absl::Status CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,
                                  ToElemType(k_cache.dtype()), args, scale, out->raw(),
                                  ToElemType(out->dtype()), workspace, workspace_bytes, stream_),
       "paged attention");
+}
+
+bool CudaBackend::UseDecodeAttention(const Tensor& q, const Tensor& k_cache,
+                                     const PagedAttentionMeta& meta, const Tensor& out) const {
+  if (decode_choice_ == DecodeChoice::kOff || attention_choice_ == AttentionChoice::kFlashInfer ||
+      meta.max_query_len > 1) {
+    return false;
+  }
+  const int64_t kv_heads = k_cache.dim(2);
+  if (meta.num_seqs * kv_heads > kDecodeAttentionMaxPairs) return false;
+  // auto: where FlashInfer's kernel would not run (the services' eager decode steps, bound
+  // by the host's launches: one launch instead of attention.cu's kernel and split merge).
+  // In ForwardDecode's graphs FlashInfer's measured faster (docs/gpu.md); on takes those too.
+  if (decode_choice_ == DecodeChoice::kAuto && UseFlashInfer(q, k_cache, meta, out)) return false;
+  return cuda::DecodeAttentionSupports(ToElemType(q.dtype()), ToElemType(k_cache.dtype()),
+                                       ToElemType(out.dtype()), q.dim(1), kv_heads, q.dim(2));
+}
+
+absl::StatusOr<int32_t*> CudaBackend::DecodeCounters(int64_t count) {
+  absl::MutexLock lock(&decode_mu_);
+  if (!decode_counters_.defined() || decode_counters_.num_elements() < count) {
+    if (recording_.load()) {
+      return absl::FailedPreconditionError(
+          "paged attention (decode): its counters grow only outside a graph recording");
+    }
+    // Zeros from here on: each launch leaves them as it found them.
+    DXS_ASSIGN_OR_RETURN(decode_counters_, Allocate({std::max<int64_t>(count, 1024)}, DType::kI32));
+    DXS_RETURN_IF_ERROR(CudaStatus(
+        cudaMemsetAsync(decode_counters_.raw(), 0, decode_counters_.num_bytes(), stream_),
+        "paged attention (decode): counters"));
+  }
+  return static_cast<int32_t*>(decode_counters_.raw());
 }
 
 bool CudaBackend::UseFlashInfer(const Tensor& q, const Tensor& k_cache,

@@ -161,6 +161,12 @@ class CudaBackend final : public Backend {
 
   // FlashInfer's paged attention (kernels/cuda/flashinfer_attention.cuh) for this call, or
   // null when our own kernel (attention.cu) runs it: see DXS_CUDA_ATTENTION below.
+  // Whether PagedAttention takes decode_attention.cu's one-kernel path for this step.
+  bool UseDecodeAttention(const Tensor& q, const Tensor& k_cache, const PagedAttentionMeta& meta,
+                          const Tensor& out) const;
+  // The decode kernel's zeroed counters, at least `count` of them (grown only outside a
+  // recording: the warm-up run before it sizes them).
+  absl::StatusOr<int32_t*> DecodeCounters(int64_t count);
   bool UseFlashInfer(const Tensor& q, const Tensor& k_cache, const PagedAttentionMeta& meta,
                      const Tensor& out) const;
 
@@ -173,6 +179,16 @@ class CudaBackend final : public Backend {
   // (bf16, head_dim 128); ours everywhere else, and always with dxs.
   enum class AttentionChoice { kAuto, kDxs, kFlashInfer };
   AttentionChoice attention_choice_ = AttentionChoice::kAuto;
+  // DXS_CUDA_DECODE_ATTENTION=auto|on|off (default auto): decode steps (one query per
+  // sequence) of at most kDecodeAttentionMaxPairs (sequence, kv head) pairs take
+  // decode_attention.cu's one kernel instead of attention.cu's kernel and split merge
+  // (auto), or instead of FlashInfer's as well (on, also inside graphs); off: never, nor
+  // with DXS_CUDA_ATTENTION=flashinfer.
+  enum class DecodeChoice { kAuto, kOn, kOff };
+  DecodeChoice decode_choice_ = DecodeChoice::kAuto;
+  int num_sms_ = 1;
+  absl::Mutex decode_mu_;
+  Tensor decode_counters_ ABSL_GUARDED_BY(decode_mu_);
   absl::Mutex flashinfer_mu_;
   struct FlashInferDeleter {
     void operator()(cuda::FlashInferAttention* fi) const;

@@ -169,6 +169,29 @@ cudaError_t LaunchPagedAttention(const void* q, ElemType q_type, const void* k_c
                                  ElemType out_type, void* workspace, size_t workspace_bytes,
                                  cudaStream_t stream);
 
+// ---- decode_attention.cu ----
+
+// LaunchPagedAttention's result for steps of one query per sequence and few sequences, in one
+// kernel (no separate split merge; decode_attention.cu says how). Takes 16-bit q and cache
+// of one type, out of that type or f32, head_dim 64 or 128, and group * head_dim <= 1024.
+bool DecodeAttentionSupports(ElemType q_type, ElemType cache_type, ElemType out_type,
+                             int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
+// Blocks per (sequence, kv head): about one block per SM in all, 1 to 16. It depends on the
+// sizes only, so one launch shape serves every replay of a graph.
+int DecodeAttentionSplits(int64_t num_seqs, int64_t num_kv_heads, int num_sms);
+// Scratch for LaunchDecodeAttention (the splits' f32 partials).
+size_t DecodeAttentionWorkspaceBytes(const PagedAttentionArgs& args, int splits);
+// As LaunchPagedAttention (the same causal rows; any number of query rows per sequence is
+// right, one is fast). `counters` holds num_tokens * num_kv_heads zeros, and holds zeros
+// again when the kernel ends (the last block of each row and kv head resets its counter).
+// The summation order depends on the sizes and `splits` only: the same call gives the same
+// bits.
+cudaError_t LaunchDecodeAttention(const void* q, ElemType q_type, const void* k_cache,
+                                  const void* v_cache, ElemType cache_type,
+                                  const PagedAttentionArgs& args, float scale, void* out,
+                                  ElemType out_type, int splits, void* workspace,
+                                  size_t workspace_bytes, int32_t* counters, cudaStream_t stream);
+
 // ---- moe_ops.cu ----
 
 // Scratch sizes for the launchers below that need workspace (CUB's temporary storage and

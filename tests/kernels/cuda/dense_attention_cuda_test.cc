@@ -236,6 +236,66 @@ TEST(DenseAttentionCudaGuard, AttentionRejectsBadArguments) {
             bad);
 }
 
+TEST(DenseAttentionCudaGuard, DecodeAttentionRejectsBadArguments) {
+  const ElemType bf16 = ElemType::kBF16, f16 = ElemType::kF16, f32 = ElemType::kF32;
+  void* p = FakePtr();
+  int32_t* counters = static_cast<int32_t*>(FakePtr(9));
+  const cudaError_t bad = cudaErrorInvalidValue;
+  const cuda::PagedAttentionArgs some = SomeAttentionArgs();
+  const size_t enough = cuda::DecodeAttentionWorkspaceBytes(some, 16);
+  EXPECT_GT(enough, cuda::DecodeAttentionWorkspaceBytes(some, 1));
+  auto launch = [&](const cuda::PagedAttentionArgs& a, ElemType q, ElemType cache, ElemType out,
+                    int splits, void* workspace, size_t bytes, int32_t* ctr) {
+    return cuda::LaunchDecodeAttention(p, q, p, p, cache, a, 0.1f, p, out, splits, workspace, bytes,
+                                       ctr, nullptr);
+  };
+  // Nothing to do: no launch, whatever the pointers.
+  cuda::PagedAttentionArgs none = some;
+  none.num_tokens = 0;
+  EXPECT_EQ(cuda::LaunchDecodeAttention(nullptr, bf16, nullptr, nullptr, bf16, none, 0.1f, nullptr,
+                                        bf16, 4, nullptr, 0, nullptr, nullptr),
+            cudaSuccess);
+  const struct {
+    const char* what;
+    void (*edit)(cuda::PagedAttentionArgs*);
+  } cases[] = {
+      {"heads not a multiple of kv heads", [](cuda::PagedAttentionArgs* a) { a->num_heads = 7; }},
+      {"no kv heads", [](cuda::PagedAttentionArgs* a) { a->num_kv_heads = 0; }},
+      {"head_dim 96", [](cuda::PagedAttentionArgs* a) { a->head_dim = 96; }},
+      {"group 16 of head_dim 128", [](cuda::PagedAttentionArgs* a) { a->num_heads = 32; }},
+      {"block_size 0", [](cuda::PagedAttentionArgs* a) { a->block_size = 0; }},
+      {"negative tokens", [](cuda::PagedAttentionArgs* a) { a->num_tokens = -1; }},
+      {"negative num_blocks", [](cuda::PagedAttentionArgs* a) { a->num_blocks = -1; }},
+      {"null query_start", [](cuda::PagedAttentionArgs* a) { a->query_start = nullptr; }},
+      {"null context_lens", [](cuda::PagedAttentionArgs* a) { a->context_lens = nullptr; }},
+      {"null block_tables", [](cuda::PagedAttentionArgs* a) { a->block_tables = nullptr; }},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    cuda::PagedAttentionArgs args = some;
+    c.edit(&args);
+    EXPECT_EQ(launch(args, bf16, bf16, bf16, 4, p, enough, counters), bad);
+  }
+  EXPECT_EQ(launch(some, bf16, bf16, bf16, 0, p, enough, counters), bad);
+  EXPECT_EQ(launch(some, bf16, bf16, bf16, 17, p, enough, counters), bad);
+  EXPECT_EQ(launch(some, bf16, f16, bf16, 4, p, enough, counters), bad);  // mixed 16-bit types
+  EXPECT_EQ(launch(some, f32, f32, f32, 4, p, enough, counters), bad);    // an f32 cache
+  EXPECT_EQ(launch(some, bf16, bf16, f16, 4, p, enough, counters), bad);  // out of a third type
+  EXPECT_EQ(launch(some, bf16, bf16, bf16, 4, nullptr, enough, counters), bad);
+  EXPECT_EQ(launch(some, bf16, bf16, bf16, 16, p, cuda::DecodeAttentionWorkspaceBytes(some, 16) - 4,
+                   counters),
+            bad);
+  EXPECT_EQ(launch(some, bf16, bf16, bf16, 4, p, enough, nullptr), bad);
+  EXPECT_FALSE(cuda::DecodeAttentionSupports(bf16, bf16, bf16, 32, 2, 128));
+  EXPECT_TRUE(cuda::DecodeAttentionSupports(bf16, bf16, bf16, 32, 4, 128));
+  EXPECT_TRUE(cuda::DecodeAttentionSupports(f16, f16, f32, 32, 2, 64));
+  // Splits: about one block per SM over (sequence, kv head) pairs, 1 to 16.
+  EXPECT_EQ(cuda::DecodeAttentionSplits(1, 4, 132), 16);
+  EXPECT_EQ(cuda::DecodeAttentionSplits(8, 4, 132), 4);
+  EXPECT_EQ(cuda::DecodeAttentionSplits(64, 4, 132), 1);
+  EXPECT_EQ(cuda::DecodeAttentionSplits(0, 4, 132), 16);
+}
+
 TEST(DenseAttentionCudaGuard, AttentionWorkspace) {
   const ElemType bf16 = ElemType::kBF16;
   void* p = FakePtr();
@@ -1246,6 +1306,48 @@ void DenseAttentionCudaPaged::Check(const std::vector<AttentionSeq>& seqs, uint3
                                             workspace_bytes, stream.get()));
   ASSERT_CUDA_OK(stream.Finish());
   EXPECT_EQ(out_d.Download(), first);
+  // decode_attention.cu's kernel on a step of one query per sequence, where it is built for
+  // the shape: with 1 split, the backend's choice for this many sequences, and the most
+  // (empty splits where the contexts are short), each against the CPU into a poisoned
+  // output and workspace, twice for the same bits, its counters back at zero after each.
+  if (meta.max_query_len <= 1 &&
+      cuda::DecodeAttentionSupports(c.q, c.cache, c.out, c.heads, c.kv_heads, d)) {
+    const int chosen = cuda::DecodeAttentionSplits(num_seqs, c.kv_heads, 132);
+    for (int splits : {1, chosen, 16}) {
+      SCOPED_TRACE(::testing::Message() << "decode kernel, " << splits << " splits");
+      const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(args, splits);
+      DeviceBytes decode_ws(bytes);
+      const std::vector<int32_t> zeros(num_tokens * c.kv_heads, 0);
+      DeviceBytes counters(zeros);
+      ASSERT_CUDA_OK(decode_ws.status());
+      ASSERT_CUDA_OK(counters.status());
+      std::vector<uint8_t> bits;
+      for (int round = 0; round < 2; ++round) {
+        ASSERT_CUDA_OK(out_d.Poison());
+        ASSERT_CUDA_OK(decode_ws.Poison());
+        ASSERT_CUDA_OK(stream.Begin());
+        ASSERT_CUDA_OK(cuda::LaunchDecodeAttention(
+            q_d.get(), c.q, k_d.get(), v_d.get(), c.cache, args, scale, out_d.get(), c.out, splits,
+            decode_ws.get(), bytes, counters.as<int32_t>(), stream.get()));
+        ASSERT_CUDA_OK(stream.Finish());
+        if (c.out == ElemType::kF32) {
+          ExpectNear(Decode(out_d.Download(), c.out), want, 5e-5f, 5e-4f);
+        } else {
+          ExpectMatches(Decode(out_d.Download(), c.out), want, c.out);
+        }
+        if (round == 0) {
+          bits = out_d.Download();
+        } else {
+          EXPECT_EQ(out_d.Download(), bits);
+        }
+        std::vector<int32_t> left(zeros.size());
+        ASSERT_EQ(cudaMemcpy(left.data(), counters.get(), left.size() * sizeof(int32_t),
+                             cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        EXPECT_EQ(left, zeros);
+      }
+    }
+  }
 #if DXS_HAVE_FLASHINFER
   // FlashInfer's kernels on the same step, where they are built for the shape: FA2's, then
   // on sm_90 the SM90 one, each against the same CPU reference, twice (the second call
@@ -1363,6 +1465,17 @@ TEST_P(DenseAttentionCudaPaged, LongDecodeMatchesCpu) {
   for (int s = 0; s < 64; ++s) batch.push_back({1, length(rng)});
   ASSERT_NO_FATAL_FAILURE(Check(batch, 11));
   ASSERT_NO_FATAL_FAILURE(Check(batch, 12, 1));
+}
+
+TEST_P(DenseAttentionCudaPaged, SmallDecodeBatchesMatchCpu) {
+  // The decode kernel's range: 1-8 sequences of one query, contexts shorter than a split
+  // group, on block boundaries and between, and a sequence with no query this step.
+  ASSERT_NO_FATAL_FAILURE(Check({{1, 1024}}, 51));
+  ASSERT_NO_FATAL_FAILURE(Check({{1, 2}, {1, 63}}, 52));
+  ASSERT_NO_FATAL_FAILURE(Check({{1, 300}, {0, 40}, {1, 129}}, 53));
+  std::vector<AttentionSeq> eight;
+  for (int s = 0; s < 8; ++s) eight.push_back({1, 100 + 250 * s});
+  ASSERT_NO_FATAL_FAILURE(Check(eight, 54));
 }
 
 TEST_P(DenseAttentionCudaPaged, PrefillChunksOverLongPrefixMatchCpu) {
