@@ -57,6 +57,15 @@ absl::Status Backend::ScaleSumRows(const Tensor& src, const Tensor& scales, cons
   return absl::OkStatus();
 }
 
+absl::Status Backend::QkNormRopeWriteKv(Tensor* q, Tensor* k, const Tensor& v,
+                                        const Tensor& q_weight, const Tensor& k_weight, float eps,
+                                        const Tensor& positions, double theta,
+                                        const PagedAttentionMeta& meta, Tensor* k_cache,
+                                        Tensor* v_cache) {
+  DXS_RETURN_IF_ERROR(QkNormRope(q, k, q_weight, k_weight, eps, positions, theta));
+  return WriteKvCache(*k, v, meta, k_cache, v_cache);
+}
+
 bool Backend::TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const { return false; }
 
 absl::Status Backend::RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Tensor& weights,

@@ -222,6 +222,14 @@ class Backend {
   virtual absl::Status WriteKvCache(const Tensor& k, const Tensor& v,
                                     const PagedAttentionMeta& meta, Tensor* k_cache,
                                     Tensor* v_cache) = 0;
+  // QkNormRope of q and k, then WriteKvCache of the rotated k and of v: one op, so that a
+  // backend may do both in one pass (CUDA: the norm-and-rope kernel writes the cache too).
+  // The same values as the two ops, which the default runs.
+  virtual absl::Status QkNormRopeWriteKv(Tensor* q, Tensor* k, const Tensor& v,
+                                         const Tensor& q_weight, const Tensor& k_weight, float eps,
+                                         const Tensor& positions, double theta,
+                                         const PagedAttentionMeta& meta, Tensor* k_cache,
+                                         Tensor* v_cache);
   // Causal GQA attention of q[T, heads, d] over the caches: query i of sequence s (at
   // position context_len - query_len + i) sees positions [0, that position]. out[T, heads*d].
   virtual absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

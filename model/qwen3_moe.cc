@@ -568,13 +568,12 @@ absl::Status Qwen3MoeModel::AttentionBlock(int layer, KvCache* kv, MicroBatch* m
     DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.k_proj, bias(lw.k_bias), &k2));
     DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.v_proj, bias(lw.v_bias), &v2));
   }
-  // Per-head q/k norms and the rotary embedding, one op.
-  DXS_RETURN_IF_ERROR(
-      backend_->QkNormRope(&q, &k, lw.q_norm, lw.k_norm, eps, mb->positions, config_.rope_theta));
-
-  // One call each for all the step's sequences: new keys and values into their pages, then
-  // attention over the pages.
-  DXS_RETURN_IF_ERROR(backend_->WriteKvCache(k, v, mb->attn, &kv->keys(layer), &kv->values(layer)));
+  // Per-head q/k norms and the rotary embedding, then the new keys and values into their
+  // pages: one op (one kernel on CUDA), for all the step's sequences.
+  DXS_RETURN_IF_ERROR(backend_->QkNormRopeWriteKv(&q, &k, v, lw.q_norm, lw.k_norm, eps,
+                                                  mb->positions, config_.rope_theta, mb->attn,
+                                                  &kv->keys(layer), &kv->values(layer)));
+  // Then attention over the pages, one call for all of them.
   DXS_ASSIGN_OR_RETURN(Tensor attn, backend_->Allocate({t, heads * d}));
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   DXS_RETURN_IF_ERROR(

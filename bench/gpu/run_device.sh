@@ -59,6 +59,13 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     timeout 300 "$sanitizer" --tool memcheck --error-exitcode 99 .device/bin/cuda_backend_test \
       >"$OUT/memcheck.log" 2>&1
     summary+=("memcheck cuda_backend_test: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)")
+    # The decode attention kernel (its split partials, counters and last-block merge) is
+    # driven from dense_attention_cuda_test, whose CPU references make it long: its
+    # small-decode cases only.
+    timeout 300 "$sanitizer" --tool memcheck --error-exitcode 99 \
+      .device/bin/dense_attention_cuda_test --gtest_filter='*SmallDecodeBatches*' \
+      >"$OUT/memcheck_decode.log" 2>&1
+    summary+=("memcheck decode attention: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_decode.log" | tail -1)")
   else
     summary+=("memcheck: compute-sanitizer not found")
   fi

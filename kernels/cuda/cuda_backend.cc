@@ -169,6 +169,7 @@ absl::Status CudaBackend::Init() {
     }
     attention_choice_ = AttentionChoice::kFlashInfer;
   }
+  DXS_ASSIGN_OR_RETURN(fused_kv_write_, AutoOrOff("DXS_CUDA_FUSED_KV_WRITE"));
   DXS_RETURN_IF_ERROR(OneOf("DXS_CUDA_DECODE_ATTENTION", {"auto", "on", "off"}));
   const char* decode = std::getenv("DXS_CUDA_DECODE_ATTENTION");
   const std::string decode_choice = decode != nullptr ? decode : "";
@@ -735,6 +736,39 @@ absl::Status CudaBackend::WriteKvCache(const Tensor& k, const Tensor& v,
                                              meta.slot_mapping.i64(), tokens, row, k_cache->raw(),
                                              v_cache->raw(), ToElemType(k_cache->dtype()), stream_),
                     "write KV cache");
+}
+
+absl::Status CudaBackend::QkNormRopeWriteKv(Tensor* q, Tensor* k, const Tensor& v,
+                                            const Tensor& q_weight, const Tensor& k_weight,
+                                            float eps, const Tensor& positions, double theta,
+                                            const PagedAttentionMeta& meta, Tensor* k_cache,
+                                            Tensor* v_cache) {
+  // One kernel where every tensor of the pass shares a dtype and the cache rows are k's heads;
+  // otherwise (and with DXS_CUDA_FUSED_KV_WRITE=off) the two ops, which check the rest.
+  const bool fusable = fused_kv_write_ && q->shape().size() == 3 && k->shape().size() == 3 &&
+                       v.shape() == k->shape() && k_cache->shape().size() == 4 &&
+                       k_cache->dim(2) == k->dim(1) && k_cache->dim(3) == k->dim(2) &&
+                       v_cache->shape() == k_cache->shape() && q->dtype() == k->dtype() &&
+                       v.dtype() == k->dtype() && k_cache->dtype() == k->dtype() &&
+                       v_cache->dtype() == k->dtype();
+  if (!fusable) {
+    return Backend::QkNormRopeWriteKv(q, k, v, q_weight, k_weight, eps, positions, theta, meta,
+                                      k_cache, v_cache);
+  }
+  DXS_RETURN_IF_ERROR(CheckQkNormRopeArgs(*q, *k, q_weight, k_weight, positions));
+  if (q_weight.dtype() != k_weight.dtype()) {
+    return absl::InvalidArgumentError("qk norm rope: q_weight and k_weight differ in dtype");
+  }
+  const int64_t tokens = k->dim(0);
+  DXS_RETURN_IF_ERROR(CheckPagedAttentionMeta("write KV cache", meta, tokens));
+  if (q->num_elements() + k->num_elements() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("qk norm rope + KV write"));
+  return CudaStatus(cuda::LaunchQkNormRopeWriteKv(
+                        q->raw(), k->raw(), v.raw(), ToElemType(q->dtype()), q_weight.raw(),
+                        k_weight.raw(), ToElemType(q_weight.dtype()), positions.i32(), q->dim(0),
+                        q->dim(1), k->dim(1), q->dim(2), eps, static_cast<float>(theta),
+                        meta.slot_mapping.i64(), k_cache->raw(), v_cache->raw(), stream_),
+                    "qk norm rope + KV write");
 }
 
 absl::Status CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache,

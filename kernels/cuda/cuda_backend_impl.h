@@ -92,6 +92,10 @@ class CudaBackend final : public Backend {
                           float eps, const Tensor& positions, double theta) override;
   absl::Status GatherRows(const Tensor& src, const Tensor& rows, Tensor* dst) override;
 
+  absl::Status QkNormRopeWriteKv(Tensor* q, Tensor* k, const Tensor& v, const Tensor& q_weight,
+                                 const Tensor& k_weight, float eps, const Tensor& positions,
+                                 double theta, const PagedAttentionMeta& meta, Tensor* k_cache,
+                                 Tensor* v_cache) override;
   absl::Status WriteKvCache(const Tensor& k, const Tensor& v, const PagedAttentionMeta& meta,
                             Tensor* k_cache, Tensor* v_cache) override;
   absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
@@ -179,6 +183,9 @@ class CudaBackend final : public Backend {
   // (bf16, head_dim 128); ours everywhere else, and always with dxs.
   enum class AttentionChoice { kAuto, kDxs, kFlashInfer };
   AttentionChoice attention_choice_ = AttentionChoice::kAuto;
+  // DXS_CUDA_FUSED_KV_WRITE=auto|off (default auto): QkNormRopeWriteKv in one kernel where
+  // q, k, v and the caches share a dtype (off: QkNormRope, then WriteKvCache).
+  bool fused_kv_write_ = true;
   // DXS_CUDA_DECODE_ATTENTION=auto|on|off (default auto): decode steps (one query per
   // sequence) of at most kDecodeAttentionMaxPairs (sequence, kv head) pairs take
   // decode_attention.cu's one kernel instead of attention.cu's kernel and split merge

@@ -210,18 +210,31 @@ struct RopeInvFreq {
 // unfused pair rounds in between). Rows are q's heads of each token, then k's. inv_freq comes to
 // shared memory once a block; every lane of a warp runs the same loop trips (shuffles need them
 // all).
+// With cache.slots set (QkNormRope with the KV write), each token's rotated k heads are
+// also stored at its slot of cache.k, and v rows (k_heads more rows a token, copied as they
+// are) at its slot of cache.v; a negative slot stores nothing. The cache has k's type and
+// rows of k_heads * head_dim.
+template <typename T>
+struct KvCacheWrite {
+  const T* v = nullptr;
+  T* k = nullptr;
+  T* v_cache = nullptr;
+  const int64_t* slots = nullptr;
+};
+
 template <typename T, typename W, int kVec, int kChunks>
 __global__ void __launch_bounds__(kThreads)
     NormRopeKernel(T* q, T* k, const W* __restrict__ q_w, const W* __restrict__ k_w,
                    const int32_t* __restrict__ positions, int32_t tokens, int32_t q_heads,
                    int32_t k_heads, int32_t head_dim, int lanes, bool norm, float eps,
-                   RopeInvFreq inv_freq) {
+                   RopeInvFreq inv_freq, KvCacheWrite<T> cache) {
   PdlWait();
   const int32_t half = head_dim / 2;
   __shared__ float s_inv_freq[kRopeMaxHeadDim / 2];
   for (int i = threadIdx.x; i < half; i += kThreads) s_inv_freq[i] = inv_freq.v[i];
   __syncthreads();
-  const int32_t heads = q_heads + k_heads;
+  const bool write_cache = cache.slots != nullptr;
+  const int32_t heads = q_heads + k_heads + (write_cache ? k_heads : 0);
   const int64_t rows = static_cast<int64_t>(tokens) * heads;
   const int groups_per_warp = kWarpSize / lanes;
   const int lane = threadIdx.x % lanes, group = (threadIdx.x % kWarpSize) / lanes;
@@ -233,9 +246,21 @@ __global__ void __launch_bounds__(kThreads)
     const int32_t token = valid ? static_cast<int32_t>(row / heads) : 0;
     const int32_t h = valid ? static_cast<int32_t>(row - static_cast<int64_t>(token) * heads) : 0;
     const bool is_q = h < q_heads;
-    T* v = is_q ? q + (static_cast<int64_t>(token) * q_heads + h) * head_dim
-                : k + (static_cast<int64_t>(token) * k_heads + (h - q_heads)) * head_dim;
+    const bool is_v = h >= q_heads + k_heads;  // a v row to cache (write_cache only)
+    const int32_t kv_head = is_q ? 0 : is_v ? h - q_heads - k_heads : h - q_heads;
+    const int64_t kv_row = (static_cast<int64_t>(token) * k_heads + kv_head) * head_dim;
+    T* v = is_q   ? q + (static_cast<int64_t>(token) * q_heads + h) * head_dim
+           : is_v ? const_cast<T*>(cache.v) + kv_row
+                  : k + kv_row;
     const W* w = is_q ? q_w : k_w;
+    // Where this row goes in the cache (k and v rows of a token with a slot), else null.
+    T* cached = nullptr;
+    if (write_cache && valid && !is_q) {
+      const int64_t slot = cache.slots[token];
+      if (slot >= 0) {
+        cached = (is_v ? cache.v_cache : cache.k) + (slot * k_heads + kv_head) * head_dim;
+      }
+    }
     float a[kChunks][kVec], b[kChunks][kVec];
     float sum_sq = 0.f;
 #pragma unroll
@@ -260,6 +285,17 @@ __global__ void __launch_bounds__(kThreads)
       inv = InvRms(sum_sq, head_dim, eps);
     }
     if (!valid) continue;
+    if (is_v) {  // copied to the cache as it is
+      if (cached == nullptr) continue;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const int i0 = (c * lanes + lane) * kVec;
+        if (i0 >= half) continue;
+        StoreFloats<T, kVec>(cached + i0, a[c]);
+        StoreFloats<T, kVec>(cached + i0 + half, b[c]);
+      }
+      continue;
+    }
     const float pos = static_cast<float>(positions[token]);
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
@@ -285,6 +321,10 @@ __global__ void __launch_bounds__(kThreads)
       }
       StoreFloats<T, kVec>(v + i0, ra);
       StoreFloats<T, kVec>(v + i0 + half, rb);
+      if (cached != nullptr) {
+        StoreFloats<T, kVec>(cached + i0, ra);
+        StoreFloats<T, kVec>(cached + i0 + half, rb);
+      }
     }
   }
 }
@@ -460,15 +500,18 @@ cudaError_t LaunchResidualNorm(const X* in, float* residual, const W* w, float e
 cudaError_t NormRopeImpl(void* q, void* k, ElemType type, const void* q_weight,
                          const void* k_weight, ElemType w_type, bool norm, float eps,
                          const int32_t* positions, int64_t tokens, int64_t q_heads, int64_t k_heads,
-                         int64_t head_dim, float theta, cudaStream_t stream) {
+                         int64_t head_dim, float theta, cudaStream_t stream,
+                         const KvCacheWrite<void>& cache = {}) {
   if (!IsFloating(type) || !IsFloating(w_type) || tokens < 0 || tokens > INT32_MAX || q_heads < 0 ||
-      k_heads < 0 || q_heads + k_heads > INT32_MAX || head_dim <= 0 || head_dim > kRopeMaxHeadDim ||
-      (norm && head_dim % 2 != 0)) {
+      k_heads < 0 || q_heads + 2 * k_heads > INT32_MAX || head_dim <= 0 ||
+      head_dim > kRopeMaxHeadDim || (norm && head_dim % 2 != 0)) {
     return cudaErrorInvalidValue;
   }
   const int64_t half = head_dim / 2;
   if (tokens == 0 || q_heads + k_heads == 0 || half == 0) return cudaSuccess;
-  if (positions == nullptr || (q_heads > 0 && q == nullptr) || (k_heads > 0 && k == nullptr)) {
+  if (positions == nullptr || (q_heads > 0 && q == nullptr) || (k_heads > 0 && k == nullptr) ||
+      (cache.slots != nullptr &&
+       (k_heads == 0 || cache.v == nullptr || cache.k == nullptr || cache.v_cache == nullptr))) {
     return cudaErrorInvalidValue;
   }
   // The CPU backend's expression (kernels/cpu_backend.cc), evaluated on the host.
@@ -476,7 +519,8 @@ cudaError_t NormRopeImpl(void* q, void* k, ElemType type, const void* q_weight,
   for (int64_t i = 0; i < half; ++i) {
     inv_freq.v[i] = 1.f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
   }
-  const int64_t rows = tokens * (q_heads + k_heads);
+  const bool write_cache = cache.slots != nullptr;
+  const int64_t rows = tokens * (q_heads + k_heads + (write_cache ? k_heads : 0));
   return DispatchFloat(type, [&](auto t) {
     return DispatchFloat(w_type, [&](auto wt) {
       using T = typename decltype(t)::type;
@@ -486,21 +530,28 @@ cudaError_t NormRopeImpl(void* q, void* k, ElemType type, const void* q_weight,
       T* kp = static_cast<T*>(k);
       const W* qw = static_cast<const W*>(q_weight);
       const W* kw = static_cast<const W*>(k_weight);
+      KvCacheWrite<T> typed;
+      typed.v = static_cast<const T*>(cache.v);
+      typed.k = static_cast<T*>(cache.k);
+      typed.v_cache = static_cast<T*>(cache.v_cache);
+      typed.slots = cache.slots;
       const int64_t units = half / kVec;
       const bool aligned =
-          Aligned16(qp) && Aligned16(kp) && (!norm || (Aligned16(qw) && Aligned16(kw)));
+          Aligned16(qp) && Aligned16(kp) && (!norm || (Aligned16(qw) && Aligned16(kw))) &&
+          (!write_cache || (Aligned16(typed.v) && Aligned16(typed.k) && Aligned16(typed.v_cache)));
       const int32_t n = static_cast<int32_t>(tokens), hq = static_cast<int32_t>(q_heads),
                     hk = static_cast<int32_t>(k_heads), d = static_cast<int32_t>(head_dim);
       if (head_dim % (2 * kVec) == 0 && units <= kWarpSize && (units & (units - 1)) == 0 &&
           aligned) {
         const int lanes = static_cast<int>(units);
         LaunchKernel(NormRopeKernel<T, W, kVec, 1>, GridBlocks(rows * lanes, kThreads), kThreads, 0,
-                     stream, qp, kp, qw, kw, positions, n, hq, hk, d, lanes, norm, eps, inv_freq);
+                     stream, qp, kp, qw, kw, positions, n, hq, hk, d, lanes, norm, eps, inv_freq,
+                     typed);
       } else {
         constexpr int kChunks = kRopeMaxHeadDim / 2 / kWarpSize;
         LaunchKernel(NormRopeKernel<T, W, 1, kChunks>, GridBlocks(rows * kWarpSize, kThreads),
                      kThreads, 0, stream, qp, kp, qw, kw, positions, n, hq, hk, d, kWarpSize, norm,
-                     eps, inv_freq);
+                     eps, inv_freq, typed);
       }
       return cudaGetLastError();
     });
@@ -634,6 +685,25 @@ cudaError_t LaunchQkNormRope(void* q, void* k, ElemType type, const void* q_weig
   }
   return NormRopeImpl(q, k, type, q_weight, k_weight, w_type, /*norm=*/true, eps, positions, tokens,
                       q_heads, k_heads, head_dim, theta, stream);
+}
+
+cudaError_t LaunchQkNormRopeWriteKv(void* q, void* k, const void* v, ElemType type,
+                                    const void* q_weight, const void* k_weight, ElemType w_type,
+                                    const int32_t* positions, int64_t tokens, int64_t q_heads,
+                                    int64_t k_heads, int64_t head_dim, float eps, float theta,
+                                    const int64_t* slot_mapping, void* k_cache, void* v_cache,
+                                    cudaStream_t stream) {
+  if (tokens > 0 && head_dim >= 2 &&
+      (q_weight == nullptr || k_weight == nullptr || slot_mapping == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  KvCacheWrite<void> cache;
+  cache.v = v;
+  cache.k = k_cache;
+  cache.v_cache = v_cache;
+  cache.slots = slot_mapping;
+  return NormRopeImpl(q, k, type, q_weight, k_weight, w_type, /*norm=*/true, eps, positions, tokens,
+                      q_heads, k_heads, head_dim, theta, stream, cache);
 }
 
 cudaError_t LaunchSiluMul(const void* gate, ElemType gate_type, const void* up, ElemType up_type,

@@ -111,6 +111,15 @@ cudaError_t LaunchQkNormRope(void* q, void* k, ElemType type, const void* q_weig
                              const void* k_weight, ElemType w_type, const int32_t* positions,
                              int64_t tokens, int64_t q_heads, int64_t k_heads, int64_t head_dim,
                              float eps, float theta, cudaStream_t stream);
+// LaunchQkNormRope, and in the same kernel the KV cache write of LaunchWriteKvCache: token
+// t's rotated k heads and its v rows v[tokens, k_heads, head_dim] to slot_mapping[t] of the
+// caches [blocks, block_size, k_heads, head_dim] (negative: skipped), all of `type`.
+cudaError_t LaunchQkNormRopeWriteKv(void* q, void* k, const void* v, ElemType type,
+                                    const void* q_weight, const void* k_weight, ElemType w_type,
+                                    const int32_t* positions, int64_t tokens, int64_t q_heads,
+                                    int64_t k_heads, int64_t head_dim, float eps, float theta,
+                                    const int64_t* slot_mapping, void* k_cache, void* v_cache,
+                                    cudaStream_t stream);
 // out = silu(gate) * up, elementwise over n.
 cudaError_t LaunchSiluMul(const void* gate, ElemType gate_type, const void* up, ElemType up_type,
                           void* out, ElemType out_type, int64_t n, cudaStream_t stream);

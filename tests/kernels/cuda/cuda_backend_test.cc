@@ -374,6 +374,90 @@ TEST_F(CudaBackendTest, AnEmptyStepNeedsNoCache) {
     EXPECT_TRUE(written.ok()) << written;
     absl::Status attended = b->PagedAttention(q, k_cache, v_cache, meta, 0.125f, &out);
     EXPECT_TRUE(attended.ok()) << attended;
+    Tensor w = *b->Allocate({32}, dtype);
+    Tensor positions = *b->Allocate({0}, DType::kI32);
+    absl::Status fused =
+        b->QkNormRopeWriteKv(&q, &k, k, w, w, 1e-6f, positions, 1e4, meta, &k_cache, &v_cache);
+    EXPECT_TRUE(fused.ok()) << fused;
+  }
+}
+
+// QkNormRopeWriteKv in one kernel gives the bits of QkNormRope then WriteKvCache (the
+// default, which DXS_CUDA_FUSED_KV_WRITE=off runs) and the CPU's values within bf16 error:
+// q and k rotated in place, k and v in the caches at their slots, a padding token (slot -1)
+// caching nothing; bf16 and f32, the vector path (head_dim 128, 64) and the scalar one (96).
+TEST_F(CudaBackendTest, QkNormRopeWriteKvEqualsTheTwoOps) {
+  struct Shape {
+    int64_t tokens, q_heads, k_heads, d;
+    DType dtype;
+  };
+  for (const Shape& s : {Shape{1, 32, 4, 128, DType::kBF16}, Shape{5, 8, 2, 64, DType::kBF16},
+                         Shape{3, 4, 2, 96, DType::kF32}}) {
+    SCOPED_TRACE(::testing::Message() << s.tokens << " tokens, " << s.q_heads << "/" << s.k_heads
+                                      << " heads of " << s.d);
+    const int64_t bs = 16, blocks = 4, row = s.k_heads * s.d;
+    std::vector<int64_t> slots;
+    std::vector<int32_t> positions;
+    for (int64_t t = 0; t < s.tokens; ++t) {
+      slots.push_back(t == 1 ? -1 : (t * 7 + 3) % (blocks * bs));
+      positions.push_back(static_cast<int32_t>(t * 13 + 5));
+    }
+    const std::vector<float> q = Bf16Exact(RandomFloats(s.tokens * s.q_heads * s.d, 71));
+    const std::vector<float> k = Bf16Exact(RandomFloats(s.tokens * row, 72));
+    const std::vector<float> v = Bf16Exact(RandomFloats(s.tokens * row, 73));
+    std::vector<float> qw = Bf16Exact(RandomFloats(s.d, 74, 0.1f)), kw = qw;
+    for (float& x : qw) x = Bf16ToFloat(FloatToBf16(1.f + x));
+    for (float& x : kw) x = Bf16ToFloat(FloatToBf16(1.f - x));
+    struct Run {
+      Tensor q, k, k_cache, v_cache;
+    };
+    auto run = [&](Backend* b, DType dtype, bool fused) {
+      PagedAttentionMeta meta;
+      meta.num_seqs = 1;
+      meta.block_size = bs;
+      meta.max_blocks_per_seq = blocks;
+      meta.query_start = PutIndices(b, {0, static_cast<int32_t>(s.tokens)});
+      meta.context_lens = PutIndices(b, {static_cast<int32_t>(s.tokens)});
+      meta.block_tables = PutIndices(b, {0, 1, 2, 3});
+      meta.slot_mapping = *b->Allocate({s.tokens}, DType::kI64);
+      EXPECT_TRUE(b->CopyFromHost(slots.data(), DType::kI64, &meta.slot_mapping).ok());
+      Run r;
+      r.q = Put(b, q, {s.tokens, s.q_heads, s.d}, dtype);
+      r.k = Put(b, k, {s.tokens, s.k_heads, s.d}, dtype);
+      const Tensor vt = Put(b, v, {s.tokens, s.k_heads, s.d}, dtype);
+      const Tensor qwt = Put(b, qw, {s.d}, dtype), kwt = Put(b, kw, {s.d}, dtype);
+      const Tensor pos = PutIndices(b, positions);
+      for (Tensor* c : {&r.k_cache, &r.v_cache}) {
+        *c = *b->Allocate({blocks, bs, s.k_heads, s.d}, dtype);
+        EXPECT_TRUE(b->Fill(c, -7.f).ok());  // what a skipped slot keeps
+      }
+      absl::Status st;
+      if (fused) {
+        st = b->QkNormRopeWriteKv(&r.q, &r.k, vt, qwt, kwt, 1e-6f, pos, 1e6, meta, &r.k_cache,
+                                  &r.v_cache);
+      } else {
+        st = b->QkNormRope(&r.q, &r.k, qwt, kwt, 1e-6f, pos, 1e6);
+        if (st.ok()) st = b->WriteKvCache(r.k, vt, meta, &r.k_cache, &r.v_cache);
+      }
+      EXPECT_TRUE(st.ok()) << st;
+      return r;
+    };
+    const Run fused = run(gpu_.get(), s.dtype, true);
+    const Run apart = run(gpu_.get(), s.dtype, false);
+    const Run cpu = run(cpu_.get(), DType::kF32, false);
+    for (const auto& [name, got, want, ref] :
+         {std::tuple{"q", &fused.q, &apart.q, &cpu.q}, std::tuple{"k", &fused.k, &apart.k, &cpu.k},
+          std::tuple{"k_cache", &fused.k_cache, &apart.k_cache, &cpu.k_cache},
+          std::tuple{"v_cache", &fused.v_cache, &apart.v_cache, &cpu.v_cache}}) {
+      SCOPED_TRACE(name);
+      const std::vector<float> g = Get(gpu_.get(), *got);
+      EXPECT_EQ(g, Get(gpu_.get(), *want));
+      EXPECT_LT(MaxRelError(g, Get(cpu_.get(), *ref)), 2e-2);
+    }
+    // Every token but the padding one reached the caches: its k and v rows, nothing else.
+    const std::vector<float> kc = Get(gpu_.get(), fused.k_cache);
+    const int64_t written = std::count_if(kc.begin(), kc.end(), [](float x) { return x != -7.f; });
+    EXPECT_EQ(written, (s.tokens > 1 ? s.tokens - 1 : s.tokens) * row);
   }
 }
 
