@@ -93,7 +93,7 @@ def main():
                   "L2), as a decode step runs it; \"1 call\" is one eager call between events, "
                   "launch included. FlashInfer: its batch prefill kernel (tensor cores, GQA "
                   "rows packed) with its own split-KV plan, measured the same way; it is what "
-                  "dxs runs by default (DXS_CUDA_ATTENTION=auto), the own kernel the fallback.", "",
+                  "dxs runs by default (DXS_CUDA_ATTENTION=auto) when the host gives the lengths (prefill, ForwardDecode's graphs); the own kernel column (no host lengths here) is decode_attention.cu's one kernel for at most 32 (sequence, kv head) pairs (batch 1 and 8; by default only up to 2048 positions), attention.cu's kernel and split merge elsewhere.", "",
                   "| batch | context | own kernel us | of floor | FlashInfer us | of floor | own vs FlashInfer | KV-read floor us | own kernel 1 call us |",
                   "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in att:

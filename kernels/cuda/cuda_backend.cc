@@ -38,6 +38,9 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 // Decode steps of at most this many (sequence, kv head) pairs may take decode_attention.cu's
 // kernel (batch 8 at 4 kv heads; CudaBackend::UseDecodeAttention).
 constexpr int64_t kDecodeAttentionMaxPairs = 32;
+// ... and, by default, contexts of at most this many positions (measured on the H200 at
+// batch 1 and 8: ahead of attention.cu's kernel at 1k, behind it at 4k; docs/gpu.md).
+constexpr int64_t kDecodeAttentionMaxContext = 2048;
 
 class CudaEvent final : public Event {
  public:
@@ -885,9 +888,14 @@ bool CudaBackend::UseDecodeAttention(const Tensor& q, const Tensor& k_cache,
   const int64_t kv_heads = k_cache.dim(2);
   if (meta.num_seqs * kv_heads > kDecodeAttentionMaxPairs) return false;
   // auto: where FlashInfer's kernel would not run (the services' eager decode steps, bound
-  // by the host's launches: one launch instead of attention.cu's kernel and split merge).
-  // In ForwardDecode's graphs FlashInfer's measured faster (docs/gpu.md); on takes those too.
-  if (decode_choice_ == DecodeChoice::kAuto && UseFlashInfer(q, k_cache, meta, out)) return false;
+  // by the host's launches: one launch instead of attention.cu's kernel and split merge),
+  // over short contexts (its CUDA-core dot products fall behind attention.cu's tensor cores
+  // from 4k positions). In ForwardDecode's graphs it measured at parity with FlashInfer's
+  // (docs/gpu.md), which stays there; on takes every small decode step.
+  if (decode_choice_ == DecodeChoice::kAuto &&
+      (meta.max_context_len > kDecodeAttentionMaxContext || UseFlashInfer(q, k_cache, meta, out))) {
+    return false;
+  }
   return cuda::DecodeAttentionSupports(ToElemType(q.dtype()), ToElemType(k_cache.dtype()),
                                        ToElemType(out.dtype()), q.dim(1), kv_heads, q.dim(2));
 }

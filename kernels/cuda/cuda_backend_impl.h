@@ -189,8 +189,9 @@ class CudaBackend final : public Backend {
   // DXS_CUDA_DECODE_ATTENTION=auto|on|off (default auto): decode steps (one query per
   // sequence) of at most kDecodeAttentionMaxPairs (sequence, kv head) pairs take
   // decode_attention.cu's one kernel instead of attention.cu's kernel and split merge
-  // (auto), or instead of FlashInfer's as well (on, also inside graphs); off: never, nor
-  // with DXS_CUDA_ATTENTION=flashinfer.
+  // (auto: contexts up to kDecodeAttentionMaxContext), or at any context and instead of
+  // FlashInfer's as well (on, also inside graphs); off: never, nor with
+  // DXS_CUDA_ATTENTION=flashinfer.
   enum class DecodeChoice { kAuto, kOn, kOff };
   DecodeChoice decode_choice_ = DecodeChoice::kAuto;
   int num_sms_ = 1;
