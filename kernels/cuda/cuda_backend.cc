@@ -887,7 +887,7 @@ bool CudaBackend::UseDecodeAttention(const Tensor& q, const Tensor& k_cache,
   }
   const int64_t kv_heads = k_cache.dim(2);
   if (meta.num_seqs * kv_heads > kDecodeAttentionMaxPairs) return false;
-  // auto: where FlashInfer's kernel would not run (the services' eager decode steps, bound
+  // auto: where FlashInfer's kernel would not run (eager decode steps without host lengths, bound
   // by the host's launches: one launch instead of attention.cu's kernel and split merge),
   // over short contexts (its CUDA-core dot products fall behind attention.cu's tensor cores
   // from 4k positions). In ForwardDecode's graphs it measured at parity with FlashInfer's

@@ -3,7 +3,8 @@
 //
 // Where it runs (CudaBackend::UseDecodeAttention): by default the eager decode steps of at
 // most 32 (sequence, kv head) pairs over at most 2048 positions that FlashInfer does not
-// take, i.e. the services' step loops, which are bound by the host's launches: there it
+// take (eager and not a padded step: e.g. the attention service's step loop with
+// --piecewise_graphs=false, which is bound by the host's launches): there it
 // replaces attention.cu's kernel and split merge (H200, batch 1 x 1k: 8.6 against 13.8 us
 // in a graph, 15.8 against 19.7 us an eager call). Inside ForwardDecode's CUDA graphs it
 // measured at parity with FlashInfer's kernel and merge in the whole step
