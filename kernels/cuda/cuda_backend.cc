@@ -65,24 +65,28 @@ cudaDataType_t CublasType(DType dtype) {
 
 // A switch from the environment that is unset or one of `values`; else INVALID_ARGUMENT
 // ("NAME=v: expected a, b or c").
-absl::Status OneOf(const char* name, std::initializer_list<const char*> values) {
+// The switch's value from the environment, one of `values` ("" when unset).
+absl::StatusOr<std::string> SwitchValue(const char* name,
+                                        std::initializer_list<const char*> values) {
   const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return absl::OkStatus();
+  if (value == nullptr || *value == '\0') return std::string();
   std::string expected;
   for (size_t i = 0; i < values.size(); ++i) {
     const char* v = values.begin()[i];
-    if (std::strcmp(value, v) == 0) return absl::OkStatus();
+    if (std::strcmp(value, v) == 0) return std::string(v);
     if (i > 0) expected += i + 1 == values.size() ? " or " : ", ";
     expected += v;
   }
   return absl::InvalidArgumentError(absl::StrCat(name, "=", value, ": expected ", expected));
 }
+absl::Status OneOf(const char* name, std::initializer_list<const char*> values) {
+  return SwitchValue(name, values).status();
+}
 
 // An auto|off switch from the environment (unset: auto): whether the path it names is on.
 absl::StatusOr<bool> AutoOrOff(const char* name) {
-  DXS_RETURN_IF_ERROR(OneOf(name, {"auto", "off"}));
-  const char* value = std::getenv(name);
-  return value == nullptr || std::strcmp(value, "off") != 0;
+  DXS_ASSIGN_OR_RETURN(const std::string value, SwitchValue(name, {"auto", "off"}));
+  return value != "off";
 }
 
 }  // namespace
@@ -160,9 +164,8 @@ absl::Status CudaBackend::Init() {
   };
   graph_allocator_ = make_pool();
   allocator_ = make_pool();
-  DXS_RETURN_IF_ERROR(OneOf("DXS_CUDA_ATTENTION", {"auto", "dxs", "flashinfer"}));
-  const char* attention = std::getenv("DXS_CUDA_ATTENTION");
-  const std::string attention_choice = attention != nullptr ? attention : "";
+  DXS_ASSIGN_OR_RETURN(const std::string attention_choice,
+                       SwitchValue("DXS_CUDA_ATTENTION", {"auto", "dxs", "flashinfer"}));
   if (attention_choice == "dxs") {
     attention_choice_ = AttentionChoice::kDxs;
   } else if (attention_choice == "flashinfer") {
@@ -173,14 +176,11 @@ absl::Status CudaBackend::Init() {
     attention_choice_ = AttentionChoice::kFlashInfer;
   }
   DXS_ASSIGN_OR_RETURN(fused_kv_write_, AutoOrOff("DXS_CUDA_FUSED_KV_WRITE"));
-  DXS_RETURN_IF_ERROR(OneOf("DXS_CUDA_DECODE_ATTENTION", {"auto", "on", "off"}));
-  const char* decode = std::getenv("DXS_CUDA_DECODE_ATTENTION");
-  const std::string decode_choice = decode != nullptr ? decode : "";
+  DXS_ASSIGN_OR_RETURN(const std::string decode_choice,
+                       SwitchValue("DXS_CUDA_DECODE_ATTENTION", {"auto", "on", "off"}));
   decode_choice_ = decode_choice == "on"    ? DecodeChoice::kOn
                    : decode_choice == "off" ? DecodeChoice::kOff
                                             : DecodeChoice::kAuto;
-  DXS_RETURN_IF_ERROR(CudaStatus(
-      cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_), "cuda backend"));
   // Switches read where they act (FlashInfer's attention when first used; launch.cuh and
   // gemv.cu, which take anything but "off" as on): checked here so that a bad value fails
   // the backend's creation, not a later step or silently.
@@ -192,11 +192,11 @@ absl::Status CudaBackend::Init() {
   DXS_ASSIGN_OR_RETURN(use_gemv_, AutoOrOff("DXS_CUDA_GEMV"));
   DXS_ASSIGN_OR_RETURN(const bool routed_swiglu, AutoOrOff("DXS_CUDA_ROUTED_SWIGLU"));
   use_routed_swiglu_ = use_gemv_ && routed_swiglu;
-  DXS_RETURN_IF_ERROR(OneOf("DXS_CUDA_GROUPED_GEMM", {"cublas", "cutlass"}));
-  const char* grouped = std::getenv("DXS_CUDA_GROUPED_GEMM");
-  const std::string choice = grouped != nullptr ? grouped : "";
+  DXS_ASSIGN_OR_RETURN(const std::string choice,
+                       SwitchValue("DXS_CUDA_GROUPED_GEMM", {"cublas", "cutlass"}));
   cudaDeviceProp prop;
   DXS_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, device_), "cuda backend"));
+  num_sms_ = prop.multiProcessorCount;
   const bool cutlass_runs = DXS_HAVE_CUTLASS && prop.major == 9;  // the SM90 kernels
   if (choice == "cutlass" && !cutlass_runs) {
     return absl::FailedPreconditionError(
@@ -685,13 +685,21 @@ absl::Status CudaBackend::AddRmsNorm(const Tensor& x, const Tensor& weight, floa
       "add rms norm");
 }
 
-absl::Status CudaBackend::QkNormRope(Tensor* q, Tensor* k, const Tensor& q_weight,
-                                     const Tensor& k_weight, float eps, const Tensor& positions,
-                                     double theta) {
-  DXS_RETURN_IF_ERROR(CheckQkNormRopeArgs(*q, *k, q_weight, k_weight, positions));
+// QkNormRope's arguments, and the CUDA kernel's one more demand: weights of one dtype.
+static absl::Status CheckCudaQkNormRopeArgs(const Tensor& q, const Tensor& k,
+                                            const Tensor& q_weight, const Tensor& k_weight,
+                                            const Tensor& positions) {
+  DXS_RETURN_IF_ERROR(CheckQkNormRopeArgs(q, k, q_weight, k_weight, positions));
   if (q_weight.dtype() != k_weight.dtype()) {
     return absl::InvalidArgumentError("qk norm rope: q_weight and k_weight differ in dtype");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::QkNormRope(Tensor* q, Tensor* k, const Tensor& q_weight,
+                                     const Tensor& k_weight, float eps, const Tensor& positions,
+                                     double theta) {
+  DXS_RETURN_IF_ERROR(CheckCudaQkNormRopeArgs(*q, *k, q_weight, k_weight, positions));
   if (q->num_elements() + k->num_elements() == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("qk norm rope"));
   return CudaStatus(cuda::LaunchQkNormRope(
@@ -758,10 +766,7 @@ absl::Status CudaBackend::QkNormRopeWriteKv(Tensor* q, Tensor* k, const Tensor& 
     return Backend::QkNormRopeWriteKv(q, k, v, q_weight, k_weight, eps, positions, theta, meta,
                                       k_cache, v_cache);
   }
-  DXS_RETURN_IF_ERROR(CheckQkNormRopeArgs(*q, *k, q_weight, k_weight, positions));
-  if (q_weight.dtype() != k_weight.dtype()) {
-    return absl::InvalidArgumentError("qk norm rope: q_weight and k_weight differ in dtype");
-  }
+  DXS_RETURN_IF_ERROR(CheckCudaQkNormRopeArgs(*q, *k, q_weight, k_weight, positions));
   const int64_t tokens = k->dim(0);
   DXS_RETURN_IF_ERROR(CheckPagedAttentionMeta("write KV cache", meta, tokens));
   if (q->num_elements() + k->num_elements() == 0) return absl::OkStatus();

@@ -163,14 +163,14 @@ class CudaBackend final : public Backend {
                                    const std::vector<const Tensor*>& down, int64_t inter,
                                    Tensor* y);
 
-  // FlashInfer's paged attention (kernels/cuda/flashinfer_attention.cuh) for this call, or
-  // null when our own kernel (attention.cu) runs it: see DXS_CUDA_ATTENTION below.
   // Whether PagedAttention takes decode_attention.cu's one-kernel path for this step.
   bool UseDecodeAttention(const Tensor& q, const Tensor& k_cache, const PagedAttentionMeta& meta,
                           const Tensor& out) const;
   // The decode kernel's zeroed counters, at least `count` of them (grown only outside a
   // recording: the warm-up run before it sizes them).
   absl::StatusOr<int32_t*> DecodeCounters(int64_t count);
+  // FlashInfer's paged attention (kernels/cuda/flashinfer_attention.cuh) for this call, or
+  // null when our own kernel (attention.cu) runs it: see DXS_CUDA_ATTENTION below.
   bool UseFlashInfer(const Tensor& q, const Tensor& k_cache, const PagedAttentionMeta& meta,
                      const Tensor& out) const;
 

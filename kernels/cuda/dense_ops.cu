@@ -202,6 +202,18 @@ struct RopeInvFreq {
   float v[kRopeMaxHeadDim / 2];
 };
 
+// NormRopeKernel's optional KV cache write (QkNormRope with the KV write): slots set, each
+// token's rotated k heads also go to its slot of k_cache, and its v rows (k_heads more rows a
+// token, copied as they are) to its slot of v_cache; a negative slot stores nothing. The
+// caches have k's type and rows of k_heads * head_dim.
+template <typename T>
+struct KvCacheWrite {
+  const T* v = nullptr;
+  T* k_cache = nullptr;
+  T* v_cache = nullptr;
+  const int64_t* slots = nullptr;
+};
+
 // A group of `lanes` lanes (a power of two dividing the warp) per head row of head_dim
 // elements, half = head_dim / 2 (an odd last element is left as it is): lane l holds kVec elements
 // of each half, the pairs (i, i + half) of i = (c * lanes + l) * kVec + j for c < kChunks, so it
@@ -209,19 +221,7 @@ struct RopeInvFreq {
 // reduced over the group) and scaled by its head's weight, kept in float32 for the rotation (the
 // unfused pair rounds in between). Rows are q's heads of each token, then k's. inv_freq comes to
 // shared memory once a block; every lane of a warp runs the same loop trips (shuffles need them
-// all).
-// With cache.slots set (QkNormRope with the KV write), each token's rotated k heads are
-// also stored at its slot of cache.k, and v rows (k_heads more rows a token, copied as they
-// are) at its slot of cache.v; a negative slot stores nothing. The cache has k's type and
-// rows of k_heads * head_dim.
-template <typename T>
-struct KvCacheWrite {
-  const T* v = nullptr;
-  T* k = nullptr;
-  T* v_cache = nullptr;
-  const int64_t* slots = nullptr;
-};
-
+// all). With cache.slots set, the KV cache write of KvCacheWrite above.
 template <typename T, typename W, int kVec, int kChunks>
 __global__ void __launch_bounds__(kThreads)
     NormRopeKernel(T* q, T* k, const W* __restrict__ q_w, const W* __restrict__ k_w,
@@ -249,16 +249,18 @@ __global__ void __launch_bounds__(kThreads)
     const bool is_v = h >= q_heads + k_heads;  // a v row to cache (write_cache only)
     const int32_t kv_head = is_q ? 0 : is_v ? h - q_heads - k_heads : h - q_heads;
     const int64_t kv_row = (static_cast<int64_t>(token) * k_heads + kv_head) * head_dim;
-    T* v = is_q   ? q + (static_cast<int64_t>(token) * q_heads + h) * head_dim
-           : is_v ? const_cast<T*>(cache.v) + kv_row
-                  : k + kv_row;
+    // The q or k row rotated in place (null for a v row), and where the row is read.
+    T* inplace = is_q   ? q + (static_cast<int64_t>(token) * q_heads + h) * head_dim
+                 : is_v ? nullptr
+                        : k + kv_row;
+    const T* src = is_v ? cache.v + kv_row : inplace;
     const W* w = is_q ? q_w : k_w;
     // Where this row goes in the cache (k and v rows of a token with a slot), else null.
     T* cached = nullptr;
     if (write_cache && valid && !is_q) {
       const int64_t slot = cache.slots[token];
       if (slot >= 0) {
-        cached = (is_v ? cache.v_cache : cache.k) + (slot * k_heads + kv_head) * head_dim;
+        cached = (is_v ? cache.v_cache : cache.k_cache) + (slot * k_heads + kv_head) * head_dim;
       }
     }
     float a[kChunks][kVec], b[kChunks][kVec];
@@ -268,8 +270,8 @@ __global__ void __launch_bounds__(kThreads)
       const int i0 = (c * lanes + lane) * kVec;
       const bool here = valid && i0 < half;  // i0 + kVec <= half when kVec > 1
       if (here) {
-        LoadFloats<T, kVec>(v + i0, a[c]);
-        LoadFloats<T, kVec>(v + i0 + half, b[c]);
+        LoadFloats<T, kVec>(src + i0, a[c]);
+        LoadFloats<T, kVec>(src + i0 + half, b[c]);
       } else {
 #pragma unroll
         for (int j = 0; j < kVec; ++j) a[c][j] = b[c][j] = 0.f;
@@ -319,8 +321,8 @@ __global__ void __launch_bounds__(kThreads)
         ra[j] = a[c][j] * cos_v - b[c][j] * sin_v;
         rb[j] = b[c][j] * cos_v + a[c][j] * sin_v;
       }
-      StoreFloats<T, kVec>(v + i0, ra);
-      StoreFloats<T, kVec>(v + i0 + half, rb);
+      StoreFloats<T, kVec>(inplace + i0, ra);
+      StoreFloats<T, kVec>(inplace + i0 + half, rb);
       if (cached != nullptr) {
         StoreFloats<T, kVec>(cached + i0, ra);
         StoreFloats<T, kVec>(cached + i0 + half, rb);
@@ -510,8 +512,8 @@ cudaError_t NormRopeImpl(void* q, void* k, ElemType type, const void* q_weight,
   const int64_t half = head_dim / 2;
   if (tokens == 0 || q_heads + k_heads == 0 || half == 0) return cudaSuccess;
   if (positions == nullptr || (q_heads > 0 && q == nullptr) || (k_heads > 0 && k == nullptr) ||
-      (cache.slots != nullptr &&
-       (k_heads == 0 || cache.v == nullptr || cache.k == nullptr || cache.v_cache == nullptr))) {
+      (cache.slots != nullptr && (k_heads == 0 || cache.v == nullptr || cache.k_cache == nullptr ||
+                                  cache.v_cache == nullptr))) {
     return cudaErrorInvalidValue;
   }
   // The CPU backend's expression (kernels/cpu_backend.cc), evaluated on the host.
@@ -532,13 +534,14 @@ cudaError_t NormRopeImpl(void* q, void* k, ElemType type, const void* q_weight,
       const W* kw = static_cast<const W*>(k_weight);
       KvCacheWrite<T> typed;
       typed.v = static_cast<const T*>(cache.v);
-      typed.k = static_cast<T*>(cache.k);
+      typed.k_cache = static_cast<T*>(cache.k_cache);
       typed.v_cache = static_cast<T*>(cache.v_cache);
       typed.slots = cache.slots;
       const int64_t units = half / kVec;
       const bool aligned =
           Aligned16(qp) && Aligned16(kp) && (!norm || (Aligned16(qw) && Aligned16(kw))) &&
-          (!write_cache || (Aligned16(typed.v) && Aligned16(typed.k) && Aligned16(typed.v_cache)));
+          (!write_cache ||
+           (Aligned16(typed.v) && Aligned16(typed.k_cache) && Aligned16(typed.v_cache)));
       const int32_t n = static_cast<int32_t>(tokens), hq = static_cast<int32_t>(q_heads),
                     hk = static_cast<int32_t>(k_heads), d = static_cast<int32_t>(head_dim);
       if (head_dim % (2 * kVec) == 0 && units <= kWarpSize && (units & (units - 1)) == 0 &&
@@ -699,7 +702,7 @@ cudaError_t LaunchQkNormRopeWriteKv(void* q, void* k, const void* v, ElemType ty
   }
   KvCacheWrite<void> cache;
   cache.v = v;
-  cache.k = k_cache;
+  cache.k_cache = k_cache;
   cache.v_cache = v_cache;
   cache.slots = slot_mapping;
   return NormRopeImpl(q, k, type, q_weight, k_weight, w_type, /*norm=*/true, eps, positions, tokens,
