@@ -6,14 +6,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/plugin_loader.h"
 #include "common/status_macros.h"
-
-#if DXS_HAVE_CUDA_BACKEND
-#include <dlfcn.h>
-#include <unistd.h>
-
-#include <climits>
-#endif
 
 namespace dxs {
 namespace {
@@ -37,32 +31,10 @@ using MakeCudaBackendFn = Backend* (*)(int device_ordinal, absl::Status* error);
 // libdxs_cuda.so (kernels/cuda/cuda_plugin.cc): $DXS_CUDA_PLUGIN, else beside the
 // executable. Loaded once and never unloaded (its code runs every tensor's release).
 absl::StatusOr<MakeCudaBackendFn> LoadCudaPlugin() {
-  static const absl::StatusOr<MakeCudaBackendFn>* plugin = [] {
-    std::string path;
-    if (const char* env = std::getenv("DXS_CUDA_PLUGIN"); env != nullptr && *env != 0) {
-      path = env;
-    } else {
-      char exe[PATH_MAX];
-      const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-      std::string dir = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string(".");
-      dir = dir.substr(0, dir.rfind('/') == std::string::npos ? 0 : dir.rfind('/'));
-      path = (dir.empty() ? std::string(".") : dir) + "/libdxs_cuda.so";
-    }
-    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) {
-      const char* why = dlerror();
-      return new absl::StatusOr<MakeCudaBackendFn>(absl::FailedPreconditionError(
-          absl::StrCat("--device cuda: cannot load the CUDA backend ", path, ": ",
-                       why != nullptr ? why : "unknown error")));
-    }
-    auto fn = reinterpret_cast<MakeCudaBackendFn>(dlsym(lib, "dxs_make_cuda_backend"));
-    if (fn == nullptr) {
-      return new absl::StatusOr<MakeCudaBackendFn>(absl::FailedPreconditionError(
-          absl::StrCat("--device cuda: ", path, " has no dxs_make_cuda_backend")));
-    }
-    return new absl::StatusOr<MakeCudaBackendFn>(fn);
-  }();
-  return *plugin;
+  DXS_ASSIGN_OR_RETURN(
+      void* fn, LoadPluginSymbol("libdxs_cuda.so", "DXS_CUDA_PLUGIN", "dxs_make_cuda_backend",
+                                 "--device cuda: the CUDA backend"));
+  return reinterpret_cast<MakeCudaBackendFn>(fn);
 }
 #endif
 
@@ -71,6 +43,8 @@ absl::StatusOr<MakeCudaBackendFn> LoadCudaPlugin() {
 bool BuiltWithCuda() { return DXS_HAVE_CUDA_BACKEND != 0; }
 
 absl::Status ValidateDeviceName(absl::string_view device) { return ParseDevice(device).status(); }
+
+absl::StatusOr<int> DeviceOrdinal(absl::string_view device) { return ParseDevice(device); }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view device) {
   DXS_ASSIGN_OR_RETURN(const int ordinal, ParseDevice(device));

@@ -15,6 +15,8 @@ namespace dxs {
 
 // A device name the flag accepts, checked without touching any GPU: "cpu", "cuda", "cuda:N".
 absl::Status ValidateDeviceName(absl::string_view device);
+// The GPU ordinal a valid device name names: N for "cuda:N", 0 for "cuda", -1 for "cpu".
+absl::StatusOr<int> DeviceOrdinal(absl::string_view device);
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view device);
 // Whether this binary was built with the CUDA backend.
 bool BuiltWithCuda();

@@ -1,10 +1,13 @@
 #include "worker/worker_runtime.h"
 
+#include <unistd.h>
+
 #include <csignal>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/server.h"
+#include "kernels/make_backend.h"
 #include "router/control_plane/model_identity.h"
 
 namespace dxs {
@@ -39,10 +42,13 @@ DType FromProtoDType(v1::DType d) {
   }
 }
 
-absl::Status WorkerRuntime::Start(const std::string& listen, grpc::Service* service) {
-  absl::StatusOr<std::unique_ptr<Transport>> transport = MakeUcxTransport();
-  if (!transport.ok()) return transport.status();
-  transport_ = std::move(*transport);
+absl::Status WorkerRuntime::Start(const std::string& listen, grpc::Service* service,
+                                  const std::string& transport, const std::string& device) {
+  absl::StatusOr<WorkerTransport> made = MakeWorkerTransport(transport, device);
+  if (!made.ok()) return made.status();
+  transport_ = std::move(made->transport);
+  nccl_ = made->nccl;
+  if (nccl_ != nullptr) nccl_device_ = DeviceOrdinal(device).value_or(0);
   GrpcServerOptions options;
   options.address = listen;
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
@@ -83,6 +89,13 @@ v1::RegisterRequest WorkerRuntime::BaseRegistration(v1::Role role,
   req.set_grpc_address(grpc_address_);
   req.set_metrics_address(metrics_address_);
   req.mutable_transport()->set_ucx_worker_address(transport_->LocalAddress());
+  if (nccl_ != nullptr) {
+    v1::NcclPeerInfo* nccl = req.mutable_transport()->mutable_nccl();
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) == 0) nccl->set_hostname(host);
+    nccl->set_cuda_device(nccl_device_);
+    nccl->set_pci_bus_id(nccl_->DeviceBusId());
+  }
   absl::StatusOr<v1::ModelFingerprint> fp = ComputeModelFingerprint(model_dir);
   if (fp.ok()) *req.mutable_fingerprint() = *fp;
   req.set_software_version("dxs " DXS_VERSION_STRING);
@@ -130,6 +143,7 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
       if (!self_set_) {
         (void)transport_->SetSelf(peer);
         self_set_ = true;
+        self_peer_ = peer;
       }
     } else {
       const std::string& address = w.transport().ucx_worker_address();
@@ -176,8 +190,30 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
     // cluster the first time.
     complete_ = placement.ok() && self_set_ && attention == shape.num_attention;
   }
+  if (nccl_ != nullptr && !ApplyNcclView(*view)) complete_ = false;
   if (complete_) started_ = true;
   return shape;
+}
+
+bool WorkerRuntime::ApplyNcclView(const v1::ClusterView& view) {
+  if (view.transport().backend() != "nccl") {
+    std::cerr << role_name_ << " " << rank_ << ": started with --transport nccl, but the router's "
+              << "transport is '" << view.transport().backend() << "': this worker cannot serve\n";
+    return false;
+  }
+  const std::string& id = view.transport().nccl_unique_id();
+  if (!self_set_ || id.empty()) return false;  // the router has no id for this set (yet)
+  if (id != nccl_id_) {
+    // A new set of live workers: a new communicator over them. Each id is tried once; a
+    // failed Init waits for the next change of the set (the router's next id).
+    nccl_id_ = id;
+    const std::vector<int> members = NcclMembers(view);
+    if (absl::Status s = nccl_->InitMembers(members, self_peer_, id); !s.ok()) {
+      std::cerr << role_name_ << " " << rank_ << ": NCCL communicator of " << members.size()
+                << " ranks: " << s << "\n";
+    }
+  }
+  return nccl_->Healthy();
 }
 
 std::optional<v1::WorkerId> WorkerRuntime::WorkerAtTransportRank(int peer) const {

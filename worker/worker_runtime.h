@@ -29,6 +29,7 @@
 #include "router/dispatch/placement.h"
 #include "router/transport/transport.h"
 #include "worker/worker_membership.h"
+#include "worker/worker_transport.h"
 
 namespace dxs {
 
@@ -51,8 +52,10 @@ class WorkerRuntime {
 
   // TLS for the worker's gRPC server and its calls to the router; set before Start.
   void set_tls(TlsConfig tls) { tls_ = std::move(tls); }
-  // Creates the UCX transport and starts the gRPC server on `listen` (port 0: any).
-  absl::Status Start(const std::string& listen, grpc::Service* service);
+  // Creates the transport (worker_transport.h: `transport` ucx or nccl, on `device`) and
+  // starts the gRPC server on `listen` (port 0: any).
+  absl::Status Start(const std::string& listen, grpc::Service* service,
+                     const std::string& transport = "ucx", const std::string& device = "cpu");
   // Serves `collectables` as GET /metrics on `listen` (port 0: any). Call before
   // BaseRegistration, which then carries the bound address.
   absl::Status StartMetrics(
@@ -65,9 +68,12 @@ class WorkerRuntime {
   absl::Status Join(const std::string& router, v1::RegisterRequest request,
                     WorkerMembership::CountersCallback fill_heartbeat);
   // Applies the newest parked view, if any: sets this worker's transport rank, connects
-  // changed peers. Returns the shape when a view was applied.
+  // changed peers and, on nccl, makes the communicator of a new id over the view's live
+  // workers (NcclMembers; this blocks until they have all joined, or the transport's
+  // init timeout). Returns the shape when a view was applied.
   std::optional<ClusterShape> ApplyPendingView();
-  // Every configured rank is registered and every expert placed (as of the applied view).
+  // Every configured rank is registered and every expert placed (as of the applied view),
+  // and on nccl the view's communicator is up.
   bool cluster_complete() const { return complete_; }
   // Steps may run: the cluster is complete, or, with elastic EP, it was once and every
   // expert still has a live replica, or some expert is being recovered (its steps fail and
@@ -101,6 +107,9 @@ class WorkerRuntime {
   TlsConfig tls_;
   int rank_;
   std::unique_ptr<Transport> transport_;
+  NcclTransport* nccl_ = nullptr;  // transport_ when it is nccl
+  int nccl_device_ = -1;
+  std::string nccl_id_;  // the unique id of the last communicator Init was tried for
   std::unique_ptr<grpc::Server> server_;
   std::string grpc_address_;
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
@@ -114,6 +123,9 @@ class WorkerRuntime {
   bool elastic_ = false;
   std::map<int, v1::WorkerId> by_transport_rank_;  // of the last applied view
   bool self_set_ = false;
+  int self_peer_ = -1;  // this worker's transport rank, once self_set_
+  // Applies the view's NCCL communicator (nccl only); whether one is up for it.
+  bool ApplyNcclView(const v1::ClusterView& view);
 };
 
 // SIGINT/SIGTERM set a flag that ShutdownRequested() reads; main loops poll it.

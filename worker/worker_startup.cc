@@ -8,6 +8,7 @@
 #include "common/metrics/build_info.h"
 #include "kernels/make_backend.h"
 #include "model/random_checkpoint.h"
+#include "worker/worker_transport.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory (Hugging Face layout); required.");
 ABSL_FLAG(int, rank, -1, "This worker's rank in its role, from 0; required.");
@@ -20,6 +21,11 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
 ABSL_FLAG(std::string, device, "cpu",
           "Where this worker computes: cpu, cuda (GPU 0) or cuda:N. A GPU asked for and not "
           "there is a start-up error.");
+
+ABSL_FLAG(std::string, transport, "ucx",
+          "The data path's transport, as the router's --transport: ucx, or nccl (GPU memory "
+          "over one NCCL communicator of the cluster; needs --device cuda[:N] and "
+          "libdxs_nccl.so beside the binary).");
 
 namespace dxs {
 
@@ -47,6 +53,8 @@ absl::StatusOr<WorkerFlags> ValidateWorkerFlags() {
   }
   flags.device = absl::GetFlag(FLAGS_device);
   if (absl::Status s = ValidateDeviceName(flags.device); !s.ok()) return s;
+  flags.transport = absl::GetFlag(FLAGS_transport);
+  if (absl::Status s = ValidateWorkerTransport(flags.transport, flags.device); !s.ok()) return s;
   absl::StatusOr<TlsConfig> tls = flags::TlsFromFlags(/*for_server=*/true);
   if (!tls.ok()) return tls.status();
   flags.tls = *tls;
@@ -74,7 +82,10 @@ absl::StatusOr<WorkerModel> PrepareWorker(const WorkerFlags& flags, const std::s
 absl::Status StartServing(const WorkerFlags& flags, grpc::Service* service,
                           const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables,
                           WorkerRuntime* runtime) {
-  if (absl::Status s = runtime->Start(flags.listen, service); !s.ok()) return s;
+  if (absl::Status s = runtime->Start(flags.listen, service, flags.transport, flags.device);
+      !s.ok()) {
+    return s;
+  }
   return runtime->StartMetrics(flags.metrics_listen, collectables);
 }
 

@@ -1,8 +1,8 @@
 // The start-up that dxs-attention and dxs-expert share around their own pieces: the flags
-// both take (--model, --rank, --router, --listen, --metrics-listen and the TLS flags, as
-// abseil flags: common/flags/parse.h), the dxs_build_info metric, signal handlers, TLS, the
-// model's config and checkpoint; later the gRPC server on --listen and /metrics on
-// --metrics-listen.
+// both take (--model, --rank, --router, --listen, --metrics-listen, --device, --transport
+// and the TLS flags, as abseil flags: common/flags/parse.h), the dxs_build_info metric,
+// signal handlers, TLS, the model's config and checkpoint; later the gRPC server on
+// --listen and /metrics on --metrics-listen.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -32,6 +32,7 @@ struct WorkerFlags {
   std::string listen;          // default 127.0.0.1:0
   std::string metrics_listen;  // default 127.0.0.1:0
   std::string device;          // cpu, cuda or cuda:N (kernels/make_backend.h)
+  std::string transport;       // ucx or nccl (worker_transport.h)
   TlsConfig tls;
 };
 

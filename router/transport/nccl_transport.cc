@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -81,11 +82,23 @@ class NcclTransportImpl final : public NcclTransport {
 
   // ---- NcclTransport ----
 
-  absl::Status Init(int world_size, int rank, const std::string& unique_id) override {
-    if (world_size <= 0 || rank < 0 || rank >= world_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("nccl transport: rank ", rank, " of ", world_size));
+  absl::Status InitMembers(const std::vector<int>& members, int self,
+                           const std::string& unique_id) override {
+    if (members.empty()) return absl::InvalidArgumentError("nccl transport: no members");
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (members[i] < 0 || (i > 0 && members[i] <= members[i - 1])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "nccl transport: member transport ranks must ascend from 0 or more; entry ", i, " is ",
+            members[i]));
+      }
     }
+    const auto self_at = std::find(members.begin(), members.end(), self);
+    if (self_at == members.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("nccl transport: transport rank ", self, " is not among the members"));
+    }
+    const int world_size = static_cast<int>(members.size());
+    const int rank = static_cast<int>(self_at - members.begin());
     if (unique_id.size() != sizeof(ncclUniqueId)) {
       return absl::InvalidArgumentError(absl::StrCat("nccl transport: a unique id is ",
                                                      sizeof(ncclUniqueId), " bytes, got ",
@@ -129,13 +142,20 @@ class NcclTransportImpl final : public NcclTransport {
       poller.Pause();
     }
     comm_ = comm;
-    world_size_ = world_size;
+    comm_rank_.clear();
+    for (int i = 0; i < world_size; ++i) comm_rank_[members[static_cast<size_t>(i)]] = i;
     rank_ = rank;
     failure_ = absl::OkStatus();
     return absl::OkStatus();
   }
 
   bool Healthy() const override { return comm_ != nullptr && failure_.ok(); }
+
+  std::string DeviceBusId() const override {
+    char bus_id[32] = {};
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), options_.device) != cudaSuccess) return "";
+    return bus_id;
+  }
 
   // ---- DataExchange ----
 
@@ -157,9 +177,9 @@ class NcclTransportImpl final : public NcclTransport {
         return absl::UnimplementedError(absl::StrCat(
             "nccl transport: transfer ", i, " is in host memory; NCCL moves device memory"));
       }
-      if (comm_ != nullptr && (t.peer < 0 || t.peer >= world_size_)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("nccl transport: peer ", t.peer, " outside [0, ", world_size_, ")"));
+      if (comm_ != nullptr && comm_rank_.count(t.peer) == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("nccl transport: peer (transport rank) ",
+                                                       t.peer, " is not in the communicator"));
       }
     }
     if (!failure_.ok()) return failure_;
@@ -178,9 +198,10 @@ class NcclTransportImpl final : public NcclTransport {
     ncclResult_t r = ncclGroupStart();
     for (size_t i = 0; i < num_transfers && r == ncclSuccess; ++i) {
       const Transfer& t = transfers[i];
+      const int peer = comm_rank_.at(t.peer);
       r = t.kind == Transfer::Kind::kSend
-              ? ncclSend(t.data, t.bytes, ncclUint8, t.peer, comm_, stream_)
-              : ncclRecv(t.data, t.bytes, ncclUint8, t.peer, comm_, stream_);
+              ? ncclSend(t.data, t.bytes, ncclUint8, peer, comm_, stream_)
+              : ncclRecv(t.data, t.bytes, ncclUint8, peer, comm_, stream_);
     }
     const ncclResult_t end = ncclGroupEnd();
     if (r == ncclSuccess) r = end;
@@ -351,7 +372,8 @@ class NcclTransportImpl final : public NcclTransport {
   NcclTransportOptions options_;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
-  int world_size_ = 0, rank_ = -1;
+  std::map<int, int> comm_rank_;  // transport rank -> communicator rank, of the members
+  int rank_ = -1;
   absl::Status failure_;  // why the communicator was aborted (OK: it was not)
   ExchangeId next_id_ = 1;
   std::map<ExchangeId, Group> groups_;

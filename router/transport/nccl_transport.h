@@ -28,20 +28,22 @@
 //   UNIMPLEMENTED (the engine stages through device buffers, as it stages the other way
 //   for ucx without CUDA).
 //
-// The unique id: every rank passes the same bytes to Init. In a cluster the router makes
-// them (router/control_plane/nccl_unique_id.h, NCCL's ncclGetUniqueId, which needs no GPU)
-// and publishes them in ClusterView.transport.nccl_unique_id, a new id for every new set
-// of live workers; the workers' use of that id (registering with transport.nccl, Init on
-// each new id) is the integration step that comes with two GPUs. In the tests the caller
+// The unique id: every rank passes the same bytes to InitMembers. In a cluster the router
+// makes them (router/control_plane/nccl_unique_id.h, NCCL's ncclGetUniqueId, which needs
+// no GPU) and publishes them in ClusterView.transport.nccl_unique_id, a new id for every
+// new set of live workers; each worker started with --transport nccl registers its
+// NcclPeerInfo and makes the communicator over the view's live workers for each new id
+// (worker/worker_transport.h, WorkerRuntime::ApplyPendingView). In the tests the caller
 // carries an id from NcclUniqueId below.
 //
-// This library links the CUDA runtime and NCCL, so only tests and tools link it for now;
-// the services will load it as a plugin (as kernels/make_backend.cc loads the CUDA
-// backend), to keep CUDA's thread-local storage off civetweb's fixed worker stacks.
+// This library links the CUDA runtime and NCCL, so the services load it as a plugin,
+// libdxs_nccl.so (nccl_plugin.cc), as kernels/make_backend.cc loads the CUDA backend, to
+// keep CUDA's thread-local storage off civetweb's fixed worker stacks; tests link it.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -61,12 +63,26 @@ absl::StatusOr<std::string> NcclUniqueId();
 
 class NcclTransport : public Transport {
  public:
-  // (Re)makes the communicator: this rank of `world_size`, from rank 0's unique id.
-  // Groups of an earlier communicator must have been waited for. UNAVAILABLE if the
-  // ranks do not all join before the timeout (the attempt is aborted).
-  virtual absl::Status Init(int world_size, int rank, const std::string& unique_id) = 0;
+  // (Re)makes the communicator over `members`, the transport ranks of the live workers in
+  // ascending order (a dead rank leaves a gap: the communicator's ranks are dense, the
+  // transport's are not), `self` among them, from the unique id every member got. A
+  // transfer's peer is a transport rank; one outside `members` is INVALID_ARGUMENT.
+  // Groups of an earlier communicator must have been waited for. INVALID_ARGUMENT for
+  // members not ascending, `self` not among them or an id of the wrong size; UNAVAILABLE
+  // if the members do not all join before the timeout (the attempt is aborted).
+  virtual absl::Status InitMembers(const std::vector<int>& members, int self,
+                                   const std::string& unique_id) = 0;
+  // InitMembers over the transport ranks 0..world_size-1.
+  absl::Status Init(int world_size, int rank, const std::string& unique_id) {
+    std::vector<int> members(world_size > 0 ? static_cast<size_t>(world_size) : 0);
+    for (int i = 0; i < world_size; ++i) members[static_cast<size_t>(i)] = i;
+    return InitMembers(members, rank, unique_id);
+  }
   // Whether a communicator is up (Init succeeded and nothing aborted it since).
   virtual bool Healthy() const = 0;
+  // The PCI bus id of the GPU this rank drives ("0000:3b:00.0"), for the registration's
+  // NcclPeerInfo; empty if CUDA does not say.
+  virtual std::string DeviceBusId() const = 0;
 };
 
 // The nccl transport over `control` (the message API's transport). FAILED_PRECONDITION

@@ -133,7 +133,9 @@ TEST(DxsUp, GpusFlagErrors) {
            {"--gpus 0,x", "'x' is not a GPU number"},
            {"--gpus 0,-1", "'-1' is not a GPU number"},
            {"--gpus 0 --device cpu", "goes with --device cuda, not --device cpu"},
-           {"--gpus 0 --device cuda:1", "goes with --device cuda, not --device cuda:1"}}) {
+           {"--gpus 0 --device cuda:1", "goes with --device cuda, not --device cuda:1"},
+           {"--transport nccl", "it needs --device cuda or cuda:N, not --device cpu"},
+           {"--transport tcp --device cuda", "--transport must be ucx or nccl, got 'tcp'"}}) {
     Output o = RunDxs("up --model " + dir + " --log-dir " + tmp.path() + "/logs " + args, tmp);
     EXPECT_EQ(o.exit_code, 2) << args << " -> " << o.err;
     EXPECT_NE(o.err.find(message), std::string::npos) << args << " -> " << o.err;

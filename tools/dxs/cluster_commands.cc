@@ -28,6 +28,7 @@
 #include "tools/dxs/cli_args.h"
 #include "tools/dxs/commands.h"
 #include "tools/dxs/tls_flags.h"
+#include "worker/worker_transport.h"
 
 namespace dxs::cli {
 namespace {
@@ -201,12 +202,13 @@ absl::StatusOr<std::vector<std::string>> WorkerDevices(const std::string& device
 }  // namespace
 
 int UpCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(
-      argv,
-      WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir", "wire-dtype",
-                         "overlap-min-tokens", "stream-interval", "device", "gpus",
-                         "num-redundant-experts", "eplb-interval", "piecewise-graphs"}),
-      WithTlsBoolFlags({"elastic-ep"}));
+  absl::StatusOr<Args> args =
+      Args::Parse(argv,
+                  WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir",
+                                     "wire-dtype", "overlap-min-tokens", "stream-interval",
+                                     "device", "gpus", "num-redundant-experts", "eplb-interval",
+                                     "piecewise-graphs", "transport"}),
+                  WithTlsBoolFlags({"elastic-ep"}));
   if (!args.ok()) return Fail("up", args.status());
   const bool elastic_ep = args->Has("elastic-ep");
   // With TLS, every process of the cluster uses the same files (one certificate that is
@@ -238,6 +240,12 @@ int UpCommand(const std::vector<std::string>& argv) {
       WorkerDevices(args->GetString("device", args->Has("gpus") ? "cuda" : "cpu"),
                     args->GetString("gpus"), static_cast<int>(*m), static_cast<int>(*n));
   if (!devices.ok()) return Fail("up", devices.status());
+  // The data path's transport, the router's and every worker's (worker/worker_transport.h):
+  // nccl needs every worker on a GPU.
+  const std::string transport = args->GetString("transport", "ucx");
+  for (const std::string& device : *devices) {
+    if (absl::Status s = ValidateWorkerTransport(transport, device); !s.ok()) return Fail("up", s);
+  }
   const std::string log_dir = args->GetString("log-dir", "dxs-logs");
   std::filesystem::create_directories(log_dir);
   const std::string bin = SelfDir();
@@ -268,7 +276,9 @@ int UpCommand(const std::vector<std::string>& argv) {
                                           "--experts",
                                           std::to_string(*n),
                                           "--wire-dtype",
-                                          args->GetString("wire-dtype", "f32")};
+                                          args->GetString("wire-dtype", "f32"),
+                                          "--transport",
+                                          transport};
   if (args->Has("num-redundant-experts")) {
     router_argv.insert(router_argv.end(),
                        {"--num-redundant-experts", args->GetString("num-redundant-experts")});
@@ -281,13 +291,13 @@ int UpCommand(const std::vector<std::string>& argv) {
   bool ok = spawn(router_argv, "router");
   for (int r = 0; ok && r < *n; ++r) {
     ok = spawn({bin + "/dxs-expert", "--model", model, "--rank", std::to_string(r), "--router",
-                router, "--device", (*devices)[*m + r]},
+                router, "--device", (*devices)[*m + r], "--transport", transport},
                absl::StrCat("expert", r), /*restart_on_failure=*/elastic_ep);
   }
   for (int r = 0; ok && r < *m; ++r) {
-    std::vector<std::string> a = {bin + "/dxs-attention", "--model",  model,  "--rank",
-                                  std::to_string(r),      "--router", router, "--device",
-                                  (*devices)[r]};
+    std::vector<std::string> a = {bin + "/dxs-attention", "--model",     model,    "--rank",
+                                  std::to_string(r),      "--router",    router,   "--device",
+                                  (*devices)[r],          "--transport", transport};
     for (const char* flag : {"overlap-min-tokens", "stream-interval"}) {
       if (args->Has(flag)) a.insert(a.end(), {absl::StrCat("--", flag), args->GetString(flag)});
     }

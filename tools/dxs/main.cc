@@ -34,6 +34,8 @@ constexpr char kUsage[] =
     "               [--device cpu|cuda[:N] (where the workers compute; cpu)]\n"
     "               [--gpus 0,1,... (attention ranks, then expert ranks, on these GPUs\n"
     "               in turn; implies --device cuda)]\n"
+    "               [--transport ucx|nccl (the data path's; nccl: GPU memory over one NCCL\n"
+    "               communicator, every worker on a GPU; ucx)]\n"
     "               [--num-redundant-experts R (expert replicas; dxs-router's flag)]\n"
     "               [--eplb-interval N (EPLB live: rebalance every N steps)]\n"
     "               [--elastic-ep (dxs-router's flag: lost or drained EP ranks' experts\n"

@@ -52,6 +52,8 @@ TEST(ServiceFlags, EveryBadFlagIsOneLineAndExitTwo) {
       {"dxs-expert", "--model x --rank 0 --router r:1 --experts 3-1"},
       {"dxs-expert", "--model x --rank -4 --router r:1"},
       {"dxs-expert", "--frobnicate=1"},
+      {"dxs-expert", "--model x --rank 0 --router r:1 --transport nccl"},
+      {"dxs-attention", "--model x --rank 0 --router r:1 --transport shm"},
   };
   for (const auto& [binary, args] : cases) {
     const Output o = RunService(binary, args, tmp);
@@ -69,6 +71,22 @@ TEST(ServiceFlags, DashesAndUnderscoresNameTheSameFlag) {
         "dxs-router", absl::StrCat("--model x --attention 1 --experts 1 ", spelling, " f64"), tmp);
     EXPECT_EQ(o.exit_code, 2);
     EXPECT_EQ(o.err, "dxs-router: --wire-dtype must be f32 or bf16, got 'f64'\n");
+  }
+}
+
+// The workers' --transport (worker/worker_transport.h): nccl moves GPU memory, so it needs a
+// GPU device; the message names the flag and what it needs.
+TEST(ServiceFlags, WorkerTransportNcclNeedsAGpuDevice) {
+  TempDir tmp;
+  for (const char* binary : {"dxs-attention", "dxs-expert"}) {
+    Output o = RunService(binary, "--model x --rank 0 --router r:1 --transport nccl", tmp);
+    EXPECT_EQ(o.exit_code, 2);
+    EXPECT_EQ(o.err, absl::StrCat(binary,
+                                  ": --transport nccl moves GPU memory: it needs --device cuda "
+                                  "or cuda:N, not --device cpu\n"));
+    o = RunService(binary, "--model x --rank 0 --router r:1 --transport shm", tmp);
+    EXPECT_EQ(o.exit_code, 2);
+    EXPECT_EQ(o.err, absl::StrCat(binary, ": --transport must be ucx or nccl, got 'shm'\n"));
   }
 }
 

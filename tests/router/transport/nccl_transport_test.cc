@@ -168,6 +168,30 @@ TEST_F(NcclTransportGpu, ARefusedGroupAbortsAndANewCommunicatorServesAgain) {
   EXPECT_EQ(out.Download(), v);
 }
 
+// Peers are transport ranks: a communicator over the live workers of a cluster with a gap
+// (one member here, transport rank 5) maps them to its dense ranks.
+TEST_F(NcclTransportGpu, MembersMapSparseTransportRanks) {
+  absl::StatusOr<std::string> id = NcclUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(t_->InitMembers({}, 0, *id).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t_->InitMembers({5}, 4, *id).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t_->InitMembers({5, 5}, 5, *id).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(t_->InitMembers({5}, 5, *id).ok());
+  std::vector<uint8_t> a(70000);
+  std::iota(a.begin(), a.end(), uint8_t{3});
+  DeviceBytes s(a.size()), r(a.size());
+  s.Upload(a);
+  const std::vector<Transfer> to_zero = {Send(0, s), Recv(0, r)};
+  EXPECT_EQ(t_->PostExchange(2, to_zero.data(), to_zero.size()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(t_->Healthy());  // refused before anything was posted
+  const std::vector<Transfer> to_self = {Send(5, s), Recv(5, r)};
+  absl::StatusOr<ExchangeId> group = t_->PostExchange(2, to_self.data(), to_self.size());
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_TRUE(t_->WaitExchange(*group, absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(r.Download(), a);
+}
+
 TEST_F(NcclTransportGpu, TheControlChannelIsTheWrappedTransport) {
   ASSERT_TRUE(t_->SetSelf(0).ok());
   ASSERT_TRUE(t_->Send(0, "hdr", "abc", 3).ok());

@@ -1,0 +1,54 @@
+#include "common/plugin_loader.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+
+namespace dxs {
+namespace {
+
+std::string BesideExecutable(const std::string& file_name) {
+  char exe[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  std::string dir = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string();
+  const size_t slash = dir.rfind('/');
+  dir = slash == std::string::npos ? std::string(".") : dir.substr(0, slash);
+  return absl::StrCat(dir.empty() ? "/" : dir, dir.empty() ? "" : "/", file_name);
+}
+
+}  // namespace
+
+absl::StatusOr<void*> LoadPluginSymbol(const std::string& file_name, const char* env_override,
+                                       const char* symbol, const std::string& what) {
+  const char* env = env_override != nullptr ? std::getenv(env_override) : nullptr;
+  const std::string path = env != nullptr && *env != 0 ? env : BesideExecutable(file_name);
+  // dlopen's own count would do, but a failed open is remembered too: its reason stays.
+  static std::mutex mu;
+  static auto* opened = new std::map<std::string, absl::StatusOr<void*>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = opened->find(path);
+  if (it == opened->end()) {
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    const char* why = lib == nullptr ? dlerror() : nullptr;
+    it = opened
+             ->emplace(path, lib != nullptr ? absl::StatusOr<void*>(lib)
+                                            : absl::FailedPreconditionError(absl::StrCat(
+                                                  what, ": cannot load ", path, ": ",
+                                                  why != nullptr ? why : "unknown error")))
+             .first;
+  }
+  if (!it->second.ok()) return it->second.status();
+  void* fn = dlsym(*it->second, symbol);
+  if (fn == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": ", path, " has no ", symbol));
+  }
+  return fn;
+}
+
+}  // namespace dxs

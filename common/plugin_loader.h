@@ -1,0 +1,21 @@
+// The shared libraries dxs loads at run time rather than links: the CUDA backend
+// (libdxs_cuda.so, for --device cuda) and the nccl transport (libdxs_nccl.so, for
+// --transport nccl). Both link the CUDA runtime statically, which the services must not
+// (kernels/cuda/CMakeLists.txt says why), and machines without a GPU never load them.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace dxs {
+
+// `symbol` of the plugin `file_name`: the path in $`env_override` if that is set and not
+// empty, else `file_name` beside the running executable. Each path is opened once
+// (RTLD_NOW | RTLD_LOCAL) and never closed: the plugin's code runs until the process ends.
+// FAILED_PRECONDITION, starting with `what` and naming the path and the loader's reason,
+// when the file does not load or lacks the symbol.
+absl::StatusOr<void*> LoadPluginSymbol(const std::string& file_name, const char* env_override,
+                                       const char* symbol, const std::string& what);
+
+}  // namespace dxs
