@@ -3,46 +3,135 @@
 docs/gpu.md (between the markers) and PNG plots, and prints the summary table.
 
   report.py --dxs dxs.jsonl --torch torch.jsonl --doc docs/gpu.md --out OUTDIR
-Writes OUTDIR/gpu.md (the document with its results section replaced) and OUTDIR/*.png.
+Writes OUTDIR/gpu.md (the document with its results section replaced) and the plots
+OUTDIR/gpu_{ffn,attention,prefill,decode}.png; the hardware line adds what
+nvidia-smi.txt beside --dxs (or --smi) says.
 """
 import argparse
 import datetime
 import json
+import math
 import os
 
 BEGIN, END = "<!-- results: begin (bench/gpu/report.py) -->", "<!-- results: end -->"
 
 
 def rows(path, section):
+    """The records of one section; a missing file gives none, and a line cut short (a run
+    that timed out mid-write) is skipped."""
     if not path or not os.path.exists(path):
         return []
     out = []
     with open(path) as f:
         for line in f:
-            r = json.loads(line)
-            if r.get("section") == section:
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(r, dict) and r.get("section") == section:
                 out.append(r)
     return out
 
 
-def plot(path, title, series, xlabel, ylabel):
+def smi(path):
+    """The first GPU of run_device.sh's nvidia-smi.txt (--query-gpu=name,memory.total,
+    driver_version,clocks.sm --format=csv) as {column: value}, with "gpus" the row count;
+    {} when the file is missing or holds no such table (nvidia-smi failed)."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        lines = [l.strip() for l in f if l.strip()]
+    if len(lines) < 2 or not lines[0].lower().startswith("name"):
+        return {}
+    header = [h.strip().split(" ")[0].lower() for h in lines[0].split(",")]
+    gpus = [[c.strip() for c in l.split(",")] for l in lines[1:]]
+    gpus = [g for g in gpus if len(g) == len(header)]
+    if not gpus:
+        return {}
+    first = dict(zip(header, gpus[0]))
+    first["gpus"] = len(gpus)
+    return first
+
+
+def smi_text(info):
+    """"; nvidia-smi: driver D, M MiB, SM clock C MHz" (the parts it has) or ""."""
+    parts = []
+    if info.get("driver_version"):
+        parts.append(f"driver {info['driver_version']}")
+    if info.get("memory.total"):
+        parts.append(info["memory.total"])
+    clock = info.get("clocks.current.sm") or info.get("clocks.sm")
+    if clock:
+        parts.append(f"SM clock {clock}")
+    if info.get("gpus", 1) > 1:
+        parts.append(f"first of {info['gpus']} GPUs")
+    return "; nvidia-smi: " + ", ".join(parts) if parts else ""
+
+
+# One look per method, the same in every plot: color, line style, marker.
+OWN = {"color": "C0", "linestyle": "-", "marker": "o"}
+ALT = {"color": "C2", "linestyle": "-.", "marker": "^"}
+LIB = {"color": "C1", "linestyle": "-", "marker": "s"}
+LIB2 = {"color": "C3", "linestyle": ":", "marker": "D"}
+FLOOR = {"color": "0.35", "linestyle": "--", "marker": "x"}
+
+
+def points(xs, ys):
+    """The (x, y) pairs a log-log plot can show: both present, finite and positive."""
+    out = []
+    for x, y in zip(xs, ys):
+        try:
+            if x > 0 and y > 0 and math.isfinite(x) and math.isfinite(y):
+                out.append((x, y))
+        except TypeError:
+            pass
+    return out
+
+
+def plot(path, title, series, xlabel, ylabel, panels=None, legend="best"):
+    """Log-log lines. series: (name, xs, ys[, style]); or panels: (subtitle, series) for one
+    subplot each; legend: where the legends go. A series without points is left out, a panel
+    without series too; False (and no PNG) when matplotlib is missing or nothing is left."""
+    drawn = []
+    for subtitle, ser in (panels if panels is not None else [("", series)]):
+        kept = []
+        for s in ser:
+            pts = points(s[1], s[2])
+            if pts:
+                kept.append((s[0], pts, s[3] if len(s) > 3 else {"marker": "o"}))
+        if kept:
+            drawn.append((subtitle, kept))
+    if not drawn:
+        return False
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullLocator
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, xs, ys in series:
-        if xs:
-            ax.plot(xs, ys, marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    cols = 1 if len(drawn) == 1 else 2
+    nrows = (len(drawn) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(6 if cols == 1 else 11, 4 * nrows),
+                             squeeze=False)
+    for i, (subtitle, kept) in enumerate(drawn):
+        ax = axes[i // cols][i % cols]
+        for name, pts, style in kept:
+            ax.plot([x for x, _ in pts], [y for _, y in pts], label=name, **style)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        xs = sorted({x for _, pts, _ in kept for x, _ in pts})
+        ax.set_xticks(xs, [f"{x:g}" for x in xs])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(subtitle or title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small", loc=legend)
+    for j in range(len(drawn), nrows * cols):
+        axes[j // cols][j % cols].set_visible(False)
+    if len(drawn) > 1:
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -55,14 +144,17 @@ def main():
     p.add_argument("--torch", default="")
     p.add_argument("--doc", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--smi", default="",
+                   help="nvidia-smi's CSV (default: nvidia-smi.txt beside --dxs)")
     a = p.parse_args()
-    dev = (rows(a.dxs, "device") or [{"name": "unknown GPU"}])[0]
+    gpu = smi(a.smi or os.path.join(os.path.dirname(os.path.abspath(a.dxs)), "nvidia-smi.txt"))
+    dev = (rows(a.dxs, "device") or [{"name": gpu.get("name", "unknown GPU")}])[0]
     rates = (rows(a.dxs, "rates") or [{}])[0]
     copy, gemm = rates.get("copy_tbps", 0), rates.get("gemm_tflops", 0)
     lines = [BEGIN, "",
              f"Measured {datetime.date.today().isoformat()} on {dev['name']} "
-             f"({dev.get('sms', '?')} SMs), one device call: dxs and every baseline in the "
-             "same run. CUDA events, warm-up, medians, seeded random inputs.", "",
+             f"({dev.get('sms', '?')} SMs{smi_text(gpu)}), one device call: dxs and every "
+             "baseline in the same run. CUDA events, warm-up, medians, seeded random inputs.", "",
              f"Ceilings measured in the run: HBM copy {copy:.2f} TB/s (read + write), "
              f"bf16 GEMM 8192^3 {gemm:.0f} TFLOP/s (cuBLAS).", ""]
     summary = []
@@ -82,8 +174,11 @@ def main():
                            f"{t['us'] if t else float('nan'):8.1f} us, {ratio:5.2f}x")
         lines.append("")
         if plot(os.path.join(a.out, "gpu_ffn.png"), "Grouped expert FFN",
-                [("dxs", [r["tokens"] for r in ffn], [r["us"] for r in ffn]),
-                 ("torch._grouped_mm", sorted(tffn), [tffn[k]["us"] for k in sorted(tffn)])],
+                [("dxs (CUTLASS)", [r["tokens"] for r in ffn], [r["us"] for r in ffn], OWN),
+                 ("dxs per-expert cuBLAS", [r["tokens"] for r in ffn],
+                  [r.get("cublas_us") for r in ffn], ALT),
+                 ("torch._grouped_mm", sorted(tffn), [tffn[k]["us"] for k in sorted(tffn)],
+                  LIB)],
                 "tokens", "us"):
             lines += ["![grouped FFN](gpu/gpu_ffn.png)", ""]
     att = rows(a.dxs, "attention")
@@ -108,14 +203,16 @@ def main():
         summary.append(f"attention: worst {100 * worst['floor_us'] / worst['us']:.0f}% of the "
                        f"KV floor (batch {worst['batch']}, ctx {worst['context']})")
         lines.append("")
-        series = []
-        for ctx in sorted({r["context"] for r in att}):
-            pts = [r for r in att if r["context"] == ctx]
-            series.append((f"dxs ctx {ctx}", [r["batch"] for r in pts], [r["us"] for r in pts]))
-            series.append((f"floor ctx {ctx}", [r["batch"] for r in pts],
-                           [r["floor_us"] for r in pts]))
-        if plot(os.path.join(a.out, "gpu_attention.png"), "Paged decode attention", series,
-                "batch", "us"):
+        panels = []
+        for batch in sorted({r["batch"] for r in att}):
+            pts = sorted((r for r in att if r["batch"] == batch), key=lambda r: r["context"])
+            ctx = [r["context"] for r in pts]
+            panels.append((f"batch {batch}", [
+                ("own kernel", ctx, [r["us"] for r in pts], OWN),
+                ("FlashInfer", ctx, [r.get("flashinfer_us") for r in pts], LIB),
+                ("KV-read floor", ctx, [r.get("floor_us") for r in pts], FLOOR)]))
+        if plot(os.path.join(a.out, "gpu_attention.png"), "Paged decode attention, per call",
+                [], "context", "us", panels=panels):
             lines += ["![paged attention](gpu/gpu_attention.png)", ""]
     patt = rows(a.dxs, "prefill_attention")
     if patt:
@@ -138,6 +235,15 @@ def main():
             summary.append(f"prefill attention {r['prompt']:>5}: dxs {r['us']:8.1f} us, "
                            f"FA2 {fi:8.1f} us, FA3 {fa3:8.1f} us")
         lines.append("")
+        prompts = [r["prompt"] for r in patt]
+        if plot(os.path.join(a.out, "gpu_prefill.png"), "Prefill attention, one causal prompt",
+                [("own kernel", prompts, [r["us"] for r in patt], OWN),
+                 ("FlashInfer FA2", prompts, [r.get("flashinfer_us") for r in patt], LIB),
+                 ("FlashInfer FA3 (sm90)", prompts, [r.get("sm90_us") for r in patt], LIB2),
+                 ("dxs default", prompts,
+                  [r.get("default_us", r.get("flashinfer_us")) for r in patt], ALT)],
+                "prompt tokens", "us"):
+            lines += ["![prefill attention](gpu/gpu_prefill.png)", ""]
     dec, hf = rows(a.dxs, "decode"), {r["batch"]: r for r in rows(a.torch, "hf_decode")}
     if dec:
         layers = dec[0]["layers"]
@@ -155,6 +261,17 @@ def main():
             summary.append(f"decode b{r['batch']:>3}: {r['tokens_per_s']:9.1f} tok/s, "
                            f"{100 * r['floor_ms'] / r['step_ms']:3.0f}% of floor, {vs:6.0f}x HF")
         lines.append("")
+        # Hugging Face runs fewer layers; as in "vs HF", its time per layer times dxs's layers.
+        batches = [r["batch"] for r in dec]
+        if plot(os.path.join(a.out, "gpu_decode.png"),
+                f"Decode step, Qwen3-30B-A3B shape ({layers} layers), context 1024",
+                [("dxs (CUDA graphs)", batches, [r["step_ms"] for r in dec], OWN),
+                 ("dxs eager", batches, [r.get("eager_step_ms") for r in dec], ALT),
+                 (f"Hugging Face (ms/layer x {layers})", sorted(hf),
+                  [(hf[b].get("ms_per_layer") or float("nan")) * layers for b in sorted(hf)], LIB),
+                 ("HBM floor", batches, [r.get("floor_ms") for r in dec], FLOOR)],
+                "batch", "step ms", legend="center left" if hf else "best"):
+            lines += ["![decode step](gpu/gpu_decode.png)", ""]
     pre = rows(a.dxs, "prefill")
     if pre:
         r = pre[0]

@@ -2,8 +2,10 @@
 # One device call (../shared/DEVICE.md): the gpu-labelled tests, compute-sanitizer on the
 # backend test, gpu_bench and the PyTorch / Hugging Face baselines, then docs/gpu.md's
 # results and plots into $OUT. Builds nothing: the binaries come in .device/ (packed here
-# by bench/gpu/bundle.sh). Prints a short table last; full logs are in $OUT.
-#   bench/gpu/run_device.sh [tests|bench|cluster|exchange|decode|gemv|all] [--quick]
+# by bench/gpu/bundle.sh). Prints a short table last; full logs are in $OUT (after bench and
+# all: gpu.md, gpu_*.png and logs.tgz holding the rest, as only 8 files come back).
+#   bench/gpu/run_device.sh [tests|memcheck|bench|cluster|exchange|decode|gemv|all] [--quick]
+#   memcheck: compute-sanitizer memcheck over every single-process gpu test binary, whole.
 #   gemv: ab with DXS_CUDA_GEMV=off and auto, decode and FFN side by side.
 #   bench/gpu/run_device.sh ab "ENV=v ..." "ENV=v ..." ...: gpu_bench --quick under each set of
 #   environment settings (the first is the baseline), in DXS_AB_ROUNDS (2) interleaved
@@ -26,7 +28,7 @@ summary=()
 if [ "$what" = tests ] || [ "$what" = all ]; then
   for t in topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
            grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test \
-           nccl_transport_test gpu_cluster_test; do
+           nccl_transport_test worker_transport_test gpu_cluster_test; do
     [ -x ".device/bin/$t" ] || { summary+=("$t: not built"); continue; }
     timeout 300 ".device/bin/$t" >"$OUT/$t.log" 2>&1
     rc=$?
@@ -69,6 +71,31 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   else
     summary+=("memcheck: compute-sanitizer not found")
   fi
+fi
+if [ "$what" = memcheck ]; then
+  # compute-sanitizer memcheck over every single-process gpu test binary, whole (no
+  # filters), all at once: the sanitizer's cost is mostly host time and this machine has
+  # the cores. gpu_cluster_test is left out: its GPU work runs in the service processes it
+  # starts, which the other binaries' kernels already cover. Logs go into memcheck.tgz.
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  pids=()
+  names=()
+  for t in topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
+           grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test \
+           nccl_transport_test worker_transport_test; do
+    [ -x ".device/bin/$t" ] || { summary+=("memcheck $t: not built"); continue; }
+    timeout "${DXS_MEMCHECK_TIMEOUT:-480}" "$sanitizer" --tool memcheck --error-exitcode 99 \
+      ".device/bin/$t" >"$OUT/memcheck_$t.log" 2>&1 &
+    pids+=($!)
+    names+=("$t")
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    rc=$?
+    log="$OUT/memcheck_${names[$i]}.log"
+    summary+=("memcheck ${names[$i]}: rc=$rc $(grep -E 'ERROR SUMMARY' "$log" | tail -1) $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$log" | tr '\n' ' ')")
+  done
+  (cd "$OUT" && tar czf memcheck.tgz memcheck_*.log && rm -f memcheck_*.log)
 fi
 if [ "$what" = cluster ] || [ "$what" = exchange ] || [ "$what" = all ]; then
   # Between two processes on the one GPU: dxs's dispatch+combine round trip against the
@@ -137,5 +164,13 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     --doc docs/gpu.md --out "$OUT" >"$OUT/report.txt" 2>&1
   summary+=("report: rc=$?")
   cat "$OUT/report.txt"
+  # At most 8 files come back from $OUT: gpu.md and the plots stay loose, the rest (the JSON
+  # lines, nvidia-smi.txt, report.txt, every log, and with `all` the tests' too) goes into
+  # logs.tgz.
+  packed=$(cd "$OUT" && ls -A | grep -vxE 'gpu\.md|gpu_[a-z0-9_]+\.png|logs\.tgz')
+  if [ -n "$packed" ] && (cd "$OUT" && tar czf logs.tgz $packed); then
+    (cd "$OUT" && rm -rf $packed)
+    summary+=("logs: $OUT/logs.tgz ($(echo $packed | wc -w) files)")
+  fi
 fi
 printf '%s\n' "${summary[@]}"

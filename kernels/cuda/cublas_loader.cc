@@ -31,12 +31,16 @@ absl::StatusOr<CublasApi> Load() {
   resolve(&api.destroy, "cublasDestroy_v2");
   resolve(&api.set_stream, "cublasSetStream_v2");
   resolve(&api.set_workspace, "cublasSetWorkspace_v2");
+  resolve(&api.set_math_mode, "cublasSetMathMode");
   resolve(&api.gemm_ex, "cublasGemmEx");
   resolve(&api.status_name, "cublasGetStatusName");
   resolve(&api.status_string, "cublasGetStatusString");
   if (missing) {
     return absl::FailedPreconditionError(absl::StrCat(name, " has no ", which));
   }
+  // Optional (cuBLAS 12.5 and later): left null where absent; its users check.
+  api.gemm_grouped_batched_ex = reinterpret_cast<decltype(api.gemm_grouped_batched_ex)>(
+      dlsym(lib, "cublasGemmGroupedBatchedEx"));
   return api;  // the library stays loaded for the life of the process
 }
 

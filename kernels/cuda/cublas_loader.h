@@ -19,6 +19,7 @@ struct CublasApi {
   decltype(&cublasDestroy) destroy = nullptr;
   decltype(&cublasSetStream) set_stream = nullptr;
   decltype(&cublasSetWorkspace) set_workspace = nullptr;
+  decltype(&cublasSetMathMode) set_math_mode = nullptr;
   // cublasGemmEx (C++ overloads it, so its type is spelled out).
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
                             const void*, const void*, cudaDataType, int, const void*, cudaDataType,
@@ -26,10 +27,23 @@ struct CublasApi {
                             cublasGemmAlgo_t) = nullptr;
   decltype(&cublasGetStatusName) status_name = nullptr;
   decltype(&cublasGetStatusString) status_string = nullptr;
+  // cublasGemmGroupedBatchedEx (cuBLAS 12.5 and later; spelled out so that older headers
+  // compile too). Optional: null when the loaded library lacks it, and LoadCublas does not
+  // fail for that. Only the grouped GEMM's cross-check test
+  // (tests/kernels/cuda/grouped_gemm_cuda_test.cc) calls it: the problem sizes are host
+  // arrays, which the serving path does not have without a synchronisation.
+  cublasStatus_t (*gemm_grouped_batched_ex)(cublasHandle_t, const cublasOperation_t[],
+                                            const cublasOperation_t[], const int[], const int[],
+                                            const int[], const void*, const void* const[],
+                                            cudaDataType_t, const int[], const void* const[],
+                                            cudaDataType_t, const int[], const void*, void* const[],
+                                            cudaDataType_t, const int[], int, const int[],
+                                            cublasComputeType_t) = nullptr;
 };
 
 // The process's cuBLAS (libcublas.so.<major of the toolkit built against>), loaded once;
-// FAILED_PRECONDITION naming the library when it cannot be loaded.
+// FAILED_PRECONDITION naming the library when it cannot be loaded or lacks a required
+// symbol (every member but gemm_grouped_batched_ex, which may be null).
 absl::StatusOr<const CublasApi*> LoadCublas();
 
 }  // namespace dxs

@@ -1025,6 +1025,46 @@ TEST_F(CudaBackendTest, UnpackRoutedPairsMatchesTheCpu) {
   }
 }
 
+// Random checkpoints made in place on the GPU (model/random_checkpoint.h) are the host's
+// values bit for bit: FillUniform on CUDA against the CPU's, for each stored and value
+// dtype, over a poisoned tensor of an odd size (several blocks, a ragged tail).
+TEST_F(CudaBackendTest, FillUniformIsTheCpusValuesBitForBit) {
+  const int64_t n = (1 << 20) + 7;
+  for (DType stored : {DType::kF32, DType::kBF16}) {
+    for (DType values : {DType::kF32, DType::kBF16}) {
+      Tensor g = Poisoned(gpu_.get(), {n}, stored);
+      Tensor c = Poisoned(cpu_.get(), {n}, stored);
+      ASSERT_TRUE(gpu_->FillUniform(&g, 1234567, 0.25, 0.05, values).ok());
+      ASSERT_TRUE(cpu_->FillUniform(&c, 1234567, 0.25, 0.05, values).ok());
+      const std::vector<float> got = Get(gpu_.get(), g), want = Get(cpu_.get(), c);
+      ASSERT_EQ(got.size(), want.size());
+      int64_t differ = 0;
+      float lo = 1.f, hi = 0.f;
+      for (size_t i = 0; i < got.size(); ++i) {
+        differ += std::memcmp(&got[i], &want[i], sizeof(float)) != 0 ? 1 : 0;
+        lo = std::min(lo, got[i]);
+        hi = std::max(hi, got[i]);
+      }
+      EXPECT_EQ(differ, 0) << DTypeName(stored) << " / " << DTypeName(values);
+      // Not a constant: the values span [0.2, 0.3] (bf16 spacing there is below 2e-3).
+      EXPECT_LT(lo, 0.205f);
+      EXPECT_GT(hi, 0.295f);
+      EXPECT_GE(lo, 0.2f - 2e-3f);
+      EXPECT_LE(hi, 0.3f + 2e-3f);
+    }
+  }
+  // Another seed, other values; an index tensor is refused; no elements is nothing to do.
+  Tensor a = Poisoned(gpu_.get(), {64}, DType::kF32), b = Poisoned(gpu_.get(), {64}, DType::kF32);
+  ASSERT_TRUE(gpu_->FillUniform(&a, 1, 0.0, 1.0, DType::kF32).ok());
+  ASSERT_TRUE(gpu_->FillUniform(&b, 2, 0.0, 1.0, DType::kF32).ok());
+  EXPECT_NE(Get(gpu_.get(), a), Get(gpu_.get(), b));
+  Tensor ids = PutIndices(gpu_.get(), {1, 2, 3});
+  EXPECT_EQ(gpu_->FillUniform(&ids, 1, 0.0, 1.0, DType::kF32).code(),
+            absl::StatusCode::kInvalidArgument);
+  Tensor empty = Poisoned(gpu_.get(), {0}, DType::kF32);
+  EXPECT_TRUE(gpu_->FillUniform(&empty, 1, 0.0, 1.0, DType::kF32).ok());
+}
+
 TEST_F(CudaBackendTest, EventsOrderTheQueue) {
   absl::StatusOr<std::unique_ptr<Event>> e = gpu_->CreateEvent();
   ASSERT_TRUE(e.ok()) << e.status();

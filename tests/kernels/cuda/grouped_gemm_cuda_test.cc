@@ -1,12 +1,16 @@
 // The CUDA grouped expert GEMM: host-side guards (run everywhere, no device needed) and, on
-// an sm_90 GPU, agreement with a host f32 GEMM on the same bf16 inputs. Without a device
-// (or without CUTLASS in the build) the GPU cases skip.
+// an sm_90 GPU, agreement with a host f32 GEMM on the same bf16 inputs and with cuBLAS's
+// grouped batched GEMM (cublasGemmGroupedBatchedEx: issue 11's cross-check). Without a
+// device (or without CUTLASS in the build, or without a cuBLAS that has that entry point)
+// the GPU cases skip.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <iostream>
 #include <ostream>
 #include <random>
 #include <sstream>
@@ -14,7 +18,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/cublas_loader.h"
 #include "kernels/cuda/grouped_gemm.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
@@ -426,6 +432,377 @@ TEST(GroupedGemmCuda, RejectsTooSmallWorkspace) {
   // More experts, more workspace.
   EXPECT_GT(GroupedGemmWorkspaceBytes(4 * kNumExperts, 16, 1536, 2048, kBF16), ws_bytes);
 }
+
+// ---- Cross-check: cuBLAS's grouped batched GEMM on the same inputs (issue 11). ----
+//
+// cublasGemmGroupedBatchedEx takes its per-group sizes in host arrays, so the serving path
+// (whose expert offsets live on the device) cannot use it without a synchronisation. Here
+// the host knows the routing, and cuBLAS is an independent implementation of the same
+// grouped GEMM: one group (group_size 1) per expert, with that expert's own row count,
+// experts with no rows included.
+//
+// The column-major mapping. cuBLAS computes, per group, C = op(A) op(B) on column-major
+// operands. A row-major [r, c] matrix with row stride c is, read column-major, its
+// transpose: a [c, r] matrix with leading dimension c. So for expert e with m_e rows:
+//   x_e (rows off[e].. of A)  row-major [m_e, k] = column-major x_e^T [k, m_e], ld k
+//   W_e (its weight)          row-major [n, k]   = column-major W_e^T [k, n],   ld k
+//   y_e (rows off[e].. of C)  row-major [m_e, n] = column-major y_e^T [n, m_e], ld n
+// and y_e = x_e W_e^T  <=>  y_e^T = W_e x_e^T = (W_e^T)^T (x_e^T). cuBLAS's arguments:
+//   transa = T, A = W_e (the k x n view), lda = k;  transb = N, B = x_e (the k x m_e view),
+//   ldb = k;  m = n, n = m_e, k = k;  C = y_e (the n x m_e view), ldc = n.
+// That is CudaBackend::Gemm's cublasGemmEx mapping, one group per expert. The expert's row
+// count is cuBLAS's n, on which no leading dimension depends: an expert with no rows is a
+// valid n = 0 group, which BLAS does nothing for.
+//
+// Types: A and B bf16 (CUDA_R_16BF), CUBLAS_COMPUTE_32F, float alpha 1 and beta 0 (host
+// arrays, one value a group; beta 0 means C is not read, so its NaN poison cannot leak in),
+// C bf16. This entry point answered CUBLAS_STATUS_NOT_SUPPORTED for bf16 inputs with an
+// f32 C (cuBLAS 13.1 on an H200), so cuBLAS writes bf16 only. The CUTLASS path runs with
+// both of its C types, bf16 (gate_up, and down into a bf16 y) and f32 (down into an f32
+// y), and each is compared with cuBLAS's bf16.
+//
+// Tolerance. Both paths multiply the same bf16 values exactly (a bf16 x bf16 product fits
+// in fp32) and sum the k products in fp32: CUTLASS's ElementAccumulator is float
+// (grouped_gemm_sm90.cuh), cuBLAS runs CUBLAS_COMPUTE_32F, and the handle's
+// CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION keeps a split-K reduction, should cuBLAS
+// pick one, in fp32 rather than in the bf16 output type. The fp32 sums then differ by
+// summation order only. With inputs uniform in [-1, 1] a k-term dot product has rms
+// scale = sqrt(k) / 3, which bounds the partial sums' size; each fp32 addition errs by at
+// most 2^-24 of its result and the errors walk like sqrt(k): ~4e-5 for k 2048 (scale 15).
+// The slack, sum_slack = 2^-12 * scale, allows ~100x that (room for tensor-core
+// accumulation that rounds differently from IEEE additions) and is still ~40x tighter than
+// the host test's 1% of scale. Each path then rounds its fp32 sum once into its C type; a
+// bf16 value v has 8 significant bits, so its ulp is at most 2^-7 |v| and a rounding moves
+// it by at most 2^-8 |v| (half an ulp):
+// - CUTLASS bf16 vs cuBLAS bf16: two roundings, at most one bf16 ulp apart (sums a hair
+//   apart can round to neighbouring bf16 values):  |d| <= 2^-7 max(|a|, |b|) + sum_slack.
+// - CUTLASS f32 vs cuBLAS bf16: one rounding:       |d| <= 2^-8 max(|a|, |b|) + sum_slack.
+// Against the host's double sums of the same bf16 values (exact to ~1e-16) the same bounds
+// hold with one side exact: cuBLAS's bf16 within 2^-8 |v| + sum_slack, CUTLASS's f32
+// within sum_slack. A wrong or swapped expert weight, a row shifted by one, a lost K tile
+// or a NaN left by an unwritten element all fail.
+
+// One case: a shape and each expert's row count (one cuBLAS group each).
+struct CrossCase {
+  std::string name;
+  int64_t n, k;
+  std::vector<int32_t> rows;
+};
+
+std::ostream& operator<<(std::ostream& os, const CrossCase& c) { return os << c.name; }
+
+#define ASSERT_CUBLAS_OK(blas, expr)                                 \
+  do {                                                               \
+    const cublasStatus_t dxs_blas_st_ = (expr);                      \
+    ASSERT_EQ(dxs_blas_st_, CUBLAS_STATUS_SUCCESS)                   \
+        << #expr << ": " << (blas).status_name(dxs_blas_st_) << " (" \
+        << (blas).status_string(dxs_blas_st_) << ")";                \
+  } while (0)
+
+// A non-blocking stream, destroyed on scope exit.
+class TestStream {
+ public:
+  TestStream() { err_ = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); }
+  ~TestStream() {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  TestStream(const TestStream&) = delete;
+  TestStream& operator=(const TestStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+  cudaError_t status() const { return err_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaError_t err_ = cudaSuccess;
+};
+
+// A cuBLAS handle, destroyed on scope exit (before the stream it runs on: declare it after).
+class CublasHandle {
+ public:
+  explicit CublasHandle(const CublasApi& blas) : blas_(blas) {
+    status_ = blas_.create(&handle_);
+    if (status_ != CUBLAS_STATUS_SUCCESS) handle_ = nullptr;
+  }
+  ~CublasHandle() {
+    if (handle_ != nullptr) blas_.destroy(handle_);
+  }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  cublasHandle_t get() const { return handle_; }
+  cublasStatus_t status() const { return status_; }
+
+ private:
+  const CublasApi& blas_;
+  cublasHandle_t handle_ = nullptr;
+  cublasStatus_t status_ = CUBLAS_STATUS_NOT_INITIALIZED;
+};
+
+// `count` elements of `type` (bf16 or f32) from the device, as floats.
+cudaError_t DownloadWidened(const DeviceBuffer& buf, ElemType type, size_t count,
+                            std::vector<float>* out) {
+  out->assign(count, 0.f);
+  if (type == kF32) {
+    return cudaMemcpy(out->data(), buf.get(), count * sizeof(float), cudaMemcpyDeviceToHost);
+  }
+  std::vector<__nv_bfloat16> raw(count);
+  const cudaError_t err =
+      cudaMemcpy(raw.data(), buf.get(), count * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost);
+  if (err == cudaSuccess) *out = Widen(raw);
+  return err;
+}
+
+void RunCrossCheck(const CrossCase& c, const CublasApi& blas) {
+  const int64_t num_experts = static_cast<int64_t>(c.rows.size());
+  std::vector<int32_t> offsets(num_experts + 1, 0);
+  for (int64_t e = 0; e < num_experts; ++e) offsets[e + 1] = offsets[e] + c.rows[e];
+  const int64_t total_rows = offsets.back();
+  ASSERT_GT(total_rows, 0);
+  const uint32_t seed = static_cast<uint32_t>(c.n * 104729 + c.k * 131 + total_rows);
+  const std::vector<__nv_bfloat16> a = RandomBf16(static_cast<size_t>(total_rows * c.k), seed);
+  // A weight of its own for every expert, so that a mixed-up expert pointer shows.
+  const std::vector<__nv_bfloat16> w =
+      RandomBf16(static_cast<size_t>(num_experts * c.n * c.k), seed + 1);
+  const size_t out_count = static_cast<size_t>(total_rows * c.n);
+
+  DeviceBuffer a_dev(a.size() * sizeof(a[0])), w_dev(w.size() * sizeof(w[0]));
+  DeviceBuffer off_dev(offsets.size() * sizeof(int32_t));
+  DeviceBuffer b_ptrs_dev(num_experts * sizeof(void*));
+  DeviceBuffer cutlass_bf16_dev(out_count * sizeof(__nv_bfloat16));
+  DeviceBuffer cutlass_f32_dev(out_count * sizeof(float));
+  DeviceBuffer cublas_c_dev(out_count * sizeof(__nv_bfloat16));
+  DeviceBuffer cublas_a_ptrs(num_experts * sizeof(void*)),
+      cublas_b_ptrs(num_experts * sizeof(void*));
+  DeviceBuffer cublas_c_ptrs(num_experts * sizeof(void*));
+  // One workspace for both CUTLASS launches (same stream, one after the other).
+  const size_t ws_bytes =
+      std::max(GroupedGemmWorkspaceBytes(num_experts, total_rows, c.n, c.k, kBF16),
+               GroupedGemmWorkspaceBytes(num_experts, total_rows, c.n, c.k, kF32));
+  ASSERT_GT(ws_bytes, 0u);
+  DeviceBuffer ws_dev(ws_bytes);
+  for (const DeviceBuffer* b :
+       {&a_dev, &w_dev, &off_dev, &b_ptrs_dev, &cutlass_bf16_dev, &cutlass_f32_dev, &cublas_c_dev,
+        &cublas_a_ptrs, &cublas_b_ptrs, &cublas_c_ptrs, &ws_dev}) {
+    ASSERT_CUDA_OK(b->status());
+  }
+
+  // CUTLASS: expert e's weight, null for experts with no rows (its contract). cuBLAS: the
+  // per-group A, B and C pointers (device arrays of device pointers), real ones for every
+  // group; those of an n = 0 group are never read.
+  const __nv_bfloat16* const w_base = w_dev.get<const __nv_bfloat16>();
+  std::vector<const __nv_bfloat16*> cutlass_b(num_experts, nullptr);
+  std::vector<const void*> cublas_a(num_experts), cublas_b(num_experts);
+  std::vector<void*> cublas_c(num_experts);
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const __nv_bfloat16* weight = w_base + e * c.n * c.k;
+    if (c.rows[e] > 0) cutlass_b[e] = weight;
+    cublas_a[e] = weight;
+    cublas_b[e] = a_dev.get<const __nv_bfloat16>() + int64_t{offsets[e]} * c.k;
+    cublas_c[e] = cublas_c_dev.get<__nv_bfloat16>() + int64_t{offsets[e]} * c.n;
+  }
+  ASSERT_CUDA_OK(a_dev.Upload(a));
+  ASSERT_CUDA_OK(w_dev.Upload(w));
+  ASSERT_CUDA_OK(off_dev.Upload(offsets));
+  ASSERT_CUDA_OK(b_ptrs_dev.Upload(cutlass_b));
+  ASSERT_CUDA_OK(cublas_a_ptrs.Upload(cublas_a));
+  ASSERT_CUDA_OK(cublas_b_ptrs.Upload(cublas_b));
+  ASSERT_CUDA_OK(cublas_c_ptrs.Upload(cublas_c));
+  // NaN (all ones in bf16 and f32) in every output: an element neither path writes stays NaN.
+  ASSERT_CUDA_OK(cudaMemset(cutlass_bf16_dev.get(), 0xff, out_count * sizeof(__nv_bfloat16)));
+  ASSERT_CUDA_OK(cudaMemset(cutlass_f32_dev.get(), 0xff, out_count * sizeof(float)));
+  ASSERT_CUDA_OK(cudaMemset(cublas_c_dev.get(), 0xff, out_count * sizeof(__nv_bfloat16)));
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());  // the memsets are on the legacy stream
+
+  TestStream stream;
+  ASSERT_CUDA_OK(stream.status());
+  const auto launch_cutlass = [&](void* out, ElemType type) {
+    return LaunchGroupedGemmBf16(a_dev.get<__nv_bfloat16>(), off_dev.get<int32_t>(),
+                                 b_ptrs_dev.get<const __nv_bfloat16*>(), num_experts, total_rows,
+                                 c.n, c.k, out, type, ws_dev.get(), ws_bytes, stream.get());
+  };
+  ASSERT_CUDA_OK(launch_cutlass(cutlass_bf16_dev.get(), kBF16));
+  ASSERT_CUDA_OK(launch_cutlass(cutlass_f32_dev.get(), kF32));
+
+  CublasHandle handle(blas);
+  ASSERT_CUBLAS_OK(blas, handle.status());
+  ASSERT_CUBLAS_OK(blas, blas.set_stream(handle.get(), stream.get()));
+  ASSERT_CUBLAS_OK(blas, blas.set_math_mode(handle.get(),
+                                            static_cast<cublasMath_t>(
+                                                CUBLAS_DEFAULT_MATH |
+                                                CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  // Host arrays, one entry a group (the mapping is worked out above).
+  const int groups = static_cast<int>(num_experts);
+  const std::vector<cublasOperation_t> trans_a(groups, CUBLAS_OP_T);
+  const std::vector<cublasOperation_t> trans_b(groups, CUBLAS_OP_N);
+  const std::vector<int> m_array(groups, static_cast<int>(c.n));  // output columns
+  const std::vector<int> n_array(c.rows.begin(), c.rows.end());   // the expert's rows
+  const std::vector<int> k_array(groups, static_cast<int>(c.k));
+  const std::vector<int> lda(groups, static_cast<int>(c.k));
+  const std::vector<int> ldb(groups, static_cast<int>(c.k));
+  const std::vector<int> ldc(groups, static_cast<int>(c.n));
+  const std::vector<float> alpha(groups, 1.f), beta(groups, 0.f);
+  const std::vector<int> group_size(groups, 1);
+  ASSERT_CUBLAS_OK(
+      blas, blas.gemm_grouped_batched_ex(
+                handle.get(), trans_a.data(), trans_b.data(), m_array.data(), n_array.data(),
+                k_array.data(), alpha.data(), cublas_a_ptrs.get<const void* const>(), CUDA_R_16BF,
+                lda.data(), cublas_b_ptrs.get<const void* const>(), CUDA_R_16BF, ldb.data(),
+                beta.data(), cublas_c_ptrs.get<void* const>(), CUDA_R_16BF, ldc.data(), groups,
+                group_size.data(), CUBLAS_COMPUTE_32F));
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream.get()));
+
+  std::vector<float> cutlass_bf16, cutlass_f32, cublas_bf16;
+  ASSERT_CUDA_OK(DownloadWidened(cutlass_bf16_dev, kBF16, out_count, &cutlass_bf16));
+  ASSERT_CUDA_OK(DownloadWidened(cutlass_f32_dev, kF32, out_count, &cutlass_f32));
+  ASSERT_CUDA_OK(DownloadWidened(cublas_c_dev, kBF16, out_count, &cublas_bf16));
+
+  std::vector<int64_t> expert_of(total_rows, -1);
+  for (int64_t e = 0; e < num_experts; ++e) {
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) expert_of[r] = e;
+  }
+  const double scale = std::sqrt(static_cast<double>(c.k)) / 3;
+  const double sum_slack = scale / 4096;  // 2^-12 scale (see above)
+  constexpr double kBf16Ulp = 1.0 / 128;  // a bf16 ulp at v is at most 2^-7 |v|
+  constexpr double kBf16HalfUlp = 1.0 / 256;
+  constexpr int kMaxFailures = 20;
+
+  // 1. Every element, GPU against GPU.
+  int failures = 0;
+  double max_diff_bf16 = 0, max_diff_f32 = 0;
+  int64_t differing_bf16 = 0;
+  for (int64_t r = 0; r < total_rows && failures < kMaxFailures; ++r) {
+    for (int64_t j = 0; j < c.n && failures < kMaxFailures; ++j) {
+      const size_t i = static_cast<size_t>(r * c.n + j);
+      const double ref = cublas_bf16[i], got_bf16 = cutlass_bf16[i], got_f32 = cutlass_f32[i];
+      if (!std::isfinite(ref) || !std::isfinite(got_bf16) || !std::isfinite(got_f32)) {
+        ADD_FAILURE() << "row " << r << " (expert " << expert_of[r] << ") col " << j
+                      << " not written (NaN poison left?): cuBLAS " << ref << ", CUTLASS bf16 "
+                      << got_bf16 << ", CUTLASS f32 " << got_f32;
+        ++failures;
+        continue;
+      }
+      const double d_bf16 = std::fabs(got_bf16 - ref), d_f32 = std::fabs(got_f32 - ref);
+      max_diff_bf16 = std::max(max_diff_bf16, d_bf16);
+      max_diff_f32 = std::max(max_diff_f32, d_f32);
+      if (d_bf16 != 0) ++differing_bf16;
+      const double tol_bf16 = kBf16Ulp * std::max(std::fabs(got_bf16), std::fabs(ref)) + sum_slack;
+      const double tol_f32 =
+          kBf16HalfUlp * std::max(std::fabs(got_f32), std::fabs(ref)) + sum_slack;
+      if (!(d_bf16 <= tol_bf16) || !(d_f32 <= tol_f32)) {
+        ADD_FAILURE() << "row " << r << " (expert " << expert_of[r] << ") col " << j << ": cuBLAS "
+                      << ref << ", CUTLASS bf16 " << got_bf16 << " (tolerance " << tol_bf16
+                      << "), CUTLASS f32 " << got_f32 << " (tolerance " << tol_f32 << ")";
+        ++failures;
+      }
+    }
+  }
+
+  // 2. Sampled rows against the host's double GEMM of the same bf16 values, so that the two
+  // paths cannot agree on a wrong answer: every expert's first and last row (all rows of the
+  // 1-row experts) and ~64 rows spread over the batch.
+  std::vector<bool> check(total_rows, false);
+  for (int64_t e = 0; e < num_experts; ++e) {
+    if (offsets[e + 1] > offsets[e]) {
+      check[offsets[e]] = true;
+      check[offsets[e + 1] - 1] = true;
+    }
+  }
+  for (int64_t r = 0; r < total_rows; r += std::max<int64_t>(1, total_rows / 64)) check[r] = true;
+  const std::vector<float> a_f = Widen(a), w_f = Widen(w);
+  int64_t checked = 0;
+  double max_want = 0;
+  for (int64_t r = 0; r < total_rows && failures < kMaxFailures; ++r) {
+    if (!check[r]) continue;
+    const int64_t e = expert_of[r];
+    const float* x = a_f.data() + r * c.k;
+    const float* wt = w_f.data() + e * c.n * c.k;
+    for (int64_t j = 0; j < c.n && failures < kMaxFailures; ++j) {
+      const float* wrow = wt + j * c.k;
+      double want = 0;
+      for (int64_t i = 0; i < c.k; ++i) want += static_cast<double>(x[i]) * wrow[i];
+      max_want = std::max(max_want, std::fabs(want));
+      ++checked;
+      const size_t idx = static_cast<size_t>(r * c.n + j);
+      const double ref = cublas_bf16[idx], got_f32 = cutlass_f32[idx];
+      const double tol_ref = kBf16HalfUlp * std::max(std::fabs(ref), std::fabs(want)) + sum_slack;
+      if (!(std::fabs(ref - want) <= tol_ref) || !(std::fabs(got_f32 - want) <= sum_slack)) {
+        ADD_FAILURE() << "row " << r << " (expert " << e << ") col " << j << ": host " << want
+                      << ", cuBLAS bf16 " << ref << " (tolerance " << tol_ref << "), CUTLASS f32 "
+                      << got_f32 << " (tolerance " << sum_slack << ")";
+        ++failures;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+  // The inputs are not degenerate: all-zero outputs could not have matched the host.
+  EXPECT_GT(max_want, scale / 2);
+
+  // For the record (docs/gpu.md): how far apart the two implementations are.
+  const double differing_share = static_cast<double>(differing_bf16) / out_count;
+  ::testing::Test::RecordProperty("max_abs_diff_bf16", std::to_string(max_diff_bf16));
+  ::testing::Test::RecordProperty("max_abs_diff_f32", std::to_string(max_diff_f32));
+  ::testing::Test::RecordProperty("bf16_differing_share", std::to_string(differing_share));
+  std::cout << "[ cross-check ] " << c.name << ": " << total_rows << " rows over " << num_experts
+            << " experts; CUTLASS bf16 vs cuBLAS bf16: max |d| " << max_diff_bf16 << ", "
+            << differing_share * 100 << "% of elements differ; CUTLASS f32 vs cuBLAS "
+            << "bf16: max |d| " << max_diff_f32 << " (rms of an element ~" << scale << ")\n";
+}
+
+class GroupedGemmCudaMatchesCublas : public ::testing::TestWithParam<CrossCase> {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    SKIP_WITHOUT_SM90();
+    const absl::StatusOr<const CublasApi*> blas = LoadCublas();
+    if (!blas.ok()) {
+      GTEST_SKIP() << "cuBLAS cross-check skipped: " << blas.status().ToString();
+    }
+    if ((*blas)->gemm_grouped_batched_ex == nullptr) {
+      GTEST_SKIP() << "cuBLAS cross-check skipped: libcublas.so." << CUBLAS_VER_MAJOR
+                   << " has no cublasGemmGroupedBatchedEx (cuBLAS 12.5 and later have it)";
+    }
+    blas_ = *blas;
+  }
+
+  const CublasApi* blas_ = nullptr;
+};
+
+TEST_P(GroupedGemmCudaMatchesCublas, PoisonedOutputs) { RunCrossCheck(GetParam(), *blas_); }
+
+std::vector<CrossCase> CrossCases() {
+  // Rows per expert, 12 experts: empty experts (first, last and between), 1-row experts,
+  // odd counts, and one large expert. With 12 experts the launch picks its tiles from the
+  // total (grouped_gemm.cc): up to 768 rows the 64x128 ping-pong kernel, up to 1536 the
+  // 128x128 cooperative one, above that the 128x256 one; one routing for each.
+  const std::vector<int32_t> decode = {1, 0, 3, 1, 0, 5, 1, 17, 0, 1, 11, 0};         // 40
+  const std::vector<int32_t> medium = {0, 1, 77, 301, 0, 131, 1, 99, 3, 0, 255, 33};  // 901
+  const std::vector<int32_t> large = {0, 1, 7, 0, 33, 1, 129, 0, 255, 3, 2501, 64};   // 2994
+  // Qwen3-30B-A3B's experts (hidden 2048, intermediate 768): gate_up is [2 x 768, 2048],
+  // down [2048, 768]; and a small shape that cuts tiles in N (200) and K (72).
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+  };
+  struct Counts {
+    const char* name;
+    const std::vector<int32_t>* rows;
+  };
+  const Shape shapes[] = {
+      {"qwen_gate_up", 1536, 2048}, {"qwen_down", 2048, 768}, {"small", 200, 72}};
+  const Counts counts[] = {{"decode", &decode}, {"medium", &medium}, {"large_expert", &large}};
+  std::vector<CrossCase> cases;
+  for (const Shape& shape : shapes) {
+    for (const Counts& routing : counts) {
+      cases.push_back(
+          {std::string(shape.name) + "_" + routing.name, shape.n, shape.k, *routing.rows});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GroupedGemmCudaMatchesCublas, ::testing::ValuesIn(CrossCases()),
+                         [](const ::testing::TestParamInfo<CrossCase>& info) {
+                           return info.param.name;
+                         });
 
 }  // namespace
 }  // namespace dxs::cuda
