@@ -62,10 +62,15 @@ __device__ __forceinline__ void WidenBf16x8(const uint4& raw, float out[kChunk])
   }
 }
 
-// 16 bytes of bf16 weights, streamed (read once: no L1 allocation).
+// 16 bytes of bf16 weights, streamed (read once: no L1 allocation). volatile: without it
+// the compiler took the asm for a pure function of its operands and hoisted it out of the
+// bounds checks around it (`c < hidden` in MoeGateUpKernel's loop), so lanes past the end
+// of a row read past the weights' allocation (compute-sanitizer memcheck over
+// cuda_engine_test: 16-byte reads just after a 32 KiB expert). A load may not run where its
+// guard is false.
 __device__ __forceinline__ uint4 LoadWeightsRaw(const __nv_bfloat16* p) {
   uint4 raw;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
       : "l"(p));
   return raw;

@@ -368,6 +368,10 @@ TEST_F(FrontendServiceTest, AbortBeforeTheWorkerKnowsTheRequestEndsAborted) {
   ASSERT_TRUE(reader->Read(&first));  // the assigned id, no tokens
   EXPECT_EQ(first.chunk().token_ids_size(), 0);
   ASSERT_FALSE(first.request_id().empty());
+  // The router's call has reached the worker (which does not know the id): an abort that
+  // overtook it would cancel a call the worker's handler never ran, and nothing would be
+  // there to see the cancellation (a race this test lost once under load in CI).
+  ASSERT_TRUE(w1.started().WaitForNotificationWithTimeout(absl::Seconds(5)));
   v1::GenerateResponse last = AbortAndReadNext(reader.get(), first.request_id());
   EXPECT_EQ(last.request_id(), first.request_id());
   EXPECT_EQ(last.complete().finish_reason(), v1::FINISH_REASON_ABORTED);
