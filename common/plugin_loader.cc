@@ -25,7 +25,8 @@ std::string BesideExecutable(const std::string& file_name) {
 }  // namespace
 
 absl::StatusOr<void*> LoadPluginSymbol(const std::string& file_name, const char* env_override,
-                                       const char* symbol, const std::string& what) {
+                                       const char* symbol, const std::string& flag,
+                                       const std::string& what) {
   const char* env = env_override != nullptr ? std::getenv(env_override) : nullptr;
   const std::string path = env != nullptr && *env != 0 ? env : BesideExecutable(file_name);
   // dlopen's own count would do, but a failed open is remembered too: its reason stays.
@@ -39,14 +40,14 @@ absl::StatusOr<void*> LoadPluginSymbol(const std::string& file_name, const char*
     it = opened
              ->emplace(path, lib != nullptr ? absl::StatusOr<void*>(lib)
                                             : absl::FailedPreconditionError(absl::StrCat(
-                                                  what, ": cannot load ", path, ": ",
+                                                  flag, ": cannot load ", what, " ", path, ": ",
                                                   why != nullptr ? why : "unknown error")))
              .first;
   }
   if (!it->second.ok()) return it->second.status();
   void* fn = dlsym(*it->second, symbol);
   if (fn == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(what, ": ", path, " has no ", symbol));
+    return absl::FailedPreconditionError(absl::StrCat(flag, ": ", path, " has no ", symbol));
   }
   return fn;
 }

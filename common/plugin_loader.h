@@ -13,9 +13,10 @@ namespace dxs {
 // `symbol` of the plugin `file_name`: the path in $`env_override` if that is set and not
 // empty, else `file_name` beside the running executable. Each path is opened once
 // (RTLD_NOW | RTLD_LOCAL) and never closed: the plugin's code runs until the process ends.
-// FAILED_PRECONDITION, starting with `what` and naming the path and the loader's reason,
-// when the file does not load or lacks the symbol.
+// FAILED_PRECONDITION when the file does not load ("<flag>: cannot load <what> <path>:
+// <the loader's reason>") or lacks the symbol ("<flag>: <path> has no <symbol>").
 absl::StatusOr<void*> LoadPluginSymbol(const std::string& file_name, const char* env_override,
-                                       const char* symbol, const std::string& what);
+                                       const char* symbol, const std::string& flag,
+                                       const std::string& what);
 
 }  // namespace dxs

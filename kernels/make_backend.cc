@@ -33,7 +33,7 @@ using MakeCudaBackendFn = Backend* (*)(int device_ordinal, absl::Status* error);
 absl::StatusOr<MakeCudaBackendFn> LoadCudaPlugin() {
   DXS_ASSIGN_OR_RETURN(
       void* fn, LoadPluginSymbol("libdxs_cuda.so", "DXS_CUDA_PLUGIN", "dxs_make_cuda_backend",
-                                 "--device cuda: the CUDA backend"));
+                                 "--device cuda", "the CUDA backend"));
   return reinterpret_cast<MakeCudaBackendFn>(fn);
 }
 #endif
