@@ -71,8 +71,8 @@ __device__ __forceinline__ void WidenBf16x8(const uint4& raw, float out[kChunk])
 __device__ __forceinline__ uint4 LoadWeightsRaw(const __nv_bfloat16* p) {
   uint4 raw;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-      : "l"(p));
+               : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+               : "l"(p));
   return raw;
 }
 
