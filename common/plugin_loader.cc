@@ -16,10 +16,10 @@ namespace {
 std::string BesideExecutable(const std::string& file_name) {
   char exe[PATH_MAX];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  std::string dir = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string();
-  const size_t slash = dir.rfind('/');
-  dir = slash == std::string::npos ? std::string(".") : dir.substr(0, slash);
-  return absl::StrCat(dir.empty() ? "/" : dir, dir.empty() ? "" : "/", file_name);
+  const std::string self = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string();
+  const size_t slash = self.rfind('/');
+  // The directory with its slash ("/" for a binary at the root), or "./" if unknown.
+  return absl::StrCat(slash == std::string::npos ? "./" : self.substr(0, slash + 1), file_name);
 }
 
 }  // namespace

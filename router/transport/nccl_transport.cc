@@ -144,7 +144,6 @@ class NcclTransportImpl final : public NcclTransport {
     comm_ = comm;
     comm_rank_.clear();
     for (int i = 0; i < world_size; ++i) comm_rank_[members[static_cast<size_t>(i)]] = i;
-    rank_ = rank;
     failure_ = absl::OkStatus();
     return absl::OkStatus();
   }
@@ -373,8 +372,7 @@ class NcclTransportImpl final : public NcclTransport {
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
   std::map<int, int> comm_rank_;  // transport rank -> communicator rank, of the members
-  int rank_ = -1;
-  absl::Status failure_;  // why the communicator was aborted (OK: it was not)
+  absl::Status failure_;          // why the communicator was aborted (OK: it was not)
   ExchangeId next_id_ = 1;
   std::map<ExchangeId, Group> groups_;
 };
