@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -320,6 +321,13 @@ TEST(DenseAttentionCudaGuard, AttentionWorkspace) {
   EXPECT_EQ(cuda::PagedAttentionWorkspaceBytes(prefill), 0u);
   decode.max_context_len = 16;
   EXPECT_EQ(cuda::PagedAttentionWorkspaceBytes(decode), 0u);
+}
+
+// Whether the binary runs under compute-sanitizer (run_device.sh's sanitizer runs say so
+// with DXS_UNDER_COMPUTE_SANITIZER=1).
+bool UnderComputeSanitizer() {
+  const char* v = std::getenv("DXS_UNDER_COMPUTE_SANITIZER");
+  return v != nullptr && *v != '\0' && std::string(v) != "0";
 }
 
 // Sets an environment variable for the scope (restoring what was there).
@@ -1372,7 +1380,22 @@ void DenseAttentionCudaPaged::Check(const std::vector<AttentionSeq>& seqs, uint3
   // so on unit-scale V the output moves by up to ~4e-3 beyond the output's own rounding.
   // Measured on the H200: at most 3.7e-3 over these cases (FA2's kernel). The SM90 kernel
   // rounds P the same way and sums in another order: the same bound.
-  auto expect_flashinfer = [&] { ExpectNear(Decode(out_d.Download(), c.out), want, 5e-3f, 1e-2f); };
+  // Under compute-sanitizer the SM90 kernel's values are not checked (its memory accesses
+  // still are): with the tool attached its output is wrong in some runs, even with no kernel
+  // instrumented (--kernel-name matching none: 16 of 58 runs), while the same binary beside
+  // it without the tool passed 87 of 87 (docs/gpu.md, the sixth session). run_device.sh's
+  // sanitizer runs set DXS_UNDER_COMPUTE_SANITIZER=1.
+  auto values_checked = [&](cuda::FlashInferAttention* f) {
+    if (!UnderComputeSanitizer() ||
+        cuda::FlashInferLastKernel(f) != cuda::FlashInferKernel::kSm90) {
+      return true;
+    }
+    std::printf("note: under compute-sanitizer, the SM90 kernel's values are not checked\n");
+    return false;
+  };
+  auto expect_flashinfer = [&](cuda::FlashInferAttention* f) {
+    if (values_checked(f)) ExpectNear(Decode(out_d.Download(), c.out), want, 5e-3f, 1e-2f);
+  };
   const bool sm90 = cuda::FlashInferSm90Available();
   std::vector<cuda::FlashInferKernel> kernels = {cuda::FlashInferKernel::kFa2};
   if (sm90) kernels.push_back(cuda::FlashInferKernel::kSm90);
@@ -1383,10 +1406,11 @@ void DenseAttentionCudaPaged::Check(const std::vector<AttentionSeq>& seqs, uint3
       SCOPED_TRACE(::testing::Message() << "FlashInfer " << name << ", call " << round);
       ASSERT_NO_FATAL_FAILURE(run_flashinfer(fi.get(), args, query_start, context_lens, kernel));
       EXPECT_EQ(cuda::FlashInferLastKernel(fi.get()), kernel);
-      expect_flashinfer();
+      expect_flashinfer(fi.get());
       // The SM90 kernel has no split-KV and no atomics: one plan gives one summation order.
-      if (kernel == cuda::FlashInferKernel::kSm90 && round == 0) first_bits = out_d.Download();
-      if (kernel == cuda::FlashInferKernel::kSm90 && round == 1) {
+      const bool sm90_bits = kernel == cuda::FlashInferKernel::kSm90 && values_checked(fi.get());
+      if (sm90_bits && round == 0) first_bits = out_d.Download();
+      if (sm90_bits && round == 1) {
         EXPECT_EQ(out_d.Download(), first_bits);
       }
     }
@@ -1400,7 +1424,7 @@ void DenseAttentionCudaPaged::Check(const std::vector<AttentionSeq>& seqs, uint3
     {
       SCOPED_TRACE(::testing::Message() << "FlashInfer " << name << ", after another plan");
       ASSERT_NO_FATAL_FAILURE(run_flashinfer(fi.get(), args, query_start, context_lens, kernel));
-      expect_flashinfer();
+      expect_flashinfer(fi.get());
     }
   }
   if (auto_choice == AutoChoice::kAny) return;
@@ -1416,7 +1440,7 @@ void DenseAttentionCudaPaged::Check(const std::vector<AttentionSeq>& seqs, uint3
     ASSERT_NO_FATAL_FAILURE(
         run_flashinfer(fi.get(), args, query_start, context_lens, cuda::FlashInferKernel::kAuto));
     EXPECT_EQ(cuda::FlashInferLastKernel(fi.get()), want_auto);
-    expect_flashinfer();
+    expect_flashinfer(fi.get());
   }
   Fi off(nullptr, cuda::DestroyFlashInferAttention);
   {
@@ -1428,7 +1452,7 @@ void DenseAttentionCudaPaged::Check(const std::vector<AttentionSeq>& seqs, uint3
     ASSERT_NO_FATAL_FAILURE(
         run_flashinfer(off.get(), args, query_start, context_lens, cuda::FlashInferKernel::kAuto));
     EXPECT_EQ(cuda::FlashInferLastKernel(off.get()), cuda::FlashInferKernel::kFa2);
-    expect_flashinfer();
+    expect_flashinfer(off.get());
   }
 #else
   (void)auto_choice;
