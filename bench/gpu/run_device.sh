@@ -4,7 +4,7 @@
 # results and plots into $OUT. Builds nothing: the binaries come in .device/ (packed here
 # by bench/gpu/bundle.sh). Prints a short table last; full logs are in $OUT (after bench and
 # all: gpu.md, gpu_*.png and logs.tgz holding the rest, as only 8 files come back).
-#   bench/gpu/run_device.sh [tests|memcheck|bench|cluster|exchange|decode|gemv|all] [--quick]
+#   bench/gpu/run_device.sh [tests|memcheck|bench|cluster|exchange|ll|decode|gemv|all] [--quick]
 #   memcheck: compute-sanitizer memcheck over every single-process gpu test binary, whole.
 #   gemv: ab with DXS_CUDA_GEMV=off and auto, decode and FFN side by side.
 #   bench/gpu/run_device.sh ab "ENV=v ..." "ENV=v ..." ...: gpu_bench --quick under each set of
@@ -32,7 +32,7 @@ summary=()
 if [ "$what" = tests ] || [ "$what" = all ]; then
   for t in topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
            grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test \
-           nccl_transport_test worker_transport_test gpu_cluster_test; do
+           ll_exchange_cuda_test nccl_transport_test worker_transport_test gpu_cluster_test; do
     [ -x ".device/bin/$t" ] || { summary+=("$t: not built"); continue; }
     timeout 300 ".device/bin/$t" >"$OUT/$t.log" 2>&1
     rc=$?
@@ -86,7 +86,7 @@ if [ "$what" = memcheck ]; then
   names=()
   for t in topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
            grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test \
-           nccl_transport_test worker_transport_test; do
+           ll_exchange_cuda_test nccl_transport_test worker_transport_test; do
     [ -x ".device/bin/$t" ] || { summary+=("memcheck $t: not built"); continue; }
     sanitize timeout "${DXS_MEMCHECK_TIMEOUT:-480}" "$sanitizer" --tool memcheck --error-exitcode 99 \
       ".device/bin/$t" >"$OUT/memcheck_$t.log" 2>&1 &
@@ -109,6 +109,15 @@ if [ "$what" = cluster ] || [ "$what" = exchange ] || [ "$what" = all ]; then
       >"$OUT/gpu_exchange_bench.log" 2>&1
     summary+=("gpu_exchange_bench: rc=$?")
     tail -20 "$OUT/gpu_exchange_bench.log"
+  fi
+fi
+if [ "$what" = ll ] || [ "$what" = exchange ] || [ "$what" = all ]; then
+  # The low-latency exchange's round trip between two ranks of one process, beside the copy
+  # floor (one GPU: HBM, not NVLink).
+  if [ -x .device/bin/gpu_ll_bench ]; then
+    timeout 120 .device/bin/gpu_ll_bench --json "$OUT/ll.jsonl" >"$OUT/gpu_ll_bench.log" 2>&1
+    summary+=("gpu_ll_bench: rc=$?")
+    cat "$OUT/gpu_ll_bench.log"
   fi
 fi
 if [ "$what" = cluster ] || [ "$what" = decode ] || [ "$what" = all ]; then

@@ -93,18 +93,20 @@ LlRegionLayout MakeLlRegionLayout(int num_sources, int capacity, int hidden, int
                                   ElemType row_type);
 
 struct LlDispatchSendArgs {
-  const void* x;              // [num_tokens, hidden] rows in the region's row type
-  const int32_t* topk_ids;    // [num_tokens, layout.top_k]; ids outside [0, num_experts): no pair
-  const float* topk_weights;  // [num_tokens, top_k]
-  const int32_t* num_tokens_device;  // the token count on the device, or null: num_tokens
-  int64_t num_tokens = 0;            // <= capacity; with a device count, its upper bound
-  const int32_t* expert_owner;       // [num_experts]: the receiving rank of each expert
+  // [num_tokens, hidden] rows in the region's row type; ids and weights [num_tokens,
+  // layout.top_k] (ids outside [0, num_experts): no pair).
+  const void* x = nullptr;
+  const int32_t* topk_ids = nullptr;
+  const float* topk_weights = nullptr;
+  const int32_t* num_tokens_device = nullptr;  // the token count on the device, or null: num_tokens
+  int64_t num_tokens = 0;                      // <= capacity; with a device count, its upper bound
+  const int32_t* expert_owner = nullptr;       // [num_experts]: the receiving rank of each expert
   int32_t num_experts = 0;
-  void* const* regions;  // device array [num_ranks]: each receiver's dispatch region
+  void* const* regions = nullptr;  // device array [num_ranks]: each receiver's dispatch region
   int32_t num_ranks = 0;
-  int32_t source = 0;     // this rank's index among the region's sources
-  LlRegionLayout layout;  // of every receiver's dispatch region (the same)
-  LlSync* sync;           // this rank's
+  int32_t source = 0;      // this rank's index among the region's sources
+  LlRegionLayout layout;   // of every receiver's dispatch region (the same)
+  LlSync* sync = nullptr;  // this rank's
 };
 cudaError_t LaunchLlDispatchSend(const LlDispatchSendArgs& a, int num_sms, cudaStream_t stream,
                                  std::string* error);
@@ -117,29 +119,29 @@ cudaError_t LaunchLlWait(const void* region, const LlRegionLayout& layout, LlSyn
 struct LlCombineSendArgs {
   // Each slot's output row: row s * dispatch.capacity + t for source s's token t, in the
   // combine region's row type (the weighted sum of the slot's pairs at this rank).
-  const void* y;
-  const void* dispatch_region;  // this rank's: the counts and meta of the round
+  const void* y = nullptr;
+  const void* dispatch_region = nullptr;  // this rank's: the counts and meta of the round
   LlRegionLayout dispatch;
-  void* const* regions;    // device array [dispatch.num_sources]: their combine regions
-  LlRegionLayout combine;  // of every receiver's combine region
-  int32_t source = 0;      // this rank's index among the combine regions' sources
-  LlSync* sync;            // this rank's
+  void* const* regions = nullptr;  // device array [dispatch.num_sources]: their combine regions
+  LlRegionLayout combine;          // of every receiver's combine region
+  int32_t source = 0;              // this rank's index among the combine regions' sources
+  LlSync* sync = nullptr;          // this rank's
 };
 cudaError_t LaunchLlCombineSend(const LlCombineSendArgs& a, int num_sms, cudaStream_t stream,
                                 std::string* error);
 
 struct LlCombineReduceArgs {
-  const void* region;  // this rank's combine region, after LaunchLlWait
+  const void* region = nullptr;  // this rank's combine region, after LaunchLlWait
   LlRegionLayout layout;
-  ElemType row_type;
-  const int32_t* topk_ids;  // the round's dispatch ids [num_tokens, top_k]
+  ElemType row_type = ElemType::kBF16;
+  const int32_t* topk_ids = nullptr;  // the round's dispatch ids [num_tokens, top_k]
   int32_t top_k = 0;
-  const int32_t* expert_owner;  // [num_experts], as dispatched
+  const int32_t* expert_owner = nullptr;  // [num_experts], as dispatched
   int32_t num_experts = 0;
-  const int32_t* num_tokens_device;  // as dispatched
+  const int32_t* num_tokens_device = nullptr;  // as dispatched
   int64_t num_tokens = 0;
-  void* out;  // [num_tokens, hidden]: the sum over ranks, ascending
-  ElemType out_type;
+  void* out = nullptr;  // [num_tokens, hidden]: the sum over ranks, ascending
+  ElemType out_type = ElemType::kBF16;
 };
 cudaError_t LaunchLlCombineReduce(const LlCombineReduceArgs& a, int num_sms, cudaStream_t stream,
                                   std::string* error);

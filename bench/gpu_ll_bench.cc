@@ -1,0 +1,225 @@
+// gpu_ll_bench: the low-latency exchange's round trip (kernels/cuda/ll_exchange.cuh) between
+// an attention rank and an expert rank of one process on one GPU, each on its own stream and
+// each replaying its CUDA graph: dispatch send, the expert's wait and combine send (its
+// experts are the identity: the combine returns the dispatched rows), the attention rank's
+// wait and reduce. Beside it in the same run, the copy floor: the same bytes moved by two
+// device-to-device cudaMemcpyAsync (there and back). On one GPU both sides write HBM, not
+// NVLink: the figure is the exchange's own cost (launches, flags, waits), the 2-GPU figure
+// waits for a 2-GPU machine. CUDA events, warm-up, medians, top-8 of 128 random experts.
+//   gpu_ll_bench [--reps N] [--json FILE]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/ll_exchange.cuh"
+
+namespace {
+
+using dxs::cuda::ElemType;
+using dxs::cuda::LlRegionLayout;
+using dxs::cuda::LlSync;
+
+#define CHECK_CUDA(expr)                                                                          \
+  do {                                                                                            \
+    const cudaError_t e_ = (expr);                                                                \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+void* Zeroed(size_t bytes) {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+  CHECK_CUDA(cudaMemset(p, 0, std::max<size_t>(bytes, 16)));
+  return p;
+}
+
+float Median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Result {
+  float ll_us, copy_us;
+};
+
+Result Measure(int tokens, int hidden, int reps, int num_sms) {
+  constexpr int kTopK = 8, kExperts = 128;
+  const LlRegionLayout d = dxs::cuda::MakeLlRegionLayout(1, tokens, hidden, kTopK, ElemType::kBF16);
+  const LlRegionLayout c = dxs::cuda::MakeLlRegionLayout(1, tokens, hidden, 0, ElemType::kBF16);
+  char* dispatch = static_cast<char*>(Zeroed(d.bytes));
+  char* combine = static_cast<char*>(Zeroed(c.bytes));
+  auto* syncs = static_cast<LlSync*>(Zeroed(2 * sizeof(LlSync)));
+  void** dispatch_peers = static_cast<void**>(Zeroed(sizeof(void*)));
+  void** combine_peers = static_cast<void**>(Zeroed(sizeof(void*)));
+  CHECK_CUDA(cudaMemcpy(dispatch_peers, &dispatch, sizeof(void*), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(combine_peers, &combine, sizeof(void*), cudaMemcpyHostToDevice));
+  // Random rows (never zeros), ids and weights; every expert on the one expert rank.
+  std::mt19937 rng(tokens * 7919 + hidden);
+  std::vector<uint16_t> x(static_cast<size_t>(tokens) * hidden);
+  for (uint16_t& v : x) v = static_cast<uint16_t>(0x3c00 + rng() % 0x200);  // bf16 in [1/128, 2)
+  std::vector<int32_t> ids(static_cast<size_t>(tokens) * kTopK);
+  std::vector<float> weights(ids.size(), 0.125f);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(rng() % kExperts);
+  std::vector<int32_t> owner(kExperts, 0);
+  void* x_d = Zeroed(x.size() * 2);
+  void* ids_d = Zeroed(ids.size() * 4);
+  void* w_d = Zeroed(weights.size() * 4);
+  void* owner_d = Zeroed(owner.size() * 4);
+  void* out_d = Zeroed(x.size() * 2);
+  CHECK_CUDA(cudaMemcpy(x_d, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(ids_d, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(w_d, weights.data(), weights.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(owner_d, owner.data(), owner.size() * 4, cudaMemcpyHostToDevice));
+  cudaStream_t attention, expert;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&attention, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&expert, cudaStreamNonBlocking));
+  std::string error;
+  auto check = [&](cudaError_t e) {
+    if (e != cudaSuccess) {
+      std::fprintf(stderr, "%s (%s)\n", error.c_str(), cudaGetErrorString(e));
+      std::exit(1);
+    }
+  };
+  auto capture = [&](cudaStream_t s, auto&& body) {
+    CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    body();
+    cudaGraph_t g;
+    CHECK_CUDA(cudaStreamEndCapture(s, &g));
+    cudaGraphExec_t exec;
+    CHECK_CUDA(cudaGraphInstantiate(&exec, g, 0));
+    CHECK_CUDA(cudaGraphDestroy(g));
+    return exec;
+  };
+  constexpr int64_t kTimeoutNs = 5'000'000'000;
+  cudaGraphExec_t attention_graph = capture(attention, [&] {
+    dxs::cuda::LlDispatchSendArgs s;
+    s.x = x_d;
+    s.topk_ids = static_cast<const int32_t*>(ids_d);
+    s.topk_weights = static_cast<const float*>(w_d);
+    s.num_tokens = tokens;
+    s.expert_owner = static_cast<const int32_t*>(owner_d);
+    s.num_experts = kExperts;
+    s.regions = dispatch_peers;
+    s.num_ranks = 1;
+    s.layout = d;
+    s.sync = &syncs[0];
+    check(dxs::cuda::LaunchLlDispatchSend(s, num_sms, attention, &error));
+    check(dxs::cuda::LaunchLlWait(combine, c, &syncs[0], kTimeoutNs, attention, &error));
+    dxs::cuda::LlCombineReduceArgs r;
+    r.region = combine;
+    r.layout = c;
+    r.row_type = ElemType::kBF16;
+    r.topk_ids = static_cast<const int32_t*>(ids_d);
+    r.top_k = kTopK;
+    r.expert_owner = static_cast<const int32_t*>(owner_d);
+    r.num_experts = kExperts;
+    r.num_tokens = tokens;
+    r.out = out_d;
+    r.out_type = ElemType::kBF16;
+    check(dxs::cuda::LaunchLlCombineReduce(r, num_sms, attention, &error));
+  });
+  cudaGraphExec_t expert_graph = capture(expert, [&] {
+    check(dxs::cuda::LaunchLlWait(dispatch, d, &syncs[1], kTimeoutNs, expert, &error));
+    dxs::cuda::LlCombineSendArgs cs;
+    cs.y = dispatch + d.rows;  // identity experts: the dispatched rows go back
+    cs.dispatch_region = dispatch;
+    cs.dispatch = d;
+    cs.regions = combine_peers;
+    cs.combine = c;
+    cs.sync = &syncs[1];
+    check(dxs::cuda::LaunchLlCombineSend(cs, num_sms, expert, &error));
+  });
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  std::vector<float> ll, copy;
+  for (int i = 0; i < 20 + reps; ++i) {
+    CHECK_CUDA(cudaEventRecord(start, attention));
+    CHECK_CUDA(cudaGraphLaunch(expert_graph, expert));
+    CHECK_CUDA(cudaGraphLaunch(attention_graph, attention));
+    CHECK_CUDA(cudaEventRecord(stop, attention));
+    CHECK_CUDA(cudaStreamSynchronize(expert));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 20) ll.push_back(ms * 1000.f);
+  }
+  int error_code = 0, source = 0;
+  CHECK_CUDA(dxs::cuda::LlReadStatus(&syncs[0], &error_code, &source));
+  if (error_code != 0) {
+    std::fprintf(stderr, "the exchange timed out\n");
+    std::exit(1);
+  }
+  // The output must be the input: every token went to the one rank, as itself.
+  std::vector<uint16_t> out(x.size());
+  CHECK_CUDA(cudaMemcpy(out.data(), out_d, out.size() * 2, cudaMemcpyDeviceToHost));
+  if (out != x) {
+    std::fprintf(stderr, "the round trip changed the rows\n");
+    std::exit(1);
+  }
+  const size_t bytes = x.size() * 2;
+  for (int i = 0; i < 20 + reps; ++i) {
+    CHECK_CUDA(cudaEventRecord(start, attention));
+    CHECK_CUDA(cudaMemcpyAsync(dispatch + d.rows, x_d, bytes, cudaMemcpyDeviceToDevice, attention));
+    CHECK_CUDA(
+        cudaMemcpyAsync(out_d, dispatch + d.rows, bytes, cudaMemcpyDeviceToDevice, attention));
+    CHECK_CUDA(cudaEventRecord(stop, attention));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 20) copy.push_back(ms * 1000.f);
+  }
+  cudaGraphExecDestroy(attention_graph);
+  cudaGraphExecDestroy(expert_graph);
+  cudaStreamDestroy(attention);
+  cudaStreamDestroy(expert);
+  for (void* p : {static_cast<void*>(dispatch), static_cast<void*>(combine),
+                  static_cast<void*>(syncs), static_cast<void*>(dispatch_peers),
+                  static_cast<void*>(combine_peers), x_d, ids_d, w_d, owner_d, out_d}) {
+    cudaFree(p);
+  }
+  return {Median(ll), Median(copy)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 200;
+  std::string json;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
+  }
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    std::fprintf(stderr, "gpu_ll_bench: no CUDA device\n");
+    return 2;
+  }
+  int num_sms = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
+  FILE* out = json.empty() ? nullptr : std::fopen(json.c_str(), "w");
+  std::printf("LL exchange round trip, 1 attention + 1 expert rank of one process, one GPU\n");
+  for (int hidden : {2048, 7168}) {
+    for (int tokens : {1, 128, 1024, 4096}) {
+      const Result r = Measure(tokens, hidden, reps, num_sms);
+      std::printf("hidden %5d tokens %5d: LL %8.1f us, copy floor %8.1f us, %.2fx the floor\n",
+                  hidden, tokens, r.ll_us, r.copy_us, r.ll_us / r.copy_us);
+      if (out != nullptr) {
+        std::fprintf(out,
+                     "{\"section\": \"ll_exchange\", \"hidden\": %d, \"tokens\": %d, "
+                     "\"ll_us\": %.2f, \"copy_us\": %.2f}\n",
+                     hidden, tokens, r.ll_us, r.copy_us);
+      }
+    }
+  }
+  if (out != nullptr) std::fclose(out);
+  return 0;
+}
