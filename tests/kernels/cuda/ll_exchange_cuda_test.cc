@@ -6,10 +6,16 @@
 // the token count on the device; a peer that never answers gives an error, not a hang.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -58,6 +64,37 @@ struct RankInput {
   std::vector<int32_t> ids;  // [tokens, top_k]
   std::vector<float> weights;
 };
+
+// What an attention rank's output must be: per token, the stand-in experts' bf16 row of each
+// expert rank it went to, summed in ascending rank order; rows past the tokens untouched
+// (the NaN bits of the poisoned output).
+std::vector<float> ReferenceOutput(const RankInput& in, const std::vector<int32_t>& owner,
+                                   int expert_ranks, int top_k, int experts, int hidden,
+                                   int capacity) {
+  std::vector<float> out(static_cast<size_t>(capacity) * hidden);
+  const uint32_t nan_bits = 0xffffffffu;
+  for (float& v : out) std::memcpy(&v, &nan_bits, 4);
+  for (int64_t t = 0; t < in.tokens; ++t) {
+    for (int h = 0; h < hidden; ++h) {
+      const float xv = FromBf16Bits(in.x[t * hidden + h]);
+      float sum = 0.f;
+      for (int r = 0; r < expert_ranks; ++r) {
+        float acc = 0.f;
+        bool here = false;
+        for (int k = 0; k < top_k; ++k) {
+          const int32_t x = in.ids[t * top_k + k];
+          if (x < 0 || x >= experts || owner[x] != r) continue;
+          here = true;
+          const float coef = in.weights[t * top_k + k] * (static_cast<float>(x + 1) / 16.f);
+          acc = std::fma(coef, xv, acc);
+        }
+        if (here) sum += FromBf16Bits(ToBf16Bits(acc));
+      }
+      out[t * hidden + h] = sum;
+    }
+  }
+  return out;
+}
 
 // A attention ranks and E expert ranks in one process, each with its stream and regions.
 class LlCluster {
@@ -235,37 +272,8 @@ class LlCluster {
     return out;
   }
 
-  // What attention rank a's output must be: per token, the stand-in experts' bf16 row of
-  // each rank it went to, summed in ascending rank order; rows past the tokens untouched.
   std::vector<float> Reference(const RankInput& in) const {
-    std::vector<float> out(static_cast<size_t>(cap_) * hidden_);
-    const float nan_bits = [] {
-      const uint32_t u = 0xffffffffu;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
-    }();
-    std::fill(out.begin(), out.end(), nan_bits);
-    for (int64_t t = 0; t < in.tokens; ++t) {
-      for (int h = 0; h < hidden_; ++h) {
-        const float xv = FromBf16Bits(in.x[t * hidden_ + h]);
-        float sum = 0.f;
-        for (int r = 0; r < e_; ++r) {
-          float acc = 0.f;
-          bool here = false;
-          for (int k = 0; k < k_; ++k) {
-            const int32_t x = in.ids[t * k_ + k];
-            if (x < 0 || x >= experts_ || owner_[x] != r) continue;
-            here = true;
-            const float coef = in.weights[t * k_ + k] * (static_cast<float>(x + 1) / 16.f);
-            acc = std::fma(coef, xv, acc);
-          }
-          if (here) sum += FromBf16Bits(ToBf16Bits(acc));
-        }
-        out[t * hidden_ + h] = sum;
-      }
-    }
-    return out;
+    return ReferenceOutput(in, owner_, e_, k_, experts_, hidden_, cap_);
   }
 
  private:
@@ -434,6 +442,198 @@ TEST(LlExchangeGpu, AnExpertRankThatNeverAnswersTimesOutWithoutHanging) {
   ASSERT_EQ(cuda::LlReadStatus(cluster.attention_sync(0), &error, &source), cudaSuccess);
   EXPECT_EQ(error, 1);
   EXPECT_EQ(source, 1);
+}
+
+// ---- Across two processes: the regions mapped through CUDA IPC ----
+//
+// The parent is the attention rank, a child process (this binary again, running only
+// LlExchangeIpcChild.ExpertRank) the expert rank. They trade region handles over pipes, then
+// run kIpcRounds rounds; the child learns each round's tokens from its region alone. On one
+// GPU the two processes' kernels take turns (time slices), so a round is slow; the
+// exchange's memory and flags are what this checks.
+constexpr int kIpcCap = 16, kIpcHidden = 256, kIpcTopK = 4, kIpcExperts = 8, kIpcRounds = 4;
+constexpr char kIpcChildEnv[] = "DXS_LL_IPC_CHILD_FDS";
+
+bool WriteAll(int fd, const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = write(fd, p, bytes);
+    if (n <= 0) return false;
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return true;
+}
+bool ReadAll(int fd, void* data, size_t bytes) {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = read(fd, p, bytes);
+    if (n <= 0) return false;
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+TEST(LlExchangeIpcChild, ExpertRank) {
+  const char* fds = std::getenv(kIpcChildEnv);
+  if (fds == nullptr) {
+    GTEST_SKIP() << "runs only as the child of LlExchangeGpu.AcrossTwoProcessesThroughCudaIpc";
+  }
+  int in = -1, out = -1;
+  ASSERT_EQ(std::sscanf(fds, "%d,%d", &in, &out), 2);
+  const LlRegionLayout d =
+      cuda::MakeLlRegionLayout(1, kIpcCap, kIpcHidden, kIpcTopK, ElemType::kBF16);
+  const LlRegionLayout c = cuda::MakeLlRegionLayout(1, kIpcCap, kIpcHidden, 0, ElemType::kBF16);
+  std::vector<void*> owned;
+  char* dispatch = DeviceAlloc<char>(d.bytes, &owned);
+  LlSync* sync = DeviceAlloc<LlSync>(1, &owned);
+  void* y = DeviceAlloc<uint16_t>(static_cast<size_t>(kIpcCap) * kIpcHidden, &owned);
+  void** peers = DeviceAlloc<void*>(1, &owned);
+  cuda::LlRegionHandle mine, theirs;
+  ASSERT_EQ(cuda::LlExportRegion(dispatch, &mine), cudaSuccess);
+  ASSERT_TRUE(WriteAll(out, &mine, sizeof(mine)));
+  ASSERT_TRUE(ReadAll(in, &theirs, sizeof(theirs)));
+  void* combine = nullptr;
+  ASSERT_EQ(cuda::LlOpenRegion(theirs, &combine), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(peers, &combine, sizeof(void*), cudaMemcpyHostToDevice), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  std::string error;
+  for (int round = 0; round < kIpcRounds; ++round) {
+    ASSERT_EQ(cuda::LaunchLlWait(dispatch, d, sync, kWaitNs, stream, &error), cudaSuccess) << error;
+    ASSERT_EQ(testing::LaunchStandInExperts(dispatch, d, y, stream), cudaSuccess);
+    cuda::LlCombineSendArgs a;
+    a.y = y;
+    a.dispatch_region = dispatch;
+    a.dispatch = d;
+    a.regions = peers;
+    a.combine = c;
+    a.sync = sync;
+    ASSERT_EQ(cuda::LaunchLlCombineSend(a, 8, stream, &error), cudaSuccess) << error;
+  }
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  int status = -1, source = -1;
+  ASSERT_EQ(cuda::LlReadStatus(sync, &status, &source), cudaSuccess);
+  EXPECT_EQ(status, 0) << "the expert rank timed out waiting for its source";
+  const char done = 'd';
+  EXPECT_TRUE(WriteAll(out, &done, 1));
+  cudaStreamDestroy(stream);
+  EXPECT_EQ(cuda::LlCloseRegion(combine), cudaSuccess);
+  for (void* p : owned) cudaFree(p);
+}
+
+TEST(LlExchangeGpu, AcrossTwoProcessesThroughCudaIpc) {
+  SKIP_WITHOUT_GPU();
+  int to_child[2], from_child[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(from_child), 0);
+  const std::string fds = std::to_string(to_child[0]) + "," + std::to_string(from_child[1]);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  env_strings.push_back(std::string(kIpcChildEnv) + "=" + fds);
+  std::vector<char*> env;
+  for (std::string& e : env_strings) env.push_back(e.data());
+  env.push_back(nullptr);
+  std::string self = "/proc/self/exe", filter = "--gtest_filter=LlExchangeIpcChild.ExpertRank";
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  pid_t child = -1;
+  ASSERT_EQ(posix_spawn(&child, "/proc/self/exe", nullptr, nullptr, argv, env.data()), 0);
+  close(to_child[0]);
+  close(from_child[1]);
+  struct Reap {
+    pid_t pid;
+    int in, out;
+    ~Reap() {
+      close(in);
+      close(out);
+      int status = 0;
+      // The child exits after its rounds (or its own timeouts); never wait past that.
+      for (int i = 0; i < 200 && waitpid(pid, &status, WNOHANG) == 0; ++i) usleep(50'000);
+      if (waitpid(pid, &status, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+      }
+    }
+  } reap{child, to_child[1], from_child[0]};
+
+  const LlRegionLayout d =
+      cuda::MakeLlRegionLayout(1, kIpcCap, kIpcHidden, kIpcTopK, ElemType::kBF16);
+  const LlRegionLayout c = cuda::MakeLlRegionLayout(1, kIpcCap, kIpcHidden, 0, ElemType::kBF16);
+  std::vector<void*> owned;
+  char* combine = DeviceAlloc<char>(c.bytes, &owned);
+  LlSync* sync = DeviceAlloc<LlSync>(1, &owned);
+  void** peers = DeviceAlloc<void*>(1, &owned);
+  uint16_t* x = DeviceAlloc<uint16_t>(static_cast<size_t>(kIpcCap) * kIpcHidden, &owned);
+  int32_t* ids = DeviceAlloc<int32_t>(kIpcCap * kIpcTopK, &owned);
+  float* w = DeviceAlloc<float>(kIpcCap * kIpcTopK, &owned);
+  float* out = DeviceAlloc<float>(static_cast<size_t>(kIpcCap) * kIpcHidden, &owned);
+  const std::vector<int32_t> owner(kIpcExperts, 0);
+  int32_t* owner_d = DeviceAlloc<int32_t>(kIpcExperts, &owned);
+  ASSERT_EQ(cudaMemcpy(owner_d, owner.data(), kIpcExperts * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  cuda::LlRegionHandle mine, theirs;
+  ASSERT_EQ(cuda::LlExportRegion(combine, &mine), cudaSuccess);
+  ASSERT_TRUE(WriteAll(reap.in, &mine, sizeof(mine)));
+  ASSERT_TRUE(ReadAll(reap.out, &theirs, sizeof(theirs))) << "the child sent no handle";
+  void* dispatch = nullptr;
+  ASSERT_EQ(cuda::LlOpenRegion(theirs, &dispatch), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(peers, &dispatch, sizeof(void*), cudaMemcpyHostToDevice), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  std::string error;
+  const int64_t tokens[kIpcRounds] = {5, 0, kIpcCap, 1};  // an empty batch among them
+  for (int round = 0; round < kIpcRounds; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    const RankInput in = MakeInput(tokens[round], kIpcHidden, kIpcTopK, kIpcExperts, kIpcExperts,
+                                   round == 3, 20 + round);
+    if (in.tokens > 0) {
+      ASSERT_EQ(cudaMemcpy(x, in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(ids, in.ids.data(), in.ids.size() * 4, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(w, in.weights.data(), in.weights.size() * 4, cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+    ASSERT_EQ(cudaMemset(out, 0xff, static_cast<size_t>(kIpcCap) * kIpcHidden * 4), cudaSuccess);
+    cuda::LlDispatchSendArgs s;
+    s.x = x;
+    s.topk_ids = ids;
+    s.topk_weights = w;
+    s.num_tokens = in.tokens;
+    s.expert_owner = owner_d;
+    s.num_experts = kIpcExperts;
+    s.regions = peers;
+    s.num_ranks = 1;
+    s.layout = d;
+    s.sync = sync;
+    ASSERT_EQ(cuda::LaunchLlDispatchSend(s, 8, stream, &error), cudaSuccess) << error;
+    ASSERT_EQ(cuda::LaunchLlWait(combine, c, sync, kWaitNs, stream, &error), cudaSuccess) << error;
+    cuda::LlCombineReduceArgs r;
+    r.region = combine;
+    r.layout = c;
+    r.topk_ids = ids;
+    r.top_k = kIpcTopK;
+    r.expert_owner = owner_d;
+    r.num_experts = kIpcExperts;
+    r.num_tokens = in.tokens;
+    r.out = out;
+    r.out_type = ElemType::kF32;
+    ASSERT_EQ(cuda::LaunchLlCombineReduce(r, 8, stream, &error), cudaSuccess) << error;
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    int status = -1, source = -1;
+    ASSERT_EQ(cuda::LlReadStatus(sync, &status, &source), cudaSuccess);
+    ASSERT_EQ(status, 0) << "timed out waiting for the child's combine";
+    std::vector<float> got(static_cast<size_t>(kIpcCap) * kIpcHidden);
+    ASSERT_EQ(cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ExpectBits(got, ReferenceOutput(in, owner, 1, kIpcTopK, kIpcExperts, kIpcHidden, kIpcCap),
+               "across processes");
+  }
+  char done = 0;
+  EXPECT_TRUE(ReadAll(reap.out, &done, 1));
+  EXPECT_EQ(done, 'd');
+  cudaStreamDestroy(stream);
+  EXPECT_EQ(cuda::LlCloseRegion(dispatch), cudaSuccess);
+  for (void* p : owned) cudaFree(p);
 }
 
 }  // namespace
