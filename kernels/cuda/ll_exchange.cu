@@ -43,17 +43,20 @@ __device__ __forceinline__ int64_t TokenCount(const int32_t* device_count, int64
   return n < 0 ? 0 : (n > bound ? bound : n);
 }
 
-// The ranks token t's pairs go to, as a bit set (ids outside [0, num_experts) go nowhere).
+// The ranks a token's pairs go to, as a bit set (ids outside [0, num_experts) go nowhere).
+// Called by the whole first warp (top_k <= 32): one id and its owner a lane, then an OR.
 __device__ __forceinline__ uint32_t RankMask(const int32_t* ids, int top_k, const int32_t* owner,
                                              int num_experts, int num_ranks) {
-  uint32_t mask = 0;
-  for (int k = 0; k < top_k; ++k) {
-    const int32_t e = ids[k];
-    if (e < 0 || e >= num_experts) continue;
-    const int32_t r = owner[e];
-    if (r >= 0 && r < num_ranks) mask |= 1u << r;
+  const int lane = threadIdx.x & 31;
+  uint32_t bit = 0;
+  if (lane < top_k) {
+    const int32_t e = ids[lane];
+    if (e >= 0 && e < num_experts) {
+      const int32_t r = owner[e];
+      if (r >= 0 && r < num_ranks) bit = 1u << r;
+    }
   }
-  return mask;
+  return __reduce_or_sync(0xffffffffu, bit);
 }
 
 __device__ __forceinline__ void CopyRow(void* dst, const void* src, int row_bytes) {
@@ -90,8 +93,10 @@ __global__ void __launch_bounds__(kThreads) LlDispatchSendKernel(LlDispatchSendA
   __shared__ uint32_t mask_s;
   for (int64_t t = blockIdx.x; t < n; t += gridDim.x) {
     const int32_t* ids = a.topk_ids + t * L.top_k;
-    if (threadIdx.x == 0)
-      mask_s = RankMask(ids, L.top_k, a.expert_owner, a.num_experts, a.num_ranks);
+    if (threadIdx.x < 32) {  // RankMask takes the whole warp
+      const uint32_t mask = RankMask(ids, L.top_k, a.expert_owner, a.num_experts, a.num_ranks);
+      if (threadIdx.x == 0) mask_s = mask;
+    }
     __syncthreads();
     const uint32_t mask = mask_s;
     const size_t slot = static_cast<size_t>(a.source) * L.capacity + t;
@@ -182,9 +187,10 @@ __global__ void __launch_bounds__(kThreads) LlCombineReduceKernel(LlCombineReduc
   const Row* rows = reinterpret_cast<const Row*>(static_cast<const char*>(a.region) + L.rows);
   __shared__ uint32_t mask_s;
   for (int64_t t = blockIdx.x; t < n; t += gridDim.x) {
-    if (threadIdx.x == 0) {
-      mask_s =
+    if (threadIdx.x < 32) {
+      const uint32_t mask =
           RankMask(a.topk_ids + t * a.top_k, a.top_k, a.expert_owner, a.num_experts, L.num_sources);
+      if (threadIdx.x == 0) mask_s = mask;
     }
     __syncthreads();
     const uint32_t mask = mask_s;
