@@ -70,12 +70,12 @@ __device__ __forceinline__ void CopyRow(void* dst, const void* src, int row_byte
 template <typename Publish>
 __device__ __forceinline__ void FinishSend(LlSync* sync, unsigned long long epoch,
                                            Publish&& publish) {
+  // Each thread's own rows and meta, at system scope, before the block counts itself (the
+  // writer fences, not only the thread that counts).
+  __threadfence_system();
   __syncthreads();
   __shared__ bool last;
-  if (threadIdx.x == 0) {
-    __threadfence_system();  // this block's rows and meta before the count below
-    last = atomicAdd(&sync->blocks_done, 1u) == gridDim.x - 1;
-  }
+  if (threadIdx.x == 0) last = atomicAdd(&sync->blocks_done, 1u) == gridDim.x - 1;
   __syncthreads();
   if (!last) return;
   __threadfence_system();  // every block's writes (seen through the counter) before the flags
