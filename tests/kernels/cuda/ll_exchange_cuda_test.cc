@@ -25,6 +25,7 @@
 #include "kernels/cuda/ll_exchange.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
 #include "tests/kernels/cuda/ll_exchange_test_experts.h"
+#include "tests/router/transport/pipe_io.h"
 
 namespace dxs {
 namespace {
@@ -454,26 +455,8 @@ TEST(LlExchangeGpu, AnExpertRankThatNeverAnswersTimesOutWithoutHanging) {
 constexpr int kIpcCap = 16, kIpcHidden = 256, kIpcTopK = 4, kIpcExperts = 8, kIpcRounds = 4;
 constexpr char kIpcChildEnv[] = "DXS_LL_IPC_CHILD_FDS";
 
-bool WriteAll(int fd, const void* data, size_t bytes) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = write(fd, p, bytes);
-    if (n <= 0) return false;
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-  return true;
-}
-bool ReadAll(int fd, void* data, size_t bytes) {
-  char* p = static_cast<char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = read(fd, p, bytes);
-    if (n <= 0) return false;
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-  return true;
-}
+using testing::ReadAll;
+using testing::WriteAll;
 
 TEST(LlExchangeIpcChild, ExpertRank) {
   const char* fds = std::getenv(kIpcChildEnv);
