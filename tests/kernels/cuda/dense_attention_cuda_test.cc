@@ -325,7 +325,7 @@ TEST(DenseAttentionCudaGuard, AttentionWorkspace) {
 
 // Whether the binary runs under compute-sanitizer (run_device.sh's sanitizer runs say so
 // with DXS_UNDER_COMPUTE_SANITIZER=1).
-bool UnderComputeSanitizer() {
+[[maybe_unused]] bool UnderComputeSanitizer() {
   const char* v = std::getenv("DXS_UNDER_COMPUTE_SANITIZER");
   return v != nullptr && *v != '\0' && std::string(v) != "0";
 }
