@@ -1,34 +1,30 @@
 #include "common/plugin_loader.h"
 
 #include <dlfcn.h>
-#include <unistd.h>
 
-#include <climits>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
 
 namespace dxs {
-namespace {
 
-std::string BesideExecutable(const std::string& file_name) {
-  char exe[PATH_MAX];
-  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  const std::string self = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string();
-  const size_t slash = self.rfind('/');
-  // The directory with its slash ("/" for a binary at the root), or "./" if unknown.
-  return absl::StrCat(slash == std::string::npos ? "./" : self.substr(0, slash + 1), file_name);
+std::string ExecutableDir() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "." : self.parent_path().string();
 }
-
-}  // namespace
 
 absl::StatusOr<void*> LoadPluginSymbol(const std::string& file_name, const char* env_override,
                                        const char* symbol, const std::string& flag,
                                        const std::string& what) {
   const char* env = env_override != nullptr ? std::getenv(env_override) : nullptr;
-  const std::string path = env != nullptr && *env != 0 ? env : BesideExecutable(file_name);
+  const std::string dir = ExecutableDir();
+  const std::string path = env != nullptr && *env != 0
+                               ? std::string(env)
+                               : absl::StrCat(dir, dir.back() == '/' ? "" : "/", file_name);
   // dlopen's own count would do, but a failed open is remembered too: its reason stays.
   static std::mutex mu;
   static auto* opened = new std::map<std::string, absl::StatusOr<void*>>();

@@ -10,6 +10,10 @@
 
 namespace dxs {
 
+// The directory of the running executable (/proc/self/exe), or "." if it cannot be read:
+// where the plugins and the service binaries sit beside `dxs`.
+std::string ExecutableDir();
+
 // `symbol` of the plugin `file_name`: the path in $`env_override` if that is set and not
 // empty, else `file_name` beside the running executable. Each path is opened once
 // (RTLD_NOW | RTLD_LOCAL) and never closed: the plugin's code runs until the process ends.

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/flags/tls_flags.h"
+#include "common/plugin_loader.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
 #include "dxs/v1/frontend.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -69,13 +70,6 @@ int FailRpc(const std::string& cmd, const grpc::Status& s) {
 std::shared_ptr<grpc::Channel> Channel(const std::string& address, const TlsConfig& tls) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> c = MakeChannel(address, tls);
   return c.ok() ? *c : grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-}
-
-// The directory holding this executable, where the service binaries sit beside it.
-std::string SelfDir() {
-  std::error_code ec;
-  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? "." : self.parent_path().string();
 }
 
 struct Child {
@@ -248,7 +242,7 @@ int UpCommand(const std::vector<std::string>& argv) {
   }
   const std::string log_dir = args->GetString("log-dir", "dxs-logs");
   std::filesystem::create_directories(log_dir);
-  const std::string bin = SelfDir();
+  const std::string bin = ExecutableDir();  // the service binaries sit beside dxs
   const std::string router = absl::StrCat("127.0.0.1:", *port);
   std::signal(SIGINT, OnStopSignal);
   std::signal(SIGTERM, OnStopSignal);
