@@ -1,6 +1,5 @@
 #include "kernels/make_backend.h"
 
-#include <cstdlib>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -11,19 +10,6 @@
 
 namespace dxs {
 namespace {
-
-// The GPU ordinal of "cuda" / "cuda:N", or -1 for "cpu".
-absl::StatusOr<int> ParseDevice(absl::string_view device) {
-  if (device == "cpu") return -1;
-  if (device == "cuda") return 0;
-  int ordinal = 0;
-  if (absl::StartsWith(device, "cuda:") && absl::SimpleAtoi(device.substr(5), &ordinal) &&
-      ordinal >= 0) {
-    return ordinal;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--device ", device, ": expected cpu, cuda or cuda:N"));
-}
 
 #if DXS_HAVE_CUDA_BACKEND
 using MakeCudaBackendFn = Backend* (*)(int device_ordinal, absl::Status* error);
@@ -42,12 +28,22 @@ absl::StatusOr<MakeCudaBackendFn> LoadCudaPlugin() {
 
 bool BuiltWithCuda() { return DXS_HAVE_CUDA_BACKEND != 0; }
 
-absl::Status ValidateDeviceName(absl::string_view device) { return ParseDevice(device).status(); }
+absl::StatusOr<int> DeviceOrdinal(absl::string_view device) {
+  if (device == "cpu") return -1;
+  if (device == "cuda") return 0;
+  int ordinal = 0;
+  if (absl::StartsWith(device, "cuda:") && absl::SimpleAtoi(device.substr(5), &ordinal) &&
+      ordinal >= 0) {
+    return ordinal;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--device ", device, ": expected cpu, cuda or cuda:N"));
+}
 
-absl::StatusOr<int> DeviceOrdinal(absl::string_view device) { return ParseDevice(device); }
+absl::Status ValidateDeviceName(absl::string_view device) { return DeviceOrdinal(device).status(); }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view device) {
-  DXS_ASSIGN_OR_RETURN(const int ordinal, ParseDevice(device));
+  DXS_ASSIGN_OR_RETURN(const int ordinal, DeviceOrdinal(device));
   if (ordinal < 0) return MakeCpuBackend();
 #if DXS_HAVE_CUDA_BACKEND
   DXS_ASSIGN_OR_RETURN(MakeCudaBackendFn make, LoadCudaPlugin());
