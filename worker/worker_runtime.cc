@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/server.h"
-#include "kernels/make_backend.h"
 #include "router/control_plane/model_identity.h"
 
 namespace dxs {
@@ -48,7 +47,7 @@ absl::Status WorkerRuntime::Start(const std::string& listen, grpc::Service* serv
   if (!made.ok()) return made.status();
   transport_ = std::move(made->transport);
   nccl_ = made->nccl;
-  if (nccl_ != nullptr) nccl_device_ = DeviceOrdinal(device).value_or(0);
+  cuda_device_ = made->cuda_device;
   GrpcServerOptions options;
   options.address = listen;
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
@@ -93,7 +92,7 @@ v1::RegisterRequest WorkerRuntime::BaseRegistration(v1::Role role,
     v1::NcclPeerInfo* nccl = req.mutable_transport()->mutable_nccl();
     char host[256] = {};
     if (gethostname(host, sizeof(host) - 1) == 0) nccl->set_hostname(host);
-    nccl->set_cuda_device(nccl_device_);
+    nccl->set_cuda_device(cuda_device_);
     nccl->set_pci_bus_id(nccl_->DeviceBusId());
   }
   absl::StatusOr<v1::ModelFingerprint> fp = ComputeModelFingerprint(model_dir);
@@ -140,9 +139,8 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
     by_transport_rank_[peer] = id;
     if (w.role() == my_role && static_cast<int>(w.rank()) == rank_) {
       shape.self_state = w.state();
-      if (!self_set_) {
+      if (self_peer_ < 0) {
         (void)transport_->SetSelf(peer);
-        self_set_ = true;
         self_peer_ = peer;
       }
     } else {
@@ -180,15 +178,15 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
       placed ? Placement::FromExpertRanks(shape.num_expert, expert_ranks, p.version())
              : absl::StatusOr<Placement>(absl::FailedPreconditionError("incomplete"));
   if (placement.ok()) shape.placement = *placement;
-  complete_ =
-      placement.ok() && self_set_ && attention == shape.num_attention && expert == shape.num_expert;
+  complete_ = placement.ok() && self_peer_ >= 0 && attention == shape.num_attention &&
+              expert == shape.num_expert;
   if (elastic_ && (started_ || my_role == v1::ROLE_EXPERT)) {
     // Elastic EP: expert ranks may be missing while every expert has a live replica. An
     // expert rank exchanges with the attention ranks alone, so one that joins (or comes
     // back) while another expert rank is dead serves as soon as they are all live; the
     // attention ranks, which dispatch to every expert rank, still wait for the whole
     // cluster the first time.
-    complete_ = placement.ok() && self_set_ && attention == shape.num_attention;
+    complete_ = placement.ok() && self_peer_ >= 0 && attention == shape.num_attention;
   }
   if (nccl_ != nullptr && !ApplyNcclView(*view)) complete_ = false;
   if (complete_) started_ = true;
@@ -202,7 +200,7 @@ bool WorkerRuntime::ApplyNcclView(const v1::ClusterView& view) {
     return false;
   }
   const std::string& id = view.transport().nccl_unique_id();
-  if (!self_set_ || id.empty()) return false;  // the router has no id for this set (yet)
+  if (self_peer_ < 0 || id.empty()) return false;  // the router has no id for this set (yet)
   if (id != nccl_id_) {
     // A new set of live workers: a new communicator over them. Each id is tried once; a
     // failed Init waits for the next change of the set (the router's next id).

@@ -55,7 +55,7 @@ class WorkerRuntime {
   // Creates the transport (worker_transport.h: `transport` ucx or nccl, on `device`) and
   // starts the gRPC server on `listen` (port 0: any).
   absl::Status Start(const std::string& listen, grpc::Service* service,
-                     const std::string& transport = "ucx", const std::string& device = "cpu");
+                     const std::string& transport, const std::string& device);
   // Serves `collectables` as GET /metrics on `listen` (port 0: any). Call before
   // BaseRegistration, which then carries the bound address.
   absl::Status StartMetrics(
@@ -108,8 +108,8 @@ class WorkerRuntime {
   int rank_;
   std::unique_ptr<Transport> transport_;
   NcclTransport* nccl_ = nullptr;  // transport_ when it is nccl
-  int nccl_device_ = -1;
-  std::string nccl_id_;  // the unique id of the last communicator Init was tried for
+  int cuda_device_ = -1;           // the GPU ordinal of --device (-1: cpu)
+  std::string nccl_id_;            // the unique id of the last communicator Init was tried for
   std::unique_ptr<grpc::Server> server_;
   std::string grpc_address_;
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
@@ -122,8 +122,7 @@ class WorkerRuntime {
   bool started_ = false;  // complete_ has been true
   bool elastic_ = false;
   std::map<int, v1::WorkerId> by_transport_rank_;  // of the last applied view
-  bool self_set_ = false;
-  int self_peer_ = -1;  // this worker's transport rank, once self_set_
+  int self_peer_ = -1;  // this worker's transport rank, once a view has named it
   // Applies the view's NCCL communicator (nccl only); whether one is up for it.
   bool ApplyNcclView(const v1::ClusterView& view);
 };

@@ -33,6 +33,7 @@ absl::Status ValidateWorkerTransport(const std::string& transport, const std::st
 struct WorkerTransport {
   std::unique_ptr<Transport> transport;
   NcclTransport* nccl = nullptr;  // transport itself when it is nccl, else null
+  int cuda_device = -1;           // the GPU ordinal of --device (-1: cpu)
 };
 
 // The transport of a validated (transport, device) pair. nccl: FAILED_PRECONDITION when
