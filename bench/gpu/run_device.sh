@@ -27,12 +27,15 @@ export DXS_SOURCE_DIR=$PWD DXS_BIN_DIR=$PWD/.device/bin
 # checking its values: with the tool attached they are wrong in some runs even when no kernel
 # is instrumented (docs/gpu.md, the sixth session).
 sanitize() { DXS_UNDER_COMPUTE_SANITIZER=1 "$@"; }
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+# The gpu-labelled test binaries; all but gpu_cluster_test run their GPU work in-process.
+gpu_tests=(topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test
+           grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test
+           ll_exchange_cuda_test nccl_transport_test worker_transport_test gpu_cluster_test)
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv >"$OUT/nvidia-smi.txt" 2>&1
 summary=()
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  for t in topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
-           grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test \
-           ll_exchange_cuda_test nccl_transport_test worker_transport_test gpu_cluster_test; do
+  for t in "${gpu_tests[@]}"; do
     [ -x ".device/bin/$t" ] || { summary+=("$t: not built"); continue; }
     timeout 300 ".device/bin/$t" >"$OUT/$t.log" 2>&1
     rc=$?
@@ -60,7 +63,6 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   else
     summary+=("dxs up --gpus 0: MISMATCH or failure (cluster '$g', run '$w'; see dxs_up_gpus.log)")
   fi
-  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [ -x "$sanitizer" ]; then
     sanitize timeout 300 "$sanitizer" --tool memcheck --error-exitcode 99 .device/bin/cuda_backend_test \
       >"$OUT/memcheck.log" 2>&1
@@ -81,12 +83,10 @@ if [ "$what" = memcheck ]; then
   # filters), all at once: the sanitizer's cost is mostly host time and this machine has
   # the cores. gpu_cluster_test is left out: its GPU work runs in the service processes it
   # starts, which the other binaries' kernels already cover. Logs go into memcheck.tgz.
-  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   pids=()
   names=()
-  for t in topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
-           grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test \
-           ll_exchange_cuda_test nccl_transport_test worker_transport_test; do
+  for t in "${gpu_tests[@]}"; do
+    [ "$t" = gpu_cluster_test ] && continue
     [ -x ".device/bin/$t" ] || { summary+=("memcheck $t: not built"); continue; }
     sanitize timeout "${DXS_MEMCHECK_TIMEOUT:-480}" "$sanitizer" --tool memcheck --error-exitcode 99 \
       ".device/bin/$t" >"$OUT/memcheck_$t.log" 2>&1 &
