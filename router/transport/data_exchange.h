@@ -42,6 +42,18 @@
 // each peer calls from its own thread, in any order relative to the others. Memory must
 // stay valid, and receive buffers untouched, from PostExchange until WaitExchange returns.
 //
+// Mapped regions (DeepEP's registered buffers, on the host): MapRegion gives memory that a
+// peer on the same host maps into its own address space (AttachPeerRegion, given the
+// region's key out of band) and loads from and stores into directly: one copy through
+// memory where a transfer makes two (into a shared-memory FIFO and out of it). The
+// transport orders nothing there: writes into a peer's region are published by a message
+// or transfer sent after them (x86 stores are seen in order, and the transport's channels
+// are themselves shared memory), and the owner reads them only after receiving it.
+// CanAttachPeerRegions(peer) says whether the peer's regions would map here; symmetric,
+// so the owner asks it before handing a key out. A region stays mapped in the peers that
+// attached it after UnmapRegion (their writes then land nowhere its owner reads) until
+// they detach: on Connect or Disconnect of that peer, or when the transport goes.
+//
 // Memory types: kHost is any host pointer. kDevice is GPU memory, passed to the backend as
 // such (UCX: UCS_MEMORY_TYPE_CUDA); a backend that cannot move it says so in
 // SupportsMemory and refuses the group at PostExchange with UNIMPLEMENTED.
@@ -50,6 +62,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -62,6 +75,19 @@ enum class MemoryType : uint8_t { kHost, kDevice };
 
 // One entry of a group: send `bytes` from `data` to `peer`, or receive exactly `bytes` from
 // `peer` into `data`. `data` may be null when `bytes` is 0.
+// A region of this process's memory that peers map (MapRegion); `key` names it to them.
+struct MappedRegion {
+  void* data = nullptr;
+  size_t bytes = 0;
+  std::string key;
+};
+
+// A peer's region, mapped into this process (AttachPeerRegion).
+struct PeerRegion {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
 struct Transfer {
   enum class Kind : uint8_t { kSend, kRecv };
   Kind kind = Kind::kSend;
@@ -115,6 +141,26 @@ class DataExchange {
   // Whether transfers of this memory type can be posted (callers stage device memory
   // through host buffers when not).
   virtual bool SupportsMemory(MemoryType memory) const { return memory == MemoryType::kHost; }
+
+  // ---- Mapped regions (see above) ----
+  // At least `bytes` bytes of zeroed host memory that peers may map, page aligned.
+  // UNIMPLEMENTED where the backend maps nothing; RESOURCE_EXHAUSTED where the memory
+  // cannot be had.
+  virtual absl::StatusOr<MappedRegion> MapRegion(size_t bytes) {
+    return absl::UnimplementedError("this transport maps no memory for its peers");
+  }
+  // Gives back a region of MapRegion (by its data pointer); unknown pointers are ignored.
+  virtual void UnmapRegion(void* data) {}
+  // Whether regions of `peer` can be mapped here (and this transport's there): peers of
+  // one host that share memory.
+  virtual bool CanAttachPeerRegions(int peer) { return false; }
+  // `peer`'s region named `key`, mapped here; repeated calls with one key return the same
+  // mapping. Valid until `peer` is connected again or disconnected, or the transport goes.
+  // INVALID_ARGUMENT for a key that names no region of that peer; UNIMPLEMENTED where the
+  // peer's memory cannot be mapped from here; UNAVAILABLE if the peer has failed.
+  virtual absl::StatusOr<PeerRegion> AttachPeerRegion(int peer, std::string_view key) {
+    return absl::UnimplementedError("this transport maps no peer memory");
+  }
 };
 
 }  // namespace dxs

@@ -11,7 +11,12 @@
 // entries complete at once; a size mismatch fails both. kDevice memory is copied like
 // host memory: inproc runs in one address space, so device buffers must be addressable
 // there (the CPU backend's are).
+//
+// Mapped regions are host memory the Hub keeps: a key names its owner and number, and an
+// attach is a lookup. An unmapped region is kept until the Hub goes, so a peer that still
+// writes into it writes into memory that is no one else's.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -69,6 +74,30 @@ struct Mailbox {
   bool failure_event = false;
 };
 
+// One region of MapRegion: page-aligned, zeroed host memory.
+struct HubRegion {
+  explicit HubRegion(size_t num_bytes)
+      : bytes(num_bytes),
+        data(static_cast<uint8_t*>(
+                 std::aligned_alloc(kPage, (num_bytes + kPage - 1) / kPage * kPage)),
+             &std::free) {
+    if (data != nullptr) std::memset(data.get(), 0, bytes);
+  }
+  static constexpr size_t kPage = 4096;
+  size_t bytes;
+  std::unique_ptr<uint8_t, decltype(&std::free)> data;
+  bool mapped = true;
+};
+
+// A region's key: its owner and number, 16 bytes.
+std::string RegionKey(int owner, uint64_t id) {
+  std::string key(16, '\0');
+  const uint64_t owner64 = static_cast<uint64_t>(owner);
+  std::memcpy(key.data(), &owner64, 8);
+  std::memcpy(key.data() + 8, &id, 8);
+  return key;
+}
+
 struct Hub {
   explicit Hub(int num_peers) {
     for (int i = 0; i < num_peers; ++i) mailboxes.push_back(std::make_unique<Mailbox>(num_peers));
@@ -80,6 +109,9 @@ struct Hub {
   // The vector is fixed at construction; the Mailboxes' contents are guarded by mu.
   std::vector<std::unique_ptr<Mailbox>> mailboxes ABSL_GUARDED_BY(mu);
   std::map<ChannelKey, Channel> channels ABSL_GUARDED_BY(mu);
+  // Mapped regions by (owner, number); kept until the Hub goes (see the file comment).
+  std::map<std::pair<int, uint64_t>, std::unique_ptr<HubRegion>> regions ABSL_GUARDED_BY(mu);
+  uint64_t next_region = 1 ABSL_GUARDED_BY(mu);
 };
 
 class InprocTransport final : public Transport {
@@ -266,6 +298,52 @@ class InprocTransport final : public Transport {
 
   // One address space: device buffers are copied like host memory (see the file comment).
   bool SupportsMemory(MemoryType memory) const override { return true; }
+
+  absl::StatusOr<MappedRegion> MapRegion(size_t bytes) override {
+    if (bytes == 0) return absl::InvalidArgumentError("a mapped region of 0 bytes");
+    auto region = std::make_unique<HubRegion>(bytes);
+    if (region->data == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("no memory for a ", bytes, "-byte region"));
+    }
+    absl::MutexLock lock(&hub_->mu);
+    const uint64_t id = hub_->next_region++;
+    MappedRegion mapped = {region->data.get(), bytes, RegionKey(self_, id)};
+    hub_->regions[{self_, id}] = std::move(region);
+    return mapped;
+  }
+
+  void UnmapRegion(void* data) override {
+    absl::MutexLock lock(&hub_->mu);
+    for (auto& [key, region] : hub_->regions) {
+      if (key.first == self_ && region->data.get() == data) region->mapped = false;
+    }
+  }
+
+  bool CanAttachPeerRegions(int peer) override {
+    if (!Valid(peer)) return false;
+    absl::MutexLock lock(&hub_->mu);
+    return Own().failure[peer].empty();
+  }
+
+  absl::StatusOr<PeerRegion> AttachPeerRegion(int peer, std::string_view key) override {
+    if (!Valid(peer)) return BadPeer(peer);
+    absl::MutexLock lock(&hub_->mu);
+    if (!Own().failure[peer].empty()) {
+      return absl::UnavailableError(absl::StrCat("peer ", peer, " ", Own().failure[peer]));
+    }
+    uint64_t owner = 0, id = 0;
+    if (key.size() == 16) {
+      std::memcpy(&owner, key.data(), 8);
+      std::memcpy(&id, key.data() + 8, 8);
+    }
+    auto it = hub_->regions.find({static_cast<int>(owner), id});
+    if (key.size() != 16 || owner != static_cast<uint64_t>(peer) || it == hub_->regions.end() ||
+        !it->second->mapped) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("no mapped region of peer ", peer, " has that key"));
+    }
+    return PeerRegion{it->second->data.get(), it->second->bytes};
+  }
 
   bool ExchangeDone(ExchangeId id) override {
     auto it = groups_.find(id);

@@ -50,6 +50,14 @@
 // endpoint, so a peer's failure does not end them: WaitExchange checks the peers of pending
 // transfers itself.
 //
+// Mapped regions: ucp_mem_map allocates them (UCP_MEM_MAP_ALLOCATE: shared memory, sysv or
+// posix by UCX_ALLOC_PRIO); the key is the address, the size and the packed remote key. A
+// peer unpacks that key on its endpoint to the owner and ucp_rkey_ptr maps the segment
+// into its own address space; the remote keys are kept per peer (a bounded cache) and
+// destroyed, unmapping the segment, when the peer's endpoint closes. An endpoint without
+// a shared-memory path (another host) cannot map: ucp_rkey_ptr says UNREACHABLE, which is
+// how CanAttachPeerRegions probes a peer, with a small region of its own.
+//
 // Cancelling: ucp_request_cancel withdraws only receives that are not matched yet. Matched
 // ones finish or fail before WaitExchange returns (their peer's endpoint is closed if they
 // have not within kCancelTimeout). Sends cannot be withdrawn: they keep their group alive as
@@ -68,6 +76,9 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -191,6 +202,9 @@ struct PeerState {
   std::string address;         // the peer's worker address, for its data endpoint
   ucp_ep_h data_ep = nullptr;  // GPU-memory sends (error handling NONE); made on first use
   bool ever_connected = false;
+  // Regions of this peer mapped here, by key (AttachPeerRegion), oldest first.
+  std::vector<std::pair<std::string, std::pair<ucp_rkey_h, PeerRegion>>> attached;
+  std::optional<bool> can_attach;  // CanAttachPeerRegions's answer, until the next Connect
   // Set when the connection failed or was closed by Disconnect(); cleared by Connect().
   std::string failure;
   std::deque<std::unique_ptr<Inbound>> inbox;
@@ -223,6 +237,10 @@ class UcxTransport final : public Transport {
   bool SupportsMemory(MemoryType memory) const override {
     return memory == MemoryType::kHost || device_memory_;
   }
+  absl::StatusOr<MappedRegion> MapRegion(size_t bytes) override;
+  void UnmapRegion(void* data) override;
+  bool CanAttachPeerRegions(int peer) override;
+  absl::StatusOr<PeerRegion> AttachPeerRegion(int peer, std::string_view key) override;
 
  private:
   enum class WaitResult { kReady, kWoken, kDeadline, kError };
@@ -271,6 +289,11 @@ class UcxTransport final : public Transport {
   // kCloseTimeout. True if the close completed.
   bool CloseUcpEndpoint(ucp_ep_h ep, bool force);
   void ReapZombies();
+  // Unmaps the peer's regions mapped here (destroys their remote keys).
+  void DetachPeerRegions(PeerState& state);
+  // The remote key and mapping of `key` on the peer's endpoint.
+  absl::StatusOr<std::pair<ucp_rkey_h, PeerRegion>> MapPeerKey(int peer, PeerState& state,
+                                                               std::string_view key);
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -298,6 +321,8 @@ class UcxTransport final : public Transport {
   // Cancelled groups UCP still holds requests of (unmatched sends).
   std::vector<std::unique_ptr<ExchangeGroup>> zombie_exchanges_;
   ExchangeId next_exchange_id_ = 1;
+  std::map<void*, ucp_mem_h> mapped_regions_;  // MapRegion's, by address
+  std::optional<MappedRegion> probe_region_;   // CanAttachPeerRegions's, made on first use
 };
 
 absl::Status UcxTransport::Init() {
@@ -414,6 +439,10 @@ absl::Status UcxTransport::Init() {
 }
 
 UcxTransport::~UcxTransport() {
+  for (auto& [peer, state] : peers_) DetachPeerRegions(state);
+  if (context_ != nullptr) {
+    for (auto& [data, memh] : mapped_regions_) ucp_mem_unmap(context_, memh);
+  }
   if (worker_ != nullptr) {
     for (auto& [peer, state] : peers_) CloseEndpoint(state, /*flush_data=*/state.failure.empty());
     // Cancel rendezvous receives still in flight; their callbacks run during progress and
@@ -506,6 +535,8 @@ bool UcxTransport::CloseUcpEndpoint(ucp_ep_h ep, bool force) {
 }
 
 void UcxTransport::CloseEndpoint(PeerState& state, bool flush_data) {
+  DetachPeerRegions(state);
+  state.can_attach.reset();
   if (state.data_ep != nullptr) {
     (void)CloseUcpEndpoint(state.data_ep, /*force=*/!flush_data);
     state.data_ep = nullptr;
@@ -532,6 +563,131 @@ absl::Status UcxTransport::EnsureDataEndpoint(int peer, PeerState& state) {
         absl::StrCat("data endpoint to peer ", peer, " failed: ", UcsError(status)));
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// How many of one peer's regions stay mapped here at once: the oldest is unmapped beyond it
+// (an owner replaces a region when it outgrows it; a round uses at most a few).
+constexpr size_t kMaxAttachedPerPeer = 16;
+
+// A region's key: its address and size, then the packed remote key.
+constexpr size_t kRegionKeyPrefix = 2 * sizeof(uint64_t);
+
+}  // namespace
+
+absl::StatusOr<MappedRegion> UcxTransport::MapRegion(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("a mapped region of 0 bytes");
+  ucp_mem_map_params_t params = {};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.length = bytes;
+  params.flags = UCP_MEM_MAP_ALLOCATE;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t status = ucp_mem_map(context_, &params, &memh);
+  if (status != UCS_OK) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("ucp_mem_map of ", bytes, " bytes: ", UcsError(status)));
+  }
+  ucp_mem_attr_t attr = {};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  void* packed = nullptr;
+  size_t packed_bytes = 0;
+  status = ucp_mem_query(memh, &attr);
+  if (status == UCS_OK) status = ucp_rkey_pack(context_, memh, &packed, &packed_bytes);
+  if (status != UCS_OK) {
+    ucp_mem_unmap(context_, memh);
+    return absl::InternalError(absl::StrCat("mapping a region: ", UcsError(status)));
+  }
+  MappedRegion region;
+  region.data = attr.address;
+  region.bytes = attr.length;
+  const uint64_t prefix[2] = {reinterpret_cast<uint64_t>(attr.address), attr.length};
+  region.key.assign(reinterpret_cast<const char*>(prefix), kRegionKeyPrefix);
+  region.key.append(static_cast<const char*>(packed), packed_bytes);
+  ucp_rkey_buffer_release(packed);
+  std::memset(region.data, 0, region.bytes);
+  mapped_regions_[region.data] = memh;
+  return region;
+}
+
+void UcxTransport::UnmapRegion(void* data) {
+  auto it = mapped_regions_.find(data);
+  if (it == mapped_regions_.end()) return;
+  ucp_mem_unmap(context_, it->second);
+  mapped_regions_.erase(it);
+}
+
+void UcxTransport::DetachPeerRegions(PeerState& state) {
+  for (auto& [key, mapping] : state.attached) ucp_rkey_destroy(mapping.first);
+  state.attached.clear();
+}
+
+absl::StatusOr<std::pair<ucp_rkey_h, PeerRegion>> UcxTransport::MapPeerKey(int peer,
+                                                                           PeerState& state,
+                                                                           std::string_view key) {
+  if (key.size() <= kRegionKeyPrefix) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a region key of ", key.size(), " bytes from peer ", peer));
+  }
+  uint64_t prefix[2];
+  std::memcpy(prefix, key.data(), kRegionKeyPrefix);
+  ucp_rkey_h rkey = nullptr;
+  ucs_status_t status = ucp_ep_rkey_unpack(state.ep, key.data() + kRegionKeyPrefix, &rkey);
+  if (status != UCS_OK) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer ", peer, "'s region key does not unpack: ", UcsError(status)));
+  }
+  void* local = nullptr;
+  status = ucp_rkey_ptr(rkey, prefix[0], &local);
+  if (status != UCS_OK) {
+    ucp_rkey_destroy(rkey);
+    if (status == UCS_ERR_UNREACHABLE) {
+      return absl::UnimplementedError(
+          absl::StrCat("peer ", peer, "'s memory cannot be mapped from here (no shared memory)"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer ", peer, "'s region does not map: ", UcsError(status)));
+  }
+  return std::make_pair(rkey, PeerRegion{local, static_cast<size_t>(prefix[1])});
+}
+
+bool UcxTransport::CanAttachPeerRegions(int peer) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || it->second.ep == nullptr || !it->second.failure.empty()) return false;
+  PeerState& state = it->second;
+  if (state.can_attach) return *state.can_attach;
+  // Mapping is symmetric between two processes: can our own small region be mapped
+  // through the endpoint to this peer?
+  if (!probe_region_) {
+    absl::StatusOr<MappedRegion> probe = MapRegion(4096);
+    if (!probe.ok()) return false;
+    probe_region_ = *std::move(probe);
+  }
+  absl::StatusOr<std::pair<ucp_rkey_h, PeerRegion>> mapping =
+      MapPeerKey(peer, state, probe_region_->key);
+  if (mapping.ok()) ucp_rkey_destroy(mapping->first);
+  state.can_attach = mapping.ok();
+  return *state.can_attach;
+}
+
+absl::StatusOr<PeerRegion> UcxTransport::AttachPeerRegion(int peer, std::string_view key) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || !it->second.ever_connected) {
+    return absl::FailedPreconditionError(absl::StrCat("peer ", peer, " is not connected"));
+  }
+  PeerState& state = it->second;
+  if (!state.failure.empty()) return Unavailable(peer, state);
+  for (const auto& [known, mapping] : state.attached) {
+    if (known == key) return mapping.second;
+  }
+  absl::StatusOr<std::pair<ucp_rkey_h, PeerRegion>> mapping = MapPeerKey(peer, state, key);
+  if (!mapping.ok()) return mapping.status();
+  if (state.attached.size() >= kMaxAttachedPerPeer) {
+    ucp_rkey_destroy(state.attached.front().second.first);
+    state.attached.erase(state.attached.begin());
+  }
+  state.attached.emplace_back(std::string(key), *mapping);
+  return mapping->second;
 }
 
 absl::Status UcxTransport::Unavailable(int peer, const PeerState& state) const {

@@ -659,6 +659,75 @@ TEST_P(DataExchangeTest, DeviceMemoryIsPassedOrRefused) {
   }
 }
 
+// A mapped region: peer 1 maps peer 0's region, stores into it and publishes with a
+// zero-size transfer; peer 0 reads the stores after receiving it, then answers in place
+// the same way. Where no memory is shared (UCX over TCP) the peers say so and nothing maps.
+TEST_P(DataExchangeTest, MappedRegionsCarryStoresPublishedByATransfer) {
+  constexpr size_t kBytes = (1 << 20) + 123;
+  absl::StatusOr<MappedRegion> region = peer(0).MapRegion(kBytes);
+  ASSERT_TRUE(region.ok()) << region.status();
+  ASSERT_GE(region->bytes, kBytes);
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(region->data) % 4096, 0u);
+  const auto* bytes = static_cast<const uint8_t*>(region->data);
+  EXPECT_TRUE(std::all_of(bytes, bytes + kBytes, [](uint8_t b) { return b == 0; }));
+  const bool shared = GetParam() != "ucx_tcp";
+  EXPECT_EQ(peer(1).CanAttachPeerRegions(0), shared);
+  EXPECT_EQ(peer(0).CanAttachPeerRegions(1), shared);
+  absl::StatusOr<PeerRegion> mapped = peer(1).AttachPeerRegion(0, region->key);
+  if (!shared) {
+    EXPECT_EQ(mapped.status().code(), absl::StatusCode::kUnimplemented) << mapped.status();
+    peer(0).UnmapRegion(region->data);
+    return;
+  }
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ(mapped->bytes, region->bytes);
+  absl::StatusOr<PeerRegion> again = peer(1).AttachPeerRegion(0, region->key);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->data, mapped->data);
+  const std::vector<uint8_t> request = Pattern(7, kBytes), answer = Pattern(8, kBytes / 2);
+  RunPeers(
+      [&](int self) {
+        if (self == 1) {
+          std::memcpy(mapped->data, request.data(), kBytes);
+          ASSERT_TRUE(Exchange(1, 5, {SendTo(0, nullptr, 0)}).ok());
+          ASSERT_TRUE(Exchange(1, 6, {RecvFrom(0, nullptr, 0)}).ok());
+          EXPECT_EQ(std::memcmp(mapped->data, answer.data(), answer.size()), 0);
+        } else {
+          ASSERT_TRUE(Exchange(0, 5, {RecvFrom(1, nullptr, 0)}).ok());
+          EXPECT_EQ(std::memcmp(region->data, request.data(), kBytes), 0);
+          std::memcpy(region->data, answer.data(), answer.size());
+          ASSERT_TRUE(Exchange(0, 6, {SendTo(1, nullptr, 0)}).ok());
+        }
+      },
+      2);
+  peer(0).UnmapRegion(region->data);
+}
+
+TEST_P(DataExchangeTest, BadRegionKeysAreRefused) {
+  absl::StatusOr<MappedRegion> region = peer(0).MapRegion(4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  EXPECT_EQ(peer(0).MapRegion(0).status().code(), absl::StatusCode::kInvalidArgument);
+  if (GetParam() == "ucx_tcp") GTEST_SKIP() << "nothing maps over TCP";
+  for (const std::string& key : {std::string(), std::string("short"), std::string(64, 'x')}) {
+    absl::StatusOr<PeerRegion> mapped = peer(1).AttachPeerRegion(0, key);
+    EXPECT_EQ(mapped.status().code(), absl::StatusCode::kInvalidArgument) << mapped.status();
+  }
+  if (!IsUcx()) {
+    // inproc knows every region: another peer's key, or one unmapped, names none of 0's.
+    EXPECT_FALSE(peer(1).AttachPeerRegion(2, region->key).ok());
+    absl::StatusOr<MappedRegion> other = peer(0).MapRegion(4096);
+    ASSERT_TRUE(other.ok());
+    peer(0).UnmapRegion(other->data);
+    EXPECT_EQ(peer(1).AttachPeerRegion(0, other->key).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  peer(1).Disconnect(0);
+  EXPECT_EQ(peer(1).AttachPeerRegion(0, region->key).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(peer(1).CanAttachPeerRegions(0));
+  peer(0).UnmapRegion(region->data);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, DataExchangeTest,
                          ::testing::Values("inproc", "ucx", "ucx_tcp", "ucx_data_ep"),
                          [](const auto& info) { return info.param; });
