@@ -51,6 +51,10 @@ class AttentionMetrics final : public DispatchObserver {
   void OnExchange(const Transfer* transfers, size_t num_transfers) override {
     exchange_bytes_.Count(transfers, num_transfers);
   }
+  // Bytes loaded from (sent) and stored into (received) a mapped region, that side's.
+  void OnMappedBytes(size_t sent, size_t received) override {
+    exchange_bytes_.CountMapped(sent, received);
+  }
 
  private:
   AttentionMetrics() = default;

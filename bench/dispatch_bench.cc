@@ -37,9 +37,11 @@
 // over pipes; the child answers each command with its page faults and CPU time.
 //
 // Usage: dispatch_bench [--quick] [--pin] [--shape=embedded|h2048] [--wire=f32|bf16]
-//                       [--tokens=N]
+//                       [--tokens=N] [--exchange=mapped|copy]
 //   --quick: fewer round trips, for a smoke run; --pin: the DP process on CPU 0 and the EP
-//   process on CPU 1 for every method (baselines too); the others select rows.
+//   process on CPU 1 for every method (baselines too); --exchange: dxs's exchange, the
+//   one-copy exchange through a mapped region (the default) or every row through the
+//   transport's transfers (DispatchOptions::mapped_regions); the others select rows.
 // Exit status 0 whether or not the targets are met; 1 only if the bench itself failed.
 // The combined output is checked against (sum of weights) * x after every row.
 #include <grpcpp/grpcpp.h>
@@ -548,10 +550,11 @@ const char* DTypeLabel(DType d) { return d == DType::kF32 ? "f32" : "bf16"; }
 
 struct Options {
   Budget budget = kFullBudget;
-  std::string shape;  // empty: all
-  std::string wire;   // empty: all
-  int tokens = -1;    // -1: all
-  bool pin = false;   // parent (DP rank) on CPU 0, child (EP rank) on CPU 1
+  std::string shape;   // empty: all
+  std::string wire;    // empty: all
+  int tokens = -1;     // -1: all
+  bool pin = false;    // parent (DP rank) on CPU 0, child (EP rank) on CPU 1
+  bool mapped = true;  // --exchange=mapped (the default) or copy: DispatchOptions::mapped_regions
 };
 
 // The raw ping-pong busy-polls in both processes, so unless something else runs, each
@@ -698,6 +701,7 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
       DispatchOptions options;
       options.wire_dtype = dtype;
       options.timeout = absl::Seconds(60);
+      options.mapped_regions = opts.mapped;
       RemoteMoeExecutor executor(backend.get(), transport.get(), {kEpPeer},
                                  Placement::Contiguous(s.num_experts, 1), s.hidden, options);
       for (int tokens : kTokensPerDpRank) {
@@ -807,10 +811,13 @@ Options ParseOptions(int argc, char** argv) {
       opts.tokens = std::atoi(v);
     } else if (arg == "--pin") {
       opts.pin = true;
+    } else if (const char* v = value("--exchange")) {
+      if (std::string(v) != "mapped" && std::string(v) != "copy") Die("--exchange=mapped|copy");
+      opts.mapped = std::string(v) == "mapped";
     } else {
       Die("unknown argument '" + arg +
           "'; usage: dispatch_bench [--quick] [--pin] [--shape=embedded|h2048] "
-          "[--wire=f32|bf16] [--tokens=N]");
+          "[--wire=f32|bf16] [--tokens=N] [--exchange=mapped|copy]");
     }
   }
   return opts;

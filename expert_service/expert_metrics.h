@@ -46,6 +46,8 @@ class ExpertMetrics {
   void OnExchange(const Transfer* transfers, size_t num_transfers) {
     exchange_bytes_.Count(transfers, num_transfers);
   }
+  // Bytes loaded from (sent) and stored into (received) a mapped region, that side's.
+  void OnMappedBytes(size_t sent, size_t received) { exchange_bytes_.CountMapped(sent, received); }
 
  private:
   ExpertMetrics() = default;

@@ -38,6 +38,7 @@ ExpertStepServer::~ExpertStepServer() {
 void ExpertStepServer::set_dp_peers(std::vector<int> peers) {
   dp_peers_ = std::move(peers);
   pending_.assign(dp_peers_.size(), std::nullopt);
+  pending_keys_.assign(dp_peers_.size(), std::string());
 }
 
 void ExpertStepServer::WaitCombineSends(int k) {
@@ -141,12 +142,55 @@ absl::Status ExpertStepServer::CheckPairs(const std::vector<WireHeader>& headers
 absl::Status ExpertStepServer::Fill(size_t i, absl::Time deadline) {
   DXS_ASSIGN_OR_RETURN(TransportMessage m, transport_->Recv(dp_peers_[i], deadline));
   absl::StatusOr<WireHeader> h = WireHeader::Decode(m.header);
-  if (!h.ok() || h->kind != MessageKind::kDispatch || m.payload_size() != 0) {
-    return absl::InternalError(absl::StrCat(
-        "DP peer ", dp_peers_[i],
-        " sent a bad message: ", h.ok() ? "not a dispatch header" : h.status().message()));
+  // A mapped dispatch carries its region's key (UCX's: about 100 bytes); others nothing.
+  constexpr size_t kMaxRegionKey = 4096;
+  const bool payload_ok =
+      h.ok() && (h->mapped() ? m.payload_size() > 0 && m.payload_size() <= kMaxRegionKey
+                             : m.payload_size() == 0);
+  if (!h.ok() || h->kind != MessageKind::kDispatch || !payload_ok) {
+    return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i], " sent a bad message: ",
+                                            !h.ok() ? h.status().message()
+                                            : h->kind != MessageKind::kDispatch
+                                                ? "not a dispatch header"
+                                                : "a bad payload"));
   }
   pending_[i] = *h;
+  pending_keys_[i].assign(m.payload.begin(), m.payload.end());
+  return absl::OkStatus();
+}
+
+absl::Status ExpertStepServer::MapRegions(std::vector<WireHeader>* headers,
+                                          std::vector<int32_t>* statuses) {
+  const size_t num_dp = headers->size();
+  regions_.assign(num_dp, PeerRegion{});
+  statuses->assign(num_dp, 0);
+  for (size_t i = 0; i < num_dp; ++i) {
+    WireHeader& h = (*headers)[i];
+    if (!h.mapped()) continue;
+    absl::StatusOr<PeerRegion> region =
+        transport_->AttachPeerRegion(dp_peers_[i], pending_keys_[i]);
+    if (!region.ok()) {
+      // Nothing of this rank is computed; its status says why (its step fails once).
+      (*statuses)[i] = kRegionUnmappable;
+      h.num_rows = h.num_pairs = 0;
+      continue;
+    }
+    const size_t row_bytes = static_cast<size_t>(h.hidden) * DTypeSize(h.wire_dtype);
+    const auto fits = [&](int64_t at, size_t bytes, size_t alignment) {
+      return at % static_cast<int64_t>(alignment) == 0 &&
+             static_cast<uint64_t>(at) <= region->bytes && bytes <= region->bytes - at;
+    };
+    const size_t rows_bytes = static_cast<size_t>(h.num_rows) * row_bytes;
+    if (!fits(h.rows_at, rows_bytes, DTypeSize(h.wire_dtype)) ||
+        !fits(h.answers_at, rows_bytes, DTypeSize(h.wire_dtype)) ||
+        !fits(h.pairs_at, 12 * static_cast<size_t>(h.num_pairs), sizeof(int32_t))) {
+      return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i],
+                                              ": mapped dispatch outside its ", region->bytes,
+                                              "-byte region (rows at ", h.rows_at, ", answers at ",
+                                              h.answers_at, ", pairs at ", h.pairs_at, ")"));
+    }
+    regions_[i] = *region;
+  }
   return absl::OkStatus();
 }
 
@@ -172,6 +216,9 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   headers.clear();
   for (size_t i = 0; i < num_dp; ++i) headers.push_back(*pending_[i]);
   for (auto& p : pending_) p.reset();
+  const int k = next_out_;
+  std::vector<int32_t>& statuses = statuses_[k];
+  DXS_RETURN_IF_ERROR(MapRegions(&headers, &statuses));
   const WireHeader& first = headers[0];
   const int64_t hidden = config_.hidden_size;
   const DType dtype = first.wire_dtype;
@@ -195,30 +242,66 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     return absl::FailedPreconditionError(absl::StrCat("the ", shard_->backend()->name(),
                                                       " backend's experts take float32 rows only"));
   }
-  DXS_RETURN_IF_ERROR(EnsureRows(total_rows, dtype));
-  const int k = next_out_;
-  Tensor x = x_.Rows(0, total_rows);
-  Tensor out = out_[k].Rows(0, total_rows);
+  Backend* backend = shard_->backend();
+  // One DP rank, mapped, host tensors: the experts read and write its region itself.
+  const bool in_region =
+      num_dp == 1 && regions_[0].data != nullptr && backend->device() == Device::kCpu;
+  Tensor x, out;
+  if (in_region) {
+    const WireHeader& h = headers[0];
+    auto region =
+        std::make_shared<Buffer>(Device::kCpu, regions_[0].data, regions_[0].bytes, nullptr);
+    const size_t elem = DTypeSize(dtype);
+    x = Tensor(region, dtype, {total_rows, hidden}, static_cast<size_t>(h.rows_at) / elem);
+    out = Tensor(region, dtype, {total_rows, hidden}, static_cast<size_t>(h.answers_at) / elem);
+  } else {
+    DXS_RETURN_IF_ERROR(EnsureRows(total_rows, dtype));
+    x = x_.Rows(0, total_rows);
+    out = out_[k].Rows(0, total_rows);
+  }
   // Receive: rows into x, each DP rank's pairs as one block (rows | experts | weights) into
   // the pair buffer, each DP rank at its offsets; both where the backend keeps tensors
   // (device memory on a GPU: nothing crosses the host).
-  Backend* backend = shard_->backend();
   const MemoryType memory = TransportMemoryOf(*backend);
   const size_t row_bytes = static_cast<size_t>(hidden) * DTypeSize(dtype);
   DXS_RETURN_IF_ERROR(EnsurePairs(total_pairs));
-  uint8_t* x_bytes = static_cast<uint8_t*>(backend->TransportAddress(x_));
+  uint8_t* x_bytes = in_region ? nullptr : static_cast<uint8_t*>(backend->TransportAddress(x_));
   uint8_t* pair_bytes = static_cast<uint8_t*>(backend->TransportAddress(pair_blocks_));
   transfers_.clear();
+  size_t mapped_received = 0, mapped_sent = 0;
   for (size_t i = 0; i < num_dp; ++i) {
     const int peer = dp_peers_[i];
-    transfers_.push_back({Transfer::Kind::kRecv, peer, x_bytes + row_offset_[i] * row_bytes,
-                          static_cast<size_t>(headers[i].num_rows) * row_bytes, memory});
+    const WireHeader& h = headers[i];
+    const size_t rows_bytes = static_cast<size_t>(h.num_rows) * row_bytes;
+    if (h.mapped()) {
+      // Rows and pairs in place: the pairs (and, unless the experts read the region
+      // itself, the rows) copied once into the round's tensors.
+      if (regions_[i].data == nullptr) continue;
+      const uint8_t* base = static_cast<const uint8_t*>(regions_[i].data);
+      if (!in_region && h.num_rows > 0) {
+        Tensor rows = x_.Rows(row_offset_[i], h.num_rows);
+        DXS_RETURN_IF_ERROR(backend->CopyFromHost(base + h.rows_at, dtype, &rows));
+      }
+      if (h.num_pairs > 0) {
+        Tensor block = pair_blocks_.Rows(3 * pair_offset_[i], 3 * h.num_pairs);
+        DXS_RETURN_IF_ERROR(backend->CopyFromHost(base + h.pairs_at, DType::kI32, &block));
+      }
+      mapped_received += rows_bytes + 12 * static_cast<size_t>(h.num_pairs);
+      mapped_sent += rows_bytes;
+      counters_.rows_mapped += h.num_rows;
+      continue;
+    }
+    transfers_.push_back(
+        {Transfer::Kind::kRecv, peer, x_bytes + row_offset_[i] * row_bytes, rows_bytes, memory});
     transfers_.push_back({Transfer::Kind::kRecv, peer,
                           pair_bytes + 3 * pair_offset_[i] * sizeof(int32_t),
-                          static_cast<size_t>(headers[i].num_pairs) * 12, memory});
+                          static_cast<size_t>(h.num_pairs) * 12, memory});
   }
   const uint64_t tag = ExchangeTag(first.key());
-  if (metrics_ != nullptr) metrics_->OnExchange(transfers_.data(), transfers_.size());
+  if (metrics_ != nullptr) {
+    metrics_->OnExchange(transfers_.data(), transfers_.size());
+    metrics_->OnMappedBytes(mapped_sent, mapped_received);
+  }
   DXS_ASSIGN_OR_RETURN(ExchangeId received,
                        transport_->PostExchange(tag, transfers_.data(), transfers_.size()));
   DXS_RETURN_IF_ERROR(transport_->WaitExchange(received, deadline + absl::Seconds(5)));
@@ -234,7 +317,15 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   counters_.compute_ns +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(compute_time).count();
   DXS_RETURN_IF_ERROR(compute);
-  // The experts' output must be written before the transport reads it.
+  // Answers of mapped ranks into their regions (unless computed there).
+  for (size_t i = 0; i < num_dp && !in_region; ++i) {
+    if (regions_[i].data == nullptr || headers[i].num_rows == 0) continue;
+    DXS_RETURN_IF_ERROR(
+        backend->CopyToHost(out.Rows(row_offset_[i], headers[i].num_rows), dtype,
+                            static_cast<uint8_t*>(regions_[i].data) + headers[i].answers_at));
+  }
+  // The experts' output must be written before the transport reads it (or the DP ranks,
+  // once their statuses arrive).
   if (!out_written_) {
     DXS_ASSIGN_OR_RETURN(out_written_, backend->CreateEvent());
   }
@@ -260,9 +351,15 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   }
   // Combine: each DP rank gets its rows back, pre-summed over this rank's experts,
   // straight from out. Completed before out_[k] is written again.
-  const uint8_t* out_bytes = static_cast<const uint8_t*>(backend->TransportAddress(out_[k]));
+  const uint8_t* out_bytes =
+      in_region ? nullptr : static_cast<const uint8_t*>(backend->TransportAddress(out_[k]));
   transfers_.clear();
   for (size_t i = 0; i < num_dp; ++i) {
+    if (headers[i].mapped()) {
+      transfers_.push_back(
+          {Transfer::Kind::kSend, dp_peers_[i], &statuses[i], sizeof(int32_t), MemoryType::kHost});
+      continue;
+    }
     transfers_.push_back({Transfer::Kind::kSend, dp_peers_[i],
                           const_cast<uint8_t*>(out_bytes) + row_offset_[i] * row_bytes,
                           static_cast<size_t>(headers[i].num_rows) * row_bytes, memory});

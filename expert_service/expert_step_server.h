@@ -22,6 +22,16 @@
 // is written again. Normally one output buffer serves every round: a second one alternating
 // with it doubled the working set and cost ~200 us a round trip at 8 MiB (dispatch_bench).
 //
+// A DP rank that dispatches through a mapped region (the one-copy exchange,
+// router/dispatch/dispatch_combine.h) sends its header after its rows, with the region's
+// key: the server maps the region (DataExchange::AttachPeerRegion), reads the rows and
+// pairs there and stores its answers there, and answers with a 4-byte status in the group
+// instead of rows. With one DP rank and host tensors the experts read their input and
+// write their output in that region itself; otherwise the rows are copied into and out of
+// the round's tensors once. A region that does not map is answered kRegionUnmappable and
+// that rank's rows are not computed (its step fails once, then it dispatches by copy).
+// Offsets outside the region fail the round like any malformed dispatch.
+//
 // Thread safety: ServeRound is called by one thread; counters may be read from any.
 #pragma once
 
@@ -57,6 +67,8 @@ struct ExpertCounters {
   // Rounds whose rows all arrived in place (every round since the data exchange: rows land
   // in the input tensor itself).
   std::atomic<int64_t> rounds_in_place{0};
+  // Rows read in place from a DP rank's mapped region (the one-copy exchange), all rounds.
+  std::atomic<int64_t> rows_mapped{0};
 };
 
 class ExpertStepServer final {
@@ -77,6 +89,9 @@ class ExpertStepServer final {
   absl::Status ServeRound(absl::Time deadline);
 
  private:
+  // Maps the round's mapped regions into regions_ and checks the headers' offsets in them;
+  // a region that does not map gets kRegionUnmappable in statuses and its counts zeroed.
+  absl::Status MapRegions(std::vector<WireHeader>* headers, std::vector<int32_t>* statuses);
   // Receives DP rank i's next dispatch header into pending_[i].
   absl::Status Fill(size_t i, absl::Time deadline);
   // Waits for the combine sends that last read out_[k].
@@ -103,6 +118,12 @@ class ExpertStepServer final {
   ExpertMetrics* metrics_ = nullptr;
   int64_t rows_this_step_ = 0;
   std::vector<std::optional<WireHeader>> pending_;
+  std::vector<std::string> pending_keys_;  // with a mapped header: its region's key
+  // Per round, the DP ranks' mapped regions (data null: the rank sends by copy).
+  std::vector<PeerRegion> regions_;
+  // The statuses answered to mapped DP ranks, per output buffer (a send not delivered may
+  // still read them, like the buffer's rows).
+  std::vector<int32_t> statuses_[2];
   // The round's input and output rows, [capacity, hidden] in the wire dtype, grown as
   // batches grow; the second output only after a combine was not delivered (with the
   // group that may still read the first).

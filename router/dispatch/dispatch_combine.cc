@@ -58,6 +58,7 @@ void RemoteMoeExecutor::set_ep_peers(std::vector<int> peers) {
     }
     grown->combines_in_target = counters_->combines_in_target.load();
     grown->combines_into_out = counters_->combines_into_out.load();
+    grown->combines_mapped = counters_->combines_mapped.load();
     counters_ = std::move(grown);
   }
   if (peers.size() >= ep_peers_.size()) ep_peers_ = std::move(peers);
@@ -156,35 +157,7 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   }
   DXS_RETURN_IF_ERROR(Layout(ids, weights, &h));
   const int64_t total_rows = h.token_offsets[num_ranks];
-  int ranks_with_rows = 0;
-  for (int r = 0; r < num_ranks; ++r) ranks_with_rows += h.num_tokens_per_rank[r] > 0 ? 1 : 0;
-  // Combines land in the handle's receive tensor (reused while big enough), or straight in
-  // out when one rank holds every token in order and is the only rank with rows.
-  const int64_t n0 = ranks_with_rows == 1 ? total_rows : -1;
-  h.into_out = n0 > 0 && n0 == h.num_tokens && out != nullptr && out->defined() &&
-               out->dtype() == dtype && out->num_elements() == n0 * hidden_;
-  if (!h.into_out &&
-      (!h.recv_rows.defined() || h.recv_rows.rows() < total_rows || h.recv_rows.dtype() != dtype)) {
-    DXS_ASSIGN_OR_RETURN(h.recv_rows,
-                         backend_->Allocate({std::max<int64_t>(total_rows, 1), hidden_}, dtype));
-  }
-  // Pack: rows of ranks that do not take x as it is, gathered into the wire dtype.
-  bool packed = false;
-  for (int r = 0; r < num_ranks; ++r) {
-    const int64_t n = h.num_tokens_per_rank[r];
-    if (n == 0 || (n == h.num_tokens && x.dtype() == dtype)) continue;
-    if (!packed && (!h.send_rows.defined() || h.send_rows.rows() < total_rows ||
-                    h.send_rows.dtype() != dtype)) {
-      DXS_ASSIGN_OR_RETURN(h.send_rows, backend_->Allocate({total_rows, hidden_}, dtype));
-    }
-    packed = true;
-    Tensor rows = h.layout.token_rows.Rows(h.token_offsets[r], n);
-    Tensor region = h.send_rows.Rows(h.token_offsets[r], n);
-    DXS_RETURN_IF_ERROR(backend_->GatherRows(x, rows, &region));
-  }
-  // Headers first (the counts size the receives), then the one group: to every EP rank its
-  // rows and pairs, from every EP rank its combine rows, zero sizes included. Keep
-  // announcing after a failure so the healthy ranks see this layer from us and stay in step.
+  const int64_t total_pairs = h.pair_offsets[num_ranks];
   // A rank of this placement already known to have failed: nothing is sent to anyone, so
   // the healthy ranks get no round that nobody will combine (the step is run again once
   // a placement without that rank arrives).
@@ -194,10 +167,54 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
       return absl::UnavailableError(absl::StrCat("dispatch to EP rank ", r, ": ", s.message()));
     }
   }
-  absl::Status send_status;
+  DXS_RETURN_IF_ERROR(PlaceInRegion(micro, total_rows, total_pairs, &h));
+  int ranks_with_rows = 0;
+  for (int r = 0; r < num_ranks; ++r) ranks_with_rows += h.num_tokens_per_rank[r] > 0 ? 1 : 0;
+  // Combines land in the handle's receive tensor (reused while big enough), or straight in
+  // out when one rank holds every token in order and is the only rank with rows.
+  const int64_t n0 = ranks_with_rows == 1 ? total_rows : -1;
+  h.single_rank_in_order = n0 > 0 && n0 == h.num_tokens && out != nullptr && out->defined() &&
+                           out->num_elements() == n0 * hidden_;
+  h.into_out = !h.in_region && h.single_rank_in_order && out->dtype() == dtype;
+  if (!h.in_region && !h.into_out &&
+      (!h.recv_rows.defined() || h.recv_rows.rows() < total_rows || h.recv_rows.dtype() != dtype)) {
+    DXS_ASSIGN_OR_RETURN(h.recv_rows,
+                         backend_->Allocate({std::max<int64_t>(total_rows, 1), hidden_}, dtype));
+  }
+  // Pack: rows of ranks that do not take x as it is, gathered into the wire dtype (in a
+  // region, every rank's: the EP ranks read them there).
+  bool packed = false;
+  for (int r = 0; r < num_ranks; ++r) {
+    const int64_t n = h.num_tokens_per_rank[r];
+    if (n == 0 || (!h.in_region && n == h.num_tokens && x.dtype() == dtype)) continue;
+    if (!packed && !h.in_region &&
+        (!h.send_rows.defined() || h.send_rows.rows() < total_rows ||
+         h.send_rows.dtype() != dtype)) {
+      DXS_ASSIGN_OR_RETURN(h.send_rows, backend_->Allocate({total_rows, hidden_}, dtype));
+    }
+    packed = true;
+    Tensor region = h.send_rows.Rows(h.token_offsets[r], n);
+    if (n == h.num_tokens && x.dtype() == dtype) {
+      DXS_RETURN_IF_ERROR(backend_->Copy(x, &region));  // every token, in order, as it is
+      continue;
+    }
+    Tensor rows = h.layout.token_rows.Rows(h.token_offsets[r], n);
+    DXS_RETURN_IF_ERROR(backend_->GatherRows(x, rows, &region));
+  }
+  if (h.in_region && total_pairs > 0) {
+    DXS_RETURN_IF_ERROR(backend_->Copy(h.layout.pairs.Rows(0, 3 * total_pairs), &h.pairs));
+  }
+  // An EP rank reads its rows in place as soon as its header arrives: in a region, the
+  // pack (and whatever wrote x) must have finished before the headers go.
+  absl::Status written = h.in_region ? RowsWritten() : absl::OkStatus();
+  // Headers (the counts size the receives), then the one group: to every EP rank its rows
+  // and pairs, from every EP rank its combine rows, zero sizes included; with a rank that
+  // maps the region, only its status back. Keep announcing after a failure so the healthy
+  // ranks see this layer from us and stay in step.
+  absl::Status send_status = written;
   std::vector<bool>& in_step = in_step_;
   in_step.assign(num_ranks, false);
-  for (int r = 0; r < num_ranks; ++r) {
+  for (int r = 0; r < num_ranks && written.ok(); ++r) {
     // Ranks holding no expert of this placement take no part (and have no rows).
     if (r >= placement_.num_ranks() || placement_.experts_of(r).empty()) continue;
     absl::Status s = SendHeader(r, micro, num_micro, h);
@@ -214,11 +231,22 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   const MemoryType memory = TransportMemoryOf(*backend_);
   const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(dtype);
   transfers_.clear();
+  size_t mapped_sent = 0, mapped_received = 0;
   for (int r = 0; r < num_ranks; ++r) {
     if (!in_step[r]) continue;
     const int peer = ep_peers_[r];
     const int64_t n = h.num_tokens_per_rank[r];
-    const bool straight = n == h.num_tokens && x.dtype() == dtype;
+    const size_t rows_bytes = static_cast<size_t>(n) * row_bytes;
+    const size_t pair_bytes = static_cast<size_t>(h.num_pairs_per_rank[r]) * sizeof(int32_t);
+    if (h.mapped[r]) {
+      h.statuses[r] = -1;
+      transfers_.push_back(
+          {Transfer::Kind::kRecv, peer, &h.statuses[r], sizeof(int32_t), MemoryType::kHost});
+      mapped_sent += rows_bytes + 3 * pair_bytes;
+      mapped_received += rows_bytes;
+      continue;
+    }
+    const bool straight = !h.in_region && n == h.num_tokens && x.dtype() == dtype;
     uint8_t* rows = nullptr;
     uint8_t* answer = nullptr;
     if (n > 0) {
@@ -229,11 +257,10 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
                           : static_cast<uint8_t*>(backend_->TransportAddress(h.recv_rows)) +
                                 h.token_offsets[r] * row_bytes;
     }
-    const size_t rows_bytes = static_cast<size_t>(n) * row_bytes;
-    const size_t pair_bytes = static_cast<size_t>(h.num_pairs_per_rank[r]) * sizeof(int32_t);
     transfers_.push_back({Transfer::Kind::kSend, peer, rows, rows_bytes, memory});
     // The rank's pairs, one block straight from the layout: rows | experts | weights.
-    uint8_t* pairs = static_cast<uint8_t*>(backend_->TransportAddress(h.layout.pairs));
+    uint8_t* pairs =
+        static_cast<uint8_t*>(backend_->TransportAddress(h.in_region ? h.pairs : h.layout.pairs));
     transfers_.push_back(
         {Transfer::Kind::kSend, peer,
          pair_bytes > 0 ? pairs + 3 * h.pair_offsets[r] * sizeof(int32_t) : nullptr, 3 * pair_bytes,
@@ -242,10 +269,15 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   }
   // The transport reads the rows as soon as the group is posted: the pack (and whatever
   // wrote x) must have finished on the backend's queue.
-  absl::Status written = RowsWritten();
-  if (!written.ok() && send_status.ok()) send_status = written;
+  if (written.ok() && !h.in_region) {
+    written = RowsWritten();
+    if (!written.ok() && send_status.ok()) send_status = written;
+  }
   if (written.ok()) {
-    if (observer_ != nullptr) observer_->OnExchange(transfers_.data(), transfers_.size());
+    if (observer_ != nullptr) {
+      observer_->OnExchange(transfers_.data(), transfers_.size());
+      if (h.in_region) observer_->OnMappedBytes(mapped_sent, mapped_received);
+    }
     absl::StatusOr<ExchangeId> group = transport_->PostExchange(
         ExchangeTag(WireHeader::Key(step_, layer, micro)), transfers_.data(), transfers_.size());
     if (group.ok()) {
@@ -260,6 +292,65 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   }
   if (!send_status.ok()) return send_status;  // the handle goes, and its group with it
   return std::unique_ptr<MoeHandle>(std::move(handle));
+}
+
+namespace {
+
+constexpr size_t kRegionAlignment = 64;
+size_t AlignUp(size_t bytes) {
+  return (bytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
+}
+
+}  // namespace
+
+absl::Status RemoteMoeExecutor::PlaceInRegion(int micro, int64_t total_rows, int64_t total_pairs,
+                                              DispatchHandle* handle) {
+  DispatchHandle& h = *handle;
+  const int num_ranks = static_cast<int>(ep_peers_.size());
+  if (h.in_region) {
+    // Views of a region: never reused by a dispatch that does not place in one.
+    h.send_rows = h.recv_rows = h.pairs = Tensor();
+  }
+  h.in_region = false;
+  h.mapped.assign(num_ranks, false);
+  h.statuses.assign(num_ranks, 0);
+  if (!options_.mapped_regions || backend_->device() != Device::kCpu) return absl::OkStatus();
+  bool any = false;
+  for (int r = 0; r < num_ranks && r < placement_.num_ranks(); ++r) {
+    if (placement_.experts_of(r).empty()) continue;
+    auto it = unmappable_.find(r);
+    if (it != unmappable_.end() && it->second == ep_peers_[r]) continue;
+    h.mapped[r] = transport_->CanAttachPeerRegions(ep_peers_[r]);
+    any = any || h.mapped[r];
+  }
+  if (!any) return absl::OkStatus();
+  // The region: packed rows, then the answers, then the pairs' blocks, each aligned.
+  const DType dtype = options_.wire_dtype;
+  const size_t rows_bytes = AlignUp(static_cast<size_t>(total_rows * hidden_) * DTypeSize(dtype));
+  const size_t need = std::max<size_t>(2 * rows_bytes + AlignUp(12 * total_pairs), 4096);
+  Region& region = regions_[micro];
+  if (region.buffer == nullptr || region.buffer->num_bytes() < need) {
+    // Grown geometrically; the old region goes with its last view.
+    const size_t bytes =
+        std::max(need, region.buffer == nullptr ? 0 : 2 * region.buffer->num_bytes());
+    absl::StatusOr<MappedRegion> mapped = transport_->MapRegion(bytes);
+    if (!mapped.ok()) {
+      // No region (the transport maps none, or no memory): every rank by copy this time.
+      h.mapped.assign(num_ranks, false);
+      return absl::OkStatus();
+    }
+    Transport* transport = transport_;
+    region.buffer =
+        std::make_shared<Buffer>(Device::kCpu, mapped->data, mapped->bytes,
+                                 [transport](void* data) { transport->UnmapRegion(data); });
+    region.key = std::move(mapped->key);
+  }
+  const size_t elem = DTypeSize(dtype);
+  h.in_region = true;
+  h.send_rows = Tensor(region.buffer, dtype, {total_rows, hidden_});
+  h.recv_rows = Tensor(region.buffer, dtype, {total_rows, hidden_}, rows_bytes / elem);
+  h.pairs = Tensor(region.buffer, DType::kI32, {3 * total_pairs}, 2 * rows_bytes / sizeof(int32_t));
+  return absl::OkStatus();
 }
 
 absl::Status RemoteMoeExecutor::RowsWritten() {
@@ -283,7 +374,18 @@ absl::Status RemoteMoeExecutor::SendHeader(int r, int micro, int num_micro,
   header.num_rows = static_cast<int32_t>(h.num_tokens_per_rank[r]);
   header.num_pairs = static_cast<int32_t>(h.num_pairs_per_rank[r]);
   header.hidden = static_cast<int32_t>(hidden_);
-  return transport_->Send(ep_peers_[r], header.Encode(), nullptr, 0);
+  if (!h.mapped[r]) return transport_->Send(ep_peers_[r], header.Encode(), nullptr, 0);
+  // The rows, pairs and answers of this rank in the region (offsets from its start).
+  const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(options_.wire_dtype);
+  header.flags = WireHeader::kMapped;
+  header.rows_at =
+      static_cast<int64_t>(h.send_rows.offset_bytes() + h.token_offsets[r] * row_bytes);
+  header.answers_at =
+      static_cast<int64_t>(h.recv_rows.offset_bytes() + h.token_offsets[r] * row_bytes);
+  header.pairs_at =
+      static_cast<int64_t>(h.pairs.offset_bytes() + 3 * h.pair_offsets[r] * sizeof(int32_t));
+  const std::string& key = regions_[h.micro].key;
+  return transport_->Send(ep_peers_[r], header.Encode(), key.data(), key.size());
 }
 
 absl::Status RemoteMoeExecutor::Combine(std::unique_ptr<MoeHandle> handle, Tensor* out) {
@@ -315,11 +417,24 @@ absl::Status RemoteMoeExecutor::Combine(std::unique_ptr<MoeHandle> handle, Tenso
                                ? waited
                                : (expected_combine_wait_ * 3 + waited) / 4;
   for (int r = 0; r < num_ranks; ++r) {
+    if (!h.mapped[r] || h.statuses[r] == 0) continue;
+    if (h.statuses[r] == kRegionUnmappable) unmappable_[r] = ep_peers_[r];
+    return absl::UnavailableError(absl::StrCat(
+        "combine (step ", h.step, ", layer ", layer, ", micro-batch ", micro, "): EP rank ", r,
+        h.statuses[r] == kRegionUnmappable
+            ? " could not map this rank's region; its rounds go by copy from now on"
+            : absl::StrCat(" answered status ", h.statuses[r])));
+  }
+  for (int r = 0; r < num_ranks; ++r) {
     ++counters_->combines_in_target;
+    if (h.mapped[r]) ++counters_->combines_mapped;
     if (h.into_out && h.num_tokens_per_rank[r] > 0) ++counters_->combines_into_out;
     counters_->tokens_combined[r] += h.num_tokens_per_rank[r];
   }
-  if (!h.into_out) {
+  if (h.in_region && h.single_rank_in_order) {
+    // One rank answered every token, in order: its rows are the output.
+    DXS_RETURN_IF_ERROR(backend_->Copy(h.recv_rows, out));
+  } else if (!h.into_out) {
     DXS_RETURN_IF_ERROR(
         backend_->CombineRows(h.recv_rows, h.layout.token_rows, h.token_offsets, out));
   }

@@ -24,6 +24,20 @@
 // (their rows arrive and their rounds complete) before it fails the step: the healthy
 // ranks move on to the step's retry at once instead of waiting out a timeout.
 //
+// The one-copy exchange (mapped regions): where the backend keeps tensors in host memory
+// and the transport maps memory between this rank and an EP rank (one host; UCX shared
+// memory, inproc), the handle's buffers (packed rows, pairs, answers) live in a region of
+// this rank's memory that those EP ranks map (DataExchange::MapRegion, one region per
+// micro-batch slot, grown as batches grow). The pack writes the rows there once; the
+// header, sent once they are written, carries the region's key and the offsets; the expert
+// rank reads its rows and pairs in place and stores its answers in place, and the group
+// carries only its 4-byte status back (wire.h). Rows cross memory once each way instead
+// of three times (pack, into the transport's FIFO, out of it). An EP rank that cannot map
+// the region answers kRegionUnmappable: the step fails once with UNAVAILABLE and that
+// rank's rounds go by copy from then on. A region replaced while an EP rank that gave up on
+// a step may still store into it is kept mapped by that rank (transport.h): the stores land
+// nowhere this rank reads.
+//
 // The DispatchHandle holds everything Combine needs (layout, counts, offsets, buffers, the
 // group); Combine recomputes nothing. A failed step cancels its group before it returns,
 // so nothing writes into the caller's memory afterwards. The transport reads and writes
@@ -67,9 +81,18 @@ struct DispatchHandle final : MoeHandle {
   DispatchLayoutTensors layout;
   std::vector<int64_t> num_tokens_per_rank, num_pairs_per_rank;
   std::vector<int64_t> token_offsets, pair_offsets;  // R + 1 each
-  Tensor send_rows;                 // packed dispatch rows [sum tokens, hidden], wire dtype
-  Tensor recv_rows;                 // combine rows, the same layout
-  bool into_out = false;            // the one rank with rows answers straight into out
+  Tensor send_rows;       // packed dispatch rows [sum tokens, hidden], wire dtype
+  Tensor recv_rows;       // combine rows, the same layout
+  bool into_out = false;  // the one rank with rows answers straight into out
+  // One rank holds every token, in order, and no other rank has rows: its answers are the
+  // output (rounded once if out is narrower).
+  bool single_rank_in_order = false;
+  // The one-copy exchange: send_rows, recv_rows and pairs are views of a mapped region;
+  // mapped[r]: EP rank r reads and answers in place (its status lands in statuses[r]).
+  bool in_region = false;
+  Tensor pairs;  // in_region: the pairs' blocks, [3 * sum pairs] i32
+  std::vector<bool> mapped;
+  std::vector<int32_t> statuses;
   std::optional<ExchangeId> group;  // the posted exchange, until Combine waits for it
 };
 
@@ -83,6 +106,9 @@ struct DispatchCounters {
   // and those of them that landed in the output itself.
   std::atomic<int64_t> combines_in_target{0};
   std::atomic<int64_t> combines_into_out{0};
+  // Combine answers an EP rank stored in place in this rank's mapped region (the one-copy
+  // exchange), counted like combines_in_target.
+  std::atomic<int64_t> combines_mapped{0};
 };
 
 // Sees each MoE layer's exchange inside RemoteMoeExecutor::Run, for metrics. Called on the
@@ -101,6 +127,9 @@ class DispatchObserver {
   virtual void OnCombine(const std::vector<int64_t>& num_tokens_per_rank, double seconds) = 0;
   // One layer's group (its sends and receives, zero sizes included) is about to be posted.
   virtual void OnExchange(const Transfer* transfers, size_t num_transfers) {}
+  // Bytes EP ranks read from (sent) and stored into (received) this rank's mapped region
+  // in one layer's exchange (the one-copy exchange; OnExchange counts only its statuses).
+  virtual void OnMappedBytes(size_t sent, size_t received) {}
 };
 
 struct DispatchOptions {
@@ -111,6 +140,9 @@ struct DispatchOptions {
   // costs ~25 us on a VM, a third of a 0.5 MB exchange. Longer expected waits sleep after
   // the transport's short spin, as idle ones do. 0: never spin longer than the transport.
   absl::Duration max_combine_spin = absl::Microseconds(500);
+  // The one-copy exchange through mapped regions, with every EP rank that can map this
+  // rank's memory (see above); false: every row goes through the transport's transfers.
+  bool mapped_regions = true;
 };
 
 class RemoteMoeExecutor final : public MoeExecutor {
@@ -168,6 +200,9 @@ class RemoteMoeExecutor final : public MoeExecutor {
   absl::Status RowsWritten();
   // EP rank r's dispatch header on the control channel.
   absl::Status SendHeader(int r, int micro, int num_micro, const DispatchHandle& h);
+  // Which in-step EP ranks take this micro-batch's rows in place; when any does, points
+  // the handle's buffers into micro-batch slot `micro`'s region (mapped, or grown, here).
+  absl::Status PlaceInRegion(int micro, int64_t total_rows, int64_t total_pairs, DispatchHandle* h);
 
   Backend* backend_;
   Transport* transport_;
@@ -185,6 +220,15 @@ class RemoteMoeExecutor final : public MoeExecutor {
   std::vector<Transfer> transfers_;
   std::vector<bool> in_step_;            // per EP rank: sent this micro-batch's header
   std::unique_ptr<Event> rows_written_;  // recorded after the pack, before the exchange
+  // The one-copy exchange: a mapped region per micro-batch slot (its Buffer unmaps it when
+  // the last view goes) and its key; EP ranks that could not map one (by rank, with the
+  // transport peer they had then).
+  struct Region {
+    std::shared_ptr<Buffer> buffer;
+    std::string key;
+  };
+  Region regions_[kMaxMicroBatches];
+  std::map<int, int> unmappable_;  // EP rank -> its peer when it answered kRegionUnmappable
   // Recent combine waits (Combine's start to its last answer), smoothed: how long the
   // next is expected to take. Zero until the first.
   absl::Duration expected_combine_wait_ = absl::ZeroDuration();

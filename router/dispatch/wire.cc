@@ -7,7 +7,7 @@
 namespace dxs {
 namespace {
 
-constexpr size_t kEncodedSize = 4 + 1 + 1 + 2 + 8 + 4 * 4 + 8 + 8;
+constexpr size_t kEncodedSize = 4 + 1 + 1 + 2 + 8 + 4 * 4 + 8 + 8 + 1 + 3 * 8;
 
 template <typename T>
 void Put(std::string* out, T v) {
@@ -39,6 +39,10 @@ std::string WireHeader::Encode() const {
   Put<int32_t>(&out, hidden);
   Put<int64_t>(&out, aux);
   Put<uint64_t>(&out, placement_version);
+  Put<uint8_t>(&out, flags);
+  Put<int64_t>(&out, rows_at);
+  Put<int64_t>(&out, pairs_at);
+  Put<int64_t>(&out, answers_at);
   return out;
 }
 
@@ -69,10 +73,18 @@ absl::StatusOr<WireHeader> WireHeader::Decode(std::string_view bytes) {
   h.hidden = Get<int32_t>(bytes, &off);
   h.aux = Get<int64_t>(bytes, &off);
   h.placement_version = Get<uint64_t>(bytes, &off);
+  h.flags = Get<uint8_t>(bytes, &off);
+  h.rows_at = Get<int64_t>(bytes, &off);
+  h.pairs_at = Get<int64_t>(bytes, &off);
+  h.answers_at = Get<int64_t>(bytes, &off);
+  if ((h.flags & ~WireHeader::kMapped) != 0) {
+    return absl::InvalidArgumentError("wire header: unknown flags");
+  }
   if (h.num_micro < 1 || h.micro >= h.num_micro) {
     return absl::InvalidArgumentError("wire header: bad micro-batch");
   }
-  if (h.num_rows < 0 || h.num_pairs < 0 || h.hidden < 0) {
+  if (h.num_rows < 0 || h.num_pairs < 0 || h.hidden < 0 || h.rows_at < 0 || h.pairs_at < 0 ||
+      h.answers_at < 0) {
     return absl::InvalidArgumentError("wire header: negative count");
   }
   return h;

@@ -8,6 +8,13 @@
 //       expert -> attention (the combine): rows[num_rows, hidden] in wire dtype, the expert
 //       rank's pre-summed output for each dispatched row, in dispatch order. Every transfer
 //       is posted, zero sizes included.
+//   A dispatch header with kMapped set says instead that the rows, the pairs (the same
+//       block) and room for the answers are in a region of the sender's memory that the
+//       expert rank maps (DataExchange mapped regions): the payload is the region's key,
+//       and rows_at / pairs_at / answers_at are byte offsets into it. The expert reads the
+//       rows and pairs there, stores its answers there, and then sends, in the group, one
+//       int32 status instead of the rows (0: answers stored; kRegionUnmappable: the region
+//       would not map, nothing was computed).
 //   step     (attention -> attention): `aux` is the sender's token count, `num_rows` its
 //       two-batch-overlap threshold and `placement_version` the newest expert placement it
 //       has; the step dispatches with the oldest of those (AttentionStepLoop)
@@ -30,6 +37,10 @@ namespace dxs {
 
 enum class MessageKind : uint8_t { kStep = 1, kDispatch = 2, kCombine = 3 };
 
+// The status an expert rank answers a mapped dispatch with when the sender's region would
+// not map (ExpertStepServer); 0 is success.
+inline constexpr int32_t kRegionUnmappable = 1;
+
 struct WireHeader {
   static constexpr uint32_t kMagic = 0x31535844;  // "DXS1"
   MessageKind kind = MessageKind::kStep;
@@ -44,6 +55,10 @@ struct WireHeader {
   int64_t aux = 0;
   // The expert placement version the sender dispatches with (dispatch) or has (step).
   uint64_t placement_version = 0;
+  static constexpr uint8_t kMapped = 1;  // flags: the rows are in a mapped region
+  uint8_t flags = 0;
+  int64_t rows_at = 0, pairs_at = 0, answers_at = 0;  // with kMapped: byte offsets
+  bool mapped() const { return (flags & kMapped) != 0; }
 
   std::string Encode() const;
   static absl::StatusOr<WireHeader> Decode(std::string_view bytes);

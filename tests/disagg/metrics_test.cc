@@ -184,31 +184,35 @@ TEST(Metrics, EveryProcessServesCleanMetricsThatMove) {
   EXPECT_GT(received, 0);
   EXPECT_EQ(received, dispatched);
 
-  // The data exchange's bytes, all in host memory on the CPU: what the DP ranks sent
-  // (rows and pairs) is what the EP ranks received, and the other way for the combines.
+  // The data exchange's bytes, none in device memory on the CPU: what the DP ranks sent
+  // (rows and pairs) is what the EP ranks received, and the other way for the combines,
+  // in host memory (transfers) and through the DP ranks' mapped regions (the one-copy
+  // exchange, which the processes of one host take) alike.
   auto bytes = [](const Samples& s, const std::string& role, int rank, const char* direction,
                   const char* memory) {
     return Value(s, "dxs_exchange_bytes_total{role=\"" + role + "\",rank=\"" +
                         std::to_string(rank) + "\",direction=\"" + direction + "\",memory=\"" +
                         memory + "\"}");
   };
-  double dp_sent = 0, dp_received = 0, ep_sent = 0, ep_received = 0;
-  for (int r = 0; r < 2; ++r) {
-    const Samples a = r == 0 ? attention0 : after1;
-    EXPECT_EQ(bytes(a, "attention", r, "send", "device"), 0);
-    EXPECT_EQ(bytes(a, "attention", r, "recv", "device"), 0);
-    dp_sent += bytes(a, "attention", r, "send", "host");
-    dp_received += bytes(a, "attention", r, "recv", "host");
-    const Samples e = MustScrape(cluster.expert_metrics_address(r));
-    EXPECT_EQ(bytes(e, "expert", r, "send", "device"), 0);
-    EXPECT_EQ(bytes(e, "expert", r, "recv", "device"), 0);
-    ep_sent += bytes(e, "expert", r, "send", "host");
-    ep_received += bytes(e, "expert", r, "recv", "host");
+  for (const char* memory : {"host", "mapped"}) {
+    double dp_sent = 0, dp_received = 0, ep_sent = 0, ep_received = 0;
+    for (int r = 0; r < 2; ++r) {
+      const Samples a = r == 0 ? attention0 : after1;
+      EXPECT_EQ(bytes(a, "attention", r, "send", "device"), 0);
+      EXPECT_EQ(bytes(a, "attention", r, "recv", "device"), 0);
+      dp_sent += bytes(a, "attention", r, "send", memory);
+      dp_received += bytes(a, "attention", r, "recv", memory);
+      const Samples e = MustScrape(cluster.expert_metrics_address(r));
+      EXPECT_EQ(bytes(e, "expert", r, "send", "device"), 0);
+      EXPECT_EQ(bytes(e, "expert", r, "recv", "device"), 0);
+      ep_sent += bytes(e, "expert", r, "send", memory);
+      ep_received += bytes(e, "expert", r, "recv", memory);
+    }
+    // Host: the statuses of mapped rounds at least; mapped: the rows of a step.
+    EXPECT_GT(dp_sent + dp_received, 0) << memory;
+    EXPECT_EQ(dp_sent, ep_received) << memory;
+    EXPECT_EQ(dp_received, ep_sent) << memory;
   }
-  EXPECT_GT(dp_sent, 0);
-  EXPECT_GT(dp_received, 0);
-  EXPECT_EQ(dp_sent, ep_received);
-  EXPECT_EQ(dp_received, ep_sent);
   EXPECT_GE(per_expert, received);  // a row routed to two experts of a rank counts twice
 
   // The router: requests by code, latencies, and the cluster view from heartbeats.

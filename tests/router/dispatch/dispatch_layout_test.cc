@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -237,6 +238,57 @@ class ExpertRoutingCheckTest : public ::testing::Test {
   }
 
   std::vector<std::unique_ptr<Transport>> transports_;
+  // The same round through a mapped region of the DP rank (the one-copy exchange): rows,
+  // pairs and room for the answers in one region of transports_[0], the header with its
+  // key, and a 4-byte status back in the group. `edit` may change the header (offsets) and
+  // the key before they go. Returns the round's status and, in *status, what the server
+  // answered (-1: nothing).
+  absl::Status MappedRound(int32_t num_rows, const RoutedPairs& pairs, int32_t* status,
+                           const std::function<void(WireHeader*, std::string*)>& edit = {}) {
+    WireHeader h;
+    h.kind = MessageKind::kDispatch;
+    h.step = ++step_;
+    h.layer = 0;
+    h.num_rows = num_rows;
+    h.num_pairs = static_cast<int32_t>(pairs.size());
+    h.hidden = kHidden;
+    h.flags = WireHeader::kMapped;
+    const size_t n = pairs.size(), rows_bytes = num_rows * kHidden * sizeof(float);
+    absl::StatusOr<MappedRegion> region = transports_[0]->MapRegion(2 * rows_bytes + 12 * n + 64);
+    if (!region.ok()) return region.status();
+    auto* base = static_cast<uint8_t*>(region->data);
+    h.rows_at = 0;
+    h.answers_at = static_cast<int64_t>(rows_bytes);
+    h.pairs_at = static_cast<int64_t>(2 * rows_bytes);
+    auto* rows = reinterpret_cast<float*>(base);
+    for (int64_t i = 0; i < num_rows * kHidden; ++i) rows[i] = static_cast<float>(i);
+    std::memcpy(base + h.pairs_at, pairs.rows.data(), n * 4);
+    std::memcpy(base + h.pairs_at + 4 * n, pairs.experts.data(), n * 4);
+    std::memcpy(base + h.pairs_at + 8 * n, pairs.weights.data(), n * 4);
+    std::string key = region->key;
+    if (edit) edit(&h, &key);
+    *status = -1;
+    const Transfer group[] = {{Transfer::Kind::kRecv, 1, status, sizeof(int32_t)}};
+    absl::Status announced = transports_[0]->Send(1, h.Encode(), key.data(), key.size());
+    if (!announced.ok()) return announced;
+    absl::StatusOr<ExchangeId> id = transports_[0]->PostExchange(ExchangeTag(h.key()), group, 1);
+    if (!id.ok()) return id.status();
+    absl::Status served = server_->ServeRound(absl::Now() + absl::Seconds(5));
+    absl::Status answered = transports_[0]->WaitExchange(
+        *id, served.ok() ? absl::Now() + absl::Seconds(5) : absl::InfinitePast());
+    if (served.ok() && answered.ok() && *status == 0) {
+      const auto* answers = reinterpret_cast<const float*>(base + h.answers_at);
+      for (size_t p = 0; p < n; ++p) {
+        for (int64_t j = 0; j < kHidden; ++j) {
+          const int64_t at = pairs.rows[p] * kHidden + j;
+          EXPECT_EQ(answers[at], rows[at]) << "pair " << p;
+        }
+      }
+    }
+    transports_[0]->UnmapRegion(region->data);
+    return served;
+  }
+
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<SomeExperts> experts_;
   std::unique_ptr<ExpertStepServer> server_;
@@ -289,6 +341,60 @@ TEST_F(ExpertRoutingCheckTest, RejectsBadPairsNamingTheFirst) {
       }
     }
   }
+}
+
+// The one-copy exchange's round: the experts read the rows in the DP rank's region and
+// answer there, and the routing check holds for pairs read there too.
+TEST_F(ExpertRoutingCheckTest, MappedRoundsReadAndAnswerInPlace) {
+  int32_t status = -1;
+  RoutedPairs pairs = PairsWith(10, 40, 1, 9, kNumExperts - 1);
+  ASSERT_TRUE(MappedRound(10, pairs, &status).ok());
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(experts_->last_pairs.rows, pairs.rows);
+  EXPECT_EQ(experts_->last_pairs.experts, pairs.experts);
+  EXPECT_EQ(server_->counters().rows_mapped.load(), 10);
+  absl::Status bad = MappedRound(10, PairsWith(10, 40, 1, 2, kNotHeld), &status);
+  EXPECT_EQ(bad.message(), "DP peer 0 routed row 2 to expert " + std::to_string(kNotHeld) +
+                               ", which this rank does not hold");
+  // An empty round answers too.
+  ASSERT_TRUE(MappedRound(0, RoutedPairs(), &status).ok());
+  EXPECT_EQ(status, 0);
+}
+
+// Offsets outside the region fail the round like any malformed dispatch, before anything
+// is read; the server carries on.
+TEST_F(ExpertRoutingCheckTest, MappedOffsetsOutsideTheRegionFailTheRound) {
+  const RoutedPairs pairs = PairsWith(10, 20, -1, 0, 0);
+  const std::function<void(WireHeader*, std::string*)> edits[] = {
+      [](WireHeader* h, std::string*) { h->rows_at = int64_t{1} << 40; },
+      [](WireHeader* h, std::string*) { h->answers_at += 1 << 20; },
+      [](WireHeader* h, std::string*) { h->pairs_at += 2; },  // misaligned
+      [](WireHeader* h, std::string*) { h->num_rows = 1 << 20; },
+  };
+  for (const auto& edit : edits) {
+    int32_t status = -1;
+    absl::Status s = MappedRound(10, pairs, &status, edit);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_NE(s.message().find("outside"), std::string::npos) << s;
+    EXPECT_EQ(status, -1);
+    ASSERT_TRUE(MappedRound(10, pairs, &status).ok());
+    EXPECT_EQ(status, 0);
+  }
+}
+
+// A region that does not map (here: a key naming none) is answered kRegionUnmappable and
+// nothing of it is computed; the round itself completes.
+TEST_F(ExpertRoutingCheckTest, UnmappableRegionIsAnsweredWithAStatus) {
+  int32_t status = -1;
+  experts_->last_pairs = PairsWith(3, 3, -1, 0, 0);
+  ASSERT_TRUE(
+      MappedRound(10, PairsWith(10, 20, -1, 0, 0), &status, [](WireHeader*, std::string* key) {
+        (*key)[8] ^= 0x55;
+      }).ok());
+  EXPECT_EQ(status, kRegionUnmappable);
+  EXPECT_EQ(experts_->last_pairs.size(), 0);  // the round computed no pair
+  ASSERT_TRUE(MappedRound(10, PairsWith(10, 20, -1, 0, 0), &status).ok());
+  EXPECT_EQ(status, 0);
 }
 
 }  // namespace

@@ -4,6 +4,9 @@
 // for one and two EP ranks, float32 and bf16 wires, growing and shrinking batches, empty
 // batches and two micro-batches in flight; with float32 activations and with activations
 // already in the wire dtype (bf16 x and out, which the exchange then never converts).
+// Each case runs on both exchanges: "copy" (every row through the transport's transfers)
+// and "mapped" (the one-copy exchange: the expert reads and answers in the DP rank's
+// mapped region), which must give the same bits.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -119,7 +122,7 @@ Batch MakeBatch(int64_t tokens, int seed) {
   return b;
 }
 
-class ZeroCopyTest : public ::testing::TestWithParam<std::tuple<std::string, DType>> {
+class ZeroCopyTest : public ::testing::TestWithParam<std::tuple<std::string, DType, std::string>> {
  protected:
   // Peer 0 is the DP rank; peers 1.. the EP ranks, each served by its own thread.
   void Start(int num_ep) {
@@ -159,6 +162,7 @@ class ZeroCopyTest : public ::testing::TestWithParam<std::tuple<std::string, DTy
     placement_ = Placement::Contiguous(kNumExperts, num_ep);
     DispatchOptions options;
     options.wire_dtype = std::get<1>(GetParam());
+    options.mapped_regions = mapped();
     executor_ = std::make_unique<RemoteMoeExecutor>(backend_.get(), transports_[0].get(), ep_peers,
                                                     placement_, kHidden, options);
   }
@@ -209,6 +213,25 @@ class ZeroCopyTest : public ::testing::TestWithParam<std::tuple<std::string, DTy
   }
 
   DType wire() const { return std::get<1>(GetParam()); }
+  bool mapped() const { return std::get<2>(GetParam()) == "mapped"; }
+  int64_t RowsMapped() const {
+    int64_t n = 0;
+    for (const auto& s : servers_) n += s->counters().rows_mapped.load();
+    return n;
+  }
+  // On the mapped exchange every combine was answered in place and no row went through
+  // a transfer; on the copy exchange none.
+  void ExpectExchange() const {
+    const DispatchCounters& c = executor_->counters();
+    if (mapped()) {
+      EXPECT_EQ(c.combines_mapped.load(), c.combines_in_target.load());
+      EXPECT_GT(RowsMapped(), 0);
+      EXPECT_EQ(c.combines_into_out.load(), 0);
+    } else {
+      EXPECT_EQ(c.combines_mapped.load(), 0);
+      EXPECT_EQ(RowsMapped(), 0);
+    }
+  }
   int64_t RoundsInPlace() const {
     int64_t n = 0;
     for (const auto& s : servers_) n += s->counters().rounds_in_place.load();
@@ -241,7 +264,10 @@ TEST_P(ZeroCopyTest, OneRankLandsInPlace) {
   // 5, 64 and 300 grew the slots (5 also set their dtype); everything else landed in
   // place, in the wire's dtype.
   EXPECT_GE(RoundsInPlace(), Rounds() - 3);
-  if (wire() == DType::kF32) {
+  ExpectExchange();
+  if (mapped()) {
+    // The answers are stored in the region, and summed from there into the output.
+  } else if (wire() == DType::kF32) {
     // One rank holding every token: its combine is the output (empty batches excepted).
     EXPECT_GE(c.combines_into_out.load(), 6);
   } else {
@@ -259,8 +285,9 @@ TEST_P(ZeroCopyTest, ActivationsInTheWireDTypeCrossUnconverted) {
   int seed = 0;
   for (int64_t tokens : sizes) ASSERT_NO_FATAL_FAILURE(RunAndCheck(tokens, ++seed, true));
   EXPECT_GE(RoundsInPlace(), Rounds() - 3);
-  // Every non-empty batch: the one rank's combine is the output.
-  EXPECT_EQ(executor_->counters().combines_into_out.load(), 6);
+  ExpectExchange();
+  // Every non-empty batch on the copy exchange: the one rank's combine is the output.
+  if (!mapped()) EXPECT_EQ(executor_->counters().combines_into_out.load(), 6);
 }
 
 TEST_P(ZeroCopyTest, ActivationsInTheWireDTypeSumOverRanksOnce) {
@@ -270,6 +297,7 @@ TEST_P(ZeroCopyTest, ActivationsInTheWireDTypeSumOverRanksOnce) {
     ASSERT_NO_FATAL_FAILURE(RunAndCheck(tokens, ++seed, true));
   }
   EXPECT_GT(RoundsInPlace(), 0);
+  ExpectExchange();
 }
 
 TEST_P(ZeroCopyTest, TwoRanksSumInRankOrder) {
@@ -280,6 +308,7 @@ TEST_P(ZeroCopyTest, TwoRanksSumInRankOrder) {
   }
   EXPECT_GT(RoundsInPlace(), 0);
   EXPECT_GT(executor_->counters().combines_in_target.load(), 0);
+  ExpectExchange();
 }
 
 // Two micro-batches in flight: the second dispatch goes out before the first combine, so
@@ -310,6 +339,7 @@ TEST_P(ZeroCopyTest, TwoMicroBatchesInFlight) {
     }
   }
   EXPECT_GE(RoundsInPlace(), Rounds() - 2);
+  ExpectExchange();
   // A handle combines once; a dropped one abandons its exchange.
   Batch b = MakeBatch(tokens, 99);
   Tensor x = *backend_->Upload(b.x, {tokens, kHidden}),
@@ -325,10 +355,12 @@ TEST_P(ZeroCopyTest, TwoMicroBatchesInFlight) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, ZeroCopyTest,
                          ::testing::Combine(::testing::Values("inproc", "ucx"),
-                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                                            ::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Values("copy", "mapped")),
                          [](const auto& info) {
                            return std::get<0>(info.param) +
-                                  (std::get<1>(info.param) == DType::kF32 ? "_f32" : "_bf16");
+                                  (std::get<1>(info.param) == DType::kF32 ? "_f32_" : "_bf16_") +
+                                  std::get<2>(info.param);
                          });
 
 }  // namespace
