@@ -12,6 +12,10 @@
 // micro-batches whose attention and MoE overlap (two-batch overlap); 0 turns it off. The
 // strictest setting among the DP ranks applies (AttentionStepLoop).
 //
+// --mapped-exchange: CPU workers of one host exchange rows through a region of the
+// attention rank's memory that the expert ranks map (one copy; router/dispatch/
+// dispatch_combine.h); false sends every row through the transport (two copies).
+//
 // --stream-interval: tokens per streamed chunk after the first (default 1: every token as
 // it is produced; larger trades smoothness for throughput, as SGLang's flag of that name).
 //
@@ -59,6 +63,10 @@ ABSL_FLAG(bool, piecewise_graphs, true,
           "On a GPU: decode steps below the two-batch-overlap threshold run the work between "
           "two exchanges as recorded CUDA graphs (vLLM's piecewise graphs); false: eagerly. "
           "No effect on the CPU.");
+ABSL_FLAG(bool, mapped_exchange, true,
+          "CPU workers on one host: the one-copy exchange, in which expert ranks read rows and "
+          "store answers in place in a region of this rank's memory that they map; false: "
+          "every row through the transport's transfers. No effect on a GPU.");
 ABSL_FLAG(int64_t, stream_interval, 1, "Tokens per streamed chunk after the first, >= 1.");
 ABSL_FLAG(int64_t, step_retry_ms, 30000,
           "Elastic EP (dxs-router --elastic-ep): how long failed steps are run again before "
@@ -75,7 +83,7 @@ constexpr char kUsage[] =
     "                     [--metrics-listen HOST:PORT] [--device cpu|cuda[:N]] [--kv-tokens N] "
     "[--prefill-chunk N]\n"
     "                     [--step-timeout-ms MS] [--overlap-min-tokens N] [--stream-interval N]\n"
-    "                     [--piecewise-graphs=true|false]\n"
+    "                     [--piecewise-graphs=true|false] [--mapped-exchange=true|false]\n"
     "                     [--tls-cert FILE --tls-key FILE --tls-ca FILE [--mtls]]\n"
     "                     [--flagfile FILE]\n"
     "Flags may be spelled with dashes or underscores; a --flagfile uses underscores.";
@@ -89,6 +97,7 @@ struct Flags {
   int64_t stream_interval = 0;
   int64_t step_retry_ms = 0;
   bool piecewise_graphs = true;
+  bool mapped_exchange = true;
   std::string dump_first_logits;
 };
 
@@ -117,6 +126,7 @@ absl::StatusOr<Flags> ValidateFlags() {
   }
   flags.dump_first_logits = absl::GetFlag(FLAGS_dump_first_logits);
   flags.piecewise_graphs = absl::GetFlag(FLAGS_piecewise_graphs);
+  flags.mapped_exchange = absl::GetFlag(FLAGS_mapped_exchange);
   return flags;
 }
 
@@ -203,9 +213,11 @@ int Main(int argc, char** argv) {
         std::vector<int> dp_peers, ep_peers;
         for (int r = 0; r < shape->num_attention; ++r) dp_peers.push_back(r);
         for (int r = 0; r < shape->num_expert; ++r) ep_peers.push_back(shape->num_attention + r);
+        DispatchOptions dispatch_options{shape->wire_dtype, timeout};
+        dispatch_options.mapped_regions = flags->mapped_exchange;
         moe = std::make_unique<RemoteMoeExecutor>(backend.get(), runtime.transport(), ep_peers,
                                                   shape->placement, config.hidden_size,
-                                                  DispatchOptions{shape->wire_dtype, timeout});
+                                                  dispatch_options);
         moe->set_observer(attention_metrics->get());
         model = std::make_unique<Qwen3MoeModel>(config, std::move(attention_weights), backend.get(),
                                                 moe.get());

@@ -38,6 +38,19 @@ INSTANTIATE_TEST_SUITE_P(MxN, UcxGrid,
                                   std::to_string(std::get<1>(info.param));
                          });
 
+// The default is the one-copy exchange (mapped regions; metrics_test sees its bytes); the
+// exchange that sends every row through the transport gives the same tokens.
+TEST(UcxCluster, CopyExchangeEqualsSingleProcess) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ProcessCluster cluster(tmp.path());
+  ClusterSpec spec{dir, 2, 2, {}};
+  spec.attention_args = {"--mapped-exchange=false"};
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 2, 2, 4096);
+}
+
 TEST(UcxCluster, UnevenPlacementTwelveExpertsOnFiveRanks) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "odd");

@@ -201,7 +201,7 @@ int UpCommand(const std::vector<std::string>& argv) {
                   WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir",
                                      "wire-dtype", "overlap-min-tokens", "stream-interval",
                                      "device", "gpus", "num-redundant-experts", "eplb-interval",
-                                     "piecewise-graphs", "transport"}),
+                                     "piecewise-graphs", "mapped-exchange", "transport"}),
                   WithTlsBoolFlags({"elastic-ep"}));
   if (!args.ok()) return Fail("up", args.status());
   const bool elastic_ep = args->Has("elastic-ep");
@@ -295,9 +295,9 @@ int UpCommand(const std::vector<std::string>& argv) {
     for (const char* flag : {"overlap-min-tokens", "stream-interval"}) {
       if (args->Has(flag)) a.insert(a.end(), {absl::StrCat("--", flag), args->GetString(flag)});
     }
-    // A boolean: its value in the same argument.
-    if (args->Has("piecewise-graphs")) {
-      a.push_back(absl::StrCat("--piecewise-graphs=", args->GetString("piecewise-graphs")));
+    // Booleans: the value in the same argument.
+    for (const char* flag : {"piecewise-graphs", "mapped-exchange"}) {
+      if (args->Has(flag)) a.push_back(absl::StrCat("--", flag, "=", args->GetString(flag)));
     }
     ok = spawn(a, absl::StrCat("attention", r));
   }

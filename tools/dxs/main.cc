@@ -31,6 +31,8 @@ constexpr char kUsage[] =
     "               [--stream-interval N (tokens per streamed chunk after the first; 1)]\n"
     "               [--piecewise-graphs true|false (GPU decode steps between exchanges as\n"
     "               recorded CUDA graphs; true)]\n"
+    "               [--mapped-exchange true|false (CPU workers: rows through the attention\n"
+    "               rank's memory, which the expert ranks map: one copy; true)]\n"
     "               [--device cpu|cuda[:N] (where the workers compute; cpu)]\n"
     "               [--gpus 0,1,... (attention ranks, then expert ranks, on these GPUs\n"
     "               in turn; implies --device cuda)]\n"

@@ -25,6 +25,7 @@
 #include "kernels/tensor.h"
 #include "router/dispatch/dispatch_combine.h"
 #include "router/dispatch/placement.h"
+#include "router/dispatch/wire.h"
 #include "router/transport/transport.h"
 
 namespace dxs {
@@ -351,6 +352,62 @@ TEST_P(ZeroCopyTest, TwoMicroBatchesInFlight) {
   ASSERT_TRUE(dropped.ok());
   dropped->reset();
   EXPECT_EQ(executor_->Combine(nullptr, &out).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// An EP rank that cannot map the DP rank's region answers kRegionUnmappable: that step
+// fails with UNAVAILABLE, and the rank's next rounds come by copy. The EP rank here is the
+// test itself, on an inproc pair.
+TEST(MappedExchange, AnUnmappableRankFailsOnceThenTakesCopies) {
+  std::vector<std::unique_ptr<Transport>> transports = MakeInprocTransportGroup(2);
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  DispatchOptions options;
+  RemoteMoeExecutor executor(backend.get(), transports[0].get(), {1},
+                             Placement::Contiguous(kNumExperts, 1), kHidden, options);
+  const int64_t tokens = 4;
+  Batch b = MakeBatch(tokens, 1);
+  Tensor x = *backend->Upload(b.x, {tokens, kHidden});
+  Tensor out = *backend->Allocate({tokens, kHidden});
+  Tensor ids = backend->UploadIndices(b.ids)->Reshape({tokens, kTopK});
+  Tensor weights = *backend->Upload(b.weights, {tokens, kTopK});
+  // The EP rank's side of one round: the header, then the answer its kind asks for.
+  auto serve = [&](bool* was_mapped) {
+    absl::StatusOr<TransportMessage> m = transports[1]->Recv(0, absl::Now() + absl::Seconds(5));
+    ASSERT_TRUE(m.ok()) << m.status();
+    absl::StatusOr<WireHeader> h = WireHeader::Decode(m->header);
+    ASSERT_TRUE(h.ok()) << h.status();
+    *was_mapped = h->mapped();
+    const size_t rows_bytes = static_cast<size_t>(h->num_rows) * kHidden * sizeof(float);
+    std::vector<uint8_t> rows(rows_bytes), pairs(12 * h->num_pairs);
+    int32_t status = kRegionUnmappable;
+    std::vector<Transfer> group;
+    if (h->mapped()) {
+      group.push_back({Transfer::Kind::kSend, 0, &status, sizeof(status)});
+    } else {
+      group.push_back({Transfer::Kind::kRecv, 0, rows.data(), rows_bytes});
+      group.push_back({Transfer::Kind::kRecv, 0, pairs.data(), pairs.size()});
+      group.push_back({Transfer::Kind::kSend, 0, rows.data(), rows_bytes});
+    }
+    absl::StatusOr<ExchangeId> id =
+        transports[1]->PostExchange(ExchangeTag(h->key()), group.data(), group.size());
+    ASSERT_TRUE(id.ok()) << id.status();
+    ASSERT_TRUE(transports[1]->WaitExchange(*id, absl::Now() + absl::Seconds(5)).ok());
+  };
+  bool mapped[2] = {false, true};
+  for (int round = 0; round < 2; ++round) {
+    std::thread ep([&] { serve(&mapped[round]); });
+    executor.set_step(round + 1);
+    absl::Status s = executor.Run(0, x, ids, weights, &out);
+    ep.join();
+    if (round == 0) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+      EXPECT_NE(s.message().find("could not map"), std::string::npos) << s;
+    } else {
+      EXPECT_TRUE(s.ok()) << s;
+    }
+  }
+  EXPECT_TRUE(mapped[0]);
+  EXPECT_FALSE(mapped[1]);
+  EXPECT_EQ(executor.counters().combines_mapped.load(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ZeroCopyTest,
