@@ -1,12 +1,14 @@
 // gpu_ll_bench: the low-latency exchange's round trip (kernels/cuda/ll_exchange.cuh) between
-// an attention rank and an expert rank of one process on one GPU, each on its own stream and
-// each replaying its CUDA graph: dispatch send, the expert's wait and combine send (its
-// experts are the identity: the combine returns the dispatched rows), the attention rank's
-// wait and reduce. Beside it in the same run, the copy floor: the same bytes moved by two
-// device-to-device cudaMemcpyAsync (there and back). On one GPU both sides write HBM, not
-// NVLink: the figure is the exchange's own cost (launches, flags, waits), the 2-GPU figure
-// waits for a 2-GPU machine. CUDA events, warm-up, medians, top-8 of 128 random experts.
-//   gpu_ll_bench [--reps N] [--json FILE]
+// an attention rank and an expert rank of one process, each on its own stream (and, with
+// --devices A,B, the attention rank on GPU A and the expert rank on GPU B, each storing
+// into the other's memory through peer access: NVLink between two H200s) and each
+// replaying its CUDA graph: dispatch send, the expert's wait and combine send (its experts
+// are the identity: the combine returns the dispatched rows), the attention rank's wait
+// and reduce. Beside it in the same run, the copy floor: the same bytes moved by two
+// cudaMemcpyPeerAsync (there and back, between the same two GPUs). On one GPU both sides
+// write HBM, not NVLink: the figure is the exchange's own cost (launches, flags, waits).
+// CUDA events, warm-up, medians, top-8 of 128 random experts.
+//   gpu_ll_bench [--reps N] [--json FILE] [--devices A,B]   (default 0,0)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -50,15 +52,24 @@ struct Result {
   float ll_us, copy_us;
 };
 
-Result Measure(int tokens, int hidden, int reps, int num_sms) {
+Result Measure(int tokens, int hidden, int reps, int num_sms, int dev_a, int dev_b) {
   constexpr int kTopK = 8, kExperts = 128;
   const LlRegionLayout d = dxs::cuda::MakeLlRegionLayout(1, tokens, hidden, kTopK, ElemType::kBF16);
   const LlRegionLayout c = dxs::cuda::MakeLlRegionLayout(1, tokens, hidden, 0, ElemType::kBF16);
+  // The expert rank's memory (its dispatch region, its sync, its peers' combine regions)
+  // on GPU B; the attention rank's on GPU A.
+  CHECK_CUDA(cudaSetDevice(dev_b));
   char* dispatch = static_cast<char*>(Zeroed(d.bytes));
-  char* combine = static_cast<char*>(Zeroed(c.bytes));
-  auto* syncs = static_cast<LlSync*>(Zeroed(2 * sizeof(LlSync)));
-  void** dispatch_peers = static_cast<void**>(Zeroed(sizeof(void*)));
+  auto* expert_sync = static_cast<LlSync*>(Zeroed(sizeof(LlSync)));
   void** combine_peers = static_cast<void**>(Zeroed(sizeof(void*)));
+  cudaStream_t expert;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&expert, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaSetDevice(dev_a));
+  char* combine = static_cast<char*>(Zeroed(c.bytes));
+  auto* attention_sync = static_cast<LlSync*>(Zeroed(sizeof(LlSync)));
+  void** dispatch_peers = static_cast<void**>(Zeroed(sizeof(void*)));
+  cudaStream_t attention;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&attention, cudaStreamNonBlocking));
   CHECK_CUDA(cudaMemcpy(dispatch_peers, &dispatch, sizeof(void*), cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(combine_peers, &combine, sizeof(void*), cudaMemcpyHostToDevice));
   // Random rows (never zeros), ids and weights; every expert on the one expert rank.
@@ -78,9 +89,6 @@ Result Measure(int tokens, int hidden, int reps, int num_sms) {
   CHECK_CUDA(cudaMemcpy(ids_d, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(w_d, weights.data(), weights.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(owner_d, owner.data(), owner.size() * 4, cudaMemcpyHostToDevice));
-  cudaStream_t attention, expert;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&attention, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&expert, cudaStreamNonBlocking));
   std::string error;
   auto check = [&](cudaError_t e) {
     if (e != cudaSuccess) {
@@ -110,9 +118,9 @@ Result Measure(int tokens, int hidden, int reps, int num_sms) {
     s.regions = dispatch_peers;
     s.num_ranks = 1;
     s.layout = d;
-    s.sync = &syncs[0];
+    s.sync = attention_sync;
     check(dxs::cuda::LaunchLlDispatchSend(s, num_sms, attention, &error));
-    check(dxs::cuda::LaunchLlWait(combine, c, &syncs[0], kTimeoutNs, attention, &error));
+    check(dxs::cuda::LaunchLlWait(combine, c, attention_sync, kTimeoutNs, attention, &error));
     dxs::cuda::LlCombineReduceArgs r;
     r.region = combine;
     r.layout = c;
@@ -126,17 +134,19 @@ Result Measure(int tokens, int hidden, int reps, int num_sms) {
     r.out_type = ElemType::kBF16;
     check(dxs::cuda::LaunchLlCombineReduce(r, num_sms, attention, &error));
   });
+  CHECK_CUDA(cudaSetDevice(dev_b));
   cudaGraphExec_t expert_graph = capture(expert, [&] {
-    check(dxs::cuda::LaunchLlWait(dispatch, d, &syncs[1], kTimeoutNs, expert, &error));
+    check(dxs::cuda::LaunchLlWait(dispatch, d, expert_sync, kTimeoutNs, expert, &error));
     dxs::cuda::LlCombineSendArgs cs;
     cs.y = dispatch + d.rows;  // identity experts: the dispatched rows go back
     cs.dispatch_region = dispatch;
     cs.dispatch = d;
     cs.regions = combine_peers;
     cs.combine = c;
-    cs.sync = &syncs[1];
+    cs.sync = expert_sync;
     check(dxs::cuda::LaunchLlCombineSend(cs, num_sms, expert, &error));
   });
+  CHECK_CUDA(cudaSetDevice(dev_a));
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
@@ -153,7 +163,7 @@ Result Measure(int tokens, int hidden, int reps, int num_sms) {
     if (i >= 20) ll.push_back(ms * 1000.f);
   }
   int error_code = 0, source = 0;
-  CHECK_CUDA(dxs::cuda::LlReadStatus(&syncs[0], &error_code, &source));
+  CHECK_CUDA(dxs::cuda::LlReadStatus(attention_sync, &error_code, &source));
   if (error_code != 0) {
     std::fprintf(stderr, "the exchange timed out\n");
     std::exit(1);
@@ -168,9 +178,8 @@ Result Measure(int tokens, int hidden, int reps, int num_sms) {
   const size_t bytes = x.size() * 2;
   for (int i = 0; i < 20 + reps; ++i) {
     CHECK_CUDA(cudaEventRecord(start, attention));
-    CHECK_CUDA(cudaMemcpyAsync(dispatch + d.rows, x_d, bytes, cudaMemcpyDeviceToDevice, attention));
-    CHECK_CUDA(
-        cudaMemcpyAsync(out_d, dispatch + d.rows, bytes, cudaMemcpyDeviceToDevice, attention));
+    CHECK_CUDA(cudaMemcpyPeerAsync(dispatch + d.rows, dev_b, x_d, dev_a, bytes, attention));
+    CHECK_CUDA(cudaMemcpyPeerAsync(out_d, dev_a, dispatch + d.rows, dev_b, bytes, attention));
     CHECK_CUDA(cudaEventRecord(stop, attention));
     CHECK_CUDA(cudaEventSynchronize(stop));
     float ms = 0;
@@ -182,8 +191,9 @@ Result Measure(int tokens, int hidden, int reps, int num_sms) {
   cudaStreamDestroy(attention);
   cudaStreamDestroy(expert);
   for (void* p : {static_cast<void*>(dispatch), static_cast<void*>(combine),
-                  static_cast<void*>(syncs), static_cast<void*>(dispatch_peers),
-                  static_cast<void*>(combine_peers), x_d, ids_d, w_d, owner_d, out_d}) {
+                  static_cast<void*>(attention_sync), static_cast<void*>(expert_sync),
+                  static_cast<void*>(dispatch_peers), static_cast<void*>(combine_peers), x_d, ids_d,
+                  w_d, owner_d, out_d}) {
     cudaFree(p);
   }
   return {Median(ll), Median(copy)};
@@ -193,30 +203,58 @@ Result Measure(int tokens, int hidden, int reps, int num_sms) {
 
 int main(int argc, char** argv) {
   int reps = 200;
+  int dev_a = 0, dev_b = 0;
   std::string json;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
+    if (std::strcmp(argv[i], "--devices") == 0 && i + 1 < argc &&
+        std::sscanf(argv[++i], "%d,%d", &dev_a, &dev_b) != 2) {
+      std::fprintf(stderr, "gpu_ll_bench: --devices takes A,B\n");
+      return 2;
+    }
   }
   int device_count = 0;
   if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
     std::fprintf(stderr, "gpu_ll_bench: no CUDA device\n");
     return 2;
   }
+  if (dev_a < 0 || dev_b < 0 || dev_a >= device_count || dev_b >= device_count) {
+    std::fprintf(stderr, "gpu_ll_bench: --devices %d,%d, but this machine has %d GPU(s)\n", dev_a,
+                 dev_b, device_count);
+    return 2;
+  }
+  if (dev_a != dev_b) {
+    // Each rank stores into the other's memory: peer access both ways (NVLink on H200s).
+    int can_ab = 0, can_ba = 0;
+    CHECK_CUDA(cudaDeviceCanAccessPeer(&can_ab, dev_a, dev_b));
+    CHECK_CUDA(cudaDeviceCanAccessPeer(&can_ba, dev_b, dev_a));
+    if (!can_ab || !can_ba) {
+      std::fprintf(stderr, "gpu_ll_bench: GPUs %d and %d have no peer access\n", dev_a, dev_b);
+      return 2;
+    }
+    CHECK_CUDA(cudaSetDevice(dev_a));
+    CHECK_CUDA(cudaDeviceEnablePeerAccess(dev_b, 0));
+    CHECK_CUDA(cudaSetDevice(dev_b));
+    CHECK_CUDA(cudaDeviceEnablePeerAccess(dev_a, 0));
+  }
   int num_sms = 0;
-  CHECK_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
+  CHECK_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev_a));
   FILE* out = json.empty() ? nullptr : std::fopen(json.c_str(), "w");
-  std::printf("LL exchange round trip, 1 attention + 1 expert rank of one process, one GPU\n");
+  std::printf(
+      "LL exchange round trip, 1 attention rank (GPU %d) + 1 expert rank (GPU %d) of one "
+      "process\n",
+      dev_a, dev_b);
   for (int hidden : {2048, 7168}) {
     for (int tokens : {1, 128, 1024, 4096}) {
-      const Result r = Measure(tokens, hidden, reps, num_sms);
+      const Result r = Measure(tokens, hidden, reps, num_sms, dev_a, dev_b);
       std::printf("hidden %5d tokens %5d: LL %8.1f us, copy floor %8.1f us, %.2fx the floor\n",
                   hidden, tokens, r.ll_us, r.copy_us, r.ll_us / r.copy_us);
       if (out != nullptr) {
         std::fprintf(out,
                      "{\"section\": \"ll_exchange\", \"hidden\": %d, \"tokens\": %d, "
-                     "\"ll_us\": %.2f, \"copy_us\": %.2f}\n",
-                     hidden, tokens, r.ll_us, r.copy_us);
+                     "\"devices\": [%d, %d], \"ll_us\": %.2f, \"copy_us\": %.2f}\n",
+                     hidden, tokens, dev_a, dev_b, r.ll_us, r.copy_us);
       }
     }
   }

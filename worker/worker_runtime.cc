@@ -195,10 +195,16 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
 
 bool WorkerRuntime::ApplyNcclView(const v1::ClusterView& view) {
   if (view.transport().backend() != "nccl") {
-    std::cerr << role_name_ << " " << rank_ << ": started with --transport nccl, but the router's "
-              << "transport is '" << view.transport().backend() << "': this worker cannot serve\n";
+    // Said once per backend the router names, not on every view (heartbeats bring many).
+    if (mismatched_transport_ != view.transport().backend()) {
+      mismatched_transport_ = view.transport().backend();
+      std::cerr << role_name_ << " " << rank_ << ": started with --transport nccl, but the "
+                << "router's transport is '" << mismatched_transport_
+                << "': this worker cannot serve\n";
+    }
     return false;
   }
+  mismatched_transport_.clear();
   const std::string& id = view.transport().nccl_unique_id();
   if (self_peer_ < 0 || id.empty()) return false;  // the router has no id for this set (yet)
   if (id != nccl_id_) {

@@ -4,7 +4,12 @@
 # results and plots into $OUT. Builds nothing: the binaries come in .device/ (packed here
 # by bench/gpu/bundle.sh). Prints a short table last; full logs are in $OUT (after bench and
 # all: gpu.md, gpu_*.png and logs.tgz holding the rest, as only 8 files come back).
-#   bench/gpu/run_device.sh [tests|memcheck|bench|cluster|exchange|ll|decode|gemv|all] [--quick]
+#   bench/gpu/run_device.sh [tests|memcheck|bench|cluster|exchange|ll|decode|gemv|gpus|all] [--quick]
+#   gpus: what several GPUs of one host run (issues 14 and 15): the two-GPU cases of the
+#   nccl and worker transport tests, gpu_ll_bench between GPUs 0 and 1 (NVLink), and the
+#   PyTorch all-to-all baselines (bench/gpu/torch_all_to_all.py) over every GPU and over 2;
+#   on one GPU the same programs on GPU 0 alone (a smoke run: the tests skip their
+#   two-GPU cases, the baselines run one rank).
 #   memcheck: compute-sanitizer memcheck over every single-process gpu test binary, whole.
 #   gemv: ab with DXS_CUDA_GEMV=off and auto, decode and FFN side by side.
 #   bench/gpu/run_device.sh ab "ENV=v ..." "ENV=v ..." ...: gpu_bench --quick under each set of
@@ -119,6 +124,28 @@ if [ "$what" = ll ] || [ "$what" = exchange ] || [ "$what" = all ]; then
     summary+=("gpu_ll_bench: rc=$?")
     cat "$OUT/gpu_ll_bench.log"
   fi
+fi
+if [ "$what" = gpus ]; then
+  num_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  summary+=("GPUs here: $num_gpus")
+  for t in nccl_transport_test worker_transport_test; do
+    timeout 300 ".device/bin/$t" >"$OUT/$t.log" 2>&1
+    summary+=("$t: rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]' "$OUT/$t.log" | tr '\n' ' ')")
+  done
+  devices=0,0
+  [ "$num_gpus" -ge 2 ] && devices=0,1
+  timeout 180 .device/bin/gpu_ll_bench --devices "$devices" --json "$OUT/ll_gpus.jsonl" \
+    >"$OUT/gpu_ll_bench_gpus.log" 2>&1
+  summary+=("gpu_ll_bench --devices $devices: rc=$?")
+  cat "$OUT/gpu_ll_bench_gpus.log"
+  worlds=$num_gpus
+  [ "$num_gpus" -gt 2 ] && worlds="2 $num_gpus"
+  for w in $worlds; do
+    timeout 300 python3 bench/gpu/torch_all_to_all.py --world "$w" --json "$OUT/a2a_w$w.jsonl" \
+      >"$OUT/torch_all_to_all_w$w.log" 2>&1
+    summary+=("torch_all_to_all --world $w: rc=$?")
+    cat "$OUT/torch_all_to_all_w$w.log"
+  done
 fi
 if [ "$what" = cluster ] || [ "$what" = decode ] || [ "$what" = all ]; then
   # Decode of the Qwen3-30B-A3B shape (DXS_DECODE_LAYERS layers, all 48 by default), 1 + 1
