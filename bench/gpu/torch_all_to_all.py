@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from torch_baselines import time_ms  # bench/gpu/, beside this script
+
 EXPERTS, TOP_K = 128, 8
 TOKENS = (1, 128, 1024, 4096)
 HIDDENS = (2048, 7168)
@@ -100,20 +102,7 @@ def worker(rank, world, port, reps, queue):
         n = 256 << 20
         a = torch.ones(n, dtype=torch.uint8, device="cuda:0")
         b = torch.empty(n, dtype=torch.uint8, device="cuda:1")
-        def one_copy():
-            b.copy_(a, non_blocking=True)
-        for _ in range(5):
-            one_copy()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(20):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            one_copy()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        copy = n / (statistics.median(times) / 1000.0) / 1e9
+        copy = n / (time_ms(lambda: b.copy_(a, non_blocking=True)) / 1000.0) / 1e9
     if rank == 0:
         queue.put((rows, copy))
     dist.barrier()

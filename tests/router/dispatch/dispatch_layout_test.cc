@@ -193,9 +193,8 @@ class ExpertRoutingCheckTest : public ::testing::Test {
                                                  experts_.get(), config);
   }
 
-  // Announces one dispatch of `num_rows` rows with these pairs, posts its group (rows and
-  // pairs out, the combine back) as the attention side does, and serves the round.
-  absl::Status Round(int32_t num_rows, const RoutedPairs& pairs) {
+  // The next round's dispatch header for `num_rows` rows and these pairs.
+  WireHeader NextHeader(int32_t num_rows, const RoutedPairs& pairs) {
     WireHeader h;
     h.kind = MessageKind::kDispatch;
     h.step = ++step_;
@@ -203,6 +202,13 @@ class ExpertRoutingCheckTest : public ::testing::Test {
     h.num_rows = num_rows;
     h.num_pairs = static_cast<int32_t>(pairs.size());
     h.hidden = kHidden;
+    return h;
+  }
+
+  // Announces one dispatch of `num_rows` rows with these pairs, posts its group (rows and
+  // pairs out, the combine back) as the attention side does, and serves the round.
+  absl::Status Round(int32_t num_rows, const RoutedPairs& pairs) {
+    WireHeader h = NextHeader(num_rows, pairs);
     std::vector<float> rows(num_rows * kHidden), answer(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i);
     // The pairs as the wire carries them: one block of rows | experts | weights.
@@ -245,13 +251,7 @@ class ExpertRoutingCheckTest : public ::testing::Test {
   // answered (-1: nothing).
   absl::Status MappedRound(int32_t num_rows, const RoutedPairs& pairs, int32_t* status,
                            const std::function<void(WireHeader*, std::string*)>& edit = {}) {
-    WireHeader h;
-    h.kind = MessageKind::kDispatch;
-    h.step = ++step_;
-    h.layer = 0;
-    h.num_rows = num_rows;
-    h.num_pairs = static_cast<int32_t>(pairs.size());
-    h.hidden = kHidden;
+    WireHeader h = NextHeader(num_rows, pairs);
     h.flags = WireHeader::kMapped;
     const size_t n = pairs.size(), rows_bytes = num_rows * kHidden * sizeof(float);
     absl::StatusOr<MappedRegion> region = transports_[0]->MapRegion(2 * rows_bytes + 12 * n + 64);
