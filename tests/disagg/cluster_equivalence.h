@@ -4,7 +4,9 @@
 // which experts computed what.
 #pragma once
 
+#include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -69,6 +71,50 @@ inline void ExpectClusterMatchesEngine(ProcessCluster* cluster, const std::strin
     ASSERT_EQ(got.size(), want.first_logits.size()) << "request " << i;
     EXPECT_LT(RelativeError(got, want.first_logits), reference.max_logit_error) << "request " << i;
     EXPECT_EQ(results[i].finish_reason, v1::FINISH_REASON_LENGTH);
+  }
+}
+
+// Runs `num_requests` concurrent streams, request i `prompt(i)` for `max_tokens` tokens on
+// DP rank i % num_attention, under `tag` + i; `during` runs once DP rank 0 has combined
+// some tokens (the streams are under way). Every request must succeed and give the greedy
+// tokens of its solo run on the single-process engine (`reference`; with
+// `check_first_logits`, its first logits within reference.max_logit_error too).
+inline void ExpectConcurrentStreamsMatchEngine(
+    ProcessCluster* cluster, const std::string& dir, int num_attention, int num_requests,
+    int max_tokens, const std::string& tag, const std::function<std::vector<int32_t>(int)>& prompt,
+    const EngineEquivalence& reference, const std::function<void()>& during,
+    bool check_first_logits = false) {
+  std::vector<GenerateResult> results(num_requests);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < num_requests; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = cluster->Generate(i % num_attention, tag + std::to_string(i), prompt(i),
+                                     max_tokens, absl::Seconds(120));
+    });
+  }
+  for (int i = 0; i < 500; ++i) {
+    absl::StatusOr<std::string> text = Scrape(cluster->attention_metrics_address(0));
+    if (text.ok() && SumOf(ParseSamples(*text), "dxs_tokens_combined_total") > 40) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  during();
+  for (auto& t : threads) t.join();
+  auto engine = LocalEngine::Load(dir, reference.engine);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  for (int i = 0; i < num_requests; ++i) {
+    ASSERT_TRUE(results[i].status.ok())
+        << "request " << i << ": " << results[i].status.error_message() << cluster->DumpLogs();
+    GenerationRequest r;
+    r.prompt = prompt(i);
+    r.max_new_tokens = max_tokens;
+    auto out = (*engine)->GenerateBatch({r});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(results[i].tokens, out->front().tokens) << "request " << i;
+    if (!check_first_logits) continue;
+    const std::vector<float> got = cluster->FirstLogits(tag + std::to_string(i));
+    ASSERT_EQ(got.size(), out->front().first_logits.size()) << "request " << i;
+    EXPECT_LT(RelativeError(got, out->front().first_logits), reference.max_logit_error)
+        << "request " << i;
   }
 }
 

@@ -53,35 +53,8 @@ double RouterValue(const ProcessCluster& cluster, const std::string& name) {
 void RunThrough(ProcessCluster* cluster, const std::string& dir, int num_attention,
                 int num_requests, int max_tokens, const std::string& tag,
                 const std::function<void()>& during) {
-  std::vector<GenerateResult> results(num_requests);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < num_requests; ++i) {
-    threads.emplace_back([&, i] {
-      results[i] = cluster->Generate(i % num_attention, absl::StrCat(tag, i), Prompt(i), max_tokens,
-                                     absl::Seconds(120));
-    });
-  }
-  // Under way: DP rank 0 has run a few steps with tokens.
-  for (int i = 0; i < 500; ++i) {
-    absl::StatusOr<std::string> text = testing::Scrape(cluster->attention_metrics_address(0));
-    if (text.ok() && testing::SumOf(testing::ParseSamples(*text), "dxs_tokens_combined_total") > 40)
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  during();
-  for (auto& t : threads) t.join();
-  auto engine = LocalEngine::Load(dir);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  for (int i = 0; i < num_requests; ++i) {
-    ASSERT_TRUE(results[i].status.ok())
-        << "request " << i << ": " << results[i].status.error_message() << cluster->DumpLogs();
-    GenerationRequest r;
-    r.prompt = Prompt(i);
-    r.max_new_tokens = max_tokens;
-    auto out = (*engine)->GenerateBatch({r});
-    ASSERT_TRUE(out.ok()) << out.status();
-    EXPECT_EQ(results[i].tokens, out->front().tokens) << "request " << i;
-  }
+  testing::ExpectConcurrentStreamsMatchEngine(cluster, dir, num_attention, num_requests, max_tokens,
+                                              tag, Prompt, {}, during);
 }
 
 // RunThrough with EP rank 1 killed once the streams are under way; how long after the kill

@@ -35,13 +35,7 @@ constexpr int kNumExperts = 16;  // the default preset
 
 // The default preset with Zipf-skewed routing, so that measured load is uneven.
 std::string WriteSkewedModel(const TempDir& tmp) {
-  absl::StatusOr<CheckpointPreset> preset = GetPreset("default");
-  EXPECT_TRUE(preset.ok()) << preset.status();
-  preset->router_skew = 1.2;
-  const std::string dir = tmp.path() + "/skewed";
-  absl::Status s = WriteRandomCheckpoint(*preset, dir);
-  EXPECT_TRUE(s.ok()) << s;
-  return dir;
+  return testing::WritePreset(tmp, "default", 1.2);
 }
 
 std::vector<int32_t> Prompt(int i) {

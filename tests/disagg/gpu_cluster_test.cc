@@ -3,7 +3,10 @@
 // between them in device memory over UCX's cuda_ipc. Outputs equal the single-process CUDA
 // engine; an uneven placement, an empty DP rank and an EP rank with no rows take part in
 // every step; a killed expert gives UNAVAILABLE and the cluster recovers; the exchange's
-// rows never touch host memory (dxs_exchange_bytes_total). Skips without a GPU.
+// rows never touch host memory (dxs_exchange_bytes_total). And what one GPU can run of the
+// four-GPU issue (DP2 x EP2, as four processes time-slicing it over UCX; its NCCL runs need
+// four GPUs): EPLB rebalancing live on CUDA experts, and a killed expert with full replica
+// cover failing no request. Skips without a GPU.
 
 #include "gtest/gtest.h"
 #include "kernels/make_backend.h"
@@ -138,6 +141,64 @@ TEST_F(GpuCluster, KilledExpertFailsInFlightThenRecovers) {
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
   testing::ExpectKilledExpertFailsInFlightThenRecovers(&cluster, dir, 1, 1, absl::Seconds(1),
                                                        CudaReference());
+}
+
+// Streams of varied prompt lengths (3 to 13 tokens).
+std::vector<int32_t> StreamPrompt(int i) {
+  std::vector<int32_t> p;
+  for (int j = 0; j < 3 + (i * 5) % 11; ++j) p.push_back(7 + (i * 389 + j * 131) % (4096 - 7));
+  return p;
+}
+
+double RouterValue(const ProcessCluster& cluster, const std::string& name) {
+  return testing::Value(Samples(cluster.router_metrics_address()), name);
+}
+
+// EPLB on the GPU path: the skewed model on DP2 x EP2 CUDA workers, --enable-eplb every 3
+// steps with 2 redundant slots, under 16 streams. Placements change while requests decode
+// (the new holders load their experts' weights onto the GPU), no step fails, and every
+// output equals its solo run on the single-process CUDA engine.
+TEST_F(GpuCluster, EplbRebalancesLiveOnCudaExperts) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default", 1.2);
+  ProcessCluster cluster(tmp.path());
+  OnGpu(&cluster);
+  cluster.set_router_args({"--num-redundant-experts", "2", "--enable-eplb", "--eplb-interval", "3",
+                           "--heartbeat-ms", "50"});
+  ClusterSpec spec{dir, 2, 2, {}};
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  const uint64_t version_before = testing::CurrentClusterView(cluster).placement().version();
+  testing::ExpectConcurrentStreamsMatchEngine(&cluster, dir, 2, 16, 24, "eplb-", StreamPrompt,
+                                              CudaReference(), [] {});
+  EXPECT_GT(testing::CurrentClusterView(cluster).placement().version(), version_before)
+      << cluster.DumpLogs();
+  EXPECT_GE(RouterValue(cluster, "dxs_eplb_rebalances_total"), 1) << cluster.DumpLogs();
+  for (int r = 0; r < 2; ++r) {
+    const auto samples = Samples(cluster.attention_metrics_address(r));
+    EXPECT_EQ(testing::Value(samples, "dxs_failed_steps_total{role=\"attention\",rank=\"" +
+                                          std::to_string(r) + "\"}"),
+              0)
+        << "DP rank " << r << cluster.DumpLogs();
+  }
+}
+
+// Elastic EP on the GPU path: every expert on both EP ranks (16 redundant slots), EP rank 1
+// killed while 8 streams decode. No request fails, each equals its solo run on the CUDA
+// engine, and the router counts one recovery.
+TEST_F(GpuCluster, KilledExpertWithReplicasFailsNoRequest) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ProcessCluster cluster(tmp.path());
+  OnGpu(&cluster);
+  cluster.set_router_args(
+      {"--elastic-ep", "--num-redundant-experts", "16", "--heartbeat-ms", "100"});
+  ClusterSpec spec{dir, 2, 2, {}};
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  testing::ExpectConcurrentStreamsMatchEngine(&cluster, dir, 2, 8, 32, "covered-", StreamPrompt,
+                                              CudaReference(), [&] { cluster.KillExpert(1); });
+  EXPECT_EQ(RouterValue(cluster, "dxs_eplb_recoveries_total"), 1) << cluster.DumpLogs();
 }
 
 }  // namespace
