@@ -32,8 +32,10 @@
 // Bytes: dispatch = the dxs header (control channel) + rows * hidden * 2 (bf16) + 12 * pairs;
 // combine = rows * hidden * 2. rows_GB/s = the row bytes of both directions / dxs median.
 //
-// Usage: gpu_exchange_bench [--reps N] [--json FILE]
+// Usage: gpu_exchange_bench [--reps N] [--json FILE] [--devices A,B]
 //   --reps N: measured round trips per method and row (default 200, at least 50);
+//   --devices A,B: the DP rank on GPU A and the EP rank on GPU B (default 0,0: both on one
+//   GPU, time-sliced); on two GPUs of one host UCX's cuda_ipc moves the rows over NVLink;
 //   --json FILE: one JSON object per row (section "exchange"), for bench/gpu/report.py.
 // Exit status 1, with one line on stderr, when there is no usable GPU, when UCX cannot move
 // device memory, or when the bench itself fails.
@@ -100,7 +102,6 @@ constexpr DType kWire = DType::kBF16;
 constexpr int kDpPeer = 0;
 constexpr int kEpPeer = 1;
 constexpr int kLayer = 0;
-constexpr int kDevice = 0;
 constexpr uint64_t kSeed = 20261201;
 constexpr int64_t kMinReps = 50;
 constexpr int64_t kWarmupReps = 20;
@@ -146,9 +147,10 @@ std::string TradeErrors(int read_fd, int write_fd, const std::string& own) {
   return bench::TradeAddresses(read_fd, write_fd, own);
 }
 
-// The CUDA backend of this process, or the reason there is none.
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendHere() {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend("cuda");
+// The CUDA backend of this process on GPU `device`, or the reason there is none.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackendHere(int device) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      MakeBackend(device == 0 ? std::string("cuda") : "cuda:" + std::to_string(device));
   if (backend.ok() && (*backend)->device() != Device::kCuda) {
     return absl::FailedPreconditionError("MakeBackend(\"cuda\") gave a backend not on a GPU");
   }
@@ -170,8 +172,8 @@ std::unique_ptr<Transport> ConnectDxs(int self, int read_fd, int write_fd) {
 // binary; the backend's (in its plugin) shares the device's primary context with it.
 class PingPongEnd {
  public:
-  void Open(int read_fd, int write_fd) {
-    BENCH_CUDA(cudaSetDevice(kDevice));
+  void Open(int read_fd, int write_fd, int device) {
+    BENCH_CUDA(cudaSetDevice(device));
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&counter_), sizeof(unsigned int)));
     BENCH_CUDA(cudaMemsetAsync(counter_, 0, sizeof(unsigned int), stream_));
@@ -271,14 +273,20 @@ class WeightedSumExperts final : public ExpertCompute {
   Tensor gathered_;  // [pairs, hidden] in the wire dtype: each pair's row of x
 };
 
-int RunExpertRank(int read_fd, int write_fd) {
-  absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackendHere();
+struct Options {
+  int64_t reps = 200;
+  std::string json;
+  int dp_device = 0, ep_device = 0;  // --devices A,B: the DP rank on GPU A, the EP rank on B
+};
+
+int RunExpertRank(int read_fd, int write_fd, const Options& opts) {
+  absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackendHere(opts.ep_device);
   const std::string peer_error =
       TradeErrors(read_fd, write_fd, made.ok() ? "" : std::string(made.status().message()));
   if (!made.ok() || !peer_error.empty()) return 1;  // the parent says why
   std::unique_ptr<Backend> backend = std::move(*made);
   PingPongEnd ping_pong;
-  ping_pong.Open(read_fd, write_fd);
+  ping_pong.Open(read_fd, write_fd, opts.ep_device);
   std::unique_ptr<Transport> transport = ConnectDxs(kEpPeer, read_fd, write_fd);
   const char device_memory = transport->SupportsMemory(MemoryType::kDevice) ? 1 : 0;
   WriteAll(write_fd, &device_memory, 1);
@@ -406,9 +414,9 @@ double MaxRelativeError(Backend* backend, const Inputs& in, const Shape& s, int6
   return worst;
 }
 
-std::string HardwareLine() {
+std::string HardwareLine(int device) {
   cudaDeviceProp prop;
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, kDevice));
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, device));
   char line[512];
   std::snprintf(line, sizeof(line), "%s, %d SMs, %.0f GiB; UCX %s", prop.name,
                 prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0,
@@ -416,14 +424,14 @@ std::string HardwareLine() {
   return line;
 }
 
-void PrintTable(const std::vector<Row>& rows, const std::string& hardware) {
+void PrintTable(const std::vector<Row>& rows, const std::string& hardware, const Options& opts) {
   std::printf(
-      "gpu_exchange_bench: dxs dispatch+combine round trip between two processes on one GPU, "
-      "against the interprocess-event ping-pong, same run\n");
+      "gpu_exchange_bench: dxs dispatch+combine round trip between two processes, against the "
+      "interprocess-event ping-pong, same run\n");
   std::printf("hardware: %s\n", hardware.c_str());
   std::printf(
       "layout: 1 DP rank (parent) x 1 EP rank (forked child) holding all %d experts, top-%d, "
-      "both on GPU %d, time-sliced (no MPS)\n"
+      "%s\n"
       "memory: device; x, routing, out and the EP rank's rows are CUDA backend tensors and the "
       "UCX transport moves them as UCS_MEMORY_TYPE_CUDA (bf16 wire and activations)\n"
       "experts: stand-in on the EP rank's GPU, out[r] = (sum of r's weights) * x[r] (upload of "
@@ -433,7 +441,12 @@ void PrintTable(const std::vector<Row>& rows, const std::string& hardware) {
       "times: host wall-clock per round trip (us), median and p99 of %lld runs after warm-up, "
       "the two methods interleaved; xchg_us = median of (round trip - that round's cmp_us); "
       "pp = interprocess-event ping-pong (kernel + event each way); dxs/pp = dxs_med / pp_med\n\n",
-      kNumExperts, kTopK, kDevice, static_cast<long long>(rows.empty() ? 0 : rows[0].reps));
+      kNumExperts, kTopK,
+      opts.dp_device == opts.ep_device
+          ? absl::StrCat("both on GPU ", opts.dp_device, ", time-sliced (no MPS)").c_str()
+          : absl::StrCat("DP rank on GPU ", opts.dp_device, ", EP rank on GPU ", opts.ep_device)
+                .c_str(),
+      static_cast<long long>(rows.empty() ? 0 : rows[0].reps));
   std::printf("%-6s %6s %10s %10s %9s %9s %8s %9s %8s %8s %7s %9s\n", "shape", "tokens", "disp_B",
               "comb_B", "dxs_med", "dxs_p99", "cmp_us", "xchg_us", "pp_med", "pp_p99", "dxs/pp",
               "rows_GB/s");
@@ -446,13 +459,8 @@ void PrintTable(const std::vector<Row>& rows, const std::string& hardware) {
   }
 }
 
-struct Options {
-  int64_t reps = 200;
-  std::string json;
-};
-
 int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
-  absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackendHere();
+  absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackendHere(opts.dp_device);
   const std::string child_error =
       TradeErrors(read_fd, write_fd, made.ok() ? "" : std::string(made.status().message()));
   if (!made.ok() || !child_error.empty()) {
@@ -464,7 +472,7 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
   }
   std::unique_ptr<Backend> backend = std::move(*made);
   PingPongEnd ping_pong;
-  ping_pong.Open(read_fd, write_fd);
+  ping_pong.Open(read_fd, write_fd, opts.dp_device);
   std::unique_ptr<Transport> transport = ConnectDxs(kDpPeer, read_fd, write_fd);
   char child_device_memory = 0;
   ReadAll(read_fd, &child_device_memory, 1);
@@ -475,7 +483,7 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
         " cannot move device memory here (no UCS_MEMORY_TYPE_CUDA: its CUDA transports did "
         "not load; check UCX_MODULE_DIR and that libucx is the CUDA build)");
   }
-  const std::string hardware = HardwareLine();
+  const std::string hardware = HardwareLine(opts.dp_device);
   const std::string ucx_version = ucp_get_version_string();
 
   // Tells the EP rank to serve n round trips of `method`, and collects its per-round
@@ -604,7 +612,7 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
   }
   const Command quit = {Method::kQuit, 0, 0};
   WriteAll(write_fd, &quit, sizeof(quit));
-  PrintTable(rows, hardware);
+  PrintTable(rows, hardware, opts);
   inputs.clear();
   transport.reset();
   ping_pong.Close();
@@ -619,8 +627,14 @@ Options ParseOptions(int argc, char** argv) {
       opts.reps = std::atoll(argv[++i]);
     } else if (arg == "--json" && i + 1 < argc) {
       opts.json = argv[++i];
+    } else if (arg == "--devices" && i + 1 < argc) {
+      if (std::sscanf(argv[++i], "%d,%d", &opts.dp_device, &opts.ep_device) != 2 ||
+          opts.dp_device < 0 || opts.ep_device < 0) {
+        Die("--devices takes A,B (GPU ordinals)");
+      }
     } else {
-      Die("unknown argument '" + arg + "'; usage: gpu_exchange_bench [--reps N] [--json FILE]");
+      Die("unknown argument '" + arg +
+          "'; usage: gpu_exchange_bench [--reps N] [--json FILE] [--devices A,B]");
     }
   }
   if (opts.reps < kMinReps) Die("--reps must be at least " + std::to_string(kMinReps));
@@ -642,7 +656,7 @@ int main(int argc, char** argv) {
   alarm(dxs::kWatchdogSeconds);
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    const int rc = dxs::RunExpertRank(to_child[0], from_child[1]);
+    const int rc = dxs::RunExpertRank(to_child[0], from_child[1], options);
     std::exit(rc);
   }
   const int rc = dxs::RunAttentionRank(from_child[0], to_child[1], options);

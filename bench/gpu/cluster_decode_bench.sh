@@ -10,6 +10,10 @@
 # (piecewise graphs apply); 32 is above the two-batch-overlap threshold (16 tokens), which
 # runs eagerly either way. Prints a table; logs in $OUT.
 #   bench/gpu/cluster_decode_bench.sh [LAYERS]   (default 48; binaries in .device/bin)
+# Environment: DXS_DECODE_CLUSTERS, the clusters to run, each MxN@GPUS (M attention and N
+# expert processes placed over those GPUs, `dxs up --gpus`), default "1x1@0"; on several
+# GPUs e.g. "1x1@0,1 2x2@0,1,2,3" (issues 14 and 15: one process per GPU, no time
+# slicing). DXS_DECODE_CONCURRENCY, default "1 8 32".
 set -uo pipefail
 layers=${1:-48}
 OUT=${OUT:-/tmp/dxs-cluster-decode}
@@ -26,9 +30,9 @@ log="$OUT/cluster_decode.log"
 "$bin/dxs" gen-model --preset qwen3-30b-a3b --layers "$layers" --in-place --out "$work/model" >>"$log" 2>&1 ||
   { echo "gen-model failed (see $log)"; exit 1; }
 port=$((20000 + RANDOM % 20000))
-start_cluster() {  # start_cluster PIECEWISE
+start_cluster() {  # start_cluster PIECEWISE M N GPUS
   rm -rf "$work/logs"
-  "$bin/dxs" up --model "$work/model" --attention 1 --experts 1 --gpus 0 --wire-dtype bf16 \
+  "$bin/dxs" up --model "$work/model" --attention "$2" --experts "$3" --gpus "$4" --wire-dtype bf16 \
     --piecewise-graphs "$1" --port "$port" --log-dir "$work/logs" >"$work/up.log" 2>&1 &
   up=$!
   for _ in $(seq 1800); do grep -q "listening on" "$work/up.log" && return 0; sleep 0.2; done
@@ -42,9 +46,9 @@ import json, sys
 label, c, text = sys.argv[1], sys.argv[2], sys.argv[3]
 try:
     j = json.loads(text.strip().splitlines()[-1])
-    print(f"{label:<40} {c:>4} {j['output_tokens_per_second']:>10.1f} {j['itl_ms']['p50']:>9.2f} {len(j['errors'])}")
+    print(f"{label:<52} {c:>4} {j['output_tokens_per_second']:>10.1f} {j['itl_ms']['p50']:>9.2f} {len(j['errors'])}")
 except Exception as e:
-    print(f"{label:<40} {c:>4} failed: {e}")
+    print(f"{label:<52} {c:>4} failed: {e}")
 PY
 }
 bench_args() {  # bench_args C
@@ -52,22 +56,28 @@ bench_args() {  # bench_args C
   echo "--concurrency $1 --requests $reqs --prompt-len 32 --output-len 64 --format json"
 }
 table="$OUT/cluster_decode.txt"
-printf '%-40s %4s %10s %9s %s\n' "run (layers=$layers)" conc "tok/s" "itl_p50" errors >"$table"
-for c in 1 8 32; do
+printf '%-52s %4s %10s %9s %s\n' "run (layers=$layers)" conc "tok/s" "itl_p50" errors >"$table"
+clusters=${DXS_DECODE_CLUSTERS:-1x1@0}
+concurrency=${DXS_DECODE_CONCURRENCY:-1 8 32}
+for c in $concurrency; do
   local_json=$(timeout 300 "$bin/dxs" bench --local "$work/model" --device cuda $(bench_args $c) 2>>"$log")
   echo "local c=$c: $local_json" >>"$log"
   row "single process (graphs)" "$c" "$local_json" >>"$table"
 done
-for piecewise in true false; do
-  start_cluster $piecewise || exit 1
-  label="1 attn + 1 expert, piecewise graphs"
-  [ $piecewise = false ] && label="1 attn + 1 expert, eager"
-  for c in 1 8 32; do
-    cluster_json=$(timeout 300 "$bin/dxs" bench --router "127.0.0.1:$port" $(bench_args $c) 2>>"$log")
-    echo "cluster piecewise=$piecewise c=$c: $cluster_json" >>"$log"
-    row "$label" "$c" "$cluster_json" >>"$table"
+for cluster in $clusters; do
+  shape=${cluster%@*} gpus=${cluster#*@}
+  m=${shape%x*} n=${shape#*x}
+  for piecewise in true false; do
+    start_cluster $piecewise "$m" "$n" "$gpus" || exit 1
+    label="$m attn + $n expert on GPUs $gpus, piecewise graphs"
+    [ $piecewise = false ] && label="$m attn + $n expert on GPUs $gpus, eager"
+    for c in $concurrency; do
+      cluster_json=$(timeout 300 "$bin/dxs" bench --router "127.0.0.1:$port" $(bench_args $c) 2>>"$log")
+      echo "cluster piecewise=$piecewise c=$c: $cluster_json" >>"$log"
+      row "$label" "$c" "$cluster_json" >>"$table"
+    done
+    cat "$work/up.log" "$work"/logs/*.log >>"$log" 2>&1
+    stop_cluster
   done
-  cat "$work/up.log" "$work"/logs/*.log >>"$log" 2>&1
-  stop_cluster
 done
 cat "$table"

@@ -4,12 +4,16 @@
 # results and plots into $OUT. Builds nothing: the binaries come in .device/ (packed here
 # by bench/gpu/bundle.sh). Prints a short table last; full logs are in $OUT (after bench and
 # all: gpu.md, gpu_*.png and logs.tgz holding the rest, as only 8 files come back).
-#   bench/gpu/run_device.sh [tests|memcheck|bench|cluster|exchange|ll|decode|gemv|gpus|all] [--quick]
+#   bench/gpu/run_device.sh [tests|memcheck|bench|cluster|exchange|ll|decode|gemv|gpus|gpus-decode|all]
+#                           [--quick]
 #   gpus: what several GPUs of one host run (issues 14 and 15): the two-GPU cases of the
 #   nccl and worker transport tests, gpu_ll_bench between GPUs 0 and 1 (NVLink), and the
 #   PyTorch all-to-all baselines (bench/gpu/torch_all_to_all.py) over every GPU and over 2;
 #   on one GPU the same programs on GPU 0 alone (a smoke run: the tests skip their
-#   two-GPU cases, the baselines run one rank).
+#   two-GPU cases, the baselines run one rank). Then gpu_exchange_bench with its two
+#   processes on GPUs 0 and 1. gpus-decode: cluster_decode_bench.sh with 1 + 1 processes on
+#   GPUs 0 and 1 and, with four GPUs, 2 + 2 on 0-3, at concurrency 1, 32 and 128 (issues 14
+#   and 15's decode figures; DXS_DECODE_LAYERS layers, 48 by default).
 #   memcheck: compute-sanitizer memcheck over every single-process gpu test binary, whole.
 #   gemv: ab with DXS_CUDA_GEMV=off and auto, decode and FFN side by side.
 #   bench/gpu/run_device.sh ab "ENV=v ..." "ENV=v ..." ...: gpu_bench --quick under each set of
@@ -138,6 +142,10 @@ if [ "$what" = gpus ]; then
     >"$OUT/gpu_ll_bench_gpus.log" 2>&1
   summary+=("gpu_ll_bench --devices $devices: rc=$?")
   cat "$OUT/gpu_ll_bench_gpus.log"
+  timeout 240 .device/bin/gpu_exchange_bench --devices "$devices" --reps 100 \
+    --json "$OUT/exchange_gpus.jsonl" >"$OUT/gpu_exchange_bench_gpus.log" 2>&1
+  summary+=("gpu_exchange_bench --devices $devices: rc=$?")
+  cat "$OUT/gpu_exchange_bench_gpus.log"
   worlds=$num_gpus
   [ "$num_gpus" -gt 2 ] && worlds="2 $num_gpus"
   for w in $worlds; do
@@ -146,6 +154,17 @@ if [ "$what" = gpus ]; then
     summary+=("torch_all_to_all --world $w: rc=$?")
     cat "$OUT/torch_all_to_all_w$w.log"
   done
+fi
+if [ "$what" = gpus-decode ]; then
+  num_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  clusters="1x1@0"
+  [ "$num_gpus" -ge 2 ] && clusters="1x1@0,1"
+  [ "$num_gpus" -ge 4 ] && clusters="1x1@0,1 2x2@0,1,2,3"
+  DXS_DECODE_CLUSTERS="$clusters" DXS_DECODE_CONCURRENCY="1 32 128" \
+    timeout 560 bench/gpu/cluster_decode_bench.sh "${DXS_DECODE_LAYERS:-48}" \
+    >"$OUT/cluster_decode_gpus.log" 2>&1
+  summary+=("cluster_decode_bench ($clusters): rc=$?")
+  cat "$OUT/cluster_decode_gpus.log"
 fi
 if [ "$what" = cluster ] || [ "$what" = decode ] || [ "$what" = all ]; then
   # Decode of the Qwen3-30B-A3B shape (DXS_DECODE_LAYERS layers, all 48 by default), 1 + 1
