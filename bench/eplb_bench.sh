@@ -27,7 +27,10 @@
 # DXS_BENCH_REDUNDANT (R; the preset's expert count), DXS_BENCH_EPLB_INTERVAL (1000 steps),
 # DXS_BENCH_ROUNDS (3: off and on alternate, tok/s is the median), DXS_BENCH_TRIALS (3:
 # rebalance stall trials), DXS_ATTENTION_ARGS (extra
-# dxs-attention flags, e.g. --overlap-min-tokens 0), DXS_BIN_DIR (build/bin).
+# dxs-attention flags, e.g. --overlap-min-tokens 0), DXS_BIN_DIR (build/bin),
+# DXS_BENCH_GPUS (empty: CPU workers; else GPU ordinals as `dxs up --gpus` takes them, e.g.
+# 0,1,2,3,4: the attention rank on the first, the expert ranks on the next, round the list;
+# issue 15's EPLB off and on, on the GPU path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${DXS_BIN_DIR:-build/bin}
@@ -55,6 +58,11 @@ NUM_EXPERTS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["n
 REDUNDANT=${DXS_BENCH_REDUNDANT:-$NUM_EXPERTS}
 now() { date +%s.%N; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# The --device of process i (0: the attention rank, 1..: the expert ranks).
+IFS=, read -r -a GPU_LIST <<<"${DXS_BENCH_GPUS:-}"
+device_of() {
+  if [ ${#GPU_LIST[@]} -eq 0 ]; then echo cpu; else echo "cuda:${GPU_LIST[$(($1 % ${#GPU_LIST[@]}))]}"; fi
+}
 status_json() { "$BIN/dxs" status --router "$ROUTER" --format json 2>/dev/null; }
 
 # start_cluster TAG [dxs-router flags]: starts a cluster, and `use TAG` makes it the one
@@ -75,12 +83,13 @@ start_cluster() {
   PIDS+=($!)
   EXPERT_PID=()
   for r in $(seq 0 $((NUM_EP - 1))); do
-    "$BIN/dxs-expert" --model "$MODEL" --rank "$r" --router "$ROUTER" >"$WORK/$tag-expert$r.log" 2>&1 &
+    "$BIN/dxs-expert" --model "$MODEL" --rank "$r" --router "$ROUTER" --device "$(device_of $((r + 1)))" \
+      >"$WORK/$tag-expert$r.log" 2>&1 &
     EXPERT_PID[r]=$!
     PIDS+=($!)
   done
   # shellcheck disable=SC2086
-  "$BIN/dxs-attention" --model "$MODEL" --rank 0 --router "$ROUTER" ${DXS_ATTENTION_ARGS:-} \
+  "$BIN/dxs-attention" --model "$MODEL" --rank 0 --router "$ROUTER" --device "$(device_of 0)" ${DXS_ATTENTION_ARGS:-} \
     >"$WORK/$tag-attention0.log" 2>&1 &
   PIDS+=($!)
   for _ in $(seq 240); do

@@ -4,7 +4,7 @@
 # results and plots into $OUT. Builds nothing: the binaries come in .device/ (packed here
 # by bench/gpu/bundle.sh). Prints a short table last; full logs are in $OUT (after bench and
 # all: gpu.md, gpu_*.png and logs.tgz holding the rest, as only 8 files come back).
-#   bench/gpu/run_device.sh [tests|memcheck|bench|cluster|exchange|ll|decode|gemv|gpus|gpus-decode|all]
+#   bench/gpu/run_device.sh [tests|memcheck|bench|cluster|exchange|ll|decode|gemv|gpus|gpus-decode|gpus-eplb|all]
 #                           [--quick]
 #   gpus: what several GPUs of one host run (issues 14 and 15): the two-GPU cases of the
 #   nccl and worker transport tests, gpu_ll_bench between GPUs 0 and 1 (NVLink), and the
@@ -13,7 +13,9 @@
 #   two-GPU cases, the baselines run one rank). Then gpu_exchange_bench with its two
 #   processes on GPUs 0 and 1. gpus-decode: cluster_decode_bench.sh with 1 + 1 processes on
 #   GPUs 0 and 1 and, with four GPUs, 2 + 2 on 0-3, at concurrency 1, 32 and 128 (issues 14
-#   and 15's decode figures; DXS_DECODE_LAYERS layers, 48 by default).
+#   and 15's decode figures; DXS_DECODE_LAYERS layers, 48 by default). gpus-eplb:
+#   bench/eplb_bench.sh (1 attention + 4 expert ranks, EPLB off and on, the skewed model)
+#   with the workers on the GPUs here (round the list).
 #   memcheck: compute-sanitizer memcheck over every single-process gpu test binary, whole.
 #   gemv: ab with DXS_CUDA_GEMV=off and auto, decode and FFN side by side.
 #   bench/gpu/run_device.sh ab "ENV=v ..." "ENV=v ..." ...: gpu_bench --quick under each set of
@@ -165,6 +167,13 @@ if [ "$what" = gpus-decode ]; then
     >"$OUT/cluster_decode_gpus.log" 2>&1
   summary+=("cluster_decode_bench ($clusters): rc=$?")
   cat "$OUT/cluster_decode_gpus.log"
+fi
+if [ "$what" = gpus-eplb ]; then
+  gpu_list=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | paste -sd, -)
+  DXS_BIN_DIR=.device/bin DXS_BENCH_GPUS="$gpu_list" timeout 560 bash bench/eplb_bench.sh \
+    >"$OUT/eplb_gpus.log" 2>&1
+  summary+=("eplb_bench on GPUs $gpu_list: rc=$?")
+  cat "$OUT/eplb_gpus.log"
 fi
 if [ "$what" = cluster ] || [ "$what" = decode ] || [ "$what" = all ]; then
   # Decode of the Qwen3-30B-A3B shape (DXS_DECODE_LAYERS layers, all 48 by default), 1 + 1
