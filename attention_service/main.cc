@@ -12,9 +12,9 @@
 // micro-batches whose attention and MoE overlap (two-batch overlap); 0 turns it off. The
 // strictest setting among the DP ranks applies (AttentionStepLoop).
 //
-// --mapped-exchange: CPU workers of one host exchange rows through a region of the
-// attention rank's memory that the expert ranks map (one copy; router/dispatch/
-// dispatch_combine.h); false sends every row through the transport (two copies).
+// --mapped-exchange: workers of one host exchange rows through a region of the attention
+// rank's memory that the expert ranks map (host memory, or GPU memory through CUDA IPC;
+// router/dispatch/dispatch_combine.h); false sends every row through the transport.
 //
 // --stream-interval: tokens per streamed chunk after the first (default 1: every token as
 // it is produced; larger trades smoothness for throughput, as SGLang's flag of that name).
@@ -64,9 +64,10 @@ ABSL_FLAG(bool, piecewise_graphs, true,
           "two exchanges as recorded CUDA graphs (vLLM's piecewise graphs); false: eagerly. "
           "No effect on the CPU.");
 ABSL_FLAG(bool, mapped_exchange, true,
-          "CPU workers on one host: the one-copy exchange, in which expert ranks read rows and "
-          "store answers in place in a region of this rank's memory that they map; false: "
-          "every row through the transport's transfers. No effect on a GPU.");
+          "Workers on one host: the one-copy exchange, in which expert ranks read rows and "
+          "store answers in place in a region of this rank's memory that they map (host "
+          "memory on the CPU, GPU memory through CUDA IPC on a GPU); false: every row through "
+          "the transport's transfers.");
 ABSL_FLAG(int64_t, stream_interval, 1, "Tokens per streamed chunk after the first, >= 1.");
 ABSL_FLAG(int64_t, step_retry_ms, 30000,
           "Elastic EP (dxs-router --elastic-ep): how long failed steps are run again before "

@@ -18,6 +18,18 @@ namespace {
 // takes it as soon as it makes progress (its receive is posted with its dispatch).
 constexpr absl::Duration kCombineSendWait = absl::Seconds(5);
 
+// Copies between a region's view and a round tensor of the backend: on the backend when
+// the region lies where it keeps tensors, else through its host copies (a CPU DP rank's
+// host region, a GPU expert rank).
+absl::Status CopyIn(Backend* backend, const Tensor& region, Tensor* dst) {
+  if (region.device() == backend->device()) return backend->Copy(region, dst);
+  return backend->CopyFromHost(region.raw(), region.dtype(), dst);
+}
+absl::Status CopyOut(Backend* backend, const Tensor& src, Tensor* region) {
+  if (region->device() == backend->device()) return backend->Copy(src, region);
+  return backend->CopyToHost(src, region->dtype(), region->raw());
+}
+
 }  // namespace
 
 ExpertStepServer::ExpertStepServer(Transport* transport, std::vector<int> dp_peers,
@@ -162,34 +174,56 @@ absl::Status ExpertStepServer::Fill(size_t i, absl::Time deadline) {
 absl::Status ExpertStepServer::MapRegions(std::vector<WireHeader>* headers,
                                           std::vector<int32_t>* statuses) {
   const size_t num_dp = headers->size();
-  regions_.assign(num_dp, PeerRegion{});
+  regions_.assign(num_dp, nullptr);
   statuses->assign(num_dp, 0);
+  Backend* backend = shard_->backend();
   for (size_t i = 0; i < num_dp; ++i) {
     WireHeader& h = (*headers)[i];
     if (!h.mapped()) continue;
-    absl::StatusOr<PeerRegion> region =
-        transport_->AttachPeerRegion(dp_peers_[i], pending_keys_[i]);
-    if (!region.ok()) {
+    std::shared_ptr<Buffer> region;
+    if (h.device_region()) {
+      const std::pair<int, std::string> key(dp_peers_[i], pending_keys_[i]);
+      for (const auto& [known, buffer] : opened_) {
+        if (known == key) region = buffer;
+      }
+      if (region == nullptr) {
+        absl::StatusOr<std::shared_ptr<Buffer>> opened = backend->OpenShared(pending_keys_[i]);
+        if (opened.ok()) {
+          constexpr size_t kMaxOpened = 8;
+          if (opened_.size() >= kMaxOpened) opened_.erase(opened_.begin());
+          opened_.emplace_back(key, *opened);
+          region = *opened;
+        }
+      }
+    } else {
+      absl::StatusOr<PeerRegion> mapped =
+          transport_->AttachPeerRegion(dp_peers_[i], pending_keys_[i]);
+      if (mapped.ok()) {
+        region = std::make_shared<Buffer>(Device::kCpu, mapped->data, mapped->bytes, nullptr);
+      }
+    }
+    if (region == nullptr) {
       // Nothing of this rank is computed; its status says why (its step fails once).
       (*statuses)[i] = kRegionUnmappable;
       h.num_rows = h.num_pairs = 0;
       continue;
     }
     const size_t row_bytes = static_cast<size_t>(h.hidden) * DTypeSize(h.wire_dtype);
-    const auto fits = [&](int64_t at, size_t bytes, size_t alignment) {
-      return at % static_cast<int64_t>(alignment) == 0 &&
-             static_cast<uint64_t>(at) <= region->bytes && bytes <= region->bytes - at;
+    const size_t bytes = region->num_bytes();
+    const auto fits = [&](int64_t at, size_t n, size_t alignment) {
+      return at % static_cast<int64_t>(alignment) == 0 && static_cast<uint64_t>(at) <= bytes &&
+             n <= bytes - at;
     };
     const size_t rows_bytes = static_cast<size_t>(h.num_rows) * row_bytes;
     if (!fits(h.rows_at, rows_bytes, DTypeSize(h.wire_dtype)) ||
         !fits(h.answers_at, rows_bytes, DTypeSize(h.wire_dtype)) ||
         !fits(h.pairs_at, 12 * static_cast<size_t>(h.num_pairs), sizeof(int32_t))) {
       return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i],
-                                              ": mapped dispatch outside its ", region->bytes,
+                                              ": mapped dispatch outside its ", bytes,
                                               "-byte region (rows at ", h.rows_at, ", answers at ",
                                               h.answers_at, ", pairs at ", h.pairs_at, ")"));
     }
-    regions_[i] = *region;
+    regions_[i] = std::move(region);
   }
   return absl::OkStatus();
 }
@@ -243,17 +277,17 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
                                                       " backend's experts take float32 rows only"));
   }
   Backend* backend = shard_->backend();
-  // One DP rank, mapped, host tensors: the experts read and write its region itself.
+  // A view of DP rank i's region from byte `at`, as a tensor of `type`.
+  const auto view = [&](size_t i, int64_t at, DType type, std::vector<int64_t> shape) {
+    return Tensor(regions_[i], type, std::move(shape), static_cast<size_t>(at) / DTypeSize(type));
+  };
+  // One DP rank whose region lies where the backend keeps tensors: computed in place.
   const bool in_region =
-      num_dp == 1 && regions_[0].data != nullptr && backend->device() == Device::kCpu;
+      num_dp == 1 && regions_[0] != nullptr && regions_[0]->device() == backend->device();
   Tensor x, out;
   if (in_region) {
-    const WireHeader& h = headers[0];
-    auto region =
-        std::make_shared<Buffer>(Device::kCpu, regions_[0].data, regions_[0].bytes, nullptr);
-    const size_t elem = DTypeSize(dtype);
-    x = Tensor(region, dtype, {total_rows, hidden}, static_cast<size_t>(h.rows_at) / elem);
-    out = Tensor(region, dtype, {total_rows, hidden}, static_cast<size_t>(h.answers_at) / elem);
+    x = view(0, headers[0].rows_at, dtype, {total_rows, hidden});
+    out = view(0, headers[0].answers_at, dtype, {total_rows, hidden});
   } else {
     DXS_RETURN_IF_ERROR(EnsureRows(total_rows, dtype));
     x = x_.Rows(0, total_rows);
@@ -276,15 +310,16 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     if (h.mapped()) {
       // Rows and pairs in place: the pairs (and, unless the experts read the region
       // itself, the rows) copied once into the round's tensors.
-      if (regions_[i].data == nullptr) continue;
-      const uint8_t* base = static_cast<const uint8_t*>(regions_[i].data);
+      if (regions_[i] == nullptr) continue;
       if (!in_region && h.num_rows > 0) {
         Tensor rows = x_.Rows(row_offset_[i], h.num_rows);
-        DXS_RETURN_IF_ERROR(backend->CopyFromHost(base + h.rows_at, dtype, &rows));
+        DXS_RETURN_IF_ERROR(
+            CopyIn(backend, view(i, h.rows_at, dtype, {h.num_rows, hidden}), &rows));
       }
       if (h.num_pairs > 0) {
         Tensor block = pair_blocks_.Rows(3 * pair_offset_[i], 3 * h.num_pairs);
-        DXS_RETURN_IF_ERROR(backend->CopyFromHost(base + h.pairs_at, DType::kI32, &block));
+        DXS_RETURN_IF_ERROR(
+            CopyIn(backend, view(i, h.pairs_at, DType::kI32, {3 * h.num_pairs}), &block));
       }
       mapped_received += rows_bytes + 12 * static_cast<size_t>(h.num_pairs);
       mapped_sent += rows_bytes;
@@ -319,10 +354,9 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   DXS_RETURN_IF_ERROR(compute);
   // Answers of mapped ranks into their regions (unless computed there).
   for (size_t i = 0; i < num_dp && !in_region; ++i) {
-    if (regions_[i].data == nullptr || headers[i].num_rows == 0) continue;
-    DXS_RETURN_IF_ERROR(
-        backend->CopyToHost(out.Rows(row_offset_[i], headers[i].num_rows), dtype,
-                            static_cast<uint8_t*>(regions_[i].data) + headers[i].answers_at));
+    if (regions_[i] == nullptr || headers[i].num_rows == 0) continue;
+    Tensor answers = view(i, headers[i].answers_at, dtype, {headers[i].num_rows, hidden});
+    DXS_RETURN_IF_ERROR(CopyOut(backend, out.Rows(row_offset_[i], headers[i].num_rows), &answers));
   }
   // The experts' output must be written before the transport reads it (or the DP ranks,
   // once their statuses arrive).

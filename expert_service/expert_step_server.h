@@ -24,10 +24,12 @@
 //
 // A DP rank that dispatches through a mapped region (the one-copy exchange,
 // router/dispatch/dispatch_combine.h) sends its header after its rows, with the region's
-// key: the server maps the region (DataExchange::AttachPeerRegion), reads the rows and
+// key: the server maps the region (DataExchange::AttachPeerRegion; a GPU region with
+// Backend::OpenShared), reads the rows and
 // pairs there and stores its answers there, and answers with a 4-byte status in the group
-// instead of rows. With one DP rank and host tensors the experts read their input and
-// write their output in that region itself; otherwise the rows are copied into and out of
+// instead of rows. With one DP rank and a region where the backend keeps tensors (host
+// memory on the CPU, GPU memory on a GPU) the experts read their input and write their
+// output in that region itself; otherwise the rows are copied into and out of
 // the round's tensors once. A region that does not map is answered kRegionUnmappable and
 // that rank's rows are not computed (its step fails once, then it dispatches by copy).
 // Offsets outside the region fail the round like any malformed dispatch.
@@ -119,8 +121,12 @@ class ExpertStepServer final {
   int64_t rows_this_step_ = 0;
   std::vector<std::optional<WireHeader>> pending_;
   std::vector<std::string> pending_keys_;  // with a mapped header: its region's key
-  // Per round, the DP ranks' mapped regions (data null: the rank sends by copy).
-  std::vector<PeerRegion> regions_;
+  // Per round, the DP ranks' mapped regions (null: the rank sends by copy): host memory the
+  // transport mapped (a Buffer that owns nothing), or GPU memory the backend opened.
+  std::vector<std::shared_ptr<Buffer>> regions_;
+  // GPU regions opened, by (DP peer, key), the last few (a DP rank replaces a region only
+  // when it outgrows it).
+  std::vector<std::pair<std::pair<int, std::string>, std::shared_ptr<Buffer>>> opened_;
   // The statuses answered to mapped DP ranks, per output buffer (a send not delivered may
   // still read them, like the buffer's rows).
   std::vector<int32_t> statuses_[2];

@@ -21,6 +21,16 @@ absl::Status Backend::CopyFromStaging(const Buffer& staging, size_t offset, Tens
   return CopyFromHost(static_cast<const uint8_t*>(staging.data()) + offset, dst->dtype(), dst);
 }
 
+absl::StatusOr<SharedMemory> Backend::AllocateShared(size_t bytes) {
+  return absl::UnimplementedError(
+      absl::StrCat("the ", name(), " backend shares no memory with other processes"));
+}
+
+absl::StatusOr<std::shared_ptr<Buffer>> Backend::OpenShared(std::string_view key) {
+  return absl::UnimplementedError(
+      absl::StrCat("the ", name(), " backend shares no memory with other processes"));
+}
+
 absl::StatusOr<CapturedGraph> Backend::CaptureGraph(
     const std::function<absl::StatusOr<Tensor>()>& body, Tensor* eager_output) {
   return absl::UnimplementedError(absl::StrCat("the ", name(), " backend has no graphs"));

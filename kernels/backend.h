@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -118,6 +119,13 @@ struct PairSegment {
 // a kernel argument on a device.
 inline constexpr int kMaxPairSegments = 128;
 
+// Device memory another process of this host maps (Backend::AllocateShared): the block and
+// the key that names it to the other process (Backend::OpenShared).
+struct SharedMemory {
+  std::shared_ptr<Buffer> buffer;
+  std::string key;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -168,6 +176,17 @@ class Backend {
   virtual absl::StatusOr<std::shared_ptr<Buffer>> AllocateStaging(size_t bytes);
   // dst's bytes from staging memory at `offset`; enqueued (and recorded by a capture).
   virtual absl::Status CopyFromStaging(const Buffer& staging, size_t offset, Tensor* dst);
+
+  // ---- Memory another process maps (the one-copy exchange on a device) ----
+  // At least `bytes` of this backend's memory that another process of this host maps with
+  // OpenShared(key) and reads and writes in place: on CUDA a block of its own cudaMalloc and
+  // its IPC handle. UNIMPLEMENTED where the backend's memory is the host's (the transport
+  // maps that: DataExchange::MapRegion) or cannot be shared.
+  virtual absl::StatusOr<SharedMemory> AllocateShared(size_t bytes);
+  // The block `key` names (AllocateShared's, this process's or another's), mapped here
+  // until the Buffer goes. INVALID_ARGUMENT for a key that names none; UNIMPLEMENTED where
+  // nothing is shared.
+  virtual absl::StatusOr<std::shared_ptr<Buffer>> OpenShared(std::string_view key);
   virtual bool SupportsGraphs() const { return false; }
   // Runs `body` once eagerly (its result goes to *eager_output), then records it into a
   // graph. During both, the backend allocates from a pool of its own that eager work never

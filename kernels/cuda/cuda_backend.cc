@@ -5,14 +5,19 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_backend_impl.h"
 #if DXS_HAVE_FLASHINFER
@@ -393,6 +398,79 @@ absl::StatusOr<std::shared_ptr<Buffer>> CudaBackend::AllocateStaging(size_t byte
   DXS_RETURN_IF_ERROR(CudaStatus(
       cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault), "staging memory"));
   return std::make_shared<Buffer>(Device::kCpu, p, bytes, [](void* q) { cudaFreeHost(q); });
+}
+
+namespace {
+
+// AllocateShared's key: the IPC handle, then the block's size, the exporting process and
+// the block's address there (a key of this process is opened as the block itself: CUDA
+// refuses to open its own handles).
+struct SharedKey {
+  cudaIpcMemHandle_t handle;
+  uint64_t bytes;
+  uint64_t pid;
+  uint64_t address;
+};
+
+// This process's shared blocks, by address (OpenShared of its own keys).
+absl::Mutex shared_mu;
+std::map<uint64_t, std::weak_ptr<Buffer>>& OwnSharedBlocks()
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared_mu) {
+  static auto* blocks = new std::map<uint64_t, std::weak_ptr<Buffer>>();
+  return *blocks;
+}
+
+}  // namespace
+
+absl::StatusOr<SharedMemory> CudaBackend::AllocateShared(size_t bytes) {
+  DXS_RETURN_IF_ERROR(Enter("shared memory"));
+  void* p = nullptr;
+  DXS_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "shared memory"));
+  SharedKey key = {};
+  if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&key.handle, p), "shared memory handle");
+      !s.ok()) {
+    cudaFree(p);
+    return s;
+  }
+  key.bytes = bytes;
+  key.pid = static_cast<uint64_t>(getpid());
+  key.address = reinterpret_cast<uint64_t>(p);
+  auto buffer = std::make_shared<Buffer>(Device::kCuda, p, bytes, [](void* q) {
+    {
+      absl::MutexLock lock(&shared_mu);
+      OwnSharedBlocks().erase(reinterpret_cast<uint64_t>(q));
+    }
+    cudaFree(q);
+  });
+  {
+    absl::MutexLock lock(&shared_mu);
+    OwnSharedBlocks()[key.address] = buffer;
+  }
+  return SharedMemory{buffer, std::string(reinterpret_cast<const char*>(&key), sizeof(key))};
+}
+
+absl::StatusOr<std::shared_ptr<Buffer>> CudaBackend::OpenShared(std::string_view key_bytes) {
+  SharedKey key;
+  if (key_bytes.size() != sizeof(key)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a shared memory key of ", key_bytes.size(), " bytes, not ", sizeof(key)));
+  }
+  std::memcpy(&key, key_bytes.data(), sizeof(key));
+  if (key.pid == static_cast<uint64_t>(getpid())) {
+    absl::MutexLock lock(&shared_mu);
+    auto it = OwnSharedBlocks().find(key.address);
+    std::shared_ptr<Buffer> own = it == OwnSharedBlocks().end() ? nullptr : it->second.lock();
+    if (own == nullptr || own->num_bytes() != key.bytes) {
+      return absl::InvalidArgumentError("no shared memory block of this process has that key");
+    }
+    return own;
+  }
+  DXS_RETURN_IF_ERROR(Enter("open shared memory"));
+  void* p = nullptr;
+  DXS_RETURN_IF_ERROR(CudaStatus(
+      cudaIpcOpenMemHandle(&p, key.handle, cudaIpcMemLazyEnablePeerAccess), "open shared memory"));
+  return std::make_shared<Buffer>(Device::kCuda, p, key.bytes,
+                                  [](void* q) { cudaIpcCloseMemHandle(q); });
 }
 
 absl::Status CudaBackend::CopyFromStaging(const Buffer& staging, size_t offset, Tensor* dst) {

@@ -62,6 +62,8 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<std::shared_ptr<Buffer>> AllocateStaging(size_t bytes) override;
   absl::Status CopyFromStaging(const Buffer& staging, size_t offset, Tensor* dst) override;
+  absl::StatusOr<SharedMemory> AllocateShared(size_t bytes) override;
+  absl::StatusOr<std::shared_ptr<Buffer>> OpenShared(std::string_view key) override;
   // The per-expert cuBLAS FFN reads expert offsets on the host: no graphs with it.
   bool SupportsGraphs() const override { return use_cutlass_; }
   absl::StatusOr<CapturedGraph> CaptureGraph(const std::function<absl::StatusOr<Tensor>()>& body,

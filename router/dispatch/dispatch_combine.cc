@@ -294,6 +294,16 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   return std::unique_ptr<MoeHandle>(std::move(handle));
 }
 
+absl::StatusOr<SharedMemory> RemoteMoeExecutor::MapRegion(size_t bytes, bool device) {
+  if (device) return backend_->AllocateShared(bytes);
+  DXS_ASSIGN_OR_RETURN(MappedRegion mapped, transport_->MapRegion(bytes));
+  Transport* transport = transport_;
+  return SharedMemory{
+      std::make_shared<Buffer>(Device::kCpu, mapped.data, mapped.bytes,
+                               [transport](void* data) { transport->UnmapRegion(data); }),
+      std::move(mapped.key)};
+}
+
 namespace {
 
 constexpr size_t kRegionAlignment = 64;
@@ -311,10 +321,14 @@ absl::Status RemoteMoeExecutor::PlaceInRegion(int micro, int64_t total_rows, int
     // Views of a region: never reused by a dispatch that does not place in one.
     h.send_rows = h.recv_rows = h.pairs = Tensor();
   }
-  h.in_region = false;
+  h.in_region = h.device_region = false;
   h.mapped.assign(num_ranks, false);
   h.statuses.assign(num_ranks, 0);
-  if (!options_.mapped_regions || backend_->device() != Device::kCpu) return absl::OkStatus();
+  // Host tensors: a region the transport maps; GPU tensors: a block the backend shares.
+  const bool device = backend_->device() == Device::kCuda;
+  if (!options_.mapped_regions || (backend_->device() != Device::kCpu && !device)) {
+    return absl::OkStatus();
+  }
   bool any = false;
   for (int r = 0; r < num_ranks && r < placement_.num_ranks(); ++r) {
     if (placement_.experts_of(r).empty()) continue;
@@ -333,18 +347,19 @@ absl::Status RemoteMoeExecutor::PlaceInRegion(int micro, int64_t total_rows, int
     // Grown geometrically; the old region goes with its last view.
     const size_t bytes =
         std::max(need, region.buffer == nullptr ? 0 : 2 * region.buffer->num_bytes());
-    absl::StatusOr<MappedRegion> mapped = transport_->MapRegion(bytes);
-    if (!mapped.ok()) {
-      // No region (the transport maps none, or no memory): every rank by copy this time.
+    absl::StatusOr<SharedMemory> shared = MapRegion(bytes, device);
+    if (!shared.ok()) {
+      // No region (none can be mapped, or no memory): every rank by copy this time.
       h.mapped.assign(num_ranks, false);
       return absl::OkStatus();
     }
-    Transport* transport = transport_;
-    region.buffer =
-        std::make_shared<Buffer>(Device::kCpu, mapped->data, mapped->bytes,
-                                 [transport](void* data) { transport->UnmapRegion(data); });
-    region.key = std::move(mapped->key);
+    // A GPU block stays allocated while the executor lives: an EP rank that gave up on a
+    // step may still store into it, and unlike shared host memory nothing else keeps it.
+    if (device && region.buffer != nullptr) retired_regions_.push_back(region.buffer);
+    region.buffer = std::move(shared->buffer);
+    region.key = std::move(shared->key);
   }
+  h.device_region = device;
   const size_t elem = DTypeSize(dtype);
   h.in_region = true;
   h.send_rows = Tensor(region.buffer, dtype, {total_rows, hidden_});
@@ -377,7 +392,7 @@ absl::Status RemoteMoeExecutor::SendHeader(int r, int micro, int num_micro,
   if (!h.mapped[r]) return transport_->Send(ep_peers_[r], header.Encode(), nullptr, 0);
   // The rows, pairs and answers of this rank in the region (offsets from its start).
   const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(options_.wire_dtype);
-  header.flags = WireHeader::kMapped;
+  header.flags = WireHeader::kMapped | (h.device_region ? WireHeader::kDeviceRegion : 0);
   header.rows_at =
       static_cast<int64_t>(h.send_rows.offset_bytes() + h.token_offsets[r] * row_bytes);
   header.answers_at =

@@ -26,13 +26,14 @@
 //
 // The one-copy exchange (mapped regions): where the backend keeps tensors in host memory
 // and the transport maps memory between this rank and an EP rank (one host; UCX shared
-// memory, inproc), the handle's buffers (packed rows, pairs, answers) live in a region of
-// this rank's memory that those EP ranks map (DataExchange::MapRegion, one region per
-// micro-batch slot, grown as batches grow). The pack writes the rows there once; the
-// header, sent once they are written, carries the region's key and the offsets; the expert
-// rank reads its rows and pairs in place and stores its answers in place, and the group
-// carries only its 4-byte status back (wire.h). Rows cross memory once each way instead
-// of three times (pack, into the transport's FIFO, out of it). An EP rank that cannot map
+// memory, inproc), or keeps them on a GPU and shares its blocks with other processes of the
+// host (Backend::AllocateShared: CUDA IPC, over NVLink between two GPUs), the handle's buffers
+// (packed rows, pairs, answers) live in a region of this rank's memory that those EP ranks map
+// (DataExchange::MapRegion, one region per micro-batch slot, grown as batches grow). The pack
+// writes the rows there once; the header, sent once they are written, carries the region's key and
+// the offsets; the expert rank reads its rows and pairs in place and stores its answers in place,
+// and the group carries only its 4-byte status back (wire.h). Rows cross memory once each way
+// instead of three times (pack, into the transport's FIFO, out of it). An EP rank that cannot map
 // the region answers kRegionUnmappable: the step fails once with UNAVAILABLE and that
 // rank's rounds go by copy from then on. A region replaced while an EP rank that gave up on
 // a step may still store into it is kept mapped by that rank (transport.h): the stores land
@@ -90,7 +91,8 @@ struct DispatchHandle final : MoeHandle {
   // The one-copy exchange: send_rows, recv_rows and pairs are views of a mapped region;
   // mapped[r]: EP rank r reads and answers in place (its status lands in statuses[r]).
   bool in_region = false;
-  Tensor pairs;  // in_region: the pairs' blocks, [3 * sum pairs] i32
+  bool device_region = false;  // in_region: a GPU block the backend shares (CUDA IPC)
+  Tensor pairs;                // in_region: the pairs' blocks, [3 * sum pairs] i32
   std::vector<bool> mapped;
   std::vector<int32_t> statuses;
   std::optional<ExchangeId> group;  // the posted exchange, until Combine waits for it
@@ -203,6 +205,9 @@ class RemoteMoeExecutor final : public MoeExecutor {
   // Which in-step EP ranks take this micro-batch's rows in place; when any does, points
   // the handle's buffers into micro-batch slot `micro`'s region (mapped, or grown, here).
   absl::Status PlaceInRegion(int micro, int64_t total_rows, int64_t total_pairs, DispatchHandle* h);
+  // A new region of `bytes`: GPU memory the backend shares, or host memory the transport
+  // maps.
+  absl::StatusOr<SharedMemory> MapRegion(size_t bytes, bool device);
 
   Backend* backend_;
   Transport* transport_;
@@ -228,6 +233,7 @@ class RemoteMoeExecutor final : public MoeExecutor {
     std::string key;
   };
   Region regions_[kMaxMicroBatches];
+  std::vector<std::shared_ptr<Buffer>> retired_regions_;  // GPU regions outgrown (see MapRegion)
   std::map<int, int> unmappable_;  // EP rank -> its peer when it answered kRegionUnmappable
   // Recent combine waits (Combine's start to its last answer), smoothed: how long the
   // next is expected to take. Zero until the first.

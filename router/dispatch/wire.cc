@@ -77,7 +77,7 @@ absl::StatusOr<WireHeader> WireHeader::Decode(std::string_view bytes) {
   h.rows_at = Get<int64_t>(bytes, &off);
   h.pairs_at = Get<int64_t>(bytes, &off);
   h.answers_at = Get<int64_t>(bytes, &off);
-  if ((h.flags & ~WireHeader::kMapped) != 0) {
+  if ((h.flags & ~(WireHeader::kMapped | WireHeader::kDeviceRegion)) != 0) {
     return absl::InvalidArgumentError("wire header: unknown flags");
   }
   if (h.num_micro < 1 || h.micro >= h.num_micro) {

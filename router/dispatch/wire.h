@@ -11,7 +11,8 @@
 //   A dispatch header with kMapped set says instead that the rows, the pairs (the same
 //       block) and room for the answers are in a region of the sender's memory that the
 //       expert rank maps (DataExchange mapped regions): the payload is the region's key,
-//       and rows_at / pairs_at / answers_at are byte offsets into it. The expert reads the
+//       and rows_at / pairs_at / answers_at are byte offsets into it; with kDeviceRegion
+//       the region is GPU memory the expert's backend opens (CUDA IPC). The expert reads the
 //       rows and pairs there, stores its answers there, and then sends, in the group, one
 //       int32 status instead of the rows (0: answers stored; kRegionUnmappable: the region
 //       would not map, nothing was computed).
@@ -56,9 +57,13 @@ struct WireHeader {
   // The expert placement version the sender dispatches with (dispatch) or has (step).
   uint64_t placement_version = 0;
   static constexpr uint8_t kMapped = 1;  // flags: the rows are in a mapped region
+  // With kMapped: the region is device memory (Backend::OpenShared's key), not host memory
+  // the transport maps (DataExchange::AttachPeerRegion's).
+  static constexpr uint8_t kDeviceRegion = 2;
   uint8_t flags = 0;
   int64_t rows_at = 0, pairs_at = 0, answers_at = 0;  // with kMapped: byte offsets
   bool mapped() const { return (flags & kMapped) != 0; }
+  bool device_region() const { return (flags & kDeviceRegion) != 0; }
 
   std::string Encode() const;
   static absl::StatusOr<WireHeader> Decode(std::string_view bytes);

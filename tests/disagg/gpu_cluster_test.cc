@@ -74,12 +74,34 @@ class GpuCluster : public ::testing::Test {
   }
 };
 
+// The default exchange on GPUs is the one-copy exchange: the expert rank opens the
+// attention rank's GPU region (CUDA IPC), reads its rows and pairs there and writes its
+// answers there; only 4-byte statuses cross the transport, in host memory.
 TEST_F(GpuCluster, OneAttentionOneExpertEqualsCudaEngine) {
   std::map<std::string, double> attention, expert;
   ASSERT_NO_FATAL_FAILURE(RunOneByOne({}, &attention, &expert));
+  EXPECT_GT(ExchangeBytes(attention, "attention", 0, "send", "mapped"), 0);
+  EXPECT_GT(ExchangeBytes(attention, "attention", 0, "recv", "mapped"), 0);
+  EXPECT_EQ(ExchangeBytes(attention, "attention", 0, "send", "mapped"),
+            ExchangeBytes(expert, "expert", 0, "recv", "mapped"));
+  EXPECT_EQ(ExchangeBytes(attention, "attention", 0, "recv", "mapped"),
+            ExchangeBytes(expert, "expert", 0, "send", "mapped"));
+  for (const char* direction : {"send", "recv"}) {
+    EXPECT_EQ(ExchangeBytes(attention, "attention", 0, direction, "device"), 0);
+    EXPECT_EQ(ExchangeBytes(expert, "expert", 0, direction, "device"), 0);
+  }
+  EXPECT_EQ(ExchangeBytes(attention, "attention", 0, "send", "host"), 0);
+  EXPECT_EQ(ExchangeBytes(expert, "expert", 0, "recv", "host"), 0);
+  // Decode steps ran in recorded graph segments (--piecewise-graphs, the default).
+  EXPECT_GT(testing::Value(attention, R"(dxs_piecewise_decode_steps_total{rank="0"})"), 0);
+}
 
-  // The rows went device to device: nothing either rank posted lay in host memory (the
-  // expert rank receives the routed pairs on the device too and checks them there).
+// --mapped-exchange=false: the rows go through UCX device to device; nothing either rank
+// posted lay in host memory (the expert rank receives the routed pairs on the device too
+// and checks them there).
+TEST_F(GpuCluster, CopyExchangeKeepsRowsOnTheDevice) {
+  std::map<std::string, double> attention, expert;
+  ASSERT_NO_FATAL_FAILURE(RunOneByOne({"--mapped-exchange=false"}, &attention, &expert));
   EXPECT_GT(ExchangeBytes(attention, "attention", 0, "send", "device"), 0);
   EXPECT_GT(ExchangeBytes(attention, "attention", 0, "recv", "device"), 0);
   EXPECT_EQ(ExchangeBytes(attention, "attention", 0, "send", "host"), 0);
@@ -88,8 +110,7 @@ TEST_F(GpuCluster, OneAttentionOneExpertEqualsCudaEngine) {
   EXPECT_GT(ExchangeBytes(expert, "expert", 0, "send", "device"), 0);
   EXPECT_EQ(ExchangeBytes(expert, "expert", 0, "send", "host"), 0);
   EXPECT_EQ(ExchangeBytes(expert, "expert", 0, "recv", "host"), 0);
-  // Decode steps ran in recorded graph segments (--piecewise-graphs, the default).
-  EXPECT_GT(testing::Value(attention, R"(dxs_piecewise_decode_steps_total{rank="0"})"), 0);
+  EXPECT_EQ(ExchangeBytes(attention, "attention", 0, "send", "mapped"), 0);
 }
 
 // The same cluster with --piecewise-graphs=false: every step eager, the same answers.

@@ -133,6 +133,35 @@ class CudaBackendTest : public ::testing::Test {
   std::unique_ptr<Backend> gpu_, cpu_;
 };
 
+// AllocateShared / OpenShared (the one-copy exchange's GPU regions): a block this process
+// shares opens as itself here (CUDA refuses a process its own IPC handles; another process
+// opens it through cudaIpcOpenMemHandle, which gpu_cluster_test runs); bad keys are refused;
+// the CPU backend shares nothing.
+TEST_F(CudaBackendTest, SharedBlocksOpenByTheirKey) {
+  absl::StatusOr<SharedMemory> shared = gpu_->AllocateShared(1 << 20);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_EQ(shared->buffer->device(), Device::kCuda);
+  EXPECT_GE(shared->buffer->num_bytes(), size_t{1} << 20);
+  absl::StatusOr<std::shared_ptr<Buffer>> opened = gpu_->OpenShared(shared->key);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ((*opened)->data(), shared->buffer->data());
+  // Written through one view, read through the other.
+  Tensor a(shared->buffer, DType::kF32, {256});
+  Tensor b(*opened, DType::kF32, {256});
+  std::vector<float> values(256);
+  for (int i = 0; i < 256; ++i) values[i] = 0.5f + i;
+  ASSERT_TRUE(gpu_->CopyFromHost(values.data(), DType::kF32, &a).ok());
+  std::vector<float> back(256, -1.f);
+  ASSERT_TRUE(gpu_->CopyToHost(b, DType::kF32, back.data()).ok());
+  EXPECT_EQ(back, values);
+  EXPECT_EQ(gpu_->OpenShared("short").status().code(), absl::StatusCode::kInvalidArgument);
+  std::string other = shared->key;
+  other[other.size() - 1] ^= 0x40;  // the address: no block of this process
+  EXPECT_EQ(gpu_->OpenShared(other).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cpu_->AllocateShared(64).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(cpu_->OpenShared(shared->key).status().code(), absl::StatusCode::kUnimplemented);
+}
+
 TEST_F(CudaBackendTest, CopiesConvertBetweenDtypes) {
   const std::vector<float> v = RandomFloats(1000, 1);
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
