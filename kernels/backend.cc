@@ -31,6 +31,13 @@ absl::StatusOr<std::shared_ptr<Buffer>> Backend::OpenShared(std::string_view key
       absl::StrCat("the ", name(), " backend shares no memory with other processes"));
 }
 
+absl::StatusOr<std::unique_ptr<LowLatencyExchange>> Backend::MakeLowLatencyExchange(
+    const LowLatencyShape&, LowLatencySide, int) {
+  return absl::UnimplementedError(absl::StrCat(
+      "the ", name(),
+      " backend has no low-latency exchange (a CUDA path; the host-driven exchange serves it)"));
+}
+
 absl::StatusOr<CapturedGraph> Backend::CaptureGraph(
     const std::function<absl::StatusOr<Tensor>()>& body, Tensor* eager_output) {
   return absl::UnimplementedError(absl::StrCat("the ", name(), " backend has no graphs"));

@@ -37,12 +37,16 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(const ModelConf
   }
   DXS_ASSIGN_OR_RETURN(AttentionWeights aw,
                        LoadAttentionWeights(weights, e->config_, e->backend_.get()));
-  std::vector<int> all_experts(e->config_.num_experts);
-  std::iota(all_experts.begin(), all_experts.end(), 0);
-  DXS_ASSIGN_OR_RETURN(ExpertWeightMap ew,
-                       LoadExpertWeights(weights, e->config_, all_experts, e->backend_.get()));
-  e->experts_ = std::make_unique<ExpertShard>(e->config_, std::move(ew), e->backend_.get());
-  e->moe_ = std::make_unique<LocalMoeExecutor>(e->experts_.get());
+  if (options.moe_factory) {
+    DXS_ASSIGN_OR_RETURN(e->moe_, options.moe_factory(e->config_, e->backend_.get()));
+  } else {
+    std::vector<int> all_experts(e->config_.num_experts);
+    std::iota(all_experts.begin(), all_experts.end(), 0);
+    DXS_ASSIGN_OR_RETURN(ExpertWeightMap ew,
+                         LoadExpertWeights(weights, e->config_, all_experts, e->backend_.get()));
+    e->experts_ = std::make_unique<ExpertShard>(e->config_, std::move(ew), e->backend_.get());
+    e->moe_ = std::make_unique<LocalMoeExecutor>(e->experts_.get());
+  }
   e->model_ =
       std::make_unique<Qwen3MoeModel>(e->config_, std::move(aw), e->backend_.get(), e->moe_.get());
   e->kv_ = std::make_unique<KvCache>(e->config_, e->backend_.get(), options.kv_capacity_tokens);

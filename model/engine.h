@@ -44,6 +44,10 @@ struct EngineOptions {
   bool graphs = true;
   // The compute backend, overriding `device` (tests: the opaque backend).
   std::function<std::unique_ptr<Backend>()> backend_factory;
+  // The model's MoE, overriding the local experts: then no expert is loaded here and
+  // experts() must not be called (tests: remote experts over the low-latency exchange).
+  std::function<absl::StatusOr<std::unique_ptr<MoeExecutor>>(const ModelConfig&, Backend*)>
+      moe_factory;
 };
 
 class LocalEngine {
@@ -57,7 +61,7 @@ class LocalEngine {
 
   const ModelConfig& config() const { return config_; }
   Qwen3MoeModel& model() { return *model_; }
-  // Every expert, and its per-expert token counts (all layers).
+  // Every expert, and its per-expert token counts (all layers); not with a moe_factory.
   ExpertShard& experts() { return *experts_; }
   Backend* backend() { return backend_.get(); }
 
@@ -73,7 +77,7 @@ class LocalEngine {
   ModelConfig config_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<ExpertShard> experts_;
-  std::unique_ptr<LocalMoeExecutor> moe_;
+  std::unique_ptr<MoeExecutor> moe_;
   std::unique_ptr<Qwen3MoeModel> model_;
   std::unique_ptr<KvCache> kv_;
 };

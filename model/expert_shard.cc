@@ -39,10 +39,11 @@ ExpertShard::ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Bac
 std::vector<int64_t> ExpertShard::tokens_per_expert_snapshot() const {
   std::vector<int64_t> out(std::max<int64_t>(config_.num_experts, 0));
   for (size_t e = 0; e < out.size(); ++e) out[e] = tokens_per_expert_[e].load();
-  if (counts_on_device_) {
-    absl::MutexLock lock(&device_counts_mu_);
+  absl::MutexLock lock(&device_counts_mu_);
+  for (const Tensor* counts : {&device_counts_, &ll_counts_}) {
+    if (!counts->defined()) continue;
     std::vector<int64_t> device(out.size());
-    if (backend_->CopyToHost(device_counts_, DType::kI64, device.data()).ok()) {
+    if (backend_->CopyToHost(*counts, DType::kI64, device.data()).ok()) {
       for (size_t e = 0; e < out.size(); ++e) out[e] += device[e];
     }
   }
@@ -169,6 +170,48 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
   // The weighted pre-sum over each token's pairs, in float32, rounded once into out (rows
   // on a bf16 wire are bf16).
   return backend_->ScaleSumRows(y, sorted_weights, sorted_out_rows, out);
+}
+
+absl::Status ExpertShard::ForwardLowLatency(int layer, const LowLatencyPairs& pairs, Tensor* y) {
+  if (layer < 0 || static_cast<size_t>(layer) >= gate_up_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("expert layer ", layer, " does not exist"));
+  }
+  const int64_t entries = pairs.rows.num_elements();
+  const int num_experts = static_cast<int>(config_.num_experts);
+  // A rank that holds none of this layer's experts is sent no row (the attention ranks
+  // route by the same placement); its answers are zeros.
+  const std::vector<const Tensor*>& held = gate_up_[layer];
+  if (std::all_of(held.begin(), held.end(), [](const Tensor* w) { return w == nullptr; })) {
+    return backend_->Fill(y, 0.f);
+  }
+  const bool own_scratch = backend_->InGraphCapture();
+  Workspace local;
+  Workspace& ws = own_scratch ? local : ll_ws_;
+  if (!ws.order.defined() || ws.order.rows() != entries) {
+    DXS_ASSIGN_OR_RETURN(ws.order, backend_->Allocate({entries}, DType::kI32));
+    DXS_ASSIGN_OR_RETURN(ws.sorted_rows, backend_->Allocate({entries}, DType::kI32));
+    DXS_ASSIGN_OR_RETURN(ws.sorted_out_rows, backend_->Allocate({entries}, DType::kI32));
+    DXS_ASSIGN_OR_RETURN(ws.sorted_weights, backend_->Allocate({entries}, DType::kF32));
+    DXS_ASSIGN_OR_RETURN(ws.y, backend_->Allocate({entries, config_.hidden_size}));
+    DXS_ASSIGN_OR_RETURN(ws.offsets, backend_->Allocate({num_experts + 2}, DType::kI32));
+  }
+  DXS_RETURN_IF_ERROR(backend_->SortPairsByExpert(
+      pairs.experts, num_experts + 1, &ws.order, &ws.offsets,
+      {{&pairs.rows, &ws.sorted_rows},
+       {&pairs.out_rows, &ws.sorted_out_rows},
+       {&pairs.weights, &ws.sorted_weights}}));
+  const Tensor offsets = ws.offsets.Rows(0, num_experts + 1);  // the real pairs' runs
+  {
+    absl::MutexLock lock(&device_counts_mu_);
+    if (!counts_on_device_ && !ll_counts_.defined()) {
+      DXS_ASSIGN_OR_RETURN(ll_counts_, backend_->Zeros({num_experts}, DType::kI64));
+    }
+    DXS_RETURN_IF_ERROR(
+        backend_->AccumulateCounts(offsets, counts_on_device_ ? &device_counts_ : &ll_counts_));
+  }
+  DXS_RETURN_IF_ERROR(backend_->GroupedSwiGlu(pairs.x, &ws.sorted_rows, offsets, gate_up_[layer],
+                                              down_[layer], &ws.y));
+  return backend_->ScaleSumRows(ws.y, ws.sorted_weights, ws.sorted_out_rows, y);
 }
 
 absl::Status ExpertShard::CountOnHost(int layer, const Tensor& offsets) {

@@ -42,7 +42,8 @@ sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-san
 # The gpu-labelled test binaries; all but gpu_cluster_test run their GPU work in-process.
 gpu_tests=(topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test
            grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test
-           ll_exchange_cuda_test nccl_transport_test worker_transport_test gpu_cluster_test)
+           ll_exchange_cuda_test low_latency_moe_cuda_test nccl_transport_test worker_transport_test
+           gpu_cluster_test)
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv >"$OUT/nvidia-smi.txt" 2>&1
 summary=()
 if [ "$what" = tests ] || [ "$what" = all ]; then

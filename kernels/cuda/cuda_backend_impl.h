@@ -129,6 +129,9 @@ class CudaBackend final : public Backend {
   absl::Status UnpackRoutedPairs(const Tensor& blocks, const std::vector<PairSegment>& segments,
                                  const Tensor& held, Tensor* rows, Tensor* experts, Tensor* weights,
                                  Tensor* bad) override;
+  // kernels/cuda/cuda_ll_exchange.cc.
+  absl::StatusOr<std::unique_ptr<LowLatencyExchange>> MakeLowLatencyExchange(
+      const LowLatencyShape& shape, LowLatencySide side, int rank) override;
   absl::Status ArgmaxRows(const Tensor& logits, Tensor* ids) override;
   absl::Status SampleRows(const Tensor& logits, const Tensor& params, Tensor* ids) override;
 
@@ -136,6 +139,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
 
  private:
+  friend class CudaLowLatencyExchange;
   // Makes this backend's GPU current on the calling thread (ops may come from any thread).
   absl::Status Enter(const char* op) const;
   // Scratch memory for one op, from the caching allocator: stream order makes its reuse by

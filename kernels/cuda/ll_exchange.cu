@@ -207,6 +207,31 @@ __global__ void __launch_bounds__(kThreads) LlCombineReduceKernel(LlCombineReduc
   }
 }
 
+__global__ void __launch_bounds__(kThreads) LlRegionPairsKernel(LlRegionPairsArgs a) {
+  const LlRegionLayout& L = a.layout;
+  const char* region = static_cast<const char*>(a.region);
+  const int32_t* counts = reinterpret_cast<const int32_t*>(region + L.counts);
+  const LlPair* meta = reinterpret_cast<const LlPair*>(region + L.meta);
+  const int64_t slots = static_cast<int64_t>(L.num_sources) * L.capacity;
+  const int64_t total = slots * L.top_k;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t slot = i / L.top_k;
+    const int s = static_cast<int>(slot / L.capacity);
+    const int64_t t = slot % L.capacity;
+    const LlPair pair = meta[i];
+    bool valid = t < counts[s] && pair.expert >= 0 && pair.expert < a.num_experts;
+    if (valid && a.held[pair.expert] == 0) {
+      atomicAdd(a.bad, 1);
+      valid = false;
+    }
+    a.rows[i] = valid ? static_cast<int32_t>(slot) : 0;
+    a.experts[i] = valid ? pair.expert : a.num_experts;
+    a.weights[i] = valid ? pair.weight : 0.f;
+    a.out_rows[i] = static_cast<int32_t>(valid ? slot : slots);
+  }
+}
+
 bool LayoutOk(const LlRegionLayout& L, std::string* error, const char* what) {
   if (L.bytes == 0 || L.num_sources < 1 || L.num_sources > kLlMaxRanks || L.capacity < 1 ||
       L.row_bytes <= 0 || L.row_bytes % 16 != 0) {
@@ -333,6 +358,20 @@ cudaError_t LaunchLlCombineReduce(const LlCombineReduceArgs& a, int num_sms, cud
   if (e == cudaErrorInvalidValue)
     return Fail(error, "combine reduce: a non-floating row or out type");
   return e;
+}
+
+cudaError_t LaunchLlRegionPairs(const LlRegionPairsArgs& a, int num_sms, cudaStream_t stream,
+                                std::string* error) {
+  const LlRegionLayout& L = a.layout;
+  if (!LayoutOk(L, error, "region pairs")) return cudaErrorInvalidValue;
+  if (L.top_k < 1) return Fail(error, "region pairs: the region has no meta (top_k 0)");
+  if (a.region == nullptr || a.held == nullptr || a.num_experts < 1 || a.rows == nullptr ||
+      a.experts == nullptr || a.weights == nullptr || a.out_rows == nullptr || a.bad == nullptr) {
+    return Fail(error, "region pairs: a null pointer or no experts");
+  }
+  const int64_t total = static_cast<int64_t>(L.num_sources) * L.capacity * L.top_k;
+  LlRegionPairsKernel<<<Grid((total + kThreads - 1) / kThreads, num_sms), kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 cudaError_t LlReadStatus(const LlSync* sync, int* error, int* error_source) {

@@ -146,6 +146,30 @@ struct LlCombineReduceArgs {
 cudaError_t LaunchLlCombineReduce(const LlCombineReduceArgs& a, int num_sms, cudaStream_t stream,
                                   std::string* error);
 
+// An expert rank's round, after LaunchLlWait on its dispatch region, as the routed pairs the
+// grouped expert FFN takes (ExpertShard::ForwardLowLatency), with no count on the host: one
+// entry per (source, slot, k) of the region, P = num_sources * capacity * top_k. Entry i of
+// slot (s, t) is a pair when t < the source's count and its expert is in [0, num_experts)
+// and held here (held: i32 [num_experts], non-zero for the experts this rank holds); then
+// rows[i] = out_rows[i] = s * capacity + t, experts[i] = the expert, weights[i] = its
+// weight. Every other entry is (row 0, expert num_experts, weight 0, out row num_sources *
+// capacity): the sort puts it after every real pair and its sum lands in a spare row
+// nobody sends. A pair for an expert that is not held counts in bad[0] (the host reads it
+// with the step's status; the attention side's placement and this rank's disagree).
+struct LlRegionPairsArgs {
+  const void* region = nullptr;  // this rank's dispatch region
+  LlRegionLayout layout;
+  const int32_t* held = nullptr;
+  int32_t num_experts = 0;
+  int32_t* rows = nullptr;      // [P]
+  int32_t* experts = nullptr;   // [P]
+  float* weights = nullptr;     // [P]
+  int32_t* out_rows = nullptr;  // [P]
+  int32_t* bad = nullptr;       // [1], accumulated
+};
+cudaError_t LaunchLlRegionPairs(const LlRegionPairsArgs& a, int num_sms, cudaStream_t stream,
+                                std::string* error);
+
 // The LlSync's error and source, copied to the host (synchronous).
 cudaError_t LlReadStatus(const LlSync* sync, int* error, int* error_source);
 

@@ -1,0 +1,44 @@
+#include "expert_service/low_latency_expert_rounds.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace dxs {
+
+absl::StatusOr<std::unique_ptr<LowLatencyExpertRounds>> LowLatencyExpertRounds::Make(
+    const ModelConfig& config, ExpertShard* shard, LowLatencyExchange* exchange) {
+  const LowLatencyShape& s = exchange->shape();
+  if (exchange->side() != LowLatencySide::kExpert || s.num_experts != config.num_experts ||
+      s.hidden != config.hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "low-latency expert rounds: an exchange of ", s.num_experts, " experts, hidden ", s.hidden,
+        ", for a model of ", config.num_experts, " and ", config.hidden_size));
+  }
+  Backend* backend = shard->backend();
+  const int layers = config.num_hidden_layers;
+  std::vector<int32_t> held(static_cast<size_t>(layers) * s.num_experts);
+  for (int l = 0; l < layers; ++l) {
+    for (int e = 0; e < s.num_experts; ++e) {
+      held[static_cast<size_t>(l) * s.num_experts + e] = shard->Holds(l, e) ? 1 : 0;
+    }
+  }
+  auto rounds = std::unique_ptr<LowLatencyExpertRounds>(new LowLatencyExpertRounds(shard, exchange));
+  DXS_ASSIGN_OR_RETURN(rounds->held_, backend->Allocate({layers, s.num_experts}, DType::kI32));
+  DXS_RETURN_IF_ERROR(backend->CopyFromHost(held.data(), DType::kI32, &rounds->held_));
+  const int64_t slots = static_cast<int64_t>(s.num_attention_ranks) * s.capacity;
+  DXS_ASSIGN_OR_RETURN(rounds->y_, backend->Allocate({slots + 1, s.hidden}, DType::kBF16));
+  return rounds;
+}
+
+absl::Status LowLatencyExpertRounds::Round(int layer) {
+  if (layer < 0 || layer >= held_.rows()) {
+    return absl::InvalidArgumentError(absl::StrCat("low-latency round: layer ", layer));
+  }
+  DXS_RETURN_IF_ERROR(exchange_->Receive(held_.Rows(layer, 1).Reshape({held_.row_size()}), &pairs_));
+  DXS_RETURN_IF_ERROR(shard_->ForwardLowLatency(layer, pairs_, &y_));
+  return exchange_->Send(y_);
+}
+
+}  // namespace dxs

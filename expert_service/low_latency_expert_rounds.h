@@ -1,0 +1,39 @@
+// LowLatencyExpertRounds: an expert rank's side of the low-latency exchange
+// (kernels/low_latency_exchange.h) over the experts its ExpertShard holds. Round(layer)
+// enqueues the wait for every attention rank's rows, the experts over them
+// (ExpertShard::ForwardLowLatency) and the answers' send, and returns: the ranks' waits
+// run on the device, so a worker enqueues (or replays from a graph) a whole step's rounds
+// at once and looks at the host only for CheckStatus.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/low_latency_exchange.h"
+#include "model/expert_shard.h"
+
+namespace dxs {
+
+class LowLatencyExpertRounds {
+ public:
+  // exchange: this expert rank's side, connected. Which experts the shard holds is read
+  // here, per layer (call again after the placement changes).
+  static absl::StatusOr<std::unique_ptr<LowLatencyExpertRounds>> Make(
+      const ModelConfig& config, ExpertShard* shard, LowLatencyExchange* exchange);
+
+  absl::Status Round(int layer);
+  absl::Status CheckStatus() { return exchange_->CheckStatus(); }
+
+ private:
+  LowLatencyExpertRounds(ExpertShard* shard, LowLatencyExchange* exchange)
+      : shard_(shard), exchange_(exchange) {}
+
+  ExpertShard* shard_;
+  LowLatencyExchange* exchange_;
+  Tensor held_;  // i32 [layers, num_experts]: non-zero where the shard holds the expert
+  Tensor y_;     // bf16 [slots + 1, hidden]: a round's pre-sums
+  LowLatencyPairs pairs_;
+};
+
+}  // namespace dxs

@@ -1,0 +1,305 @@
+// The CUDA backend's low-latency exchange (kernels/low_latency_exchange.h): one rank's
+// receive region (Backend::AllocateShared: CUDA IPC between processes, the block itself in
+// one process), its LlSync, the peers' regions mapped here, and the rounds as the launches
+// of kernels/cuda/ll_exchange.cuh on the backend's stream. Nothing here synchronises with
+// the host except CheckStatus, so a decode step that runs the rounds can be captured.
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/cuda/ll_exchange.cuh"
+
+namespace dxs {
+
+class CudaLowLatencyExchange final : public LowLatencyExchange {
+ public:
+  CudaLowLatencyExchange(CudaBackend* backend, const LowLatencyShape& shape, LowLatencySide side,
+                         int rank)
+      : backend_(backend), shape_(shape), side_(side), rank_(rank) {}
+
+  absl::Status Init() {
+    const LowLatencyShape& s = shape_;
+    const int own_side = side_ == LowLatencySide::kAttention ? s.num_attention_ranks
+                                                             : s.num_expert_ranks;
+    if (s.num_attention_ranks < 1 || s.num_expert_ranks < 1 || s.capacity < 1 || s.hidden < 1 ||
+        s.top_k < 1 || s.num_experts < 1 || s.timeout_ns <= 0 || rank_ < 0 || rank_ >= own_side) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "low-latency exchange: ", s.num_attention_ranks, " attention and ", s.num_expert_ranks,
+          " expert ranks, capacity ", s.capacity, ", hidden ", s.hidden, ", top-", s.top_k, " of ",
+          s.num_experts, ", rank ", rank_, ", timeout ", s.timeout_ns, " ns"));
+    }
+    dispatch_ = cuda::MakeLlRegionLayout(s.num_attention_ranks, s.capacity, s.hidden, s.top_k,
+                                         cuda::ElemType::kBF16);
+    combine_ = cuda::MakeLlRegionLayout(s.num_expert_ranks, s.capacity, s.hidden, 0,
+                                        cuda::ElemType::kBF16);
+    if (dispatch_.bytes == 0 || combine_.bytes == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "low-latency exchange: at most ", cuda::kLlMaxRanks, " ranks a side, top_k <= ",
+          cuda::kLlMaxTopK, ", bf16 rows of a multiple of 16 bytes (hidden ", s.hidden, ")"));
+    }
+    const cuda::LlRegionLayout& own = receive_layout();
+    DXS_ASSIGN_OR_RETURN(region_, backend_->AllocateShared(own.bytes));
+    DXS_RETURN_IF_ERROR(backend_->Enter("low-latency exchange"));
+    // Zeroed once: flags at epoch 0, no counts (the rounds never reset anything).
+    DXS_RETURN_IF_ERROR(CudaStatus(cudaMemset(region_.buffer->data(), 0, own.bytes),
+                                   "low-latency exchange: zero the region"));
+    static_assert(sizeof(cuda::LlSync) % sizeof(int64_t) == 0);
+    DXS_ASSIGN_OR_RETURN(
+        sync_, backend_->Zeros({static_cast<int64_t>(sizeof(cuda::LlSync) / sizeof(int64_t))},
+                               DType::kI64));
+    if (side_ == LowLatencySide::kExpert) {
+      const int64_t slots = static_cast<int64_t>(s.num_attention_ranks) * s.capacity;
+      const int64_t entries = slots * s.top_k;
+      DXS_ASSIGN_OR_RETURN(bad_, backend_->Zeros({1}, DType::kI32));
+      DXS_ASSIGN_OR_RETURN(pairs_.rows, backend_->Allocate({entries}, DType::kI32));
+      DXS_ASSIGN_OR_RETURN(pairs_.experts, backend_->Allocate({entries}, DType::kI32));
+      DXS_ASSIGN_OR_RETURN(pairs_.weights, backend_->Allocate({entries}, DType::kF32));
+      DXS_ASSIGN_OR_RETURN(pairs_.out_rows, backend_->Allocate({entries}, DType::kI32));
+      pairs_.x = Tensor(region_.buffer, DType::kBF16, {slots, s.hidden},
+                        dispatch_.rows / DTypeSize(DType::kBF16));
+    }
+    return backend_->Synchronize();
+  }
+
+  const LowLatencyShape& shape() const override { return shape_; }
+  LowLatencySide side() const override { return side_; }
+  int rank() const override { return rank_; }
+  const std::string& region_key() const override { return region_.key; }
+
+  absl::Status Connect(const std::vector<std::string>& peer_keys) override {
+    const size_t want = static_cast<size_t>(
+        side_ == LowLatencySide::kAttention ? shape_.num_expert_ranks : shape_.num_attention_ranks);
+    if (peer_keys.size() != want) {
+      return absl::InvalidArgumentError(absl::StrCat("low-latency exchange: ", peer_keys.size(),
+                                                     " peer regions, the other side has ", want,
+                                                     " ranks"));
+    }
+    if (!peers_.empty()) return absl::FailedPreconditionError("low-latency exchange: connected");
+    const size_t bytes = send_layout().bytes;
+    std::vector<int64_t> bases;
+    std::vector<std::shared_ptr<Buffer>> peers;
+    for (size_t r = 0; r < peer_keys.size(); ++r) {
+      absl::StatusOr<std::shared_ptr<Buffer>> peer = backend_->OpenShared(peer_keys[r]);
+      if (!peer.ok()) {
+        return absl::Status(peer.status().code(),
+                            absl::StrCat("low-latency exchange: the region of peer rank ", r, ": ",
+                                         peer.status().message()));
+      }
+      if ((*peer)->num_bytes() < bytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("low-latency exchange: peer rank ", r, "'s region has ",
+                         (*peer)->num_bytes(), " bytes, this shape needs ", bytes));
+      }
+      bases.push_back(reinterpret_cast<int64_t>((*peer)->data()));
+      peers.push_back(*std::move(peer));
+    }
+    DXS_ASSIGN_OR_RETURN(peer_table_,
+                         backend_->Allocate({static_cast<int64_t>(bases.size())}, DType::kI64));
+    DXS_RETURN_IF_ERROR(backend_->CopyFromHost(bases.data(), DType::kI64, &peer_table_));
+    peers_ = std::move(peers);
+    return absl::OkStatus();
+  }
+
+  absl::Status Dispatch(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                        const Tensor& expert_owner) override {
+    DXS_RETURN_IF_ERROR(Ready(LowLatencySide::kAttention, "dispatch"));
+    const int64_t tokens = x.rows();
+    DXS_RETURN_IF_ERROR(CheckRouting("dispatch", tokens, ids, expert_owner));
+    if (x.dtype() != DType::kBF16 || x.row_size() != shape_.hidden ||
+        weights.dtype() != DType::kF32 || weights.num_elements() != ids.num_elements()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("low-latency dispatch: x ", x.ShapeString(), " (bf16, hidden ",
+                       shape_.hidden, ") with weights ", weights.ShapeString(), " (f32)"));
+    }
+    cuda::LlDispatchSendArgs a;
+    a.x = tokens > 0 ? x.raw() : nullptr;
+    a.topk_ids = tokens > 0 ? ids.i32() : nullptr;
+    a.topk_weights = tokens > 0 ? weights.f32() : nullptr;
+    a.num_tokens = tokens;
+    a.expert_owner = expert_owner.i32();
+    a.num_experts = shape_.num_experts;
+    a.regions = reinterpret_cast<void* const*>(peer_table_.raw());
+    a.num_ranks = shape_.num_expert_ranks;
+    a.source = rank_;
+    a.layout = dispatch_;
+    a.sync = sync();
+    std::string error;
+    return Launched(cuda::LaunchLlDispatchSend(a, backend_->num_sms_, backend_->stream_, &error),
+                    error);
+  }
+
+  absl::Status Combine(const Tensor& ids, const Tensor& expert_owner, Tensor* out) override {
+    DXS_RETURN_IF_ERROR(Ready(LowLatencySide::kAttention, "combine"));
+    const int64_t tokens = out->rows();
+    DXS_RETURN_IF_ERROR(CheckRouting("combine", tokens, ids, expert_owner));
+    if (out->row_size() != shape_.hidden ||
+        (out->dtype() != DType::kBF16 && out->dtype() != DType::kF32)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "low-latency combine: out ", out->ShapeString(), " (f32 or bf16, hidden ", shape_.hidden,
+          ")"));
+    }
+    std::string error;
+    DXS_RETURN_IF_ERROR(Launched(cuda::LaunchLlWait(region_.buffer->data(), combine_, sync(),
+                                                    shape_.timeout_ns, backend_->stream_, &error),
+                                 error));
+    cuda::LlCombineReduceArgs a;
+    a.region = region_.buffer->data();
+    a.layout = combine_;
+    a.row_type = cuda::ElemType::kBF16;
+    a.topk_ids = tokens > 0 ? ids.i32() : nullptr;
+    a.top_k = shape_.top_k;
+    a.expert_owner = expert_owner.i32();
+    a.num_experts = shape_.num_experts;
+    a.num_tokens = tokens;
+    a.out = tokens > 0 ? out->raw() : nullptr;
+    a.out_type = ToElemType(out->dtype());
+    return Launched(cuda::LaunchLlCombineReduce(a, backend_->num_sms_, backend_->stream_, &error),
+                    error);
+  }
+
+  absl::Status Receive(const Tensor& held, LowLatencyPairs* pairs) override {
+    DXS_RETURN_IF_ERROR(Ready(LowLatencySide::kExpert, "receive"));
+    if (held.dtype() != DType::kI32 || held.num_elements() != shape_.num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("low-latency receive: held ",
+                                                     held.ShapeString(), " (i32 [",
+                                                     shape_.num_experts, "])"));
+    }
+    std::string error;
+    DXS_RETURN_IF_ERROR(Launched(cuda::LaunchLlWait(region_.buffer->data(), dispatch_, sync(),
+                                                    shape_.timeout_ns, backend_->stream_, &error),
+                                 error));
+    cuda::LlRegionPairsArgs a;
+    a.region = region_.buffer->data();
+    a.layout = dispatch_;
+    a.held = held.i32();
+    a.num_experts = shape_.num_experts;
+    a.rows = pairs_.rows.i32();
+    a.experts = pairs_.experts.i32();
+    a.weights = pairs_.weights.f32();
+    a.out_rows = pairs_.out_rows.i32();
+    a.bad = bad_.i32();
+    DXS_RETURN_IF_ERROR(Launched(
+        cuda::LaunchLlRegionPairs(a, backend_->num_sms_, backend_->stream_, &error), error));
+    *pairs = pairs_;
+    return absl::OkStatus();
+  }
+
+  absl::Status Send(const Tensor& y) override {
+    DXS_RETURN_IF_ERROR(Ready(LowLatencySide::kExpert, "send"));
+    const int64_t slots = static_cast<int64_t>(shape_.num_attention_ranks) * shape_.capacity;
+    if (y.dtype() != DType::kBF16 || y.rows() != slots + 1 || y.row_size() != shape_.hidden) {
+      return absl::InvalidArgumentError(absl::StrCat("low-latency send: y ", y.ShapeString(),
+                                                     " (bf16 [", slots + 1, ", ", shape_.hidden,
+                                                     "])"));
+    }
+    cuda::LlCombineSendArgs a;
+    a.y = y.raw();
+    a.dispatch_region = region_.buffer->data();
+    a.dispatch = dispatch_;
+    a.regions = reinterpret_cast<void* const*>(peer_table_.raw());
+    a.combine = combine_;
+    a.source = rank_;
+    a.sync = sync();
+    std::string error;
+    return Launched(cuda::LaunchLlCombineSend(a, backend_->num_sms_, backend_->stream_, &error),
+                    error);
+  }
+
+  absl::Status CheckStatus() override {
+    DXS_RETURN_IF_ERROR(backend_->Synchronize());
+    DXS_RETURN_IF_ERROR(backend_->Enter("low-latency status"));
+    int error = 0, source = -1;
+    DXS_RETURN_IF_ERROR(
+        CudaStatus(cuda::LlReadStatus(sync(), &error, &source), "low-latency exchange: status"));
+    if (error != 0) {
+      const bool attention = side_ == LowLatencySide::kAttention;
+      return absl::UnavailableError(absl::StrCat(
+          "low-latency exchange: ", attention ? "attention" : "expert", " rank ", rank_,
+          " waited more than ", shape_.timeout_ns / 1'000'000, " ms for ",
+          attention ? "expert" : "attention", " rank ", source,
+          "; the exchange is down until it is made again"));
+    }
+    if (bad_.defined()) {
+      int32_t bad = 0;
+      DXS_RETURN_IF_ERROR(backend_->CopyToHost(bad_, DType::kI32, &bad));
+      if (bad != 0) {
+        DXS_RETURN_IF_ERROR(backend_->Fill(&bad_, 0.f));
+        return absl::FailedPreconditionError(
+            absl::StrCat("low-latency exchange: expert rank ", rank_, " was sent ", bad,
+                         " pairs for experts it does not hold (the placements disagree)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const cuda::LlRegionLayout& receive_layout() const {
+    return side_ == LowLatencySide::kAttention ? combine_ : dispatch_;
+  }
+  const cuda::LlRegionLayout& send_layout() const {
+    return side_ == LowLatencySide::kAttention ? dispatch_ : combine_;
+  }
+  cuda::LlSync* sync() const { return reinterpret_cast<cuda::LlSync*>(sync_.raw()); }
+
+  absl::Status Ready(LowLatencySide side, const char* op) const {
+    if (side != side_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "low-latency ", op, ": not an op of the ",
+          side_ == LowLatencySide::kAttention ? "attention" : "expert", " side"));
+    }
+    if (peers_.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("low-latency ", op, ": Connect has not run"));
+    }
+    return backend_->Enter("low-latency exchange");
+  }
+
+  absl::Status CheckRouting(const char* op, int64_t tokens, const Tensor& ids,
+                            const Tensor& expert_owner) const {
+    if (tokens > shape_.capacity) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "low-latency ", op, ": ", tokens, " tokens, the capacity is ", shape_.capacity,
+          " (larger batches go by the host-driven exchange)"));
+    }
+    if (ids.dtype() != DType::kI32 || ids.num_elements() != tokens * shape_.top_k ||
+        expert_owner.dtype() != DType::kI32 || expert_owner.num_elements() != shape_.num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "low-latency ", op, ": ids ", ids.ShapeString(), " (i32 [", tokens, ", ", shape_.top_k,
+          "]) and expert owners ", expert_owner.ShapeString(), " (i32 [", shape_.num_experts,
+          "])"));
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::Status Launched(cudaError_t e, const std::string& error) {
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (!error.empty()) return absl::InvalidArgumentError(error);
+    return CudaStatus(e, "low-latency exchange");
+  }
+
+  CudaBackend* backend_;
+  LowLatencyShape shape_;
+  LowLatencySide side_;
+  int rank_;
+  cuda::LlRegionLayout dispatch_, combine_;
+  SharedMemory region_;                       // this rank's receive region
+  Tensor sync_;                               // its LlSync
+  Tensor bad_;                                // expert side: pairs for experts not held
+  LowLatencyPairs pairs_;                     // expert side: a round's pair list
+  std::vector<std::shared_ptr<Buffer>> peers_;  // the other side's regions, mapped here
+  Tensor peer_table_;                         // their bases, on the device
+};
+
+absl::StatusOr<std::unique_ptr<LowLatencyExchange>> CudaBackend::MakeLowLatencyExchange(
+    const LowLatencyShape& shape, LowLatencySide side, int rank) {
+  auto exchange = std::make_unique<CudaLowLatencyExchange>(this, shape, side, rank);
+  DXS_RETURN_IF_ERROR(exchange->Init());
+  return std::unique_ptr<LowLatencyExchange>(std::move(exchange));
+}
+
+}  // namespace dxs

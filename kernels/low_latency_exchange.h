@@ -1,0 +1,91 @@
+// LowLatencyExchange: one rank's side of the low-latency (LL) exchange of decode steps, the
+// mode of issue 14 that needs no host synchronisation and is captured in a CUDA graph
+// (kernels/cuda/ll_exchange.cuh has the kernels and the memory; docs/gpu.md, "The
+// low-latency exchange", the design). The host-driven exchange (router/dispatch) stays the
+// path of prefill and of every backend without one: Backend::MakeLowLatencyExchange is
+// UNIMPLEMENTED there.
+//
+// Each rank owns a receive region of fixed capacity (an expert rank the dispatch region,
+// an attention rank the combine region), made by the backend as memory another process
+// maps (Backend::AllocateShared); region_key() names it to the peers, whose Connect opens
+// it. A round, per MoE layer, every rank taking part (zero tokens too):
+//   attention rank: Dispatch(x, ids, weights)       expert rank: Receive(held, &pairs)
+//                                                                 experts over pairs -> y
+//                                                                 Send(y)
+//                   Combine(ids, out)
+// Every call only enqueues on the backend's queue. CheckStatus, after the queued work,
+// turns a wait that timed out (a peer that died mid-round) into UNAVAILABLE; a timed-out
+// exchange returns at once from then on, and recovery is a new exchange.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/tensor.h"
+
+namespace dxs {
+
+struct LowLatencyShape {
+  int num_attention_ranks = 0;  // the sources of a dispatch region
+  int num_expert_ranks = 0;     // the sources of a combine region
+  int capacity = 0;             // tokens an attention rank sends in one round, at most
+  int hidden = 0;
+  int top_k = 0;
+  int num_experts = 0;
+  // How long a wait spins before it says its source is gone (the services' 5 s).
+  int64_t timeout_ns = 5'000'000'000;
+};
+
+enum class LowLatencySide { kAttention, kExpert };
+
+// What an expert rank received in a round, on its backend, sized by the capacity: the
+// region's rows in place and one pair entry per (source, slot, k). Entries that are no pair
+// have expert num_experts (after every real one when sorted by expert) and out row
+// num_attention_ranks * capacity, a spare row of y that nobody sends
+// (kernels/cuda/ll_exchange.cuh, LaunchLlRegionPairs).
+struct LowLatencyPairs {
+  Tensor x;          // [num_attention_ranks * capacity, hidden], the wire dtype (bf16)
+  Tensor rows;       // i32 [P]
+  Tensor experts;    // i32 [P]
+  Tensor weights;    // f32 [P]
+  Tensor out_rows;   // i32 [P]
+};
+
+class LowLatencyExchange {
+ public:
+  virtual ~LowLatencyExchange() = default;
+  virtual const LowLatencyShape& shape() const = 0;
+  virtual LowLatencySide side() const = 0;
+  virtual int rank() const = 0;  // among its side's ranks
+  // This rank's receive region, for the other side's Connect.
+  virtual const std::string& region_key() const = 0;
+  // The other side's receive regions, by rank (num_expert_ranks keys on the attention
+  // side, num_attention_ranks on the expert side). Once, before the first round.
+  virtual absl::Status Connect(const std::vector<std::string>& peer_keys) = 0;
+
+  // ---- The attention side ----
+  // Sends rows x[T, hidden] (T <= capacity) with their routing (ids i32 / weights f32
+  // [T, top_k]) to the ranks of expert_owner (i32 [num_experts]: one expert rank each).
+  virtual absl::Status Dispatch(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                                const Tensor& expert_owner) = 0;
+  // Waits for the expert ranks' answers to the last Dispatch and writes out[T, hidden]: per
+  // token, the pre-sums of the ranks it went to, added in ascending rank order (the one
+  // reduction). ids and expert_owner as dispatched.
+  virtual absl::Status Combine(const Tensor& ids, const Tensor& expert_owner, Tensor* out) = 0;
+
+  // ---- The expert side ----
+  // Waits for every attention rank's round and lists its pairs (held: i32 [num_experts],
+  // non-zero for the experts this rank holds).
+  virtual absl::Status Receive(const Tensor& held, LowLatencyPairs* pairs) = 0;
+  // Sends y[num_attention_ranks * capacity + 1, hidden] (row s * capacity + t: the
+  // pre-sum of source s's token t here) back to the attention ranks.
+  virtual absl::Status Send(const Tensor& y) = 0;
+
+  // Waits for the queued work; OK, or UNAVAILABLE naming the rank a wait gave up on, or
+  // FAILED_PRECONDITION for pairs routed to experts this rank does not hold.
+  virtual absl::Status CheckStatus() = 0;
+};
+
+}  // namespace dxs

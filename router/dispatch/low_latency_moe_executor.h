@@ -1,0 +1,42 @@
+// LowLatencyMoeExecutor: an attention rank's MoE over the low-latency exchange
+// (kernels/low_latency_exchange.h), for decode steps: each layer's Run enqueues the
+// dispatch and the combine and returns, with no host synchronisation, so a whole decode
+// step (every layer's exchange with it) is captured in one CUDA graph, as the single-process
+// engine's is. The expert ranks run the matching rounds (expert_service/low_latency_expert_rounds.h).
+//
+// A batch above the exchange's capacity is FAILED_PRECONDITION: prefill goes by the
+// host-driven exchange (RemoteMoeExecutor). Placements are one rank an expert (the exchange
+// sends a token once to each rank that holds one of its experts); CheckStatus after a step
+// turns a peer that stopped answering into UNAVAILABLE.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+#include "kernels/low_latency_exchange.h"
+#include "kernels/moe_executor.h"
+
+namespace dxs {
+
+class LowLatencyMoeExecutor final : public MoeExecutor {
+ public:
+  // exchange: this attention rank's side, connected. expert_owner: i32 [num_experts] on
+  // `backend`, the expert rank of each expert; kept as is for every round.
+  LowLatencyMoeExecutor(Backend* backend, LowLatencyExchange* exchange, Tensor expert_owner)
+      : backend_(backend), exchange_(exchange), expert_owner_(std::move(expert_owner)) {}
+
+  absl::Status Run(int layer, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                   Tensor* out) override;
+  absl::Status CheckStatus() { return exchange_->CheckStatus(); }
+  int64_t rounds() const { return rounds_; }
+
+ private:
+  Backend* backend_;
+  LowLatencyExchange* exchange_;
+  Tensor expert_owner_;
+  Tensor narrow_;  // x narrowed to bf16 where the model's rows are wider (eager steps)
+  int64_t rounds_ = 0;
+};
+
+}  // namespace dxs

@@ -1,0 +1,528 @@
+// The low-latency exchange through the Backend (kernels/low_latency_exchange.h): attention
+// ranks (LowLatencyMoeExecutor) and expert ranks (LowLatencyExpertRounds over their
+// ExpertShard) of one process, each rank a CUDA backend of its own (its own stream), against
+// one shard holding every expert (the single-process engine's MoE) on the same weights.
+// Empty-batch ranks on both sides, rounds replayed from a CUDA graph on the attention side,
+// a peer that never answers (UNAVAILABLE, no hang), and bad shapes. Skips without a GPU;
+// the CPU backend's UNIMPLEMENTED is in cpu_backend_test.
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "expert_service/low_latency_expert_rounds.h"
+#include "gtest/gtest.h"
+#include "common/status_macros.h"
+#include "kernels/backend.h"
+#include "kernels/low_latency_exchange.h"
+#include "kernels/make_backend.h"
+#include "model/engine.h"
+#include "model/expert_shard.h"
+#include "model/random_checkpoint.h"
+#include "model/weights.h"
+#include "router/dispatch/low_latency_moe_executor.h"
+#include "tests/model/test_util.h"
+
+namespace dxs {
+namespace {
+
+#define ASSERT_OK(expr)                    \
+  do {                                     \
+    const absl::Status _s = (expr);        \
+    ASSERT_TRUE(_s.ok()) << #expr << ": " << _s; \
+  } while (0)
+
+// Every rank of these tests lives in this one process, and a rank's wait spins on the
+// device until another rank's kernels run. With CUDA's lazy module loading, the first
+// launch of a kernel may wait for the whole context to go idle, spinning waits included:
+// a deadlock until the wait's timeout (CUDA's programming guide, "Lazy Loading", concurrent
+// execution). The modules are loaded eagerly here, before the runtime starts (the plugin
+// loads it later). Services run one rank a process, where a rank's spin ends when another
+// process sends, so there a first launch only stalls until then.
+[[maybe_unused]] const bool kEagerModules = setenv("CUDA_MODULE_LOADING", "EAGER", 1) == 0;
+
+constexpr int kHidden = 256, kInter = 128, kExperts = 16, kTopK = 4, kLayers = 2;
+constexpr int kCapacity = 8;
+
+ModelConfig Config() {
+  ModelConfig c;
+  c.hidden_size = kHidden;
+  c.moe_intermediate_size = kInter;
+  c.num_experts = kExperts;
+  c.num_experts_per_tok = kTopK;
+  c.num_hidden_layers = kLayers;
+  return c;
+}
+
+// Expert e of layer l's weights, the same on every backend (FillUniform is).
+ExpertWeightMap Weights(Backend* backend, const std::vector<int>& experts) {
+  ExpertWeightMap map;
+  for (int l = 0; l < kLayers; ++l) {
+    for (int e : experts) {
+      ExpertWeights& w = map[{l, e}];
+      const uint64_t seed = 1000 + 100 * l + e;
+      w.gate_up_proj = *backend->Allocate({2 * kInter, kHidden}, DType::kBF16);
+      w.down_proj = *backend->Allocate({kHidden, kInter}, DType::kBF16);
+      EXPECT_TRUE(
+          backend->FillUniform(&w.gate_up_proj, seed, 0, 0.1, DType::kBF16).ok());
+      EXPECT_TRUE(backend->FillUniform(&w.down_proj, seed + 7, 0, 0.1, DType::kBF16).ok());
+    }
+  }
+  return map;
+}
+
+// One attention rank's round: bf16 rows, top-k ids (distinct) and weights.
+struct Batch {
+  int64_t tokens = 0;
+  std::vector<float> x;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+Batch RandomBatch(int64_t tokens, std::mt19937* rng) {
+  Batch b;
+  b.tokens = tokens;
+  std::uniform_real_distribution<float> value(-1.f, 1.f);
+  for (int64_t i = 0; i < tokens * kHidden; ++i) b.x.push_back(value(*rng));
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int32_t> all(kExperts);
+    for (int e = 0; e < kExperts; ++e) all[e] = e;
+    std::shuffle(all.begin(), all.end(), *rng);
+    float sum = 0;
+    std::vector<float> w(kTopK);
+    for (float& v : w) sum += (v = 0.1f + std::abs(value(*rng)));
+    for (int k = 0; k < kTopK; ++k) {
+      b.ids.push_back(all[k]);
+      b.weights.push_back(w[k] / sum);
+    }
+  }
+  return b;
+}
+
+// The batch's tensors on a backend.
+struct BatchTensors {
+  Tensor x, ids, weights, out;
+};
+
+BatchTensors Upload(Backend* backend, const Batch& b) {
+  BatchTensors t;
+  t.x = *backend->Allocate({b.tokens, kHidden}, DType::kBF16);
+  t.ids = *backend->Allocate({b.tokens, kTopK}, DType::kI32);
+  t.weights = *backend->Allocate({b.tokens, kTopK}, DType::kF32);
+  t.out = *backend->Allocate({b.tokens, kHidden}, DType::kF32);
+  if (b.tokens > 0) {
+    EXPECT_TRUE(backend->CopyFromHost(b.x.data(), DType::kF32, &t.x).ok());
+    EXPECT_TRUE(backend->CopyFromHost(b.ids.data(), DType::kI32, &t.ids).ok());
+    EXPECT_TRUE(backend->CopyFromHost(b.weights.data(), DType::kF32, &t.weights).ok());
+  }
+  return t;
+}
+
+class LowLatencyMoeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Backend>> probe = MakeBackend("cuda");
+    if (!probe.ok()) GTEST_SKIP() << "no GPU here: " << probe.status();
+    reference_backend_ = *std::move(probe);
+    std::vector<int> all(kExperts);
+    for (int e = 0; e < kExperts; ++e) all[e] = e;
+    reference_ = std::make_unique<ExpertShard>(Config(), Weights(reference_backend_.get(), all),
+                                               reference_backend_.get());
+  }
+
+  // num_attention attention ranks and num_expert expert ranks, expert e on rank
+  // owner[e]; every rank's backend its own.
+  void MakeRanks(int num_attention, int num_expert, const std::vector<int32_t>& owner,
+                 int64_t timeout_ns = 5'000'000'000) {
+    LowLatencyShape shape;
+    shape.num_attention_ranks = num_attention;
+    shape.num_expert_ranks = num_expert;
+    shape.capacity = kCapacity;
+    shape.hidden = kHidden;
+    shape.top_k = kTopK;
+    shape.num_experts = kExperts;
+    shape.timeout_ns = timeout_ns;
+    for (int r = 0; r < num_attention; ++r) {
+      Attention a;
+      a.backend = *MakeBackend("cuda");
+      auto exchange = a.backend->MakeLowLatencyExchange(shape, LowLatencySide::kAttention, r);
+      ASSERT_TRUE(exchange.ok()) << exchange.status();
+      a.exchange = *std::move(exchange);
+      Tensor owners = *a.backend->Allocate({kExperts}, DType::kI32);
+      ASSERT_TRUE(a.backend->CopyFromHost(owner.data(), DType::kI32, &owners).ok());
+      a.executor =
+          std::make_unique<LowLatencyMoeExecutor>(a.backend.get(), a.exchange.get(), owners);
+      attention_.push_back(std::move(a));
+    }
+    for (int r = 0; r < num_expert; ++r) {
+      Expert x;
+      x.backend = *MakeBackend("cuda");
+      std::vector<int> held;
+      for (int e = 0; e < kExperts; ++e) {
+        if (owner[e] == r) held.push_back(e);
+      }
+      x.shard = std::make_unique<ExpertShard>(Config(), Weights(x.backend.get(), held),
+                                              x.backend.get());
+      auto exchange = x.backend->MakeLowLatencyExchange(shape, LowLatencySide::kExpert, r);
+      ASSERT_TRUE(exchange.ok()) << exchange.status();
+      x.exchange = *std::move(exchange);
+      experts_.push_back(std::move(x));
+    }
+    std::vector<std::string> attention_keys, expert_keys;
+    for (auto& a : attention_) attention_keys.push_back(a.exchange->region_key());
+    for (auto& x : experts_) expert_keys.push_back(x.exchange->region_key());
+    for (auto& a : attention_) ASSERT_TRUE(a.exchange->Connect(expert_keys).ok());
+    for (auto& x : experts_) {
+      ASSERT_TRUE(x.exchange->Connect(attention_keys).ok());
+      auto rounds = LowLatencyExpertRounds::Make(Config(), x.shard.get(), x.exchange.get());
+      ASSERT_TRUE(rounds.ok()) << rounds.status();
+      x.rounds = *std::move(rounds);
+    }
+  }
+
+  // The single-process MoE of a batch, float32 on the host.
+  std::vector<float> Reference(int layer, const Batch& b) {
+    if (b.tokens == 0) return {};
+    BatchTensors t = Upload(reference_backend_.get(), b);
+    EXPECT_TRUE(reference_->ForwardRouted(layer, t.x, t.ids, t.weights, &t.out).ok());
+    return *reference_backend_->Download(t.out);
+  }
+
+  struct Attention {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<LowLatencyExchange> exchange;
+    std::unique_ptr<LowLatencyMoeExecutor> executor;
+  };
+  struct Expert {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<ExpertShard> shard;
+    std::unique_ptr<LowLatencyExchange> exchange;
+    std::unique_ptr<LowLatencyExpertRounds> rounds;
+  };
+  std::unique_ptr<Backend> reference_backend_;
+  std::unique_ptr<ExpertShard> reference_;
+  std::vector<Attention> attention_;
+  std::vector<Expert> experts_;
+  std::mt19937 rng_{11};
+};
+
+// Rounds of both layers with uneven batches, a rank with none, and an expert rank that
+// holds nothing that was routed: each attention rank's output is the local experts' within
+// bf16 rounding (the expert ranks' pre-sums are rounded to bf16 before the combine adds them).
+TEST_F(LowLatencyMoeTest, RoundsMatchTheLocalExperts) {
+  std::vector<int32_t> owner(kExperts);
+  for (int e = 0; e < kExperts; ++e) owner[e] = e % 2;
+  MakeRanks(2, 2, owner);
+  if (HasFatalFailure() || attention_.empty()) return;
+  const std::vector<std::vector<int64_t>> steps = {{5, 3}, {8, 0}, {0, 0}, {1, 7}};
+  for (const auto& tokens : steps) {
+    for (int layer = 0; layer < kLayers; ++layer) {
+      std::vector<Batch> batches;
+      std::vector<BatchTensors> tensors;
+      for (size_t r = 0; r < attention_.size(); ++r) {
+        batches.push_back(RandomBatch(tokens[r], &rng_));
+        tensors.push_back(Upload(attention_[r].backend.get(), batches.back()));
+      }
+      // Everything is enqueued before anything waits on the host: the waits are the device's.
+      for (size_t r = 0; r < attention_.size(); ++r) {
+        BatchTensors& t = tensors[r];
+        ASSERT_OK(attention_[r].executor->Run(layer, t.x, t.ids, t.weights, &t.out));
+      }
+      for (auto& x : experts_) ASSERT_OK(x.rounds->Round(layer));
+      for (auto& x : experts_) ASSERT_OK(x.rounds->CheckStatus());
+      for (size_t r = 0; r < attention_.size(); ++r) {
+        ASSERT_OK(attention_[r].executor->CheckStatus());
+        if (batches[r].tokens == 0) continue;
+        const std::vector<float> got = *attention_[r].backend->Download(tensors[r].out);
+        const std::vector<float> want = Reference(layer, batches[r]);
+        EXPECT_LT(testing::RelativeError(got, want), 2e-2)
+            << "layer " << layer << ", attention rank " << r << ", " << batches[r].tokens
+            << " tokens";
+      }
+    }
+  }
+  // Every routed pair was counted where it ran.
+  int64_t counted = 0;
+  for (auto& x : experts_) {
+    for (int64_t n : x.shard->tokens_per_expert_snapshot()) counted += n;
+  }
+  int64_t routed = 0;
+  for (const auto& tokens : steps) routed += (tokens[0] + tokens[1]) * kTopK * kLayers;
+  EXPECT_EQ(counted, routed);
+}
+
+// Every expert on rank 0: rank 1 receives no token in any round and still takes part.
+TEST_F(LowLatencyMoeTest, ExpertRankWithNoTokens) {
+  MakeRanks(1, 2, std::vector<int32_t>(kExperts, 0));
+  if (HasFatalFailure() || attention_.empty()) return;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    const Batch b = RandomBatch(kCapacity, &rng_);
+    BatchTensors t = Upload(attention_[0].backend.get(), b);
+    ASSERT_OK(attention_[0].executor->Run(layer, t.x, t.ids, t.weights, &t.out));
+    for (auto& x : experts_) ASSERT_OK(x.rounds->Round(layer));
+    for (auto& x : experts_) ASSERT_OK(x.rounds->CheckStatus());
+    ASSERT_OK(attention_[0].executor->CheckStatus());
+    EXPECT_LT(testing::RelativeError(*attention_[0].backend->Download(t.out), Reference(layer, b)),
+              2e-2);
+  }
+  int64_t on_rank1 = 0;
+  for (int64_t n : experts_[1].shard->tokens_per_expert_snapshot()) on_rank1 += n;
+  EXPECT_EQ(on_rank1, 0);
+}
+
+// The attention side's rounds recorded in a CUDA graph once and replayed with new rows
+// written in place: each replay's output is that round's, as eager rounds give it.
+TEST_F(LowLatencyMoeTest, AttentionRoundsReplayFromAGraph) {
+  std::vector<int32_t> owner(kExperts);
+  for (int e = 0; e < kExperts; ++e) owner[e] = e < kExperts / 2 ? 0 : 1;
+  MakeRanks(1, 2, owner);
+  if (HasFatalFailure() || attention_.empty()) return;
+  Backend* backend = attention_[0].backend.get();
+  if (!backend->SupportsGraphs()) GTEST_SKIP() << "this build's CUDA backend has no graphs";
+  Batch b = RandomBatch(6, &rng_);
+  BatchTensors t = Upload(backend, b);
+  // The capture runs the body once eagerly: that round needs its experts too.
+  for (auto& x : experts_) ASSERT_TRUE(x.rounds->Round(0).ok());
+  Tensor eager;
+  absl::StatusOr<CapturedGraph> graph = backend->CaptureGraph(
+      [&]() -> absl::StatusOr<Tensor> {
+        absl::Status s = attention_[0].executor->Run(0, t.x, t.ids, t.weights, &t.out);
+        if (!s.ok()) return s;
+        return t.out;
+      },
+      &eager);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  for (auto& x : experts_) ASSERT_TRUE(x.rounds->CheckStatus().ok());
+  ASSERT_TRUE(attention_[0].executor->CheckStatus().ok());
+  EXPECT_LT(testing::RelativeError(*backend->Download(eager), Reference(0, b)), 2e-2);
+  for (int replay = 0; replay < 3; ++replay) {
+    const Batch next = RandomBatch(6, &rng_);
+    ASSERT_TRUE(backend->CopyFromHost(next.x.data(), DType::kF32, &t.x).ok());
+    ASSERT_TRUE(backend->CopyFromHost(next.ids.data(), DType::kI32, &t.ids).ok());
+    ASSERT_TRUE(backend->CopyFromHost(next.weights.data(), DType::kF32, &t.weights).ok());
+    ASSERT_TRUE(backend->Replay(graph->graph.get()).ok());
+    for (auto& x : experts_) ASSERT_TRUE(x.rounds->Round(0).ok());
+    for (auto& x : experts_) ASSERT_TRUE(x.rounds->CheckStatus().ok());
+    ASSERT_TRUE(attention_[0].executor->CheckStatus().ok());
+    EXPECT_LT(testing::RelativeError(*backend->Download(graph->output), Reference(0, next)), 2e-2)
+        << "replay " << replay;
+  }
+}
+
+// An expert rank that never runs its round: the attention rank's combine gives up after the
+// timeout and says UNAVAILABLE naming it; the next round returns at once, still failing.
+TEST_F(LowLatencyMoeTest, SilentExpertRankIsUnavailableNotAHang) {
+  std::vector<int32_t> owner(kExperts);
+  for (int e = 0; e < kExperts; ++e) owner[e] = e % 2;
+  MakeRanks(1, 2, owner, /*timeout_ns=*/200'000'000);
+  if (HasFatalFailure() || attention_.empty()) return;
+  const Batch b = RandomBatch(4, &rng_);
+  BatchTensors t = Upload(attention_[0].backend.get(), b);
+  ASSERT_TRUE(attention_[0].executor->Run(0, t.x, t.ids, t.weights, &t.out).ok());
+  ASSERT_TRUE(experts_[0].rounds->Round(0).ok());  // rank 1 stays silent
+  ASSERT_TRUE(experts_[0].rounds->CheckStatus().ok());
+  absl::Status s = attention_[0].executor->CheckStatus();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("expert rank 1"), std::string::npos) << s;
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(attention_[0].executor->Run(1, t.x, t.ids, t.weights, &t.out).ok());
+  EXPECT_EQ(attention_[0].executor->CheckStatus().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(150));
+}
+
+TEST_F(LowLatencyMoeTest, BadShapesAreInvalidArgument) {
+  LowLatencyShape shape;
+  shape.num_attention_ranks = 1;
+  shape.num_expert_ranks = 1;
+  shape.capacity = kCapacity;
+  shape.hidden = 100;  // 200-byte rows: not a multiple of 16
+  shape.top_k = kTopK;
+  shape.num_experts = kExperts;
+  Backend* backend = reference_backend_.get();
+  EXPECT_EQ(backend->MakeLowLatencyExchange(shape, LowLatencySide::kExpert, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  shape.hidden = kHidden;
+  EXPECT_EQ(backend->MakeLowLatencyExchange(shape, LowLatencySide::kExpert, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);  // rank outside the side
+  auto exchange = backend->MakeLowLatencyExchange(shape, LowLatencySide::kAttention, 0);
+  ASSERT_TRUE(exchange.ok()) << exchange.status();
+  // Before Connect; then a key that names nothing; then too many tokens.
+  Batch b = RandomBatch(kCapacity + 1, &rng_);
+  BatchTensors t = Upload(backend, b);
+  Tensor owner = *backend->Zeros({kExperts}, DType::kI32);
+  EXPECT_EQ((*exchange)->Dispatch(t.x, t.ids, t.weights, owner).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*exchange)->Connect({"not a key"}).code(), absl::StatusCode::kInvalidArgument);
+  auto expert = backend->MakeLowLatencyExchange(shape, LowLatencySide::kExpert, 0);
+  ASSERT_TRUE(expert.ok());
+  ASSERT_TRUE((*exchange)->Connect({(*expert)->region_key()}).ok());
+  EXPECT_EQ((*exchange)->Dispatch(t.x, t.ids, t.weights, owner).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*exchange)->Receive(owner, nullptr).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A whole generation: the single-process engine's attention on one backend, its MoE the
+// low-latency exchange to two expert ranks (expert e on rank e % 2) whose rounds a thread of
+// their own enqueues step after step. Prefill (short prompts, within the capacity) and
+// decode both go through it; decode steps replay CUDA graphs that hold every layer's
+// exchange. Tokens equal the single-process engine's and first logits are within 2e-2.
+TEST(LowLatencyEngineTest, GenerationEqualsTheSingleProcessEngine) {
+  if (!MakeBackend("cuda").ok()) GTEST_SKIP() << "no GPU here";
+  const CheckpointPreset preset = *GetPreset("default");
+  const ModelConfig& config = preset.config;
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest r;
+    for (int j = 0; j < 3 + 4 * i; ++j) r.prompt.push_back(5 + (i * 577 + j * 101) % 4000);
+    r.max_new_tokens = 8;
+    r.ignore_eos = true;
+    requests.push_back(r);
+  }
+  EngineOptions options;
+  options.device = "cuda";
+  auto local = LocalEngine::LoadRandom(preset, options);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto want = (*local)->GenerateBatch(requests);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  LowLatencyShape shape;
+  shape.num_attention_ranks = 1;
+  shape.num_expert_ranks = 2;
+  shape.capacity = 64;
+  shape.hidden = static_cast<int>(config.hidden_size);
+  shape.top_k = static_cast<int>(config.num_experts_per_tok);
+  shape.num_experts = static_cast<int>(config.num_experts);
+  RandomWeightSource source(preset);
+  struct ExpertRank {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<ExpertShard> shard;
+    std::unique_ptr<LowLatencyExchange> exchange;
+    std::unique_ptr<LowLatencyExpertRounds> rounds;
+  };
+  std::vector<ExpertRank> ranks(2);
+  std::vector<std::string> expert_keys;
+  for (int r = 0; r < 2; ++r) {
+    ranks[r].backend = *MakeBackend("cuda");
+    std::vector<int> held;
+    for (int e = r; e < config.num_experts; e += 2) held.push_back(e);
+    auto weights = LoadExpertWeights(source, config, held, ranks[r].backend.get());
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    ranks[r].shard =
+        std::make_unique<ExpertShard>(config, *std::move(weights), ranks[r].backend.get());
+    auto exchange = ranks[r].backend->MakeLowLatencyExchange(shape, LowLatencySide::kExpert, r);
+    ASSERT_TRUE(exchange.ok()) << exchange.status();
+    ranks[r].exchange = *std::move(exchange);
+    expert_keys.push_back(ranks[r].exchange->region_key());
+  }
+  std::unique_ptr<LowLatencyExchange> attention;
+  LowLatencyMoeExecutor* executor = nullptr;
+  options.moe_factory = [&](const ModelConfig& c,
+                            Backend* backend) -> absl::StatusOr<std::unique_ptr<MoeExecutor>> {
+    DXS_ASSIGN_OR_RETURN(attention,
+                         backend->MakeLowLatencyExchange(shape, LowLatencySide::kAttention, 0));
+    DXS_RETURN_IF_ERROR(attention->Connect(expert_keys));
+    for (ExpertRank& x : ranks) {
+      DXS_RETURN_IF_ERROR(x.exchange->Connect({attention->region_key()}));
+      DXS_ASSIGN_OR_RETURN(x.rounds,
+                           LowLatencyExpertRounds::Make(c, x.shard.get(), x.exchange.get()));
+    }
+    std::vector<int32_t> owner(c.num_experts);
+    for (int e = 0; e < c.num_experts; ++e) owner[e] = e % 2;
+    DXS_ASSIGN_OR_RETURN(Tensor owners, backend->Allocate({c.num_experts}, DType::kI32));
+    DXS_RETURN_IF_ERROR(backend->CopyFromHost(owner.data(), DType::kI32, &owners));
+    auto moe = std::make_unique<LowLatencyMoeExecutor>(backend, attention.get(), owners);
+    executor = moe.get();
+    return std::unique_ptr<MoeExecutor>(std::move(moe));
+  };
+  auto remote = LocalEngine::LoadRandom(preset, options);
+  ASSERT_TRUE(remote.ok()) << remote.status();
+
+  // An empty step first, so that neither side's first-use costs (tables, workspaces) are
+  // inside a wait's timeout.
+  Backend* backend = (*remote)->backend();
+  Tensor x = *backend->Allocate({0, config.hidden_size}, DType::kBF16);
+  Tensor ids = *backend->Allocate({0, shape.top_k}, DType::kI32);
+  Tensor w = *backend->Allocate({0, shape.top_k}, DType::kF32);
+  Tensor out = *backend->Allocate({0, config.hidden_size}, DType::kF32);
+  auto empty_step = [&] {
+    for (int l = 0; l < config.num_hidden_layers; ++l) {
+      if (config.IsMoeLayer(l)) ASSERT_OK(executor->Run(l, x, ids, w, &out));
+    }
+  };
+  // The expert ranks' side: a step's rounds (every MoE layer, in order) enqueued on both
+  // ranks, then their status, until told to stop.
+  absl::Mutex mu;
+  bool stop = false, exited = false;
+  std::vector<double> step_ms;
+  absl::Status expert_status;
+  std::thread experts([&] {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu);
+        if (stop) break;
+      }
+      const auto start = std::chrono::steady_clock::now();
+      absl::Status s;
+      for (int l = 0; l < config.num_hidden_layers && s.ok(); ++l) {
+        if (!config.IsMoeLayer(l)) continue;
+        for (ExpertRank& r : ranks) {
+          if (s.ok()) s = r.rounds->Round(l);
+        }
+      }
+      for (ExpertRank& r : ranks) {
+        if (s.ok()) s = r.rounds->CheckStatus();
+      }
+      absl::MutexLock lock(&mu);
+      step_ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count());
+      if (!s.ok()) {
+        expert_status = s;
+        break;
+      }
+    }
+    absl::MutexLock lock(&mu);
+    exited = true;
+  });
+  empty_step();
+  ASSERT_OK(executor->CheckStatus());
+  auto got = (*remote)->GenerateBatch(requests);
+  // Every round the attention side sent has been answered (its last combine is done). The
+  // expert thread is finishing that step, or waits in one more: that one gets empty rounds.
+  {
+    absl::MutexLock lock(&mu);
+    stop = true;
+    if (!mu.AwaitWithTimeout(absl::Condition(&exited), absl::Milliseconds(500))) {
+      mu.Unlock();
+      empty_step();
+      mu.Lock();
+    }
+  }
+  experts.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  {
+    absl::MutexLock lock(&mu);
+    std::string times;
+    for (double ms : step_ms) times += std::to_string(ms) + " ";
+    ASSERT_TRUE(expert_status.ok()) << expert_status << "; expert steps (ms): " << times;
+    EXPECT_GE(step_ms.size(), 9u) << times;  // the empty step, prefill and the decode steps
+  }
+  ASSERT_OK(executor->CheckStatus());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ((*got)[i].tokens, (*want)[i].tokens) << "request " << i;
+    EXPECT_LT(testing::RelativeError((*got)[i].first_logits, (*want)[i].first_logits), 2e-2)
+        << "request " << i;
+  }
+}
+
+}  // namespace
+}  // namespace dxs
