@@ -29,6 +29,24 @@ absl::StatusOr<std::unique_ptr<LowLatencyExpertRounds>> LowLatencyExpertRounds::
   DXS_RETURN_IF_ERROR(backend->CopyFromHost(held.data(), DType::kI32, &rounds->held_));
   const int64_t slots = static_cast<int64_t>(s.num_attention_ranks) * s.capacity;
   DXS_ASSIGN_OR_RETURN(rounds->y_, backend->Allocate({slots + 1, s.hidden}, DType::kBF16));
+  // Every layer's experts once over a round of no pairs, before any round: the workspaces,
+  // weight tables and kernels are made here, not while the attention ranks wait for an
+  // answer (a wait's timeout counts from their send).
+  const int64_t entries = slots * s.top_k;
+  LowLatencyPairs none;
+  DXS_ASSIGN_OR_RETURN(none.x, backend->Zeros({slots, s.hidden}, DType::kBF16));
+  DXS_ASSIGN_OR_RETURN(none.rows, backend->Zeros({entries}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(none.weights, backend->Zeros({entries}, DType::kF32));
+  DXS_ASSIGN_OR_RETURN(none.experts, backend->Allocate({entries}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(none.out_rows, backend->Allocate({entries}, DType::kI32));
+  const std::vector<int32_t> no_expert(static_cast<size_t>(entries), s.num_experts);
+  const std::vector<int32_t> spare_row(static_cast<size_t>(entries), static_cast<int32_t>(slots));
+  DXS_RETURN_IF_ERROR(backend->CopyFromHost(no_expert.data(), DType::kI32, &none.experts));
+  DXS_RETURN_IF_ERROR(backend->CopyFromHost(spare_row.data(), DType::kI32, &none.out_rows));
+  for (int l = 0; l < layers; ++l) {
+    if (config.IsMoeLayer(l)) DXS_RETURN_IF_ERROR(shard->ForwardLowLatency(l, none, &rounds->y_));
+  }
+  DXS_RETURN_IF_ERROR(backend->Synchronize());
   return rounds;
 }
 

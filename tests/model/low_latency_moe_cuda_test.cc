@@ -517,11 +517,34 @@ TEST(LowLatencyEngineTest, GenerationEqualsTheSingleProcessEngine) {
     EXPECT_GE(step_ms.size(), 9u) << times;  // the empty step, prefill and the decode steps
   }
   ASSERT_OK(executor->CheckStatus());
+  // Greedy tokens where the margin allows: every token the exchange's run chose is the
+  // single-process engine's greedy choice on the same prefix, unless that position's top
+  // two logits are within the tolerance (the expert ranks' pre-sums are rounded to bf16
+  // before the combine adds them, which the single-process sum is not).
+  int near_ties = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
-    EXPECT_EQ((*got)[i].tokens, (*want)[i].tokens) << "request " << i;
     EXPECT_LT(testing::RelativeError((*got)[i].first_logits, (*want)[i].first_logits), 2e-2)
         << "request " << i;
+    ASSERT_EQ((*got)[i].tokens.size(), (*want)[i].tokens.size());
+    for (size_t p = 0; p < (*got)[i].tokens.size(); ++p) {
+      GenerationRequest prefix = requests[i];
+      prefix.prompt.insert(prefix.prompt.end(), (*got)[i].tokens.begin(),
+                           (*got)[i].tokens.begin() + p);
+      prefix.max_new_tokens = 1;
+      auto one = (*local)->GenerateBatch({prefix});
+      ASSERT_TRUE(one.ok()) << one.status();
+      const std::vector<float>& logits = (*one)[0].first_logits;
+      const int32_t chosen = (*got)[i].tokens[p], greedy = (*one)[0].tokens[0];
+      if (chosen == greedy) continue;
+      float scale = 0;
+      for (float v : logits) scale = std::max(scale, std::abs(v));
+      EXPECT_LE(logits[greedy] - logits[chosen], 2e-2 * scale)
+          << "request " << i << ", token " << p << ": " << chosen << " where the engine's greedy "
+          << greedy << " leads by more than the tolerance";
+      ++near_ties;
+    }
   }
+  EXPECT_LE(near_ties, 2) << "more near-ties than bf16 rounding explains";
 }
 
 }  // namespace
