@@ -18,6 +18,8 @@
 //   --profile attention|decode|prefill: only that part, with one call of it between
 //     cudaProfilerStart/Stop, for `ncu --profile-from-start off` (decode at --batch N).
 //   --json: one JSON object per figure, for bench/gpu/report.py.
+//   --low-latency: only [decode-ll], the decode steps with the MoE over the low-latency
+//     exchange to expert ranks of this process, beside local experts (issue 14).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
@@ -39,6 +41,7 @@
 #if DXS_HAVE_FLASHINFER
 #include "kernels/cuda/flashinfer_attention.cuh"
 #endif
+#include "expert_service/local_low_latency_experts.h"
 #include "model/engine.h"
 #include "model/random_checkpoint.h"
 #include "model/sampler.h"
@@ -449,6 +452,47 @@ double ActiveWeightBytes(const ModelConfig& c, int64_t batch) {
   return 2.0 * (per_layer * c.num_hidden_layers + h * c.vocab_size);  // + lm_head
 }
 
+// `batch` sequences of a `ctx`-token context prefilled on `engine` (8 a step), then
+// decode steps of one token each, eager or through CUDA graphs (ForwardDecode records the
+// first of a shape).
+struct DecodeBatch {
+  DecodeBatch(LocalEngine* engine, int64_t batch, int64_t ctx)
+      : engine(engine), kv(engine->config(), engine->backend(), batch * (ctx + 64)), seqs(batch) {
+    for (int64_t s = 0; s < batch; ++s) {
+      seqs[s].kv_slot = Must(kv.Allocate(ctx + 64), "kv slot");
+      for (int64_t i = 0; i < ctx; ++i) {
+        seqs[s].tokens.push_back(static_cast<int32_t>(3 + (s * 7919 + i * 104729) % 150000));
+      }
+    }
+    for (int64_t first = 0; first < batch; first += 8) {
+      std::vector<SequenceChunk> part(seqs.begin() + first,
+                                      seqs.begin() + std::min<int64_t>(batch, first + 8));
+      Must(engine->model().Forward(part, &kv), "prefill");
+    }
+    BENCH_CHECK(engine->backend()->Synchronize());
+    for (auto& s : seqs) s.start_position = ctx;
+  }
+  void Step(bool graphs) {
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      seqs[s].tokens = {static_cast<int32_t>(5 + (s * 31 + steps * 17) % 150000)};
+    }
+    if (graphs) {
+      Must(engine->model().ForwardDecode(seqs, &kv, /*use_graph=*/true), "decode");
+    } else {
+      Must(engine->model().Forward(seqs, &kv), "decode");
+    }
+    for (auto& s : seqs) ++s.start_position;
+    ++steps;
+  }
+  double StepMs(cudaStream_t stream, bool graphs, bool quick) {
+    return TimeMs(stream, 2, quick ? 4 : 16, [&] { Step(graphs); });
+  }
+  LocalEngine* engine;
+  KvCache kv;
+  std::vector<SequenceChunk> seqs;
+  int64_t steps = 0;
+};
+
 void ModelBenches(const Rates& rates, bool quick, int layers, const Profile& profile,
                   Report* report) {
   CheckpointPreset preset = Must(GetPreset("qwen3-30b-a3b"), "preset");
@@ -474,40 +518,11 @@ void ModelBenches(const Rates& rates, bool quick, int layers, const Profile& pro
   if (profile.what == "decode") batches = {profile.batch};
   if (profile.what == "prefill") batches = {};
   for (int64_t batch : batches) {
-    KvCache kv(c, b, batch * (ctx + 64));
-    std::vector<SequenceChunk> seqs(batch);
-    for (int64_t s = 0; s < batch; ++s) {
-      seqs[s].kv_slot = Must(kv.Allocate(ctx + 64), "kv slot");
-      for (int64_t i = 0; i < ctx; ++i) {
-        seqs[s].tokens.push_back(static_cast<int32_t>(3 + (s * 7919 + i * 104729) % 150000));
-      }
-    }
-    // Prefill the contexts, 8192 tokens a step.
-    for (int64_t first = 0; first < batch; first += 8) {
-      std::vector<SequenceChunk> part(seqs.begin() + first,
-                                      seqs.begin() + std::min<int64_t>(batch, first + 8));
-      Must(engine->model().Forward(part, &kv), "prefill");
-    }
-    BENCH_CHECK(b->Synchronize());
-    for (auto& s : seqs) s.start_position = ctx;
-    int64_t step = 0;
-    // Eager steps, then the same through CUDA graphs (ForwardDecode records the first).
-    bool graphs = false;
-    auto decode = [&] {
-      for (int64_t s = 0; s < batch; ++s) {
-        seqs[s].tokens = {static_cast<int32_t>(5 + (s * 31 + step * 17) % 150000)};
-      }
-      if (graphs) {
-        Must(engine->model().ForwardDecode(seqs, &kv, /*use_graph=*/true), "decode");
-      } else {
-        Must(engine->model().Forward(seqs, &kv), "decode");
-      }
-      for (auto& s : seqs) ++s.start_position;
-      ++step;
-    };
-    const double eager_ms = TimeMs(stream, 2, quick ? 4 : 16, decode);
-    graphs = true;
-    const double ms = TimeMs(stream, 2, quick ? 4 : 16, decode);
+    DecodeBatch d(engine.get(), batch, ctx);
+    const double eager_ms = d.StepMs(stream, /*graphs=*/false, quick);
+    const double ms = d.StepMs(stream, /*graphs=*/true, quick);
+    const int64_t step = d.steps;
+    auto decode = [&] { d.Step(/*graphs=*/true); };
     profile.Once("decode", decode);
     const double kv_bytes =
         2.0 * batch * (ctx + step) * c.num_key_value_heads * c.head_dim * 2 * c.num_hidden_layers;
@@ -559,8 +574,92 @@ void ModelBenches(const Rates& rates, bool quick, int layers, const Profile& pro
                {"tflops", flops / (ms * 1e-3) / 1e12}});
 }
 
+// The MoE of a decode step that runs on local experts for prefill (the exchange's capacity
+// is a decode batch) and over the low-latency exchange for decode.
+class PrefillHereDecodeThere final : public MoeExecutor {
+ public:
+  PrefillHereDecodeThere(std::unique_ptr<ExpertShard> shard, std::unique_ptr<MoeExecutor> ll)
+      : shard_(std::move(shard)), ll_(std::move(ll)) {}
+  absl::Status Run(int layer, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                   Tensor* out) override {
+    return remote ? ll_->Run(layer, x, ids, weights, out)
+                  : shard_->ForwardRouted(layer, x, ids, weights, out);
+  }
+  bool remote = false;
+
+ private:
+  std::unique_ptr<ExpertShard> shard_;
+  std::unique_ptr<MoeExecutor> ll_;
+};
+
+// [decode-ll]: decode steps of the Qwen3-30B-A3B shape whose MoE goes over the low-latency
+// exchange to 2 expert ranks of this process (LocalLowLatencyExperts: a backend and stream
+// each, expert e on rank e % 2, the one GPU time-sliced), each beside the same engine with
+// its experts local, measured in the same run (CUDA graphs, context 1k). The difference per
+// layer is what the exchange adds: five launches, two flag hand-offs, and the expert side's
+// capacity-sized pair list.
+void LowLatencyDecode(bool quick, int layers, Report* report) {
+  CheckpointPreset preset = Must(GetPreset("qwen3-30b-a3b"), "preset");
+  preset.config.num_hidden_layers = layers;
+  const ModelConfig& c = preset.config;
+  RandomWeightSource source(preset);
+  std::printf("\n[decode-ll] Qwen3-30B-A3B shape, %d layers, 1 attention + 2 expert ranks in "
+              "one process (one GPU), context 1024\n",
+              layers);
+  std::printf("  %6s %9s %10s %10s %9s %14s\n", "batch", "capacity", "local ms", "ll ms",
+              "ll/local", "added us/layer");
+  std::vector<std::pair<int64_t, int>> rows = {{1, 1}, {1, 128}, {32, 32}, {128, 128}};
+  if (quick) rows = {{1, 1}, {32, 32}};
+  auto make_backend = [] { return MakeCudaBackend(0); };
+  for (const auto& [batch, capacity] : rows) {
+    EngineOptions options;
+    options.backend_factory = [] { return Must(MakeCudaBackend(0), "no GPU"); };
+    options.kv_capacity_tokens = 1;
+    double local_ms = 0;
+    {
+      std::unique_ptr<LocalEngine> engine = Must(LocalEngine::LoadRandom(preset, options), "model");
+      DecodeBatch d(engine.get(), batch, 1024);
+      local_ms = d.StepMs(CudaStreamOf(engine->backend()), /*graphs=*/true, quick);
+    }
+    std::unique_ptr<LocalLowLatencyExperts> experts =
+        Must(LocalLowLatencyExperts::Make(c, source, 2, capacity, make_backend), "expert ranks");
+    PrefillHereDecodeThere* moe = nullptr;
+    options.moe_factory = [&](const ModelConfig& config,
+                              Backend* backend) -> absl::StatusOr<std::unique_ptr<MoeExecutor>> {
+      std::vector<int> all(config.num_experts);
+      std::iota(all.begin(), all.end(), 0);
+      DXS_ASSIGN_OR_RETURN(ExpertWeightMap w, LoadExpertWeights(source, config, all, backend));
+      DXS_ASSIGN_OR_RETURN(std::unique_ptr<MoeExecutor> ll,
+                           experts->AttachAttention(config, backend));
+      auto hybrid = std::make_unique<PrefillHereDecodeThere>(
+          std::make_unique<ExpertShard>(config, std::move(w), backend), std::move(ll));
+      moe = hybrid.get();
+      return std::unique_ptr<MoeExecutor>(std::move(hybrid));
+    };
+    std::unique_ptr<LocalEngine> engine = Must(LocalEngine::LoadRandom(preset, options), "model");
+    double ll_ms = 0;
+    {
+      DecodeBatch d(engine.get(), batch, 1024);
+      moe->remote = true;
+      experts->Start();
+      ll_ms = d.StepMs(CudaStreamOf(engine->backend()), /*graphs=*/true, quick);
+      BENCH_CHECK(experts->Stop());
+      BENCH_CHECK(experts->executor()->CheckStatus());
+    }
+    experts.reset();  // the attention side's exchange lives on the engine's backend
+    std::printf("  %6ld %9d %10.3f %10.3f %9.2f %14.1f\n", static_cast<long>(batch), capacity,
+                local_ms, ll_ms, ll_ms / local_ms, (ll_ms - local_ms) * 1e3 / layers);
+    report->Add({{"section", "decode-ll"},
+                 {"layers", layers},
+                 {"batch", batch},
+                 {"capacity", capacity},
+                 {"local_step_ms", local_ms},
+                 {"ll_step_ms", ll_ms}});
+  }
+}
+
 int Main(int argc, char** argv) {
-  bool quick = false, ffn_only = false;
+  bool quick = false, ffn_only = false, low_latency = false;
   Profile profile;
   int layers = 48;
   std::string json;
@@ -570,6 +669,8 @@ int Main(int argc, char** argv) {
       quick = true;
     } else if (a == "--layers" && i + 1 < argc) {
       layers = std::atoi(argv[++i]);
+    } else if (a == "--low-latency") {
+      low_latency = true;  // [decode-ll] alone
     } else if (a == "--ffn-only") {
       ffn_only = true;  // [rates] and [ffn] alone, for tile experiments
     } else if (a == "--profile" && i + 1 < argc) {
@@ -580,10 +681,19 @@ int Main(int argc, char** argv) {
       json = argv[++i];
     } else {
       std::fprintf(stderr,
-                   "usage: gpu_bench [--quick] [--ffn-only] [--layers N] [--json FILE]\n"
+                   "usage: gpu_bench [--quick] [--ffn-only | --low-latency] [--layers N] [--json FILE]\n"
                    "                 [--profile attention|decode|prefill [--batch N]]\n");
       return 2;
     }
+  }
+  if (low_latency) {
+    // Every rank of [decode-ll] is in this process, where a lazily loaded kernel's first
+    // launch can wait for the ranks' spinning waits (expert_service/local_low_latency_experts.h):
+    // load every module up front, before the runtime starts.
+    setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+    Report report(json);
+    LowLatencyDecode(quick, layers, &report);
+    return 0;
   }
   std::unique_ptr<Backend> backend = Must(MakeCudaBackend(0), "no GPU");
   cudaDeviceProp prop;

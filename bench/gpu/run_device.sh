@@ -5,6 +5,8 @@
 # by bench/gpu/bundle.sh). Prints a short table last; full logs are in $OUT (after bench and
 # all: gpu.md, gpu_*.png and logs.tgz holding the rest, as only 8 files come back).
 #   bench/gpu/run_device.sh [tests|memcheck|bench|cluster|exchange|ll|decode|gemv|gpus|gpus-decode|gpus-eplb|all]
+#   ll: gpu_ll_bench (the exchange's kernels alone) and gpu_bench --low-latency (decode steps
+#   with the MoE over it, beside local experts).
 #                           [--quick]
 #   gpus: what several GPUs of one host run (issues 14 and 15): the two-GPU cases of the
 #   nccl and worker transport tests, gpu_ll_bench between GPUs 0 and 1 (NVLink), and the
@@ -131,6 +133,12 @@ if [ "$what" = ll ] || [ "$what" = exchange ] || [ "$what" = all ]; then
     summary+=("gpu_ll_bench: rc=$?")
     cat "$OUT/gpu_ll_bench.log"
   fi
+  # Decode steps whose MoE goes over it to expert ranks of this process (through the
+  # Backend: LowLatencyMoeExecutor, ExpertShard::ForwardLowLatency), beside local experts.
+  timeout 400 .device/bin/gpu_bench --low-latency --json "$OUT/decode_ll.jsonl" \
+    >"$OUT/gpu_bench_ll.log" 2>&1
+  summary+=("gpu_bench --low-latency: rc=$?")
+  cat "$OUT/gpu_bench_ll.log"
 fi
 if [ "$what" = gpus ]; then
   num_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')

@@ -1,0 +1,167 @@
+#include "expert_service/local_low_latency_experts.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/status_macros.h"
+
+namespace dxs {
+
+absl::StatusOr<std::unique_ptr<LocalLowLatencyExperts>> LocalLowLatencyExperts::Make(
+    const ModelConfig& config, const WeightSource& weights, int ranks, int capacity,
+    const std::function<absl::StatusOr<std::unique_ptr<Backend>>()>& make_backend,
+    int64_t timeout_ns) {
+  if (ranks < 1 || ranks > config.num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ranks, " expert ranks for ", config.num_experts, " experts"));
+  }
+  auto experts = std::unique_ptr<LocalLowLatencyExperts>(new LocalLowLatencyExperts());
+  experts->config_ = config;
+  LowLatencyShape& shape = experts->shape_;
+  shape.num_attention_ranks = 1;
+  shape.num_expert_ranks = ranks;
+  shape.capacity = capacity;
+  shape.hidden = static_cast<int>(config.hidden_size);
+  shape.top_k = static_cast<int>(config.num_experts_per_tok);
+  shape.num_experts = static_cast<int>(config.num_experts);
+  shape.timeout_ns = timeout_ns;
+  experts->ranks_.resize(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    Rank& rank = experts->ranks_[r];
+    DXS_ASSIGN_OR_RETURN(rank.backend, make_backend());
+    std::vector<int> held;
+    for (int e = r; e < config.num_experts; e += ranks) held.push_back(e);
+    DXS_ASSIGN_OR_RETURN(ExpertWeightMap map,
+                         LoadExpertWeights(weights, config, held, rank.backend.get()));
+    rank.shard = std::make_unique<ExpertShard>(config, std::move(map), rank.backend.get());
+    DXS_ASSIGN_OR_RETURN(rank.exchange,
+                         rank.backend->MakeLowLatencyExchange(shape, LowLatencySide::kExpert, r));
+  }
+  return experts;
+}
+
+LocalLowLatencyExperts::~LocalLowLatencyExperts() {
+  if (!threads_.empty()) (void)Stop();
+}
+
+absl::StatusOr<std::unique_ptr<MoeExecutor>> LocalLowLatencyExperts::AttachAttention(
+    const ModelConfig& config, Backend* backend) {
+  if (attention_ != nullptr) return absl::FailedPreconditionError("an attention rank is attached");
+  DXS_ASSIGN_OR_RETURN(attention_,
+                       backend->MakeLowLatencyExchange(shape_, LowLatencySide::kAttention, 0));
+  std::vector<std::string> keys;
+  for (Rank& rank : ranks_) keys.push_back(rank.exchange->region_key());
+  DXS_RETURN_IF_ERROR(attention_->Connect(keys));
+  for (Rank& rank : ranks_) {
+    DXS_RETURN_IF_ERROR(rank.exchange->Connect({attention_->region_key()}));
+    DXS_ASSIGN_OR_RETURN(rank.rounds, LowLatencyExpertRounds::Make(config, rank.shard.get(),
+                                                                    rank.exchange.get()));
+  }
+  std::vector<int32_t> owner(config.num_experts);
+  for (int e = 0; e < config.num_experts; ++e) owner[e] = e % static_cast<int>(ranks_.size());
+  DXS_ASSIGN_OR_RETURN(Tensor owners, backend->Allocate({config.num_experts}, DType::kI32));
+  DXS_RETURN_IF_ERROR(backend->CopyFromHost(owner.data(), DType::kI32, &owners));
+  auto moe = std::make_unique<LowLatencyMoeExecutor>(backend, attention_.get(), owners);
+  executor_ = moe.get();
+  attention_backend_ = backend;
+  return std::unique_ptr<MoeExecutor>(std::move(moe));
+}
+
+void LocalLowLatencyExperts::Start() {
+  if (!threads_.empty() || executor_ == nullptr) return;
+  for (Rank& rank : ranks_) threads_.emplace_back([this, &rank] { Loop(&rank); });
+}
+
+// One step of a rank: every MoE layer's round; the first one run while it is recorded.
+absl::Status LocalLowLatencyExperts::Step(Rank* rank, std::unique_ptr<Graph>* graph) {
+  auto rounds = [&]() -> absl::Status {
+    for (int l = 0; l < config_.num_hidden_layers; ++l) {
+      if (config_.IsMoeLayer(l)) DXS_RETURN_IF_ERROR(rank->rounds->Round(l));
+    }
+    return absl::OkStatus();
+  };
+  Backend* b = rank->backend.get();
+  if (*graph != nullptr) {
+    DXS_RETURN_IF_ERROR(b->Replay(graph->get()));
+  } else if (b->SupportsGraphs()) {
+    Tensor eager;
+    DXS_ASSIGN_OR_RETURN(CapturedGraph captured, b->CaptureGraph(
+                                                     [&]() -> absl::StatusOr<Tensor> {
+                                                       DXS_RETURN_IF_ERROR(rounds());
+                                                       return Tensor();
+                                                     },
+                                                     &eager));
+    *graph = std::move(captured.graph);
+  } else {
+    DXS_RETURN_IF_ERROR(rounds());
+  }
+  return rank->rounds->CheckStatus();
+}
+
+void LocalLowLatencyExperts::Loop(Rank* rank) {
+  std::unique_ptr<Graph> graph;
+  while (true) {
+    const absl::Status s = Step(rank, &graph);
+    absl::MutexLock lock(&mu_);
+    if (!s.ok() && status_.ok()) status_ = s;
+    // The barrier: the last rank to finish the step decides, for all, whether the next runs.
+    const int64_t step = steps_;
+    if (++arrived_ == static_cast<int>(ranks_.size())) {
+      arrived_ = 0;
+      go_ = !stop_ && status_.ok();
+      ++steps_;
+    } else {
+      auto decided = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return steps_ > step; };
+      mu_.Await(absl::Condition(&decided));
+    }
+    if (!go_) break;
+  }
+  // A rank that failed left the others waiting in their waits; they time out and arrive.
+  absl::MutexLock lock(&mu_);
+  ++exited_;
+}
+
+absl::Status LocalLowLatencyExperts::EmptyStep() {
+  Backend* b = attention_backend_;
+  DXS_ASSIGN_OR_RETURN(Tensor x, b->Allocate({0, shape_.hidden}, DType::kBF16));
+  DXS_ASSIGN_OR_RETURN(Tensor ids, b->Allocate({0, shape_.top_k}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(Tensor w, b->Allocate({0, shape_.top_k}, DType::kF32));
+  DXS_ASSIGN_OR_RETURN(Tensor out, b->Allocate({0, shape_.hidden}, DType::kF32));
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    if (config_.IsMoeLayer(l)) DXS_RETURN_IF_ERROR(executor_->Run(l, x, ids, w, &out));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalLowLatencyExperts::Stop() {
+  if (threads_.empty()) {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+  // Every round the attention side sent has been answered. The ranks are finishing that
+  // step (host work only: they decide at once, and stop) or, all of them, wait in one more,
+  // which gets empty rounds.
+  bool exited = false;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    auto all_exited = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return exited_ == static_cast<int>(ranks_.size());
+    };
+    exited = mu_.AwaitWithTimeout(absl::Condition(&all_exited), absl::Milliseconds(500));
+  }
+  absl::Status empty;
+  if (!exited) empty = EmptyStep();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+  absl::MutexLock lock(&mu_);
+  return !status_.ok() ? status_ : empty;
+}
+
+int64_t LocalLowLatencyExperts::steps() const {
+  absl::MutexLock lock(&mu_);
+  return steps_;
+}
+
+}  // namespace dxs

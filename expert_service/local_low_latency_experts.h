@@ -1,0 +1,91 @@
+// LocalLowLatencyExperts: expert ranks inside this process that answer one attention rank
+// over the low-latency exchange (kernels/low_latency_exchange.h), each rank a backend of its
+// own (its own stream) and the experts split across them (expert e on rank e % ranks). Each
+// rank has a thread that runs a step (every MoE layer's round) after step, as an expert
+// worker's loop would: the first step eagerly while recording it into a CUDA graph (where
+// the backend has graphs), then one graph launch a step, so that the ranks' host work is
+// one launch and one status read a step. The ranks start each step together. It is the
+// exchange's whole path on one GPU, for tests and benchmarks (the single-process engine
+// with moe_factory calling AttachAttention); the services run one rank a process.
+//
+// Every rank and the attention side share one CUDA context here, and a wait spins until
+// another rank's kernels run: set CUDA_MODULE_LOADING=EAGER before the runtime starts, or
+// a kernel's first (lazy) load can wait for the spinning waits to end: a stall until the
+// wait's timeout.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/model_config.h"
+#include "expert_service/low_latency_expert_rounds.h"
+#include "kernels/backend.h"
+#include "kernels/low_latency_exchange.h"
+#include "kernels/moe_executor.h"
+#include "model/expert_shard.h"
+#include "model/weights.h"
+#include "router/dispatch/low_latency_moe_executor.h"
+
+namespace dxs {
+
+class LocalLowLatencyExperts {
+ public:
+  // `ranks` expert ranks of the experts in `weights`, each on a backend from make_backend;
+  // `shape`'s capacity, timeout and ranks (one attention rank) as given, its model sizes
+  // from `config`.
+  static absl::StatusOr<std::unique_ptr<LocalLowLatencyExperts>> Make(
+      const ModelConfig& config, const WeightSource& weights, int ranks, int capacity,
+      const std::function<absl::StatusOr<std::unique_ptr<Backend>>()>& make_backend,
+      int64_t timeout_ns = 5'000'000'000);
+  ~LocalLowLatencyExperts();
+
+  // The attention rank's MoE on `backend` (EngineOptions::moe_factory's signature); once.
+  // Connects the exchange and warms the expert ranks up.
+  absl::StatusOr<std::unique_ptr<MoeExecutor>> AttachAttention(const ModelConfig& config,
+                                                               Backend* backend);
+  // Starts the ranks' threads, which answer the attention rank's steps (a wait gives up
+  // after the timeout: start them just before the steps). Once.
+  void Start();
+  // Ends the threads: the attention side must have finished its steps (their combines are
+  // done). A step the ranks had begun past them gets empty rounds. The experts' status.
+  absl::Status Stop();
+  // Steps the expert ranks have answered.
+  int64_t steps() const;
+  LowLatencyMoeExecutor* executor() const { return executor_; }
+
+ private:
+  struct Rank {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<ExpertShard> shard;
+    std::unique_ptr<LowLatencyExchange> exchange;
+    std::unique_ptr<LowLatencyExpertRounds> rounds;
+  };
+  LocalLowLatencyExperts() = default;
+  void Loop(Rank* rank);
+  absl::Status Step(Rank* rank, std::unique_ptr<Graph>* graph);
+  absl::Status EmptyStep();
+
+  ModelConfig config_;
+  LowLatencyShape shape_;
+  std::vector<Rank> ranks_;
+  std::unique_ptr<LowLatencyExchange> attention_;
+  LowLatencyMoeExecutor* executor_ = nullptr;
+  Backend* attention_backend_ = nullptr;
+  std::vector<std::thread> threads_;
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // The step barrier: ranks that finished the current step, and the steps decided so far
+  // (each decision says whether the next one runs, for every rank at once).
+  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+  bool go_ ABSL_GUARDED_BY(mu_) = true;
+  int exited_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dxs
