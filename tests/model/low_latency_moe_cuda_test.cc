@@ -340,6 +340,34 @@ TEST_F(LowLatencyMoeTest, SilentExpertRankIsUnavailableNotAHang) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(150));
 }
 
+// The attention rank routes every expert to expert rank 0, which holds only the even ones:
+// rank 0 says FAILED_PRECONDITION after the step (the placements disagree) instead of
+// computing with weights it does not have; the next step, routed right, is fine again.
+TEST_F(LowLatencyMoeTest, PlacementsThatDisagreeAreFailedPrecondition) {
+  std::vector<int32_t> owner(kExperts);
+  for (int e = 0; e < kExperts; ++e) owner[e] = e % 2;
+  MakeRanks(1, 2, owner);
+  if (HasFatalFailure() || attention_.empty()) return;
+  Backend* backend = attention_[0].backend.get();
+  Tensor wrong = *backend->Zeros({kExperts}, DType::kI32);
+  LowLatencyMoeExecutor misrouted(backend, attention_[0].exchange.get(), wrong);
+  const Batch b = RandomBatch(4, &rng_);
+  BatchTensors t = Upload(backend, b);
+  ASSERT_OK(misrouted.Run(0, t.x, t.ids, t.weights, &t.out));
+  for (auto& x : experts_) ASSERT_OK(x.rounds->Round(0));
+  const absl::Status s = experts_[0].rounds->CheckStatus();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("does not hold"), std::string::npos) << s;
+  ASSERT_OK(experts_[1].rounds->CheckStatus());
+  ASSERT_OK(attention_[0].executor->CheckStatus());
+  // Routed by the placement the ranks hold: right again.
+  ASSERT_OK(attention_[0].executor->Run(1, t.x, t.ids, t.weights, &t.out));
+  for (auto& x : experts_) ASSERT_OK(x.rounds->Round(1));
+  for (auto& x : experts_) ASSERT_OK(x.rounds->CheckStatus());
+  ASSERT_OK(attention_[0].executor->CheckStatus());
+  EXPECT_LT(testing::RelativeError(*backend->Download(t.out), Reference(1, b)), 2e-2);
+}
+
 TEST_F(LowLatencyMoeTest, BadShapesAreInvalidArgument) {
   LowLatencyShape shape;
   shape.num_attention_ranks = 1;
