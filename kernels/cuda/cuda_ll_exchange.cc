@@ -143,10 +143,8 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
           "low-latency combine: out ", out->ShapeString(), " (f32 or bf16, hidden ", shape_.hidden,
           ")"));
     }
+    DXS_RETURN_IF_ERROR(WaitForSources());
     std::string error;
-    DXS_RETURN_IF_ERROR(Launched(cuda::LaunchLlWait(region_.buffer->data(), combine_, sync(),
-                                                    shape_.timeout_ns, backend_->stream_, &error),
-                                 error));
     cuda::LlCombineReduceArgs a;
     a.region = region_.buffer->data();
     a.layout = combine_;
@@ -169,10 +167,8 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
                                                      held.ShapeString(), " (i32 [",
                                                      shape_.num_experts, "])"));
     }
+    DXS_RETURN_IF_ERROR(WaitForSources());
     std::string error;
-    DXS_RETURN_IF_ERROR(Launched(cuda::LaunchLlWait(region_.buffer->data(), dispatch_, sync(),
-                                                    shape_.timeout_ns, backend_->stream_, &error),
-                                 error));
     cuda::LlRegionPairsArgs a;
     a.region = region_.buffer->data();
     a.layout = dispatch_;
@@ -245,6 +241,14 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
     return side_ == LowLatencySide::kAttention ? dispatch_ : combine_;
   }
   cuda::LlSync* sync() const { return reinterpret_cast<cuda::LlSync*>(sync_.raw()); }
+
+  // Enqueues the wait for every source's next round in this rank's receive region.
+  absl::Status WaitForSources() {
+    std::string error;
+    return Launched(cuda::LaunchLlWait(region_.buffer->data(), receive_layout(), sync(),
+                                       shape_.timeout_ns, backend_->stream_, &error),
+                    error);
+  }
 
   absl::Status Ready(LowLatencySide side, const char* op) const {
     if (side != side_) {
