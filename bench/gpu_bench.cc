@@ -603,9 +603,10 @@ void LowLatencyDecode(bool quick, int layers, Report* report) {
   preset.config.num_hidden_layers = layers;
   const ModelConfig& c = preset.config;
   RandomWeightSource source(preset);
-  std::printf("\n[decode-ll] Qwen3-30B-A3B shape, %d layers, 1 attention + 2 expert ranks in "
-              "one process (one GPU), context 1024\n",
-              layers);
+  std::printf(
+      "\n[decode-ll] Qwen3-30B-A3B shape, %d layers, 1 attention + 2 expert ranks in "
+      "one process (one GPU), context 1024\n",
+      layers);
   std::printf("  %6s %9s %10s %10s %9s %14s\n", "batch", "capacity", "local ms", "ll ms",
               "ll/local", "added us/layer");
   std::vector<std::pair<int64_t, int>> rows = {{1, 1}, {1, 128}, {32, 32}, {128, 128}};
@@ -680,9 +681,10 @@ int Main(int argc, char** argv) {
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else {
-      std::fprintf(stderr,
-                   "usage: gpu_bench [--quick] [--ffn-only | --low-latency] [--layers N] [--json FILE]\n"
-                   "                 [--profile attention|decode|prefill [--batch N]]\n");
+      std::fprintf(
+          stderr,
+          "usage: gpu_bench [--quick] [--ffn-only | --low-latency] [--layers N] [--json FILE]\n"
+          "                 [--profile attention|decode|prefill [--batch N]]\n");
       return 2;
     }
   }

@@ -55,8 +55,8 @@ absl::StatusOr<std::unique_ptr<MoeExecutor>> LocalLowLatencyExperts::AttachAtten
   DXS_RETURN_IF_ERROR(attention_->Connect(keys));
   for (Rank& rank : ranks_) {
     DXS_RETURN_IF_ERROR(rank.exchange->Connect({attention_->region_key()}));
-    DXS_ASSIGN_OR_RETURN(rank.rounds, LowLatencyExpertRounds::Make(config, rank.shard.get(),
-                                                                    rank.exchange.get()));
+    DXS_ASSIGN_OR_RETURN(
+        rank.rounds, LowLatencyExpertRounds::Make(config, rank.shard.get(), rank.exchange.get()));
   }
   std::vector<int32_t> owner(config.num_experts);
   for (int e = 0; e < config.num_experts; ++e) owner[e] = e % static_cast<int>(ranks_.size());

@@ -24,7 +24,8 @@ absl::StatusOr<std::unique_ptr<LowLatencyExpertRounds>> LowLatencyExpertRounds::
       held[static_cast<size_t>(l) * s.num_experts + e] = shard->Holds(l, e) ? 1 : 0;
     }
   }
-  auto rounds = std::unique_ptr<LowLatencyExpertRounds>(new LowLatencyExpertRounds(shard, exchange));
+  auto rounds =
+      std::unique_ptr<LowLatencyExpertRounds>(new LowLatencyExpertRounds(shard, exchange));
   DXS_ASSIGN_OR_RETURN(rounds->held_, backend->Allocate({layers, s.num_experts}, DType::kI32));
   DXS_RETURN_IF_ERROR(backend->CopyFromHost(held.data(), DType::kI32, &rounds->held_));
   const int64_t slots = static_cast<int64_t>(s.num_attention_ranks) * s.capacity;
@@ -54,7 +55,8 @@ absl::Status LowLatencyExpertRounds::Round(int layer) {
   if (layer < 0 || layer >= held_.rows()) {
     return absl::InvalidArgumentError(absl::StrCat("low-latency round: layer ", layer));
   }
-  DXS_RETURN_IF_ERROR(exchange_->Receive(held_.Rows(layer, 1).Reshape({held_.row_size()}), &pairs_));
+  DXS_RETURN_IF_ERROR(
+      exchange_->Receive(held_.Rows(layer, 1).Reshape({held_.row_size()}), &pairs_));
   DXS_RETURN_IF_ERROR(shard_->ForwardLowLatency(layer, pairs_, &y_));
   return exchange_->Send(y_);
 }

@@ -19,8 +19,9 @@ class LowLatencyExpertRounds {
  public:
   // exchange: this expert rank's side, connected. Which experts the shard holds is read
   // here, per layer (call again after the placement changes).
-  static absl::StatusOr<std::unique_ptr<LowLatencyExpertRounds>> Make(
-      const ModelConfig& config, ExpertShard* shard, LowLatencyExchange* exchange);
+  static absl::StatusOr<std::unique_ptr<LowLatencyExpertRounds>> Make(const ModelConfig& config,
+                                                                      ExpertShard* shard,
+                                                                      LowLatencyExchange* exchange);
 
   absl::Status Round(int layer);
   absl::Status CheckStatus() { return exchange_->CheckStatus(); }

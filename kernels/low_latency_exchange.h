@@ -46,11 +46,11 @@ enum class LowLatencySide { kAttention, kExpert };
 // num_attention_ranks * capacity, a spare row of y that nobody sends
 // (kernels/cuda/ll_exchange.cuh, LaunchLlRegionPairs).
 struct LowLatencyPairs {
-  Tensor x;          // [num_attention_ranks * capacity, hidden], the wire dtype (bf16)
-  Tensor rows;       // i32 [P]
-  Tensor experts;    // i32 [P]
-  Tensor weights;    // f32 [P]
-  Tensor out_rows;   // i32 [P]
+  Tensor x;         // [num_attention_ranks * capacity, hidden], the wire dtype (bf16)
+  Tensor rows;      // i32 [P]
+  Tensor experts;   // i32 [P]
+  Tensor weights;   // f32 [P]
+  Tensor out_rows;  // i32 [P]
 };
 
 class LowLatencyExchange {

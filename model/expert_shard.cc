@@ -195,11 +195,11 @@ absl::Status ExpertShard::ForwardLowLatency(int layer, const LowLatencyPairs& pa
     DXS_ASSIGN_OR_RETURN(ws.y, backend_->Allocate({entries, config_.hidden_size}));
     DXS_ASSIGN_OR_RETURN(ws.offsets, backend_->Allocate({num_experts + 2}, DType::kI32));
   }
-  DXS_RETURN_IF_ERROR(backend_->SortPairsByExpert(
-      pairs.experts, num_experts + 1, &ws.order, &ws.offsets,
-      {{&pairs.rows, &ws.sorted_rows},
-       {&pairs.out_rows, &ws.sorted_out_rows},
-       {&pairs.weights, &ws.sorted_weights}}));
+  DXS_RETURN_IF_ERROR(backend_->SortPairsByExpert(pairs.experts, num_experts + 1, &ws.order,
+                                                  &ws.offsets,
+                                                  {{&pairs.rows, &ws.sorted_rows},
+                                                   {&pairs.out_rows, &ws.sorted_out_rows},
+                                                   {&pairs.weights, &ws.sorted_weights}}));
   const Tensor offsets = ws.offsets.Rows(0, num_experts + 1);  // the real pairs' runs
   {
     absl::MutexLock lock(&device_counts_mu_);

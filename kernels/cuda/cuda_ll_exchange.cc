@@ -24,8 +24,8 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
 
   absl::Status Init() {
     const LowLatencyShape& s = shape_;
-    const int own_side = side_ == LowLatencySide::kAttention ? s.num_attention_ranks
-                                                             : s.num_expert_ranks;
+    const int own_side =
+        side_ == LowLatencySide::kAttention ? s.num_attention_ranks : s.num_expert_ranks;
     if (s.num_attention_ranks < 1 || s.num_expert_ranks < 1 || s.capacity < 1 || s.hidden < 1 ||
         s.top_k < 1 || s.num_experts < 1 || s.timeout_ns <= 0 || rank_ < 0 || rank_ >= own_side) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -91,9 +91,9 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
                                          peer.status().message()));
       }
       if ((*peer)->num_bytes() < bytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("low-latency exchange: peer rank ", r, "'s region has ",
-                         (*peer)->num_bytes(), " bytes, this shape needs ", bytes));
+        return absl::InvalidArgumentError(absl::StrCat("low-latency exchange: peer rank ", r,
+                                                       "'s region has ", (*peer)->num_bytes(),
+                                                       " bytes, this shape needs ", bytes));
       }
       bases.push_back(reinterpret_cast<int64_t>((*peer)->data()));
       peers.push_back(*std::move(peer));
@@ -139,9 +139,9 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
     DXS_RETURN_IF_ERROR(CheckRouting("combine", tokens, ids, expert_owner));
     if (out->row_size() != shape_.hidden ||
         (out->dtype() != DType::kBF16 && out->dtype() != DType::kF32)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "low-latency combine: out ", out->ShapeString(), " (f32 or bf16, hidden ", shape_.hidden,
-          ")"));
+      return absl::InvalidArgumentError(absl::StrCat("low-latency combine: out ",
+                                                     out->ShapeString(), " (f32 or bf16, hidden ",
+                                                     shape_.hidden, ")"));
     }
     DXS_RETURN_IF_ERROR(WaitForSources());
     std::string error;
@@ -163,9 +163,8 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
   absl::Status Receive(const Tensor& held, LowLatencyPairs* pairs) override {
     DXS_RETURN_IF_ERROR(Ready(LowLatencySide::kExpert, "receive"));
     if (held.dtype() != DType::kI32 || held.num_elements() != shape_.num_experts) {
-      return absl::InvalidArgumentError(absl::StrCat("low-latency receive: held ",
-                                                     held.ShapeString(), " (i32 [",
-                                                     shape_.num_experts, "])"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "low-latency receive: held ", held.ShapeString(), " (i32 [", shape_.num_experts, "])"));
     }
     DXS_RETURN_IF_ERROR(WaitForSources());
     std::string error;
@@ -214,11 +213,11 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
         CudaStatus(cuda::LlReadStatus(sync(), &error, &source), "low-latency exchange: status"));
     if (error != 0) {
       const bool attention = side_ == LowLatencySide::kAttention;
-      return absl::UnavailableError(absl::StrCat(
-          "low-latency exchange: ", attention ? "attention" : "expert", " rank ", rank_,
-          " waited more than ", shape_.timeout_ns / 1'000'000, " ms for ",
-          attention ? "expert" : "attention", " rank ", source,
-          "; the exchange is down until it is made again"));
+      return absl::UnavailableError(
+          absl::StrCat("low-latency exchange: ", attention ? "attention" : "expert", " rank ",
+                       rank_, " waited more than ", shape_.timeout_ns / 1'000'000, " ms for ",
+                       attention ? "expert" : "attention", " rank ", source,
+                       "; the exchange is down until it is made again"));
     }
     if (bad_.defined()) {
       int32_t bad = 0;
@@ -252,9 +251,9 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
 
   absl::Status Ready(LowLatencySide side, const char* op) const {
     if (side != side_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "low-latency ", op, ": not an op of the ",
-          side_ == LowLatencySide::kAttention ? "attention" : "expert", " side"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("low-latency ", op, ": not an op of the ",
+                       side_ == LowLatencySide::kAttention ? "attention" : "expert", " side"));
     }
     if (peers_.empty()) {
       return absl::FailedPreconditionError(
@@ -266,16 +265,16 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
   absl::Status CheckRouting(const char* op, int64_t tokens, const Tensor& ids,
                             const Tensor& expert_owner) const {
     if (tokens > shape_.capacity) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "low-latency ", op, ": ", tokens, " tokens, the capacity is ", shape_.capacity,
-          " (larger batches go by the host-driven exchange)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("low-latency ", op, ": ", tokens, " tokens, the capacity is ",
+                       shape_.capacity, " (larger batches go by the host-driven exchange)"));
     }
     if (ids.dtype() != DType::kI32 || ids.num_elements() != tokens * shape_.top_k ||
         expert_owner.dtype() != DType::kI32 || expert_owner.num_elements() != shape_.num_experts) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "low-latency ", op, ": ids ", ids.ShapeString(), " (i32 [", tokens, ", ", shape_.top_k,
-          "]) and expert owners ", expert_owner.ShapeString(), " (i32 [", shape_.num_experts,
-          "])"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("low-latency ", op, ": ids ", ids.ShapeString(), " (i32 [", tokens, ", ",
+                       shape_.top_k, "]) and expert owners ", expert_owner.ShapeString(), " (i32 [",
+                       shape_.num_experts, "])"));
     }
     return absl::OkStatus();
   }
@@ -291,12 +290,12 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
   LowLatencySide side_;
   int rank_;
   cuda::LlRegionLayout dispatch_, combine_;
-  SharedMemory region_;                       // this rank's receive region
-  Tensor sync_;                               // its LlSync
-  Tensor bad_;                                // expert side: pairs for experts not held
-  LowLatencyPairs pairs_;                     // expert side: a round's pair list
+  SharedMemory region_;                         // this rank's receive region
+  Tensor sync_;                                 // its LlSync
+  Tensor bad_;                                  // expert side: pairs for experts not held
+  LowLatencyPairs pairs_;                       // expert side: a round's pair list
   std::vector<std::shared_ptr<Buffer>> peers_;  // the other side's regions, mapped here
-  Tensor peer_table_;                         // their bases, on the device
+  Tensor peer_table_;                           // their bases, on the device
 };
 
 absl::StatusOr<std::unique_ptr<LowLatencyExchange>> CudaBackend::MakeLowLatencyExchange(

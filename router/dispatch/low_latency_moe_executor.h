@@ -2,7 +2,8 @@
 // (kernels/low_latency_exchange.h), for decode steps: each layer's Run enqueues the
 // dispatch and the combine and returns, with no host synchronisation, so a whole decode
 // step (every layer's exchange with it) is captured in one CUDA graph, as the single-process
-// engine's is. The expert ranks run the matching rounds (expert_service/low_latency_expert_rounds.h).
+// engine's is. The expert ranks run the matching rounds
+// (expert_service/low_latency_expert_rounds.h).
 //
 // A batch above the exchange's capacity is FAILED_PRECONDITION: prefill goes by the
 // host-driven exchange (RemoteMoeExecutor). Placements are one rank an expert (the exchange

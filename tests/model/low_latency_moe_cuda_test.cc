@@ -19,10 +19,10 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/status_macros.h"
 #include "expert_service/local_low_latency_experts.h"
 #include "expert_service/low_latency_expert_rounds.h"
 #include "gtest/gtest.h"
-#include "common/status_macros.h"
 #include "kernels/backend.h"
 #include "kernels/low_latency_exchange.h"
 #include "kernels/make_backend.h"
@@ -36,9 +36,9 @@
 namespace dxs {
 namespace {
 
-#define ASSERT_OK(expr)                    \
-  do {                                     \
-    const absl::Status _s = (expr);        \
+#define ASSERT_OK(expr)                          \
+  do {                                           \
+    const absl::Status _s = (expr);              \
     ASSERT_TRUE(_s.ok()) << #expr << ": " << _s; \
   } while (0)
 
@@ -73,8 +73,7 @@ ExpertWeightMap Weights(Backend* backend, const std::vector<int>& experts) {
       const uint64_t seed = 1000 + 100 * l + e;
       w.gate_up_proj = *backend->Allocate({2 * kInter, kHidden}, DType::kBF16);
       w.down_proj = *backend->Allocate({kHidden, kInter}, DType::kBF16);
-      EXPECT_TRUE(
-          backend->FillUniform(&w.gate_up_proj, seed, 0, 0.1, DType::kBF16).ok());
+      EXPECT_TRUE(backend->FillUniform(&w.gate_up_proj, seed, 0, 0.1, DType::kBF16).ok());
       EXPECT_TRUE(backend->FillUniform(&w.down_proj, seed + 7, 0, 0.1, DType::kBF16).ok());
     }
   }
@@ -171,8 +170,8 @@ class LowLatencyMoeTest : public ::testing::Test {
       for (int e = 0; e < kExperts; ++e) {
         if (owner[e] == r) held.push_back(e);
       }
-      x.shard = std::make_unique<ExpertShard>(Config(), Weights(x.backend.get(), held),
-                                              x.backend.get());
+      x.shard =
+          std::make_unique<ExpertShard>(Config(), Weights(x.backend.get(), held), x.backend.get());
       auto exchange = x.backend->MakeLowLatencyExchange(shape, LowLatencySide::kExpert, r);
       ASSERT_TRUE(exchange.ok()) << exchange.status();
       x.exchange = *std::move(exchange);
