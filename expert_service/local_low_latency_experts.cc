@@ -62,7 +62,7 @@ absl::StatusOr<std::unique_ptr<MoeExecutor>> LocalLowLatencyExperts::AttachAtten
   for (int e = 0; e < config.num_experts; ++e) owner[e] = e % static_cast<int>(ranks_.size());
   DXS_ASSIGN_OR_RETURN(Tensor owners, backend->Allocate({config.num_experts}, DType::kI32));
   DXS_RETURN_IF_ERROR(backend->CopyFromHost(owner.data(), DType::kI32, &owners));
-  auto moe = std::make_unique<LowLatencyMoeExecutor>(backend, attention_.get(), owners);
+  auto moe = std::make_unique<LowLatencyMoeExecutor>(attention_.get(), owners);
   executor_ = moe.get();
   attention_backend_ = backend;
   return std::unique_ptr<MoeExecutor>(std::move(moe));

@@ -23,21 +23,17 @@ namespace dxs {
 class LowLatencyMoeExecutor final : public MoeExecutor {
  public:
   // exchange: this attention rank's side, connected. expert_owner: i32 [num_experts] on
-  // `backend`, the expert rank of each expert; kept as is for every round.
-  LowLatencyMoeExecutor(Backend* backend, LowLatencyExchange* exchange, Tensor expert_owner)
-      : backend_(backend), exchange_(exchange), expert_owner_(std::move(expert_owner)) {}
+  // the exchange's backend, the expert rank of each expert; kept as is for every round.
+  LowLatencyMoeExecutor(LowLatencyExchange* exchange, Tensor expert_owner)
+      : exchange_(exchange), expert_owner_(std::move(expert_owner)) {}
 
   absl::Status Run(int layer, const Tensor& x, const Tensor& ids, const Tensor& weights,
                    Tensor* out) override;
   absl::Status CheckStatus() { return exchange_->CheckStatus(); }
-  int64_t rounds() const { return rounds_; }
 
  private:
-  Backend* backend_;
   LowLatencyExchange* exchange_;
   Tensor expert_owner_;
-  Tensor narrow_;  // x narrowed to bf16 where the model's rows are wider (eager steps)
-  int64_t rounds_ = 0;
 };
 
 }  // namespace dxs

@@ -14,12 +14,8 @@
 #include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
-#include "common/status_macros.h"
 #include "expert_service/local_low_latency_experts.h"
 #include "expert_service/low_latency_expert_rounds.h"
 #include "gtest/gtest.h"
@@ -159,8 +155,7 @@ class LowLatencyMoeTest : public ::testing::Test {
       a.exchange = *std::move(exchange);
       Tensor owners = *a.backend->Allocate({kExperts}, DType::kI32);
       ASSERT_TRUE(a.backend->CopyFromHost(owner.data(), DType::kI32, &owners).ok());
-      a.executor =
-          std::make_unique<LowLatencyMoeExecutor>(a.backend.get(), a.exchange.get(), owners);
+      a.executor = std::make_unique<LowLatencyMoeExecutor>(a.exchange.get(), owners);
       attention_.push_back(std::move(a));
     }
     for (int r = 0; r < num_expert; ++r) {
@@ -349,7 +344,7 @@ TEST_F(LowLatencyMoeTest, PlacementsThatDisagreeAreFailedPrecondition) {
   if (HasFatalFailure() || attention_.empty()) return;
   Backend* backend = attention_[0].backend.get();
   Tensor wrong = *backend->Zeros({kExperts}, DType::kI32);
-  LowLatencyMoeExecutor misrouted(backend, attention_[0].exchange.get(), wrong);
+  LowLatencyMoeExecutor misrouted(attention_[0].exchange.get(), wrong);
   const Batch b = RandomBatch(4, &rng_);
   BatchTensors t = Upload(backend, b);
   ASSERT_OK(misrouted.Run(0, t.x, t.ids, t.weights, &t.out));
