@@ -44,6 +44,13 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(
                     "as recorded CUDA graphs)."));
   am->piecewise_steps_ = &piecewise->Add({{"rank", r}});
   DXS_ASSIGN_OR_RETURN(
+      m::CounterFamily * low_latency,
+      m::AddCounter(registry, "dxs_low_latency_steps_total",
+                    "Decode steps over the low-latency exchange (--low-latency-capacity on a "
+                    "GPU): every DP rank's padded batch within the capacity; one graph replay, "
+                    "no host synchronisation between layers."));
+  am->low_latency_steps_ = &low_latency->Add({{"role", "attention"}, {"rank", r}});
+  DXS_ASSIGN_OR_RETURN(
       m::HistogramFamily * step_duration,
       m::AddHistogram(registry, "dxs_step_duration_seconds",
                       "Duration of one model step on this rank, from building the batch "
@@ -112,12 +119,13 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(
 }
 
 void AttentionMetrics::OnStep(int64_t num_tokens, bool failed, int num_micro_batches,
-                              bool piecewise, double seconds) {
+                              bool piecewise, bool low_latency, double seconds) {
   steps_->Increment();
   if (num_tokens == 0) empty_steps_->Increment();
   if (failed) failed_steps_->Increment();
   if (num_micro_batches > 1) overlapped_steps_->Increment();
   if (piecewise) piecewise_steps_->Increment();
+  if (low_latency) low_latency_steps_->Increment();
   step_duration_->Observe(seconds);
 }
 

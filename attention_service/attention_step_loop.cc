@@ -34,17 +34,22 @@ int32_t AttentionStepLoop::OverlapThresholdOnWire() const {
       std::min<int64_t>(overlap_min_tokens_, std::numeric_limits<int32_t>::max()));
 }
 
-absl::StatusOr<AttentionStepLoop::StepPlan> AttentionStepLoop::ExchangeStep(int64_t my_tokens) {
+absl::StatusOr<AttentionStepLoop::StepPlan> AttentionStepLoop::ExchangeStep(int64_t my_tokens,
+                                                                            bool my_step_fits) {
   const int num_dp = static_cast<int>(dp_peers_.size());
   // Step messages carry (token count, overlap threshold) in (aux, num_rows).
   int32_t threshold = OverlapThresholdOnWire();
   uint64_t version = moe_->newest_placement_version();
+  bool all_fit = my_step_fits;
+  uint32_t generation = ll_ != nullptr ? ll_->wanted_generation() : 0;
   auto plan = [&](int64_t total) {
     StepPlan p;
     p.total_tokens = total;
     p.placement_version = version;
-    const bool overlap =
-        moe_->overlaps() && threshold != std::numeric_limits<int32_t>::max() && total >= threshold;
+    p.low_latency = all_fit;
+    p.ll_generation = generation;
+    const bool overlap = !all_fit && moe_->overlaps() &&
+                         threshold != std::numeric_limits<int32_t>::max() && total >= threshold;
     p.num_micro_batches = overlap ? 2 : 1;
     return p;
   };
@@ -69,6 +74,8 @@ absl::StatusOr<AttentionStepLoop::StepPlan> AttentionStepLoop::ExchangeStep(int6
   mine.aux = my_tokens;
   mine.num_rows = threshold;
   mine.placement_version = version;
+  if (my_step_fits) mine.flags = WireHeader::kLowLatencyFits;
+  mine.ll_generation = generation;
   const std::string encoded = mine.Encode();
   for (int r = 0; r < num_dp; ++r) {
     if (r == dp_rank_) continue;
@@ -90,8 +97,31 @@ absl::StatusOr<AttentionStepLoop::StepPlan> AttentionStepLoop::ExchangeStep(int6
     total += theirs[r].aux;
     threshold = std::max(threshold, theirs[r].num_rows);
     version = std::min(version, theirs[r].placement_version);
+    all_fit = all_fit && (theirs[r].flags & WireHeader::kLowLatencyFits) != 0;
+    generation = std::max(generation, theirs[r].ll_generation);
   }
   return plan(total);
+}
+
+std::optional<absl::StatusOr<Tensor>> AttentionStepLoop::ForwardLowLatency(
+    const StepPlan& plan, const std::vector<SequenceChunk>& chunks) {
+  bool made_new = false;
+  absl::StatusOr<bool> began =
+      ll_->BeginStep(step_, plan.ll_generation, moe_->placement(), moe_->ep_peers(), &made_new);
+  if (!began.ok()) return began.status();
+  if (!*began) {
+    std::cerr << "attention rank " << dp_rank_
+              << ": an expert rank has no low-latency exchange; decode steps go by the "
+                 "host-driven exchange\n";
+    return std::nullopt;
+  }
+  // The recorded decode graphs hold the old exchange's memory.
+  if (made_new) model_->DropDecodeGraphs();
+  if (chunks.empty()) {
+    if (absl::Status s = ll_->EmptyStep(); !s.ok()) return s;
+    return model_->backend()->Allocate({0, model_->config().vocab_size}, DType::kF32);
+  }
+  return model_->ForwardDecode(chunks, kv_, piecewise_ == PiecewiseDecode::kGraphs);
 }
 
 absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
@@ -108,21 +138,27 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   std::vector<SequenceChunk> chunks = scheduler_->BuildStep();
   int64_t my_tokens = 0;
   for (const SequenceChunk& c : chunks) my_tokens += static_cast<int64_t>(c.tokens.size());
-  absl::StatusOr<StepPlan> plan = ExchangeStep(my_tokens);
+  const bool my_step_fits = ll_ != nullptr && ll_->Fits(Qwen3MoeModel::IsDecodeStep(chunks),
+                                                        static_cast<int64_t>(chunks.size()));
+  absl::StatusOr<StepPlan> plan = ExchangeStep(my_tokens, my_step_fits);
   // The step's outcome: logits on the host where a request gets its first token (its sink
   // receives the row), else only the tokens the backend sampled (SampleStepOnBackend).
   absl::Status outcome = absl::UnknownError("no forward pass");
   std::vector<float> host_logits;
   std::vector<int32_t> sampled;
   const bool host_sampling = scheduler_->StepNeedsHostLogits();
-  bool piecewise_step = false;
+  bool piecewise_step = false, low_latency_step = false;
   if (plan.ok()) {
     moe_->set_step(step_);
     (void)moe_->UsePlacement(plan->placement_version);  // kept: else the current one
-    piecewise_step = piecewise_ != PiecewiseDecode::kOff && plan->num_micro_batches == 1 &&
-                     Qwen3MoeModel::IsDecodeStep(chunks);
+    std::optional<absl::StatusOr<Tensor>> ll_out;
+    if (plan->low_latency) ll_out = ForwardLowLatency(*plan, chunks);
+    low_latency_step = ll_out.has_value();
+    piecewise_step = !low_latency_step && piecewise_ != PiecewiseDecode::kOff &&
+                     plan->num_micro_batches == 1 && Qwen3MoeModel::IsDecodeStep(chunks);
     absl::StatusOr<Tensor> out =
-        piecewise_step
+        low_latency_step ? *std::move(ll_out)
+        : piecewise_step
             ? model_->ForwardDecodePiecewise(chunks, kv_, piecewise_ == PiecewiseDecode::kGraphs)
             : model_->Forward(chunks, kv_, plan->num_micro_batches);
     if (!out.ok()) {
@@ -137,6 +173,13 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
       outcome = t.status();
       if (t.ok()) sampled = *std::move(t);
     }
+    if (low_latency_step) {
+      // The exchange's waits report here: a step whose peer stopped answering has
+      // computed on rows that never came, so its tokens are not used.
+      absl::Status ended = ll_->EndStep();
+      if (outcome.ok()) outcome = ended;
+      if (!outcome.ok()) ll_->Reset();
+    }
   } else {
     outcome = plan.status();
   }
@@ -148,10 +191,12 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   if (plan.ok() && plan->total_tokens == 0) ++counters_.all_empty_steps;
   if (plan.ok() && plan->num_micro_batches > 1) ++counters_.overlapped_steps;
   if (piecewise_step) ++counters_.piecewise_steps;
+  if (low_latency_step) ++counters_.low_latency_steps;
   auto report = [&] {
     if (metrics_ == nullptr) return;
     metrics_->OnStep(
         my_tokens, !outcome.ok(), plan.ok() ? plan->num_micro_batches : 1, piecewise_step,
+        low_latency_step,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
   };
   if (!outcome.ok() && retry_window_ > absl::ZeroDuration() && absl::IsUnavailable(outcome)) {

@@ -27,6 +27,11 @@
 // abort is taken at the next attempt); after `window` of failing steps they fail as
 // before.
 //
+// Low-latency decode (set_low_latency): each rank's step message also says whether its
+// step fits the low-latency exchange and which generation of it the rank wants; a step in
+// which every rank's fits runs over it (LowLatencyDecode), one CUDA graph replay a
+// step, with no host synchronisation between layers.
+//
 // Thread safety: RunOnce is called by the step thread only; Wake and counters from any.
 #pragma once
 
@@ -39,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "attention_service/attention_metrics.h"
+#include "attention_service/low_latency_decode.h"
 #include "model/kv_cache.h"
 #include "model/qwen3_moe.h"
 #include "model/scheduler.h"
@@ -52,9 +58,10 @@ struct AttentionCounters {
   std::atomic<int64_t> empty_steps{0};      // steps in which this rank had no tokens
   std::atomic<int64_t> all_empty_steps{0};  // steps in which no DP rank had tokens
   std::atomic<int64_t> failed_steps{0};
-  std::atomic<int64_t> retried_steps{0};     // failed steps run again rather than failed
-  std::atomic<int64_t> overlapped_steps{0};  // steps split into two micro-batches
-  std::atomic<int64_t> piecewise_steps{0};   // decode steps run in graph segments
+  std::atomic<int64_t> retried_steps{0};      // failed steps run again rather than failed
+  std::atomic<int64_t> overlapped_steps{0};   // steps split into two micro-batches
+  std::atomic<int64_t> piecewise_steps{0};    // decode steps run in graph segments
+  std::atomic<int64_t> low_latency_steps{0};  // steps over the low-latency exchange
   std::atomic<int64_t> tokens{0};
   std::atomic<uint64_t> next_step{0};
 };
@@ -85,6 +92,10 @@ class AttentionStepLoop {
   // plain forward pass. Set before the first RunOnce.
   enum class PiecewiseDecode { kOff, kEager, kGraphs };
   void set_piecewise_decode(PiecewiseDecode mode) { piecewise_ = mode; }
+  // Decode steps over the low-latency exchange where every DP rank's fits; not owned, null
+  // (the default) for none. The model must run its MoE through ll->moe(). Set before the
+  // first RunOnce.
+  void set_low_latency(LowLatencyDecode* ll) { ll_ = ll; }
   // Where each step is reported for Prometheus; not owned, null (the default) for none.
   // Set before the first RunOnce.
   void set_metrics(AttentionMetrics* metrics) { metrics_ = metrics; }
@@ -104,8 +115,14 @@ class AttentionStepLoop {
     int64_t total_tokens = 0;  // over all DP ranks
     int num_micro_batches = 1;
     uint64_t placement_version = 0;  // the oldest newest-version over the DP ranks
+    bool low_latency = false;        // every DP rank's step fits the low-latency exchange
+    uint32_t ll_generation = 0;      // the newest generation any DP rank wants
   };
-  absl::StatusOr<StepPlan> ExchangeStep(int64_t my_tokens);
+  absl::StatusOr<StepPlan> ExchangeStep(int64_t my_tokens, bool my_step_fits);
+  // The step's forward pass over the low-latency exchange; nullopt: an expert rank has
+  // none, the step goes by the host-driven exchange.
+  std::optional<absl::StatusOr<Tensor>> ForwardLowLatency(const StepPlan& plan,
+                                                          const std::vector<SequenceChunk>& chunks);
   // This rank's overlap threshold as sent in step messages (off: the largest value).
   int32_t OverlapThresholdOnWire() const;
 
@@ -119,6 +136,7 @@ class AttentionStepLoop {
   absl::Duration timeout_;
   int64_t overlap_min_tokens_ = kDefaultOverlapMinTokens;
   PiecewiseDecode piecewise_ = PiecewiseDecode::kOff;
+  LowLatencyDecode* ll_ = nullptr;
   uint64_t step_ = 0;
   std::atomic<bool> wake_pending_{false};
   AttentionCounters counters_;

@@ -72,6 +72,11 @@ ABSL_FLAG(int64_t, stream_interval, 1, "Tokens per streamed chunk after the firs
 ABSL_FLAG(int64_t, step_retry_ms, 30000,
           "Elastic EP (dxs-router --elastic-ep): how long failed steps are run again before "
           "their requests fail, >= 1.");
+ABSL_FLAG(int64_t, low_latency_capacity, 0,
+          "On GPUs: decode steps in which every DP rank's padded batch is at most N tokens "
+          "run their MoE over the low-latency exchange (fixed-capacity regions, no host "
+          "synchronisation, one CUDA graph a step); larger steps and prefill go by the "
+          "host-driven exchange. 0 (the default): off. Every DP rank must give the same N.");
 ABSL_FLAG(std::string, dump_first_logits, "",
           "Debugging: write each request's first logits to this directory.");
 
@@ -85,6 +90,7 @@ constexpr char kUsage[] =
     "[--prefill-chunk N]\n"
     "                     [--step-timeout-ms MS] [--overlap-min-tokens N] [--stream-interval N]\n"
     "                     [--piecewise-graphs=true|false] [--mapped-exchange=true|false]\n"
+    "                     [--low-latency-capacity N]\n"
     "                     [--tls-cert FILE --tls-key FILE --tls-ca FILE [--mtls]]\n"
     "                     [--flagfile FILE]\n"
     "Flags may be spelled with dashes or underscores; a --flagfile uses underscores.";
@@ -97,6 +103,7 @@ struct Flags {
   int64_t overlap_min_tokens = 0;
   int64_t stream_interval = 0;
   int64_t step_retry_ms = 0;
+  int64_t low_latency_capacity = 0;
   bool piecewise_graphs = true;
   bool mapped_exchange = true;
   std::string dump_first_logits;
@@ -124,6 +131,13 @@ absl::StatusOr<Flags> ValidateFlags() {
   if (flags.overlap_min_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--overlap-min-tokens must be >= 0, got ", flags.overlap_min_tokens));
+  }
+  flags.low_latency_capacity = absl::GetFlag(FLAGS_low_latency_capacity);
+  if (flags.low_latency_capacity < 0 ||
+      flags.low_latency_capacity > Qwen3MoeModel::kMaxGraphBatch) {
+    return absl::InvalidArgumentError(absl::StrCat("--low-latency-capacity must be in [0, ",
+                                                   Qwen3MoeModel::kMaxGraphBatch, "], got ",
+                                                   flags.low_latency_capacity));
   }
   flags.dump_first_logits = absl::GetFlag(FLAGS_dump_first_logits);
   flags.piecewise_graphs = absl::GetFlag(FLAGS_piecewise_graphs);
@@ -171,6 +185,10 @@ int Main(int argc, char** argv) {
   // The MoE executor and step loop need the cluster shape; made on the first full view.
   const absl::Duration timeout = absl::Milliseconds(flags->step_timeout_ms);
   std::unique_ptr<RemoteMoeExecutor> moe;
+  std::unique_ptr<LowLatencyDecode> low_latency;
+  // The expert workers (rank, incarnation) the low-latency exchange was made with: a new
+  // one (a restart) needs a new exchange.
+  std::vector<std::pair<uint32_t, uint64_t>> expert_incarnations;
   std::unique_ptr<Qwen3MoeModel> model;
   std::unique_ptr<AttentionStepLoop> loop;
   AttentionWeights attention_weights = std::move(*weights);
@@ -220,8 +238,21 @@ int Main(int argc, char** argv) {
                                                   shape->placement, config.hidden_size,
                                                   dispatch_options);
         moe->set_observer(attention_metrics->get());
-        model = std::make_unique<Qwen3MoeModel>(config, std::move(attention_weights), backend.get(),
-                                                moe.get());
+        if (flags->low_latency_capacity > 0) {
+          absl::StatusOr<std::unique_ptr<LowLatencyDecode>> made = LowLatencyDecode::Make(
+              rank, shape->num_attention, static_cast<int>(flags->low_latency_capacity), config,
+              backend.get(), runtime.transport(), moe.get(), timeout);
+          if (made.ok()) {
+            low_latency = *std::move(made);
+          } else {
+            std::cerr << "dxs-attention rank " << rank
+                      << ": --low-latency-capacity: " << made.status()
+                      << "; every step goes by the host-driven exchange\n";
+          }
+        }
+        model = std::make_unique<Qwen3MoeModel>(
+            config, std::move(attention_weights), backend.get(),
+            low_latency != nullptr ? low_latency->moe() : static_cast<MoeExecutor*>(moe.get()));
         loop = std::make_unique<AttentionStepLoop>(rank, dp_peers, runtime.transport(), model.get(),
                                                    moe.get(), &scheduler, &kv, timeout);
         loop->set_metrics(attention_metrics->get());
@@ -231,6 +262,7 @@ int Main(int argc, char** argv) {
                                        : AttentionStepLoop::PiecewiseDecode::kOff);
         loop->set_on_step_end([&service] { service.FlushStreams(); });
         loop->set_on_step_failed(report_failed_ep_ranks);
+        loop->set_low_latency(low_latency.get());
         service.set_step_loop(loop.get());
       } else {
         std::vector<int> ep_peers;
@@ -238,6 +270,15 @@ int Main(int argc, char** argv) {
         moe->set_ep_peers(ep_peers);
         // Switched to at the step whose DP ranks all have it (AttentionStepLoop).
         moe->AddPlacement(shape->placement);
+      }
+      if (low_latency != nullptr) {
+        std::vector<std::pair<uint32_t, uint64_t>> incarnations;
+        for (int peer : moe->ep_peers()) {
+          std::optional<v1::WorkerId> id = runtime.WorkerAtTransportRank(peer);
+          if (id) incarnations.emplace_back(id->rank(), id->incarnation());
+        }
+        if (incarnations != expert_incarnations) low_latency->Reset();
+        expert_incarnations = std::move(incarnations);
       }
       loop->set_retry_window(shape->elastic_ep ? absl::Milliseconds(flags->step_retry_ms)
                                                : absl::ZeroDuration());

@@ -32,6 +32,13 @@ absl::StatusOr<std::unique_ptr<ExpertMetrics>> ExpertMetrics::Create(
                     "any DP rank."));
   em->empty_rounds_ = &empty_rounds->Add({{"rank", r}});
   DXS_ASSIGN_OR_RETURN(
+      m::CounterFamily * low_latency,
+      m::AddCounter(registry, "dxs_low_latency_steps_total",
+                    "Steps served over the low-latency exchange (dxs-attention "
+                    "--low-latency-capacity on GPUs): one graph replay of every MoE layer's "
+                    "round; counted in dxs_steps_total too."));
+  em->low_latency_steps_ = &low_latency->Add({{"role", "expert"}, {"rank", r}});
+  DXS_ASSIGN_OR_RETURN(
       m::CounterFamily * received,
       m::AddCounter(registry, "dxs_tokens_received_total",
                     "Token rows this EP rank received from all DP ranks, summed over MoE "
@@ -80,6 +87,12 @@ void ExpertMetrics::SyncExpertTokens(const std::vector<int64_t>& cumulative) {
     }
     expert_tokens_[e]->Increment(static_cast<double>(grown));
   }
+}
+
+void ExpertMetrics::OnLowLatencyStep(int rounds, bool empty) {
+  low_latency_steps_->Increment();
+  rounds_->Increment(rounds);
+  if (empty) empty_rounds_->Increment(rounds);
 }
 
 void ExpertMetrics::OnStep(bool empty) {

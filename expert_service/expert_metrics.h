@@ -40,6 +40,10 @@ class ExpertMetrics {
   // where the experts run (on the device on a GPU), so they are read once per step, not
   // from the pairs of every round.
   void SyncExpertTokens(const std::vector<int64_t>& cumulative);
+  // A step over the low-latency exchange was served: `rounds` MoE layer rounds, all empty
+  // or not (their rows stay on the device: not in dxs_tokens_received_total; `empty` comes
+  // from the experts' counts). OnStep follows.
+  void OnLowLatencyStep(int rounds, bool empty);
   // A step ended (its last MoE layer was served); `empty` if no row arrived in any layer.
   void OnStep(bool empty);
   // A group (a round's receives, or its combine sends) is about to be posted.
@@ -57,6 +61,7 @@ class ExpertMetrics {
   prometheus::Counter* empty_steps_ = nullptr;
   prometheus::Counter* rounds_ = nullptr;
   prometheus::Counter* empty_rounds_ = nullptr;
+  prometheus::Counter* low_latency_steps_ = nullptr;
   prometheus::Counter* tokens_received_ = nullptr;
   prometheus::Histogram* compute_ = nullptr;
   metrics::CounterFamily* expert_tokens_family_ = nullptr;

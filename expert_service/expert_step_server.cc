@@ -154,17 +154,21 @@ absl::Status ExpertStepServer::CheckPairs(const std::vector<WireHeader>& headers
 absl::Status ExpertStepServer::Fill(size_t i, absl::Time deadline) {
   DXS_ASSIGN_OR_RETURN(TransportMessage m, transport_->Recv(dp_peers_[i], deadline));
   absl::StatusOr<WireHeader> h = WireHeader::Decode(m.header);
-  // A mapped dispatch carries its region's key (UCX's: about 100 bytes); others nothing.
+  // A mapped dispatch and a low-latency step that connects carry a region's key (UCX's:
+  // about 100 bytes, CUDA IPC's 64); others nothing.
   constexpr size_t kMaxRegionKey = 4096;
+  const bool known = h.ok() && (h->kind == MessageKind::kDispatch ||
+                                (h->kind == MessageKind::kLowLatencyStep && h->layer == -1));
+  const bool keyed =
+      known &&
+      (h->kind == MessageKind::kDispatch ? h->mapped() : (h->flags & WireHeader::kConnect) != 0);
   const bool payload_ok =
-      h.ok() && (h->mapped() ? m.payload_size() > 0 && m.payload_size() <= kMaxRegionKey
-                             : m.payload_size() == 0);
-  if (!h.ok() || h->kind != MessageKind::kDispatch || !payload_ok) {
+      keyed ? m.payload_size() > 0 && m.payload_size() <= kMaxRegionKey : m.payload_size() == 0;
+  if (!known || !payload_ok) {
     return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i], " sent a bad message: ",
-                                            !h.ok() ? h.status().message()
-                                            : h->kind != MessageKind::kDispatch
-                                                ? "not a dispatch header"
-                                                : "a bad payload"));
+                                            !h.ok()  ? h.status().message()
+                                            : !known ? "not a dispatch header"
+                                                     : "a bad payload"));
   }
   pending_[i] = *h;
   pending_keys_[i].assign(m.payload.begin(), m.payload.end());
@@ -250,6 +254,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   headers.clear();
   for (size_t i = 0; i < num_dp; ++i) headers.push_back(*pending_[i]);
   for (auto& p : pending_) p.reset();
+  if (headers[0].kind == MessageKind::kLowLatencyStep) return ServeLowLatencyStep(headers);
   const int k = next_out_;
   std::vector<int32_t>& statuses = statuses_[k];
   DXS_RETURN_IF_ERROR(MapRegions(&headers, &statuses));
@@ -412,6 +417,39 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     next_out_ ^= 1;  // rounds compute into the other buffer until this one is released
     return absl::UnavailableError(absl::StrCat("combine of step ", first.step, " layer ",
                                                first.layer, ": ", delivered.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpertStepServer::ServeLowLatencyStep(const std::vector<WireHeader>& headers) {
+  // Aligned keys are (step, -1, 0) for every DP rank: all of them sent a low-latency step.
+  if (ll_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", headers[0].step, ": a low-latency step, and this rank serves none"));
+  }
+  const auto sum = [](const std::vector<int64_t>& v) {
+    int64_t total = 0;
+    for (int64_t x : v) total += x;
+    return total;
+  };
+  // The experts' pairs are counted on the device; what the step added says whether this
+  // rank received any row (an empty-batch step).
+  const int64_t pairs_before = sum(shard_->TokensPerExpert());
+  DXS_RETURN_IF_ERROR(ll_->Serve(dp_peers_, headers, pending_keys_));
+  const std::vector<int64_t> cumulative = shard_->TokensPerExpert();
+  const bool empty = sum(cumulative) == pairs_before;
+  const int rounds = ll_->num_rounds();
+  counters_.rounds += rounds;
+  ++counters_.steps;
+  ++counters_.low_latency_steps;
+  if (empty) {
+    ++counters_.empty_steps;
+    counters_.empty_rounds += rounds;
+  }
+  if (metrics_ != nullptr) {
+    metrics_->OnLowLatencyStep(rounds, empty);
+    metrics_->OnStep(empty);
+    metrics_->SyncExpertTokens(cumulative);
   }
   return absl::OkStatus();
 }

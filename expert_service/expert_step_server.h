@@ -34,6 +34,10 @@
 // that rank's rows are not computed (its step fails once, then it dispatches by copy).
 // Offsets outside the region fail the round like any malformed dispatch.
 //
+// A step the DP ranks run over the low-latency exchange arrives instead as one
+// kLowLatencyStep message from every DP rank, gathered like dispatch headers (it orders
+// before its step's first dispatch) and served by LowLatencyExpertSteps (set_low_latency).
+//
 // Thread safety: ServeRound is called by one thread; counters may be read from any.
 #pragma once
 
@@ -50,6 +54,7 @@
 #include "common/model_config.h"
 #include "expert_service/expert_compute.h"
 #include "expert_service/expert_metrics.h"
+#include "expert_service/low_latency_expert_steps.h"
 #include "kernels/backend.h"
 #include "kernels/tensor.h"
 #include "router/dispatch/wire.h"
@@ -71,6 +76,9 @@ struct ExpertCounters {
   std::atomic<int64_t> rounds_in_place{0};
   // Rows read in place from a DP rank's mapped region (the one-copy exchange), all rounds.
   std::atomic<int64_t> rows_mapped{0};
+  // Steps served over the low-latency exchange (counted in steps too; their rounds in
+  // rounds; their rows are not counted: they stay on the device).
+  std::atomic<int64_t> low_latency_steps{0};
 };
 
 class ExpertStepServer final {
@@ -84,6 +92,9 @@ class ExpertStepServer final {
   // Where each round and step is reported for Prometheus; not owned, null (the default)
   // for none. Set before the first ServeRound.
   void set_metrics(ExpertMetrics* metrics) { metrics_ = metrics; }
+  // Where low-latency steps are served; not owned. Null (the default): such a step fails
+  // with FAILED_PRECONDITION unanswered (the DP ranks' waits time out).
+  void set_low_latency(LowLatencyExpertSteps* ll) { ll_ = ll; }
 
   // Serves one round. DEADLINE_EXCEEDED if its headers are incomplete by `deadline` (what
   // arrived is kept for the next call); UNAVAILABLE if a DP peer failed (its pending
@@ -94,6 +105,8 @@ class ExpertStepServer final {
   // Maps the round's mapped regions into regions_ and checks the headers' offsets in them;
   // a region that does not map gets kRegionUnmappable in statuses and its counts zeroed.
   absl::Status MapRegions(std::vector<WireHeader>* headers, std::vector<int32_t>* statuses);
+  // Serves a step whose aligned headers are kLowLatencyStep messages.
+  absl::Status ServeLowLatencyStep(const std::vector<WireHeader>& headers);
   // Receives DP rank i's next dispatch header into pending_[i].
   absl::Status Fill(size_t i, absl::Time deadline);
   // Waits for the combine sends that last read out_[k].
@@ -118,6 +131,7 @@ class ExpertStepServer final {
   int last_moe_layer_ = -1;
   ExpertCounters counters_;
   ExpertMetrics* metrics_ = nullptr;
+  LowLatencyExpertSteps* ll_ = nullptr;
   int64_t rows_this_step_ = 0;
   std::vector<std::optional<WireHeader>> pending_;
   std::vector<std::string> pending_keys_;  // with a mapped header: its region's key

@@ -73,36 +73,9 @@ void LocalLowLatencyExperts::Start() {
   for (Rank& rank : ranks_) threads_.emplace_back([this, &rank] { Loop(&rank); });
 }
 
-// One step of a rank: every MoE layer's round; the first one run while it is recorded.
-absl::Status LocalLowLatencyExperts::Step(Rank* rank, std::unique_ptr<Graph>* graph) {
-  auto rounds = [&]() -> absl::Status {
-    for (int l = 0; l < config_.num_hidden_layers; ++l) {
-      if (config_.IsMoeLayer(l)) DXS_RETURN_IF_ERROR(rank->rounds->Round(l));
-    }
-    return absl::OkStatus();
-  };
-  Backend* b = rank->backend.get();
-  if (*graph != nullptr) {
-    DXS_RETURN_IF_ERROR(b->Replay(graph->get()));
-  } else if (b->SupportsGraphs()) {
-    Tensor eager;
-    DXS_ASSIGN_OR_RETURN(CapturedGraph captured, b->CaptureGraph(
-                                                     [&]() -> absl::StatusOr<Tensor> {
-                                                       DXS_RETURN_IF_ERROR(rounds());
-                                                       return Tensor();
-                                                     },
-                                                     &eager));
-    *graph = std::move(captured.graph);
-  } else {
-    DXS_RETURN_IF_ERROR(rounds());
-  }
-  return rank->rounds->CheckStatus();
-}
-
 void LocalLowLatencyExperts::Loop(Rank* rank) {
-  std::unique_ptr<Graph> graph;
   while (true) {
-    const absl::Status s = Step(rank, &graph);
+    const absl::Status s = rank->rounds->Step();
     absl::MutexLock lock(&mu_);
     if (!s.ok() && status_.ok()) status_ = s;
     // The barrier: the last rank to finish the step decides, for all, whether the next runs.

@@ -67,7 +67,6 @@ class LocalLowLatencyExperts {
   };
   LocalLowLatencyExperts() = default;
   void Loop(Rank* rank);
-  absl::Status Step(Rank* rank, std::unique_ptr<Graph>* graph);
   absl::Status EmptyStep();
 
   ModelConfig config_;

@@ -28,6 +28,9 @@ absl::StatusOr<std::unique_ptr<LowLatencyExpertRounds>> LowLatencyExpertRounds::
       std::unique_ptr<LowLatencyExpertRounds>(new LowLatencyExpertRounds(shard, exchange));
   DXS_ASSIGN_OR_RETURN(rounds->held_, backend->Allocate({layers, s.num_experts}, DType::kI32));
   DXS_RETURN_IF_ERROR(backend->CopyFromHost(held.data(), DType::kI32, &rounds->held_));
+  for (int l = 0; l < layers; ++l) {
+    if (config.IsMoeLayer(l)) rounds->moe_layers_.push_back(l);
+  }
   const int64_t slots = static_cast<int64_t>(s.num_attention_ranks) * s.capacity;
   DXS_ASSIGN_OR_RETURN(rounds->y_, backend->Allocate({slots + 1, s.hidden}, DType::kBF16));
   // Every layer's experts once over a round of no pairs, before any round: the workspaces,
@@ -59,6 +62,30 @@ absl::Status LowLatencyExpertRounds::Round(int layer) {
       exchange_->Receive(held_.Rows(layer, 1).Reshape({held_.row_size()}), &pairs_));
   DXS_RETURN_IF_ERROR(shard_->ForwardLowLatency(layer, pairs_, &y_));
   return exchange_->Send(y_);
+}
+
+absl::Status LowLatencyExpertRounds::Rounds() {
+  for (int l : moe_layers_) DXS_RETURN_IF_ERROR(Round(l));
+  return absl::OkStatus();
+}
+
+absl::Status LowLatencyExpertRounds::Step() {
+  Backend* b = shard_->backend();
+  if (graph_ != nullptr) {
+    DXS_RETURN_IF_ERROR(b->Replay(graph_.get()));
+  } else if (b->SupportsGraphs()) {
+    Tensor eager;
+    DXS_ASSIGN_OR_RETURN(CapturedGraph captured, b->CaptureGraph(
+                                                     [&]() -> absl::StatusOr<Tensor> {
+                                                       DXS_RETURN_IF_ERROR(Rounds());
+                                                       return Tensor();
+                                                     },
+                                                     &eager));
+    graph_ = std::move(captured.graph);
+  } else {
+    DXS_RETURN_IF_ERROR(Rounds());
+  }
+  return CheckStatus();
 }
 
 }  // namespace dxs

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -24,14 +25,21 @@ class LowLatencyExpertRounds {
                                                                       LowLatencyExchange* exchange);
 
   absl::Status Round(int layer);
+  // One step: every MoE layer's round, then CheckStatus (which waits for them). The first
+  // step is recorded into a CUDA graph while it runs (where the backend has graphs) and
+  // later steps replay it: a step's host work is one launch and one status read.
+  absl::Status Step();
   absl::Status CheckStatus() { return exchange_->CheckStatus(); }
 
  private:
   LowLatencyExpertRounds(ExpertShard* shard, LowLatencyExchange* exchange)
       : shard_(shard), exchange_(exchange) {}
+  absl::Status Rounds();
 
   ExpertShard* shard_;
   LowLatencyExchange* exchange_;
+  std::vector<int> moe_layers_;
+  std::unique_ptr<Graph> graph_;  // the recorded step, after the first
   Tensor held_;  // i32 [layers, num_experts]: non-zero where the shard holds the expert
   Tensor y_;     // bf16 [slots + 1, hidden]: a round's pre-sums
   LowLatencyPairs pairs_;

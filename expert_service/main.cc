@@ -25,6 +25,7 @@
 #include "expert_service/expert_metrics.h"
 #include "expert_service/expert_step_server.h"
 #include "expert_service/expert_worker_service.h"
+#include "expert_service/low_latency_expert_steps.h"
 #include "model/weights.h"
 #include "prometheus/registry.h"
 #include "router/dispatch/placement.h"
@@ -95,6 +96,7 @@ int Main(int argc, char** argv) {
   std::unique_ptr<ExpertShard> shard;
   std::unique_ptr<ExpertMetrics> expert_metrics;
   std::unique_ptr<ExpertStepServer> server;
+  std::unique_ptr<LowLatencyExpertSteps> low_latency;
   v1::RegisterRequest reg = runtime.BaseRegistration(v1::ROLE_EXPERT, model_dir);
   for (int e : claim) reg.add_loaded_experts(static_cast<uint32_t>(e));
   absl::Status joined = runtime.Join(flags->worker.router, reg, [&](v1::HeartbeatRequest* hb) {
@@ -152,6 +154,11 @@ int Main(int argc, char** argv) {
         server =
             std::make_unique<ExpertStepServer>(runtime.transport(), dp_peers, &compute, config);
         server->set_metrics(expert_metrics.get());
+        // Decode steps the DP ranks run over the low-latency exchange (GPU backends; the
+        // CPU's answers that it has none and the DP ranks keep to the host-driven one).
+        low_latency =
+            std::make_unique<LowLatencyExpertSteps>(runtime.transport(), shard.get(), config);
+        server->set_low_latency(low_latency.get());
         service.set_step_server(server.get());
       }
     }

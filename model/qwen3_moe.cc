@@ -133,6 +133,16 @@ int64_t NextPowerOfTwo(int64_t n) {
 
 }  // namespace
 
+int64_t Qwen3MoeModel::PaddedDecodeBatch(int64_t num_chunks) { return NextPowerOfTwo(num_chunks); }
+
+void Qwen3MoeModel::DropDecodeGraphs() {
+  // A graph's staging may still be read by its last replay.
+  for (auto& [shape, g] : graphs_) {
+    if (g.done != nullptr) (void)backend_->SynchronizeEvent(g.done.get());
+  }
+  graphs_.clear();
+}
+
 size_t Qwen3MoeModel::num_graphs() const {
   size_t n = 0;
   for (const auto& [shape, g] : graphs_) n += g.captured.graph != nullptr ? 1 : 0;
@@ -229,7 +239,7 @@ absl::StatusOr<std::pair<int64_t, int64_t>> Qwen3MoeModel::CheckedDecodeShape(
   for (const SequenceChunk& c : chunks) {
     blocks = std::max(blocks, (c.start_position + 1 + bs - 1) / bs);
   }
-  return std::pair<int64_t, int64_t>{NextPowerOfTwo(static_cast<int64_t>(chunks.size())),
+  return std::pair<int64_t, int64_t>{PaddedDecodeBatch(static_cast<int64_t>(chunks.size())),
                                      NextPowerOfTwo(std::max<int64_t>(blocks, 16))};
 }
 

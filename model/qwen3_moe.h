@@ -65,6 +65,11 @@ class Qwen3MoeModel {
                                        bool use_graph);
   // Graphs recorded so far (one per batch bucket and table width).
   size_t num_graphs() const;
+  // The rows ForwardDecode runs for a decode step of `num_chunks` tokens (its batch bucket).
+  static int64_t PaddedDecodeBatch(int64_t num_chunks);
+  // Forgets ForwardDecode's recorded graphs (their MoE executor's memory is going away: a
+  // new low-latency exchange); the next steps record them again.
+  void DropDecodeGraphs();
 
   // A decode-shaped step through a MoE executor whose experts are elsewhere (overlaps():
   // the dispatch and combine need the host between layers), padded as ForwardDecode pads,

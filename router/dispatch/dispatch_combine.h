@@ -177,6 +177,7 @@ class RemoteMoeExecutor final : public MoeExecutor {
   // a rank that left holds no experts and takes no part in steps).
   void set_ep_peers(std::vector<int> peers);
   int num_ep_ranks() const { return static_cast<int>(ep_peers_.size()); }
+  const std::vector<int>& ep_peers() const { return ep_peers_; }
   const DispatchCounters& counters() const { return *counters_; }
   // EP ranks whose transport connection has failed (UNAVAILABLE), after a failed step.
   std::vector<int> FailedEpRanks() const;

@@ -7,7 +7,7 @@
 namespace dxs {
 namespace {
 
-constexpr size_t kEncodedSize = 4 + 1 + 1 + 2 + 8 + 4 * 4 + 8 + 8 + 1 + 3 * 8;
+constexpr size_t kEncodedSize = 4 + 1 + 1 + 2 + 8 + 4 * 4 + 8 + 8 + 1 + 5 * 4 + 3 * 8;
 
 template <typename T>
 void Put(std::string* out, T v) {
@@ -40,6 +40,11 @@ std::string WireHeader::Encode() const {
   Put<int64_t>(&out, aux);
   Put<uint64_t>(&out, placement_version);
   Put<uint8_t>(&out, flags);
+  Put<uint32_t>(&out, ll_generation);
+  Put<int32_t>(&out, ll_capacity);
+  Put<int32_t>(&out, ll_ranks);
+  Put<int32_t>(&out, ll_rank);
+  Put<int32_t>(&out, num_experts);
   Put<int64_t>(&out, rows_at);
   Put<int64_t>(&out, pairs_at);
   Put<int64_t>(&out, answers_at);
@@ -58,7 +63,8 @@ absl::StatusOr<WireHeader> WireHeader::Decode(std::string_view bytes) {
   WireHeader h;
   const uint8_t kind = Get<uint8_t>(bytes, &off);
   const uint8_t dtype = Get<uint8_t>(bytes, &off);
-  if (kind < 1 || kind > 3) return absl::InvalidArgumentError("wire header: bad kind");
+  if (kind < 1 || kind > static_cast<uint8_t>(MessageKind::kLowLatencyRegion))
+    return absl::InvalidArgumentError("wire header: bad kind");
   if (dtype > static_cast<uint8_t>(DType::kBF16)) {
     return absl::InvalidArgumentError("wire header: bad dtype");
   }
@@ -74,17 +80,24 @@ absl::StatusOr<WireHeader> WireHeader::Decode(std::string_view bytes) {
   h.aux = Get<int64_t>(bytes, &off);
   h.placement_version = Get<uint64_t>(bytes, &off);
   h.flags = Get<uint8_t>(bytes, &off);
+  h.ll_generation = Get<uint32_t>(bytes, &off);
+  h.ll_capacity = Get<int32_t>(bytes, &off);
+  h.ll_ranks = Get<int32_t>(bytes, &off);
+  h.ll_rank = Get<int32_t>(bytes, &off);
+  h.num_experts = Get<int32_t>(bytes, &off);
   h.rows_at = Get<int64_t>(bytes, &off);
   h.pairs_at = Get<int64_t>(bytes, &off);
   h.answers_at = Get<int64_t>(bytes, &off);
-  if ((h.flags & ~(WireHeader::kMapped | WireHeader::kDeviceRegion)) != 0) {
+  if ((h.flags & ~(WireHeader::kMapped | WireHeader::kDeviceRegion | WireHeader::kLowLatencyFits |
+                   WireHeader::kConnect)) != 0) {
     return absl::InvalidArgumentError("wire header: unknown flags");
   }
   if (h.num_micro < 1 || h.micro >= h.num_micro) {
     return absl::InvalidArgumentError("wire header: bad micro-batch");
   }
   if (h.num_rows < 0 || h.num_pairs < 0 || h.hidden < 0 || h.rows_at < 0 || h.pairs_at < 0 ||
-      h.answers_at < 0) {
+      h.answers_at < 0 || h.ll_capacity < 0 || h.ll_ranks < 0 || h.ll_rank < 0 ||
+      h.num_experts < 0) {
     return absl::InvalidArgumentError("wire header: negative count");
   }
   return h;

@@ -18,7 +18,20 @@
 //       would not map, nothing was computed).
 //   step     (attention -> attention): `aux` is the sender's token count, `num_rows` its
 //       two-batch-overlap threshold and `placement_version` the newest expert placement it
-//       has; the step dispatches with the oldest of those (AttentionStepLoop)
+//       has; the step dispatches with the oldest of those (AttentionStepLoop). With
+//       kLowLatencyFits the sender's step can go over the low-latency exchange (decode
+//       tokens, padded, within its `ll_capacity`) and `ll_generation` is the exchange it
+//       wants; the step goes that way when every rank's fits (AttentionStepLoop).
+//   low-latency step (attention -> expert, kLowLatencyStep): step `step`'s MoE layers go
+//       over the low-latency exchange (kernels/low_latency_exchange.h) of `ll_generation`:
+//       `ll_capacity` tokens a DP rank, `ll_ranks` expert ranks of which the receiver is
+//       `ll_rank`, `num_experts` experts (an expert rank's own placement says which it holds).
+//       With kConnect the exchange is new: the payload is the sender's combine region's
+//       key, and the expert rank answers with a low-latency region message before the
+//       step's rounds. `layer` is -1: the message comes before any dispatch of its step.
+//   low-latency region (expert -> attention, kLowLatencyRegion): `ll_generation`'s
+//       dispatch region key as the payload; empty: this rank has no low-latency exchange
+//       (its backend has none, or making it failed), and the step fails.
 //
 // A step split into micro-batches (two-batch overlap) sends one dispatch header and one
 // group per (layer, micro-batch); `micro` and `num_micro` say which.
@@ -36,7 +49,13 @@
 
 namespace dxs {
 
-enum class MessageKind : uint8_t { kStep = 1, kDispatch = 2, kCombine = 3 };
+enum class MessageKind : uint8_t {
+  kStep = 1,
+  kDispatch = 2,
+  kCombine = 3,
+  kLowLatencyStep = 4,
+  kLowLatencyRegion = 5,
+};
 
 // The status an expert rank answers a mapped dispatch with when the sender's region would
 // not map (ExpertStepServer); 0 is success.
@@ -60,7 +79,17 @@ struct WireHeader {
   // With kMapped: the region is device memory (Backend::OpenShared's key), not host memory
   // the transport maps (DataExchange::AttachPeerRegion's).
   static constexpr uint8_t kDeviceRegion = 2;
+  // kStep: the sender's step fits the low-latency exchange.
+  static constexpr uint8_t kLowLatencyFits = 4;
+  // kLowLatencyStep: a new exchange; the payload is the sender's region key.
+  static constexpr uint8_t kConnect = 8;
   uint8_t flags = 0;
+  // The low-latency exchange (kStep, kLowLatencyStep, kLowLatencyRegion; see above).
+  uint32_t ll_generation = 0;
+  int32_t ll_capacity = 0;
+  int32_t ll_ranks = 0;
+  int32_t ll_rank = 0;
+  int32_t num_experts = 0;
   int64_t rows_at = 0, pairs_at = 0, answers_at = 0;  // with kMapped: byte offsets
   bool mapped() const { return (flags & kMapped) != 0; }
   bool device_region() const { return (flags & kDeviceRegion) != 0; }

@@ -120,6 +120,72 @@ TEST_F(GpuCluster, EagerDecodeStepsEqualCudaEngine) {
   EXPECT_EQ(testing::Value(attention, R"(dxs_piecewise_decode_steps_total{rank="0"})"), 0);
 }
 
+double LowLatencySteps(const std::map<std::string, double>& samples, const std::string& role,
+                       int rank) {
+  return testing::Value(samples, "dxs_low_latency_steps_total{role=\"" + role + "\",rank=\"" +
+                                     std::to_string(rank) + "\"}");
+}
+
+// --low-latency-capacity: decode steps whose padded batch fits go over the low-latency
+// exchange between the two processes (each side's region opened by the other through CUDA
+// IPC, a step one graph replay on each side), prefill by the host-driven exchange; the same
+// answers as the engine, and every low-latency step of the attention rank served once by
+// the expert rank.
+TEST_F(GpuCluster, LowLatencyDecodeStepsEqualCudaEngine) {
+  std::map<std::string, double> attention, expert;
+  ASSERT_NO_FATAL_FAILURE(RunOneByOne({"--low-latency-capacity", "8"}, &attention, &expert));
+  const double ll = LowLatencySteps(attention, "attention", 0);
+  EXPECT_GT(ll, 0);
+  EXPECT_EQ(LowLatencySteps(expert, "expert", 0), ll);
+  EXPECT_GT(testing::Value(attention, R"(dxs_steps_total{role="attention",rank="0"})"), ll);
+  EXPECT_EQ(testing::Value(attention, R"(dxs_failed_steps_total{role="attention",rank="0"})"), 0);
+}
+
+// Two DP ranks over the low-latency exchange, requests to rank 0 only: rank 1 takes part
+// in every low-latency step with zero rows. EP rank 1 holds one expert of 16, so some of
+// its steps receive nothing (counted empty from its experts' counts).
+TEST_F(GpuCluster, LowLatencyWithEmptyDpRankAndEpRankWithoutRows) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ProcessCluster cluster(tmp.path());
+  OnGpu(&cluster);
+  ClusterSpec spec{dir, 2, 2, {"0-14", "15"}};
+  spec.wire_dtype = "bf16";
+  spec.attention_args = {"--low-latency-capacity", "8"};
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 2, 4096, CudaReference());
+  const auto dp0 = Samples(cluster.attention_metrics_address(0));
+  const auto dp1 = Samples(cluster.attention_metrics_address(1));
+  const double ll = LowLatencySteps(dp0, "attention", 0);
+  EXPECT_GT(ll, 0) << cluster.DumpLogs();
+  EXPECT_EQ(LowLatencySteps(dp1, "attention", 1), ll);
+  EXPECT_GT(testing::Value(dp1, "dxs_empty_batch_steps_total{role=\"attention\",rank=\"1\"}"), 0);
+  for (int r = 0; r < 2; ++r) {
+    const auto ep = Samples(cluster.expert_metrics_address(r));
+    EXPECT_EQ(LowLatencySteps(ep, "expert", r), ll) << "EP rank " << r;
+  }
+}
+
+// As KilledExpertFailsInFlightThenRecovers, with decode over the low-latency exchange: the
+// attention rank's wait for the dead rank gives up (UNAVAILABLE), and the restarted rank
+// gets a new exchange (a new generation) once it is back.
+TEST_F(GpuCluster, LowLatencyKilledExpertFailsInFlightThenRecovers) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ProcessCluster cluster(tmp.path());
+  OnGpu(&cluster);
+  ClusterSpec spec{dir, 1, 2, {}};
+  spec.wire_dtype = "bf16";
+  spec.attention_args = {"--low-latency-capacity", "8"};
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  testing::ExpectKilledExpertFailsInFlightThenRecovers(&cluster, dir, 1, 1, absl::Seconds(1),
+                                                       CudaReference());
+  EXPECT_GT(LowLatencySteps(Samples(cluster.attention_metrics_address(0)), "attention", 0), 0)
+      << cluster.DumpLogs();
+}
+
 TEST_F(GpuCluster, UnevenPlacementOnTwoExperts) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "odd");

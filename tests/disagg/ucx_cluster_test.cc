@@ -7,6 +7,7 @@
 #include "model/engine.h"
 #include "model/random_checkpoint.h"
 #include "tests/disagg/cluster_equivalence.h"
+#include "tests/disagg/metrics_util.h"
 #include "tests/disagg/process_cluster.h"
 #include "tests/model/test_util.h"
 
@@ -49,6 +50,29 @@ TEST(UcxCluster, CopyExchangeEqualsSingleProcess) {
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
   testing::ExpectClusterMatchesEngine(&cluster, dir, 2, 2, 4096);
+}
+
+// --low-latency-capacity on the CPU, whose backend has no low-latency exchange: the
+// attention ranks say so once and every step goes by the host-driven exchange, with the
+// same tokens and no low-latency step counted.
+TEST(UcxCluster, LowLatencyCapacityOnTheCpuKeepsTheHostDrivenExchange) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ProcessCluster cluster(tmp.path());
+  ClusterSpec spec{dir, 2, 1, {}};
+  spec.attention_args = {"--low-latency-capacity", "8"};
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 2, 2, 4096);
+  for (int r = 0; r < 2; ++r) {
+    absl::StatusOr<std::string> text = testing::Scrape(cluster.attention_metrics_address(r));
+    ASSERT_TRUE(text.ok()) << text.status();
+    const auto samples = testing::ParseSamples(*text);
+    const std::string rank = "rank=\"" + std::to_string(r) + "\"";
+    EXPECT_EQ(
+        testing::Value(samples, "dxs_low_latency_steps_total{role=\"attention\"," + rank + "}"), 0);
+    EXPECT_GT(testing::Value(samples, "dxs_steps_total{role=\"attention\"," + rank + "}"), 0);
+  }
 }
 
 TEST(UcxCluster, UnevenPlacementTwelveExpertsOnFiveRanks) {

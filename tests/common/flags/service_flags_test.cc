@@ -47,6 +47,8 @@ TEST(ServiceFlags, EveryBadFlagIsOneLineAndExitTwo) {
       {"dxs-router", "--model x --attention 1 --experts 1 stray"},
       {"dxs-attention", "--model x --router r:1"},
       {"dxs-attention", "--model x --rank 0 --router r:1 --kv-tokens 0"},
+      {"dxs-attention", "--model x --rank 0 --router r:1 --low-latency-capacity -1"},
+      {"dxs-attention", "--model x --rank 0 --router r:1 --low-latency-capacity 257"},
       {"dxs-attention", "--model x --rank 0 --router r:1 --listen nowhere"},
       {"dxs-attention", "--model x --rank 0 --router r:1 --tls-cert a.pem"},
       {"dxs-expert", "--model x --rank 0 --router r:1 --experts 3-1"},

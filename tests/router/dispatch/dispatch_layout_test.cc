@@ -15,7 +15,9 @@
 #include "absl/time/clock.h"
 #include "common/model_config.h"
 #include "expert_service/expert_step_server.h"
+#include "expert_service/low_latency_expert_steps.h"
 #include "kernels/backend.h"
+#include "model/expert_shard.h"
 #include "router/dispatch/dispatch_combine.h"
 #include "router/dispatch/placement.h"
 #include "router/dispatch/wire.h"
@@ -184,13 +186,12 @@ class ExpertRoutingCheckTest : public ::testing::Test {
     transports_ = MakeInprocTransportGroup(2);
     backend_ = MakeCpuBackend();
     experts_ = std::make_unique<SomeExperts>(backend_.get());
-    ModelConfig config;
-    config.hidden_size = kHidden;
-    config.num_hidden_layers = 1;
-    config.num_experts = kNumExperts;
-    config.num_experts_per_tok = 2;
+    config_.hidden_size = kHidden;
+    config_.num_hidden_layers = 1;
+    config_.num_experts = kNumExperts;
+    config_.num_experts_per_tok = 2;
     server_ = std::make_unique<ExpertStepServer>(transports_[1].get(), std::vector<int>{0},
-                                                 experts_.get(), config);
+                                                 experts_.get(), config_);
   }
 
   // The next round's dispatch header for `num_rows` rows and these pairs.
@@ -289,6 +290,22 @@ class ExpertRoutingCheckTest : public ::testing::Test {
     return served;
   }
 
+  // The DP rank's low-latency step message for the next step (generation 1, one expert
+  // rank), connecting: with its region's key.
+  WireHeader LowLatencyStep() {
+    WireHeader h;
+    h.kind = MessageKind::kLowLatencyStep;
+    h.step = ++step_;
+    h.layer = -1;
+    h.ll_generation = 1;
+    h.ll_capacity = 8;
+    h.ll_ranks = 1;
+    h.num_experts = kNumExperts;
+    h.flags = WireHeader::kConnect;
+    return h;
+  }
+
+  ModelConfig config_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<SomeExperts> experts_;
   std::unique_ptr<ExpertStepServer> server_;
@@ -395,6 +412,90 @@ TEST_F(ExpertRoutingCheckTest, UnmappableRegionIsAnsweredWithAStatus) {
   EXPECT_EQ(experts_->last_pairs.size(), 0);  // the round computed no pair
   ASSERT_TRUE(MappedRound(10, PairsWith(10, 20, -1, 0, 0), &status).ok());
   EXPECT_EQ(status, 0);
+}
+
+// A DP rank asks for a low-latency step (the first of its generation, with its region's
+// key); the CPU backend has no low-latency exchange, so the expert rank answers with no key
+// (the DP ranks then run the step by the host-driven exchange) and serves the dispatches
+// that follow.
+TEST_F(ExpertRoutingCheckTest, LowLatencyStepOnTheCpuIsAnsweredWithNoKey) {
+  ExpertShard shard(config_, ExpertWeightMap(), backend_.get());
+  LowLatencyExpertSteps low_latency(transports_[1].get(), &shard, config_);
+  server_->set_low_latency(&low_latency);
+  const WireHeader h = LowLatencyStep();
+  const std::string key = "the DP rank's region";
+  ASSERT_TRUE(transports_[0]->Send(1, h.Encode(), key.data(), key.size()).ok());
+  const absl::Status served = server_->ServeRound(absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(served.code(), absl::StatusCode::kUnimplemented) << served;
+  absl::StatusOr<TransportMessage> answer = transports_[0]->Recv(1, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  absl::StatusOr<WireHeader> a = WireHeader::Decode(answer->header);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->kind, MessageKind::kLowLatencyRegion);
+  EXPECT_EQ(a->ll_generation, h.ll_generation);
+  EXPECT_EQ(a->step, h.step);
+  EXPECT_EQ(answer->payload_size(), 0u);  // no exchange here
+  EXPECT_EQ(low_latency.generation(), 0u);
+  EXPECT_EQ(server_->counters().low_latency_steps.load(), 0);
+  // The step goes by the host-driven exchange.
+  const absl::Status round = Round(10, PairsWith(10, 12, -1, 0, 0));
+  EXPECT_TRUE(round.ok()) << round;
+  EXPECT_EQ(server_->counters().rounds.load(), 1);
+}
+
+// A later step of a generation this rank never made (it restarted, or it refused) fails
+// without an answer: the DP ranks' waits time out and they make a new generation.
+TEST_F(ExpertRoutingCheckTest, LowLatencyStepOfAnUnknownGenerationFails) {
+  ExpertShard shard(config_, ExpertWeightMap(), backend_.get());
+  LowLatencyExpertSteps low_latency(transports_[1].get(), &shard, config_);
+  server_->set_low_latency(&low_latency);
+  WireHeader h = LowLatencyStep();
+  h.flags = 0;
+  ASSERT_TRUE(transports_[0]->Send(1, h.Encode(), nullptr, 0).ok());
+  const absl::Status served = server_->ServeRound(absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(served.code(), absl::StatusCode::kFailedPrecondition) << served;
+  EXPECT_FALSE(transports_[0]->HasMessage(1));
+}
+
+// Low-latency messages the wire does not allow are refused as bad messages: one placed
+// after a dispatch (layer >= 0), or a connecting one without its region's key.
+TEST_F(ExpertRoutingCheckTest, MalformedLowLatencyStepsAreBadMessages) {
+  WireHeader late = LowLatencyStep();
+  late.layer = 0;
+  const std::string key = "k";
+  ASSERT_TRUE(transports_[0]->Send(1, late.Encode(), key.data(), key.size()).ok());
+  absl::Status served = server_->ServeRound(absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(served.code(), absl::StatusCode::kInternal) << served;
+  EXPECT_NE(served.message().find("bad message"), std::string::npos) << served;
+  ASSERT_TRUE(transports_[0]->Send(1, LowLatencyStep().Encode(), nullptr, 0).ok());
+  served = server_->ServeRound(absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(served.code(), absl::StatusCode::kInternal) << served;
+  EXPECT_NE(served.message().find("bad payload"), std::string::npos) << served;
+}
+
+// The low-latency fields survive the wire, and flags it does not know are refused.
+TEST(WireHeaderTest, LowLatencyFieldsRoundTrip) {
+  WireHeader h;
+  h.kind = MessageKind::kLowLatencyStep;
+  h.step = 77;
+  h.flags = WireHeader::kConnect;
+  h.ll_generation = 3;
+  h.ll_capacity = 128;
+  h.ll_ranks = 4;
+  h.ll_rank = 2;
+  h.num_experts = 128;
+  absl::StatusOr<WireHeader> back = WireHeader::Decode(h.Encode());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->kind, h.kind);
+  EXPECT_EQ(back->flags, h.flags);
+  EXPECT_EQ(back->ll_generation, 3u);
+  EXPECT_EQ(back->ll_capacity, 128);
+  EXPECT_EQ(back->ll_ranks, 4);
+  EXPECT_EQ(back->ll_rank, 2);
+  EXPECT_EQ(back->num_experts, 128);
+  std::string bad = h.Encode();
+  bad[4] = 6;  // the kind after kLowLatencyRegion
+  EXPECT_FALSE(WireHeader::Decode(bad).ok());
 }
 
 }  // namespace
