@@ -13,7 +13,10 @@
 # Environment: DXS_DECODE_CLUSTERS, the clusters to run, each MxN@GPUS (M attention and N
 # expert processes placed over those GPUs, `dxs up --gpus`), default "1x1@0"; on several
 # GPUs e.g. "1x1@0,1 2x2@0,1,2,3" (issues 14 and 15: one process per GPU, no time
-# slicing). DXS_DECODE_CONCURRENCY, default "1 8 32".
+# slicing). DXS_DECODE_CONCURRENCY, default "1 8 32". Each cluster also runs with
+# --low-latency-capacity DXS_DECODE_LL_CAPACITY (default 128; 0 leaves that run out): decode
+# steps over the low-latency exchange (on one GPU the two processes' spinning waits
+# time-slice it, so that figure means something only with a GPU a process).
 set -uo pipefail
 layers=${1:-48}
 OUT=${OUT:-/tmp/dxs-cluster-decode}
@@ -30,10 +33,11 @@ log="$OUT/cluster_decode.log"
 "$bin/dxs" gen-model --preset qwen3-30b-a3b --layers "$layers" --in-place --out "$work/model" >>"$log" 2>&1 ||
   { echo "gen-model failed (see $log)"; exit 1; }
 port=$((20000 + RANDOM % 20000))
-start_cluster() {  # start_cluster PIECEWISE M N GPUS
+start_cluster() {  # start_cluster PIECEWISE M N GPUS LOW_LATENCY_CAPACITY
   rm -rf "$work/logs"
   "$bin/dxs" up --model "$work/model" --attention "$2" --experts "$3" --gpus "$4" --wire-dtype bf16 \
-    --piecewise-graphs "$1" --port "$port" --log-dir "$work/logs" >"$work/up.log" 2>&1 &
+    --piecewise-graphs "$1" --low-latency-capacity "$5" --port "$port" --log-dir "$work/logs" \
+    >"$work/up.log" 2>&1 &
   up=$!
   for _ in $(seq 1800); do grep -q "listening on" "$work/up.log" && return 0; sleep 0.2; done
   cat "$work/up.log" "$work"/logs/*.log >>"$log"
@@ -67,13 +71,18 @@ done
 for cluster in $clusters; do
   shape=${cluster%@*} gpus=${cluster#*@}
   m=${shape%x*} n=${shape#*x}
-  for piecewise in true false; do
-    start_cluster $piecewise "$m" "$n" "$gpus" || exit 1
+  ll_capacity=${DXS_DECODE_LL_CAPACITY:-128}
+  modes="piecewise eager"
+  [ "$ll_capacity" != 0 ] && modes="$modes low-latency"
+  for mode in $modes; do
+    piecewise=true capacity=0
     label="$m attn + $n expert on GPUs $gpus, piecewise graphs"
-    [ $piecewise = false ] && label="$m attn + $n expert on GPUs $gpus, eager"
+    [ $mode = eager ] && piecewise=false label="$m attn + $n expert on GPUs $gpus, eager"
+    [ $mode = low-latency ] && capacity=$ll_capacity label="$m attn + $n expert on GPUs $gpus, LL cap $ll_capacity"
+    start_cluster $piecewise "$m" "$n" "$gpus" "$capacity" || exit 1
     for c in $concurrency; do
       cluster_json=$(timeout 300 "$bin/dxs" bench --router "127.0.0.1:$port" $(bench_args $c) 2>>"$log")
-      echo "cluster piecewise=$piecewise c=$c: $cluster_json" >>"$log"
+      echo "cluster $mode c=$c: $cluster_json" >>"$log"
       row "$label" "$c" "$cluster_json" >>"$table"
     done
     cat "$work/up.log" "$work"/logs/*.log >>"$log" 2>&1

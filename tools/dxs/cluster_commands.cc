@@ -196,13 +196,13 @@ absl::StatusOr<std::vector<std::string>> WorkerDevices(const std::string& device
 }  // namespace
 
 int UpCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args =
-      Args::Parse(argv,
-                  WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir",
-                                     "wire-dtype", "overlap-min-tokens", "stream-interval",
-                                     "device", "gpus", "num-redundant-experts", "eplb-interval",
-                                     "piecewise-graphs", "mapped-exchange", "transport"}),
-                  WithTlsBoolFlags({"elastic-ep"}));
+  absl::StatusOr<Args> args = Args::Parse(
+      argv,
+      WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir", "wire-dtype",
+                         "overlap-min-tokens", "stream-interval", "device", "gpus",
+                         "num-redundant-experts", "eplb-interval", "piecewise-graphs",
+                         "mapped-exchange", "transport", "low-latency-capacity"}),
+      WithTlsBoolFlags({"elastic-ep"}));
   if (!args.ok()) return Fail("up", args.status());
   const bool elastic_ep = args->Has("elastic-ep");
   // With TLS, every process of the cluster uses the same files (one certificate that is
@@ -292,7 +292,7 @@ int UpCommand(const std::vector<std::string>& argv) {
     std::vector<std::string> a = {bin + "/dxs-attention", "--model",     model,    "--rank",
                                   std::to_string(r),      "--router",    router,   "--device",
                                   (*devices)[r],          "--transport", transport};
-    for (const char* flag : {"overlap-min-tokens", "stream-interval"}) {
+    for (const char* flag : {"overlap-min-tokens", "stream-interval", "low-latency-capacity"}) {
       if (args->Has(flag)) a.insert(a.end(), {absl::StrCat("--", flag), args->GetString(flag)});
     }
     // Booleans: the value in the same argument.

@@ -33,6 +33,8 @@ constexpr char kUsage[] =
     "               recorded CUDA graphs; true)]\n"
     "               [--mapped-exchange true|false (rows through the attention rank's memory,\n"
     "               which the expert ranks map: one copy; true)]\n"
+    "               [--low-latency-capacity N (GPU decode steps of at most N tokens a DP rank\n"
+    "               over the low-latency exchange; 0: off)]\n"
     "               [--device cpu|cuda[:N] (where the workers compute; cpu)]\n"
     "               [--gpus 0,1,... (attention ranks, then expert ranks, on these GPUs\n"
     "               in turn; implies --device cuda)]\n"
