@@ -2,11 +2,11 @@
 // over the low-latency exchange (kernels/low_latency_exchange.h), each rank a backend of its
 // own (its own stream) and the experts split across them (expert e on rank e % ranks). Each
 // rank has a thread that runs a step (every MoE layer's round) after step, as an expert
-// worker's loop would: the first step eagerly while recording it into a CUDA graph (where
-// the backend has graphs), then one graph launch a step, so that the ranks' host work is
-// one launch and one status read a step. The ranks start each step together. It is the
-// exchange's whole path on one GPU, for tests and benchmarks (the single-process engine
-// with moe_factory calling AttachAttention); the services run one rank a process.
+// worker's loop would: one launch of the step's CUDA graph (recorded when the rank was
+// attached, before any round ran; where the backend has graphs) and one status read. The ranks
+// start each step together. It is the exchange's whole path on one GPU, for tests and benchmarks
+// (the single-process engine with moe_factory calling AttachAttention); the services run one rank a
+// process.
 //
 // Every rank and the attention side share one CUDA context here, and a wait spins until
 // another rank's kernels run: set CUDA_MODULE_LOADING=EAGER before the runtime starts, or

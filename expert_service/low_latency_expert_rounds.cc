@@ -51,6 +51,18 @@ absl::StatusOr<std::unique_ptr<LowLatencyExpertRounds>> LowLatencyExpertRounds::
     if (config.IsMoeLayer(l)) DXS_RETURN_IF_ERROR(shard->ForwardLowLatency(l, none, &rounds->y_));
   }
   DXS_RETURN_IF_ERROR(backend->Synchronize());
+  // The step's graph, recorded now (not run): recording in a first live step would allocate
+  // and instantiate while the other ranks' waits spin, and in one process (one CUDA
+  // context) those calls can wait for the GPU to go idle: a stall until the waits time out.
+  if (backend->SupportsGraphs()) {
+    DXS_ASSIGN_OR_RETURN(CapturedGraph captured, backend->CaptureGraph(
+                                                     [&]() -> absl::StatusOr<Tensor> {
+                                                       DXS_RETURN_IF_ERROR(rounds->Rounds());
+                                                       return Tensor();
+                                                     },
+                                                     /*eager_output=*/nullptr));
+    rounds->graph_ = std::move(captured.graph);
+  }
   return rounds;
 }
 
@@ -70,18 +82,8 @@ absl::Status LowLatencyExpertRounds::Rounds() {
 }
 
 absl::Status LowLatencyExpertRounds::Step() {
-  Backend* b = shard_->backend();
   if (graph_ != nullptr) {
-    DXS_RETURN_IF_ERROR(b->Replay(graph_.get()));
-  } else if (b->SupportsGraphs()) {
-    Tensor eager;
-    DXS_ASSIGN_OR_RETURN(CapturedGraph captured, b->CaptureGraph(
-                                                     [&]() -> absl::StatusOr<Tensor> {
-                                                       DXS_RETURN_IF_ERROR(Rounds());
-                                                       return Tensor();
-                                                     },
-                                                     &eager));
-    graph_ = std::move(captured.graph);
+    DXS_RETURN_IF_ERROR(shard_->backend()->Replay(graph_.get()));
   } else {
     DXS_RETURN_IF_ERROR(Rounds());
   }

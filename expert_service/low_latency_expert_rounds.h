@@ -25,9 +25,9 @@ class LowLatencyExpertRounds {
                                                                       LowLatencyExchange* exchange);
 
   absl::Status Round(int layer);
-  // One step: every MoE layer's round, then CheckStatus (which waits for them). The first
-  // step is recorded into a CUDA graph while it runs (where the backend has graphs) and
-  // later steps replay it: a step's host work is one launch and one status read.
+  // One step: every MoE layer's round, then CheckStatus (which waits for them). Where the
+  // backend has graphs the step was recorded by Make, and a step replays it: its host work
+  // is one launch and one status read.
   absl::Status Step();
   absl::Status CheckStatus() { return exchange_->CheckStatus(); }
 
@@ -39,7 +39,7 @@ class LowLatencyExpertRounds {
   ExpertShard* shard_;
   LowLatencyExchange* exchange_;
   std::vector<int> moe_layers_;
-  std::unique_ptr<Graph> graph_;  // the recorded step, after the first
+  std::unique_ptr<Graph> graph_;  // the recorded step (Make), where the backend has graphs
   Tensor held_;  // i32 [layers, num_experts]: non-zero where the shard holds the expert
   Tensor y_;     // bf16 [slots + 1, hidden]: a round's pre-sums
   LowLatencyPairs pairs_;

@@ -200,6 +200,10 @@ class Backend {
   // uses, so the memory a graph writes between replays is the graph's alone (PyTorch's
   // private graph pool). `body` must not synchronise with the host while recorded. Tensors
   // it reads that were made outside must outlive the graph unchanged in place.
+  // eager_output null: no eager run, the body is only recorded; whatever it makes lazily
+  // (tables, workspaces, kernels' first loads) must exist already. For work that waits on
+  // other ranks (the low-latency exchange): recorded before any of them runs, so no
+  // allocation or instantiation happens while a peer's kernels spin on the same GPU.
   virtual absl::StatusOr<CapturedGraph> CaptureGraph(
       const std::function<absl::StatusOr<Tensor>()>& body, Tensor* eager_output);
   // Whether CaptureGraph is running a body (persistent scratch must not be used then).

@@ -496,11 +496,13 @@ absl::StatusOr<CapturedGraph> CudaBackend::CaptureGraph(
     ~Leave() { mode->store(false); }
   } leave{&graph_mode_};
   // Warm-up: the body once, for real, so that the pool holds every block it needs and
-  // lazily made tables exist before recording.
-  absl::StatusOr<Tensor> eager = body();
-  if (!eager.ok()) return eager.status();
-  *eager_output = *eager;
-  DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "capture graph: warm-up"));
+  // lazily made tables exist before recording (unless the caller says they do).
+  if (eager_output != nullptr) {
+    absl::StatusOr<Tensor> eager = body();
+    if (!eager.ok()) return eager.status();
+    *eager_output = *eager;
+    DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "capture graph: warm-up"));
+  }
   DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed),
                                  "capture graph: begin"));
   {
