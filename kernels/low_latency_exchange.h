@@ -43,7 +43,7 @@ enum class LowLatencySide { kAttention, kExpert };
 // What an expert rank received in a round, on its backend, sized by the capacity: the
 // region's rows in place and one pair entry per (source, slot, k). Entries that are no pair
 // have expert num_experts (after every real one when sorted by expert) and out row
-// num_attention_ranks * capacity, a spare row of y that nobody sends
+// num_attention_ranks * capacity, a spare row of y that is neither summed into nor sent
 // (kernels/cuda/ll_exchange.cuh, LaunchLlRegionPairs).
 struct LowLatencyPairs {
   Tensor x;         // [num_attention_ranks * capacity, hidden], the wire dtype (bf16)

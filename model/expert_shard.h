@@ -52,8 +52,9 @@ class ExpertShard final {
   // The experts of a low-latency round (LowLatencyExchange::Receive's pairs, sized by the
   // exchange's capacity, no count on the host): the pairs sorted by expert with the entries
   // that are no pair last, the grouped SwiGLU over the real ones (the first E + 1 offsets),
-  // the weighted pre-sum into y[slots + 1, hidden] (bf16; the last row takes the no-pair
-  // entries). The per-expert counts stay on the device. Nothing synchronises with the host.
+  // the weighted pre-sum into the first `slots` rows of y[slots + 1, hidden] (bf16; the
+  // no-pair entries' out row, the last, is outside the sum and left alone). The per-expert
+  // counts stay on the device. Nothing synchronises with the host.
   absl::Status ForwardLowLatency(int layer, const LowLatencyPairs& pairs, Tensor* y);
 
   // Rows processed per expert since construction (layer-aggregated), for metrics. Safe to

@@ -533,6 +533,15 @@ absl::StatusOr<CapturedGraph> CudaBackend::CaptureGraph(
     cudaGraphDestroy(graph);
     return CudaStatus(made, "capture graph: instantiate");
   }
+  // Uploaded now, not at the first launch: an upload then can wait for work that spins
+  // on this very graph's answers (the low-latency exchange's ranks sharing one GPU).
+  cudaError_t up = cudaGraphUpload(exec, stream_);
+  if (up == cudaSuccess) up = cudaStreamSynchronize(stream_);
+  if (up != cudaSuccess) {
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return CudaStatus(up, "capture graph: upload");
+  }
   CapturedGraph out;
   out.graph = std::make_unique<CudaGraph>(graph, exec, std::move(hooks));
   out.output = *recorded;

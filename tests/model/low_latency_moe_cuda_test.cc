@@ -430,7 +430,9 @@ TEST(LowLatencyEngineTest, GenerationEqualsTheSingleProcessEngine) {
   auto got = (*remote)->GenerateBatch(requests);
   ASSERT_OK((*experts)->Stop());
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_GE((*experts)->steps(), 9);  // prefill and the decode steps
+  // One prefill step (every prompt within the capacity) and 7 decode steps; Stop's empty
+  // step on top when the ranks had begun one more.
+  EXPECT_GE((*experts)->steps(), 8);
   ASSERT_OK((*experts)->executor()->CheckStatus());
   // Greedy tokens where the margin allows: every token the exchange's run chose is the
   // single-process engine's greedy choice on the same prefix, unless that position's top
