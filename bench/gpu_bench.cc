@@ -641,6 +641,13 @@ void LowLatencyDecode(bool quick, int layers, Report* report) {
     double ll_ms = 0;
     {
       DecodeBatch d(engine.get(), batch, 1024);
+      // One decode step of this shape with the experts here, its graph then dropped: the
+      // graph pool then holds the step's blocks before the expert ranks start. In one
+      // process a device allocation during a step can wait for the GPU to go idle, which
+      // the ranks' spinning waits for that very step never let it (a stall until they time
+      // out); between processes (the services) it cannot.
+      d.Step(/*graphs=*/true);
+      engine->model().DropDecodeGraphs();
       moe->remote = true;
       experts->Start();
       ll_ms = d.StepMs(CudaStreamOf(engine->backend()), /*graphs=*/true, quick);
