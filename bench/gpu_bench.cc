@@ -576,19 +576,21 @@ void ModelBenches(const Rates& rates, bool quick, int layers, const Profile& pro
 
 // The MoE of a decode step that runs on local experts for prefill (the exchange's capacity
 // is a decode batch) and over the low-latency exchange for decode.
+// The LL engine's MoE: until `remote`, the MoE answers zeros (the prefill that fills the
+// KV cache: its values do not change a decode step's work, and holding every expert here
+// as well as on the expert ranks does not fit the GPU at batch 128); then the exchange.
 class PrefillHereDecodeThere final : public MoeExecutor {
  public:
-  PrefillHereDecodeThere(std::unique_ptr<ExpertShard> shard, std::unique_ptr<MoeExecutor> ll)
-      : shard_(std::move(shard)), ll_(std::move(ll)) {}
+  PrefillHereDecodeThere(Backend* backend, std::unique_ptr<MoeExecutor> ll)
+      : backend_(backend), ll_(std::move(ll)) {}
   absl::Status Run(int layer, const Tensor& x, const Tensor& ids, const Tensor& weights,
                    Tensor* out) override {
-    return remote ? ll_->Run(layer, x, ids, weights, out)
-                  : shard_->ForwardRouted(layer, x, ids, weights, out);
+    return remote ? ll_->Run(layer, x, ids, weights, out) : backend_->Fill(out, 0.f);
   }
   bool remote = false;
 
  private:
-  std::unique_ptr<ExpertShard> shard_;
+  Backend* backend_;
   std::unique_ptr<MoeExecutor> ll_;
 };
 
@@ -627,13 +629,9 @@ void LowLatencyDecode(bool quick, int layers, Report* report) {
     PrefillHereDecodeThere* moe = nullptr;
     options.moe_factory = [&](const ModelConfig& config,
                               Backend* backend) -> absl::StatusOr<std::unique_ptr<MoeExecutor>> {
-      std::vector<int> all(config.num_experts);
-      std::iota(all.begin(), all.end(), 0);
-      DXS_ASSIGN_OR_RETURN(ExpertWeightMap w, LoadExpertWeights(source, config, all, backend));
       DXS_ASSIGN_OR_RETURN(std::unique_ptr<MoeExecutor> ll,
                            experts->AttachAttention(config, backend));
-      auto hybrid = std::make_unique<PrefillHereDecodeThere>(
-          std::make_unique<ExpertShard>(config, std::move(w), backend), std::move(ll));
+      auto hybrid = std::make_unique<PrefillHereDecodeThere>(backend, std::move(ll));
       moe = hybrid.get();
       return std::unique_ptr<MoeExecutor>(std::move(hybrid));
     };
@@ -641,7 +639,7 @@ void LowLatencyDecode(bool quick, int layers, Report* report) {
     double ll_ms = 0;
     {
       DecodeBatch d(engine.get(), batch, 1024);
-      // One decode step of this shape with the experts here, its graph then dropped: the
+      // One decode step of this shape without the exchange, its graph then dropped: the
       // graph pool then holds the step's blocks before the expert ranks start. In one
       // process a device allocation during a step can wait for the GPU to go idle, which
       // the ranks' spinning waits for that very step never let it (a stall until they time
