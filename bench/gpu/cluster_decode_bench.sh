@@ -14,9 +14,9 @@
 # expert processes placed over those GPUs, `dxs up --gpus`), default "1x1@0"; on several
 # GPUs e.g. "1x1@0,1 2x2@0,1,2,3" (issues 14 and 15: one process per GPU, no time
 # slicing). DXS_DECODE_CONCURRENCY, default "1 8 32". Each cluster also runs with
-# --low-latency-capacity DXS_DECODE_LL_CAPACITY (default 128; 0 leaves that run out): decode
-# steps over the low-latency exchange (on one GPU the two processes' spinning waits
-# time-slice it, so that figure means something only with a GPU a process).
+# --low-latency-capacity DXS_DECODE_LL_CAPACITY (0 leaves that run out; default 128 for a
+# cluster over several GPUs, 0 on one): decode steps over the low-latency exchange (on one
+# GPU the processes' spinning waits time-slice it, so there it means nothing for speed).
 set -uo pipefail
 layers=${1:-48}
 OUT=${OUT:-/tmp/dxs-cluster-decode}
@@ -71,7 +71,9 @@ done
 for cluster in $clusters; do
   shape=${cluster%@*} gpus=${cluster#*@}
   m=${shape%x*} n=${shape#*x}
-  ll_capacity=${DXS_DECODE_LL_CAPACITY:-128}
+  # The LL run by default only where the processes have GPUs of their own.
+  ll_capacity=${DXS_DECODE_LL_CAPACITY:-}
+  [ -z "$ll_capacity" ] && { case $gpus in *,*) ll_capacity=128 ;; *) ll_capacity=0 ;; esac; }
   modes="piecewise eager"
   [ "$ll_capacity" != 0 ] && modes="$modes low-latency"
   for mode in $modes; do
