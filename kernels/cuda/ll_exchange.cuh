@@ -154,8 +154,9 @@ cudaError_t LaunchLlCombineReduce(const LlCombineReduceArgs& a, int num_sms, cud
 // rows[i] = out_rows[i] = s * capacity + t, experts[i] = the expert, weights[i] = its
 // weight. Every other entry is (row 0, expert num_experts, weight 0, out row num_sources *
 // capacity): the sort puts it after every real pair, and its out row is a spare row of y
-// outside the slots that ForwardLowLatency sums (so it is skipped) and nobody sends. A pair for an expert that is not held counts in bad[0] (the host reads it
-// with the step's status; the attention side's placement and this rank's disagree).
+// outside the slots that ForwardLowLatency sums (so it is skipped) and nobody sends. A
+// pair for an expert that is not held counts in bad[0] (the host reads it with the step's
+// status; the attention side's placement and this rank's disagree).
 struct LlRegionPairsArgs {
   const void* region = nullptr;  // this rank's dispatch region
   LlRegionLayout layout;
