@@ -21,6 +21,7 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(
                        m::RegisterStepMetrics(registry, "attention", rank));
   am->steps_ = steps.steps;
   am->empty_steps_ = steps.empty_steps;
+  am->low_latency_steps_ = steps.low_latency_steps;
   DXS_ASSIGN_OR_RETURN(
       m::CounterFamily * failed,
       m::AddCounter(registry, "dxs_failed_steps_total",
@@ -43,13 +44,6 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(
                     "--piecewise-graphs on a GPU: the work between two exchanges replayed "
                     "as recorded CUDA graphs)."));
   am->piecewise_steps_ = &piecewise->Add({{"rank", r}});
-  DXS_ASSIGN_OR_RETURN(
-      m::CounterFamily * low_latency,
-      m::AddCounter(registry, "dxs_low_latency_steps_total",
-                    "Decode steps over the low-latency exchange (--low-latency-capacity on a "
-                    "GPU): every DP rank's padded batch within the capacity; one graph replay, "
-                    "no host synchronisation between layers."));
-  am->low_latency_steps_ = &low_latency->Add({{"role", "attention"}, {"rank", r}});
   DXS_ASSIGN_OR_RETURN(
       m::HistogramFamily * step_duration,
       m::AddHistogram(registry, "dxs_step_duration_seconds",

@@ -1,7 +1,5 @@
 #include "attention_service/low_latency_decode.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "model/qwen3_moe.h"
@@ -30,13 +28,7 @@ absl::StatusOr<std::unique_ptr<LowLatencyDecode>> LowLatencyDecode::Make(
 }
 
 LowLatencyShape LowLatencyDecode::Shape(int num_expert_ranks) const {
-  LowLatencyShape shape;
-  shape.num_attention_ranks = num_dp_;
-  shape.num_expert_ranks = num_expert_ranks;
-  shape.capacity = capacity_;
-  shape.hidden = static_cast<int>(config_.hidden_size);
-  shape.top_k = static_cast<int>(config_.num_experts_per_tok);
-  shape.num_experts = static_cast<int>(config_.num_experts);
+  LowLatencyShape shape = LowLatencyShapeOf(config_, num_dp_, num_expert_ranks, capacity_);
   // A wait gives up at 4/5 of the step timeout, so a step whose peer died fails within
   // the timeout (the host-driven exchange's bound), its status read after the wait.
   shape.timeout_ns = absl::ToInt64Nanoseconds(timeout_) * 4 / 5;

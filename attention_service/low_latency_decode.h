@@ -85,11 +85,9 @@ class LowLatencyDecode {
 
   // What the model is built with.
   MoeExecutor* moe() { return &moe_; }
-  int capacity() const { return capacity_; }
-  // False once an expert rank answered that it has no exchange: no step fits from then on.
-  bool available() const { return available_; }
   // Whether a step of these chunks' shape fits (see above): decode-shaped, padded within
-  // the capacity, and the exchange available.
+  // the capacity, and the exchange available (no expert rank has answered that it has
+  // none).
   bool Fits(bool decode_shaped, int64_t num_chunks) const;
   // The generation this rank asks for in the step exchange.
   uint32_t wanted_generation() const;
@@ -100,7 +98,7 @@ class LowLatencyDecode {
   // exchange of `generation` with `placement` (EP rank r's transport peer: ep_peers[r]).
   // Makes the exchange first if this rank's is not that one (*made_new then: recorded
   // graphs of the old one must go). True: moe() now runs the exchange. False: an expert
-  // rank has no exchange, the step goes by the host-driven one (available() is false).
+  // rank has no exchange, the step goes by the host-driven one (and every later one).
   absl::StatusOr<bool> BeginStep(uint64_t step, uint32_t generation, const Placement& placement,
                                  const std::vector<int>& ep_peers, bool* made_new);
   // A step of no tokens on this rank: every MoE layer's round with zero rows.

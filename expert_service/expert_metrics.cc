@@ -19,6 +19,7 @@ absl::StatusOr<std::unique_ptr<ExpertMetrics>> ExpertMetrics::Create(
                        m::RegisterStepMetrics(registry, "expert", rank));
   em->steps_ = steps.steps;
   em->empty_steps_ = steps.empty_steps;
+  em->low_latency_steps_ = steps.low_latency_steps;
   DXS_ASSIGN_OR_RETURN(em->exchange_bytes_, m::ExchangeBytes::Register(registry, "expert", rank));
   DXS_ASSIGN_OR_RETURN(
       m::CounterFamily * rounds,
@@ -31,13 +32,6 @@ absl::StatusOr<std::unique_ptr<ExpertMetrics>> ExpertMetrics::Create(
                     "MoE layer rounds in which this EP rank received no token rows from "
                     "any DP rank."));
   em->empty_rounds_ = &empty_rounds->Add({{"rank", r}});
-  DXS_ASSIGN_OR_RETURN(
-      m::CounterFamily * low_latency,
-      m::AddCounter(registry, "dxs_low_latency_steps_total",
-                    "Steps served over the low-latency exchange (dxs-attention "
-                    "--low-latency-capacity on GPUs): one graph replay of every MoE layer's "
-                    "round; counted in dxs_steps_total too."));
-  em->low_latency_steps_ = &low_latency->Add({{"role", "expert"}, {"rank", r}});
   DXS_ASSIGN_OR_RETURN(
       m::CounterFamily * received,
       m::AddCounter(registry, "dxs_tokens_received_total",

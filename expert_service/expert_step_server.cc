@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -428,9 +429,7 @@ absl::Status ExpertStepServer::ServeLowLatencyStep(const std::vector<WireHeader>
         absl::StrCat("step ", headers[0].step, ": a low-latency step, and this rank serves none"));
   }
   const auto sum = [](const std::vector<int64_t>& v) {
-    int64_t total = 0;
-    for (int64_t x : v) total += x;
-    return total;
+    return std::accumulate(v.begin(), v.end(), int64_t{0});
   };
   // The experts' pairs are counted on the device; what the step added says whether this
   // rank received any row (an empty-batch step).

@@ -19,12 +19,7 @@ absl::StatusOr<std::unique_ptr<LocalLowLatencyExperts>> LocalLowLatencyExperts::
   auto experts = std::unique_ptr<LocalLowLatencyExperts>(new LocalLowLatencyExperts());
   experts->config_ = config;
   LowLatencyShape& shape = experts->shape_;
-  shape.num_attention_ranks = 1;
-  shape.num_expert_ranks = ranks;
-  shape.capacity = capacity;
-  shape.hidden = static_cast<int>(config.hidden_size);
-  shape.top_k = static_cast<int>(config.num_experts_per_tok);
-  shape.num_experts = static_cast<int>(config.num_experts);
+  shape = LowLatencyShapeOf(config, /*attention_ranks=*/1, ranks, capacity);
   shape.timeout_ns = timeout_ns;
   experts->ranks_.resize(ranks);
   for (int r = 0; r < ranks; ++r) {

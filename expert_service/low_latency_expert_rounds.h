@@ -30,6 +30,7 @@ class LowLatencyExpertRounds {
   // is one launch and one status read.
   absl::Status Step();
   absl::Status CheckStatus() { return exchange_->CheckStatus(); }
+  int num_rounds() const { return static_cast<int>(moe_layers_.size()); }
 
  private:
   LowLatencyExpertRounds(ExpertShard* shard, LowLatencyExchange* exchange)

@@ -2,14 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "router/dispatch/low_latency_moe_executor.h"
 
 namespace dxs {
-
-int LowLatencyExpertSteps::num_rounds() const {
-  int n = 0;
-  for (int l = 0; l < config_.num_hidden_layers; ++l) n += config_.IsMoeLayer(l) ? 1 : 0;
-  return n;
-}
 
 void LowLatencyExpertSteps::Drop() {
   rounds_.reset();
@@ -25,13 +20,8 @@ absl::Status LowLatencyExpertSteps::Make(const WireHeader& first,
                      first.ll_capacity, ", expert rank ", first.ll_rank, " of ", first.ll_ranks,
                      ", for a model of ", config_.num_experts, " experts"));
   }
-  LowLatencyShape shape;
-  shape.num_attention_ranks = static_cast<int>(keys.size());
-  shape.num_expert_ranks = first.ll_ranks;
-  shape.capacity = first.ll_capacity;
-  shape.hidden = static_cast<int>(config_.hidden_size);
-  shape.top_k = static_cast<int>(config_.num_experts_per_tok);
-  shape.num_experts = static_cast<int>(config_.num_experts);
+  const LowLatencyShape shape =
+      LowLatencyShapeOf(config_, static_cast<int>(keys.size()), first.ll_ranks, first.ll_capacity);
   DXS_ASSIGN_OR_RETURN(exchange_, shard_->backend()->MakeLowLatencyExchange(
                                       shape, LowLatencySide::kExpert, first.ll_rank));
   DXS_RETURN_IF_ERROR(exchange_->Connect(keys));
@@ -60,7 +50,7 @@ absl::Status LowLatencyExpertSteps::Answer(const std::vector<int>& dp_peers,
 absl::Status LowLatencyExpertSteps::Serve(const std::vector<int>& dp_peers,
                                           const std::vector<WireHeader>& headers,
                                           const std::vector<std::string>& keys) {
-  if (headers.empty() || headers.size() != dp_peers.size() || keys.size() < headers.size()) {
+  if (headers.empty() || headers.size() != dp_peers.size() || keys.size() != headers.size()) {
     return absl::InvalidArgumentError("low-latency step: one message per DP rank expected");
   }
   const WireHeader& first = headers[0];
@@ -81,8 +71,7 @@ absl::Status LowLatencyExpertSteps::Serve(const std::vector<int>& dp_peers,
   }
   if (connect) {
     Drop();
-    const absl::Status made =
-        Make(first, std::vector<std::string>(keys.begin(), keys.begin() + headers.size()));
+    const absl::Status made = Make(first, keys);
     if (!made.ok()) Drop();
     DXS_RETURN_IF_ERROR(Answer(dp_peers, first, made.ok() ? exchange_->region_key() : ""));
     if (!made.ok()) {

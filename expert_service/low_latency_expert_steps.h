@@ -46,8 +46,8 @@ class LowLatencyExpertSteps {
                      const std::vector<std::string>& keys);
   // The generation of the exchange this rank holds; 0: none.
   uint32_t generation() const { return exchange_ != nullptr ? generation_ : 0; }
-  // MoE layers a step has (the rounds Serve runs).
-  int num_rounds() const;
+  // The rounds (MoE layers) of the step Serve last ran.
+  int num_rounds() const { return rounds_ != nullptr ? rounds_->num_rounds() : 0; }
 
  private:
   // A new exchange for `first`'s generation, connected to the DP ranks' `keys`.

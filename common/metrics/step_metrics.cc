@@ -16,10 +16,17 @@ absl::StatusOr<StepMetrics> RegisterStepMetrics(prometheus::Registry* registry,
       "Steps in which this rank had nothing to compute (attention: no tokens in its batch; "
       "expert: no rows received in any MoE layer of the step).");
   if (!empty.ok()) return empty.status();
+  absl::StatusOr<CounterFamily*> low_latency = AddCounter(
+      registry, "dxs_low_latency_steps_total",
+      "Steps whose MoE went over the low-latency exchange (dxs-attention "
+      "--low-latency-capacity on GPUs): one graph replay a step, no host synchronisation "
+      "between layers; counted in dxs_steps_total too.");
+  if (!low_latency.ok()) return low_latency.status();
   const prometheus::Labels labels = {{"role", std::string(role)}, {"rank", std::to_string(rank)}};
   StepMetrics out;
   out.steps = &(*steps)->Add(labels);
   out.empty_steps = &(*empty)->Add(labels);
+  out.low_latency_steps = &(*low_latency)->Add(labels);
   return out;
 }
 

@@ -3,6 +3,7 @@
 //
 //   dxs_steps_total{role="attention"|"expert", rank}
 //   dxs_empty_batch_steps_total{role, rank}
+//   dxs_low_latency_steps_total{role, rank}
 //
 // "Empty" is the centre: a DP rank with no tokens in its batch, or an EP rank that
 // received no rows in any MoE layer of the step, still takes part in the step.
@@ -19,9 +20,10 @@ namespace dxs::metrics {
 struct StepMetrics {
   prometheus::Counter* steps = nullptr;
   prometheus::Counter* empty_steps = nullptr;
+  prometheus::Counter* low_latency_steps = nullptr;
 };
 
-// Registers both families (or finds them) and returns this rank's children.
+// Registers the families (or finds them) and returns this rank's children.
 absl::StatusOr<StepMetrics> RegisterStepMetrics(prometheus::Registry* registry,
                                                 std::string_view role, int rank);
 

@@ -5,6 +5,18 @@
 
 namespace dxs {
 
+LowLatencyShape LowLatencyShapeOf(const ModelConfig& config, int attention_ranks, int expert_ranks,
+                                  int capacity) {
+  LowLatencyShape shape;
+  shape.num_attention_ranks = attention_ranks;
+  shape.num_expert_ranks = expert_ranks;
+  shape.capacity = capacity;
+  shape.hidden = static_cast<int>(config.hidden_size);
+  shape.top_k = static_cast<int>(config.num_experts_per_tok);
+  shape.num_experts = static_cast<int>(config.num_experts);
+  return shape;
+}
+
 absl::Status LowLatencyMoeExecutor::Run(int layer, const Tensor& x, const Tensor& ids,
                                         const Tensor& weights, Tensor* out) {
   (void)layer;  // every MoE layer is one round; the expert ranks count them the same way

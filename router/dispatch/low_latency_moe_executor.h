@@ -14,11 +14,17 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "common/model_config.h"
 #include "kernels/backend.h"
 #include "kernels/low_latency_exchange.h"
 #include "kernels/moe_executor.h"
 
 namespace dxs {
+
+// The exchange's shape for `config`'s model (hidden size, top-k, experts) between these
+// ranks at this capacity; the wait's timeout is the shape's default unless set after.
+LowLatencyShape LowLatencyShapeOf(const ModelConfig& config, int attention_ranks, int expert_ranks,
+                                  int capacity);
 
 class LowLatencyMoeExecutor final : public MoeExecutor {
  public:
