@@ -70,6 +70,7 @@
 
 #include "absl/time/clock.h"
 #include "bench/bench_exchange.grpc.pb.h"
+#include "bench/exchange_bench_util.h"
 #include "bench/raw_ucx_pingpong.h"
 #include "common/grpc/server.h"
 #include "expert_service/expert_step_server.h"
@@ -534,18 +535,6 @@ HostReference MeasureHost() {
   return {Median(copy_us), Median(touch_us)};
 }
 
-std::string CpuModel() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
-    }
-  }
-  return "unknown CPU";
-}
-
 const char* DTypeLabel(DType d) { return d == DType::kF32 ? "f32" : "bf16"; }
 
 struct Options {
@@ -573,7 +562,7 @@ void PrintTable(const std::vector<Row>& rows, const Budget& budget, const HostRe
   std::printf(
       "dispatch_bench: dxs dispatch+combine round trip against raw UCX and gRPC, same run\n");
   std::printf("hardware: %s, %ld cores, loopback, UCX %s (shared memory kept), gRPC %s\n",
-              CpuModel().c_str(), sysconf(_SC_NPROCESSORS_ONLN), ucp_get_version_string(),
+              bench::CpuModel().c_str(), sysconf(_SC_NPROCESSORS_ONLN), ucp_get_version_string(),
               grpc::Version().c_str());
   std::printf(
       "layout: 1 DP rank (parent) x 1 EP rank (forked child) holding all experts: each token "

@@ -5,14 +5,12 @@
 // the fork), over the dxs UCX transport: x, the routing, the output and the EP rank's rows
 // are all device tensors, so the rows move GPU to GPU through UCX's cuda_ipc (the bench
 // aborts if the transport cannot move device memory). The EP rank holds every expert, so
-// each token goes once each way. Its experts are a stand-in on the device, out[r] = (sum of
-// row r's pair weights) * x[r], from backend ops: the per-row sums come from the host
-// RoutedPairs and are uploaded each round (a pageable copy of 4 bytes a row), then Fill,
-// ScaleAddRows into a float32 accumulator and Copy to bf16 out. Forward synchronises the
-// backend before it returns (the server waits for that work right after it anyway), so
-// ExpertCounters::compute_ns covers the whole stand-in, host sums, upload and kernels, and
-// the bench reports the exchange alone too: xchg_us = median over the round trips of
-// (round trip - that round's compute).
+// each token goes once each way. Its experts are bench/exchange_bench_util.h's stand-in on
+// the device, out[r] = (sum of row r's pair weights) * x[r], from backend ops (Fill,
+// GatherRows, ScaleAddRows, Copy); it synchronises the backend before it returns, so
+// ExpertCounters::compute_ns covers its kernels and the bench reports the exchange alone
+// too: xchg_us = median over the round trips of (round trip - that round's compute).
+// exchange_ranks_bench runs the same exchange over D DP x E EP processes (issue 15's 2 x 2).
 //
 // Baseline, in the same run, between the same two processes: the interprocess-event
 // ping-pong. A launches a one-thread kernel and records an event made with
@@ -61,6 +59,7 @@
 
 #include "absl/debugging/failure_signal_handler.h"
 #include "absl/debugging/symbolize.h"
+#include "bench/exchange_bench_util.h"
 #include "bench/raw_ucx_pingpong.h"
 #include "common/dtype.h"
 #include "common/model_config.h"
@@ -84,7 +83,11 @@ cudaError_t LaunchTick(unsigned int* counter, cudaStream_t stream);
 namespace {
 
 using bench::Die;
+using bench::ExchangeInputs;
 using bench::ReadAll;
+using bench::Stats;
+using bench::StatsOf;
+using bench::WeightedSumExperts;
 using bench::WriteAll;
 
 struct Shape {
@@ -227,52 +230,6 @@ class PingPongEnd {
 
 // ---- EP rank (child) --------------------------------------------------------------------
 
-// Stand-in experts on the device: out[r] = the sum over row r's pairs of weight * x[r], in
-// float32, rounded once to out's dtype; the pairs never leave the device. Sums sized for
-// `max_rows` are allocated up front, the pairs' gathered rows as rounds grow.
-class WeightedSumExperts final : public ExpertCompute {
- public:
-  WeightedSumExperts(Backend* backend, int64_t hidden, int64_t max_rows)
-      : backend_(backend), hidden_(hidden) {
-    sum_ = Must(backend->Allocate({max_rows, hidden}, DType::kF32), "allocate sums");
-  }
-
-  bool Holds(int layer, int expert) const override { return expert >= 0 && expert < kNumExperts; }
-  Backend* backend() const override { return backend_; }
-
-  absl::Status Forward(int layer, const Tensor& x, const RoutedPairTensors& pairs,
-                       Tensor* out) override {
-    const int64_t rows = out->rows(), n = pairs.size();
-    if (rows > sum_.rows()) {
-      return absl::InvalidArgumentError("stand-in experts: more rows than the bench sized for");
-    }
-    if (rows == 0) return absl::OkStatus();
-    Tensor sum = sum_.Rows(0, rows);
-    absl::Status s = backend_->Fill(&sum, 0.f);
-    if (s.ok() && n > 0) {
-      if (!gathered_.defined() || gathered_.rows() < n || gathered_.dtype() != x.dtype()) {
-        absl::StatusOr<Tensor> g = backend_->Allocate({n, hidden_}, x.dtype());
-        if (!g.ok()) return g.status();
-        gathered_ = *g;
-      }
-      Tensor g = gathered_.Rows(0, n);
-      s = backend_->GatherRows(x, pairs.rows, &g);
-      if (s.ok()) s = backend_->ScaleAddRows(g, pairs.weights, pairs.rows, &sum);
-    }
-    if (s.ok()) s = backend_->Copy(sum, out);
-    // The server waits for this work right after Forward; waiting here instead puts the
-    // kernels' time into ExpertCounters::compute_ns.
-    if (s.ok()) s = backend_->Synchronize();
-    return s;
-  }
-
- private:
-  Backend* backend_;
-  int64_t hidden_;
-  Tensor sum_;       // f32 [max_rows, hidden]
-  Tensor gathered_;  // [pairs, hidden] in the wire dtype: each pair's row of x
-};
-
 struct Options {
   int64_t reps = 200;
   std::string json;
@@ -299,7 +256,8 @@ int RunExpertRank(int read_fd, int write_fd, const Options& opts) {
     config.num_hidden_layers = 1;
     config.num_experts = kNumExperts;
     config.num_experts_per_tok = kTopK;
-    experts.push_back(std::make_unique<WeightedSumExperts>(backend.get(), s.hidden, kMaxTokens));
+    experts.push_back(std::make_unique<WeightedSumExperts>(backend.get(), s.hidden, kMaxTokens,
+                                                           /*first_expert=*/0, kNumExperts));
     servers.push_back(std::make_unique<ExpertStepServer>(transport.get(), std::vector<int>{kDpPeer},
                                                          experts.back().get(), config));
   }
@@ -332,18 +290,6 @@ int RunExpertRank(int read_fd, int write_fd, const Options& opts) {
 
 // ---- DP rank (parent) -------------------------------------------------------------------
 
-struct Stats {
-  double median_us = 0;
-  double p99_us = 0;
-};
-
-Stats StatsOf(std::vector<double> us) {
-  std::sort(us.begin(), us.end());
-  const size_t n = us.size();
-  const size_t p99 = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(n))) - 1;
-  return {us[n / 2], us[std::min(p99, n - 1)]};
-}
-
 struct Row {
   const Shape* shape = nullptr;
   int64_t tokens = 0;
@@ -355,64 +301,6 @@ struct Row {
   double exchange_us = 0;  // median of (round trip - that round's compute)
   double rows_gbps = 0;
 };
-
-// One shape's inputs for the largest token count (a row of n tokens uses the first n):
-// random non-zero bf16 activations, random top-8 routing (distinct experts) with random
-// positive weights; on the device, and on the host for the check.
-struct Inputs {
-  std::vector<uint16_t> x_bf16;  // [kMaxTokens, hidden]
-  std::vector<int32_t> ids;      // [kMaxTokens, kTopK]
-  std::vector<float> weights;    // [kMaxTokens, kTopK]
-  Tensor x, ids_dev, weights_dev, out;
-};
-
-Inputs MakeInputs(Backend* backend, const Shape& s, uint64_t seed) {
-  SplitMix64 rng(seed);
-  Inputs in;
-  std::vector<float> x(static_cast<size_t>(kMaxTokens * s.hidden));
-  for (float& v : x) {
-    const float sign = (rng.Next() & 1) != 0 ? 1.f : -1.f;
-    v = sign * static_cast<float>(0.05 + 0.95 * rng.NextDouble());
-  }
-  in.x_bf16.resize(x.size());
-  NarrowFromFloat32(kWire, x.data(), x.size(), in.x_bf16.data());
-  std::vector<int32_t> experts(kNumExperts);
-  for (int64_t t = 0; t < kMaxTokens; ++t) {
-    std::iota(experts.begin(), experts.end(), 0);
-    for (int k = 0; k < kTopK; ++k) {
-      const int pick = k + static_cast<int>(rng.Next() % (kNumExperts - k));
-      std::swap(experts[k], experts[pick]);
-      in.ids.push_back(experts[k]);
-      in.weights.push_back(static_cast<float>(0.05 + 0.95 * rng.NextDouble()));
-    }
-  }
-  in.x = Must(backend->Allocate({kMaxTokens, s.hidden}, kWire), "allocate x");
-  Check(backend->CopyFromHost(in.x_bf16.data(), kWire, &in.x), "upload x");
-  in.ids_dev = Must(backend->UploadIndices(in.ids), "upload ids").Reshape({kMaxTokens, kTopK});
-  in.weights_dev = Must(backend->Upload(in.weights, {kMaxTokens, kTopK}), "upload weights");
-  in.out = Must(backend->Allocate({kMaxTokens, s.hidden}, kWire), "allocate out");
-  Check(backend->Synchronize(), "upload inputs");
-  return in;
-}
-
-// Largest error of the first `tokens` rows of out against (sum of weights) * x, relative
-// to the expected magnitude (x is never near zero). NaN (a row never written) fails too.
-double MaxRelativeError(Backend* backend, const Inputs& in, const Shape& s, int64_t tokens) {
-  std::vector<float> got(static_cast<size_t>(tokens * s.hidden));
-  Check(backend->CopyToHost(in.out.Rows(0, tokens), DType::kF32, got.data()), "download out");
-  double worst = 0;
-  for (int64_t t = 0; t < tokens; ++t) {
-    float scale = 0;
-    for (int k = 0; k < kTopK; ++k) scale += in.weights[t * kTopK + k];
-    for (int64_t j = 0; j < s.hidden; ++j) {
-      const double expect = scale * Bf16ToFloat(in.x_bf16[t * s.hidden + j]);
-      const double error = std::abs(got[t * s.hidden + j] - expect) / std::abs(expect);
-      if (std::isnan(error)) return std::numeric_limits<double>::infinity();
-      worst = std::max(worst, error);
-    }
-  }
-  return worst;
-}
 
 std::string HardwareLine(int device) {
   cudaDeviceProp prop;
@@ -434,8 +322,8 @@ void PrintTable(const std::vector<Row>& rows, const std::string& hardware, const
       "%s\n"
       "memory: device; x, routing, out and the EP rank's rows are CUDA backend tensors and the "
       "UCX transport moves them as UCS_MEMORY_TYPE_CUDA (bf16 wire and activations)\n"
-      "experts: stand-in on the EP rank's GPU, out[r] = (sum of r's weights) * x[r] (upload of "
-      "the per-row sums, Fill, ScaleAddRows, Copy); cmp_us = its time per round, waited for\n"
+      "experts: stand-in on the EP rank's GPU, out[r] = (sum of r's weights) * x[r] (Fill, "
+      "GatherRows, ScaleAddRows, Copy); cmp_us = its time per round, waited for\n"
       "bytes: disp_B = dxs header + rows*hidden*2 + 12*pairs, comb_B = rows*hidden*2; "
       "rows_GB/s = row bytes of both directions / dxs_med\n"
       "times: host wall-clock per round trip (us), median and p99 of %lld runs after warm-up, "
@@ -454,8 +342,8 @@ void PrintTable(const std::vector<Row>& rows, const std::string& hardware, const
     std::printf("%-6s %6lld %10lld %10lld %9.1f %9.1f %8.1f %9.1f %8.1f %8.1f %7.2f %9.2f\n",
                 r.shape->name, static_cast<long long>(r.tokens),
                 static_cast<long long>(r.dispatch_bytes), static_cast<long long>(r.combine_bytes),
-                r.dxs.median_us, r.dxs.p99_us, r.compute_us, r.exchange_us, r.ping_pong.median_us,
-                r.ping_pong.p99_us, r.dxs.median_us / r.ping_pong.median_us, r.rows_gbps);
+                r.dxs.median, r.dxs.p99, r.compute_us, r.exchange_us, r.ping_pong.median,
+                r.ping_pong.p99, r.dxs.median / r.ping_pong.median, r.rows_gbps);
   }
 }
 
@@ -501,9 +389,10 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
   };
 
   // Every shape's device buffers first, sized for the largest row.
-  std::vector<Inputs> inputs;
+  std::vector<ExchangeInputs> inputs;
   for (size_t si = 0; si < std::size(kShapes); ++si) {
-    inputs.push_back(MakeInputs(backend.get(), kShapes[si], kSeed + si));
+    inputs.push_back(bench::MakeExchangeInputs(backend.get(), kShapes[si].hidden, kMaxTokens,
+                                               kNumExperts, kTopK, kWire, kSeed + si));
   }
   std::ofstream json;
   if (!opts.json.empty()) {
@@ -515,7 +404,7 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
   std::vector<Row> rows;
   for (size_t si = 0; si < std::size(kShapes); ++si) {
     const Shape& s = kShapes[si];
-    Inputs& in = inputs[si];
+    ExchangeInputs& in = inputs[si];
     DispatchOptions options;
     options.wire_dtype = kWire;
     options.timeout = absl::Seconds(60);
@@ -565,7 +454,7 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
         dxs_block(block, true);
         ping_pong_block(block, true);
       }
-      const double error = MaxRelativeError(backend.get(), in, s, tokens);
+      const double error = bench::MaxRelativeError(backend.get(), in, tokens);
       if (!(error <= kMaxRelativeError)) {
         Die("dxs: combined output is wrong at " + std::to_string(tokens) + " tokens, hidden " +
             std::to_string(s.hidden) + " (max relative error " + std::to_string(error) + ")");
@@ -579,9 +468,9 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
       row.reps = static_cast<int64_t>(dxs_us.size());
       row.dxs = StatsOf(dxs_us);
       row.ping_pong = StatsOf(ping_pong_us);
-      row.compute_us = StatsOf(compute_us).median_us;
-      row.exchange_us = StatsOf(exchange_us).median_us;
-      row.rows_gbps = 2.0 * row_bytes / (row.dxs.median_us * 1e-6) / 1e9;
+      row.compute_us = StatsOf(compute_us).median;
+      row.exchange_us = StatsOf(exchange_us).median;
+      row.rows_gbps = 2.0 * row_bytes / (row.dxs.median * 1e-6) / 1e9;
       rows.push_back(row);
       if (json.is_open()) {
         nlohmann::json j = {{"section", "exchange"},
@@ -595,13 +484,13 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
                             {"dispatch_bytes", row.dispatch_bytes},
                             {"combine_bytes", row.combine_bytes},
                             {"reps", row.reps},
-                            {"dxs_median_us", row.dxs.median_us},
-                            {"dxs_p99_us", row.dxs.p99_us},
+                            {"dxs_median_us", row.dxs.median},
+                            {"dxs_p99_us", row.dxs.p99},
                             {"compute_us", row.compute_us},
                             {"exchange_us", row.exchange_us},
-                            {"pingpong_median_us", row.ping_pong.median_us},
-                            {"pingpong_p99_us", row.ping_pong.p99_us},
-                            {"ratio", row.dxs.median_us / row.ping_pong.median_us},
+                            {"pingpong_median_us", row.ping_pong.median},
+                            {"pingpong_p99_us", row.ping_pong.p99},
+                            {"ratio", row.dxs.median / row.ping_pong.median},
                             {"rows_gbps", row.rows_gbps},
                             {"max_rel_error", error},
                             {"hardware", hardware},

@@ -13,7 +13,10 @@
 #   PyTorch all-to-all baselines (bench/gpu/torch_all_to_all.py) over every GPU and over 2;
 #   on one GPU the same programs on GPU 0 alone (a smoke run: the tests skip their
 #   two-GPU cases, the baselines run one rank). Then gpu_exchange_bench with its two
-#   processes on GPUs 0 and 1. gpus-decode: cluster_decode_bench.sh with 1 + 1 processes on
+#   processes on GPUs 0 and 1, and exchange_ranks_bench's 2 DP x 2 EP processes on GPUs 0-3
+#   over nccl and ucx (on fewer GPUs, ucx on GPU 0), beside the all-to-all baselines
+#   (bench/gpu/exchange_vs_torch.py prints the ratios).
+#   gpus-decode: cluster_decode_bench.sh with 1 + 1 processes on
 #   GPUs 0 and 1 and, with four GPUs, 2 + 2 on 0-3, at concurrency 1, 32 and 128 (issues 14
 #   and 15's decode figures; DXS_DECODE_LAYERS layers, 48 by default). gpus-eplb:
 #   bench/eplb_bench.sh (1 attention + 4 expert ranks, EPLB off and on, the skewed model)
@@ -157,6 +160,18 @@ if [ "$what" = gpus ]; then
     --json "$OUT/exchange_gpus.jsonl" >"$OUT/gpu_exchange_bench_gpus.log" 2>&1
   summary+=("gpu_exchange_bench --devices $devices: rc=$?")
   cat "$OUT/gpu_exchange_bench_gpus.log"
+  # dxs's dispatch + combine over 2 DP x 2 EP processes (issue 15): nccl and ucx on four
+  # GPUs; on fewer, ucx with every rank on GPU 0 (time-sliced: a smoke run; nccl refuses two
+  # ranks on one GPU).
+  ranks_runs="ucx:0"
+  [ "$num_gpus" -ge 4 ] && ranks_runs="nccl:0,1,2,3 ucx:0,1,2,3"
+  for run in $ranks_runs; do
+    tr=${run%%:*}
+    timeout 240 .device/bin/exchange_ranks_bench --ranks 2x2 --device cuda --gpus "${run#*:}" \
+      --transport "$tr" --reps 100 --json "$OUT/ranks_$tr.jsonl" >"$OUT/exchange_ranks_$tr.log" 2>&1
+    summary+=("exchange_ranks_bench 2x2 $run: rc=$?")
+    cat "$OUT/exchange_ranks_$tr.log"
+  done
   worlds=$num_gpus
   [ "$num_gpus" -gt 2 ] && worlds="2 $num_gpus"
   for w in $worlds; do
@@ -165,6 +180,10 @@ if [ "$what" = gpus ]; then
     summary+=("torch_all_to_all --world $w: rc=$?")
     cat "$OUT/torch_all_to_all_w$w.log"
   done
+  python3 bench/gpu/exchange_vs_torch.py "$OUT"/ranks_*.jsonl "$OUT"/a2a_w*.jsonl \
+    >"$OUT/exchange_vs_torch.txt" 2>&1
+  summary+=("exchange_vs_torch: rc=$?")
+  cat "$OUT/exchange_vs_torch.txt"
 fi
 if [ "$what" = gpus-decode ]; then
   num_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
