@@ -74,6 +74,28 @@ absl::Status Backend::ScaleSumRows(const Tensor& src, const Tensor& scales, cons
   return absl::OkStatus();
 }
 
+absl::Status Backend::GroupedSwiGluCounted(const Tensor& xs, const Tensor& rows,
+                                           const Tensor& expert_offsets,
+                                           const std::vector<const Tensor*>& gate_up,
+                                           const std::vector<const Tensor*>& down, Tensor* y) {
+  const int64_t num_experts = expert_offsets.num_elements() - 1;
+  if (num_experts < 0 || expert_offsets.dtype() != DType::kI32 ||
+      y->rows() != rows.num_elements()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grouped SwiGLU (counted): offsets ", expert_offsets.ShapeString(), ", ",
+                     rows.num_elements(), " rows into ", y->ShapeString()));
+  }
+  int32_t count = 0;
+  DXS_RETURN_IF_ERROR(CopyToHost(expert_offsets.Rows(num_experts, 1), DType::kI32, &count));
+  if (count < 0 || count > rows.num_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grouped SwiGLU (counted): ", count, " pairs in a capacity of ", rows.num_elements()));
+  }
+  const Tensor counted_rows = rows.Rows(0, count);
+  Tensor counted_y = y->Rows(0, count);
+  return GroupedSwiGlu(xs, &counted_rows, expert_offsets, gate_up, down, &counted_y);
+}
+
 absl::Status Backend::QkNormRopeWriteKv(Tensor* q, Tensor* k, const Tensor& v,
                                         const Tensor& q_weight, const Tensor& k_weight, float eps,
                                         const Tensor& positions, double theta,

@@ -305,6 +305,15 @@ class Backend {
                                      const Tensor& expert_offsets,
                                      const std::vector<const Tensor*>& gate_up,
                                      const std::vector<const Tensor*>& down, Tensor* y) = 0;
+  // GroupedSwiGlu of pairs counted on the device (a low-latency round's, sized by the
+  // exchange's capacity): `rows` and y hold a capacity of entries, of which the first
+  // expert_offsets[E] are the pairs; the rest are neither read nor written. A device picks
+  // its decode-sized or GEMM path by that count without the host reading it. The default
+  // reads the count and runs GroupedSwiGlu over those rows.
+  virtual absl::Status GroupedSwiGluCounted(const Tensor& xs, const Tensor& rows,
+                                            const Tensor& expert_offsets,
+                                            const std::vector<const Tensor*>& gate_up,
+                                            const std::vector<const Tensor*>& down, Tensor* y);
   // Greedy sampling on the backend: ids[i] (i32 [n]) = the index of the largest of
   // logits[i, :] (f32 [n, vocab]), ties to the lowest index, NaNs never chosen unless the
   // row starts with one (then 0): exactly Argmax of kernels/sampling.h. Only the ids come back.

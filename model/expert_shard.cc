@@ -209,8 +209,10 @@ absl::Status ExpertShard::ForwardLowLatency(int layer, const LowLatencyPairs& pa
     DXS_RETURN_IF_ERROR(
         backend_->AccumulateCounts(offsets, counts_on_device_ ? &device_counts_ : &ll_counts_));
   }
-  DXS_RETURN_IF_ERROR(backend_->GroupedSwiGlu(pairs.x, &ws.sorted_rows, offsets, gate_up_[layer],
-                                              down_[layer], &ws.y));
+  // Only the device knows how many of the capacity's entries are pairs: the backend picks
+  // its decode-sized or GEMM path from the offsets, not from the capacity.
+  DXS_RETURN_IF_ERROR(backend_->GroupedSwiGluCounted(pairs.x, ws.sorted_rows, offsets,
+                                                     gate_up_[layer], down_[layer], &ws.y));
   // The sums of the slots only: the no-pair entries' out row (the spare last row) lies
   // outside, so the sum skips them (the device ops skip rows outside their destination).
   // Summed into the spare row they were one row's serial sum over every empty entry of the

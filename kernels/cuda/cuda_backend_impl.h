@@ -116,6 +116,10 @@ class CudaBackend final : public Backend {
   absl::Status GroupedSwiGlu(const Tensor& xs, const Tensor* rows, const Tensor& expert_offsets,
                              const std::vector<const Tensor*>& gate_up,
                              const std::vector<const Tensor*>& down, Tensor* y) override;
+  absl::Status GroupedSwiGluCounted(const Tensor& xs, const Tensor& rows,
+                                    const Tensor& expert_offsets,
+                                    const std::vector<const Tensor*>& gate_up,
+                                    const std::vector<const Tensor*>& down, Tensor* y) override;
   absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                             Tensor* dst) override;
   absl::Status ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
@@ -222,6 +226,11 @@ class CudaBackend final : public Backend {
   // DXS_CUDA_ROUTED_SWIGLU=auto|off (default auto, off with the GEMVs): RoutedSwiGlu's fused
   // path for decode-sized batches; off keeps ExpertShard's sorted path (for A/B runs).
   bool use_routed_swiglu_ = true;
+  // DXS_CUDA_COUNTED_GEMV=auto|off (default auto, off with the GEMVs): GroupedSwiGluCounted
+  // runs the decode-sized path beside the GEMM one when the capacity is past it, each
+  // taking the pairs by the device's count; off runs GroupedSwiGlu over the capacity (the
+  // GEMM path; for A/B runs).
+  bool use_counted_gemv_ = true;
   absl::Mutex tables_mu_;
   std::map<std::vector<const void*>, ExpertWeightSet> weight_tables_ ABSL_GUARDED_BY(tables_mu_);
   cudaStream_t stream_ = nullptr;

@@ -137,8 +137,9 @@ absl::Status CudaBackend::ScaleAddRows(const Tensor& src, const Tensor& scales, 
 absl::Status CudaBackend::ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                                        Tensor* out) {
   const int64_t n = rows.num_elements();
-  // Decode-sized: the zeroing, the sum and the rounding in one kernel (gemv.cu).
-  if (!use_gemv_ || n > cuda::kGemvMaxPairs ||
+  // Up to a few thousand pairs: the zeroing, the sum and the rounding in one kernel
+  // (gemv.cu) instead of a fill, a sort, the sum and a copy.
+  if (!use_gemv_ || n > cuda::kScaleSumMaxPairs ||
       (out->dtype() != DType::kF32 && out->dtype() != DType::kBF16)) {
     return Backend::ScaleSumRows(src, scales, rows, out);
   }
@@ -308,6 +309,52 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
   }
   if (use_cutlass_) return GroupedSwiGluCutlass(x, expert_offsets, weights, y);
   return GroupedSwiGluCublas(x, expert_offsets, gate_up, down, inter, y);
+}
+
+absl::Status CudaBackend::GroupedSwiGluCounted(const Tensor& xs, const Tensor& rows,
+                                               const Tensor& expert_offsets,
+                                               const std::vector<const Tensor*>& gate_up,
+                                               const std::vector<const Tensor*>& down, Tensor* y) {
+  // The cuBLAS path sizes its GEMMs on the host: the default reads the count.
+  if (!use_cutlass_)
+    return Backend::GroupedSwiGluCounted(xs, rows, expert_offsets, gate_up, down, y);
+  DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU (counted)", rows, DType::kI32, "rows"));
+  const int64_t capacity = rows.num_elements(), hidden = xs.row_size();
+  const int64_t num_experts = expert_offsets.num_elements() - 1;
+  // Up to kGemvMaxPairs entries GroupedSwiGlu's decode-sized path takes the count from the
+  // offsets itself; so does the GEMM path where the other does not apply.
+  const bool gemv_applies = use_counted_gemv_ && hidden % 8 == 0 && y->dtype() != DType::kF16 &&
+                            (xs.dtype() == DType::kBF16 || xs.dtype() == DType::kF32) &&
+                            Aligned16(xs.raw());
+  if (capacity <= cuda::kGemvMaxPairs || !gemv_applies || num_experts < 1 ||
+      expert_offsets.dtype() != DType::kI32 || y->rows() != capacity) {
+    return GroupedSwiGlu(xs, &rows, expert_offsets, gate_up, down, y);
+  }
+  DXS_ASSIGN_OR_RETURN(const ExpertWeightSet weights, ExpertWeights(gate_up, down, hidden));
+  if (weights.inter < 0) {
+    return absl::FailedPreconditionError("grouped SwiGLU: no expert weights here");
+  }
+  if (weights.inter % 8 != 0 || y->row_size() != hidden) {
+    return GroupedSwiGlu(xs, &rows, expert_offsets, gate_up, down, y);
+  }
+  DXS_RETURN_IF_ERROR(Enter("grouped SwiGLU (counted)"));
+  // Both paths, each doing nothing unless the device's count is its own: the decode-sized
+  // kernels over the first kGemvMaxPairs entries (they exit when there are more pairs), and
+  // the GEMM path over the capacity with offsets that are all zero when there are not.
+  DXS_ASSIGN_OR_RETURN(Tensor act, Allocate({cuda::kGemvMaxPairs, weights.inter}, DType::kBF16));
+  DXS_RETURN_IF_ERROR(CudaStatus(
+      cuda::LaunchMoeSwiGluGemv(xs.raw(), ToElemType(xs.dtype()), xs.rows(), rows.i32(),
+                                cuda::kGemvMaxPairs, expert_offsets.i32(), num_experts,
+                                reinterpret_cast<const void* const*>(weights.pointers.raw()),
+                                hidden, weights.inter, act.raw(), y->raw(), ToElemType(y->dtype()),
+                                stream_, /*counted_on_device=*/true),
+      "grouped SwiGLU (counted, gemv)"));
+  DXS_ASSIGN_OR_RETURN(Tensor above, Allocate({num_experts + 1}, DType::kI32));
+  DXS_RETURN_IF_ERROR(
+      CudaStatus(cuda::LaunchOffsetsAbove(expert_offsets.i32(), num_experts, cuda::kGemvMaxPairs,
+                                          above.i32(), stream_),
+                 "grouped SwiGLU (counted, offsets)"));
+  return GroupedSwiGlu(xs, &rows, above, gate_up, down, y);
 }
 
 absl::StatusOr<CudaBackend::ExpertWeightSet> CudaBackend::ExpertWeights(

@@ -230,13 +230,16 @@ __device__ __forceinline__ float RoundBf16(float v) {
 // act[p, i] for the run of pair blockIdx.y, features of this block's warps. Pair p's row of
 // xs is rows[p], or p / pairs_per_row without rows. Sorted pairs come with offsets; unsorted
 // ones (experts given) are each their own run, and counts (if given) gets +1 per pair.
+// counted (sorted pairs only): the grid covers a capacity; with more pairs than its rows
+// (offsets[E]) every block exits, as the GEMM path beside takes them (LaunchMoeSwiGluGemv).
 template <typename TX, int kRunPairs>
 __global__ void __launch_bounds__(kWarps * 32)
     MoeGateUpKernel(const TX* __restrict__ xs, int x_rows, const int32_t* __restrict__ rows,
                     int pairs_per_row, const int32_t* __restrict__ offsets,
                     const int32_t* __restrict__ experts, int num_experts,
                     const __nv_bfloat16* const* __restrict__ gate_up, int hidden, int inter,
-                    __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ counts) {
+                    __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ counts,
+                    bool counted) {
   PdlWait();
   const int p = blockIdx.y;
   int e, run = 1;
@@ -250,6 +253,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (counts != nullptr && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(counts + e, 1ull);
     }
   } else {
+    if (counted && __ldg(offsets + num_experts) > static_cast<int>(gridDim.y)) return;
     e = ExpertOfPair(offsets, num_experts, p);
     if (__ldg(offsets + e) != p) return;  // the run's first pair's block does the run
     run = __ldg(offsets + e + 1) - p;
@@ -314,14 +318,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// y[p, n] for the run of pair blockIdx.y, output rows of this block's warps.
+// y[p, n] for the run of pair blockIdx.y, output rows of this block's warps; counted as in
+// MoeGateUpKernel.
 template <typename TY, int kRunPairs>
 __global__ void __launch_bounds__(kWarps * 32)
     MoeDownKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ offsets,
                   int num_experts, const __nv_bfloat16* const* __restrict__ down, int hidden,
-                  int inter, TY* __restrict__ y) {
+                  int inter, TY* __restrict__ y, bool counted) {
   PdlWait();
   const int p = blockIdx.y;
+  if (counted && __ldg(offsets + num_experts) > static_cast<int>(gridDim.y)) return;
   const int e = ExpertOfPair(offsets, num_experts, p);
   if (__ldg(offsets + e) != p) return;
   const int run = __ldg(offsets + e + 1) - p;
@@ -472,38 +478,58 @@ int GemvKSplit(int64_t groups, int64_t k) {
 
 // out[t, :] = sum over pairs i ascending with rows[i] == t of scales[i] * src[i, :], from
 // zero, then rounded once into TO: ScaleAddRows into a zeroed float32 row and the copy, in
-// one pass. Warp 0 lists row t's pairs in ascending order (ballots over the n <= 128 rows),
-// then each thread sums its columns. Multiply and add are rounded separately, as on the CPU.
+// one pass. The n rows are scanned in windows of 256 (a ballot a warp): each window's
+// matches are listed in ascending order (warp by warp, lane by lane), then each thread adds
+// them to its columns' sums, so a row's pairs are added in ascending i however many there
+// are. Multiply and add are rounded separately, as on the CPU. Columns: a thread has up to
+// kSumColsPerThread of them (the launch makes the grid wide enough).
+constexpr int kSumThreads = 256;
+constexpr int kSumColsPerThread = 4;
 template <typename TS, typename TO>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kSumThreads)
     ScaleSumRowsKernel(const TS* __restrict__ src, const float* __restrict__ scales,
                        const int32_t* __restrict__ rows, int n, int cols, TO* __restrict__ out) {
   PdlWait();
-  __shared__ int32_t list[kGemvMaxPairs];
-  __shared__ int count;
+  constexpr int kWarpsHere = kSumThreads / 32;
+  __shared__ int32_t list[kSumThreads];
+  __shared__ int warp_hits[kWarpsHere];
   const int t = blockIdx.x;
-  if (threadIdx.x < 32) {
-    int found = 0;
-    for (int i0 = 0; i0 < n; i0 += 32) {
-      const int i = i0 + static_cast<int>(threadIdx.x);
-      const bool hit = i < n && __ldg(rows + i) == t;
-      const unsigned mask = __ballot_sync(0xffffffffu, hit);
-      if (hit) list[found + __popc(mask & ((1u << threadIdx.x) - 1u))] = i;
-      found += __popc(mask);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int stride = static_cast<int>(gridDim.y * blockDim.x);
+  const int col0 = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x);
+  float sum[kSumColsPerThread];
+#pragma unroll
+  for (int c = 0; c < kSumColsPerThread; ++c) sum[c] = 0.f;
+  for (int base = 0; base < n; base += kSumThreads) {
+    const int i = base + static_cast<int>(threadIdx.x);
+    const bool hit = i < n && __ldg(rows + i) == t;
+    const unsigned mask = __ballot_sync(0xffffffffu, hit);
+    if (lane == 0) warp_hits[warp] = __popc(mask);
+    __syncthreads();
+    int before = 0, found = 0;
+#pragma unroll
+    for (int w = 0; w < kWarpsHere; ++w) {
+      before += w < warp ? warp_hits[w] : 0;
+      found += warp_hits[w];
     }
-    if (threadIdx.x == 0) count = found;
+    if (hit) list[before + __popc(mask & ((1u << lane) - 1u))] = i;
+    __syncthreads();
+    for (int j = 0; j < found; ++j) {
+      const int p = list[j];
+      const float w = __ldg(scales + p);
+      const TS* x = src + static_cast<int64_t>(p) * cols;
+#pragma unroll
+      for (int c = 0; c < kSumColsPerThread; ++c) {
+        const int col = col0 + c * stride;
+        if (col < cols) sum[c] = __fadd_rn(sum[c], __fmul_rn(w, ToFloat(x[col])));
+      }
+    }
+    __syncthreads();  // the list and counts are rewritten by the next window
   }
-  __syncthreads();
-  const int pairs = count;
-  for (int col = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x); col < cols;
-       col += static_cast<int>(gridDim.y * blockDim.x)) {
-    float sum = 0.f;
-    for (int j = 0; j < pairs; ++j) {
-      const int i = list[j];
-      sum = __fadd_rn(
-          sum, __fmul_rn(__ldg(scales + i), ToFloat(src[static_cast<int64_t>(i) * cols + col])));
-    }
-    out[static_cast<int64_t>(t) * cols + col] = FromFloat<TO>(sum);
+#pragma unroll
+  for (int c = 0; c < kSumColsPerThread; ++c) {
+    const int col = col0 + c * stride;
+    if (col < cols) out[static_cast<int64_t>(t) * cols + col] = FromFloat<TO>(sum[c]);
   }
 }
 
@@ -512,8 +538,10 @@ __global__ void __launch_bounds__(256)
 cudaError_t LaunchScaleSumRows(const void* src, ElemType src_type, const float* scales,
                                const int32_t* rows, int64_t n, int64_t cols, void* out,
                                ElemType out_type, int64_t out_rows, cudaStream_t stream) {
-  if (n < 0 || n > kGemvMaxPairs || cols < 0 || cols > INT32_MAX || out_rows < 0 ||
-      out_rows > INT32_MAX || (src_type != ElemType::kF32 && src_type != ElemType::kBF16) ||
+  constexpr int64_t kColsPerBlockRow = int64_t{kSumThreads} * kSumColsPerThread;
+  if (n < 0 || n > kScaleSumMaxPairs || cols < 0 || cols > INT32_MAX || out_rows < 0 ||
+      out_rows > INT32_MAX || (cols + kColsPerBlockRow - 1) / kColsPerBlockRow > 65535 ||
+      (src_type != ElemType::kF32 && src_type != ElemType::kBF16) ||
       (out_type != ElemType::kF32 && out_type != ElemType::kBF16)) {
     return cudaErrorInvalidValue;
   }
@@ -521,13 +549,12 @@ cudaError_t LaunchScaleSumRows(const void* src, ElemType src_type, const float* 
   if (out == nullptr || (n > 0 && (src == nullptr || scales == nullptr || rows == nullptr))) {
     return cudaErrorInvalidValue;
   }
-  constexpr int kThreadsPerBlock = 256;
   const dim3 grid(static_cast<unsigned>(out_rows),
-                  static_cast<unsigned>(std::min<int64_t>((cols + 1023) / 1024, 65535)));
+                  static_cast<unsigned>((cols + kColsPerBlockRow - 1) / kColsPerBlockRow));
   auto launch = [&](auto st, auto ot) {
     using TS = typename decltype(st)::type;
     using TO = typename decltype(ot)::type;
-    LaunchKernel(ScaleSumRowsKernel<TS, TO>, grid, kThreadsPerBlock, 0, stream,
+    LaunchKernel(ScaleSumRowsKernel<TS, TO>, grid, kSumThreads, 0, stream,
                  static_cast<const TS*>(src), scales, rows, static_cast<int>(n),
                  static_cast<int>(cols), static_cast<TO*>(out));
     return cudaGetLastError();
@@ -608,7 +635,8 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
                                 const int32_t* rows, int64_t num_pairs,
                                 const int32_t* expert_offsets, int64_t num_experts,
                                 const void* const* weights, int64_t hidden, int64_t inter,
-                                void* act, void* y, ElemType y_type, cudaStream_t stream) {
+                                void* act, void* y, ElemType y_type, cudaStream_t stream,
+                                bool counted_on_device) {
   if (num_pairs < 0 || num_pairs > kGemvMaxPairs || num_experts < 1 || hidden <= 0 || inter <= 0 ||
       hidden % kChunk != 0 || inter % kChunk != 0 || hidden > INT32_MAX || inter > INT32_MAX ||
       num_experts > INT32_MAX || x_rows < 0 ||
@@ -635,23 +663,27 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
     if (x_type == ElemType::kF32) {
       LaunchKernel(MoeGateUpKernel<float, kRun>, gate_grid, kWarps * 32, 0, stream,
                    static_cast<const float*>(xs), xr, rows, 1, expert_offsets, nullptr, e, gate_up,
-                   h, i, a, nullptr);
+                   h, i, a, nullptr, counted_on_device);
     } else {
       LaunchKernel(MoeGateUpKernel<__nv_bfloat16, kRun>, gate_grid, kWarps * 32, 0, stream,
                    static_cast<const __nv_bfloat16*>(xs), xr, rows, 1, expert_offsets, nullptr, e,
-                   gate_up, h, i, a, nullptr);
+                   gate_up, h, i, a, nullptr, counted_on_device);
     }
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     if (y_type == ElemType::kF32) {
       LaunchKernel(MoeDownKernel<float, kRun>, down_grid, kWarps * 32, 0, stream, a, expert_offsets,
-                   e, down, h, i, static_cast<float*>(y));
+                   e, down, h, i, static_cast<float*>(y), counted_on_device);
     } else {
       LaunchKernel(MoeDownKernel<__nv_bfloat16, kRun>, down_grid, kWarps * 32, 0, stream, a,
-                   expert_offsets, e, down, h, i, static_cast<__nv_bfloat16*>(y));
+                   expert_offsets, e, down, h, i, static_cast<__nv_bfloat16*>(y),
+                   counted_on_device);
     }
     return cudaGetLastError();
   };
-  if (num_pairs <= kSinglePairRunsUpTo) return launch(std::integral_constant<int, 1>{});
+  // Counted on the device: runs of several pairs may come (up to num_pairs of them).
+  if (num_pairs <= kSinglePairRunsUpTo && !counted_on_device) {
+    return launch(std::integral_constant<int, 1>{});
+  }
   return launch(std::integral_constant<int, kRunPairs>{});
 }
 
@@ -684,11 +716,11 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
   if (x_type == ElemType::kF32) {
     LaunchKernel(MoeGateUpKernel<float, 1>, gate_grid, kWarps * 32, 0, stream,
                  static_cast<const float*>(xs), xr, nullptr, k, nullptr, ids, e, gate_up, h, i, a,
-                 c);
+                 c, false);
   } else {
     LaunchKernel(MoeGateUpKernel<__nv_bfloat16, 1>, gate_grid, kWarps * 32, 0, stream,
                  static_cast<const __nv_bfloat16*>(xs), xr, nullptr, k, nullptr, ids, e, gate_up, h,
-                 i, a, c);
+                 i, a, c, false);
   }
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   const dim3 sum_grid(static_cast<unsigned>((hidden + kDownSumFeatures - 1) / kDownSumFeatures),

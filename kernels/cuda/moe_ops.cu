@@ -617,6 +617,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// LaunchOffsetsAbove: one block over the num_experts + 1 offsets.
+__global__ void __launch_bounds__(kThreads)
+    OffsetsAboveKernel(const int32_t* __restrict__ offsets, int32_t num_experts, int64_t limit,
+                       int32_t* __restrict__ masked) {
+  PdlWait();
+  const bool gemv_takes = offsets[num_experts] <= limit;
+  for (int32_t e = static_cast<int32_t>(threadIdx.x); e <= num_experts; e += kThreads) {
+    masked[e] = gemv_takes ? 0 : offsets[e];
+  }
+}
+
 }  // namespace
 
 // ---- Workspace sizes ----
@@ -731,6 +742,16 @@ cudaError_t LaunchSortPairsByExpert(const int32_t* experts, int64_t n, int64_t n
     if (payloads.in[j] == nullptr || payloads.out[j] == nullptr) return cudaErrorInvalidValue;
   }
   return SortByKey(experts, s, w, order, expert_offsets, payloads, stream);
+}
+
+cudaError_t LaunchOffsetsAbove(const int32_t* offsets, int64_t num_experts, int64_t limit,
+                               int32_t* masked, cudaStream_t stream) {
+  if (num_experts < 0 || num_experts >= INT_MAX || offsets == nullptr || masked == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  LaunchKernel(OffsetsAboveKernel, 1, kThreads, 0, stream, offsets,
+               static_cast<int32_t>(num_experts), limit, masked);
+  return cudaGetLastError();
 }
 
 cudaError_t LaunchCombineRows(const void* recv, ElemType recv_type, const int32_t* token_rows,

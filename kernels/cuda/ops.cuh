@@ -53,11 +53,16 @@ cudaError_t LaunchGemvsBf16(const void* x, ElemType x_type, int64_t m, int64_t k
 // hidden]; row p when rows is null), weights[e] / weights[E + e] expert e's bf16 gate_up
 // [2 * inter, hidden] / down [hidden, inter] (null: zeros). act is bf16 scratch [num_pairs,
 // inter]; y [num_pairs, hidden] f32 or bf16. hidden and inter multiples of 8.
+// counted_on_device: the pairs are the first expert_offsets[E] of the num_pairs (a
+// capacity only the device knows the use of; the rest are neither read nor written), and
+// when there are more than num_pairs of them the kernels do nothing (the GEMM path, run
+// beside with LaunchOffsetsAbove's offsets, takes them).
 cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
                                 const int32_t* rows, int64_t num_pairs,
                                 const int32_t* expert_offsets, int64_t num_experts,
                                 const void* const* weights, int64_t hidden, int64_t inter,
-                                void* act, void* y, ElemType y_type, cudaStream_t stream);
+                                void* act, void* y, ElemType y_type, cudaStream_t stream,
+                                bool counted_on_device = false);
 
 // The MoE FFN of `tokens` tokens from their routing, without sorting the pairs: out[t]
 // (f32 or bf16 [tokens, hidden]) = the sum over the token's top_k pairs (ids i32 and scales
@@ -73,8 +78,11 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
                                    void* out, ElemType out_type, cudaStream_t stream);
 
 // out[t] (f32 or bf16 [out_rows, cols]) = the sum over i < n in ascending order with
-// rows[i] == t of scales[i] * src[i] (f32 or bf16 rows), zero where none: a zeroed f32
-// LaunchScaleAddRows then the copy into out, bit for bit, in one kernel; n <= kGemvMaxPairs.
+// rows[i] == t of scales[i] * src[i] (f32 or bf16 rows), zero where none (rows outside
+// [0, out_rows) add to nothing): a zeroed f32 LaunchScaleAddRows then the copy into out,
+// bit for bit, in one kernel; n <= kScaleSumMaxPairs. Each block scans all n rows for its
+// own, so past that a sort (LaunchScaleAddRows) is cheaper.
+inline constexpr int64_t kScaleSumMaxPairs = 4096;
 cudaError_t LaunchScaleSumRows(const void* src, ElemType src_type, const float* scales,
                                const int32_t* rows, int64_t n, int64_t cols, void* out,
                                ElemType out_type, int64_t out_rows, cudaStream_t stream);
@@ -236,6 +244,11 @@ cudaError_t LaunchSortPairsByExpert(const int32_t* experts, int64_t n, int64_t n
                                     int32_t* order, int32_t* expert_offsets, void* workspace,
                                     size_t workspace_bytes, cudaStream_t stream,
                                     const SortPayloads& payloads = {});
+// masked[e] = 0 for every e <= num_experts when offsets[num_experts] <= limit, else
+// offsets[e]: the grouped GEMM's offsets when the gemv path (LaunchMoeSwiGluGemv counted on
+// the device, up to `limit` pairs) may take the pairs instead. One block.
+cudaError_t LaunchOffsetsAbove(const int32_t* offsets, int64_t num_experts, int64_t limit,
+                               int32_t* masked, cudaStream_t stream);
 // The combine: out[t] = sum in ascending rank order of recv[i] over the i in rank r's range
 // [rank_offsets[r], rank_offsets[r + 1]) with token_rows[i] == t (each rank's token_rows
 // ascend); zero where no rank has t. rank_offsets is a device array of num_ranks + 1.

@@ -520,6 +520,30 @@ TEST_F(CpuBackendTest, GroupedSwiGluEqualsPerExpertLinears) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// GroupedSwiGluCounted, the default (the count read from the offsets): the pairs' rows as
+// GroupedSwiGlu gives them over the count, the entries past it untouched; a count past the
+// capacity is INVALID_ARGUMENT.
+TEST_F(CpuBackendTest, GroupedSwiGluCountedRunsTheCountedRows) {
+  const int64_t h = 3, inter = 2;
+  Tensor gu0 = Up({0.1f, 0.2f, 0.3f, -0.1f, 0.0f, 0.5f, 0.3f, -0.2f, 0.1f, 0.2f, 0.4f, -0.5f},
+                  {2 * inter, h});
+  Tensor d0 = Up({1, 2, -1, 0.5f, 0, 1}, {h, inter});
+  const Tensor xs = Up({1, 2, 3, -1, 0, 2}, {2, h});
+  const std::vector<const Tensor*> gu = {&gu0, &gu0, nullptr}, dn = {&d0, &d0, nullptr};
+  // Capacity 3: two pairs (expert 1, rows 1 and 0), then an entry of no pair.
+  Tensor y = Alloc({3, h});
+  ASSERT_TRUE(b_->Fill(&y, 7.f).ok());
+  ASSERT_TRUE(b_->GroupedSwiGluCounted(xs, Ids({1, 0, 5}), Ids({0, 0, 2, 2}), gu, dn, &y).ok());
+  Tensor want = Alloc({2, h});
+  const Tensor rows = Ids({1, 0});
+  ASSERT_TRUE(b_->GroupedSwiGlu(xs, &rows, Ids({0, 0, 2, 2}), gu, dn, &want).ok());
+  std::vector<float> expect = Down(want);
+  expect.insert(expect.end(), h, 7.f);
+  EXPECT_EQ(Down(y), expect);
+  EXPECT_EQ(b_->GroupedSwiGluCounted(xs, Ids({1, 0, 0}), Ids({0, 0, 2, 4}), gu, dn, &y).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CpuBackendTest, AllocatorReusesFreedBlocksAndConvertsOnCopy) {
   auto* cpu = static_cast<CpuBackend*>(b_.get());
   { Tensor a = Alloc({1000}); }

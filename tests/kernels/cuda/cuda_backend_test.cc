@@ -909,10 +909,11 @@ TEST_F(CudaBackendTest, RoutedSwiGluEqualsTheSortedPath) {
 }
 
 // ScaleSumRows: zeros, ScaleAddRows, one rounding into out. gemv.cu's one-kernel form (up
-// to cuda::kGemvMaxPairs rows) and the ops it stands for (129 rows) give the CPU's bits.
+// to cuda::kScaleSumMaxPairs rows, scanned in windows of 256, so a row's pairs may span
+// several) and the ops it stands for (past that) give the CPU's bits.
 TEST_F(CudaBackendTest, ScaleSumRowsIsZerosThenScaleAddRows) {
   const int64_t cols = 2050, out_rows = 5;
-  for (int64_t n : {0, 1, 8, 128, 129}) {
+  for (int64_t n : {0, 1, 8, 128, 129, 257, 1024, 4096, 4097}) {
     SCOPED_TRACE(::testing::Message() << n << " rows");
     std::mt19937 rng(static_cast<uint32_t>(n) + 40);
     std::vector<int32_t> rows(n);
@@ -936,6 +937,62 @@ TEST_F(CudaBackendTest, ScaleSumRowsIsZerosThenScaleAddRows) {
       EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0);
       for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(got[1][(out_rows - 1) * cols + c], 0.f);
     }
+  }
+}
+
+// GroupedSwiGluCounted: a capacity of entries of which the device's offsets count the pairs
+// (a low-latency round's: the pairs sorted first, the entries of no pair after
+// offsets[E]). Whichever path the count picks on the device (decode-sized up to
+// cuda::kGemvMaxPairs pairs, the grouped GEMM past that), the pairs' rows are GroupedSwiGlu's
+// over the count and the CPU's within bf16 rounding, and the entries past the count are
+// neither read nor written.
+TEST_F(CudaBackendTest, GroupedSwiGluCountedTakesTheCountOnTheDevice) {
+  Backend* gpu = gpu_.get();
+  const int64_t experts = 32, hidden = 2048, inter = 768, capacity = 1024, x_rows = 128;
+  const ExpertSets w = PutExperts({{gpu, DType::kBF16}, {cpu_.get(), DType::kF32}}, experts, hidden,
+                                  inter, 500, 600);
+  const std::vector<float> x = Bf16Exact(RandomFloats(x_rows * hidden, 601));
+  for (int64_t count : {0, 1, 8, 128, 129, 1000}) {
+    SCOPED_TRACE(::testing::Message() << count << " pairs in " << capacity);
+    std::mt19937 rng(static_cast<uint32_t>(count) + 602);
+    std::vector<int32_t> ids(capacity, static_cast<int32_t>(experts)), rows(capacity, 0);
+    for (int64_t i = 0; i < count; ++i) {
+      ids[i] = static_cast<int32_t>(rng() % experts);
+      rows[i] = static_cast<int32_t>(rng() % x_rows);
+    }
+    std::shuffle(ids.begin(), ids.end(), rng);  // the no-pair entries anywhere, as received
+    std::vector<std::vector<float>> got;
+    for (Backend* be : {gpu, cpu_.get()}) {
+      const bool on_gpu = be == gpu;
+      Tensor order = Poisoned(be, {capacity}, DType::kI32);
+      Tensor offsets = Poisoned(be, {experts + 2}, DType::kI32);
+      Tensor sorted_rows = Poisoned(be, {capacity}, DType::kI32);
+      const Tensor rows_t = PutIndices(be, rows);
+      ASSERT_TRUE(be->SortPairsByExpert(PutIndices(be, ids), experts + 1, &order, &offsets,
+                                        {{&rows_t, &sorted_rows}})
+                      .ok());
+      const Tensor pair_offsets = offsets.Rows(0, experts + 1);
+      const Tensor xs = Put(be, x, {x_rows, hidden}, on_gpu ? DType::kBF16 : DType::kF32);
+      Tensor y = Poisoned(be, {capacity, hidden}, on_gpu ? DType::kBF16 : DType::kF32);
+      const absl::Status st = be->GroupedSwiGluCounted(
+          xs, sorted_rows, pair_offsets, w.gate_up[on_gpu ? 0 : 1], w.down[on_gpu ? 0 : 1], &y);
+      ASSERT_TRUE(st.ok()) << st;
+      const std::vector<float> all = Get(be, y);
+      for (size_t i = static_cast<size_t>(count * hidden); i < all.size(); ++i) {
+        ASSERT_TRUE(std::isnan(all[i])) << "entry " << i / hidden << " past the count written";
+      }
+      got.emplace_back(all.begin(), all.begin() + count * hidden);
+      if (on_gpu && count > 0) {
+        // GroupedSwiGlu over the pairs alone.
+        Tensor want = Poisoned(gpu, {count, hidden}, DType::kBF16);
+        const Tensor counted_rows = sorted_rows.Rows(0, count);
+        ASSERT_TRUE(
+            gpu->GroupedSwiGlu(xs, &counted_rows, pair_offsets, w.gate_up[0], w.down[0], &want)
+                .ok());
+        EXPECT_LT(MaxRelError(got.back(), Get(gpu, want)), 1e-2);
+      }
+    }
+    EXPECT_LT(MaxRelError(got[0], got[1]), 2e-2);
   }
 }
 
