@@ -12,20 +12,6 @@
 #include "model/sampler.h"
 
 namespace dxs::bench {
-namespace {
-
-void Check(const absl::Status& status, const std::string& what) {
-  if (!status.ok()) Die(what + ": " + status.ToString());
-}
-
-template <typename T>
-T Must(absl::StatusOr<T> value, const std::string& what) {
-  Check(value.status(), what);
-  return std::move(*value);
-}
-
-}  // namespace
-
 WeightedSumExperts::WeightedSumExperts(Backend* backend, int64_t hidden, int64_t max_rows,
                                        int first_expert, int num_held)
     : backend_(backend), hidden_(hidden), first_expert_(first_expert), num_held_(num_held) {

@@ -13,13 +13,29 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "bench/raw_ucx_pingpong.h"
 #include "common/dtype.h"
 #include "expert_service/expert_compute.h"
 #include "kernels/backend.h"
 
 namespace dxs::bench {
+
+// Dies naming `what` (bench/raw_ucx_pingpong.h's Die) unless `status` is OK; Must also
+// unwraps the value.
+inline void Check(const absl::Status& status, const std::string& what) {
+  if (!status.ok()) Die(what + ": " + status.ToString());
+}
+
+template <typename T>
+T Must(absl::StatusOr<T> value, const std::string& what) {
+  Check(value.status(), what);
+  return std::move(*value);
+}
 
 class WeightedSumExperts final : public ExpertCompute {
  public:

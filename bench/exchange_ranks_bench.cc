@@ -75,8 +75,10 @@
 namespace dxs {
 namespace {
 
+using bench::Check;
 using bench::Die;
 using bench::ExchangeInputs;
+using bench::Must;
 using bench::ReadAll;
 using bench::Stats;
 using bench::StatsOf;
@@ -95,16 +97,6 @@ constexpr double kMaxRelativeError = 1e-2;  // bf16 rounding of x and of the ans
 constexpr uint64_t kXferDispatchTag = kMaxExchangeTag - 1;
 constexpr uint64_t kXferCombineTag = kMaxExchangeTag - 2;
 const absl::Duration kTimeout = absl::Seconds(60);
-
-void Check(const absl::Status& status, const std::string& what) {
-  if (!status.ok()) Die(what + ": " + status.ToString());
-}
-
-template <typename T>
-T Must(absl::StatusOr<T> value, const std::string& what) {
-  Check(value.status(), what);
-  return std::move(*value);
-}
 
 struct Options {
   int dp = 2, ep = 2;

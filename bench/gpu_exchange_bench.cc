@@ -82,8 +82,10 @@ cudaError_t LaunchTick(unsigned int* counter, cudaStream_t stream);
 
 namespace {
 
+using bench::Check;
 using bench::Die;
 using bench::ExchangeInputs;
+using bench::Must;
 using bench::ReadAll;
 using bench::Stats;
 using bench::StatsOf;
@@ -118,16 +120,6 @@ constexpr double kMaxRelativeError = 1e-2;  // bf16 rounding of x and of the ans
       ::dxs::bench::Die(std::string(#call) + ": " + cudaGetErrorString(_e)); \
     }                                                                        \
   } while (0)
-
-void Check(const absl::Status& status, const std::string& what) {
-  if (!status.ok()) Die(what + ": " + status.ToString());
-}
-
-template <typename T>
-T Must(absl::StatusOr<T> value, const std::string& what) {
-  Check(value.status(), what);
-  return std::move(*value);
-}
 
 // ---- Parent -> child commands -----------------------------------------------------------
 
