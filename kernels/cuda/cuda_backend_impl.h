@@ -166,8 +166,16 @@ class CudaBackend final : public Backend {
                                                 int64_t hidden);
   // The grouped FFN as two CUTLASS grouped GEMMs (kernels/cuda/grouped_gemm.cuh): per
   // expert sizes stay on the device.
+  // GroupedSwiGlu whose gather and SiLU stop at rows_bound (a device count; null: every
+  // row), as GroupedSwiGluCounted's GEMM path needs.
+  absl::Status GroupedSwiGluBounded(const Tensor& xs, const Tensor* rows,
+                                    const Tensor& expert_offsets,
+                                    const std::vector<const Tensor*>& gate_up,
+                                    const std::vector<const Tensor*>& down, Tensor* y,
+                                    const int32_t* rows_bound);
   absl::Status GroupedSwiGluCutlass(const Tensor& x, const Tensor& expert_offsets,
-                                    const ExpertWeightSet& weights, Tensor* y);
+                                    const ExpertWeightSet& weights, Tensor* y,
+                                    const int32_t* rows_bound);
   absl::Status GroupedSwiGluCublas(const Tensor& xs, const Tensor& expert_offsets,
                                    const std::vector<const Tensor*>& gate_up,
                                    const std::vector<const Tensor*>& down, int64_t inter,

@@ -261,6 +261,14 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
                                         const Tensor& expert_offsets,
                                         const std::vector<const Tensor*>& gate_up,
                                         const std::vector<const Tensor*>& down, Tensor* y) {
+  return GroupedSwiGluBounded(xs, rows, expert_offsets, gate_up, down, y, nullptr);
+}
+
+absl::Status CudaBackend::GroupedSwiGluBounded(const Tensor& xs, const Tensor* rows,
+                                               const Tensor& expert_offsets,
+                                               const std::vector<const Tensor*>& gate_up,
+                                               const std::vector<const Tensor*>& down, Tensor* y,
+                                               const int32_t* rows_bound) {
   DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", expert_offsets, DType::kI32, "offsets"));
   if (rows != nullptr) {
     DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", *rows, DType::kI32, "rows"));
@@ -301,13 +309,18 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
   Tensor x = xs;
   if (rows != nullptr || xs.dtype() != DType::kBF16) {
     DXS_ASSIGN_OR_RETURN(x, Allocate({num_rows, hidden}, DType::kBF16));
-    if (rows != nullptr) {
+    if (rows != nullptr && rows_bound != nullptr) {
+      DXS_RETURN_IF_ERROR(CudaStatus(
+          cuda::LaunchGatherRows(xs.raw(), ToElemType(xs.dtype()), xs.rows(), rows->i32(), num_rows,
+                                 hidden, x.raw(), cuda::ElemType::kBF16, stream_, rows_bound),
+          "grouped SwiGLU: gather"));
+    } else if (rows != nullptr) {
       DXS_RETURN_IF_ERROR(GatherRows(xs, *rows, &x));
     } else {
       DXS_RETURN_IF_ERROR(Copy(xs, &x));
     }
   }
-  if (use_cutlass_) return GroupedSwiGluCutlass(x, expert_offsets, weights, y);
+  if (use_cutlass_) return GroupedSwiGluCutlass(x, expert_offsets, weights, y, rows_bound);
   return GroupedSwiGluCublas(x, expert_offsets, gate_up, down, inter, y);
 }
 
@@ -354,7 +367,9 @@ absl::Status CudaBackend::GroupedSwiGluCounted(const Tensor& xs, const Tensor& r
       CudaStatus(cuda::LaunchOffsetsAbove(expert_offsets.i32(), num_experts, cuda::kGemvMaxPairs,
                                           above.i32(), stream_),
                  "grouped SwiGLU (counted, offsets)"));
-  return GroupedSwiGlu(xs, &rows, above, gate_up, down, y);
+  // The GEMM path's gather and SiLU stop at the masked count too (zero rows when the
+  // decode-sized path took the pairs).
+  return GroupedSwiGluBounded(xs, &rows, above, gate_up, down, y, above.i32() + num_experts);
 }
 
 absl::StatusOr<CudaBackend::ExpertWeightSet> CudaBackend::ExpertWeights(
@@ -396,7 +411,8 @@ absl::StatusOr<CudaBackend::ExpertWeightSet> CudaBackend::ExpertWeights(
 }
 
 absl::Status CudaBackend::GroupedSwiGluCutlass(const Tensor& x, const Tensor& expert_offsets,
-                                               const ExpertWeightSet& weights, Tensor* y) {
+                                               const ExpertWeightSet& weights, Tensor* y,
+                                               const int32_t* rows_bound) {
   const int64_t num_experts = weights.pointers.num_elements() / 2, inter = weights.inter;
   const int64_t hidden = x.row_size(), num_rows = x.rows();
   const auto* ptrs = reinterpret_cast<const __nv_bfloat16* const*>(weights.pointers.raw());
@@ -417,7 +433,7 @@ absl::Status CudaBackend::GroupedSwiGluCutlass(const Tensor& x, const Tensor& ex
                  "grouped SwiGLU: gate_up"));
   DXS_RETURN_IF_ERROR(
       CudaStatus(cuda::LaunchSiluMulPacked(gu.raw(), cuda::ElemType::kBF16, num_rows, inter,
-                                           h.raw(), cuda::ElemType::kBF16, stream_),
+                                           h.raw(), cuda::ElemType::kBF16, stream_, rows_bound),
                  "grouped SwiGLU: silu mul"));
   return CudaStatus(
       cuda::LaunchGroupedGemmBf16(static_cast<const __nv_bfloat16*>(h.raw()), off,

@@ -45,6 +45,11 @@ __device__ __forceinline__ int64_t GlobalThread() {
 __device__ __forceinline__ int64_t GridThreads() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
+// n, or fewer where a device count bounds it (a low-latency round's pairs in a capacity);
+// a negative count is none.
+__device__ __forceinline__ int64_t Bounded(int64_t n, const int32_t* bound) {
+  return bound == nullptr ? n : min(n, static_cast<int64_t>(max(*bound, 0)));
+}
 
 // The same value in every lane: a butterfly of commutative adds, fixed order.
 __device__ __forceinline__ float WarpSum(float v) {
@@ -346,8 +351,10 @@ __global__ void SiluMulKernel(const G* gate, const U* up, O* out, int64_t n) {
 // first. kVec consecutive elements a thread (16-byte loads and stores of bf16 when inter
 // allows), so the pass runs at copy speed.
 template <typename T, typename O, int kVec>
-__global__ void SiluMulPackedKernel(const T* gu, O* out, int64_t rows, int64_t inter) {
+__global__ void SiluMulPackedKernel(const T* gu, O* out, int64_t rows, int64_t inter,
+                                    const int32_t* rows_bound) {
   PdlWait();
+  rows = Bounded(rows, rows_bound);
   const int64_t chunks = inter / kVec, total = rows * chunks;
   for (int64_t idx = GlobalThread(); idx < total; idx += GridThreads()) {
     const int64_t r = idx / chunks, j = (idx - r * chunks) * kVec;
@@ -388,8 +395,9 @@ __device__ __forceinline__ bool RowInRange(int32_t r, int64_t src_rows) {
 __global__ void __launch_bounds__(kThreads)
     GatherRowsVecKernel(const uint4* __restrict__ src, int64_t src_rows,
                         const int32_t* __restrict__ rows, int64_t n, int64_t units,
-                        uint4* __restrict__ dst) {
+                        uint4* __restrict__ dst, const int32_t* n_bound) {
   PdlWait();
+  n = Bounded(n, n_bound);
   const int lane = threadIdx.x % kWarpSize;
   const int64_t num_warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
@@ -410,8 +418,9 @@ template <typename Src, typename Dst>
 __global__ void __launch_bounds__(kThreads)
     GatherRowsWarpKernel(const Src* __restrict__ src, int64_t src_rows,
                          const int32_t* __restrict__ rows, int64_t n, int64_t cols,
-                         Dst* __restrict__ dst) {
+                         Dst* __restrict__ dst, const int32_t* n_bound) {
   PdlWait();
+  n = Bounded(n, n_bound);
   const int lane = threadIdx.x % kWarpSize;
   const int64_t num_warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
@@ -431,8 +440,9 @@ __global__ void __launch_bounds__(kThreads)
 template <typename Src, typename Dst>
 __global__ void GatherRowsFlatKernel(const Src* __restrict__ src, int64_t src_rows,
                                      const int32_t* __restrict__ rows, int64_t n, int64_t cols,
-                                     Dst* __restrict__ dst) {
+                                     Dst* __restrict__ dst, const int32_t* n_bound) {
   PdlWait();
+  n = Bounded(n, n_bound);
   const int64_t total = n * cols;
   for (int64_t idx = GlobalThread(); idx < total; idx += GridThreads()) {
     const int64_t i = idx / cols, j = idx - i * cols;
@@ -445,7 +455,8 @@ __global__ void GatherRowsFlatKernel(const Src* __restrict__ src, int64_t src_ro
 
 cudaError_t GatherRowsImpl(const void* src, ElemType src_type, int64_t src_rows,
                            const int32_t* rows, int64_t n, int64_t cols, void* dst,
-                           ElemType dst_type, cudaStream_t stream) {
+                           ElemType dst_type, cudaStream_t stream,
+                           const int32_t* n_bound = nullptr) {
   if (!IsKnown(src_type) || !IsKnown(dst_type) || src_rows < 0 || n < 0 || cols < 0) {
     return cudaErrorInvalidValue;
   }
@@ -460,7 +471,7 @@ cudaError_t GatherRowsImpl(const void* src, ElemType src_type, int64_t src_rows,
   if (src_type == dst_type && row_bytes % 16 == 0 && Aligned16(src) && Aligned16(dst)) {
     LaunchKernel(GatherRowsVecKernel, GridBlocks(n, kWarpsPerBlock), kThreads, 0, stream,
                  static_cast<const uint4*>(src), src_rows, rows, n,
-                 static_cast<int64_t>(row_bytes / 16), static_cast<uint4*>(dst));
+                 static_cast<int64_t>(row_bytes / 16), static_cast<uint4*>(dst), n_bound);
     return cudaGetLastError();
   }
   return DispatchConversion(src_type, dst_type, [&](auto s, auto d) {
@@ -470,10 +481,10 @@ cudaError_t GatherRowsImpl(const void* src, ElemType src_type, int64_t src_rows,
     Dst* out = static_cast<Dst*>(dst);
     if (cols < kWarpSize) {
       LaunchKernel(GatherRowsFlatKernel<Src, Dst>, GridBlocks(n * cols, kThreads), kThreads, 0,
-                   stream, in, src_rows, rows, n, cols, out);
+                   stream, in, src_rows, rows, n, cols, out, n_bound);
     } else {
       LaunchKernel(GatherRowsWarpKernel<Src, Dst>, GridBlocks(n, kWarpsPerBlock), kThreads, 0,
-                   stream, in, src_rows, rows, n, cols, out);
+                   stream, in, src_rows, rows, n, cols, out, n_bound);
     }
     return cudaGetLastError();
   });
@@ -732,7 +743,8 @@ cudaError_t LaunchSiluMul(const void* gate, ElemType gate_type, const void* up, 
 }
 
 cudaError_t LaunchSiluMulPacked(const void* gate_up, ElemType in_type, int64_t rows, int64_t inter,
-                                void* out, ElemType out_type, cudaStream_t stream) {
+                                void* out, ElemType out_type, cudaStream_t stream,
+                                const int32_t* rows_bound) {
   if (!IsFloating(in_type) || !IsFloating(out_type) || rows < 0 || inter < 0) {
     return cudaErrorInvalidValue;
   }
@@ -748,10 +760,10 @@ cudaError_t LaunchSiluMulPacked(const void* gate_up, ElemType in_type, int64_t r
           reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(o) % 16 == 0;
       if (sizeof(T) == 2 && sizeof(O) == 2 && inter % 8 == 0 && aligned) {
         LaunchKernel(SiluMulPackedKernel<T, O, 8>, GridBlocks(rows * inter / 8, kThreads), kThreads,
-                     0, stream, in, o, rows, inter);
+                     0, stream, in, o, rows, inter, rows_bound);
       } else {
         LaunchKernel(SiluMulPackedKernel<T, O, 1>, GridBlocks(rows * inter, kThreads), kThreads, 0,
-                     stream, in, o, rows, inter);
+                     stream, in, o, rows, inter, rows_bound);
       }
       return cudaGetLastError();
     });
@@ -776,8 +788,8 @@ cudaError_t LaunchAdd(const void* x, ElemType x_type, void* inout, ElemType inou
 
 cudaError_t LaunchGatherRows(const void* src, ElemType src_type, int64_t src_rows,
                              const int32_t* rows, int64_t n, int64_t cols, void* dst,
-                             ElemType dst_type, cudaStream_t stream) {
-  return GatherRowsImpl(src, src_type, src_rows, rows, n, cols, dst, dst_type, stream);
+                             ElemType dst_type, cudaStream_t stream, const int32_t* n_bound) {
+  return GatherRowsImpl(src, src_type, src_rows, rows, n, cols, dst, dst_type, stream, n_bound);
 }
 
 }  // namespace dxs::cuda

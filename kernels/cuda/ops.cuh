@@ -133,17 +133,21 @@ cudaError_t LaunchSiluMul(const void* gate, ElemType gate_type, const void* up, 
                           void* out, ElemType out_type, int64_t n, cudaStream_t stream);
 // out[r, j] = silu(gate_up[r, j]) * gate_up[r, inter + j] for r < rows, j < inter:
 // gate_up [rows, 2 * inter] (the gate half first, the grouped FFN's packed projections),
-// out [rows, inter], both packed.
+// out [rows, inter], both packed. rows_bound (a device count, may be null): only the first
+// min(rows, *rows_bound) rows.
 cudaError_t LaunchSiluMulPacked(const void* gate_up, ElemType in_type, int64_t rows, int64_t inter,
-                                void* out, ElemType out_type, cudaStream_t stream);
+                                void* out, ElemType out_type, cudaStream_t stream,
+                                const int32_t* rows_bound = nullptr);
 // inout += x, elementwise over n.
 cudaError_t LaunchAdd(const void* x, ElemType x_type, void* inout, ElemType inout_type, int64_t n,
                       cudaStream_t stream);
 // dst[i] = src[rows[i]] for i < n, rows of `cols` elements, converting floating types (or
-// copying equal index types). Rows outside [0, src_rows) give a zero row.
+// copying equal index types). Rows outside [0, src_rows) give a zero row. n_bound (a device
+// count, may be null): only i < min(n, *n_bound).
 cudaError_t LaunchGatherRows(const void* src, ElemType src_type, int64_t src_rows,
                              const int32_t* rows, int64_t n, int64_t cols, void* dst,
-                             ElemType dst_type, cudaStream_t stream);
+                             ElemType dst_type, cudaStream_t stream,
+                             const int32_t* n_bound = nullptr);
 
 // ---- attention.cu ----
 
