@@ -352,24 +352,28 @@ absl::Status CudaBackend::GroupedSwiGluCounted(const Tensor& xs, const Tensor& r
   }
   DXS_RETURN_IF_ERROR(Enter("grouped SwiGLU (counted)"));
   // Both paths, each doing nothing unless the device's count is its own: the decode-sized
-  // kernels over the first kGemvMaxPairs entries (they exit when there are more pairs), and
-  // the GEMM path over the capacity with offsets that are all zero when there are not.
+  // kernels over the listed non-empty experts (none when there are more pairs than they
+  // take), and the GEMM path over the capacity with offsets that are all zero when there
+  // are not. The list and the masked offsets come first, from one small kernel.
+  DXS_ASSIGN_OR_RETURN(Tensor above, Allocate({2 * (num_experts + 1)}, DType::kI32));
+  int32_t* masked = above.i32();
+  int32_t* runs = masked + num_experts + 1;
+  DXS_RETURN_IF_ERROR(
+      CudaStatus(cuda::LaunchOffsetsAbove(expert_offsets.i32(), num_experts, cuda::kGemvMaxPairs,
+                                          masked, runs, stream_),
+                 "grouped SwiGLU (counted, offsets)"));
   DXS_ASSIGN_OR_RETURN(Tensor act, Allocate({cuda::kGemvMaxPairs, weights.inter}, DType::kBF16));
   DXS_RETURN_IF_ERROR(CudaStatus(
       cuda::LaunchMoeSwiGluGemv(xs.raw(), ToElemType(xs.dtype()), xs.rows(), rows.i32(),
                                 cuda::kGemvMaxPairs, expert_offsets.i32(), num_experts,
                                 reinterpret_cast<const void* const*>(weights.pointers.raw()),
                                 hidden, weights.inter, act.raw(), y->raw(), ToElemType(y->dtype()),
-                                stream_, /*counted_on_device=*/true),
+                                stream_, runs),
       "grouped SwiGLU (counted, gemv)"));
-  DXS_ASSIGN_OR_RETURN(Tensor above, Allocate({num_experts + 1}, DType::kI32));
-  DXS_RETURN_IF_ERROR(
-      CudaStatus(cuda::LaunchOffsetsAbove(expert_offsets.i32(), num_experts, cuda::kGemvMaxPairs,
-                                          above.i32(), stream_),
-                 "grouped SwiGLU (counted, offsets)"));
   // The GEMM path's gather and SiLU stop at the masked count too (zero rows when the
   // decode-sized path took the pairs).
-  return GroupedSwiGluBounded(xs, &rows, above, gate_up, down, y, above.i32() + num_experts);
+  const Tensor masked_offsets = above.Rows(0, num_experts + 1);
+  return GroupedSwiGluBounded(xs, &rows, masked_offsets, gate_up, down, y, masked + num_experts);
 }
 
 absl::StatusOr<CudaBackend::ExpertWeightSet> CudaBackend::ExpertWeights(

@@ -53,16 +53,16 @@ cudaError_t LaunchGemvsBf16(const void* x, ElemType x_type, int64_t m, int64_t k
 // hidden]; row p when rows is null), weights[e] / weights[E + e] expert e's bf16 gate_up
 // [2 * inter, hidden] / down [hidden, inter] (null: zeros). act is bf16 scratch [num_pairs,
 // inter]; y [num_pairs, hidden] f32 or bf16. hidden and inter multiples of 8.
-// counted_on_device: the pairs are the first expert_offsets[E] of the num_pairs (a
-// capacity only the device knows the use of; the rest are neither read nor written), and
-// when there are more than num_pairs of them the kernels do nothing (the GEMM path, run
-// beside with LaunchOffsetsAbove's offsets, takes them).
+// runs (counted on the device; may be null): LaunchOffsetsAbove's list of the non-empty
+// experts (runs[0] of them, then their ids): only their runs are computed, by a grid that
+// does not grow with num_pairs (a capacity, most of whose entries are no pair); an empty
+// list (more pairs than the decode-sized path takes) computes nothing.
 cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
                                 const int32_t* rows, int64_t num_pairs,
                                 const int32_t* expert_offsets, int64_t num_experts,
                                 const void* const* weights, int64_t hidden, int64_t inter,
                                 void* act, void* y, ElemType y_type, cudaStream_t stream,
-                                bool counted_on_device = false);
+                                const int32_t* runs = nullptr);
 
 // The MoE FFN of `tokens` tokens from their routing, without sorting the pairs: out[t]
 // (f32 or bf16 [tokens, hidden]) = the sum over the token's top_k pairs (ids i32 and scales
@@ -248,11 +248,13 @@ cudaError_t LaunchSortPairsByExpert(const int32_t* experts, int64_t n, int64_t n
                                     int32_t* order, int32_t* expert_offsets, void* workspace,
                                     size_t workspace_bytes, cudaStream_t stream,
                                     const SortPayloads& payloads = {});
-// masked[e] = 0 for every e <= num_experts when offsets[num_experts] <= limit, else
-// offsets[e]: the grouped GEMM's offsets when the gemv path (LaunchMoeSwiGluGemv counted on
-// the device, up to `limit` pairs) may take the pairs instead. One block.
+// Which path takes pairs counted on the device (offsets [num_experts + 1]): up to `limit`
+// pairs the decode-sized one, past that the grouped GEMM. masked [num_experts + 1] = all
+// zero in the first case, else offsets (the GEMM's offsets); runs [num_experts + 1] (may
+// be null) = in the first case the number of non-empty experts, then their ids ascending
+// (LaunchMoeSwiGluGemv's list), else 0. One block.
 cudaError_t LaunchOffsetsAbove(const int32_t* offsets, int64_t num_experts, int64_t limit,
-                               int32_t* masked, cudaStream_t stream);
+                               int32_t* masked, int32_t* runs, cudaStream_t stream);
 // The combine: out[t] = sum in ascending rank order of recv[i] over the i in rank r's range
 // [rank_offsets[r], rank_offsets[r + 1]) with token_rows[i] == t (each rank's token_rows
 // ascend); zero where no rank has t. rank_offsets is a device array of num_ranks + 1.
