@@ -307,9 +307,9 @@ class Backend {
                                      const std::vector<const Tensor*>& down, Tensor* y) = 0;
   // GroupedSwiGlu of pairs counted on the device (a low-latency round's, sized by the
   // exchange's capacity): `rows` and y hold a capacity of entries, of which the first
-  // expert_offsets[E] are the pairs; the rest are neither read nor written. A device picks
-  // its decode-sized or GEMM path by that count without the host reading it. The default
-  // reads the count and runs GroupedSwiGlu over those rows.
+  // expert_offsets[E] are the pairs; the rest of y is not written. The CUDA backend's
+  // grouped GEMMs take the count from the offsets on the device (no host read: it runs in
+  // a graph); the default reads the count and runs GroupedSwiGlu over those rows.
   virtual absl::Status GroupedSwiGluCounted(const Tensor& xs, const Tensor& rows,
                                             const Tensor& expert_offsets,
                                             const std::vector<const Tensor*>& gate_up,

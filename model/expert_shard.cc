@@ -209,8 +209,8 @@ absl::Status ExpertShard::ForwardLowLatency(int layer, const LowLatencyPairs& pa
     DXS_RETURN_IF_ERROR(
         backend_->AccumulateCounts(offsets, counts_on_device_ ? &device_counts_ : &ll_counts_));
   }
-  // Only the device knows how many of the capacity's entries are pairs: the backend picks
-  // its decode-sized or GEMM path from the offsets, not from the capacity.
+  // Only the device knows how many of the capacity's entries are pairs: the backend takes
+  // the count from the offsets.
   DXS_RETURN_IF_ERROR(backend_->GroupedSwiGluCounted(pairs.x, ws.sorted_rows, offsets,
                                                      gate_up_[layer], down_[layer], &ws.y));
   // The sums of the slots only: the no-pair entries' out row (the spare last row) lies

@@ -197,8 +197,8 @@ absl::Status CudaBackend::Init() {
   DXS_ASSIGN_OR_RETURN(use_gemv_, AutoOrOff("DXS_CUDA_GEMV"));
   DXS_ASSIGN_OR_RETURN(const bool routed_swiglu, AutoOrOff("DXS_CUDA_ROUTED_SWIGLU"));
   use_routed_swiglu_ = use_gemv_ && routed_swiglu;
-  DXS_ASSIGN_OR_RETURN(const bool counted_gemv, AutoOrOff("DXS_CUDA_COUNTED_GEMV"));
-  use_counted_gemv_ = use_gemv_ && counted_gemv;
+  DXS_ASSIGN_OR_RETURN(const bool scale_sum_scan, AutoOrOff("DXS_CUDA_SCALE_SUM_SCAN"));
+  use_scale_sum_scan_ = use_gemv_ && scale_sum_scan;
   DXS_ASSIGN_OR_RETURN(const std::string choice,
                        SwitchValue("DXS_CUDA_GROUPED_GEMM", {"cublas", "cutlass"}));
   cudaDeviceProp prop;

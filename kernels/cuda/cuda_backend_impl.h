@@ -166,16 +166,8 @@ class CudaBackend final : public Backend {
                                                 int64_t hidden);
   // The grouped FFN as two CUTLASS grouped GEMMs (kernels/cuda/grouped_gemm.cuh): per
   // expert sizes stay on the device.
-  // GroupedSwiGlu whose gather and SiLU stop at rows_bound (a device count; null: every
-  // row), as GroupedSwiGluCounted's GEMM path needs.
-  absl::Status GroupedSwiGluBounded(const Tensor& xs, const Tensor* rows,
-                                    const Tensor& expert_offsets,
-                                    const std::vector<const Tensor*>& gate_up,
-                                    const std::vector<const Tensor*>& down, Tensor* y,
-                                    const int32_t* rows_bound);
   absl::Status GroupedSwiGluCutlass(const Tensor& x, const Tensor& expert_offsets,
-                                    const ExpertWeightSet& weights, Tensor* y,
-                                    const int32_t* rows_bound);
+                                    const ExpertWeightSet& weights, Tensor* y);
   absl::Status GroupedSwiGluCublas(const Tensor& xs, const Tensor& expert_offsets,
                                    const std::vector<const Tensor*>& gate_up,
                                    const std::vector<const Tensor*>& down, int64_t inter,
@@ -234,11 +226,10 @@ class CudaBackend final : public Backend {
   // DXS_CUDA_ROUTED_SWIGLU=auto|off (default auto, off with the GEMVs): RoutedSwiGlu's fused
   // path for decode-sized batches; off keeps ExpertShard's sorted path (for A/B runs).
   bool use_routed_swiglu_ = true;
-  // DXS_CUDA_COUNTED_GEMV=auto|off (default auto, off with the GEMVs): GroupedSwiGluCounted
-  // runs the decode-sized path beside the GEMM one when the capacity is past it, each
-  // taking the pairs by the device's count; off runs GroupedSwiGlu over the capacity (the
-  // GEMM path; for A/B runs).
-  bool use_counted_gemv_ = true;
+  // DXS_CUDA_SCALE_SUM_SCAN=auto|off (default auto, off with the GEMVs): ScaleSumRows in
+  // one kernel up to cuda::kScaleSumMaxPairs pairs; off: up to cuda::kGemvMaxPairs, past
+  // that a fill, a sort, the scale-add and a copy (for A/B runs).
+  bool use_scale_sum_scan_ = true;
   absl::Mutex tables_mu_;
   std::map<std::vector<const void*>, ExpertWeightSet> weight_tables_ ABSL_GUARDED_BY(tables_mu_);
   cudaStream_t stream_ = nullptr;

@@ -139,7 +139,9 @@ absl::Status CudaBackend::ScaleSumRows(const Tensor& src, const Tensor& scales, 
   const int64_t n = rows.num_elements();
   // Up to a few thousand pairs: the zeroing, the sum and the rounding in one kernel
   // (gemv.cu) instead of a fill, a sort, the sum and a copy.
-  if (!use_gemv_ || n > cuda::kScaleSumMaxPairs ||
+  const int64_t one_kernel_up_to =
+      use_scale_sum_scan_ ? cuda::kScaleSumMaxPairs : cuda::kGemvMaxPairs;
+  if (!use_gemv_ || n > one_kernel_up_to ||
       (out->dtype() != DType::kF32 && out->dtype() != DType::kBF16)) {
     return Backend::ScaleSumRows(src, scales, rows, out);
   }
@@ -261,14 +263,6 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
                                         const Tensor& expert_offsets,
                                         const std::vector<const Tensor*>& gate_up,
                                         const std::vector<const Tensor*>& down, Tensor* y) {
-  return GroupedSwiGluBounded(xs, rows, expert_offsets, gate_up, down, y, nullptr);
-}
-
-absl::Status CudaBackend::GroupedSwiGluBounded(const Tensor& xs, const Tensor* rows,
-                                               const Tensor& expert_offsets,
-                                               const std::vector<const Tensor*>& gate_up,
-                                               const std::vector<const Tensor*>& down, Tensor* y,
-                                               const int32_t* rows_bound) {
   DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", expert_offsets, DType::kI32, "offsets"));
   if (rows != nullptr) {
     DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", *rows, DType::kI32, "rows"));
@@ -309,18 +303,13 @@ absl::Status CudaBackend::GroupedSwiGluBounded(const Tensor& xs, const Tensor* r
   Tensor x = xs;
   if (rows != nullptr || xs.dtype() != DType::kBF16) {
     DXS_ASSIGN_OR_RETURN(x, Allocate({num_rows, hidden}, DType::kBF16));
-    if (rows != nullptr && rows_bound != nullptr) {
-      DXS_RETURN_IF_ERROR(CudaStatus(
-          cuda::LaunchGatherRows(xs.raw(), ToElemType(xs.dtype()), xs.rows(), rows->i32(), num_rows,
-                                 hidden, x.raw(), cuda::ElemType::kBF16, stream_, rows_bound),
-          "grouped SwiGLU: gather"));
-    } else if (rows != nullptr) {
+    if (rows != nullptr) {
       DXS_RETURN_IF_ERROR(GatherRows(xs, *rows, &x));
     } else {
       DXS_RETURN_IF_ERROR(Copy(xs, &x));
     }
   }
-  if (use_cutlass_) return GroupedSwiGluCutlass(x, expert_offsets, weights, y, rows_bound);
+  if (use_cutlass_) return GroupedSwiGluCutlass(x, expert_offsets, weights, y);
   return GroupedSwiGluCublas(x, expert_offsets, gate_up, down, inter, y);
 }
 
@@ -328,52 +317,12 @@ absl::Status CudaBackend::GroupedSwiGluCounted(const Tensor& xs, const Tensor& r
                                                const Tensor& expert_offsets,
                                                const std::vector<const Tensor*>& gate_up,
                                                const std::vector<const Tensor*>& down, Tensor* y) {
-  // The cuBLAS path sizes its GEMMs on the host: the default reads the count.
+  // The cuBLAS path sizes its GEMMs on the host: the default reads the count. The CUTLASS
+  // path's GEMMs take it from the offsets on the device (the entries past it are in no
+  // group); its gather and SiLU run over the capacity.
   if (!use_cutlass_)
     return Backend::GroupedSwiGluCounted(xs, rows, expert_offsets, gate_up, down, y);
-  DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU (counted)", rows, DType::kI32, "rows"));
-  const int64_t capacity = rows.num_elements(), hidden = xs.row_size();
-  const int64_t num_experts = expert_offsets.num_elements() - 1;
-  // Up to kGemvMaxPairs entries GroupedSwiGlu's decode-sized path takes the count from the
-  // offsets itself; so does the GEMM path where the other does not apply.
-  const bool gemv_applies = use_counted_gemv_ && hidden % 8 == 0 && y->dtype() != DType::kF16 &&
-                            (xs.dtype() == DType::kBF16 || xs.dtype() == DType::kF32) &&
-                            Aligned16(xs.raw());
-  if (capacity <= cuda::kGemvMaxPairs || !gemv_applies || num_experts < 1 ||
-      expert_offsets.dtype() != DType::kI32 || y->rows() != capacity) {
-    return GroupedSwiGlu(xs, &rows, expert_offsets, gate_up, down, y);
-  }
-  DXS_ASSIGN_OR_RETURN(const ExpertWeightSet weights, ExpertWeights(gate_up, down, hidden));
-  if (weights.inter < 0) {
-    return absl::FailedPreconditionError("grouped SwiGLU: no expert weights here");
-  }
-  if (weights.inter % 8 != 0 || y->row_size() != hidden) {
-    return GroupedSwiGlu(xs, &rows, expert_offsets, gate_up, down, y);
-  }
-  DXS_RETURN_IF_ERROR(Enter("grouped SwiGLU (counted)"));
-  // Both paths, each doing nothing unless the device's count is its own: the decode-sized
-  // kernels over the listed non-empty experts (none when there are more pairs than they
-  // take), and the GEMM path over the capacity with offsets that are all zero when there
-  // are not. The list and the masked offsets come first, from one small kernel.
-  DXS_ASSIGN_OR_RETURN(Tensor above, Allocate({2 * (num_experts + 1)}, DType::kI32));
-  int32_t* masked = above.i32();
-  int32_t* runs = masked + num_experts + 1;
-  DXS_RETURN_IF_ERROR(
-      CudaStatus(cuda::LaunchOffsetsAbove(expert_offsets.i32(), num_experts, cuda::kGemvMaxPairs,
-                                          masked, runs, stream_),
-                 "grouped SwiGLU (counted, offsets)"));
-  DXS_ASSIGN_OR_RETURN(Tensor act, Allocate({cuda::kGemvMaxPairs, weights.inter}, DType::kBF16));
-  DXS_RETURN_IF_ERROR(CudaStatus(
-      cuda::LaunchMoeSwiGluGemv(xs.raw(), ToElemType(xs.dtype()), xs.rows(), rows.i32(),
-                                cuda::kGemvMaxPairs, expert_offsets.i32(), num_experts,
-                                reinterpret_cast<const void* const*>(weights.pointers.raw()),
-                                hidden, weights.inter, act.raw(), y->raw(), ToElemType(y->dtype()),
-                                stream_, runs),
-      "grouped SwiGLU (counted, gemv)"));
-  // The GEMM path's gather and SiLU stop at the masked count too (zero rows when the
-  // decode-sized path took the pairs).
-  const Tensor masked_offsets = above.Rows(0, num_experts + 1);
-  return GroupedSwiGluBounded(xs, &rows, masked_offsets, gate_up, down, y, masked + num_experts);
+  return GroupedSwiGlu(xs, &rows, expert_offsets, gate_up, down, y);
 }
 
 absl::StatusOr<CudaBackend::ExpertWeightSet> CudaBackend::ExpertWeights(
@@ -415,8 +364,7 @@ absl::StatusOr<CudaBackend::ExpertWeightSet> CudaBackend::ExpertWeights(
 }
 
 absl::Status CudaBackend::GroupedSwiGluCutlass(const Tensor& x, const Tensor& expert_offsets,
-                                               const ExpertWeightSet& weights, Tensor* y,
-                                               const int32_t* rows_bound) {
+                                               const ExpertWeightSet& weights, Tensor* y) {
   const int64_t num_experts = weights.pointers.num_elements() / 2, inter = weights.inter;
   const int64_t hidden = x.row_size(), num_rows = x.rows();
   const auto* ptrs = reinterpret_cast<const __nv_bfloat16* const*>(weights.pointers.raw());
@@ -437,7 +385,7 @@ absl::Status CudaBackend::GroupedSwiGluCutlass(const Tensor& x, const Tensor& ex
                  "grouped SwiGLU: gate_up"));
   DXS_RETURN_IF_ERROR(
       CudaStatus(cuda::LaunchSiluMulPacked(gu.raw(), cuda::ElemType::kBF16, num_rows, inter,
-                                           h.raw(), cuda::ElemType::kBF16, stream_, rows_bound),
+                                           h.raw(), cuda::ElemType::kBF16, stream_),
                  "grouped SwiGLU: silu mul"));
   return CudaStatus(
       cuda::LaunchGroupedGemmBf16(static_cast<const __nv_bfloat16*>(h.raw()), off,

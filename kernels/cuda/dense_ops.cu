@@ -45,11 +45,6 @@ __device__ __forceinline__ int64_t GlobalThread() {
 __device__ __forceinline__ int64_t GridThreads() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
-// n, or fewer where a device count bounds it (a low-latency round's pairs in a capacity);
-// a negative count is none.
-__device__ __forceinline__ int64_t Bounded(int64_t n, const int32_t* bound) {
-  return bound == nullptr ? n : min(n, static_cast<int64_t>(max(*bound, 0)));
-}
 
 // The same value in every lane: a butterfly of commutative adds, fixed order.
 __device__ __forceinline__ float WarpSum(float v) {
@@ -351,10 +346,8 @@ __global__ void SiluMulKernel(const G* gate, const U* up, O* out, int64_t n) {
 // first. kVec consecutive elements a thread (16-byte loads and stores of bf16 when inter
 // allows), so the pass runs at copy speed.
 template <typename T, typename O, int kVec>
-__global__ void SiluMulPackedKernel(const T* gu, O* out, int64_t rows, int64_t inter,
-                                    const int32_t* rows_bound) {
+__global__ void SiluMulPackedKernel(const T* gu, O* out, int64_t rows, int64_t inter) {
   PdlWait();
-  rows = Bounded(rows, rows_bound);
   const int64_t chunks = inter / kVec, total = rows * chunks;
   for (int64_t idx = GlobalThread(); idx < total; idx += GridThreads()) {
     const int64_t r = idx / chunks, j = (idx - r * chunks) * kVec;
@@ -395,9 +388,8 @@ __device__ __forceinline__ bool RowInRange(int32_t r, int64_t src_rows) {
 __global__ void __launch_bounds__(kThreads)
     GatherRowsVecKernel(const uint4* __restrict__ src, int64_t src_rows,
                         const int32_t* __restrict__ rows, int64_t n, int64_t units,
-                        uint4* __restrict__ dst, const int32_t* n_bound) {
+                        uint4* __restrict__ dst) {
   PdlWait();
-  n = Bounded(n, n_bound);
   const int lane = threadIdx.x % kWarpSize;
   const int64_t num_warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
@@ -418,9 +410,8 @@ template <typename Src, typename Dst>
 __global__ void __launch_bounds__(kThreads)
     GatherRowsWarpKernel(const Src* __restrict__ src, int64_t src_rows,
                          const int32_t* __restrict__ rows, int64_t n, int64_t cols,
-                         Dst* __restrict__ dst, const int32_t* n_bound) {
+                         Dst* __restrict__ dst) {
   PdlWait();
-  n = Bounded(n, n_bound);
   const int lane = threadIdx.x % kWarpSize;
   const int64_t num_warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
@@ -440,9 +431,8 @@ __global__ void __launch_bounds__(kThreads)
 template <typename Src, typename Dst>
 __global__ void GatherRowsFlatKernel(const Src* __restrict__ src, int64_t src_rows,
                                      const int32_t* __restrict__ rows, int64_t n, int64_t cols,
-                                     Dst* __restrict__ dst, const int32_t* n_bound) {
+                                     Dst* __restrict__ dst) {
   PdlWait();
-  n = Bounded(n, n_bound);
   const int64_t total = n * cols;
   for (int64_t idx = GlobalThread(); idx < total; idx += GridThreads()) {
     const int64_t i = idx / cols, j = idx - i * cols;
@@ -455,8 +445,7 @@ __global__ void GatherRowsFlatKernel(const Src* __restrict__ src, int64_t src_ro
 
 cudaError_t GatherRowsImpl(const void* src, ElemType src_type, int64_t src_rows,
                            const int32_t* rows, int64_t n, int64_t cols, void* dst,
-                           ElemType dst_type, cudaStream_t stream,
-                           const int32_t* n_bound = nullptr) {
+                           ElemType dst_type, cudaStream_t stream) {
   if (!IsKnown(src_type) || !IsKnown(dst_type) || src_rows < 0 || n < 0 || cols < 0) {
     return cudaErrorInvalidValue;
   }
@@ -471,7 +460,7 @@ cudaError_t GatherRowsImpl(const void* src, ElemType src_type, int64_t src_rows,
   if (src_type == dst_type && row_bytes % 16 == 0 && Aligned16(src) && Aligned16(dst)) {
     LaunchKernel(GatherRowsVecKernel, GridBlocks(n, kWarpsPerBlock), kThreads, 0, stream,
                  static_cast<const uint4*>(src), src_rows, rows, n,
-                 static_cast<int64_t>(row_bytes / 16), static_cast<uint4*>(dst), n_bound);
+                 static_cast<int64_t>(row_bytes / 16), static_cast<uint4*>(dst));
     return cudaGetLastError();
   }
   return DispatchConversion(src_type, dst_type, [&](auto s, auto d) {
@@ -481,10 +470,10 @@ cudaError_t GatherRowsImpl(const void* src, ElemType src_type, int64_t src_rows,
     Dst* out = static_cast<Dst*>(dst);
     if (cols < kWarpSize) {
       LaunchKernel(GatherRowsFlatKernel<Src, Dst>, GridBlocks(n * cols, kThreads), kThreads, 0,
-                   stream, in, src_rows, rows, n, cols, out, n_bound);
+                   stream, in, src_rows, rows, n, cols, out);
     } else {
       LaunchKernel(GatherRowsWarpKernel<Src, Dst>, GridBlocks(n, kWarpsPerBlock), kThreads, 0,
-                   stream, in, src_rows, rows, n, cols, out, n_bound);
+                   stream, in, src_rows, rows, n, cols, out);
     }
     return cudaGetLastError();
   });
@@ -743,8 +732,7 @@ cudaError_t LaunchSiluMul(const void* gate, ElemType gate_type, const void* up, 
 }
 
 cudaError_t LaunchSiluMulPacked(const void* gate_up, ElemType in_type, int64_t rows, int64_t inter,
-                                void* out, ElemType out_type, cudaStream_t stream,
-                                const int32_t* rows_bound) {
+                                void* out, ElemType out_type, cudaStream_t stream) {
   if (!IsFloating(in_type) || !IsFloating(out_type) || rows < 0 || inter < 0) {
     return cudaErrorInvalidValue;
   }
@@ -760,10 +748,10 @@ cudaError_t LaunchSiluMulPacked(const void* gate_up, ElemType in_type, int64_t r
           reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(o) % 16 == 0;
       if (sizeof(T) == 2 && sizeof(O) == 2 && inter % 8 == 0 && aligned) {
         LaunchKernel(SiluMulPackedKernel<T, O, 8>, GridBlocks(rows * inter / 8, kThreads), kThreads,
-                     0, stream, in, o, rows, inter, rows_bound);
+                     0, stream, in, o, rows, inter);
       } else {
         LaunchKernel(SiluMulPackedKernel<T, O, 1>, GridBlocks(rows * inter, kThreads), kThreads, 0,
-                     stream, in, o, rows, inter, rows_bound);
+                     stream, in, o, rows, inter);
       }
       return cudaGetLastError();
     });
@@ -788,8 +776,8 @@ cudaError_t LaunchAdd(const void* x, ElemType x_type, void* inout, ElemType inou
 
 cudaError_t LaunchGatherRows(const void* src, ElemType src_type, int64_t src_rows,
                              const int32_t* rows, int64_t n, int64_t cols, void* dst,
-                             ElemType dst_type, cudaStream_t stream, const int32_t* n_bound) {
-  return GatherRowsImpl(src, src_type, src_rows, rows, n, cols, dst, dst_type, stream, n_bound);
+                             ElemType dst_type, cudaStream_t stream) {
+  return GatherRowsImpl(src, src_type, src_rows, rows, n, cols, dst, dst_type, stream);
 }
 
 }  // namespace dxs::cuda

@@ -50,9 +50,6 @@ constexpr int kChunk = 8;     // elements a lane loads at once (16 bytes of bf16
 // registers then fit a whole grid in one wave).
 constexpr int kRunPairs = 4;
 constexpr int64_t kSinglePairRunsUpTo = 16;  // pairs
-// Block rows of a launch over a run list (LaunchMoeSwiGluGemv counted on the device): at
-// most that many experts' runs at once, each row taking the listed runs in turn.
-constexpr int64_t kCountedRunRows = 16;
 
 // The 8 bf16 of 16 bytes, widened.
 __device__ __forceinline__ void WidenBf16x8(const uint4& raw, float out[kChunk]) {
@@ -230,14 +227,34 @@ __device__ __forceinline__ float RoundBf16(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
 
-// act[p + j, i] for the run of `run` pairs from p (one expert's: weights w, null for
-// zeros), features of this block's warps. Pair q's row of xs is rows[q], or q /
-// pairs_per_row without rows.
+// act[p, i] for the run of pair blockIdx.y, features of this block's warps. Pair p's row of
+// xs is rows[p], or p / pairs_per_row without rows. Sorted pairs come with offsets; unsorted
+// ones (experts given) are each their own run, and counts (if given) gets +1 per pair.
 template <typename TX, int kRunPairs>
-__device__ __forceinline__ void GateUpRun(const TX* __restrict__ xs, int x_rows,
-                                          const int32_t* __restrict__ rows, int pairs_per_row,
-                                          int p, int run, const __nv_bfloat16* w, int hidden,
-                                          int inter, __nv_bfloat16* __restrict__ act) {
+__global__ void __launch_bounds__(kWarps * 32)
+    MoeGateUpKernel(const TX* __restrict__ xs, int x_rows, const int32_t* __restrict__ rows,
+                    int pairs_per_row, const int32_t* __restrict__ offsets,
+                    const int32_t* __restrict__ experts, int num_experts,
+                    const __nv_bfloat16* const* __restrict__ gate_up, int hidden, int inter,
+                    __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ counts) {
+  PdlWait();
+  const int p = blockIdx.y;
+  int e, run = 1;
+  const __nv_bfloat16* w = nullptr;
+  if (experts != nullptr) {
+    // Unsorted pairs (LaunchRoutedSwiGluGemv): each its own run; an expert outside [0, E)
+    // computes zeros and is not counted.
+    e = __ldg(experts + p);
+    if (e >= 0 && e < num_experts) {
+      w = gate_up[e];
+      if (counts != nullptr && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(counts + e, 1ull);
+    }
+  } else {
+    e = ExpertOfPair(offsets, num_experts, p);
+    if (__ldg(offsets + e) != p) return;  // the run's first pair's block does the run
+    run = __ldg(offsets + e + 1) - p;
+    w = gate_up[e];
+  }
   const int lane = threadIdx.x % 32;
   const int feature0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kFeatures;
   if (feature0 >= inter) return;
@@ -297,57 +314,21 @@ __device__ __forceinline__ void GateUpRun(const TX* __restrict__ xs, int x_rows,
   }
 }
 
-// act for the run of pair blockIdx.y. Sorted pairs come with offsets; unsorted ones
-// (experts given) are each their own run, and counts (if given) gets +1 per pair. runs
-// (sorted pairs counted on the device; LaunchOffsetsAbove's list): the block rows take the
-// listed runs in turn, none when the list is empty.
-template <typename TX, int kRunPairs>
-__global__ void __launch_bounds__(kWarps * 32)
-    MoeGateUpKernel(const TX* __restrict__ xs, int x_rows, const int32_t* __restrict__ rows,
-                    int pairs_per_row, const int32_t* __restrict__ offsets,
-                    const int32_t* __restrict__ experts, int num_experts,
-                    const __nv_bfloat16* const* __restrict__ gate_up, int hidden, int inter,
-                    __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ counts,
-                    const int32_t* __restrict__ runs) {
-  PdlWait();
-  if (runs != nullptr) {
-    const int listed = __ldg(runs);
-    for (int k = static_cast<int>(blockIdx.y); k < listed; k += static_cast<int>(gridDim.y)) {
-      const int e = __ldg(runs + 1 + k), p = __ldg(offsets + e);
-      GateUpRun<TX, kRunPairs>(xs, x_rows, rows, pairs_per_row, p, __ldg(offsets + e + 1) - p,
-                               gate_up[e], hidden, inter, act);
-    }
-    return;
-  }
-  const int p = blockIdx.y;
-  int e, run = 1;
-  const __nv_bfloat16* w = nullptr;
-  if (experts != nullptr) {
-    // Unsorted pairs (LaunchRoutedSwiGluGemv): each its own run; an expert outside [0, E)
-    // computes zeros and is not counted.
-    e = __ldg(experts + p);
-    if (e >= 0 && e < num_experts) {
-      w = gate_up[e];
-      if (counts != nullptr && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(counts + e, 1ull);
-    }
-  } else {
-    e = ExpertOfPair(offsets, num_experts, p);
-    if (__ldg(offsets + e) != p) return;  // the run's first pair's block does the run
-    run = __ldg(offsets + e + 1) - p;
-    w = gate_up[e];
-  }
-  GateUpRun<TX, kRunPairs>(xs, x_rows, rows, pairs_per_row, p, run, w, hidden, inter, act);
-}
-
-// y[p + j, n] for the run of `run` pairs from p (expert weights w), output rows of this
-// block's warps.
+// y[p, n] for the run of pair blockIdx.y, output rows of this block's warps.
 template <typename TY, int kRunPairs>
-__device__ __forceinline__ void DownRun(const __nv_bfloat16* __restrict__ act, int p, int run,
-                                        const __nv_bfloat16* w, int hidden, int inter,
-                                        TY* __restrict__ y) {
+__global__ void __launch_bounds__(kWarps * 32)
+    MoeDownKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ offsets,
+                  int num_experts, const __nv_bfloat16* const* __restrict__ down, int hidden,
+                  int inter, TY* __restrict__ y) {
+  PdlWait();
+  const int p = blockIdx.y;
+  const int e = ExpertOfPair(offsets, num_experts, p);
+  if (__ldg(offsets + e) != p) return;
+  const int run = __ldg(offsets + e + 1) - p;
   const int lane = threadIdx.x % 32;
   const int feature0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kFeatures;
   if (feature0 >= hidden) return;
+  const __nv_bfloat16* w = down[e];
   for (int done = 0; done < run; done += kRunPairs) {
     const int pairs = min(kRunPairs, run - done);
     float acc[kFeatures][kRunPairs];
@@ -387,27 +368,6 @@ __device__ __forceinline__ void DownRun(const __nv_bfloat16* __restrict__ act, i
       }
     }
   }
-}
-
-// y for the run of pair blockIdx.y; runs as in MoeGateUpKernel.
-template <typename TY, int kRunPairs>
-__global__ void __launch_bounds__(kWarps * 32)
-    MoeDownKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ offsets,
-                  int num_experts, const __nv_bfloat16* const* __restrict__ down, int hidden,
-                  int inter, TY* __restrict__ y, const int32_t* __restrict__ runs) {
-  PdlWait();
-  if (runs != nullptr) {
-    const int listed = __ldg(runs);
-    for (int k = static_cast<int>(blockIdx.y); k < listed; k += static_cast<int>(gridDim.y)) {
-      const int e = __ldg(runs + 1 + k), p = __ldg(offsets + e);
-      DownRun<TY, kRunPairs>(act, p, __ldg(offsets + e + 1) - p, down[e], hidden, inter, y);
-    }
-    return;
-  }
-  const int p = blockIdx.y;
-  const int e = ExpertOfPair(offsets, num_experts, p);
-  if (__ldg(offsets + e) != p) return;
-  DownRun<TY, kRunPairs>(act, p, __ldg(offsets + e + 1) - p, down[e], hidden, inter, y);
 }
 
 // ---- the MoE FFN of a few tokens from their routing, without the sort ----
@@ -669,8 +629,7 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
                                 const int32_t* rows, int64_t num_pairs,
                                 const int32_t* expert_offsets, int64_t num_experts,
                                 const void* const* weights, int64_t hidden, int64_t inter,
-                                void* act, void* y, ElemType y_type, cudaStream_t stream,
-                                const int32_t* runs) {
+                                void* act, void* y, ElemType y_type, cudaStream_t stream) {
   if (num_pairs < 0 || num_pairs > kGemvMaxPairs || num_experts < 1 || hidden <= 0 || inter <= 0 ||
       hidden % kChunk != 0 || inter % kChunk != 0 || hidden > INT32_MAX || inter > INT32_MAX ||
       num_experts > INT32_MAX || x_rows < 0 ||
@@ -690,37 +649,30 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
   const int e = static_cast<int>(num_experts), h = static_cast<int>(hidden),
             i = static_cast<int>(inter);
   const int xr = static_cast<int>(std::min<int64_t>(x_rows, INT32_MAX));
-  // With a run list, kCountedRunRows block rows take the listed runs in turn: a grid that
-  // does not grow with the capacity (most of whose entries are no pair).
-  const unsigned grid_rows =
-      static_cast<unsigned>(runs != nullptr ? std::min(num_pairs, kCountedRunRows) : num_pairs);
-  const dim3 gate_grid(FeatureBlocks(inter), grid_rows);
-  const dim3 down_grid(FeatureBlocks(hidden), grid_rows);
+  const dim3 gate_grid(FeatureBlocks(inter), static_cast<unsigned>(num_pairs));
+  const dim3 down_grid(FeatureBlocks(hidden), static_cast<unsigned>(num_pairs));
   auto launch = [&](auto run_pairs) {
     constexpr int kRun = decltype(run_pairs)::value;
     if (x_type == ElemType::kF32) {
       LaunchKernel(MoeGateUpKernel<float, kRun>, gate_grid, kWarps * 32, 0, stream,
                    static_cast<const float*>(xs), xr, rows, 1, expert_offsets, nullptr, e, gate_up,
-                   h, i, a, nullptr, runs);
+                   h, i, a, nullptr);
     } else {
       LaunchKernel(MoeGateUpKernel<__nv_bfloat16, kRun>, gate_grid, kWarps * 32, 0, stream,
                    static_cast<const __nv_bfloat16*>(xs), xr, rows, 1, expert_offsets, nullptr, e,
-                   gate_up, h, i, a, nullptr, runs);
+                   gate_up, h, i, a, nullptr);
     }
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     if (y_type == ElemType::kF32) {
       LaunchKernel(MoeDownKernel<float, kRun>, down_grid, kWarps * 32, 0, stream, a, expert_offsets,
-                   e, down, h, i, static_cast<float*>(y), runs);
+                   e, down, h, i, static_cast<float*>(y));
     } else {
       LaunchKernel(MoeDownKernel<__nv_bfloat16, kRun>, down_grid, kWarps * 32, 0, stream, a,
-                   expert_offsets, e, down, h, i, static_cast<__nv_bfloat16*>(y), runs);
+                   expert_offsets, e, down, h, i, static_cast<__nv_bfloat16*>(y));
     }
     return cudaGetLastError();
   };
-  // Counted on the device: runs of several pairs may come (up to num_pairs of them).
-  if (num_pairs <= kSinglePairRunsUpTo && runs == nullptr) {
-    return launch(std::integral_constant<int, 1>{});
-  }
+  if (num_pairs <= kSinglePairRunsUpTo) return launch(std::integral_constant<int, 1>{});
   return launch(std::integral_constant<int, kRunPairs>{});
 }
 
@@ -753,11 +705,11 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
   if (x_type == ElemType::kF32) {
     LaunchKernel(MoeGateUpKernel<float, 1>, gate_grid, kWarps * 32, 0, stream,
                  static_cast<const float*>(xs), xr, nullptr, k, nullptr, ids, e, gate_up, h, i, a,
-                 c, nullptr);
+                 c);
   } else {
     LaunchKernel(MoeGateUpKernel<__nv_bfloat16, 1>, gate_grid, kWarps * 32, 0, stream,
                  static_cast<const __nv_bfloat16*>(xs), xr, nullptr, k, nullptr, ids, e, gate_up, h,
-                 i, a, c, nullptr);
+                 i, a, c);
   }
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   const dim3 sum_grid(static_cast<unsigned>((hidden + kDownSumFeatures - 1) / kDownSumFeatures),

@@ -617,32 +617,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// LaunchOffsetsAbove: one block over the num_experts + 1 offsets; the list of non-empty
-// experts by a block scan over chunks of kThreads experts.
-__global__ void __launch_bounds__(kThreads)
-    OffsetsAboveKernel(const int32_t* __restrict__ offsets, int32_t num_experts, int64_t limit,
-                       int32_t* __restrict__ masked, int32_t* __restrict__ runs) {
-  PdlWait();
-  using Scan = cub::BlockScan<int32_t, kThreads>;
-  __shared__ typename Scan::TempStorage scan;
-  const bool gemv_takes = offsets[num_experts] <= limit;
-  for (int32_t e = static_cast<int32_t>(threadIdx.x); e <= num_experts; e += kThreads) {
-    masked[e] = gemv_takes ? 0 : offsets[e];
-  }
-  if (runs == nullptr) return;
-  int32_t listed = 0;
-  for (int32_t base = 0; base < num_experts; base += kThreads) {
-    const int32_t e = base + static_cast<int32_t>(threadIdx.x);
-    const int32_t flag = gemv_takes && e < num_experts && offsets[e + 1] > offsets[e] ? 1 : 0;
-    int32_t at = 0, chunk = 0;
-    Scan(scan).ExclusiveSum(flag, at, chunk);
-    if (flag != 0) runs[1 + listed + at] = e;
-    listed += chunk;
-    __syncthreads();  // the scan's storage is reused by the next chunk
-  }
-  if (threadIdx.x == 0) runs[0] = listed;
-}
-
 }  // namespace
 
 // ---- Workspace sizes ----
@@ -757,16 +731,6 @@ cudaError_t LaunchSortPairsByExpert(const int32_t* experts, int64_t n, int64_t n
     if (payloads.in[j] == nullptr || payloads.out[j] == nullptr) return cudaErrorInvalidValue;
   }
   return SortByKey(experts, s, w, order, expert_offsets, payloads, stream);
-}
-
-cudaError_t LaunchOffsetsAbove(const int32_t* offsets, int64_t num_experts, int64_t limit,
-                               int32_t* masked, int32_t* runs, cudaStream_t stream) {
-  if (num_experts < 0 || num_experts >= INT_MAX || offsets == nullptr || masked == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  LaunchKernel(OffsetsAboveKernel, 1, kThreads, 0, stream, offsets,
-               static_cast<int32_t>(num_experts), limit, masked, runs);
-  return cudaGetLastError();
 }
 
 cudaError_t LaunchCombineRows(const void* recv, ElemType recv_type, const int32_t* token_rows,

@@ -53,16 +53,11 @@ cudaError_t LaunchGemvsBf16(const void* x, ElemType x_type, int64_t m, int64_t k
 // hidden]; row p when rows is null), weights[e] / weights[E + e] expert e's bf16 gate_up
 // [2 * inter, hidden] / down [hidden, inter] (null: zeros). act is bf16 scratch [num_pairs,
 // inter]; y [num_pairs, hidden] f32 or bf16. hidden and inter multiples of 8.
-// runs (counted on the device; may be null): LaunchOffsetsAbove's list of the non-empty
-// experts (runs[0] of them, then their ids): only their runs are computed, by a grid that
-// does not grow with num_pairs (a capacity, most of whose entries are no pair); an empty
-// list (more pairs than the decode-sized path takes) computes nothing.
 cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
                                 const int32_t* rows, int64_t num_pairs,
                                 const int32_t* expert_offsets, int64_t num_experts,
                                 const void* const* weights, int64_t hidden, int64_t inter,
-                                void* act, void* y, ElemType y_type, cudaStream_t stream,
-                                const int32_t* runs = nullptr);
+                                void* act, void* y, ElemType y_type, cudaStream_t stream);
 
 // The MoE FFN of `tokens` tokens from their routing, without sorting the pairs: out[t]
 // (f32 or bf16 [tokens, hidden]) = the sum over the token's top_k pairs (ids i32 and scales
@@ -133,21 +128,17 @@ cudaError_t LaunchSiluMul(const void* gate, ElemType gate_type, const void* up, 
                           void* out, ElemType out_type, int64_t n, cudaStream_t stream);
 // out[r, j] = silu(gate_up[r, j]) * gate_up[r, inter + j] for r < rows, j < inter:
 // gate_up [rows, 2 * inter] (the gate half first, the grouped FFN's packed projections),
-// out [rows, inter], both packed. rows_bound (a device count, may be null): only the first
-// min(rows, *rows_bound) rows.
+// out [rows, inter], both packed.
 cudaError_t LaunchSiluMulPacked(const void* gate_up, ElemType in_type, int64_t rows, int64_t inter,
-                                void* out, ElemType out_type, cudaStream_t stream,
-                                const int32_t* rows_bound = nullptr);
+                                void* out, ElemType out_type, cudaStream_t stream);
 // inout += x, elementwise over n.
 cudaError_t LaunchAdd(const void* x, ElemType x_type, void* inout, ElemType inout_type, int64_t n,
                       cudaStream_t stream);
 // dst[i] = src[rows[i]] for i < n, rows of `cols` elements, converting floating types (or
-// copying equal index types). Rows outside [0, src_rows) give a zero row. n_bound (a device
-// count, may be null): only i < min(n, *n_bound).
+// copying equal index types). Rows outside [0, src_rows) give a zero row.
 cudaError_t LaunchGatherRows(const void* src, ElemType src_type, int64_t src_rows,
                              const int32_t* rows, int64_t n, int64_t cols, void* dst,
-                             ElemType dst_type, cudaStream_t stream,
-                             const int32_t* n_bound = nullptr);
+                             ElemType dst_type, cudaStream_t stream);
 
 // ---- attention.cu ----
 
@@ -248,13 +239,6 @@ cudaError_t LaunchSortPairsByExpert(const int32_t* experts, int64_t n, int64_t n
                                     int32_t* order, int32_t* expert_offsets, void* workspace,
                                     size_t workspace_bytes, cudaStream_t stream,
                                     const SortPayloads& payloads = {});
-// Which path takes pairs counted on the device (offsets [num_experts + 1]): up to `limit`
-// pairs the decode-sized one, past that the grouped GEMM. masked [num_experts + 1] = all
-// zero in the first case, else offsets (the GEMM's offsets); runs [num_experts + 1] (may
-// be null) = in the first case the number of non-empty experts, then their ids ascending
-// (LaunchMoeSwiGluGemv's list), else 0. One block.
-cudaError_t LaunchOffsetsAbove(const int32_t* offsets, int64_t num_experts, int64_t limit,
-                               int32_t* masked, int32_t* runs, cudaStream_t stream);
 // The combine: out[t] = sum in ascending rank order of recv[i] over the i in rank r's range
 // [rank_offsets[r], rank_offsets[r + 1]) with token_rows[i] == t (each rank's token_rows
 // ascend); zero where no rank has t. rank_offsets is a device array of num_ranks + 1.

@@ -942,10 +942,8 @@ TEST_F(CudaBackendTest, ScaleSumRowsIsZerosThenScaleAddRows) {
 
 // GroupedSwiGluCounted: a capacity of entries of which the device's offsets count the pairs
 // (a low-latency round's: the pairs sorted first, the entries of no pair after
-// offsets[E]). Whichever path the count picks on the device (decode-sized up to
-// cuda::kGemvMaxPairs pairs, the grouped GEMM past that), the pairs' rows are GroupedSwiGlu's
-// over the count and the CPU's within bf16 rounding, and the entries past the count are
-// neither read nor written.
+// offsets[E]). Whatever the count, the pairs' rows are GroupedSwiGlu's over the count and
+// the CPU's within bf16 rounding, and the rows past the count are not written.
 TEST_F(CudaBackendTest, GroupedSwiGluCountedTakesTheCountOnTheDevice) {
   Backend* gpu = gpu_.get();
   const int64_t experts = 32, hidden = 2048, inter = 768, capacity = 1024, x_rows = 128;
