@@ -80,9 +80,11 @@ using bench::Die;
 using bench::ExchangeInputs;
 using bench::Must;
 using bench::ReadAll;
+using bench::ReadString;
 using bench::Stats;
 using bench::StatsOf;
 using bench::WriteAll;
+using bench::WriteString;
 
 constexpr int kNumExperts = 128;
 constexpr int kTopK = 8;
@@ -139,20 +141,6 @@ struct Reply {
   double error = 0;
 };
 
-void WriteString(int fd, const std::string& s) {
-  const uint64_t n = s.size();
-  WriteAll(fd, &n, sizeof(n));
-  if (n > 0) WriteAll(fd, s.data(), n);
-}
-
-std::string ReadString(int fd) {
-  uint64_t n = 0;
-  ReadAll(fd, &n, sizeof(n));
-  std::string s(n, '\0');
-  if (n > 0) ReadAll(fd, s.data(), n);
-  return s;
-}
-
 void WriteReply(int fd, const Reply& r) {
   const int64_t n = static_cast<int64_t>(r.us.size());
   WriteAll(fd, &n, sizeof(n));
@@ -208,9 +196,9 @@ class Rank {
       error = std::string(backend.status().message());
     } else if (!transport.ok()) {
       error = std::string(transport.status().message());
-    } else if (!(*transport).transport->SupportsMemory(memory())) {
+    } else if (!transport->transport->SupportsMemory(TransportMemoryOf(**backend))) {
       error = absl::StrCat("the ", opts_.transport, " transport cannot move ",
-                           memory() == MemoryType::kDevice ? "device" : "host",
+                           (*backend)->device() == Device::kCpu ? "host" : "device",
                            " memory here (UCX without its CUDA transports?)");
     }
     if (!error.empty()) {
@@ -235,8 +223,8 @@ class Rank {
     Setup();
     WriteString(write_fd_, "ready");
     if (opts_.is_dp(rank_)) {
-      // The rows this rank sends each EP rank in each row of the table: the EP ranks size
-      // the baseline's receives by them (the coordinator hands them on).
+      // The rows this rank sends each EP rank in each row of the table: the coordinator
+      // hands them to both ends of each baseline round.
       for (const ExchangeInputs& in : inputs_) {
         for (int64_t tokens : opts_.tokens) {
           const std::vector<int64_t> rows =
@@ -261,8 +249,11 @@ class Rank {
   }
 
  private:
-  MemoryType memory() const {
-    return opts_.device == "cpu" ? MemoryType::kHost : MemoryType::kDevice;
+  MemoryType memory() const { return TransportMemoryOf(*backend_); }
+  std::vector<int64_t> ReadCounts(int n) {
+    std::vector<int64_t> counts(static_cast<size_t>(n));
+    ReadAll(read_fd_, counts.data(), counts.size() * sizeof(int64_t));
+    return counts;
   }
   std::vector<int> Peers(bool dp) const {
     std::vector<int> peers;
@@ -331,8 +322,9 @@ class Rank {
       reply.error = tokens > 0 ? bench::MaxRelativeError(backend_.get(), in, tokens) : 0;
       return reply;
     }
-    // xfer: this rank's rows for each EP rank out of x, each EP rank's back into a slice.
-    const std::vector<int64_t> rows = RowsPerEpRank(in, tokens, opts_.ep);
+    // xfer: this rank's rows for each EP rank out of x, each EP rank's back into a slice;
+    // the counts (RowsPerEpRank's, from setup) come after the command.
+    const std::vector<int64_t> rows = ReadCounts(opts_.ep);
     const size_t row_bytes = static_cast<size_t>(in.hidden) * DTypeSize(kWire);
     std::vector<Transfer> sends, recvs;
     for (int e = 0; e < opts_.ep; ++e) {
@@ -367,8 +359,7 @@ class Rank {
       return reply;
     }
     // xfer: the DP ranks' row counts for this rank come after the command.
-    std::vector<int64_t> rows(static_cast<size_t>(opts_.dp));
-    ReadAll(read_fd_, rows.data(), rows.size() * sizeof(int64_t));
+    const std::vector<int64_t> rows = ReadCounts(opts_.dp);
     const size_t row_bytes =
         static_cast<size_t>(opts_.hidden[static_cast<size_t>(c.shape)]) * DTypeSize(kWire);
     std::vector<Transfer> recvs, sends;
@@ -426,12 +417,12 @@ std::string HardwareLine(const Options& opts) {
   return absl::StrCat(line, "; ", bench::GpuModel());
 }
 
-void PrintTable(const std::vector<Row>& rows, const Options& opts) {
+void PrintTable(const std::vector<Row>& rows, const Options& opts, const std::string& hardware) {
   std::printf(
       "exchange_ranks_bench: dxs dispatch+combine over %d DP x %d EP ranks (one process each), "
       "against the transport's grouped exchange of the same rows, same run\n",
       opts.dp, opts.ep);
-  std::printf("hardware: %s\n", HardwareLine(opts).c_str());
+  std::printf("hardware: %s\n", hardware.c_str());
   const std::string where =
       opts.device == "cpu" ? "the CPU" : absl::StrCat("GPUs ", absl::StrJoin(opts.gpus, ","));
   std::printf(
@@ -484,23 +475,23 @@ int Coordinate(const Options& opts, const std::vector<Pipes>& pipes) {
     for (const std::string& a : addresses) WriteString(pipes[r].to_rank, a);
     WriteString(pipes[r].to_rank, nccl_id);
   }
-  // xfer_rows[shape][tokens index][EP rank][DP rank]: what the EP ranks' baseline receives.
+  // xfer_rows[shape][tokens index][DP rank][EP rank]: the rows the baseline moves.
   const size_t num_shapes = opts.hidden.size(), num_tokens = opts.tokens.size();
   std::vector<std::vector<std::vector<std::vector<int64_t>>>> xfer_rows(
       num_shapes, std::vector<std::vector<std::vector<int64_t>>>(
                       num_tokens, std::vector<std::vector<int64_t>>(
-                                      opts.ep, std::vector<int64_t>(opts.dp, 0))));
+                                      opts.dp, std::vector<int64_t>(opts.ep, 0))));
   for (int r = 0; r < world; ++r) {
     if (ReadString(pipes[r].from_rank) != "ready") Die("a rank did not start");
     if (!opts.is_dp(r)) continue;
     for (size_t si = 0; si < num_shapes; ++si) {
       for (size_t ti = 0; ti < num_tokens; ++ti) {
-        std::vector<int64_t> rows(static_cast<size_t>(opts.ep));
+        std::vector<int64_t>& rows = xfer_rows[si][ti][r];
         ReadAll(pipes[r].from_rank, rows.data(), rows.size() * sizeof(int64_t));
-        for (int e = 0; e < opts.ep; ++e) xfer_rows[si][ti][e][r] = rows[e];
       }
     }
   }
+  const std::string hardware = HardwareLine(opts);
   std::ofstream json;
   if (!opts.json.empty()) {
     json.open(opts.json);
@@ -517,10 +508,16 @@ int Coordinate(const Options& opts, const std::vector<Pipes>& pipes) {
         const Command c = {method, static_cast<int32_t>(si), tokens, n};
         for (int r = 0; r < world; ++r) {
           WriteAll(pipes[r].to_rank, &c, sizeof(c));
-          if (method == Method::kXfer && !opts.is_dp(r)) {
-            const std::vector<int64_t>& rows = xfer_rows[si][ti][r - opts.dp];
-            WriteAll(pipes[r].to_rank, rows.data(), rows.size() * sizeof(int64_t));
+          if (method != Method::kXfer) continue;
+          // A DP rank's counts to each EP rank, or each DP rank's to an EP rank.
+          const auto& counts = xfer_rows[si][ti];
+          std::vector<int64_t> mine;
+          if (opts.is_dp(r)) {
+            mine = counts[r];
+          } else {
+            for (int d = 0; d < opts.dp; ++d) mine.push_back(counts[d][r - opts.dp]);
           }
+          WriteAll(pipes[r].to_rank, mine.data(), mine.size() * sizeof(int64_t));
         }
         std::vector<Reply> replies;
         for (int r = 0; r < world; ++r) replies.push_back(ReadReply(pipes[r].from_rank));
@@ -555,8 +552,8 @@ int Coordinate(const Options& opts, const std::vector<Pipes>& pipes) {
       Row row;
       row.hidden = opts.hidden[si];
       row.tokens = tokens;
-      for (const auto& per_ep : xfer_rows[si][ti]) {
-        for (int64_t rows : per_ep) row.row_bytes += rows * row.hidden * DTypeSize(kWire);
+      for (const auto& per_dp : xfer_rows[si][ti]) {
+        for (int64_t rows : per_dp) row.row_bytes += rows * row.hidden * DTypeSize(kWire);
       }
       row.reps = static_cast<int64_t>(round_us.size());
       row.dxs = StatsOf(round_us);
@@ -584,14 +581,14 @@ int Coordinate(const Options& opts, const std::vector<Pipes>& pipes) {
                             {"xfer_median_us", row.xfer.median},
                             {"xfer_p99_us", row.xfer.p99},
                             {"max_rel_error", max_error},
-                            {"hardware", HardwareLine(opts)}};
+                            {"hardware", hardware}};
         json << j.dump() << "\n" << std::flush;
       }
     }
   }
   const Command quit;
   for (int r = 0; r < world; ++r) WriteAll(pipes[r].to_rank, &quit, sizeof(quit));
-  PrintTable(table, opts);
+  PrintTable(table, opts, hardware);
   return 0;
 }
 

@@ -41,15 +41,23 @@ void ReadAll(int fd, void* data, size_t bytes) {
   }
 }
 
+void WriteString(int fd, const std::string& s) {
+  const uint64_t bytes = s.size();
+  WriteAll(fd, &bytes, sizeof(bytes));
+  if (bytes > 0) WriteAll(fd, s.data(), bytes);
+}
+
+std::string ReadString(int fd) {
+  uint64_t bytes = 0;
+  ReadAll(fd, &bytes, sizeof(bytes));
+  std::string s(bytes, '\0');
+  if (bytes > 0) ReadAll(fd, s.data(), bytes);
+  return s;
+}
+
 std::string TradeAddresses(int read_fd, int write_fd, const std::string& own) {
-  const uint64_t bytes = own.size();
-  WriteAll(write_fd, &bytes, sizeof(bytes));
-  WriteAll(write_fd, own.data(), own.size());
-  uint64_t peer_bytes = 0;
-  ReadAll(read_fd, &peer_bytes, sizeof(peer_bytes));
-  std::string peer(peer_bytes, '\0');
-  ReadAll(read_fd, peer.data(), peer.size());
-  return peer;
+  WriteString(write_fd, own);
+  return ReadString(read_fd);
 }
 
 void CheckUcs(ucs_status_t status, const char* what) {

@@ -35,7 +35,10 @@ void PinToCpu(int cpu);
 // Pipe helpers shared by the two-process benches.
 void WriteAll(int fd, const void* data, size_t bytes);
 void ReadAll(int fd, void* data, size_t bytes);
-// Sends `own` (length-prefixed) and returns the peer's.
+// A length-prefixed string over a pipe.
+void WriteString(int fd, const std::string& s);
+std::string ReadString(int fd);
+// Sends `own` (WriteString) and returns the peer's.
 std::string TradeAddresses(int read_fd, int write_fd, const std::string& own);
 
 // Dies naming `what` unless `status` is UCS_OK.
