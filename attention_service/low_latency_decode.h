@@ -69,6 +69,9 @@ class SwitchedMoeExecutor final : public MoeExecutor {
   absl::Status Combine(std::unique_ptr<MoeHandle> handle, Tensor* out) override {
     return current_->Combine(std::move(handle), out);
   }
+  bool StageBuffers(int micro, int64_t rows, DType dtype, Tensor* x, Tensor* out) override {
+    return current_->StageBuffers(micro, rows, dtype, x, out);
+  }
 
  private:
   MoeExecutor* host_driven_;

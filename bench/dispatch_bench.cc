@@ -15,7 +15,11 @@
 // bf16 wire x and out are bf16 host tensors (what a model computing in bf16 hands the
 // executor), the stand-in experts read and write bf16 rows, and nothing in the exchange
 // converts. A float32 model on a bf16 wire narrows x and widens out in the executor; that
-// costs two passes over the rows outside this figure.
+// costs two passes over the rows outside this figure. By default x and out are where the
+// model puts them, the executor's staged buffers (MoeExecutor::StageBuffers: on the
+// one-copy exchange the first bytes of its region, where the EP rank reads x and answers
+// into out in place); --in-out=own gives the executor tensors of the bench's own, which
+// the exchange copies into and out of its region.
 //
 // Baselines, in the same run, between the same two processes, for the exact byte counts
 // of each case (request = the dispatch message, answer = the combine message):
@@ -37,7 +41,7 @@
 // over pipes; the child answers each command with its page faults and CPU time.
 //
 // Usage: dispatch_bench [--quick] [--pin] [--shape=embedded|h2048] [--wire=f32|bf16]
-//                       [--tokens=N] [--exchange=mapped|copy]
+//                       [--tokens=N] [--exchange=mapped|copy] [--in-out=staged|own]
 //   --quick: fewer round trips, for a smoke run; --pin: the DP process on CPU 0 and the EP
 //   process on CPU 1 for every method (baselines too); --exchange: dxs's exchange, the
 //   one-copy exchange through a mapped region (the default) or every row through the
@@ -544,6 +548,7 @@ struct Options {
   int tokens = -1;     // -1: all
   bool pin = false;    // parent (DP rank) on CPU 0, child (EP rank) on CPU 1
   bool mapped = true;  // --exchange=mapped (the default) or copy: DispatchOptions::mapped_regions
+  bool staged = true;  // --in-out=staged (the default: MoeExecutor::StageBuffers) or own
 };
 
 // The raw ping-pong busy-polls in both processes, so unless something else runs, each
@@ -558,7 +563,14 @@ bool Contended(const Row& r) {
 
 int MaxTokens() { return kTokensPerDpRank[std::size(kTokensPerDpRank) - 1]; }
 
-void PrintTable(const std::vector<Row>& rows, const Budget& budget, const HostReference& host) {
+void PrintTable(const std::vector<Row>& rows, const Budget& budget, const HostReference& host,
+                const Options& opts) {
+  const std::string exchange = opts.mapped ? "one copy, through the DP rank's mapped region"
+                                           : "copy, every row through the transport";
+  const std::string in_out =
+      opts.staged ? "the executor's staged buffers (as the model; read and answered in place "
+                    "where the region is mapped)"
+                  : "the bench's own tensors";
   std::printf(
       "dispatch_bench: dxs dispatch+combine round trip against raw UCX and gRPC, same run\n");
   std::printf("hardware: %s, %ld cores, loopback, UCX %s (shared memory kept), gRPC %s\n",
@@ -571,6 +583,7 @@ void PrintTable(const std::vector<Row>& rows, const Budget& budget, const HostRe
       "time is measured on the EP rank each round (cmp_us) and is no part of the exchange\n"
       "activations: in the wire dtype on both sides (bf16 x and out on the bf16 wire, as the "
       "baselines' bytes are packed beforehand): the exchange converts nothing\n"
+      "exchange: %s; x and out: %s\n"
       "bytes: dispatch = %lld-byte dxs header + rows*hidden*dtype + 12*pairs; combine = header "
       "+ rows*hidden*dtype; raw, tport and gRPC move exactly these\n"
       "times: medians (us) of >= %lld runs after warm-up. dxs_us = full dxs round trip "
@@ -582,7 +595,8 @@ void PrintTable(const std::vector<Row>& rows, const Budget& budget, const HostRe
       "ratios and targets are on the exchange: raw%% = raw_us / xchg_us * 100 (dxs bandwidth "
       "as %% of raw); grpc/x = grpc_us / xchg_us; rt_raw%% = raw_us / dxs_us * 100, the full "
       "round trip's share, for reference\n\n",
-      static_cast<long long>(WireHeaderBytes()), static_cast<long long>(budget.min_reps));
+      exchange.c_str(), in_out.c_str(), static_cast<long long>(WireHeaderBytes()),
+      static_cast<long long>(budget.min_reps));
   std::printf("%-8s %-4s %6s %10s %10s %9s %8s %9s %9s %9s %10s %7s %7s %8s  %-8s %-8s %-9s\n",
               "shape", "wire", "tokens", "disp_B", "comb_B", "dxs_us", "cmp_us", "xchg_us",
               "raw_us", "tport_us", "grpc_us", "raw%", "rt_raw%", "grpc/x", ">=80%raw", ">=5xgrpc",
@@ -737,12 +751,19 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
               }
             }};
 
-        // dxs: the attention side's Run, the EP rank's ServeRound.
+        // dxs: the attention side's Run, the EP rank's ServeRound; x and out where the
+        // model would have them (the executor's staged buffers), or the bench's own.
+        Tensor x = in.x;
         Tensor out = AllocateHostTensor(dtype, {tokens, s.hidden});
+        Tensor staged_x, staged_out;
+        if (opts.staged && executor.StageBuffers(0, tokens, dtype, &staged_x, &staged_out)) {
+          std::memcpy(staged_x.raw(), in.x.raw(), in.x.num_bytes());
+          x = staged_x;
+          out = staged_out;
+        }
         Contender dxs_contender{serve(Method::kDxs, static_cast<int>(si)), served, [&] {
                                   executor.set_step(++step);
-                                  absl::Status status =
-                                      executor.Run(kLayer, in.x, ids, weights, &out);
+                                  absl::Status status = executor.Run(kLayer, x, ids, weights, &out);
                                   if (!status.ok()) Die("Run: " + status.ToString());
                                 }};
 
@@ -779,7 +800,7 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
   WriteAll(write_fd, &quit, sizeof(quit));
   raw.Close();
   if (rows.empty()) Die("no rows selected");
-  PrintTable(rows, budget, MeasureHost());
+  PrintTable(rows, budget, MeasureHost(), opts);
   return 0;
 }
 
@@ -803,10 +824,13 @@ Options ParseOptions(int argc, char** argv) {
     } else if (const char* v = value("--exchange")) {
       if (std::string(v) != "mapped" && std::string(v) != "copy") Die("--exchange=mapped|copy");
       opts.mapped = std::string(v) == "mapped";
+    } else if (const char* v = value("--in-out")) {
+      if (std::string(v) != "staged" && std::string(v) != "own") Die("--in-out=staged|own");
+      opts.staged = std::string(v) == "staged";
     } else {
       Die("unknown argument '" + arg +
           "'; usage: dispatch_bench [--quick] [--pin] [--shape=embedded|h2048] "
-          "[--wire=f32|bf16] [--tokens=N] [--exchange=mapped|copy]");
+          "[--wire=f32|bf16] [--tokens=N] [--exchange=mapped|copy] [--in-out=staged|own]");
     }
   }
   return opts;

@@ -70,6 +70,20 @@ class MoeExecutor {
     return done->status;
   }
 
+  // Where micro-batch `micro` may build its MoE input x and take its output out, both
+  // [rows, hidden] of `dtype`, so that the exchange moves none of their rows itself (DeepEP's
+  // zero-copy buffers). True, with *x and *out set, when the executor has such a place:
+  // RemoteMoeExecutor's one-copy exchange region, where the EP ranks read x and store
+  // their answers into out in place. False, touching nothing, when it has none; the caller
+  // then allocates them as usual. Handing Dispatch other tensors stays correct.
+  // Every call for `micro` hands out the same memory while it fits: the caller finishes
+  // with a layer's out before it writes the next layer's x, as the model's residual add
+  // does. The tensors stay valid memory while held, even after a later call moves the
+  // place elsewhere.
+  virtual bool StageBuffers(int micro, int64_t rows, DType dtype, Tensor* x, Tensor* out) {
+    return false;
+  }
+
  private:
   // The default Dispatch ran everything: the outcome is all Combine has to report.
   struct DoneHandle final : MoeHandle {

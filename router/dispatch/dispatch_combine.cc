@@ -59,6 +59,8 @@ void RemoteMoeExecutor::set_ep_peers(std::vector<int> peers) {
     grown->combines_in_target = counters_->combines_in_target.load();
     grown->combines_into_out = counters_->combines_into_out.load();
     grown->combines_mapped = counters_->combines_mapped.load();
+    grown->dispatches_from_staged_x = counters_->dispatches_from_staged_x.load();
+    grown->combines_into_staged_out = counters_->combines_into_staged_out.load();
     counters_ = std::move(grown);
   }
   if (peers.size() >= ep_peers_.size()) ep_peers_ = std::move(peers);
@@ -167,7 +169,6 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
       return absl::UnavailableError(absl::StrCat("dispatch to EP rank ", r, ": ", s.message()));
     }
   }
-  DXS_RETURN_IF_ERROR(PlaceInRegion(micro, total_rows, total_pairs, &h));
   int ranks_with_rows = 0;
   for (int r = 0; r < num_ranks; ++r) ranks_with_rows += h.num_tokens_per_rank[r] > 0 ? 1 : 0;
   // Combines land in the handle's receive tensor (reused while big enough), or straight in
@@ -175,6 +176,13 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   const int64_t n0 = ranks_with_rows == 1 ? total_rows : -1;
   h.single_rank_in_order = n0 > 0 && n0 == h.num_tokens && out != nullptr && out->defined() &&
                            out->num_elements() == n0 * hidden_;
+  DXS_RETURN_IF_ERROR(PlaceInRegion(micro, x, out, total_rows, total_pairs, &h));
+  h.takes_x.assign(num_ranks, false);
+  for (int r = 0; r < num_ranks; ++r) {
+    const int64_t n = h.num_tokens_per_rank[r];
+    h.takes_x[r] = n > 0 && n == h.num_tokens && x.dtype() == dtype &&
+                   x.num_elements() == n * hidden_ && (!h.in_region || h.x_in_region);
+  }
   h.into_out = !h.in_region && h.single_rank_in_order && out->dtype() == dtype;
   if (!h.in_region && !h.into_out &&
       (!h.recv_rows.defined() || h.recv_rows.rows() < total_rows || h.recv_rows.dtype() != dtype)) {
@@ -182,11 +190,11 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
                          backend_->Allocate({std::max<int64_t>(total_rows, 1), hidden_}, dtype));
   }
   // Pack: rows of ranks that do not take x as it is, gathered into the wire dtype (in a
-  // region, every rank's: the EP ranks read them there).
+  // region, every rank's but those reading the staged x: the EP ranks read them there).
   bool packed = false;
   for (int r = 0; r < num_ranks; ++r) {
     const int64_t n = h.num_tokens_per_rank[r];
-    if (n == 0 || (!h.in_region && n == h.num_tokens && x.dtype() == dtype)) continue;
+    if (n == 0 || h.takes_x[r]) continue;
     if (!packed && !h.in_region &&
         (!h.send_rows.defined() || h.send_rows.rows() < total_rows ||
          h.send_rows.dtype() != dtype)) {
@@ -246,7 +254,7 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
       mapped_received += rows_bytes;
       continue;
     }
-    const bool straight = !h.in_region && n == h.num_tokens && x.dtype() == dtype;
+    const bool straight = h.takes_x[r];
     uint8_t* rows = nullptr;
     uint8_t* answer = nullptr;
     if (n > 0) {
@@ -313,7 +321,68 @@ size_t AlignUp(size_t bytes) {
 
 }  // namespace
 
-absl::Status RemoteMoeExecutor::PlaceInRegion(int micro, int64_t total_rows, int64_t total_pairs,
+bool RemoteMoeExecutor::MappableRanks(std::vector<bool>* mapped) const {
+  const int num_ranks = static_cast<int>(ep_peers_.size());
+  mapped->assign(num_ranks, false);
+  // Host tensors: a region the transport maps; GPU tensors: a block the backend shares.
+  const Device device = backend_->device();
+  if (!options_.mapped_regions || (device != Device::kCpu && device != Device::kCuda)) {
+    return false;
+  }
+  bool any = false;
+  for (int r = 0; r < num_ranks && r < placement_.num_ranks(); ++r) {
+    if (placement_.experts_of(r).empty()) continue;
+    auto it = unmappable_.find(r);
+    if (it != unmappable_.end() && it->second == ep_peers_[r]) continue;
+    (*mapped)[r] = transport_->CanAttachPeerRegions(ep_peers_[r]);
+    any = any || (*mapped)[r];
+  }
+  return any;
+}
+
+bool RemoteMoeExecutor::EnsureRegion(int micro, size_t bytes) {
+  Region& region = regions_[micro];
+  if (region.buffer != nullptr && region.buffer->num_bytes() >= bytes) return true;
+  // Grown geometrically; the old region goes with its last view.
+  const bool device = backend_->device() == Device::kCuda;
+  const size_t size =
+      std::max(bytes, region.buffer == nullptr ? 0 : 2 * region.buffer->num_bytes());
+  absl::StatusOr<SharedMemory> shared = MapRegion(size, device);
+  if (!shared.ok()) return false;
+  // A GPU block stays allocated while the executor lives: an EP rank that gave up on a
+  // step may still store into it, and unlike shared host memory nothing else keeps it.
+  if (device && region.buffer != nullptr) retired_regions_.push_back(region.buffer);
+  region.buffer = std::move(shared->buffer);
+  region.key = std::move(shared->key);
+  region.staged_bytes = 0;
+  region.staged_rows = 0;
+  return true;
+}
+
+bool RemoteMoeExecutor::StageBuffers(int micro, int64_t rows, DType dtype, Tensor* x, Tensor* out) {
+  if (micro < 0 || micro >= kMaxMicroBatches || rows <= 0 || dtype != options_.wire_dtype) {
+    return false;
+  }
+  std::vector<bool> mapped;
+  if (!MappableRanks(&mapped)) return false;
+  Region& region = regions_[micro];
+  const size_t elem = DTypeSize(dtype);
+  if (region.buffer == nullptr || region.staged_rows < rows) {
+    // x and out first, then room for a dispatch of as many rows (its packed rows, answers
+    // and top-8 pairs) so that the dispatch need not grow the region away from them.
+    const size_t part = AlignUp(static_cast<size_t>(rows * hidden_) * elem);
+    if (!EnsureRegion(micro, 4 * part + AlignUp(96 * static_cast<size_t>(rows)))) return false;
+    region.staged_bytes = 2 * part;
+    region.staged_rows = rows;
+  }
+  const size_t out_at = region.staged_bytes / 2;
+  *x = Tensor(region.buffer, dtype, {rows, hidden_});
+  *out = Tensor(region.buffer, dtype, {rows, hidden_}, out_at / elem);
+  return true;
+}
+
+absl::Status RemoteMoeExecutor::PlaceInRegion(int micro, const Tensor& x, const Tensor* out,
+                                              int64_t total_rows, int64_t total_pairs,
                                               DispatchHandle* handle) {
   DispatchHandle& h = *handle;
   const int num_ranks = static_cast<int>(ep_peers_.size());
@@ -321,50 +390,56 @@ absl::Status RemoteMoeExecutor::PlaceInRegion(int micro, int64_t total_rows, int
     // Views of a region: never reused by a dispatch that does not place in one.
     h.send_rows = h.recv_rows = h.pairs = Tensor();
   }
-  h.in_region = h.device_region = false;
-  h.mapped.assign(num_ranks, false);
+  h.in_region = h.device_region = h.x_in_region = h.out_in_region = false;
   h.statuses.assign(num_ranks, 0);
-  // Host tensors: a region the transport maps; GPU tensors: a block the backend shares.
-  const bool device = backend_->device() == Device::kCuda;
-  if (!options_.mapped_regions || (backend_->device() != Device::kCpu && !device)) {
-    return absl::OkStatus();
-  }
-  bool any = false;
-  for (int r = 0; r < num_ranks && r < placement_.num_ranks(); ++r) {
-    if (placement_.experts_of(r).empty()) continue;
-    auto it = unmappable_.find(r);
-    if (it != unmappable_.end() && it->second == ep_peers_[r]) continue;
-    h.mapped[r] = transport_->CanAttachPeerRegions(ep_peers_[r]);
-    any = any || h.mapped[r];
-  }
-  if (!any) return absl::OkStatus();
-  // The region: packed rows, then the answers, then the pairs' blocks, each aligned.
+  if (!MappableRanks(&h.mapped)) return absl::OkStatus();
   const DType dtype = options_.wire_dtype;
-  const size_t rows_bytes = AlignUp(static_cast<size_t>(total_rows * hidden_) * DTypeSize(dtype));
-  const size_t need = std::max<size_t>(2 * rows_bytes + AlignUp(12 * total_pairs), 4096);
+  const size_t elem = DTypeSize(dtype);
   Region& region = regions_[micro];
-  if (region.buffer == nullptr || region.buffer->num_bytes() < need) {
-    // Grown geometrically; the old region goes with its last view.
-    const size_t bytes =
-        std::max(need, region.buffer == nullptr ? 0 : 2 * region.buffer->num_bytes());
-    absl::StatusOr<SharedMemory> shared = MapRegion(bytes, device);
-    if (!shared.ok()) {
+  // The caller's x and out where StageBuffers put them (the region's first bytes).
+  const auto staged = [&](const Tensor& t) {
+    return region.buffer != nullptr && t.defined() && t.buffer() == region.buffer &&
+           t.dtype() == dtype && t.num_elements() == h.num_tokens * hidden_ &&
+           t.offset_bytes() + t.num_bytes() <= region.staged_bytes;
+  };
+  bool x_staged = staged(x);
+  bool out_staged = h.single_rank_in_order && staged(*out);
+  // Packed rows unless every rank with rows reads x itself; answers unless they go to out.
+  bool pack = false;
+  for (int r = 0; r < num_ranks; ++r) {
+    const int64_t n = h.num_tokens_per_rank[r];
+    pack = pack || (n > 0 && !(x_staged && n == h.num_tokens));
+  }
+  // The region: the staged buffers, then packed rows, answers and the pairs' blocks.
+  const size_t rows_bytes = AlignUp(static_cast<size_t>(total_rows * hidden_) * elem);
+  size_t base = region.staged_bytes;
+  size_t send_bytes = pack ? rows_bytes : 0, recv_bytes = out_staged ? 0 : rows_bytes;
+  const size_t pair_bytes = AlignUp(12 * static_cast<size_t>(total_pairs));
+  if (region.buffer == nullptr ||
+      region.buffer->num_bytes() < base + send_bytes + recv_bytes + pair_bytes) {
+    // A new region (never this one reused from its start: the caller's staged x and out
+    // are there); they stay in the old one, so rows go by the pack.
+    if (!EnsureRegion(micro, std::max<size_t>(base + 2 * rows_bytes + pair_bytes, 4096))) {
       // No region (none can be mapped, or no memory): every rank by copy this time.
       h.mapped.assign(num_ranks, false);
       return absl::OkStatus();
     }
-    // A GPU block stays allocated while the executor lives: an EP rank that gave up on a
-    // step may still store into it, and unlike shared host memory nothing else keeps it.
-    if (device && region.buffer != nullptr) retired_regions_.push_back(region.buffer);
-    region.buffer = std::move(shared->buffer);
-    region.key = std::move(shared->key);
+    x_staged = out_staged = false;
+    base = 0;
+    send_bytes = recv_bytes = rows_bytes;
   }
-  h.device_region = device;
-  const size_t elem = DTypeSize(dtype);
   h.in_region = true;
-  h.send_rows = Tensor(region.buffer, dtype, {total_rows, hidden_});
-  h.recv_rows = Tensor(region.buffer, dtype, {total_rows, hidden_}, rows_bytes / elem);
-  h.pairs = Tensor(region.buffer, DType::kI32, {3 * total_pairs}, 2 * rows_bytes / sizeof(int32_t));
+  h.device_region = backend_->device() == Device::kCuda;
+  h.x_in_region = x_staged;
+  h.x_at = x_staged ? static_cast<int64_t>(x.offset_bytes()) : 0;
+  h.out_in_region = out_staged;
+  h.send_rows =
+      send_bytes > 0 ? Tensor(region.buffer, dtype, {total_rows, hidden_}, base / elem) : Tensor();
+  h.recv_rows =
+      out_staged ? *out
+                 : Tensor(region.buffer, dtype, {total_rows, hidden_}, (base + send_bytes) / elem);
+  h.pairs = Tensor(region.buffer, DType::kI32, {3 * total_pairs},
+                   (base + send_bytes + recv_bytes) / sizeof(int32_t));
   return absl::OkStatus();
 }
 
@@ -394,7 +469,9 @@ absl::Status RemoteMoeExecutor::SendHeader(int r, int micro, int num_micro,
   const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(options_.wire_dtype);
   header.flags = WireHeader::kMapped | (h.device_region ? WireHeader::kDeviceRegion : 0);
   header.rows_at =
-      static_cast<int64_t>(h.send_rows.offset_bytes() + h.token_offsets[r] * row_bytes);
+      h.takes_x[r]
+          ? h.x_at
+          : static_cast<int64_t>(h.send_rows.offset_bytes() + h.token_offsets[r] * row_bytes);
   header.answers_at =
       static_cast<int64_t>(h.recv_rows.offset_bytes() + h.token_offsets[r] * row_bytes);
   header.pairs_at =
@@ -446,9 +523,15 @@ absl::Status RemoteMoeExecutor::Combine(std::unique_ptr<MoeHandle> handle, Tenso
     if (h.into_out && h.num_tokens_per_rank[r] > 0) ++counters_->combines_into_out;
     counters_->tokens_combined[r] += h.num_tokens_per_rank[r];
   }
+  if (std::find(h.takes_x.begin(), h.takes_x.end(), true) != h.takes_x.end() && h.x_in_region) {
+    ++counters_->dispatches_from_staged_x;
+  }
+  const bool answered_into_out = h.out_in_region && out->buffer() == h.recv_rows.buffer() &&
+                                 out->offset_bytes() == h.recv_rows.offset_bytes();
+  if (answered_into_out) ++counters_->combines_into_staged_out;
   if (h.in_region && h.single_rank_in_order) {
     // One rank answered every token, in order: its rows are the output.
-    DXS_RETURN_IF_ERROR(backend_->Copy(h.recv_rows, out));
+    if (!answered_into_out) DXS_RETURN_IF_ERROR(backend_->Copy(h.recv_rows, out));
   } else if (!h.into_out) {
     DXS_RETURN_IF_ERROR(
         backend_->CombineRows(h.recv_rows, h.layout.token_rows, h.token_offsets, out));

@@ -33,7 +33,11 @@
 // writes the rows there once; the header, sent once they are written, carries the region's key and
 // the offsets; the expert rank reads its rows and pairs in place and stores its answers in place,
 // and the group carries only its 4-byte status back (wire.h). Rows cross memory once each way
-// instead of three times (pack, into the transport's FIFO, out of it). An EP rank that cannot map
+// instead of three times (pack, into the transport's FIFO, out of it). A caller that builds its
+// MoE input and takes its output where StageBuffers says (the region's first bytes, as the model
+// does) has them cross no memory outside the experts' own reads and writes: an EP rank that
+// takes every token reads x in place, nothing is packed for it, and the one rank that holds
+// every token stores its answers into out itself. An EP rank that cannot map
 // the region answers kRegionUnmappable: the step fails once with UNAVAILABLE and that
 // rank's rounds go by copy from then on. A region replaced while an EP rank that gave up on
 // a step may still store into it is kept mapped by that rank (transport.h): the stores land
@@ -92,7 +96,16 @@ struct DispatchHandle final : MoeHandle {
   // mapped[r]: EP rank r reads and answers in place (its status lands in statuses[r]).
   bool in_region = false;
   bool device_region = false;  // in_region: a GPU block the backend shares (CUDA IPC)
-  Tensor pairs;                // in_region: the pairs' blocks, [3 * sum pairs] i32
+  // in_region: x and out are the region's staged buffers (RemoteMoeExecutor::StageBuffers).
+  // An EP rank that takes every token in order reads its rows from x itself (nothing is
+  // packed for it), and the one rank of single_rank_in_order answers straight into out.
+  bool x_in_region = false;
+  bool out_in_region = false;
+  // Per EP rank: its rows are x as it is (every token, in order, in the wire dtype, and in
+  // the region when the handle is), sent or read without a pack.
+  std::vector<bool> takes_x;
+  int64_t x_at = 0;  // x_in_region: x's byte offset in the region
+  Tensor pairs;      // in_region: the pairs' blocks, [3 * sum pairs] i32
   std::vector<bool> mapped;
   std::vector<int32_t> statuses;
   std::optional<ExchangeId> group;  // the posted exchange, until Combine waits for it
@@ -111,6 +124,10 @@ struct DispatchCounters {
   // Combine answers an EP rank stored in place in this rank's mapped region (the one-copy
   // exchange), counted like combines_in_target.
   std::atomic<int64_t> combines_mapped{0};
+  // Of those, dispatches whose rows an EP rank read straight from the caller's staged x
+  // (nothing packed), and combines it stored straight into the staged out (nothing copied).
+  std::atomic<int64_t> dispatches_from_staged_x{0};
+  std::atomic<int64_t> combines_into_staged_out{0};
 };
 
 // Sees each MoE layer's exchange inside RemoteMoeExecutor::Run, for metrics. Called on the
@@ -195,6 +212,9 @@ class RemoteMoeExecutor final : public MoeExecutor {
                                                       const Tensor& x, const Tensor& ids,
                                                       const Tensor& weights, Tensor* out) override;
   absl::Status Combine(std::unique_ptr<MoeHandle> handle, Tensor* out) override;
+  // The staged x and out of micro-batch `micro`: the first part of its region, when an EP
+  // rank of the placement can map this rank's memory and `dtype` is the wire's.
+  bool StageBuffers(int micro, int64_t rows, DType dtype, Tensor* x, Tensor* out) override;
 
  private:
   // The layout and counts of a micro-batch into *h.
@@ -204,8 +224,16 @@ class RemoteMoeExecutor final : public MoeExecutor {
   // EP rank r's dispatch header on the control channel.
   absl::Status SendHeader(int r, int micro, int num_micro, const DispatchHandle& h);
   // Which in-step EP ranks take this micro-batch's rows in place; when any does, points
-  // the handle's buffers into micro-batch slot `micro`'s region (mapped, or grown, here).
-  absl::Status PlaceInRegion(int micro, int64_t total_rows, int64_t total_pairs, DispatchHandle* h);
+  // the handle's buffers into micro-batch slot `micro`'s region (mapped, or grown, here),
+  // after its staged x and out when the caller built x there (and answers into out there).
+  absl::Status PlaceInRegion(int micro, const Tensor& x, const Tensor* out, int64_t total_rows,
+                             int64_t total_pairs, DispatchHandle* h);
+  // Into *mapped (per EP rank): the ranks of the placement that can map this rank's
+  // memory; false if none can (or regions are off, or the backend's memory cannot be).
+  bool MappableRanks(std::vector<bool>* mapped) const;
+  // Micro-batch slot `micro`'s region holds at least `bytes`: kept, or replaced by a new
+  // one (geometric growth, nothing staged in it). False if no region could be made.
+  bool EnsureRegion(int micro, size_t bytes);
   // A new region of `bytes`: GPU memory the backend shares, or host memory the transport
   // maps.
   absl::StatusOr<SharedMemory> MapRegion(size_t bytes, bool device);
@@ -232,6 +260,10 @@ class RemoteMoeExecutor final : public MoeExecutor {
   struct Region {
     std::shared_ptr<Buffer> buffer;
     std::string key;
+    // The first bytes hold the staged x and out (StageBuffers); dispatches place their
+    // buffers after them.
+    size_t staged_bytes = 0;
+    int64_t staged_rows = 0;
   };
   Region regions_[kMaxMicroBatches];
   std::vector<std::shared_ptr<Buffer>> retired_regions_;  // GPU regions outgrown (see MapRegion)

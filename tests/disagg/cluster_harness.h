@@ -56,6 +56,7 @@ class InprocCluster {
 
   const AttentionCounters& attention_counters(int r) const { return dp_[r]->loop->counters(); }
   const ExpertCounters& expert_counters(int r) const { return ep_[r]->server->counters(); }
+  const DispatchCounters& dispatch_counters(int r) const { return dp_[r]->moe->counters(); }
   // (token, expert) pairs EP rank r's experts computed, all layers.
   int64_t expert_pairs(int r) const {
     int64_t n = 0;

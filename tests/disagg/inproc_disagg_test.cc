@@ -73,7 +73,19 @@ TEST_P(DisaggGrid, EqualsSingleProcess) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "default");
   // Two requests: with M = 3 one DP rank gets none.
-  ExpectSameAsSingleProcess(dir, m, Placement::Contiguous(16, n), Requests(2, 6, 4096));
+  ExpectSameAsSingleProcess(
+      dir, m, Placement::Contiguous(16, n), Requests(2, 6, 4096), [n](const InprocCluster& c) {
+        // The model builds each MoE input in the executor's region (StageBuffers): an EP
+        // rank that takes every token of a step reads it there, and one EP rank holding
+        // every expert answers into the model's MoE output itself.
+        for (int r = 0; r < std::min(c.num_attention(), 2); ++r) {
+          const DispatchCounters& d = c.dispatch_counters(r);
+          EXPECT_GT(d.dispatches_from_staged_x.load(), 0) << "DP rank " << r;
+          if (n == 1) {
+            EXPECT_EQ(d.combines_into_staged_out.load(), d.dispatches_from_staged_x.load());
+          }
+        }
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(MxN, DisaggGrid,

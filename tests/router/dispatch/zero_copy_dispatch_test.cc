@@ -6,7 +6,9 @@
 // already in the wire dtype (bf16 x and out, which the exchange then never converts).
 // Each case runs on both exchanges: "copy" (every row through the transport's transfers)
 // and "mapped" (the one-copy exchange: the expert reads and answers in the DP rank's
-// mapped region), which must give the same bits.
+// mapped region), which must give the same bits. On the mapped exchange, x and out may also
+// be the region's staged buffers (RemoteMoeExecutor::StageBuffers, what the model uses):
+// then the expert reads x and answers into out in place, with the same bits again.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -175,15 +177,26 @@ class ZeroCopyTest : public ::testing::TestWithParam<std::tuple<std::string, DTy
     servers_.clear();
   }
 
-  // One layer through the executor, checked bit for bit. With `in_wire_dtype`, x and out
-  // are host tensors in the wire dtype, and out must be the float32 answer rounded once.
-  void RunAndCheck(int64_t tokens, int seed, bool in_wire_dtype = false) {
+  // Where the caller's x and out are: float32 backend tensors; host tensors in the wire
+  // dtype; or the executor's staged buffers (in the wire dtype), where it has them.
+  enum class InOut { kFloat32, kWireDType, kStaged };
+
+  // One layer through the executor, checked bit for bit. In the wire dtype, out must be
+  // the float32 answer rounded once.
+  void RunAndCheck(int64_t tokens, int seed, InOut in_out = InOut::kFloat32) {
     Batch b = MakeBatch(tokens, seed);
     Tensor x = *backend_->Upload(b.x, {tokens, kHidden});
     Tensor out = *backend_->Allocate({tokens, kHidden});
+    const bool in_wire_dtype = in_out != InOut::kFloat32;
     if (in_wire_dtype) {
-      x = AllocateHostTensor(wire(), {tokens, kHidden});
-      out = AllocateHostTensor(wire(), {tokens, kHidden});
+      const bool staged =
+          in_out == InOut::kStaged && executor_->StageBuffers(0, tokens, wire(), &x, &out);
+      // Staged wherever a region can be: on the mapped exchange, for any rows.
+      EXPECT_EQ(staged, in_out == InOut::kStaged && mapped() && tokens > 0);
+      if (!staged) {
+        x = AllocateHostTensor(wire(), {tokens, kHidden});
+        out = AllocateHostTensor(wire(), {tokens, kHidden});
+      }
       for (int64_t i = 0; i < tokens * kHidden; ++i) {
         Store(&x, i, b.x[i]);
         b.x[i] = Load(x, i);  // what the expert sees
@@ -284,7 +297,8 @@ TEST_P(ZeroCopyTest, ActivationsInTheWireDTypeCrossUnconverted) {
   ASSERT_NO_FATAL_FAILURE(Start(1));
   const int64_t sizes[] = {5, 64, 64, 300, 0, 17, 300};
   int seed = 0;
-  for (int64_t tokens : sizes) ASSERT_NO_FATAL_FAILURE(RunAndCheck(tokens, ++seed, true));
+  for (int64_t tokens : sizes)
+    ASSERT_NO_FATAL_FAILURE(RunAndCheck(tokens, ++seed, InOut::kWireDType));
   EXPECT_GE(RoundsInPlace(), Rounds() - 3);
   ExpectExchange();
   // Every non-empty batch on the copy exchange: the one rank's combine is the output.
@@ -295,9 +309,49 @@ TEST_P(ZeroCopyTest, ActivationsInTheWireDTypeSumOverRanksOnce) {
   ASSERT_NO_FATAL_FAILURE(Start(2));
   int seed = 0;
   for (int64_t tokens : {40, 40, 3, 0, 200, 200}) {
-    ASSERT_NO_FATAL_FAILURE(RunAndCheck(tokens, ++seed, true));
+    ASSERT_NO_FATAL_FAILURE(RunAndCheck(tokens, ++seed, InOut::kWireDType));
   }
   EXPECT_GT(RoundsInPlace(), 0);
+  ExpectExchange();
+}
+
+// x and out staged in the region: one rank holding every token reads x and answers into
+// out in place, so nothing is packed and nothing copied, every non-empty batch.
+TEST_P(ZeroCopyTest, StagedInputAndOutputCrossInPlace) {
+  ASSERT_NO_FATAL_FAILURE(Start(1));
+  const int64_t sizes[] = {5, 64, 64, 300, 0, 17, 300, 2};
+  int seed = 0;
+  for (int64_t tokens : sizes) ASSERT_NO_FATAL_FAILURE(RunAndCheck(tokens, ++seed, InOut::kStaged));
+  const DispatchCounters& c = executor_->counters();
+  ExpectExchange();
+  EXPECT_EQ(c.dispatches_from_staged_x.load(), mapped() ? 7 : 0);
+  EXPECT_EQ(c.combines_into_staged_out.load(), mapped() ? 7 : 0);
+}
+
+// Two ranks and staged buffers: every token here has experts on both ranks, so both read
+// x in place; their answers are summed from the region into out (the staged out is not
+// answered into when two ranks answer).
+TEST_P(ZeroCopyTest, StagedInputSumsOverRanksOnce) {
+  ASSERT_NO_FATAL_FAILURE(Start(2));
+  int seed = 0;
+  for (int64_t tokens : {40, 40, 3, 0, 200, 200, 7}) {
+    ASSERT_NO_FATAL_FAILURE(RunAndCheck(tokens, ++seed, InOut::kStaged));
+  }
+  const DispatchCounters& c = executor_->counters();
+  ExpectExchange();
+  EXPECT_EQ(c.dispatches_from_staged_x.load(), mapped() ? 6 : 0);
+  EXPECT_EQ(c.combines_into_staged_out.load(), 0);
+}
+
+// Three ranks, each taking some of the tokens: every rank's rows are packed, and the
+// dispatch outgrows the room that staging left after x and out. The region is replaced
+// (x and out stay in the old one, copied from and summed into there) and staged again.
+TEST_P(ZeroCopyTest, StagedBuffersOutgrownByTheDispatch) {
+  ASSERT_NO_FATAL_FAILURE(Start(3));
+  int seed = 0;
+  for (int64_t tokens : {40, 40, 100, 3, 100}) {
+    ASSERT_NO_FATAL_FAILURE(RunAndCheck(tokens, ++seed, InOut::kStaged));
+  }
   ExpectExchange();
 }
 
@@ -325,6 +379,15 @@ TEST_P(ZeroCopyTest, TwoMicroBatchesInFlight) {
     for (int m = 0; m < 2; ++m) {
       x[m] = *backend_->Upload(b[m].x, {tokens, kHidden});
       out[m] = *backend_->Allocate({tokens, kHidden});
+      // Odd rounds on the f32 wire: each micro-batch's own staged buffers.
+      Tensor staged_x, staged_out;
+      if (round % 2 == 1 &&
+          executor_->StageBuffers(m, tokens, DType::kF32, &staged_x, &staged_out)) {
+        ASSERT_EQ(wire(), DType::kF32);
+        ASSERT_TRUE(backend_->CopyFromHost(b[m].x.data(), DType::kF32, &staged_x).ok());
+        x[m] = staged_x;
+        out[m] = staged_out;
+      }
       const auto [ids, weights] = Routing(b[m]);
       absl::StatusOr<std::unique_ptr<MoeHandle>> h =
           executor_->Dispatch(0, m, 2, x[m], ids, weights, &out[m]);
@@ -341,6 +404,8 @@ TEST_P(ZeroCopyTest, TwoMicroBatchesInFlight) {
   }
   EXPECT_GE(RoundsInPlace(), Rounds() - 2);
   ExpectExchange();
+  const bool staged = mapped() && wire() == DType::kF32;
+  EXPECT_EQ(executor_->counters().combines_into_staged_out.load(), staged ? 4 : 0);
   // A handle combines once; a dropped one abandons its exchange.
   Batch b = MakeBatch(tokens, 99);
   Tensor x = *backend_->Upload(b.x, {tokens, kHidden}),
