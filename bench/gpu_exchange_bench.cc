@@ -30,7 +30,13 @@
 // Bytes: dispatch = the dxs header (control channel) + rows * hidden * 2 (bf16) + 12 * pairs;
 // combine = rows * hidden * 2. rows_GB/s = the row bytes of both directions / dxs median.
 //
-// Usage: gpu_exchange_bench [--reps N] [--json FILE] [--devices A,B]
+// x and out: by default where the attention model builds them, the executor's staged
+// buffers (MoeExecutor::StageBuffers: the first bytes of the region the EP rank opens, so it
+// reads x and answers into out in place; each row's x is copied there before it is timed);
+// --in-out=own: tensors of the bench's own, which the exchange packs into its region and
+// copies the answers out of.
+//
+// Usage: gpu_exchange_bench [--reps N] [--json FILE] [--devices A,B] [--in-out=staged|own]
 //   --reps N: measured round trips per method and row (default 200, at least 50);
 //   --devices A,B: the DP rank on GPU A and the EP rank on GPU B (default 0,0: both on one
 //   GPU, time-sliced); on two GPUs of one host UCX's cuda_ipc moves the rows over NVLink;
@@ -226,6 +232,7 @@ struct Options {
   int64_t reps = 200;
   std::string json;
   int dp_device = 0, ep_device = 0;  // --devices A,B: the DP rank on GPU A, the EP rank on B
+  bool staged = true;                // --in-out=staged (MoeExecutor::StageBuffers) or own
 };
 
 int RunExpertRank(int read_fd, int write_fd, const Options& opts) {
@@ -314,6 +321,7 @@ void PrintTable(const std::vector<Row>& rows, const std::string& hardware, const
       "%s\n"
       "memory: device; x, routing, out and the EP rank's rows are CUDA backend tensors and the "
       "UCX transport moves them as UCS_MEMORY_TYPE_CUDA (bf16 wire and activations)\n"
+      "x and out: %s\n"
       "experts: stand-in on the EP rank's GPU, out[r] = (sum of r's weights) * x[r] (Fill, "
       "GatherRows, ScaleAddRows, Copy); cmp_us = its time per round, waited for\n"
       "bytes: disp_B = dxs header + rows*hidden*2 + 12*pairs, comb_B = rows*hidden*2; "
@@ -326,6 +334,8 @@ void PrintTable(const std::vector<Row>& rows, const std::string& hardware, const
           ? absl::StrCat("both on GPU ", opts.dp_device, ", time-sliced (no MPS)").c_str()
           : absl::StrCat("DP rank on GPU ", opts.dp_device, ", EP rank on GPU ", opts.ep_device)
                 .c_str(),
+      opts.staged ? "the executor's staged buffers (as the model; read and answered in place)"
+                  : "the bench's own tensors",
       static_cast<long long>(rows.empty() ? 0 : rows[0].reps));
   std::printf("%-6s %6s %10s %10s %9s %9s %8s %9s %8s %8s %7s %9s\n", "shape", "tokens", "disp_B",
               "comb_B", "dxs_med", "dxs_p99", "cmp_us", "xchg_us", "pp_med", "pp_p99", "dxs/pp",
@@ -403,12 +413,21 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
     RemoteMoeExecutor executor(backend.get(), transport.get(), {kEpPeer},
                                Placement::Contiguous(kNumExperts, 1), s.hidden, options);
     for (int64_t tokens : kTokensPerDpRank) {
-      const Tensor x = in.x.Rows(0, tokens);
+      Tensor x = in.x.Rows(0, tokens);
       const Tensor ids = in.ids_dev.Rows(0, tokens);
       const Tensor weights = in.weights_dev.Rows(0, tokens);
       Tensor out = in.out.Rows(0, tokens);
       // NaN until a combine writes it: a row the exchange missed fails the check.
       Check(backend->Fill(&out, std::numeric_limits<float>::quiet_NaN()), "fill out");
+      Tensor staged_x, staged_out;
+      const bool staged =
+          opts.staged && executor.StageBuffers(0, tokens, kWire, &staged_x, &staged_out);
+      if (staged) {
+        Check(backend->Copy(x, &staged_x), "stage x");
+        Check(backend->Fill(&staged_out, std::numeric_limits<float>::quiet_NaN()), "fill out");
+        x = staged_x;
+        std::swap(out, staged_out);  // staged_out: the checked output, copied after the row
+      }
       std::vector<double> dxs_us, compute_us, exchange_us, ping_pong_us;
       auto dxs_block = [&](int64_t n, bool keep) {
         serve(Method::kDxs, static_cast<int>(si), n);
@@ -446,6 +465,7 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
         dxs_block(block, true);
         ping_pong_block(block, true);
       }
+      if (staged) Check(backend->Copy(out, &staged_out), "the staged output, to check");
       const double error = bench::MaxRelativeError(backend.get(), in, tokens);
       if (!(error <= kMaxRelativeError)) {
         Die("dxs: combined output is wrong at " + std::to_string(tokens) + " tokens, hidden " +
@@ -513,9 +533,14 @@ Options ParseOptions(int argc, char** argv) {
           opts.dp_device < 0 || opts.ep_device < 0) {
         Die("--devices takes A,B (GPU ordinals)");
       }
+    } else if (arg.rfind("--in-out=", 0) == 0) {
+      const std::string v = arg.substr(9);
+      if (v != "staged" && v != "own") Die("--in-out=staged|own");
+      opts.staged = v == "staged";
     } else {
       Die("unknown argument '" + arg +
-          "'; usage: gpu_exchange_bench [--reps N] [--json FILE] [--devices A,B]");
+          "'; usage: gpu_exchange_bench [--reps N] [--json FILE] [--devices A,B] "
+          "[--in-out=staged|own]");
     }
   }
   if (opts.reps < kMinReps) Die("--reps must be at least " + std::to_string(kMinReps));

@@ -476,15 +476,18 @@ absl::Status Qwen3MoeModel::MicroFront(int layer, int micro, int num_micro, KvCa
   // An MoE layer's input and output where the executor's exchange moves none of their
   // rows (the one-copy exchange's region), when it has such a place.
   const bool moe = config_.IsMoeLayer(layer);
-  if (!moe ||
-      !moe_->StageBuffers(micro, t, backend_->ActivationDType(), &mb->normed, &mb->mlp_out)) {
+  const bool staged =
+      moe && moe_->StageBuffers(micro, t, backend_->ActivationDType(), &mb->normed, &mb->mlp_out);
+  if (!staged) {
     DXS_ASSIGN_OR_RETURN(mb->normed, backend_->Allocate({t, config_.hidden_size}));
-    DXS_ASSIGN_OR_RETURN(mb->mlp_out, backend_->Allocate({t, config_.hidden_size}));
   }
   // The attention's residual add and the post-attention norm, one op.
   DXS_RETURN_IF_ERROR(backend_->AddRmsNorm(o, w_.layers[layer].post_attention_norm,
                                            static_cast<float>(config_.rms_norm_eps), &mb->hidden,
                                            &mb->normed));
+  if (!staged) {
+    DXS_ASSIGN_OR_RETURN(mb->mlp_out, backend_->Allocate({t, config_.hidden_size}));
+  }
   if (!moe) {
     DXS_RETURN_IF_ERROR(DenseMlp(layer, mb->normed, &mb->mlp_out));
     return ResidualAdd(layer, mb->mlp_out, mb);
