@@ -45,6 +45,16 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(
                     "as recorded CUDA graphs)."));
   am->piecewise_steps_ = &piecewise->Add({{"rank", r}});
   DXS_ASSIGN_OR_RETURN(
+      m::CounterFamily * in_place,
+      m::AddCounter(registry, "dxs_moe_in_place_total",
+                    "MoE layers (micro-batches) whose input the EP ranks that take every token "
+                    "read where the model wrote it, nothing packed (buffer=input), and whose "
+                    "output the one EP rank holding every token stored into the model's MoE "
+                    "output, nothing copied (buffer=output): the one-copy exchange with the "
+                    "activations in the wire dtype."));
+  am->in_place_input_ = &in_place->Add({{"rank", r}, {"buffer", "input"}});
+  am->in_place_output_ = &in_place->Add({{"rank", r}, {"buffer", "output"}});
+  DXS_ASSIGN_OR_RETURN(
       m::HistogramFamily * step_duration,
       m::AddHistogram(registry, "dxs_step_duration_seconds",
                       "Duration of one model step on this rank, from building the batch "

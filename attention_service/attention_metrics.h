@@ -56,6 +56,10 @@ class AttentionMetrics final : public DispatchObserver {
   void OnMappedBytes(size_t sent, size_t received) override {
     exchange_bytes_.CountMapped(sent, received);
   }
+  void OnInPlace(bool input, bool output) override {
+    if (input) in_place_input_->Increment();
+    if (output) in_place_output_->Increment();
+  }
 
  private:
   AttentionMetrics() = default;
@@ -77,6 +81,8 @@ class AttentionMetrics final : public DispatchObserver {
   prometheus::Histogram* dispatch_latency_ = nullptr;
   prometheus::Histogram* balance_ratio_ = nullptr;  // mean / max tokens per EP rank
   prometheus::Histogram* combine_latency_ = nullptr;
+  prometheus::Counter* in_place_input_ = nullptr;   // dxs_moe_in_place_total{buffer="input"}
+  prometheus::Counter* in_place_output_ = nullptr;  // {buffer="output"}
   metrics::ExchangeBytes exchange_bytes_;
   // Declared last: unbound (and no longer running) before anything above goes away.
   metrics::CallbackRegistration queue_length_;

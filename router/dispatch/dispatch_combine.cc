@@ -523,9 +523,9 @@ absl::Status RemoteMoeExecutor::Combine(std::unique_ptr<MoeHandle> handle, Tenso
     if (h.into_out && h.num_tokens_per_rank[r] > 0) ++counters_->combines_into_out;
     counters_->tokens_combined[r] += h.num_tokens_per_rank[r];
   }
-  if (std::find(h.takes_x.begin(), h.takes_x.end(), true) != h.takes_x.end() && h.x_in_region) {
-    ++counters_->dispatches_from_staged_x;
-  }
+  const bool read_from_x =
+      h.x_in_region && std::find(h.takes_x.begin(), h.takes_x.end(), true) != h.takes_x.end();
+  if (read_from_x) ++counters_->dispatches_from_staged_x;
   const bool answered_into_out = h.out_in_region && out->buffer() == h.recv_rows.buffer() &&
                                  out->offset_bytes() == h.recv_rows.offset_bytes();
   if (answered_into_out) ++counters_->combines_into_staged_out;
@@ -537,6 +537,7 @@ absl::Status RemoteMoeExecutor::Combine(std::unique_ptr<MoeHandle> handle, Tenso
         backend_->CombineRows(h.recv_rows, h.layout.token_rows, h.token_offsets, out));
   }
   if (observer_ != nullptr) {
+    if (read_from_x || answered_into_out) observer_->OnInPlace(read_from_x, answered_into_out);
     observer_->OnCombine(h.num_tokens_per_rank, SecondsSince(combine_start));
   }
   handle.release();

@@ -149,6 +149,10 @@ class DispatchObserver {
   // Bytes EP ranks read from (sent) and stored into (received) this rank's mapped region
   // in one layer's exchange (the one-copy exchange; OnExchange counts only its statuses).
   virtual void OnMappedBytes(size_t sent, size_t received) {}
+  // A micro-batch's combine succeeded with its input read in place by the EP ranks that
+  // take every token (the caller's staged x: nothing packed for them) and its output stored
+  // in place by the one EP rank that holds every token (the staged out: nothing copied).
+  virtual void OnInPlace(bool input, bool output) {}
 };
 
 struct DispatchOptions {

@@ -215,6 +215,13 @@ TEST(Metrics, EveryProcessServesCleanMetricsThatMove) {
   }
   EXPECT_GE(per_expert, received);  // a row routed to two experts of a rank counts twice
 
+  // DP rank 0's MoE inputs were read where its model wrote them (f32 activations on the f32
+  // wire, through the one-copy exchange) whenever an EP rank took every token of a layer,
+  // as the decode steps' single tokens often are; DP rank 1's empty batches never are.
+  EXPECT_GT(Value(attention0, R"(dxs_moe_in_place_total{rank="0",buffer="input"})"), 0);
+  EXPECT_GE(Value(attention0, R"(dxs_moe_in_place_total{rank="0",buffer="output"})"), 0);
+  EXPECT_EQ(Value(after1, R"(dxs_moe_in_place_total{rank="1",buffer="input"})"), 0);
+
   // The router: requests by code, latencies, and the cluster view from heartbeats.
   const std::string router = cluster.router_metrics_address();
   const Samples r = ScrapeUntil(
