@@ -39,6 +39,11 @@ double ExchangeBytes(const std::map<std::string, double>& samples, const std::st
                                      "\",memory=\"" + memory + "\"}");
 }
 
+// DP rank 0's MoE layers with the input (or output) in place (dxs_moe_in_place_total).
+double InPlace(const std::map<std::string, double>& samples, const std::string& buffer) {
+  return testing::Value(samples, "dxs_moe_in_place_total{rank=\"0\",buffer=\"" + buffer + "\"}");
+}
+
 std::map<std::string, double> Samples(const std::string& address) {
   absl::StatusOr<std::string> text = testing::Scrape(address);
   EXPECT_TRUE(text.ok()) << text.status();
@@ -94,6 +99,11 @@ TEST_F(GpuCluster, OneAttentionOneExpertEqualsCudaEngine) {
   EXPECT_EQ(ExchangeBytes(expert, "expert", 0, "recv", "host"), 0);
   // Decode steps ran in recorded graph segments (--piecewise-graphs, the default).
   EXPECT_GT(testing::Value(attention, R"(dxs_piecewise_decode_steps_total{rank="0"})"), 0);
+  // The prefill's MoE layers (bf16 activations on the bf16 wire): the model's norm wrote x
+  // into the region the expert rank opened, and the expert rank answered into the model's
+  // MoE output (StageBuffers).
+  EXPECT_GT(InPlace(attention, "input"), 0);
+  EXPECT_GT(InPlace(attention, "output"), 0);
 }
 
 // --mapped-exchange=false: the rows go through UCX device to device; nothing either rank
@@ -111,6 +121,7 @@ TEST_F(GpuCluster, CopyExchangeKeepsRowsOnTheDevice) {
   EXPECT_EQ(ExchangeBytes(expert, "expert", 0, "send", "host"), 0);
   EXPECT_EQ(ExchangeBytes(expert, "expert", 0, "recv", "host"), 0);
   EXPECT_EQ(ExchangeBytes(attention, "attention", 0, "send", "mapped"), 0);
+  EXPECT_EQ(InPlace(attention, "input"), 0);
 }
 
 // The same cluster with --piecewise-graphs=false: every step eager, the same answers.
@@ -118,6 +129,9 @@ TEST_F(GpuCluster, EagerDecodeStepsEqualCudaEngine) {
   std::map<std::string, double> attention, expert;
   ASSERT_NO_FATAL_FAILURE(RunOneByOne({"--piecewise-graphs=false"}, &attention, &expert));
   EXPECT_EQ(testing::Value(attention, R"(dxs_piecewise_decode_steps_total{rank="0"})"), 0);
+  // Every step's MoE layers with x and out staged in the region, decode steps included.
+  EXPECT_GT(InPlace(attention, "output"), 0);
+  EXPECT_EQ(InPlace(attention, "input"), InPlace(attention, "output"));
 }
 
 double LowLatencySteps(const std::map<std::string, double>& samples, const std::string& role,
