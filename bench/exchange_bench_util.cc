@@ -1,7 +1,13 @@
 #include "bench/exchange_bench_util.h"
 
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -12,6 +18,28 @@
 #include "model/sampler.h"
 
 namespace dxs::bench {
+
+ForkedRank ForkRank(int watchdog_seconds, const std::function<int(int, int)>& body) {
+  int to_rank[2], from_rank[2];
+  if (pipe(to_rank) != 0 || pipe(from_rank) != 0) Die("pipe");
+  const pid_t pid = fork();
+  if (pid < 0) Die("fork");
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    alarm(watchdog_seconds);
+    std::exit(body(to_rank[0], from_rank[1]));
+  }
+  close(to_rank[0]);
+  close(from_rank[1]);
+  return {pid, to_rank[1], from_rank[0]};
+}
+
+bool RankSucceeded(pid_t pid, bool kill) {
+  if (kill) ::kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
 WeightedSumExperts::WeightedSumExperts(Backend* backend, int64_t hidden, int64_t max_rows,
                                        int first_expert, int num_held)
     : backend_(backend), hidden_(hidden), first_expert_(first_expert), num_held_(num_held) {

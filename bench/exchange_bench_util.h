@@ -10,7 +10,10 @@
 // covers the stand-in's kernels and the benches can report the exchange without it.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -36,6 +39,19 @@ T Must(absl::StatusOr<T> value, const std::string& what) {
   Check(value.status(), what);
   return std::move(*value);
 }
+
+// A rank process of a bench and the parent's ends of the two pipes to it.
+struct ForkedRank {
+  pid_t pid = -1;
+  int to_rank = -1;    // the parent writes commands here
+  int from_rank = -1;  // and reads the rank's answers here
+};
+// Forks a rank that runs body(read_fd, write_fd) and exits with its result; it dies with
+// its parent and aborts after `watchdog_seconds`. Call it before anything in the process
+// touches CUDA or UCX: neither survives a fork.
+ForkedRank ForkRank(int watchdog_seconds, const std::function<int(int, int)>& body);
+// Waits for the rank to end (killed first when `kill` is set): true if it exited with 0.
+bool RankSucceeded(pid_t pid, bool kill);
 
 class WeightedSumExperts final : public ExpertCompute {
  public:

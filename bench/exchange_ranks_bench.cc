@@ -37,8 +37,6 @@
 //   (it still takes part in every round, as an empty-batch rank must).
 // Exit status 1, with one line on stderr, if a rank cannot start (no GPU, NCCL or UCX
 // cannot move device memory) or the bench itself fails.
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -671,35 +669,23 @@ int main(int argc, char** argv) {
   absl::InitializeSymbolizer(argv[0]);
   absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
   const dxs::Options options = dxs::ParseOptions(argc, argv);
-  // Nothing has touched a GPU or UCX yet: neither survives a fork.
+  // Nothing has touched a GPU or UCX yet.
   std::vector<dxs::Pipes> pipes(static_cast<size_t>(options.world()));
   std::vector<pid_t> pids;
   for (int r = 0; r < options.world(); ++r) {
-    int to_rank[2], from_rank[2];
-    if (pipe(to_rank) != 0 || pipe(from_rank) != 0) dxs::bench::Die("pipe");
-    const pid_t pid = fork();
-    if (pid < 0) dxs::bench::Die("fork");
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      alarm(dxs::kWatchdogSeconds);
-      dxs::Rank rank(options, r, to_rank[0], from_rank[1]);
-      std::exit(rank.Run());
-    }
-    close(to_rank[0]);
-    close(from_rank[1]);
-    pipes[r] = {to_rank[1], from_rank[0]};
-    pids.push_back(pid);
+    const dxs::bench::ForkedRank forked =
+        dxs::bench::ForkRank(dxs::kWatchdogSeconds, [&options, r](int read_fd, int write_fd) {
+          dxs::Rank rank(options, r, read_fd, write_fd);
+          return rank.Run();
+        });
+    pipes[r] = {forked.to_rank, forked.from_rank};
+    pids.push_back(forked.pid);
   }
   alarm(dxs::kWatchdogSeconds);
   const int rc = dxs::Coordinate(options, pipes);
   for (const dxs::Pipes& p : pipes) close(p.to_rank);
   bool ranks_ok = true;
-  for (pid_t pid : pids) {
-    int status = 0;
-    if (rc != 0) kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    ranks_ok = ranks_ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
+  for (pid_t pid : pids) ranks_ok = dxs::bench::RankSucceeded(pid, /*kill=*/rc != 0) && ranks_ok;
   if (rc == 0 && !ranks_ok) dxs::bench::Die("a rank process failed");
   return rc;
 }

@@ -44,8 +44,6 @@
 // Exit status 1, with one line on stderr, when there is no usable GPU, when UCX cannot move
 // device memory, or when the bench itself fails.
 #include <cuda_runtime_api.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -554,21 +552,13 @@ int main(int argc, char** argv) {
   absl::InitializeSymbolizer(argv[0]);
   absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
   const dxs::Options options = dxs::ParseOptions(argc, argv);
-  // Nothing has touched CUDA or UCX yet: neither survives a fork.
-  int to_child[2], from_child[2];
-  if (pipe(to_child) != 0 || pipe(from_child) != 0) dxs::bench::Die("pipe");
-  const pid_t pid = fork();
-  if (pid < 0) dxs::bench::Die("fork");
+  // Nothing has touched CUDA or UCX yet.
+  const dxs::bench::ForkedRank ep = dxs::bench::ForkRank(
+      dxs::kWatchdogSeconds,
+      [&](int read_fd, int write_fd) { return dxs::RunExpertRank(read_fd, write_fd, options); });
   alarm(dxs::kWatchdogSeconds);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    const int rc = dxs::RunExpertRank(to_child[0], from_child[1], options);
-    std::exit(rc);
-  }
-  const int rc = dxs::RunAttentionRank(from_child[0], to_child[1], options);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (rc == 0 && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
+  const int rc = dxs::RunAttentionRank(ep.from_rank, ep.to_rank, options);
+  if (!dxs::bench::RankSucceeded(ep.pid, /*kill=*/false) && rc == 0) {
     dxs::bench::Die("EP rank process failed");
   }
   return rc;

@@ -176,13 +176,12 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   const int64_t n0 = ranks_with_rows == 1 ? total_rows : -1;
   h.single_rank_in_order = n0 > 0 && n0 == h.num_tokens && out != nullptr && out->defined() &&
                            out->num_elements() == n0 * hidden_;
-  DXS_RETURN_IF_ERROR(PlaceInRegion(micro, x, out, total_rows, total_pairs, &h));
   h.takes_x.assign(num_ranks, false);
   for (int r = 0; r < num_ranks; ++r) {
     const int64_t n = h.num_tokens_per_rank[r];
-    h.takes_x[r] = n > 0 && n == h.num_tokens && x.dtype() == dtype &&
-                   x.num_elements() == n * hidden_ && (!h.in_region || h.x_in_region);
+    h.takes_x[r] = n > 0 && n == h.num_tokens && x.dtype() == dtype;
   }
+  DXS_RETURN_IF_ERROR(PlaceInRegion(micro, x, out, total_rows, total_pairs, &h));
   h.into_out = !h.in_region && h.single_rank_in_order && out->dtype() == dtype;
   if (!h.in_region && !h.into_out &&
       (!h.recv_rows.defined() || h.recv_rows.rows() < total_rows || h.recv_rows.dtype() != dtype)) {
@@ -354,30 +353,31 @@ bool RemoteMoeExecutor::EnsureRegion(int micro, size_t bytes) {
   if (device && region.buffer != nullptr) retired_regions_.push_back(region.buffer);
   region.buffer = std::move(shared->buffer);
   region.key = std::move(shared->key);
-  region.staged_bytes = 0;
   region.staged_rows = 0;
   return true;
+}
+
+size_t RemoteMoeExecutor::StagedBytes(int64_t rows) const {
+  return 2 * AlignUp(static_cast<size_t>(rows * hidden_) * DTypeSize(options_.wire_dtype));
 }
 
 bool RemoteMoeExecutor::StageBuffers(int micro, int64_t rows, DType dtype, Tensor* x, Tensor* out) {
   if (micro < 0 || micro >= kMaxMicroBatches || rows <= 0 || dtype != options_.wire_dtype) {
     return false;
   }
-  std::vector<bool> mapped;
-  if (!MappableRanks(&mapped)) return false;
+  if (!MappableRanks(&mappable_)) return false;
   Region& region = regions_[micro];
-  const size_t elem = DTypeSize(dtype);
   if (region.buffer == nullptr || region.staged_rows < rows) {
     // x and out first, then room for a dispatch of as many rows (its packed rows, answers
     // and top-8 pairs) so that the dispatch need not grow the region away from them.
-    const size_t part = AlignUp(static_cast<size_t>(rows * hidden_) * elem);
-    if (!EnsureRegion(micro, 4 * part + AlignUp(96 * static_cast<size_t>(rows)))) return false;
-    region.staged_bytes = 2 * part;
+    if (!EnsureRegion(micro, 2 * StagedBytes(rows) + AlignUp(96 * static_cast<size_t>(rows)))) {
+      return false;
+    }
     region.staged_rows = rows;
   }
-  const size_t out_at = region.staged_bytes / 2;
+  const size_t out_at = StagedBytes(region.staged_rows) / 2;
   *x = Tensor(region.buffer, dtype, {rows, hidden_});
-  *out = Tensor(region.buffer, dtype, {rows, hidden_}, out_at / elem);
+  *out = Tensor(region.buffer, dtype, {rows, hidden_}, out_at / DTypeSize(dtype));
   return true;
 }
 
@@ -390,29 +390,28 @@ absl::Status RemoteMoeExecutor::PlaceInRegion(int micro, const Tensor& x, const 
     // Views of a region: never reused by a dispatch that does not place in one.
     h.send_rows = h.recv_rows = h.pairs = Tensor();
   }
-  h.in_region = h.device_region = h.x_in_region = h.out_in_region = false;
+  h.in_region = h.device_region = h.out_in_region = false;
   h.statuses.assign(num_ranks, 0);
   if (!MappableRanks(&h.mapped)) return absl::OkStatus();
   const DType dtype = options_.wire_dtype;
   const size_t elem = DTypeSize(dtype);
   Region& region = regions_[micro];
+  size_t base = StagedBytes(region.staged_rows);
   // The caller's x and out where StageBuffers put them (the region's first bytes).
   const auto staged = [&](const Tensor& t) {
     return region.buffer != nullptr && t.defined() && t.buffer() == region.buffer &&
            t.dtype() == dtype && t.num_elements() == h.num_tokens * hidden_ &&
-           t.offset_bytes() + t.num_bytes() <= region.staged_bytes;
+           t.offset_bytes() + t.num_bytes() <= base;
   };
   bool x_staged = staged(x);
   bool out_staged = h.single_rank_in_order && staged(*out);
   // Packed rows unless every rank with rows reads x itself; answers unless they go to out.
   bool pack = false;
   for (int r = 0; r < num_ranks; ++r) {
-    const int64_t n = h.num_tokens_per_rank[r];
-    pack = pack || (n > 0 && !(x_staged && n == h.num_tokens));
+    pack = pack || (h.num_tokens_per_rank[r] > 0 && !(x_staged && h.takes_x[r]));
   }
   // The region: the staged buffers, then packed rows, answers and the pairs' blocks.
   const size_t rows_bytes = AlignUp(static_cast<size_t>(total_rows * hidden_) * elem);
-  size_t base = region.staged_bytes;
   size_t send_bytes = pack ? rows_bytes : 0, recv_bytes = out_staged ? 0 : rows_bytes;
   const size_t pair_bytes = AlignUp(12 * static_cast<size_t>(total_pairs));
   if (region.buffer == nullptr ||
@@ -430,7 +429,8 @@ absl::Status RemoteMoeExecutor::PlaceInRegion(int micro, const Tensor& x, const 
   }
   h.in_region = true;
   h.device_region = backend_->device() == Device::kCuda;
-  h.x_in_region = x_staged;
+  // In a region, x is read as it is only where it was staged.
+  if (!x_staged) h.takes_x.assign(num_ranks, false);
   h.x_at = x_staged ? static_cast<int64_t>(x.offset_bytes()) : 0;
   h.out_in_region = out_staged;
   h.send_rows =
@@ -524,7 +524,7 @@ absl::Status RemoteMoeExecutor::Combine(std::unique_ptr<MoeHandle> handle, Tenso
     counters_->tokens_combined[r] += h.num_tokens_per_rank[r];
   }
   const bool read_from_x =
-      h.x_in_region && std::find(h.takes_x.begin(), h.takes_x.end(), true) != h.takes_x.end();
+      h.in_region && std::find(h.takes_x.begin(), h.takes_x.end(), true) != h.takes_x.end();
   if (read_from_x) ++counters_->dispatches_from_staged_x;
   const bool answered_into_out = h.out_in_region && out->buffer() == h.recv_rows.buffer() &&
                                  out->offset_bytes() == h.recv_rows.offset_bytes();

@@ -96,16 +96,15 @@ struct DispatchHandle final : MoeHandle {
   // mapped[r]: EP rank r reads and answers in place (its status lands in statuses[r]).
   bool in_region = false;
   bool device_region = false;  // in_region: a GPU block the backend shares (CUDA IPC)
-  // in_region: x and out are the region's staged buffers (RemoteMoeExecutor::StageBuffers).
-  // An EP rank that takes every token in order reads its rows from x itself (nothing is
-  // packed for it), and the one rank of single_rank_in_order answers straight into out.
-  bool x_in_region = false;
-  bool out_in_region = false;
-  // Per EP rank: its rows are x as it is (every token, in order, in the wire dtype, and in
-  // the region when the handle is), sent or read without a pack.
+  // Per EP rank: its rows are x as it is (every token, in order, in the wire dtype), sent
+  // or read without a pack. In a region only when x is the region's staged buffer
+  // (RemoteMoeExecutor::StageBuffers), at byte x_at.
   std::vector<bool> takes_x;
-  int64_t x_at = 0;  // x_in_region: x's byte offset in the region
-  Tensor pairs;      // in_region: the pairs' blocks, [3 * sum pairs] i32
+  int64_t x_at = 0;
+  // in_region: out is the staged buffer too, and the one rank of single_rank_in_order
+  // answers straight into it (recv_rows is out).
+  bool out_in_region = false;
+  Tensor pairs;  // in_region: the pairs' blocks, [3 * sum pairs] i32
   std::vector<bool> mapped;
   std::vector<int32_t> statuses;
   std::optional<ExchangeId> group;  // the posted exchange, until Combine waits for it
@@ -235,6 +234,9 @@ class RemoteMoeExecutor final : public MoeExecutor {
   // Into *mapped (per EP rank): the ranks of the placement that can map this rank's
   // memory; false if none can (or regions are off, or the backend's memory cannot be).
   bool MappableRanks(std::vector<bool>* mapped) const;
+  // Bytes at the start of a region that staged x and out of `rows` rows take (x, then out
+  // at half of it).
+  size_t StagedBytes(int64_t rows) const;
   // Micro-batch slot `micro`'s region holds at least `bytes`: kept, or replaced by a new
   // one (geometric growth, nothing staged in it). False if no region could be made.
   bool EnsureRegion(int micro, size_t bytes);
@@ -257,6 +259,7 @@ class RemoteMoeExecutor final : public MoeExecutor {
   std::vector<std::unique_ptr<DispatchHandle>> spare_handles_;
   std::vector<Transfer> transfers_;
   std::vector<bool> in_step_;            // per EP rank: sent this micro-batch's header
+  std::vector<bool> mappable_;           // StageBuffers' MappableRanks, kept for its storage
   std::unique_ptr<Event> rows_written_;  // recorded after the pack, before the exchange
   // The one-copy exchange: a mapped region per micro-batch slot (its Buffer unmaps it when
   // the last view goes) and its key; EP ranks that could not map one (by rank, with the
@@ -264,9 +267,8 @@ class RemoteMoeExecutor final : public MoeExecutor {
   struct Region {
     std::shared_ptr<Buffer> buffer;
     std::string key;
-    // The first bytes hold the staged x and out (StageBuffers); dispatches place their
-    // buffers after them.
-    size_t staged_bytes = 0;
+    // The first bytes hold the staged x and out of this many rows each (StageBuffers;
+    // RemoteMoeExecutor::StagedBytes); dispatches place their buffers after them.
     int64_t staged_rows = 0;
   };
   Region regions_[kMaxMicroBatches];
