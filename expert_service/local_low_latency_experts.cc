@@ -70,11 +70,19 @@ void LocalLowLatencyExperts::Start() {
 
 void LocalLowLatencyExperts::Loop(Rank* rank) {
   while (true) {
-    const absl::Status s = rank->rounds->Step();
+    const absl::Time begin = absl::Now();
+    absl::Status s = rank->rounds->Launch();
+    const absl::Duration launch = absl::Now() - begin;
+    if (s.ok()) s = rank->rounds->CheckStatus();
     absl::MutexLock lock(&mu_);
     if (!s.ok() && status_.ok()) status_ = s;
     // The barrier: the last rank to finish the step decides, for all, whether the next runs.
     const int64_t step = steps_;
+    if (launch > slowest_launch_) {
+      slowest_launch_ = launch;
+      slowest_rank_ = static_cast<int>(rank - ranks_.data());
+      slowest_step_ = step;
+    }
     if (++arrived_ == static_cast<int>(ranks_.size())) {
       arrived_ = 0;
       go_ = !stop_ && status_.ok();
@@ -125,6 +133,13 @@ absl::Status LocalLowLatencyExperts::Stop() {
   threads_.clear();
   absl::MutexLock lock(&mu_);
   return !status_.ok() ? status_ : empty;
+}
+
+std::string LocalLowLatencyExperts::SlowestLaunch() const {
+  absl::MutexLock lock(&mu_);
+  if (slowest_rank_ < 0) return "no step launched";
+  return absl::StrCat("the slowest step launch: expert rank ", slowest_rank_, ", step ",
+                      slowest_step_, ", ", absl::FormatDuration(slowest_launch_));
 }
 
 int64_t LocalLowLatencyExperts::steps() const {

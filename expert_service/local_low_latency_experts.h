@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/model_config.h"
 #include "expert_service/low_latency_expert_rounds.h"
 #include "kernels/backend.h"
@@ -60,6 +61,10 @@ class LocalLowLatencyExperts {
   absl::Status Stop();
   // Steps the expert ranks have answered.
   int64_t steps() const;
+  // The longest host time any rank's step launch took, with the rank and step: a launch
+  // is one graph launch (or the rounds' enqueues), so a long one is a host call that
+  // waited for the GPU while waits spun (see above). For a failed run's message.
+  std::string SlowestLaunch() const;
   LowLatencyMoeExecutor* executor() const { return executor_; }
 
  private:
@@ -89,6 +94,9 @@ class LocalLowLatencyExperts {
   bool go_ ABSL_GUARDED_BY(mu_) = true;
   int exited_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Duration slowest_launch_ ABSL_GUARDED_BY(mu_);
+  int slowest_rank_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t slowest_step_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 }  // namespace dxs

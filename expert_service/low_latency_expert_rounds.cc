@@ -81,12 +81,12 @@ absl::Status LowLatencyExpertRounds::Rounds() {
   return absl::OkStatus();
 }
 
+absl::Status LowLatencyExpertRounds::Launch() {
+  return graph_ != nullptr ? shard_->backend()->Replay(graph_.get()) : Rounds();
+}
+
 absl::Status LowLatencyExpertRounds::Step() {
-  if (graph_ != nullptr) {
-    DXS_RETURN_IF_ERROR(shard_->backend()->Replay(graph_.get()));
-  } else {
-    DXS_RETURN_IF_ERROR(Rounds());
-  }
+  DXS_RETURN_IF_ERROR(Launch());
   return CheckStatus();
 }
 

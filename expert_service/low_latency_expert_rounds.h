@@ -29,6 +29,8 @@ class LowLatencyExpertRounds {
   // backend has graphs the step was recorded by Make, and a step replays it: its host work
   // is one launch and one status read.
   absl::Status Step();
+  // Step's first half: the step's launch (the graph's replay, or every round's enqueue).
+  absl::Status Launch();
   absl::Status CheckStatus() { return exchange_->CheckStatus(); }
   int num_rounds() const { return static_cast<int>(moe_layers_.size()); }
 
