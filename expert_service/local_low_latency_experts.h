@@ -11,10 +11,11 @@
 // Every rank and the attention side share one CUDA context here, and a wait spins until
 // another rank's kernels run. So nothing may wait for the GPU to go idle while a step is
 // under way: set CUDA_MODULE_LOADING=EAGER before the runtime starts (a kernel's first,
-// lazy load can wait so), and run a step of each shape once before Start (a device
-// allocation can wait so too; gpu_bench --low-latency does). Graphs are recorded and
-// uploaded before they first run (Backend::CaptureGraph). Otherwise a step stalls until
-// the waits time out. Between processes (the services) none of this applies: a process's
+// lazy load can wait so), and run a step of each shape once before Start, so that no device
+// or pinned memory is freed in a step (cudaFree and cudaFreeHost wait so; cudaMalloc and
+// cudaHostAlloc do not: bench/gpu_host_call_probe.cu; gpu_bench --low-latency does this).
+// Graphs are recorded and uploaded before they first run (Backend::CaptureGraph).
+// Otherwise a step stalls until the waits time out. Between processes (the services) none of this applies: a process's
 // calls wait only for its own work, and its peers' kernels answer.
 #pragma once
 
