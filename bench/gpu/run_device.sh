@@ -5,8 +5,9 @@
 # by bench/gpu/bundle.sh). Prints a short table last; full logs are in $OUT (after bench and
 # all: gpu.md, gpu_*.png and logs.tgz holding the rest, as only 8 files come back).
 #   bench/gpu/run_device.sh [tests|memcheck|bench|cluster|exchange|ll|decode|gemv|gpus|gpus-decode|gpus-eplb|all]
-#   ll: gpu_ll_bench (the exchange's kernels alone) and gpu_bench --low-latency (decode steps
-#   with the MoE over it, beside local experts).
+#   ll: gpu_ll_bench (the exchange's kernels alone), gpu_host_call_probe (which runtime calls
+#   wait for a spinning kernel) and gpu_bench --low-latency (decode steps with the MoE over
+#   it, beside local experts).
 #                           [--quick]
 #   gpus: what several GPUs of one host run (issues 14 and 15): the two-GPU cases of the
 #   nccl and worker transport tests, gpu_ll_bench between GPUs 0 and 1 (NVLink), and the
@@ -135,6 +136,14 @@ if [ "$what" = ll ] || [ "$what" = exchange ] || [ "$what" = all ]; then
     timeout 120 .device/bin/gpu_ll_bench --json "$OUT/ll.jsonl" >"$OUT/gpu_ll_bench.log" 2>&1
     summary+=("gpu_ll_bench: rc=$?")
     cat "$OUT/gpu_ll_bench.log"
+  fi
+  # Which runtime calls hold later launches behind a spinning kernel (the one-process
+  # ranks' hazard: expert_service/local_low_latency_experts.h).
+  if [ -x .device/bin/gpu_host_call_probe ]; then
+    CUDA_MODULE_LOADING=EAGER timeout 60 .device/bin/gpu_host_call_probe \
+      --json "$OUT/host_calls.jsonl" >"$OUT/gpu_host_call_probe.log" 2>&1
+    summary+=("gpu_host_call_probe: rc=$?")
+    cat "$OUT/gpu_host_call_probe.log"
   fi
   # Decode steps whose MoE goes over it to expert ranks of this process (through the
   # Backend: LowLatencyMoeExecutor, ExpertShard::ForwardLowLatency), beside local experts.
