@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
   for (cudaStream_t& s : more) {
     if (!Check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream")) return 1;
   }
+  std::vector<cudaGraphExec_t> made;  // a case's graphs, destroyed after it
   struct Case {
     const char* name;
     std::function<void()> before;  // untimed set-up, before the spin starts
@@ -187,6 +188,7 @@ int main(int argc, char** argv) {
        [&] {
          cudaGraphExec_t exec;
          cudaGraphInstantiate(&exec, graph, 0);
+         made.push_back(exec);
        }},
       {"cudaGraphInstantiate + cudaGraphUpload + first launch", [] {},
        [&] {
@@ -194,6 +196,7 @@ int main(int argc, char** argv) {
          cudaGraphInstantiate(&exec, graph, 0);
          cudaGraphUpload(exec, c);
          cudaGraphLaunch(exec, c);
+         made.push_back(exec);
        }},
       {"a kernel's first launch", [] {}, [&] { FirstLaunchKernel<1><<<1, 1, 0, c>>>(scratch); }},
       {"a kernel's first launch (another module function)", [] {},
@@ -206,17 +209,28 @@ int main(int argc, char** argv) {
       {"(none; both graphs, the setter on the 9th stream made)", [] {}, [] {}, true, true,
        &more[5]},
   };
+  using Launch = std::function<void(cudaStream_t)>;
   // A kernel launch recorded as a one-node graph and instantiated (untimed).
-  auto as_graph = [&](const std::function<void(cudaStream_t)>& launch) {
+  auto as_graph = [&](const Launch& launch) {
     cudaGraph_t g = nullptr;
     cudaGraphExec_t exec = nullptr;
     cudaStreamBeginCapture(c, cudaStreamCaptureModeRelaxed);
     launch(c);
     cudaStreamEndCapture(c, &g);
     cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
     cudaGraphUpload(exec, c);
     cudaStreamSynchronize(c);
+    made.push_back(exec);
     return exec;
+  };
+  // The launch itself, or the graph that holds it where there is one.
+  auto run = [](cudaGraphExec_t graph, cudaStream_t s, const Launch& launch) {
+    if (graph != nullptr) {
+      cudaGraphLaunch(graph, s);
+    } else {
+      launch(s);
+    }
   };
 
   std::vector<Result> results;
@@ -225,33 +239,22 @@ int main(int argc, char** argv) {
     ++round;
     k.before();
     const int want = round;
-    cudaStream_t set_stream = k.set_stream != nullptr ? *k.set_stream : b;
-    cudaGraphExec_t spin_graph = nullptr, set_graph = nullptr;
-    if (k.spin_in_graph) {
-      spin_graph =
-          as_graph([&](cudaStream_t s) { SpinKernel<<<1, 1, 0, s>>>(flag, want, result); });
-    }
-    if (k.set_in_graph) {
-      set_graph = as_graph([&](cudaStream_t s) { SetKernel<<<1, 1, 0, s>>>(flag, want); });
-    }
+    const Launch spin = [&](cudaStream_t s) { SpinKernel<<<1, 1, 0, s>>>(flag, want, result); };
+    const Launch set = [&](cudaStream_t s) { SetKernel<<<1, 1, 0, s>>>(flag, want); };
+    const cudaGraphExec_t spin_graph = k.spin_in_graph ? as_graph(spin) : nullptr;
+    const cudaGraphExec_t set_graph = k.set_in_graph ? as_graph(set) : nullptr;
     if (!Check(cudaDeviceSynchronize(), k.name)) return 1;
-    if (spin_graph != nullptr) {
-      cudaGraphLaunch(spin_graph, a);
-    } else {
-      SpinKernel<<<1, 1, 0, a>>>(flag, want, result);
-    }
+    run(spin_graph, a, spin);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the spin is running
     const auto t0 = std::chrono::steady_clock::now();
     k.call();
     const auto t1 = std::chrono::steady_clock::now();
-    if (set_graph != nullptr) {
-      cudaGraphLaunch(set_graph, set_stream);
-    } else {
-      SetKernel<<<1, 1, 0, set_stream>>>(flag, want);
-    }
+    run(set_graph, k.set_stream != nullptr ? *k.set_stream : b, set);
     if (!Check(cudaStreamSynchronize(a), k.name) || !Check(cudaDeviceSynchronize(), k.name)) {
       return 1;
     }
+    for (cudaGraphExec_t exec : made) cudaGraphExecDestroy(exec);
+    made.clear();
     int r = 0;
     cudaMemcpy(&r, result, sizeof(int), cudaMemcpyDeviceToHost);
     Result out;

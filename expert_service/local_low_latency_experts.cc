@@ -78,10 +78,8 @@ void LocalLowLatencyExperts::Loop(Rank* rank) {
     if (!s.ok() && status_.ok()) status_ = s;
     // The barrier: the last rank to finish the step decides, for all, whether the next runs.
     const int64_t step = steps_;
-    if (launch > slowest_launch_) {
-      slowest_launch_ = launch;
-      slowest_rank_ = static_cast<int>(rank - ranks_.data());
-      slowest_step_ = step;
+    if (launch > slowest_launch_.time) {
+      slowest_launch_ = {launch, static_cast<int>(rank - ranks_.data()), step};
     }
     if (++arrived_ == static_cast<int>(ranks_.size())) {
       arrived_ = 0;
@@ -137,9 +135,10 @@ absl::Status LocalLowLatencyExperts::Stop() {
 
 std::string LocalLowLatencyExperts::SlowestLaunch() const {
   absl::MutexLock lock(&mu_);
-  if (slowest_rank_ < 0) return "no step launched";
-  return absl::StrCat("the slowest step launch: expert rank ", slowest_rank_, ", step ",
-                      slowest_step_, ", ", absl::FormatDuration(slowest_launch_));
+  const TimedLaunch& l = slowest_launch_;
+  if (l.rank < 0) return "no step launched";
+  return absl::StrCat("the slowest step launch: expert rank ", l.rank, ", step ", l.step, ", ",
+                      absl::FormatDuration(l.time));
 }
 
 int64_t LocalLowLatencyExperts::steps() const {

@@ -15,8 +15,8 @@
 // or pinned memory is freed in a step (cudaFree and cudaFreeHost wait so; cudaMalloc and
 // cudaHostAlloc do not: bench/gpu_host_call_probe.cu; gpu_bench --low-latency does this).
 // Graphs are recorded and uploaded before they first run (Backend::CaptureGraph).
-// Otherwise a step stalls until the waits time out. Between processes (the services) none of this applies: a process's
-// calls wait only for its own work, and its peers' kernels answer.
+// Otherwise a step stalls until the waits time out. Between processes (the services) none of this
+// applies: a process's calls wait only for its own work, and its peers' kernels answer.
 #pragma once
 
 #include <memory>
@@ -95,9 +95,12 @@ class LocalLowLatencyExperts {
   bool go_ ABSL_GUARDED_BY(mu_) = true;
   int exited_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
-  absl::Duration slowest_launch_ ABSL_GUARDED_BY(mu_);
-  int slowest_rank_ ABSL_GUARDED_BY(mu_) = -1;
-  int64_t slowest_step_ ABSL_GUARDED_BY(mu_) = -1;
+  struct TimedLaunch {
+    absl::Duration time;
+    int rank = -1;  // -1: no step launched yet
+    int64_t step = -1;
+  };
+  TimedLaunch slowest_launch_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dxs
