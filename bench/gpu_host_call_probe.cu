@@ -8,8 +8,11 @@
 // timer); the host makes the call under test; then a kernel on stream B sets the flag. The
 // case prints the call's host time and whether the spin saw the flag (the call let B run
 // beside A) or timed out (B was held behind A: the call synchronised). Streams are
-// non-blocking, as the CUDA backend's are. Run it under CUDA_MODULE_LOADING=LAZY and EAGER
-// for the "first launch of a kernel" case.
+// non-blocking, as the CUDA backend's are. The last cases queue a copy on A behind the spin
+// first (pinned, or pageable from another thread): on the H200, a cudaMemcpy to pageable
+// memory waits while another thread's pageable copy waits in its stream (the driver stages
+// them one at a time); pinned copies and kernels do not. Run it under
+// CUDA_MODULE_LOADING=LAZY and EAGER for the "first launch of a kernel" case.
 //   gpu_host_call_probe [--json FILE]
 #include <cuda_runtime.h>
 
@@ -58,6 +61,9 @@ __global__ void FirstLaunchKernel(int* p) {
 
 __global__ void TouchKernel(int* p) { p[0] += 1; }
 
+// A device word into mapped host memory: a read that needs no copy engine.
+__global__ void ReadIntoMappedKernel(const int* src, volatile int* mapped) { *mapped = *src; }
+
 bool Check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return true;
   std::fprintf(stderr, "gpu_host_call_probe: %s: %s\n", what, cudaGetErrorString(e));
@@ -92,6 +98,8 @@ int main(int argc, char** argv) {
   int* result = nullptr;
   int* scratch = nullptr;
   int* pinned = nullptr;
+  int* mapped = nullptr;  // pinned, mapped into the device's address space
+  int* mapped_device = nullptr;
   if (!Check(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), "stream") ||
       !Check(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), "stream") ||
       !Check(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking), "stream") ||
@@ -99,6 +107,9 @@ int main(int argc, char** argv) {
       !Check(cudaMalloc(&result, sizeof(int)), "result") ||
       !Check(cudaMalloc(&scratch, 1 << 20), "scratch") ||
       !Check(cudaHostAlloc(&pinned, 4096, cudaHostAllocDefault), "pinned") ||
+      !Check(cudaHostAlloc(&mapped, 4096, cudaHostAllocMapped), "mapped") ||
+      !Check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mapped_device), mapped, 0),
+             "mapped") ||
       !Check(cudaMemset(flag, 0, sizeof(int)), "memset") ||
       !Check(cudaMemset(scratch, 0, 1 << 20), "memset")) {
     return 1;
@@ -133,6 +144,27 @@ int main(int argc, char** argv) {
     bool spin_in_graph = false;          // the spin is a graph's node, launched as a graph
     bool set_in_graph = false;           // so is the setter
     cudaStream_t* set_stream = nullptr;  // B unless given
+    // Untimed, right after the spin: more work on A, queued behind it (the attention rank's
+    // copy of its step's tokens behind the step's waits).
+    std::function<void()> queued = [] {};
+  };
+  // A small D2H copy on A behind the spin: it cannot start until the spin ends.
+  const auto copy_queued_on_a = [&] {
+    cudaMemcpyAsync(pinned + 1, scratch, sizeof(int), cudaMemcpyDeviceToHost, a);
+  };
+  // A D2H copy to pageable memory on A, from another thread (it returns only when done:
+  // the engine's Download of a step's logits).
+  std::vector<std::thread> copiers;
+  int pageable_word = 0;
+  const auto pageable_copy_queued_on_a = [&] {
+    copiers.emplace_back([&] {
+      cudaMemcpyAsync(&pageable_word, scratch, sizeof(int), cudaMemcpyDeviceToHost, a);
+      cudaStreamSynchronize(a);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the copy is queued
+  };
+  const auto h2d_queued_on_a = [&] {
+    cudaMemcpyAsync(scratch, pinned + 1, sizeof(int), cudaMemcpyHostToDevice, a);
   };
   const std::vector<Case> cases = {
       {"nothing", [] {}, [] {}},
@@ -208,6 +240,52 @@ int main(int argc, char** argv) {
       {"(none; the setter on the 9th stream made, after A)", [] {}, [] {}, false, false, &more[5]},
       {"(none; both graphs, the setter on the 9th stream made)", [] {}, [] {}, true, true,
        &more[5]},
+      // A copy queued on A behind the spin, then a copy of another stream (an expert rank
+      // reading its status while the attention rank's step waits for it).
+      {"cudaMemcpy D2H to pageable, a D2H copy queued on A", [] {},
+       [&] { cudaMemcpy(&host_word, scratch, sizeof(int), cudaMemcpyDeviceToHost); }, false, false,
+       nullptr, copy_queued_on_a},
+      {"cudaMemcpyAsync D2H to pinned + sync, a D2H copy queued on A", [] {},
+       [&] {
+         cudaMemcpyAsync(pinned, scratch, sizeof(int), cudaMemcpyDeviceToHost, c);
+         cudaStreamSynchronize(c);
+       },
+       false, false, nullptr, copy_queued_on_a},
+      {"cudaMemcpyAsync H2D from pinned + sync, a D2H copy queued on A", [] {},
+       [&] {
+         cudaMemcpyAsync(scratch, pinned, sizeof(int), cudaMemcpyHostToDevice, c);
+         cudaStreamSynchronize(c);
+       },
+       false, false, nullptr, copy_queued_on_a},
+      {"cudaMemcpyAsync D2H to pinned + sync, an H2D copy queued on A", [] {},
+       [&] {
+         cudaMemcpyAsync(pinned, scratch, sizeof(int), cudaMemcpyDeviceToHost, c);
+         cudaStreamSynchronize(c);
+       },
+       false, false, nullptr, h2d_queued_on_a},
+      {"a kernel into mapped host memory + sync, a D2H copy queued on A", [] {},
+       [&] {
+         ReadIntoMappedKernel<<<1, 1, 0, c>>>(scratch, mapped_device);
+         cudaStreamSynchronize(c);
+         host_word = *static_cast<volatile int*>(mapped);
+       },
+       false, false, nullptr, copy_queued_on_a},
+      {"cudaMemcpy D2H to pageable, a pageable D2H copy queued on A", [] {},
+       [&] { cudaMemcpy(&host_word, scratch, sizeof(int), cudaMemcpyDeviceToHost); }, false, false,
+       nullptr, pageable_copy_queued_on_a},
+      {"cudaMemcpyAsync D2H to pinned + sync, a pageable D2H copy queued on A", [] {},
+       [&] {
+         cudaMemcpyAsync(pinned, scratch, sizeof(int), cudaMemcpyDeviceToHost, c);
+         cudaStreamSynchronize(c);
+       },
+       false, false, nullptr, pageable_copy_queued_on_a},
+      {"a kernel into mapped host memory + sync, a pageable D2H copy queued on A", [] {},
+       [&] {
+         ReadIntoMappedKernel<<<1, 1, 0, c>>>(scratch, mapped_device);
+         cudaStreamSynchronize(c);
+         host_word = *static_cast<volatile int*>(mapped);
+       },
+       false, false, nullptr, pageable_copy_queued_on_a},
   };
   using Launch = std::function<void(cudaStream_t)>;
   // A kernel launch recorded as a one-node graph and instantiated (untimed).
@@ -245,6 +323,7 @@ int main(int argc, char** argv) {
     const cudaGraphExec_t set_graph = k.set_in_graph ? as_graph(set) : nullptr;
     if (!Check(cudaDeviceSynchronize(), k.name)) return 1;
     run(spin_graph, a, spin);
+    k.queued();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the spin is running
     const auto t0 = std::chrono::steady_clock::now();
     k.call();
@@ -253,6 +332,8 @@ int main(int argc, char** argv) {
     if (!Check(cudaStreamSynchronize(a), k.name) || !Check(cudaDeviceSynchronize(), k.name)) {
       return 1;
     }
+    for (std::thread& t : copiers) t.join();
+    copiers.clear();
     for (cudaGraphExec_t exec : made) cudaGraphExecDestroy(exec);
     made.clear();
     int r = 0;

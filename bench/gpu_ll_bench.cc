@@ -162,9 +162,9 @@ Result Measure(int tokens, int hidden, int reps, int num_sms, int dev_a, int dev
     CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
     if (i >= 20) ll.push_back(ms * 1000.f);
   }
-  int error_code = 0, source = 0;
-  CHECK_CUDA(dxs::cuda::LlReadStatus(attention_sync, &error_code, &source));
-  if (error_code != 0) {
+  LlSync status = {};
+  CHECK_CUDA(dxs::cuda::LlReadSync(attention_sync, &status));
+  if (status.error != 0) {
     std::fprintf(stderr, "the exchange timed out\n");
     std::exit(1);
   }

@@ -65,22 +65,35 @@ absl::StatusOr<std::unique_ptr<MoeExecutor>> LocalLowLatencyExperts::AttachAtten
 
 void LocalLowLatencyExperts::Start() {
   if (!threads_.empty() || executor_ == nullptr) return;
+  {
+    absl::MutexLock lock(&phase_mu_);
+    phases_.assign(ranks_.size(), HostPhase{Phase::kIdle, 0, absl::Now()});
+    watch_stop_ = false;
+  }
   for (Rank& rank : ranks_) threads_.emplace_back([this, &rank] { Loop(&rank); });
+  watcher_ = std::thread([this] { Watch(); });
+}
+
+void LocalLowLatencyExperts::SetPhase(int rank, Phase phase, int64_t step) {
+  absl::MutexLock lock(&phase_mu_);
+  phases_[rank] = {phase, step, absl::Now()};
 }
 
 void LocalLowLatencyExperts::Loop(Rank* rank) {
-  while (true) {
+  const int r = static_cast<int>(rank - ranks_.data());
+  for (int64_t own_step = 0;; ++own_step) {
+    SetPhase(r, Phase::kLaunching, own_step);
     const absl::Time begin = absl::Now();
     absl::Status s = rank->rounds->Launch();
     const absl::Duration launch = absl::Now() - begin;
+    SetPhase(r, Phase::kWaiting, own_step);
     if (s.ok()) s = rank->rounds->CheckStatus();
+    SetPhase(r, Phase::kBarrier, own_step);
     absl::MutexLock lock(&mu_);
     if (!s.ok() && status_.ok()) status_ = s;
     // The barrier: the last rank to finish the step decides, for all, whether the next runs.
     const int64_t step = steps_;
-    if (launch > slowest_launch_.time) {
-      slowest_launch_ = {launch, static_cast<int>(rank - ranks_.data()), step};
-    }
+    if (launch > slowest_launch_.time) slowest_launch_ = {launch, r, step};
     if (++arrived_ == static_cast<int>(ranks_.size())) {
       arrived_ = 0;
       go_ = !stop_ && status_.ok();
@@ -92,8 +105,52 @@ void LocalLowLatencyExperts::Loop(Rank* rank) {
     if (!go_) break;
   }
   // A rank that failed left the others waiting in their waits; they time out and arrive.
+  SetPhase(r, Phase::kIdle, -1);
   absl::MutexLock lock(&mu_);
   ++exited_;
+}
+
+void LocalLowLatencyExperts::Watch() {
+  constexpr absl::Duration kStalled = absl::Seconds(1);
+  while (true) {
+    std::vector<HostPhase> phases;
+    {
+      absl::MutexLock lock(&phase_mu_);
+      phase_mu_.AwaitWithTimeout(absl::Condition(&watch_stop_), absl::Milliseconds(100));
+      if (watch_stop_ || !stall_report_.empty()) return;
+      phases = phases_;
+    }
+    const absl::Time now = absl::Now();
+    bool stalled = false;
+    for (const HostPhase& p : phases) {
+      stalled |= p.phase != Phase::kIdle && p.phase != Phase::kBarrier && now - p.since > kStalled;
+    }
+    if (!stalled) continue;
+    // Read outside the lock: the ranks' threads go on setting their phases.
+    std::string report = Snapshot(phases, now);
+    absl::MutexLock lock(&phase_mu_);
+    stall_report_ = std::move(report);
+    return;
+  }
+}
+
+std::string LocalLowLatencyExperts::Snapshot(const std::vector<HostPhase>& phases,
+                                             absl::Time now) const {
+  auto progress = [](const LowLatencyExchange& exchange) {
+    absl::StatusOr<LowLatencyProgress> p = exchange.Progress();
+    return p.ok() ? p->ToString() : std::string(p.status().message());
+  };
+  static constexpr const char* kPhases[] = {"idle", "launching its step",
+                                            "waiting for its step's work", "at the step barrier"};
+  std::string out = "a step stalled:";
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    const HostPhase& p = phases[r];
+    absl::StrAppend(&out, " expert rank ", r, ": step ", p.step, ", ",
+                    kPhases[static_cast<int>(p.phase)], " for ",
+                    absl::FormatDuration(now - p.since), ", ", progress(*ranks_[r].exchange), ";");
+  }
+  absl::StrAppend(&out, " attention rank: ", progress(*attention_));
+  return out;
 }
 
 absl::Status LocalLowLatencyExperts::EmptyStep() {
@@ -129,6 +186,11 @@ absl::Status LocalLowLatencyExperts::Stop() {
   if (!exited) empty = EmptyStep();
   for (std::thread& t : threads_) t.join();
   threads_.clear();
+  {
+    absl::MutexLock lock(&phase_mu_);
+    watch_stop_ = true;
+  }
+  watcher_.join();
   absl::MutexLock lock(&mu_);
   return !status_.ok() ? status_ : empty;
 }
@@ -139,6 +201,11 @@ std::string LocalLowLatencyExperts::SlowestLaunch() const {
   if (l.rank < 0) return "no step launched";
   return absl::StrCat("the slowest step launch: expert rank ", l.rank, ", step ", l.step, ", ",
                       absl::FormatDuration(l.time));
+}
+
+std::string LocalLowLatencyExperts::StallReport() const {
+  absl::MutexLock lock(&phase_mu_);
+  return stall_report_.empty() ? "no step stalled" : stall_report_;
 }
 
 int64_t LocalLowLatencyExperts::steps() const {

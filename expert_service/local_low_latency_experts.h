@@ -14,7 +14,11 @@
 // lazy load can wait so), and run a step of each shape once before Start, so that no device
 // or pinned memory is freed in a step (cudaFree and cudaFreeHost wait so; cudaMalloc and
 // cudaHostAlloc do not: bench/gpu_host_call_probe.cu; gpu_bench --low-latency does this).
-// Graphs are recorded and uploaded before they first run (Backend::CaptureGraph).
+// Graphs are recorded and uploaded before they first run (Backend::CaptureGraph). And no
+// rank may copy to pageable host memory between its steps: such a copy waits while another
+// thread's pageable copy waits in its stream (the driver stages them one at a time), and the
+// attention side copies each step's logits so, behind the step's waits for the expert ranks;
+// their status reads are kernels into mapped memory (LowLatencyExchange::CheckStatus).
 // Otherwise a step stalls until the waits time out. Between processes (the services) none of this
 // applies: a process's calls wait only for its own work, and its peers' kernels answer.
 #pragma once
@@ -66,6 +70,11 @@ class LocalLowLatencyExperts {
   // is one graph launch (or the rounds' enqueues), so a long one is a host call that
   // waited for the GPU while waits spun (see above). For a failed run's message.
   std::string SlowestLaunch() const;
+  // A stalled step as it stood while stalled (steps take milliseconds): the first time a
+  // rank's step had not ended a second after its launch began, each rank's host phase and
+  // every exchange's Progress (the rounds each side sent, received and has seen arrive),
+  // read then. "no step stalled" otherwise. For a failed run's message.
+  std::string StallReport() const;
   LowLatencyMoeExecutor* executor() const { return executor_; }
 
  private:
@@ -76,7 +85,18 @@ class LocalLowLatencyExperts {
     std::unique_ptr<LowLatencyExpertRounds> rounds;
   };
   LocalLowLatencyExperts() = default;
+  // Where a rank's thread is, for StallReport.
+  enum class Phase { kIdle, kLaunching, kWaiting, kBarrier };
+  struct HostPhase {
+    Phase phase = Phase::kIdle;
+    int64_t step = 0;
+    absl::Time since;
+  };
   void Loop(Rank* rank);
+  void SetPhase(int rank, Phase phase, int64_t step);
+  // The watcher's thread: every 100 ms, looks for a stalled step until Stop.
+  void Watch();
+  std::string Snapshot(const std::vector<HostPhase>& phases, absl::Time now) const;
   absl::Status EmptyStep();
 
   ModelConfig config_;
@@ -101,6 +121,11 @@ class LocalLowLatencyExperts {
     int64_t step = -1;
   };
   TimedLaunch slowest_launch_ ABSL_GUARDED_BY(mu_);
+  std::thread watcher_;
+  mutable absl::Mutex phase_mu_;
+  std::vector<HostPhase> phases_ ABSL_GUARDED_BY(phase_mu_);
+  bool watch_stop_ ABSL_GUARDED_BY(phase_mu_) = false;
+  std::string stall_report_ ABSL_GUARDED_BY(phase_mu_);
 };
 
 }  // namespace dxs

@@ -23,6 +23,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kernels/tensor.h"
 
 namespace dxs {
@@ -39,6 +42,18 @@ struct LowLatencyShape {
 };
 
 enum class LowLatencySide { kAttention, kExpert };
+
+// Where a rank's rounds stand, read while they run (LowLatencyExchange::Progress).
+struct LowLatencyProgress {
+  int64_t sent = 0;      // rounds this rank has sent
+  int64_t received = 0;  // rounds it has received (its waits that ended)
+  // Per source rank, its last round that has arrived in this rank's receive region.
+  std::vector<int64_t> arrived;
+  std::string ToString() const {  // "sent 12, received 11, arrived [12 11]"
+    return absl::StrCat("sent ", sent, ", received ", received, ", arrived [",
+                        absl::StrJoin(arrived, " "), "]");
+  }
+};
 
 // What an expert rank received in a round, on its backend, sized by the capacity: the
 // region's rows in place and one pair entry per (source, slot, k). Entries that are no pair
@@ -86,6 +101,10 @@ class LowLatencyExchange {
   // Waits for the queued work; OK, or UNAVAILABLE naming the rank a wait gave up on, or
   // FAILED_PRECONDITION for pairs routed to experts this rank does not hold.
   virtual absl::Status CheckStatus() = 0;
+  // Where the rounds stand now, without waiting for the queued work: what a stalled step
+  // is doing (a rank that never received a round, or received it and never answered). One
+  // caller at a time; any thread.
+  virtual absl::StatusOr<LowLatencyProgress> Progress() const = 0;
 };
 
 }  // namespace dxs

@@ -5,8 +5,10 @@
 // the host except CheckStatus, so a decode step that runs the rounds can be captured.
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +50,20 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
     // Zeroed once: flags at epoch 0, no counts (the rounds never reset anything).
     DXS_RETURN_IF_ERROR(CudaStatus(cudaMemset(region_.buffer->data(), 0, own.bytes),
                                    "low-latency exchange: zero the region"));
+    // Two snapshots the host reads without a copy: CheckStatus's and Progress's, the
+    // latter on a stream of its own (it reads while the rank's queue is busy).
+    void* mapped = nullptr;
+    DXS_RETURN_IF_ERROR(
+        CudaStatus(cudaHostAlloc(&mapped, 2 * sizeof(cuda::LlSnapshot), cudaHostAllocMapped),
+                   "low-latency exchange: status memory"));
+    snapshots_.reset(static_cast<cuda::LlSnapshot*>(mapped));
+    DXS_RETURN_IF_ERROR(CudaStatus(cudaHostGetDevicePointer(&mapped, mapped, 0),
+                                   "low-latency exchange: status memory"));
+    snapshots_device_ = static_cast<cuda::LlSnapshot*>(mapped);
+    cudaStream_t stream = nullptr;
+    DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                                   "low-latency exchange: progress stream"));
+    progress_stream_.reset(stream);
     static_assert(sizeof(cuda::LlSync) % sizeof(int64_t) == 0);
     DXS_ASSIGN_OR_RETURN(
         sync_, backend_->Zeros({static_cast<int64_t>(sizeof(cuda::LlSync) / sizeof(int64_t))},
@@ -206,30 +222,35 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
   }
 
   absl::Status CheckStatus() override {
-    DXS_RETURN_IF_ERROR(backend_->Synchronize());
-    DXS_RETURN_IF_ERROR(backend_->Enter("low-latency status"));
-    int error = 0, source = -1;
-    DXS_RETURN_IF_ERROR(
-        CudaStatus(cuda::LlReadStatus(sync(), &error, &source), "low-latency exchange: status"));
-    if (error != 0) {
+    DXS_RETURN_IF_ERROR(backend_->Synchronize());  // the queued work (and no recording)
+    DXS_ASSIGN_OR_RETURN(const cuda::LlSnapshot st,
+                         Snapshot(/*reset_bad=*/true, backend_->stream_, 0));
+    if (st.sync.error != 0) {
       const bool attention = side_ == LowLatencySide::kAttention;
-      return absl::UnavailableError(
-          absl::StrCat("low-latency exchange: ", attention ? "attention" : "expert", " rank ",
-                       rank_, " waited more than ", shape_.timeout_ns / 1'000'000, " ms for ",
-                       attention ? "expert" : "attention", " rank ", source,
-                       "; the exchange is down until it is made again"));
+      return absl::UnavailableError(absl::StrCat(
+          "low-latency exchange: ", attention ? "attention" : "expert", " rank ", rank_,
+          " waited more than ", shape_.timeout_ns / 1'000'000, " ms for ",
+          attention ? "expert" : "attention", " rank ", st.sync.error_source, "'s round ",
+          st.sync.error_round, " (its last round here: ", st.sync.error_arrived,
+          "); the exchange is down until it is made again"));
     }
-    if (bad_.defined()) {
-      int32_t bad = 0;
-      DXS_RETURN_IF_ERROR(backend_->CopyToHost(bad_, DType::kI32, &bad));
-      if (bad != 0) {
-        DXS_RETURN_IF_ERROR(backend_->Fill(&bad_, 0.f));
-        return absl::FailedPreconditionError(
-            absl::StrCat("low-latency exchange: expert rank ", rank_, " was sent ", bad,
-                         " pairs for experts it does not hold (the placements disagree)"));
-      }
+    if (st.bad != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("low-latency exchange: expert rank ", rank_, " was sent ", st.bad,
+                       " pairs for experts it does not hold (the placements disagree)"));
     }
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<LowLatencyProgress> Progress() const override {
+    DXS_ASSIGN_OR_RETURN(const cuda::LlSnapshot st,
+                         Snapshot(/*reset_bad=*/false, progress_stream_.get(), 1));
+    LowLatencyProgress p;
+    p.sent = static_cast<int64_t>(st.sync.send_epoch);
+    p.received = static_cast<int64_t>(st.sync.recv_epoch);
+    const int sources = receive_layout().num_sources;
+    p.arrived.assign(st.arrived, st.arrived + sources);
+    return p;
   }
 
  private:
@@ -240,6 +261,23 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
     return side_ == LowLatencySide::kAttention ? dispatch_ : combine_;
   }
   cuda::LlSync* sync() const { return reinterpret_cast<cuda::LlSync*>(sync_.raw()); }
+
+  // Snapshot `slot` of the rank's state, taken on `stream` behind its queued work, read on
+  // the host once the stream has passed it: a kernel that writes mapped host memory, never a
+  // copy (LlSnapshot says why).
+  absl::StatusOr<cuda::LlSnapshot> Snapshot(bool reset_bad, cudaStream_t stream, int slot) const {
+    DXS_RETURN_IF_ERROR(backend_->Enter("low-latency status"));
+    std::string error;
+    DXS_RETURN_IF_ERROR(
+        Launched(cuda::LaunchLlSnapshot(sync(), region_.buffer->data(), receive_layout(),
+                                        bad_.defined() ? bad_.i32() : nullptr, reset_bad,
+                                        snapshots_device_ + slot, stream, &error),
+                 error));
+    DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "low-latency exchange: status"));
+    cuda::LlSnapshot st;
+    std::memcpy(&st, snapshots_.get() + slot, sizeof(st));
+    return st;
+  }
 
   // Enqueues the wait for every source's next round in this rank's receive region.
   absl::Status WaitForSources() {
@@ -296,6 +334,17 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
   LowLatencyPairs pairs_;                       // expert side: a round's pair list
   std::vector<std::shared_ptr<Buffer>> peers_;  // the other side's regions, mapped here
   Tensor peer_table_;                           // their bases, on the device
+  struct FreeHost {
+    void operator()(cuda::LlSnapshot* p) const { cudaFreeHost(p); }
+  };
+  struct DestroyStream {
+    void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
+  };
+  // [2] in pinned host memory mapped into the device (CheckStatus's, Progress's), and the
+  // device's address of it.
+  std::unique_ptr<cuda::LlSnapshot, FreeHost> snapshots_;
+  cuda::LlSnapshot* snapshots_device_ = nullptr;
+  std::unique_ptr<std::remove_pointer_t<cudaStream_t>, DestroyStream> progress_stream_;
 };
 
 absl::StatusOr<std::unique_ptr<LowLatencyExchange>> CudaBackend::MakeLowLatencyExchange(

@@ -135,9 +135,14 @@ __global__ void LlWaitKernel(const char* region, LlRegionLayout L, LlSync* sync,
     const unsigned long long* flags = reinterpret_cast<const unsigned long long*>(region + L.flags);
     for (int s = threadIdx.x; s < L.num_sources; s += blockDim.x) {
       const unsigned long long start = GlobalTimerNs();
-      while (LoadAcquireSys(flags + s) < epoch) {
+      unsigned long long arrived;
+      while ((arrived = LoadAcquireSys(flags + s)) < epoch) {
         if (GlobalTimerNs() - start > timeout_ns) {
-          if (atomicCAS(&sync->error, 0, 1) == 0) sync->error_source = s;
+          if (atomicCAS(&sync->error, 0, 1) == 0) {
+            sync->error_source = s;
+            sync->error_round = epoch;
+            sync->error_arrived = arrived;
+          }
           break;
         }
         __nanosleep(100);
@@ -149,6 +154,19 @@ __global__ void LlWaitKernel(const char* region, LlRegionLayout L, LlSync* sync,
     __threadfence();
     sync->recv_epoch = epoch;
   }
+}
+
+__global__ void LlSnapshotKernel(const LlSync* sync, const char* region, LlRegionLayout L,
+                                 int32_t* bad, bool reset_bad, LlSnapshot* out) {
+  const unsigned long long* flags = reinterpret_cast<const unsigned long long*>(region + L.flags);
+  for (int s = threadIdx.x; s < L.num_sources; s += blockDim.x) {
+    out->arrived[s] = LoadAcquireSys(flags + s);
+  }
+  if (threadIdx.x == 0) {
+    out->sync = *sync;
+    out->bad = bad == nullptr ? 0 : reset_bad ? atomicExch(bad, 0) : *bad;
+  }
+  __threadfence_system();
 }
 
 __global__ void __launch_bounds__(kThreads) LlCombineSendKernel(LlCombineSendArgs a) {
@@ -374,13 +392,20 @@ cudaError_t LaunchLlRegionPairs(const LlRegionPairsArgs& a, int num_sms, cudaStr
   return cudaGetLastError();
 }
 
-cudaError_t LlReadStatus(const LlSync* sync, int* error, int* error_source) {
-  LlSync host;
-  const cudaError_t e = cudaMemcpy(&host, sync, sizeof(host), cudaMemcpyDeviceToHost);
-  if (e != cudaSuccess) return e;
-  *error = host.error;
-  *error_source = host.error_source;
-  return cudaSuccess;
+cudaError_t LlReadSync(const LlSync* sync, LlSync* host) {
+  return cudaMemcpy(host, sync, sizeof(*host), cudaMemcpyDeviceToHost);
+}
+
+cudaError_t LaunchLlSnapshot(const LlSync* sync, const void* region, const LlRegionLayout& layout,
+                             int32_t* bad, bool reset_bad, LlSnapshot* mapped, cudaStream_t stream,
+                             std::string* error) {
+  if (!LayoutOk(layout, error, "snapshot")) return cudaErrorInvalidValue;
+  if (sync == nullptr || region == nullptr || mapped == nullptr) {
+    return Fail(error, "snapshot: a null sync, region or snapshot");
+  }
+  LlSnapshotKernel<<<1, kLlMaxRanks, 0, stream>>>(sync, static_cast<const char*>(region), layout,
+                                                  bad, reset_bad, mapped);
+  return cudaGetLastError();
 }
 
 static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(LlRegionHandle), "IPC handle size");

@@ -34,9 +34,10 @@
 // layer l, which the expert rank sends only after its experts have read layer l's rows.
 //
 // Failure. A wait that passes `timeout_ns` records the source it waited for in its
-// LlSync (error = 1, error_source) and returns; so does every later wait on that LlSync
-// without waiting, and the caller reads the LlSync after the step (LlReadStatus) and turns
-// it into UNAVAILABLE. A peer that died mid-round cannot hang a rank's stream.
+// LlSync (error = 1, error_source, the round it waited for and the source's last round that
+// had arrived) and returns; so does every later wait on that LlSync without waiting, and the
+// caller reads the LlSync after the step (LaunchLlSnapshot) and turns it into UNAVAILABLE. A peer
+// that died mid-round cannot hang a rank's stream.
 //
 // Limits: at most kLlMaxRanks ranks a side, row bytes a multiple of 16, top_k <=
 // kLlMaxTopK. Launchers check their arguments (cudaErrorInvalidValue, with a message in
@@ -85,6 +86,8 @@ struct LlSync {
   int error;                      // 0, or 1: a wait timed out
   int error_source;               // the source it waited for
   int unused;
+  unsigned long long error_round;    // the round it waited for
+  unsigned long long error_arrived;  // the source's last round in the region then
 };
 
 // The layout of a region; bytes == 0 when the sizes are out of range (the launchers say
@@ -171,8 +174,29 @@ struct LlRegionPairsArgs {
 cudaError_t LaunchLlRegionPairs(const LlRegionPairsArgs& a, int num_sms, cudaStream_t stream,
                                 std::string* error);
 
-// The LlSync's error and source, copied to the host (synchronous).
-cudaError_t LlReadStatus(const LlSync* sync, int* error, int* error_source);
+// The LlSync, copied to the host (cudaMemcpy: synchronous, and through a copy engine).
+cudaError_t LlReadSync(const LlSync* sync, LlSync* host);
+
+// A rank's state as the host reads it, written by LaunchLlSnapshot into pinned host memory
+// mapped into the device: no copy. A copy to pageable host memory (cudaMemcpy into a host
+// struct) waits while another thread's copy to pageable memory waits in its stream: the
+// driver stages them one at a time (bench/gpu_host_call_probe.cu: 975 ms, until the spin
+// ended; pinned copies and kernels ran beside it). In one process (the ranks of
+// LocalLowLatencyExperts) an expert rank's status read so waited behind the attention rank's
+// copy of its step's logits, which waited for that expert rank's next step: a stall until
+// the attention rank's wait timed out.
+struct LlSnapshot {
+  LlSync sync;
+  int bad;  // pairs for experts the rank does not hold, since the last snapshot that reset it
+  int unused;
+  unsigned long long arrived[kLlMaxRanks];  // the region's flags: each source's last round
+};
+// Enqueues the snapshot of `sync`, the region's flags and *bad (reset to 0 when reset_bad;
+// bad may be null) into `mapped` (pinned host memory mapped into the device; its contents
+// are the host's to read once the stream has passed the kernel).
+cudaError_t LaunchLlSnapshot(const LlSync* sync, const void* region, const LlRegionLayout& layout,
+                             int32_t* bad, bool reset_bad, LlSnapshot* mapped, cudaStream_t stream,
+                             std::string* error);
 
 // CUDA IPC for a region made by cudaMalloc (its base): the handle to hand to the peer
 // process, and the peer's mapping of it (closed with LlCloseRegion).

@@ -261,9 +261,10 @@ class LlCluster {
   void SyncAll() {
     for (cudaStream_t s : streams_) ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     for (int r = 0; r < a_ + e_; ++r) {
-      int error = -1, source = -1;
-      ASSERT_EQ(cuda::LlReadStatus(syncs_[r], &error, &source), cudaSuccess);
-      ASSERT_EQ(error, 0) << "rank " << r << " timed out waiting for source " << source;
+      cuda::LlSync sync = {};
+      ASSERT_EQ(cuda::LlReadSync(syncs_[r], &sync), cudaSuccess);
+      ASSERT_EQ(sync.error, 0) << "rank " << r << " timed out waiting for source "
+                               << sync.error_source;
     }
   }
 
@@ -439,10 +440,13 @@ TEST(LlExchangeGpu, AnExpertRankThatNeverAnswersTimesOutWithoutHanging) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(seconds, 5.0);
-  int error = 0, source = -1;
-  ASSERT_EQ(cuda::LlReadStatus(cluster.attention_sync(0), &error, &source), cudaSuccess);
-  EXPECT_EQ(error, 1);
-  EXPECT_EQ(source, 1);
+  cuda::LlSync sync = {};
+  ASSERT_EQ(cuda::LlReadSync(cluster.attention_sync(0), &sync), cudaSuccess);
+  EXPECT_EQ(sync.error, 1);
+  EXPECT_EQ(sync.error_source, 1);
+  // The first wait gave up on round 1, of which rank 1 had sent nothing (epoch 0).
+  EXPECT_EQ(sync.error_round, 1u);
+  EXPECT_EQ(sync.error_arrived, 0u);
 }
 
 // ---- Across two processes: the regions mapped through CUDA IPC ----
@@ -496,9 +500,9 @@ TEST(LlExchangeIpcChild, ExpertRank) {
     ASSERT_EQ(cuda::LaunchLlCombineSend(a, 8, stream, &error), cudaSuccess) << error;
   }
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  int status = -1, source = -1;
-  ASSERT_EQ(cuda::LlReadStatus(sync, &status, &source), cudaSuccess);
-  EXPECT_EQ(status, 0) << "the expert rank timed out waiting for its source";
+  cuda::LlSync status = {};
+  ASSERT_EQ(cuda::LlReadSync(sync, &status), cudaSuccess);
+  EXPECT_EQ(status.error, 0) << "the expert rank timed out waiting for its source";
   const char done = 'd';
   EXPECT_TRUE(WriteAll(out, &done, 1));
   cudaStreamDestroy(stream);
@@ -603,9 +607,9 @@ TEST(LlExchangeGpu, AcrossTwoProcessesThroughCudaIpc) {
     r.out_type = ElemType::kF32;
     ASSERT_EQ(cuda::LaunchLlCombineReduce(r, 8, stream, &error), cudaSuccess) << error;
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    int status = -1, source = -1;
-    ASSERT_EQ(cuda::LlReadStatus(sync, &status, &source), cudaSuccess);
-    ASSERT_EQ(status, 0) << "timed out waiting for the child's combine";
+    cuda::LlSync status = {};
+    ASSERT_EQ(cuda::LlReadSync(sync, &status), cudaSuccess);
+    ASSERT_EQ(status.error, 0) << "timed out waiting for the child's combine";
     std::vector<float> got(static_cast<size_t>(kIpcCap) * kIpcHidden);
     ASSERT_EQ(cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     ExpectBits(got, ReferenceOutput(in, owner, 1, kIpcTopK, kIpcExperts, kIpcHidden, kIpcCap),
