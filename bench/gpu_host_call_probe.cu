@@ -166,20 +166,29 @@ int main(int argc, char** argv) {
   const auto h2d_queued_on_a = [&] {
     cudaMemcpyAsync(scratch, pinned + 1, sizeof(int), cudaMemcpyHostToDevice, a);
   };
+  // Three ways to read a device word on the host: a pageable copy, a pinned copy on C, a
+  // kernel on C into mapped memory.
+  const std::function<void()> read_pageable = [&] {
+    cudaMemcpy(&host_word, scratch, sizeof(int), cudaMemcpyDeviceToHost);
+  };
+  const std::function<void()> read_pinned = [&] {
+    cudaMemcpyAsync(pinned, scratch, sizeof(int), cudaMemcpyDeviceToHost, c);
+    cudaStreamSynchronize(c);
+  };
+  const std::function<void()> read_mapped = [&] {
+    ReadIntoMappedKernel<<<1, 1, 0, c>>>(scratch, mapped_device);
+    cudaStreamSynchronize(c);
+    host_word = *static_cast<volatile int*>(mapped);
+  };
   const std::vector<Case> cases = {
       {"nothing", [] {}, [] {}},
-      {"cudaMemcpy D2H to pageable (legacy stream)", [] {},
-       [&] { cudaMemcpy(&host_word, scratch, sizeof(int), cudaMemcpyDeviceToHost); }},
+      {"cudaMemcpy D2H to pageable (legacy stream)", [] {}, read_pageable},
       {"cudaMemcpyAsync D2H to pageable + stream sync", [] {},
        [&] {
          cudaMemcpyAsync(&host_word, scratch, sizeof(int), cudaMemcpyDeviceToHost, c);
          cudaStreamSynchronize(c);
        }},
-      {"cudaMemcpyAsync D2H to pinned + stream sync", [] {},
-       [&] {
-         cudaMemcpyAsync(pinned, scratch, sizeof(int), cudaMemcpyDeviceToHost, c);
-         cudaStreamSynchronize(c);
-       }},
+      {"cudaMemcpyAsync D2H to pinned + stream sync", [] {}, read_pinned},
       {"cudaMemcpyAsync H2D 1 MiB from pageable + stream sync", [] {},
        [&] {
          cudaMemcpyAsync(scratch, pageable.data(), pageable.size(), cudaMemcpyHostToDevice, c);
@@ -240,52 +249,28 @@ int main(int argc, char** argv) {
       {"(none; the setter on the 9th stream made, after A)", [] {}, [] {}, false, false, &more[5]},
       {"(none; both graphs, the setter on the 9th stream made)", [] {}, [] {}, true, true,
        &more[5]},
-      // A copy queued on A behind the spin, then a copy of another stream (an expert rank
+      // A copy queued on A behind the spin, then a read of another stream (an expert rank
       // reading its status while the attention rank's step waits for it).
-      {"cudaMemcpy D2H to pageable, a D2H copy queued on A", [] {},
-       [&] { cudaMemcpy(&host_word, scratch, sizeof(int), cudaMemcpyDeviceToHost); }, false, false,
+      {"cudaMemcpy D2H to pageable, a D2H copy queued on A", [] {}, read_pageable, false, false,
        nullptr, copy_queued_on_a},
-      {"cudaMemcpyAsync D2H to pinned + sync, a D2H copy queued on A", [] {},
-       [&] {
-         cudaMemcpyAsync(pinned, scratch, sizeof(int), cudaMemcpyDeviceToHost, c);
-         cudaStreamSynchronize(c);
-       },
-       false, false, nullptr, copy_queued_on_a},
+      {"cudaMemcpyAsync D2H to pinned + sync, a D2H copy queued on A", [] {}, read_pinned, false,
+       false, nullptr, copy_queued_on_a},
       {"cudaMemcpyAsync H2D from pinned + sync, a D2H copy queued on A", [] {},
        [&] {
          cudaMemcpyAsync(scratch, pinned, sizeof(int), cudaMemcpyHostToDevice, c);
          cudaStreamSynchronize(c);
        },
        false, false, nullptr, copy_queued_on_a},
-      {"cudaMemcpyAsync D2H to pinned + sync, an H2D copy queued on A", [] {},
-       [&] {
-         cudaMemcpyAsync(pinned, scratch, sizeof(int), cudaMemcpyDeviceToHost, c);
-         cudaStreamSynchronize(c);
-       },
-       false, false, nullptr, h2d_queued_on_a},
-      {"a kernel into mapped host memory + sync, a D2H copy queued on A", [] {},
-       [&] {
-         ReadIntoMappedKernel<<<1, 1, 0, c>>>(scratch, mapped_device);
-         cudaStreamSynchronize(c);
-         host_word = *static_cast<volatile int*>(mapped);
-       },
-       false, false, nullptr, copy_queued_on_a},
-      {"cudaMemcpy D2H to pageable, a pageable D2H copy queued on A", [] {},
-       [&] { cudaMemcpy(&host_word, scratch, sizeof(int), cudaMemcpyDeviceToHost); }, false, false,
-       nullptr, pageable_copy_queued_on_a},
-      {"cudaMemcpyAsync D2H to pinned + sync, a pageable D2H copy queued on A", [] {},
-       [&] {
-         cudaMemcpyAsync(pinned, scratch, sizeof(int), cudaMemcpyDeviceToHost, c);
-         cudaStreamSynchronize(c);
-       },
+      {"cudaMemcpyAsync D2H to pinned + sync, an H2D copy queued on A", [] {}, read_pinned, false,
+       false, nullptr, h2d_queued_on_a},
+      {"a kernel into mapped host memory + sync, a D2H copy queued on A", [] {}, read_mapped, false,
+       false, nullptr, copy_queued_on_a},
+      {"cudaMemcpy D2H to pageable, a pageable D2H copy queued on A", [] {}, read_pageable, false,
+       false, nullptr, pageable_copy_queued_on_a},
+      {"cudaMemcpyAsync D2H to pinned + sync, a pageable D2H copy queued on A", [] {}, read_pinned,
        false, false, nullptr, pageable_copy_queued_on_a},
       {"a kernel into mapped host memory + sync, a pageable D2H copy queued on A", [] {},
-       [&] {
-         ReadIntoMappedKernel<<<1, 1, 0, c>>>(scratch, mapped_device);
-         cudaStreamSynchronize(c);
-         host_word = *static_cast<volatile int*>(mapped);
-       },
-       false, false, nullptr, pageable_copy_queued_on_a},
+       read_mapped, false, false, nullptr, pageable_copy_queued_on_a},
   };
   using Launch = std::function<void(cudaStream_t)>;
   // A kernel launch recorded as a one-node graph and instantiated (untimed).
