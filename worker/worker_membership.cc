@@ -81,6 +81,12 @@ void WorkerMembership::ReRegisterIfCurrent(uint64_t incarnation) {
     if (registration_.incarnation() != incarnation) return;
   }
   std::cerr << "membership: router forgot this worker; registering again\n";
+  if (fill_heartbeat_) {  // the counters go on from their totals (RegisterRequest.counters)
+    v1::HeartbeatRequest now;
+    fill_heartbeat_(&now);
+    absl::MutexLock l(&mu_);
+    *request_.mutable_counters() = now.counters();
+  }
   if (absl::Status r = RegisterOnce(); !r.ok()) {
     std::cerr << "membership: re-registration failed: " << r << "\n";
   }

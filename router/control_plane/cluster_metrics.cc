@@ -110,10 +110,14 @@ void ClusterMetrics::SampleAt(absl::Time now) const {
     if (state >= 0) ++view.workers[role_index][state];
 
     Track& t = tracks_[{static_cast<int>(role), s.info.rank()}];
-    if (t.incarnation != s.info.incarnation()) {  // a new worker: its counters start at 0
+    if (t.incarnation != s.info.incarnation()) {
+      // A new incarnation: its counters go on from what it registered with (0 for a new
+      // process), which is also the window's first point, at its registration: steps it
+      // took before the first sample here still count in the window.
       t.incarnation = s.info.incarnation();
-      t.last = v1::StepCounters();
+      t.last = s.registered_counters;
       t.history.clear();
+      t.history.push_back({s.registered, t.last.empty_steps_total(), t.last.tokens_total()});
     }
     const v1::StepCounters& c = s.counters;
     auto mirror = [](uint64_t* total, uint64_t now_value, uint64_t* last_value) {

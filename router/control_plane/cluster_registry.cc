@@ -332,6 +332,8 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
   *info.mutable_capacity() = request.capacity();
   slot.experts = std::move(claim);
   slot.last_heartbeat = options_.now();
+  slot.registered = slot.last_heartbeat;
+  slot.registered_counters = request.counters();
   slot.software_version = request.software_version();
   slot.model_info = request.model_info();
   const uint64_t incarnation = info.incarnation();

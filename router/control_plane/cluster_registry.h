@@ -110,6 +110,9 @@ struct WorkerStatus {
   absl::Time last_heartbeat;
   // Last reported by Heartbeat (zero until the first one); restart with each incarnation.
   v1::StepCounters counters;
+  // When this incarnation registered, and its counters then (RegisterRequest.counters).
+  absl::Time registered;
+  v1::StepCounters registered_counters;
   v1::RankLoad load;
   uint64_t reported_view_version = 0;
   uint64_t reported_placement_version = 0;

@@ -1,6 +1,7 @@
 // ClusterMetrics over a real ClusterRegistry with a fake clock: heartbeat counters are
-// mirrored (and keep growing across a worker restart), the empty-ranks gauge follows the
-// window, EP token imbalance is max / mean over the window, workers are counted by state.
+// mirrored (and keep growing across a worker restart, from what a re-registering worker
+// registers with), the empty-ranks gauge follows the window from each registration, EP token
+// imbalance is max / mean over the window, workers are counted by state.
 #include "router/control_plane/cluster_metrics.h"
 
 #include <map>
@@ -139,11 +140,40 @@ TEST_F(ClusterMetricsTest, MirrorsHeartbeatsAndFindsEmptyRanksInTheWindow) {
   s = Tick();
   EXPECT_EQ(s[R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="1"})"], 13);
   EXPECT_EQ(s[R"(dxs_cluster_steps_total{role="attention",rank="1"})"], 14);
-  // A new incarnation's first report is its baseline: growth shows from the next one.
-  EXPECT_EQ(s[R"(dxs_cluster_empty_ranks{role="attention"})"], 0);
+  // A new incarnation's window starts at its registration, with the counters it registered
+  // with (0 for a new process): the empty steps it took before the first sample here count.
+  // (Taking the first report as the baseline missed a rank whose empty steps all came
+  // between its registration and the first sample: metrics_test's flake.)
+  EXPECT_EQ(s[R"(dxs_cluster_empty_ranks{role="attention"})"], 1);
   Beat(a1b, 6, 5, 0);
   s = Tick();
   EXPECT_EQ(s[R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="1"})"], 15);
+  EXPECT_EQ(s[R"(dxs_cluster_empty_ranks{role="attention"})"], 1);
+
+  // The same process registers again (its lease lost) with its totals: the mirrored
+  // counters go on from them, not from 0 (no count twice), and its window starts there.
+  for (int i = 0; i < 6; ++i) s = Tick();
+  EXPECT_EQ(s[R"(dxs_cluster_empty_ranks{role="attention"})"], 0);
+  v1::RegisterRequest again;
+  again.set_role(v1::ROLE_ATTENTION);
+  again.set_rank(1);
+  again.set_grpc_address("a1:1");
+  again.mutable_transport()->set_ucx_worker_address("ucx:a1:1");
+  again.mutable_fingerprint()->set_checkpoint_fingerprint(kCheckpoint);
+  again.mutable_fingerprint()->set_config_fingerprint(kConfig);
+  again.mutable_counters()->set_steps_total(6);
+  again.mutable_counters()->set_empty_steps_total(5);
+  absl::StatusOr<v1::RegisterResponse> registered = cluster_.Register(again);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  v1::WorkerId a1c = a1b;
+  a1c.set_incarnation(registered->incarnation());
+  s = Tick();
+  EXPECT_EQ(s[R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="1"})"], 15);
+  EXPECT_EQ(s[R"(dxs_cluster_empty_ranks{role="attention"})"], 0);
+  Beat(a1c, 8, 6, 0);
+  s = Tick();
+  EXPECT_EQ(s[R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="1"})"], 16);
+  EXPECT_EQ(s[R"(dxs_cluster_steps_total{role="attention",rank="1"})"], 18);  // 10 + 6 + 2
   EXPECT_EQ(s[R"(dxs_cluster_empty_ranks{role="attention"})"], 1);
 
   const std::string text = Scrape(*metrics_);
