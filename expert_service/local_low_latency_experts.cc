@@ -83,9 +83,7 @@ void LocalLowLatencyExperts::Loop(Rank* rank) {
   const int r = static_cast<int>(rank - ranks_.data());
   for (int64_t own_step = 0;; ++own_step) {
     SetPhase(r, Phase::kLaunching, own_step);
-    const absl::Time begin = absl::Now();
     absl::Status s = rank->rounds->Launch();
-    const absl::Duration launch = absl::Now() - begin;
     SetPhase(r, Phase::kWaiting, own_step);
     if (s.ok()) s = rank->rounds->CheckStatus();
     SetPhase(r, Phase::kBarrier, own_step);
@@ -93,7 +91,6 @@ void LocalLowLatencyExperts::Loop(Rank* rank) {
     if (!s.ok() && status_.ok()) status_ = s;
     // The barrier: the last rank to finish the step decides, for all, whether the next runs.
     const int64_t step = steps_;
-    if (launch > slowest_launch_.time) slowest_launch_ = {launch, r, step};
     if (++arrived_ == static_cast<int>(ranks_.size())) {
       arrived_ = 0;
       go_ = !stop_ && status_.ok();
@@ -193,14 +190,6 @@ absl::Status LocalLowLatencyExperts::Stop() {
   watcher_.join();
   absl::MutexLock lock(&mu_);
   return !status_.ok() ? status_ : empty;
-}
-
-std::string LocalLowLatencyExperts::SlowestLaunch() const {
-  absl::MutexLock lock(&mu_);
-  const TimedLaunch& l = slowest_launch_;
-  if (l.rank < 0) return "no step launched";
-  return absl::StrCat("the slowest step launch: expert rank ", l.rank, ", step ", l.step, ", ",
-                      absl::FormatDuration(l.time));
 }
 
 std::string LocalLowLatencyExperts::StallReport() const {

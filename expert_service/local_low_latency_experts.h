@@ -66,10 +66,6 @@ class LocalLowLatencyExperts {
   absl::Status Stop();
   // Steps the expert ranks have answered.
   int64_t steps() const;
-  // The longest host time any rank's step launch took, with the rank and step: a launch
-  // is one graph launch (or the rounds' enqueues), so a long one is a host call that
-  // waited for the GPU while waits spun (see above). For a failed run's message.
-  std::string SlowestLaunch() const;
   // A stalled step as it stood while stalled (steps take milliseconds): the first time a
   // rank's step had not ended a second after its launch began, each rank's host phase and
   // every exchange's Progress (the rounds each side sent, received and has seen arrive),
@@ -115,12 +111,6 @@ class LocalLowLatencyExperts {
   bool go_ ABSL_GUARDED_BY(mu_) = true;
   int exited_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
-  struct TimedLaunch {
-    absl::Duration time;
-    int rank = -1;  // -1: no step launched yet
-    int64_t step = -1;
-  };
-  TimedLaunch slowest_launch_ ABSL_GUARDED_BY(mu_);
   std::thread watcher_;
   mutable absl::Mutex phase_mu_;
   std::vector<HostPhase> phases_ ABSL_GUARDED_BY(phase_mu_);

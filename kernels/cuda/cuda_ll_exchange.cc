@@ -222,7 +222,11 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
   }
 
   absl::Status CheckStatus() override {
-    DXS_RETURN_IF_ERROR(backend_->Synchronize());  // the queued work (and no recording)
+    if (backend_->recording_.load()) {
+      return absl::FailedPreconditionError(
+          "low-latency status: not while a graph is being recorded");
+    }
+    // Behind the queued work: its synchronisation is the step's too.
     DXS_ASSIGN_OR_RETURN(const cuda::LlSnapshot st,
                          Snapshot(/*reset_bad=*/true, backend_->stream_, 0));
     if (st.sync.error != 0) {
