@@ -693,14 +693,6 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  if (const char* plugin = std::getenv("DXS_CUDA_PLUGIN"); plugin != nullptr && *plugin != 0) {
-    // Every backend here is MakeCudaBackend's, linked in (CudaStreamOf knows only its own):
-    // an A/B of CUDA code needs a gpu_bench built from each side.
-    std::fprintf(stderr,
-                 "gpu_bench: DXS_CUDA_PLUGIN=%s is not used: the CUDA backend is linked into "
-                 "gpu_bench\n",
-                 plugin);
-  }
   if (low_latency) {
     // Every rank of [decode-ll] is in this process, where a lazily loaded kernel's first
     // launch can wait for the ranks' spinning waits (expert_service/local_low_latency_experts.h):
