@@ -103,6 +103,30 @@ TEST(DxsRun, PresetMadeInPlaceAndDeviceErrors) {
   }
 }
 
+// Every subcommand answers --help (and -h, and `dxs help CMD`) with its own usage on stdout
+// and exit status 0, whatever else is on the line; an unknown command is exit 2.
+TEST(DxsHelp, EverySubcommandPrintsItsUsage) {
+  TempDir tmp;
+  for (const std::string cmd : {"run", "gen-model", "fingerprint", "up", "generate", "status",
+                                "rebalance", "drain", "bench"}) {
+    for (const std::string form :
+         {cmd + " --help", cmd + " -h", "help " + cmd, cmd + " --max-new-tokens 3 --help"}) {
+      Output o = RunDxs(form, tmp);
+      EXPECT_EQ(o.exit_code, 0) << form << " -> " << o.err;
+      EXPECT_EQ(o.out.rfind("usage: dxs " + cmd + " [flags]\n", 0), 0u) << form << " -> " << o.out;
+      EXPECT_TRUE(o.err.empty()) << form << " -> " << o.err;
+    }
+  }
+  Output all = RunDxs("--help", tmp);
+  EXPECT_EQ(all.exit_code, 0);
+  for (const char* cmd : {"run", "up", "bench", "drain"}) {
+    EXPECT_NE(all.out.find(std::string("\n  ") + cmd + " "), std::string::npos) << all.out;
+  }
+  Output unknown = RunDxs("help nosuch", tmp);
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.err.find("unknown command 'nosuch'"), std::string::npos) << unknown.err;
+}
+
 // gen-model --layers N keeps the preset's shape with N layers; out of range is exit 2.
 TEST(DxsGenModel, LayersCutThePreset) {
   TempDir tmp;
