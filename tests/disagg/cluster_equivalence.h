@@ -4,14 +4,20 @@
 // which experts computed what.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "dxs/v1/expert_worker.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "model/engine.h"
 #include "tests/disagg/metrics_util.h"
@@ -74,48 +80,82 @@ inline void ExpectClusterMatchesEngine(ProcessCluster* cluster, const std::strin
   }
 }
 
-// Runs `num_requests` concurrent streams, request i `prompt(i)` for `max_tokens` tokens on
-// DP rank i % num_attention, under `tag` + i; `during` runs once DP rank 0 has combined
-// some tokens (the streams are under way). Every request must succeed and give the greedy
-// tokens of its solo run on the single-process engine (`reference`; with
-// `check_first_logits`, its first logits within reference.max_logit_error too).
-inline void ExpectConcurrentStreamsMatchEngine(
-    ProcessCluster* cluster, const std::string& dir, int num_attention, int num_requests,
+// A load that lasts until `during` is done, so that whatever `during` does happens under
+// load on a machine of any speed: `num_streams` client threads, stream s on DP rank
+// s % num_attention, each sending requests for `prompt(s)` (`max_tokens` tokens, request id
+// tag + s + "." + k for its k-th) one after another. `during` runs once the load is under way
+// (DP rank 0 has combined 40 tokens more than before the streams started; a failure if that
+// does not happen within 120 s); when it returns, each stream finishes the request it has in
+// flight and stops. Every request must succeed and give the greedy tokens of its stream's
+// solo run on the single-process engine (`reference`; with `check_first_logits`, its first
+// logits within reference.max_logit_error too).
+struct StreamsRun {
+  int requests = 0;          // sent, over all streams
+  absl::Time streams_ended;  // when the last stream's last request ended
+};
+inline StreamsRun ExpectConcurrentStreamsMatchEngine(
+    ProcessCluster* cluster, const std::string& dir, int num_attention, int num_streams,
     int max_tokens, const std::string& tag, const std::function<std::vector<int32_t>(int)>& prompt,
     const EngineEquivalence& reference, const std::function<void()>& during,
     bool check_first_logits = false) {
-  std::vector<GenerateResult> results(num_requests);
+  const auto combined = [&] {
+    absl::StatusOr<std::string> text = Scrape(cluster->attention_metrics_address(0));
+    return text.ok() ? SumOf(ParseSamples(*text), "dxs_tokens_combined_total") : -1.0;
+  };
+  const double combined_before = combined();
+  EXPECT_GE(combined_before, 0) << "DP rank 0's metrics cannot be scraped";
+  std::atomic<bool> stop{false};
+  std::vector<std::vector<GenerateResult>> results(num_streams);
   std::vector<std::thread> threads;
-  for (int i = 0; i < num_requests; ++i) {
-    threads.emplace_back([&, i] {
-      results[i] = cluster->Generate(i % num_attention, tag + std::to_string(i), prompt(i),
-                                     max_tokens, absl::Seconds(120));
+  for (int s = 0; s < num_streams; ++s) {
+    threads.emplace_back([&, s] {
+      do {
+        const std::string id = tag + std::to_string(s) + "." + std::to_string(results[s].size());
+        results[s].push_back(
+            cluster->Generate(s % num_attention, id, prompt(s), max_tokens, absl::Seconds(120)));
+      } while (!stop.load() && results[s].back().status.ok());
     });
   }
-  for (int i = 0; i < 500; ++i) {
-    absl::StatusOr<std::string> text = Scrape(cluster->attention_metrics_address(0));
-    if (text.ok() && SumOf(ParseSamples(*text), "dxs_tokens_combined_total") > 40) break;
+  bool under_way = false;
+  for (const absl::Time end = absl::Now() + absl::Seconds(120); absl::Now() < end;) {
+    if (combined() >= combined_before + 40) {
+      under_way = true;
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  during();
+  EXPECT_TRUE(under_way) << "the streams did not get under way within 120 s" << cluster->DumpLogs();
+  if (under_way) during();
+  stop = true;
   for (auto& t : threads) t.join();
+  StreamsRun run;
+  run.streams_ended = absl::Now();
   auto engine = LocalEngine::Load(dir, reference.engine);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  for (int i = 0; i < num_requests; ++i) {
-    ASSERT_TRUE(results[i].status.ok())
-        << "request " << i << ": " << results[i].status.error_message() << cluster->DumpLogs();
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return run;
+  for (int s = 0; s < num_streams; ++s) {
     GenerationRequest r;
-    r.prompt = prompt(i);
+    r.prompt = prompt(s);
     r.max_new_tokens = max_tokens;
     auto out = (*engine)->GenerateBatch({r});
-    ASSERT_TRUE(out.ok()) << out.status();
-    EXPECT_EQ(results[i].tokens, out->front().tokens) << "request " << i;
-    if (!check_first_logits) continue;
-    const std::vector<float> got = cluster->FirstLogits(tag + std::to_string(i));
-    ASSERT_EQ(got.size(), out->front().first_logits.size()) << "request " << i;
-    EXPECT_LT(RelativeError(got, out->front().first_logits), reference.max_logit_error)
-        << "request " << i;
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (!out.ok()) return run;
+    for (size_t k = 0; k < results[s].size(); ++k, ++run.requests) {
+      const std::string id = tag + std::to_string(s) + "." + std::to_string(k);
+      const GenerateResult& got = results[s][k];
+      EXPECT_TRUE(got.status.ok())
+          << "request " << id << ": " << got.status.error_message() << cluster->DumpLogs();
+      if (!got.status.ok()) continue;
+      EXPECT_EQ(got.tokens, out->front().tokens) << "request " << id;
+      if (!check_first_logits) continue;
+      const std::vector<float> logits = cluster->FirstLogits(id);
+      EXPECT_EQ(logits.size(), out->front().first_logits.size()) << "request " << id;
+      if (logits.size() != out->front().first_logits.size()) continue;
+      EXPECT_LT(RelativeError(logits, out->front().first_logits), reference.max_logit_error)
+          << "request " << id;
+    }
   }
+  return run;
 }
 
 // The router's current view; a test failure (and an empty view) if it sent none.
@@ -125,32 +165,90 @@ inline v1::ClusterView CurrentClusterView(const ProcessCluster& cluster) {
   return view.ok() ? *view : v1::ClusterView();
 }
 
-// Kills EP rank `rank` `after` a long request started on DP rank 0: the request fails with
-// UNAVAILABLE within 5 s, never a hang; the expert comes back on its address and registers
-// again, and the cluster serves results equal to `reference` without restarting anything
-// else.
+// Kills EP rank `rank` once a long request on DP rank 0 has streamed tokens: the request
+// fails with UNAVAILABLE within 5 s, never a hang; the expert comes back on its address and
+// registers again (a new incarnation, live in the router's view), and the cluster serves
+// results equal to `reference` without restarting anything else.
 inline void ExpectKilledExpertFailsInFlightThenRecovers(ProcessCluster* cluster,
                                                         const std::string& dir, int num_attention,
-                                                        int rank, absl::Duration after,
+                                                        int rank,
                                                         const EngineEquivalence& reference = {}) {
+  const auto incarnation_of = [&](const v1::ClusterView& view) -> uint64_t {
+    for (const v1::WorkerInfo& w : view.workers()) {
+      if (w.role() == v1::ROLE_EXPERT && static_cast<int>(w.rank()) == rank &&
+          w.state() != v1::WORKER_STATE_DEAD) {
+        return w.incarnation();
+      }
+    }
+    return 0;
+  };
+  const uint64_t incarnation_before = incarnation_of(CurrentClusterView(*cluster));
+  ASSERT_NE(incarnation_before, 0u) << "EP rank " << rank << " is not live" << cluster->DumpLogs();
+  // As long as the context allows, so that no machine finishes it before the kill.
+  constexpr int kMaxNewTokens = 4000;
+  std::mutex mu;
+  std::condition_variable streamed;
+  size_t tokens_so_far = 0;
   GenerateResult long_run;
   std::thread client([&] {
-    // Long enough to be in flight when the expert dies.
-    long_run = cluster->Generate(0, "long", ClusterPrompt(1, 4096), 3000, absl::Seconds(90));
+    long_run = cluster->Generate(0, "long", ClusterPrompt(1, 4096), kMaxNewTokens,
+                                 absl::Seconds(120), [&](size_t n) {
+                                   std::lock_guard<std::mutex> lock(mu);
+                                   tokens_so_far = n;
+                                   streamed.notify_all();
+                                 });
+    std::lock_guard<std::mutex> lock(mu);
+    streamed.notify_all();
   });
-  absl::SleepFor(after);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    streamed.wait_for(lock, std::chrono::seconds(60), [&] { return tokens_so_far >= 4; });
+  }
   const absl::Time killed_at = absl::Now();
   cluster->KillExpert(rank);
   client.join();
   const absl::Duration took = absl::Now() - killed_at;
+  ASSERT_GE(long_run.tokens.size(), 4u) << "the request should have been running"
+                                        << long_run.status.error_message() << cluster->DumpLogs();
   EXPECT_EQ(long_run.status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << long_run.status.error_message() << cluster->DumpLogs();
+  EXPECT_LT(long_run.tokens.size(), static_cast<size_t>(kMaxNewTokens));
   EXPECT_LT(took, absl::Seconds(5));
-  EXPECT_FALSE(long_run.tokens.empty()) << "the request should have been running";
 
   ASSERT_TRUE(cluster->StartExpert(rank, dir, "").ok()) << cluster->DumpLogs();
+  // The restarted rank is in the view before the attention ranks are asked whether they are
+  // READY (which they still are from before the kill once they have seen it come back).
+  bool back = false;
+  for (const absl::Time end = absl::Now() + absl::Seconds(60); !back && absl::Now() < end;) {
+    absl::StatusOr<v1::ClusterView> view = cluster->WatchClusterOnce();
+    back = view.ok() && incarnation_of(*view) != 0 && incarnation_of(*view) != incarnation_before;
+    if (!back) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(back) << "EP rank " << rank << " not registered again within 60 s"
+                    << cluster->DumpLogs();
   ASSERT_TRUE(cluster->WaitReady(absl::Seconds(60)).ok()) << cluster->DumpLogs();
   ExpectClusterMatchesEngine(cluster, dir, num_attention, 2, 4096, reference);
+}
+
+// The experts EP worker `w` holds resident, polled (every 50 ms, up to 60 s) until they are
+// `want`; what it last reported (a test failure where it could not be asked).
+inline std::vector<int> WaitForResidentExperts(const v1::WorkerInfo& w,
+                                               const std::vector<int>& want) {
+  auto expert = v1::ExpertWorker::NewStub(
+      grpc::CreateChannel(w.grpc_address(), grpc::InsecureChannelCredentials()));
+  std::vector<int> resident;
+  for (const absl::Time end = absl::Now() + absl::Seconds(60); absl::Now() < end;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::GetExpertStatusResponse status;
+    const grpc::Status s = expert->GetStatus(&ctx, {}, &status);
+    EXPECT_TRUE(s.ok()) << "EP rank " << w.rank() << ": " << s.error_message();
+    if (!s.ok()) break;
+    resident.assign(status.loaded_experts().begin(), status.loaded_experts().end());
+    if (resident == want) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return resident;
 }
 
 // Per expert, the token rows expert rank `rank` computed for it (its dxs_expert_tokens_total

@@ -44,36 +44,15 @@ std::vector<int32_t> Prompt(int i) {
   return p;
 }
 
-// Requests run concurrently, request i on DP rank i % M; each equals a solo run of the
+// `num_streams` streams (stream s on DP rank s % M) sending requests until `during`, run
+// once they are under way, has returned; each request equals a solo run of the
 // single-process engine: greedy tokens identical, first logits within 1e-5 relative.
-// `streams_done` runs once every stream has ended.
 void ExpectSoloOutputs(
-    ProcessCluster* cluster, const std::string& dir, int num_attention, int num_requests,
-    int max_tokens, const std::string& tag, const std::function<void()>& streams_done = [] {}) {
-  std::vector<GenerateResult> results(num_requests);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < num_requests; ++i) {
-    threads.emplace_back([&, i] {
-      results[i] =
-          cluster->Generate(i % num_attention, absl::StrCat(tag, i), Prompt(i), max_tokens);
-    });
-  }
-  for (auto& t : threads) t.join();
-  streams_done();
-  auto engine = LocalEngine::Load(dir);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  for (int i = 0; i < num_requests; ++i) {
-    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message() << cluster->DumpLogs();
-    GenerationRequest r;
-    r.prompt = Prompt(i);
-    r.max_new_tokens = max_tokens;
-    auto out = (*engine)->GenerateBatch({r});
-    ASSERT_TRUE(out.ok()) << out.status();
-    EXPECT_EQ(results[i].tokens, out->front().tokens) << "request " << i;
-    const std::vector<float> got = cluster->FirstLogits(absl::StrCat(tag, i));
-    ASSERT_EQ(got.size(), out->front().first_logits.size()) << "request " << i;
-    EXPECT_LT(testing::RelativeError(got, out->front().first_logits), 1e-5) << "request " << i;
-  }
+    ProcessCluster* cluster, const std::string& dir, int num_attention, int num_streams,
+    int max_tokens, const std::string& tag, const std::function<void()>& during = [] {}) {
+  testing::ExpectConcurrentStreamsMatchEngine(cluster, dir, num_attention, num_streams, max_tokens,
+                                              tag, Prompt, {}, during,
+                                              /*check_first_logits=*/true);
 }
 
 // Runs `dxs ARGS`; its stdout, and an empty string unless it exits 0.
@@ -102,7 +81,7 @@ double RouterCounter(const ProcessCluster& cluster, const std::string& name) {
 }
 
 // --enable-eplb every 3 steps under 32 concurrent streams: the placement changes while
-// requests decode, and every output equals its solo run.
+// requests decode (the streams last until it has), and every output equals its solo run.
 TEST(EplbCluster, LiveRebalanceUnderConcurrentStreamsKeepsOutputs) {
   TempDir tmp;
   const std::string dir = WriteSkewedModel(tmp);
@@ -113,20 +92,18 @@ TEST(EplbCluster, LiveRebalanceUnderConcurrentStreamsKeepsOutputs) {
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
   const uint64_t version_before = testing::CurrentClusterView(cluster).placement().version();
-  // Watches for a new placement while the streams run.
-  std::atomic<bool> streams_done{false}, switched_midway{false};
-  std::thread watch([&] {
-    while (!streams_done) {
+  // The streams go on until a new placement is published, so it is published while they run.
+  bool switched_midway = false;
+  ExpectSoloOutputs(&cluster, dir, 2, 32, 64, "live-", [&] {
+    for (const absl::Time end = absl::Now() + absl::Seconds(120); absl::Now() < end;) {
       if (testing::CurrentClusterView(cluster).placement().version() > version_before) {
-        switched_midway = !streams_done;
+        switched_midway = true;
         return;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   });
-  ExpectSoloOutputs(&cluster, dir, 2, 32, 64, "live-", [&] { streams_done = true; });
-  watch.join();
-  EXPECT_TRUE(switched_midway) << "no placement was published while the streams ran"
+  EXPECT_TRUE(switched_midway) << "no placement was published within 120 s of streaming"
                                << cluster.DumpLogs();
   const double rebalances = RouterCounter(cluster, "dxs_eplb_rebalances_total");
   RecordProperty("rebalances", static_cast<int>(rebalances));
@@ -197,17 +174,8 @@ TEST(EplbCluster, RebalanceByHandPublishesBalancedPlacement) {
   // hold: each ends with exactly its new experts resident.
   for (const v1::WorkerInfo& w : after.workers()) {
     if (w.role() != v1::ROLE_EXPERT) continue;
-    auto expert = v1::ExpertWorker::NewStub(
-        grpc::CreateChannel(w.grpc_address(), grpc::InsecureChannelCredentials()));
-    std::vector<int> resident;
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      grpc::ClientContext status_ctx;
-      v1::GetExpertStatusResponse status;
-      ASSERT_TRUE(expert->GetStatus(&status_ctx, {}, &status).ok());
-      resident.assign(status.loaded_experts().begin(), status.loaded_experts().end());
-      if (resident == want->experts_of(static_cast<int>(w.rank()))) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    const std::vector<int> resident =
+        testing::WaitForResidentExperts(w, want->experts_of(static_cast<int>(w.rank())));
     EXPECT_EQ(resident, want->experts_of(static_cast<int>(w.rank()))) << "EP rank " << w.rank();
   }
 

@@ -194,8 +194,7 @@ TEST_F(GpuCluster, LowLatencyKilledExpertFailsInFlightThenRecovers) {
   spec.attention_args = {"--low-latency-capacity", "8"};
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
-  testing::ExpectKilledExpertFailsInFlightThenRecovers(&cluster, dir, 1, 1, absl::Seconds(1),
-                                                       CudaReference());
+  testing::ExpectKilledExpertFailsInFlightThenRecovers(&cluster, dir, 1, 1, CudaReference());
   EXPECT_GT(LowLatencySteps(Samples(cluster.attention_metrics_address(0)), "attention", 0), 0)
       << cluster.DumpLogs();
 }
@@ -240,8 +239,7 @@ TEST_F(GpuCluster, KilledExpertFailsInFlightThenRecovers) {
   ClusterSpec spec{dir, 1, 2, {}};
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
-  testing::ExpectKilledExpertFailsInFlightThenRecovers(&cluster, dir, 1, 1, absl::Seconds(1),
-                                                       CudaReference());
+  testing::ExpectKilledExpertFailsInFlightThenRecovers(&cluster, dir, 1, 1, CudaReference());
 }
 
 // Streams of varied prompt lengths (3 to 13 tokens).

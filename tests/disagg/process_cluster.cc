@@ -274,7 +274,8 @@ absl::Status ProcessCluster::WaitReady(absl::Duration timeout) {
 
 GenerateResult ProcessCluster::Generate(int rank, const std::string& request_id,
                                         const std::vector<int32_t>& prompt, int max_new_tokens,
-                                        absl::Duration deadline) {
+                                        absl::Duration deadline,
+                                        const std::function<void(size_t)>& on_tokens) {
   v1::GenerateRequest req;
   req.set_request_id(request_id);
   for (int32_t t : prompt) req.add_prompt_token_ids(static_cast<uint32_t>(t));
@@ -289,6 +290,7 @@ GenerateResult ProcessCluster::Generate(int rank, const std::string& request_id,
   while (reader->Read(&resp)) {
     if (resp.has_chunk()) {
       for (uint32_t t : resp.chunk().token_ids()) out.tokens.push_back(static_cast<int32_t>(t));
+      if (on_tokens) on_tokens(out.tokens.size());
     } else if (resp.has_complete()) {
       out.finish_reason = resp.complete().finish_reason();
     }

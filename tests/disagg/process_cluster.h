@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -84,9 +85,12 @@ class ProcessCluster {
   // Waits until every attention rank answers GetLoad with state READY.
   absl::Status WaitReady(absl::Duration timeout);
 
+  // A greedy request straight to DP rank `rank`; `on_tokens`, when set, is called with the
+  // number of tokens received so far after each streamed chunk.
   GenerateResult Generate(int rank, const std::string& request_id,
                           const std::vector<int32_t>& prompt, int max_new_tokens,
-                          absl::Duration deadline = absl::Seconds(60));
+                          absl::Duration deadline = absl::Seconds(60),
+                          const std::function<void(size_t)>& on_tokens = nullptr);
   v1::AttentionWorker::Stub* attention(int rank) { return stubs_[rank].get(); }
   // Logits of a finished request's first generated position, as its attention worker
   // dumped them (--dump-first-logits); empty if none.
