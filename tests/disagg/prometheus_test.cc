@@ -7,10 +7,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <cmath>
 #include <fstream>
 #include <optional>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -29,6 +31,10 @@ using testing::ProcessCluster;
 using testing::TempDir;
 
 constexpr char kPrometheus[] = "/usr/bin/prometheus";
+
+// How long the test waits for Prometheus to have scraped what it needs (a generous bound on
+// a 1 s scrape interval: every wait ends as soon as the data is there).
+constexpr absl::Duration kScrapeTimeout = absl::Seconds(60);
 
 // A Prometheus server on a free loopback port scraping `targets` every second; stopped
 // (SIGTERM) when destroyed.
@@ -107,6 +113,25 @@ class PrometheusServer {
     }
   }
 
+  // Polls until Prometheus holds a sample of each of `series` (selectors of one series)
+  // stamped at or after `t`, so that instant queries at `t` see every scrape up to it;
+  // false if that has not happened within `timeout`.
+  bool WaitForSamplesAfter(const std::vector<std::string>& series, absl::Time t,
+                           absl::Duration timeout) const {
+    const double t_seconds = absl::ToDoubleSeconds(t - absl::UnixEpoch());
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      bool all = true;
+      for (const std::string& s : series) {
+        absl::StatusOr<double> stamped = Query("timestamp(" + s + ")");
+        all = all && stamped.ok() && *stamped >= t_seconds;
+      }
+      if (all) return true;
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(250));
+    }
+  }
+
   std::string log() const { return testing::ReadFile(process_.log_path); }
 
  private:
@@ -149,7 +174,7 @@ TEST(Prometheus, ScrapesTheClusterAndSeesAnIdleRankRunEmptySteps) {
   absl::Status prometheus_started = prometheus.Start(tmp.path(), targets);
   ASSERT_TRUE(prometheus_started.ok()) << prometheus_started;
   const double up = prometheus.PollUntil(
-      "count(up == 1)", [](double v) { return v == 5; }, absl::Seconds(30));
+      "count(up == 1)", [](double v) { return v == 5; }, kScrapeTimeout);
   ASSERT_EQ(up, 5) << prometheus.log();
 
   // Load through the front door: dxs bench spreads it over both DP ranks.
@@ -159,24 +184,49 @@ TEST(Prometheus, ScrapesTheClusterAndSeesAnIdleRankRunEmptySteps) {
                    "--output-len 8 --format json > ",
                    tmp.path(), "/bench.json 2>&1");
   ASSERT_EQ(std::system(bench.c_str()), 0) << testing::ReadFile(tmp.path() + "/bench.json");
+  const absl::Time bench_end = absl::Now();
 
   // Then only DP rank 0 gets requests. Once a scrape after the bench is stored (window
   // start), DP rank 1 sits idle, taking part in every step with an empty batch.
   std::atomic<bool> stop{false};
   std::atomic<int> pinned_ok{0};
   std::thread pinned(PinnedLoad, cluster.frontend(), &stop, &pinned_ok);
-  absl::SleepFor(absl::Milliseconds(2500));
+  absl::Cleanup stop_pinned = [&] {
+    stop = true;
+    if (pinned.joinable()) pinned.join();
+  };
+  auto at = [&](const std::string& q, absl::Time t) { return prometheus.Query(q, t).value_or(-1); };
+  const std::string empty1 = R"(dxs_empty_batch_steps_total{role="attention",rank="1"})";
+  const std::string steps1 = R"(dxs_steps_total{role="attention",rank="1"})";
+  const std::string cluster_empty1 =
+      R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="1"})";
+  const std::string empty_ranks = R"(dxs_cluster_empty_ranks{role="attention"})";
+  const std::vector<std::string> window_series = {empty1, steps1, cluster_empty1, empty_ranks};
+  ASSERT_TRUE(prometheus.WaitForSamplesAfter(window_series, bench_end, kScrapeTimeout))
+      << "no scrape after the bench within " << kScrapeTimeout << "\n"
+      << prometheus.log();
   const absl::Time window_start = absl::Now();
-  absl::SleepFor(absl::Seconds(3));
-  const absl::Time window_end = absl::Now();
-  absl::SleepFor(absl::Milliseconds(1500));  // the scrapes up to window_end are stored
-  stop = true;
-  pinned.join();
+  // Window end: the first time (tried every 250 ms) whose scrapes are all stored and show,
+  // since the window start, DP rank 1's empty steps growing on the worker and in the
+  // router's view, and the router counting it among the empty ranks.
+  absl::Time window_end;
+  bool grew = false;
+  const absl::Time give_up = window_start + kScrapeTimeout;
+  while (!grew && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(250));
+    window_end = absl::Now();
+    if (!prometheus.WaitForSamplesAfter(window_series, window_end, give_up - absl::Now())) break;
+    grew = at(empty1, window_end) > at(empty1, window_start) &&
+           at(cluster_empty1, window_end) > at(cluster_empty1, window_start) &&
+           at(empty_ranks, window_end) >= 1;
+  }
+  EXPECT_TRUE(grew) << "DP rank 1's empty steps did not show growing within " << kScrapeTimeout;
+  std::move(stop_pinned).Invoke();
   EXPECT_GT(pinned_ok.load(), 0);
 
   // Requests are counted: the bench's 16 and the pinned ones, all OK.
   const double requests = prometheus.PollUntil(
-      "sum(dxs_requests_total)", [&](double v) { return v >= 16 + pinned_ok; }, absl::Seconds(10));
+      "sum(dxs_requests_total)", [&](double v) { return v >= 16 + pinned_ok; }, kScrapeTimeout);
   EXPECT_EQ(requests, 16 + pinned_ok.load());
   EXPECT_EQ(prometheus.Query(R"(sum(dxs_requests_total{code="OK"}))").value_or(-1), requests);
   EXPECT_EQ(prometheus.Query("sum(dxs_request_errors_total)").value_or(-1), 0);
@@ -194,20 +244,23 @@ TEST(Prometheus, ScrapesTheClusterAndSeesAnIdleRankRunEmptySteps) {
   EXPECT_EQ(prometheus.Query("sum(dxs_placement_replicas)").value_or(-1), 0);
 
   // Over the idle window, DP rank 1's empty-batch steps grew and were all of its steps.
-  auto at = [&](const std::string& q, absl::Time t) { return prometheus.Query(q, t).value_or(-1); };
-  const std::string empty1 = R"(dxs_empty_batch_steps_total{role="attention",rank="1"})";
-  const std::string steps1 = R"(dxs_steps_total{role="attention",rank="1"})";
   const double empty_grew = at(empty1, window_end) - at(empty1, window_start);
   EXPECT_GT(empty_grew, 0) << "empty steps " << at(empty1, window_start) << " -> "
                            << at(empty1, window_end);
   // (A scrape may fall between the two counters' updates of the one step in progress.)
   EXPECT_NEAR(at(steps1, window_end) - at(steps1, window_start), empty_grew, 1);
   // The router's cluster-wide view shows it too, from heartbeats.
-  const std::string cluster_empty1 =
-      R"(dxs_cluster_empty_batch_steps_total{role="attention",rank="1"})";
   EXPECT_GT(at(cluster_empty1, window_end) - at(cluster_empty1, window_start), 0);
-  EXPECT_GE(at(R"(dxs_cluster_empty_ranks{role="attention"})", window_end), 1);
-  EXPECT_GT(at("increase(" + empty1 + "[4s])", window_end), 0);
+  EXPECT_GE(at(empty_ranks, window_end), 1);
+  // increase() over a range that reaches back past the sample the window starts from (by
+  // three scrape intervals), so that it holds that sample and the one at the window end.
+  const double start_sample = at("timestamp(" + empty1 + ")", window_start);
+  const int range_seconds =
+      static_cast<int>(
+          std::ceil(absl::ToDoubleSeconds(window_end - absl::UnixEpoch()) - start_sample)) +
+      3;
+  EXPECT_GT(at(absl::StrCat("increase(", empty1, "[", range_seconds, "s])"), window_end), 0)
+      << "over " << range_seconds << " s";
 
   // Every panel of the Grafana dashboard returns data from this Prometheus, with the
   // dashboard's variables set to match everything (deploy/grafana/README.md).

@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,12 @@ using testing::ClusterSpec;
 using testing::ProcessCluster;
 using testing::TempDir;
 using ServeStream = grpc::ClientReaderWriter<v1::ServeRequest, v1::ServeEvents>;
+
+constexpr int kContext = 4096;  // the "default" preset's max_position_embeddings
+
+// How long a test waits for the worker to reach a state (a generous bound: the wait ends
+// as soon as the state is reached).
+constexpr absl::Duration kStateTimeout = absl::Seconds(30);
 
 std::chrono::system_clock::time_point In(absl::Duration d) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
@@ -70,17 +77,23 @@ v1::RankLoad Load(ProcessCluster& cluster) {
   return response.load();
 }
 
-// Polls until rank 0 runs nothing and holds no KV.
-bool WaitForIdle(ProcessCluster& cluster) {
-  for (int i = 0; i < 200; ++i) {
-    const v1::RankLoad load = Load(cluster);
-    if (load.num_running_requests() == 0 && load.num_queued_requests() == 0 &&
-        load.kv_cache_used_tokens() == 0) {
-      return true;
-    }
+// Polls until rank 0's load satisfies `done` (true) or kStateTimeout passes (false).
+template <typename Pred>
+bool WaitForLoad(ProcessCluster& cluster, Pred done) {
+  const absl::Time deadline = absl::Now() + kStateTimeout;
+  while (true) {
+    if (done(Load(cluster))) return true;
+    if (absl::Now() > deadline) return false;
     absl::SleepFor(absl::Milliseconds(25));
   }
-  return false;
+}
+
+// Polls until rank 0 runs nothing and holds no KV.
+bool WaitForIdle(ProcessCluster& cluster) {
+  return WaitForLoad(cluster, [](const v1::RankLoad& load) {
+    return load.num_running_requests() == 0 && load.num_queued_requests() == 0 &&
+           load.kv_cache_used_tokens() == 0;
+  });
 }
 
 class ServeStreamTest : public ::testing::Test {
@@ -99,8 +112,11 @@ class ServeStreamTest : public ::testing::Test {
   std::unique_ptr<ProcessCluster> cluster_;
 };
 
+// The requests queue behind a holder request that reserves the whole KV cache (as long as
+// the context allows, so it cannot end by itself first); aborting it admits them all at
+// once, so their steps carry many requests each however fast the worker reads the stream.
 TEST_F(ServeStreamTest, ManyRequestsOnOneStreamMatchRequestsRunAlone) {
-  StartCluster();
+  StartCluster({"--kv-tokens", std::to_string(kContext)});
   constexpr int kRequests = 24;
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int> max_new;
@@ -116,9 +132,21 @@ TEST_F(ServeStreamTest, ManyRequestsOnOneStreamMatchRequestsRunAlone) {
   grpc::ClientContext context;
   context.set_deadline(In(absl::Seconds(120)));
   std::unique_ptr<ServeStream> stream = cluster_->attention(0)->Serve(&context);
+  const int holder_new_tokens = kContext - 1;
+  ASSERT_TRUE(stream->Write(Submit("holder", {5}, holder_new_tokens, /*ignore_eos=*/true)));
+  ASSERT_FALSE(
+      ReadUntil(stream.get(), [](const v1::ServeEvent& e) { return e.has_chunk(); }).empty());
   for (int i = 0; i < kRequests; ++i) {
     ASSERT_TRUE(stream->Write(Submit("m" + std::to_string(i), prompts[i], max_new[i])));
   }
+  ASSERT_TRUE(WaitForLoad(*cluster_,
+                          [&](const v1::RankLoad& load) {
+                            return load.num_queued_requests() == static_cast<uint32_t>(kRequests);
+                          }))
+      << "the requests did not all queue behind the holder: " << Load(*cluster_).DebugString()
+      << cluster_->DumpLogs();
+  ASSERT_TRUE(stream->Write(AbortRequest("holder")));
+  std::optional<v1::GenerateComplete> holder_end;
   std::map<std::string, std::vector<int32_t>> tokens;
   std::map<std::string, v1::GenerateComplete> completes;
   int max_requests_per_message = 0;
@@ -126,6 +154,12 @@ TEST_F(ServeStreamTest, ManyRequestsOnOneStreamMatchRequestsRunAlone) {
   while (static_cast<int>(completes.size()) < kRequests && stream->Read(&message)) {
     std::map<std::string, int> in_message;
     for (const v1::ServeEvent& e : message.events()) {
+      if (e.request_id() == "holder") {
+        ASSERT_FALSE(holder_end.has_value()) << "holder: event after the end";
+        ASSERT_FALSE(e.has_error()) << "holder: " << e.error().message();
+        if (e.has_complete()) holder_end = e.complete();
+        continue;
+      }
       ++in_message[e.request_id()];
       ASSERT_FALSE(completes.count(e.request_id())) << e.request_id() << ": event after the end";
       ASSERT_FALSE(e.has_error()) << e.request_id() << ": " << e.error().message();
@@ -140,6 +174,9 @@ TEST_F(ServeStreamTest, ManyRequestsOnOneStreamMatchRequestsRunAlone) {
     max_requests_per_message = std::max<int>(max_requests_per_message, in_message.size());
   }
   ASSERT_EQ(static_cast<int>(completes.size()), kRequests) << cluster_->DumpLogs();
+  ASSERT_TRUE(holder_end.has_value());
+  EXPECT_EQ(holder_end->finish_reason(), v1::FINISH_REASON_ABORTED);
+  EXPECT_LT(holder_end->completion_tokens(), static_cast<uint32_t>(holder_new_tokens));
   // One message per step carries the news of every request of the step.
   EXPECT_GT(max_requests_per_message, kRequests / 2);
   for (int i = 0; i < kRequests; ++i) {
@@ -164,7 +201,9 @@ TEST_F(ServeStreamTest, ManyRequestsOnOneStreamMatchRequestsRunAlone) {
 }
 
 TEST_F(ServeStreamTest, WorkerRefusalsComeBackWithTheirCodes) {
-  StartCluster({"--kv-tokens", "2100"});
+  // A KV cache smaller than the context, so that a request can fit the one and not the other.
+  constexpr int kKvTokens = 4000;
+  StartCluster({"--kv-tokens", std::to_string(kKvTokens)});
   grpc::ClientContext context;
   context.set_deadline(In(absl::Seconds(60)));
   std::unique_ptr<ServeStream> stream = cluster_->attention(0)->Serve(&context);
@@ -175,8 +214,10 @@ TEST_F(ServeStreamTest, WorkerRefusalsComeBackWithTheirCodes) {
     });
     return got.empty() ? v1::ServeError() : got.back().error();
   };
-  // A long request in flight, for the duplicate.
-  ASSERT_TRUE(stream->Write(Submit("long", {4, 5, 6}, 2000, /*ignore_eos=*/true)));
+  // A long request in flight, for the duplicate: as long as the KV cache allows, so that it
+  // is still running after the refusals on any machine.
+  const int long_new_tokens = kKvTokens - 3;
+  ASSERT_TRUE(stream->Write(Submit("long", {4, 5, 6}, long_new_tokens, /*ignore_eos=*/true)));
   auto first = ReadUntil(stream.get(), [](const v1::ServeEvent& e) { return e.has_chunk(); });
   ASSERT_FALSE(first.empty());
 
@@ -192,7 +233,9 @@ TEST_F(ServeStreamTest, WorkerRefusalsComeBackWithTheirCodes) {
   const v1::ServeError duplicate = error_for(Submit("long", {1, 2}, 2));
   EXPECT_EQ(duplicate.code(), grpc::StatusCode::ALREADY_EXISTS);
   EXPECT_NE(duplicate.message().find("already in flight"), std::string::npos);
-  EXPECT_EQ(error_for(Submit("huge", {1, 2}, 2500)).code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Within the context, beyond the KV cache.
+  EXPECT_EQ(error_for(Submit("huge", {1, 2}, kContext - 2)).code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
 
   // The refusals disturbed nothing: the long request runs on, and an abort ends it.
   ASSERT_TRUE(stream->Write(AbortRequest("long")));
@@ -202,7 +245,7 @@ TEST_F(ServeStreamTest, WorkerRefusalsComeBackWithTheirCodes) {
   ASSERT_FALSE(end.empty());
   ASSERT_TRUE(end.back().has_complete());
   EXPECT_EQ(end.back().complete().finish_reason(), v1::FINISH_REASON_ABORTED);
-  EXPECT_LT(end.back().complete().completion_tokens(), 2000u);
+  EXPECT_LT(end.back().complete().completion_tokens(), static_cast<uint32_t>(long_new_tokens));
   EXPECT_TRUE(WaitForIdle(*cluster_)) << "the aborted request's KV was not freed";
   // An abort of an id that is not in flight is ignored.
   ASSERT_TRUE(stream->Write(AbortRequest("nobody")));
@@ -216,18 +259,19 @@ TEST_F(ServeStreamTest, TheStreamsEndAbortsItsRequestsAndFreesTheirKv) {
     grpc::ClientContext context;
     context.set_deadline(In(absl::Seconds(60)));
     std::unique_ptr<ServeStream> stream = cluster_->attention(0)->Serve(&context);
+    // As long as the context allows: all four still run when the stream ends.
     for (int i = 0; i < 4; ++i) {
-      ASSERT_TRUE(stream->Write(Submit("gone" + std::to_string(i), {7, 8, 9}, 2000, true)));
+      ASSERT_TRUE(stream->Write(Submit("gone" + std::to_string(i), {7, 8, 9}, kContext - 3, true)));
     }
     auto first = ReadUntil(stream.get(), [](const v1::ServeEvent& e) { return e.has_chunk(); });
     ASSERT_FALSE(first.empty());
     // The first chunk can come before the worker has read the other submits off the stream
     // (its first step starts at the first request): wait until it holds all four.
-    v1::RankLoad busy = Load(*cluster_);
-    for (int i = 0; i < 100 && busy.num_running_requests() + busy.num_queued_requests() < 4; ++i) {
-      absl::SleepFor(absl::Milliseconds(20));
-      busy = Load(*cluster_);
-    }
+    v1::RankLoad busy;
+    WaitForLoad(*cluster_, [&](const v1::RankLoad& load) {
+      busy = load;
+      return load.num_running_requests() + load.num_queued_requests() >= 4;
+    });
     EXPECT_GT(busy.kv_cache_used_tokens(), 0u);
     EXPECT_EQ(busy.num_running_requests() + busy.num_queued_requests(), 4u) << cluster_->DumpLogs();
     context.TryCancel();  // the router went away
@@ -262,7 +306,8 @@ TEST(ServeStreamRouterTest, KilledWorkerFailsItsRequestsWithUnavailable) {
     req.set_request_id("doomed" + std::to_string(i));
     req.add_prompt_token_ids(5);
     req.add_prompt_token_ids(6);
-    req.mutable_sampling_params()->set_max_new_tokens(4000);
+    // As long as the context allows: still running when the worker is killed.
+    req.mutable_sampling_params()->set_max_new_tokens(kContext - 2);
     req.mutable_sampling_params()->set_ignore_eos(true);
     req.set_data_parallel_rank(1);
     contexts.push_back(std::make_unique<grpc::ClientContext>());

@@ -26,6 +26,8 @@ from frontend_e2e_test import free_port, pids_mentioning
 
 ARGS = None
 PROMPT = [9, 41, 7, 300, 12]
+# `dxs up` starts a failed expert worker again after this delay.
+RESTART_DELAY_S = 1
 
 
 def cmdline(pid):
@@ -82,6 +84,10 @@ class ElasticUp(unittest.TestCase):
             [self.dxs, "status", "--router", self.router, "--format", "json"],
             check=True, capture_output=True, text=True).stdout)
 
+    def expert_pids(self, rank):
+        return [p for p in pids_mentioning(self.tmp)
+                if b"dxs-expert\0" in cmdline(p) and b"\0--rank\0%d\0" % rank in cmdline(p)]
+
     def expert(self, status, rank):
         live = [w for w in status["workers"] if w["role"] == "expert" and w["rank"] == rank
                 and w["state"] != "DEAD"]
@@ -101,8 +107,7 @@ class ElasticUp(unittest.TestCase):
         old = self.expert(before, 1)
         self.assertIsNotNone(old, before)
         self.assertEqual(self.generate(), self.want)
-        pids = [p for p in pids_mentioning(self.tmp)
-                if b"dxs-expert\0" in cmdline(p) and b"\0--rank\x001\0" in cmdline(p)]
+        pids = self.expert_pids(1)
         self.assertEqual(len(pids), 1, pids)
         os.kill(pids[0], signal.SIGKILL)
         # Served throughout: rank 0 holds a replica of every expert.
@@ -123,19 +128,29 @@ class ElasticUp(unittest.TestCase):
                              capture_output=True, text=True, timeout=60)
         self.assertEqual(out.returncode, 0, out.stderr)
         self.wait_for_log("expert1 exited (exit status 0): drained, not restarted", 60)
+        # Every start of the worker writes to its log (appended on a restart).
+        worker_log = os.path.join(self.tmp, "logs", "expert1.log")
+        log_size = os.path.getsize(worker_log)
         status = self.status()
         self.assertIsNone(self.expert(status, 1), status)
         held = {p["rank"]: p["experts"] for p in status["placement"]}
         self.assertEqual(held.get(1, []), [], status)
         self.assertEqual(sorted(held[0]), list(range(16)), status)
         self.assertEqual(self.generate(), self.want)
-        time.sleep(1.5)  # longer than the restart delay: nothing starts it again
+        # Nothing starts it again: no process and no new output in its log for three times
+        # the restart delay, which a restart would have produced well within.
+        deadline = time.time() + 3 * RESTART_DELAY_S
+        while time.time() < deadline:
+            self.assertEqual(self.expert_pids(1), [], "the drained worker was started again")
+            self.assertEqual(os.path.getsize(worker_log), log_size,
+                             "the drained worker was started again: " + worker_log)
+            time.sleep(0.1)
         self.assertIsNone(self.expert(self.status(), 1))
 
     def test_3_sigterm_leaves_no_process(self):
         self.up.send_signal(signal.SIGTERM)
         self.up.wait(timeout=30)
-        deadline = time.time() + 10
+        deadline = time.time() + 30
         while pids_mentioning(self.tmp) and time.time() < deadline:
             time.sleep(0.1)
         self.assertEqual(pids_mentioning(self.tmp), [])

@@ -138,7 +138,7 @@ class FrontendEndToEnd(unittest.TestCase):
         self.assertTrue(pids_mentioning(self.tmp), "the cluster should be running")
         self.up.send_signal(signal.SIGTERM)
         self.assertEqual(self.up.wait(timeout=30), 0)
-        deadline = time.time() + 10
+        deadline = time.time() + 30
         while pids_mentioning(self.tmp) and time.time() < deadline:
             time.sleep(0.1)
         self.assertEqual(pids_mentioning(self.tmp), [], "orphan processes after SIGTERM")

@@ -129,18 +129,22 @@ TEST(CallbackGaugesTest, UnbindWaitsForAScrapeInProgress) {
   CallbackGauges gauges;
   CallbackGaugeFamily* family = gauges.Add("dxs_slow", "Slow.").value();
   std::atomic<bool> entered{false};
+  std::atomic<bool> finished{false};
   auto state = std::make_unique<int>(5);
   CallbackRegistration r = family
                                ->Bind({},
-                                      [&entered, p = state.get()] {
+                                      [&entered, &finished, p = state.get()] {
                                         entered = true;
                                         std::this_thread::sleep_for(std::chrono::milliseconds(50));
-                                        return static_cast<double>(*p);
+                                        const double value = *p;
+                                        finished = true;
+                                        return value;
                                       })
                                .value();
   std::thread scraper([&gauges] { (void)gauges.Collect(); });
   while (!entered) std::this_thread::yield();
-  r.Reset();      // returns only after the callback above has finished
+  r.Reset();  // returns only after the callback above has finished
+  EXPECT_TRUE(finished) << "Reset returned while the callback was still running";
   state.reset();  // so this is safe
   scraper.join();
 }

@@ -3,10 +3,12 @@
 // says SERVING only once every worker reports READY, exits 0 on SIGTERM, and exits 2 with
 // one line on stderr for bad flags.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -24,6 +26,10 @@
 
 namespace dxs {
 namespace {
+
+// How long the test waits for the router to do what it expects (a generous bound: every
+// wait ends as soon as it has).
+constexpr std::chrono::seconds kTimeout(30);
 
 struct Child {
   pid_t pid = -1;
@@ -55,11 +61,22 @@ Child Spawn(const std::vector<std::string>& args) {
   return child;
 }
 
-// Reads up to the first newline (or EOF).
+// Reads up to the first newline (or EOF), for at most kTimeout: what it has by then.
 std::string ReadLine(int fd) {
+  const auto deadline = std::chrono::steady_clock::now() + kTimeout;
   std::string line;
-  char c;
-  while (read(fd, &c, 1) == 1 && c != '\n') line.push_back(c);
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    const int ready = poll(&p, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) break;
+    char c;
+    if (read(fd, &c, 1) != 1 || c == '\n') break;
+    line.push_back(c);
+  }
   return line;
 }
 
@@ -156,7 +173,7 @@ TEST_F(RouterMainTest, ServesRegistersAndStopsOnSigterm) {
   }
 
   ASSERT_EQ(kill(router.pid, SIGTERM), 0);
-  EXPECT_EQ(WaitExit(router.pid, std::chrono::seconds(10)), 0);
+  EXPECT_EQ(WaitExit(router.pid, kTimeout), 0);
   EXPECT_EQ(ReadAll(router.stdout_fd), "");  // exactly one line on stdout
   const std::string log = ReadAll(router.stderr_fd);
   EXPECT_NE(log.find("registered expert rank 0"), std::string::npos) << log;
@@ -190,11 +207,34 @@ TEST_F(RouterMainTest, HealthIsServingOnlyWhenEveryWorkerIsReady) {
   };
   // The health watcher follows the view within its poll interval.
   auto becomes = [&](bool want) {
-    for (int i = 0; i < 100; ++i) {
-      if (serving() == want) return true;
+    const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+    while (serving() != want) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    return false;
+    return true;
+  };
+  // Follows the router's view (WatchCluster) until it shows the expert and the attention
+  // worker in these states; false if it does not within kTimeout. The router's health
+  // watcher is woken by the same change of the view and has less to do before it sets the
+  // health than this stream before the view reaches the test: a wrong flip on that view
+  // shows in the health check that follows.
+  auto view_shows = [&](v1::WorkerState expert, v1::WorkerState attention) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + kTimeout);
+    auto reader = control->WatchCluster(&context, v1::WatchClusterRequest());
+    v1::ClusterView view;
+    bool shown = false;
+    while (!shown && reader->Read(&view)) {
+      int matching = 0;
+      for (const v1::WorkerInfo& w : view.workers()) {
+        matching += w.state() == (w.role() == v1::ROLE_EXPERT ? expert : attention);
+      }
+      shown = view.workers_size() == 2 && matching == 2;
+    }
+    context.TryCancel();
+    reader->Finish();
+    return shown;
   };
   absl::StatusOr<v1::ModelFingerprint> fingerprint = ModelIdentity(model_dir_.string());
   ASSERT_TRUE(fingerprint.ok()) << fingerprint.status();
@@ -225,10 +265,10 @@ TEST_F(RouterMainTest, HealthIsServingOnlyWhenEveryWorkerIsReady) {
     EXPECT_TRUE(control->Heartbeat(&context, request, &response).ok());
   };
   // Complete (every rank registered, every expert placed), but both JOINING.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(view_shows(v1::WORKER_STATE_JOINING, v1::WORKER_STATE_JOINING));
   EXPECT_FALSE(serving());
   beat(workers[0], v1::WORKER_STATE_READY);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(view_shows(v1::WORKER_STATE_READY, v1::WORKER_STATE_JOINING));
   EXPECT_FALSE(serving()) << "SERVING while the attention worker is JOINING";
   beat(workers[1], v1::WORKER_STATE_READY);
   EXPECT_TRUE(becomes(true));
@@ -236,7 +276,7 @@ TEST_F(RouterMainTest, HealthIsServingOnlyWhenEveryWorkerIsReady) {
   EXPECT_TRUE(becomes(false));
 
   ASSERT_EQ(kill(router.pid, SIGTERM), 0);
-  EXPECT_EQ(WaitExit(router.pid, std::chrono::seconds(10)), 0);
+  EXPECT_EQ(WaitExit(router.pid, kTimeout), 0);
   close(router.stdout_fd);
   close(router.stderr_fd);
 }
@@ -248,7 +288,7 @@ TEST_F(RouterMainTest, BadFlagsExitTwoWithOneLine) {
                                              {DXS_ROUTER_BIN, "--model", "x", "--attention", "1",
                                               "--experts", "1", "--wire-dtype", "f64"}}) {
     Child router = Spawn(args);
-    EXPECT_EQ(WaitExit(router.pid, std::chrono::seconds(10)), 2) << args.back();
+    EXPECT_EQ(WaitExit(router.pid, kTimeout), 2) << args.back();
     const std::string err = ReadAll(router.stderr_fd);
     EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
     EXPECT_EQ(err.rfind("dxs-router: ", 0), 0u) << err;

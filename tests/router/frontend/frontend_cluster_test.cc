@@ -56,11 +56,22 @@ v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_new_toke
   return r;
 }
 
+// A request that must still be running when the test acts on it: as long as the context
+// allows, past EOS, so that no machine is fast enough to finish it first (the test then
+// checks that it did not finish).
+v1::GenerateRequest LongRequest(const std::vector<int32_t>& prompt,
+                                const std::string& request_id = "") {
+  v1::GenerateRequest r = Request(prompt, kContext - static_cast<int>(prompt.size()), request_id);
+  r.mutable_sampling_params()->set_ignore_eos(true);
+  return r;
+}
+
 std::vector<int32_t> Reference(LocalEngine* engine, const std::vector<int32_t>& prompt,
-                               int max_new_tokens) {
+                               int max_new_tokens, bool ignore_eos = false) {
   GenerationRequest r;
   r.prompt = prompt;
   r.max_new_tokens = max_new_tokens;
+  r.ignore_eos = ignore_eos;
   auto out = engine->GenerateBatch({r});
   EXPECT_TRUE(out.ok()) << out.status();
   return out.ok() ? out->front().tokens : std::vector<int32_t>{};
@@ -172,7 +183,7 @@ absl::StatusOr<v1::GetLoadsResponse> Loads(v1::Frontend::Stub* stub) {
 }
 
 // Waits until no rank holds KV cache and the router owes no tokens.
-bool WaitAllFree(v1::Frontend::Stub* stub, absl::Duration timeout = absl::Seconds(10)) {
+bool WaitAllFree(v1::Frontend::Stub* stub, absl::Duration timeout = absl::Seconds(30)) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     absl::StatusOr<v1::GetLoadsResponse> loads = Loads(stub);
@@ -231,7 +242,7 @@ class FrontendCluster : public ::testing::Test {
     absl::Status started = cluster_->Start(spec);
     ASSERT_TRUE(started.ok()) << started << cluster_->DumpLogs();
     ASSERT_TRUE(
-        WaitHealth(cluster_->router_address(), HealthCheckResponse::SERVING, absl::Seconds(10)))
+        WaitHealth(cluster_->router_address(), HealthCheckResponse::SERVING, absl::Seconds(30)))
         << cluster_->DumpLogs();
   }
   LocalEngine* engine() {
@@ -315,8 +326,9 @@ TEST_F(FrontendCluster, StreamsEqualTheSingleProcessEngine) {
 TEST_F(FrontendCluster, BadInputsAreRefusedWithoutDisturbingARunningRequest) {
   StartCluster(2, 1);
   const std::vector<int32_t> long_prompt = Prompt(3, 9);
-  const int long_new_tokens = 1500;
-  StreamCall running(frontend(), Request(long_prompt, long_new_tokens, "long-one"));
+  const v1::GenerateRequest long_request = LongRequest(long_prompt, "long-one");
+  const int long_new_tokens = long_request.sampling_params().max_new_tokens();
+  StreamCall running(frontend(), long_request, absl::Seconds(600));
   ASSERT_TRUE(running.WaitFor(1)) << cluster_->DumpLogs();
 
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -376,7 +388,7 @@ TEST_F(FrontendCluster, BadInputsAreRefusedWithoutDisturbingARunningRequest) {
   running.Join();
   ASSERT_TRUE(running.status().ok()) << running.status().error_message() << cluster_->DumpLogs();
   EXPECT_TRUE(running.in_order());
-  EXPECT_EQ(running.tokens(), Reference(engine(), long_prompt, long_new_tokens));
+  EXPECT_EQ(running.tokens(), Reference(engine(), long_prompt, long_new_tokens, true));
   ASSERT_TRUE(running.complete().has_value());
   EXPECT_EQ(running.complete()->finish_reason(), v1::FINISH_REASON_LENGTH);
   EXPECT_TRUE(WaitAllFree(frontend()));
@@ -407,7 +419,7 @@ TEST_F(FrontendCluster, HealthFollowsClusterCompleteness) {
   EXPECT_EQ(loads->loads_size(), 0);
 
   ASSERT_TRUE(cluster_->StartWorkers(spec).ok()) << cluster_->DumpLogs();
-  EXPECT_TRUE(WaitHealth(router, HealthCheckResponse::SERVING, absl::Seconds(10)))
+  EXPECT_TRUE(WaitHealth(router, HealthCheckResponse::SERVING, absl::Seconds(30)))
       << cluster_->DumpLogs();
   loads = Loads(frontend());
   ASSERT_TRUE(loads.ok()) << loads.status();
@@ -418,13 +430,13 @@ TEST_F(FrontendCluster, HealthFollowsClusterCompleteness) {
   EXPECT_GT(loads->cluster_view_version(), 1u);
 
   cluster_->KillExpert(1);  // its lease (2 s) runs out
-  EXPECT_TRUE(WaitHealth(router, HealthCheckResponse::NOT_SERVING, absl::Seconds(6)))
+  EXPECT_TRUE(WaitHealth(router, HealthCheckResponse::NOT_SERVING, absl::Seconds(30)))
       << cluster_->DumpLogs();
   out = RunToEnd(frontend(), Request(Prompt(0, 3), 4), absl::Seconds(10));
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::UNAVAILABLE) << out.status.error_message();
 
   ASSERT_TRUE(cluster_->StartExpert(1, dir_, "").ok()) << cluster_->DumpLogs();
-  EXPECT_TRUE(WaitHealth(router, HealthCheckResponse::SERVING, absl::Seconds(10)))
+  EXPECT_TRUE(WaitHealth(router, HealthCheckResponse::SERVING, absl::Seconds(30)))
       << cluster_->DumpLogs();
   ASSERT_TRUE(cluster_->WaitReady(absl::Seconds(30)).ok()) << cluster_->DumpLogs();
   out = RunToEnd(frontend(), Request(Prompt(5, 6), 7));
@@ -436,9 +448,10 @@ TEST_F(FrontendCluster, HealthFollowsClusterCompleteness) {
 // passed deadline each end the request and free its KV cache.
 TEST_F(FrontendCluster, AbortCancelAndDeadlineFreeTheKvCache) {
   StartCluster(2, 1);
-  const int kLong = 3000;
   {
-    StreamCall call(frontend(), Request(Prompt(6, 12), kLong, "to-abort"));
+    const v1::GenerateRequest request = LongRequest(Prompt(6, 12), "to-abort");
+    const int long_new_tokens = request.sampling_params().max_new_tokens();
+    StreamCall call(frontend(), request);
     ASSERT_TRUE(call.WaitFor(3)) << cluster_->DumpLogs();
     absl::StatusOr<v1::GetLoadsResponse> loads = Loads(frontend());
     ASSERT_TRUE(loads.ok()) << loads.status();
@@ -449,14 +462,14 @@ TEST_F(FrontendCluster, AbortCancelAndDeadlineFreeTheKvCache) {
     }
     EXPECT_GT(used, 0u);
     EXPECT_GT(outstanding, 0u);
-    EXPECT_LE(outstanding, 12u + kLong);
+    EXPECT_LE(outstanding, 12u + long_new_tokens);
     grpc::Status s = AbortCall(frontend(), "to-abort");
     EXPECT_TRUE(s.ok()) << s.error_message();
     call.Join();
     ASSERT_TRUE(call.status().ok()) << call.status().error_message();
     ASSERT_TRUE(call.complete().has_value());
     EXPECT_EQ(call.complete()->finish_reason(), v1::FINISH_REASON_ABORTED);
-    EXPECT_LT(call.tokens().size(), static_cast<size_t>(kLong));
+    EXPECT_LT(call.tokens().size(), static_cast<size_t>(long_new_tokens));
     EXPECT_EQ(call.complete()->completion_tokens(), call.tokens().size());
     EXPECT_TRUE(WaitAllFree(frontend())) << cluster_->DumpLogs();
     // Finished: no longer known.
@@ -464,7 +477,9 @@ TEST_F(FrontendCluster, AbortCancelAndDeadlineFreeTheKvCache) {
   }
   {
     // Abort on the assigned id, as soon as the first (empty) message arrives.
-    StreamCall call(frontend(), Request(Prompt(7, 5), kLong));
+    const v1::GenerateRequest request = LongRequest(Prompt(7, 5));
+    const int long_new_tokens = request.sampling_params().max_new_tokens();
+    StreamCall call(frontend(), request);
     ASSERT_TRUE(call.WaitFor(0)) << cluster_->DumpLogs();
     const std::string id = call.request_id();
     ASSERT_FALSE(id.empty());
@@ -474,23 +489,31 @@ TEST_F(FrontendCluster, AbortCancelAndDeadlineFreeTheKvCache) {
     ASSERT_TRUE(call.status().ok()) << call.status().error_message();
     ASSERT_TRUE(call.complete().has_value());
     EXPECT_EQ(call.complete()->finish_reason(), v1::FINISH_REASON_ABORTED);
+    EXPECT_LT(call.tokens().size(), static_cast<size_t>(long_new_tokens));
     EXPECT_TRUE(WaitAllFree(frontend())) << cluster_->DumpLogs();
   }
   {
-    StreamCall call(frontend(), Request(Prompt(8, 7), kLong, "to-cancel"));
+    const v1::GenerateRequest request = LongRequest(Prompt(8, 7), "to-cancel");
+    const int long_new_tokens = request.sampling_params().max_new_tokens();
+    StreamCall call(frontend(), request);
     ASSERT_TRUE(call.WaitFor(3)) << cluster_->DumpLogs();
     call.Cancel();
     call.Join();
     EXPECT_EQ(call.status().error_code(), grpc::StatusCode::CANCELLED);
+    EXPECT_LT(call.tokens().size(), static_cast<size_t>(long_new_tokens));
     EXPECT_TRUE(WaitAllFree(frontend())) << cluster_->DumpLogs();
     EXPECT_EQ(AbortCall(frontend(), "to-cancel").error_code(), grpc::StatusCode::NOT_FOUND);
   }
   {
-    StreamCall call(frontend(), Request(Prompt(9, 7), kLong, "short-deadline"),
-                    absl::Milliseconds(700));
+    // The deadline passes while the request runs: started at once, it needs far longer
+    // than 700 ms for the whole context.
+    const v1::GenerateRequest request = LongRequest(Prompt(9, 7), "short-deadline");
+    const int long_new_tokens = request.sampling_params().max_new_tokens();
+    StreamCall call(frontend(), request, absl::Milliseconds(700));
     call.Join();
     EXPECT_EQ(call.status().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
         << call.status().error_message();
+    EXPECT_LT(call.tokens().size(), static_cast<size_t>(long_new_tokens));
     EXPECT_TRUE(WaitAllFree(frontend())) << cluster_->DumpLogs();
   }
   // The cluster still serves correctly.
@@ -512,10 +535,9 @@ TEST_F(FrontendCluster, PinningAndLeastLoadedPlacement) {
     EXPECT_EQ(out.tokens, Reference(engine(), Prompt(11, 4), 3));
   }
 
-  const int kLong = 3000;
-  StreamCall first(frontend(), Request(Prompt(12, 6), kLong, "spread-a"));
+  StreamCall first(frontend(), LongRequest(Prompt(12, 6), "spread-a"));
   ASSERT_TRUE(first.WaitFor(1)) << cluster_->DumpLogs();
-  StreamCall second(frontend(), Request(Prompt(13, 6), kLong, "spread-b"));
+  StreamCall second(frontend(), LongRequest(Prompt(13, 6), "spread-b"));
   ASSERT_TRUE(second.WaitFor(1)) << cluster_->DumpLogs();
   absl::StatusOr<v1::GetLoadsResponse> loads = Loads(frontend());
   ASSERT_TRUE(loads.ok()) << loads.status();
@@ -531,6 +553,8 @@ TEST_F(FrontendCluster, PinningAndLeastLoadedPlacement) {
   second.Join();
   ASSERT_TRUE(first.complete().has_value() && second.complete().has_value())
       << first.status().error_message() << " / " << second.status().error_message();
+  EXPECT_EQ(first.complete()->finish_reason(), v1::FINISH_REASON_ABORTED);
+  EXPECT_EQ(second.complete()->finish_reason(), v1::FINISH_REASON_ABORTED);
   EXPECT_NE(first.complete()->data_parallel_rank(), second.complete()->data_parallel_rank());
   EXPECT_TRUE(WaitAllFree(frontend())) << cluster_->DumpLogs();
 }
@@ -539,7 +563,7 @@ TEST_F(FrontendCluster, PinningAndLeastLoadedPlacement) {
 // when the first ends.
 TEST_F(FrontendCluster, MaxInflightBoundsAdmission) {
   StartCluster(1, 1, {"--max-inflight", "1"});
-  StreamCall running(frontend(), Request(Prompt(14, 5), 3000, "holder"));
+  StreamCall running(frontend(), LongRequest(Prompt(14, 5), "holder"));
   ASSERT_TRUE(running.WaitFor(1)) << cluster_->DumpLogs();
   Outcome refused = RunToEnd(frontend(), Request(Prompt(15, 5), 4), absl::Seconds(10));
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
@@ -548,6 +572,8 @@ TEST_F(FrontendCluster, MaxInflightBoundsAdmission) {
   ASSERT_TRUE(AbortCall(frontend(), "holder").ok());
   running.Join();
   EXPECT_TRUE(running.status().ok()) << running.status().error_message();
+  ASSERT_TRUE(running.complete().has_value());
+  EXPECT_EQ(running.complete()->finish_reason(), v1::FINISH_REASON_ABORTED);
   Outcome admitted = RunToEnd(frontend(), Request(Prompt(15, 5), 4));
   ASSERT_TRUE(admitted.status.ok()) << admitted.status.error_message();
   EXPECT_EQ(admitted.tokens, Reference(engine(), Prompt(15, 5), 4));

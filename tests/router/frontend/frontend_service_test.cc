@@ -32,6 +32,10 @@
 namespace dxs {
 namespace {
 
+// How long a test waits for a fake worker to see what it expects (a generous bound: every
+// wait ends as soon as it does).
+constexpr absl::Duration kWaitTimeout = absl::Seconds(30);
+
 std::chrono::system_clock::time_point In(absl::Duration d) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
@@ -204,21 +208,23 @@ class FakeServeWorker final : public v1::AttentionWorker::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return held_.count(id) > 0;
   }
-  // Waits up to 2.5 s until the worker holds `id`.
+  // Waits up to kWaitTimeout until the worker holds `id`.
   bool WaitUntilHeld(const std::string& id) {
-    for (int i = 0; i < 500 && !holds(id); ++i) absl::SleepFor(absl::Milliseconds(5));
+    const absl::Time deadline = absl::Now() + kWaitTimeout;
+    while (!holds(id) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
     return holds(id);
   }
-  // Waits up to 2 s for an abort of `id`.
+  // Waits up to kWaitTimeout for an abort of `id`.
   bool WaitForAbort(const std::string& id) {
-    for (int i = 0; i < 200; ++i) {
+    const absl::Time deadline = absl::Now() + kWaitTimeout;
+    while (true) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (std::find(aborted_.begin(), aborted_.end(), id) != aborted_.end()) return true;
       }
+      if (absl::Now() > deadline) return false;
       absl::SleepFor(absl::Milliseconds(10));
     }
-    return false;
   }
 
  private:
@@ -352,9 +358,9 @@ TEST_F(FrontendServiceTest, CallerCancellationReachesTheWorkerWhileNoTokenFlows)
   Start({&w0, &w1});
   grpc::ClientContext context;
   auto reader = stub_->Generate(&context, Request(0, "quiet"));
-  ASSERT_TRUE(w0.started().WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(w0.started().WaitForNotificationWithTimeout(kWaitTimeout));
   context.TryCancel();
-  EXPECT_TRUE(w0.cancelled().WaitForNotificationWithTimeout(absl::Seconds(2)));
+  EXPECT_TRUE(w0.cancelled().WaitForNotificationWithTimeout(kWaitTimeout));
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
@@ -371,7 +377,7 @@ TEST_F(FrontendServiceTest, AbortBeforeTheWorkerKnowsTheRequestEndsAborted) {
   // The router's call has reached the worker (which does not know the id): an abort that
   // overtook it would cancel a call the worker's handler never ran, and nothing would be
   // there to see the cancellation (a race this test lost once under load in CI).
-  ASSERT_TRUE(w1.started().WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(w1.started().WaitForNotificationWithTimeout(kWaitTimeout));
   v1::GenerateResponse last = AbortAndReadNext(reader.get(), first.request_id());
   EXPECT_EQ(last.request_id(), first.request_id());
   EXPECT_EQ(last.complete().finish_reason(), v1::FINISH_REASON_ABORTED);
@@ -379,7 +385,7 @@ TEST_F(FrontendServiceTest, AbortBeforeTheWorkerKnowsTheRequestEndsAborted) {
   EXPECT_EQ(last.complete().data_parallel_rank(), 1u);
   EXPECT_FALSE(reader->Read(&last));
   EXPECT_TRUE(reader->Finish().ok());
-  EXPECT_TRUE(w1.cancelled().WaitForNotificationWithTimeout(absl::Seconds(2)));
+  EXPECT_TRUE(w1.cancelled().WaitForNotificationWithTimeout(kWaitTimeout));
 }
 
 TEST_F(FrontendServiceTest, AbortForwardedToTheWorker) {
@@ -387,7 +393,7 @@ TEST_F(FrontendServiceTest, AbortForwardedToTheWorker) {
   Start({&w0, &w1});
   grpc::ClientContext context;
   auto reader = stub_->Generate(&context, Request(0, "abort-me"));
-  ASSERT_TRUE(w0.started().WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(w0.started().WaitForNotificationWithTimeout(kWaitTimeout));
   const v1::GenerateResponse last = AbortAndReadNext(reader.get(), "abort-me");
   EXPECT_EQ(last.complete().finish_reason(), v1::FINISH_REASON_ABORTED);
   EXPECT_TRUE(reader->Finish().ok());
@@ -399,7 +405,7 @@ TEST_F(FrontendServiceTest, DeadRankFailsItsRequestsWithUnavailable) {
   Start({&w0, &w1});
   grpc::ClientContext context;
   auto reader = stub_->Generate(&context, Request(1, "on-rank-1"));
-  ASSERT_TRUE(w1.started().WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(w1.started().WaitForNotificationWithTimeout(kWaitTimeout));
   absl::Time later;
   {
     std::lock_guard<std::mutex> lock(clock_mu_);
@@ -409,7 +415,7 @@ TEST_F(FrontendServiceTest, DeadRankFailsItsRequestsWithUnavailable) {
   const grpc::Status s = reader->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
   EXPECT_NE(s.error_message().find("attention rank 1"), std::string::npos) << s.error_message();
-  EXPECT_TRUE(w1.cancelled().WaitForNotificationWithTimeout(absl::Seconds(2)));
+  EXPECT_TRUE(w1.cancelled().WaitForNotificationWithTimeout(kWaitTimeout));
   // And new requests wait for a complete cluster.
   grpc::ClientContext again;
   auto refused = stub_->Generate(&again, Request());
@@ -438,7 +444,7 @@ TEST_F(FrontendServiceTest, GetLoadsMergesWorkerAndRouterNumbers) {
   Start({&w0, &w1});
   grpc::ClientContext context;
   auto reader = stub_->Generate(&context, Request(1, "held"));
-  ASSERT_TRUE(w1.started().WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(w1.started().WaitForNotificationWithTimeout(kWaitTimeout));
   grpc::ClientContext loads_context;
   v1::GetLoadsResponse loads;
   ASSERT_TRUE(stub_->GetLoads(&loads_context, v1::GetLoadsRequest(), &loads).ok());
@@ -467,11 +473,11 @@ TEST_F(FrontendServiceTest, ShutdownEndsStreamsWithUnavailable) {
   Start({&w0, &w1});
   grpc::ClientContext context;
   auto reader = stub_->Generate(&context, Request(0, "busy"));
-  ASSERT_TRUE(w0.started().WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(w0.started().WaitForNotificationWithTimeout(kWaitTimeout));
   service_->Shutdown();
   const grpc::Status s = reader->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
-  EXPECT_TRUE(w0.cancelled().WaitForNotificationWithTimeout(absl::Seconds(2)));
+  EXPECT_TRUE(w0.cancelled().WaitForNotificationWithTimeout(kWaitTimeout));
   grpc::ClientContext again;
   auto refused = stub_->Generate(&again, Request());
   v1::GenerateResponse m;
