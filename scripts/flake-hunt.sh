@@ -16,6 +16,7 @@
 #   -E REGEX   ctest names to leave out
 #   -s SLOTS   on a machine of many cores: SLOTS copies at once, each pinned to two cores of
 #              its own (a 2-core machine each), sharing the N runs; one table at the end
+#   -T         no runs: the table of the reports already in DXS_FLAKE_OUT
 # Environment: DXS_BUILD_DIR (default build), DXS_FLAKE_JOBS (ctest -j, default 2),
 # DXS_FLAKE_OUT (where the JUnit reports and the table go; default build/flake-hunt).
 # Exit status 1 when any run failed. Installs stress-ng (Debian) for `busy` when missing.
@@ -30,7 +31,8 @@ labels=()
 regex=""
 exclude=""
 slots=1
-while getopts "n:c:L:R:E:s:h" opt; do
+tabulate_only=0
+while getopts "n:c:L:R:E:s:Th" opt; do
   case $opt in
     n) runs=$OPTARG ;;
     c) conditions=$OPTARG ;;
@@ -38,6 +40,7 @@ while getopts "n:c:L:R:E:s:h" opt; do
     R) regex=$OPTARG ;;
     E) exclude=$OPTARG ;;
     s) slots=$OPTARG ;;
+    T) tabulate_only=1 runs=0 ;;
     *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
@@ -71,11 +74,11 @@ for c in "${conds[@]}"; do
 done
 
 mkdir -p "$out"
-rm -rf "$out"/*.xml "$out"/slot-*
+[ "$tabulate_only" = 1 ] || rm -rf "$out"/*.xml "$out"/slot-*
 out=$(realpath "$out")
 
 # Slots: this script again, once per slot, on two cores of its own; then the table of all.
-if [ "$slots" -gt 1 ]; then
+if [ "$slots" -gt 1 ] && [ "$tabulate_only" = 0 ]; then
   cores=()
   for range in $(taskset -pc $$ | sed 's/.*: //; s/,/ /g'); do
     cores+=($(seq "${range%-*}" "${range#*-}"))
