@@ -79,10 +79,11 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
     });
   }
   for (auto& dp : dp_) {
-    dp->thread = std::thread([this, l = dp->loop.get()] {
+    dp->thread = std::thread([this, d = dp.get()] {
       while (!stop_) {
-        absl::StatusOr<bool> ran = l->RunOnce(absl::Milliseconds(20));
+        absl::StatusOr<bool> ran = d->loop->RunOnce(absl::Milliseconds(20));
         if (!ran.ok()) ADD_FAILURE() << "step loop: " << ran.status();
+        if (ran.ok() && !*ran) ++d->idle_polls;
       }
     });
   }
@@ -122,16 +123,36 @@ void InprocCluster::WakeAll() {
 bool InprocCluster::WaitAllDone(const std::vector<std::shared_ptr<ResultSink>>& sinks,
                                 absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    bool all = true;
+  const auto all_done = [&] {
     for (const auto& s : sinks) {
       std::lock_guard<std::mutex> lock(s->mu);
-      all = all && s->done;
+      if (!s->done) return false;
     }
-    if (all) return true;
+    return true;
+  };
+  while (!all_done()) {
+    if (absl::Now() >= deadline) return false;
     absl::SleepFor(absl::Milliseconds(5));
   }
-  return false;
+  // The last token reaches its sink before every rank has counted the last step.
+  std::vector<int64_t> idle_before;
+  for (const auto& dp : dp_) idle_before.push_back(dp->idle_polls.load());
+  const auto settled = [&] {
+    const int64_t steps = dp_[0]->loop->counters().steps.load();
+    for (size_t r = 0; r < dp_.size(); ++r) {
+      if (dp_[r]->idle_polls.load() <= idle_before[r]) return false;
+      if (dp_[r]->loop->counters().steps.load() != steps) return false;
+    }
+    for (const auto& ep : ep_) {
+      if (ep->server->counters().steps.load() != steps) return false;
+    }
+    return true;
+  };
+  while (!settled()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
 }
 
 }  // namespace dxs::testing

@@ -52,6 +52,9 @@ class InprocCluster {
                       std::shared_ptr<ResultSink> sink);
   // Starts one cluster step with no new work (all ranks empty unless busy).
   void WakeAll();
+  // Waits until every sink is done and the cluster has settled: each DP rank has since
+  // found no step to run (its counters final) and each EP rank has counted as many steps as
+  // the DP ranks, which all agree. False if that does not happen within `timeout`.
   bool WaitAllDone(const std::vector<std::shared_ptr<ResultSink>>& sinks, absl::Duration timeout);
 
   const AttentionCounters& attention_counters(int r) const { return dp_[r]->loop->counters(); }
@@ -73,6 +76,7 @@ class InprocCluster {
     std::unique_ptr<RemoteMoeExecutor> moe;
     std::unique_ptr<Qwen3MoeModel> model;
     std::unique_ptr<AttentionStepLoop> loop;
+    std::atomic<int64_t> idle_polls{0};  // RunOnce calls that found no step to run
     std::thread thread;
   };
   struct EpRank {
