@@ -15,7 +15,8 @@
 #   -R REGEX   ctest name filter (with or instead of labels)
 #   -E REGEX   ctest names to leave out
 #   -s SLOTS   on a machine of many cores: SLOTS copies at once, each pinned to two cores of
-#              its own (a 2-core machine each), sharing the N runs; one table at the end
+#              its own (a 2-core machine each; DXS_FLAKE_SLOT_CORES=1: one core each, which
+#              suits `-c onecore`), sharing the N runs; one table at the end
 #   -T         no runs: the table of the reports already in DXS_FLAKE_OUT
 # Environment: DXS_BUILD_DIR (default build), DXS_FLAKE_JOBS (ctest -j, default 2),
 # DXS_FLAKE_OUT (where the JUnit reports and the table go; default build/flake-hunt).
@@ -83,8 +84,9 @@ if [ "$slots" -gt 1 ] && [ "$tabulate_only" = 0 ]; then
   for range in $(taskset -pc $$ | sed 's/.*: //; s/,/ /g'); do
     cores+=($(seq "${range%-*}" "${range#*-}"))
   done
-  [ "${#cores[@]}" -ge $((2 * slots)) ] || {
-    echo "flake-hunt: $slots slots need $((2 * slots)) cores; this process has ${#cores[@]}" >&2
+  per_slot=${DXS_FLAKE_SLOT_CORES:-2}
+  [ "${#cores[@]}" -ge $((per_slot * slots)) ] || {
+    echo "flake-hunt: $slots slots need $((per_slot * slots)) cores; this process has ${#cores[@]}" >&2
     exit 2
   }
   args=(-c "$conditions")
@@ -95,8 +97,9 @@ if [ "$slots" -gt 1 ] && [ "$tabulate_only" = 0 ]; then
   for k in $(seq 0 $((slots - 1))); do
     n=$((runs / slots + (k < runs % slots ? 1 : 0)))
     [ "$n" -gt 0 ] || continue
-    DXS_FLAKE_OUT="$out/slot-$k" taskset -c "${cores[$((2 * k))]},${cores[$((2 * k + 1))]}" \
-      "$0" -n "$n" "${args[@]}" >"$out/slot-$k.log" 2>&1 &
+    mine=$(IFS=,; echo "${cores[*]:$((per_slot * k)):$per_slot}")
+    DXS_FLAKE_OUT="$out/slot-$k" taskset -c "$mine" "$0" -n "$n" "${args[@]}" \
+      >"$out/slot-$k.log" 2>&1 &
     pids+=($!)
   done
   echo "flake-hunt: $slots slots running, logs in $out/slot-*.log"

@@ -215,7 +215,8 @@ inline void ExpectKilledExpertFailsInFlightThenRecovers(ProcessCluster* cluster,
   EXPECT_LT(long_run.tokens.size(), static_cast<size_t>(kMaxNewTokens));
   EXPECT_LT(took, absl::Seconds(5));
 
-  ASSERT_TRUE(cluster->StartExpert(rank, dir, "").ok()) << cluster->DumpLogs();
+  const absl::Status restarted = cluster->StartExpert(rank, dir, "");
+  ASSERT_TRUE(restarted.ok()) << restarted << cluster->DumpLogs();
   // The restarted rank is in the view before the attention ranks are asked whether they are
   // READY (which they still are from before the kill once they have seen it come back).
   bool back = false;

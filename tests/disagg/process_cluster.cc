@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <regex>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace dxs::testing {
@@ -171,21 +173,44 @@ absl::Status ProcessCluster::StartExpert(int rank, const std::string& model_dir,
   // A restarted expert comes back on its old address, as a StatefulSet pod would.
   auto old = expert_addresses_.find(rank);
   const bool replacing = ready_text == "listening on";
-  const std::string listen =
-      replacing && old != expert_addresses_.end() ? old->second : "127.0.0.1:0";
-  std::vector<std::string> argv = {
-      bin("dxs-expert"), "--model",       model_dir,  "--rank", std::to_string(rank),
-      "--router",        router_address_, "--listen", listen};
-  if (!claim.empty()) {
-    argv.push_back("--experts");
-    argv.push_back(claim);
+  const bool same_address = replacing && old != expert_addresses_.end();
+  const auto spawn = [&](const std::string& listen, int attempt) {
+    std::vector<std::string> argv = {
+        bin("dxs-expert"), "--model",       model_dir,  "--rank", std::to_string(rank),
+        "--router",        router_address_, "--listen", listen};
+    if (!claim.empty()) {
+      argv.push_back("--experts");
+      argv.push_back(claim);
+    }
+    argv.insert(argv.end(), worker_args_.begin(), worker_args_.end());
+    argv.insert(argv.end(), common_args_.begin(), common_args_.end());
+    return SpawnAndWait(
+        argv, absl::StrCat("expert ", rank),
+        absl::StrCat(work_dir_, "/expert", rank, "_", experts_.count(rank), "_", attempt, ".log"),
+        ready_text, absl::Seconds(60));
+  };
+  absl::StatusOr<ChildProcess> e = spawn(same_address ? old->second : "127.0.0.1:0", 0);
+  if (!e.ok() && same_address &&
+      absl::StrContains(e.status().message(), "cannot listen on " + old->second)) {
+    // Another process of this host took the old port while the expert was down (a pod's
+    // address is its own; a test's ports are shared by everything on the machine). Only a
+    // worker at the old address may replace a rank before its lease ends, so the
+    // replacement takes a new port once the router has marked the old incarnation dead.
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    bool dead = false;
+    while (!dead && absl::Now() < deadline) {
+      absl::StatusOr<v1::ClusterView> view = WatchClusterOnce();
+      dead = view.ok() && std::none_of(view->workers().begin(), view->workers().end(),
+                                       [rank](const v1::WorkerInfo& w) {
+                                         return w.role() == v1::ROLE_EXPERT &&
+                                                static_cast<int>(w.rank()) == rank &&
+                                                w.state() != v1::WORKER_STATE_DEAD;
+                                       });
+      if (!dead) absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (!dead) return absl::DeadlineExceededError(absl::StrCat("expert rank ", rank, " not dead"));
+    e = spawn("127.0.0.1:0", 1);
   }
-  argv.insert(argv.end(), worker_args_.begin(), worker_args_.end());
-  argv.insert(argv.end(), common_args_.begin(), common_args_.end());
-  absl::StatusOr<ChildProcess> e =
-      SpawnAndWait(argv, absl::StrCat("expert ", rank),
-                   absl::StrCat(work_dir_, "/expert", rank, "_", experts_.count(rank), ".log"),
-                   ready_text, absl::Seconds(60));
   if (!e.ok()) return e.status();
   if (!replacing) {  // an expected refusal: it has exited; keep its log for DumpLogs
     refused_.push_back(*e);

@@ -435,7 +435,8 @@ TEST_F(FrontendCluster, HealthFollowsClusterCompleteness) {
   out = RunToEnd(frontend(), Request(Prompt(0, 3), 4), absl::Seconds(10));
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::UNAVAILABLE) << out.status.error_message();
 
-  ASSERT_TRUE(cluster_->StartExpert(1, dir_, "").ok()) << cluster_->DumpLogs();
+  const absl::Status restarted = cluster_->StartExpert(1, dir_, "");
+  ASSERT_TRUE(restarted.ok()) << restarted << cluster_->DumpLogs();
   EXPECT_TRUE(WaitHealth(router, HealthCheckResponse::SERVING, absl::Seconds(30)))
       << cluster_->DumpLogs();
   ASSERT_TRUE(cluster_->WaitReady(absl::Seconds(30)).ok()) << cluster_->DumpLogs();
