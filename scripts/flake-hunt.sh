@@ -11,7 +11,7 @@
 #                              [-s SLOTS]
 #   -n N       runs of each test under each condition (default 20)
 #   -c LIST    conditions, comma-separated (default all three)
-#   -L LABEL   ctest label to select (repeatable; default: disagg)
+#   -L LABEL   ctest label to select (repeatable: any of them; default: disagg)
 #   -R REGEX   ctest name filter (with or instead of labels)
 #   -E REGEX   ctest names to leave out
 #   -s SLOTS   on a machine of many cores: SLOTS copies at once, each pinned to two cores of
@@ -53,7 +53,8 @@ case $runs in '' | *[!0-9]*) echo "flake-hunt: -n must be a number, got '$runs'"
 }
 
 select=()
-for l in "${labels[@]}"; do select+=(-L "^$l\$"); done
+# ctest ANDs repeated -L options; labels here are alternatives: one regex.
+[ ${#labels[@]} -gt 0 ] && select+=(-L "^($(IFS='|'; echo "${labels[*]}"))\$")
 [ -n "$regex" ] && select+=(-R "$regex")
 [ -n "$exclude" ] && select+=(-E "$exclude")
 
@@ -128,6 +129,10 @@ trap cleanup EXIT
 
 if [ "$runs" -gt 0 ]; then
   count=$(ctest --test-dir "$build_dir" -N "${select[@]}" | sed -n 's/^Total Tests: //p')
+  [ "${count:-0}" -gt 0 ] || {
+    echo "flake-hunt: no test matches ${select[*]}" >&2
+    exit 2
+  }
   echo "flake-hunt: $count tests x ${#conds[@]} conditions x $runs runs (ctest -j$jobs); reports in $out"
   for c in "${conds[@]}"; do
     prefix=()
@@ -162,6 +167,9 @@ for c in conds:
             if case.find("failure") is not None or case.find("error") is not None:
                 cell[1] += 1
                 sys.stderr.write(f"flake-hunt: FAILED {name} ({c}, {os.path.basename(path)})\n")
+if not table:
+    print("flake-hunt: no test ran (no reports in " + out + ")", file=sys.stderr)
+    sys.exit(1)
 width = max([len(t) for t in table] + [4])
 lines = ["| " + "test".ljust(width) + " | " + " | ".join(f"{c} (runs/failed)" for c in conds) + " |",
          "|" + "-" * (width + 2) + "|" + "|".join("-" * (len(c) + 16) for c in conds) + "|"]
