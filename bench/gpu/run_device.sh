@@ -42,7 +42,7 @@ source .device/env.sh
 export DXS_SOURCE_DIR=$PWD DXS_BIN_DIR=$PWD/.device/bin
 # Under compute-sanitizer, dense_attention_cuda_test runs FlashInfer's SM90 kernel without
 # checking its values: with the tool attached they are wrong in some runs even when no kernel
-# is instrumented (docs/gpu.md, the sixth session).
+# is instrumented (docs/gpu.md, "Known open problems"; the runs: docs/results/gpu-tests.md).
 sanitize() { DXS_UNDER_COMPUTE_SANITIZER=1 "$@"; }
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 # The gpu-labelled test binaries; all but gpu_cluster_test run their GPU work in-process.

@@ -1383,7 +1383,7 @@ void DenseAttentionCudaPaged::Check(const std::vector<AttentionSeq>& seqs, uint3
   // Under compute-sanitizer the SM90 kernel's values are not checked (its memory accesses
   // still are): with the tool attached its output is wrong in some runs, even with no kernel
   // instrumented (--kernel-name matching none: 16 of 58 runs), while the same binary beside
-  // it without the tool passed 87 of 87 (docs/gpu.md, the sixth session). run_device.sh's
+  // it without the tool passed 87 of 87 (docs/results/gpu-tests.md). run_device.sh's
   // sanitizer runs set DXS_UNDER_COMPUTE_SANITIZER=1.
   auto values_checked = [&](cuda::FlashInferAttention* f) {
     if (!UnderComputeSanitizer() ||
