@@ -21,7 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/metrics/callback_gauge.h"
-#include "common/metrics/exchange_bytes.h"
+#include "router/transport/exchange_bytes.h"
 #include "common/metrics/families.h"
 #include "model/kv_cache.h"
 #include "model/scheduler.h"

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/metrics/exchange_bytes.h"
+#include "router/transport/exchange_bytes.h"
 #include "common/metrics/families.h"
 #include "prometheus/registry.h"
 

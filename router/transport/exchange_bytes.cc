@@ -1,4 +1,4 @@
-#include "common/metrics/exchange_bytes.h"
+#include "router/transport/exchange_bytes.h"
 
 #include <string>
 
