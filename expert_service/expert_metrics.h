@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "router/transport/exchange_bytes.h"
 #include "common/metrics/families.h"
 #include "prometheus/registry.h"
+#include "router/transport/exchange_bytes.h"
 
 namespace dxs {
 
