@@ -81,17 +81,6 @@ bool WaitForView(const ProcessCluster& cluster, absl::Duration timeout,
   return false;
 }
 
-// Runs `dxs ARGS`; its output, prefixed with the failure when it does not exit 0.
-std::string RunDxs(const ProcessCluster& cluster, const std::string& args) {
-  std::string out;
-  if (FILE* pipe = popen(absl::StrCat(cluster.bin("dxs"), " ", args, " 2>&1").c_str(), "r")) {
-    char buf[4096];
-    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
-    if (pclose(pipe) != 0) out = "exit status != 0: " + out;
-  }
-  return out;
-}
-
 // RunThrough with EP rank 1 killed once the streams are under way, the streams going on
 // until the router has recovered from it; how long after the kill the last stream finished
 // (also recorded as the test property finished_after_kill_ms).
@@ -177,7 +166,7 @@ TEST(ElasticCluster, DrainMovesExpertsOffThenTheRankExits) {
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
   std::string drain_out;
   RunThrough(&cluster, dir, 1, 6, 48, "drain-", [&] {
-    drain_out = RunDxs(cluster, "drain --router " + cluster.router_address() + " --rank 1");
+    drain_out = cluster.RunDxs("drain --router " + cluster.router_address() + " --rank 1");
     // The streams go on until the experts have moved off.
     const bool moved = WaitForView(cluster, absl::Seconds(60), [](const v1::ClusterView& v) {
       return ExpertsOf(v, 1).empty();
@@ -275,7 +264,7 @@ TEST(ElasticCluster, ANewExpertRankJoinsUnderLoadIsRebalancedOntoAndDrains) {
     for (int e : ExpertsOf(view, r)) ++copies[e];
   }
   for (int e = 0; e < kNumExperts; ++e) EXPECT_GE(copies[e], 1) << "expert " << e;
-  const std::string status = RunDxs(cluster, "status --router " + cluster.router_address());
+  const std::string status = cluster.RunDxs("status --router " + cluster.router_address());
   EXPECT_NE(status.find("3 expert ranks"), std::string::npos) << status;
   EXPECT_NE(status.find("expert 2  READY"), std::string::npos) << status;
   EXPECT_NE(status.find("ep 2: " + std::to_string(ExpertsOf(view, 2).size()) + " experts"),
@@ -305,7 +294,7 @@ TEST(ElasticCluster, ANewExpertRankJoinsUnderLoadIsRebalancedOntoAndDrains) {
   int in_flight_when_moved = 0;
   std::string drain_out;
   RunThrough(&cluster, dir, 2, 16, 96, "drain-joined-", [&] {
-    drain_out = RunDxs(cluster, "drain --router " + cluster.router_address() + " --rank 2");
+    drain_out = cluster.RunDxs("drain --router " + cluster.router_address() + " --rank 2");
     const bool moved = WaitForView(cluster, absl::Seconds(60), [](const v1::ClusterView& v) {
       return ExpertsOf(v, 2).empty();
     });

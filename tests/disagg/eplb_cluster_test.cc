@@ -55,17 +55,6 @@ void ExpectSoloOutputs(
                                               /*check_first_logits=*/true);
 }
 
-// Runs `dxs ARGS`; its stdout, and an empty string unless it exits 0.
-std::string RunDxs(const ProcessCluster& cluster, const std::string& args) {
-  std::string out;
-  if (FILE* pipe = popen(absl::StrCat(cluster.bin("dxs"), " ", args, " 2>&1").c_str(), "r")) {
-    char buf[4096];
-    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
-    if (pclose(pipe) != 0) return "exit status != 0: " + out;
-  }
-  return out;
-}
-
 std::vector<std::vector<int>> RankExperts(const v1::ClusterView& view) {
   std::vector<std::vector<int>> out(view.num_expert_ranks());
   for (int e = 0; e < view.placement().expert_to_rank_size(); ++e) {
@@ -200,12 +189,12 @@ TEST(EplbCluster, RebalanceByHandPublishesBalancedPlacement) {
 
   // The same by hand from the command line, and `dxs status` shows the placement.
   const std::string out =
-      RunDxs(cluster, absl::StrCat("rebalance --router ", cluster.router_address()));
+      cluster.RunDxs(absl::StrCat("rebalance --router ", cluster.router_address()));
   EXPECT_EQ(out.rfind("placement v", 0), 0u) << out;
   const uint64_t version = testing::CurrentClusterView(cluster).placement().version();
   EXPECT_GE(version, after.placement().version());
   const std::string status =
-      RunDxs(cluster, absl::StrCat("status --router ", cluster.router_address()));
+      cluster.RunDxs(absl::StrCat("status --router ", cluster.router_address()));
   EXPECT_NE(status.find(absl::StrCat("placement v", version, "\n")), std::string::npos) << status;
   EXPECT_NE(status.find("  ep 1: "), std::string::npos) << status;
 }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -196,19 +197,7 @@ absl::Status ProcessCluster::StartExpert(int rank, const std::string& model_dir,
     // address is its own; a test's ports are shared by everything on the machine). Only a
     // worker at the old address may replace a rank before its lease ends, so the
     // replacement takes a new port once the router has marked the old incarnation dead.
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    bool dead = false;
-    while (!dead && absl::Now() < deadline) {
-      absl::StatusOr<v1::ClusterView> view = WatchClusterOnce();
-      dead = view.ok() && std::none_of(view->workers().begin(), view->workers().end(),
-                                       [rank](const v1::WorkerInfo& w) {
-                                         return w.role() == v1::ROLE_EXPERT &&
-                                                static_cast<int>(w.rank()) == rank &&
-                                                w.state() != v1::WORKER_STATE_DEAD;
-                                       });
-      if (!dead) absl::SleepFor(absl::Milliseconds(20));
-    }
-    if (!dead) return absl::DeadlineExceededError(absl::StrCat("expert rank ", rank, " not dead"));
+    if (absl::Status dead = WaitExpertDead(rank); !dead.ok()) return dead;
     e = spawn("127.0.0.1:0", 1);
   }
   if (!e.ok()) return e.status();
@@ -220,6 +209,24 @@ absl::Status ProcessCluster::StartExpert(int rank, const std::string& model_dir,
   experts_[rank] = *e;
   expert_addresses_[rank] = AddressAfter(e->log_path, "listening on");
   return absl::OkStatus();
+}
+
+absl::Status ProcessCluster::WaitExpertDead(int rank, absl::Duration timeout) const {
+  for (const absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
+    absl::StatusOr<v1::ClusterView> view = WatchClusterOnce();
+    if (view.ok() && std::none_of(view->workers().begin(), view->workers().end(),
+                                  [rank](const v1::WorkerInfo& w) {
+                                    return w.role() == v1::ROLE_EXPERT &&
+                                           static_cast<int>(w.rank()) == rank &&
+                                           w.state() != v1::WORKER_STATE_DEAD;
+                                  })) {
+      return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("expert rank ", rank,
+                                                  " still live in the router's view after ",
+                                                  absl::FormatDuration(timeout)));
 }
 
 std::string ProcessCluster::attention_metrics_address(int rank) const {
@@ -321,6 +328,16 @@ GenerateResult ProcessCluster::Generate(int rank, const std::string& request_id,
     }
   }
   out.status = reader->Finish();
+  return out;
+}
+
+std::string ProcessCluster::RunDxs(const std::string& args) const {
+  std::string out;
+  if (FILE* pipe = popen(absl::StrCat(bin("dxs"), " ", args, " 2>&1").c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
+    if (pclose(pipe) != 0) out = "exit status != 0: " + out;
+  }
   return out;
 }
 

@@ -81,6 +81,9 @@ class ProcessCluster {
   // Waits for expert `rank` to exit by itself (a drained rank); its exit status, or
   // DEADLINE_EXCEEDED.
   absl::StatusOr<int> WaitExpertExit(int rank, absl::Duration timeout);
+  // Waits until the router's view shows no live incarnation of expert `rank` (its lease ran
+  // out, or it was never there); DEADLINE_EXCEEDED after `timeout`.
+  absl::Status WaitExpertDead(int rank, absl::Duration timeout = absl::Seconds(60)) const;
   void KillAttention(int rank);  // SIGKILL
   // Waits until every attention rank answers GetLoad with state READY.
   absl::Status WaitReady(absl::Duration timeout);
@@ -109,6 +112,9 @@ class ProcessCluster {
   absl::StatusOr<v1::ClusterView> WatchClusterOnce() const;
   // dxs.v1.Frontend on router_address(); valid after StartRouter.
   v1::Frontend::Stub* frontend() { return frontend_.get(); }
+  // Runs `dxs ARGS` to its end; its stdout and stderr, prefixed with "exit status != 0: "
+  // when it fails.
+  std::string RunDxs(const std::string& args) const;
   std::string DumpLogs() const;
   std::string bin(const std::string& name) const;
 

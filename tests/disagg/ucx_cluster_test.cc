@@ -3,8 +3,6 @@
 // single-process engine; mismatched workers are refused; a killed expert fails in-flight
 // requests with UNAVAILABLE within 5 s and the cluster recovers when it comes back.
 
-#include <algorithm>
-
 #include "gtest/gtest.h"
 #include "model/engine.h"
 #include "model/random_checkpoint.h"
@@ -131,17 +129,8 @@ TEST(UcxCluster, OverlappingExpertsAreRefused) {
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
   cluster.KillExpert(1);
   // Once rank 1's lease has run out (the router marks it dead), its experts are free.
-  bool dead = false;
-  for (const absl::Time end = absl::Now() + absl::Seconds(60); !dead && absl::Now() < end;) {
-    absl::StatusOr<v1::ClusterView> view = cluster.WatchClusterOnce();
-    dead =
-        view.ok() &&
-        std::none_of(view->workers().begin(), view->workers().end(), [](const v1::WorkerInfo& w) {
-          return w.role() == v1::ROLE_EXPERT && w.rank() == 1 && w.state() != v1::WORKER_STATE_DEAD;
-        });
-    if (!dead) absl::SleepFor(absl::Milliseconds(20));
-  }
-  ASSERT_TRUE(dead) << "EP rank 1 not marked dead within 60 s of its kill" << cluster.DumpLogs();
+  const absl::Status dead = cluster.WaitExpertDead(1);
+  ASSERT_TRUE(dead.ok()) << dead << cluster.DumpLogs();
   // A replacement claiming experts that rank 0 holds is refused.
   absl::Status s = cluster.StartExpert(1, dir, "8-15", "overlap");
   EXPECT_TRUE(s.ok()) << s << cluster.DumpLogs();
