@@ -145,7 +145,7 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   // receives the row), else only the tokens the backend sampled (SampleStepOnBackend).
   absl::Status outcome = absl::UnknownError("no forward pass");
   std::vector<float> host_logits;
-  std::vector<int32_t> sampled;
+  Scheduler::StepTokens sampled;
   const bool host_sampling = scheduler_->StepNeedsHostLogits();
   bool piecewise_step = false, low_latency_step = false;
   if (plan.ok()) {
@@ -168,7 +168,7 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
       outcome = h.status();
       if (h.ok()) host_logits = *std::move(h);
     } else {
-      absl::StatusOr<std::vector<int32_t>> t =
+      absl::StatusOr<Scheduler::StepTokens> t =
           SampleStepOnBackend(model_->backend(), *out, *scheduler_);
       outcome = t.status();
       if (t.ok()) sampled = *std::move(t);

@@ -318,15 +318,28 @@ class Backend {
   // logits[i, :] (f32 [n, vocab]), ties to the lowest index, NaNs never chosen unless the
   // row starts with one (then 0): exactly Argmax of kernels/sampling.h. Only the ids come back.
   virtual absl::Status ArgmaxRows(const Tensor& logits, Tensor* ids) = 0;
-  // Sampling on the backend (kernels/sampling.h's SampleToken, row by row): ids[i] (i32
-  // [n]) is logits[i, :] (f32 [n, vocab]) sampled with params row i (i64 [n, 4], one
-  // SamplingRow each: kernels/sampling_row.h). Temperature 0 is ArgmaxRows; otherwise
-  // temperature, top-k, top-p, then draw number `draw` of `seed`'s SplitMix64 stream,
+  // Sampling on the backend (kernels/sampling.h's ApplyLogitAdjustments then SampleToken,
+  // row by row): ids[i] (i32 [n]) is logits[i, :] (f32 [n, vocab], not changed) sampled with
+  // params row i (i64 [n, kSamplingRowWords], one SamplingRow each: kernels/sampling_row.h)
+  // after the row's LogitAdjustments (adjustments: i32 [m, kLogitAdjustmentWords], or null
+  // when no row has any). Temperature 0 is the argmax of the adjusted row; otherwise
+  // temperature, top-k, top-p, min-p, then draw number `draw` of `seed`'s SplitMix64 stream,
   // which needs no state: the tokens are the CPU's on every backend, except where a draw
   // lands within rounding of a cumulative-mass boundary (the sums go in another order).
   // Shapes and dtypes are INVALID_ARGUMENT; so are out-of-range parameters where the
   // backend reads them on the host (CPU), while a device writes -1 for such a row.
-  virtual absl::Status SampleRows(const Tensor& logits, const Tensor& params, Tensor* ids) = 0;
+  virtual absl::Status SampleRows(const Tensor& logits, const Tensor& params,
+                                  const Tensor* adjustments, Tensor* ids) = 0;
+  // Log-probabilities of raw logits rows (log_softmax; kernels/sampling.h's RowLogprobs), for
+  // row i of logits (f32 [n, vocab]): sampled_logprobs[i] (f32 [n]) of token sampled[i] (i32
+  // [n]); named_logprobs[i, j] (f32 [n, m]) of token named[i, j] (i32 [n, m]; -1 gives 0);
+  // and the row's k most likely tokens, top_ids[i, :] (i32 [n, k]) with their
+  // top_logprobs[i, :] (f32 [n, k]), most likely first, equal logits by lower id; k <= 20.
+  // Ids outside the vocabulary are INVALID_ARGUMENT on the CPU; a device gives 0 for them.
+  virtual absl::Status LogprobRows(const Tensor& logits, const Tensor& sampled,
+                                   const Tensor& named, Tensor* sampled_logprobs,
+                                   Tensor* named_logprobs, Tensor* top_ids,
+                                   Tensor* top_logprobs) = 0;
   // counts[e] += offsets[e + 1] - offsets[e] for the E experts of SortPairsByExpert's
   // offsets (i32 [E + 1]) into counts (i64 [E]): per-expert loads kept on the device, so
   // that counting needs no host synchronisation.

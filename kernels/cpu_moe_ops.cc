@@ -293,15 +293,81 @@ absl::Status CpuBackend::ArgmaxRows(const Tensor& logits, Tensor* ids) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::SampleRows(const Tensor& logits, const Tensor& params, Tensor* ids) {
-  DXS_RETURN_IF_ERROR(CheckSampleRowsArgs(logits, params, *ids));
+absl::Status CpuBackend::SampleRows(const Tensor& logits, const Tensor& params,
+                                    const Tensor* adjustments, Tensor* ids) {
+  DXS_RETURN_IF_ERROR(CheckSampleRowsArgs(logits, params, adjustments, *ids));
   const int64_t n = logits.rows(), vocab = logits.row_size();
+  const int64_t num_adjust = adjustments != nullptr ? adjustments->rows() : 0;
   const auto* rows = reinterpret_cast<const SamplingRow*>(params.i64());
-  for (int64_t i = 0; i < n; ++i) DXS_RETURN_IF_ERROR(CheckSamplingRow(i, rows[i]));
-  SamplingScratch scratch;
+  const auto* adjust =
+      num_adjust > 0 ? reinterpret_cast<const LogitAdjustment*>(adjustments->i32()) : nullptr;
   for (int64_t i = 0; i < n; ++i) {
-    ids->i32()[i] = SampleToken(logits.f32() + i * vocab, vocab, FromSamplingRow(rows[i]),
-                                rows[i].draw, &scratch);
+    DXS_RETURN_IF_ERROR(CheckSamplingRow(i, rows[i]));
+    if (int64_t{rows[i].adjust_begin} + rows[i].adjust_count > num_adjust) {
+      return absl::InvalidArgumentError(absl::StrCat("sample rows: row ", i, "'s adjustments [",
+                                                     rows[i].adjust_begin, ", +",
+                                                     rows[i].adjust_count, ") exceed ", num_adjust));
+    }
+    for (int32_t a = 0; a < rows[i].adjust_count; ++a) {
+      const int32_t t = adjust[rows[i].adjust_begin + a].token;
+      if (t < 0 || t >= vocab) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sample rows: row ", i, " adjusts token ", t, ", outside [0, ", vocab, ")"));
+      }
+    }
+  }
+  SamplingScratch scratch;
+  std::vector<float> adjusted;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = logits.f32() + i * vocab;
+    const SamplingParams p = FromSamplingRow(rows[i]);
+    if (rows[i].adjust_count > 0) {
+      adjusted.assign(row, row + vocab);
+      ApplyLogitAdjustments(p, adjust + rows[i].adjust_begin, rows[i].adjust_count,
+                            adjusted.data());
+      row = adjusted.data();
+    }
+    ids->i32()[i] = SampleToken(row, vocab, p, rows[i].draw, &scratch);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::LogprobRows(const Tensor& logits, const Tensor& sampled,
+                                     const Tensor& named, Tensor* sampled_logprobs,
+                                     Tensor* named_logprobs, Tensor* top_ids,
+                                     Tensor* top_logprobs) {
+  DXS_RETURN_IF_ERROR(CheckLogprobRowsArgs(logits, sampled, named, *sampled_logprobs,
+                                           *named_logprobs, *top_ids, *top_logprobs));
+  const int64_t n = logits.rows(), vocab = logits.row_size();
+  const int64_t m = named.shape()[1], k = top_ids->shape()[1];
+  for (int64_t i = 0; i < n * m; ++i) {
+    if (named.i32()[i] < -1 || named.i32()[i] >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logprob rows: named id ", named.i32()[i], " is outside [0, ", vocab, ")"));
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (sampled.i32()[i] < 0 || sampled.i32()[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("logprob rows: sampled id ", sampled.i32()[i],
+                                                     " is outside [0, ", vocab, ")"));
+    }
+  }
+  TokenLogprobs lp;
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < n; ++i) {
+    ids.clear();
+    for (int64_t j = 0; j < m; ++j) ids.push_back(std::max(named.i32()[i * m + j], 0));
+    RowLogprobs(logits.f32() + i * vocab, vocab, sampled.i32()[i], static_cast<int32_t>(k), ids,
+                &lp);
+    sampled_logprobs->f32()[i] = lp.logprob;
+    for (int64_t j = 0; j < m; ++j) {
+      named_logprobs->f32()[i * m + j] = named.i32()[i * m + j] < 0 ? 0.f : lp.named[j];
+    }
+    for (int64_t j = 0; j < k; ++j) {  // a vocabulary smaller than k leaves -1 and -inf
+      const bool has = j < static_cast<int64_t>(lp.top.size());
+      top_ids->i32()[i * k + j] = has ? lp.top[j].first : -1;
+      top_logprobs->f32()[i * k + j] = has ? lp.top[j].second : -INFINITY;
+    }
   }
   return absl::OkStatus();
 }

@@ -173,7 +173,8 @@ absl::Status CheckArgmaxRowsArgs(const Tensor& logits, const Tensor& ids) {
   return absl::OkStatus();
 }
 
-absl::Status CheckSampleRowsArgs(const Tensor& logits, const Tensor& params, const Tensor& ids) {
+absl::Status CheckSampleRowsArgs(const Tensor& logits, const Tensor& params,
+                                 const Tensor* adjustments, const Tensor& ids) {
   DXS_RETURN_IF_ERROR(CheckDType("sample rows", logits, DType::kF32, "logits"));
   DXS_RETURN_IF_ERROR(CheckDType("sample rows", params, DType::kI64, "params"));
   DXS_RETURN_IF_ERROR(CheckDType("sample rows", ids, DType::kI32, "ids"));
@@ -184,13 +185,54 @@ absl::Status CheckSampleRowsArgs(const Tensor& logits, const Tensor& params, con
                                                    " with params ", params.ShapeString(), " into ",
                                                    ids.ShapeString()));
   }
+  if (adjustments != nullptr) {
+    DXS_RETURN_IF_ERROR(CheckDType("sample rows", *adjustments, DType::kI32, "adjustments"));
+    if (adjustments->shape().size() != 2 || adjustments->shape()[1] != kLogitAdjustmentWords ||
+        adjustments->rows() > INT32_MAX) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample rows: adjustments ", adjustments->ShapeString(), ", want [m, ",
+                       kLogitAdjustmentWords, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLogprobRowsArgs(const Tensor& logits, const Tensor& sampled, const Tensor& named,
+                                  const Tensor& sampled_logprobs, const Tensor& named_logprobs,
+                                  const Tensor& top_ids, const Tensor& top_logprobs) {
+  DXS_RETURN_IF_ERROR(CheckDType("logprob rows", logits, DType::kF32, "logits"));
+  DXS_RETURN_IF_ERROR(CheckDType("logprob rows", sampled, DType::kI32, "sampled"));
+  DXS_RETURN_IF_ERROR(CheckDType("logprob rows", named, DType::kI32, "named"));
+  DXS_RETURN_IF_ERROR(CheckDType("logprob rows", sampled_logprobs, DType::kF32, "sampled_logprobs"));
+  DXS_RETURN_IF_ERROR(CheckDType("logprob rows", named_logprobs, DType::kF32, "named_logprobs"));
+  DXS_RETURN_IF_ERROR(CheckDType("logprob rows", top_ids, DType::kI32, "top_ids"));
+  DXS_RETURN_IF_ERROR(CheckDType("logprob rows", top_logprobs, DType::kF32, "top_logprobs"));
+  const int64_t n = logits.rows(), vocab = logits.row_size();
+  auto matrix = [n](const Tensor& t) {
+    return t.shape().size() == 2 && t.shape()[0] == n;
+  };
+  const bool ok = (n == 0 || (vocab > 0 && vocab <= INT32_MAX)) && sampled.num_elements() == n &&
+                  sampled_logprobs.num_elements() == n && matrix(named) &&
+                  named_logprobs.shape() == named.shape() && matrix(top_ids) &&
+                  top_logprobs.shape() == top_ids.shape() && top_ids.shape()[1] <= kMaxTopLogprobs;
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "logprob rows: ", logits.ShapeString(), " with sampled ", sampled.ShapeString(),
+        ", named ", named.ShapeString(), " into ", sampled_logprobs.ShapeString(), ", ",
+        named_logprobs.ShapeString(), ", ", top_ids.ShapeString(), ", ",
+        top_logprobs.ShapeString()));
+  }
   return absl::OkStatus();
 }
 
 absl::Status CheckSamplingRow(int64_t row, const SamplingRow& params) {
   absl::Status s = ValidateSamplingParams(FromSamplingRow(params));
-  if (s.ok() && params.reserved != 0) {
-    s = absl::InvalidArgumentError(absl::StrCat("reserved must be 0, got ", params.reserved));
+  for (int32_t r : params.reserved) {
+    if (s.ok() && r != 0) s = absl::InvalidArgumentError(absl::StrCat("reserved must be 0, got ", r));
+  }
+  if (s.ok() && (params.adjust_begin < 0 || params.adjust_count < 0)) {
+    s = absl::InvalidArgumentError(absl::StrCat("adjustments [", params.adjust_begin, ", +",
+                                                params.adjust_count, ") are negative"));
   }
   if (s.ok()) return s;
   return absl::InvalidArgumentError(absl::StrCat("sample rows: row ", row, ": ", s.message()));

@@ -34,8 +34,15 @@ absl::Status CheckAddRmsNormArgs(const Tensor& x, const Tensor& weight, const Te
 absl::Status CheckQkNormRopeArgs(const Tensor& q, const Tensor& k, const Tensor& q_weight,
                                  const Tensor& k_weight, const Tensor& positions);
 absl::Status CheckArgmaxRowsArgs(const Tensor& logits, const Tensor& ids);
-// SampleRows: logits f32 [n, vocab], params i64 [n, kSamplingRowWords], ids i32 [n].
-absl::Status CheckSampleRowsArgs(const Tensor& logits, const Tensor& params, const Tensor& ids);
+// SampleRows: logits f32 [n, vocab], params i64 [n, kSamplingRowWords], adjustments null or
+// i32 [m, kLogitAdjustmentWords], ids i32 [n].
+absl::Status CheckSampleRowsArgs(const Tensor& logits, const Tensor& params,
+                                 const Tensor* adjustments, const Tensor& ids);
+// LogprobRows: logits f32 [n, vocab], sampled i32 [n], named i32 [n, m], sampled_logprobs f32
+// [n], named_logprobs f32 [n, m], top_ids i32 [n, k], top_logprobs f32 [n, k], k <= 20.
+absl::Status CheckLogprobRowsArgs(const Tensor& logits, const Tensor& sampled, const Tensor& named,
+                                  const Tensor& sampled_logprobs, const Tensor& named_logprobs,
+                                  const Tensor& top_ids, const Tensor& top_logprobs);
 // Row `row`'s sampling parameters are in range (ValidateSamplingParams; reserved is 0).
 // Only where the backend can read them on the host: the CPU backend.
 absl::Status CheckSamplingRow(int64_t row, const SamplingRow& params);

@@ -116,9 +116,19 @@ class OpaqueBackend final : public Backend {
     Tensor d = Open(*ids);
     return inner_.ArgmaxRows(Open(logits), &d);
   }
-  absl::Status SampleRows(const Tensor& logits, const Tensor& params, Tensor* ids) override {
+  absl::Status SampleRows(const Tensor& logits, const Tensor& params, const Tensor* adjustments,
+                          Tensor* ids) override {
     Tensor d = Open(*ids);
-    return inner_.SampleRows(Open(logits), Open(params), &d);
+    if (adjustments == nullptr) return inner_.SampleRows(Open(logits), Open(params), nullptr, &d);
+    const Tensor a = Open(*adjustments);
+    return inner_.SampleRows(Open(logits), Open(params), &a, &d);
+  }
+  absl::Status LogprobRows(const Tensor& logits, const Tensor& sampled, const Tensor& named,
+                           Tensor* sampled_logprobs, Tensor* named_logprobs, Tensor* top_ids,
+                           Tensor* top_logprobs) override {
+    Tensor s = Open(*sampled_logprobs), n = Open(*named_logprobs), ti = Open(*top_ids),
+           tl = Open(*top_logprobs);
+    return inner_.LogprobRows(Open(logits), Open(sampled), Open(named), &s, &n, &ti, &tl);
   }
   absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override {
     Tensor c = Open(*counts);

@@ -19,15 +19,91 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
   if (p.top_k < 0) {
     return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", p.top_k));
   }
+  if (!(p.min_p >= 0.f && p.min_p <= 1.f)) {
+    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", p.min_p));
+  }
+  if (!(p.repetition_penalty > 0.f) || std::isinf(p.repetition_penalty)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "repetition_penalty must be a finite value > 0, got ", p.repetition_penalty));
+  }
+  if (!(p.frequency_penalty >= -2.f && p.frequency_penalty <= 2.f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frequency_penalty must be in [-2, 2], got ", p.frequency_penalty));
+  }
+  if (!(p.presence_penalty >= -2.f && p.presence_penalty <= 2.f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("presence_penalty must be in [-2, 2], got ", p.presence_penalty));
+  }
   return absl::OkStatus();
 }
 
-SamplingRow ToSamplingRow(const SamplingParams& p, uint64_t draw) {
-  return SamplingRow{p.temperature, p.top_p, p.top_k, 0, p.seed, draw};
+absl::Status ValidateLogitBias(const SamplingParams& p, int64_t vocab) {
+  std::vector<int32_t> ids;
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias: token id ", id,
+                                                     " is outside the vocabulary [0, ", vocab, ")"));
+    }
+    if (!(bias >= -100.f && bias <= 100.f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias: the bias of token ", id, " must be in [-100, 100], got ", bias));
+    }
+    ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  if (auto dup = std::adjacent_find(ids.begin(), ids.end()); dup != ids.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logit_bias: token id ", *dup, " is given more than once"));
+  }
+  return absl::OkStatus();
+}
+
+void ApplyLogitAdjustments(const SamplingParams& p, const LogitAdjustment* adjustments, size_t n,
+                           float* row) {
+  for (size_t i = 0; i < n; ++i) {
+    const LogitAdjustment& a = adjustments[i];
+    float& l = row[a.token];
+    if (a.flags & kAdjustBanned) {
+      l = -INFINITY;
+      continue;
+    }
+    l += a.bias;
+    if ((a.flags & kAdjustSeen) && p.repetition_penalty != 1.f) {
+      l = l > 0.f ? l / p.repetition_penalty : l * p.repetition_penalty;
+    }
+    l -= p.frequency_penalty * static_cast<float>(a.output_count);
+    if (a.output_count > 0) l -= p.presence_penalty;
+  }
+}
+
+SamplingRow ToSamplingRow(const SamplingParams& p, uint64_t draw, int32_t adjust_begin,
+                          int32_t adjust_count) {
+  SamplingRow row{};
+  row.temperature = p.temperature;
+  row.top_p = p.top_p;
+  row.top_k = p.top_k;
+  row.min_p = p.min_p;
+  row.repetition_penalty = p.repetition_penalty;
+  row.frequency_penalty = p.frequency_penalty;
+  row.presence_penalty = p.presence_penalty;
+  row.adjust_begin = adjust_begin;
+  row.adjust_count = adjust_count;
+  row.seed = p.seed;
+  row.draw = draw;
+  return row;
 }
 
 SamplingParams FromSamplingRow(const SamplingRow& row) {
-  return SamplingParams{row.temperature, row.top_p, row.top_k, row.seed};
+  SamplingParams p;
+  p.temperature = row.temperature;
+  p.top_p = row.top_p;
+  p.top_k = row.top_k;
+  p.seed = row.seed;
+  p.min_p = row.min_p;
+  p.repetition_penalty = row.repetition_penalty;
+  p.frequency_penalty = row.frequency_penalty;
+  p.presence_penalty = row.presence_penalty;
+  return p;
 }
 
 int32_t Argmax(const float* logits, int64_t vocab) {
@@ -84,6 +160,15 @@ int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& p,
     sum = 0;
     for (int64_t i = 0; i < keep; ++i) sum += w[i];
   }
+  // Min-p: the weights are probabilities over the most likely one's (w[0] = 1), so the kept
+  // candidates are the prefix whose weight reaches min_p.
+  if (p.min_p > 0.f) {
+    int64_t cut = 1;
+    while (cut < keep && w[cut] >= static_cast<double>(p.min_p)) ++cut;
+    keep = cut;
+    sum = 0;
+    for (int64_t i = 0; i < keep; ++i) sum += w[i];
+  }
   const double r = SamplingUniform(p.seed, draw) * sum;
   double acc = 0;
   for (int64_t i = 0; i < keep; ++i) {
@@ -91,6 +176,36 @@ int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& p,
     if (r < acc) return cand[i].second;
   }
   return cand[keep - 1].second;
+}
+
+void RowLogprobs(const float* logits, int64_t vocab, int32_t token, int32_t top_n,
+                 const std::vector<int32_t>& named, TokenLogprobs* out) {
+  double max = -INFINITY;
+  for (int64_t i = 0; i < vocab; ++i) max = std::max(max, static_cast<double>(logits[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max);
+  const double lse = max + std::log(sum);
+  auto logprob = [&](int64_t i) { return static_cast<float>(logits[i] - lse); };
+  out->token = token;
+  out->logprob = token >= 0 ? logprob(token) : 0.f;
+  out->top.clear();
+  const int64_t n = std::min<int64_t>(top_n, vocab);
+  if (n > 0) {
+    // A bounded selection: the n best seen so far, kept sorted (n <= kMaxTopLogprobs).
+    auto better = [&](int64_t a, int64_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
+    std::vector<int64_t> best;
+    best.reserve(n + 1);
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (static_cast<int64_t>(best.size()) == n && !better(i, best.back())) continue;
+      best.insert(std::upper_bound(best.begin(), best.end(), i, better), i);
+      if (static_cast<int64_t>(best.size()) > n) best.pop_back();
+    }
+    for (int64_t i : best) out->top.push_back({static_cast<int32_t>(i), logprob(i)});
+  }
+  out->named.clear();
+  for (int32_t id : named) out->named.push_back(logprob(id));
 }
 
 }  // namespace dxs

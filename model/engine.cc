@@ -68,6 +68,8 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
       if (out->tokens.empty()) out->first_logits.assign(logits, logits + vocab);
       out->tokens.push_back(token);
     };
+    sink.on_logprobs = [out](const TokenLogprobs& lp) { out->logprobs.push_back(lp); };
+    sink.on_prompt_logprobs = [out](const PromptLogprobs& lp) { out->prompt_logprobs = lp; };
     sink.on_done = [out, &first_error](const absl::Status& s, FinishReason reason) {
       out->finish_reason = reason;
       if (!s.ok() && first_error.ok()) first_error = s;
@@ -88,7 +90,7 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
     // ids come back instead of [rows, vocab] floats (39 MB a step at batch 64 on Qwen3's
     // vocab). The CPU takes the same path, so its tests cover it.
     if (!scheduler.StepNeedsHostLogits()) {
-      absl::StatusOr<std::vector<int32_t>> tokens =
+      absl::StatusOr<Scheduler::StepTokens> tokens =
           SampleStepOnBackend(backend_.get(), *logits, scheduler);
       if (!tokens.ok()) {
         scheduler.FailAll(tokens.status());

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,10 @@ struct GenerationResult {
   std::vector<int32_t> tokens;
   std::vector<float> first_logits;  // logits of the first generated position
   FinishReason finish_reason = FinishReason::kLength;
+  // One per token, when the request asked (GenerationRequest::WantsLogprobs).
+  std::vector<TokenLogprobs> logprobs;
+  // When the request scored its prompt (prompt_logprobs_start >= 0).
+  std::optional<PromptLogprobs> prompt_logprobs;
 };
 
 struct EngineOptions {

@@ -16,6 +16,10 @@ Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, AttentionWeights weights
 absl::Status Qwen3MoeModel::Validate(const std::vector<SequenceChunk>& chunks, KvCache* kv) const {
   for (const SequenceChunk& c : chunks) {
     if (c.tokens.empty()) return absl::InvalidArgumentError("a sequence chunk has no tokens");
+    if (c.logit_rows < 1 || c.logit_rows > static_cast<int64_t>(c.tokens.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("a chunk of ", c.tokens.size(),
+                                                     " tokens asks for ", c.logit_rows, " logits rows"));
+    }
     if (!kv->HasSlot(c.kv_slot)) {
       return absl::InvalidArgumentError(absl::StrCat("unknown KV slot ", c.kv_slot));
     }
@@ -77,13 +81,12 @@ absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& 
       }
     }
   }
-  DXS_ASSIGN_OR_RETURN(
-      Tensor last,
-      backend_->Allocate({static_cast<int64_t>(chunks.size()), config_.hidden_size}, DType::kF32));
+  DXS_ASSIGN_OR_RETURN(Tensor last, backend_->Allocate({StepLogitRows(chunks), config_.hidden_size},
+                                                       DType::kF32));
   DXS_RETURN_IF_ERROR(GatherLastRows(mbs[0].chunks, mbs[0].hidden, 0, &last));
   if (num_micro_batches == 2) {
     DXS_RETURN_IF_ERROR(
-        GatherLastRows(mbs[1].chunks, mbs[1].hidden, static_cast<int64_t>(split), &last));
+        GatherLastRows(mbs[1].chunks, mbs[1].hidden, StepLogitRows(mbs[0].chunks), &last));
   }
   return Logits(std::move(last));
 }
@@ -152,9 +155,15 @@ size_t Qwen3MoeModel::num_graphs() const {
 bool Qwen3MoeModel::IsDecodeStep(const std::vector<SequenceChunk>& chunks) {
   if (chunks.empty() || static_cast<int64_t>(chunks.size()) > kMaxGraphBatch) return false;
   for (const SequenceChunk& c : chunks) {
-    if (c.tokens.size() != 1) return false;
+    if (c.tokens.size() != 1 || c.logit_rows != 1) return false;
   }
   return true;
+}
+
+int64_t StepLogitRows(const std::vector<SequenceChunk>& chunks) {
+  int64_t rows = 0;
+  for (const SequenceChunk& c : chunks) rows += c.logit_rows;
+  return rows;
 }
 
 absl::StatusOr<Tensor> Qwen3MoeModel::DecodeBody(const Buffer& staging, int64_t batch,
@@ -520,9 +529,9 @@ absl::Status Qwen3MoeModel::GatherLastRows(const std::vector<SequenceChunk>& chu
   int64_t offset = 0;
   for (const SequenceChunk& c : chunks) {
     offset += static_cast<int64_t>(c.tokens.size());
-    last_rows.push_back(static_cast<int32_t>(offset - 1));
+    for (int64_t r = c.logit_rows; r > 0; --r) last_rows.push_back(static_cast<int32_t>(offset - r));
   }
-  Tensor dst = last->Rows(first_row, static_cast<int64_t>(chunks.size()));
+  Tensor dst = last->Rows(first_row, static_cast<int64_t>(last_rows.size()));
   DXS_ASSIGN_OR_RETURN(Tensor rows, backend_->UploadIndices(last_rows));
   return backend_->GatherRows(hidden, rows, &dst);
 }

@@ -30,7 +30,13 @@ struct SequenceChunk {
   int kv_slot = -1;
   int64_t start_position = 0;  // tokens of this sequence already in the KV cache
   std::vector<int32_t> tokens;
+  // Logits rows the step returns for this chunk: those of its last `logit_rows` tokens
+  // (1..tokens.size(); more than 1 to score a prompt). Decode steps take 1.
+  int64_t logit_rows = 1;
 };
+
+// The logits rows a step of `chunks` returns: the sum of their logit_rows.
+int64_t StepLogitRows(const std::vector<SequenceChunk>& chunks);
 
 class Qwen3MoeModel {
  public:
@@ -40,8 +46,8 @@ class Qwen3MoeModel {
   const ModelConfig& config() const { return config_; }
   Backend* backend() const { return backend_; }
 
-  // Runs one step and returns logits[num_chunks, vocab] of each chunk's last token (a
-  // backend tensor). Writes the chunks' keys and values into `kv`'s pages. Checks token ids
+  // Runs one step and returns logits[StepLogitRows(chunks), vocab]: each chunk's last
+  // logit_rows tokens in order, chunk after chunk (a backend tensor). Writes the chunks' keys and values into `kv`'s pages. Checks token ids
   // and KV bounds first.
   //
   // num_micro_batches = 2: two-batch overlap. The chunks are split into two micro-batches

@@ -1,6 +1,7 @@
 #include "model/scheduler.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -29,9 +30,41 @@ absl::Status ValidateRequest(const ModelConfig& config, const GenerationRequest&
           "prompt: token id ", id, " is outside the vocabulary [0, ", config.vocab_size, ")"));
     }
   }
-  if (r.max_new_tokens <= 0) {
+  const int64_t prompt_len = static_cast<int64_t>(r.prompt.size());
+  if (r.prompt_logprobs_start < -1 || r.prompt_logprobs_start >= prompt_len) {
     return absl::InvalidArgumentError(
-        absl::StrCat("max_new_tokens: must be positive, got ", r.max_new_tokens));
+        absl::StrCat("prompt_logprobs_start: must be in [0, ", prompt_len,
+                     ") (the prompt's positions), or unset; got ", r.prompt_logprobs_start));
+  }
+  if (r.max_new_tokens < 0 || (r.max_new_tokens == 0 && r.prompt_logprobs_start < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_new_tokens: must be positive (0 only to score the prompt), got ", r.max_new_tokens));
+  }
+  if (r.min_new_tokens < 0 || r.min_new_tokens > r.max_new_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("min_new_tokens: must be in [0, max_new_tokens (",
+                                                   r.max_new_tokens, ")], got ", r.min_new_tokens));
+  }
+  if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("top_logprobs: must be in [0, ", kMaxTopLogprobs,
+                                                   "], got ", r.top_logprobs));
+  }
+  if (static_cast<int64_t>(r.logprob_token_ids.size()) > kMaxLogprobTokenIds) {
+    return absl::InvalidArgumentError(absl::StrCat("logprob_token_ids: at most ",
+                                                   kMaxLogprobTokenIds, " ids, got ",
+                                                   r.logprob_token_ids.size()));
+  }
+  for (int32_t id : r.logprob_token_ids) {
+    if (id < 0 || id >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("logprob_token_ids: token id ", id,
+                                                     " is outside the vocabulary [0, ",
+                                                     config.vocab_size, ")"));
+    }
+  }
+  for (int32_t id : r.stop_token_ids) {
+    if (id < 0 || id >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stop_token_ids: token id ", id, " is outside the vocabulary [0, ", config.vocab_size, ")"));
+    }
   }
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
   if (total > config.max_position_embeddings) {
@@ -39,7 +72,49 @@ absl::Status ValidateRequest(const ModelConfig& config, const GenerationRequest&
         "max_new_tokens: prompt (", r.prompt.size(), ") + max_new_tokens (", r.max_new_tokens,
         ") exceeds the context length ", config.max_position_embeddings));
   }
-  return ValidateSamplingParams(r.sampling);
+  DXS_RETURN_IF_ERROR(ValidateSamplingParams(r.sampling));
+  return ValidateLogitBias(r.sampling, config.vocab_size);
+}
+
+Scheduler::Live::Live(uint64_t id_in, GenerationRequest r, TokenSink s, const ModelConfig& config)
+    : id(id_in), request(std::move(r)), sink(std::move(s)), sampler(request.sampling) {
+  const SamplingParams& p = request.sampling;
+  if (p.repetition_penalty != 1.f) {
+    for (int32_t t : request.prompt) Adjustment(t).flags |= kAdjustSeen;
+  }
+  for (const auto& [t, bias] : p.logit_bias) Adjustment(t).bias = bias;
+  if (request.min_new_tokens > 0) {
+    if (!request.ignore_eos) {
+      for (int64_t t : config.eos_token_ids) banned.push_back(static_cast<int32_t>(t));
+    }
+    banned.insert(banned.end(), request.stop_token_ids.begin(), request.stop_token_ids.end());
+    for (int32_t t : banned) Adjustment(t).flags |= kAdjustBanned;
+  }
+}
+
+LogitAdjustment& Scheduler::Live::Adjustment(int32_t token) {
+  auto [it, added] = adjust_at.emplace(token, adjust.size());
+  if (added) adjust.push_back(LogitAdjustment{token, 0, 0.f, 0});
+  return adjust[it->second];
+}
+
+void Scheduler::Live::Generated(int32_t token) {
+  generated.push_back(token);
+  const SamplingParams& p = request.sampling;
+  if (p.repetition_penalty != 1.f || p.frequency_penalty != 0.f || p.presence_penalty != 0.f) {
+    LogitAdjustment& a = Adjustment(token);
+    ++a.output_count;
+    a.flags |= kAdjustSeen;
+  }
+  if (static_cast<int64_t>(generated.size()) == request.min_new_tokens) {
+    for (int32_t t : banned) adjust[adjust_at.at(t)].flags &= ~kAdjustBanned;
+    banned.clear();
+  }
+}
+
+int64_t Scheduler::Live::FirstScoredRow() const {
+  if (request.prompt_logprobs_start < 0) return -1;
+  return std::max<int64_t>(request.prompt_logprobs_start, 1) - 1;
 }
 
 Scheduler::Scheduler(const ModelConfig& config, KvCache* kv, SchedulerOptions options)
@@ -56,7 +131,7 @@ absl::Status Scheduler::Add(uint64_t id, GenerationRequest request, TokenSink si
   if (!known_ids_.insert(id).second) {
     return absl::AlreadyExistsError(absl::StrCat("request id ", id, " is already in flight"));
   }
-  queued_.emplace_back(id, std::move(request), std::move(sink));
+  queued_.emplace_back(id, std::move(request), std::move(sink), config_);
   queued_tokens_ += need;
   return absl::OkStatus();
 }
@@ -144,6 +219,7 @@ std::vector<SequenceChunk> Scheduler::BuildStep() {
   std::vector<SequenceChunk> chunks;
   step_owners_.clear();
   step_prefill_.clear();
+  step_logit_rows_.clear();
   for (size_t i = 0; i < running_.size(); ++i) {
     Live& l = running_[i];
     SequenceChunk c;
@@ -155,6 +231,10 @@ std::vector<SequenceChunk> Scheduler::BuildStep() {
       c.start_position = l.prefilled;
       c.tokens.assign(l.request.prompt.begin() + l.prefilled,
                       l.request.prompt.begin() + l.prefilled + n);
+      // A scored prompt needs the rows of every position from FirstScoredRow.
+      if (const int64_t scored = l.FirstScoredRow(); scored >= 0) {
+        c.logit_rows = std::max<int64_t>(1, l.prefilled + n - std::max(l.prefilled, scored));
+      }
       l.prefilled += n;
       step_prefill_.push_back(n);
     } else {
@@ -162,6 +242,7 @@ std::vector<SequenceChunk> Scheduler::BuildStep() {
       c.tokens = {l.generated.back()};
       step_prefill_.push_back(0);
     }
+    step_logit_rows_.push_back(c.logit_rows);
     chunks.push_back(std::move(c));
     step_owners_.push_back(i);
   }
@@ -170,51 +251,132 @@ std::vector<SequenceChunk> Scheduler::BuildStep() {
 
 void Scheduler::FinishStep(const std::vector<float>& logits) {
   const int64_t vocab = config_.vocab_size;
-  FinishStepWith([&](size_t j, Live& l, const float** row) {
-    *row = logits.data() + static_cast<int64_t>(j) * vocab;
-    return l.sampler.Sample(*row, vocab, l.generated.size());
+  // first_row[j]: chunk j's first logits row; its last is the one sampled.
+  std::vector<int64_t> first_row(step_logit_rows_.size() + 1, 0);
+  for (size_t j = 0; j < step_logit_rows_.size(); ++j) {
+    first_row[j + 1] = first_row[j] + step_logit_rows_[j];
+  }
+  auto row_of = [&](int64_t r) { return logits.data() + r * vocab; };
+  auto score = [&](size_t j, Live& l) {
+    const int64_t scored = l.FirstScoredRow();
+    if (scored < 0 || step_prefill_[j] == 0) return;
+    const GenerationRequest& req = l.request;
+    const int64_t prompt_len = static_cast<int64_t>(req.prompt.size());
+    // The chunk's rows are positions [end - rows, end) of the prompt.
+    const int64_t end = l.prefilled, rows = step_logit_rows_[j];
+    for (int64_t q = std::max(end - rows, scored); q < end; ++q) {
+      const float* row = row_of(first_row[j] + (q - (end - rows)));
+      if (q + 1 < prompt_len) {
+        if (l.prompt_logprobs.positions.empty()) l.prompt_logprobs.first_position = q + 1;
+        TokenLogprobs& lp = l.prompt_logprobs.positions.emplace_back();
+        RowLogprobs(row, vocab, req.prompt[q + 1], req.top_logprobs, req.logprob_token_ids, &lp);
+      } else {
+        RowLogprobs(row, vocab, -1, req.top_logprobs, req.logprob_token_ids,
+                    &l.prompt_logprobs.next);
+        if (l.sink.on_prompt_logprobs) l.sink.on_prompt_logprobs(l.prompt_logprobs);
+        l.prompt_logprobs = {};
+      }
+    }
+  };
+  FinishStepWith(score, [&](size_t j, Live& l, const float** row) {
+    const float* raw = row_of(first_row[j + 1] - 1);
+    *row = raw;
+    const float* sample_from = raw;
+    if (l.NeedsAdjustedRow()) {
+      adjusted_row_.assign(raw, raw + vocab);
+      ApplyLogitAdjustments(l.request.sampling, l.adjust.data(), l.adjust.size(),
+                            adjusted_row_.data());
+      sample_from = adjusted_row_.data();
+    }
+    const int32_t token = l.sampler.Sample(sample_from, vocab, l.generated.size());
+    if (l.request.WantsLogprobs()) {
+      TokenLogprobs lp;
+      RowLogprobs(raw, vocab, token, l.request.top_logprobs, l.request.logprob_token_ids, &lp);
+      if (l.sink.on_logprobs) l.sink.on_logprobs(lp);
+    }
+    return token;
   });
 }
 
 bool Scheduler::StepNeedsHostLogits() const {
-  for (size_t owner : step_owners_) {
-    const Live& l = running_[owner];
+  for (size_t j = 0; j < step_owners_.size(); ++j) {
+    const Live& l = running_[step_owners_[j]];
+    if (step_logit_rows_[j] != 1) return true;                                  // scoring
     if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) continue;  // mid-prefill
     if (l.generated.empty()) return true;
   }
   return false;
 }
 
-std::vector<SamplingRow> Scheduler::StepSamplingRows() const {
+std::vector<SamplingRow> Scheduler::StepSamplingRows(
+    std::vector<LogitAdjustment>* adjustments) const {
   std::vector<SamplingRow> rows;
   rows.reserve(step_owners_.size());
+  adjustments->clear();
   for (size_t owner : step_owners_) {
     const Live& l = running_[owner];
     if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) {
       rows.push_back(ToSamplingRow(SamplingParams{}, 0));  // mid-prefill: greedy, unused
     } else {
-      rows.push_back(ToSamplingRow(l.request.sampling, l.generated.size()));
+      rows.push_back(ToSamplingRow(l.request.sampling, l.generated.size(),
+                                   static_cast<int32_t>(adjustments->size()),
+                                   static_cast<int32_t>(l.adjust.size())));
+      adjustments->insert(adjustments->end(), l.adjust.begin(), l.adjust.end());
     }
   }
   return rows;
 }
 
-void Scheduler::FinishStepWithTokens(const std::vector<int32_t>& tokens) {
-  FinishStepWith([&](size_t j, Live&, const float** row) {
+Scheduler::StepLogprobShape Scheduler::StepLogprobs() const {
+  StepLogprobShape shape;
+  for (size_t owner : step_owners_) {
+    const GenerationRequest& r = running_[owner].request;
+    if (!r.WantsLogprobs()) continue;
+    shape.any = true;
+    shape.top = std::max<int64_t>(shape.top, r.top_logprobs);
+    shape.named = std::max<int64_t>(shape.named, static_cast<int64_t>(r.logprob_token_ids.size()));
+  }
+  return shape;
+}
+
+std::vector<int32_t> Scheduler::StepNamedIds(const StepLogprobShape& shape) const {
+  std::vector<int32_t> ids(step_owners_.size() * shape.named, -1);
+  for (size_t j = 0; j < step_owners_.size(); ++j) {
+    const std::vector<int32_t>& named = running_[step_owners_[j]].request.logprob_token_ids;
+    std::copy(named.begin(), named.end(), ids.begin() + j * shape.named);
+  }
+  return ids;
+}
+
+void Scheduler::FinishStepWithTokens(const StepTokens& step) {
+  FinishStepWith(nullptr, [&](size_t j, Live& l, const float** row) {
     *row = nullptr;
-    return tokens[j];
+    if (l.request.WantsLogprobs() && l.sink.on_logprobs) {
+      // The step's shape is the widest request's: this one's share of it.
+      TokenLogprobs lp = step.logprobs.at(j);
+      lp.top.resize(std::min(lp.top.size(), static_cast<size_t>(l.request.top_logprobs)));
+      lp.named.resize(l.request.logprob_token_ids.size());
+      l.sink.on_logprobs(lp);
+    }
+    return step.tokens[j];
   });
 }
 
 void Scheduler::FinishStepWith(
+    const std::function<void(size_t j, Live& l)>& score,
     const std::function<int32_t(size_t j, Live& l, const float** row)>& sample) {
   std::vector<std::pair<size_t, FinishReason>> finished;
   for (size_t j = 0; j < step_owners_.size(); ++j) {
     Live& l = running_[step_owners_[j]];
+    if (score) score(j, l);
     if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) continue;  // mid-prefill
+    if (l.request.max_new_tokens == 0) {  // scored its prompt, generates nothing
+      finished.push_back({step_owners_[j], FinishReason::kLength});
+      continue;
+    }
     const float* row = nullptr;
     const int32_t token = sample(j, l, &row);
-    l.generated.push_back(token);
+    l.Generated(token);
     l.sink.on_token(token, row);
     const auto& eos = config_.eos_token_ids;
     const auto& stop = l.request.stop_token_ids;
@@ -236,10 +398,18 @@ void Scheduler::FinishStepWith(
 }
 
 void Scheduler::UndoStep() {
-  for (size_t j = 0; j < step_owners_.size(); ++j)
-    running_[step_owners_[j]].prefilled -= step_prefill_[j];
+  for (size_t j = 0; j < step_owners_.size(); ++j) {
+    Live& l = running_[step_owners_[j]];
+    l.prefilled -= step_prefill_[j];
+    // Scores of the undone chunk's positions (those after l.prefilled) come again with the
+    // retry.
+    std::vector<TokenLogprobs>& scored = l.prompt_logprobs.positions;
+    const int64_t keep = std::max<int64_t>(0, l.prefilled - l.prompt_logprobs.first_position + 1);
+    if (static_cast<int64_t>(scored.size()) > keep) scored.resize(keep);
+  }
   step_owners_.clear();
   step_prefill_.clear();
+  step_logit_rows_.clear();
 }
 
 void Scheduler::FailAll(const absl::Status& status) {
@@ -249,21 +419,65 @@ void Scheduler::FailAll(const absl::Status& status) {
   num_running_ = 0;
 }
 
-absl::StatusOr<std::vector<int32_t>> SampleStepOnBackend(Backend* backend, const Tensor& logits,
-                                                         const Scheduler& scheduler) {
-  const std::vector<SamplingRow> rows = scheduler.StepSamplingRows();
-  const bool greedy = std::all_of(rows.begin(), rows.end(),
-                                  [](const SamplingRow& r) { return r.temperature == 0.f; });
-  DXS_ASSIGN_OR_RETURN(Tensor ids, backend->Allocate({logits.rows()}, DType::kI32));
-  if (greedy) {
+absl::StatusOr<Scheduler::StepTokens> SampleStepOnBackend(Backend* backend, const Tensor& logits,
+                                                          const Scheduler& scheduler) {
+  std::vector<LogitAdjustment> adjust;
+  const std::vector<SamplingRow> rows = scheduler.StepSamplingRows(&adjust);
+  const bool plain = std::all_of(rows.begin(), rows.end(), [](const SamplingRow& r) {
+    return r.temperature == 0.f && r.adjust_count == 0;
+  });
+  const int64_t n = logits.rows();
+  DXS_ASSIGN_OR_RETURN(Tensor ids, backend->Allocate({n}, DType::kI32));
+  if (plain) {
     DXS_RETURN_IF_ERROR(backend->ArgmaxRows(logits, &ids));
   } else {
-    const int64_t n = static_cast<int64_t>(rows.size());
     DXS_ASSIGN_OR_RETURN(Tensor params, backend->Allocate({n, kSamplingRowWords}, DType::kI64));
     DXS_RETURN_IF_ERROR(backend->CopyFromHost(rows.data(), DType::kI64, &params));
-    DXS_RETURN_IF_ERROR(backend->SampleRows(logits, params, &ids));
+    std::optional<Tensor> adjustments;
+    if (!adjust.empty()) {
+      const int64_t m = static_cast<int64_t>(adjust.size());
+      DXS_ASSIGN_OR_RETURN(adjustments, backend->Allocate({m, kLogitAdjustmentWords}, DType::kI32));
+      DXS_RETURN_IF_ERROR(backend->CopyFromHost(adjust.data(), DType::kI32, &*adjustments));
+    }
+    DXS_RETURN_IF_ERROR(
+        backend->SampleRows(logits, params, adjustments ? &*adjustments : nullptr, &ids));
   }
-  return backend->DownloadIndices(ids);
+  Scheduler::StepTokens step;
+  DXS_ASSIGN_OR_RETURN(step.tokens, backend->DownloadIndices(ids));
+  const Scheduler::StepLogprobShape shape = scheduler.StepLogprobs();
+  if (!shape.any) return step;
+  const std::vector<int32_t> named_ids = scheduler.StepNamedIds(shape);
+  DXS_ASSIGN_OR_RETURN(Tensor named, backend->Allocate({n, shape.named}, DType::kI32));
+  if (shape.named > 0) {
+    DXS_RETURN_IF_ERROR(backend->CopyFromHost(named_ids.data(), DType::kI32, &named));
+  }
+  DXS_ASSIGN_OR_RETURN(Tensor sampled_lp, backend->Allocate({n}, DType::kF32));
+  DXS_ASSIGN_OR_RETURN(Tensor named_lp, backend->Allocate({n, shape.named}, DType::kF32));
+  DXS_ASSIGN_OR_RETURN(Tensor top_ids, backend->Allocate({n, shape.top}, DType::kI32));
+  DXS_ASSIGN_OR_RETURN(Tensor top_lp, backend->Allocate({n, shape.top}, DType::kF32));
+  DXS_RETURN_IF_ERROR(
+      backend->LogprobRows(logits, ids, named, &sampled_lp, &named_lp, &top_ids, &top_lp));
+  DXS_ASSIGN_OR_RETURN(std::vector<float> h_sampled, backend->Download(sampled_lp));
+  std::vector<float> h_named, h_top_lp;
+  std::vector<int32_t> h_top_ids;
+  if (shape.named > 0) {
+    DXS_ASSIGN_OR_RETURN(h_named, backend->Download(named_lp));
+  }
+  if (shape.top > 0) {
+    DXS_ASSIGN_OR_RETURN(h_top_ids, backend->DownloadIndices(top_ids));
+    DXS_ASSIGN_OR_RETURN(h_top_lp, backend->Download(top_lp));
+  }
+  step.logprobs.resize(n);
+  for (int64_t j = 0; j < n; ++j) {
+    TokenLogprobs& lp = step.logprobs[j];
+    lp.token = step.tokens[j];
+    lp.logprob = h_sampled[j];
+    for (int64_t t = 0; t < shape.top; ++t) {
+      lp.top.push_back({h_top_ids[j * shape.top + t], h_top_lp[j * shape.top + t]});
+    }
+    lp.named.assign(h_named.begin() + j * shape.named, h_named.begin() + (j + 1) * shape.named);
+  }
+  return step;
 }
 
 }  // namespace dxs

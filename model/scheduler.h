@@ -33,10 +33,41 @@ namespace dxs {
 
 struct GenerationRequest {
   std::vector<int32_t> prompt;
+  // 0 only with prompt_logprobs_start >= 0: the request scores its prompt and generates
+  // nothing.
   int64_t max_new_tokens = 16;
   SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
+  // EOS and stop ids are masked until this many tokens were generated (<= max_new_tokens).
+  int64_t min_new_tokens = 0;
+  // Log-probabilities (kernels/sampling.h, TokenLogprobs) of every output token.
+  bool logprobs = false;
+  // With each, the top_logprobs most likely alternatives (0..kMaxTopLogprobs).
+  int32_t top_logprobs = 0;
+  // With each, the log-probabilities of these ids (in the vocabulary).
+  std::vector<int32_t> logprob_token_ids;
+  // >= 0: score the prompt from this position (< prompt length): TokenSink::on_prompt_logprobs.
+  int64_t prompt_logprobs_start = -1;
+
+  // Whether each output token comes with a TokenLogprobs.
+  bool WantsLogprobs() const {
+    return logprobs || top_logprobs > 0 || !logprob_token_ids.empty();
+  }
+};
+
+// The most ids GenerationRequest::logprob_token_ids may name.
+inline constexpr int64_t kMaxLogprobTokenIds = 128;
+
+// A prompt's scores (GenerationRequest::prompt_logprobs_start).
+struct PromptLogprobs {
+  // The prompt position of positions[0]: max(start, 1), as position 0 has nothing before it.
+  int64_t first_position = 0;
+  // positions[i]: the prompt token at first_position + i given the tokens before it, with
+  // the request's top_logprobs alternatives and logprob_token_ids.
+  std::vector<TokenLogprobs> positions;
+  // The distribution after the whole prompt (token -1: top_logprobs and the named ids).
+  TokenLogprobs next;
 };
 
 enum class FinishReason { kLength, kEos, kStopToken, kAborted };
@@ -48,6 +79,12 @@ struct TokenSink {
   // Null for tokens after the first when the step was sampled on the backend
   // (Scheduler::FinishStepWithTokens); the first token always comes with its row.
   std::function<void(int32_t token, const float* logits)> on_token;
+  // With GenerationRequest::WantsLogprobs: the token's log-probabilities, just before its
+  // on_token. Optional.
+  std::function<void(const TokenLogprobs& logprobs)> on_logprobs;
+  // With prompt_logprobs_start >= 0: once, when the prompt's prefill ends (before the first
+  // token). Optional.
+  std::function<void(const PromptLogprobs& logprobs)> on_prompt_logprobs;
   // Exactly once: OK with a finish reason, or the error that ended the request.
   std::function<void(const absl::Status& status, FinishReason reason)> on_done;
 };
@@ -72,18 +109,36 @@ class Scheduler {
   // Step thread.
   bool HasWork() ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<SequenceChunk> BuildStep() ABSL_LOCKS_EXCLUDED(mu_);
-  // logits: the step's [num_chunks, vocab] on the host.
+  // logits: the step's [StepLogitRows(chunks), vocab] on the host.
   void FinishStep(const std::vector<float>& logits) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether FinishStep needs the step's logits on the host: a request gets its first token
-  // (whose row its sink receives). Otherwise the backend samples every row
-  // (Backend::SampleRows with StepSamplingRows) and FinishStepWithTokens takes its ids:
-  // only the ids cross to the host.
+  // (whose row its sink receives) or scores its prompt. Otherwise the backend samples every
+  // row (Backend::SampleRows with StepSamplingRows, LogprobRows where asked) and
+  // FinishStepWithTokens takes its ids: only the ids and the asked-for log-probabilities
+  // cross to the host.
   bool StepNeedsHostLogits() const;
   // One SamplingRow per row of the step: the request's parameters and its draw number (the
   // tokens it has sampled so far); greedy for rows still in prefill (their token is unused).
-  std::vector<SamplingRow> StepSamplingRows() const;
-  // tokens[j]: row j's token as the backend sampled it (every chunk's, sampled or not).
-  void FinishStepWithTokens(const std::vector<int32_t>& tokens) ABSL_LOCKS_EXCLUDED(mu_);
+  // The rows' LogitAdjustments go to `adjustments` (the rows index into it).
+  std::vector<SamplingRow> StepSamplingRows(std::vector<LogitAdjustment>* adjustments) const;
+  // What the step's rows ask of LogprobRows: whether any wants logprobs, and the most
+  // alternatives and named ids one asks for.
+  struct StepLogprobShape {
+    bool any = false;
+    int64_t top = 0;
+    int64_t named = 0;
+  };
+  StepLogprobShape StepLogprobs() const;
+  // The named ids of each row for LogprobRows, [rows, shape.named], -1 where a row has fewer.
+  std::vector<int32_t> StepNamedIds(const StepLogprobShape& shape) const;
+  // The step as the backend sampled it (SampleStepOnBackend): tokens[j] is row j's token
+  // (every chunk's, sampled or not); logprobs[j] its log-probabilities, one per row when
+  // some request of the step asked (StepLogprobs().any), else empty.
+  struct StepTokens {
+    std::vector<int32_t> tokens;
+    std::vector<TokenLogprobs> logprobs;
+  };
+  void FinishStepWithTokens(const StepTokens& step) ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets the step BuildStep built (its forward pass failed and will be run again): the
   // prompt chunks it took count as not prefilled; the KV it wrote is overwritten by the
   // retry with the same values. The next BuildStep builds the step anew (aborts and
@@ -97,8 +152,7 @@ class Scheduler {
 
  private:
   struct Live {
-    Live(uint64_t id_in, GenerationRequest r, TokenSink s)
-        : id(id_in), request(std::move(r)), sink(std::move(s)), sampler(request.sampling) {}
+    Live(uint64_t id_in, GenerationRequest r, TokenSink s, const ModelConfig& config);
     uint64_t id;
     GenerationRequest request;
     TokenSink sink;
@@ -107,13 +161,27 @@ class Scheduler {
     int64_t prefilled = 0;
     std::vector<int32_t> generated;
     bool aborted = false;
+    // The tokens whose logits sampling changes (penalties, logit_bias, the min_new_tokens
+    // mask), kept up to date as tokens are generated; adjust_at: token -> index.
+    std::vector<LogitAdjustment> adjust;
+    std::map<int32_t, size_t> adjust_at;
+    std::vector<int32_t> banned;  // EOS and stop ids while fewer than min_new_tokens
+    PromptLogprobs prompt_logprobs;
+
+    bool NeedsAdjustedRow() const { return !adjust.empty() || request.sampling.min_p != 0.f; }
+    LogitAdjustment& Adjustment(int32_t token);
+    void Generated(int32_t token);  // updates the adjustments for one more output token
+    // The first prompt position whose logits row scores the next token (-1: no scoring).
+    int64_t FirstScoredRow() const;
   };
   // Both take mu_ themselves, and call sinks.
   void Retire(size_t index, const absl::Status& status, FinishReason reason)
       ABSL_LOCKS_EXCLUDED(mu_);
   void AdmitQueued() ABSL_LOCKS_EXCLUDED(mu_);
-  // FinishStep's body: `sample(j, &row)` is row j's token (row: its logits, or null).
-  void FinishStepWith(const std::function<int32_t(size_t j, Live& l, const float** row)>& sample)
+  // FinishStep's body: `sample(j, l, &row)` is chunk j's token (row: its logits, or null).
+  // `score(j, l)` runs first for every chunk of the step (prompt scoring); may be null.
+  void FinishStepWith(const std::function<void(size_t j, Live& l)>& score,
+                      const std::function<int32_t(size_t j, Live& l, const float** row)>& sample)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   ModelConfig config_;
@@ -127,15 +195,18 @@ class Scheduler {
   std::vector<Live> running_;  // step thread only (size mirrored for num_running)
   size_t num_running_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<size_t> step_owners_;
-  std::vector<int64_t> step_prefill_;  // per step row: prompt tokens BuildStep took
+  std::vector<int64_t> step_prefill_;     // per step chunk: prompt tokens BuildStep took
+  std::vector<int64_t> step_logit_rows_;  // per step chunk: its logits rows
+  std::vector<float> adjusted_row_;       // scratch: a row with its request's adjustments
 };
 
 // The step's tokens sampled on `backend` from its logits [rows, vocab] (for a step where
 // !scheduler.StepNeedsHostLogits()), for FinishStepWithTokens: ArgmaxRows when every row is
-// greedy (no parameters to upload), else SampleRows with StepSamplingRows. Only the ids
-// cross to the host. The single-process engine and the attention worker's step loop both
-// finish their steps with it.
-absl::StatusOr<std::vector<int32_t>> SampleStepOnBackend(Backend* backend, const Tensor& logits,
-                                                         const Scheduler& scheduler);
+// greedy without adjustments (no parameters to upload), else SampleRows with
+// StepSamplingRows; then LogprobRows where a request asked. Only the ids and the asked-for
+// log-probabilities cross to the host. The single-process engine and the attention
+// worker's step loop both finish their steps with it.
+absl::StatusOr<Scheduler::StepTokens> SampleStepOnBackend(Backend* backend, const Tensor& logits,
+                                                          const Scheduler& scheduler);
 
 }  // namespace dxs

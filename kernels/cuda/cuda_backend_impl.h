@@ -137,7 +137,11 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<LowLatencyExchange>> MakeLowLatencyExchange(
       const LowLatencyShape& shape, LowLatencySide side, int rank) override;
   absl::Status ArgmaxRows(const Tensor& logits, Tensor* ids) override;
-  absl::Status SampleRows(const Tensor& logits, const Tensor& params, Tensor* ids) override;
+  absl::Status SampleRows(const Tensor& logits, const Tensor& params, const Tensor* adjustments,
+                          Tensor* ids) override;
+  absl::Status LogprobRows(const Tensor& logits, const Tensor& sampled, const Tensor& named,
+                           Tensor* sampled_logprobs, Tensor* named_logprobs, Tensor* top_ids,
+                           Tensor* top_logprobs) override;
 
   CachingAllocator::Stats allocator_stats() const { return allocator_->stats(); }
   cudaStream_t stream() const { return stream_; }

@@ -215,8 +215,9 @@ absl::Status CudaBackend::ArgmaxRows(const Tensor& logits, Tensor* ids) {
                     "argmax rows");
 }
 
-absl::Status CudaBackend::SampleRows(const Tensor& logits, const Tensor& params, Tensor* ids) {
-  DXS_RETURN_IF_ERROR(CheckSampleRowsArgs(logits, params, *ids));
+absl::Status CudaBackend::SampleRows(const Tensor& logits, const Tensor& params,
+                                     const Tensor* adjustments, Tensor* ids) {
+  DXS_RETURN_IF_ERROR(CheckSampleRowsArgs(logits, params, adjustments, *ids));
   const int64_t n = logits.rows(), vocab = logits.row_size();
   if (n == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("sample rows"));
@@ -224,10 +225,30 @@ absl::Status CudaBackend::SampleRows(const Tensor& logits, const Tensor& params,
   DXS_RETURN_IF_ERROR(
       CudaStatus(cuda::SampleRowsWorkspaceBytes(n, vocab, &bytes), "sample rows: workspace"));
   DXS_ASSIGN_OR_RETURN(Tensor workspace, Workspace(bytes));
+  const int64_t num_adjust = adjustments != nullptr ? adjustments->rows() : 0;
+  const auto* adjust =
+      num_adjust > 0 ? reinterpret_cast<const LogitAdjustment*>(adjustments->i32()) : nullptr;
   return CudaStatus(cuda::LaunchSampleRows(logits.f32(), n, vocab,
                                            reinterpret_cast<const SamplingRow*>(params.i64()),
-                                           ids->i32(), workspace.raw(), bytes, stream_),
+                                           adjust, num_adjust, ids->i32(), workspace.raw(), bytes,
+                                           stream_),
                     "sample rows");
+}
+
+absl::Status CudaBackend::LogprobRows(const Tensor& logits, const Tensor& sampled,
+                                      const Tensor& named, Tensor* sampled_logprobs,
+                                      Tensor* named_logprobs, Tensor* top_ids,
+                                      Tensor* top_logprobs) {
+  DXS_RETURN_IF_ERROR(CheckLogprobRowsArgs(logits, sampled, named, *sampled_logprobs,
+                                           *named_logprobs, *top_ids, *top_logprobs));
+  const int64_t n = logits.rows(), vocab = logits.row_size();
+  if (n == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("logprob rows"));
+  return CudaStatus(
+      cuda::LaunchLogprobRows(logits.f32(), n, vocab, sampled.i32(), named.i32(),
+                              named.shape()[1], top_ids->shape()[1], sampled_logprobs->f32(),
+                              named_logprobs->f32(), top_ids->i32(), top_logprobs->f32(), stream_),
+      "logprob rows");
 }
 
 absl::Status CudaBackend::AccumulateCounts(const Tensor& offsets, Tensor* counts) {

@@ -277,11 +277,23 @@ cudaError_t LaunchArgmaxRows(const float* logits, int64_t n, int64_t vocab, int3
 // cudaErrorInvalidValue for vocab outside [1, 2^23] or n outside [0, INT_MAX].
 cudaError_t SampleRowsWorkspaceBytes(int64_t n, int64_t vocab, size_t* bytes);
 // Backend::SampleRows: ids[i] = logits[i, 0..vocab) sampled with params[i] (device
-// SamplingRows), the host's SampleToken (kernels/sampling.h) up to the summation order;
-// -1 for a row whose parameters are out of range. No host synchronisation.
+// SamplingRows) after its adjustments (of the num_adjust at `adjustments`), the host's
+// ApplyLogitAdjustments and SampleToken (kernels/sampling.h) up to the summation order; -1
+// for a row whose parameters are out of range. No host synchronisation.
 cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t vocab,
-                             const SamplingRow* params, int32_t* ids, void* workspace,
+                             const SamplingRow* params, const LogitAdjustment* adjustments,
+                             int64_t num_adjust, int32_t* ids, void* workspace,
                              size_t workspace_bytes, cudaStream_t stream);
+
+// ---- logprobs.cu ----
+
+// Backend::LogprobRows, one block per row: log_softmax of the raw row at sampled[i] and at
+// named[i, 0..m), and the row's k most likely tokens (k <= 20), most likely first. Ids
+// outside [0, vocab) give 0. No host synchronisation.
+cudaError_t LaunchLogprobRows(const float* logits, int64_t n, int64_t vocab,
+                              const int32_t* sampled, const int32_t* named, int64_t m, int64_t k,
+                              float* sampled_logprobs, float* named_logprobs, int32_t* top_ids,
+                              float* top_logprobs, cudaStream_t stream);
 
 // counts[e] += offsets[e + 1] - offsets[e] for e < n (Backend::AccumulateCounts).
 cudaError_t LaunchAccumulateCounts(const int32_t* offsets, int64_t n, int64_t* counts,

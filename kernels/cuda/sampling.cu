@@ -4,14 +4,19 @@
 //
 // SampleRows, in chunks of rows whose candidates fit the workspace:
 // 1. PrepareKernel: per sampled row, keys[j] = logits[j] / temperature (float, rounded as
-//    the host divides) and ids[j] = j; the row's segment for the sort. Greedy rows and rows
-//    with bad parameters get an empty segment.
+//    the host divides) and ids[j] = j; the row's segment for the sort. Greedy rows without
+//    adjustments and rows with bad parameters get an empty segment; a greedy row with
+//    adjustments is sorted with temperature 1 and takes its first candidate.
+//    AdjustKernel then rewrites the keys of the row's LogitAdjustments (penalties, bias, the
+//    min_new_tokens mask) from the raw logits, as the host's ApplyLogitAdjustments does; the
+//    logits themselves are not changed (their log-probabilities are the raw ones).
 // 2. CUB's segmented radix sort, descending. It is stable, so equal keys keep ascending ids:
 //    the host's order (larger key, then lower id). -0 and +0 compare equal, as on the host.
 // 3. SampleKernel, one block per row: the weights exp(key - max) in double over the top_k
 //    first candidates, their sum (block reduction), the top-p cut and the draw (block
-//    scans over tiles, stopping at the first prefix that qualifies). Greedy rows take the
-//    argmax of the raw logits instead. The sums go in another order than the host's, so a
+//    scans over tiles, stopping at the first prefix that qualifies), then the min-p cut (a
+//    binary search: the weights fall along the sorted candidates). Greedy rows without
+//    adjustments take the argmax of the raw logits instead. The sums go in another order than the host's, so a
 //    token differs from the CPU's only when a draw or a cut lands within rounding of a
 //    cumulative-mass boundary.
 // Nothing synchronises with the host, and the work depends only on the shapes: it can be
@@ -109,26 +114,38 @@ __global__ void __launch_bounds__(kThreads)
 // ---- SampleRows ----
 
 // ValidateSamplingParams (kernels/sampling.cc), on the device.
-__device__ bool ValidRow(const SamplingRow& p) {
+__device__ bool ValidRow(const SamplingRow& p, int64_t num_adjust) {
   return p.temperature >= 0.f && !isinf(p.temperature) && p.top_p > 0.f && p.top_p <= 1.f &&
-         p.top_k >= 0 && p.reserved == 0;
+         p.top_k >= 0 && p.min_p >= 0.f && p.min_p <= 1.f && p.repetition_penalty > 0.f &&
+         !isinf(p.repetition_penalty) && p.frequency_penalty >= -2.f &&
+         p.frequency_penalty <= 2.f && p.presence_penalty >= -2.f && p.presence_penalty <= 2.f &&
+         p.adjust_begin >= 0 && p.adjust_count >= 0 &&
+         int64_t{p.adjust_begin} + p.adjust_count <= num_adjust && p.reserved[0] == 0 &&
+         p.reserved[1] == 0 && p.reserved[2] == 0;
 }
 
-// Whether the row's candidates are sorted: sampled with a temperature, from more than one.
-__device__ bool SortsRow(const SamplingRow& p, int64_t vocab) {
-  return ValidRow(p) && p.temperature != 0.f && vocab > 1;
+// Whether the row's candidates are sorted: sampled with a temperature, or greedy over
+// adjusted logits, from more than one.
+__device__ bool SortsRow(const SamplingRow& p, int64_t vocab, int64_t num_adjust) {
+  return ValidRow(p, num_adjust) && (p.temperature != 0.f || p.adjust_count > 0) && vocab > 1;
+}
+
+// The divisor of a sorted row's keys: a greedy row sorts its adjusted logits as they are.
+__device__ float KeyDivisor(const SamplingRow& p) {
+  return p.temperature != 0.f ? p.temperature : 1.f;
 }
 
 // grid (column blocks, rows of the chunk): keys and ids of the sampled rows, and every
 // row's segment [begin, end) of the chunk's candidates (empty when not sorted).
 __global__ void __launch_bounds__(kPrepareThreads)
     PrepareKernel(const float* __restrict__ logits, const SamplingRow* __restrict__ params,
-                  int64_t vocab, float* __restrict__ keys, int32_t* __restrict__ ids,
-                  int* __restrict__ begin, int* __restrict__ end) {
+                  int64_t num_adjust, int64_t vocab, float* __restrict__ keys,
+                  int32_t* __restrict__ ids, int* __restrict__ begin, int* __restrict__ end) {
   PdlWait();
   const int64_t r = blockIdx.y;
   const SamplingRow p = params[r];
-  const bool sorted = SortsRow(p, vocab);
+  const bool sorted = SortsRow(p, vocab, num_adjust);
+  const float divisor = KeyDivisor(p);
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     begin[r] = static_cast<int>(r * vocab);
     end[r] = static_cast<int>(sorted ? (r + 1) * vocab : r * vocab);
@@ -140,9 +157,38 @@ __global__ void __launch_bounds__(kPrepareThreads)
   for (int c = 0; c < kPrepareItems; ++c) {
     const int64_t j = col0 + c * kPrepareThreads;
     if (j < vocab) {
-      keys[r * vocab + j] = __fdiv_rn(row[j], p.temperature);
+      keys[r * vocab + j] = __fdiv_rn(row[j], divisor);
       ids[r * vocab + j] = static_cast<int32_t>(j);
     }
+  }
+}
+
+// One block per row of the chunk: the keys of the row's adjusted tokens, from the raw
+// logits (the host's ApplyLogitAdjustments, each operation rounded as there).
+__global__ void __launch_bounds__(kPrepareThreads)
+    AdjustKernel(const float* __restrict__ logits, const SamplingRow* __restrict__ params,
+                 const LogitAdjustment* __restrict__ adjustments, int64_t num_adjust,
+                 int64_t vocab, float* __restrict__ keys) {
+  PdlWait();
+  const int64_t r = blockIdx.x;
+  const SamplingRow p = params[r];
+  if (!SortsRow(p, vocab, num_adjust)) return;
+  const float divisor = KeyDivisor(p);
+  for (int32_t i = threadIdx.x; i < p.adjust_count; i += blockDim.x) {
+    const LogitAdjustment a = adjustments[p.adjust_begin + i];
+    if (a.token < 0 || a.token >= vocab) continue;  // the host rejects it
+    float l = logits[r * vocab + a.token];
+    if (a.flags & kAdjustBanned) {
+      l = -INFINITY;
+    } else {
+      l = __fadd_rn(l, a.bias);
+      if ((a.flags & kAdjustSeen) && p.repetition_penalty != 1.f) {
+        l = l > 0.f ? __fdiv_rn(l, p.repetition_penalty) : __fmul_rn(l, p.repetition_penalty);
+      }
+      l = __fsub_rn(l, __fmul_rn(p.frequency_penalty, static_cast<float>(a.output_count)));
+      if (a.output_count > 0) l = __fsub_rn(l, p.presence_penalty);
+    }
+    keys[r * vocab + a.token] = __fdiv_rn(l, divisor);
   }
 }
 
@@ -227,23 +273,27 @@ __device__ Found FindFirstPrefix(const float* __restrict__ keys, float max_key, 
 // One block per row of the chunk; keys/ids are the chunk's sorted candidates.
 __global__ void __launch_bounds__(kThreads)
     SampleKernel(const float* __restrict__ logits, const SamplingRow* __restrict__ params,
-                 int64_t vocab, const float* __restrict__ sorted_keys,
+                 int64_t num_adjust, int64_t vocab, const float* __restrict__ sorted_keys,
                  const int32_t* __restrict__ sorted_ids, int32_t* __restrict__ out) {
   PdlWait();
   __shared__ SampleShared s;
   const int64_t r = blockIdx.x;
   const SamplingRow p = params[r];
-  if (!ValidRow(p)) {
+  if (!ValidRow(p, num_adjust)) {
     if (threadIdx.x == 0) out[r] = -1;
     return;
   }
-  if (!SortsRow(p, vocab)) {  // greedy, or a single candidate
+  if (!SortsRow(p, vocab, num_adjust)) {  // greedy without adjustments, or a single candidate
     const int32_t best = BlockArgmax(logits + r * vocab, vocab);
     if (threadIdx.x == 0) out[r] = best;
     return;
   }
   const float* keys = sorted_keys + r * vocab;
   const int32_t* ids = sorted_ids + r * vocab;
+  if (p.temperature == 0.f) {  // greedy over adjusted logits: the stable sort's first
+    if (threadIdx.x == 0) out[r] = ids[0];
+    return;
+  }
   const float max_key = keys[0];
   const int64_t keep = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;
 
@@ -264,6 +314,37 @@ __global__ void __launch_bounds__(kThreads)
     if (f.index < keep) {
       cut = f.index + 1;
       kept = f.prefix;
+    }
+  }
+  // Min-p: the candidates whose weight (their probability over the first's) reaches min_p,
+  // a prefix as the weights fall along the sorted keys; at least one.
+  if (p.min_p > 0.f) {
+    __syncthreads();  // every thread has read the top-p search's shared result
+    if (threadIdx.x == 0) {
+      const double min_p = p.min_p;
+      int64_t lo = 1, hi = cut;  // the first index in [lo, hi) whose weight is below min_p
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (Weight(keys[mid], max_key) >= min_p) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      s.found = lo;
+    }
+    __syncthreads();
+    const int64_t min_p_cut = s.found;
+    __syncthreads();
+    if (min_p_cut < cut) {
+      cut = min_p_cut;
+      double part = 0;
+      for (int64_t i = threadIdx.x; i < cut; i += kThreads) part += Weight(keys[i], max_key);
+      __syncthreads();  // the reduction's storage was the search's
+      const double sum_kept = BlockReduceF64(s.cub.sum).Sum(part);
+      if (threadIdx.x == 0) s.total = sum_kept;
+      __syncthreads();
+      kept = s.total;
     }
   }
   // The draw: the first candidate whose cumulative weight exceeds u * kept.
@@ -340,9 +421,12 @@ cudaError_t SampleRowsWorkspaceBytes(int64_t n, int64_t vocab, size_t* bytes) {
 }
 
 cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t vocab,
-                             const SamplingRow* params, int32_t* ids, void* workspace,
+                             const SamplingRow* params, const LogitAdjustment* adjustments,
+                             int64_t num_adjust, int32_t* ids, void* workspace,
                              size_t workspace_bytes, cudaStream_t stream) {
-  if (!SampleShapeOk(n, vocab)) return cudaErrorInvalidValue;
+  if (!SampleShapeOk(n, vocab) || num_adjust < 0 || (num_adjust > 0 && adjustments == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   if (n == 0) return cudaSuccess;
   size_t need = 0;
   DXS_CUDA_RETURN_IF_ERROR(SampleRowsWorkspaceBytes(n, vocab, &need));
@@ -360,9 +444,14 @@ cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t vocab,
     const SamplingRow* chunk_params = params + row0;
     const dim3 grid(static_cast<unsigned>(CeilDiv(vocab, kPrepareCols)),
                     static_cast<unsigned>(rows));
-    LaunchKernel(PrepareKernel, grid, kPrepareThreads, 0, stream, chunk_logits, chunk_params, vocab,
-                 s.keys[0], s.ids[0], s.begin, s.end);
+    LaunchKernel(PrepareKernel, grid, kPrepareThreads, 0, stream, chunk_logits, chunk_params,
+                 num_adjust, vocab, s.keys[0], s.ids[0], s.begin, s.end);
     DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    if (num_adjust > 0) {
+      LaunchKernel(AdjustKernel, static_cast<unsigned>(rows), kPrepareThreads, 0, stream,
+                   chunk_logits, chunk_params, adjustments, num_adjust, vocab, s.keys[0]);
+      DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    }
     cub::DoubleBuffer<float> keys(s.keys[0], s.keys[1]);
     cub::DoubleBuffer<int32_t> cand(s.ids[0], s.ids[1]);
     size_t temp_bytes = s.sort_temp_bytes;
@@ -370,7 +459,7 @@ cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t vocab,
         s.sort_temp, temp_bytes, keys, cand, static_cast<int>(rows * vocab), static_cast<int>(rows),
         s.begin, s.end, 0, static_cast<int>(sizeof(float) * 8), stream));
     LaunchKernel(SampleKernel, static_cast<unsigned>(rows), kThreads, 0, stream, chunk_logits,
-                 chunk_params, vocab, keys.Current(), cand.Current(), ids + row0);
+                 chunk_params, num_adjust, vocab, keys.Current(), cand.Current(), ids + row0);
     DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   return cudaSuccess;

@@ -1040,7 +1040,7 @@ TEST_F(CudaBackendTest, SampleRowsMatchesTheCpu) {
         Tensor params = *b->Allocate({batch, kSamplingRowWords}, DType::kI64);
         ASSERT_TRUE(b->CopyFromHost(rows.data(), DType::kI64, &params).ok());
         Tensor ids = Poisoned(b, {batch}, DType::kI32);
-        ASSERT_TRUE(b->SampleRows(logits, params, &ids).ok()) << b->name();
+        ASSERT_TRUE(b->SampleRows(logits, params, nullptr, &ids).ok()) << b->name();
         (b == gpu_.get() ? got : want) = GetIndices(b, ids);
       }
       EXPECT_EQ(got, want) << "batch " << batch << " vocab " << vocab;

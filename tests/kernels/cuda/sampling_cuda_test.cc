@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,6 +54,16 @@ bool NearBoundary(const float* row, int64_t vocab, const SamplingParams& p, uint
       }
     }
   }
+  if (p.min_p > 0.f) {
+    for (int64_t i = 0; i < cut; ++i) {
+      const double w = std::exp(static_cast<double>(cand[i].first - cand[0].first));
+      if (std::fabs(w - p.min_p) <= kBoundaryTolerance * p.min_p) return true;
+      if (i > 0 && w < p.min_p) {
+        cut = i;
+        break;
+      }
+    }
+  }
   const double kept = prefix[cut - 1];
   const double target = SamplingUniform(p.seed, draw) * kept;
   for (int64_t i = 0; i < cut; ++i) {
@@ -77,9 +89,21 @@ class SamplingCudaTest : public ::testing::Test {
     return v;
   }
 
+  // The ids of the row's n largest logits.
+  static std::vector<int32_t> TopIds(const float* row, int64_t vocab, int64_t n) {
+    std::vector<int32_t> ids(vocab);
+    for (int64_t i = 0; i < vocab; ++i) ids[i] = static_cast<int32_t>(i);
+    n = std::min(n, vocab);
+    std::partial_sort(ids.begin(), ids.begin() + n, ids.end(),
+                      [row](int32_t a, int32_t b) { return row[a] > row[b]; });
+    ids.resize(n);
+    return ids;
+  }
+
   // SampleRows on `b` into an output poisoned with -7.
   std::vector<int32_t> Sample(Backend* b, const std::vector<float>& logits, int64_t rows,
-                              int64_t vocab, const std::vector<SamplingRow>& params) {
+                              int64_t vocab, const std::vector<SamplingRow>& params,
+                              const std::vector<LogitAdjustment>& adjust = {}) {
     absl::StatusOr<Tensor> l = b->Allocate({rows, vocab}, DType::kF32);
     absl::StatusOr<Tensor> p = b->Allocate({rows, kSamplingRowWords}, DType::kI64);
     absl::StatusOr<Tensor> ids = b->Allocate({rows}, DType::kI32);
@@ -87,25 +111,35 @@ class SamplingCudaTest : public ::testing::Test {
     EXPECT_TRUE(b->CopyFromHost(logits.data(), DType::kF32, &*l).ok());
     EXPECT_TRUE(b->CopyFromHost(params.data(), DType::kI64, &*p).ok());
     EXPECT_TRUE(b->Fill(&*ids, -7.f).ok());
-    const absl::Status s = b->SampleRows(*l, *p, &*ids);
+    std::optional<Tensor> a;
+    if (!adjust.empty()) {
+      a = *b->Allocate({static_cast<int64_t>(adjust.size()), kLogitAdjustmentWords}, DType::kI32);
+      EXPECT_TRUE(b->CopyFromHost(adjust.data(), DType::kI32, &*a).ok());
+    }
+    const absl::Status s = b->SampleRows(*l, *p, a ? &*a : nullptr, &*ids);
     EXPECT_TRUE(s.ok()) << b->name() << ": " << s;
     absl::StatusOr<std::vector<int32_t>> out = b->DownloadIndices(*ids);
     EXPECT_TRUE(out.ok()) << out.status();
     return out.ok() ? *out : std::vector<int32_t>{};
   }
 
-  // The GPU's tokens against the CPU's, row by row; a mismatch must sit on a boundary.
+  // The GPU's tokens against the CPU's, row by row; a mismatch must sit on a boundary (of
+  // the row as its adjustments leave it).
   void ExpectCpuTokens(const std::vector<float>& logits, int64_t rows, int64_t vocab,
-                       const std::vector<SamplingRow>& params) {
-    const std::vector<int32_t> got = Sample(gpu_.get(), logits, rows, vocab, params);
-    const std::vector<int32_t> want = Sample(cpu_.get(), logits, rows, vocab, params);
+                       const std::vector<SamplingRow>& params,
+                       const std::vector<LogitAdjustment>& adjust = {}) {
+    const std::vector<int32_t> got = Sample(gpu_.get(), logits, rows, vocab, params, adjust);
+    const std::vector<int32_t> want = Sample(cpu_.get(), logits, rows, vocab, params, adjust);
     ASSERT_EQ(got.size(), static_cast<size_t>(rows));
     ASSERT_EQ(want.size(), static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
       ++rows_checked_;
       if (got[r] == want[r]) continue;
       const SamplingParams p = FromSamplingRow(params[r]);
-      EXPECT_TRUE(NearBoundary(logits.data() + r * vocab, vocab, p, params[r].draw))
+      std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+      ApplyLogitAdjustments(p, adjust.data() + params[r].adjust_begin, params[r].adjust_count,
+                            row.data());
+      EXPECT_TRUE(NearBoundary(row.data(), vocab, p, params[r].draw))
           << "row " << r << " of " << rows << " (vocab " << vocab << ", T " << p.temperature
           << ", top_p " << p.top_p << ", top_k " << p.top_k << ", seed " << p.seed << ", draw "
           << params[r].draw << "): gpu " << got[r] << ", cpu " << want[r];
@@ -222,11 +256,105 @@ TEST_F(SamplingCudaTest, BadRowsGetMinusOneAndZeroRowsNothing) {
   Tensor l = *gpu_->Allocate({0, vocab}, DType::kF32);
   Tensor p = *gpu_->Allocate({0, kSamplingRowWords}, DType::kI64);
   Tensor ids = *gpu_->Allocate({0}, DType::kI32);
-  EXPECT_TRUE(gpu_->SampleRows(l, p, &ids).ok());
+  EXPECT_TRUE(gpu_->SampleRows(l, p, nullptr, &ids).ok());
   Tensor wrong = *gpu_->Allocate({1, 3}, DType::kI64);
   Tensor one = *gpu_->Allocate({1}, DType::kI32);
   Tensor row = *gpu_->Allocate({1, vocab}, DType::kF32);
-  EXPECT_EQ(gpu_->SampleRows(row, wrong, &one).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->SampleRows(row, wrong, nullptr, &one).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Rows with penalties, logit_bias, banned tokens and min_p (greedy and sampled): the keys
+// the device adjusts from the raw logits equal the host's ApplyLogitAdjustments.
+TEST_F(SamplingCudaTest, AdjustedRowsAndMinPMatchTheCpu) {
+  for (const int64_t vocab : {int64_t{1000}, int64_t{151936}}) {
+    const int64_t rows = 24;
+    for (uint64_t salt = 0; salt < 4; ++salt) {
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " salt " << salt);
+      std::mt19937 rng(static_cast<uint32_t>(vocab + salt));
+      const std::vector<float> logits = RandomLogits(rows * vocab, static_cast<uint32_t>(salt), 2.f);
+      std::vector<SamplingRow> params;
+      std::vector<LogitAdjustment> adjust;
+      for (int64_t r = 0; r < rows; ++r) {
+        SamplingParams p = kMixed[r % kMixed.size()];
+        p.seed = p.seed * 7919 + salt;
+        p.min_p = (r % 3 == 0) ? 0.f : (r % 3 == 1 ? 0.05f : 0.3f);
+        p.repetition_penalty = 1.f + 0.1f * static_cast<float>(r % 4);
+        p.frequency_penalty = 0.25f * static_cast<float>(r % 5) - 0.5f;
+        p.presence_penalty = r % 2 == 0 ? 0.4f : -0.3f;
+        // Distinct tokens: the row's top few (to move the argmax) and random others.
+        std::set<int32_t> tokens;
+        for (int32_t t : TopIds(logits.data() + r * vocab, vocab, 3)) tokens.insert(t);
+        while (static_cast<int64_t>(tokens.size()) < std::min<int64_t>(vocab, 3 + r * 5)) {
+          tokens.insert(static_cast<int32_t>(rng() % vocab));
+        }
+        const int32_t begin = static_cast<int32_t>(adjust.size());
+        int i = 0;
+        for (int32_t t : tokens) {
+          LogitAdjustment a{t, static_cast<int32_t>(rng() % 3), 0.f, kAdjustSeen};
+          if (i % 4 == 1) a.bias = static_cast<float>(static_cast<int>(rng() % 21) - 10);
+          if (i % 7 == 3) a.flags |= kAdjustBanned;
+          adjust.push_back(a);
+          ++i;
+        }
+        params.push_back(ToSamplingRow(p, static_cast<uint64_t>(r) + salt, begin,
+                                       static_cast<int32_t>(adjust.size()) - begin));
+      }
+      ExpectCpuTokens(logits, rows, vocab, params, adjust);
+    }
+  }
+}
+
+// LogprobRows against the CPU's (RowLogprobs in double): the sampled and named ids' values,
+// and the top k ids in order with their values.
+TEST_F(SamplingCudaTest, LogprobRowsMatchTheCpu) {
+  for (const int64_t vocab : {int64_t{7}, int64_t{1000}, int64_t{151936}}) {
+    for (const int64_t k : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{20}}) {
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " k " << k);
+      const int64_t rows = 9, m = 3;
+      std::vector<float> logits = RandomLogits(rows * vocab, static_cast<uint32_t>(vocab + k), 3.f);
+      logits[2] = logits[1];  // a tie: the lower id first
+      std::vector<int32_t> sampled(rows), named(rows * m);
+      for (int64_t r = 0; r < rows; ++r) {
+        sampled[r] = static_cast<int32_t>((r * 131) % vocab);
+        for (int64_t j = 0; j < m; ++j) named[r * m + j] = j == 2 ? -1 : static_cast<int32_t>((r * 17 + j * 5) % vocab);
+      }
+      struct Out {
+        std::vector<float> sampled, named, top;
+        std::vector<int32_t> top_ids;
+      };
+      auto run = [&](Backend* b) {
+        Tensor l = *b->Upload(logits, {rows, vocab});
+        Tensor s = *b->Allocate({rows}, DType::kI32), n = *b->Allocate({rows, m}, DType::kI32);
+        EXPECT_TRUE(b->CopyFromHost(sampled.data(), DType::kI32, &s).ok());
+        EXPECT_TRUE(b->CopyFromHost(named.data(), DType::kI32, &n).ok());
+        Tensor sl = *b->Allocate({rows}, DType::kF32), nl = *b->Allocate({rows, m}, DType::kF32);
+        Tensor ti = *b->Allocate({rows, k}, DType::kI32), tl = *b->Allocate({rows, k}, DType::kF32);
+        const absl::Status st = b->LogprobRows(l, s, n, &sl, &nl, &ti, &tl);
+        EXPECT_TRUE(st.ok()) << b->name() << ": " << st;
+        Out o;
+        o.sampled = *b->Download(sl);
+        o.named = *b->Download(nl);
+        if (k > 0) {
+          o.top = *b->Download(tl);
+          o.top_ids = *b->DownloadIndices(ti);
+        }
+        return o;
+      };
+      const Out got = run(gpu_.get()), want = run(cpu_.get());
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_NEAR(got.sampled[r], want.sampled[r], 1e-5) << "row " << r;
+        for (int64_t j = 0; j < m; ++j) EXPECT_NEAR(got.named[r * m + j], want.named[r * m + j], 1e-5);
+      }
+      EXPECT_EQ(got.top_ids, want.top_ids);
+      for (size_t i = 0; i < got.top.size(); ++i) {
+        if (std::isinf(want.top[i])) {
+          EXPECT_EQ(got.top[i], want.top[i]);
+        } else {
+          EXPECT_NEAR(got.top[i], want.top[i], 1e-5) << i;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
