@@ -4,6 +4,7 @@
 #include <chrono>
 #include <deque>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -32,7 +33,46 @@ absl::StatusOr<GenerationRequest> FromProto(const v1::GenerateRequest& req) {
   r.sampling.seed = p.has_seed() ? p.seed() : std::random_device{}();
   for (uint32_t id : p.stop_token_ids()) r.stop_token_ids.push_back(static_cast<int32_t>(id));
   r.ignore_eos = p.ignore_eos();
+  // The sampling features; unset optionals are their "off" values. An id above INT32_MAX
+  // turns negative here, which ValidateRequest refuses as outside the vocabulary, and
+  // counts are capped at INT32_MAX, which it refuses as too large: nothing is clamped
+  // into range.
+  r.sampling.min_p = p.has_min_p() ? p.min_p() : 0.f;
+  r.sampling.repetition_penalty = p.has_repetition_penalty() ? p.repetition_penalty() : 1.f;
+  r.sampling.frequency_penalty = p.frequency_penalty();
+  r.sampling.presence_penalty = p.presence_penalty();
+  for (const auto& [id, bias] : p.logit_bias()) {
+    r.sampling.logit_bias.push_back({static_cast<int32_t>(id), bias});
+  }
+  // Map order is unspecified; sorted, the request is the same whatever the wire order.
+  std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end());
+  r.min_new_tokens = p.min_new_tokens();
+  r.logprobs = p.logprobs();
+  r.top_logprobs = static_cast<int32_t>(std::min<uint32_t>(p.top_logprobs(), INT32_MAX));
+  for (uint32_t id : p.logprob_token_ids()) r.logprob_token_ids.push_back(static_cast<int32_t>(id));
+  r.prompt_logprobs_start =
+      p.has_prompt_logprobs_start() ? static_cast<int64_t>(p.prompt_logprobs_start()) : -1;
   return r;
+}
+
+void ToProto(const TokenLogprobs& in, v1::TokenLogprobs* out) {
+  out->set_logprob(in.logprob);
+  for (const auto& [id, logprob] : in.top) {
+    v1::TopLogprob* top = out->add_top_logprobs();
+    top->set_token_id(static_cast<uint32_t>(id));
+    top->set_logprob(logprob);
+  }
+  out->mutable_token_ids_logprobs()->Add(in.named.begin(), in.named.end());
+}
+
+void ToProto(const PromptLogprobs& in, const std::vector<int32_t>& prompt,
+             v1::PromptLogprobs* out) {
+  out->set_first_position(static_cast<uint32_t>(in.first_position));
+  for (size_t i = 0; i < in.positions.size(); ++i) {
+    out->add_token_ids(static_cast<uint32_t>(prompt[in.first_position + i]));
+    ToProto(in.positions[i], out->add_positions());
+  }
+  ToProto(in.next, out->mutable_next());
 }
 
 void FillStepCounters(const AttentionCounters& c, v1::StepCounters* out) {
@@ -70,6 +110,11 @@ struct StreamState {
   absl::Mutex mu;
   absl::CondVar cv;
   std::deque<int32_t> tokens ABSL_GUARDED_BY(mu);
+  // With the request's logprobs: one per token in `tokens` (on_logprobs comes just before
+  // its on_token), so they leave in the same chunk.
+  std::deque<TokenLogprobs> logprobs ABSL_GUARDED_BY(mu);
+  // The prompt's scores until the chunk of the first token (or the end) takes them.
+  std::optional<PromptLogprobs> prompt_logprobs ABSL_GUARDED_BY(mu);
   // The handler is woken once this many tokens wait (the stream interval; 1 for the
   // first token), so tokens held back for a chunk cost no wake-up each.
   size_t wake_at ABSL_GUARDED_BY(mu) = 1;
@@ -140,6 +185,15 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
     state->tokens.push_back(token);
     if (state->tokens.size() >= state->wake_at) state->cv.Signal();
   };
+  sink.on_logprobs = [state](const TokenLogprobs& logprobs) {
+    absl::MutexLock lock(&state->mu);
+    state->logprobs.push_back(logprobs);
+  };
+  // Held for the first token's chunk, which on_token signals (or on_done, with none).
+  sink.on_prompt_logprobs = [state](const PromptLogprobs& logprobs) {
+    absl::MutexLock lock(&state->mu);
+    state->prompt_logprobs = logprobs;
+  };
   sink.on_done = [state](const absl::Status& s, FinishReason reason) {
     absl::MutexLock lock(&state->mu);
     state->done = true;
@@ -148,6 +202,10 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
     state->cv.Signal();
   };
   const uint32_t prompt_tokens = static_cast<uint32_t>(req->prompt_token_ids_size());
+  std::vector<int32_t> prompt;  // with prompt_logprobs_start only: the scored tokens' ids
+  if (req->sampling_params().has_prompt_logprobs_start()) {
+    prompt.assign(req->prompt_token_ids().begin(), req->prompt_token_ids().end());
+  }
   absl::StatusOr<uint64_t> started = Start(*req, std::move(sink));
   if (!started.ok()) return ToGrpcStatus(started.status());
   const uint64_t id = *started;
@@ -159,6 +217,8 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
   FinishReason reason = FinishReason::kLength;
   while (true) {
     std::deque<int32_t> tokens;
+    std::deque<TokenLogprobs> logprobs;
+    std::optional<PromptLogprobs> prompt_logprobs;
     bool done;
     {
       absl::MutexLock lock(&state->mu);
@@ -168,18 +228,26 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
       }
       done = state->done;
       // Chunks of the stream interval; whatever is left goes out with the end.
-      if (done || state->tokens.size() >= state->wake_at) tokens.swap(state->tokens);
+      if (done || state->tokens.size() >= state->wake_at) {
+        tokens.swap(state->tokens);
+        logprobs.swap(state->logprobs);
+        prompt_logprobs.swap(state->prompt_logprobs);
+      }
       if (!tokens.empty()) state->wake_at = static_cast<size_t>(stream_interval_);
       if (done) {
         status = state->status;
         reason = state->reason;
       }
     }
-    if (!tokens.empty() && !aborted_by_client) {
+    // The proto is built here, off the step thread.
+    if ((!tokens.empty() || prompt_logprobs.has_value()) && !aborted_by_client) {
       v1::GenerateResponse resp;
       resp.set_request_id(req->request_id());
-      resp.mutable_chunk()->set_index(index);
-      for (int32_t t : tokens) resp.mutable_chunk()->add_token_ids(static_cast<uint32_t>(t));
+      v1::TokenChunk* chunk = resp.mutable_chunk();
+      chunk->set_index(index);
+      for (int32_t t : tokens) chunk->add_token_ids(static_cast<uint32_t>(t));
+      for (const TokenLogprobs& lp : logprobs) ToProto(lp, chunk->add_logprobs());
+      if (prompt_logprobs) ToProto(*prompt_logprobs, prompt, chunk->mutable_prompt_logprobs());
       index += static_cast<uint32_t>(tokens.size());
       if (!writer->Write(resp)) aborted_by_client = true;
     }
@@ -261,8 +329,14 @@ namespace {
 // One Serve request's output state; touched by the step thread only (its sinks).
 struct ServeRequestState {
   std::vector<uint32_t> held;  // tokens not sent yet (waiting for a chunk of the interval)
-  uint32_t index = 0;          // tokens sent so far
-  size_t send_at = 1;          // held tokens that make a chunk (1 for the first token)
+  // With the request's logprobs: one per held token (on_logprobs comes just before its
+  // on_token), sent in the same chunk.
+  std::vector<TokenLogprobs> held_logprobs;
+  // The prompt's scores until the chunk of the first token (or the end) takes them.
+  std::optional<PromptLogprobs> prompt_logprobs;
+  std::vector<int32_t> prompt;  // with prompt_logprobs_start only: the scored tokens' ids
+  uint32_t index = 0;           // tokens sent so far
+  size_t send_at = 1;           // held tokens that make a chunk (1 for the first token)
   bool wrote_first_logits = false;
   bool done = false;  // guarded by the outbox's mu: on_done ran
 };
@@ -273,8 +347,14 @@ v1::ServeEvent ChunkEvent(const std::string& request_id, ServeRequestState& stat
   v1::TokenChunk* chunk = e.mutable_chunk();
   chunk->set_index(state.index);
   chunk->mutable_token_ids()->Add(state.held.begin(), state.held.end());
+  for (const TokenLogprobs& lp : state.held_logprobs) ToProto(lp, chunk->add_logprobs());
+  if (state.prompt_logprobs) {
+    ToProto(*state.prompt_logprobs, state.prompt, chunk->mutable_prompt_logprobs());
+    state.prompt_logprobs.reset();
+  }
   state.index += static_cast<uint32_t>(state.held.size());
   state.held.clear();
+  state.held_logprobs.clear();
   return e;
 }
 
@@ -300,7 +380,17 @@ absl::Status AttentionWorkerService::Submit(const v1::GenerateRequest& req,
   const size_t interval = static_cast<size_t>(stream_interval_);
   const std::string request_id = req.request_id();
   const uint32_t prompt_tokens = static_cast<uint32_t>(req.prompt_token_ids_size());
+  if (req.sampling_params().has_prompt_logprobs_start()) {
+    state->prompt.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
+  }
   TokenSink sink;
+  sink.on_logprobs = [state](const TokenLogprobs& logprobs) {
+    state->held_logprobs.push_back(logprobs);
+  };
+  // Held for the first token's chunk (or the end's, with none).
+  sink.on_prompt_logprobs = [state](const PromptLogprobs& logprobs) {
+    state->prompt_logprobs = logprobs;
+  };
   sink.on_token = [state, outbox, request_id, logits_path, vocab, interval](int32_t token,
                                                                             const float* logits) {
     if (!logits_path.empty() && !state->wrote_first_logits) {
@@ -318,7 +408,9 @@ absl::Status AttentionWorkerService::Submit(const v1::GenerateRequest& req,
                      const absl::Status& status, FinishReason reason) {
     // Forgotten before the router can see the end, so it may reuse the id at once.
     Forget(request_id);
-    if (!state->held.empty()) outbox->Push(ChunkEvent(request_id, *state), false);
+    if (!state->held.empty() || state->prompt_logprobs) {
+      outbox->Push(ChunkEvent(request_id, *state), false);
+    }
     if (status.ok()) {
       v1::ServeEvent e;
       e.set_request_id(request_id);

@@ -4,8 +4,11 @@
 // then a GenerateComplete. With a stream interval N > 1 (SGLang's and vLLM's
 // --stream-interval), the first token still goes out at once and later ones in chunks of
 // N: fewer messages through the worker, the router and the client, for throughput under
-// load at the cost of smoothness. A cancelled call or a passed deadline aborts the request, which
-// frees its KV at the next step boundary. Errors become gRPC statuses only here.
+// load at the cost of smoothness. A token's log-probabilities, when the request asks for
+// them, travel in its chunk; the prompt's scores in the first token's chunk (or, for a
+// request that only scores its prompt, in a chunk of their own). A cancelled call or a
+// passed deadline aborts the request, which frees its KV at the next step boundary. Errors
+// become gRPC statuses only here.
 //
 // Serve multiplexes many requests over one bidi stream (the router keeps one per rank):
 // the handler thread reads submits and aborts; token sinks (step thread) append events to
@@ -104,5 +107,9 @@ void FillStepCounters(const AttentionCounters& c, v1::StepCounters* out);
 // values that the proto types allow but the engine would misread.
 absl::StatusOr<GenerationRequest> FromProto(const v1::GenerateRequest& req);
 v1::FinishReason ToProto(FinishReason reason);
+// Engine log-probabilities -> their TokenChunk form. `prompt`: the request's prompt, whose
+// scored tokens PromptLogprobs.token_ids repeats.
+void ToProto(const TokenLogprobs& in, v1::TokenLogprobs* out);
+void ToProto(const PromptLogprobs& in, const std::vector<int32_t>& prompt, v1::PromptLogprobs* out);
 
 }  // namespace dxs

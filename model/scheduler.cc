@@ -79,6 +79,7 @@ absl::Status ValidateRequest(const ModelConfig& config, const GenerationRequest&
 Scheduler::Live::Live(uint64_t id_in, GenerationRequest r, TokenSink s, const ModelConfig& config)
     : id(id_in), request(std::move(r)), sink(std::move(s)), sampler(request.sampling) {
   const SamplingParams& p = request.sampling;
+  prompt_logprobs.first_position = std::max<int64_t>(request.prompt_logprobs_start, 1);
   if (p.repetition_penalty != 1.f) {
     for (int32_t t : request.prompt) Adjustment(t).flags |= kAdjustSeen;
   }
@@ -267,7 +268,6 @@ void Scheduler::FinishStep(const std::vector<float>& logits) {
     for (int64_t q = std::max(end - rows, scored); q < end; ++q) {
       const float* row = row_of(first_row[j] + (q - (end - rows)));
       if (q + 1 < prompt_len) {
-        if (l.prompt_logprobs.positions.empty()) l.prompt_logprobs.first_position = q + 1;
         TokenLogprobs& lp = l.prompt_logprobs.positions.emplace_back();
         RowLogprobs(row, vocab, req.prompt[q + 1], req.top_logprobs, req.logprob_token_ids, &lp);
       } else {

@@ -21,12 +21,22 @@ struct GenerateLimits {
   int num_attention_ranks = 0;
   // Longest request_id accepted, in bytes. Ids are kept in memory and in logs.
   size_t max_request_id_bytes = 256;
+  // Most top_logprobs and logprob_token_ids a request may ask for: the engine's
+  // kMaxTopLogprobs (kernels/sampling.h) and kMaxLogprobTokenIds (model/scheduler.h),
+  // repeated here because the router does not link the engine (a test holds them equal).
+  int64_t max_top_logprobs = 20;
+  int64_t max_logprob_token_ids = 128;
 };
 
 // OK, or INVALID_ARGUMENT naming the first bad field: request_id too long, empty prompt,
-// a token id outside the vocabulary, max_new_tokens <= 0, prompt + max_new_tokens over
-// the context length, temperature negative or not finite, top_p (when set) outside
-// (0, 1], top_k < 0, data_parallel_rank not a configured rank.
+// a token id outside the vocabulary (prompt, stop_token_ids, logit_bias,
+// logprob_token_ids), max_new_tokens < 0 or 0 without prompt_logprobs_start, prompt +
+// max_new_tokens over the context length, temperature negative or not finite, top_p (when
+// set) outside (0, 1], top_k < 0, min_p outside [0, 1], frequency or presence penalty
+// outside [-2, 2], repetition_penalty not finite and > 0, a logit_bias value outside
+// [-100, 100], min_new_tokens > max_new_tokens, too many top_logprobs or
+// logprob_token_ids, prompt_logprobs_start not a prompt position, data_parallel_rank not
+// a configured rank. NaN fails every float check. Nothing is clamped.
 absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
                                      const GenerateLimits& limits);
 

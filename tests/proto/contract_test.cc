@@ -153,11 +153,32 @@ const FieldSpec kKeyFields[] = {
     {"dxs.v1.SamplingParams", "seed", 5},
     {"dxs.v1.SamplingParams", "stop_token_ids", 6},
     {"dxs.v1.SamplingParams", "ignore_eos", 7},
+    {"dxs.v1.SamplingParams", "min_p", 8},
+    {"dxs.v1.SamplingParams", "frequency_penalty", 9},
+    {"dxs.v1.SamplingParams", "presence_penalty", 10},
+    {"dxs.v1.SamplingParams", "repetition_penalty", 11},
+    {"dxs.v1.SamplingParams", "logit_bias", 12},
+    {"dxs.v1.SamplingParams", "min_new_tokens", 13},
+    {"dxs.v1.SamplingParams", "logprobs", 14},
+    {"dxs.v1.SamplingParams", "top_logprobs", 15},
+    {"dxs.v1.SamplingParams", "logprob_token_ids", 16},
+    {"dxs.v1.SamplingParams", "prompt_logprobs_start", 17},
     {"dxs.v1.GenerateResponse", "request_id", 1},
     {"dxs.v1.GenerateResponse", "chunk", 2},
     {"dxs.v1.GenerateResponse", "complete", 3},
     {"dxs.v1.TokenChunk", "token_ids", 1},
     {"dxs.v1.TokenChunk", "index", 2},
+    {"dxs.v1.TokenChunk", "logprobs", 3},
+    {"dxs.v1.TokenChunk", "prompt_logprobs", 4},
+    {"dxs.v1.TokenLogprobs", "logprob", 1},
+    {"dxs.v1.TokenLogprobs", "top_logprobs", 2},
+    {"dxs.v1.TokenLogprobs", "token_ids_logprobs", 3},
+    {"dxs.v1.TopLogprob", "token_id", 1},
+    {"dxs.v1.TopLogprob", "logprob", 2},
+    {"dxs.v1.PromptLogprobs", "first_position", 1},
+    {"dxs.v1.PromptLogprobs", "token_ids", 2},
+    {"dxs.v1.PromptLogprobs", "positions", 3},
+    {"dxs.v1.PromptLogprobs", "next", 4},
     {"dxs.v1.GenerateComplete", "finish_reason", 1},
     {"dxs.v1.GenerateComplete", "prompt_tokens", 2},
     {"dxs.v1.GenerateComplete", "completion_tokens", 3},
@@ -216,6 +237,18 @@ TEST(ProtoContractTest, GenerateShapes) {
   EXPECT_TRUE(sampling->FindFieldByName("seed")->has_optional_keyword());
   EXPECT_EQ(sampling->FindFieldByName("seed")->type(), FieldDescriptor::TYPE_UINT64);
   EXPECT_TRUE(sampling->FindFieldByName("temperature")->has_optional_keyword());
+  // Unset differs from the zero value: min_p and repetition_penalty default to off (0, 1),
+  // and position 0 is a valid prompt_logprobs_start.
+  for (const char* name : {"min_p", "repetition_penalty", "prompt_logprobs_start"}) {
+    EXPECT_TRUE(sampling->FindFieldByName(name)->has_optional_keyword()) << name;
+  }
+  EXPECT_TRUE(sampling->FindFieldByName("logit_bias")->is_map());
+  // Log-probabilities travel with their tokens.
+  const Descriptor* chunk = v1::TokenChunk::descriptor();
+  EXPECT_TRUE(chunk->FindFieldByName("logprobs")->is_repeated());
+  EXPECT_EQ(chunk->FindFieldByName("logprobs")->message_type(), v1::TokenLogprobs::descriptor());
+  EXPECT_EQ(chunk->FindFieldByName("prompt_logprobs")->message_type(),
+            v1::PromptLogprobs::descriptor());
 
   // A stream message is either tokens or the end, never both.
   const Descriptor* response = v1::GenerateResponse::descriptor();
@@ -264,16 +297,24 @@ void AppendMessage(const Descriptor* m, std::vector<std::string>* lines) {
     const FieldDescriptor* f = m->field(i);
     std::string line =
         "field " + m->full_name() + "." + f->name() + " = " + std::to_string(f->number()) + " ";
-    if (f->is_repeated()) line += "repeated ";
-    if (f->has_optional_keyword()) line += "optional ";
-    line += FieldTypeName(f);
+    if (f->is_map()) {
+      line += "map<" + FieldTypeName(f->message_type()->map_key()) + ", " +
+              FieldTypeName(f->message_type()->map_value()) + ">";
+    } else {
+      if (f->is_repeated()) line += "repeated ";
+      if (f->has_optional_keyword()) line += "optional ";
+      line += FieldTypeName(f);
+    }
     if (f->real_containing_oneof() != nullptr) {
       line += " oneof " + f->real_containing_oneof()->name();
     }
     lines->push_back(line);
   }
   for (int i = 0; i < m->enum_type_count(); ++i) AppendEnum(m->enum_type(i), lines);
-  for (int i = 0; i < m->nested_type_count(); ++i) AppendMessage(m->nested_type(i), lines);
+  for (int i = 0; i < m->nested_type_count(); ++i) {
+    // A map's entry type is implied by the map field's line.
+    if (!m->nested_type(i)->options().map_entry()) AppendMessage(m->nested_type(i), lines);
+  }
 }
 
 // One line per message, field, enum value and RPC, in declaration order.
@@ -402,6 +443,9 @@ class CommentChecker {
     }
   }
   void Message(const Descriptor* m) {
+    // A map's entry type is generated, with no source of its own: the map field's comment
+    // is its documentation.
+    if (m->options().map_entry()) return;
     Require(m);
     for (int i = 0; i < m->field_count(); ++i) Require(m->field(i));
     for (int i = 0; i < m->real_oneof_decl_count(); ++i) Require(m->oneof_decl(i));

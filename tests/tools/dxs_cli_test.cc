@@ -52,6 +52,86 @@ TEST(DxsRun, JsonOutputMatchesTheEngine) {
   EXPECT_EQ(j.at("finish_reason"), "length");
 }
 
+// The JSON of a TokenLogprobs list against the engine's: "logprobs", "top_logprobs" (lists
+// of [id, logprob]) and "token_ids_logprobs". The JSON holds each float as a double, so the
+// values come back exactly.
+void ExpectLogprobsJson(const nlohmann::json& j, const std::vector<TokenLogprobs>& want,
+                        const std::string& what) {
+  ASSERT_EQ(j.at("logprobs").size(), want.size()) << what;
+  ASSERT_EQ(j.at("top_logprobs").size(), want.size()) << what;
+  ASSERT_EQ(j.at("token_ids_logprobs").size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(j.at("logprobs")[i].get<float>(), want[i].logprob) << what << " " << i;
+    ASSERT_EQ(j.at("top_logprobs")[i].size(), want[i].top.size()) << what << " " << i;
+    for (size_t k = 0; k < want[i].top.size(); ++k) {
+      EXPECT_EQ(j.at("top_logprobs")[i][k][0].get<int32_t>(), want[i].top[k].first);
+      EXPECT_EQ(j.at("top_logprobs")[i][k][1].get<float>(), want[i].top[k].second);
+    }
+    EXPECT_EQ(j.at("token_ids_logprobs")[i].get<std::vector<float>>(), want[i].named);
+  }
+}
+
+// The sampling features' flags reach the engine; the JSON has the log-probabilities the
+// engine computed, for the output and the scored prompt.
+TEST(DxsRun, SamplingFeaturesAndLogprobsMatchTheEngine) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  auto engine = LocalEngine::Load(dir);
+  ASSERT_TRUE(engine.ok());
+  GenerationRequest r;
+  r.prompt = {9, 41, 7, 300, 12};
+  r.max_new_tokens = 6;
+  r.sampling.temperature = 0.7f;
+  r.sampling.seed = 5;
+  r.sampling.min_p = 0.1f;
+  r.sampling.repetition_penalty = 1.2f;
+  r.sampling.frequency_penalty = 0.5f;
+  r.sampling.presence_penalty = -0.25f;
+  r.sampling.logit_bias = {{2, -100.f}, {17, 4.f}};
+  r.min_new_tokens = 2;
+  r.logprobs = true;
+  r.top_logprobs = 3;
+  r.logprob_token_ids = {5, 6};
+  r.prompt_logprobs_start = 2;
+  Output o = RunDxs("run --model " + dir +
+                        " --prompt-ids 9,41,7,300,12 --max-new-tokens 6 --format json"
+                        " --temperature 0.7 --seed 5 --min-p 0.1 --repetition-penalty 1.2"
+                        " --frequency-penalty 0.5 --presence-penalty -0.25"
+                        " --logit-bias 2:-100,17:4 --min-new-tokens 2 --logprobs"
+                        " --top-logprobs 3 --logprob-token-ids 5,6 --prompt-logprobs 2",
+                    tmp);
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  const nlohmann::json j = nlohmann::json::parse(o.out);
+  auto want = (*engine)->GenerateBatch({r});
+  ASSERT_TRUE(want.ok()) << want.status();
+  const GenerationResult& w = want->front();
+  EXPECT_EQ(j.at("tokens").get<std::vector<int32_t>>(), w.tokens);
+  ExpectLogprobsJson(j, w.logprobs, "output");
+  ASSERT_TRUE(w.prompt_logprobs.has_value());
+  const nlohmann::json& p = j.at("prompt_logprobs");
+  EXPECT_EQ(p.at("first_position"), 2);
+  EXPECT_EQ(p.at("token_ids").get<std::vector<int32_t>>(), (std::vector<int32_t>{7, 300, 12}));
+  ExpectLogprobsJson(p, w.prompt_logprobs->positions, "prompt");
+  ASSERT_EQ(p.at("next").at("top_logprobs").size(), 3u);
+  EXPECT_EQ(p.at("next").at("top_logprobs")[0][0].get<int32_t>(),
+            w.prompt_logprobs->next.top[0].first);
+  EXPECT_EQ(p.at("next").at("token_ids_logprobs").get<std::vector<float>>(),
+            w.prompt_logprobs->next.named);
+
+  // Prompt scoring alone: no tokens, no per-token lists, the prompt from position 1.
+  Output scored = RunDxs("run --model " + dir +
+                             " --prompt-ids 9,41,7 --max-new-tokens 0 --prompt-logprobs 0"
+                             " --format json",
+                         tmp);
+  ASSERT_EQ(scored.exit_code, 0) << scored.err;
+  const nlohmann::json s = nlohmann::json::parse(scored.out);
+  EXPECT_TRUE(s.at("tokens").empty());
+  EXPECT_FALSE(s.contains("logprobs"));
+  EXPECT_EQ(s.at("prompt_logprobs").at("first_position"), 1);
+  EXPECT_EQ(s.at("prompt_logprobs").at("logprobs").size(), 2u);
+  EXPECT_FALSE(s.at("prompt_logprobs").contains("top_logprobs"));
+}
+
 TEST(DxsRun, BadFlagsAndBadModelGiveOneLineAndNonZeroExit) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "default");
@@ -62,6 +142,31 @@ TEST(DxsRun, BadFlagsAndBadModelGiveOneLineAndNonZeroExit) {
       {"run --model " + dir + " --prompt-ids 99999", "vocabulary"},
       {"run --model " + dir + " --prompt-ids 1 --top-p 1.5", "top_p"},
       {"run --model " + dir + " --prompt-ids 1 --format yaml", "--format"},
+      // The sampling features: malformed values name the flag, values out of range the
+      // field (the engine's check).
+      {"run --model " + dir + " --prompt-ids 1 --min-p x", "--min-p: 'x' is not a number"},
+      {"run --model " + dir + " --prompt-ids 1 --min-p 1.5", "min_p"},
+      {"run --model " + dir + " --prompt-ids 1 --frequency-penalty 3", "frequency_penalty"},
+      {"run --model " + dir + " --prompt-ids 1 --presence-penalty -2.5", "presence_penalty"},
+      {"run --model " + dir + " --prompt-ids 1 --repetition-penalty 0", "repetition_penalty"},
+      {"run --model " + dir + " --prompt-ids 1 --logit-bias 5", "--logit-bias: '5' is not ID:BIAS"},
+      {"run --model " + dir + " --prompt-ids 1 --logit-bias 5:1,5:2", "more than once"},
+      {"run --model " + dir + " --prompt-ids 1 --logit-bias -1:1", "--logit-bias"},
+      {"run --model " + dir + " --prompt-ids 1 --logit-bias 5:200", "logit_bias"},
+      {"run --model " + dir + " --prompt-ids 1 --logit-bias 99999:1", "logit_bias"},
+      {"run --model " + dir + " --prompt-ids 1 --max-new-tokens 4 --min-new-tokens 5",
+       "min_new_tokens"},
+      {"run --model " + dir + " --prompt-ids 1 --min-new-tokens -1", "--min-new-tokens"},
+      {"run --model " + dir + " --prompt-ids 1 --format json --top-logprobs 21", "top_logprobs"},
+      {"run --model " + dir + " --prompt-ids 1 --format json --top-logprobs -1",
+       "--top-logprobs must be >= 0"},
+      {"run --model " + dir + " --prompt-ids 1 --format json --logprob-token-ids 1,-2",
+       "--logprob-token-ids"},
+      {"run --model " + dir + " --prompt-ids 1 --format json --logprob-token-ids 99999",
+       "logprob_token_ids"},
+      {"run --model " + dir + " --prompt-ids 1,2 --format json --prompt-logprobs 2",
+       "prompt_logprobs_start"},
+      {"run --model " + dir + " --prompt-ids 1 --logprobs", "--format json"},
       {"run --model " + dir, "--prompt-ids is required"},
       {"run --model " + tmp.path() + "/missing --prompt-ids 1", "missing"},
       {"frobnicate", "unknown command"},

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -28,6 +29,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/dxs/cli_args.h"
 #include "tools/dxs/commands.h"
+#include "tools/dxs/sampling_flags.h"
 #include "tools/dxs/tls_flags.h"
 #include "worker/worker_transport.h"
 
@@ -190,6 +192,18 @@ absl::StatusOr<std::vector<std::string>> WorkerDevices(const std::string& device
   }
   std::vector<std::string> out;
   for (int w = 0; w < num_workers; ++w) out.push_back(ids[w % ids.size()]);
+  return out;
+}
+
+// A chunk's log-probabilities in the engine's form (the token is not needed: the chunk's
+// token_ids have it).
+TokenLogprobs FromProto(const v1::TokenLogprobs& in) {
+  TokenLogprobs out;
+  out.logprob = in.logprob();
+  for (const v1::TopLogprob& top : in.top_logprobs()) {
+    out.top.push_back({static_cast<int32_t>(top.token_id()), top.logprob()});
+  }
+  out.named.assign(in.token_ids_logprobs().begin(), in.token_ids_logprobs().end());
   return out;
 }
 
@@ -372,9 +386,10 @@ int UpCommand(const std::vector<std::string>& argv) {
 int GenerateCommand(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args = Args::Parse(
       argv,
-      WithTlsValueFlags({"router", "prompt-ids", "max-new-tokens", "temperature", "top-p", "top-k",
-                         "seed", "stop-ids", "dp-rank", "format", "request-id"}),
-      WithTlsBoolFlags({"ignore-eos"}));
+      WithTlsValueFlags(
+          SamplingValueFlags({"router", "prompt-ids", "max-new-tokens", "temperature", "top-p",
+                              "top-k", "seed", "stop-ids", "dp-rank", "format", "request-id"})),
+      WithTlsBoolFlags(SamplingBoolFlags({"ignore-eos"})));
   if (!args.ok()) return Fail("generate", args.status());
   absl::StatusOr<TlsConfig> tls = TlsFromArgs(*args, /*for_server=*/false);
   if (!tls.ok()) return Fail("generate", tls.status());
@@ -396,6 +411,12 @@ int GenerateCommand(const std::vector<std::string>& argv) {
   if (format != "text" && format != "json") {
     return Fail("generate", absl::InvalidArgumentError("--format must be json or text"));
   }
+  // The sampling features, read as `dxs run` reads them; the router checks their ranges.
+  GenerationRequest features;
+  features.prompt = *prompt;
+  if (absl::Status s = ReadSamplingFlags(*args, format, &features); !s.ok()) {
+    return Fail("generate", s);
+  }
   v1::GenerateRequest req;
   req.set_request_id(args->GetString("request-id"));
   for (int32_t t : *prompt) req.add_prompt_token_ids(static_cast<uint32_t>(t));
@@ -407,6 +428,23 @@ int GenerateCommand(const std::vector<std::string>& argv) {
   if (args->Has("seed")) p->set_seed(*seed);
   for (int32_t t : *stop) p->add_stop_token_ids(static_cast<uint32_t>(t));
   p->set_ignore_eos(args->Has("ignore-eos"));
+  const SamplingParams& fs = features.sampling;
+  if (args->Has("min-p")) p->set_min_p(fs.min_p);
+  p->set_frequency_penalty(fs.frequency_penalty);
+  p->set_presence_penalty(fs.presence_penalty);
+  if (args->Has("repetition-penalty")) p->set_repetition_penalty(fs.repetition_penalty);
+  for (const auto& [id, bias] : fs.logit_bias) {
+    (*p->mutable_logit_bias())[static_cast<uint32_t>(id)] = bias;
+  }
+  p->set_min_new_tokens(static_cast<uint32_t>(features.min_new_tokens));
+  p->set_logprobs(features.logprobs);
+  p->set_top_logprobs(static_cast<uint32_t>(features.top_logprobs));
+  for (int32_t id : features.logprob_token_ids) {
+    p->add_logprob_token_ids(static_cast<uint32_t>(id));
+  }
+  if (features.prompt_logprobs_start >= 0) {
+    p->set_prompt_logprobs_start(static_cast<uint32_t>(features.prompt_logprobs_start));
+  }
   if (*dp >= 0) req.set_data_parallel_rank(static_cast<uint32_t>(*dp));
 
   auto stub = v1::Frontend::NewStub(Channel(args->GetString("router"), *tls));
@@ -414,6 +452,9 @@ int GenerateCommand(const std::vector<std::string>& argv) {
   auto reader = stub->Generate(&ctx, req);
   v1::GenerateResponse resp;
   std::vector<uint32_t> tokens;
+  // In the engine's form, so that the JSON is `dxs run`'s.
+  std::vector<TokenLogprobs> logprobs;
+  std::optional<PromptLogprobs> prompt_logprobs;
   v1::GenerateComplete complete;
   std::string request_id;
   while (reader->Read(&resp)) {
@@ -422,6 +463,16 @@ int GenerateCommand(const std::vector<std::string>& argv) {
       for (uint32_t t : resp.chunk().token_ids()) {
         tokens.push_back(t);
         if (format == "text") std::cout << (tokens.size() > 1 ? " " : "") << t << std::flush;
+      }
+      for (const v1::TokenLogprobs& lp : resp.chunk().logprobs()) {
+        logprobs.push_back(FromProto(lp));
+      }
+      if (resp.chunk().has_prompt_logprobs()) {
+        const v1::PromptLogprobs& in = resp.chunk().prompt_logprobs();
+        PromptLogprobs& out = prompt_logprobs.emplace();
+        out.first_position = in.first_position();
+        for (const v1::TokenLogprobs& lp : in.positions()) out.positions.push_back(FromProto(lp));
+        out.next = FromProto(in.next());
       }
     } else if (resp.has_complete()) {
       complete = resp.complete();
@@ -441,6 +492,7 @@ int GenerateCommand(const std::vector<std::string>& argv) {
     out["prompt_tokens"] = complete.prompt_tokens();
     out["completion_tokens"] = complete.completion_tokens();
     out["data_parallel_rank"] = complete.data_parallel_rank();
+    AddLogprobsJson(features, logprobs, prompt_logprobs, &out);
     std::cout << out.dump() << "\n";
   } else {
     std::cerr << "finish_reason: " << reason << "\n";

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tools/dxs/commands.h"
+#include "tools/dxs/sampling_flags.h"
 
 namespace {
 
@@ -14,6 +15,7 @@ struct Command {
   const char* summary;  // one line, for `dxs help`
   const char* usage;    // the flags, for `dxs NAME --help`
   int (*run)(const std::vector<std::string>&);
+  const char* more_usage = nullptr;  // flags shared with another command, printed after usage
 };
 
 constexpr char kDeviceNote[] =
@@ -29,7 +31,7 @@ const Command kCommands[] = {
      "  [--format json|text] [--device cpu|cuda[:N]]\n"
      "  [--preset NAME instead of --model: a gen-model preset made in place]\n"
      "  [--eager (no CUDA graphs for decode steps)]\n",
-     dxs::cli::RunCommand},
+     dxs::cli::RunCommand, dxs::cli::kSamplingUsage},
     {"gen-model", "write a seeded random checkpoint",
      "  --out DIR [--preset default|odd|bf16-sharded|qwen3-30b-a3b] [--seed S]\n"
      "  [--router-skew S (Zipf exponent of expert popularity; 0: uniform-ish, the weights\n"
@@ -63,8 +65,9 @@ const Command kCommands[] = {
      dxs::cli::UpCommand},
     {"generate", "stream tokens for a prompt from a router",
      "  --router ADDR --prompt-ids 1,2,3 [--max-new-tokens N]\n"
-     "  [--temperature T --top-p P --top-k K --seed S] [--dp-rank R] [--format json|text]\n",
-     dxs::cli::GenerateCommand},
+     "  [--temperature T --top-p P --top-k K --seed S] [--stop-ids a,b] [--ignore-eos]\n"
+     "  [--dp-rank R] [--request-id ID] [--format json|text]\n",
+     dxs::cli::GenerateCommand, dxs::cli::kSamplingUsage},
     {"status", "list a cluster's workers, addresses, loads and expert placement",
      "  --router ADDR [--format json]\n", dxs::cli::StatusCommand},
     {"rebalance", "one EPLB rebalance now (placement from measured load)", "  --router ADDR\n",
@@ -95,6 +98,7 @@ void PrintUsage(std::ostream& out) {
 
 void PrintCommandUsage(const Command& c, std::ostream& out) {
   out << "usage: dxs " << c.name << " [flags]\n" << c.summary << "\nflags:\n" << c.usage;
+  if (c.more_usage != nullptr) out << c.more_usage;
 }
 
 bool AsksForHelp(const std::vector<std::string>& args) {

@@ -12,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/dxs/cli_args.h"
 #include "tools/dxs/commands.h"
+#include "tools/dxs/sampling_flags.h"
 
 namespace dxs::cli {
 namespace {
@@ -45,11 +46,11 @@ std::string DefaultModelDir() {
 }
 
 int RunCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args =
-      Args::Parse(argv,
-                  {"model", "prompt-ids", "max-new-tokens", "temperature", "top-p", "top-k", "seed",
-                   "stop-ids", "prefill-chunk", "format", "device", "preset"},
-                  {"dump-logits", "ignore-eos", "eager"});
+  absl::StatusOr<Args> args = Args::Parse(
+      argv,
+      SamplingValueFlags({"model", "prompt-ids", "max-new-tokens", "temperature", "top-p", "top-k",
+                          "seed", "stop-ids", "prefill-chunk", "format", "device", "preset"}),
+      SamplingBoolFlags({"dump-logits", "ignore-eos", "eager"}));
   if (!args.ok()) return Fail("run", args.status());
   GenerationRequest req;
   auto prompt = args->GetIntList("prompt-ids");
@@ -81,6 +82,7 @@ int RunCommand(const std::vector<std::string>& argv) {
   req.sampling.seed = *seed;
   req.stop_token_ids = *stop;
   req.ignore_eos = args->Has("ignore-eos");
+  if (absl::Status s = ReadSamplingFlags(*args, format, &req); !s.ok()) return Fail("run", s);
 
   if (args->Has("preset") && args->Has("model")) {
     return Fail("run", absl::InvalidArgumentError("give --model DIR or --preset NAME, not both"));
@@ -113,6 +115,7 @@ int RunCommand(const std::vector<std::string>& argv) {
     out["finish_reason"] = FinishReasonName(r.finish_reason);
     out["model"] = *model_dir;
     if (args->Has("dump-logits")) out["first_logits"] = r.first_logits;
+    AddLogprobsJson(req, r.logprobs, r.prompt_logprobs, &out);
     std::cout << out.dump() << "\n";
   } else {
     std::cout << absl::StrJoin(r.tokens, " ") << "\n";

@@ -7,9 +7,13 @@
 //    again when a worker dies;
 //  - Abort, client cancellation and a passed deadline end the request and free its KV;
 //  - data_parallel_rank pins the rank; unpinned long requests spread over the ranks;
-//  - --max-inflight bounds admission (RESOURCE_EXHAUSTED).
+//  - --max-inflight bounds admission (RESOURCE_EXHAUSTED);
+//  - the sampling features (log-probabilities, prompt scoring, penalties, logit_bias,
+//    min_new_tokens, min_p) give what the single-process engine gives for the same
+//    GenerationRequest, through the router (Serve) and a worker's Generate alike.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -25,6 +29,8 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "model/engine.h"
+#include "nlohmann/json.hpp"
+#include "router/frontend/generate_validation.h"
 #include "tests/disagg/process_cluster.h"
 #include "tests/model/test_util.h"
 
@@ -36,6 +42,11 @@ using grpc::health::v1::HealthCheckResponse;
 using testing::ClusterSpec;
 using testing::ProcessCluster;
 using testing::TempDir;
+
+// The router refuses what the engine would (it does not link the engine, so it keeps copies
+// of these limits).
+static_assert(GenerateLimits{}.max_top_logprobs == kMaxTopLogprobs);
+static_assert(GenerateLimits{}.max_logprob_token_ids == kMaxLogprobTokenIds);
 
 constexpr int kVocab = 4096;    // the "default" preset
 constexpr int kContext = 4096;  // its max_position_embeddings
@@ -100,6 +111,7 @@ class StreamCall {
           if (message.chunk().index() != tokens_.size()) in_order_ = false;
           if (message.chunk().token_ids_size() == 0) ++empty_chunks_;
           for (uint32_t t : message.chunk().token_ids()) tokens_.push_back(static_cast<int>(t));
+          chunks_.push_back(message.chunk());
         } else if (message.has_complete()) {
           complete_ = message.complete();
         }
@@ -136,6 +148,7 @@ class StreamCall {
 
   // After Join.
   const std::vector<int32_t>& tokens() const { return tokens_; }
+  const std::vector<v1::TokenChunk>& chunks() const { return chunks_; }
   const std::optional<v1::GenerateComplete>& complete() const { return complete_; }
   const grpc::Status& status() const { return status_; }
   bool in_order() const { return in_order_ && consistent_ids_ && messages_after_complete_ == 0; }
@@ -153,6 +166,7 @@ class StreamCall {
   int empty_chunks_ = 0;
   int messages_after_complete_ = 0;
   std::vector<int32_t> tokens_;
+  std::vector<v1::TokenChunk> chunks_;
   std::optional<v1::GenerateComplete> complete_;
   grpc::Status status_;
   bool done_ = false;
@@ -164,12 +178,140 @@ struct Outcome {
   std::vector<int32_t> tokens;
   std::optional<v1::GenerateComplete> complete;
   bool in_order = false;
+  std::vector<v1::TokenChunk> chunks;
 };
 Outcome RunToEnd(v1::Frontend::Stub* stub, const v1::GenerateRequest& request,
                  absl::Duration deadline = absl::Seconds(120)) {
   StreamCall call(stub, request, deadline);
   call.Join();
-  return {call.status(), call.tokens(), call.complete(), call.in_order()};
+  return {call.status(), call.tokens(), call.complete(), call.in_order(), call.chunks()};
+}
+
+// The same request straight to an attention worker's Generate (the router's fallback
+// when a worker has no Serve), recorded the same way.
+Outcome RunOnWorker(v1::AttentionWorker::Stub* worker, const v1::GenerateRequest& request) {
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(120)));
+  auto reader = worker->Generate(&context, request);
+  Outcome out;
+  out.in_order = true;
+  v1::GenerateResponse message;
+  while (reader->Read(&message)) {
+    if (message.has_chunk()) {
+      out.in_order = out.in_order && message.chunk().index() == out.tokens.size();
+      for (uint32_t t : message.chunk().token_ids()) out.tokens.push_back(static_cast<int>(t));
+      out.chunks.push_back(message.chunk());
+    } else if (message.has_complete()) {
+      out.complete = message.complete();
+    }
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+// The engine request as the proto a client sends (ids and counts are in range here).
+v1::GenerateRequest ProtoRequest(const GenerationRequest& r, const std::string& request_id) {
+  v1::GenerateRequest out;
+  out.set_request_id(request_id);
+  for (int32_t t : r.prompt) out.add_prompt_token_ids(static_cast<uint32_t>(t));
+  v1::SamplingParams* p = out.mutable_sampling_params();
+  p->set_max_new_tokens(static_cast<int32_t>(r.max_new_tokens));
+  p->set_temperature(r.sampling.temperature);
+  p->set_top_p(r.sampling.top_p);
+  p->set_top_k(r.sampling.top_k);
+  p->set_seed(r.sampling.seed);
+  for (int32_t t : r.stop_token_ids) p->add_stop_token_ids(static_cast<uint32_t>(t));
+  p->set_ignore_eos(r.ignore_eos);
+  p->set_min_p(r.sampling.min_p);
+  p->set_frequency_penalty(r.sampling.frequency_penalty);
+  p->set_presence_penalty(r.sampling.presence_penalty);
+  p->set_repetition_penalty(r.sampling.repetition_penalty);
+  for (const auto& [id, bias] : r.sampling.logit_bias) {
+    (*p->mutable_logit_bias())[static_cast<uint32_t>(id)] = bias;
+  }
+  p->set_min_new_tokens(static_cast<uint32_t>(r.min_new_tokens));
+  p->set_logprobs(r.logprobs);
+  p->set_top_logprobs(static_cast<uint32_t>(r.top_logprobs));
+  for (int32_t t : r.logprob_token_ids) p->add_logprob_token_ids(static_cast<uint32_t>(t));
+  if (r.prompt_logprobs_start >= 0) {
+    p->set_prompt_logprobs_start(static_cast<uint32_t>(r.prompt_logprobs_start));
+  }
+  return out;
+}
+
+// Same CPU arithmetic on both sides; the bound covers batching and summation order.
+constexpr double kLogprobTolerance = 1e-5;
+
+void ExpectLogprobsNear(const v1::TokenLogprobs& got, const TokenLogprobs& want,
+                        const std::string& where) {
+  EXPECT_NEAR(got.logprob(), want.logprob, kLogprobTolerance) << where;
+  ASSERT_EQ(static_cast<size_t>(got.top_logprobs_size()), want.top.size()) << where;
+  for (size_t i = 0; i < want.top.size(); ++i) {
+    EXPECT_EQ(got.top_logprobs(i).token_id(), static_cast<uint32_t>(want.top[i].first))
+        << where << " top " << i;
+    EXPECT_NEAR(got.top_logprobs(i).logprob(), want.top[i].second, kLogprobTolerance)
+        << where << " top " << i;
+  }
+  ASSERT_EQ(static_cast<size_t>(got.token_ids_logprobs_size()), want.named.size()) << where;
+  for (size_t i = 0; i < want.named.size(); ++i) {
+    EXPECT_NEAR(got.token_ids_logprobs(i), want.named[i], kLogprobTolerance)
+        << where << " id " << i;
+  }
+}
+
+// `out` (a whole stream) against the engine's result for the same request: the tokens
+// exactly, each chunk's logprobs one per token, the prompt's scores in exactly one chunk
+// (the first token's, or a tokenless one before the end), all values within the bound.
+void ExpectEqualsEngine(const Outcome& out, const GenerationRequest& request,
+                        const GenerationResult& want, const std::string& what) {
+  ASSERT_TRUE(out.status.ok()) << what << ": " << out.status.error_message();
+  EXPECT_TRUE(out.in_order) << what;
+  EXPECT_EQ(out.tokens, want.tokens) << what;
+  ASSERT_TRUE(out.complete.has_value()) << what;
+  EXPECT_EQ(out.complete->completion_tokens(), want.tokens.size()) << what;
+  std::vector<const v1::TokenLogprobs*> logprobs;
+  std::vector<size_t> prompt_chunks;
+  for (size_t c = 0; c < out.chunks.size(); ++c) {
+    const v1::TokenChunk& chunk = out.chunks[c];
+    EXPECT_EQ(chunk.logprobs_size(), request.WantsLogprobs() ? chunk.token_ids_size() : 0)
+        << what << ": chunk " << c;
+    for (const v1::TokenLogprobs& lp : chunk.logprobs()) logprobs.push_back(&lp);
+    if (chunk.has_prompt_logprobs()) prompt_chunks.push_back(c);
+  }
+  ASSERT_EQ(logprobs.size(), want.logprobs.size()) << what;
+  for (size_t i = 0; i < logprobs.size(); ++i) {
+    ExpectLogprobsNear(*logprobs[i], want.logprobs[i], what + ": token " + std::to_string(i));
+  }
+  ASSERT_EQ(want.prompt_logprobs.has_value(), request.prompt_logprobs_start >= 0) << what;
+  if (!want.prompt_logprobs.has_value()) {
+    EXPECT_TRUE(prompt_chunks.empty()) << what;
+    return;
+  }
+  ASSERT_EQ(prompt_chunks.size(), 1u) << what << ": the prompt's scores come once";
+  const v1::TokenChunk& carrier = out.chunks[prompt_chunks[0]];
+  if (request.max_new_tokens == 0) {
+    EXPECT_EQ(carrier.token_ids_size(), 0) << what;
+    EXPECT_EQ(prompt_chunks[0], out.chunks.size() - 1) << what << ": just before the end";
+  } else {
+    EXPECT_EQ(carrier.index(), 0u) << what << ": with the first token";
+    EXPECT_GT(carrier.token_ids_size(), 0) << what;
+  }
+  const v1::PromptLogprobs& got = carrier.prompt_logprobs();
+  const PromptLogprobs& p = *want.prompt_logprobs;
+  EXPECT_EQ(got.first_position(), static_cast<uint32_t>(p.first_position)) << what;
+  EXPECT_EQ(static_cast<int64_t>(got.first_position()),
+            std::max<int64_t>(request.prompt_logprobs_start, 1))
+      << what;
+  ASSERT_EQ(static_cast<size_t>(got.positions_size()), p.positions.size()) << what;
+  ASSERT_EQ(got.token_ids_size(), got.positions_size()) << what;
+  EXPECT_EQ(p.positions.size(), request.prompt.size() - p.first_position) << what;
+  for (size_t i = 0; i < p.positions.size(); ++i) {
+    EXPECT_EQ(got.token_ids(i), static_cast<uint32_t>(request.prompt[p.first_position + i]))
+        << what << ": prompt position " << i;
+    ExpectLogprobsNear(got.positions(i), p.positions[i],
+                       what + ": prompt position " + std::to_string(p.first_position + i));
+  }
+  ExpectLogprobsNear(got.next(), p.next, what + ": after the prompt");
 }
 
 absl::StatusOr<v1::GetLoadsResponse> Loads(v1::Frontend::Stub* stub) {
@@ -234,10 +376,11 @@ bool WaitHealth(const std::string& address, HealthCheckResponse::ServingStatus w
 
 class FrontendCluster : public ::testing::Test {
  protected:
-  void StartCluster(int num_attention, int num_expert, std::vector<std::string> router_args = {}) {
+  void StartCluster(int num_attention, int num_expert, std::vector<std::string> router_args = {},
+                    std::vector<std::string> attention_args = {}) {
     dir_ = testing::WritePreset(tmp_, "default");
     cluster_ = std::make_unique<ProcessCluster>(tmp_.path());
-    ClusterSpec spec{dir_, num_attention, num_expert, {}, "f32"};
+    ClusterSpec spec{dir_, num_attention, num_expert, {}, "f32", std::move(attention_args)};
     cluster_->set_router_args(std::move(router_args));
     absl::Status started = cluster_->Start(spec);
     ASSERT_TRUE(started.ok()) << started << cluster_->DumpLogs();
@@ -254,6 +397,12 @@ class FrontendCluster : public ::testing::Test {
     return engine_.get();
   }
   v1::Frontend::Stub* frontend() { return cluster_->frontend(); }
+  // The single-process result of `r` (on `on`, default engine()).
+  GenerationResult Want(const GenerationRequest& r, LocalEngine* on = nullptr) {
+    auto out = (on != nullptr ? on : engine())->GenerateBatch({r});
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? out->front() : GenerationResult{};
+  }
 
   TempDir tmp_;
   std::string dir_;
@@ -365,6 +514,63 @@ TEST_F(FrontendCluster, BadInputsAreRefusedWithoutDisturbingARunningRequest) {
       {"top_k < 0", [](auto& r) { r.mutable_sampling_params()->set_top_k(-1); }, kInvalid, "top_k"},
       {"unknown rank", [](auto& r) { r.set_data_parallel_rank(2); }, kInvalid,
        "data_parallel_rank"},
+      {"stop id = vocab", [](auto& r) { r.mutable_sampling_params()->add_stop_token_ids(kVocab); },
+       kInvalid, "sampling_params.stop_token_ids[0]"},
+      {"min_p > 1", [](auto& r) { r.mutable_sampling_params()->set_min_p(1.5f); }, kInvalid,
+       "sampling_params.min_p"},
+      {"min_p < 0", [](auto& r) { r.mutable_sampling_params()->set_min_p(-0.1f); }, kInvalid,
+       "sampling_params.min_p"},
+      {"min_p NaN", [&](auto& r) { r.mutable_sampling_params()->set_min_p(nan); }, kInvalid,
+       "sampling_params.min_p"},
+      {"frequency_penalty > 2",
+       [](auto& r) { r.mutable_sampling_params()->set_frequency_penalty(2.5f); }, kInvalid,
+       "sampling_params.frequency_penalty"},
+      {"frequency_penalty inf",
+       [&](auto& r) { r.mutable_sampling_params()->set_frequency_penalty(-inf); }, kInvalid,
+       "sampling_params.frequency_penalty"},
+      {"presence_penalty < -2",
+       [](auto& r) { r.mutable_sampling_params()->set_presence_penalty(-3.f); }, kInvalid,
+       "sampling_params.presence_penalty"},
+      {"presence_penalty NaN",
+       [&](auto& r) { r.mutable_sampling_params()->set_presence_penalty(nan); }, kInvalid,
+       "sampling_params.presence_penalty"},
+      {"repetition_penalty 0",
+       [](auto& r) { r.mutable_sampling_params()->set_repetition_penalty(0.f); }, kInvalid,
+       "sampling_params.repetition_penalty"},
+      {"repetition_penalty < 0",
+       [](auto& r) { r.mutable_sampling_params()->set_repetition_penalty(-1.f); }, kInvalid,
+       "sampling_params.repetition_penalty"},
+      {"repetition_penalty inf",
+       [&](auto& r) { r.mutable_sampling_params()->set_repetition_penalty(inf); }, kInvalid,
+       "sampling_params.repetition_penalty"},
+      {"logit_bias id = vocab",
+       [](auto& r) { (*r.mutable_sampling_params()->mutable_logit_bias())[kVocab] = 1.f; },
+       kInvalid, "sampling_params.logit_bias"},
+      {"logit_bias > 100",
+       [](auto& r) { (*r.mutable_sampling_params()->mutable_logit_bias())[5] = 100.5f; }, kInvalid,
+       "sampling_params.logit_bias"},
+      {"logit_bias < -100",
+       [](auto& r) { (*r.mutable_sampling_params()->mutable_logit_bias())[5] = -101.f; }, kInvalid,
+       "sampling_params.logit_bias"},
+      {"logit_bias NaN",
+       [&](auto& r) { (*r.mutable_sampling_params()->mutable_logit_bias())[5] = nan; }, kInvalid,
+       "sampling_params.logit_bias"},
+      {"top_logprobs > 20", [](auto& r) { r.mutable_sampling_params()->set_top_logprobs(21); },
+       kInvalid, "sampling_params.top_logprobs"},
+      {"logprob id = vocab",
+       [](auto& r) { r.mutable_sampling_params()->add_logprob_token_ids(kVocab); }, kInvalid,
+       "sampling_params.logprob_token_ids[0]"},
+      {"129 logprob ids",
+       [](auto& r) {
+         for (int i = 0; i < 129; ++i) r.mutable_sampling_params()->add_logprob_token_ids(i);
+       },
+       kInvalid, "sampling_params.logprob_token_ids"},
+      {"prompt_logprobs_start = prompt length",
+       [](auto& r) { r.mutable_sampling_params()->set_prompt_logprobs_start(3); }, kInvalid,
+       "sampling_params.prompt_logprobs_start"},
+      {"min_new_tokens > max_new_tokens",
+       [](auto& r) { r.mutable_sampling_params()->set_min_new_tokens(5); }, kInvalid,
+       "sampling_params.min_new_tokens"},
       {"duplicate id", [](auto& r) { r.set_request_id("long-one"); },
        grpc::StatusCode::ALREADY_EXISTS, "request_id"},
   };
@@ -384,6 +590,24 @@ TEST_F(FrontendCluster, BadInputsAreRefusedWithoutDisturbingARunningRequest) {
   s = AbortCall(frontend(), "no-such-request");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
 
+  // Meanwhile a good request with every feature is served as the engine serves it.
+  {
+    GenerationRequest good;
+    good.prompt = Prompt(4, 3);
+    good.max_new_tokens = 4;
+    good.min_new_tokens = 2;
+    good.sampling.temperature = 0.f;
+    good.sampling.min_p = 0.1f;
+    good.sampling.repetition_penalty = 1.2f;
+    good.sampling.frequency_penalty = 0.3f;
+    good.sampling.presence_penalty = 0.3f;
+    good.sampling.logit_bias = {{9, 2.f}};
+    good.top_logprobs = 20;
+    good.logprob_token_ids = {1, 2};
+    good.prompt_logprobs_start = 1;
+    ExpectEqualsEngine(RunToEnd(frontend(), ProtoRequest(good, "good-after-bad")), good, Want(good),
+                       "good after the bad ones");
+  }
   EXPECT_FALSE(running.finished()) << "the long request should outlast the bad ones";
   running.Join();
   ASSERT_TRUE(running.status().ok()) << running.status().error_message() << cluster_->DumpLogs();
@@ -578,6 +802,204 @@ TEST_F(FrontendCluster, MaxInflightBoundsAdmission) {
   Outcome admitted = RunToEnd(frontend(), Request(Prompt(15, 5), 4));
   ASSERT_TRUE(admitted.status.ok()) << admitted.status.error_message();
   EXPECT_EQ(admitted.tokens, Reference(engine(), Prompt(15, 5), 4));
+}
+
+// 6. Log-probabilities and prompt scores equal the single-process engine's, through the
+// router (the Serve stream) and through a worker's own Generate. The workers stream in
+// chunks of 3 and prefill in chunks of 5, so held tokens leave with their held logprobs
+// and a scored prompt spans several prefill steps.
+TEST_F(FrontendCluster, LogprobsAndPromptScoresEqualTheSingleProcessEngine) {
+  constexpr int kPrefillChunk = 5;
+  StartCluster(2, 1, {},
+               {"--stream-interval", "3", "--prefill-chunk", std::to_string(kPrefillChunk)});
+  EngineOptions options;
+  options.prefill_chunk_tokens = kPrefillChunk;
+  auto chunked = LocalEngine::Load(dir_, options);
+  ASSERT_TRUE(chunked.ok()) << chunked.status();
+
+  struct Case {
+    std::string what;
+    GenerationRequest request;
+  };
+  std::vector<Case> cases;
+  {
+    GenerationRequest r;
+    r.prompt = Prompt(20, 7);
+    r.max_new_tokens = 8;
+    r.sampling.temperature = 0.f;
+    r.logprobs = true;
+    r.top_logprobs = 5;
+    r.logprob_token_ids = {3, 1000};
+    cases.push_back({"greedy-logprobs", r});
+    r.sampling.temperature = 0.8f;
+    r.sampling.seed = 1234;
+    cases.push_back({"sampled-logprobs", r});
+  }
+  {
+    // Scored from position 4 of 13, then 3 tokens, top 3 and two named ids everywhere.
+    GenerationRequest r;
+    r.prompt = Prompt(21, 13);
+    r.max_new_tokens = 3;
+    r.sampling.temperature = 0.f;
+    r.top_logprobs = 3;
+    r.logprob_token_ids = {7, 9};
+    r.prompt_logprobs_start = 4;
+    cases.push_back({"prompt-from-4", r});
+    // Prompt scoring alone, from the start: position 0 has no score, 1.. have.
+    r.max_new_tokens = 0;
+    r.prompt_logprobs_start = 0;
+    r.top_logprobs = 2;
+    r.logprob_token_ids = {};
+    cases.push_back({"prompt-only", r});
+    // The last position alone, and the logprob of the chosen tokens only.
+    r.max_new_tokens = 2;
+    r.prompt_logprobs_start = 12;
+    r.top_logprobs = 0;
+    r.logprobs = true;
+    cases.push_back({"prompt-last-position", r});
+  }
+  // All at once through the router, so that they share steps.
+  std::vector<std::unique_ptr<StreamCall>> calls;
+  for (const Case& c : cases) {
+    calls.push_back(std::make_unique<StreamCall>(frontend(), ProtoRequest(c.request, c.what)));
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    StreamCall& call = *calls[i];
+    call.Join();
+    const Outcome out{call.status(), call.tokens(), call.complete(), call.in_order(),
+                      call.chunks()};
+    const GenerationResult want = Want(cases[i].request, chunked->get());
+    ExpectEqualsEngine(out, cases[i].request, want, cases[i].what + " (router)");
+    if (cases[i].request.max_new_tokens == 0) {
+      ASSERT_TRUE(out.complete.has_value());
+      EXPECT_EQ(out.complete->finish_reason(), v1::FINISH_REASON_LENGTH);
+      EXPECT_EQ(out.complete->completion_tokens(), 0u);
+    }
+  }
+  // The worker's Generate: its own sink path, one request at a time.
+  for (const Case& c : cases) {
+    const Outcome out = RunOnWorker(cluster_->attention(1), ProtoRequest(c.request, c.what));
+    ExpectEqualsEngine(out, c.request, Want(c.request, chunked->get()), c.what + " (worker)");
+  }
+  EXPECT_TRUE(WaitAllFree(frontend())) << cluster_->DumpLogs();
+}
+
+// `got` has every key of `want` with equal integers and strings, and floats within the
+// logprob bound.
+void ExpectJsonNear(const nlohmann::json& got, const nlohmann::json& want, const std::string& at) {
+  if (want.is_number_float() || got.is_number_float()) {
+    ASSERT_TRUE(got.is_number()) << at << ": " << got;
+    EXPECT_NEAR(got.get<double>(), want.get<double>(), kLogprobTolerance) << at;
+  } else if (want.is_object()) {
+    ASSERT_TRUE(got.is_object()) << at;
+    for (const auto& [key, value] : want.items()) {
+      ASSERT_TRUE(got.contains(key)) << at << ": no " << key;
+      ExpectJsonNear(got.at(key), value, at + "." + key);
+    }
+  } else if (want.is_array()) {
+    ASSERT_TRUE(got.is_array()) << at;
+    ASSERT_EQ(got.size(), want.size()) << at;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ExpectJsonNear(got[i], want[i], at + "[" + std::to_string(i) + "]");
+    }
+  } else {
+    EXPECT_EQ(got, want) << at;
+  }
+}
+
+// `dxs generate` against the cluster prints what `dxs run` prints for the same flags.
+TEST_F(FrontendCluster, DxsGeneratePrintsWhatDxsRunPrints) {
+  StartCluster(1, 1);
+  const std::string flags =
+      " --prompt-ids 11,400,93,7,2048,5 --max-new-tokens 5 --format json --temperature 0.6"
+      " --seed 9 --min-p 0.05 --repetition-penalty 1.15 --frequency-penalty 0.2"
+      " --presence-penalty 0.1 --logit-bias 17:2.5,2:-100 --min-new-tokens 1 --logprobs"
+      " --top-logprobs 4 --logprob-token-ids 3,17 --prompt-logprobs 2";
+  const std::string generated =
+      cluster_->RunDxs("generate --router " + cluster_->router_address() + flags);
+  const std::string local = cluster_->RunDxs("run --model " + dir_ + flags);
+  const nlohmann::json got = nlohmann::json::parse(generated, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json want = nlohmann::json::parse(local, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(got.is_discarded()) << generated;
+  ASSERT_FALSE(want.is_discarded()) << local;
+  for (const char* key :
+       {"tokens", "logprobs", "top_logprobs", "token_ids_logprobs", "prompt_logprobs"}) {
+    ASSERT_TRUE(want.contains(key)) << key << ": " << local;
+    ExpectJsonNear(got.value(key, nlohmann::json()), want.at(key), key);
+  }
+  // A value the router refuses: the error names the field, exit status != 0.
+  const std::string refused = cluster_->RunDxs("generate --router " + cluster_->router_address() +
+                                               " --prompt-ids 1,2 --min-p 1.5");
+  EXPECT_EQ(refused.rfind("exit status != 0: ", 0), 0u) << refused;
+  EXPECT_NE(refused.find("INVALID_ARGUMENT: sampling_params.min_p"), std::string::npos) << refused;
+}
+
+// 7. Penalties, logit_bias, min_new_tokens and min_p equal the single-process engine,
+// greedy and with seeded temperature sampling.
+TEST_F(FrontendCluster, PenaltiesBiasAndMinTokensEqualTheSingleProcessEngine) {
+  StartCluster(2, 1);
+  constexpr int32_t kEos = 2;  // the "default" preset's
+  std::vector<std::pair<std::string, GenerationRequest>> cases;
+  {
+    // EOS pushed up by 100 comes as soon as min_new_tokens allows it: five other tokens,
+    // then EOS.
+    GenerationRequest r;
+    r.prompt = Prompt(30, 9);
+    r.max_new_tokens = 12;
+    r.min_new_tokens = 5;
+    r.sampling.temperature = 0.f;
+    r.sampling.logit_bias = {{kEos, 100.f}, {77, 3.5f}, {1234, -100.f}};
+    r.sampling.repetition_penalty = 1.3f;
+    r.sampling.frequency_penalty = 0.5f;
+    r.sampling.presence_penalty = 0.4f;
+    r.logprobs = true;  // the raw distribution, whatever the adjustments
+    cases.push_back({"greedy-eos-after-min", r});
+    // Without the EOS push: penalties over a longer output, past EOS.
+    r.sampling.logit_bias = {{77, 3.5f}, {1234, -100.f}};
+    r.max_new_tokens = 16;
+    r.ignore_eos = true;
+    r.logprobs = false;
+    cases.push_back({"greedy-penalties", r});
+    // Seeded temperature sampling with min_p on top.
+    r.sampling.temperature = 0.9f;
+    r.sampling.seed = 77;
+    r.sampling.min_p = 0.05f;
+    r.sampling.top_k = 50;
+    r.sampling.repetition_penalty = 1.1f;
+    r.sampling.frequency_penalty = -0.5f;
+    r.sampling.presence_penalty = 1.f;
+    cases.push_back({"sampled-min-p", r});
+    r.sampling.seed = 78;
+    r.sampling.min_p = 0.3f;
+    r.sampling.top_k = 0;
+    r.sampling.top_p = 0.9f;
+    r.min_new_tokens = 16;
+    r.stop_token_ids = {77};
+    r.ignore_eos = false;
+    cases.push_back({"sampled-min-tokens-stop", r});
+  }
+  std::vector<std::unique_ptr<StreamCall>> calls;
+  for (const auto& [what, request] : cases) {
+    calls.push_back(std::make_unique<StreamCall>(frontend(), ProtoRequest(request, what)));
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    calls[i]->Join();
+    const Outcome out{calls[i]->status(), calls[i]->tokens(), calls[i]->complete(),
+                      calls[i]->in_order(), calls[i]->chunks()};
+    const GenerationResult want = Want(cases[i].second);
+    ExpectEqualsEngine(out, cases[i].second, want, cases[i].first);
+    if (i == 0) {
+      ASSERT_EQ(want.tokens.size(), 6u) << "EOS as soon as min_new_tokens allows";
+      EXPECT_EQ(want.tokens.back(), kEos);
+      EXPECT_EQ(std::count(want.tokens.begin(), want.tokens.end(), 1234), 0);
+      ASSERT_TRUE(out.complete.has_value());
+      EXPECT_EQ(out.complete->finish_reason(), v1::FINISH_REASON_STOP_EOS);
+    }
+    if (i == 3) {
+      EXPECT_EQ(want.tokens.size(), 16u) << "no stop before min_new_tokens";
+    }
+  }
+  EXPECT_TRUE(WaitAllFree(frontend())) << cluster_->DumpLogs();
 }
 
 }  // namespace

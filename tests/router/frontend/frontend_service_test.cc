@@ -51,7 +51,33 @@ std::unique_ptr<grpc::Server> ServeOnLoopback(grpc::Service* service, std::strin
   return std::move(server->server);
 }
 
-// A scripted AttentionWorker. kStream: two chunks then a complete. kHold: sends nothing
+// A chunk of `tokens` from `index` as a worker sends it for a request that asked for
+// log-probabilities (made-up values, distinct per token) and, with `prompt`, the prompt's
+// scores: what the router must relay untouched.
+v1::TokenChunk ScoredChunk(uint32_t index, const std::vector<uint32_t>& tokens, bool prompt) {
+  v1::TokenChunk chunk;
+  chunk.set_index(index);
+  for (uint32_t t : tokens) {
+    chunk.add_token_ids(t);
+    v1::TokenLogprobs* lp = chunk.add_logprobs();
+    lp->set_logprob(-0.1f * static_cast<float>(t));
+    v1::TopLogprob* top = lp->add_top_logprobs();
+    top->set_token_id(t + 1);
+    top->set_logprob(-0.01f * static_cast<float>(t));
+    lp->add_token_ids_logprobs(-3.5f);
+  }
+  if (prompt) {
+    v1::PromptLogprobs* p = chunk.mutable_prompt_logprobs();
+    p->set_first_position(1);
+    p->add_token_ids(4);
+    p->add_positions()->set_logprob(-2.25f);
+    p->mutable_next()->add_token_ids_logprobs(-1.5f);
+  }
+  return chunk;
+}
+
+// A scripted AttentionWorker. kStream: two chunks (ScoredChunk, the prompt's scores in the
+// first) then a complete. kHold: sends nothing
 // until cancelled, or until Abort (when it knows ids), then a complete ABORTED.
 class FakeWorker final : public v1::AttentionWorker::Service {
  public:
@@ -75,13 +101,9 @@ class FakeWorker final : public v1::AttentionWorker::Service {
     if (mode_ == Mode::kStream) {
       v1::GenerateResponse m;
       m.set_request_id(request->request_id());
-      m.mutable_chunk()->set_index(0);
-      m.mutable_chunk()->add_token_ids(7);
-      m.mutable_chunk()->add_token_ids(8);
+      *m.mutable_chunk() = ScoredChunk(0, {7, 8}, /*prompt=*/true);
       writer->Write(m);
-      m.mutable_chunk()->set_index(2);
-      m.mutable_chunk()->clear_token_ids();
-      m.mutable_chunk()->add_token_ids(9);
+      *m.mutable_chunk() = ScoredChunk(2, {9}, /*prompt=*/false);
       writer->Write(m);
       m.mutable_complete()->set_finish_reason(v1::FINISH_REASON_LENGTH);
       m.mutable_complete()->set_prompt_tokens(request->prompt_token_ids_size());
@@ -141,7 +163,7 @@ class FakeWorker final : public v1::AttentionWorker::Service {
 
 // A scripted AttentionWorker that implements Serve (and not Generate). Per submitted id:
 // "refuse..." gets a RESOURCE_EXHAUSTED error event; "hold..." nothing until aborted, then
-// a complete ABORTED; any other two chunks (7 8, 9) and a complete LENGTH.
+// a complete ABORTED; any other two chunks (7 8, 9, as ScoredChunk) and a complete LENGTH.
 class FakeServeWorker final : public v1::AttentionWorker::Service {
  public:
   explicit FakeServeWorker(int rank) : rank_(rank) { server_ = ServeOnLoopback(this, &address_); }
@@ -183,13 +205,10 @@ class FakeServeWorker final : public v1::AttentionWorker::Service {
         } else {
           v1::ServeEvent* e = out.add_events();
           e->set_request_id(id);
-          e->mutable_chunk()->set_index(0);
-          e->mutable_chunk()->add_token_ids(7);
-          e->mutable_chunk()->add_token_ids(8);
+          *e->mutable_chunk() = ScoredChunk(0, {7, 8}, /*prompt=*/true);
           e = out.add_events();
           e->set_request_id(id);
-          e->mutable_chunk()->set_index(2);
-          e->mutable_chunk()->add_token_ids(9);
+          *e->mutable_chunk() = ScoredChunk(2, {9}, /*prompt=*/false);
           e = out.add_events();
           e->set_request_id(id);
           e->mutable_complete()->set_finish_reason(v1::FINISH_REASON_LENGTH);
@@ -332,6 +351,18 @@ TEST_F(FrontendServiceTest, RelaysMessagesUnchanged) {
   v1::GenerateRequest request = Request(1, "id-1");
   request.mutable_sampling_params()->set_temperature(0.25f);
   request.mutable_sampling_params()->add_stop_token_ids(5);
+  // The sampling features travel as sent (one logit_bias entry: map order is not stable).
+  v1::SamplingParams* p = request.mutable_sampling_params();
+  p->set_min_p(0.05f);
+  p->set_repetition_penalty(1.1f);
+  p->set_frequency_penalty(0.5f);
+  p->set_presence_penalty(-0.5f);
+  (*p->mutable_logit_bias())[11] = -7.f;
+  p->set_min_new_tokens(2);
+  p->set_logprobs(true);
+  p->set_top_logprobs(4);
+  p->add_logprob_token_ids(12);
+  p->set_prompt_logprobs_start(1);
   auto reader = stub_->Generate(&context, request);
   std::vector<v1::GenerateResponse> got;
   v1::GenerateResponse m;
@@ -341,10 +372,9 @@ TEST_F(FrontendServiceTest, RelaysMessagesUnchanged) {
   EXPECT_EQ(w1.last_request().SerializeAsString(), request.SerializeAsString());
   ASSERT_EQ(got.size(), 3u);
   EXPECT_EQ(got[0].request_id(), "id-1");
-  EXPECT_EQ(got[0].chunk().index(), 0u);
-  EXPECT_EQ(got[0].chunk().token_ids_size(), 2);
-  EXPECT_EQ(got[1].chunk().index(), 2u);
-  EXPECT_EQ(got[1].chunk().token_ids(0), 9u);
+  // Chunks, log-probabilities and prompt scores included, byte for byte.
+  EXPECT_EQ(got[0].chunk().SerializeAsString(), ScoredChunk(0, {7, 8}, true).SerializeAsString());
+  EXPECT_EQ(got[1].chunk().SerializeAsString(), ScoredChunk(2, {9}, false).SerializeAsString());
   const v1::GenerateComplete& complete = got[2].complete();
   EXPECT_EQ(complete.finish_reason(), v1::FINISH_REASON_LENGTH);
   EXPECT_EQ(complete.completion_tokens(), 3u);
@@ -504,6 +534,10 @@ TEST_F(FrontendServiceTest, ServeStreamCarriesConcurrentRequests) {
         EXPECT_EQ(m.request_id(), "many-" + std::to_string(i));
         if (m.has_chunk()) {
           EXPECT_EQ(m.chunk().index(), tokens[i].size());
+          // Relayed as the worker sent it, log-probabilities and prompt scores included.
+          EXPECT_EQ(m.chunk().SerializeAsString(),
+                    (tokens[i].empty() ? ScoredChunk(0, {7, 8}, true) : ScoredChunk(2, {9}, false))
+                        .SerializeAsString());
           tokens[i].insert(tokens[i].end(), m.chunk().token_ids().begin(),
                            m.chunk().token_ids().end());
         }

@@ -47,6 +47,33 @@ TEST(GenerateValidation, AcceptsGoodRequests) {
   EXPECT_TRUE(ValidateGenerateRequest(r, Limits()).ok());
 }
 
+// Every new sampling field at the edges of its domain.
+TEST(GenerateValidation, AcceptsSamplingFeaturesAtTheirEdges) {
+  for (float low : {0.f, -2.f}) {
+    v1::GenerateRequest r = Good();
+    v1::SamplingParams* p = r.mutable_sampling_params();
+    p->set_min_p(low == 0.f ? 0.f : 1.f);
+    p->set_frequency_penalty(low);
+    p->set_presence_penalty(-low);
+    p->set_repetition_penalty(low == 0.f ? 1e-3f : 1e3f);
+    (*p->mutable_logit_bias())[0] = -100.f;
+    (*p->mutable_logit_bias())[99] = 100.f;
+    p->set_min_new_tokens(30);  // = max_new_tokens
+    p->set_logprobs(true);
+    p->set_top_logprobs(20);
+    for (uint32_t id = 0; id < 128; ++id) p->add_logprob_token_ids(id % 100);
+    p->add_stop_token_ids(99);
+    p->set_prompt_logprobs_start(low == 0.f ? 0 : 1);  // the prompt has 2 tokens
+    absl::Status s = ValidateGenerateRequest(r, Limits());
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  // Prompt scoring alone: no tokens to generate.
+  v1::GenerateRequest r = Good();
+  r.mutable_sampling_params()->set_max_new_tokens(0);
+  r.mutable_sampling_params()->set_prompt_logprobs_start(1);
+  EXPECT_TRUE(ValidateGenerateRequest(r, Limits()).ok());
+}
+
 TEST(GenerateValidation, RefusesEachBadField) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
@@ -70,6 +97,53 @@ TEST(GenerateValidation, RefusesEachBadField) {
   }
   ExpectRefused([](auto& r) { r.mutable_sampling_params()->set_top_k(-1); },
                 "sampling_params.top_k:");
+  // The sampling features: every bad value is named, never clamped.
+  for (float m : {-0.1f, 1.01f, nan, inf}) {
+    ExpectRefused([m](auto& r) { r.mutable_sampling_params()->set_min_p(m); },
+                  "sampling_params.min_p:");
+  }
+  for (float f : {-2.01f, 2.01f, nan, inf, -inf}) {
+    ExpectRefused([f](auto& r) { r.mutable_sampling_params()->set_frequency_penalty(f); },
+                  "sampling_params.frequency_penalty:");
+    ExpectRefused([f](auto& r) { r.mutable_sampling_params()->set_presence_penalty(f); },
+                  "sampling_params.presence_penalty:");
+  }
+  for (float rp : {0.f, -1.f, nan, inf}) {
+    ExpectRefused([rp](auto& r) { r.mutable_sampling_params()->set_repetition_penalty(rp); },
+                  "sampling_params.repetition_penalty:");
+  }
+  ExpectRefused([](auto& r) { (*r.mutable_sampling_params()->mutable_logit_bias())[100] = 1.f; },
+                "sampling_params.logit_bias[100]:");
+  for (float b : {-100.5f, 100.5f, nan, inf}) {
+    ExpectRefused([b](auto& r) { (*r.mutable_sampling_params()->mutable_logit_bias())[7] = b; },
+                  "sampling_params.logit_bias[7]:");
+  }
+  ExpectRefused([](auto& r) { r.mutable_sampling_params()->set_min_new_tokens(31); },
+                "sampling_params.min_new_tokens:");
+  ExpectRefused([](auto& r) { r.mutable_sampling_params()->set_top_logprobs(21); },
+                "sampling_params.top_logprobs:");
+  ExpectRefused(
+      [](auto& r) {
+        for (int i = 0; i < 129; ++i) r.mutable_sampling_params()->add_logprob_token_ids(1);
+      },
+      "sampling_params.logprob_token_ids:");
+  ExpectRefused(
+      [](auto& r) {
+        r.mutable_sampling_params()->add_logprob_token_ids(3);
+        r.mutable_sampling_params()->add_logprob_token_ids(100);
+      },
+      "sampling_params.logprob_token_ids[1]:");
+  ExpectRefused([](auto& r) { r.mutable_sampling_params()->set_prompt_logprobs_start(2); },
+                "sampling_params.prompt_logprobs_start:");
+  ExpectRefused([](auto& r) { r.mutable_sampling_params()->add_stop_token_ids(100); },
+                "sampling_params.stop_token_ids[0]:");
+  ExpectRefused(
+      [](auto& r) {
+        r.mutable_sampling_params()->set_max_new_tokens(0);
+        r.mutable_sampling_params()->set_min_new_tokens(1);
+        r.mutable_sampling_params()->set_prompt_logprobs_start(0);
+      },
+      "sampling_params.min_new_tokens:");
   ExpectRefused([](auto& r) { r.set_data_parallel_rank(2); }, "data_parallel_rank:");
   ExpectRefused([](auto& r) { r.set_request_id(std::string(257, 'x')); }, "request_id:");
 }
