@@ -19,11 +19,14 @@
 //     cudaProfilerStart/Stop, for `ncu --profile-from-start off` (decode at --batch N).
 //   --json: one JSON object per figure, for bench/gpu/report.py.
 //   --low-latency: only [decode-ll], the decode steps with the MoE over the low-latency
-//     exchange to expert ranks of this process, beside local experts (issue 14).
+//     exchange to expert ranks of this process, beside local experts.
+//   --sampling: only [sampling], the engine's generation loop with OpenAI-style sampling
+//     features on every request (penalties, min_p, top-20 logprobs) beside plain sampling.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -664,8 +667,69 @@ void LowLatencyDecode(bool quick, int layers, Report* report) {
   }
 }
 
+// [sampling]: LocalEngine::GenerateBatch of `batch` requests (16-token prompts, 64 new
+// tokens, the Qwen3-30B-A3B shape) with plain seeded sampling (temperature, top-p), and with
+// every request also asking for repetition, frequency and presence penalties, min_p and
+// the top 20 logprobs, interleaved rounds, in one run. The whole loop is timed on the host
+// clock (each GenerateBatch ends with its tokens on the host): the features' cost is both
+// the device's (adjusted keys, LogprobRows) and the host's (the adjustment lists, the
+// downloads), so a stream-only timing would miss half of it.
+void SamplingOverhead(bool quick, int layers, Report* report) {
+  CheckpointPreset preset = Must(GetPreset("qwen3-30b-a3b"), "preset");
+  preset.config.num_hidden_layers = layers;
+  EngineOptions options;
+  options.backend_factory = [] { return Must(MakeCudaBackend(0), "no GPU"); };
+  options.kv_capacity_tokens = 128 * 96;
+  std::unique_ptr<LocalEngine> engine = Must(LocalEngine::LoadRandom(preset, options), "model");
+  std::printf("\n[sampling] Qwen3-30B-A3B shape, %d layers, 16-token prompts, 64 new tokens\n",
+              layers);
+  std::printf("  %6s %14s %17s %8s\n", "batch", "plain tok/s", "features tok/s", "ratio");
+  const int64_t new_tokens = 64;
+  for (const int64_t batch : {int64_t{32}, int64_t{128}}) {
+    std::vector<GenerationRequest> plain(batch), features;
+    for (int64_t i = 0; i < batch; ++i) {
+      GenerationRequest& r = plain[i];
+      for (int64_t t = 0; t < 16; ++t) r.prompt.push_back(static_cast<int32_t>(3 + (i * 977 + t * 131) % 150000));
+      r.max_new_tokens = new_tokens;
+      r.ignore_eos = true;
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_p = 0.95f;
+      r.sampling.seed = static_cast<uint64_t>(i);
+    }
+    features = plain;
+    for (GenerationRequest& r : features) {
+      r.sampling.repetition_penalty = 1.1f;
+      r.sampling.frequency_penalty = 0.2f;
+      r.sampling.presence_penalty = 0.2f;
+      r.sampling.min_p = 0.05f;
+      r.logprobs = true;
+      r.top_logprobs = 20;
+    }
+    auto seconds = [&](const std::vector<GenerationRequest>& requests) {
+      const auto start = std::chrono::steady_clock::now();
+      Must(engine->GenerateBatch(requests), "generate");
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    seconds(plain);  // warm-up: graphs recorded, workspaces grown
+    seconds(features);
+    std::vector<double> plain_s, features_s;
+    for (int round = 0; round < (quick ? 2 : 5); ++round) {
+      plain_s.push_back(seconds(plain));
+      features_s.push_back(seconds(features));
+    }
+    const double tokens = static_cast<double>(batch * new_tokens);
+    const double plain_rate = tokens / Median(plain_s), features_rate = tokens / Median(features_s);
+    std::printf("  %6ld %14.1f %17.1f %8.3f\n", static_cast<long>(batch), plain_rate,
+                features_rate, features_rate / plain_rate);
+    report->Add({{"section", "sampling"},
+                 {"batch", batch},
+                 {"plain_tokens_per_s", plain_rate},
+                 {"features_tokens_per_s", features_rate}});
+  }
+}
+
 int Main(int argc, char** argv) {
-  bool quick = false, ffn_only = false, low_latency = false;
+  bool quick = false, ffn_only = false, low_latency = false, sampling = false;
   Profile profile;
   int layers = 48;
   std::string json;
@@ -677,6 +741,8 @@ int Main(int argc, char** argv) {
       layers = std::atoi(argv[++i]);
     } else if (a == "--low-latency") {
       low_latency = true;  // [decode-ll] alone
+    } else if (a == "--sampling") {
+      sampling = true;  // [sampling] alone
     } else if (a == "--ffn-only") {
       ffn_only = true;  // [rates] and [ffn] alone, for tile experiments
     } else if (a == "--profile" && i + 1 < argc) {
@@ -688,7 +754,8 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(
           stderr,
-          "usage: gpu_bench [--quick] [--ffn-only | --low-latency] [--layers N] [--json FILE]\n"
+          "usage: gpu_bench [--quick] [--ffn-only | --low-latency | --sampling] [--layers N]\n"
+          "                 [--json FILE]\n"
           "                 [--profile attention|decode|prefill [--batch N]]\n");
       return 2;
     }
@@ -700,6 +767,11 @@ int Main(int argc, char** argv) {
     setenv("CUDA_MODULE_LOADING", "EAGER", 1);
     Report report(json);
     LowLatencyDecode(quick, layers, &report);
+    return 0;
+  }
+  if (sampling) {
+    Report report(json);
+    SamplingOverhead(quick, layers, &report);
     return 0;
   }
   std::unique_ptr<Backend> backend = Must(MakeCudaBackend(0), "no GPU");

@@ -301,7 +301,10 @@ void Scheduler::FinishStep(const std::vector<float>& logits) {
 bool Scheduler::StepNeedsHostLogits() const {
   for (size_t j = 0; j < step_owners_.size(); ++j) {
     const Live& l = running_[step_owners_[j]];
-    if (step_logit_rows_[j] != 1) return true;                                  // scoring
+    // Scoring: a prefill chunk whose rows reach the scored positions (even one row).
+    if (step_prefill_[j] > 0 && l.FirstScoredRow() >= 0 && l.prefilled > l.FirstScoredRow()) {
+      return true;
+    }
     if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) continue;  // mid-prefill
     if (l.generated.empty()) return true;
   }
