@@ -214,7 +214,7 @@ TEST(DxsHelp, EverySubcommandPrintsItsUsage) {
   TempDir tmp;
   for (const std::string cmd : {"run", "gen-model", "fingerprint", "up", "generate", "status",
                                 "rebalance", "drain", "bench"}) {
-    for (const std::string form :
+    for (const std::string& form :
          {cmd + " --help", cmd + " -h", "help " + cmd, cmd + " --max-new-tokens 3 --help"}) {
       Output o = RunDxs(form, tmp);
       EXPECT_EQ(o.exit_code, 0) << form << " -> " << o.err;
