@@ -689,7 +689,8 @@ void SamplingOverhead(bool quick, int layers, Report* report) {
     std::vector<GenerationRequest> plain(batch), features;
     for (int64_t i = 0; i < batch; ++i) {
       GenerationRequest& r = plain[i];
-      for (int64_t t = 0; t < 16; ++t) r.prompt.push_back(static_cast<int32_t>(3 + (i * 977 + t * 131) % 150000));
+      for (int64_t t = 0; t < 16; ++t)
+        r.prompt.push_back(static_cast<int32_t>(3 + (i * 977 + t * 131) % 150000));
       r.max_new_tokens = new_tokens;
       r.ignore_eos = true;
       r.sampling.temperature = 0.8f;
@@ -719,8 +720,8 @@ void SamplingOverhead(bool quick, int layers, Report* report) {
     }
     const double tokens = static_cast<double>(batch * new_tokens);
     const double plain_rate = tokens / Median(plain_s), features_rate = tokens / Median(features_s);
-    std::printf("  %6ld %14.1f %17.1f %8.3f\n", static_cast<long>(batch), plain_rate,
-                features_rate, features_rate / plain_rate);
+    std::printf("  %6ld %14.1f %17.1f %8.3f\n", static_cast<long>(batch), plain_rate, features_rate,
+                features_rate / plain_rate);
     report->Add({{"section", "sampling"},
                  {"batch", batch},
                  {"plain_tokens_per_s", plain_rate},

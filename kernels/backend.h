@@ -336,10 +336,9 @@ class Backend {
   // and the row's k most likely tokens, top_ids[i, :] (i32 [n, k]) with their
   // top_logprobs[i, :] (f32 [n, k]), most likely first, equal logits by lower id; k <= 20.
   // Ids outside the vocabulary are INVALID_ARGUMENT on the CPU; a device gives 0 for them.
-  virtual absl::Status LogprobRows(const Tensor& logits, const Tensor& sampled,
-                                   const Tensor& named, Tensor* sampled_logprobs,
-                                   Tensor* named_logprobs, Tensor* top_ids,
-                                   Tensor* top_logprobs) = 0;
+  virtual absl::Status LogprobRows(const Tensor& logits, const Tensor& sampled, const Tensor& named,
+                                   Tensor* sampled_logprobs, Tensor* named_logprobs,
+                                   Tensor* top_ids, Tensor* top_logprobs) = 0;
   // counts[e] += offsets[e + 1] - offsets[e] for the E experts of SortPairsByExpert's
   // offsets (i32 [E + 1]) into counts (i64 [E]): per-expert loads kept on the device, so
   // that counting needs no host synchronisation.

@@ -304,15 +304,15 @@ absl::Status CpuBackend::SampleRows(const Tensor& logits, const Tensor& params,
   for (int64_t i = 0; i < n; ++i) {
     DXS_RETURN_IF_ERROR(CheckSamplingRow(i, rows[i]));
     if (int64_t{rows[i].adjust_begin} + rows[i].adjust_count > num_adjust) {
-      return absl::InvalidArgumentError(absl::StrCat("sample rows: row ", i, "'s adjustments [",
-                                                     rows[i].adjust_begin, ", +",
-                                                     rows[i].adjust_count, ") exceed ", num_adjust));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample rows: row ", i, "'s adjustments [", rows[i].adjust_begin, ", +",
+                       rows[i].adjust_count, ") exceed ", num_adjust));
     }
     for (int32_t a = 0; a < rows[i].adjust_count; ++a) {
       const int32_t t = adjust[rows[i].adjust_begin + a].token;
       if (t < 0 || t >= vocab) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("sample rows: row ", i, " adjusts token ", t, ", outside [0, ", vocab, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("sample rows: row ", i, " adjusts token ", t,
+                                                       ", outside [0, ", vocab, ")"));
       }
     }
   }

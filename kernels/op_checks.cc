@@ -189,9 +189,9 @@ absl::Status CheckSampleRowsArgs(const Tensor& logits, const Tensor& params,
     DXS_RETURN_IF_ERROR(CheckDType("sample rows", *adjustments, DType::kI32, "adjustments"));
     if (adjustments->shape().size() != 2 || adjustments->shape()[1] != kLogitAdjustmentWords ||
         adjustments->rows() > INT32_MAX) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sample rows: adjustments ", adjustments->ShapeString(), ", want [m, ",
-                       kLogitAdjustmentWords, "]"));
+      return absl::InvalidArgumentError(absl::StrCat("sample rows: adjustments ",
+                                                     adjustments->ShapeString(), ", want [m, ",
+                                                     kLogitAdjustmentWords, "]"));
     }
   }
   return absl::OkStatus();
@@ -203,24 +203,23 @@ absl::Status CheckLogprobRowsArgs(const Tensor& logits, const Tensor& sampled, c
   DXS_RETURN_IF_ERROR(CheckDType("logprob rows", logits, DType::kF32, "logits"));
   DXS_RETURN_IF_ERROR(CheckDType("logprob rows", sampled, DType::kI32, "sampled"));
   DXS_RETURN_IF_ERROR(CheckDType("logprob rows", named, DType::kI32, "named"));
-  DXS_RETURN_IF_ERROR(CheckDType("logprob rows", sampled_logprobs, DType::kF32, "sampled_logprobs"));
+  DXS_RETURN_IF_ERROR(
+      CheckDType("logprob rows", sampled_logprobs, DType::kF32, "sampled_logprobs"));
   DXS_RETURN_IF_ERROR(CheckDType("logprob rows", named_logprobs, DType::kF32, "named_logprobs"));
   DXS_RETURN_IF_ERROR(CheckDType("logprob rows", top_ids, DType::kI32, "top_ids"));
   DXS_RETURN_IF_ERROR(CheckDType("logprob rows", top_logprobs, DType::kF32, "top_logprobs"));
   const int64_t n = logits.rows(), vocab = logits.row_size();
-  auto matrix = [n](const Tensor& t) {
-    return t.shape().size() == 2 && t.shape()[0] == n;
-  };
+  auto matrix = [n](const Tensor& t) { return t.shape().size() == 2 && t.shape()[0] == n; };
   const bool ok = (n == 0 || (vocab > 0 && vocab <= INT32_MAX)) && sampled.num_elements() == n &&
                   sampled_logprobs.num_elements() == n && matrix(named) &&
                   named_logprobs.shape() == named.shape() && matrix(top_ids) &&
                   top_logprobs.shape() == top_ids.shape() && top_ids.shape()[1] <= kMaxTopLogprobs;
   if (!ok) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "logprob rows: ", logits.ShapeString(), " with sampled ", sampled.ShapeString(),
-        ", named ", named.ShapeString(), " into ", sampled_logprobs.ShapeString(), ", ",
-        named_logprobs.ShapeString(), ", ", top_ids.ShapeString(), ", ",
-        top_logprobs.ShapeString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("logprob rows: ", logits.ShapeString(), " with sampled ",
+                     sampled.ShapeString(), ", named ", named.ShapeString(), " into ",
+                     sampled_logprobs.ShapeString(), ", ", named_logprobs.ShapeString(), ", ",
+                     top_ids.ShapeString(), ", ", top_logprobs.ShapeString()));
   }
   return absl::OkStatus();
 }
@@ -228,7 +227,8 @@ absl::Status CheckLogprobRowsArgs(const Tensor& logits, const Tensor& sampled, c
 absl::Status CheckSamplingRow(int64_t row, const SamplingRow& params) {
   absl::Status s = ValidateSamplingParams(FromSamplingRow(params));
   for (int32_t r : params.reserved) {
-    if (s.ok() && r != 0) s = absl::InvalidArgumentError(absl::StrCat("reserved must be 0, got ", r));
+    if (s.ok() && r != 0)
+      s = absl::InvalidArgumentError(absl::StrCat("reserved must be 0, got ", r));
   }
   if (s.ok() && (params.adjust_begin < 0 || params.adjust_count < 0)) {
     s = absl::InvalidArgumentError(absl::StrCat("adjustments [", params.adjust_begin, ", +",

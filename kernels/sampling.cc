@@ -23,8 +23,8 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
     return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", p.min_p));
   }
   if (!(p.repetition_penalty > 0.f) || std::isinf(p.repetition_penalty)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "repetition_penalty must be a finite value > 0, got ", p.repetition_penalty));
+    return absl::InvalidArgumentError(
+        absl::StrCat("repetition_penalty must be a finite value > 0, got ", p.repetition_penalty));
   }
   if (!(p.frequency_penalty >= -2.f && p.frequency_penalty <= 2.f)) {
     return absl::InvalidArgumentError(
@@ -41,12 +41,12 @@ absl::Status ValidateLogitBias(const SamplingParams& p, int64_t vocab) {
   std::vector<int32_t> ids;
   for (const auto& [id, bias] : p.logit_bias) {
     if (id < 0 || id >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("logit_bias: token id ", id,
-                                                     " is outside the vocabulary [0, ", vocab, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias: token id ", id, " is outside the vocabulary [0, ", vocab, ")"));
     }
     if (!(bias >= -100.f && bias <= 100.f)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("logit_bias: the bias of token ", id, " must be in [-100, 100], got ", bias));
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias: the bias of token ", id,
+                                                     " must be in [-100, 100], got ", bias));
     }
     ids.push_back(id);
   }

@@ -17,8 +17,8 @@ absl::Status Qwen3MoeModel::Validate(const std::vector<SequenceChunk>& chunks, K
   for (const SequenceChunk& c : chunks) {
     if (c.tokens.empty()) return absl::InvalidArgumentError("a sequence chunk has no tokens");
     if (c.logit_rows < 1 || c.logit_rows > static_cast<int64_t>(c.tokens.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("a chunk of ", c.tokens.size(),
-                                                     " tokens asks for ", c.logit_rows, " logits rows"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a chunk of ", c.tokens.size(), " tokens asks for ", c.logit_rows, " logits rows"));
     }
     if (!kv->HasSlot(c.kv_slot)) {
       return absl::InvalidArgumentError(absl::StrCat("unknown KV slot ", c.kv_slot));
@@ -81,8 +81,8 @@ absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& 
       }
     }
   }
-  DXS_ASSIGN_OR_RETURN(Tensor last, backend_->Allocate({StepLogitRows(chunks), config_.hidden_size},
-                                                       DType::kF32));
+  DXS_ASSIGN_OR_RETURN(
+      Tensor last, backend_->Allocate({StepLogitRows(chunks), config_.hidden_size}, DType::kF32));
   DXS_RETURN_IF_ERROR(GatherLastRows(mbs[0].chunks, mbs[0].hidden, 0, &last));
   if (num_micro_batches == 2) {
     DXS_RETURN_IF_ERROR(
@@ -529,7 +529,8 @@ absl::Status Qwen3MoeModel::GatherLastRows(const std::vector<SequenceChunk>& chu
   int64_t offset = 0;
   for (const SequenceChunk& c : chunks) {
     offset += static_cast<int64_t>(c.tokens.size());
-    for (int64_t r = c.logit_rows; r > 0; --r) last_rows.push_back(static_cast<int32_t>(offset - r));
+    for (int64_t r = c.logit_rows; r > 0; --r)
+      last_rows.push_back(static_cast<int32_t>(offset - r));
   }
   Tensor dst = last->Rows(first_row, static_cast<int64_t>(last_rows.size()));
   DXS_ASSIGN_OR_RETURN(Tensor rows, backend_->UploadIndices(last_rows));

@@ -47,8 +47,8 @@ class Qwen3MoeModel {
   Backend* backend() const { return backend_; }
 
   // Runs one step and returns logits[StepLogitRows(chunks), vocab]: each chunk's last
-  // logit_rows tokens in order, chunk after chunk (a backend tensor). Writes the chunks' keys and values into `kv`'s pages. Checks token ids
-  // and KV bounds first.
+  // logit_rows tokens in order, chunk after chunk (a backend tensor). Writes the chunks' keys and
+  // values into `kv`'s pages. Checks token ids and KV bounds first.
   //
   // num_micro_batches = 2: two-batch overlap. The chunks are split into two micro-batches
   // of about equal token count (either may be empty) that go through the layers

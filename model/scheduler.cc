@@ -41,12 +41,13 @@ absl::Status ValidateRequest(const ModelConfig& config, const GenerationRequest&
         "max_new_tokens: must be positive (0 only to score the prompt), got ", r.max_new_tokens));
   }
   if (r.min_new_tokens < 0 || r.min_new_tokens > r.max_new_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("min_new_tokens: must be in [0, max_new_tokens (",
-                                                   r.max_new_tokens, ")], got ", r.min_new_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_new_tokens: must be in [0, max_new_tokens (", r.max_new_tokens,
+                     ")], got ", r.min_new_tokens));
   }
   if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("top_logprobs: must be in [0, ", kMaxTopLogprobs,
-                                                   "], got ", r.top_logprobs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs: must be in [0, ", kMaxTopLogprobs, "], got ", r.top_logprobs));
   }
   if (static_cast<int64_t>(r.logprob_token_ids.size()) > kMaxLogprobTokenIds) {
     return absl::InvalidArgumentError(absl::StrCat("logprob_token_ids: at most ",
@@ -62,8 +63,9 @@ absl::Status ValidateRequest(const ModelConfig& config, const GenerationRequest&
   }
   for (int32_t id : r.stop_token_ids) {
     if (id < 0 || id >= config.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "stop_token_ids: token id ", id, " is outside the vocabulary [0, ", config.vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: token id ", id,
+                                                     " is outside the vocabulary [0, ",
+                                                     config.vocab_size, ")"));
     }
   }
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;

@@ -51,9 +51,7 @@ struct GenerationRequest {
   int64_t prompt_logprobs_start = -1;
 
   // Whether each output token comes with a TokenLogprobs.
-  bool WantsLogprobs() const {
-    return logprobs || top_logprobs > 0 || !logprob_token_ids.empty();
-  }
+  bool WantsLogprobs() const { return logprobs || top_logprobs > 0 || !logprob_token_ids.empty(); }
 };
 
 // The most ids GenerationRequest::logprob_token_ids may name.

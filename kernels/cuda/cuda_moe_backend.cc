@@ -228,10 +228,9 @@ absl::Status CudaBackend::SampleRows(const Tensor& logits, const Tensor& params,
   const int64_t num_adjust = adjustments != nullptr ? adjustments->rows() : 0;
   const auto* adjust =
       num_adjust > 0 ? reinterpret_cast<const LogitAdjustment*>(adjustments->i32()) : nullptr;
-  return CudaStatus(cuda::LaunchSampleRows(logits.f32(), n, vocab,
-                                           reinterpret_cast<const SamplingRow*>(params.i64()),
-                                           adjust, num_adjust, ids->i32(), workspace.raw(), bytes,
-                                           stream_),
+  return CudaStatus(cuda::LaunchSampleRows(
+                        logits.f32(), n, vocab, reinterpret_cast<const SamplingRow*>(params.i64()),
+                        adjust, num_adjust, ids->i32(), workspace.raw(), bytes, stream_),
                     "sample rows");
 }
 
@@ -245,9 +244,9 @@ absl::Status CudaBackend::LogprobRows(const Tensor& logits, const Tensor& sample
   if (n == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("logprob rows"));
   return CudaStatus(
-      cuda::LaunchLogprobRows(logits.f32(), n, vocab, sampled.i32(), named.i32(),
-                              named.shape()[1], top_ids->shape()[1], sampled_logprobs->f32(),
-                              named_logprobs->f32(), top_ids->i32(), top_logprobs->f32(), stream_),
+      cuda::LaunchLogprobRows(logits.f32(), n, vocab, sampled.i32(), named.i32(), named.shape()[1],
+                              top_ids->shape()[1], sampled_logprobs->f32(), named_logprobs->f32(),
+                              top_ids->i32(), top_logprobs->f32(), stream_),
       "logprob rows");
 }
 

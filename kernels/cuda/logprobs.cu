@@ -120,10 +120,10 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-cudaError_t LaunchLogprobRows(const float* logits, int64_t n, int64_t vocab,
-                              const int32_t* sampled, const int32_t* named, int64_t m, int64_t k,
-                              float* sampled_logprobs, float* named_logprobs, int32_t* top_ids,
-                              float* top_logprobs, cudaStream_t stream) {
+cudaError_t LaunchLogprobRows(const float* logits, int64_t n, int64_t vocab, const int32_t* sampled,
+                              const int32_t* named, int64_t m, int64_t k, float* sampled_logprobs,
+                              float* named_logprobs, int32_t* top_ids, float* top_logprobs,
+                              cudaStream_t stream) {
   if (n < 0 || vocab <= 0 || vocab > INT32_MAX || n > INT32_MAX || m < 0 || k < 0 || k > kMaxK) {
     return cudaErrorInvalidValue;
   }

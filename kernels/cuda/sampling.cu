@@ -16,8 +16,8 @@
 //    first candidates, their sum (block reduction), the top-p cut and the draw (block
 //    scans over tiles, stopping at the first prefix that qualifies), then the min-p cut (a
 //    binary search: the weights fall along the sorted candidates). Greedy rows without
-//    adjustments take the argmax of the raw logits instead. The sums go in another order than the host's, so a
-//    token differs from the CPU's only when a draw or a cut lands within rounding of a
+//    adjustments take the argmax of the raw logits instead. The sums go in another order than the
+//    host's, so a token differs from the CPU's only when a draw or a cut lands within rounding of a
 //    cumulative-mass boundary.
 // Nothing synchronises with the host, and the work depends only on the shapes: it can be
 // recorded in a CUDA graph.
@@ -167,8 +167,8 @@ __global__ void __launch_bounds__(kPrepareThreads)
 // logits (the host's ApplyLogitAdjustments, each operation rounded as there).
 __global__ void __launch_bounds__(kPrepareThreads)
     AdjustKernel(const float* __restrict__ logits, const SamplingRow* __restrict__ params,
-                 const LogitAdjustment* __restrict__ adjustments, int64_t num_adjust,
-                 int64_t vocab, float* __restrict__ keys) {
+                 const LogitAdjustment* __restrict__ adjustments, int64_t num_adjust, int64_t vocab,
+                 float* __restrict__ keys) {
   PdlWait();
   const int64_t r = blockIdx.x;
   const SamplingRow p = params[r];

@@ -126,17 +126,24 @@ TEST_F(SampleRowsTest, BadParametersAreInvalidArgument) {
   Tensor ids = *b_->Allocate({2}, DType::kI32);
   Tensor params = Params({ok, ok});
   Tensor short_ids = *b_->Allocate({1}, DType::kI32);
-  EXPECT_EQ(b_->SampleRows(logits, params, nullptr, &short_ids).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(b_->SampleRows(logits, Params({ok}), nullptr, &ids).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->SampleRows(logits, params, nullptr, &short_ids).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->SampleRows(logits, Params({ok}), nullptr, &ids).code(),
+            absl::StatusCode::kInvalidArgument);
   Tensor narrow = *b_->Allocate({2, 3}, DType::kI64);
-  EXPECT_EQ(b_->SampleRows(logits, narrow, nullptr, &ids).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->SampleRows(logits, narrow, nullptr, &ids).code(),
+            absl::StatusCode::kInvalidArgument);
   Tensor f32_params = *b_->Allocate({2, kSamplingRowWords}, DType::kF32);
-  EXPECT_EQ(b_->SampleRows(logits, f32_params, nullptr, &ids).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->SampleRows(logits, f32_params, nullptr, &ids).code(),
+            absl::StatusCode::kInvalidArgument);
   Tensor i64_ids = *b_->Allocate({2}, DType::kI64);
-  EXPECT_EQ(b_->SampleRows(logits, params, nullptr, &i64_ids).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->SampleRows(logits, params, nullptr, &i64_ids).code(),
+            absl::StatusCode::kInvalidArgument);
   Tensor index_logits = *b_->Allocate({2, 8}, DType::kI32);
-  EXPECT_EQ(b_->SampleRows(index_logits, params, nullptr, &ids).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(b_->SampleRows(logits, Tensor(), nullptr, &ids).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->SampleRows(index_logits, params, nullptr, &ids).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->SampleRows(logits, Tensor(), nullptr, &ids).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(SampleRowsTest, ZeroRowsDoNothing) {
@@ -167,7 +174,8 @@ TEST_F(SampleRowsTest, AdjustedRowsAreTheHostsAdjustedTokens) {
     params.push_back(ToSamplingRow(p, static_cast<uint64_t>(r), begin, 3));
   }
   Tensor logits = *b_->Upload(host, {rows, vocab});
-  Tensor a = *b_->Allocate({static_cast<int64_t>(adjust.size()), kLogitAdjustmentWords}, DType::kI32);
+  Tensor a =
+      *b_->Allocate({static_cast<int64_t>(adjust.size()), kLogitAdjustmentWords}, DType::kI32);
   ASSERT_TRUE(b_->CopyFromHost(adjust.data(), DType::kI32, &a).ok());
   Tensor ids = *b_->Allocate({rows}, DType::kI32);
   ASSERT_TRUE(b_->SampleRows(logits, Params(params), &a, &ids).ok());
@@ -219,7 +227,8 @@ TEST_F(SampleRowsTest, LogprobRowsAreRowLogprobs) {
       EXPECT_EQ(got_t[r * k + j], want.top[j].second);
     }
   }
-  Tensor wide = *b_->Allocate({rows, 21}, DType::kI32), wide_f = *b_->Allocate({rows, 21}, DType::kF32);
+  Tensor wide = *b_->Allocate({rows, 21}, DType::kI32),
+         wide_f = *b_->Allocate({rows, 21}, DType::kF32);
   EXPECT_EQ(b_->LogprobRows(logits, s, n, &sl, &nl, &wide, &wide_f).code(),
             absl::StatusCode::kInvalidArgument);
 }

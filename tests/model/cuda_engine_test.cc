@@ -300,11 +300,14 @@ TEST_P(CudaEngineTest, SamplingFeaturesMatchTheCpu) {
       if (gpu[i].tokens[t] != cpu[i].tokens[t]) break;
       sequence.push_back(cpu[i].tokens[t]);
     }
-    const bool routed_apart = PrefillExpertLoad("cpu", sequence) != PrefillExpertLoad("cuda", sequence);
+    const bool routed_apart =
+        PrefillExpertLoad("cpu", sequence) != PrefillExpertLoad("cuda", sequence);
     EXPECT_TRUE(routed_apart) << "request " << i << " with the same routing: " << far[i];
     if (routed_apart) {
-      std::printf("request %zu: log-probabilities beyond the bf16 error where the engines routed "
-                  "a token to different experts: %s\n", i, far[i].c_str());
+      std::printf(
+          "request %zu: log-probabilities beyond the bf16 error where the engines routed "
+          "a token to different experts: %s\n",
+          i, far[i].c_str());
     }
   }
 }

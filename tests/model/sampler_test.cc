@@ -140,11 +140,14 @@ TEST(SamplerTest, OutOfDomainValuesNameTheirField) {
   };
   const std::vector<Case> cases = {
       {"min_p", [](SamplingParams& p, float v) { p.min_p = v; }, {-0.1f, 1.5f, nan}},
-      {"repetition_penalty", [](SamplingParams& p, float v) { p.repetition_penalty = v; },
+      {"repetition_penalty",
+       [](SamplingParams& p, float v) { p.repetition_penalty = v; },
        {0.f, -1.f, nan, inf}},
-      {"frequency_penalty", [](SamplingParams& p, float v) { p.frequency_penalty = v; },
+      {"frequency_penalty",
+       [](SamplingParams& p, float v) { p.frequency_penalty = v; },
        {-2.5f, 2.5f, nan, inf}},
-      {"presence_penalty", [](SamplingParams& p, float v) { p.presence_penalty = v; },
+      {"presence_penalty",
+       [](SamplingParams& p, float v) { p.presence_penalty = v; },
        {-2.5f, 2.5f, nan, -inf}}};
   for (const Case& c : cases) {
     for (float v : c.bad) {

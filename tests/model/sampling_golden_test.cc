@@ -112,8 +112,8 @@ void ExpectTopMatches(const std::vector<std::pair<int32_t, float>>& top, const j
     for (size_t m = 0; m < want_ids.size(); ++m) {
       allowed |= want_ids[m] == top[k].first && std::fabs(want_lps[m] - want_lps[k]) <= kTie;
     }
-    const bool outside = std::find(want_ids.begin(), want_ids.end(), top[k].first) ==
-                         want_ids.end();
+    const bool outside =
+        std::find(want_ids.begin(), want_ids.end(), top[k].first) == want_ids.end();
     allowed |= outside && std::fabs(want_sixth - want_lps[k]) <= kTie;
     EXPECT_TRUE(allowed) << "id " << top[k].first << " where the reference has " << want_ids[k]
                          << " (log-probability " << want_lps[k] << ", no tie)";
@@ -150,8 +150,8 @@ void ExpectMatches(const GenerationResult& got, const json& want) {
   const json& positions = prompt.at("positions");
   ASSERT_EQ(got.prompt_logprobs->positions.size(), positions.size());
   for (size_t i = 0; i < positions.size(); ++i) {
-    SCOPED_TRACE(::testing::Message() << "prompt position "
-                                      << got.prompt_logprobs->first_position + i);
+    SCOPED_TRACE(::testing::Message()
+                 << "prompt position " << got.prompt_logprobs->first_position + i);
     ExpectLogprobsMatch(got.prompt_logprobs->positions[i], positions[i]);
   }
   SCOPED_TRACE("after the prompt");

@@ -271,7 +271,8 @@ TEST_F(SamplingCudaTest, AdjustedRowsAndMinPMatchTheCpu) {
     for (uint64_t salt = 0; salt < 4; ++salt) {
       SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " salt " << salt);
       std::mt19937 rng(static_cast<uint32_t>(vocab + salt));
-      const std::vector<float> logits = RandomLogits(rows * vocab, static_cast<uint32_t>(salt), 2.f);
+      const std::vector<float> logits =
+          RandomLogits(rows * vocab, static_cast<uint32_t>(salt), 2.f);
       std::vector<SamplingRow> params;
       std::vector<LogitAdjustment> adjust;
       for (int64_t r = 0; r < rows; ++r) {
@@ -316,7 +317,8 @@ TEST_F(SamplingCudaTest, LogprobRowsMatchTheCpu) {
       std::vector<int32_t> sampled(rows), named(rows * m);
       for (int64_t r = 0; r < rows; ++r) {
         sampled[r] = static_cast<int32_t>((r * 131) % vocab);
-        for (int64_t j = 0; j < m; ++j) named[r * m + j] = j == 2 ? -1 : static_cast<int32_t>((r * 17 + j * 5) % vocab);
+        for (int64_t j = 0; j < m; ++j)
+          named[r * m + j] = j == 2 ? -1 : static_cast<int32_t>((r * 17 + j * 5) % vocab);
       }
       struct Out {
         std::vector<float> sampled, named, top;
@@ -343,7 +345,8 @@ TEST_F(SamplingCudaTest, LogprobRowsMatchTheCpu) {
       const Out got = run(gpu_.get()), want = run(cpu_.get());
       for (int64_t r = 0; r < rows; ++r) {
         EXPECT_NEAR(got.sampled[r], want.sampled[r], 1e-5) << "row " << r;
-        for (int64_t j = 0; j < m; ++j) EXPECT_NEAR(got.named[r * m + j], want.named[r * m + j], 1e-5);
+        for (int64_t j = 0; j < m; ++j)
+          EXPECT_NEAR(got.named[r * m + j], want.named[r * m + j], 1e-5);
       }
       EXPECT_EQ(got.top_ids, want.top_ids);
       for (size_t i = 0; i < got.top.size(); ++i) {
