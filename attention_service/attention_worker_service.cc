@@ -65,12 +65,12 @@ void ToProto(const TokenLogprobs& in, v1::TokenLogprobs* out) {
   out->mutable_token_ids_logprobs()->Add(in.named.begin(), in.named.end());
 }
 
-void ToProto(const PromptLogprobs& in, const std::vector<int32_t>& prompt,
-             v1::PromptLogprobs* out) {
+// Each scored position carries its prompt token (TokenLogprobs::token).
+void ToProto(const PromptLogprobs& in, v1::PromptLogprobs* out) {
   out->set_first_position(static_cast<uint32_t>(in.first_position));
-  for (size_t i = 0; i < in.positions.size(); ++i) {
-    out->add_token_ids(static_cast<uint32_t>(prompt[in.first_position + i]));
-    ToProto(in.positions[i], out->add_positions());
+  for (const TokenLogprobs& position : in.positions) {
+    out->add_token_ids(static_cast<uint32_t>(position.token));
+    ToProto(position, out->add_positions());
   }
   ToProto(in.next, out->mutable_next());
 }
@@ -202,10 +202,6 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
     state->cv.Signal();
   };
   const uint32_t prompt_tokens = static_cast<uint32_t>(req->prompt_token_ids_size());
-  std::vector<int32_t> prompt;  // with prompt_logprobs_start only: the scored tokens' ids
-  if (req->sampling_params().has_prompt_logprobs_start()) {
-    prompt.assign(req->prompt_token_ids().begin(), req->prompt_token_ids().end());
-  }
   absl::StatusOr<uint64_t> started = Start(*req, std::move(sink));
   if (!started.ok()) return ToGrpcStatus(started.status());
   const uint64_t id = *started;
@@ -247,7 +243,7 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
       chunk->set_index(index);
       for (int32_t t : tokens) chunk->add_token_ids(static_cast<uint32_t>(t));
       for (const TokenLogprobs& lp : logprobs) ToProto(lp, chunk->add_logprobs());
-      if (prompt_logprobs) ToProto(*prompt_logprobs, prompt, chunk->mutable_prompt_logprobs());
+      if (prompt_logprobs) ToProto(*prompt_logprobs, chunk->mutable_prompt_logprobs());
       index += static_cast<uint32_t>(tokens.size());
       if (!writer->Write(resp)) aborted_by_client = true;
     }
@@ -334,9 +330,8 @@ struct ServeRequestState {
   std::vector<TokenLogprobs> held_logprobs;
   // The prompt's scores until the chunk of the first token (or the end) takes them.
   std::optional<PromptLogprobs> prompt_logprobs;
-  std::vector<int32_t> prompt;  // with prompt_logprobs_start only: the scored tokens' ids
-  uint32_t index = 0;           // tokens sent so far
-  size_t send_at = 1;           // held tokens that make a chunk (1 for the first token)
+  uint32_t index = 0;  // tokens sent so far
+  size_t send_at = 1;  // held tokens that make a chunk (1 for the first token)
   bool wrote_first_logits = false;
   bool done = false;  // guarded by the outbox's mu: on_done ran
 };
@@ -349,7 +344,7 @@ v1::ServeEvent ChunkEvent(const std::string& request_id, ServeRequestState& stat
   chunk->mutable_token_ids()->Add(state.held.begin(), state.held.end());
   for (const TokenLogprobs& lp : state.held_logprobs) ToProto(lp, chunk->add_logprobs());
   if (state.prompt_logprobs) {
-    ToProto(*state.prompt_logprobs, state.prompt, chunk->mutable_prompt_logprobs());
+    ToProto(*state.prompt_logprobs, chunk->mutable_prompt_logprobs());
     state.prompt_logprobs.reset();
   }
   state.index += static_cast<uint32_t>(state.held.size());
@@ -380,9 +375,6 @@ absl::Status AttentionWorkerService::Submit(const v1::GenerateRequest& req,
   const size_t interval = static_cast<size_t>(stream_interval_);
   const std::string request_id = req.request_id();
   const uint32_t prompt_tokens = static_cast<uint32_t>(req.prompt_token_ids_size());
-  if (req.sampling_params().has_prompt_logprobs_start()) {
-    state->prompt.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
-  }
   TokenSink sink;
   sink.on_logprobs = [state](const TokenLogprobs& logprobs) {
     state->held_logprobs.push_back(logprobs);

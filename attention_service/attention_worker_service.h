@@ -107,9 +107,8 @@ void FillStepCounters(const AttentionCounters& c, v1::StepCounters* out);
 // values that the proto types allow but the engine would misread.
 absl::StatusOr<GenerationRequest> FromProto(const v1::GenerateRequest& req);
 v1::FinishReason ToProto(FinishReason reason);
-// Engine log-probabilities -> their TokenChunk form. `prompt`: the request's prompt, whose
-// scored tokens PromptLogprobs.token_ids repeats.
+// Engine log-probabilities -> their TokenChunk form.
 void ToProto(const TokenLogprobs& in, v1::TokenLogprobs* out);
-void ToProto(const PromptLogprobs& in, const std::vector<int32_t>& prompt, v1::PromptLogprobs* out);
+void ToProto(const PromptLogprobs& in, v1::PromptLogprobs* out);
 
 }  // namespace dxs

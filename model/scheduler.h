@@ -61,8 +61,8 @@ inline constexpr int64_t kMaxLogprobTokenIds = 128;
 struct PromptLogprobs {
   // The prompt position of positions[0]: max(start, 1), as position 0 has nothing before it.
   int64_t first_position = 0;
-  // positions[i]: the prompt token at first_position + i given the tokens before it, with
-  // the request's top_logprobs alternatives and logprob_token_ids.
+  // positions[i]: the prompt token at first_position + i (its `token`) given the tokens
+  // before it, with the request's top_logprobs alternatives and logprob_token_ids.
   std::vector<TokenLogprobs> positions;
   // The distribution after the whole prompt (token -1: top_logprobs and the named ids).
   TokenLogprobs next;

@@ -195,10 +195,10 @@ absl::StatusOr<std::vector<std::string>> WorkerDevices(const std::string& device
   return out;
 }
 
-// A chunk's log-probabilities in the engine's form (the token is not needed: the chunk's
-// token_ids have it).
-TokenLogprobs FromProto(const v1::TokenLogprobs& in) {
+// Log-probabilities in the engine's form; `token` comes from the token_ids beside them.
+TokenLogprobs FromProto(const v1::TokenLogprobs& in, int32_t token) {
   TokenLogprobs out;
+  out.token = token;
   out.logprob = in.logprob();
   for (const v1::TopLogprob& top : in.top_logprobs()) {
     out.top.push_back({static_cast<int32_t>(top.token_id()), top.logprob()});
@@ -464,15 +464,22 @@ int GenerateCommand(const std::vector<std::string>& argv) {
         tokens.push_back(t);
         if (format == "text") std::cout << (tokens.size() > 1 ? " " : "") << t << std::flush;
       }
-      for (const v1::TokenLogprobs& lp : resp.chunk().logprobs()) {
-        logprobs.push_back(FromProto(lp));
+      const v1::TokenChunk& chunk = resp.chunk();
+      for (int i = 0; i < chunk.logprobs_size(); ++i) {
+        const int32_t token =
+            i < chunk.token_ids_size() ? static_cast<int32_t>(chunk.token_ids(i)) : -1;
+        logprobs.push_back(FromProto(chunk.logprobs(i), token));
       }
       if (resp.chunk().has_prompt_logprobs()) {
         const v1::PromptLogprobs& in = resp.chunk().prompt_logprobs();
         PromptLogprobs& out = prompt_logprobs.emplace();
         out.first_position = in.first_position();
-        for (const v1::TokenLogprobs& lp : in.positions()) out.positions.push_back(FromProto(lp));
-        out.next = FromProto(in.next());
+        for (int i = 0; i < in.positions_size(); ++i) {
+          const int32_t token =
+              i < in.token_ids_size() ? static_cast<int32_t>(in.token_ids(i)) : -1;
+          out.positions.push_back(FromProto(in.positions(i), token));
+        }
+        out.next = FromProto(in.next(), -1);
       }
     } else if (resp.has_complete()) {
       complete = resp.complete();

@@ -136,7 +136,7 @@ void AddLogprobsJson(const GenerationRequest& req, const std::vector<TokenLogpro
   nlohmann::json prompt;
   prompt["first_position"] = p.first_position;
   std::vector<int32_t> ids;
-  for (size_t i = 0; i < p.positions.size(); ++i) ids.push_back(req.prompt[p.first_position + i]);
+  for (const TokenLogprobs& position : p.positions) ids.push_back(position.token);
   prompt["token_ids"] = ids;
   AddLists(req, p.positions, &prompt);
   nlohmann::json next = nlohmann::json::object();
