@@ -114,6 +114,11 @@ int32_t Argmax(const float* logits, int64_t vocab) {
   return static_cast<int32_t>(best);
 }
 
+uint64_t SampleSeed(uint64_t seed, int32_t sample) {
+  if (sample == 0) return seed;
+  return SplitMix64At(seed, (uint64_t{1} << 63) + static_cast<uint64_t>(sample));
+}
+
 double SamplingUniform(uint64_t seed, uint64_t draw) {
   return SplitMix64Unit(SplitMix64At(seed, draw));
 }

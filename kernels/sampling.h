@@ -71,6 +71,11 @@ SamplingParams FromSamplingRow(const SamplingRow& row);
 // Index of the largest logit; ties go to the lowest id (as torch.argmax does).
 int32_t Argmax(const float* logits, int64_t vocab);
 
+// The seed of sample `sample` of a request with n samples: `seed` itself for sample 0 (so
+// n = 1 is unchanged), else SplitMix64 output 2^63 + sample of `seed`'s stream (an output
+// no request ever draws: it would take 2^63 tokens).
+uint64_t SampleSeed(uint64_t seed, int32_t sample);
+
 // Uniform in [0, 1) (53 random bits) of draw `draw` of the stream seeded with `seed`.
 double SamplingUniform(uint64_t seed, uint64_t draw);
 

@@ -60,9 +60,9 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
   Scheduler scheduler(config_, kv_.get(), {options_.prefill_chunk_tokens});
   std::vector<GenerationResult> results(requests.size());
   absl::Status first_error;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    GenerationResult* out = &results[i];
-    const int64_t vocab = config_.vocab_size;
+  const int64_t vocab = config_.vocab_size;
+  // A sink writing into `out`.
+  auto sink_into = [vocab, &first_error](GenerationResult* out) {
     TokenSink sink;
     sink.on_token = [out, vocab](int32_t token, const float* logits) {
       if (out->tokens.empty()) out->first_logits.assign(logits, logits + vocab);
@@ -73,6 +73,15 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
     sink.on_done = [out, &first_error](const absl::Status& s, FinishReason reason) {
       out->finish_reason = reason;
       if (!s.ok() && first_error.ok()) first_error = s;
+    };
+    return sink;
+  };
+  for (size_t i = 0; i < requests.size(); ++i) {
+    GenerationResult* out = &results[i];
+    out->samples.resize(requests[i].n - 1);  // before any sink holds a pointer into it
+    TokenSink sink = sink_into(out);
+    sink.sample_sink = [out, sink_into](int32_t sample) {
+      return sink_into(&out->samples[sample - 1]);
     };
     DXS_RETURN_IF_ERROR(scheduler.Add(i, requests[i], std::move(sink)));
   }
@@ -106,6 +115,7 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
     }
     scheduler.FinishStep(*host);
   }
+  prefill_tokens_ += scheduler.prefill_tokens();
   DXS_RETURN_IF_ERROR(first_error);
   return results;
 }

@@ -36,6 +36,8 @@ struct GenerationResult {
   std::vector<TokenLogprobs> logprobs;
   // When the request scored its prompt (prompt_logprobs_start >= 0).
   std::optional<PromptLogprobs> prompt_logprobs;
+  // With n > 1: samples 1..n-1 (this result is sample 0).
+  std::vector<GenerationResult> samples;
 };
 
 struct EngineOptions {
@@ -72,6 +74,8 @@ class LocalEngine {
 
   absl::StatusOr<std::vector<GenerationResult>> GenerateBatch(
       const std::vector<GenerationRequest>& requests);
+  // Prompt tokens prefilled by GenerateBatch so far (a request with n samples counts once).
+  int64_t prefill_tokens() const { return prefill_tokens_; }
 
  private:
   LocalEngine() = default;
@@ -85,6 +89,7 @@ class LocalEngine {
   std::unique_ptr<MoeExecutor> moe_;
   std::unique_ptr<Qwen3MoeModel> model_;
   std::unique_ptr<KvCache> kv_;
+  int64_t prefill_tokens_ = 0;
 };
 
 }  // namespace dxs

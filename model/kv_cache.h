@@ -32,6 +32,12 @@ class KvCache {
 
   // Reserves a slot for up to `max_tokens` positions; RESOURCE_EXHAUSTED if it can't fit.
   absl::StatusOr<int> Allocate(int64_t max_tokens);
+  // A slot for up to `max_tokens` positions whose first `shared_tokens` hold `parent`'s (its
+  // prompt, for another sample of it): the parent's whole blocks among them are shared,
+  // counted once (in the parent's reservation), and its last partial block is copied, as both
+  // sequences write past it (copy-on-write, done at the fork). The parent must not write below
+  // shared_tokens again.
+  absl::StatusOr<int> Fork(int parent, int64_t shared_tokens, int64_t max_tokens);
   void Free(int slot);
 
   bool HasSlot(int slot) const { return slots_.count(slot) > 0; }
@@ -51,8 +57,11 @@ class KvCache {
  private:
   struct Slot {
     int64_t capacity;
+    int64_t shared = 0;  // leading positions in blocks shared with the slot it forked from
     std::vector<int32_t> blocks;
   };
+  // `need` blocks off the free list (growing the pools), each referenced once.
+  absl::StatusOr<std::vector<int32_t>> TakeBlocks(int64_t need);
   // Makes the pools hold at least `blocks` blocks.
   absl::Status Grow(int64_t blocks);
 
@@ -65,6 +74,7 @@ class KvCache {
   std::map<int, Slot> slots_;
   int64_t num_blocks_ = 0;
   std::vector<int32_t> free_blocks_;  // a stack: the most recently freed first
+  std::vector<int32_t> block_refs_;   // slots holding each block
   std::vector<Tensor> keys_, values_;
 };
 

@@ -45,6 +45,10 @@ absl::Status ValidateRequest(const ModelConfig& config, const GenerationRequest&
         absl::StrCat("min_new_tokens: must be in [0, max_new_tokens (", r.max_new_tokens,
                      ")], got ", r.min_new_tokens));
   }
+  if (r.n < 1 || r.n > kMaxSamples) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n: must be in [1, ", kMaxSamples, "], got ", r.n));
+  }
   if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs) {
     return absl::InvalidArgumentError(
         absl::StrCat("top_logprobs: must be in [0, ", kMaxTopLogprobs, "], got ", r.top_logprobs));
@@ -125,7 +129,10 @@ Scheduler::Scheduler(const ModelConfig& config, KvCache* kv, SchedulerOptions op
 
 absl::Status Scheduler::Add(uint64_t id, GenerationRequest request, TokenSink sink) {
   if (absl::Status s = ValidateRequest(config_, request); !s.ok()) return s;
-  const int64_t need = static_cast<int64_t>(request.prompt.size()) + request.max_new_tokens;
+  if (request.n > 1 && !sink.sample_sink) {
+    return absl::InvalidArgumentError("n: more than one sample needs TokenSink::sample_sink");
+  }
+  const int64_t need = KvNeed(request);
   if (need > kv_->capacity_tokens()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "request needs ", need, " KV tokens; the cache holds ", kv_->capacity_tokens()));
@@ -161,15 +168,26 @@ size_t Scheduler::num_queued() {
   return queued_.size();
 }
 
+int64_t Scheduler::KvNeed(const GenerationRequest& r) const {
+  // Each further sample: its own output, and the copy of the prompt's last partial block.
+  return static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens +
+         (r.n - 1) * (r.max_new_tokens + kv_->block_size());
+}
+
 void Scheduler::Retire(size_t index, const absl::Status& status, FinishReason reason) {
   Live& l = running_[index];
   if (l.slot >= 0) kv_->Free(l.slot);
+  fork_reserve_ -= l.fork_reserve;
   l.sink.on_done(status, reason);
-  {
-    absl::MutexLock lock(&mu_);
-    known_ids_.erase(l.id);
-  }
+  const uint64_t id = l.id;
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+  // The id stays known while another sample of the request runs.
+  const bool sibling_runs = std::any_of(running_.begin(), running_.end(),
+                                        [id](const Live& other) { return other.id == id; });
+  if (!sibling_runs) {
+    absl::MutexLock lock(&mu_);
+    known_ids_.erase(id);
+  }
 }
 
 void Scheduler::AdmitQueued() {
@@ -181,8 +199,11 @@ void Scheduler::AdmitQueued() {
     // Admit in arrival order while the KV cache has room.
     while (!queued_.empty()) {
       const Live& q = queued_.front();
-      const int64_t need = static_cast<int64_t>(q.request.prompt.size()) + q.request.max_new_tokens;
-      if (kv_->reserved_tokens() + need > kv_->capacity_tokens() && !running_.empty()) break;
+      const int64_t need = KvNeed(q.request);
+      if (kv_->reserved_tokens() + fork_reserve_ + need > kv_->capacity_tokens() &&
+          !running_.empty()) {
+        break;
+      }
       queued_tokens_ -= need;
       arrivals.push_back(std::move(queued_.front()));
       queued_.pop_front();
@@ -201,6 +222,10 @@ void Scheduler::AdmitQueued() {
   for (Live& l : arrivals) {
     absl::StatusOr<int> slot =
         kv_->Allocate(static_cast<int64_t>(l.request.prompt.size()) + l.request.max_new_tokens);
+    // Room for the other samples' forks, held until they fork (or the request ends first).
+    l.fork_reserve = KvNeed(l.request) - static_cast<int64_t>(l.request.prompt.size()) -
+                     l.request.max_new_tokens;
+    fork_reserve_ += l.fork_reserve;
     running_.push_back(std::move(l));
     if (!slot.ok()) {
       Retire(running_.size() - 1, slot.status(), FinishReason::kAborted);
@@ -239,6 +264,7 @@ std::vector<SequenceChunk> Scheduler::BuildStep() {
         c.logit_rows = std::max<int64_t>(1, l.prefilled + n - std::max(l.prefilled, scored));
       }
       l.prefilled += n;
+      prefill_tokens_ += n;
       step_prefill_.push_back(n);
     } else {
       c.start_position = prompt_len + static_cast<int64_t>(l.generated.size()) - 1;
@@ -367,10 +393,55 @@ void Scheduler::FinishStepWithTokens(const StepTokens& step) {
   });
 }
 
+std::optional<FinishReason> Scheduler::Emit(Live& l, int32_t token, const float* row) {
+  l.Generated(token);
+  l.sink.on_token(token, row);
+  const auto& eos = config_.eos_token_ids;
+  const auto& stop = l.request.stop_token_ids;
+  if (!l.request.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) {
+    return FinishReason::kEos;
+  }
+  if (std::find(stop.begin(), stop.end(), token) != stop.end()) return FinishReason::kStopToken;
+  if (static_cast<int64_t>(l.generated.size()) >= l.request.max_new_tokens) {
+    return FinishReason::kLength;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::pair<Scheduler::Live, std::optional<FinishReason>>> Scheduler::ForkSamples(
+    size_t j, Live& l, const std::function<int32_t(size_t j, Live& l, const float** row)>& sample) {
+  std::vector<std::pair<Live, std::optional<FinishReason>>> samples;
+  const int64_t prompt_len = static_cast<int64_t>(l.request.prompt.size());
+  fork_reserve_ -= l.fork_reserve;
+  l.fork_reserve = 0;
+  for (int32_t i = 1; i < l.request.n; ++i) {
+    GenerationRequest r = l.request;
+    r.n = 1;
+    r.prompt_logprobs_start = -1;  // the prompt's scores went to sample 0
+    r.sampling.seed = SampleSeed(l.request.sampling.seed, i);
+    Live& child =
+        samples.emplace_back(Live(l.id, std::move(r), l.sink.sample_sink(i), config_), std::nullopt)
+            .first;
+    child.prefilled = prompt_len;
+    absl::StatusOr<int> slot = kv_->Fork(l.slot, prompt_len, prompt_len + l.request.max_new_tokens);
+    if (!slot.ok()) {  // not expected: the admission held room for it
+      child.sink.on_done(slot.status(), FinishReason::kAborted);
+      samples.pop_back();
+      continue;
+    }
+    child.slot = *slot;
+    const float* row = nullptr;
+    const int32_t token = sample(j, child, &row);
+    samples.back().second = Emit(child, token, row);
+  }
+  return samples;
+}
+
 void Scheduler::FinishStepWith(
     const std::function<void(size_t j, Live& l)>& score,
     const std::function<int32_t(size_t j, Live& l, const float** row)>& sample) {
   std::vector<std::pair<size_t, FinishReason>> finished;
+  std::vector<Live> forked;  // other samples, running from the next step
   for (size_t j = 0; j < step_owners_.size(); ++j) {
     Live& l = running_[step_owners_[j]];
     if (score) score(j, l);
@@ -379,20 +450,23 @@ void Scheduler::FinishStepWith(
       finished.push_back({step_owners_[j], FinishReason::kLength});
       continue;
     }
+    if (l.request.n > 1 && l.generated.empty()) {
+      for (auto& [child, end] : ForkSamples(j, l, sample)) {
+        if (end) {
+          kv_->Free(child.slot);
+          child.sink.on_done(absl::OkStatus(), *end);
+        } else {
+          forked.push_back(std::move(child));
+        }
+      }
+    }
     const float* row = nullptr;
     const int32_t token = sample(j, l, &row);
-    l.Generated(token);
-    l.sink.on_token(token, row);
-    const auto& eos = config_.eos_token_ids;
-    const auto& stop = l.request.stop_token_ids;
-    if (!l.request.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) {
-      finished.push_back({step_owners_[j], FinishReason::kEos});
-    } else if (std::find(stop.begin(), stop.end(), token) != stop.end()) {
-      finished.push_back({step_owners_[j], FinishReason::kStopToken});
-    } else if (static_cast<int64_t>(l.generated.size()) >= l.request.max_new_tokens) {
-      finished.push_back({step_owners_[j], FinishReason::kLength});
+    if (std::optional<FinishReason> end = Emit(l, token, row)) {
+      finished.push_back({step_owners_[j], *end});
     }
   }
+  for (Live& child : forked) running_.push_back(std::move(child));
   // Retire from the back so earlier indices stay valid.
   for (auto it = finished.rbegin(); it != finished.rend(); ++it) {
     Retire(it->first, absl::OkStatus(), it->second);

@@ -11,10 +11,12 @@
 // slots are allocated and freed there, never under a running forward pass.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -49,10 +51,17 @@ struct GenerationRequest {
   std::vector<int32_t> logprob_token_ids;
   // >= 0: score the prompt from this position (< prompt length): TokenSink::on_prompt_logprobs.
   int64_t prompt_logprobs_start = -1;
+  // Samples of this prompt (1..kMaxSamples): the prompt is prefilled once and its KV shared
+  // (KvCache::Fork); sample i draws from the stream SampleSeed(sampling.seed, i) and reports
+  // to TokenSink::sample_sink(i) (sample 0 to the request's own sink).
+  int32_t n = 1;
 
   // Whether each output token comes with a TokenLogprobs.
   bool WantsLogprobs() const { return logprobs || top_logprobs > 0 || !logprob_token_ids.empty(); }
 };
+
+// The most samples one request may ask for (GenerationRequest::n).
+inline constexpr int32_t kMaxSamples = 64;
 
 // The most ids GenerationRequest::logprob_token_ids may name.
 inline constexpr int64_t kMaxLogprobTokenIds = 128;
@@ -83,6 +92,10 @@ struct TokenSink {
   // With prompt_logprobs_start >= 0: once, when the prompt's prefill ends (before the first
   // token). Optional.
   std::function<void(const PromptLogprobs& logprobs)> on_prompt_logprobs;
+  // With n > 1: the sink of sample i (1..n-1), asked for once when the prompt's prefill
+  // ends; each sample's sink then gets its own tokens and its own on_done. Prompt scores go
+  // to sample 0's (the request's) sink only.
+  std::function<TokenSink(int32_t sample)> sample_sink;
   // Exactly once: OK with a finish reason, or the error that ended the request.
   std::function<void(const absl::Status& status, FinishReason reason)> on_done;
 };
@@ -145,6 +158,10 @@ class Scheduler {
   // Ends every request with `status` (a failed step) and frees their KV.
   void FailAll(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Prompt tokens prefilled so far, over every request (one with n samples counts its
+  // prompt once).
+  int64_t prefill_tokens() const { return prefill_tokens_.load(); }
+
   size_t num_running() ABSL_LOCKS_EXCLUDED(mu_);
   size_t num_queued() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -165,6 +182,8 @@ class Scheduler {
     std::map<int32_t, size_t> adjust_at;
     std::vector<int32_t> banned;  // EOS and stop ids while fewer than min_new_tokens
     PromptLogprobs prompt_logprobs;
+    // KV the request's other samples will fork (KvNeed beyond its own slot); 0 once forked.
+    int64_t fork_reserve = 0;
 
     bool NeedsAdjustedRow() const { return !adjust.empty() || request.sampling.min_p != 0.f; }
     LogitAdjustment& Adjustment(int32_t token);
@@ -172,6 +191,16 @@ class Scheduler {
     // The first prompt position whose logits row scores the next token (-1: no scoring).
     int64_t FirstScoredRow() const;
   };
+  // KV tokens a request needs with all its samples.
+  int64_t KvNeed(const GenerationRequest& r) const;
+  // Samples 1..n-1 of l, whose prompt just finished (step row `j`): each forks l's KV and
+  // samples its first token from the same row. Returns them with their finish reasons (for
+  // those that finished at once).
+  std::vector<std::pair<Live, std::optional<FinishReason>>> ForkSamples(
+      size_t j, Live& l,
+      const std::function<int32_t(size_t j, Live& l, const float** row)>& sample);
+  // After `token` was sampled for l: records it, streams it, and says whether l finished.
+  std::optional<FinishReason> Emit(Live& l, int32_t token, const float* row);
   // Both take mu_ themselves, and call sinks.
   void Retire(size_t index, const absl::Status& status, FinishReason reason)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -196,6 +225,8 @@ class Scheduler {
   std::vector<int64_t> step_prefill_;     // per step chunk: prompt tokens BuildStep took
   std::vector<int64_t> step_logit_rows_;  // per step chunk: its logits rows
   std::vector<float> adjusted_row_;       // scratch: a row with its request's adjustments
+  std::atomic<int64_t> prefill_tokens_{0};
+  int64_t fork_reserve_ = 0;  // KV held for forks not made yet (step thread)
 };
 
 // The step's tokens sampled on `backend` from its logits [rows, vocab] (for a step where

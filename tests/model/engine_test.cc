@@ -238,6 +238,61 @@ TEST_F(EngineTest, KvCapacityIsEnforced) {
   EXPECT_TRUE((*small)->GenerateBatch({Request({1, 2, 3}, 4)}).ok());
 }
 
+// n samples of one prompt: the prompt is prefilled once (the engine's counter) and each
+// sample equals a single request with its derived seed (SampleSeed), also with penalties,
+// logprobs and chunked prefill; greedy samples are all the greedy tokens.
+TEST_F(EngineTest, NSamplesEqualSingleRequestsWithDerivedSeeds) {
+  for (const int64_t chunk : {int64_t{0}, int64_t{3}}) {
+    EngineOptions options;
+    options.prefill_chunk_tokens = chunk;
+    auto engine = LocalEngine::Load(dir_, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    GenerationRequest r = Request({9, 41, 7, 300, 12, 5, 77, 1000, 3, 18, 64}, 12);
+    r.ignore_eos = true;
+    r.sampling.temperature = 0.9f;
+    r.sampling.top_k = 40;
+    r.sampling.seed = 77;
+    r.sampling.frequency_penalty = 0.4f;
+    r.logprobs = true;
+    r.top_logprobs = 3;
+    r.n = 4;
+    const int64_t before = (*engine)->prefill_tokens();
+    auto group = (*engine)->GenerateBatch({r, Request({5, 6}, 3)});
+    ASSERT_TRUE(group.ok()) << group.status();
+    EXPECT_EQ((*engine)->prefill_tokens() - before, 11 + 2) << "the prompt prefilled once";
+    const GenerationResult& g = group->front();
+    ASSERT_EQ(g.samples.size(), 3u);
+    std::set<std::vector<int32_t>> distinct;
+    for (int32_t i = 0; i < 4; ++i) {
+      SCOPED_TRACE(::testing::Message() << "chunk " << chunk << " sample " << i);
+      const GenerationResult& got = i == 0 ? g : g.samples[i - 1];
+      GenerationRequest single = r;
+      single.n = 1;
+      single.sampling.seed = SampleSeed(r.sampling.seed, i);
+      auto want = (*engine)->GenerateBatch({single});
+      ASSERT_TRUE(want.ok()) << want.status();
+      EXPECT_EQ(got.tokens, want->front().tokens);
+      EXPECT_EQ(got.finish_reason, want->front().finish_reason);
+      ASSERT_EQ(got.logprobs.size(), want->front().logprobs.size());
+      for (size_t t = 0; t < got.logprobs.size(); ++t) {
+        EXPECT_EQ(got.logprobs[t].logprob, want->front().logprobs[t].logprob);
+        EXPECT_EQ(got.logprobs[t].top, want->front().logprobs[t].top);
+      }
+      distinct.insert(got.tokens);
+    }
+    EXPECT_GT(distinct.size(), 1u) << "the samples draw from different streams";
+  }
+  GenerationRequest greedy = Request({9, 41, 7}, 6);
+  const auto one = engine_->GenerateBatch({greedy});
+  greedy.n = 3;
+  const auto three = engine_->GenerateBatch({greedy});
+  ASSERT_TRUE(one.ok() && three.ok());
+  EXPECT_EQ(three->front().tokens, one->front().tokens);
+  for (const GenerationResult& s : three->front().samples) EXPECT_EQ(s.tokens, one->front().tokens);
+  greedy.n = kMaxSamples + 1;
+  EXPECT_EQ(engine_->GenerateBatch({greedy}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(EngineTest, SeededSamplingIsReproducibleAndSeedSensitive) {
   GenerationRequest r = Request({9, 41, 7}, 24);
   r.sampling.temperature = 1.0f;

@@ -71,5 +71,58 @@ TEST(KvCacheTest, GrowingThePoolKeepsWrittenPages) {
   }
 }
 
+// A fork shares the parent's whole blocks (counted once), copies its partial block, and
+// takes its own blocks for the rest; a shared block goes back to the free list only when
+// the last slot holding it is freed.
+TEST(KvCacheTest, ForkSharesWholeBlocksAndCopiesThePartialOne) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  KvCache kv(SmallConfig(), backend.get(), /*capacity_tokens=*/100, /*block_size=*/4);
+  absl::StatusOr<int> parent = kv.Allocate(14);  // 10 prompt + 4 new: blocks 0..3
+  ASSERT_TRUE(parent.ok());
+  const int64_t row = 2;  // kv_heads * head_dim
+  for (int layer = 0; layer < 2; ++layer) {
+    for (Tensor* pool : {&kv.keys(layer), &kv.values(layer)}) {
+      std::vector<float> v = *backend->Download(*pool);
+      for (int32_t block : kv.block_table(*parent)) {
+        for (int64_t i = 0; i < 4 * row; ++i) v[block * 4 * row + i] = 10.f * layer + block + 0.5f;
+      }
+      ASSERT_TRUE(backend->CopyFromHost(v.data(), DType::kF32, pool).ok());
+    }
+  }
+  absl::StatusOr<int> child = kv.Fork(*parent, /*shared_tokens=*/10, /*max_tokens=*/14);
+  ASSERT_TRUE(child.ok()) << child.status();
+  const std::vector<int32_t>& p = kv.block_table(*parent);
+  const std::vector<int32_t>& c = kv.block_table(*child);
+  ASSERT_EQ(c.size(), 4u);
+  EXPECT_EQ(c[0], p[0]);  // positions 0..7: shared
+  EXPECT_EQ(c[1], p[1]);
+  EXPECT_NE(c[2], p[2]);  // positions 8..9 copied into the child's own block
+  EXPECT_NE(c[3], p[3]);
+  EXPECT_EQ(kv.reserved_tokens(), 14 + 6);  // the child counts only past the shared blocks
+  for (int layer = 0; layer < 2; ++layer) {
+    for (Tensor* pool : {&kv.keys(layer), &kv.values(layer)}) {
+      const std::vector<float> v = *backend->Download(*pool);
+      for (int64_t i = 0; i < 4 * row; ++i) {
+        EXPECT_EQ(v[c[2] * 4 * row + i], 10.f * layer + p[2] + 0.5f) << "layer " << layer;
+      }
+    }
+  }
+  // Freeing the parent keeps the shared blocks for the child.
+  const int32_t shared = p[0];
+  kv.Free(*parent);
+  EXPECT_EQ(kv.reserved_tokens(), 6);
+  absl::StatusOr<int> other = kv.Allocate(60);
+  ASSERT_TRUE(other.ok());
+  for (int32_t b : kv.block_table(*other)) EXPECT_NE(b, shared);
+  kv.Free(*child);
+  kv.Free(*other);
+  EXPECT_EQ(kv.reserved_tokens(), 0);
+  // Now every block is free again: one slot of the whole pool takes no new one.
+  const int64_t pool_blocks = kv.num_blocks();
+  ASSERT_TRUE(kv.Allocate(pool_blocks * 4 > 100 ? 100 : pool_blocks * 4).ok());
+  EXPECT_EQ(kv.num_blocks(), pool_blocks);
+  EXPECT_EQ(kv.Fork(12345, 1, 2).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace dxs
