@@ -727,6 +727,39 @@ void SamplingOverhead(bool quick, int layers, Report* report) {
                  {"plain_tokens_per_s", plain_rate},
                  {"features_tokens_per_s", features_rate}});
   }
+  // n samples: time to first token of one 2048-token prompt (its prefill and the first
+  // token of every sample: GenerateBatch with max_new_tokens 1), n = 1 against n = 8.
+  GenerationRequest r;
+  for (int64_t t = 0; t < 2048; ++t)
+    r.prompt.push_back(static_cast<int32_t>(3 + (t * 7919) % 150000));
+  r.max_new_tokens = 1;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0.8f;
+  r.sampling.top_p = 0.95f;
+  GenerationRequest eight = r;
+  eight.n = 8;
+  auto seconds = [&](const GenerationRequest& request) {
+    const auto start = std::chrono::steady_clock::now();
+    Must(engine->GenerateBatch({request}), "generate");
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  seconds(r);
+  seconds(eight);
+  std::vector<double> one_s, eight_s;
+  for (int round = 0; round < (quick ? 2 : 5); ++round) {
+    one_s.push_back(seconds(r));
+    eight_s.push_back(seconds(eight));
+  }
+  const int64_t before = engine->prefill_tokens();
+  seconds(eight);
+  std::printf(
+      "  n samples of a 2048-token prompt: TTFT n=1 %.2f ms, n=8 %.2f ms, ratio %.3f; "
+      "n=8 prefilled %ld prompt tokens\n",
+      1e3 * Median(one_s), 1e3 * Median(eight_s), Median(eight_s) / Median(one_s),
+      static_cast<long>(engine->prefill_tokens() - before));
+  report->Add({{"section", "sampling_n"},
+               {"ttft_n1_ms", 1e3 * Median(one_s)},
+               {"ttft_n8_ms", 1e3 * Median(eight_s)}});
 }
 
 int Main(int argc, char** argv) {

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -452,6 +453,35 @@ TEST(CudaEngineSampling, SeededTokensAreReproducibleAndTopKOneIsGreedy) {
     }
     EXPECT_NE((*d)[1].tokens, (*a)[1].tokens);
   }
+}
+
+// n samples on the device: the forked slots read the prompt's shared blocks and the copied
+// partial block (a device copy), so greedy samples of one request, decoded side by side in
+// one batch, are the same tokens as sample 0, and seeded ones follow their own streams.
+TEST(CudaEngineSampling, ForkedSamplesShareThePromptsKv) {
+  if (!MakeBackend("cuda").ok()) GTEST_SKIP() << "no GPU here";
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  std::unique_ptr<LocalEngine> engine = CudaEngine(dir, /*graphs=*/true);
+  ASSERT_NE(engine, nullptr);
+  GenerationRequest r = ThreeRequests(10)[0];
+  r.prompt = {11, 40, 2,  7,  19, 23,  5,  8,  300, 41,
+              12, 9,  99, 14, 3,  600, 21, 22, 4};  // 19: partial
+  r.n = 4;
+  auto greedy = engine->GenerateBatch({r});
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  ASSERT_EQ(greedy->front().samples.size(), 3u);
+  for (const GenerationResult& s : greedy->front().samples) {
+    EXPECT_EQ(s.tokens, greedy->front().tokens);
+  }
+  r.sampling = {0.9f, 1.0f, 0, 4242};
+  const int64_t before = engine->prefill_tokens();
+  auto sampled = engine->GenerateBatch({r});
+  ASSERT_TRUE(sampled.ok()) << sampled.status();
+  EXPECT_EQ(engine->prefill_tokens() - before, static_cast<int64_t>(r.prompt.size()));
+  std::set<std::vector<int32_t>> distinct = {sampled->front().tokens};
+  for (const GenerationResult& s : sampled->front().samples) distinct.insert(s.tokens);
+  EXPECT_GT(distinct.size(), 1u);
 }
 
 // Asking for a GPU that is not there is a clear error, never a crash.
