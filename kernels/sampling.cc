@@ -126,6 +126,12 @@ double SamplingUniform(uint64_t seed, uint64_t draw) {
 int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& p, uint64_t draw,
                     SamplingScratch* scratch) {
   if (p.temperature == 0.f) return Argmax(logits, vocab);
+  PrepareCandidates(logits, vocab, p, scratch);
+  return DrawCandidate(*scratch, p, draw);
+}
+
+void PrepareCandidates(const float* logits, int64_t vocab, const SamplingParams& p,
+                       SamplingScratch* scratch) {
   std::vector<std::pair<float, int32_t>>& cand = scratch->candidates;
   cand.resize(vocab);
   for (int64_t i = 0; i < vocab; ++i) {
@@ -174,13 +180,18 @@ int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& p,
     sum = 0;
     for (int64_t i = 0; i < keep; ++i) sum += w[i];
   }
-  const double r = SamplingUniform(p.seed, draw) * sum;
+  scratch->keep = keep;
+  scratch->kept_weight = sum;
+}
+
+int32_t DrawCandidate(const SamplingScratch& scratch, const SamplingParams& p, uint64_t draw) {
+  const double r = SamplingUniform(p.seed, draw) * scratch.kept_weight;
   double acc = 0;
-  for (int64_t i = 0; i < keep; ++i) {
-    acc += w[i];
-    if (r < acc) return cand[i].second;
+  for (int64_t i = 0; i < scratch.keep; ++i) {
+    acc += scratch.weights[i];
+    if (r < acc) return scratch.candidates[i].second;
   }
-  return cand[keep - 1].second;
+  return scratch.candidates[scratch.keep - 1].second;
 }
 
 void RowLogprobs(const float* logits, int64_t vocab, int32_t token, int32_t top_n,

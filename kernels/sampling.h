@@ -83,6 +83,8 @@ double SamplingUniform(uint64_t seed, uint64_t draw);
 struct SamplingScratch {
   std::vector<std::pair<float, int32_t>> candidates;
   std::vector<double> weights;
+  int64_t keep = 0;          // candidates kept by the cuts (PrepareCandidates)
+  double kept_weight = 0.0;  // their summed weight
 };
 
 // The token of one row of logits (already adjusted): Argmax when p.temperature is 0; else
@@ -93,6 +95,12 @@ struct SamplingScratch {
 // Weights are exp(l - max) in double, summed in candidate order. `p` must be valid.
 int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& p, uint64_t draw,
                     SamplingScratch* scratch);
+// SampleToken's two halves for a temperature > 0: the row's kept candidates and weights,
+// which do not depend on the seed or the draw (so samples of one row, differing only in
+// their streams, prepare once), and the draw from them.
+void PrepareCandidates(const float* logits, int64_t vocab, const SamplingParams& p,
+                       SamplingScratch* scratch);
+int32_t DrawCandidate(const SamplingScratch& scratch, const SamplingParams& p, uint64_t draw);
 
 // The most alternatives a request may ask for per position (OpenAI's limit).
 inline constexpr int32_t kMaxTopLogprobs = 20;

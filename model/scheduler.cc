@@ -316,7 +316,18 @@ void Scheduler::FinishStep(const std::vector<float>& logits) {
                             adjusted_row_.data());
       sample_from = adjusted_row_.data();
     }
-    const int32_t token = l.sampler.Sample(sample_from, vocab, l.generated.size());
+    int32_t token;
+    if (share_row_ && l.request.sampling.temperature != 0.f) {
+      // The samples of one request at its first token: one row, one set of parameters but
+      // the seed, so the candidates are sorted once.
+      if (!row_prepared_) {
+        PrepareCandidates(sample_from, vocab, l.request.sampling, &row_scratch_);
+        row_prepared_ = true;
+      }
+      token = DrawCandidate(row_scratch_, l.request.sampling, l.generated.size());
+    } else {
+      token = l.sampler.Sample(sample_from, vocab, l.generated.size());
+    }
     if (l.request.WantsLogprobs()) {
       TokenLogprobs lp;
       RowLogprobs(raw, vocab, token, l.request.top_logprobs, l.request.logprob_token_ids, &lp);
@@ -450,7 +461,10 @@ void Scheduler::FinishStepWith(
       finished.push_back({step_owners_[j], FinishReason::kLength});
       continue;
     }
-    if (l.request.n > 1 && l.generated.empty()) {
+    const bool fork = l.request.n > 1 && l.generated.empty();
+    share_row_ = fork;
+    row_prepared_ = false;
+    if (fork) {
       for (auto& [child, end] : ForkSamples(j, l, sample)) {
         if (end) {
           kv_->Free(child.slot);
@@ -462,6 +476,7 @@ void Scheduler::FinishStepWith(
     }
     const float* row = nullptr;
     const int32_t token = sample(j, l, &row);
+    share_row_ = false;
     if (std::optional<FinishReason> end = Emit(l, token, row)) {
       finished.push_back({step_owners_[j], *end});
     }

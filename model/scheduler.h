@@ -225,6 +225,11 @@ class Scheduler {
   std::vector<int64_t> step_prefill_;     // per step chunk: prompt tokens BuildStep took
   std::vector<int64_t> step_logit_rows_;  // per step chunk: its logits rows
   std::vector<float> adjusted_row_;       // scratch: a row with its request's adjustments
+  // While a request's samples take their first tokens from one row (FinishStepWith):
+  // share_row_, and whether row_scratch_ holds that row's candidates yet.
+  bool share_row_ = false;
+  bool row_prepared_ = false;
+  SamplingScratch row_scratch_;
   std::atomic<int64_t> prefill_tokens_{0};
   int64_t fork_reserve_ = 0;  // KV held for forks not made yet (step thread)
 };
