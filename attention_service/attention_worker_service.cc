@@ -52,6 +52,8 @@ absl::StatusOr<GenerationRequest> FromProto(const v1::GenerateRequest& req) {
   for (uint32_t id : p.logprob_token_ids()) r.logprob_token_ids.push_back(static_cast<int32_t>(id));
   r.prompt_logprobs_start =
       p.has_prompt_logprobs_start() ? static_cast<int64_t>(p.prompt_logprobs_start()) : -1;
+  // 0 (unset) is one sample; above kMaxSamples ValidateRequest refuses, naming n.
+  r.n = p.n() == 0 ? 1 : static_cast<int32_t>(std::min<uint32_t>(p.n(), INT32_MAX));
   return r;
 }
 
@@ -105,24 +107,119 @@ namespace {
 // Longest a waiting handler or stream writer sleeps without a wake-up.
 constexpr absl::Duration kWakeInterval = absl::Milliseconds(50);
 
-// Tokens from the step thread to the gRPC handler thread.
-struct StreamState {
-  absl::Mutex mu;
-  absl::CondVar cv;
-  std::deque<int32_t> tokens ABSL_GUARDED_BY(mu);
+// One sample's tokens on their way from the step thread to the gRPC handler thread
+// (guarded by its StreamState's mu).
+struct SampleStream {
+  std::deque<int32_t> tokens;
   // With the request's logprobs: one per token in `tokens` (on_logprobs comes just before
   // its on_token), so they leave in the same chunk.
-  std::deque<TokenLogprobs> logprobs ABSL_GUARDED_BY(mu);
-  // The prompt's scores until the chunk of the first token (or the end) takes them.
-  std::optional<PromptLogprobs> prompt_logprobs ABSL_GUARDED_BY(mu);
+  std::deque<TokenLogprobs> logprobs;
   // The handler is woken once this many tokens wait (the stream interval; 1 for the
   // first token), so tokens held back for a chunk cost no wake-up each.
-  size_t wake_at ABSL_GUARDED_BY(mu) = 1;
-  bool done ABSL_GUARDED_BY(mu) = false;
-  absl::Status status ABSL_GUARDED_BY(mu);
-  FinishReason reason ABSL_GUARDED_BY(mu) = FinishReason::kLength;
-  bool wrote_first_logits ABSL_GUARDED_BY(mu) = false;
+  size_t wake_at = 1;
+  bool done = false;
+  absl::Status status;
+  FinishReason reason = FinishReason::kLength;
+  int32_t last_token = -1;  // the sample's latest token (its stop token, at the end)
+  // Handler side: tokens sent so far (the next chunk's index).
+  uint32_t index = 0;
+
+  // Whether the handler has something to send: a chunk of the interval, or what is left
+  // at the sample's end.
+  bool Ready() const { return tokens.size() >= wake_at || (done && !tokens.empty()); }
 };
+
+// A request's output (SamplingParams.n samples) from the step thread to the gRPC handler.
+struct StreamState {
+  explicit StreamState(int32_t n) : samples(static_cast<size_t>(std::max(n, 1))) {}
+
+  absl::Mutex mu;
+  absl::CondVar cv;
+  // Sample i's stream; samples 1.. get theirs when the prompt's prefill ends (started).
+  std::vector<SampleStream> samples ABSL_GUARDED_BY(mu);
+  bool started ABSL_GUARDED_BY(mu) = false;  // sample_sink was called
+  // The prompt's scores until sample 0's first chunk (or the end) takes them.
+  std::optional<PromptLogprobs> prompt_logprobs ABSL_GUARDED_BY(mu);
+  // The first error any sample ended with.
+  absl::Status status ABSL_GUARDED_BY(mu);
+  bool wrote_first_logits ABSL_GUARDED_BY(mu) = false;
+
+  // Every sample ended: sample 0, and the others if the prefill ended (a request stopped
+  // before it never starts them).
+  bool Done() const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    if (!samples[0].done) return false;
+    if (!started) return true;
+    for (const SampleStream& s : samples) {
+      if (!s.done) return false;
+    }
+    return true;
+  }
+};
+
+// The sink that feeds `state`'s sample `sample`. Sample 0's also writes the first token's
+// logits to `logits_path` (when set) and holds the prompt's scores.
+TokenSink StreamSink(const std::shared_ptr<StreamState>& state, int32_t sample,
+                     const std::string& logits_path, int64_t vocab) {
+  TokenSink sink;
+  const size_t i = static_cast<size_t>(sample);
+  sink.on_token = [state, i, logits_path, vocab](int32_t token, const float* logits) {
+    absl::MutexLock lock(&state->mu);
+    if (!logits_path.empty() && !state->wrote_first_logits) {
+      std::ofstream(logits_path, std::ios::binary)
+          .write(reinterpret_cast<const char*>(logits), vocab * sizeof(float));
+      state->wrote_first_logits = true;
+    }
+    SampleStream& s = state->samples[i];
+    s.tokens.push_back(token);
+    s.last_token = token;
+    if (s.tokens.size() >= s.wake_at) state->cv.Signal();
+  };
+  sink.on_logprobs = [state, i](const TokenLogprobs& logprobs) {
+    absl::MutexLock lock(&state->mu);
+    state->samples[i].logprobs.push_back(logprobs);
+  };
+  sink.on_done = [state, i](const absl::Status& status, FinishReason reason) {
+    absl::MutexLock lock(&state->mu);
+    SampleStream& s = state->samples[i];
+    s.done = true;
+    s.status = status;
+    s.reason = reason;
+    if (!status.ok() && state->status.ok()) state->status = status;
+    state->cv.Signal();
+  };
+  if (sample != 0) return sink;
+  // Held for the first token's chunk, which on_token signals (or on_done, with none).
+  sink.on_prompt_logprobs = [state](const PromptLogprobs& logprobs) {
+    absl::MutexLock lock(&state->mu);
+    state->prompt_logprobs = logprobs;
+  };
+  sink.sample_sink = [state, vocab](int32_t s) {
+    {
+      absl::MutexLock lock(&state->mu);
+      state->started = true;
+    }
+    return StreamSink(state, s, /*logits_path=*/"", vocab);
+  };
+  return sink;
+}
+
+// The EOS or stop id that ended a sample (its last token), for matched_stop_token_id.
+std::optional<uint32_t> MatchedStop(FinishReason reason, int32_t last_token) {
+  if ((reason == FinishReason::kEos || reason == FinishReason::kStopToken) && last_token >= 0) {
+    return static_cast<uint32_t>(last_token);
+  }
+  return std::nullopt;
+}
+
+// How sample `index` ended, for GenerateComplete.samples (with n > 1).
+void AddSampleComplete(uint32_t index, FinishReason reason, uint32_t completion_tokens,
+                       int32_t last_token, v1::GenerateComplete* out) {
+  v1::SampleComplete* c = out->add_samples();
+  c->set_sample_index(index);
+  c->set_finish_reason(ToProto(reason));
+  c->set_completion_tokens(completion_tokens);
+  if (auto stop = MatchedStop(reason, last_token)) c->set_matched_stop_token_id(*stop);
+}
 
 }  // namespace
 
@@ -168,90 +265,81 @@ void AttentionWorkerService::Forget(const std::string& request_id) {
 grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
                                               const v1::GenerateRequest* req,
                                               grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  auto state = std::make_shared<StreamState>();
-  TokenSink sink;
+  const int32_t num_samples =
+      static_cast<int32_t>(std::clamp<uint32_t>(req->sampling_params().n(), 1, kMaxSamples));
+  auto state = std::make_shared<StreamState>(num_samples);
   std::string logits_path;
   if (!first_logits_dir_.empty()) {
     logits_path = first_logits_dir_ + "/" + req->request_id() + ".f32";
   }
-  const int64_t vocab = config_.vocab_size;
-  sink.on_token = [state, logits_path, vocab](int32_t token, const float* logits) {
-    absl::MutexLock lock(&state->mu);
-    if (!logits_path.empty() && !state->wrote_first_logits) {
-      std::ofstream(logits_path, std::ios::binary)
-          .write(reinterpret_cast<const char*>(logits), vocab * sizeof(float));
-      state->wrote_first_logits = true;
-    }
-    state->tokens.push_back(token);
-    if (state->tokens.size() >= state->wake_at) state->cv.Signal();
-  };
-  sink.on_logprobs = [state](const TokenLogprobs& logprobs) {
-    absl::MutexLock lock(&state->mu);
-    state->logprobs.push_back(logprobs);
-  };
-  // Held for the first token's chunk, which on_token signals (or on_done, with none).
-  sink.on_prompt_logprobs = [state](const PromptLogprobs& logprobs) {
-    absl::MutexLock lock(&state->mu);
-    state->prompt_logprobs = logprobs;
-  };
-  sink.on_done = [state](const absl::Status& s, FinishReason reason) {
-    absl::MutexLock lock(&state->mu);
-    state->done = true;
-    state->status = s;
-    state->reason = reason;
-    state->cv.Signal();
-  };
+  TokenSink sink = StreamSink(state, 0, logits_path, config_.vocab_size);
   const uint32_t prompt_tokens = static_cast<uint32_t>(req->prompt_token_ids_size());
   absl::StatusOr<uint64_t> started = Start(*req, std::move(sink));
   if (!started.ok()) return ToGrpcStatus(started.status());
   const uint64_t id = *started;
   AttentionStepLoop* loop = step_loop_.load();
   auto forget = [&] { Forget(req->request_id()); };
-  uint32_t index = 0;
   bool aborted_by_client = false, abort_sent = false;
   absl::Status status;
-  FinishReason reason = FinishReason::kLength;
-  while (true) {
+  // What the handler sends of one sample: its tokens taken in one go.
+  struct Taken {
+    uint32_t sample = 0;
+    uint32_t index = 0;
     std::deque<int32_t> tokens;
     std::deque<TokenLogprobs> logprobs;
     std::optional<PromptLogprobs> prompt_logprobs;
+  };
+  std::vector<Taken> taken;
+  while (true) {
+    taken.clear();
     bool done;
     {
       absl::MutexLock lock(&state->mu);
       const absl::Time deadline = absl::Now() + kWakeInterval;
-      while (!state->done && state->tokens.size() < state->wake_at) {
+      auto any_ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(state->mu) {
+        for (const SampleStream& s : state->samples) {
+          if (s.Ready()) return true;
+        }
+        return false;
+      };
+      while (!state->Done() && !any_ready()) {
         if (state->cv.WaitWithDeadline(&state->mu, deadline)) break;  // timed out
       }
-      done = state->done;
+      done = state->Done();
       // Chunks of the stream interval; whatever is left goes out with the end.
-      if (done || state->tokens.size() >= state->wake_at) {
-        tokens.swap(state->tokens);
-        logprobs.swap(state->logprobs);
-        prompt_logprobs.swap(state->prompt_logprobs);
+      for (size_t i = 0; i < state->samples.size(); ++i) {
+        SampleStream& s = state->samples[i];
+        const bool with_prompt = i == 0 && state->prompt_logprobs.has_value();
+        if (!(done || s.Ready()) || (s.tokens.empty() && !with_prompt)) continue;
+        Taken& t = taken.emplace_back();
+        t.sample = static_cast<uint32_t>(i);
+        t.index = s.index;
+        t.tokens.swap(s.tokens);
+        t.logprobs.swap(s.logprobs);
+        if (i == 0) t.prompt_logprobs.swap(state->prompt_logprobs);
+        s.index += static_cast<uint32_t>(t.tokens.size());
+        if (!t.tokens.empty()) s.wake_at = static_cast<size_t>(stream_interval_);
       }
-      if (!tokens.empty()) state->wake_at = static_cast<size_t>(stream_interval_);
-      if (done) {
-        status = state->status;
-        reason = state->reason;
-      }
+      if (done) status = state->status;
     }
-    // The proto is built here, off the step thread.
-    if ((!tokens.empty() || prompt_logprobs.has_value()) && !aborted_by_client) {
+    // The protos are built here, off the step thread.
+    for (const Taken& t : taken) {
+      if (aborted_by_client) break;
       v1::GenerateResponse resp;
       resp.set_request_id(req->request_id());
       v1::TokenChunk* chunk = resp.mutable_chunk();
-      chunk->set_index(index);
-      for (int32_t t : tokens) chunk->add_token_ids(static_cast<uint32_t>(t));
-      for (const TokenLogprobs& lp : logprobs) ToProto(lp, chunk->add_logprobs());
-      if (prompt_logprobs) ToProto(*prompt_logprobs, chunk->mutable_prompt_logprobs());
-      index += static_cast<uint32_t>(tokens.size());
+      chunk->set_index(t.index);
+      for (int32_t token : t.tokens) chunk->add_token_ids(static_cast<uint32_t>(token));
+      for (const TokenLogprobs& lp : t.logprobs) ToProto(lp, chunk->add_logprobs());
+      if (t.prompt_logprobs) ToProto(*t.prompt_logprobs, chunk->mutable_prompt_logprobs());
+      chunk->set_sample_index(t.sample);
       if (!writer->Write(resp)) aborted_by_client = true;
     }
     if (done) break;
     if (!abort_sent && (aborted_by_client || ctx->IsCancelled())) {
       aborted_by_client = true;
       abort_sent = true;
-      scheduler_->Abort(id);  // on_done follows at the next step boundary
+      scheduler_->Abort(id);  // every sample's on_done follows at the next step boundary
       loop->Wake();
     }
   }
@@ -266,10 +354,23 @@ grpc::Status AttentionWorkerService::Generate(grpc::ServerContext* ctx,
   v1::GenerateResponse final_msg;
   final_msg.set_request_id(req->request_id());
   v1::GenerateComplete* c = final_msg.mutable_complete();
-  c->set_finish_reason(ToProto(reason));
-  c->set_prompt_tokens(prompt_tokens);
-  c->set_completion_tokens(index);
-  c->set_data_parallel_rank(static_cast<uint32_t>(dp_rank_));
+  {
+    // Done: the step thread touches the state no more.
+    absl::MutexLock lock(&state->mu);
+    const SampleStream& first = state->samples[0];
+    c->set_finish_reason(ToProto(first.reason));
+    c->set_prompt_tokens(prompt_tokens);
+    c->set_completion_tokens(first.index);
+    if (auto stop = MatchedStop(first.reason, first.last_token))
+      c->set_matched_stop_token_id(*stop);
+    c->set_data_parallel_rank(static_cast<uint32_t>(dp_rank_));
+    for (size_t i = 1; i < state->samples.size(); ++i) {
+      const SampleStream& s = state->samples[i];
+      // Samples never started (stopped before the prefill ended) end as sample 0 did.
+      AddSampleComplete(static_cast<uint32_t>(i), state->started ? s.reason : first.reason, s.index,
+                        s.last_token, c);
+    }
+  }
   // With the status: one write less per request.
   writer->WriteLast(final_msg, grpc::WriteOptions());
   return grpc::Status::OK;
@@ -322,34 +423,62 @@ struct AttentionWorkerService::ServeOutbox {
 
 namespace {
 
-// One Serve request's output state; touched by the step thread only (its sinks).
-struct ServeRequestState {
+// One sample's output state in a Serve request; touched by the step thread only (its
+// sinks).
+struct ServeSampleState {
   std::vector<uint32_t> held;  // tokens not sent yet (waiting for a chunk of the interval)
   // With the request's logprobs: one per held token (on_logprobs comes just before its
   // on_token), sent in the same chunk.
   std::vector<TokenLogprobs> held_logprobs;
-  // The prompt's scores until the chunk of the first token (or the end) takes them.
-  std::optional<PromptLogprobs> prompt_logprobs;
   uint32_t index = 0;  // tokens sent so far
   size_t send_at = 1;  // held tokens that make a chunk (1 for the first token)
-  bool wrote_first_logits = false;
-  bool done = false;  // guarded by the outbox's mu: on_done ran
+  bool done = false;   // its on_done ran
+  FinishReason reason = FinishReason::kLength;
+  int32_t last_token = -1;  // its latest token (its stop token, at the end)
 };
 
-v1::ServeEvent ChunkEvent(const std::string& request_id, ServeRequestState& state) {
+// One Serve request's output state (SamplingParams.n samples); touched by the step thread
+// only (its sinks).
+struct ServeRequestState {
+  explicit ServeRequestState(int32_t n) : samples(static_cast<size_t>(std::max(n, 1))) {}
+
+  std::vector<ServeSampleState> samples;
+  bool started = false;  // sample_sink was called: the prompt's prefill ended
+  // The prompt's scores until sample 0's first chunk (or the end) takes them.
+  std::optional<PromptLogprobs> prompt_logprobs;
+  absl::Status status;  // the first error any sample ended with
+  bool wrote_first_logits = false;
+  bool done = false;  // guarded by the outbox's mu: every sample ended
+
+  // Every sample ended: sample 0, and the others if the prefill ended (a request stopped
+  // before it never starts them).
+  bool AllDone() const {
+    if (!samples[0].done) return false;
+    if (!started) return true;
+    for (const ServeSampleState& s : samples) {
+      if (!s.done) return false;
+    }
+    return true;
+  }
+};
+
+// Sample `sample`'s held tokens (and sample 0's held prompt scores) as one chunk.
+v1::ServeEvent ChunkEvent(const std::string& request_id, ServeRequestState& state, size_t sample) {
+  ServeSampleState& s = state.samples[sample];
   v1::ServeEvent e;
   e.set_request_id(request_id);
   v1::TokenChunk* chunk = e.mutable_chunk();
-  chunk->set_index(state.index);
-  chunk->mutable_token_ids()->Add(state.held.begin(), state.held.end());
-  for (const TokenLogprobs& lp : state.held_logprobs) ToProto(lp, chunk->add_logprobs());
-  if (state.prompt_logprobs) {
+  chunk->set_index(s.index);
+  chunk->set_sample_index(static_cast<uint32_t>(sample));
+  chunk->mutable_token_ids()->Add(s.held.begin(), s.held.end());
+  for (const TokenLogprobs& lp : s.held_logprobs) ToProto(lp, chunk->add_logprobs());
+  if (sample == 0 && state.prompt_logprobs) {
     ToProto(*state.prompt_logprobs, chunk->mutable_prompt_logprobs());
     state.prompt_logprobs.reset();
   }
-  state.index += static_cast<uint32_t>(state.held.size());
-  state.held.clear();
-  state.held_logprobs.clear();
+  s.index += static_cast<uint32_t>(s.held.size());
+  s.held.clear();
+  s.held_logprobs.clear();
   return e;
 }
 
@@ -365,7 +494,9 @@ v1::ServeEvent ErrorEvent(const std::string& request_id, const absl::Status& sta
 
 absl::Status AttentionWorkerService::Submit(const v1::GenerateRequest& req,
                                             const std::shared_ptr<ServeOutbox>& outbox) {
-  auto state = std::make_shared<ServeRequestState>();
+  const int32_t num_samples =
+      static_cast<int32_t>(std::clamp<uint32_t>(req.sampling_params().n(), 1, kMaxSamples));
+  auto state = std::make_shared<ServeRequestState>(num_samples);
   auto scheduler_id = std::make_shared<uint64_t>(0);
   std::string logits_path;
   if (!first_logits_dir_.empty()) {
@@ -375,49 +506,77 @@ absl::Status AttentionWorkerService::Submit(const v1::GenerateRequest& req,
   const size_t interval = static_cast<size_t>(stream_interval_);
   const std::string request_id = req.request_id();
   const uint32_t prompt_tokens = static_cast<uint32_t>(req.prompt_token_ids_size());
-  TokenSink sink;
-  sink.on_logprobs = [state](const TokenLogprobs& logprobs) {
-    state->held_logprobs.push_back(logprobs);
+  // The sink of sample `sample` (sample 0's is the request's).
+  auto make_sink = [this, state, outbox, scheduler_id, logits_path, vocab, interval, request_id,
+                    prompt_tokens](int32_t sample) {
+    const size_t i = static_cast<size_t>(sample);
+    TokenSink sink;
+    sink.on_logprobs = [state, i](const TokenLogprobs& logprobs) {
+      state->samples[i].held_logprobs.push_back(logprobs);
+    };
+    sink.on_token = [state, outbox, request_id, logits_path, vocab, interval, i](
+                        int32_t token, const float* logits) {
+      if (i == 0 && !logits_path.empty() && !state->wrote_first_logits) {
+        std::ofstream(logits_path, std::ios::binary)
+            .write(reinterpret_cast<const char*>(logits), vocab * sizeof(float));
+        state->wrote_first_logits = true;
+      }
+      ServeSampleState& s = state->samples[i];
+      s.held.push_back(static_cast<uint32_t>(token));
+      s.last_token = token;
+      if (s.held.size() >= s.send_at) {
+        outbox->Push(ChunkEvent(request_id, *state, i), /*now=*/false);
+        s.send_at = interval;
+      }
+    };
+    sink.on_done = [this, state, outbox, request_id, prompt_tokens, scheduler_id, i](
+                       const absl::Status& status, FinishReason reason) {
+      ServeSampleState& s = state->samples[i];
+      if (!s.held.empty() || (i == 0 && state->prompt_logprobs)) {
+        outbox->Push(ChunkEvent(request_id, *state, i), false);
+      }
+      s.done = true;
+      s.reason = reason;
+      if (!status.ok() && state->status.ok()) state->status = status;
+      if (!state->AllDone()) return;
+      // Forgotten before the router can see the end, so it may reuse the id at once.
+      Forget(request_id);
+      if (state->status.ok()) {
+        const ServeSampleState& first = state->samples[0];
+        v1::ServeEvent e;
+        e.set_request_id(request_id);
+        v1::GenerateComplete* c = e.mutable_complete();
+        c->set_finish_reason(ToProto(first.reason));
+        c->set_prompt_tokens(prompt_tokens);
+        c->set_completion_tokens(first.index);
+        if (auto stop = MatchedStop(first.reason, first.last_token)) {
+          c->set_matched_stop_token_id(*stop);
+        }
+        c->set_data_parallel_rank(static_cast<uint32_t>(dp_rank_));
+        for (size_t k = 1; k < state->samples.size(); ++k) {
+          const ServeSampleState& other = state->samples[k];
+          // Samples never started (stopped before the prefill ended) end as sample 0 did.
+          AddSampleComplete(static_cast<uint32_t>(k), state->started ? other.reason : first.reason,
+                            other.index, other.last_token, c);
+        }
+        outbox->Push(std::move(e), false);
+      } else {
+        outbox->Push(ErrorEvent(request_id, state->status), false);
+      }
+      absl::MutexLock lock(&outbox->mu);
+      state->done = true;
+      outbox->running.erase(*scheduler_id);
+    };
+    return sink;
   };
+  TokenSink sink = make_sink(0);
   // Held for the first token's chunk (or the end's, with none).
   sink.on_prompt_logprobs = [state](const PromptLogprobs& logprobs) {
     state->prompt_logprobs = logprobs;
   };
-  sink.on_token = [state, outbox, request_id, logits_path, vocab, interval](int32_t token,
-                                                                            const float* logits) {
-    if (!logits_path.empty() && !state->wrote_first_logits) {
-      std::ofstream(logits_path, std::ios::binary)
-          .write(reinterpret_cast<const char*>(logits), vocab * sizeof(float));
-      state->wrote_first_logits = true;
-    }
-    state->held.push_back(static_cast<uint32_t>(token));
-    if (state->held.size() >= state->send_at) {
-      outbox->Push(ChunkEvent(request_id, *state), /*now=*/false);
-      state->send_at = interval;
-    }
-  };
-  sink.on_done = [this, state, outbox, request_id, prompt_tokens, scheduler_id](
-                     const absl::Status& status, FinishReason reason) {
-    // Forgotten before the router can see the end, so it may reuse the id at once.
-    Forget(request_id);
-    if (!state->held.empty() || state->prompt_logprobs) {
-      outbox->Push(ChunkEvent(request_id, *state), false);
-    }
-    if (status.ok()) {
-      v1::ServeEvent e;
-      e.set_request_id(request_id);
-      v1::GenerateComplete* c = e.mutable_complete();
-      c->set_finish_reason(ToProto(reason));
-      c->set_prompt_tokens(prompt_tokens);
-      c->set_completion_tokens(state->index);
-      c->set_data_parallel_rank(static_cast<uint32_t>(dp_rank_));
-      outbox->Push(std::move(e), false);
-    } else {
-      outbox->Push(ErrorEvent(request_id, status), false);
-    }
-    absl::MutexLock lock(&outbox->mu);
-    state->done = true;
-    outbox->running.erase(*scheduler_id);
+  sink.sample_sink = [state, make_sink](int32_t sample) {
+    state->started = true;
+    return make_sink(sample);
   };
   absl::StatusOr<uint64_t> started = Start(req, std::move(sink));
   if (!started.ok()) return started.status();

@@ -1,5 +1,6 @@
 #include "router/frontend/frontend_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -110,7 +111,8 @@ struct FrontendService::Relay {
   grpc::ServerWriter<v1::GenerateResponse>* const writer;
   FrontendMetrics* const metrics;
   InflightTracker* const inflight;
-  uint32_t completion_tokens = 0;
+  // Tokens relayed per sample (SamplingParams.n; one entry with n = 1).
+  std::vector<uint32_t> completion_tokens;
   bool got_complete = false;
   bool caller_gone = false;
   std::optional<absl::Time> first_token_at;
@@ -146,7 +148,10 @@ struct FrontendService::Relay {
       }
       last_token_at = now;
       if (!first_token_at) first_token_at = now;
-      completion_tokens += static_cast<uint32_t>(num_new_tokens);
+      const uint32_t sample = message.chunk().sample_index();
+      if (sample < completion_tokens.size()) {
+        completion_tokens[sample] += static_cast<uint32_t>(num_new_tokens);
+      }
       inflight->RecordTokens(id, num_new_tokens, now);
     }
     return !caller_gone;
@@ -172,8 +177,14 @@ struct FrontendService::Relay {
         v1::GenerateComplete* complete = last.mutable_complete();
         complete->set_finish_reason(v1::FINISH_REASON_ABORTED);
         complete->set_prompt_tokens(static_cast<uint32_t>(request.prompt_token_ids_size()));
-        complete->set_completion_tokens(completion_tokens);
+        complete->set_completion_tokens(completion_tokens[0]);
         complete->set_data_parallel_rank(static_cast<uint32_t>(rank));
+        for (size_t i = 1; i < completion_tokens.size(); ++i) {
+          v1::SampleComplete* sample = complete->add_samples();
+          sample->set_sample_index(static_cast<uint32_t>(i));
+          sample->set_finish_reason(v1::FINISH_REASON_ABORTED);
+          sample->set_completion_tokens(completion_tokens[i]);
+        }
         if (first_token_at) {
           complete->mutable_timings()->set_time_to_first_token_ns(
               SinceNs(arrival, *first_token_at));
@@ -215,8 +226,11 @@ absl::Status FrontendService::GenerateImpl(grpc::ServerContext* context,
   const std::vector<RankTarget> targets = Targets(view);
   std::vector<RankCandidate> candidates;
   for (const RankTarget& t : targets) candidates.push_back(t.candidate);
-  const int64_t num_tokens =
-      int64_t{request.prompt_token_ids_size()} + request.sampling_params().max_new_tokens();
+  // What the request may come to owe: its prompt once (its samples share the prompt's KV)
+  // and max_new_tokens per sample.
+  const int64_t num_samples = std::max<int64_t>(request.sampling_params().n(), 1);
+  const int64_t num_tokens = int64_t{request.prompt_token_ids_size()} +
+                             num_samples * request.sampling_params().max_new_tokens();
   std::optional<int> pinned;
   if (request.has_data_parallel_rank()) pinned = static_cast<int>(request.data_parallel_rank());
 
@@ -254,7 +268,13 @@ absl::Status FrontendService::GenerateImpl(grpc::ServerContext* context,
 
   const std::string& address = targets[rank].address;
   std::shared_ptr<v1::AttentionWorker::Stub> stub = stubs_.Get(rank, address);
-  Relay relay{id, rank, arrival, writer, metrics, &inflight_};
+  Relay relay{id,
+              rank,
+              arrival,
+              writer,
+              metrics,
+              &inflight_,
+              std::vector<uint32_t>(static_cast<size_t>(num_samples), 0)};
   if (std::shared_ptr<AttentionStream> stream =
           streams_.Get(rank, address, targets[rank].candidate.incarnation, stub)) {
     const absl::Status status = RelayServe(context, request, address, *stream, relay);

@@ -142,6 +142,11 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
   }
   if (absl::Status s = ValidateAdjustments(params, limits.vocab_size); !s.ok()) return s;
   if (absl::Status s = ValidateLogprobs(params, num_prompt_tokens, limits); !s.ok()) return s;
+  if (static_cast<int64_t>(params.n()) > limits.max_samples) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling_params.n: must be in [1, ",
+                                                   limits.max_samples, "] (0 means 1), got ",
+                                                   params.n()));
+  }
   for (int i = 0; i < params.stop_token_ids_size(); ++i) {
     if (absl::Status s = CheckTokenId("sampling_params.stop_token_ids", i, params.stop_token_ids(i),
                                       limits.vocab_size);

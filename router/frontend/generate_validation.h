@@ -26,6 +26,9 @@ struct GenerateLimits {
   // repeated here because the router does not link the engine (a test holds them equal).
   int64_t max_top_logprobs = 20;
   int64_t max_logprob_token_ids = 128;
+  // Most samples (SamplingParams.n) a request may ask for: the engine's kMaxSamples
+  // (model/scheduler.h), repeated here for the same reason.
+  int64_t max_samples = 64;
 };
 
 // OK, or INVALID_ARGUMENT naming the first bad field: request_id too long, empty prompt,
@@ -35,8 +38,9 @@ struct GenerateLimits {
 // set) outside (0, 1], top_k < 0, min_p outside [0, 1], frequency or presence penalty
 // outside [-2, 2], repetition_penalty not finite and > 0, a logit_bias value outside
 // [-100, 100], min_new_tokens > max_new_tokens, too many top_logprobs or
-// logprob_token_ids, prompt_logprobs_start not a prompt position, data_parallel_rank not
-// a configured rank. NaN fails every float check. Nothing is clamped.
+// logprob_token_ids, prompt_logprobs_start not a prompt position, n above max_samples (0
+// means 1), data_parallel_rank not a configured rank. NaN fails every float check.
+// Nothing is clamped.
 absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
                                      const GenerateLimits& limits);
 

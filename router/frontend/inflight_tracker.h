@@ -3,9 +3,10 @@
 // outstanding tokens, counts what every rank still owes, and lets other threads stop a
 // request's upstream call (Abort, a lost rank, shutdown).
 //
-// Outstanding tokens of a request: prompt tokens + max_new_tokens - tokens generated so
-// far; of a rank: the sum over its requests. The least-loaded rank is the eligible one with
-// the fewest outstanding tokens, then the fewest requests, then the lowest rank.
+// Outstanding tokens of a request: prompt tokens + n * max_new_tokens (its n samples share
+// the prompt) - tokens generated so far; of a rank: the sum over its requests. The
+// least-loaded rank is the eligible one with the fewest outstanding tokens, then the
+// fewest requests, then the lowest rank.
 //
 // Invariants: an id is in the table from a successful Admit until its Release; the table
 // never holds more than max_inflight entries.

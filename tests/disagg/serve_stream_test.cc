@@ -2,12 +2,14 @@
 // against real worker processes: many requests submitted at once on one stream get
 // exactly the tokens of each request run alone, several requests' news share one message;
 // the worker's refusals come back as events with Generate's codes; an abort on the stream,
-// or the stream's end (the router gone), frees the KV cache; and through the router, a
-// worker killed mid-request fails its requests with UNAVAILABLE.
+// or the stream's end (the router gone), frees the KV cache; a request with n samples
+// interleaves its samples' tagged chunks and ends once; and through the router, a worker
+// killed mid-request fails its requests with UNAVAILABLE.
 #include <grpcpp/grpcpp.h>
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -236,6 +238,15 @@ TEST_F(ServeStreamTest, WorkerRefusalsComeBackWithTheirCodes) {
   // Within the context, beyond the KV cache.
   EXPECT_EQ(error_for(Submit("huge", {1, 2}, kContext - 2)).code(),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // One sample would fit the KV cache, three cannot; more than 64 samples is refused.
+  v1::ServeRequest samples = Submit("three-samples", {1, 2}, 1500);
+  samples.mutable_submit()->mutable_sampling_params()->set_n(3);
+  EXPECT_EQ(error_for(samples).code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  samples.mutable_submit()->mutable_sampling_params()->set_max_new_tokens(2);
+  samples.mutable_submit()->mutable_sampling_params()->set_n(65);
+  const v1::ServeError too_many = error_for(samples);
+  EXPECT_EQ(too_many.code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(too_many.message().rfind("n: ", 0), 0u) << too_many.message();
 
   // The refusals disturbed nothing: the long request runs on, and an abort ends it.
   ASSERT_TRUE(stream->Write(AbortRequest("long")));
@@ -289,6 +300,76 @@ TEST_F(ServeStreamTest, TheStreamsEndAbortsItsRequestsAndFreesTheirKv) {
   EXPECT_TRUE(end.back().has_complete()) << end.back().error().message();
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+// A request with n = 3 on the stream: its samples' chunks interleave, each tagged and in
+// order, each sample's tokens are a single request's with its seed, and one `complete`
+// (with the other samples' ends) comes last. The stream's end stops every sample of a
+// running one and frees their KV.
+TEST_F(ServeStreamTest, SamplesInterleaveAndEndOnce) {
+  StartCluster({"--stream-interval", "2"});
+  auto engine = LocalEngine::Load(dir_);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(60)));
+    std::unique_ptr<ServeStream> stream = cluster_->attention(0)->Serve(&context);
+    v1::ServeRequest submit = Submit("three", {11, 400, 93, 7}, 7, /*ignore_eos=*/true);
+    v1::SamplingParams* p = submit.mutable_submit()->mutable_sampling_params();
+    p->set_temperature(0.9f);
+    p->set_seed(3);
+    p->set_n(3);
+    ASSERT_TRUE(stream->Write(submit));
+    auto events = ReadUntil(stream.get(), [](const v1::ServeEvent& e) {
+      return e.request_id() == "three" && (e.has_complete() || e.has_error());
+    });
+    ASSERT_FALSE(events.empty());
+    ASSERT_TRUE(events.back().has_complete()) << events.back().error().message();
+    std::vector<std::vector<int32_t>> tokens(3);
+    std::set<uint32_t> chunk_samples;
+    for (size_t k = 0; k + 1 < events.size(); ++k) {
+      ASSERT_TRUE(events[k].has_chunk()) << "only chunks before the one end";
+      const v1::TokenChunk& chunk = events[k].chunk();
+      ASSERT_LT(chunk.sample_index(), 3u);
+      chunk_samples.insert(chunk.sample_index());
+      std::vector<int32_t>& t = tokens[chunk.sample_index()];
+      EXPECT_EQ(chunk.index(), t.size()) << "sample " << chunk.sample_index() << ": out of order";
+      for (uint32_t id : chunk.token_ids()) t.push_back(static_cast<int32_t>(id));
+    }
+    EXPECT_EQ(chunk_samples.size(), 3u);
+    const v1::GenerateComplete& end = events.back().complete();
+    EXPECT_EQ(end.finish_reason(), v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(end.completion_tokens(), tokens[0].size());
+    EXPECT_EQ(end.prompt_tokens(), 4u);
+    ASSERT_EQ(end.samples_size(), 2);
+    for (int32_t i = 0; i < 3; ++i) {
+      GenerationRequest r;
+      r.prompt = {11, 400, 93, 7};
+      r.max_new_tokens = 7;
+      r.ignore_eos = true;
+      r.sampling.temperature = 0.9f;
+      r.sampling.seed = SampleSeed(3, i);
+      auto want = (*engine)->GenerateBatch({r});
+      ASSERT_TRUE(want.ok()) << want.status();
+      EXPECT_EQ(tokens[i], want->front().tokens) << "sample " << i;
+      if (i == 0) continue;
+      EXPECT_EQ(end.samples(i - 1).sample_index(), static_cast<uint32_t>(i));
+      EXPECT_EQ(end.samples(i - 1).finish_reason(), v1::FINISH_REASON_LENGTH);
+      EXPECT_EQ(end.samples(i - 1).completion_tokens(), tokens[i].size());
+    }
+    // A long one, then the router goes away.
+    v1::ServeRequest long_submit = Submit("three-long", {7, 8, 9}, kContext - 3, true);
+    long_submit.mutable_submit()->mutable_sampling_params()->set_n(3);
+    ASSERT_TRUE(stream->Write(long_submit));
+    auto first = ReadUntil(stream.get(), [](const v1::ServeEvent& e) {
+      return e.request_id() == "three-long" && e.has_chunk() && e.chunk().sample_index() == 2;
+    });
+    ASSERT_FALSE(first.empty());
+    EXPECT_GT(Load(*cluster_).kv_cache_used_tokens(), 0u);
+    context.TryCancel();
+    stream->Finish();
+  }
+  EXPECT_TRUE(WaitForIdle(*cluster_)) << "the samples still hold KV";
 }
 
 // Through the router: killing the attention worker under a running request ends it with

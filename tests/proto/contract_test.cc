@@ -163,6 +163,7 @@ const FieldSpec kKeyFields[] = {
     {"dxs.v1.SamplingParams", "top_logprobs", 15},
     {"dxs.v1.SamplingParams", "logprob_token_ids", 16},
     {"dxs.v1.SamplingParams", "prompt_logprobs_start", 17},
+    {"dxs.v1.SamplingParams", "n", 18},
     {"dxs.v1.GenerateResponse", "request_id", 1},
     {"dxs.v1.GenerateResponse", "chunk", 2},
     {"dxs.v1.GenerateResponse", "complete", 3},
@@ -170,6 +171,7 @@ const FieldSpec kKeyFields[] = {
     {"dxs.v1.TokenChunk", "index", 2},
     {"dxs.v1.TokenChunk", "logprobs", 3},
     {"dxs.v1.TokenChunk", "prompt_logprobs", 4},
+    {"dxs.v1.TokenChunk", "sample_index", 5},
     {"dxs.v1.TokenLogprobs", "logprob", 1},
     {"dxs.v1.TokenLogprobs", "top_logprobs", 2},
     {"dxs.v1.TokenLogprobs", "token_ids_logprobs", 3},
@@ -182,6 +184,11 @@ const FieldSpec kKeyFields[] = {
     {"dxs.v1.GenerateComplete", "finish_reason", 1},
     {"dxs.v1.GenerateComplete", "prompt_tokens", 2},
     {"dxs.v1.GenerateComplete", "completion_tokens", 3},
+    {"dxs.v1.GenerateComplete", "samples", 7},
+    {"dxs.v1.SampleComplete", "sample_index", 1},
+    {"dxs.v1.SampleComplete", "finish_reason", 2},
+    {"dxs.v1.SampleComplete", "completion_tokens", 3},
+    {"dxs.v1.SampleComplete", "matched_stop_token_id", 4},
     {"dxs.v1.AbortRequest", "request_id", 1},
     {"dxs.v1.ModelInfo", "vocab_size", 3},
     {"dxs.v1.ModelInfo", "max_context_length", 4},
@@ -249,6 +256,16 @@ TEST(ProtoContractTest, GenerateShapes) {
   EXPECT_EQ(chunk->FindFieldByName("logprobs")->message_type(), v1::TokenLogprobs::descriptor());
   EXPECT_EQ(chunk->FindFieldByName("prompt_logprobs")->message_type(),
             v1::PromptLogprobs::descriptor());
+  // n samples: 0 (unset) is one; each chunk names its sample, the end lists the others'.
+  EXPECT_EQ(sampling->FindFieldByName("n")->type(), FieldDescriptor::TYPE_UINT32);
+  EXPECT_FALSE(sampling->FindFieldByName("n")->has_optional_keyword());
+  EXPECT_EQ(chunk->FindFieldByName("sample_index")->type(), FieldDescriptor::TYPE_UINT32);
+  const FieldDescriptor* samples = v1::GenerateComplete::descriptor()->FindFieldByName("samples");
+  EXPECT_TRUE(samples->is_repeated());
+  EXPECT_EQ(samples->message_type(), v1::SampleComplete::descriptor());
+  EXPECT_TRUE(v1::SampleComplete::descriptor()
+                  ->FindFieldByName("matched_stop_token_id")
+                  ->has_optional_keyword());
 
   // A stream message is either tokens or the end, never both.
   const Descriptor* response = v1::GenerateResponse::descriptor();

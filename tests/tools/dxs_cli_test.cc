@@ -132,6 +132,65 @@ TEST(DxsRun, SamplingFeaturesAndLogprobsMatchTheEngine) {
   EXPECT_FALSE(s.at("prompt_logprobs").contains("top_logprobs"));
 }
 
+// --n 3: a "samples" list, one object per sample in sample order, each what a single
+// request with that sample's seed (SampleSeed) gives; the top level stays sample 0's.
+TEST(DxsRun, SamplesListOneObjectPerSample) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  auto engine = LocalEngine::Load(dir);
+  ASSERT_TRUE(engine.ok());
+  Output o = RunDxs("run --model " + dir +
+                        " --prompt-ids 9,41,7,300 --max-new-tokens 6 --temperature 0.9 --seed 11"
+                        " --n 3 --logprobs --top-logprobs 2 --prompt-logprobs 1 --format json",
+                    tmp);
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  const nlohmann::json j = nlohmann::json::parse(o.out);
+  ASSERT_TRUE(j.contains("samples")) << o.out;
+  ASSERT_EQ(j.at("samples").size(), 3u) << o.out;
+  for (int32_t i = 0; i < 3; ++i) {
+    GenerationRequest r;
+    r.prompt = {9, 41, 7, 300};
+    r.max_new_tokens = 6;
+    r.sampling.temperature = 0.9f;
+    r.sampling.seed = SampleSeed(11, i);
+    r.logprobs = true;
+    r.top_logprobs = 2;
+    auto want = (*engine)->GenerateBatch({r});
+    ASSERT_TRUE(want.ok()) << want.status();
+    const nlohmann::json& sample = j.at("samples")[i];
+    const std::string what = "sample " + std::to_string(i);
+    EXPECT_EQ(sample.at("tokens").get<std::vector<int32_t>>(), want->front().tokens) << what;
+    EXPECT_EQ(sample.at("finish_reason"), FinishReasonName(want->front().finish_reason)) << what;
+    ASSERT_EQ(sample.at("logprobs").size(), want->front().tokens.size()) << what;
+    ASSERT_EQ(sample.at("top_logprobs").size(), want->front().tokens.size()) << what;
+    for (size_t k = 0; k < want->front().logprobs.size(); ++k) {
+      EXPECT_NEAR(sample.at("logprobs")[k].get<float>(), want->front().logprobs[k].logprob, 1e-5)
+          << what << " " << k;
+    }
+    EXPECT_FALSE(sample.contains("prompt_logprobs")) << what << ": the prompt's stay on top";
+  }
+  // The top level is sample 0's, as with one sample.
+  EXPECT_EQ(j.at("tokens"), j.at("samples")[0].at("tokens"));
+  EXPECT_EQ(j.at("logprobs"), j.at("samples")[0].at("logprobs"));
+  EXPECT_TRUE(j.contains("prompt_logprobs"));
+  // One sample: no list, the output as before.
+  Output one = RunDxs("run --model " + dir +
+                          " --prompt-ids 9,41,7,300 --max-new-tokens 6 --temperature 0.9"
+                          " --seed 11 --n 1 --format json",
+                      tmp);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const nlohmann::json single = nlohmann::json::parse(one.out);
+  EXPECT_FALSE(single.contains("samples"));
+  EXPECT_EQ(single.at("tokens"), j.at("tokens"));
+  // Text: a line per sample.
+  Output text = RunDxs("run --model " + dir +
+                           " --prompt-ids 9,41,7,300 --max-new-tokens 6 --temperature 0.9"
+                           " --seed 11 --n 3",
+                       tmp);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_EQ(Lines(text.out), 3) << text.out;
+}
+
 TEST(DxsRun, BadFlagsAndBadModelGiveOneLineAndNonZeroExit) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "default");
@@ -167,6 +226,9 @@ TEST(DxsRun, BadFlagsAndBadModelGiveOneLineAndNonZeroExit) {
       {"run --model " + dir + " --prompt-ids 1,2 --format json --prompt-logprobs 2",
        "prompt_logprobs_start"},
       {"run --model " + dir + " --prompt-ids 1 --logprobs", "--format json"},
+      {"run --model " + dir + " --prompt-ids 1 --n 0", "--n must be >= 1"},
+      {"run --model " + dir + " --prompt-ids 1 --n x", "--n"},
+      {"run --model " + dir + " --prompt-ids 1 --n 65", "n: must be in [1, 64]"},
       {"run --model " + dir, "--prompt-ids is required"},
       {"run --model " + tmp.path() + "/missing --prompt-ids 1", "missing"},
       {"frobnicate", "unknown command"},

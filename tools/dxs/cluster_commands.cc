@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -445,33 +446,42 @@ int GenerateCommand(const std::vector<std::string>& argv) {
   if (features.prompt_logprobs_start >= 0) {
     p->set_prompt_logprobs_start(static_cast<uint32_t>(features.prompt_logprobs_start));
   }
+  if (args->Has("n")) p->set_n(static_cast<uint32_t>(features.n));
   if (*dp >= 0) req.set_data_parallel_rank(static_cast<uint32_t>(*dp));
 
   auto stub = v1::Frontend::NewStub(Channel(args->GetString("router"), *tls));
   grpc::ClientContext ctx;
   auto reader = stub->Generate(&ctx, req);
   v1::GenerateResponse resp;
-  std::vector<uint32_t> tokens;
-  // In the engine's form, so that the JSON is `dxs run`'s.
-  std::vector<TokenLogprobs> logprobs;
+  // Per sample (TokenChunk.sample_index; one with --n 1): its tokens and, in the engine's
+  // form so that the JSON is `dxs run`'s, its log-probabilities.
+  // (More than kMaxSamples the router refuses.)
+  const size_t num_samples = static_cast<size_t>(std::clamp(features.n, 1, kMaxSamples));
+  std::vector<std::vector<int32_t>> tokens(num_samples);
+  std::vector<std::vector<TokenLogprobs>> logprobs(num_samples);
   std::optional<PromptLogprobs> prompt_logprobs;
   v1::GenerateComplete complete;
   std::string request_id;
+  // With one sample, text output streams the tokens as they come; with more it prints a
+  // line per sample at the end.
+  const bool stream_text = format == "text" && num_samples == 1;
   while (reader->Read(&resp)) {
     request_id = resp.request_id();
     if (resp.has_chunk()) {
-      for (uint32_t t : resp.chunk().token_ids()) {
-        tokens.push_back(t);
-        if (format == "text") std::cout << (tokens.size() > 1 ? " " : "") << t << std::flush;
-      }
       const v1::TokenChunk& chunk = resp.chunk();
+      if (chunk.sample_index() >= num_samples) continue;  // not asked for
+      std::vector<int32_t>& sample_tokens = tokens[chunk.sample_index()];
+      for (uint32_t t : chunk.token_ids()) {
+        sample_tokens.push_back(static_cast<int32_t>(t));
+        if (stream_text) std::cout << (sample_tokens.size() > 1 ? " " : "") << t << std::flush;
+      }
       for (int i = 0; i < chunk.logprobs_size(); ++i) {
         const int32_t token =
             i < chunk.token_ids_size() ? static_cast<int32_t>(chunk.token_ids(i)) : -1;
-        logprobs.push_back(FromProto(chunk.logprobs(i), token));
+        logprobs[chunk.sample_index()].push_back(FromProto(chunk.logprobs(i), token));
       }
-      if (resp.chunk().has_prompt_logprobs()) {
-        const v1::PromptLogprobs& in = resp.chunk().prompt_logprobs();
+      if (chunk.has_prompt_logprobs()) {
+        const v1::PromptLogprobs& in = chunk.prompt_logprobs();
         PromptLogprobs& out = prompt_logprobs.emplace();
         out.first_position = in.first_position();
         for (int i = 0; i < in.positions_size(); ++i) {
@@ -486,23 +496,49 @@ int GenerateCommand(const std::vector<std::string>& argv) {
     }
   }
   grpc::Status s = reader->Finish();
-  if (format == "text" && !tokens.empty()) std::cout << "\n";
+  if (stream_text && !tokens[0].empty()) std::cout << "\n";
   if (!s.ok()) return FailRpc("generate", s);
-  std::string reason = v1::FinishReason_Name(complete.finish_reason());
-  if (reason.rfind("FINISH_REASON_", 0) == 0) reason = reason.substr(14);
-  for (char& c : reason) c = static_cast<char>(std::tolower(c));
+  auto reason_name = [](v1::FinishReason r) {
+    std::string reason = v1::FinishReason_Name(r);
+    if (reason.rfind("FINISH_REASON_", 0) == 0) reason = reason.substr(14);
+    for (char& c : reason) c = static_cast<char>(std::tolower(c));
+    return reason;
+  };
+  const std::string reason = reason_name(complete.finish_reason());
+  // Sample i's end: the top level for sample 0, GenerateComplete.samples for the others.
+  std::vector<std::string> reasons(num_samples, reason);
+  std::vector<uint32_t> completion_tokens(num_samples, complete.completion_tokens());
+  for (const v1::SampleComplete& sample : complete.samples()) {
+    if (sample.sample_index() == 0 || sample.sample_index() >= num_samples) continue;
+    reasons[sample.sample_index()] = reason_name(sample.finish_reason());
+    completion_tokens[sample.sample_index()] = sample.completion_tokens();
+  }
   if (format == "json") {
     nlohmann::json out;
-    out["tokens"] = tokens;
+    out["tokens"] = tokens[0];
     out["finish_reason"] = reason;
     out["request_id"] = request_id;
     out["prompt_tokens"] = complete.prompt_tokens();
     out["completion_tokens"] = complete.completion_tokens();
     out["data_parallel_rank"] = complete.data_parallel_rank();
-    AddLogprobsJson(features, logprobs, prompt_logprobs, &out);
+    AddLogprobsJson(features, logprobs[0], prompt_logprobs, &out);
+    if (num_samples > 1) {
+      nlohmann::json list = nlohmann::json::array();
+      for (size_t i = 0; i < num_samples; ++i) {
+        nlohmann::json sample = SampleJson(features, tokens[i], reasons[i], logprobs[i]);
+        sample["completion_tokens"] = completion_tokens[i];
+        list.push_back(std::move(sample));
+      }
+      out["samples"] = list;
+    }
     std::cout << out.dump() << "\n";
-  } else {
+  } else if (stream_text) {
     std::cerr << "finish_reason: " << reason << "\n";
+  } else {
+    for (const std::vector<int32_t>& sample_tokens : tokens) {
+      std::cout << absl::StrJoin(sample_tokens, " ") << "\n";
+    }
+    std::cerr << "finish_reason: " << absl::StrJoin(reasons, " ") << "\n";
   }
   return 0;
 }

@@ -109,6 +109,12 @@ int RunCommand(const std::vector<std::string>& argv) {
   absl::StatusOr<std::vector<GenerationResult>> results = (*engine)->GenerateBatch({req});
   if (!results.ok()) return Fail("run", results.status());
   const GenerationResult& r = results->front();
+  // With --n > 1: every sample, sample 0 (the top-level result) first.
+  std::vector<const GenerationResult*> samples;
+  if (req.n > 1) {
+    samples.push_back(&r);
+    for (const GenerationResult& s : r.samples) samples.push_back(&s);
+  }
   if (format == "json") {
     nlohmann::json out;
     out["tokens"] = r.tokens;
@@ -116,10 +122,25 @@ int RunCommand(const std::vector<std::string>& argv) {
     out["model"] = *model_dir;
     if (args->Has("dump-logits")) out["first_logits"] = r.first_logits;
     AddLogprobsJson(req, r.logprobs, r.prompt_logprobs, &out);
+    if (!samples.empty()) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const GenerationResult* s : samples) {
+        list.push_back(SampleJson(req, s->tokens, FinishReasonName(s->finish_reason), s->logprobs));
+      }
+      out["samples"] = list;
+    }
     std::cout << out.dump() << "\n";
-  } else {
+  } else if (samples.empty()) {
     std::cout << absl::StrJoin(r.tokens, " ") << "\n";
     std::cerr << "finish_reason: " << FinishReasonName(r.finish_reason) << "\n";
+  } else {
+    // One line per sample, in sample order.
+    std::vector<std::string> reasons;
+    for (const GenerationResult* s : samples) {
+      std::cout << absl::StrJoin(s->tokens, " ") << "\n";
+      reasons.push_back(FinishReasonName(s->finish_reason));
+    }
+    std::cerr << "finish_reason: " << absl::StrJoin(reasons, " ") << "\n";
   }
   return 0;
 }

@@ -68,7 +68,7 @@ void AddLists(const GenerationRequest& req, const std::vector<TokenLogprobs>& po
 std::set<std::string> SamplingValueFlags(std::set<std::string> others) {
   others.insert({"min-p", "frequency-penalty", "presence-penalty", "repetition-penalty",
                  "logit-bias", "min-new-tokens", "top-logprobs", "logprob-token-ids",
-                 "prompt-logprobs"});
+                 "prompt-logprobs", "n"});
   return others;
 }
 
@@ -84,7 +84,9 @@ const char kSamplingUsage[] =
     "  Log-probabilities (of the raw logits; with --format json): [--logprobs]\n"
     "  [--top-logprobs N (0..20 alternatives per token)] [--logprob-token-ids ID,...]\n"
     "  [--prompt-logprobs START (score the prompt from position START; with\n"
-    "  --max-new-tokens 0, only that)]\n";
+    "  --max-new-tokens 0, only that)]\n"
+    "  [--n N (1..64 samples of the prompt, prefilled once; sample i draws from a seed made\n"
+    "  from --seed and i, sample 0 from --seed itself; JSON: a \"samples\" list)]\n";
 
 absl::Status ReadSamplingFlags(const Args& args, const std::string& format,
                                GenerationRequest* req) {
@@ -106,9 +108,18 @@ absl::Status ReadSamplingFlags(const Args& args, const std::string& format,
   auto top = NonNegative(args, "top-logprobs", 0);
   auto start = NonNegative(args, "prompt-logprobs", 0);
   auto ids = args.GetIntList("logprob-token-ids");
-  for (const absl::Status& st : {min_new.status(), top.status(), start.status(), ids.status()}) {
+  auto n = args.GetInt("n", 1);
+  for (const absl::Status& st :
+       {min_new.status(), top.status(), start.status(), ids.status(), n.status()}) {
     if (!st.ok()) return st;
   }
+  // The upper bound (kMaxSamples) is the engine's or the router's to check.
+  if (*n < 1) return absl::InvalidArgumentError(absl::StrCat("--n must be >= 1, got ", *n));
+  if (*n > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--n: ", *n, " samples is too many (at most ", kMaxSamples, ")"));
+  }
+  req->n = static_cast<int32_t>(*n);
   for (int32_t id : *ids) {
     if (id < 0) {
       return absl::InvalidArgumentError(
@@ -144,6 +155,16 @@ void AddLogprobsJson(const GenerationRequest& req, const std::vector<TokenLogpro
   if (!req.logprob_token_ids.empty()) next["token_ids_logprobs"] = p.next.named;
   prompt["next"] = next;
   (*out)["prompt_logprobs"] = prompt;
+}
+
+nlohmann::json SampleJson(const GenerationRequest& req, const std::vector<int32_t>& tokens,
+                          const std::string& finish_reason,
+                          const std::vector<TokenLogprobs>& logprobs) {
+  nlohmann::json out;
+  out["tokens"] = tokens;
+  out["finish_reason"] = finish_reason;
+  AddLogprobsJson(req, logprobs, std::nullopt, &out);
+  return out;
 }
 
 }  // namespace dxs::cli

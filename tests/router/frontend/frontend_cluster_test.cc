@@ -10,7 +10,9 @@
 //  - --max-inflight bounds admission (RESOURCE_EXHAUSTED);
 //  - the sampling features (log-probabilities, prompt scoring, penalties, logit_bias,
 //    min_new_tokens, min_p) give what the single-process engine gives for the same
-//    GenerationRequest, through the router (Serve) and a worker's Generate alike.
+//    GenerationRequest, through the router (Serve) and a worker's Generate alike;
+//  - n samples of one prompt: each equals a single request with its sample's seed, and an
+//    Abort ends every sample.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -19,8 +21,10 @@
 #include <condition_variable>
 #include <functional>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,6 +51,7 @@ using testing::TempDir;
 // of these limits).
 static_assert(GenerateLimits{}.max_top_logprobs == kMaxTopLogprobs);
 static_assert(GenerateLimits{}.max_logprob_token_ids == kMaxLogprobTokenIds);
+static_assert(GenerateLimits{}.max_samples == kMaxSamples);
 
 constexpr int kVocab = 4096;    // the "default" preset
 constexpr int kContext = 4096;  // its max_position_embeddings
@@ -108,9 +113,14 @@ class StreamCall {
         if (message.request_id() != request_id_) consistent_ids_ = false;
         if (complete_.has_value()) ++messages_after_complete_;
         if (message.has_chunk()) {
-          if (message.chunk().index() != tokens_.size()) in_order_ = false;
+          // Each sample's chunks are in order; tokens_ holds sample 0's.
+          const size_t sample = message.chunk().sample_index();
+          if (sample >= sample_tokens_.size()) sample_tokens_.resize(sample + 1);
+          std::vector<int32_t>& tokens = sample_tokens_[sample];
+          if (message.chunk().index() != tokens.size()) in_order_ = false;
           if (message.chunk().token_ids_size() == 0) ++empty_chunks_;
-          for (uint32_t t : message.chunk().token_ids()) tokens_.push_back(static_cast<int>(t));
+          for (uint32_t t : message.chunk().token_ids()) tokens.push_back(static_cast<int>(t));
+          tokens_ = sample_tokens_[0];
           chunks_.push_back(message.chunk());
         } else if (message.has_complete()) {
           complete_ = message.complete();
@@ -166,6 +176,7 @@ class StreamCall {
   int empty_chunks_ = 0;
   int messages_after_complete_ = 0;
   std::vector<int32_t> tokens_;
+  std::vector<std::vector<int32_t>> sample_tokens_{1};
   std::vector<v1::TokenChunk> chunks_;
   std::optional<v1::GenerateComplete> complete_;
   grpc::Status status_;
@@ -195,11 +206,17 @@ Outcome RunOnWorker(v1::AttentionWorker::Stub* worker, const v1::GenerateRequest
   auto reader = worker->Generate(&context, request);
   Outcome out;
   out.in_order = true;
+  std::map<uint32_t, size_t> sample_tokens;  // tokens so far per sample
   v1::GenerateResponse message;
   while (reader->Read(&message)) {
     if (message.has_chunk()) {
-      out.in_order = out.in_order && message.chunk().index() == out.tokens.size();
-      for (uint32_t t : message.chunk().token_ids()) out.tokens.push_back(static_cast<int>(t));
+      const v1::TokenChunk& chunk = message.chunk();
+      size_t& sent = sample_tokens[chunk.sample_index()];
+      out.in_order = out.in_order && chunk.index() == sent;
+      sent += static_cast<size_t>(chunk.token_ids_size());
+      if (chunk.sample_index() == 0) {
+        for (uint32_t t : chunk.token_ids()) out.tokens.push_back(static_cast<int>(t));
+      }
       out.chunks.push_back(message.chunk());
     } else if (message.has_complete()) {
       out.complete = message.complete();
@@ -236,6 +253,7 @@ v1::GenerateRequest ProtoRequest(const GenerationRequest& r, const std::string& 
   if (r.prompt_logprobs_start >= 0) {
     p->set_prompt_logprobs_start(static_cast<uint32_t>(r.prompt_logprobs_start));
   }
+  if (r.n != 1) p->set_n(static_cast<uint32_t>(r.n));
   return out;
 }
 
@@ -571,6 +589,8 @@ TEST_F(FrontendCluster, BadInputsAreRefusedWithoutDisturbingARunningRequest) {
       {"min_new_tokens > max_new_tokens",
        [](auto& r) { r.mutable_sampling_params()->set_min_new_tokens(5); }, kInvalid,
        "sampling_params.min_new_tokens"},
+      {"n = 65", [](auto& r) { r.mutable_sampling_params()->set_n(65); }, kInvalid,
+       "sampling_params.n"},
       {"duplicate id", [](auto& r) { r.set_request_id("long-one"); },
        grpc::StatusCode::ALREADY_EXISTS, "request_id"},
   };
@@ -927,6 +947,28 @@ TEST_F(FrontendCluster, DxsGeneratePrintsWhatDxsRunPrints) {
     ASSERT_TRUE(want.contains(key)) << key << ": " << local;
     ExpectJsonNear(got.value(key, nlohmann::json()), want.at(key), key);
   }
+  // --n 3: the same "samples" list, one object per sample.
+  const std::string sampled =
+      cluster_->RunDxs("generate --router " + cluster_->router_address() + flags + " --n 3");
+  const std::string sampled_local = cluster_->RunDxs("run --model " + dir_ + flags + " --n 3");
+  const nlohmann::json got_n = nlohmann::json::parse(sampled, nullptr, false);
+  const nlohmann::json want_n = nlohmann::json::parse(sampled_local, nullptr, false);
+  ASSERT_FALSE(got_n.is_discarded()) << sampled;
+  ASSERT_FALSE(want_n.is_discarded()) << sampled_local;
+  ASSERT_EQ(want_n.value("samples", nlohmann::json()).size(), 3u) << sampled_local;
+  ASSERT_EQ(got_n.value("samples", nlohmann::json()).size(), 3u) << sampled;
+  for (size_t i = 0; i < 3; ++i) {
+    for (const char* key : {"tokens", "logprobs", "top_logprobs", "token_ids_logprobs"}) {
+      const std::string at = "samples[" + std::to_string(i) + "]." + key;
+      ASSERT_TRUE(want_n["samples"][i].contains(key)) << at << ": " << sampled_local;
+      ExpectJsonNear(got_n["samples"][i].value(key, nlohmann::json()), want_n["samples"][i][key],
+                     at);
+    }
+    EXPECT_EQ(got_n["samples"][i].value("completion_tokens", 0u),
+              want_n["samples"][i]["tokens"].size());
+  }
+  ExpectJsonNear(got_n.value("prompt_logprobs", nlohmann::json()), want.at("prompt_logprobs"),
+                 "prompt_logprobs with --n 3");
   // A value the router refuses: the error names the field, exit status != 0.
   const std::string refused = cluster_->RunDxs("generate --router " + cluster_->router_address() +
                                                " --prompt-ids 1,2 --min-p 1.5");
@@ -994,12 +1036,203 @@ TEST_F(FrontendCluster, PenaltiesBiasAndMinTokensEqualTheSingleProcessEngine) {
       EXPECT_EQ(std::count(want.tokens.begin(), want.tokens.end(), 1234), 0);
       ASSERT_TRUE(out.complete.has_value());
       EXPECT_EQ(out.complete->finish_reason(), v1::FINISH_REASON_STOP_EOS);
+      EXPECT_EQ(out.complete->matched_stop_token_id(), static_cast<uint32_t>(kEos));
     }
     if (i == 3) {
       EXPECT_EQ(want.tokens.size(), 16u) << "no stop before min_new_tokens";
     }
   }
   EXPECT_TRUE(WaitAllFree(frontend())) << cluster_->DumpLogs();
+}
+
+v1::FinishReason ProtoReason(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kEos:
+      return v1::FINISH_REASON_STOP_EOS;
+    case FinishReason::kStopToken:
+      return v1::FINISH_REASON_STOP_TOKEN;
+    case FinishReason::kAborted:
+      return v1::FINISH_REASON_ABORTED;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+// Sample `i` of a whole n-sample stream as an Outcome of its own: its chunks (each
+// sample's indices count from 0), its tokens, and its end (the top level for sample 0,
+// its GenerateComplete.samples entry for the others).
+Outcome SampleOf(const Outcome& all, uint32_t i) {
+  Outcome out;
+  out.status = all.status;
+  out.in_order = all.in_order;
+  for (const v1::TokenChunk& chunk : all.chunks) {
+    if (chunk.sample_index() != i) continue;
+    out.in_order = out.in_order && chunk.index() == out.tokens.size();
+    for (uint32_t t : chunk.token_ids()) out.tokens.push_back(static_cast<int32_t>(t));
+    out.chunks.push_back(chunk);
+  }
+  if (!all.complete.has_value()) return out;
+  if (i == 0) {
+    out.complete = *all.complete;
+    return out;
+  }
+  for (const v1::SampleComplete& sample : all.complete->samples()) {
+    if (sample.sample_index() != i) continue;
+    v1::GenerateComplete c;
+    c.set_finish_reason(sample.finish_reason());
+    c.set_completion_tokens(sample.completion_tokens());
+    if (sample.has_matched_stop_token_id()) {
+      c.set_matched_stop_token_id(sample.matched_stop_token_id());
+    }
+    out.complete = c;
+  }
+  return out;
+}
+
+// The single request sample `i` of `r` equals: the seed SampleSeed(seed, i), one sample,
+// and the prompt's scores with sample 0 only.
+GenerationRequest SampleRequest(GenerationRequest r, int32_t i) {
+  r.sampling.seed = SampleSeed(r.sampling.seed, i);
+  r.n = 1;
+  if (i > 0) r.prompt_logprobs_start = -1;
+  return r;
+}
+
+// 8. n samples of one prompt: sample i of a request with n = 4 equals a single request with
+// the seed SampleSeed(seed, i), tokens exactly and log-probabilities within the bound, on
+// the router's Serve stream and a worker's Generate alike; the stream ends once, with every
+// sample's end. An Abort ends every sample.
+TEST_F(FrontendCluster, SamplesEqualSingleRequestsWithTheirSeeds) {
+  // Chunks of 3 after the first: held tokens leave per sample, with their logprobs.
+  StartCluster(2, 1, {}, {"--stream-interval", "3"});
+  constexpr int32_t kEos = 2;  // the "default" preset's
+  std::vector<std::pair<std::string, GenerationRequest>> cases;
+  {
+    GenerationRequest r;
+    r.prompt = Prompt(40, 7);
+    r.max_new_tokens = 10;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0.9f;
+    r.sampling.seed = 1234;
+    r.n = 4;
+    cases.push_back({"n4", r});
+  }
+  {
+    // Log-probabilities of every sample; the prompt's scores with sample 0 only.
+    GenerationRequest r;
+    r.prompt = Prompt(41, 9);
+    r.max_new_tokens = 8;
+    r.sampling.temperature = 0.9f;
+    r.sampling.top_k = 50;
+    r.sampling.seed = 99;
+    r.logprobs = true;
+    r.top_logprobs = 3;
+    r.logprob_token_ids = {3, 17};
+    r.prompt_logprobs_start = 2;
+    r.n = 4;
+    cases.push_back({"n4-logprobs", r});
+  }
+  {
+    // EOS pushed up: the samples end on their own, at different lengths.
+    GenerationRequest r;
+    r.prompt = Prompt(42, 5);
+    r.max_new_tokens = 12;
+    r.min_new_tokens = 1;
+    r.sampling.temperature = 0.9f;
+    r.sampling.seed = 5;
+    r.sampling.logit_bias = {{kEos, 8.f}};
+    r.logprobs = true;
+    r.n = 4;
+    cases.push_back({"n4-eos", r});
+  }
+  auto expect_samples = [&](const Outcome& out, const GenerationRequest& request,
+                            const std::string& what) {
+    ASSERT_TRUE(out.status.ok()) << what << ": " << out.status.error_message()
+                                 << cluster_->DumpLogs();
+    EXPECT_TRUE(out.in_order) << what;
+    ASSERT_TRUE(out.complete.has_value()) << what;
+    EXPECT_EQ(out.complete->prompt_tokens(), request.prompt.size()) << what;
+    ASSERT_EQ(out.complete->samples_size(), request.n - 1) << what;
+    std::set<std::vector<int32_t>> distinct;
+    std::set<FinishReason> reasons;
+    for (int32_t i = 0; i < request.n; ++i) {
+      const std::string at = what + " sample " + std::to_string(i);
+      if (i > 0) {
+        EXPECT_EQ(out.complete->samples(i - 1).sample_index(), static_cast<uint32_t>(i)) << at;
+      }
+      const Outcome sample = SampleOf(out, static_cast<uint32_t>(i));
+      const GenerationRequest single = SampleRequest(request, i);
+      const GenerationResult want = Want(single);
+      ExpectEqualsEngine(sample, single, want, at);
+      ASSERT_TRUE(sample.complete.has_value()) << at;
+      EXPECT_EQ(sample.complete->finish_reason(), ProtoReason(want.finish_reason)) << at;
+      if (i > 0 && want.finish_reason == FinishReason::kEos) {
+        EXPECT_EQ(sample.complete->matched_stop_token_id(), static_cast<uint32_t>(kEos)) << at;
+      }
+      distinct.insert(sample.tokens);
+      reasons.insert(want.finish_reason);
+    }
+    EXPECT_GT(distinct.size(), 1u) << what << ": the samples draw from different streams";
+    if (request.sampling.logit_bias.empty()) return;
+    // Some samples stop at EOS (sample 0 before sample 1), others run to max_new_tokens.
+    EXPECT_EQ(reasons, (std::set<FinishReason>{FinishReason::kEos, FinishReason::kLength})) << what;
+  };
+  // All at once through the router, so that they share steps.
+  std::vector<std::unique_ptr<StreamCall>> calls;
+  for (const auto& [what, request] : cases) {
+    calls.push_back(std::make_unique<StreamCall>(frontend(), ProtoRequest(request, what)));
+  }
+  for (size_t c = 0; c < cases.size(); ++c) {
+    calls[c]->Join();
+    const Outcome out{calls[c]->status(), calls[c]->tokens(), calls[c]->complete(),
+                      calls[c]->in_order(), calls[c]->chunks()};
+    expect_samples(out, cases[c].second, cases[c].first + " (router)");
+  }
+  // The worker's Generate: its own sink path.
+  for (const auto& [what, request] : cases) {
+    expect_samples(RunOnWorker(cluster_->attention(1), ProtoRequest(request, what)), request,
+                   what + " (worker)");
+  }
+  EXPECT_TRUE(WaitAllFree(frontend())) << cluster_->DumpLogs();
+
+  // An Abort of a request with 3 samples mid-stream ends the stream once, with every
+  // sample's end (ABORTED, its own token count), and frees the KV of every sample.
+  GenerationRequest r;
+  r.prompt = Prompt(43, 6);
+  r.max_new_tokens = kContext - 6;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0.9f;
+  r.sampling.seed = 8;
+  r.n = 3;
+  for (const std::string id : {"abort-samples", ""}) {
+    // By its id once sample 0 has tokens; and by an assigned id at once, likely before the
+    // prompt's prefill ended (then no sample has tokens, and each ends all the same).
+    StreamCall call(frontend(), ProtoRequest(r, id));
+    ASSERT_TRUE(call.WaitFor(id.empty() ? 0 : 3)) << cluster_->DumpLogs();
+    grpc::Status s = AbortCall(frontend(), call.request_id());
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    call.Join();
+    const std::string what = id.empty() ? "assigned id" : id;
+    ASSERT_TRUE(call.status().ok()) << what << ": " << call.status().error_message();
+    EXPECT_TRUE(call.in_order()) << what;
+    ASSERT_TRUE(call.complete().has_value()) << what;
+    const Outcome out{call.status(), call.tokens(), call.complete(), call.in_order(),
+                      call.chunks()};
+    EXPECT_EQ(out.complete->finish_reason(), v1::FINISH_REASON_ABORTED) << what;
+    ASSERT_EQ(out.complete->samples_size(), 2) << what;
+    for (uint32_t i = 0; i < 3; ++i) {
+      const Outcome sample = SampleOf(out, i);
+      ASSERT_TRUE(sample.complete.has_value()) << what << " sample " << i;
+      EXPECT_EQ(sample.complete->finish_reason(), v1::FINISH_REASON_ABORTED)
+          << what << " sample " << i;
+      EXPECT_EQ(sample.complete->completion_tokens(), sample.tokens.size())
+          << what << " sample " << i;
+      EXPECT_LT(sample.tokens.size(), static_cast<size_t>(r.max_new_tokens))
+          << what << " sample " << i;
+    }
+    EXPECT_TRUE(WaitAllFree(frontend())) << what << cluster_->DumpLogs();
+  }
 }
 
 }  // namespace

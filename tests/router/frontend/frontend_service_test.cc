@@ -1,9 +1,11 @@
 // FrontendService in one process, in front of scripted fake attention workers over real
 // gRPC on loopback: the paths a real cluster rarely hits on cue. Messages are relayed
 // unchanged; a caller's cancellation reaches the worker while no token flows; Abort of a
-// request the worker does not know yet still ends with FINISH_REASON_ABORTED; a rank whose
-// worker dies fails its requests with UNAVAILABLE; an unreachable rank is UNAVAILABLE;
-// GetLoads merges the worker's numbers with the router's; Shutdown ends every stream.
+// request the worker does not know yet still ends with FINISH_REASON_ABORTED (every
+// sample's end, with n samples); a rank whose worker dies fails its requests with
+// UNAVAILABLE; an unreachable rank is UNAVAILABLE; GetLoads merges the worker's numbers
+// with the router's (a request's n samples owe max_new_tokens each); Shutdown ends every
+// stream.
 // Those fakes implement only Generate, so the router falls back to it; fakes with Serve
 // check the multiplexed path: concurrent requests share one stream per rank, worker errors
 // keep their code, cancellation, deadlines and Abort travel on the stream as aborts, and a
@@ -418,6 +420,30 @@ TEST_F(FrontendServiceTest, AbortBeforeTheWorkerKnowsTheRequestEndsAborted) {
   EXPECT_TRUE(w1.cancelled().WaitForNotificationWithTimeout(kWaitTimeout));
 }
 
+// With n samples, the router's own end of an aborted request ends every sample.
+TEST_F(FrontendServiceTest, AbortBeforeTheWorkerKnowsEndsEverySample) {
+  FakeWorker w0(0, FakeWorker::Mode::kHold, /*knows_ids=*/false);
+  FakeWorker w1(1, FakeWorker::Mode::kHold, false);
+  Start({&w0, &w1});
+  grpc::ClientContext context;
+  v1::GenerateRequest request = Request(0, "three-samples");
+  request.mutable_sampling_params()->set_n(3);
+  auto reader = stub_->Generate(&context, request);
+  ASSERT_TRUE(w0.started().WaitForNotificationWithTimeout(kWaitTimeout));
+  EXPECT_EQ(w0.last_request().sampling_params().n(), 3u);
+  const v1::GenerateResponse last = AbortAndReadNext(reader.get(), "three-samples");
+  const v1::GenerateComplete& complete = last.complete();
+  EXPECT_EQ(complete.finish_reason(), v1::FINISH_REASON_ABORTED);
+  EXPECT_EQ(complete.completion_tokens(), 0u);
+  ASSERT_EQ(complete.samples_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(complete.samples(i).sample_index(), static_cast<uint32_t>(i + 1));
+    EXPECT_EQ(complete.samples(i).finish_reason(), v1::FINISH_REASON_ABORTED);
+    EXPECT_EQ(complete.samples(i).completion_tokens(), 0u);
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+}
+
 TEST_F(FrontendServiceTest, AbortForwardedToTheWorker) {
   FakeWorker w0(0, FakeWorker::Mode::kHold, true), w1(1, FakeWorker::Mode::kHold, true);
   Start({&w0, &w1});
@@ -475,13 +501,19 @@ TEST_F(FrontendServiceTest, GetLoadsMergesWorkerAndRouterNumbers) {
   grpc::ClientContext context;
   auto reader = stub_->Generate(&context, Request(1, "held"));
   ASSERT_TRUE(w1.started().WaitForNotificationWithTimeout(kWaitTimeout));
+  // Three samples owe their prompt once and max_new_tokens each.
+  grpc::ClientContext samples_context;
+  v1::GenerateRequest samples = Request(0, "held-samples");
+  samples.mutable_sampling_params()->set_n(3);
+  auto samples_reader = stub_->Generate(&samples_context, samples);
+  ASSERT_TRUE(w0.started().WaitForNotificationWithTimeout(kWaitTimeout));
   grpc::ClientContext loads_context;
   v1::GetLoadsResponse loads;
   ASSERT_TRUE(stub_->GetLoads(&loads_context, v1::GetLoadsRequest(), &loads).ok());
   EXPECT_EQ(loads.cluster_view_version(), registry_->version());
   ASSERT_EQ(loads.loads_size(), 2);
   EXPECT_EQ(loads.loads(0).rank(), 0u);
-  EXPECT_EQ(loads.loads(0).num_outstanding_tokens(), 0u);
+  EXPECT_EQ(loads.loads(0).num_outstanding_tokens(), 32u);  // 2 prompt + 3 x 10 new
   EXPECT_EQ(loads.loads(1).num_outstanding_tokens(), 12u);  // 2 prompt + 10 new
   EXPECT_EQ(loads.loads(1).kv_cache_used_tokens(), 40u);    // the worker's
   EXPECT_EQ(loads.loads(1).num_running_requests(), 3u);
@@ -489,6 +521,8 @@ TEST_F(FrontendServiceTest, GetLoadsMergesWorkerAndRouterNumbers) {
   EXPECT_GT(loads.loads(1).sampled_at_unix_ns(), 0u);
   context.TryCancel();
   reader->Finish();
+  samples_context.TryCancel();
+  samples_reader->Finish();
 
   grpc::ClientContext info_context;
   v1::GetModelInfoResponse info;

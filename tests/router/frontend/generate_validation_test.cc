@@ -67,6 +67,14 @@ TEST(GenerateValidation, AcceptsSamplingFeaturesAtTheirEdges) {
     absl::Status s = ValidateGenerateRequest(r, Limits());
     EXPECT_TRUE(s.ok()) << s;
   }
+  // n: 0 (unset) means 1; 1 and 64 are the edges.
+  for (uint32_t n : {0u, 1u, 2u, 64u}) {
+    v1::GenerateRequest r = Good();
+    r.mutable_sampling_params()->set_n(n);
+    r.mutable_sampling_params()->set_temperature(0.9f);
+    r.mutable_sampling_params()->set_seed(7);
+    EXPECT_TRUE(ValidateGenerateRequest(r, Limits()).ok()) << "n " << n;
+  }
   // Prompt scoring alone: no tokens to generate.
   v1::GenerateRequest r = Good();
   r.mutable_sampling_params()->set_max_new_tokens(0);
@@ -144,6 +152,9 @@ TEST(GenerateValidation, RefusesEachBadField) {
         r.mutable_sampling_params()->set_prompt_logprobs_start(0);
       },
       "sampling_params.min_new_tokens:");
+  for (uint32_t n : {65u, 1000u, 0xffffffffu}) {
+    ExpectRefused([n](auto& r) { r.mutable_sampling_params()->set_n(n); }, "sampling_params.n:");
+  }
   ExpectRefused([](auto& r) { r.set_data_parallel_rank(2); }, "data_parallel_rank:");
   ExpectRefused([](auto& r) { r.set_request_id(std::string(257, 'x')); }, "request_id:");
 }
@@ -155,6 +166,18 @@ TEST(GenerateValidation, ContextMessageGivesTheNumbers) {
   EXPECT_NE(s.message().find("(2)"), std::string::npos) << s;
   EXPECT_NE(s.message().find("(40)"), std::string::npos) << s;
   EXPECT_NE(s.message().find("context length 32"), std::string::npos) << s;
+}
+
+// The context bound is per sample: each of n samples is its own sequence after the shared
+// prompt, so n does not multiply it.
+TEST(GenerateValidation, ContextLengthIsPerSample) {
+  v1::GenerateRequest r = Good();  // 2 + 30 = 32, exactly the context
+  r.mutable_sampling_params()->set_n(64);
+  EXPECT_TRUE(ValidateGenerateRequest(r, Limits()).ok());
+  r.mutable_sampling_params()->set_n(65);
+  absl::Status s = ValidateGenerateRequest(r, Limits());
+  EXPECT_NE(s.message().find("[1, 64]"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("got 65"), std::string::npos) << s;
 }
 
 }  // namespace
