@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "model/router_skew.h"
 #include "model/sampler.h"
+#include "model/tokenizer_files.h"
 #include "model/weights.h"
 #include "nlohmann/json.hpp"
 
@@ -277,7 +278,7 @@ absl::Status WriteRandomCheckpoint(const CheckpointPreset& preset, const std::st
   std::ofstream cfg(dir + "/config.json");
   cfg << c.ToJson() << "\n";
   if (!cfg.good()) return absl::InternalError(absl::StrCat("cannot write ", dir, "/config.json"));
-  return absl::OkStatus();
+  return WriteTokenizerFiles(c, dir);
 }
 
 absl::Status WriteInPlaceCheckpoint(const CheckpointPreset& preset, const std::string& dir) {
@@ -300,7 +301,7 @@ absl::Status WriteInPlaceCheckpoint(const CheckpointPreset& preset, const std::s
     out << text << "\n";
     if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", dir, "/", name));
   }
-  return absl::OkStatus();
+  return WriteTokenizerFiles(preset.config, dir);
 }
 
 absl::StatusOr<CheckpointPreset> ReadInPlaceCheckpoint(const std::string& dir) {

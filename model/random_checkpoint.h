@@ -41,6 +41,7 @@ struct CheckpointPreset {
 std::vector<std::string> PresetNames();
 absl::StatusOr<CheckpointPreset> GetPreset(const std::string& name);
 
+// Writes config.json, the safetensors and the tokenizer files (model/tokenizer_files.h).
 absl::Status WriteRandomCheckpoint(const CheckpointPreset& preset, const std::string& dir);
 
 // Every tensor of a preset: values uniform with standard deviation `stddev` around `mean`
@@ -74,13 +75,13 @@ class RandomWeightSource final : public WeightSource {
   std::map<std::string, RandomTensorSpec> specs_;
 };
 
-// An in-place checkpoint directory: config.json and kInPlaceWeightsFile (the preset's
-// name, seed, storage dtype and router skew), no safetensors. Every process that opens it
-// (OpenWeightSource: dxs run, dxs-attention, dxs-expert, EPLB's reloads) makes the very
-// weights WriteRandomCheckpoint would have written, on its own device, so a cluster of
-// the full Qwen3-30B-A3B shape (61 GB in bf16) runs on a machine whose disk cannot hold
-// it. The fingerprint covers the recipe file (common/safetensors.h: kInPlaceWeightsFile), so
-// every rank agrees on the model.
+// An in-place checkpoint directory: config.json, kInPlaceWeightsFile (the preset's
+// name, seed, storage dtype and router skew) and the tokenizer files, no safetensors. Every process
+// that opens it (OpenWeightSource: dxs run, dxs-attention, dxs-expert, EPLB's reloads) makes the
+// very weights WriteRandomCheckpoint would have written, on its own device, so a cluster of the
+// full Qwen3-30B-A3B shape (61 GB in bf16) runs on a machine whose disk cannot hold it. The
+// fingerprint covers the recipe file (common/safetensors.h: kInPlaceWeightsFile), so every rank
+// agrees on the model.
 absl::Status WriteInPlaceCheckpoint(const CheckpointPreset& preset, const std::string& dir);
 // The preset an in-place directory describes; NOT_FOUND if `dir` has no kInPlaceWeightsFile
 // (a checkpoint of safetensors), INVALID_ARGUMENT if it does not parse.
@@ -90,8 +91,8 @@ absl::StatusOr<CheckpointPreset> ReadInPlaceCheckpoint(const std::string& dir);
 absl::StatusOr<std::unique_ptr<WeightSource>> OpenWeightSource(const std::string& dir);
 
 // FNV-1a 64 over the sorted names and contents of config.json, the in-place recipe and the
-// *.safetensors / index files in `dir`, as 16 hex digits. Ties reference outputs to the
-// exact checkpoint.
+// *.safetensors / index files in `dir`, as 16 hex digits (not the tokenizer files). Ties reference
+// outputs to the exact checkpoint.
 absl::StatusOr<std::string> CheckpointFingerprint(const std::string& dir);
 
 }  // namespace dxs

@@ -26,7 +26,6 @@
 #include "dxs/v1/frontend.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/make_backend.h"
-#include "model/random_checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "tools/dxs/cli_args.h"
 #include "tools/dxs/commands.h"
@@ -236,11 +235,9 @@ int UpCommand(const std::vector<std::string>& argv) {
   }
   std::string model = args->GetString("model");
   if (model.empty()) {
-    model = DefaultModelDir();
-    if (!std::filesystem::exists(model + "/config.json")) {
-      absl::StatusOr<CheckpointPreset> preset = GetPreset("default");
-      if (absl::Status s = WriteRandomCheckpoint(*preset, model); !s.ok()) return Fail("up", s);
-    }
+    absl::StatusOr<std::string> dir = EnsureDefaultModel();
+    if (!dir.ok()) return Fail("up", dir.status());
+    model = *dir;
   }
   // Where each worker computes: attention ranks 0..M-1, then expert ranks 0..N-1, one
   // device string each. --gpus 0,1 places them on those GPUs in turn (several may share

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace dxs::cli {
 
 int RunCommand(const std::vector<std::string>& args);          // dxs run
@@ -19,5 +21,8 @@ int BenchCommand(const std::vector<std::string>& args);        // dxs bench
 // Where the embedded default model lives when --model is omitted: $DXS_CACHE_DIR, else
 // $XDG_CACHE_HOME/dxs, else ~/.cache/dxs; it is written there on first use.
 std::string DefaultModelDir();
+// DefaultModelDir(), with the embedded default model written there if it is not yet, and
+// the tokenizer files added to one written before dxs made them (the weights untouched).
+absl::StatusOr<std::string> EnsureDefaultModel();
 
 }  // namespace dxs::cli

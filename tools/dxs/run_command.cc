@@ -9,6 +9,7 @@
 #include "model/engine.h"
 #include "model/random_checkpoint.h"
 #include "model/router_skew_calibration.h"
+#include "model/tokenizer_files.h"
 #include "nlohmann/json.hpp"
 #include "tools/dxs/cli_args.h"
 #include "tools/dxs/commands.h"
@@ -25,16 +26,29 @@ int Fail(const std::string& cmd, const absl::Status& s) {
 // Returns the model directory to use, writing the embedded default when needed.
 absl::StatusOr<std::string> ResolveModel(const Args& args) {
   if (args.Has("model")) return args.GetString("model");
+  return EnsureDefaultModel();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> EnsureDefaultModel() {
   const std::string dir = DefaultModelDir();
   if (!std::filesystem::exists(dir + "/config.json")) {
     absl::StatusOr<CheckpointPreset> preset = GetPreset("default");
     if (!preset.ok()) return preset.status();
     if (absl::Status s = WriteRandomCheckpoint(*preset, dir); !s.ok()) return s;
+  } else if (!HasTokenizerFiles(dir)) {
+    // Written before dxs wrote tokenizer files: add them, leaving the weights (and so the
+    // fingerprint) as they are. The model runs without them, so a failure only warns.
+    absl::StatusOr<ModelConfig> config = LoadModelConfig(dir);
+    if (!config.ok()) return config.status();
+    if (absl::Status s = WriteTokenizerFiles(*config, dir); !s.ok()) {
+      std::cerr << "dxs: warning: cannot add the tokenizer files to " << dir << ": " << s.message()
+                << "\n";
+    }
   }
   return dir;
 }
-
-}  // namespace
 
 std::string DefaultModelDir() {
   if (const char* d = std::getenv("DXS_CACHE_DIR"); d && *d) return std::string(d) + "/default";
@@ -179,8 +193,9 @@ int GenModelCommand(const std::vector<std::string>& argv) {
     if (absl::Status s = CalibrateRouterSkew(&*preset); !s.ok()) return Fail("gen-model", s);
   }
   const std::string out = args->GetString("out");
-  // --in-place: config.json and the recipe only; each process makes the weights on its own
-  // device when it opens the directory (a full-size shape on a small disk).
+  // --in-place: config.json, the recipe and the tokenizer files only; each process makes
+  // the weights on its own device when it opens the directory (a full-size shape on a
+  // small disk).
   const bool in_place = args->Has("in-place");
   if (absl::Status s =
           in_place ? WriteInPlaceCheckpoint(*preset, out) : WriteRandomCheckpoint(*preset, out);
