@@ -5,8 +5,8 @@
 # Builds deploy/container/Dockerfile with a real container engine and checks the images:
 #   - `podman build --isolation chroot` (Debian's podman 4.3), FROM a Debian 12 root made
 #     with debootstrap and brought in with `podman import` (standing in for debian:bookworm);
-#   - the image's metadata: USER 10001, the entrypoint, the exposed ports (gRPC, metrics)
-#     and the OCI labels;
+#   - the image's metadata: USER 10001, the entrypoint, the exposed ports (gRPC, the
+#     gateway's HTTP, metrics) and the OCI labels;
 #   - its file system (`podman export`): no compiler, no -dev package and nothing from the
 #     build stage but binaries; every shared library the binaries need (ldd);
 #   - run in a chroot (chroot-run.py; `podman run` cannot start containers where crun
@@ -15,7 +15,10 @@
 #     entrypoint (ranks taken from POD_INDEX and from the pod-style HOSTNAME, as in
 #     Kubernetes) answers `dxs generate` and `dxs status`, serves /metrics on every
 #     process, keeps UCX inside UCX_TCP_PORT_RANGE (what the NetworkPolicy opens), then
-#     stops on SIGTERM; `dxs run --device cuda` fails with one line (no CUDA backend);
+#     stops on SIGTERM; `dxs run --device cuda` fails with one line (no CUDA backend); the
+#     SMG gateway (`smg launch`, as deploy/k8s runs it, on loopback with a worker that is
+#     not there) answers /liveness, reports itself not ready on /readiness and serves
+#     smg_* metrics;
 #   - the CUDA image (target cuda), when DXS_PREBUILT_BIN has libdxs_cuda.so (a CUDA build),
 #     built from the same layers plus cuBLAS from PyPI, checked without a GPU: metadata and
 #     Debian packages as the CPU image's; the plugin, cuBLAS and UCX's CUDA runtime present,
@@ -125,8 +128,9 @@ if [ -n "${DXS_PREBUILT_BIN:-}" ]; then
   done
   # DXS_PREBUILT_BIN is an argument of the build stage's RUN, so a mount point that changes
   # with the binaries (names, sizes, times) keeps a layer cache from serving older ones.
-  stamp=$(cd "$prebuilt" && stat -c '%n %s %Y' -- dxs dxs-router dxs-attention dxs-expert \
-    libdxs_cuda.so 2>/dev/null | md5sum | cut -c1-12)
+  # (stat fails for a missing libdxs_cuda.so, a CPU build's case: not the pipeline's status.)
+  stamp=$(cd "$prebuilt" && { stat -c '%n %s %Y' -- dxs dxs-router dxs-attention dxs-expert \
+    libdxs_cuda.so 2>/dev/null || true; } | md5sum | cut -c1-12)
   build_args+=(-v "$prebuilt:/prebuilt-$stamp:ro" --build-arg "DXS_PREBUILT_BIN=/prebuilt-$stamp")
   step "podman build (build stage: dependencies and configure; binaries from $prebuilt)"
 else
@@ -175,7 +179,7 @@ user=$(meta 'c.get("User", "")')
 entrypoint=$(meta '" ".join(c.get("Entrypoint") or [])')
 [ "$entrypoint" = /usr/local/bin/dxs-entrypoint ] || fail "ENTRYPOINT is '$entrypoint'"
 ports=$(meta '" ".join(sorted(c.get("ExposedPorts") or {}))')
-[ "$ports" = "50051/tcp 9100/tcp" ] || fail "exposed ports are '$ports', not 50051/tcp 9100/tcp"
+[ "$ports" = "50051/tcp 8000/tcp 9100/tcp" ] || fail "exposed ports are '$ports', not 50051/tcp 8000/tcp 9100/tcp"
 labels=$(meta 'c.get("Labels") or {}')
 for label in title description version revision; do
   meta "c.get('Labels', {}).get('org.opencontainers.image.$label', '')" | grep -q . ||
@@ -215,7 +219,7 @@ check_files() {
     grep -E -- '-dev$|^(gcc|g\+\+|cpp|clang|llvm|cmake|ninja-build|make|binutils|protobuf-compiler)' || true)
   [ -z "$bad" ] || fail "build-only packages in the image: $bad"
   for f in /usr/local/bin/dxs /usr/local/bin/dxs-router /usr/local/bin/dxs-attention \
-    /usr/local/bin/dxs-expert /usr/local/bin/dxs-entrypoint; do
+    /usr/local/bin/dxs-expert /usr/local/bin/dxs-entrypoint /usr/local/bin/smg /opt/smg/bin/smg; do
     [ -x "$root$f" ] || fail "$f missing from the image"
   done
   if [ -e "$root/src" ] || [ -e "$root/opt/dxs" ]; then
@@ -236,7 +240,51 @@ in_runtime -- dxs help >/dev/null || fail "dxs help"
 in_runtime -- dxs-entrypoint help >/dev/null || fail "dxs-entrypoint help (the image's CMD)"
 in_runtime -- dxs-router --help >/dev/null || fail "dxs-router --help"
 in_runtime -- /bin/sh -c 'test ! -w /usr/local/bin/dxs-router' || fail "the binaries are writable by $user"
-echo "  dxs help, dxs-router --help, dxs-entrypoint help: exit 0; binaries read-only to $user"
+in_runtime -- smg --help >/dev/null || fail "smg --help"
+in_runtime -- smg launch --help >/dev/null || fail "smg launch --help"
+in_runtime -- /bin/sh -c 'test ! -w /opt/smg/bin/smg && test ! -w /opt/smg' || fail "the gateway's venv is writable by $user"
+echo "  dxs help, dxs-router --help, dxs-entrypoint help, smg --help, smg launch --help: exit 0;" \
+  "binaries and /opt/smg read-only to $user ($(in_runtime -- /opt/smg/bin/pip show smg | sed -n 's/^Version: /smg /p'))"
+
+step "image: the SMG gateway starts as $user (smg launch as deploy/k8s runs it, no worker)"
+# deploy/k8s/base/gateway.yaml's flags, on loopback with kernel-chosen ports and a worker
+# that is not there: it serves HTTP (/liveness 200), is not ready (/readiness 503: no healthy
+# worker) and serves its metrics; then SIGTERM stops it.
+read -r gw_port gw_metrics gw_worker < <(python3 -c 'import socket
+ss = [socket.socket() for _ in range(3)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in ss))')
+gateway_smoke='
+set -eu
+w=/tmp/dxs-gateway-smoke
+rm -rf "$w" && mkdir -p "$w"
+smg launch --worker-urls grpc://127.0.0.1:$GW_WORKER --host 127.0.0.1 --port $GW_PORT \
+  --prometheus-host 127.0.0.1 --prometheus-port $GW_METRICS --policy least_load >"$w/smg.log" 2>&1 &
+pid=$!
+trap "kill -KILL $pid 2>/dev/null || true" EXIT
+get() {  # PORT PATH: the status line and body, over bash /dev/tcp (no HTTP client here)
+  bash -c "exec 3<>/dev/tcp/127.0.0.1/$1; printf \"GET $2 HTTP/1.0\r\nHost: x\r\n\r\n\" >&3; cat <&3" 2>/dev/null
+}
+ok=0
+for i in $(seq 1 60); do
+  if get $GW_PORT /liveness | head -1 | grep -q " 200"; then ok=1; break; fi
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.5
+done
+if [ $ok != 1 ]; then tail -20 "$w/smg.log"; echo "  no 200 from /liveness"; exit 1; fi
+get $GW_PORT /readiness | head -1 | grep -q " 503" || { echo "  /readiness is not 503 without a worker"; exit 1; }
+get $GW_METRICS /metrics >"$w/metrics"
+grep -q "^smg_http_requests_total{.*path=\"/liveness\"" "$w/metrics" ||
+  { head -20 "$w/metrics"; echo "  no smg_http_requests_total for /liveness"; exit 1; }
+echo "  /liveness 200, /readiness 503, /metrics: $(grep -c "^smg_" "$w/metrics") smg_ samples"
+kill -TERM $pid
+i=0
+while kill -0 $pid 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+if kill -0 $pid 2>/dev/null; then echo "  smg ignored SIGTERM for 30 s"; exit 1; fi
+echo "  stopped on SIGTERM after $((i / 10)) s"
+'
+in_runtime --env "GW_PORT=$gw_port" --env "GW_METRICS=$gw_metrics" --env "GW_WORKER=$gw_worker" \
+  -- /bin/sh -c "$gateway_smoke" || fail "the gateway smoke test failed"
 
 # expect_cuda_error PATTERN RUNNER...: `dxs run --device cuda` through RUNNER (in_runtime,
 # in_cuda) must exit 1 with one line on stderr that matches PATTERN: not a crash, not a hang

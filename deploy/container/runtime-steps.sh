@@ -1,13 +1,16 @@
 #!/bin/sh
 # The runtime stage of deploy/container/Dockerfile: only the shared libraries the dxs
-# binaries load (no compilers, no -dev packages), and the unprivileged user 10001 they
-# run as. scripts/check-container.sh runs this same file in a Debian 12 chroot.
+# binaries load (no compilers, no -dev packages), the Python that runs the SMG gateway's
+# venv, and the unprivileged user 10001 they run as. scripts/check-container.sh runs this
+# same file in a Debian 12 chroot.
 set -eu
 
 # What `ldd` lists for dxs, dxs-router, dxs-attention and dxs-expert, by Debian package;
 # their own dependencies (libgrpc29, libre2-9, libc-ares2, libgfortran5, ...) come along.
 # UCX is not among them: it is the libucx-cu13 wheel's 1.22, which the build stage installs
 # into /opt/dxs/lib (libnuma1 is what its libucs needs). prometheus-cpp's pull library serves /metrics on civetweb.
+# python3 (Debian's 3.11): the interpreter of the gateway's venv /opt/smg, which the build
+# stage makes with the same python3 (build-steps.sh); smg's own library needs only libc.
 RUNTIME_PACKAGES="
   libgrpc++1.51
   libprotobuf32
@@ -19,6 +22,7 @@ RUNTIME_PACKAGES="
   libopenblas0-pthread
   libssl3
   zlib1g
+  python3
 "
 
 export DEBIAN_FRONTEND=noninteractive

@@ -11,16 +11,20 @@ output. For every file:
     CustomResourceDefinition in --crds, made strict the same way (an object schema that
     lists its properties rejects others unless it preserves unknown fields);
   - dxs's own invariants: StatefulSet replicas equal M and N from the dxs-config
-    ConfigMap; ports and gRPC probes agree with DXS_GRPC_PORT / DXS_METRICS_PORT;
+    ConfigMap; ports and gRPC probes agree with DXS_GRPC_PORT / DXS_METRICS_PORT; the SMG
+    gateway (where the output has one) runs `smg launch` with a --worker-urls naming the
+    router's client Service and gRPC port, listens where its ports and HTTP probes say,
+    serves metrics on DXS_METRICS_PORT, and its HTTP port is open to clients;
     Services, PodDisruptionBudgets, NetworkPolicies and the PodMonitor select pods that
     exist; the metrics port is reachable only from the monitoring namespace, the UCX port
     range of the ConfigMap is open between dxs pods; with DXS_DEVICE=cuda every image is a
     CUDA image (tag ending in -cuda); the dashboard ConfigMap carries the Grafana sidecar
     label and the dashboard file's exact content.
 And the dashboard: it parses, every panel has targets with an expression, every metric
-selector applies the $namespace and $model variables, no Grafana macros, only known dxs
-metric names, and (with promtool) every expression parses as PromQL once the variables are
-substituted. Prints one line per problem and exits 1 if there was any.
+selector applies the $namespace and $model variables, no Grafana macros, only known metric
+names (dxs's, and the SMG gateway's as smg exposes them), and (with promtool) every
+expression parses as PromQL once the variables are substituted. Prints one line per
+problem and exits 1 if there was any.
 """
 
 import argparse
@@ -52,7 +56,47 @@ HISTOGRAMS = {
     "dxs_time_to_first_token_seconds", "dxs_inter_token_latency_seconds",
     "dxs_request_duration_seconds", "dxs_ep_balance_ratio", "dxs_eplb_recovery_duration_seconds",
 }
-KNOWN_SERIES = COUNTERS_AND_GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
+# The SMG gateway's metrics, as smg 1.13.0 (SMG_VERSION in scripts/setup.sh) exposes them on
+# --prometheus-port: recorded from its /metrics in front of a stub SGLang scheduler, after
+# chat (streaming and not), completions and failing requests. Several appear only once a
+# worker is registered (smg_worker_*, smg_engine_*) or a request was served (smg_router_*).
+SMG_COUNTERS_AND_GAUGES = {
+    "smg_admission_inflight", "smg_allocator_active_bytes", "smg_allocator_allocated_bytes",
+    "smg_allocator_metadata_bytes", "smg_allocator_resident_bytes",
+    "smg_detokenize_prefix_mismatch_total", "smg_engine_cache_hit_rate",
+    "smg_engine_gen_throughput", "smg_engine_load_polls_total", "smg_engine_running_requests",
+    "smg_engine_token_usage", "smg_engine_waiting_requests", "smg_history_memory_records",
+    "smg_http_connections_active", "smg_http_rate_limit_total", "smg_http_requests_total",
+    "smg_http_responses_total", "smg_mm_turbojpeg_available", "smg_mm_webp_available",
+    "smg_router_request_body_path_total", "smg_router_request_buffers_released_early_bytes_total",
+    "smg_router_request_errors_total", "smg_router_requests_total", "smg_router_tokens_total",
+    "smg_tokenizer_cache_evictions_total", "smg_tokenizer_cache_lookups_total",
+    "smg_tokenizer_cache_reused_bytes_total", "smg_tokenizer_encode_fallbacks_total",
+    "smg_tokenizer_encode_path_loads_total", "smg_tokio_alive_tasks",
+    "smg_tokio_global_queue_depth", "smg_tokio_worker_busy_ratio", "smg_tokio_worker_parks_total",
+    "smg_tokio_workers", "smg_worker_cb_consecutive_failures",
+    "smg_worker_cb_consecutive_successes", "smg_worker_cb_health_readmissions_total",
+    "smg_worker_cb_outcomes_total", "smg_worker_cb_state", "smg_worker_cb_transitions_total",
+    "smg_worker_health", "smg_worker_health_checks_total", "smg_worker_http2",
+    "smg_worker_liveness_fallback_total", "smg_worker_overload_fallback_total",
+    "smg_worker_overload_shed_total", "smg_worker_pool_size", "smg_worker_requests_active",
+    "smg_worker_requests_total", "smg_worker_retries_exhausted_total", "smg_worker_retries_total",
+    "smg_worker_selection_total",
+}
+SMG_HISTOGRAMS = {
+    "smg_http_request_duration_seconds", "smg_router_generation_duration_seconds",
+    "smg_router_request_duration_seconds", "smg_router_tpot_seconds", "smg_router_ttft_seconds",
+    "smg_tokio_event_loop_delay_seconds", "smg_worker_retry_backoff_seconds",
+}
+KNOWN_SERIES = (COUNTERS_AND_GAUGES | SMG_COUNTERS_AND_GAUGES |
+                {h + s for h in HISTOGRAMS | SMG_HISTOGRAMS for s in ("_bucket", "_sum", "_count")})
+# smg launch's --policy choices (smg 1.13.0).
+SMG_POLICIES = {"random", "round_robin", "passthrough", "cache_aware", "power_of_two", "least_load",
+                "manual", "consistent_hashing", "prefix_hash"}
+# smg's HTTP health routes: /liveness answers once it serves; /readiness only with a healthy
+# worker whose tokenizer is loaded.
+SMG_PROBE_PATHS = {"startupProbe": "/liveness", "livenessProbe": "/liveness",
+                   "readinessProbe": "/readiness"}
 MONITORING_NAMESPACE = "monitoring"
 
 problems = []
@@ -170,12 +214,18 @@ def check_invariants(docs, name, dashboard_text):
             problem(name, f"Service {svc['metadata']['name']}: workers need DNS names before "
                           "they are Ready (publishNotReadyAddresses)")
 
-    # Every dxs container: ports and probes agree with the ConfigMap, envFrom resolves.
+    # Every dxs container: ports and probes agree with the ConfigMap, envFrom resolves; the
+    # gateway's are checked on their own (check_gateway).
     configmap_names = {c["metadata"]["name"] for c in by_kind.get("ConfigMap", [])}
+    gateway_ports = []
     for workload, template in templates:
         where = f"{name}: {workload['kind']} {workload['metadata']['name']}"
         spec = template["spec"]
+        is_gateway = template["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "gateway"
         for c in spec.get("containers", []):
+            if is_gateway:
+                gateway_ports += check_gateway(where, c, docs, grpc_port, metrics_port)
+                continue
             ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
             if ports.get("grpc") != grpc_port or ports.get("metrics") != metrics_port:
                 problem(where, f"container ports {ports} != DXS_GRPC_PORT {grpc_port} / "
@@ -235,6 +285,7 @@ def check_invariants(docs, name, dashboard_text):
     ucx_ports = [int(p) for p in ucx_range.split("-")] if "-" in ucx_range else []
     ucx_open = False
     router_open = False
+    gateway_open = set()
     for np in by_kind.get("NetworkPolicy", []):
         for rule in np["spec"].get("ingress", []):
             peers = rule.get("from")
@@ -251,15 +302,21 @@ def check_invariants(docs, name, dashboard_text):
                 if ucx_ports and peers and port_covered(rp, ucx_ports[0]) and \
                         port_covered(rp, ucx_ports[1]):
                     ucx_open = True
-                if not peers and port_covered(rp, grpc_port) and \
-                        np["spec"]["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/component") == "router":
+                component = np["spec"]["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/component")
+                if not peers and port_covered(rp, grpc_port) and component == "router":
                     router_open = True
+                elif not peers and component == "gateway" and \
+                        any(port_covered(rp, p) for p in gateway_ports) and \
+                        not port_covered(rp, metrics_port):
+                    gateway_open |= {p for p in gateway_ports if port_covered(rp, p)}
                 elif not peers:
                     problem(name, f"NetworkPolicy {np['metadata']['name']} opens {rp} to everyone")
     if ucx_ports and not ucx_open:
         problem(name, f"no NetworkPolicy opens the UCX port range {ucx_range} between dxs pods")
     if not router_open:
         problem(name, "no NetworkPolicy opens the router's gRPC port to clients")
+    for p in sorted(set(gateway_ports) - gateway_open):
+        problem(name, f"no NetworkPolicy opens the gateway's HTTP port {p} to clients")
 
     # The dashboard ConfigMap for Grafana's sidecar.
     dashboards = [c for c in by_kind.get("ConfigMap", [])
@@ -268,6 +325,104 @@ def check_invariants(docs, name, dashboard_text):
         problem(name, f"expected one ConfigMap labelled grafana_dashboard=1, found {len(dashboards)}")
     elif dashboards[0]["data"].get("dxs-dashboard.json") != dashboard_text:
         problem(name, "the dashboard ConfigMap does not hold deploy/grafana/dxs-dashboard.json as is")
+
+
+def smg_flags(args):
+    """smg launch's arguments as {flag: [values]} (--flag value..., --flag=value)."""
+    flags, current = {}, None
+    for a in args:
+        if a.startswith("--"):
+            current, _, value = a.partition("=")
+            flags.setdefault(current, [])
+            if value:
+                flags[current].append(value)
+        elif current is not None:
+            flags[current].append(a)
+    return flags
+
+
+def check_gateway(where, c, docs, grpc_port, metrics_port):
+    """The SMG gateway container; returns its HTTP port(s), for the NetworkPolicy check."""
+    where = f"{where}: container {c['name']}"
+    cmd = list(c.get("command") or []) + list(c.get("args") or [])
+    if cmd[:2] != ["smg", "launch"]:
+        problem(where, f"runs {cmd[:2]}, not smg launch")
+        return []
+    flags = smg_flags(cmd[2:])
+
+    def one(flag):
+        values = flags.get(flag, [])
+        if len(values) != 1:
+            problem(where, f"smg launch needs exactly one {flag} (has {values})")
+            return None
+        return values[0]
+
+    ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+    http = ports.get("http")
+    if http is None:
+        problem(where, f"no container port named http (ports {ports})")
+    elif one("--port") != str(http):
+        problem(where, f"--port {' '.join(flags.get('--port', []))} is not the http containerPort {http}")
+    if ports.get("metrics") != metrics_port:
+        problem(where, f"metrics containerPort {ports.get('metrics')} != DXS_METRICS_PORT {metrics_port}")
+    if one("--prometheus-port") != str(metrics_port):
+        problem(where, f"--prometheus-port {' '.join(flags.get('--prometheus-port', []))} != "
+                           f"DXS_METRICS_PORT {metrics_port}")
+    for flag in ("--host", "--prometheus-host"):
+        if one(flag) not in ("0.0.0.0", "::"):
+            problem(where, f"{flag} {' '.join(flags.get(flag, []))}: kubelet and Prometheus reach the "
+                           "pod IP, not loopback")
+    policy = one("--policy")
+    if policy is not None and policy not in SMG_POLICIES:
+        problem(where, f"--policy {policy} is not one of smg's: {sorted(SMG_POLICIES)}")
+
+    # The worker: the router's client Service (Ready routers only: not the headless
+    # dxs-router-cp, which lists the router before it is Ready) on the router's gRPC port.
+    services = {s["metadata"]["name"]: s for s in docs if s["kind"] == "Service"}
+    router_labels = [t["metadata"].get("labels", {}) for _, t in pod_templates(docs)
+                     if t["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "router"]
+    urls = flags.get("--worker-urls", [])
+    if not urls:
+        problem(where, "smg launch has no --worker-urls")
+    for url in urls:
+        m = re.fullmatch(r"grpc://([a-z0-9-]+)(?:\.[a-z0-9.-]+)?:(\d+)", url)
+        if not m:
+            problem(where, f"--worker-urls {url}: not grpc://SERVICE:PORT")
+            continue
+        svc = services.get(m.group(1))
+        if not svc:
+            problem(where, f"--worker-urls {url}: no Service {m.group(1)} in the output")
+            continue
+        if svc["spec"].get("clusterIP") == "None" or svc["spec"].get("publishNotReadyAddresses"):
+            problem(where, f"--worker-urls {url}: Service {m.group(1)} lists routers that are not Ready")
+        if not any(matches({"matchLabels": svc["spec"].get("selector", {})}, labels) for labels in router_labels):
+            problem(where, f"--worker-urls {url}: Service {m.group(1)} does not select the router")
+        svc_ports = [p for p in svc["spec"].get("ports", []) if p.get("port") == int(m.group(2))]
+        if int(m.group(2)) != grpc_port or not svc_ports:
+            problem(where, f"--worker-urls {url}: not the router's gRPC port {grpc_port} on {m.group(1)}")
+
+    for probe_name, path in SMG_PROBE_PATHS.items():
+        probe = c.get(probe_name)
+        get = (probe or {}).get("httpGet")
+        if not get:
+            problem(where, f"{probe_name}: want an httpGet probe on {path}")
+            continue
+        if get.get("path") != path:
+            problem(where, f"{probe_name} on {get.get('path')}, not smg's {path}")
+        if get.get("port") not in ("http", http):
+            problem(where, f"{probe_name} on port {get.get('port')}, not the http port")
+
+    # A Service for clients on the HTTP port.
+    labels = None
+    for d in docs:
+        if d["kind"] == "Deployment" and any(x is c for x in d["spec"]["template"]["spec"].get("containers", [])):
+            labels = d["spec"]["template"]["metadata"].get("labels", {})
+    if labels is not None and not any(
+            matches({"matchLabels": s["spec"].get("selector", {})}, labels) and
+            any(p.get("targetPort") in ("http", http) for p in s["spec"].get("ports", []))
+            for s in services.values()):
+        problem(where, "no Service exposes the gateway's http port")
+    return [http] if http is not None else []
 
 
 # ---------------------------------------------------------------- dashboard
@@ -305,7 +460,7 @@ def check_dashboard(path):
                 continue
             if "$__" in expr:
                 problem(pw, f"uses a Grafana macro: {expr}")
-            for m in re.finditer(r"\b(dxs_[a-z0-9_]+)(\{[^}]*\})?", expr):
+            for m in re.finditer(r"\b((?:dxs|smg)_[a-z0-9_]+)(\{[^}]*\})?", expr):
                 metric, selector = m.group(1), m.group(2) or ""
                 if metric not in KNOWN_SERIES:
                     problem(pw, f"unknown metric {metric}")

@@ -263,7 +263,9 @@ TEST(Prometheus, ScrapesTheClusterAndSeesAnIdleRankRunEmptySteps) {
       << "over " << range_seconds << " s";
 
   // Every panel of the Grafana dashboard returns data from this Prometheus, with the
-  // dashboard's variables set to match everything (deploy/grafana/README.md).
+  // dashboard's variables set to match everything (deploy/grafana/README.md); but the SMG
+  // gateway's (queries on smg_* series): no gateway runs in this cluster.
+  // deploy/k8s/validate.py checks their names against those smg exposes.
   std::ifstream dashboard_file(testing::SourceDir() + "/deploy/grafana/dxs-dashboard.json");
   ASSERT_TRUE(dashboard_file.good()) << "deploy/grafana/dxs-dashboard.json";
   const nlohmann::json dashboard = nlohmann::json::parse(dashboard_file);
@@ -272,7 +274,7 @@ TEST(Prometheus, ScrapesTheClusterAndSeesAnIdleRankRunEmptySteps) {
     if (!panel.contains("targets")) continue;
     for (const nlohmann::json& target : panel.at("targets")) {
       std::string expr = target.value("expr", "");
-      if (expr.empty()) continue;
+      if (expr.empty() || expr.find("smg_") != std::string::npos) continue;
       for (const char* var : {"$namespace", "$model"}) {
         for (size_t at_pos; (at_pos = expr.find(var)) != std::string::npos;) {
           expr.replace(at_pos, std::string(var).size(), ".*");
