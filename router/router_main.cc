@@ -68,6 +68,7 @@
 #include "router/frontend/frontend_metrics.h"
 #include "router/frontend/frontend_service.h"
 #include "router/frontend/model_info.h"
+#include "router/frontend/sglang_scheduler_service.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory (Hugging Face layout); required.");
 ABSL_FLAG(int, attention, 0, "Attention workers (DP ranks), 1..65536; required.");
@@ -94,6 +95,9 @@ ABSL_FLAG(bool, elastic_ep, false,
           "experts it alone held are reloaded on live ranks, failed steps are run again), and "
           "move a drained EP rank's experts off before it leaves (dxs drain); an EP rank "
           "started with the next rank number joins and is rebalanced onto.");
+ABSL_FLAG(std::string, served_model_name, "",
+          "The model's name on the gateway protocol (the `model` OpenAI clients send through "
+          "SMG); empty: the --model directory's last component.");
 ABSL_FLAG(int64_t, max_inflight, 1024,
           "Generate requests in flight cluster-wide, 1..1000000; beyond: RESOURCE_EXHAUSTED.");
 
@@ -106,7 +110,7 @@ constexpr char kUsage[] =
     "                  [--wire-dtype f32|bf16]\n"
     "                  [--lease-ms MS] [--heartbeat-ms MS] [--max-inflight N]\n"
     "                  [--num-redundant-experts R] [--enable-eplb [--eplb-interval N]]\n"
-    "                  [--elastic-ep]\n"
+    "                  [--elastic-ep] [--served-model-name NAME]\n"
     "                  [--tls-cert FILE --tls-key FILE --tls-ca FILE [--mtls]]\n"
     "                  [--flagfile FILE]\n"
     "Flags may be spelled with dashes or underscores; a --flagfile uses underscores.";
@@ -306,14 +310,22 @@ int main(int argc, char** argv) {
   frontend_options.max_inflight = flags->max_inflight;
   frontend_options.worker_credentials = *worker_credentials;
   frontend_options.metrics = frontend_metrics->get();
-  dxs::FrontendService frontend(&registry, *config,
-                                dxs::MakeModelInfo(*config, flags->model_dir, *fingerprint),
-                                frontend_options);
+  dxs::v1::ModelInfo model_info = dxs::MakeModelInfo(*config, flags->model_dir, *fingerprint);
+  if (!absl::GetFlag(FLAGS_served_model_name).empty()) {
+    model_info.set_model_name(absl::GetFlag(FLAGS_served_model_name));
+  }
+  dxs::FrontendService frontend(&registry, *config, model_info, frontend_options);
+  // The gateway protocol (SMG in front of the cluster), on the same port and request path.
+  dxs::SglangSchedulerOptions sglang_options;
+  sglang_options.model_dir = flags->model_dir;
+  sglang_options.served_model_name = model_info.model_name();
+  sglang_options.version = absl::StrCat("dxs ", DXS_VERSION_STRING);
+  dxs::SglangSchedulerService sglang_scheduler(&frontend, *config, sglang_options);
   dxs::GrpcServerOptions server_options;
   server_options.address = flags->listen;
   server_options.credentials = *server_credentials;
   absl::StatusOr<dxs::GrpcServer> server =
-      dxs::StartGrpcServer(server_options, {&service, &frontend});
+      dxs::StartGrpcServer(server_options, {&service, &frontend, &sglang_scheduler});
   if (!server.ok()) return Fail(server.status());
 
   // Health follows the registry from here on; the first call (before the listening line)
@@ -324,6 +336,7 @@ int main(int argc, char** argv) {
     const bool serving = complete && EveryWorkerServes(view);
     health->SetServingStatus("", serving);
     health->SetServingStatus(dxs::FrontendService::kServiceName, serving);
+    health->SetServingStatus(dxs::SglangSchedulerService::kServiceName, serving);
     frontend.OnClusterView(view);
   });
 

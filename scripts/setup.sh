@@ -10,7 +10,7 @@ PACKAGES=(
   libabsl-dev libcivetweb-dev prometheus-cpp-dev nlohmann-json3-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
-  prometheus python3 python3-venv openssl
+  prometheus python3 python3-venv openssl libssl-dev libzip-dev
 )
 
 missing=()
@@ -39,7 +39,19 @@ done
 #   (kernels/cuda/cublas_loader.cc). A machine with the CUDA toolkit has them already; the
 #   CUDA container image takes them from here (deploy/container/cuda-steps.sh). Pinned to the
 #   release of the toolkit dxs is built and tested with, without dependencies (it has none).
+# - smg-grpc-proto, whose wheel carries the .proto files of the gateway protocol
+#   (sglang_scheduler.proto, common.proto) that the router serves beside dxs.v1 (CMake finds
+#   them through this venv's python; see router/frontend/CMakeLists.txt). Pinned: the
+#   protocol moves between releases. Without dependencies: only the .proto files are used.
+# - smg, the Shepherd Model Gateway (Rust, with a Python launcher), which `dxs up
+#   --gateway-port` starts in front of the router, and its launcher's dependencies; openai
+#   (the client the gateway tests use) and tokenizers (Hugging Face's, which the tests use
+#   to decode). Pinned, with their dependencies (DXS_SETUP_GATEWAY=0 skips them).
 # Each is installed only when missing, so a second run changes nothing.
+SMG_GRPC_PROTO_VERSION=0.4.28
+SMG_VERSION=1.13.0
+OPENAI_VERSION=3.60.0
+TOKENIZERS_VERSION=0.23.3
 UCX_VERSION=1.22.0
 CUTLASS_VERSION=4.2.0.0
 FLASHINFER_VERSION=0.7.4
@@ -54,6 +66,19 @@ setup_python() {
   if ! "$py" -c "import grpc, grpc_tools" 2>/dev/null; then
     echo "setup: installing grpcio and grpcio-tools into $venv"
     "$py" -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools
+  fi
+  if [ "$("$py" -m pip show smg-grpc-proto 2>/dev/null | sed -n 's/^Version: //p')" != "$SMG_GRPC_PROTO_VERSION" ]; then
+    echo "setup: installing smg-grpc-proto $SMG_GRPC_PROTO_VERSION (the gateway protocol's .proto files) into $venv"
+    "$py" -m pip install --quiet --disable-pip-version-check --no-deps \
+      "smg-grpc-proto==$SMG_GRPC_PROTO_VERSION"
+  fi
+  if [ "${DXS_SETUP_GATEWAY:-1}" != 0 ] &&
+    { [ "$("$py" -m pip show smg 2>/dev/null | sed -n 's/^Version: //p')" != "$SMG_VERSION" ] ||
+      [ "$("$py" -m pip show openai 2>/dev/null | sed -n 's/^Version: //p')" != "$OPENAI_VERSION" ] ||
+      [ "$("$py" -m pip show tokenizers 2>/dev/null | sed -n 's/^Version: //p')" != "$TOKENIZERS_VERSION" ]; }; then
+    echo "setup: installing smg $SMG_VERSION, openai $OPENAI_VERSION, tokenizers $TOKENIZERS_VERSION into $venv"
+    "$py" -m pip install --quiet --disable-pip-version-check "smg==$SMG_VERSION" \
+      "openai==$OPENAI_VERSION" "tokenizers==$TOKENIZERS_VERSION"
   fi
   if [ "$("$py" -m pip show libucx-cu13 2>/dev/null | sed -n 's/^Version: //p')" != "$UCX_VERSION" ]; then
     echo "setup: installing libucx-cu13 $UCX_VERSION (UCX with CUDA) into $venv"

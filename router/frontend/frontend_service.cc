@@ -108,7 +108,7 @@ struct FrontendService::Relay {
   const std::string& id;
   const int rank;
   const absl::Time arrival;
-  grpc::ServerWriter<v1::GenerateResponse>* const writer;
+  GenerateResponseWriter* const writer;
   FrontendMetrics* const metrics;
   InflightTracker* const inflight;
   // Tokens relayed per sample (SamplingParams.n; one entry with n = 1).
@@ -133,7 +133,7 @@ struct FrontendService::Relay {
     }
     if (!caller_gone && message.has_complete()) {
       // The final message goes out with the status: one write less per request.
-      writer->WriteLast(message, grpc::WriteOptions());
+      writer->WriteLast(message);
     } else if (!caller_gone && !writer->Write(message)) {
       caller_gone = true;
     }
@@ -190,7 +190,7 @@ struct FrontendService::Relay {
               SinceNs(arrival, *first_token_at));
         }
         complete->mutable_timings()->set_e2e_latency_ns(SinceNs(arrival, absl::Now()));
-        writer->Write(last);
+        writer->WriteLast(last);
         return absl::OkStatus();
       }
       case StopReason::kRankLost:
@@ -206,17 +206,43 @@ struct FrontendService::Relay {
   }
 };
 
+namespace {
+
+// dxs.v1's own caller: the messages go out as they are.
+class ServerStreamWriter final : public GenerateResponseWriter {
+ public:
+  explicit ServerStreamWriter(grpc::ServerWriter<v1::GenerateResponse>* writer)
+      : writer_(writer) {}
+  bool Write(v1::GenerateResponse& message) override { return writer_->Write(message); }
+  // The final message goes out with the status: one write less per request.
+  void WriteLast(v1::GenerateResponse& message) override {
+    writer_->WriteLast(message, grpc::WriteOptions());
+  }
+
+ private:
+  grpc::ServerWriter<v1::GenerateResponse>* const writer_;
+};
+
+}  // namespace
+
 grpc::Status FrontendService::Generate(grpc::ServerContext* context,
                                        const v1::GenerateRequest* request,
                                        grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  const absl::Status status = GenerateImpl(context, *request, writer);
+  ServerStreamWriter stream(writer);
+  return ToGrpcStatus(ServeGenerate(context, *request, stream));
+}
+
+absl::Status FrontendService::ServeGenerate(grpc::ServerContext* context,
+                                            v1::GenerateRequest request,
+                                            GenerateResponseWriter& writer) {
+  const absl::Status status = GenerateImpl(context, std::move(request), writer);
   if (options_.metrics != nullptr) options_.metrics->OnRequestDone(status.code());
-  return ToGrpcStatus(status);
+  return status;
 }
 
 absl::Status FrontendService::GenerateImpl(grpc::ServerContext* context,
                                            v1::GenerateRequest request,
-                                           grpc::ServerWriter<v1::GenerateResponse>* writer) {
+                                           GenerateResponseWriter& writer) {
   const absl::Time arrival = absl::Now();
   if (shutting_down_) return absl::UnavailableError("the router is shutting down");
   if (absl::Status s = ValidateGenerateRequest(request, limits_); !s.ok()) return s;
@@ -263,7 +289,7 @@ absl::Status FrontendService::GenerateImpl(grpc::ServerContext* context,
     v1::GenerateResponse first;
     first.set_request_id(id);
     first.mutable_chunk()->set_index(0);
-    if (!writer->Write(first)) return absl::CancelledError("the caller went away");
+    if (!writer.Write(first)) return absl::CancelledError("the caller went away");
   }
 
   const std::string& address = targets[rank].address;
@@ -271,7 +297,7 @@ absl::Status FrontendService::GenerateImpl(grpc::ServerContext* context,
   Relay relay{id,
               rank,
               arrival,
-              writer,
+              &writer,
               metrics,
               &inflight_,
               std::vector<uint32_t>(static_cast<size_t>(num_samples), 0)};
@@ -388,10 +414,10 @@ absl::Status FrontendService::RelayGenerate(grpc::ServerContext* context,
 
 grpc::Status FrontendService::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
                                     v1::AbortResponse*) {
-  return ToGrpcStatus(AbortImpl(request->request_id()));
+  return ToGrpcStatus(AbortRequest(request->request_id()));
 }
 
-absl::Status FrontendService::AbortImpl(const std::string& request_id) {
+absl::Status FrontendService::AbortRequest(const std::string& request_id) {
   if (request_id.empty()) return absl::InvalidArgumentError("request_id: must not be empty");
   absl::StatusOr<int> rank = inflight_.RankOf(request_id);
   if (!rank.ok()) return rank.status();
@@ -417,25 +443,31 @@ absl::Status FrontendService::AbortImpl(const std::string& request_id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::ModelInfo> FrontendService::ServedModel() const {
+  for (const v1::WorkerInfo& w : registry_->Workers()) {
+    if (w.role() == v1::ROLE_ATTENTION && IsLive(w.state())) return model_info_;
+  }
+  return absl::UnavailableError(
+      "no attention worker has registered yet, so the served model is not known");
+}
+
+bool FrontendService::Serving() const { return !shutting_down_ && registry_->IsComplete(); }
+
 grpc::Status FrontendService::GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*,
                                            v1::GetModelInfoResponse* response) {
-  for (const v1::WorkerInfo& w : registry_->Workers()) {
-    if (w.role() == v1::ROLE_ATTENTION && IsLive(w.state())) {
-      *response->mutable_model_info() = model_info_;
-      return grpc::Status::OK;
-    }
-  }
-  return ToGrpcStatus(absl::UnavailableError(
-      "no attention worker has registered yet, so the served model is not known"));
+  absl::StatusOr<v1::ModelInfo> model = ServedModel();
+  if (!model.ok()) return ToGrpcStatus(model.status());
+  *response->mutable_model_info() = *std::move(model);
+  return grpc::Status::OK;
 }
 
 grpc::Status FrontendService::GetLoads(grpc::ServerContext*, const v1::GetLoadsRequest*,
                                        v1::GetLoadsResponse* response) {
-  *response = GetLoadsImpl();
+  *response = Loads();
   return grpc::Status::OK;
 }
 
-v1::GetLoadsResponse FrontendService::GetLoadsImpl() {
+v1::GetLoadsResponse FrontendService::Loads() {
   const v1::ClusterView view = registry_->View();
   const std::vector<WorkerStatus> statuses = registry_->WorkerStatuses();
 

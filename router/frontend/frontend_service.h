@@ -74,6 +74,17 @@ struct FrontendOptions {
   FrontendMetrics* metrics = nullptr;
 };
 
+// Where one Generate's messages go: the dxs.v1 caller's stream, or a translation into
+// another API's (SglangSchedulerService). Called from the request's own handler thread only.
+class GenerateResponseWriter {
+ public:
+  virtual ~GenerateResponseWriter() = default;
+  // False once the caller has gone away.
+  virtual bool Write(v1::GenerateResponse& message) = 0;
+  // The request's last message (its `complete`).
+  virtual void WriteLast(v1::GenerateResponse& message) = 0;
+};
+
 class FrontendService final : public v1::Frontend::Service {
  public:
   // The name health checks use for this service.
@@ -100,6 +111,20 @@ class FrontendService final : public v1::Frontend::Service {
   grpc::Status GetLoads(grpc::ServerContext* context, const v1::GetLoadsRequest* request,
                         v1::GetLoadsResponse* response) override;
 
+  // The request path every front-door API shares (validate, admit, relay; see the top of
+  // this file), writing dxs.v1 messages to `writer`. Records the outcome in the metrics.
+  absl::Status ServeGenerate(grpc::ServerContext* context, v1::GenerateRequest request,
+                             GenerateResponseWriter& writer);
+  absl::Status AbortRequest(const std::string& request_id);
+  v1::GetLoadsResponse Loads();
+  // The served model, or UNAVAILABLE until an attention worker has registered.
+  absl::StatusOr<v1::ModelInfo> ServedModel() const;
+  // Whether the cluster serves (every rank live): what health reports.
+  bool Serving() const;
+  int num_attention_ranks() const { return limits_.num_attention_ranks; }
+  int64_t max_inflight() const { return options_.max_inflight; }
+  const GenerateLimits& limits() const { return limits_; }
+
  private:
   // Where requests for one DP rank go, from a cluster view.
   struct RankTarget {
@@ -114,7 +139,7 @@ class FrontendService final : public v1::Frontend::Service {
   static constexpr absl::Duration kCancelPollInterval = absl::Milliseconds(50);
 
   absl::Status GenerateImpl(grpc::ServerContext* context, v1::GenerateRequest request,
-                            grpc::ServerWriter<v1::GenerateResponse>* writer);
+                            GenerateResponseWriter& writer);
   // Runs the request on the rank's Serve stream.
   absl::Status RelayServe(grpc::ServerContext* context, const v1::GenerateRequest& request,
                           const std::string& address, AttentionStream& stream, Relay& relay);
@@ -122,8 +147,6 @@ class FrontendService final : public v1::Frontend::Service {
   absl::Status RelayGenerate(grpc::ServerContext* context, const v1::GenerateRequest& request,
                              const std::string& address, v1::AttentionWorker::Stub& stub,
                              Relay& relay);
-  absl::Status AbortImpl(const std::string& request_id);
-  v1::GetLoadsResponse GetLoadsImpl();
   std::vector<RankTarget> Targets(const v1::ClusterView& view) const;
   std::string NewRequestId();
 

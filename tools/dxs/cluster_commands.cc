@@ -29,6 +29,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/dxs/cli_args.h"
 #include "tools/dxs/commands.h"
+#include "tools/dxs/gateway.h"
 #include "tools/dxs/sampling_flags.h"
 #include "tools/dxs/tls_flags.h"
 #include "worker/worker_transport.h"
@@ -215,7 +216,8 @@ int UpCommand(const std::vector<std::string>& argv) {
       WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir", "wire-dtype",
                          "overlap-min-tokens", "stream-interval", "device", "gpus",
                          "num-redundant-experts", "eplb-interval", "piecewise-graphs",
-                         "mapped-exchange", "transport", "low-latency-capacity"}),
+                         "mapped-exchange", "transport", "low-latency-capacity",
+                         "gateway-port", "gateway-metrics-port", "smg", "served-model-name"}),
       WithTlsBoolFlags({"elastic-ep"}));
   if (!args.ok()) return Fail("up", args.status());
   const bool elastic_ep = args->Has("elastic-ep");
@@ -227,7 +229,10 @@ int UpCommand(const std::vector<std::string>& argv) {
   auto m = args->GetInt("attention", 1);
   auto n = args->GetInt("experts", 2);
   auto port = args->GetInt("port", 50051);
-  for (const absl::Status& s : {m.status(), n.status(), port.status()}) {
+  auto gateway_port = args->GetInt("gateway-port", 0);
+  auto gateway_metrics_port = args->GetInt("gateway-metrics-port", 0);
+  for (const absl::Status& s : {m.status(), n.status(), port.status(), gateway_port.status(),
+                                gateway_metrics_port.status()}) {
     if (!s.ok()) return Fail("up", s);
   }
   if (*m < 1 || *n < 1) {
@@ -239,6 +244,25 @@ int UpCommand(const std::vector<std::string>& argv) {
     if (!dir.ok()) return Fail("up", dir.status());
     model = *dir;
   }
+  // The router reports the directory to the gateway, which reads the tokenizer from it.
+  model = std::filesystem::absolute(model).lexically_normal().string();
+  const bool with_gateway = args->Has("gateway-port");
+  std::string smg;
+  if (with_gateway) {
+    if (*gateway_port < 1 || *gateway_port > 65535) {
+      return Fail("up", absl::InvalidArgumentError("--gateway-port must be in 1..65535"));
+    }
+    if (*gateway_metrics_port < 0 || *gateway_metrics_port > 65535) {
+      return Fail("up", absl::InvalidArgumentError("--gateway-metrics-port must be in 0..65535"));
+    }
+    absl::StatusOr<std::string> found = FindSmg(args->GetString("smg"), ExecutableDir());
+    if (!found.ok()) return Fail("up", found.status());
+    smg = *found;
+  }
+  std::filesystem::path model_path(model);
+  if (!model_path.has_filename()) model_path = model_path.parent_path();
+  const std::string served_model_name =
+      args->GetString("served-model-name", model_path.filename().string());
   // Where each worker computes: attention ranks 0..M-1, then expert ranks 0..N-1, one
   // device string each. --gpus 0,1 places them on those GPUs in turn (several may share
   // one: on one GPU they time-slice it).
@@ -284,7 +308,9 @@ int UpCommand(const std::vector<std::string>& argv) {
                                           "--wire-dtype",
                                           args->GetString("wire-dtype", "f32"),
                                           "--transport",
-                                          transport};
+                                          transport,
+                                          "--served-model-name",
+                                          served_model_name};
   if (args->Has("num-redundant-experts")) {
     router_argv.insert(router_argv.end(),
                        {"--num-redundant-experts", args->GetString("num-redundant-experts")});
@@ -340,6 +366,32 @@ int UpCommand(const std::vector<std::string>& argv) {
   }
   std::cout << "dxs up: listening on " << router << " (" << *m << " attention, " << *n
             << " expert ranks; model " << model << "; logs in " << log_dir << ")" << std::endl;
+  if (with_gateway) {
+    // The gateway fronts the router once it serves, so it registers it at once. Tokenizer
+    // files come from the model directory, never from the Hugging Face hub.
+    setenv("HF_HUB_OFFLINE", "1", /*overwrite=*/0);
+    const int metrics_port = *gateway_metrics_port != 0 ? static_cast<int>(*gateway_metrics_port)
+                                                        : static_cast<int>(*gateway_port) + 1;
+    if (!spawn(GatewayArgv(smg, router, "127.0.0.1", static_cast<int>(*gateway_port),
+                           metrics_port),
+               "gateway")) {
+      StopAll(&children);
+      return 1;
+    }
+    const pid_t gateway_pid = children.back().pid;
+    const absl::Status up = WaitForGateway(
+        "127.0.0.1", static_cast<int>(*gateway_port), served_model_name, absl::Seconds(120),
+        [&] { return !g_stop && waitpid(gateway_pid, nullptr, WNOHANG) == 0; });
+    if (!up.ok()) {
+      StopAll(&children);
+      if (g_stop) return 0;
+      std::cerr << "dxs up: " << up.message() << "; see " << log_dir << "/gateway.log\n";
+      return 1;
+    }
+    std::cout << "dxs up: gateway (OpenAI API) on http://127.0.0.1:" << *gateway_port
+              << "/v1, model \"" << served_model_name << "\", metrics on 127.0.0.1:"
+              << metrics_port << std::endl;
+  }
   // With --elastic-ep an expert worker that dies (a signal or a failing exit) is started
   // again, as a Kubernetes Deployment would: meanwhile the router serves from the replicas
   // or reloads its experts elsewhere, and the new process rejoins as the same rank once the

@@ -61,7 +61,12 @@ const Command kCommands[] = {
      "  [--eplb-interval N (EPLB live: rebalance every N steps)]\n"
      "  [--elastic-ep (dxs-router's flag: lost or drained EP ranks' experts move to live\n"
      "  ranks; an expert worker that dies is started again)]\n"
-     "  Prints 'listening on ADDR' when healthy; stops everything on Ctrl-C or SIGTERM.\n",
+     "  [--served-model-name NAME (the model's name through the gateway; the --model\n"
+     "  directory's last component)]\n"
+     "  [--gateway-port P (the SMG gateway in front of the router: OpenAI's API on\n"
+     "  http://127.0.0.1:P/v1) [--gateway-metrics-port Q (P+1)] [--smg PATH (the .venv's)]]\n"
+     "  Prints 'listening on ADDR' when healthy (and the gateway's address once it serves);\n"
+     "  stops everything on Ctrl-C or SIGTERM.\n",
      dxs::cli::UpCommand},
     {"generate", "stream tokens for a prompt from a router",
      "  --router ADDR --prompt-ids 1,2,3 [--max-new-tokens N]\n"
