@@ -237,6 +237,10 @@ SglangResponseTranslator::SglangResponseTranslator(const sglang::GenerateRequest
                              request.tokenized().input_ids_size() > 0 &&
                              *request.tokenized().input_ids().rbegin() ==
                                  *model.think_start_token_id),
+      unscored_prompt_token_(request.logprob_start_len() == 0 &&
+                                     request.tokenized().input_ids_size() > 0
+                                 ? std::optional<uint32_t>(request.tokenized().input_ids(0))
+                                 : std::nullopt),
       model_(model),
       sink_(std::move(sink)),
       samples_(static_cast<size_t>(std::max(num_samples, 1))) {}
@@ -308,19 +312,20 @@ bool SglangResponseTranslator::Write(v1::GenerateResponse& message) {
   if (!message.has_chunk()) return true;
   const v1::TokenChunk& chunk = message.chunk();
   if (chunk.has_prompt_logprobs() && !input_logprobs_) {
-    // The protocol scores prompt tokens from logprob_start_len, the first token (which
-    // nothing precedes) with no value.
+    // The protocol scores prompt tokens from logprob_start_len, one token id per entry; the
+    // first token (which nothing precedes) with no value. dxs scores from position 1.
     const v1::PromptLogprobs& prompt = chunk.prompt_logprobs();
     sglang::InputLogProbs input;
-    if (prompt.first_position() == 1 || prompt.positions_size() == 0) {
+    if (unscored_prompt_token_) {
       input.add_token_logprobs();  // no value
       input.add_top_logprobs();
+      input.add_token_ids(*unscored_prompt_token_);
     }
     for (int i = 0; i < prompt.positions_size(); ++i) {
       input.add_token_logprobs()->set_value(prompt.positions(i).logprob());
       *input.add_top_logprobs() = TopOf(prompt.positions(i));
     }
-    input.mutable_token_ids()->Assign(prompt.token_ids().begin(), prompt.token_ids().end());
+    input.mutable_token_ids()->Add(prompt.token_ids().begin(), prompt.token_ids().end());
     input_logprobs_ = std::move(input);
     // The distribution after the prompt (prompt.next) is the first output position's,
     // which the first token's own logprobs carry.

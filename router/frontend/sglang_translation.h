@@ -104,6 +104,9 @@ class SglangResponseTranslator final : public GenerateResponseWriter {
   // require_reasoning and the prompt ends with <think>.
   const bool count_reasoning_;
   const bool prompt_opens_thinking_;
+  // With logprob_start_len 0: the prompt's first token, which the protocol lists (without a
+  // value: nothing precedes it) ahead of the positions dxs scores (from 1).
+  const std::optional<uint32_t> unscored_prompt_token_;
   const SglangModelFacts model_;
   const Sink sink_;
   std::vector<Sample> samples_;
