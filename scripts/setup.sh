@@ -21,7 +21,8 @@ for p in "${PACKAGES[@]}"; do
 done
 
 # A virtualenv of the project's own (so the system Python is left alone) with
-# - grpcio and its protoc, for the Python test client (tests/python);
+# - grpcio and its protoc, for the Python test client (tests/python), and grpcio-reflection
+#   (the gateway test lists the router's services through reflection);
 # - nvidia-cutlass, whose wheel carries the CUTLASS/CuTe C++ headers that the CUDA grouped
 #   GEMM compiles against (CMake finds them through this venv's python; see
 #   kernels/cuda/CMakeLists.txt). Pinned: CUTLASS's C++ API moves between releases. Without
@@ -63,9 +64,10 @@ setup_python() {
     echo "setup: creating $venv"
     python3 -m venv "$venv"
   fi
-  if ! "$py" -c "import grpc, grpc_tools" 2>/dev/null; then
-    echo "setup: installing grpcio and grpcio-tools into $venv"
-    "$py" -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools
+  if ! "$py" -c "import grpc, grpc_tools, grpc_reflection" 2>/dev/null; then
+    echo "setup: installing grpcio, grpcio-tools and grpcio-reflection into $venv"
+    "$py" -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools \
+      grpcio-reflection
   fi
   if [ "$("$py" -m pip show smg-grpc-proto 2>/dev/null | sed -n 's/^Version: //p')" != "$SMG_GRPC_PROTO_VERSION" ]; then
     echo "setup: installing smg-grpc-proto $SMG_GRPC_PROTO_VERSION (the gateway protocol's .proto files) into $venv"

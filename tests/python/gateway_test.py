@@ -94,9 +94,10 @@ class Cluster:
         argv = [os.path.join(ARGS.bin_dir, "dxs"), "up", "--model", model,
                 "--attention", str(attention), "--experts", str(experts),
                 "--port", str(self.port), "--log-dir", self.log_dir]
+        self.gateway_metrics_port = free_port() if gateway else None
         if gateway:
             argv += ["--gateway-port", str(self.gateway_port),
-                     "--gateway-metrics-port", str(free_port())]
+                     "--gateway-metrics-port", str(self.gateway_metrics_port)]
         self.proc = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.STDOUT)
         want = "gateway (OpenAI API) on" if gateway else "listening on"
 
@@ -374,6 +375,18 @@ class GatewayTest(unittest.TestCase):
             self.assertEqual(l.memory.token_capacity, l.max_total_num_tokens)
         self.assertTrue(self.scheduler.HealthCheck(sglang_pb2.HealthCheckRequest(),
                                                    timeout=10).healthy)
+        # gRPC health and reflection list the service beside dxs.v1.
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        health = health_pb2_grpc.HealthStub(self.channel).Check(
+            health_pb2.HealthCheckRequest(service="sglang.grpc.scheduler.SglangScheduler"),
+            timeout=10)
+        self.assertEqual(health.status, health_pb2.HealthCheckResponse.SERVING)
+        from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+        replies = reflection_pb2_grpc.ServerReflectionStub(self.channel).ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+        services = {s.name for r in replies for s in r.list_services_response.service}
+        self.assertIn("sglang.grpc.scheduler.SglangScheduler", services)
+        self.assertIn("dxs.v1.Frontend", services)
         # The tokenizer bundle: a zip of the model directory's files, with its digest last.
         chunks = list(self.scheduler.GetTokenizer(common_pb2.GetTokenizerRequest(), timeout=30))
         data = b"".join(c.data for c in chunks)
@@ -495,7 +508,17 @@ class GatewayTest(unittest.TestCase):
         except openai.APIError:
             return False
 
-    def test_12_sigterm_stops_the_gateway_too(self):
+    def test_12_dashboard_gateway_metrics_exist(self):
+        # Every smg_* series the Grafana dashboard's gateway row queries is one the running
+        # gateway exports (after the requests above: streams, errors, tokens).
+        with open(os.path.join(ARGS.source_dir, "deploy", "grafana", "dxs-dashboard.json")) as f:
+            names = set(re.findall(r"\b(smg_[a-z_]+)", f.read()))
+        self.assertTrue(names, "the dashboard has no gateway panels")
+        text = http_get("http://127.0.0.1:%d/metrics" % self.cluster.gateway_metrics_port)
+        exported = set(re.findall(r"^(smg_[a-z_]+)", text, re.M))
+        self.assertEqual(sorted(n for n in names if n not in exported), [])
+
+    def test_99_sigterm_stops_the_gateway_too(self):
         self.cluster.stop()
         self.assertEqual(self.cluster.proc.returncode, 0)
         # Nothing of the cluster is left: no process mentions its temp dir or the gateway's
