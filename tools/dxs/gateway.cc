@@ -65,8 +65,9 @@ std::vector<std::string> GatewayArgv(const std::string& smg, const std::string& 
           // cache-aware default would need KV events, which dxs (no prefix cache) has none of.
           "--policy",
           "least_load",
+          // A line per request at info: its cost grows with the request rate.
           "--log-level",
-          "info"};
+          "warn"};
 }
 
 absl::StatusOr<HttpResponse> HttpGet(const std::string& host, int port, const std::string& path) {
