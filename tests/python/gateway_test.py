@@ -508,6 +508,51 @@ class GatewayTest(unittest.TestCase):
         except openai.APIError:
             return False
 
+    def test_13_a_gateway_elsewhere_takes_the_tokenizer_over_grpc(self):
+        # A gateway on another host cannot read the model directory the router reports: it
+        # falls back to GetTokenizer. Simulated with a mount namespace in which a tmpfs hides
+        # the test's directory (the model's parent).
+        if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+            self.skipTest("cannot make a mount namespace here (needs root)")
+        gateway_port = free_port()
+        smg = os.path.join(ARGS.source_dir, ".venv", "bin", "smg")
+        log = open(os.path.join(self.tmp, "gateway-elsewhere.log"), "w")
+        self.addCleanup(log.close)
+        script = ('mount -t tmpfs none "$1" && test ! -e "$2" && shift 2 && exec "$@"')
+        gateway = subprocess.Popen(
+            ["unshare", "-m", "sh", "-c", script, "sh", self.tmp, self.model, smg, "launch",
+             "--worker-urls", "grpc://" + self.cluster.address, "--host", "127.0.0.1",
+             "--port", str(gateway_port), "--prometheus-host", "127.0.0.1",
+             "--prometheus-port", str(free_port()), "--policy", "least_load"],
+            stdout=log, stderr=subprocess.STDOUT,
+            env=dict(os.environ, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:1"))
+        try:
+            client = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % gateway_port,
+                                   api_key="none", max_retries=0, timeout=EVENT_TIMEOUT_S)
+
+            def served():
+                assert gateway.poll() is None, "the gateway exited; see gateway-elsewhere.log"
+                return self._served(client)
+            wait_for(served, "the gateway without the model directory to serve",
+                     timeout=START_TIMEOUT_S)
+            content = "Tokenizer over gRPC"
+            prompt = self.chat_prompt_ids(content)
+            want = self.dxs_generate(prompt, 8)["tokens"]
+            r = client.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": content}],
+                max_tokens=8, temperature=0)
+            self.assertEqual(r.choices[0].message.content, self.decode(want))
+            self.assertEqual(r.usage.prompt_tokens, len(prompt))
+            # It did come over GetTokenizer (smg 1.13 logs the bundle it read).
+            with open(log.name) as f:
+                self.assertIn("GetTokenizer bundle", f.read())
+        finally:
+            gateway.send_signal(signal.SIGTERM)
+            try:
+                gateway.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                gateway.kill()
+
     def test_12_dashboard_gateway_metrics_exist(self):
         # Every smg_* series the Grafana dashboard's gateway row queries is one the running
         # gateway exports (after the requests above: streams, errors, tokens).
