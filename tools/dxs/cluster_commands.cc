@@ -255,6 +255,12 @@ int UpCommand(const std::vector<std::string>& argv) {
     if (*gateway_metrics_port < 0 || *gateway_metrics_port > 65535) {
       return Fail("up", absl::InvalidArgumentError("--gateway-metrics-port must be in 0..65535"));
     }
+    if (tls->enabled()) {
+      // smg 1.13 dials its workers in plaintext whatever its TLS flags say (docs/gateway.md).
+      return Fail("up", absl::InvalidArgumentError(
+                            "--gateway-port: the SMG gateway cannot reach a TLS router; start "
+                            "the cluster without --tls-* to front it with the gateway"));
+    }
     absl::StatusOr<std::string> found = FindSmg(args->GetString("smg"), ExecutableDir());
     if (!found.ok()) return Fail("up", found.status());
     smg = *found;
