@@ -9,6 +9,7 @@ set -eu
 # their own dependencies (libgrpc29, libre2-9, libc-ares2, libgfortran5, ...) come along.
 # UCX is not among them: it is the libucx-cu13 wheel's 1.22, which the build stage installs
 # into /opt/dxs/lib (libnuma1 is what its libucs needs). prometheus-cpp's pull library serves /metrics on civetweb.
+# libzip4: dxs-router zips the model's tokenizer files for the gateway protocol's GetTokenizer.
 # python3 (Debian's 3.11): the interpreter of the gateway's venv /opt/smg, which the build
 # stage makes with the same python3 (build-steps.sh); smg's own library needs only libc.
 RUNTIME_PACKAGES="
@@ -21,6 +22,7 @@ RUNTIME_PACKAGES="
   libcivetweb1
   libopenblas0-pthread
   libssl3
+  libzip4
   zlib1g
   python3
 "
