@@ -683,7 +683,8 @@ void SamplingOverhead(bool quick, int layers, Report* report) {
   std::unique_ptr<LocalEngine> engine = Must(LocalEngine::LoadRandom(preset, options), "model");
   std::printf("\n[sampling] Qwen3-30B-A3B shape, %d layers, 16-token prompts, 64 new tokens\n",
               layers);
-  std::printf("  %6s %14s %17s %8s\n", "batch", "plain tok/s", "features tok/s", "ratio");
+  std::printf("  %6s %14s %14s %17s %14s %8s\n", "batch", "greedy tok/s", "plain tok/s",
+              "features tok/s", "plain/greedy", "ratio");
   const int64_t new_tokens = 64;
   for (const int64_t batch : {int64_t{32}, int64_t{128}}) {
     std::vector<GenerationRequest> plain(batch), features;
@@ -697,6 +698,10 @@ void SamplingOverhead(bool quick, int layers, Report* report) {
       r.sampling.top_p = 0.95f;
       r.sampling.seed = static_cast<uint64_t>(i);
     }
+    // Greedy: the same requests at temperature 0 (argmax on the device, no sort): what
+    // sampling costs over it.
+    std::vector<GenerationRequest> greedy = plain;
+    for (GenerationRequest& r : greedy) r.sampling.temperature = 0.f;
     features = plain;
     for (GenerationRequest& r : features) {
       r.sampling.repetition_penalty = 1.1f;
@@ -711,19 +716,24 @@ void SamplingOverhead(bool quick, int layers, Report* report) {
       Must(engine->GenerateBatch(requests), "generate");
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
-    seconds(plain);  // warm-up: graphs recorded, workspaces grown
+    seconds(greedy);  // warm-up: graphs recorded, workspaces grown
+    seconds(plain);
     seconds(features);
-    std::vector<double> plain_s, features_s;
+    std::vector<double> greedy_s, plain_s, features_s;
     for (int round = 0; round < (quick ? 2 : 5); ++round) {
+      greedy_s.push_back(seconds(greedy));
       plain_s.push_back(seconds(plain));
       features_s.push_back(seconds(features));
     }
     const double tokens = static_cast<double>(batch * new_tokens);
-    const double plain_rate = tokens / Median(plain_s), features_rate = tokens / Median(features_s);
-    std::printf("  %6ld %14.1f %17.1f %8.3f\n", static_cast<long>(batch), plain_rate, features_rate,
+    const double greedy_rate = tokens / Median(greedy_s), plain_rate = tokens / Median(plain_s),
+                 features_rate = tokens / Median(features_s);
+    std::printf("  %6ld %14.1f %14.1f %17.1f %14.3f %8.3f\n", static_cast<long>(batch),
+                greedy_rate, plain_rate, features_rate, plain_rate / greedy_rate,
                 features_rate / plain_rate);
     report->Add({{"section", "sampling"},
                  {"batch", batch},
+                 {"greedy_tokens_per_s", greedy_rate},
                  {"plain_tokens_per_s", plain_rate},
                  {"features_tokens_per_s", features_rate}});
   }

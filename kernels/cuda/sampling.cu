@@ -3,15 +3,20 @@
 // SampleToken in kernels/sampling.h is the reference).
 //
 // SampleRows, in chunks of rows whose candidates fit the workspace:
-// 1. PrepareKernel: per sampled row, keys[j] = logits[j] / temperature (float, rounded as
-//    the host divides) and ids[j] = j; the row's segment for the sort. Greedy rows without
-//    adjustments and rows with bad parameters get an empty segment; a greedy row with
-//    adjustments is sorted with temperature 1 and takes its first candidate.
+// 1. PrepareKernel: per sampled row, the key of candidate j is logits[j] / temperature
+//    (float, rounded as the host divides), and ids[j] = j. A greedy row with adjustments is
+//    sorted with temperature 1 and takes its first candidate; greedy rows without
+//    adjustments and rows with bad parameters are sorted too (every row of the chunk is),
+//    and their order is not read.
 //    AdjustKernel then rewrites the keys of the row's LogitAdjustments (penalties, bias, the
 //    min_new_tokens mask) from the raw logits, as the host's ApplyLogitAdjustments does; the
 //    logits themselves are not changed (their log-probabilities are the raw ones).
-// 2. CUB's segmented radix sort, descending. It is stable, so equal keys keep ascending ids:
-//    the host's order (larger key, then lower id). -0 and +0 compare equal, as on the host.
+// 2. One CUB radix sort of the whole chunk (SortKey: the row in the high 32 bits, the key's
+//    bits turned so that ascending is descending in the low 32), which keeps every row's
+//    candidates in the row's own span. It is stable, so equal keys keep ascending ids: the
+//    host's order (larger key, then lower id). -0 and +0 compare equal, as on the host.
+//    (A segmented sort has one thread block sort a whole row: measured on the H200 it took
+//    most of a sampled decode step at batch 32; the one sort spreads over every SM.)
 // 3. SampleKernel, one block per row: the weights exp(key - max) in double over the top_k
 //    first candidates, their sum (block reduction), the top-p cut and the draw (block
 //    scans over tiles, stopping at the first prefix that qualifies), then the min-p cut (a
@@ -28,7 +33,7 @@
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
-#include <cub/device/device_segmented_radix_sort.cuh>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "common/splitmix64.h"
 #include "kernels/cuda/carver.cuh"
@@ -45,9 +50,9 @@ constexpr int64_t kTile = int64_t{kThreads} * kItems;
 constexpr int kPrepareThreads = 256;
 constexpr int kPrepareItems = 4;
 constexpr int64_t kPrepareCols = int64_t{kPrepareThreads} * kPrepareItems;
-// Candidates sorted at once: the workspace holds two key and two id buffers of this many
-// (128 MiB), so 256 rows of a 152k vocabulary go in a few chunks.
-constexpr int64_t kMaxChunkItems = int64_t{1} << 23;
+// Candidates sorted at once: the workspace holds two 64-bit key and two id buffers of this
+// many (96 MiB), so 256 rows of a 152k vocabulary go in a few chunks.
+constexpr int64_t kMaxChunkItems = int64_t{1} << 22;
 constexpr int64_t kMaxGridY = 65535;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -113,6 +118,21 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- SampleRows ----
 
+// The sort key of candidate key `f` in row `r` of the chunk: the row in the high 32 bits, so
+// that one ascending radix sort of the chunk keeps each row's candidates in its own span, and
+// in the low 32 bits the float's bits turned so that ascending is the descending float
+// order, -0 taken as +0 (as CUB's own float sort does).
+__device__ uint64_t SortKey(int64_t r, float f) {
+  uint32_t b = __float_as_uint(f == 0.f ? 0.f : f);
+  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);  // ascending unsigned = ascending float
+  return (static_cast<uint64_t>(r) << 32) | static_cast<uint32_t>(~b);
+}
+// The float key back from a sort key.
+__device__ float KeyOf(uint64_t key) {
+  const uint32_t b = ~static_cast<uint32_t>(key);
+  return __uint_as_float((b & 0x80000000u) ? (b & 0x7fffffffu) : ~b);
+}
+
 // ValidateSamplingParams (kernels/sampling.cc), on the device.
 __device__ bool ValidRow(const SamplingRow& p, int64_t num_adjust) {
   return p.temperature >= 0.f && !isinf(p.temperature) && p.top_p > 0.f && p.top_p <= 1.f &&
@@ -135,29 +155,25 @@ __device__ float KeyDivisor(const SamplingRow& p) {
   return p.temperature != 0.f ? p.temperature : 1.f;
 }
 
-// grid (column blocks, rows of the chunk): keys and ids of the sampled rows, and every
-// row's segment [begin, end) of the chunk's candidates (empty when not sorted).
+// grid (column blocks, rows of the chunk): the sort keys and ids of every row (a row that
+// is not sorted gets keys of its row only, so that the sort keeps it in its span).
 __global__ void __launch_bounds__(kPrepareThreads)
     PrepareKernel(const float* __restrict__ logits, const SamplingRow* __restrict__ params,
-                  int64_t num_adjust, int64_t vocab, float* __restrict__ keys,
-                  int32_t* __restrict__ ids, int* __restrict__ begin, int* __restrict__ end) {
+                  int64_t num_adjust, int64_t vocab, uint64_t* __restrict__ keys,
+                  int32_t* __restrict__ ids) {
   PdlWait();
   const int64_t r = blockIdx.y;
   const SamplingRow p = params[r];
   const bool sorted = SortsRow(p, vocab, num_adjust);
   const float divisor = KeyDivisor(p);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    begin[r] = static_cast<int>(r * vocab);
-    end[r] = static_cast<int>(sorted ? (r + 1) * vocab : r * vocab);
-  }
-  if (!sorted) return;
   const float* row = logits + r * vocab;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kPrepareCols + threadIdx.x;
 #pragma unroll
   for (int c = 0; c < kPrepareItems; ++c) {
     const int64_t j = col0 + c * kPrepareThreads;
     if (j < vocab) {
-      keys[r * vocab + j] = __fdiv_rn(row[j], divisor);
+      keys[r * vocab + j] =
+          sorted ? SortKey(r, __fdiv_rn(row[j], divisor)) : static_cast<uint64_t>(r) << 32;
       ids[r * vocab + j] = static_cast<int32_t>(j);
     }
   }
@@ -168,7 +184,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
 __global__ void __launch_bounds__(kPrepareThreads)
     AdjustKernel(const float* __restrict__ logits, const SamplingRow* __restrict__ params,
                  const LogitAdjustment* __restrict__ adjustments, int64_t num_adjust, int64_t vocab,
-                 float* __restrict__ keys) {
+                 uint64_t* __restrict__ keys) {
   PdlWait();
   const int64_t r = blockIdx.x;
   const SamplingRow p = params[r];
@@ -188,7 +204,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
       l = __fsub_rn(l, __fmul_rn(p.frequency_penalty, static_cast<float>(a.output_count)));
       if (a.output_count > 0) l = __fsub_rn(l, p.presence_penalty);
     }
-    keys[r * vocab + a.token] = __fdiv_rn(l, divisor);
+    keys[r * vocab + a.token] = SortKey(r, __fdiv_rn(l, divisor));
   }
 }
 
@@ -225,7 +241,7 @@ struct Found {
 };
 
 template <typename Qualifies>
-__device__ Found FindFirstPrefix(const float* __restrict__ keys, float max_key, int64_t count,
+__device__ Found FindFirstPrefix(const uint64_t* __restrict__ keys, float max_key, int64_t count,
                                  Qualifies qualifies, SampleShared& s) {
   double carry = 0;
   for (int64_t base = 0; base < count; base += kTile) {
@@ -234,7 +250,7 @@ __device__ Found FindFirstPrefix(const float* __restrict__ keys, float max_key, 
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
       const int64_t i = first_item + j;
-      v[j] = i < count ? Weight(keys[i], max_key) : 0.0;
+      v[j] = i < count ? Weight(KeyOf(keys[i]), max_key) : 0.0;
     }
     double tile_sum;
     BlockScanF64(s.cub.scan).InclusiveSum(v, v, tile_sum);
@@ -273,7 +289,7 @@ __device__ Found FindFirstPrefix(const float* __restrict__ keys, float max_key, 
 // One block per row of the chunk; keys/ids are the chunk's sorted candidates.
 __global__ void __launch_bounds__(kThreads)
     SampleKernel(const float* __restrict__ logits, const SamplingRow* __restrict__ params,
-                 int64_t num_adjust, int64_t vocab, const float* __restrict__ sorted_keys,
+                 int64_t num_adjust, int64_t vocab, const uint64_t* __restrict__ sorted_keys,
                  const int32_t* __restrict__ sorted_ids, int32_t* __restrict__ out) {
   PdlWait();
   __shared__ SampleShared s;
@@ -288,17 +304,17 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) out[r] = best;
     return;
   }
-  const float* keys = sorted_keys + r * vocab;
+  const uint64_t* keys = sorted_keys + r * vocab;
   const int32_t* ids = sorted_ids + r * vocab;
   if (p.temperature == 0.f) {  // greedy over adjusted logits: the stable sort's first
     if (threadIdx.x == 0) out[r] = ids[0];
     return;
   }
-  const float max_key = keys[0];
+  const float max_key = KeyOf(keys[0]);
   const int64_t keep = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;
 
   double local = 0;
-  for (int64_t i = threadIdx.x; i < keep; i += kThreads) local += Weight(keys[i], max_key);
+  for (int64_t i = threadIdx.x; i < keep; i += kThreads) local += Weight(KeyOf(keys[i]), max_key);
   const double sum = BlockReduceF64(s.cub.sum).Sum(local);
   if (threadIdx.x == 0) s.total = sum;
   __syncthreads();
@@ -325,7 +341,7 @@ __global__ void __launch_bounds__(kThreads)
       int64_t lo = 1, hi = cut;  // the first index in [lo, hi) whose weight is below min_p
       while (lo < hi) {
         const int64_t mid = lo + (hi - lo) / 2;
-        if (Weight(keys[mid], max_key) >= min_p) {
+        if (Weight(KeyOf(keys[mid]), max_key) >= min_p) {
           lo = mid + 1;
         } else {
           hi = mid;
@@ -339,7 +355,9 @@ __global__ void __launch_bounds__(kThreads)
     if (min_p_cut < cut) {
       cut = min_p_cut;
       double part = 0;
-      for (int64_t i = threadIdx.x; i < cut; i += kThreads) part += Weight(keys[i], max_key);
+      for (int64_t i = threadIdx.x; i < cut; i += kThreads) {
+        part += Weight(KeyOf(keys[i]), max_key);
+      }
       __syncthreads();  // the reduction's storage was the search's
       const double sum_kept = BlockReduceF64(s.cub.sum).Sum(part);
       if (threadIdx.x == 0) s.total = sum_kept;
@@ -361,21 +379,25 @@ int64_t ChunkRows(int64_t n, int64_t vocab) {
   return rows < n ? rows : n;
 }
 
-// CUB's temporary storage for a sort of `rows` segments of `vocab`.
+// The bits of the sort keys of `rows` rows: 32 for the key, and the row numbers 0..rows-1.
+int SortKeyBits(int64_t rows) {
+  int bits = 32;
+  while ((int64_t{1} << (bits - 32)) < rows) ++bits;
+  return bits;
+}
+
+// CUB's temporary storage for a sort of `rows` rows of `vocab`.
 cudaError_t SortTempBytes(int64_t rows, int64_t vocab, size_t* bytes) {
-  cub::DoubleBuffer<float> keys(nullptr, nullptr);
+  cub::DoubleBuffer<uint64_t> keys(nullptr, nullptr);
   cub::DoubleBuffer<int32_t> ids(nullptr, nullptr);
   *bytes = 0;
-  return cub::DeviceSegmentedRadixSort::SortPairsDescending(
-      nullptr, *bytes, keys, ids, static_cast<int>(rows * vocab), static_cast<int>(rows),
-      static_cast<int*>(nullptr), static_cast<int*>(nullptr));
+  return cub::DeviceRadixSort::SortPairs(nullptr, *bytes, keys, ids,
+                                         static_cast<int>(rows * vocab), 0, SortKeyBits(rows));
 }
 
 struct SampleScratch {
-  float* keys[2];
+  uint64_t* keys[2];
   int32_t* ids[2];
-  int* begin;
-  int* end;
   void* sort_temp;
   size_t sort_temp_bytes;
 };
@@ -385,10 +407,8 @@ cudaError_t CarveSample(Carver& c, int64_t n, int64_t vocab, SampleScratch* s) {
   size_t full = 0, last = 0;
   DXS_CUDA_RETURN_IF_ERROR(SortTempBytes(chunk, vocab, &full));
   if (n % chunk != 0) DXS_CUDA_RETURN_IF_ERROR(SortTempBytes(n % chunk, vocab, &last));
-  for (int b = 0; b < 2; ++b) s->keys[b] = c.Take<float>(chunk * vocab);
+  for (int b = 0; b < 2; ++b) s->keys[b] = c.Take<uint64_t>(chunk * vocab);
   for (int b = 0; b < 2; ++b) s->ids[b] = c.Take<int32_t>(chunk * vocab);
-  s->begin = c.Take<int>(chunk);
-  s->end = c.Take<int>(chunk);
   s->sort_temp_bytes = full > last ? full : last;
   s->sort_temp = c.Take<char>(static_cast<int64_t>(s->sort_temp_bytes));
   return cudaSuccess;
@@ -445,19 +465,19 @@ cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t vocab,
     const dim3 grid(static_cast<unsigned>(CeilDiv(vocab, kPrepareCols)),
                     static_cast<unsigned>(rows));
     LaunchKernel(PrepareKernel, grid, kPrepareThreads, 0, stream, chunk_logits, chunk_params,
-                 num_adjust, vocab, s.keys[0], s.ids[0], s.begin, s.end);
+                 num_adjust, vocab, s.keys[0], s.ids[0]);
     DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     if (num_adjust > 0) {
       LaunchKernel(AdjustKernel, static_cast<unsigned>(rows), kPrepareThreads, 0, stream,
                    chunk_logits, chunk_params, adjustments, num_adjust, vocab, s.keys[0]);
       DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     }
-    cub::DoubleBuffer<float> keys(s.keys[0], s.keys[1]);
+    cub::DoubleBuffer<uint64_t> keys(s.keys[0], s.keys[1]);
     cub::DoubleBuffer<int32_t> cand(s.ids[0], s.ids[1]);
     size_t temp_bytes = s.sort_temp_bytes;
-    DXS_CUDA_RETURN_IF_ERROR(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-        s.sort_temp, temp_bytes, keys, cand, static_cast<int>(rows * vocab), static_cast<int>(rows),
-        s.begin, s.end, 0, static_cast<int>(sizeof(float) * 8), stream));
+    DXS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
+        s.sort_temp, temp_bytes, keys, cand, static_cast<int>(rows * vocab), 0,
+        SortKeyBits(rows), stream));
     LaunchKernel(SampleKernel, static_cast<unsigned>(rows), kThreads, 0, stream, chunk_logits,
                  chunk_params, num_adjust, vocab, keys.Current(), cand.Current(), ids + row0);
     DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
