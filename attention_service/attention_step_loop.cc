@@ -146,7 +146,10 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   absl::Status outcome = absl::UnknownError("no forward pass");
   std::vector<float> host_logits;
   Scheduler::StepTokens sampled;
-  const bool host_sampling = scheduler_->StepNeedsHostLogits();
+  // First tokens are sampled on the backend too (unless samples fork or the step scores
+  // prompt positions); their rows come to the host besides.
+  const bool host_rows = scheduler_->StepNeedsHostLogits();
+  const bool host_sampling = scheduler_->StepSamplesOnHost();
   bool piecewise_step = false, low_latency_step = false;
   if (plan.ok()) {
     moe_->set_step(step_);
@@ -163,15 +166,19 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
             : model_->Forward(chunks, kv_, plan->num_micro_batches);
     if (!out.ok()) {
       outcome = out.status();
-    } else if (host_sampling) {
-      absl::StatusOr<std::vector<float>> h = model_->backend()->Download(*out);
-      outcome = h.status();
-      if (h.ok()) host_logits = *std::move(h);
     } else {
-      absl::StatusOr<Scheduler::StepTokens> t =
-          SampleStepOnBackend(model_->backend(), *out, *scheduler_);
-      outcome = t.status();
-      if (t.ok()) sampled = *std::move(t);
+      outcome = absl::OkStatus();
+      if (!host_sampling) {
+        absl::StatusOr<Scheduler::StepTokens> t =
+            SampleStepOnBackend(model_->backend(), *out, *scheduler_);
+        outcome = t.status();
+        if (t.ok()) sampled = *std::move(t);
+      }
+      if (outcome.ok() && host_rows) {
+        absl::StatusOr<std::vector<float>> h = model_->backend()->Download(*out);
+        outcome = h.status();
+        if (h.ok()) host_logits = *std::move(h);
+      }
     }
     if (low_latency_step) {
       // The exchange's waits report here: a step whose peer stopped answering has
@@ -234,6 +241,8 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   }
   if (host_sampling) {
     scheduler_->FinishStep(host_logits);
+  } else if (host_rows) {
+    scheduler_->FinishStep(host_logits, &sampled);
   } else {
     scheduler_->FinishStepWithTokens(sampled);
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -98,13 +99,20 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
     // Steps past every request's first token sample on the backend, greedy or not: a few
     // ids come back instead of [rows, vocab] floats (39 MB a step at batch 64 on Qwen3's
     // vocab). The CPU takes the same path, so its tests cover it.
-    if (!scheduler.StepNeedsHostLogits()) {
-      absl::StatusOr<Scheduler::StepTokens> tokens =
+    // A request's first token is sampled there too (unless its samples fork, or the step
+    // scores prompt positions), and the step's rows come to the host besides (its sink
+    // receives the first token's row).
+    std::optional<Scheduler::StepTokens> tokens;
+    if (!scheduler.StepSamplesOnHost()) {
+      absl::StatusOr<Scheduler::StepTokens> t =
           SampleStepOnBackend(backend_.get(), *logits, scheduler);
-      if (!tokens.ok()) {
-        scheduler.FailAll(tokens.status());
-        return tokens.status();
+      if (!t.ok()) {
+        scheduler.FailAll(t.status());
+        return t.status();
       }
+      tokens = *std::move(t);
+    }
+    if (tokens && !scheduler.StepNeedsHostLogits()) {
       scheduler.FinishStepWithTokens(*tokens);
       continue;
     }
@@ -113,7 +121,7 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
       scheduler.FailAll(host.status());
       return host.status();
     }
-    scheduler.FinishStep(*host);
+    scheduler.FinishStep(*host, tokens ? &*tokens : nullptr);
   }
   prefill_tokens_ += scheduler.prefill_tokens();
   DXS_RETURN_IF_ERROR(first_error);

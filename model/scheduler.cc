@@ -278,7 +278,7 @@ std::vector<SequenceChunk> Scheduler::BuildStep() {
   return chunks;
 }
 
-void Scheduler::FinishStep(const std::vector<float>& logits) {
+void Scheduler::FinishStep(const std::vector<float>& logits, const StepTokens* sampled) {
   const int64_t vocab = config_.vocab_size;
   // first_row[j]: chunk j's first logits row; its last is the one sampled.
   std::vector<int64_t> first_row(step_logit_rows_.size() + 1, 0);
@@ -310,14 +310,16 @@ void Scheduler::FinishStep(const std::vector<float>& logits) {
     const float* raw = row_of(first_row[j + 1] - 1);
     *row = raw;
     const float* sample_from = raw;
-    if (l.NeedsAdjustedRow()) {
+    if (sampled == nullptr && l.NeedsAdjustedRow()) {
       adjusted_row_.assign(raw, raw + vocab);
       ApplyLogitAdjustments(l.request.sampling, l.adjust.data(), l.adjust.size(),
                             adjusted_row_.data());
       sample_from = adjusted_row_.data();
     }
     int32_t token;
-    if (share_row_ && l.request.sampling.temperature != 0.f) {
+    if (sampled != nullptr) {
+      token = sampled->tokens.at(j);  // the backend's draw, from the same parameters
+    } else if (share_row_ && l.request.sampling.temperature != 0.f) {
       // The samples of one request at its first token: one row, one set of parameters but
       // the seed, so the candidates are sorted once.
       if (!row_prepared_) {
@@ -346,6 +348,19 @@ bool Scheduler::StepNeedsHostLogits() const {
     }
     if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) continue;  // mid-prefill
     if (l.generated.empty()) return true;
+  }
+  return false;
+}
+
+bool Scheduler::StepSamplesOnHost() const {
+  for (size_t j = 0; j < step_owners_.size(); ++j) {
+    const Live& l = running_[step_owners_[j]];
+    if (step_logit_rows_[j] != 1) return true;  // prompt scoring: rows beyond the last
+    if (step_prefill_[j] > 0 && l.FirstScoredRow() >= 0 && l.prefilled > l.FirstScoredRow()) {
+      return true;
+    }
+    if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) continue;  // mid-prefill
+    if (l.generated.empty() && l.request.n > 1) return true;
   }
   return false;
 }

@@ -119,15 +119,33 @@ class Scheduler {
 
   // Step thread.
   bool HasWork() ABSL_LOCKS_EXCLUDED(mu_);
+  // The step as the backend sampled it (SampleStepOnBackend): tokens[j] is row j's token
+  // (every chunk's, sampled or not); logprobs[j] its log-probabilities, one per row when
+  // some request of the step asked (StepLogprobs().any), else empty.
+  struct StepTokens {
+    std::vector<int32_t> tokens;
+    std::vector<TokenLogprobs> logprobs;
+  };
   std::vector<SequenceChunk> BuildStep() ABSL_LOCKS_EXCLUDED(mu_);
-  // logits: the step's [StepLogitRows(chunks), vocab] on the host.
-  void FinishStep(const std::vector<float>& logits) ABSL_LOCKS_EXCLUDED(mu_);
+  // logits: the step's [StepLogitRows(chunks), vocab] on the host. With `sampled` (the
+  // backend's tokens of a step where !StepSamplesOnHost()), each row takes its token from
+  // there instead of sampling on the host; the rows still go to the sinks and the
+  // log-probabilities are computed from them.
+  void FinishStep(const std::vector<float>& logits, const StepTokens* sampled = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Whether FinishStep needs the step's logits on the host: a request gets its first token
   // (whose row its sink receives) or scores its prompt. Otherwise the backend samples every
   // row (Backend::SampleRows with StepSamplingRows, LogprobRows where asked) and
   // FinishStepWithTokens takes its ids: only the ids and the asked-for log-probabilities
   // cross to the host.
   bool StepNeedsHostLogits() const;
+  // Whether the step's tokens must be drawn on the host, not only its rows seen there: a
+  // chunk scores prompt positions (several logits rows), or a request of n > 1 samples
+  // gets its first tokens (its samples draw from one row sorted once). Otherwise the
+  // backend samples even the first tokens (SampleStepOnBackend), and FinishStep takes them
+  // with the downloaded rows: the host's sort of a whole vocabulary per new request
+  // (PrepareCandidates) is the device's.
+  bool StepSamplesOnHost() const;
   // One SamplingRow per row of the step: the request's parameters and its draw number (the
   // tokens it has sampled so far); greedy for rows still in prefill (their token is unused).
   // The rows' LogitAdjustments go to `adjustments` (the rows index into it).
@@ -142,13 +160,6 @@ class Scheduler {
   StepLogprobShape StepLogprobs() const;
   // The named ids of each row for LogprobRows, [rows, shape.named], -1 where a row has fewer.
   std::vector<int32_t> StepNamedIds(const StepLogprobShape& shape) const;
-  // The step as the backend sampled it (SampleStepOnBackend): tokens[j] is row j's token
-  // (every chunk's, sampled or not); logprobs[j] its log-probabilities, one per row when
-  // some request of the step asked (StepLogprobs().any), else empty.
-  struct StepTokens {
-    std::vector<int32_t> tokens;
-    std::vector<TokenLogprobs> logprobs;
-  };
   void FinishStepWithTokens(const StepTokens& step) ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets the step BuildStep built (its forward pass failed and will be run again): the
   // prompt chunks it took count as not prefilled; the KV it wrote is overwritten by the
