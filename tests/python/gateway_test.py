@@ -78,6 +78,18 @@ def metric_sum(text, name, labels=None):
     return total if found else None
 
 
+def stop_process(proc, timeout=30):
+    """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def http_get(url):
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.read().decode()
@@ -121,13 +133,7 @@ class Cluster:
         return wait_for(find, "the metrics address of " + process)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=60)
 
 
 class GatewayTest(unittest.TestCase):
@@ -491,11 +497,7 @@ class GatewayTest(unittest.TestCase):
                         max_tokens=4)
                     self.assertEqual(r.usage.completion_tokens, 4)
             finally:
-                gateway.send_signal(signal.SIGTERM)
-                try:
-                    gateway.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    gateway.kill()
+                stop_process(gateway)
         finally:
             second.stop()
 
@@ -547,11 +549,7 @@ class GatewayTest(unittest.TestCase):
             with open(log.name) as f:
                 self.assertIn("GetTokenizer bundle", f.read())
         finally:
-            gateway.send_signal(signal.SIGTERM)
-            try:
-                gateway.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                gateway.kill()
+            stop_process(gateway)
 
     def test_12_dashboard_gateway_metrics_exist(self):
         # Every smg_* series the Grafana dashboard's gateway row queries is one the running
