@@ -278,6 +278,18 @@ std::vector<SequenceChunk> Scheduler::BuildStep() {
   return chunks;
 }
 
+namespace {
+
+// A row's log-probabilities from the backend, computed at the step's widest shape (most
+// alternatives, most named ids): this request's share of them.
+TokenLogprobs RequestShare(TokenLogprobs lp, const GenerationRequest& request) {
+  lp.top.resize(std::min(lp.top.size(), static_cast<size_t>(request.top_logprobs)));
+  lp.named.resize(request.logprob_token_ids.size());
+  return lp;
+}
+
+}  // namespace
+
 void Scheduler::FinishStep(const std::vector<float>& logits, const StepTokens* sampled) {
   const int64_t vocab = config_.vocab_size;
   // first_row[j]: chunk j's first logits row; its last is the one sampled.
@@ -330,10 +342,15 @@ void Scheduler::FinishStep(const std::vector<float>& logits, const StepTokens* s
     } else {
       token = l.sampler.Sample(sample_from, vocab, l.generated.size());
     }
-    if (l.request.WantsLogprobs()) {
-      TokenLogprobs lp;
-      RowLogprobs(raw, vocab, token, l.request.top_logprobs, l.request.logprob_token_ids, &lp);
-      if (l.sink.on_logprobs) l.sink.on_logprobs(lp);
+    if (l.request.WantsLogprobs() && l.sink.on_logprobs) {
+      if (sampled != nullptr && j < sampled->logprobs.size()) {
+        // The backend's (LogprobRows), as for every later token.
+        l.sink.on_logprobs(RequestShare(sampled->logprobs[j], l.request));
+      } else {
+        TokenLogprobs lp;
+        RowLogprobs(raw, vocab, token, l.request.top_logprobs, l.request.logprob_token_ids, &lp);
+        l.sink.on_logprobs(lp);
+      }
     }
     return token;
   });
@@ -409,11 +426,7 @@ void Scheduler::FinishStepWithTokens(const StepTokens& step) {
   FinishStepWith(nullptr, [&](size_t j, Live& l, const float** row) {
     *row = nullptr;
     if (l.request.WantsLogprobs() && l.sink.on_logprobs) {
-      // The step's shape is the widest request's: this one's share of it.
-      TokenLogprobs lp = step.logprobs.at(j);
-      lp.top.resize(std::min(lp.top.size(), static_cast<size_t>(l.request.top_logprobs)));
-      lp.named.resize(l.request.logprob_token_ids.size());
-      l.sink.on_logprobs(lp);
+      l.sink.on_logprobs(RequestShare(step.logprobs.at(j), l.request));
     }
     return step.tokens[j];
   });
