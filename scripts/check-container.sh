@@ -267,12 +267,15 @@ get() {  # PORT PATH: the status line and body, over bash /dev/tcp (no HTTP clie
 }
 ok=0
 for i in $(seq 1 60); do
-  if get $GW_PORT /liveness | head -1 | grep -q " 200"; then ok=1; break; fi
+  # Each reply into a file first: a pipe that closes early fails under pipefail (SIGPIPE).
+  get $GW_PORT /liveness >"$w/liveness" || true
+  if head -1 "$w/liveness" | grep -q " 200"; then ok=1; break; fi
   kill -0 $pid 2>/dev/null || break
   sleep 0.5
 done
 if [ $ok != 1 ]; then tail -20 "$w/smg.log"; echo "  no 200 from /liveness"; exit 1; fi
-get $GW_PORT /readiness | head -1 | grep -q " 503" || { echo "  /readiness is not 503 without a worker"; exit 1; }
+get $GW_PORT /readiness >"$w/readiness" || true
+head -1 "$w/readiness" | grep -q " 503" || { echo "  /readiness is not 503 without a worker"; exit 1; }
 get $GW_METRICS /metrics >"$w/metrics"
 grep -q "^smg_http_requests_total{.*path=\"/liveness\"" "$w/metrics" ||
   { head -20 "$w/metrics"; echo "  no smg_http_requests_total for /liveness"; exit 1; }
@@ -456,7 +459,10 @@ PY
     "$(grep -E ':\s+lib(cuda|nvidia-ml)\.so\.1 => not found' "$work/cuda.ldd" | sed 's|:.*/||; s|:\s*| needs |; s| =>.*||' | sort -u | tr '\n' ',' | sed 's/,$//; s/,/, /g')"
   # dlopen("libcublas.so.13"), as the plugin calls it, goes through ld.so's cache: load both
   # by name into a process as the user (ld.so warns and goes on when one cannot be loaded).
-  in_cuda -- /sbin/ldconfig -p | grep -q 'libcublasLt.so.13 .*=> /usr/local/lib/dxs/' ||
+  # Into a file first: with pipefail, grep -q closing the pipe at its match would fail the
+  # pipeline whenever ldconfig was still writing (SIGPIPE).
+  in_cuda -- /sbin/ldconfig -p >"$work/cuda.ldconfig" || fail "ldconfig -p in the CUDA image"
+  grep -q 'libcublasLt.so.13 .*=> /usr/local/lib/dxs/' "$work/cuda.ldconfig" ||
     fail "libcublasLt.so.13 is not in the image's ld.so cache"
   err=$(in_cuda --env "LD_PRELOAD=libcublas.so.13 libcublasLt.so.13" -- dxs help 2>&1 >/dev/null) ||
     fail "dxs help with cuBLAS preloaded: $err"
