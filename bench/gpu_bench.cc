@@ -728,9 +728,8 @@ void SamplingOverhead(bool quick, int layers, Report* report) {
     const double tokens = static_cast<double>(batch * new_tokens);
     const double greedy_rate = tokens / Median(greedy_s), plain_rate = tokens / Median(plain_s),
                  features_rate = tokens / Median(features_s);
-    std::printf("  %6ld %14.1f %14.1f %17.1f %14.3f %8.3f\n", static_cast<long>(batch),
-                greedy_rate, plain_rate, features_rate, plain_rate / greedy_rate,
-                features_rate / plain_rate);
+    std::printf("  %6ld %14.1f %14.1f %17.1f %14.3f %8.3f\n", static_cast<long>(batch), greedy_rate,
+                plain_rate, features_rate, plain_rate / greedy_rate, features_rate / plain_rate);
     report->Add({{"section", "sampling"},
                  {"batch", batch},
                  {"greedy_tokens_per_s", greedy_rate},

@@ -391,8 +391,8 @@ cudaError_t SortTempBytes(int64_t rows, int64_t vocab, size_t* bytes) {
   cub::DoubleBuffer<uint64_t> keys(nullptr, nullptr);
   cub::DoubleBuffer<int32_t> ids(nullptr, nullptr);
   *bytes = 0;
-  return cub::DeviceRadixSort::SortPairs(nullptr, *bytes, keys, ids,
-                                         static_cast<int>(rows * vocab), 0, SortKeyBits(rows));
+  return cub::DeviceRadixSort::SortPairs(nullptr, *bytes, keys, ids, static_cast<int>(rows * vocab),
+                                         0, SortKeyBits(rows));
 }
 
 struct SampleScratch {
@@ -475,9 +475,9 @@ cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t vocab,
     cub::DoubleBuffer<uint64_t> keys(s.keys[0], s.keys[1]);
     cub::DoubleBuffer<int32_t> cand(s.ids[0], s.ids[1]);
     size_t temp_bytes = s.sort_temp_bytes;
-    DXS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
-        s.sort_temp, temp_bytes, keys, cand, static_cast<int>(rows * vocab), 0,
-        SortKeyBits(rows), stream));
+    DXS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(s.sort_temp, temp_bytes, keys, cand,
+                                                             static_cast<int>(rows * vocab), 0,
+                                                             SortKeyBits(rows), stream));
     LaunchKernel(SampleKernel, static_cast<unsigned>(rows), kThreads, 0, stream, chunk_logits,
                  chunk_params, num_adjust, vocab, keys.Current(), cand.Current(), ids + row0);
     DXS_CUDA_RETURN_IF_ERROR(cudaGetLastError());

@@ -211,8 +211,7 @@ namespace {
 // dxs.v1's own caller: the messages go out as they are.
 class ServerStreamWriter final : public GenerateResponseWriter {
  public:
-  explicit ServerStreamWriter(grpc::ServerWriter<v1::GenerateResponse>* writer)
-      : writer_(writer) {}
+  explicit ServerStreamWriter(grpc::ServerWriter<v1::GenerateResponse>* writer) : writer_(writer) {}
   bool Write(v1::GenerateResponse& message) override { return writer_->Write(message); }
   // The final message goes out with the status: one write less per request.
   void WriteLast(v1::GenerateResponse& message) override {

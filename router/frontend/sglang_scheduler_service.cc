@@ -63,8 +63,7 @@ SglangModelFacts ModelFacts(const ModelConfig& config, const std::string& model_
 
 }  // namespace
 
-SglangSchedulerService::SglangSchedulerService(FrontendService* frontend,
-                                               const ModelConfig& config,
+SglangSchedulerService::SglangSchedulerService(FrontendService* frontend, const ModelConfig& config,
                                                SglangSchedulerOptions options)
     : frontend_(frontend),
       config_(config),
@@ -81,15 +80,14 @@ grpc::Status SglangSchedulerService::Generate(
   // the first token, or its time to first token would read zero.
   writer->SendInitialMetadata();
   const int num_samples = std::max<int>(static_cast<int>(translated->sampling_params().n()), 1);
-  SglangResponseTranslator translator(
-      *request, num_samples, facts_,
-      [writer](const sglang::GenerateResponse& message, bool last) {
-        if (last) {
-          writer->WriteLast(message, grpc::WriteOptions());
-          return true;
-        }
-        return writer->Write(message);
-      });
+  SglangResponseTranslator translator(*request, num_samples, facts_,
+                                      [writer](const sglang::GenerateResponse& message, bool last) {
+                                        if (last) {
+                                          writer->WriteLast(message, grpc::WriteOptions());
+                                          return true;
+                                        }
+                                        return writer->Write(message);
+                                      });
   return ToGrpcStatus(
       ToSglangStatus(frontend_->ServeGenerate(context, *std::move(translated), translator)));
 }
@@ -139,7 +137,7 @@ grpc::Status SglangSchedulerService::GetModelInfo(grpc::ServerContext*,
   for (int64_t id : config_.eos_token_ids) response->add_eos_token_ids(static_cast<int32_t>(id));
   response->set_bos_token_id(static_cast<int32_t>(config_.bos_token_id));
   response->set_pad_token_id(config_.bos_token_id >= 0 ? static_cast<int32_t>(config_.bos_token_id)
-                                                        : 0);
+                                                       : 0);
   response->set_max_req_input_len(static_cast<int32_t>(config_.max_position_embeddings - 1));
   response->add_architectures("Qwen3MoeForCausalLM");
   return grpc::Status::OK;

@@ -65,8 +65,7 @@ class SglangSchedulerService final : public sglang::SglangScheduler::Service {
                         grpc::ServerWriter<sglang::GenerateResponse>* writer) override;
   grpc::Status Abort(grpc::ServerContext* context, const sglang::AbortRequest* request,
                      sglang::AbortResponse* response) override;
-  grpc::Status HealthCheck(grpc::ServerContext* context,
-                           const sglang::HealthCheckRequest* request,
+  grpc::Status HealthCheck(grpc::ServerContext* context, const sglang::HealthCheckRequest* request,
                            sglang::HealthCheckResponse* response) override;
   grpc::Status GetModelInfo(grpc::ServerContext* context,
                             const sglang::GetModelInfoRequest* request,
@@ -76,10 +75,9 @@ class SglangSchedulerService final : public sglang::SglangScheduler::Service {
                              sglang::GetServerInfoResponse* response) override;
   grpc::Status GetLoads(grpc::ServerContext* context, const sglang::GetLoadsRequest* request,
                         sglang::GetLoadsResponse* response) override;
-  grpc::Status GetTokenizer(grpc::ServerContext* context,
-                            const smg::grpc::common::GetTokenizerRequest* request,
-                            grpc::ServerWriter<smg::grpc::common::GetTokenizerChunk>* writer)
-      override;
+  grpc::Status GetTokenizer(
+      grpc::ServerContext* context, const smg::grpc::common::GetTokenizerRequest* request,
+      grpc::ServerWriter<smg::grpc::common::GetTokenizerChunk>* writer) override;
   grpc::Status FlushCache(grpc::ServerContext* context,
                           const smg::grpc::common::FlushCacheRequest* request,
                           smg::grpc::common::FlushCacheResponse* response) override;

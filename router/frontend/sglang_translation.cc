@@ -61,7 +61,7 @@ sglang::TopLogProbs TopOf(const v1::TokenLogprobs& position) {
 }  // namespace
 
 absl::StatusOr<v1::GenerateRequest> ToDxsGenerateRequest(const sglang::GenerateRequest& request,
-                                                          const SglangModelFacts& model) {
+                                                         const SglangModelFacts& model) {
   // What dxs cannot honour, refused by name.
   if (request.has_mm_inputs()) {
     return Refused("mm_inputs", "multimodal inputs are not supported: dxs serves text models");
@@ -89,17 +89,21 @@ absl::StatusOr<v1::GenerateRequest> ToDxsGenerateRequest(const sglang::GenerateR
   const sglang::SamplingParams& in = request.sampling_params();
   switch (in.constraint_case()) {
     case sglang::SamplingParams::kRegex:
-      return absl::UnimplementedError("sampling_params.regex: constrained generation is not "
-                                      "supported");
+      return absl::UnimplementedError(
+          "sampling_params.regex: constrained generation is not "
+          "supported");
     case sglang::SamplingParams::kJsonSchema:
-      return absl::UnimplementedError("sampling_params.json_schema: constrained generation is "
-                                      "not supported");
+      return absl::UnimplementedError(
+          "sampling_params.json_schema: constrained generation is "
+          "not supported");
     case sglang::SamplingParams::kEbnfGrammar:
-      return absl::UnimplementedError("sampling_params.ebnf_grammar: constrained generation is "
-                                      "not supported");
+      return absl::UnimplementedError(
+          "sampling_params.ebnf_grammar: constrained generation is "
+          "not supported");
     case sglang::SamplingParams::kStructuralTag:
-      return absl::UnimplementedError("sampling_params.structural_tag: constrained generation "
-                                      "is not supported");
+      return absl::UnimplementedError(
+          "sampling_params.structural_tag: constrained generation "
+          "is not supported");
     case sglang::SamplingParams::CONSTRAINT_NOT_SET:
       break;
   }
@@ -118,8 +122,8 @@ absl::StatusOr<v1::GenerateRequest> ToDxsGenerateRequest(const sglang::GenerateR
   }
   if (request.has_data_parallel_rank()) {
     if (request.data_parallel_rank() < 0) {
-      return Refused("data_parallel_rank", absl::StrCat("must be >= 0, got ",
-                                                        request.data_parallel_rank()));
+      return Refused("data_parallel_rank",
+                     absl::StrCat("must be >= 0, got ", request.data_parallel_rank()));
     }
     out.set_data_parallel_rank(static_cast<uint32_t>(request.data_parallel_rank()));
   }
@@ -136,18 +140,18 @@ absl::StatusOr<v1::GenerateRequest> ToDxsGenerateRequest(const sglang::GenerateR
     // vLLM's default for an unset max_tokens: whatever the context has room for.
     const int64_t room = model.max_context_length - out.prompt_token_ids_size();
     if (room <= 0 && out.prompt_token_ids_size() > 0) {
-      return Refused("tokenized.input_ids",
-                     absl::StrCat("the prompt of ", out.prompt_token_ids_size(),
-                                  " tokens leaves no room in the context length ",
-                                  model.max_context_length));
+      return Refused(
+          "tokenized.input_ids",
+          absl::StrCat("the prompt of ", out.prompt_token_ids_size(),
+                       " tokens leaves no room in the context length ", model.max_context_length));
     }
     p.set_max_new_tokens(static_cast<int32_t>(std::max<int64_t>(room, 1)));
   }
   p.set_temperature(in.temperature());
   if (in.top_p() != 0) p.set_top_p(in.top_p());
   if (in.top_k() < -1) {
-    return Refused("sampling_params.top_k", absl::StrCat("must be -1 (no cut) or >= 0, got ",
-                                                         in.top_k()));
+    return Refused("sampling_params.top_k",
+                   absl::StrCat("must be -1 (no cut) or >= 0, got ", in.top_k()));
   }
   p.set_top_k(std::max(in.top_k(), 0));
   if (in.min_p() != 0) p.set_min_p(in.min_p());
@@ -181,20 +185,20 @@ absl::StatusOr<v1::GenerateRequest> ToDxsGenerateRequest(const sglang::GenerateR
       const double seed = value.number_value();
       if (value.kind_case() != google::protobuf::Value::kNumberValue || !std::isfinite(seed) ||
           seed < 0 || seed != std::floor(seed) || seed > 9007199254740992.0) {
-        return Refused("sampling_params.custom_params.seed",
-                       "must be a whole number in [0, 2^53]");
+        return Refused("sampling_params.custom_params.seed", "must be a whole number in [0, 2^53]");
       }
       p.set_seed(static_cast<uint64_t>(seed));
     }
   }
 
   if (request.top_logprobs_num() < 0) {
-    return Refused("top_logprobs_num", absl::StrCat("must be >= 0, got ",
-                                                    request.top_logprobs_num()));
+    return Refused("top_logprobs_num",
+                   absl::StrCat("must be >= 0, got ", request.top_logprobs_num()));
   }
   if (request.logprob_start_len() < -1) {
     return Refused("logprob_start_len", absl::StrCat("must be -1 (none) or a prompt position, "
-                                                     "got ", request.logprob_start_len()));
+                                                     "got ",
+                                                     request.logprob_start_len()));
   }
   if (request.return_logprob()) {
     p.set_logprobs(true);
@@ -233,10 +237,9 @@ SglangResponseTranslator::SglangResponseTranslator(const sglang::GenerateRequest
       logprob_token_ids_(request.token_ids_logprob().begin(), request.token_ids_logprob().end()),
       prompt_tokens_(static_cast<uint32_t>(request.tokenized().input_ids_size())),
       count_reasoning_(request.require_reasoning() && model.think_end_token_id.has_value()),
-      prompt_opens_thinking_(model.think_start_token_id.has_value() &&
-                             request.tokenized().input_ids_size() > 0 &&
-                             *request.tokenized().input_ids().rbegin() ==
-                                 *model.think_start_token_id),
+      prompt_opens_thinking_(
+          model.think_start_token_id.has_value() && request.tokenized().input_ids_size() > 0 &&
+          *request.tokenized().input_ids().rbegin() == *model.think_start_token_id),
       unscored_prompt_token_(request.logprob_start_len() == 0 &&
                                      request.tokenized().input_ids_size() > 0
                                  ? std::optional<uint32_t>(request.tokenized().input_ids(0))
@@ -269,11 +272,12 @@ sglang::OutputLogProbs SglangResponseTranslator::ChunkLogprobs(const v1::TokenCh
 
 uint32_t SglangResponseTranslator::ReasoningTokens(const Sample& sample) const {
   if (!count_reasoning_ || sample.output_ids.empty()) return 0;
-  const bool thinks = prompt_opens_thinking_ || (model_.think_start_token_id &&
-                                                 sample.output_ids[0] == *model_.think_start_token_id);
+  const bool thinks =
+      prompt_opens_thinking_ ||
+      (model_.think_start_token_id && sample.output_ids[0] == *model_.think_start_token_id);
   if (!thinks) return 0;
-  const auto end = std::find(sample.output_ids.begin(), sample.output_ids.end(),
-                             *model_.think_end_token_id);
+  const auto end =
+      std::find(sample.output_ids.begin(), sample.output_ids.end(), *model_.think_end_token_id);
   // Still thinking: everything so far is reasoning.
   if (end == sample.output_ids.end()) return static_cast<uint32_t>(sample.output_ids.size());
   return static_cast<uint32_t>(end - sample.output_ids.begin() + 1);

@@ -58,7 +58,7 @@ struct SglangModelFacts {
 
 // The dxs.v1 request, or the refusal naming the protocol's field.
 absl::StatusOr<v1::GenerateRequest> ToDxsGenerateRequest(const sglang::GenerateRequest& request,
-                                                          const SglangModelFacts& model);
+                                                         const SglangModelFacts& model);
 
 // A status from the dxs.v1 path with its field named as the protocol names it
 // ("prompt_token_ids" -> "tokenized.input_ids", "sampling_params.top_logprobs" ->

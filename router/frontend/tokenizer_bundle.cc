@@ -37,7 +37,8 @@ absl::StatusOr<std::string> Sha256Hex(const std::string& bytes) {
 }
 
 absl::Status ZipError(const char* what, zip_error_t* error) {
-  return absl::InternalError(absl::StrCat("tokenizer zip: ", what, ": ", zip_error_strerror(error)));
+  return absl::InternalError(
+      absl::StrCat("tokenizer zip: ", what, ": ", zip_error_strerror(error)));
 }
 
 }  // namespace
@@ -59,9 +60,10 @@ absl::StatusOr<TokenizerBundle> MakeTokenizerBundle(const std::string& model_dir
     contents.emplace_back(file, *std::move(bytes));
   }
   if (!has_tokenizer) {
-    return absl::NotFoundError(absl::StrCat(
-        model_dir, " has no tokenizer (tokenizer.json, vocab.json + merges.txt, or "
-                   "tokenizer.model); `dxs gen-model` writes one beside the weights"));
+    return absl::NotFoundError(
+        absl::StrCat(model_dir,
+                     " has no tokenizer (tokenizer.json, vocab.json + merges.txt, or "
+                     "tokenizer.model); `dxs gen-model` writes one beside the weights"));
   }
 
   // The archive is built in memory: a zip_source over an empty buffer that libzip grows.

@@ -11,19 +11,25 @@
 namespace dxs {
 
 struct TokenizerBundle {
-  std::string zip;     // the archive's bytes
-  std::string sha256;  // of `zip`, 64 lowercase hex digits
+  std::string zip;                 // the archive's bytes
+  std::string sha256;              // of `zip`, 64 lowercase hex digits
   std::vector<std::string> files;  // what it holds, in archive order
 };
 
 // The files a tokenizer is built from, in the order they are archived; those the directory
 // has go in (tokenizer.json, or vocab.json + merges.txt, is required; config.json and
 // generation_config.json give the gateway the EOS ids).
-inline constexpr const char* kTokenizerBundleFiles[] = {
-    "tokenizer.json",          "tokenizer_config.json", "special_tokens_map.json",
-    "generation_config.json",  "config.json",           "vocab.json",
-    "merges.txt",              "chat_template.jinja",   "chat_template.json",
-    "added_tokens.json",       "tokenizer.model"};
+inline constexpr const char* kTokenizerBundleFiles[] = {"tokenizer.json",
+                                                        "tokenizer_config.json",
+                                                        "special_tokens_map.json",
+                                                        "generation_config.json",
+                                                        "config.json",
+                                                        "vocab.json",
+                                                        "merges.txt",
+                                                        "chat_template.jinja",
+                                                        "chat_template.json",
+                                                        "added_tokens.json",
+                                                        "tokenizer.model"};
 
 // NOT_FOUND naming the directory when it has no tokenizer (no tokenizer.json, vocab.json or
 // tokenizer.model).

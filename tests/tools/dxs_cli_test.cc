@@ -342,7 +342,8 @@ TEST(DxsUp, GatewayFlagErrors) {
            {"--gateway-port 70000", "--gateway-port must be in 1..65535"},
            {"--gateway-port 8000 --gateway-metrics-port -1",
             "--gateway-metrics-port must be in 0..65535"},
-           {"--gateway-port 8000 --smg /no/such/smg", "--smg: '/no/such/smg' is not an executable"}}) {
+           {"--gateway-port 8000 --smg /no/such/smg",
+            "--smg: '/no/such/smg' is not an executable"}}) {
     Output o = RunDxs("up --model " + dir + " --log-dir " + tmp.path() + "/logs " + args, tmp);
     EXPECT_NE(o.exit_code, 0) << args << " -> " << o.err;
     EXPECT_NE(o.err.find(message), std::string::npos) << args << " -> " << o.err;

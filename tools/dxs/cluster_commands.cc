@@ -211,14 +211,28 @@ TokenLogprobs FromProto(const v1::TokenLogprobs& in, int32_t token) {
 }  // namespace
 
 int UpCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(
-      argv,
-      WithTlsValueFlags({"model", "attention", "experts", "port", "log-dir", "wire-dtype",
-                         "overlap-min-tokens", "stream-interval", "device", "gpus",
-                         "num-redundant-experts", "eplb-interval", "piecewise-graphs",
-                         "mapped-exchange", "transport", "low-latency-capacity",
-                         "gateway-port", "gateway-metrics-port", "smg", "served-model-name"}),
-      WithTlsBoolFlags({"elastic-ep"}));
+  absl::StatusOr<Args> args = Args::Parse(argv,
+                                          WithTlsValueFlags({"model",
+                                                             "attention",
+                                                             "experts",
+                                                             "port",
+                                                             "log-dir",
+                                                             "wire-dtype",
+                                                             "overlap-min-tokens",
+                                                             "stream-interval",
+                                                             "device",
+                                                             "gpus",
+                                                             "num-redundant-experts",
+                                                             "eplb-interval",
+                                                             "piecewise-graphs",
+                                                             "mapped-exchange",
+                                                             "transport",
+                                                             "low-latency-capacity",
+                                                             "gateway-port",
+                                                             "gateway-metrics-port",
+                                                             "smg",
+                                                             "served-model-name"}),
+                                          WithTlsBoolFlags({"elastic-ep"}));
   if (!args.ok()) return Fail("up", args.status());
   const bool elastic_ep = args->Has("elastic-ep");
   // With TLS, every process of the cluster uses the same files (one certificate that is
@@ -378,8 +392,7 @@ int UpCommand(const std::vector<std::string>& argv) {
     setenv("HF_HUB_OFFLINE", "1", /*overwrite=*/0);
     const int metrics_port = *gateway_metrics_port != 0 ? static_cast<int>(*gateway_metrics_port)
                                                         : static_cast<int>(*gateway_port) + 1;
-    if (!spawn(GatewayArgv(smg, router, "127.0.0.1", static_cast<int>(*gateway_port),
-                           metrics_port),
+    if (!spawn(GatewayArgv(smg, router, "127.0.0.1", static_cast<int>(*gateway_port), metrics_port),
                "gateway")) {
       StopAll(&children);
       return 1;
@@ -395,8 +408,8 @@ int UpCommand(const std::vector<std::string>& argv) {
       return 1;
     }
     std::cout << "dxs up: gateway (OpenAI API) on http://127.0.0.1:" << *gateway_port
-              << "/v1, model \"" << served_model_name << "\", metrics on 127.0.0.1:"
-              << metrics_port << std::endl;
+              << "/v1, model \"" << served_model_name << "\", metrics on 127.0.0.1:" << metrics_port
+              << std::endl;
   }
   // With --elastic-ep an expert worker that dies (a signal or a failing exit) is started
   // again, as a Kubernetes Deployment would: meanwhile the router serves from the replicas

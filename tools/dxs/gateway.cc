@@ -18,8 +18,7 @@ namespace dxs::cli {
 namespace {
 
 bool IsExecutable(const std::filesystem::path& path) {
-  return !path.empty() && access(path.c_str(), X_OK) == 0 &&
-         std::filesystem::is_regular_file(path);
+  return !path.empty() && access(path.c_str(), X_OK) == 0 && std::filesystem::is_regular_file(path);
 }
 
 }  // namespace
@@ -49,25 +48,14 @@ absl::StatusOr<std::string> FindSmg(const std::string& flag, const std::string& 
 
 std::vector<std::string> GatewayArgv(const std::string& smg, const std::string& router_address,
                                      const std::string& host, int port, int metrics_port) {
-  return {smg,
-          "launch",
-          "--worker-urls",
-          absl::StrCat("grpc://", router_address),
-          "--host",
-          host,
-          "--port",
-          std::to_string(port),
-          "--prometheus-host",
-          host,
-          "--prometheus-port",
+  return {smg, "launch", "--worker-urls", absl::StrCat("grpc://", router_address), "--host", host,
+          "--port", std::to_string(port), "--prometheus-host", host, "--prometheus-port",
           std::to_string(metrics_port),
           // Load-aware: the router's GetLoads (per DP rank running, waiting, KV usage). The
           // cache-aware default would need KV events, which dxs (no prefix cache) has none of.
-          "--policy",
-          "least_load",
+          "--policy", "least_load",
           // A line per request at info: its cost grows with the request rate.
-          "--log-level",
-          "warn"};
+          "--log-level", "warn"};
 }
 
 absl::StatusOr<HttpResponse> HttpGet(const std::string& host, int port, const std::string& path) {
@@ -92,18 +80,21 @@ absl::StatusOr<HttpResponse> HttpGet(const std::string& host, int port, const st
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   const std::string request =
       absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host, "\r\nConnection: close\r\n\r\n");
-  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
     close(fd);
     return absl::UnavailableError("send failed");
   }
   std::string reply;
   char buffer[4096];
   ssize_t n;
-  while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0) reply.append(buffer, static_cast<size_t>(n));
+  while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0)
+    reply.append(buffer, static_cast<size_t>(n));
   close(fd);
   // "HTTP/1.x NNN ..." then headers, a blank line, the body.
   HttpResponse response;
-  const std::vector<absl::string_view> status_line = absl::StrSplit(reply.substr(0, reply.find("\r\n")), ' ');
+  const std::vector<absl::string_view> status_line =
+      absl::StrSplit(reply.substr(0, reply.find("\r\n")), ' ');
   if (status_line.size() < 2 || !absl::SimpleAtoi(status_line[1], &response.status)) {
     return absl::UnavailableError("no HTTP status line in the reply");
   }
@@ -132,8 +123,8 @@ absl::Status WaitForGateway(const std::string& host, int port, const std::string
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("the gateway did not come up within ", absl::FormatDuration(timeout), ": ", last));
+  return absl::DeadlineExceededError(absl::StrCat("the gateway did not come up within ",
+                                                  absl::FormatDuration(timeout), ": ", last));
 }
 
 }  // namespace dxs::cli

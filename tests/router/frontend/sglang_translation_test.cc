@@ -42,8 +42,8 @@ bool StartsWith(absl::string_view message, absl::string_view prefix) {
   return message.substr(0, prefix.size()) == prefix;
 }
 
-void ExpectRefused(const std::function<void(sglang::GenerateRequest&)>& edit,
-                   absl::StatusCode code, const std::string& field) {
+void ExpectRefused(const std::function<void(sglang::GenerateRequest&)>& edit, absl::StatusCode code,
+                   const std::string& field) {
   sglang::GenerateRequest r = Good();
   edit(r);
   absl::StatusOr<v1::GenerateRequest> out = ToDxsGenerateRequest(r, Facts());
@@ -58,8 +58,8 @@ void ExpectRefused(const std::function<void(sglang::GenerateRequest&)>& edit,
 
 TEST(ToDxsGenerateRequest, RefusesWhatDxsCannotHonourByName) {
   constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
-  ExpectRefused([](auto& r) { r.mutable_mm_inputs()->add_image_urls("http://x/a.png"); },
-                kInvalid, "mm_inputs");
+  ExpectRefused([](auto& r) { r.mutable_mm_inputs()->add_image_urls("http://x/a.png"); }, kInvalid,
+                "mm_inputs");
   // An empty but present mm_inputs is refused too (the field is a message: presence counts).
   ExpectRefused([](auto& r) { r.mutable_mm_inputs(); }, kInvalid, "mm_inputs");
   ExpectRefused([](auto& r) { r.add_input_embeds(0.5f); }, kInvalid, "input_embeds");
@@ -68,13 +68,12 @@ TEST(ToDxsGenerateRequest, RefusesWhatDxsCannotHonourByName) {
   ExpectRefused([](auto& r) { r.set_lora_id("adapter-1"); }, kInvalid, "lora_id");
   ExpectRefused([](auto& r) { r.set_custom_logit_processor("pickled"); }, kInvalid,
                 "custom_logit_processor");
-  ExpectRefused(
-      [](auto& r) { r.mutable_disaggregated_params()->set_bootstrap_host("10.0.0.1"); },
-      kInvalid, "disaggregated_params");
+  ExpectRefused([](auto& r) { r.mutable_disaggregated_params()->set_bootstrap_host("10.0.0.1"); },
+                kInvalid, "disaggregated_params");
   ExpectRefused([](auto& r) { r.mutable_disaggregated_params()->set_bootstrap_port(8998); },
                 kInvalid, "disaggregated_params");
-  ExpectRefused([](auto& r) { r.mutable_disaggregated_params()->set_bootstrap_room(3); },
-                kInvalid, "disaggregated_params");
+  ExpectRefused([](auto& r) { r.mutable_disaggregated_params()->set_bootstrap_room(3); }, kInvalid,
+                "disaggregated_params");
 }
 
 TEST(ToDxsGenerateRequest, EmptyDisaggregatedParamsAreAccepted) {
@@ -87,8 +86,8 @@ TEST(ToDxsGenerateRequest, ConstraintsAreUnimplementedNamingTheField) {
   constexpr auto kUnimplemented = absl::StatusCode::kUnimplemented;
   ExpectRefused([](auto& r) { r.mutable_sampling_params()->set_regex("a+"); }, kUnimplemented,
                 "sampling_params.regex");
-  ExpectRefused([](auto& r) { r.mutable_sampling_params()->set_json_schema("{}"); },
-                kUnimplemented, "sampling_params.json_schema");
+  ExpectRefused([](auto& r) { r.mutable_sampling_params()->set_json_schema("{}"); }, kUnimplemented,
+                "sampling_params.json_schema");
   ExpectRefused([](auto& r) { r.mutable_sampling_params()->set_ebnf_grammar("root ::= \"a\""); },
                 kUnimplemented, "sampling_params.ebnf_grammar");
   ExpectRefused([](auto& r) { r.mutable_sampling_params()->set_structural_tag("{}"); },
@@ -342,11 +341,10 @@ TEST(ToSglangStatus, LeavesOtherStatusesAlone) {
     EXPECT_EQ(s, absl::InvalidArgumentError(message));
   }
   // Other codes, even with a dxs field path.
-  for (const absl::Status& s :
-       {absl::UnavailableError("prompt_token_ids: rank 0 is down"),
-        absl::ResourceExhaustedError("sampling_params.top_logprobs: x"),
-        absl::AlreadyExistsError("request id req-1 is in flight"),
-        absl::UnimplementedError("sampling_params.logprobs: x")}) {
+  for (const absl::Status& s : {absl::UnavailableError("prompt_token_ids: rank 0 is down"),
+                                absl::ResourceExhaustedError("sampling_params.top_logprobs: x"),
+                                absl::AlreadyExistsError("request id req-1 is in flight"),
+                                absl::UnimplementedError("sampling_params.logprobs: x")}) {
     EXPECT_EQ(ToSglangStatus(s), s);
   }
 }
@@ -567,8 +565,7 @@ TEST(SglangResponseTranslator, MapsFinishReasons) {
   for (const Case& c : std::vector<Case>{{v1::FINISH_REASON_STOP_EOS, 2, "stop"},
                                          {v1::FINISH_REASON_STOP_TOKEN, 9, "stop"},
                                          {v1::FINISH_REASON_LENGTH, std::nullopt, "length"},
-                                         {v1::FINISH_REASON_CONTEXT_LENGTH, std::nullopt,
-                                          "length"},
+                                         {v1::FINISH_REASON_CONTEXT_LENGTH, std::nullopt, "length"},
                                          {v1::FINISH_REASON_ABORTED, std::nullopt, "abort"}}) {
     SCOPED_TRACE(v1::FinishReason_Name(c.reason));
     for (const bool stream : {true, false}) {
@@ -643,8 +640,7 @@ TEST(SglangResponseTranslator, StreamIntervalCountsTokensNotChunks) {
   ASSERT_EQ(capture.sent.size(), 3u);
   EXPECT_EQ(Ids(capture.sent[0].message.chunk().token_ids()), (std::vector<uint32_t>{1, 2}));
   EXPECT_EQ(Ids(capture.sent[1].message.chunk().token_ids()), (std::vector<uint32_t>{3, 4, 5}));
-  EXPECT_EQ(Ids(capture.sent[2].message.chunk().token_ids()),
-            (std::vector<uint32_t>{6, 7, 8, 9}));
+  EXPECT_EQ(Ids(capture.sent[2].message.chunk().token_ids()), (std::vector<uint32_t>{6, 7, 8, 9}));
   v1::GenerateResponse m = Complete(v1::FINISH_REASON_LENGTH, 9);
   t.WriteLast(m);
   // Nothing pending: only the complete.

@@ -114,8 +114,8 @@ TEST(TokenizerBundle, ZipsExactlyTheKnownFilesAtTheRoot) {
   const std::map<std::string, std::string> entries = ReadZip(bundle->zip, &order);
   EXPECT_EQ(entries, known);
   // In kTokenizerBundleFiles order, which `files` reports.
-  EXPECT_EQ(order, (std::vector<std::string>{"tokenizer.json", "tokenizer_config.json",
-                                             "config.json"}));
+  EXPECT_EQ(order,
+            (std::vector<std::string>{"tokenizer.json", "tokenizer_config.json", "config.json"}));
   EXPECT_EQ(bundle->files, order);
 
   // The hash is the archive's, 64 lowercase hex digits.
