@@ -356,7 +356,7 @@ void Scheduler::FinishStep(const std::vector<float>& logits, const StepTokens* s
   });
 }
 
-bool Scheduler::StepNeedsHostLogits() const {
+bool Scheduler::StepNeedsHost(bool to_sample) const {
   for (size_t j = 0; j < step_owners_.size(); ++j) {
     const Live& l = running_[step_owners_[j]];
     // Scoring: a prefill chunk whose rows reach the scored positions (even one row).
@@ -364,23 +364,15 @@ bool Scheduler::StepNeedsHostLogits() const {
       return true;
     }
     if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) continue;  // mid-prefill
-    if (l.generated.empty()) return true;
+    // A first token: its row goes to the sink; drawn on the host only where samples fork.
+    if (l.generated.empty() && (!to_sample || l.request.n > 1)) return true;
   }
   return false;
 }
 
-bool Scheduler::StepSamplesOnHost() const {
-  for (size_t j = 0; j < step_owners_.size(); ++j) {
-    const Live& l = running_[step_owners_[j]];
-    if (step_logit_rows_[j] != 1) return true;  // prompt scoring: rows beyond the last
-    if (step_prefill_[j] > 0 && l.FirstScoredRow() >= 0 && l.prefilled > l.FirstScoredRow()) {
-      return true;
-    }
-    if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) continue;  // mid-prefill
-    if (l.generated.empty() && l.request.n > 1) return true;
-  }
-  return false;
-}
+bool Scheduler::StepNeedsHostLogits() const { return StepNeedsHost(/*to_sample=*/false); }
+
+bool Scheduler::StepSamplesOnHost() const { return StepNeedsHost(/*to_sample=*/true); }
 
 std::vector<SamplingRow> Scheduler::StepSamplingRows(
     std::vector<LogitAdjustment>* adjustments) const {

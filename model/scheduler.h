@@ -216,6 +216,8 @@ class Scheduler {
   void Retire(size_t index, const absl::Status& status, FinishReason reason)
       ABSL_LOCKS_EXCLUDED(mu_);
   void AdmitQueued() ABSL_LOCKS_EXCLUDED(mu_);
+  // StepNeedsHostLogits (to_sample false) and StepSamplesOnHost (true).
+  bool StepNeedsHost(bool to_sample) const;
   // FinishStep's body: `sample(j, l, &row)` is chunk j's token (row: its logits, or null).
   // `score(j, l)` runs first for every chunk of the step (prompt scoring); may be null.
   void FinishStepWith(const std::function<void(size_t j, Live& l)>& score,

@@ -398,9 +398,9 @@ int UpCommand(const std::vector<std::string>& argv) {
       return 1;
     }
     const pid_t gateway_pid = children.back().pid;
-    const absl::Status up = WaitForGateway(
-        "127.0.0.1", static_cast<int>(*gateway_port), served_model_name, absl::Seconds(120),
-        [&] { return !g_stop && waitpid(gateway_pid, nullptr, WNOHANG) == 0; });
+    const absl::Status up =
+        WaitForGateway(static_cast<int>(*gateway_port), served_model_name, absl::Seconds(120),
+                       [&] { return !g_stop && waitpid(gateway_pid, nullptr, WNOHANG) == 0; });
     if (!up.ok()) {
       StopAll(&children);
       if (g_stop) return 0;

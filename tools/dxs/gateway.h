@@ -5,6 +5,7 @@
 // chat template, and balances by the loads the router reports (policy least_load).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,17 +24,10 @@ absl::StatusOr<std::string> FindSmg(const std::string& flag, const std::string& 
 std::vector<std::string> GatewayArgv(const std::string& smg, const std::string& router_address,
                                      const std::string& host, int port, int metrics_port);
 
-// Waits until the gateway at host:port lists `model` on GET /v1/models (it has registered
-// the router and loaded its tokenizer), or `timeout` passes (DEADLINE_EXCEEDED), or
-// `alive()` turns false (UNAVAILABLE).
-absl::Status WaitForGateway(const std::string& host, int port, const std::string& model,
-                            absl::Duration timeout, const std::function<bool()>& alive);
-
-// GET http://host:port/path over HTTP/1.0: the status code and body.
-struct HttpResponse {
-  int status = 0;
-  std::string body;
-};
-absl::StatusOr<HttpResponse> HttpGet(const std::string& host, int port, const std::string& path);
+// Waits until the gateway on 127.0.0.1:port lists `model` on GET /v1/models (it has
+// registered the router and loaded its tokenizer), or `timeout` passes (DEADLINE_EXCEEDED),
+// or `alive()` turns false (UNAVAILABLE).
+absl::Status WaitForGateway(int port, const std::string& model, absl::Duration timeout,
+                            const std::function<bool()>& alive);
 
 }  // namespace dxs::cli
