@@ -11,6 +11,7 @@ PACKAGES=(
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
   prometheus python3 python3-venv openssl libssl-dev libzip-dev
+  iproute2  # ip netns / tc: the simulated hosts of the `hosts` tests (tests/python/hosts)
 )
 
 missing=()

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""The client side of the hosts tests, run on a simulated host (inside its namespaces).
+
+    hosts_client.py generate --router HOST:PORT --gen-dir DIR --spec FILE [--timeout S]
+        Sends every request of FILE (a JSON list of {"prompt": [...], "max_new_tokens": N,
+        "ignore_eos": bool}) at once, each on its own thread, through dxs.v1.Frontend.Generate
+        (greedy). Prints one JSON line per event, flushed as it happens, with
+        time.monotonic() (one clock for every namespace of the machine):
+          {"i": I, "ev": "tokens", "n": tokens so far, "t": T}   per streamed chunk
+          {"i": I, "ev": "end", "code": "OK" | gRPC code name, "details": ..., "tokens": [...],
+           "t": T}
+        then {"ev": "all_done", "t": T}.
+    hosts_client.py scrape --url URL
+        Prints the body of URL (a /metrics page), or exits 1 with the error.
+"""
+import argparse
+import json
+import sys
+import threading
+import time
+import urllib.request
+
+_print_lock = threading.Lock()
+
+
+def emit(obj):
+    obj.setdefault("t", time.monotonic())
+    line = json.dumps(obj)
+    with _print_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def generate(args):
+    sys.path.insert(0, args.gen_dir)
+    import grpc
+    from dxs.v1 import frontend_pb2, frontend_pb2_grpc
+
+    with open(args.spec) as f:
+        spec = json.load(f)
+    channel = grpc.insecure_channel(args.router)
+    stub = frontend_pb2_grpc.FrontendStub(channel)
+
+    def one(i, req_spec):
+        req = frontend_pb2.GenerateRequest(prompt_token_ids=req_spec["prompt"])
+        req.sampling_params.max_new_tokens = req_spec["max_new_tokens"]
+        req.sampling_params.temperature = 0.0
+        req.sampling_params.ignore_eos = bool(req_spec.get("ignore_eos", False))
+        tokens = []
+        try:
+            for msg in stub.Generate(req, timeout=args.timeout):
+                if msg.HasField("chunk"):
+                    tokens.extend(msg.chunk.token_ids)
+                    emit({"i": i, "ev": "tokens", "n": len(tokens)})
+            emit({"i": i, "ev": "end", "code": "OK", "details": "", "tokens": tokens})
+        except grpc.RpcError as e:
+            emit({"i": i, "ev": "end", "code": e.code().name, "details": e.details() or "",
+                  "tokens": tokens})
+        except Exception as e:  # noqa: BLE001 - reported, never lost
+            emit({"i": i, "ev": "end", "code": "CLIENT_ERROR", "details": repr(e),
+                  "tokens": tokens})
+
+    threads = [threading.Thread(target=one, args=(i, r)) for i, r in enumerate(spec)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    emit({"ev": "all_done"})
+    return 0
+
+
+def scrape(args):
+    try:
+        with urllib.request.urlopen(args.url, timeout=10) as r:
+            sys.stdout.write(r.read().decode())
+        return 0
+    except Exception as e:  # noqa: BLE001
+        sys.stderr.write("scrape %s: %r\n" % (args.url, e))
+        return 1
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate")
+    g.add_argument("--router", required=True)
+    g.add_argument("--gen-dir", required=True)
+    g.add_argument("--spec", required=True)
+    g.add_argument("--timeout", type=float, default=120)
+    s = sub.add_parser("scrape")
+    s.add_argument("--url", required=True)
+    args = ap.parse_args()
+    return generate(args) if args.cmd == "generate" else scrape(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""A dxs cluster spread over simulated hosts (hosts_lib), and what the hosts tests share.
+
+Layout (one process per host, as pods on separate machines): host 0 the router, then the
+attention workers, then the expert workers, and last a client host from which the test
+sends requests (hosts_client.py) and scrapes metrics: the test itself stays in the root
+namespace, which has no link to the hosts. Every process listens on its host's address,
+and workers register that address with the router, so everything between them crosses the
+bridge: gRPC (control and requests) and UCX (the data path; TCP, since no host can map
+another's shared memory).
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import hosts_lib
+
+ROUTER_PORT = 50051
+METRICS_PORT = 9400
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def skip_if_unavailable(fn):
+    """Runs fn(); where the machine cannot simulate hosts, prints why and exits SKIP_CODE."""
+    try:
+        return fn()
+    except hosts_lib.HostsUnavailable as e:
+        print("SKIPPED: %s" % e, flush=True)
+        sys.exit(hosts_lib.SKIP_CODE)
+
+
+def gen_stubs(source_dir, out_dir):
+    """dxs.v1's Python stubs into out_dir (grpcio-tools' protoc)."""
+    from grpc_tools import protoc
+    proto_root = os.path.join(source_dir, "proto")
+    protos = sorted(glob.glob(os.path.join(proto_root, "dxs", "v1", "*.proto")))
+    rc = protoc.main(["protoc", "-I" + proto_root, "--python_out=" + out_dir,
+                      "--grpc_python_out=" + out_dir] + protos)
+    assert rc == 0, "protoc failed"
+
+
+class Cluster:
+    def __init__(self, bin_dir, source_dir, attention=2, experts=3, router_args=(),
+                 attention_args=(), expert_args=(), prefix="dxs_hosts_"):
+        self.bin_dir, self.source_dir = bin_dir, source_dir
+        self.m, self.n = attention, experts
+        self.router_args, self.attention_args = list(router_args), list(attention_args)
+        self.expert_args = list(expert_args)
+        self.tmp = tempfile.mkdtemp(prefix=prefix)
+        self.dxs = os.path.join(bin_dir, "dxs")
+        self.python = sys.executable
+        self.hosts = hosts_lib.Hosts(2 + attention + experts, os.path.join(self.tmp, "logs"))
+        self.router_host = self.hosts[0]
+        self.attention_hosts = [self.hosts[1 + r] for r in range(attention)]
+        self.expert_hosts = [self.hosts[1 + attention + r] for r in range(experts)]
+        self.client_host = self.hosts[1 + attention + experts]
+        self.router = "%s:%d" % (self.router_host.ip, ROUTER_PORT)
+        self.procs = {}
+
+    # Set-up.
+    def setup_hosts(self):
+        self.hosts.setup()
+
+    def start(self, model, timeout=120):
+        self.model = model
+        self.gen_dir = os.path.join(self.tmp, "gen")
+        os.makedirs(self.gen_dir, exist_ok=True)
+        gen_stubs(self.source_dir, self.gen_dir)
+        b = self.bin_dir
+        self.procs["router"] = self.router_host.start("router", [
+            b + "/dxs-router", "--listen", self.router, "--metrics-listen",
+            "%s:%d" % (self.router_host.ip, METRICS_PORT), "--model", model,
+            "--attention", str(self.m), "--experts", str(self.n)] + self.router_args)
+        for r, h in enumerate(self.expert_hosts):
+            self.start_expert(r)
+        for r, h in enumerate(self.attention_hosts):
+            self.procs["attention%d" % r] = h.start("attention%d" % r, [
+                b + "/dxs-attention", "--model", model, "--rank", str(r), "--router",
+                self.router, "--listen", "%s:0" % h.ip, "--metrics-listen",
+                "%s:%d" % (h.ip, METRICS_PORT)] + self.attention_args)
+        self.wait_ready(timeout)
+
+    def start_expert(self, r):
+        h = self.expert_hosts[r]
+        self.procs["expert%d" % r] = h.start("expert%d" % r, [
+            self.bin_dir + "/dxs-expert", "--model", self.model, "--rank", str(r), "--router",
+            self.router, "--listen", "%s:0" % h.ip, "--metrics-listen",
+            "%s:%d" % (h.ip, METRICS_PORT)] + self.expert_args)
+        return self.procs["expert%d" % r]
+
+    def teardown(self):
+        self.hosts.teardown()
+
+    def logs(self):
+        return "\n".join("---- %s (%s) ----\n%s" % (name, p.host.ns, p.log()[-4000:])
+                         for name, p in self.procs.items())
+
+    # Observing.
+    def status(self):
+        """`dxs status` from the client host, or None when the router does not answer."""
+        out = self.client_host.run([self.dxs, "status", "--router", self.router, "--format",
+                                    "json"], check=False, timeout=30)
+        if out.returncode != 0:
+            return None
+        return json.loads(out.stdout)
+
+    def all_ready(self):
+        s = self.status()
+        if not s:
+            return False
+        live = [w for w in s["workers"] if w["state"] == "READY"]
+        return len(live) == self.m + self.n and s
+
+    def wait_ready(self, seconds):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for name, p in self.procs.items():
+                if not p.alive():
+                    raise AssertionError("%s exited (%s) before the cluster was ready:\n%s"
+                                         % (name, p.popen.returncode, self.logs()))
+            if self.all_ready():
+                return
+            time.sleep(0.2)
+        raise AssertionError("the cluster was not ready within %d s: %s\n%s"
+                             % (seconds, json.dumps(self.status()), self.logs()))
+
+    def scrape(self, host):
+        out = self.client_host.run([self.python, os.path.join(HERE, "hosts_client.py"), "scrape",
+                                    "--url", "http://%s:%d/metrics" % (host.ip, METRICS_PORT)],
+                                   check=False, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    # Requests.
+    def start_client(self, spec, timeout=120):
+        """Starts hosts_client.py generate on the client host; returns a ClientRun."""
+        path = os.path.join(self.tmp, "spec-%d.json" % time.monotonic_ns())
+        with open(path, "w") as f:
+            json.dump(spec, f)
+        argv = self.client_host.argv([self.python, "-u", os.path.join(HERE, "hosts_client.py"),
+                                      "generate", "--router", self.router, "--gen-dir",
+                                      self.gen_dir, "--spec", path, "--timeout", str(timeout)])
+        return ClientRun(argv, len(spec))
+
+    def generate_all(self, spec, seconds=180):
+        """Sends spec's requests at once and returns their end events, by index."""
+        run = self.start_client(spec, timeout=seconds)
+        run.wait_all(seconds + 30)
+        return run.ends
+
+
+class ClientRun:
+    """hosts_client.py generate; a thread reads its events as it prints them."""
+
+    def __init__(self, argv, count):
+        self.count = count
+        self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True)
+        self.lock = threading.Lock()
+        self.events = []
+        self.ends = {}
+        self.first_token = {}
+        self.done = False
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.popen.stdout:
+            if not line.strip():
+                continue
+            ev = json.loads(line)
+            with self.lock:
+                self.events.append(ev)
+                if ev["ev"] == "tokens":
+                    self.first_token.setdefault(ev["i"], ev["t"])
+                elif ev["ev"] == "end":
+                    self.ends[ev["i"]] = ev
+                elif ev["ev"] == "all_done":
+                    self.done = True
+
+    def snapshot(self):
+        with self.lock:
+            return dict(self.first_token), dict(self.ends), self.done
+
+    def wait_all(self, seconds):
+        hosts_lib.wait_for(lambda: self.snapshot()[2] or self.popen.poll() is not None, seconds,
+                           "every request's end (%d of %d ended)" % (len(self.ends), self.count))
+        self.popen.wait(timeout=30)
+        self.reader.join(timeout=30)
+        assert self.done and len(self.ends) == self.count, (
+            "the client ended without every request's end: %d of %d; stderr:\n%s"
+            % (len(self.ends), self.count, self.popen.stderr.read()))
+
+    def kill(self):
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+
+
+def reference_tokens(dxs, model, prompt, max_new_tokens, ignore_eos=False):
+    """The single-process engine's greedy tokens (`dxs run`)."""
+    argv = [dxs, "run", "--model", model, "--prompt-ids", ",".join(map(str, prompt)),
+            "--max-new-tokens", str(max_new_tokens), "--format", "json"]
+    if ignore_eos:
+        argv.append("--ignore-eos")
+    out = subprocess.run(argv, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)["tokens"]
+
+
+def metric(text, name, labels):
+    """The sum of name's samples whose labels include every labels item."""
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        if all('%s="%s"' % kv in head for kv in labels.items()):
+            total += float(value)
+            found = True
+    return total if found else None
