@@ -191,9 +191,12 @@ class ClientRun:
                            "every request's end (%d of %d ended)" % (len(self.ends), self.count))
         self.popen.wait(timeout=30)
         self.reader.join(timeout=30)
+        err = self.popen.stderr.read()
+        self.popen.stdout.close()
+        self.popen.stderr.close()
         assert self.done and len(self.ends) == self.count, (
             "the client ended without every request's end: %d of %d; stderr:\n%s"
-            % (len(self.ends), self.count, self.popen.stderr.read()))
+            % (len(self.ends), self.count, err))
 
     def kill(self):
         if self.popen.poll() is None:

@@ -269,3 +269,11 @@ def wait_for(condition, seconds, what, interval=0.05):
         if time.monotonic() >= deadline:
             raise AssertionError("%s did not happen within %g s" % (what, seconds))
         time.sleep(interval)
+
+
+def probe(log_dir):
+    """Raises HostsUnavailable unless a simulated host can be made here (one is made and
+    removed again)."""
+    hosts = Hosts(1, log_dir)
+    hosts.setup()
+    hosts.teardown()
