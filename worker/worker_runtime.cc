@@ -4,6 +4,9 @@
 
 #include <csignal>
 #include <iostream>
+#include <map>
+#include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/server.h"
@@ -111,12 +114,39 @@ absl::Status WorkerRuntime::Join(const std::string& router, v1::RegisterRequest 
       [this](const v1::ClusterView& view) {
         absl::MutexLock lock(&mu_);
         pending_ = view;
-        if (transport_) transport_->Wake();
+        if (transport_) {
+          DeclareDeadPeers(view);
+          transport_->Wake();
+        }
       },
       std::move(fill_heartbeat), absl::Seconds(30), *channel_credentials);
   if (!m.ok()) return m.status();
   membership_ = std::move(*m);
   return absl::OkStatus();
+}
+
+void WorkerRuntime::DeclareDeadPeers(const v1::ClusterView& view) {
+  // Here, on the membership thread, not when the step thread applies the view between
+  // steps: a step may be waiting on the dead peer (a partitioned host, a frozen process),
+  // and this ends that wait now instead of at the step timeout.
+  const v1::Role my_role = role_name_ == "attention" ? v1::ROLE_ATTENTION : v1::ROLE_EXPERT;
+  std::map<int, std::string> dead;  // transport rank -> why; erased while a live entry has it
+  std::set<int> live;
+  for (const v1::WorkerInfo& w : view.workers()) {
+    if (w.role() == my_role && static_cast<int>(w.rank()) == rank_) continue;
+    const int peer = static_cast<int>(w.transport_rank());
+    if (w.state() == v1::WORKER_STATE_DEAD) {
+      dead[peer] = absl::StrCat("(", w.role() == v1::ROLE_ATTENTION ? "attention" : "expert",
+                                " rank ", w.rank(), ", incarnation ", w.incarnation(),
+                                ") is dead in the router's view v", view.version());
+    } else {
+      live.insert(peer);
+    }
+  }
+  for (const auto& [peer, why] : dead) {
+    if (!live.count(peer)) transport_->SetPeerDeclaredDead(peer, why);
+  }
+  for (int peer : live) transport_->SetPeerDeclaredDead(peer, "");
 }
 
 std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {

@@ -103,6 +103,11 @@ class WorkerRuntime {
   void Stop();
 
  private:
+  // Tells the transport which peers the view has DEAD (and which are live again), so a
+  // step waiting on a dead peer fails now rather than at the step timeout
+  // (Transport::SetPeerDeclaredDead). On the membership thread.
+  void DeclareDeadPeers(const v1::ClusterView& view);
+
   std::string role_name_;
   TlsConfig tls_;
   int rank_;

@@ -124,6 +124,13 @@ class Transport : public DataExchange {
   virtual void Wake() = 0;
   // OK, or UNAVAILABLE if the connection to `peer` failed.
   virtual absl::Status PeerStatus(int peer) = 0;
+  // From any thread: the control plane's view says `peer` is dead (`reason`), or, with an
+  // empty reason, that it is not. While a peer is declared dead, an exchange waiting on a
+  // transfer with it and a Recv from it fail with UNAVAILABLE at once instead of at their
+  // deadlines: a partitioned or frozen peer closes no connection, so nothing else ends
+  // those waits before the step timeout. The connection itself is left as it is (a peer
+  // that comes back on it is used again once declared live). Default: ignored.
+  virtual void SetPeerDeclaredDead(int peer, std::string reason) {}
 };
 
 // UCP active messages (control) and tagged sends/receives (data exchange); addresses

@@ -86,6 +86,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "router/transport/transport.h"
@@ -229,6 +230,7 @@ class UcxTransport final : public Transport {
   absl::Status WaitForActivity(absl::Time deadline) override;
   void Wake() override;
   absl::Status PeerStatus(int peer) override;
+  void SetPeerDeclaredDead(int peer, std::string reason) override;
 
   absl::StatusOr<ExchangeId> PostExchange(uint64_t tag, const Transfer* transfers,
                                           size_t num_transfers) override;
@@ -275,6 +277,12 @@ class UcxTransport final : public Transport {
   // otherwise it is forced too, which completes its sends, cancelled.
   void CloseEndpoint(PeerState& state, bool flush_data = false);
   absl::Status Unavailable(int peer, const PeerState& state) const;
+  // Why the control plane declared `peer` dead (SetPeerDeclaredDead), or empty. Cheap
+  // while no peer is declared dead.
+  std::string DeclaredDead(int peer) const;
+  // The first peer with a pending transfer in the group that is declared dead, as an
+  // UNAVAILABLE status; OK if none.
+  absl::Status DeclaredDeadError(const ExchangeGroup& group) const;
 
   // Posts one transfer; a refused post completes the op with the error.
   void PostExchangeOp(ExchangeOp& op, uint64_t tag);
@@ -309,6 +317,10 @@ class UcxTransport final : public Transport {
   uint64_t dropped_messages_ = 0;
   std::vector<ucp_dt_iov_t> send_iov_;  // reused by SendV
   std::atomic<bool> wake_pending_{false};
+  // SetPeerDeclaredDead's peers and reasons, written from the membership thread.
+  mutable absl::Mutex declared_dead_mu_;
+  std::map<int, std::string> declared_dead_ ABSL_GUARDED_BY(declared_dead_mu_);
+  std::atomic<int> num_declared_dead_{0};
   bool device_memory_ = false;  // UCP moves UCS_MEMORY_TYPE_CUDA
   UcxTransportOptions options_;
   absl::flat_hash_map<int, MemoryType> send_memory_;  // PostExchange's check, reused
@@ -796,14 +808,18 @@ bool UcxTransport::AnyFrontReady() {
 absl::StatusOr<TransportMessage> UcxTransport::Recv(int peer, absl::Time deadline) {
   if (peer < 0) return absl::InvalidArgumentError(absl::StrCat("bad peer ", peer));
   PeerState& state = peers_[peer];
-  WaitResult result = WaitUntil(deadline, /*honor_wake=*/false,
-                                [&] { return FrontReady(state) || !state.failure.empty(); });
+  WaitResult result = WaitUntil(deadline, /*honor_wake=*/false, [&] {
+    return FrontReady(state) || !state.failure.empty() || !DeclaredDead(peer).empty();
+  });
   if (FrontReady(state)) {
     TransportMessage message = std::move(state.inbox.front()->message);
     state.inbox.pop_front();
     return message;
   }
   if (!state.failure.empty()) return Unavailable(peer, state);
+  if (std::string why = DeclaredDead(peer); !why.empty()) {
+    return absl::UnavailableError(absl::StrCat("peer ", peer, " ", why));
+  }
   switch (result) {
     case WaitResult::kError:
       return absl::InternalError(absl::StrCat("recv from peer ", peer, ": waiting failed"));
@@ -841,6 +857,41 @@ absl::Status UcxTransport::PeerStatus(int peer) {
   }
   ProgressAll();
   if (!it->second.failure.empty()) return Unavailable(peer, it->second);
+  return absl::OkStatus();
+}
+
+void UcxTransport::SetPeerDeclaredDead(int peer, std::string reason) {
+  {
+    absl::MutexLock lock(&declared_dead_mu_);
+    if (reason.empty()) {
+      declared_dead_.erase(peer);
+    } else {
+      declared_dead_[peer] = std::move(reason);
+    }
+    num_declared_dead_.store(static_cast<int>(declared_dead_.size()), std::memory_order_release);
+  }
+  // A wait on the peer ends at its next turn: wakes a sleeping one, without marking a
+  // Wake() (which would end the next WaitForActivity for nothing).
+  ucp_worker_signal(worker_);
+}
+
+std::string UcxTransport::DeclaredDead(int peer) const {
+  if (num_declared_dead_.load(std::memory_order_acquire) == 0) return "";
+  absl::MutexLock lock(&declared_dead_mu_);
+  auto it = declared_dead_.find(peer);
+  return it == declared_dead_.end() ? "" : it->second;
+}
+
+absl::Status UcxTransport::DeclaredDeadError(const ExchangeGroup& group) const {
+  if (num_declared_dead_.load(std::memory_order_acquire) == 0) return absl::OkStatus();
+  for (const ExchangeOp& op : group.ops) {
+    if (op.done) continue;
+    std::string why = DeclaredDead(op.transfer.peer);
+    if (!why.empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("exchange tag ", group.tag, ": peer ", op.transfer.peer, " ", why));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -1139,13 +1190,14 @@ absl::Status UcxTransport::WaitExchange(ExchangeId id, absl::Time deadline) {
   }
   ExchangeGroup& group = *it->second;
   const WaitResult result = WaitUntil(deadline, /*honor_wake=*/false, [&] {
-    return group.num_pending == 0 || !GroupError(group).ok();
+    return group.num_pending == 0 || !GroupError(group).ok() || !DeclaredDeadError(group).ok();
   });
   absl::Status status = GroupError(group);
   if (status.ok() && group.num_pending == 0) {
     exchanges_.erase(it);
     return absl::OkStatus();
   }
+  if (status.ok()) status = DeclaredDeadError(group);
   if (status.ok()) {
     if (result == WaitResult::kError) {
       status = absl::InternalError(

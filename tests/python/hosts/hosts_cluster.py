@@ -163,7 +163,8 @@ class ClientRun:
         self.lock = threading.Lock()
         self.events = []
         self.ends = {}
-        self.first_token = {}
+        self.first_token = {}  # request -> when its first token arrived
+        self.tokens_so_far = {}  # request -> tokens streamed so far
         self.done = False
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -175,8 +176,9 @@ class ClientRun:
             ev = json.loads(line)
             with self.lock:
                 self.events.append(ev)
-                if ev["ev"] == "tokens":
+                if ev["ev"] == "tokens" and ev["n"] > 0:
                     self.first_token.setdefault(ev["i"], ev["t"])
+                    self.tokens_so_far[ev["i"]] = ev["n"]
                 elif ev["ev"] == "end":
                     self.ends[ev["i"]] = ev
                 elif ev["ev"] == "all_done":
@@ -185,6 +187,10 @@ class ClientRun:
     def snapshot(self):
         with self.lock:
             return dict(self.first_token), dict(self.ends), self.done
+
+    def snapshot_tokens(self):
+        with self.lock:
+            return dict(self.tokens_so_far)
 
     def wait_all(self, seconds):
         hosts_lib.wait_for(lambda: self.snapshot()[2] or self.popen.poll() is not None, seconds,

@@ -521,6 +521,42 @@ TEST_P(DataExchangeTest, FailedPeerMakesTheGroupUnavailable) {
   EXPECT_TRUE(from_live.Untouched());
 }
 
+// A peer the control plane declares dead (SetPeerDeclaredDead, from another thread, as the
+// membership thread does) ends a wait on it at once with UNAVAILABLE, the group's and a
+// Recv's, though its connection is fine: a partitioned or frozen peer closes nothing. Once
+// declared live again, the same connection exchanges again.
+TEST_P(DataExchangeTest, DeclaredDeadPeerEndsTheWait) {
+  if (!IsUcx()) GTEST_SKIP() << "inproc ignores the control plane's view";
+  GuardedBuffer target(1000);
+  const Transfer recv = RecvFrom(1, target.data(), 1000);
+  auto id = peer(0).PostExchange(900, &recv, 1);
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::thread declare([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    peer(0).SetPeerDeclaredDead(1, "is dead in the test's view");
+  });
+  const absl::Time start = absl::Now();
+  absl::Status status = peer(0).WaitExchange(*id, start + absl::Seconds(30));
+  declare.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_NE(status.message().find("peer 1 is dead in the test's view"), std::string::npos)
+      << status;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  absl::StatusOr<TransportMessage> m = peer(0).Recv(1, absl::Now() + absl::Seconds(30));
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnavailable) << m.status();
+  EXPECT_TRUE(target.Untouched());
+  peer(0).SetPeerDeclaredDead(1, "");
+  RunPeers(
+      [&](int self) {
+        const uint8_t out = static_cast<uint8_t>(self);
+        uint8_t in = 0xff;
+        ASSERT_TRUE(
+            Exchange(self, 901, {SendTo(1 - self, &out, 1), RecvFrom(1 - self, &in, 1)}).ok());
+        EXPECT_EQ(in, 1 - self);
+      },
+      2);
+}
+
 // Disconnect on the waiting side ends the wait at once.
 TEST_P(DataExchangeTest, DisconnectEndsTheWait) {
   GuardedBuffer target(1000);
