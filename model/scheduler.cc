@@ -330,7 +330,8 @@ void Scheduler::FinishStep(const std::vector<float>& logits, const StepTokens* s
     }
     int32_t token;
     if (sampled != nullptr) {
-      token = sampled->tokens.at(j);  // the backend's draw, from the same parameters
+      // The backend's draw, from the same parameters.
+      token = sampled->tokens.at(sampled->Row(j, l.forking_sample));
     } else if (share_row_ && l.request.sampling.temperature != 0.f) {
       // The samples of one request at its first token: one row, one set of parameters but
       // the seed, so the candidates are sorted once.
@@ -343,9 +344,10 @@ void Scheduler::FinishStep(const std::vector<float>& logits, const StepTokens* s
       token = l.sampler.Sample(sample_from, vocab, l.generated.size());
     }
     if (l.request.WantsLogprobs() && l.sink.on_logprobs) {
-      if (sampled != nullptr && j < sampled->logprobs.size()) {
+      if (sampled != nullptr && !sampled->logprobs.empty()) {
         // The backend's (LogprobRows), as for every later token.
-        l.sink.on_logprobs(RequestShare(sampled->logprobs[j], l.request));
+        l.sink.on_logprobs(
+            RequestShare(sampled->logprobs.at(sampled->Row(j, l.forking_sample)), l.request));
       } else {
         TokenLogprobs lp;
         RowLogprobs(raw, vocab, token, l.request.top_logprobs, l.request.logprob_token_ids, &lp);
@@ -364,8 +366,8 @@ bool Scheduler::StepNeedsHost(bool to_sample) const {
       return true;
     }
     if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) continue;  // mid-prefill
-    // A first token: its row goes to the sink; drawn on the host only where samples fork.
-    if (l.generated.empty() && (!to_sample || l.request.n > 1)) return true;
+    // A first token: its row goes to the sink.
+    if (l.generated.empty() && !to_sample) return true;
   }
   return false;
 }
@@ -374,22 +376,35 @@ bool Scheduler::StepNeedsHostLogits() const { return StepNeedsHost(/*to_sample=*
 
 bool Scheduler::StepSamplesOnHost() const { return StepNeedsHost(/*to_sample=*/true); }
 
-std::vector<SamplingRow> Scheduler::StepSamplingRows(
-    std::vector<LogitAdjustment>* adjustments) const {
-  std::vector<SamplingRow> rows;
+std::vector<SamplingRow> Scheduler::StepSamplingRows(std::vector<LogitAdjustment>* adjustments,
+                                                     std::vector<int32_t>* fork_rows) const {
+  std::vector<SamplingRow> rows, forks;
   rows.reserve(step_owners_.size());
   adjustments->clear();
-  for (size_t owner : step_owners_) {
-    const Live& l = running_[owner];
+  fork_rows->clear();
+  for (size_t j = 0; j < step_owners_.size(); ++j) {
+    const Live& l = running_[step_owners_[j]];
     if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) {
       rows.push_back(ToSamplingRow(SamplingParams{}, 0));  // mid-prefill: greedy, unused
-    } else {
-      rows.push_back(ToSamplingRow(l.request.sampling, l.generated.size(),
-                                   static_cast<int32_t>(adjustments->size()),
-                                   static_cast<int32_t>(l.adjust.size())));
-      adjustments->insert(adjustments->end(), l.adjust.begin(), l.adjust.end());
+      continue;
+    }
+    const SamplingRow row = ToSamplingRow(l.request.sampling, l.generated.size(),
+                                          static_cast<int32_t>(adjustments->size()),
+                                          static_cast<int32_t>(l.adjust.size()));
+    rows.push_back(row);
+    adjustments->insert(adjustments->end(), l.adjust.begin(), l.adjust.end());
+    if (l.request.n > 1 && l.generated.empty()) {
+      // The other samples' first tokens: the same row and adjustments (nothing generated
+      // yet), draw 0 of the seed ForkSamples gives each.
+      for (int32_t i = 1; i < l.request.n; ++i) {
+        SamplingRow fork = row;
+        fork.seed = SampleSeed(l.request.sampling.seed, i);
+        forks.push_back(fork);
+        fork_rows->push_back(static_cast<int32_t>(j));
+      }
     }
   }
+  rows.insert(rows.end(), forks.begin(), forks.end());
   return rows;
 }
 
@@ -405,11 +420,14 @@ Scheduler::StepLogprobShape Scheduler::StepLogprobs() const {
   return shape;
 }
 
-std::vector<int32_t> Scheduler::StepNamedIds(const StepLogprobShape& shape) const {
-  std::vector<int32_t> ids(step_owners_.size() * shape.named, -1);
-  for (size_t j = 0; j < step_owners_.size(); ++j) {
+std::vector<int32_t> Scheduler::StepNamedIds(const StepLogprobShape& shape,
+                                             const std::vector<int32_t>& fork_rows) const {
+  const size_t chunks = step_owners_.size();
+  std::vector<int32_t> ids((chunks + fork_rows.size()) * shape.named, -1);
+  for (size_t r = 0; r < chunks + fork_rows.size(); ++r) {
+    const size_t j = r < chunks ? r : static_cast<size_t>(fork_rows[r - chunks]);
     const std::vector<int32_t>& named = running_[step_owners_[j]].request.logprob_token_ids;
-    std::copy(named.begin(), named.end(), ids.begin() + j * shape.named);
+    std::copy(named.begin(), named.end(), ids.begin() + r * shape.named);
   }
   return ids;
 }
@@ -417,10 +435,11 @@ std::vector<int32_t> Scheduler::StepNamedIds(const StepLogprobShape& shape) cons
 void Scheduler::FinishStepWithTokens(const StepTokens& step) {
   FinishStepWith(nullptr, [&](size_t j, Live& l, const float** row) {
     *row = nullptr;
+    const size_t r = step.Row(j, l.forking_sample);
     if (l.request.WantsLogprobs() && l.sink.on_logprobs) {
-      l.sink.on_logprobs(RequestShare(step.logprobs.at(j), l.request));
+      l.sink.on_logprobs(RequestShare(step.logprobs.at(r), l.request));
     }
-    return step.tokens[j];
+    return step.tokens.at(r);
   });
 }
 
@@ -462,7 +481,9 @@ std::vector<std::pair<Scheduler::Live, std::optional<FinishReason>>> Scheduler::
     }
     child.slot = *slot;
     const float* row = nullptr;
+    child.forking_sample = i;
     const int32_t token = sample(j, child, &row);
+    child.forking_sample = 0;
     samples.back().second = Emit(child, token, row);
   }
   return samples;
@@ -536,14 +557,31 @@ void Scheduler::FailAll(const absl::Status& status) {
 absl::StatusOr<Scheduler::StepTokens> SampleStepOnBackend(Backend* backend, const Tensor& logits,
                                                           const Scheduler& scheduler) {
   std::vector<LogitAdjustment> adjust;
-  const std::vector<SamplingRow> rows = scheduler.StepSamplingRows(&adjust);
+  std::vector<int32_t> fork_rows;
+  const std::vector<SamplingRow> rows = scheduler.StepSamplingRows(&adjust, &fork_rows);
   const bool plain = std::all_of(rows.begin(), rows.end(), [](const SamplingRow& r) {
     return r.temperature == 0.f && r.adjust_count == 0;
   });
-  const int64_t n = logits.rows();
+  Scheduler::StepTokens step;
+  const int64_t chunks = logits.rows();
+  const int64_t n = chunks + static_cast<int64_t>(fork_rows.size());
+  std::optional<Tensor> expanded;  // the chunks' rows, then each forked sample's chunk's
+  if (!fork_rows.empty()) {
+    std::vector<int32_t> sources(n);
+    for (int64_t r = 0; r < n; ++r) {
+      sources[r] = r < chunks ? static_cast<int32_t>(r) : fork_rows[r - chunks];
+    }
+    DXS_ASSIGN_OR_RETURN(Tensor index, backend->Allocate({n}, DType::kI32));
+    DXS_RETURN_IF_ERROR(backend->CopyFromHost(sources.data(), DType::kI32, &index));
+    DXS_ASSIGN_OR_RETURN(expanded, backend->Allocate({n, logits.row_size()}, DType::kF32));
+    DXS_RETURN_IF_ERROR(backend->GatherRows(logits, index, &*expanded));
+    step.fork_first.assign(chunks, -1);
+    for (int64_t r = n - 1; r >= chunks; --r) step.fork_first[fork_rows[r - chunks]] = r;
+  }
+  const Tensor& sample_logits = expanded ? *expanded : logits;
   DXS_ASSIGN_OR_RETURN(Tensor ids, backend->Allocate({n}, DType::kI32));
   if (plain) {
-    DXS_RETURN_IF_ERROR(backend->ArgmaxRows(logits, &ids));
+    DXS_RETURN_IF_ERROR(backend->ArgmaxRows(sample_logits, &ids));
   } else {
     DXS_ASSIGN_OR_RETURN(Tensor params, backend->Allocate({n, kSamplingRowWords}, DType::kI64));
     DXS_RETURN_IF_ERROR(backend->CopyFromHost(rows.data(), DType::kI64, &params));
@@ -554,13 +592,12 @@ absl::StatusOr<Scheduler::StepTokens> SampleStepOnBackend(Backend* backend, cons
       DXS_RETURN_IF_ERROR(backend->CopyFromHost(adjust.data(), DType::kI32, &*adjustments));
     }
     DXS_RETURN_IF_ERROR(
-        backend->SampleRows(logits, params, adjustments ? &*adjustments : nullptr, &ids));
+        backend->SampleRows(sample_logits, params, adjustments ? &*adjustments : nullptr, &ids));
   }
-  Scheduler::StepTokens step;
   DXS_ASSIGN_OR_RETURN(step.tokens, backend->DownloadIndices(ids));
   const Scheduler::StepLogprobShape shape = scheduler.StepLogprobs();
   if (!shape.any) return step;
-  const std::vector<int32_t> named_ids = scheduler.StepNamedIds(shape);
+  const std::vector<int32_t> named_ids = scheduler.StepNamedIds(shape, fork_rows);
   DXS_ASSIGN_OR_RETURN(Tensor named, backend->Allocate({n, shape.named}, DType::kI32));
   if (shape.named > 0) {
     DXS_RETURN_IF_ERROR(backend->CopyFromHost(named_ids.data(), DType::kI32, &named));
@@ -570,7 +607,7 @@ absl::StatusOr<Scheduler::StepTokens> SampleStepOnBackend(Backend* backend, cons
   DXS_ASSIGN_OR_RETURN(Tensor top_ids, backend->Allocate({n, shape.top}, DType::kI32));
   DXS_ASSIGN_OR_RETURN(Tensor top_lp, backend->Allocate({n, shape.top}, DType::kF32));
   DXS_RETURN_IF_ERROR(
-      backend->LogprobRows(logits, ids, named, &sampled_lp, &named_lp, &top_ids, &top_lp));
+      backend->LogprobRows(sample_logits, ids, named, &sampled_lp, &named_lp, &top_ids, &top_lp));
   DXS_ASSIGN_OR_RETURN(std::vector<float> h_sampled, backend->Download(sampled_lp));
   std::vector<float> h_named, h_top_lp;
   std::vector<int32_t> h_top_ids;

@@ -122,9 +122,18 @@ class Scheduler {
   // The step as the backend sampled it (SampleStepOnBackend): tokens[j] is row j's token
   // (every chunk's, sampled or not); logprobs[j] its log-probabilities, one per row when
   // some request of the step asked (StepLogprobs().any), else empty.
+  // A request of n > 1 whose prompt finished in the step draws its other samples' first
+  // tokens on the backend too: rows[fork_first[j] + i - 1] is sample i's (chunk j's logits
+  // row again, the sample's derived seed), after the chunks' rows; fork_first[j] is -1 for
+  // a chunk without samples to fork (fork_first is empty when no chunk has any).
   struct StepTokens {
     std::vector<int32_t> tokens;
     std::vector<TokenLogprobs> logprobs;
+    std::vector<int64_t> fork_first;
+    // Row of chunk j's sample `sample` (0: the chunk's own).
+    size_t Row(size_t j, int32_t sample) const {
+      return sample == 0 ? j : static_cast<size_t>(fork_first.at(j) + sample - 1);
+    }
   };
   std::vector<SequenceChunk> BuildStep() ABSL_LOCKS_EXCLUDED(mu_);
   // logits: the step's [StepLogitRows(chunks), vocab] on the host. With `sampled` (the
@@ -140,16 +149,18 @@ class Scheduler {
   // cross to the host.
   bool StepNeedsHostLogits() const;
   // Whether the step's tokens must be drawn on the host, not only its rows seen there: a
-  // chunk scores prompt positions (several logits rows), or a request of n > 1 samples
-  // gets its first tokens (its samples draw from one row sorted once). Otherwise the
-  // backend samples even the first tokens (SampleStepOnBackend), and FinishStep takes them
-  // with the downloaded rows: the host's sort of a whole vocabulary per new request
-  // (PrepareCandidates) is the device's.
+  // chunk scores prompt positions (several logits rows). Otherwise the backend samples even
+  // the first tokens, those of forked samples included (SampleStepOnBackend), and
+  // FinishStep takes them with the downloaded rows: the host's sort of a whole vocabulary
+  // per new request (PrepareCandidates) is the device's.
   bool StepSamplesOnHost() const;
   // One SamplingRow per row of the step: the request's parameters and its draw number (the
   // tokens it has sampled so far); greedy for rows still in prefill (their token is unused).
-  // The rows' LogitAdjustments go to `adjustments` (the rows index into it).
-  std::vector<SamplingRow> StepSamplingRows(std::vector<LogitAdjustment>* adjustments) const;
+  // Then, for each chunk whose request forks its samples at this step (StepTokens), n - 1
+  // rows with the samples' derived seeds; fork_rows[i] is the chunk whose logits row extra
+  // row i samples. The rows' LogitAdjustments go to `adjustments` (the rows index into it).
+  std::vector<SamplingRow> StepSamplingRows(std::vector<LogitAdjustment>* adjustments,
+                                            std::vector<int32_t>* fork_rows) const;
   // What the step's rows ask of LogprobRows: whether any wants logprobs, and the most
   // alternatives and named ids one asks for.
   struct StepLogprobShape {
@@ -158,8 +169,10 @@ class Scheduler {
     int64_t named = 0;
   };
   StepLogprobShape StepLogprobs() const;
-  // The named ids of each row for LogprobRows, [rows, shape.named], -1 where a row has fewer.
-  std::vector<int32_t> StepNamedIds(const StepLogprobShape& shape) const;
+  // The named ids of each row for LogprobRows, [rows, shape.named], -1 where a row has fewer;
+  // the extra rows of forked samples (fork_rows, from StepSamplingRows) take their chunk's.
+  std::vector<int32_t> StepNamedIds(const StepLogprobShape& shape,
+                                    const std::vector<int32_t>& fork_rows) const;
   void FinishStepWithTokens(const StepTokens& step) ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets the step BuildStep built (its forward pass failed and will be run again): the
   // prompt chunks it took count as not prefilled; the KV it wrote is overwritten by the
@@ -195,6 +208,9 @@ class Scheduler {
     PromptLogprobs prompt_logprobs;
     // KV the request's other samples will fork (KvNeed beyond its own slot); 0 once forked.
     int64_t fork_reserve = 0;
+    // Which of its request's samples ForkSamples is drawing the first token of (1..n-1);
+    // 0 otherwise (sample 0, and every later step).
+    int32_t forking_sample = 0;
 
     bool NeedsAdjustedRow() const { return !adjust.empty() || request.sampling.min_p != 0.f; }
     LogitAdjustment& Adjustment(int32_t token);

@@ -243,10 +243,15 @@ absl::Status CudaBackend::LogprobRows(const Tensor& logits, const Tensor& sample
   const int64_t n = logits.rows(), vocab = logits.row_size();
   if (n == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("logprob rows"));
+  const int64_t k = top_ids->shape()[1];
+  size_t bytes = 0;
+  DXS_RETURN_IF_ERROR(
+      CudaStatus(cuda::LogprobRowsWorkspaceBytes(n, vocab, k, &bytes), "logprob rows: workspace"));
+  DXS_ASSIGN_OR_RETURN(Tensor workspace, Workspace(bytes));
   return CudaStatus(
       cuda::LaunchLogprobRows(logits.f32(), n, vocab, sampled.i32(), named.i32(), named.shape()[1],
-                              top_ids->shape()[1], sampled_logprobs->f32(), named_logprobs->f32(),
-                              top_ids->i32(), top_logprobs->f32(), stream_),
+                              k, sampled_logprobs->f32(), named_logprobs->f32(), top_ids->i32(),
+                              top_logprobs->f32(), workspace.raw(), bytes, stream_),
       "logprob rows");
 }
 

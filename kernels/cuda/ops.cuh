@@ -287,13 +287,15 @@ cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t vocab,
 
 // ---- logprobs.cu ----
 
-// Backend::LogprobRows, one block per row: log_softmax of the raw row at sampled[i] and at
-// named[i, 0..m), and the row's k most likely tokens (k <= 20), most likely first. Ids
-// outside [0, vocab) give 0. No host synchronisation.
+// Scratch for LaunchLogprobRows: each row's slices' maxima, sums and k first candidates.
+cudaError_t LogprobRowsWorkspaceBytes(int64_t n, int64_t vocab, int64_t k, size_t* bytes);
+// Backend::LogprobRows: log_softmax of the raw row at sampled[i] and at named[i, 0..m), and
+// the row's k most likely tokens (k <= 20), most likely first. Ids outside [0, vocab) give
+// 0. No host synchronisation.
 cudaError_t LaunchLogprobRows(const float* logits, int64_t n, int64_t vocab, const int32_t* sampled,
                               const int32_t* named, int64_t m, int64_t k, float* sampled_logprobs,
                               float* named_logprobs, int32_t* top_ids, float* top_logprobs,
-                              cudaStream_t stream);
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // counts[e] += offsets[e + 1] - offsets[e] for e < n (Backend::AccumulateCounts).
 cudaError_t LaunchAccumulateCounts(const int32_t* offsets, int64_t n, int64_t* counts,

@@ -306,54 +306,75 @@ TEST_F(SamplingCudaTest, AdjustedRowsAndMinPMatchTheCpu) {
 }
 
 // LogprobRows against the CPU's (RowLogprobs in double): the sampled and named ids' values,
-// and the top k ids in order with their values.
+// and the top k ids in order with their values. Rows of random logits; of a few distinct
+// values (ties within and across the GPU's 512-id slices, ordered by id); and masked to
+// -inf but for a few ids (whole slices of -inf).
 TEST_F(SamplingCudaTest, LogprobRowsMatchTheCpu) {
-  for (const int64_t vocab : {int64_t{7}, int64_t{1000}, int64_t{151936}}) {
-    for (const int64_t k : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{20}}) {
-      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " k " << k);
-      const int64_t rows = 9, m = 3;
-      std::vector<float> logits = RandomLogits(rows * vocab, static_cast<uint32_t>(vocab + k), 3.f);
-      logits[2] = logits[1];  // a tie: the lower id first
-      std::vector<int32_t> sampled(rows), named(rows * m);
-      for (int64_t r = 0; r < rows; ++r) {
-        sampled[r] = static_cast<int32_t>((r * 131) % vocab);
-        for (int64_t j = 0; j < m; ++j)
-          named[r * m + j] = j == 2 ? -1 : static_cast<int32_t>((r * 17 + j * 5) % vocab);
-      }
-      struct Out {
-        std::vector<float> sampled, named, top;
-        std::vector<int32_t> top_ids;
-      };
-      auto run = [&](Backend* b) {
-        Tensor l = *b->Upload(logits, {rows, vocab});
-        Tensor s = *b->Allocate({rows}, DType::kI32), n = *b->Allocate({rows, m}, DType::kI32);
-        EXPECT_TRUE(b->CopyFromHost(sampled.data(), DType::kI32, &s).ok());
-        EXPECT_TRUE(b->CopyFromHost(named.data(), DType::kI32, &n).ok());
-        Tensor sl = *b->Allocate({rows}, DType::kF32), nl = *b->Allocate({rows, m}, DType::kF32);
-        Tensor ti = *b->Allocate({rows, k}, DType::kI32), tl = *b->Allocate({rows, k}, DType::kF32);
-        const absl::Status st = b->LogprobRows(l, s, n, &sl, &nl, &ti, &tl);
-        EXPECT_TRUE(st.ok()) << b->name() << ": " << st;
-        Out o;
-        o.sampled = *b->Download(sl);
-        o.named = *b->Download(nl);
-        if (k > 0) {
-          o.top = *b->Download(tl);
-          o.top_ids = *b->DownloadIndices(ti);
+  enum class Kind { kRandom, kTies, kMasked };
+  for (const Kind kind : {Kind::kRandom, Kind::kTies, Kind::kMasked}) {
+    for (const int64_t vocab : {int64_t{7}, int64_t{1000}, int64_t{1537}, int64_t{151936}}) {
+      for (const int64_t k : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{20}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "kind " << static_cast<int>(kind) << " vocab " << vocab << " k " << k);
+        const int64_t rows = 9, m = 3;
+        std::vector<float> logits =
+            RandomLogits(rows * vocab, static_cast<uint32_t>(vocab + k), 3.f);
+        logits[2] = logits[1];  // a tie: the lower id first
+        if (kind == Kind::kTies) {
+          for (float& l : logits) l = std::floor(l);
+        } else if (kind == Kind::kMasked) {
+          for (size_t i = 0; i < logits.size(); ++i) {
+            const int64_t id = static_cast<int64_t>(i) % vocab;
+            if (id % 97 != 3 && id % 499 != 5) logits[i] = -INFINITY;
+          }
         }
-        return o;
-      };
-      const Out got = run(gpu_.get()), want = run(cpu_.get());
-      for (int64_t r = 0; r < rows; ++r) {
-        EXPECT_NEAR(got.sampled[r], want.sampled[r], 1e-5) << "row " << r;
-        for (int64_t j = 0; j < m; ++j)
-          EXPECT_NEAR(got.named[r * m + j], want.named[r * m + j], 1e-5);
-      }
-      EXPECT_EQ(got.top_ids, want.top_ids);
-      for (size_t i = 0; i < got.top.size(); ++i) {
-        if (std::isinf(want.top[i])) {
-          EXPECT_EQ(got.top[i], want.top[i]);
-        } else {
-          EXPECT_NEAR(got.top[i], want.top[i], 1e-5) << i;
+        std::vector<int32_t> sampled(rows), named(rows * m);
+        for (int64_t r = 0; r < rows; ++r) {
+          sampled[r] = static_cast<int32_t>((r * 131) % vocab);
+          for (int64_t j = 0; j < m; ++j)
+            named[r * m + j] = j == 2 ? -1 : static_cast<int32_t>((r * 17 + j * 5) % vocab);
+        }
+        struct Out {
+          std::vector<float> sampled, named, top;
+          std::vector<int32_t> top_ids;
+        };
+        auto run = [&](Backend* b) {
+          Tensor l = *b->Upload(logits, {rows, vocab});
+          Tensor s = *b->Allocate({rows}, DType::kI32), n = *b->Allocate({rows, m}, DType::kI32);
+          EXPECT_TRUE(b->CopyFromHost(sampled.data(), DType::kI32, &s).ok());
+          EXPECT_TRUE(b->CopyFromHost(named.data(), DType::kI32, &n).ok());
+          Tensor sl = *b->Allocate({rows}, DType::kF32), nl = *b->Allocate({rows, m}, DType::kF32);
+          Tensor ti = *b->Allocate({rows, k}, DType::kI32),
+                 tl = *b->Allocate({rows, k}, DType::kF32);
+          const absl::Status st = b->LogprobRows(l, s, n, &sl, &nl, &ti, &tl);
+          EXPECT_TRUE(st.ok()) << b->name() << ": " << st;
+          Out o;
+          o.sampled = *b->Download(sl);
+          o.named = *b->Download(nl);
+          if (k > 0) {
+            o.top = *b->Download(tl);
+            o.top_ids = *b->DownloadIndices(ti);
+          }
+          return o;
+        };
+        const Out got = run(gpu_.get()), want = run(cpu_.get());
+        // -inf (a masked id) exactly, else within 1e-5.
+        auto expect_close = [](float g, float w) {
+          if (std::isinf(w)) {
+            EXPECT_EQ(g, w);
+          } else {
+            EXPECT_NEAR(g, w, 1e-5);
+          }
+        };
+        for (int64_t r = 0; r < rows; ++r) {
+          SCOPED_TRACE(::testing::Message() << "row " << r);
+          expect_close(got.sampled[r], want.sampled[r]);
+          for (int64_t j = 0; j < m; ++j) expect_close(got.named[r * m + j], want.named[r * m + j]);
+        }
+        EXPECT_EQ(got.top_ids, want.top_ids);
+        for (size_t i = 0; i < got.top.size(); ++i) {
+          SCOPED_TRACE(::testing::Message() << "top " << i);
+          expect_close(got.top[i], want.top[i]);
         }
       }
     }
