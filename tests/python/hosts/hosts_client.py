@@ -10,6 +10,15 @@
           {"i": I, "ev": "end", "code": "OK" | gRPC code name, "details": ..., "tokens": [...],
            "t": T}
         then {"ev": "all_done", "t": T}.
+    hosts_client.py load --router HOST:PORT --gen-dir DIR --spec FILE --stop FILE
+                         [--timeout S]
+        Load that lasts until an event: FILE is a JSON list of streams, each a list of
+        requests as above; each stream (its own thread) sends its requests one after another,
+        round and round, until the --stop file exists (checked before each request), then
+        ends. One JSON line per request:
+          {"s": S, "k": K (the stream's K-th request), "j": index in the stream's list,
+           "ev": "end", "code": ..., "details": ..., "tokens": [...], "t0": sent, "t": T}
+        then {"ev": "all_done", "t": T}.
     hosts_client.py scrape --url URL
         Prints the body of URL (a /metrics page), or exits 1 with the error.
 """
@@ -69,6 +78,50 @@ def generate(args):
     return 0
 
 
+def load(args):
+    sys.path.insert(0, args.gen_dir)
+    import os
+    import grpc
+    from dxs.v1 import frontend_pb2, frontend_pb2_grpc
+
+    with open(args.spec) as f:
+        streams = json.load(f)
+    channel = grpc.insecure_channel(args.router)
+    stub = frontend_pb2_grpc.FrontendStub(channel)
+
+    def stream(s, reqs):
+        k = 0
+        while not os.path.exists(args.stop):
+            j = k % len(reqs)
+            req = frontend_pb2.GenerateRequest(prompt_token_ids=reqs[j]["prompt"])
+            req.sampling_params.max_new_tokens = reqs[j]["max_new_tokens"]
+            req.sampling_params.temperature = 0.0
+            req.sampling_params.ignore_eos = bool(reqs[j].get("ignore_eos", False))
+            tokens = []
+            t0 = time.monotonic()
+            ev = {"s": s, "k": k, "j": j, "ev": "end", "t0": t0}
+            try:
+                for msg in stub.Generate(req, timeout=args.timeout):
+                    if msg.HasField("chunk"):
+                        tokens.extend(msg.chunk.token_ids)
+                ev.update(code="OK", details="")
+            except grpc.RpcError as e:
+                ev.update(code=e.code().name, details=e.details() or "")
+            except Exception as e:  # noqa: BLE001 - reported, never lost
+                ev.update(code="CLIENT_ERROR", details=repr(e))
+            ev["tokens"] = tokens
+            emit(ev)
+            k += 1
+
+    threads = [threading.Thread(target=stream, args=(i, r)) for i, r in enumerate(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    emit({"ev": "all_done"})
+    return 0
+
+
 def scrape(args):
     try:
         with urllib.request.urlopen(args.url, timeout=10) as r:
@@ -87,10 +140,16 @@ def main():
     g.add_argument("--gen-dir", required=True)
     g.add_argument("--spec", required=True)
     g.add_argument("--timeout", type=float, default=120)
+    ld = sub.add_parser("load")
+    ld.add_argument("--router", required=True)
+    ld.add_argument("--gen-dir", required=True)
+    ld.add_argument("--spec", required=True)
+    ld.add_argument("--stop", required=True)
+    ld.add_argument("--timeout", type=float, default=60)
     s = sub.add_parser("scrape")
     s.add_argument("--url", required=True)
     args = ap.parse_args()
-    return generate(args) if args.cmd == "generate" else scrape(args)
+    return {"generate": generate, "load": load, "scrape": scrape}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -146,6 +146,37 @@ class Cluster:
                                       self.gen_dir, "--spec", path, "--timeout", str(timeout)])
         return ClientRun(argv, len(spec))
 
+    def start_load(self, streams, timeout=60):
+        """Starts hosts_client.py load on the client host: each of `streams` (a list of
+        request lists) sends its requests one after another until LoadRun.stop()."""
+        stamp = time.monotonic_ns()
+        path = os.path.join(self.tmp, "load-%d.json" % stamp)
+        with open(path, "w") as f:
+            json.dump(streams, f)
+        stop = os.path.join(self.tmp, "load-%d.stop" % stamp)
+        argv = self.client_host.argv([self.python, "-u", os.path.join(HERE, "hosts_client.py"),
+                                      "load", "--router", self.router, "--gen-dir",
+                                      self.gen_dir, "--spec", path, "--stop", stop,
+                                      "--timeout", str(timeout)])
+        return LoadRun(argv, stop, streams)
+
+    def worker(self, role, rank, status=None):
+        """The worker entry of (role, rank) in `dxs status` (or status), or None."""
+        s = status or self.status()
+        if not s:
+            return None
+        for w in s["workers"]:
+            if w["role"] == role and w["rank"] == rank:
+                return w
+        return None
+
+    def experts_of(self, rank, status):
+        """The experts EP rank `rank` holds in status's placement."""
+        for p in status.get("placement", []):
+            if p["rank"] == rank:
+                return p["experts"]
+        return []
+
     def generate_all(self, spec, seconds=180):
         """Sends spec's requests at once and returns their end events, by index."""
         run = self.start_client(spec, timeout=seconds)
@@ -208,6 +239,80 @@ class ClientRun:
         if self.popen.poll() is None:
             self.popen.kill()
             self.popen.wait()
+
+
+class LoadRun:
+    """hosts_client.py load; a thread reads the requests' ends as they come."""
+
+    def __init__(self, argv, stop_path, streams):
+        self.stop_path, self.streams = stop_path, streams
+        self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True)
+        self.lock = threading.Lock()
+        self.ends = []
+        self.done = False
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.popen.stdout:
+            if not line.strip():
+                continue
+            ev = json.loads(line)
+            with self.lock:
+                if ev["ev"] == "end":
+                    self.ends.append(ev)
+                elif ev["ev"] == "all_done":
+                    self.done = True
+
+    def snapshot(self):
+        with self.lock:
+            return list(self.ends)
+
+    def ok_after(self, t):
+        """Requests sent at or after t that ended OK."""
+        return [e for e in self.snapshot() if e["t0"] >= t and e["code"] == "OK"]
+
+    def stop(self, seconds=120):
+        """Asks every stream to end after its current request and waits for them; returns
+        the ends."""
+        with open(self.stop_path, "w") as f:
+            f.write("stop\n")
+        try:
+            hosts_lib.wait_for(lambda: self.done or self.popen.poll() is not None, seconds,
+                               "the load's streams to end")
+            self.popen.wait(timeout=30)
+            self.reader.join(timeout=30)
+        finally:
+            self.kill()
+        err = self.popen.stderr.read()
+        self.popen.stdout.close()
+        self.popen.stderr.close()
+        assert self.done, "the load client ended without all_done; stderr:\n%s" % err
+        return self.snapshot()
+
+    def kill(self):
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+
+
+def check_load_ends(ends, streams, want):
+    """Every stream's requests ended once each, numbered 0..K-1 without a gap (none lost,
+    none answered twice); returns (ok, failed) lists; want[s][j] is the single-process
+    tokens of stream s's request j, which every OK end must equal."""
+    by_stream = {}
+    for e in ends:
+        by_stream.setdefault(e["s"], []).append(e["k"])
+    for s in range(len(streams)):
+        ks = sorted(by_stream.get(s, []))
+        assert ks == list(range(len(ks))), "stream %d's request ends: %s" % (s, ks)
+    ok = [e for e in ends if e["code"] == "OK"]
+    for e in ok:
+        assert e["tokens"] == want[e["s"]][e["j"]], (
+            "stream %d request %d: %s, the single-process engine %s"
+            % (e["s"], e["k"], e["tokens"], want[e["s"]][e["j"]]))
+    return ok, [e for e in ends if e["code"] != "OK"]
 
 
 def reference_tokens(dxs, model, prompt, max_new_tokens, ignore_eos=False):
