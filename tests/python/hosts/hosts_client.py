@@ -10,6 +10,7 @@
           {"i": I, "ev": "end", "code": "OK" | gRPC code name, "details": ..., "tokens": [...],
            "t": T}
         then {"ev": "all_done", "t": T}.
+        --keepalive-ms K (generate and load): see channel_options.
     hosts_client.py load --router HOST:PORT --gen-dir DIR --spec FILE --stop FILE
                          [--timeout S]
         Load that lasts until an event: FILE is a JSON list of streams, each a list of
@@ -40,6 +41,18 @@ def emit(obj):
         sys.stdout.flush()
 
 
+def channel_options(args):
+    """--keepalive-ms K: HTTP/2 keepalive pings every K ms, each answered within K ms, or the
+    connection (and every call on it) fails UNAVAILABLE; what a frontend does to notice a
+    router it can no longer reach (dxs servers accept pings every second)."""
+    if not args.keepalive_ms:
+        return []
+    return [("grpc.keepalive_time_ms", args.keepalive_ms),
+            ("grpc.keepalive_timeout_ms", args.keepalive_ms),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0)]
+
+
 def generate(args):
     sys.path.insert(0, args.gen_dir)
     import grpc
@@ -47,7 +60,7 @@ def generate(args):
 
     with open(args.spec) as f:
         spec = json.load(f)
-    channel = grpc.insecure_channel(args.router)
+    channel = grpc.insecure_channel(args.router, options=channel_options(args))
     stub = frontend_pb2_grpc.FrontendStub(channel)
 
     def one(i, req_spec):
@@ -86,7 +99,7 @@ def load(args):
 
     with open(args.spec) as f:
         streams = json.load(f)
-    channel = grpc.insecure_channel(args.router)
+    channel = grpc.insecure_channel(args.router, options=channel_options(args))
     stub = frontend_pb2_grpc.FrontendStub(channel)
 
     def stream(s, reqs):
@@ -140,12 +153,14 @@ def main():
     g.add_argument("--gen-dir", required=True)
     g.add_argument("--spec", required=True)
     g.add_argument("--timeout", type=float, default=120)
+    g.add_argument("--keepalive-ms", type=int, default=0)
     ld = sub.add_parser("load")
     ld.add_argument("--router", required=True)
     ld.add_argument("--gen-dir", required=True)
     ld.add_argument("--spec", required=True)
     ld.add_argument("--stop", required=True)
     ld.add_argument("--timeout", type=float, default=60)
+    ld.add_argument("--keepalive-ms", type=int, default=0)
     s = sub.add_parser("scrape")
     s.add_argument("--url", required=True)
     args = ap.parse_args()

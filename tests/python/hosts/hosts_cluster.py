@@ -136,17 +136,18 @@ class Cluster:
         return out.stdout
 
     # Requests.
-    def start_client(self, spec, timeout=120):
+    def start_client(self, spec, timeout=120, keepalive_ms=0):
         """Starts hosts_client.py generate on the client host; returns a ClientRun."""
         path = os.path.join(self.tmp, "spec-%d.json" % time.monotonic_ns())
         with open(path, "w") as f:
             json.dump(spec, f)
         argv = self.client_host.argv([self.python, "-u", os.path.join(HERE, "hosts_client.py"),
                                       "generate", "--router", self.router, "--gen-dir",
-                                      self.gen_dir, "--spec", path, "--timeout", str(timeout)])
+                                      self.gen_dir, "--spec", path, "--timeout", str(timeout),
+                                      "--keepalive-ms", str(keepalive_ms)])
         return ClientRun(argv, len(spec))
 
-    def start_load(self, streams, timeout=60):
+    def start_load(self, streams, timeout=60, keepalive_ms=0):
         """Starts hosts_client.py load on the client host: each of `streams` (a list of
         request lists) sends its requests one after another until LoadRun.stop()."""
         stamp = time.monotonic_ns()
@@ -157,7 +158,8 @@ class Cluster:
         argv = self.client_host.argv([self.python, "-u", os.path.join(HERE, "hosts_client.py"),
                                       "load", "--router", self.router, "--gen-dir",
                                       self.gen_dir, "--spec", path, "--stop", stop,
-                                      "--timeout", str(timeout)])
+                                      "--timeout", str(timeout), "--keepalive-ms",
+                                      str(keepalive_ms)])
         return LoadRun(argv, stop, streams)
 
     def worker(self, role, rank, status=None):
@@ -177,9 +179,9 @@ class Cluster:
                 return p["experts"]
         return []
 
-    def generate_all(self, spec, seconds=180):
+    def generate_all(self, spec, seconds=180, keepalive_ms=0):
         """Sends spec's requests at once and returns their end events, by index."""
-        run = self.start_client(spec, timeout=seconds)
+        run = self.start_client(spec, timeout=seconds, keepalive_ms=keepalive_ms)
         run.wait_all(seconds + 30)
         return run.ends
 
