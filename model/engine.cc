@@ -90,6 +90,23 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
     std::vector<SequenceChunk> chunks = scheduler.BuildStep();
     const bool graphed =
         options_.graphs && backend_->SupportsGraphs() && Qwen3MoeModel::IsDecodeStep(chunks);
+    if (graphed && !scheduler.StepNeedsHostLogits()) {
+      // A decode step past every request's first token: its sampling runs inside the step's
+      // graph, and only the ids and asked-for log-probabilities come back.
+      const StepSamplingPlan plan = scheduler.PlanStepSampling();
+      StepSamplingOutputs sampled;
+      absl::Status status =
+          model_->ForwardDecode(chunks, kv_.get(), true, &plan, &sampled).status();
+      absl::StatusOr<StepTokens> tokens =
+          status.ok() ? DownloadStepTokens(backend_.get(), sampled, plan.logprobs)
+                      : absl::StatusOr<StepTokens>(status);
+      if (!tokens.ok()) {
+        scheduler.FailAll(tokens.status());
+        return tokens.status();
+      }
+      scheduler.FinishStepWithTokens(*tokens);
+      continue;
+    }
     absl::StatusOr<Tensor> logits = graphed ? model_->ForwardDecode(chunks, kv_.get(), true)
                                             : model_->Forward(chunks, kv_.get());
     if (!logits.ok()) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -95,10 +96,13 @@ absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& 
 
 namespace {
 
-// Where each input of a padded decode step lies in its staging buffer.
+// Where each input of a padded decode step lies in its staging buffer; then, for a step
+// that samples in its graph, the sampling rows, adjustments and named ids.
 struct StagingLayout {
-  size_t slots, ids, positions, query_start, context_lens, block_tables, bytes;
-  StagingLayout(int64_t batch, int64_t width) {
+  size_t slots, ids, positions, query_start, context_lens, block_tables, params, adjustments, named,
+      bytes;
+  StagingLayout(int64_t batch, int64_t width, int64_t adjust_capacity = 0,
+                int64_t named_width = 0) {
     size_t at = 0;
     auto take = [&at](size_t n) {
       const size_t start = at;
@@ -111,6 +115,9 @@ struct StagingLayout {
     query_start = take((batch + 1) * sizeof(int32_t));
     context_lens = take(batch * sizeof(int32_t));
     block_tables = take(batch * width * sizeof(int32_t));
+    params = take(batch * sizeof(SamplingRow));
+    adjustments = take(adjust_capacity * sizeof(LogitAdjustment));
+    named = take(batch * named_width * sizeof(int32_t));
     bytes = at;
   }
 };
@@ -166,9 +173,22 @@ int64_t StepLogitRows(const std::vector<SequenceChunk>& chunks) {
   return rows;
 }
 
+Qwen3MoeModel::DecodeSamplingKey Qwen3MoeModel::SamplingKeyOf(const StepSamplingPlan* sampling) {
+  if (sampling == nullptr) return {0, 0, -1, -1};
+  const int64_t adjust = static_cast<int64_t>(sampling->adjustments.size());
+  // Capacities in powers of two from 1024, so that a growing list records few graphs.
+  const int64_t capacity =
+      sampling->argmax || adjust == 0 ? 0 : NextPowerOfTwo(std::max<int64_t>(adjust, 1024));
+  const StepLogprobShape& lp = sampling->logprobs;
+  return {sampling->argmax ? 1 : 2, capacity, lp.any ? lp.top : -1, lp.any ? lp.named : -1};
+}
+
 absl::StatusOr<Tensor> Qwen3MoeModel::DecodeBody(const Buffer& staging, int64_t batch,
-                                                 int64_t width, KvCache* kv) {
-  const StagingLayout at(batch, width);
+                                                 int64_t width, KvCache* kv,
+                                                 const DecodeSamplingKey& key,
+                                                 StepSamplingOutputs* sampled) {
+  const auto [kind, capacity, top, named_width] = key;
+  const StagingLayout at(batch, width, capacity, std::max<int64_t>(named_width, 0));
   MicroBatch mb;
   PagedAttentionMeta& a = mb.attn;
   a = PaddedDecodeMeta(batch, width, *kv);
@@ -195,44 +215,92 @@ absl::StatusOr<Tensor> Qwen3MoeModel::DecodeBody(const Buffer& staging, int64_t 
     DXS_RETURN_IF_ERROR(MicroFront(l, 0, 1, kv, &mb));
     DXS_RETURN_IF_ERROR(MicroBack(l, 0, &mb));
   }
-  return Logits(mb.hidden);  // one row per sequence: every row is its last
+  DXS_ASSIGN_OR_RETURN(Tensor logits, Logits(mb.hidden));  // one row per sequence: its last
+  if (kind == 0) return logits;
+  // The step's sampling, from the staged plan (padding rows: greedy, nothing named).
+  std::optional<Tensor> params, adjustments, named;
+  if (kind == 2) {
+    DXS_ASSIGN_OR_RETURN(params, staged({batch, kSamplingRowWords}, DType::kI64, at.params));
+    if (capacity > 0) {
+      DXS_ASSIGN_OR_RETURN(adjustments,
+                           staged({capacity, kLogitAdjustmentWords}, DType::kI32, at.adjustments));
+    }
+  }
+  const StepLogprobShape shape{top >= 0, std::max<int64_t>(top, 0),
+                               std::max<int64_t>(named_width, 0)};
+  if (shape.any) {
+    if (shape.named > 0) {
+      DXS_ASSIGN_OR_RETURN(named, staged({batch, shape.named}, DType::kI32, at.named));
+    } else {
+      DXS_ASSIGN_OR_RETURN(named, backend_->Allocate({batch, 0}, DType::kI32));
+    }
+  }
+  DXS_RETURN_IF_ERROR(EnqueueStepSampling(backend_, logits, kind == 1, params ? &*params : nullptr,
+                                          adjustments ? &*adjustments : nullptr,
+                                          named ? &*named : nullptr, shape, sampled));
+  return logits;
 }
 
 absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecode(const std::vector<SequenceChunk>& chunks,
-                                                    KvCache* kv, bool use_graph) {
+                                                    KvCache* kv, bool use_graph,
+                                                    const StepSamplingPlan* sampling,
+                                                    StepSamplingOutputs* sampled) {
   DXS_ASSIGN_OR_RETURN(const auto shape, CheckedDecodeShape(chunks, kv));
   const int64_t n = static_cast<int64_t>(chunks.size());
   const int64_t batch = shape.first, width = shape.second;
+  if (sampling != nullptr &&
+      (sampled == nullptr || static_cast<int64_t>(sampling->rows.size()) != n ||
+       !sampling->fork_rows.empty() ||
+       static_cast<int64_t>(sampling->named_ids.size()) != n * sampling->logprobs.named)) {
+    return absl::InvalidArgumentError(
+        "decode step sampling: one row per chunk, no forked samples, and an output");
+  }
   use_graph = use_graph && backend_->SupportsGraphs();
+  const DecodeSamplingKey key = SamplingKeyOf(sampling);
   // One entry per shape, graphed or not: its pinned staging is reused from step to step.
-  DecodeGraph& g = graphs_[{kv, batch, width}];
+  DecodeGraph& g = graphs_[{kv, batch, width, key}];
   const void* pool = kv->keys(0).defined() ? kv->keys(0).raw() : nullptr;
   if (g.captured.graph != nullptr && g.kv_pool != pool) {
     g = DecodeGraph();  // the KV pool grew since recording: record again
   }
-  const StagingLayout at(batch, width);
+  const auto [kind, capacity, top, named_width] = key;
+  const StagingLayout at(batch, width, capacity, std::max<int64_t>(named_width, 0));
   if (g.staging == nullptr) {
     DXS_ASSIGN_OR_RETURN(g.staging, backend_->AllocateStaging(at.bytes));
     DXS_ASSIGN_OR_RETURN(g.done, backend_->CreateEvent());
+    if (sampling != nullptr) {
+      DXS_ASSIGN_OR_RETURN(g.sampled,
+                           AllocateStepSamplingOutputs(backend_, batch, sampling->logprobs));
+    }
   } else {
     DXS_RETURN_IF_ERROR(backend_->SynchronizeEvent(g.done.get()));  // the last replay read it
   }
-  StageDecodeStep(chunks, kv, batch, width, static_cast<uint8_t*>(g.staging->data()));
+  uint8_t* base = static_cast<uint8_t*>(g.staging->data());
+  StageDecodeStep(chunks, kv, batch, width, base);
+  if (sampling != nullptr) {
+    auto* rows = reinterpret_cast<SamplingRow*>(base + at.params);
+    std::copy(sampling->rows.begin(), sampling->rows.end(), rows);
+    std::fill(rows + n, rows + batch, ToSamplingRow(SamplingParams{}, 0));  // padding: greedy
+    std::copy(sampling->adjustments.begin(), sampling->adjustments.end(),
+              reinterpret_cast<LogitAdjustment*>(base + at.adjustments));
+    auto* named = reinterpret_cast<int32_t*>(base + at.named);
+    std::copy(sampling->named_ids.begin(), sampling->named_ids.end(), named);
+    std::fill(named + n * sampling->logprobs.named, named + batch * sampling->logprobs.named, -1);
+  }
   Tensor logits;
+  auto body = [&]() { return DecodeBody(*g.staging, batch, width, kv, key, &g.sampled); };
   if (!use_graph) {
-    DXS_ASSIGN_OR_RETURN(logits, DecodeBody(*g.staging, batch, width, kv));
+    DXS_ASSIGN_OR_RETURN(logits, body());
   } else if (g.captured.graph == nullptr) {
     // The first step of this shape: run it, and record it for the next ones.
-    const Buffer& staging = *g.staging;
-    DXS_ASSIGN_OR_RETURN(
-        g.captured,
-        backend_->CaptureGraph([&]() { return DecodeBody(staging, batch, width, kv); }, &logits));
+    DXS_ASSIGN_OR_RETURN(g.captured, backend_->CaptureGraph(body, &logits));
     g.kv_pool = pool;
   } else {
     DXS_RETURN_IF_ERROR(backend_->Replay(g.captured.graph.get()));
     logits = g.captured.output;
   }
   DXS_RETURN_IF_ERROR(backend_->RecordEvent(g.done.get()));
+  if (sampling != nullptr) *sampled = g.sampled.Rows(n);
   return logits.Rows(0, n);
 }
 

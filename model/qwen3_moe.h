@@ -22,6 +22,7 @@
 #include "kernels/backend.h"
 #include "kernels/moe_executor.h"
 #include "model/kv_cache.h"
+#include "model/step_sampling.h"
 #include "model/weights.h"
 
 namespace dxs {
@@ -65,10 +66,18 @@ class Qwen3MoeModel {
   // the step's inputs staged in pinned memory; without, the same padded work runs eagerly
   // (the reference a replay must equal bit for bit). Padding rows cache nothing. Returns
   // logits[num_chunks, vocab] (f32), as Forward.
+  //
+  // With `sampling` (Scheduler::PlanStepSampling of a step without forked samples), the
+  // step's sampling runs after the logits in the same graph (EnqueueStepSampling: the
+  // penalties, filters, draw and log-probabilities), its plan staged in pinned memory
+  // beside the step's inputs, and its outputs (one row per chunk) go to `sampled`, valid
+  // until the next ForwardDecode. A shape's graph is recorded per kind of sampling (none,
+  // argmax, sampled with the adjustment list's capacity, the log-probability widths).
   static constexpr int64_t kMaxGraphBatch = 256;
   static bool IsDecodeStep(const std::vector<SequenceChunk>& chunks);
   absl::StatusOr<Tensor> ForwardDecode(const std::vector<SequenceChunk>& chunks, KvCache* kv,
-                                       bool use_graph);
+                                       bool use_graph, const StepSamplingPlan* sampling = nullptr,
+                                       StepSamplingOutputs* sampled = nullptr);
   // Graphs recorded so far (one per batch bucket and table width).
   size_t num_graphs() const;
   // The rows ForwardDecode runs for a decode step of `num_chunks` tokens (its batch bucket).
@@ -134,15 +143,22 @@ class Qwen3MoeModel {
   absl::Status Route(int layer, const Tensor& normed, Tensor* ids, Tensor* weights);
 
   // A padded decode shape: the pinned inputs its steps read and, once recorded, its graph.
+  // What a decode graph samples: kind (0 nothing, 1 argmax, 2 SampleRows), the adjustment
+  // list's capacity (0: none), and the log-probability widths (top, named; -1: none).
+  using DecodeSamplingKey = std::tuple<int, int64_t, int64_t, int64_t>;
+  static DecodeSamplingKey SamplingKeyOf(const StepSamplingPlan* sampling);
   struct DecodeGraph {
     CapturedGraph captured;
     std::shared_ptr<Buffer> staging;
     std::unique_ptr<Event> done;    // after the last replay: staging may be rewritten
     const void* kv_pool = nullptr;  // the KV pool recorded; a grown pool makes it stale
+    StepSamplingOutputs sampled;    // what its sampling writes, [batch] rows
   };
-  // ForwardDecode's padded work, reading its inputs from `staging` (layout: StagingLayout).
+  // ForwardDecode's padded work, reading its inputs from `staging` (layout: StagingLayout),
+  // then the sampling of `key` into *sampled.
   absl::StatusOr<Tensor> DecodeBody(const Buffer& staging, int64_t batch, int64_t width,
-                                    KvCache* kv);
+                                    KvCache* kv, const DecodeSamplingKey& key,
+                                    StepSamplingOutputs* sampled);
 
   // Writes a padded decode step's inputs into `base` (StagingLayout of batch x width).
   void StageDecodeStep(const std::vector<SequenceChunk>& chunks, KvCache* kv, int64_t batch,
@@ -173,7 +189,7 @@ class Qwen3MoeModel {
   AttentionWeights w_;
   Backend* backend_;
   MoeExecutor* moe_;
-  std::map<std::tuple<const KvCache*, int64_t, int64_t>, DecodeGraph> graphs_;
+  std::map<std::tuple<const KvCache*, int64_t, int64_t, DecodeSamplingKey>, DecodeGraph> graphs_;
   std::map<std::tuple<const KvCache*, int64_t, int64_t>, PiecewiseShape> piecewise_;
 };
 

@@ -376,60 +376,51 @@ bool Scheduler::StepNeedsHostLogits() const { return StepNeedsHost(/*to_sample=*
 
 bool Scheduler::StepSamplesOnHost() const { return StepNeedsHost(/*to_sample=*/true); }
 
-std::vector<SamplingRow> Scheduler::StepSamplingRows(std::vector<LogitAdjustment>* adjustments,
-                                                     std::vector<int32_t>* fork_rows) const {
-  std::vector<SamplingRow> rows, forks;
-  rows.reserve(step_owners_.size());
-  adjustments->clear();
-  fork_rows->clear();
+StepSamplingPlan Scheduler::PlanStepSampling() const {
+  StepSamplingPlan plan;
+  std::vector<SamplingRow> forks;
   for (size_t j = 0; j < step_owners_.size(); ++j) {
     const Live& l = running_[step_owners_[j]];
-    if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) {
-      rows.push_back(ToSamplingRow(SamplingParams{}, 0));  // mid-prefill: greedy, unused
+    const GenerationRequest& r = l.request;
+    if (r.WantsLogprobs()) {
+      plan.logprobs.any = true;
+      plan.logprobs.top = std::max<int64_t>(plan.logprobs.top, r.top_logprobs);
+      plan.logprobs.named =
+          std::max<int64_t>(plan.logprobs.named, static_cast<int64_t>(r.logprob_token_ids.size()));
+    }
+    if (l.prefilled < static_cast<int64_t>(r.prompt.size())) {
+      plan.rows.push_back(ToSamplingRow(SamplingParams{}, 0));  // mid-prefill: greedy, unused
       continue;
     }
-    const SamplingRow row = ToSamplingRow(l.request.sampling, l.generated.size(),
-                                          static_cast<int32_t>(adjustments->size()),
-                                          static_cast<int32_t>(l.adjust.size()));
-    rows.push_back(row);
-    adjustments->insert(adjustments->end(), l.adjust.begin(), l.adjust.end());
-    if (l.request.n > 1 && l.generated.empty()) {
+    const SamplingRow row =
+        ToSamplingRow(r.sampling, l.generated.size(), static_cast<int32_t>(plan.adjustments.size()),
+                      static_cast<int32_t>(l.adjust.size()));
+    plan.rows.push_back(row);
+    plan.adjustments.insert(plan.adjustments.end(), l.adjust.begin(), l.adjust.end());
+    if (r.n > 1 && l.generated.empty()) {
       // The other samples' first tokens: the same row and adjustments (nothing generated
       // yet), draw 0 of the seed ForkSamples gives each.
-      for (int32_t i = 1; i < l.request.n; ++i) {
+      for (int32_t i = 1; i < r.n; ++i) {
         SamplingRow fork = row;
-        fork.seed = SampleSeed(l.request.sampling.seed, i);
+        fork.seed = SampleSeed(r.sampling.seed, i);
         forks.push_back(fork);
-        fork_rows->push_back(static_cast<int32_t>(j));
+        plan.fork_rows.push_back(static_cast<int32_t>(j));
       }
     }
   }
-  rows.insert(rows.end(), forks.begin(), forks.end());
-  return rows;
-}
-
-Scheduler::StepLogprobShape Scheduler::StepLogprobs() const {
-  StepLogprobShape shape;
-  for (size_t owner : step_owners_) {
-    const GenerationRequest& r = running_[owner].request;
-    if (!r.WantsLogprobs()) continue;
-    shape.any = true;
-    shape.top = std::max<int64_t>(shape.top, r.top_logprobs);
-    shape.named = std::max<int64_t>(shape.named, static_cast<int64_t>(r.logprob_token_ids.size()));
-  }
-  return shape;
-}
-
-std::vector<int32_t> Scheduler::StepNamedIds(const StepLogprobShape& shape,
-                                             const std::vector<int32_t>& fork_rows) const {
+  plan.rows.insert(plan.rows.end(), forks.begin(), forks.end());
+  plan.argmax = std::all_of(plan.rows.begin(), plan.rows.end(), [](const SamplingRow& row) {
+    return row.temperature == 0.f && row.adjust_count == 0;
+  });
   const size_t chunks = step_owners_.size();
-  std::vector<int32_t> ids((chunks + fork_rows.size()) * shape.named, -1);
-  for (size_t r = 0; r < chunks + fork_rows.size(); ++r) {
-    const size_t j = r < chunks ? r : static_cast<size_t>(fork_rows[r - chunks]);
+  const int64_t width = plan.logprobs.named;
+  plan.named_ids.assign(plan.rows.size() * width, -1);
+  for (size_t r = 0; r < plan.rows.size() && width > 0; ++r) {
+    const size_t j = r < chunks ? r : static_cast<size_t>(plan.fork_rows[r - chunks]);
     const std::vector<int32_t>& named = running_[step_owners_[j]].request.logprob_token_ids;
-    std::copy(named.begin(), named.end(), ids.begin() + r * shape.named);
+    std::copy(named.begin(), named.end(), plan.named_ids.begin() + r * width);
   }
-  return ids;
+  return plan;
 }
 
 void Scheduler::FinishStepWithTokens(const StepTokens& step) {
@@ -556,77 +547,46 @@ void Scheduler::FailAll(const absl::Status& status) {
 
 absl::StatusOr<Scheduler::StepTokens> SampleStepOnBackend(Backend* backend, const Tensor& logits,
                                                           const Scheduler& scheduler) {
-  std::vector<LogitAdjustment> adjust;
-  std::vector<int32_t> fork_rows;
-  const std::vector<SamplingRow> rows = scheduler.StepSamplingRows(&adjust, &fork_rows);
-  const bool plain = std::all_of(rows.begin(), rows.end(), [](const SamplingRow& r) {
-    return r.temperature == 0.f && r.adjust_count == 0;
-  });
-  Scheduler::StepTokens step;
+  const StepSamplingPlan plan = scheduler.PlanStepSampling();
   const int64_t chunks = logits.rows();
-  const int64_t n = chunks + static_cast<int64_t>(fork_rows.size());
+  const int64_t n = static_cast<int64_t>(plan.rows.size());
   std::optional<Tensor> expanded;  // the chunks' rows, then each forked sample's chunk's
-  if (!fork_rows.empty()) {
+  if (!plan.fork_rows.empty()) {
     std::vector<int32_t> sources(n);
     for (int64_t r = 0; r < n; ++r) {
-      sources[r] = r < chunks ? static_cast<int32_t>(r) : fork_rows[r - chunks];
+      sources[r] = r < chunks ? static_cast<int32_t>(r) : plan.fork_rows[r - chunks];
     }
     DXS_ASSIGN_OR_RETURN(Tensor index, backend->Allocate({n}, DType::kI32));
     DXS_RETURN_IF_ERROR(backend->CopyFromHost(sources.data(), DType::kI32, &index));
     DXS_ASSIGN_OR_RETURN(expanded, backend->Allocate({n, logits.row_size()}, DType::kF32));
     DXS_RETURN_IF_ERROR(backend->GatherRows(logits, index, &*expanded));
-    step.fork_first.assign(chunks, -1);
-    for (int64_t r = n - 1; r >= chunks; --r) step.fork_first[fork_rows[r - chunks]] = r;
   }
-  const Tensor& sample_logits = expanded ? *expanded : logits;
-  DXS_ASSIGN_OR_RETURN(Tensor ids, backend->Allocate({n}, DType::kI32));
-  if (plain) {
-    DXS_RETURN_IF_ERROR(backend->ArgmaxRows(sample_logits, &ids));
-  } else {
-    DXS_ASSIGN_OR_RETURN(Tensor params, backend->Allocate({n, kSamplingRowWords}, DType::kI64));
-    DXS_RETURN_IF_ERROR(backend->CopyFromHost(rows.data(), DType::kI64, &params));
-    std::optional<Tensor> adjustments;
-    if (!adjust.empty()) {
-      const int64_t m = static_cast<int64_t>(adjust.size());
+  std::optional<Tensor> params, adjustments, named;
+  if (!plan.argmax) {
+    DXS_ASSIGN_OR_RETURN(params, backend->Allocate({n, kSamplingRowWords}, DType::kI64));
+    DXS_RETURN_IF_ERROR(backend->CopyFromHost(plan.rows.data(), DType::kI64, &*params));
+    if (!plan.adjustments.empty()) {
+      const int64_t m = static_cast<int64_t>(plan.adjustments.size());
       DXS_ASSIGN_OR_RETURN(adjustments, backend->Allocate({m, kLogitAdjustmentWords}, DType::kI32));
-      DXS_RETURN_IF_ERROR(backend->CopyFromHost(adjust.data(), DType::kI32, &*adjustments));
+      DXS_RETURN_IF_ERROR(
+          backend->CopyFromHost(plan.adjustments.data(), DType::kI32, &*adjustments));
     }
-    DXS_RETURN_IF_ERROR(
-        backend->SampleRows(sample_logits, params, adjustments ? &*adjustments : nullptr, &ids));
   }
-  DXS_ASSIGN_OR_RETURN(step.tokens, backend->DownloadIndices(ids));
-  const Scheduler::StepLogprobShape shape = scheduler.StepLogprobs();
-  if (!shape.any) return step;
-  const std::vector<int32_t> named_ids = scheduler.StepNamedIds(shape, fork_rows);
-  DXS_ASSIGN_OR_RETURN(Tensor named, backend->Allocate({n, shape.named}, DType::kI32));
-  if (shape.named > 0) {
-    DXS_RETURN_IF_ERROR(backend->CopyFromHost(named_ids.data(), DType::kI32, &named));
-  }
-  DXS_ASSIGN_OR_RETURN(Tensor sampled_lp, backend->Allocate({n}, DType::kF32));
-  DXS_ASSIGN_OR_RETURN(Tensor named_lp, backend->Allocate({n, shape.named}, DType::kF32));
-  DXS_ASSIGN_OR_RETURN(Tensor top_ids, backend->Allocate({n, shape.top}, DType::kI32));
-  DXS_ASSIGN_OR_RETURN(Tensor top_lp, backend->Allocate({n, shape.top}, DType::kF32));
-  DXS_RETURN_IF_ERROR(
-      backend->LogprobRows(sample_logits, ids, named, &sampled_lp, &named_lp, &top_ids, &top_lp));
-  DXS_ASSIGN_OR_RETURN(std::vector<float> h_sampled, backend->Download(sampled_lp));
-  std::vector<float> h_named, h_top_lp;
-  std::vector<int32_t> h_top_ids;
-  if (shape.named > 0) {
-    DXS_ASSIGN_OR_RETURN(h_named, backend->Download(named_lp));
-  }
-  if (shape.top > 0) {
-    DXS_ASSIGN_OR_RETURN(h_top_ids, backend->DownloadIndices(top_ids));
-    DXS_ASSIGN_OR_RETURN(h_top_lp, backend->Download(top_lp));
-  }
-  step.logprobs.resize(n);
-  for (int64_t j = 0; j < n; ++j) {
-    TokenLogprobs& lp = step.logprobs[j];
-    lp.token = step.tokens[j];
-    lp.logprob = h_sampled[j];
-    for (int64_t t = 0; t < shape.top; ++t) {
-      lp.top.push_back({h_top_ids[j * shape.top + t], h_top_lp[j * shape.top + t]});
+  if (plan.logprobs.any) {
+    DXS_ASSIGN_OR_RETURN(named, backend->Allocate({n, plan.logprobs.named}, DType::kI32));
+    if (plan.logprobs.named > 0) {
+      DXS_RETURN_IF_ERROR(backend->CopyFromHost(plan.named_ids.data(), DType::kI32, &*named));
     }
-    lp.named.assign(h_named.begin() + j * shape.named, h_named.begin() + (j + 1) * shape.named);
+  }
+  DXS_ASSIGN_OR_RETURN(StepSamplingOutputs out,
+                       AllocateStepSamplingOutputs(backend, n, plan.logprobs));
+  DXS_RETURN_IF_ERROR(EnqueueStepSampling(
+      backend, expanded ? *expanded : logits, plan.argmax, params ? &*params : nullptr,
+      adjustments ? &*adjustments : nullptr, named ? &*named : nullptr, plan.logprobs, &out));
+  DXS_ASSIGN_OR_RETURN(Scheduler::StepTokens step, DownloadStepTokens(backend, out, plan.logprobs));
+  if (!plan.fork_rows.empty()) {
+    step.fork_first.assign(chunks, -1);
+    for (int64_t r = n - 1; r >= chunks; --r) step.fork_first[plan.fork_rows[r - chunks]] = r;
   }
   return step;
 }

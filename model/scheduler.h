@@ -30,6 +30,7 @@
 #include "model/kv_cache.h"
 #include "model/qwen3_moe.h"
 #include "model/sampler.h"
+#include "model/step_sampling.h"
 
 namespace dxs {
 
@@ -119,22 +120,10 @@ class Scheduler {
 
   // Step thread.
   bool HasWork() ABSL_LOCKS_EXCLUDED(mu_);
-  // The step as the backend sampled it (SampleStepOnBackend): tokens[j] is row j's token
-  // (every chunk's, sampled or not); logprobs[j] its log-probabilities, one per row when
-  // some request of the step asked (StepLogprobs().any), else empty.
-  // A request of n > 1 whose prompt finished in the step draws its other samples' first
-  // tokens on the backend too: rows[fork_first[j] + i - 1] is sample i's (chunk j's logits
-  // row again, the sample's derived seed), after the chunks' rows; fork_first[j] is -1 for
-  // a chunk without samples to fork (fork_first is empty when no chunk has any).
-  struct StepTokens {
-    std::vector<int32_t> tokens;
-    std::vector<TokenLogprobs> logprobs;
-    std::vector<int64_t> fork_first;
-    // Row of chunk j's sample `sample` (0: the chunk's own).
-    size_t Row(size_t j, int32_t sample) const {
-      return sample == 0 ? j : static_cast<size_t>(fork_first.at(j) + sample - 1);
-    }
-  };
+  // The step as the backend sampled it (SampleStepOnBackend, or inside a decode graph):
+  // tokens[j] is row j's token (every chunk's, sampled or not) and logprobs[j] its
+  // log-probabilities where some request of the step asked (model/step_sampling.h).
+  using StepTokens = dxs::StepTokens;
   std::vector<SequenceChunk> BuildStep() ABSL_LOCKS_EXCLUDED(mu_);
   // logits: the step's [StepLogitRows(chunks), vocab] on the host. With `sampled` (the
   // backend's tokens of a step where !StepSamplesOnHost()), each row takes its token from
@@ -144,7 +133,7 @@ class Scheduler {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Whether FinishStep needs the step's logits on the host: a request gets its first token
   // (whose row its sink receives) or scores its prompt. Otherwise the backend samples every
-  // row (Backend::SampleRows with StepSamplingRows, LogprobRows where asked) and
+  // row (Backend::SampleRows with PlanStepSampling's rows, LogprobRows where asked) and
   // FinishStepWithTokens takes its ids: only the ids and the asked-for log-probabilities
   // cross to the host.
   bool StepNeedsHostLogits() const;
@@ -154,25 +143,13 @@ class Scheduler {
   // FinishStep takes them with the downloaded rows: the host's sort of a whole vocabulary
   // per new request (PrepareCandidates) is the device's.
   bool StepSamplesOnHost() const;
-  // One SamplingRow per row of the step: the request's parameters and its draw number (the
-  // tokens it has sampled so far); greedy for rows still in prefill (their token is unused).
-  // Then, for each chunk whose request forks its samples at this step (StepTokens), n - 1
-  // rows with the samples' derived seeds; fork_rows[i] is the chunk whose logits row extra
-  // row i samples. The rows' LogitAdjustments go to `adjustments` (the rows index into it).
-  std::vector<SamplingRow> StepSamplingRows(std::vector<LogitAdjustment>* adjustments,
-                                            std::vector<int32_t>* fork_rows) const;
-  // What the step's rows ask of LogprobRows: whether any wants logprobs, and the most
-  // alternatives and named ids one asks for.
-  struct StepLogprobShape {
-    bool any = false;
-    int64_t top = 0;
-    int64_t named = 0;
-  };
-  StepLogprobShape StepLogprobs() const;
-  // The named ids of each row for LogprobRows, [rows, shape.named], -1 where a row has fewer;
-  // the extra rows of forked samples (fork_rows, from StepSamplingRows) take their chunk's.
-  std::vector<int32_t> StepNamedIds(const StepLogprobShape& shape,
-                                    const std::vector<int32_t>& fork_rows) const;
+  // The step's sampling on the backend: one SamplingRow per row of the step (the request's
+  // parameters and its draw number, the tokens it has sampled so far; greedy for rows still
+  // in prefill, whose token is unused) with the rows' LogitAdjustments; then, for each chunk
+  // whose request forks its samples at this step (StepTokens), n - 1 rows with the samples'
+  // derived seeds; what the rows ask of LogprobRows (the widest shape) and their named ids
+  // (a forked sample's rows take their chunk's).
+  StepSamplingPlan PlanStepSampling() const;
   void FinishStepWithTokens(const StepTokens& step) ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets the step BuildStep built (its forward pass failed and will be run again): the
   // prompt chunks it took count as not prefilled; the KV it wrote is overwritten by the
@@ -264,11 +241,12 @@ class Scheduler {
 };
 
 // The step's tokens sampled on `backend` from its logits [rows, vocab] (for a step where
-// !scheduler.StepNeedsHostLogits()), for FinishStepWithTokens: ArgmaxRows when every row is
-// greedy without adjustments (no parameters to upload), else SampleRows with
-// StepSamplingRows; then LogprobRows where a request asked. Only the ids and the asked-for
-// log-probabilities cross to the host. The single-process engine and the attention
-// worker's step loop both finish their steps with it.
+// !scheduler.StepSamplesOnHost()), for FinishStep or FinishStepWithTokens: the plan
+// (PlanStepSampling) uploaded, forked samples' rows gathered, then EnqueueStepSampling
+// (ArgmaxRows when every row is greedy without adjustments, else SampleRows; LogprobRows
+// where a request asked). Only the ids and the asked-for log-probabilities cross to the
+// host. The single-process engine and the attention worker's step loop finish their
+// steps with it where the sampling is not in a decode graph (Qwen3MoeModel::ForwardDecode).
 absl::StatusOr<Scheduler::StepTokens> SampleStepOnBackend(Backend* backend, const Tensor& logits,
                                                           const Scheduler& scheduler);
 

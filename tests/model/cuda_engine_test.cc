@@ -19,6 +19,7 @@
 #include "kernels/make_backend.h"
 #include "model/engine.h"
 #include "nlohmann/json.hpp"
+#include "tests/model/decode_sampling_check.h"
 #include "tests/model/test_util.h"
 
 namespace dxs {
@@ -387,6 +388,21 @@ TEST(CudaGraphs, ReplayEqualsEagerExecutionBitForBit) {
     SCOPED_TRACE(dir);
     ReplayEqualsEager(dir);
   }
+}
+
+// A decode step's sampling recorded in its graph and replayed equals the same sampling run
+// after the step on its logits (tests/model/decode_sampling_check.h).
+TEST(CudaGraphs, SamplingInTheGraphEqualsSamplingAfterIt) {
+  if (!MakeBackend("cuda").ok()) GTEST_SKIP() << "no GPU here";
+  TempDir tmp;
+  EngineOptions options;
+  options.device = "cuda";
+  auto engine = LocalEngine::Load(testing::WritePreset(tmp, "default"), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  testing::DecodeSamplingEqualsSamplingAfterTheStep(engine->get(), /*use_graph=*/true);
+  // One graph per kind of sampling: without and with log-probabilities, at each adjustment
+  // capacity the growing lists reach.
+  EXPECT_GE((*engine)->model().num_graphs(), 3u);
 }
 
 // The engine on CUDA over `dir`, with graphs or without (null, and a failure, if it does not

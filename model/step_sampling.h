@@ -1,0 +1,83 @@
+// A step's sampling on the backend, as device work with no host synchronisation: the ops
+// (ArgmaxRows or SampleRows, then LogprobRows where a request asked) over a step's logits,
+// from parameters already on the device. The scheduler plans a step's sampling
+// (Scheduler::PlanStepSampling); SampleStepOnBackend uploads the plan and runs these after a
+// forward pass, and Qwen3MoeModel::ForwardDecode runs them inside a decode step's CUDA graph,
+// the plan staged in pinned memory, so that the penalties, filters and log-probabilities of
+// a graphed decode step add no host round trip.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/sampling.h"
+#include "kernels/sampling_row.h"
+#include "kernels/tensor.h"
+
+namespace dxs {
+
+// What the step's rows ask of LogprobRows: whether any wants logprobs, and the most
+// alternatives and named ids one asks for.
+struct StepLogprobShape {
+  bool any = false;
+  int64_t top = 0;
+  int64_t named = 0;
+};
+
+// The step's tokens as the backend sampled them: tokens[r] is row r's token; logprobs[r]
+// its log-probabilities, one per row when some request of the step asked, else empty.
+// A request of n > 1 whose prompt finished in the step draws its other samples' first
+// tokens on the backend too: rows[fork_first[j] + i - 1] is sample i's (chunk j's logits
+// row again, the sample's derived seed), after the chunks' rows; fork_first[j] is -1 for
+// a chunk without samples to fork (fork_first is empty when no chunk has any).
+struct StepTokens {
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;
+  std::vector<int64_t> fork_first;
+  // Row of chunk j's sample `sample` (0: the chunk's own).
+  size_t Row(size_t j, int32_t sample) const {
+    return sample == 0 ? j : static_cast<size_t>(fork_first.at(j) + sample - 1);
+  }
+};
+
+// A step's sampling, planned on the host (Scheduler::PlanStepSampling).
+struct StepSamplingPlan {
+  // One row per chunk, then one per forked sample (fork_rows[i]: the chunk whose logits row
+  // extra row i samples).
+  std::vector<SamplingRow> rows;
+  std::vector<LogitAdjustment> adjustments;  // the rows index into it
+  std::vector<int32_t> fork_rows;
+  bool argmax = false;  // every row greedy without adjustments: ArgmaxRows, no parameters
+  StepLogprobShape logprobs;
+  std::vector<int32_t> named_ids;  // [rows, logprobs.named], -1 where a row names fewer
+};
+
+// Device tensors a step's sampling writes, one row per sampled row: ids (i32 [n]), and
+// where logprobs are asked sampled (f32 [n]), named (f32 [n, named]), top ids (i32 [n, top])
+// and top log-probabilities (f32 [n, top]).
+struct StepSamplingOutputs {
+  Tensor ids, sampled_logprobs, named_logprobs, top_ids, top_logprobs;
+  // The first n rows of each (a padded step's real rows).
+  StepSamplingOutputs Rows(int64_t n) const;
+};
+
+absl::StatusOr<StepSamplingOutputs> AllocateStepSamplingOutputs(Backend* backend, int64_t rows,
+                                                                const StepLogprobShape& shape);
+
+// Enqueues the sampling of logits [n, vocab] into `out` (from AllocateStepSamplingOutputs
+// with n rows and `shape`): ArgmaxRows when `argmax`, else SampleRows with params (i64 [n,
+// kSamplingRowWords]) and adjustments (null: none); then, where shape.any, LogprobRows
+// with named (i32 [n, shape.named]). Nothing waits for the device: a graph may record it.
+absl::Status EnqueueStepSampling(Backend* backend, const Tensor& logits, bool argmax,
+                                 const Tensor* params, const Tensor* adjustments,
+                                 const Tensor* named, const StepLogprobShape& shape,
+                                 StepSamplingOutputs* out);
+
+// The step's tokens (and log-probabilities where shape.any) from `out`'s rows.
+absl::StatusOr<StepTokens> DownloadStepTokens(Backend* backend, const StepSamplingOutputs& out,
+                                              const StepLogprobShape& shape);
+
+}  // namespace dxs
