@@ -5,7 +5,8 @@ Stubs are generated from proto/dxs/v1 at test time with grpcio-tools. The cluste
 started with `dxs up` (router, 2 attention and 2 expert workers on loopback). Checks:
 Generate streams the same greedy tokens as the single-process `dxs run`; GetModelInfo
 describes the model; `dxs status` then shows every rank READY; a bad request gets
-INVALID_ARGUMENT naming the field; and after
+INVALID_ARGUMENT naming the field; `dxs bench --request-rate` (open loop) answers every
+request at each rate; and after
 SIGTERM, `dxs up` leaves no process behind.
 
 Run by ctest with the project's virtualenv (scripts/setup.sh creates it):
@@ -133,6 +134,47 @@ class FrontendEndToEnd(unittest.TestCase):
             list(self.stub.Generate(req, timeout=10))
         self.assertEqual(err.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("prompt", err.exception.details())
+
+    def test_2b_open_loop_bench(self):
+        """`dxs bench --request-rate`: one JSON line per rate, every request answered, the
+        same seeded lengths at every rate (log-normal: not all the median), another seed
+        other lengths, goodput never above the request rate, and bad flags refused."""
+        def bench(*flags):
+            out = subprocess.run(
+                [self.dxs, "bench", "--router", "127.0.0.1:%d" % self.port, "--requests",
+                 "12", "--prompt-len", "8", "--output-len", "6", "--len-sigma", "0.6",
+                 "--format", "json"] + list(flags),
+                capture_output=True, text=True, timeout=300)
+            self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+            return [json.loads(line) for line in out.stdout.splitlines()]
+
+        rates = bench("--request-rate", "40,inf", "--seed", "3")
+        self.assertEqual([r["request_rate"] for r in rates], [40, "inf"])
+        for r in rates:
+            self.assertEqual(r["errors"], {}, r)
+            self.assertEqual(r["requests"], 12)
+            self.assertGreater(r["ttft_ms"]["p50"], 0)
+            self.assertGreater(r["tpot_ms"]["p50"], 0)
+            self.assertLessEqual(r["goodput_requests_per_second"],
+                                 r["requests_per_second"] + 1e-9)
+            self.assertEqual(r["slo"], {"ttft_ms": 1000, "tpot_ms": 50})
+        self.assertEqual(rates[0]["prompt_tokens"], rates[1]["prompt_tokens"])
+        self.assertEqual(rates[0]["output_tokens"], rates[1]["output_tokens"])
+        self.assertNotEqual(rates[0]["prompt_tokens"], 12 * 8)
+        other = bench("--request-rate", "inf", "--seed", "4")
+        self.assertNotEqual(other[0]["prompt_tokens"], rates[0]["prompt_tokens"])
+        for flags, says in ((["--request-rate", "0"], "--request-rate"),
+                            (["--request-rate", "fast"], "--request-rate"),
+                            (["--request-rate", "5", "--len-sigma", "9"], "--len-sigma")):
+            out = subprocess.run(
+                [self.dxs, "bench", "--router", "127.0.0.1:%d" % self.port] + flags,
+                capture_output=True, text=True, timeout=60)
+            self.assertEqual(out.returncode, 2, flags)
+            self.assertIn(says, out.stderr)
+        out = subprocess.run([self.dxs, "bench", "--local", self.model, "--request-rate", "5"],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("--request-rate needs --router", out.stderr)
 
     def test_3_sigterm_leaves_no_process_behind(self):
         self.assertTrue(pids_mentioning(self.tmp), "the cluster should be running")

@@ -1,19 +1,35 @@
 // dxs bench: load generator for a running cluster (or, with --local, the single-process
 // engine on the same prompts, as the baseline). Prints throughput, time-to-first-token,
 // inter-token and end-to-end latency percentiles, and errors by gRPC code.
+//
+// Two load shapes:
+// - closed loop (the default): --concurrency lanes, each sending its next request when the
+//   last one ends; fixed prompt and output lengths;
+// - open loop (--request-rate R1,R2,..., as SGLang's bench_serving and vLLM's
+//   benchmark_serving): requests arrive as a Poisson process at each rate in turn (inf: all
+//   at once), at most --concurrency in flight when given; with --len-sigma S the prompt and
+//   output lengths are drawn log-normal around --prompt-len and --output-len (a long tail,
+//   clamped to 4x), seeded by --seed. Each rate reports throughput, TTFT, TPOT (time per
+//   output token after the first) and ITL at p50 and p99, and goodput: the requests per
+//   second that met the SLO (--slo-ttft-ms, 1000; --slo-tpot-ms, 50: Step-3's bar).
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <map>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "dxs/v1/frontend.grpc.pb.h"
 #include "model/engine.h"
@@ -50,7 +66,44 @@ struct Sample {
   std::vector<double> itl_ms;
   int64_t tokens = 0;
   grpc::StatusCode code = grpc::StatusCode::OK;
+  // Time per output token after the first (0 with fewer than two tokens).
+  double TpotMs() const { return tokens > 1 ? (e2e_ms - ttft_ms) / (tokens - 1) : 0; }
 };
+
+// One request of an open-loop run: its lengths and when it arrives (seconds from the start).
+struct Arrival {
+  int64_t prompt_len = 0, output_len = 0;
+  double at_s = 0;
+};
+
+// `n` arrivals at `rate` requests/s (a Poisson process: exponential gaps; rate inf: all at
+// 0), lengths log-normal with median `prompt_len` / `output_len` and shape `sigma` (0: the
+// medians), clamped to [1, 4x the median]. The same for a given seed.
+std::vector<Arrival> OpenLoopWorkload(int n, double rate, int64_t prompt_len, int64_t output_len,
+                                      double sigma, uint64_t seed) {
+  // Separate streams, so that a seed gives the same lengths at every rate.
+  SplitMix64 gaps(seed), lengths(seed ^ 0x9e3779b97f4a7c15u);
+  auto uniform = [](SplitMix64& rng) {  // in (0, 1)
+    return (static_cast<double>(rng.Next() >> 11) + 0.5) / 9007199254740992.0;
+  };
+  auto length = [&](int64_t median) {
+    if (sigma == 0) return median;
+    // Box-Muller: one standard normal draw from two uniforms.
+    const double z =
+        std::sqrt(-2 * std::log(uniform(lengths))) * std::cos(2 * M_PI * uniform(lengths));
+    const double v = std::round(static_cast<double>(median) * std::exp(sigma * z));
+    return static_cast<int64_t>(std::clamp(v, 1.0, 4.0 * static_cast<double>(median)));
+  };
+  std::vector<Arrival> out(n);
+  double t = 0;
+  for (Arrival& a : out) {
+    if (!std::isinf(rate)) t += -std::log(uniform(gaps)) / rate;
+    a.at_s = t;
+    a.prompt_len = length(prompt_len);
+    a.output_len = length(output_len);
+  }
+  return out;
+}
 
 // The progress of a bench on stderr. On a terminal, one bar redrawn in place with carriage
 // returns; anywhere else (a log file, a pipe, CI) a carriage return does not go back, and
@@ -183,13 +236,187 @@ class RemoteRun {
   int active_lanes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Sends `arrivals` at their times (the first at once), at most `max_in_flight` at a time
+// (a request due while the cap is reached waits for one to end), and waits for every
+// answer.
+void OpenLoopRun(v1::Frontend::Stub* stub, const std::vector<Arrival>& arrivals, int64_t vocab,
+                 int max_in_flight, std::vector<Sample>* samples, Progress* progress) {
+  absl::Mutex mu;
+  int in_flight = 0;
+  struct Room {
+    const int* in_flight;
+    int cap;
+    bool Free() const { return *in_flight < cap; }
+  } room{&in_flight, max_in_flight};
+  const Clock::time_point start = Clock::now();
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    const Clock::time_point due = start + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(arrivals[i].at_s));
+    std::this_thread::sleep_until(due);  // the workload's own clock, not a wait for an event
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&room, &Room::Free));
+    ++in_flight;
+    new RemoteCall(stub, BenchPrompt(static_cast<int>(i), arrivals[i].prompt_len, vocab),
+                   arrivals[i].output_len, [&, i](Sample s) {
+                     (*samples)[i] = std::move(s);
+                     progress->Tick();
+                     absl::MutexLock done(&mu);
+                     --in_flight;
+                   });
+  }
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(
+      +[](int* n) { return *n == 0; }, &in_flight));
+}
+
+// The figures of one run.
+struct Summary {
+  int64_t tokens = 0;
+  int ok = 0, good = 0;
+  std::vector<double> ttft, tpot, itl, e2e;
+  std::map<std::string, int> errors;
+};
+
+Summary Summarize(const std::vector<Sample>& samples, double slo_ttft_ms, double slo_tpot_ms) {
+  Summary m;
+  for (const Sample& s : samples) {
+    m.tokens += s.tokens;
+    m.e2e.push_back(s.e2e_ms);
+    if (s.code != grpc::StatusCode::OK) {
+      m.errors[absl::StrCat("code ", static_cast<int>(s.code))]++;
+      continue;
+    }
+    ++m.ok;
+    if (s.ttft_ms > 0) m.ttft.push_back(s.ttft_ms);
+    if (s.tokens > 1) m.tpot.push_back(s.TpotMs());
+    m.itl.insert(m.itl.end(), s.itl_ms.begin(), s.itl_ms.end());
+    if (s.ttft_ms <= slo_ttft_ms && s.TpotMs() <= slo_tpot_ms) ++m.good;
+  }
+  return m;
+}
+
+nlohmann::json P50P99(const std::vector<double>& v) {
+  return {{"p50", Percentile(v, 50)}, {"p99", Percentile(v, 99)}};
+}
+
+// --request-rate: one open-loop run per rate against --router; a line per rate (text), or
+// one JSON object per rate and line (--format json).
+int OpenLoopBench(const Args& args, const TlsConfig& tls, int num_requests, int64_t prompt_len,
+                  int64_t output_len) {
+  auto fail = [](const absl::Status& s) {
+    std::cerr << "dxs bench: " << s.message() << "\n";
+    return 2;
+  };
+  if (!args.Has("router")) {
+    return fail(absl::InvalidArgumentError(
+        "--request-rate needs --router ADDR: the --local baseline batches its requests itself"));
+  }
+  std::vector<double> rates;
+  for (absl::string_view r : absl::StrSplit(args.GetString("request-rate"), ',')) {
+    double v = 0;
+    if (r == "inf") {
+      v = std::numeric_limits<double>::infinity();
+    } else if (!absl::SimpleAtod(r, &v) || !(v > 0) || std::isinf(v)) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("--request-rate: \"", r, "\" is not a rate > 0 (requests/s) or inf")));
+    }
+    rates.push_back(v);
+  }
+  absl::StatusOr<double> sigma = args.GetDouble("len-sigma", 0);
+  absl::StatusOr<int64_t> seed = args.GetInt("seed", 0);
+  absl::StatusOr<double> slo_ttft = args.GetDouble("slo-ttft-ms", 1000);
+  absl::StatusOr<double> slo_tpot = args.GetDouble("slo-tpot-ms", 50);
+  absl::StatusOr<int64_t> cap = args.GetInt("concurrency", std::numeric_limits<int>::max());
+  for (const absl::Status& st :
+       {sigma.status(), seed.status(), slo_ttft.status(), slo_tpot.status(), cap.status()}) {
+    if (!st.ok()) return fail(st);
+  }
+  if (!(*sigma >= 0 && *sigma <= 3) || !(*slo_ttft > 0) || !(*slo_tpot > 0) || *cap < 1 ||
+      *seed < 0) {
+    return fail(absl::InvalidArgumentError(
+        "--len-sigma must be in [0, 3], --slo-ttft-ms and --slo-tpot-ms > 0, --concurrency "
+        ">= 1 and --seed >= 0"));
+  }
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      MakeChannel(args.GetString("router"), tls);
+  if (!channel.ok()) return fail(channel.status());
+  auto stub = v1::Frontend::NewStub(*channel);
+  int64_t vocab = 0;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GetModelInfoResponse info;
+    grpc::Status st = stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
+    if (!st.ok()) {
+      std::cerr << "dxs bench: GetModelInfo: " << st.error_message() << "\n";
+      return 1;
+    }
+    vocab = info.model_info().vocab_size();
+  }
+  const bool json = args.GetString("format", "text") == "json";
+  if (!json) {
+    std::cout << "dxs bench: open loop against " << args.GetString("router") << ", " << num_requests
+              << " requests a rate, prompt ~" << prompt_len << ", output ~" << output_len
+              << " (len-sigma " << *sigma << "), SLO TTFT <= " << *slo_ttft
+              << " ms, TPOT <= " << *slo_tpot << " ms\n"
+              << "  rate req/s | tok/s | req/s | TTFT p50/p99 ms | TPOT p50/p99 ms | ITL "
+                 "p50/p99 ms | goodput req/s | errors\n";
+  }
+  bool any_error = false;
+  for (double rate : rates) {
+    const std::vector<Arrival> arrivals = OpenLoopWorkload(
+        num_requests, rate, prompt_len, output_len, *sigma, static_cast<uint64_t>(*seed));
+    std::vector<Sample> samples(num_requests);
+    Progress progress(num_requests, isatty(STDERR_FILENO) == 1);
+    const Clock::time_point start = Clock::now();
+    OpenLoopRun(stub.get(), arrivals, vocab, static_cast<int>(std::min<int64_t>(*cap, 1 << 30)),
+                &samples, &progress);
+    const double wall_s = Ms(Clock::now() - start) / 1000.0;
+    const Summary m = Summarize(samples, *slo_ttft, *slo_tpot);
+    any_error = any_error || !m.errors.empty();
+    int64_t prompt_tokens = 0;
+    for (const Arrival& a : arrivals) prompt_tokens += a.prompt_len;
+    if (json) {
+      nlohmann::json out;
+      out["router"] = args.GetString("router");
+      out["request_rate"] = std::isinf(rate) ? nlohmann::json("inf") : nlohmann::json(rate);
+      out["requests"] = num_requests;
+      out["prompt_tokens"] = prompt_tokens;
+      out["output_tokens"] = m.tokens;
+      out["wall_seconds"] = wall_s;
+      out["output_tokens_per_second"] = m.tokens / wall_s;
+      out["requests_per_second"] = m.ok / wall_s;
+      out["ttft_ms"] = P50P99(m.ttft);
+      out["tpot_ms"] = P50P99(m.tpot);
+      out["itl_ms"] = P50P99(m.itl);
+      out["goodput_requests_per_second"] = m.good / wall_s;
+      out["slo"] = {{"ttft_ms", *slo_ttft}, {"tpot_ms", *slo_tpot}};
+      out["errors"] = m.errors;
+      std::cout << out.dump() << "\n" << std::flush;
+      continue;
+    }
+    std::cout << std::fixed << std::setprecision(2) << "  " << std::setw(10)
+              << (std::isinf(rate) ? std::string("inf") : absl::StrCat(rate)) << " | "
+              << std::setprecision(1) << m.tokens / wall_s << " | " << std::setprecision(2)
+              << m.ok / wall_s << " | " << Percentile(m.ttft, 50) << " / " << Percentile(m.ttft, 99)
+              << " | " << Percentile(m.tpot, 50) << " / " << Percentile(m.tpot, 99) << " | "
+              << Percentile(m.itl, 50) << " / " << Percentile(m.itl, 99) << " | " << m.good / wall_s
+              << " | ";
+    if (m.errors.empty()) std::cout << "none";
+    for (const auto& [code, n] : m.errors) std::cout << code << " x" << n << "  ";
+    std::cout << "\n" << std::flush;
+  }
+  return any_error ? 1 : 0;
+}
+
 }  // namespace
 
 int BenchCommand(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args =
       Args::Parse(argv,
                   WithTlsValueFlags({"router", "local", "concurrency", "requests", "prompt-len",
-                                     "output-len", "format", "device"}),
+                                     "output-len", "format", "device", "request-rate", "len-sigma",
+                                     "seed", "slo-ttft-ms", "slo-tpot-ms"}),
                   WithTlsBoolFlags({}));
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs bench: " << s.message() << "\n";
@@ -214,6 +441,9 @@ int BenchCommand(const std::vector<std::string>& argv) {
         "--concurrency, --requests, --prompt-len and --output-len must be >= 1"));
   }
   const int num_requests = static_cast<int>(*requests);
+  if (args->Has("request-rate")) {
+    return OpenLoopBench(*args, *tls, num_requests, *prompt_len, *output_len);
+  }
   std::vector<Sample> samples(num_requests);
   Progress progress(num_requests, isatty(STDERR_FILENO) == 1);
   Clock::time_point start;
