@@ -24,6 +24,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -269,6 +270,20 @@ void OpenLoopRun(v1::Frontend::Stub* stub, const std::vector<Arrival>& arrivals,
       +[](int* n) { return *n == 0; }, &in_flight));
 }
 
+// The model's vocabulary, from the router (the prompts' ids are drawn below it); nullopt
+// after printing why where the router does not answer.
+std::optional<int64_t> RouterVocab(v1::Frontend::Stub* stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::GetModelInfoResponse info;
+  const grpc::Status s = stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
+  if (!s.ok()) {
+    std::cerr << "dxs bench: GetModelInfo: " << s.error_message() << "\n";
+    return std::nullopt;
+  }
+  return info.model_info().vocab_size();
+}
+
 // The figures of one run.
 struct Summary {
   int64_t tokens = 0;
@@ -341,18 +356,8 @@ int OpenLoopBench(const Args& args, const TlsConfig& tls, int num_requests, int6
       MakeChannel(args.GetString("router"), tls);
   if (!channel.ok()) return fail(channel.status());
   auto stub = v1::Frontend::NewStub(*channel);
-  int64_t vocab = 0;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::GetModelInfoResponse info;
-    grpc::Status st = stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
-    if (!st.ok()) {
-      std::cerr << "dxs bench: GetModelInfo: " << st.error_message() << "\n";
-      return 1;
-    }
-    vocab = info.model_info().vocab_size();
-  }
+  std::optional<int64_t> vocab = RouterVocab(stub.get());
+  if (!vocab) return 1;
   const bool json = args.GetString("format", "text") == "json";
   if (!json) {
     std::cout << "dxs bench: open loop against " << args.GetString("router") << ", " << num_requests
@@ -369,7 +374,7 @@ int OpenLoopBench(const Args& args, const TlsConfig& tls, int num_requests, int6
     std::vector<Sample> samples(num_requests);
     Progress progress(num_requests, isatty(STDERR_FILENO) == 1);
     const Clock::time_point start = Clock::now();
-    OpenLoopRun(stub.get(), arrivals, vocab, static_cast<int>(std::min<int64_t>(*cap, 1 << 30)),
+    OpenLoopRun(stub.get(), arrivals, *vocab, static_cast<int>(std::min<int64_t>(*cap, 1 << 30)),
                 &samples, &progress);
     const double wall_s = Ms(Clock::now() - start) / 1000.0;
     const Summary m = Summarize(samples, *slo_ttft, *slo_tpot);
@@ -484,37 +489,19 @@ int BenchCommand(const std::vector<std::string>& argv) {
         MakeChannel(args->GetString("router"), *tls);
     if (!channel.ok()) return fail(channel.status());
     auto stub = v1::Frontend::NewStub(*channel);
-    int64_t vocab = 1000;
-    {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-      v1::GetModelInfoResponse info;
-      grpc::Status s = stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
-      if (!s.ok()) {
-        std::cerr << "dxs bench: GetModelInfo: " << s.error_message() << "\n";
-        return 1;
-      }
-      vocab = info.model_info().vocab_size();
-    }
+    std::optional<int64_t> vocab = RouterVocab(stub.get());
+    if (!vocab) return 1;
     start = Clock::now();
-    RemoteRun(stub.get(), num_requests, *prompt_len, *output_len, vocab, &samples, &progress)
+    RemoteRun(stub.get(), num_requests, *prompt_len, *output_len, *vocab, &samples, &progress)
         .Run(static_cast<int>(std::min<int64_t>(*concurrency, num_requests)));
   }
   const double wall_s = Ms(Clock::now() - start) / 1000.0;
 
-  int64_t tokens = 0;
-  std::vector<double> ttft, itl, e2e;
-  std::map<std::string, int> errors;
-  for (const Sample& s : samples) {
-    tokens += s.tokens;
-    e2e.push_back(s.e2e_ms);
-    if (s.code != grpc::StatusCode::OK) {
-      errors[absl::StrCat("code ", static_cast<int>(s.code))]++;
-      continue;
-    }
-    if (s.ttft_ms > 0) ttft.push_back(s.ttft_ms);
-    itl.insert(itl.end(), s.itl_ms.begin(), s.itl_ms.end());
-  }
+  const double no_slo = std::numeric_limits<double>::infinity();
+  const Summary m = Summarize(samples, no_slo, no_slo);
+  const int64_t tokens = m.tokens;
+  const std::vector<double>&ttft = m.ttft, &itl = m.itl, &e2e = m.e2e;
+  const std::map<std::string, int>& errors = m.errors;
   const double tokens_per_s = tokens / wall_s;
   if (args->GetString("format", "text") == "json") {
     nlohmann::json out;
