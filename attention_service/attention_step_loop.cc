@@ -37,68 +37,120 @@ int32_t AttentionStepLoop::OverlapThresholdOnWire() const {
 absl::StatusOr<AttentionStepLoop::StepPlan> AttentionStepLoop::ExchangeStep(int64_t my_tokens,
                                                                             bool my_step_fits) {
   const int num_dp = static_cast<int>(dp_peers_.size());
+  // The step's DP ranks: those this rank's view has live (itself always). A left-out rank
+  // makes the step ineligible for the low-latency exchange, which is made for all of them.
+  std::vector<int> members;
+  uint64_t mask = 0;
+  for (int r = 0; r < num_dp; ++r) {
+    if (!DpLive(r)) continue;
+    members.push_back(r);
+    if (num_dp <= 64) mask |= uint64_t{1} << r;
+  }
+  const bool all_members = static_cast<int>(members.size()) == num_dp;
   // Step messages carry (token count, overlap threshold) in (aux, num_rows).
   int32_t threshold = OverlapThresholdOnWire();
   uint64_t version = moe_->newest_placement_version();
-  bool all_fit = my_step_fits;
+  bool all_fit = my_step_fits && all_members;
   uint32_t generation = ll_ != nullptr ? ll_->wanted_generation() : 0;
+  uint64_t view = dp_view_;
   auto plan = [&](int64_t total) {
     StepPlan p;
     p.total_tokens = total;
     p.placement_version = version;
     p.low_latency = all_fit;
     p.ll_generation = generation;
+    p.dp_mask = all_members ? 0 : mask;
+    p.dp_view = view;
     const bool overlap = !all_fit && moe_->overlaps() &&
                          threshold != std::numeric_limits<int32_t>::max() && total >= threshold;
     p.num_micro_batches = overlap ? 2 : 1;
     return p;
   };
-  if (num_dp == 1) return plan(my_tokens);
+  if (members.size() == 1) return plan(my_tokens);
   const absl::Time deadline = absl::Now() + timeout_;
   // Peers' step messages, read first: a peer may be a step ahead if this rank missed the
-  // end of a failed step; then this rank joins the peer's step number.
+  // end of a failed step (or was left out of the others' steps for a while); then this
+  // rank joins the peer's step number.
   std::vector<WireHeader> theirs(num_dp);
   std::vector<bool> have(num_dp, false);
-  for (int r = 0; r < num_dp; ++r) {
+  for (int r : members) {
     if (r == dp_rank_ || !transport_->HasMessage(dp_peers_[r])) continue;
     DXS_ASSIGN_OR_RETURN(TransportMessage m, transport_->Recv(dp_peers_[r], deadline));
     DXS_ASSIGN_OR_RETURN(theirs[r], WireHeader::Decode(m.header));
     have[r] = true;
   }
-  for (int r = 0; r < num_dp; ++r) {
+  for (int r : members) {
     if (have[r] && theirs[r].step > step_) step_ = theirs[r].step;
   }
   WireHeader mine;
   mine.kind = MessageKind::kStep;
-  mine.step = step_;
   mine.aux = my_tokens;
   mine.num_rows = threshold;
   mine.placement_version = version;
-  if (my_step_fits) mine.flags = WireHeader::kLowLatencyFits;
+  if (all_fit) mine.flags = WireHeader::kLowLatencyFits;
   mine.ll_generation = generation;
-  const std::string encoded = mine.Encode();
-  for (int r = 0; r < num_dp; ++r) {
-    if (r == dp_rank_) continue;
-    DXS_RETURN_IF_ERROR(transport_->Send(dp_peers_[r], encoded, nullptr, 0));
+  mine.dp_mask = all_members ? 0 : mask;
+  mine.dp_view = dp_view_;
+  auto send_mine = [&]() -> absl::Status {
+    mine.step = step_;
+    const std::string encoded = mine.Encode();
+    for (int r : members) {
+      if (r == dp_rank_) continue;
+      DXS_RETURN_IF_ERROR(transport_->Send(dp_peers_[r], encoded, nullptr, 0));
+    }
+    return absl::OkStatus();
+  };
+  DXS_RETURN_IF_ERROR(send_mine());
+  for (bool again = true; again;) {
+    again = false;
+    for (int r : members) {
+      if (r == dp_rank_) continue;
+      // Skip step messages of older steps (left over from a failed step).
+      while (!have[r] || theirs[r].step < step_) {
+        absl::StatusOr<TransportMessage> got = transport_->Recv(dp_peers_[r], deadline);
+        if (!got.ok()) {
+          return absl::Status(
+              got.status().code(),
+              absl::StrCat("step message of DP rank ", r, " for step ", step_,
+                           have[r] ? absl::StrCat(" (its last: step ", theirs[r].step, ")") : "",
+                           ": ", got.status().message()));
+        }
+        TransportMessage m = *std::move(got);
+        DXS_ASSIGN_OR_RETURN(theirs[r], WireHeader::Decode(m.header));
+        have[r] = true;
+      }
+      if (theirs[r].kind != MessageKind::kStep) {
+        return absl::InternalError(absl::StrCat("DP rank ", r, " sent a message of kind ",
+                                                static_cast<int>(theirs[r].kind),
+                                                " where its step message was due"));
+      }
+      if (theirs[r].step > step_) {
+        // A peer ahead (this rank was left out of its steps, or missed a failed step's
+        // end): take its step number, tell every member, and gather again.
+        step_ = theirs[r].step;
+        DXS_RETURN_IF_ERROR(send_mine());
+        again = true;
+        break;
+      }
+    }
   }
   int64_t total = my_tokens;
-  for (int r = 0; r < num_dp; ++r) {
+  for (int r : members) {
     if (r == dp_rank_) continue;
-    // Skip step messages of older steps (left over from a failed step).
-    while (!have[r] || theirs[r].step < step_) {
-      DXS_ASSIGN_OR_RETURN(TransportMessage m, transport_->Recv(dp_peers_[r], deadline));
-      DXS_ASSIGN_OR_RETURN(theirs[r], WireHeader::Decode(m.header));
-      have[r] = true;
-    }
-    if (theirs[r].kind != MessageKind::kStep || theirs[r].step != step_) {
-      return absl::InternalError(
-          absl::StrCat("DP rank ", r, " is at step ", theirs[r].step, ", this rank at ", step_));
+    if (theirs[r].dp_mask != mine.dp_mask) {
+      // Views differ on which DP ranks are live (one just learnt that a rank died or came
+      // back): nothing is computed, and the step is run again once they agree.
+      return absl::AbortedError(absl::StrCat("DP rank ", r, " steps with DP ranks 0x",
+                                             absl::Hex(theirs[r].dp_mask), ", this rank with 0x",
+                                             absl::Hex(mine.dp_mask),
+                                             " (their views of the live DP ranks differ)"));
     }
     total += theirs[r].aux;
     threshold = std::max(threshold, theirs[r].num_rows);
     version = std::min(version, theirs[r].placement_version);
     all_fit = all_fit && (theirs[r].flags & WireHeader::kLowLatencyFits) != 0;
     generation = std::max(generation, theirs[r].ll_generation);
+    view = std::max(view, theirs[r].dp_view);
   }
   return plan(total);
 }
@@ -127,7 +179,8 @@ std::optional<absl::StatusOr<Tensor>> AttentionStepLoop::ForwardLowLatency(
 absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   bool peer_started = false;
   for (int r = 0; r < static_cast<int>(dp_peers_.size()); ++r) {
-    if (r != dp_rank_ && transport_->HasMessage(dp_peers_[r])) peer_started = true;
+    // A left-out rank's messages wait for it to be live again (they are older steps then).
+    if (r != dp_rank_ && DpLive(r) && transport_->HasMessage(dp_peers_[r])) peer_started = true;
   }
   if (!scheduler_->HasWork() && !peer_started && !wake_pending_.exchange(false)) {
     DXS_RETURN_IF_ERROR(transport_->WaitForActivity(absl::Now() + idle_wait));
@@ -153,6 +206,7 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   bool piecewise_step = false, low_latency_step = false;
   if (plan.ok()) {
     moe_->set_step(step_);
+    moe_->set_dp_ranks(plan->dp_mask, plan->dp_view);
     (void)moe_->UsePlacement(plan->placement_version);  // kept: else the current one
     std::optional<absl::StatusOr<Tensor>> ll_out;
     if (plan->low_latency) ll_out = ForwardLowLatency(*plan, chunks);
@@ -206,6 +260,41 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
         low_latency_step,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
   };
+  // A DP rank of the step that the router now has DEAD: the expert ranks may have dropped a
+  // round it was part of (its rows never came), so this rank's step failed through no
+  // fault of its own.
+  bool lost_dp_member = false;
+  if (plan.ok() && !outcome.ok()) {
+    for (int r = 0; r < static_cast<int>(dp_peers_.size()); ++r) {
+      const bool member = plan->dp_mask == 0 || (r < 64 && ((plan->dp_mask >> r) & 1) != 0);
+      if (r != dp_rank_ && member && transport_->PeerDeclaredDead(dp_peers_[r])) {
+        lost_dp_member = true;
+      }
+    }
+  }
+  if ((!plan.ok() && (absl::IsUnavailable(outcome) || absl::IsAborted(outcome))) ||
+      lost_dp_member) {
+    // The step exchange failed on a DP peer (nothing was computed), or the step lost a DP
+    // rank: run the step again (its requests keep their state, as for elastic EP's
+    // retries) while the views catch up, for up to the window.
+    const absl::Time now = absl::Now();
+    if (!exchange_failing_since_) exchange_failing_since_ = now;
+    if (now - *exchange_failing_since_ < kStepExchangeRetryWindow) {
+      ++counters_.failed_steps;
+      ++counters_.retried_steps;
+      if (now == *exchange_failing_since_) {
+        std::cerr << "attention rank " << dp_rank_ << ": step " << step_ - 1
+                  << (lost_dp_member ? " lost a DP rank" : "'s step exchange failed")
+                  << ", running it again: " << outcome << "\n";
+      }
+      scheduler_->UndoStep();
+      report();
+      (void)transport_->WaitForActivity(absl::Now() + absl::Milliseconds(20));
+      wake_pending_ = true;
+      return true;
+    }
+  }
+  if (plan.ok() && !lost_dp_member) exchange_failing_since_.reset();
   if (!outcome.ok() && retry_window_ > absl::ZeroDuration() && absl::IsUnavailable(outcome)) {
     const absl::Time now = absl::Now();
     if (!failing_since_) failing_since_ = now;
@@ -230,6 +319,7 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   if (outcome.ok()) failing_since_.reset();
   if (!outcome.ok()) {
     failing_since_.reset();
+    exchange_failing_since_.reset();
     ++counters_.failed_steps;
     const absl::Status failure = absl::UnavailableError(
         absl::StrCat("step ", step_ - 1, " failed on DP rank ", dp_rank_, ": ", outcome.message()));

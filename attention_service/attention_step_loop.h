@@ -108,6 +108,19 @@ class AttentionStepLoop {
   void set_retry_window(absl::Duration window) { retry_window_ = window; }
   // Runs on the step thread after a step failed and will be retried.
   void set_on_step_failed(std::function<void()> f) { on_step_failed_ = std::move(f); }
+  // The DP ranks the router's view (version `view`) has live, one entry per DP rank; this
+  // rank's steps go with those alone (a frozen or partitioned DP rank is left out, and put
+  // back once it is live again). Empty (the default): every DP rank. Step thread, between
+  // steps.
+  void set_dp_ranks(std::vector<bool> live, uint64_t view) {
+    live_dp_ = std::move(live);
+    dp_view_ = view;
+  }
+  // How long a step whose step exchange failed with UNAVAILABLE (a DP peer the router has
+  // DEAD, or its connection failed) or ABORTED (the DP ranks' views of who is live differ)
+  // is run again before its requests fail: nothing of it was computed, and the next view
+  // takes the dead rank out (its lease, 3 s by default) or brings the views together.
+  static constexpr absl::Duration kStepExchangeRetryWindow = absl::Seconds(10);
 
  private:
   // What the DP ranks agree on in the step exchange.
@@ -117,7 +130,14 @@ class AttentionStepLoop {
     uint64_t placement_version = 0;  // the oldest newest-version over the DP ranks
     bool low_latency = false;        // every DP rank's step fits the low-latency exchange
     uint32_t ll_generation = 0;      // the newest generation any DP rank wants
+    uint64_t dp_mask = 0;            // the step's DP ranks (WireHeader::dp_mask)
+    uint64_t dp_view = 0;            // the newest view version among them
   };
+  // Whether DP rank r takes part in this rank's steps (set_dp_ranks).
+  bool DpLive(int r) const {
+    return r == dp_rank_ || live_dp_.empty() ||
+           (r < static_cast<int>(live_dp_.size()) && live_dp_[r]);
+  }
   absl::StatusOr<StepPlan> ExchangeStep(int64_t my_tokens, bool my_step_fits);
   // The step's forward pass over the low-latency exchange; nullopt: an expert rank has
   // none, the step goes by the host-driven exchange.
@@ -138,6 +158,9 @@ class AttentionStepLoop {
   PiecewiseDecode piecewise_ = PiecewiseDecode::kOff;
   LowLatencyDecode* ll_ = nullptr;
   uint64_t step_ = 0;
+  std::vector<bool> live_dp_;
+  uint64_t dp_view_ = 0;
+  std::optional<absl::Time> exchange_failing_since_;
   std::atomic<bool> wake_pending_{false};
   AttentionCounters counters_;
   AttentionMetrics* metrics_ = nullptr;

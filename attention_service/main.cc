@@ -280,6 +280,7 @@ int Main(int argc, char** argv) {
         if (incarnations != expert_incarnations) low_latency->Reset();
         expert_incarnations = std::move(incarnations);
       }
+      loop->set_dp_ranks(shape->live_attention, shape->view_version);
       loop->set_retry_window(shape->elastic_ep ? absl::Milliseconds(flags->step_retry_ms)
                                                : absl::ZeroDuration());
       if (moe->newest_placement_version() != dispatch_placement_version.load()) {

@@ -147,7 +147,7 @@ absl::Status ExpertStepServer::CheckPairs(const std::vector<WireHeader>& headers
   while (i + 1 < headers.size() && bad[1] >= pair_offset_[i] + headers[i].num_pairs) ++i;
   const int64_t first = pair_offset_[i], n = headers[i].num_pairs, k = bad[1] - first;
   const int32_t row = blocks[3 * first + k], expert = blocks[3 * first + n + k];
-  return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i], " routed row ", row,
+  return absl::InternalError(absl::StrCat("DP peer ", round_peers_[i], " routed row ", row,
                                           " to expert ", expert,
                                           ", which this rank does not hold"));
 }
@@ -176,6 +176,86 @@ absl::Status ExpertStepServer::Fill(size_t i, absl::Time deadline) {
   return absl::OkStatus();
 }
 
+absl::Status ExpertStepServer::Gather(absl::Time deadline) {
+  const size_t num_dp = dp_peers_.size();
+  const auto live = [&](size_t i) {
+    return live_dp_.empty() || (i < live_dp_.size() && live_dp_[i]);
+  };
+  while (true) {
+    // Headers already here, from every DP rank this rank's view does not have dead (a dead
+    // one's wait for it to come back: they are older rounds then, and dropped).
+    for (size_t i = 0; i < num_dp; ++i) {
+      if (!pending_[i] && live(i) && transport_->HasMessage(dp_peers_[i])) {
+        DXS_RETURN_IF_ERROR(Fill(i, deadline));
+      }
+    }
+    std::optional<WireHeader::Key> newest;
+    for (size_t i = 0; i < num_dp; ++i) {
+      if (pending_[i] && (!newest || pending_[i]->key() > *newest)) newest = pending_[i]->key();
+    }
+    if (!newest) {
+      // Nothing yet: wait on the first live DP rank (every step has it, unless the DP ranks
+      // just left it out, and then the wait ends at the deadline and the next call takes
+      // the headers that came meanwhile).
+      std::optional<size_t> first;
+      for (size_t i = 0; i < num_dp && !first; ++i) {
+        if (live(i)) first = i;
+      }
+      if (!first) {
+        (void)transport_->WaitForActivity(deadline);
+        return absl::DeadlineExceededError("no live DP rank");
+      }
+      DXS_RETURN_IF_ERROR(Fill(*first, deadline));
+      continue;
+    }
+    // The round's DP ranks: those its headers name (WireHeader::dp_mask) that this rank's
+    // view does not have dead. A step read from a newer view than this rank's waits for it
+    // (a DP rank back from the dead takes part again once this rank knows it is live).
+    uint64_t mask = 0, view = 0;
+    bool all = false;
+    for (size_t i = 0; i < num_dp; ++i) {
+      if (!pending_[i]) continue;
+      if (pending_[i]->key() < *newest) {
+        pending_[i].reset();  // stale: from a step that failed elsewhere
+        continue;
+      }
+      if (pending_[i]->dp_mask == 0) all = true;
+      mask |= pending_[i]->dp_mask;
+      view = std::max(view, pending_[i]->dp_view);
+    }
+    if (view > dp_view_) {
+      // Pending headers are kept; the caller applies the next view and calls again.
+      (void)transport_->WaitForActivity(std::min(deadline, absl::Now() + absl::Milliseconds(10)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("a step of view ", view, ", this rank at ", dp_view_));
+    }
+    round_peers_.clear();
+    round_keys_.clear();
+    headers_.clear();
+    std::optional<size_t> missing;
+    for (size_t i = 0; i < num_dp; ++i) {
+      const bool takes_part = live(i) && (all || (i < 64 && ((mask >> i) & 1) != 0));
+      if (!takes_part) {
+        pending_[i].reset();  // a dead rank's, or not of this step
+        continue;
+      }
+      if (!pending_[i]) {
+        if (!missing) missing = i;
+        continue;
+      }
+      round_peers_.push_back(dp_peers_[i]);
+      round_keys_.push_back(pending_keys_[i]);
+      headers_.push_back(*pending_[i]);
+    }
+    if (!missing) {
+      if (headers_.empty()) continue;  // every header was a dead rank's
+      for (auto& p : pending_) p.reset();
+      return absl::OkStatus();
+    }
+    DXS_RETURN_IF_ERROR(Fill(*missing, deadline));
+  }
+}
+
 absl::Status ExpertStepServer::MapRegions(std::vector<WireHeader>* headers,
                                           std::vector<int32_t>* statuses) {
   const size_t num_dp = headers->size();
@@ -187,12 +267,12 @@ absl::Status ExpertStepServer::MapRegions(std::vector<WireHeader>* headers,
     if (!h.mapped()) continue;
     std::shared_ptr<Buffer> region;
     if (h.device_region()) {
-      const std::pair<int, std::string> key(dp_peers_[i], pending_keys_[i]);
+      const std::pair<int, std::string> key(round_peers_[i], round_keys_[i]);
       for (const auto& [known, buffer] : opened_) {
         if (known == key) region = buffer;
       }
       if (region == nullptr) {
-        absl::StatusOr<std::shared_ptr<Buffer>> opened = backend->OpenShared(pending_keys_[i]);
+        absl::StatusOr<std::shared_ptr<Buffer>> opened = backend->OpenShared(round_keys_[i]);
         if (opened.ok()) {
           constexpr size_t kMaxOpened = 8;
           if (opened_.size() >= kMaxOpened) opened_.erase(opened_.begin());
@@ -202,7 +282,7 @@ absl::Status ExpertStepServer::MapRegions(std::vector<WireHeader>* headers,
       }
     } else {
       absl::StatusOr<PeerRegion> mapped =
-          transport_->AttachPeerRegion(dp_peers_[i], pending_keys_[i]);
+          transport_->AttachPeerRegion(round_peers_[i], round_keys_[i]);
       if (mapped.ok()) {
         region = std::make_shared<Buffer>(Device::kCpu, mapped->data, mapped->bytes, nullptr);
       }
@@ -223,7 +303,7 @@ absl::Status ExpertStepServer::MapRegions(std::vector<WireHeader>* headers,
     if (!fits(h.rows_at, rows_bytes, DTypeSize(h.wire_dtype)) ||
         !fits(h.answers_at, rows_bytes, DTypeSize(h.wire_dtype)) ||
         !fits(h.pairs_at, 12 * static_cast<size_t>(h.num_pairs), sizeof(int32_t))) {
-      return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i],
+      return absl::InternalError(absl::StrCat("DP peer ", round_peers_[i],
                                               ": mapped dispatch outside its ", bytes,
                                               "-byte region (rows at ", h.rows_at, ", answers at ",
                                               h.answers_at, ", pairs at ", h.pairs_at, ")"));
@@ -234,27 +314,9 @@ absl::Status ExpertStepServer::MapRegions(std::vector<WireHeader>* headers,
 }
 
 absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
-  const size_t num_dp = dp_peers_.size();
-  // Gather one header per DP rank, all for the newest (step, layer, micro) seen.
-  while (true) {
-    for (size_t i = 0; i < num_dp; ++i) {
-      if (!pending_[i]) DXS_RETURN_IF_ERROR(Fill(i, deadline));
-    }
-    WireHeader::Key newest = pending_[0]->key();
-    for (size_t i = 1; i < num_dp; ++i) newest = std::max(newest, pending_[i]->key());
-    bool aligned = true;
-    for (size_t i = 0; i < num_dp; ++i) {
-      if (pending_[i]->key() < newest) {
-        pending_[i].reset();  // stale: from a step that failed elsewhere
-        aligned = false;
-      }
-    }
-    if (aligned) break;
-  }
+  DXS_RETURN_IF_ERROR(Gather(deadline));
   std::vector<WireHeader>& headers = headers_;
-  headers.clear();
-  for (size_t i = 0; i < num_dp; ++i) headers.push_back(*pending_[i]);
-  for (auto& p : pending_) p.reset();
+  const size_t num_dp = headers.size();
   if (headers[0].kind == MessageKind::kLowLatencyStep) return ServeLowLatencyStep(headers);
   const int k = next_out_;
   std::vector<int32_t>& statuses = statuses_[k];
@@ -269,7 +331,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     const WireHeader& h = headers[i];
     if (h.hidden != hidden || h.wire_dtype != dtype || h.num_rows < 0 || h.num_pairs < 0 ||
         (h.num_pairs > 0 && h.num_rows == 0)) {
-      return absl::InternalError(absl::StrCat("DP peer ", dp_peers_[i],
+      return absl::InternalError(absl::StrCat("DP peer ", round_peers_[i],
                                               ": malformed dispatch (hidden ", h.hidden, ", ",
                                               h.num_rows, " rows, ", h.num_pairs, " pairs)"));
     }
@@ -310,7 +372,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   transfers_.clear();
   size_t mapped_received = 0, mapped_sent = 0;
   for (size_t i = 0; i < num_dp; ++i) {
-    const int peer = dp_peers_[i];
+    const int peer = round_peers_[i];
     const WireHeader& h = headers[i];
     const size_t rows_bytes = static_cast<size_t>(h.num_rows) * row_bytes;
     if (h.mapped()) {
@@ -396,11 +458,11 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   transfers_.clear();
   for (size_t i = 0; i < num_dp; ++i) {
     if (headers[i].mapped()) {
-      transfers_.push_back(
-          {Transfer::Kind::kSend, dp_peers_[i], &statuses[i], sizeof(int32_t), MemoryType::kHost});
+      transfers_.push_back({Transfer::Kind::kSend, round_peers_[i], &statuses[i], sizeof(int32_t),
+                            MemoryType::kHost});
       continue;
     }
-    transfers_.push_back({Transfer::Kind::kSend, dp_peers_[i],
+    transfers_.push_back({Transfer::Kind::kSend, round_peers_[i],
                           const_cast<uint8_t*>(out_bytes) + row_offset_[i] * row_bytes,
                           static_cast<size_t>(headers[i].num_rows) * row_bytes, memory});
   }
@@ -434,7 +496,7 @@ absl::Status ExpertStepServer::ServeLowLatencyStep(const std::vector<WireHeader>
   // The experts' pairs are counted on the device; what the step added says whether this
   // rank received any row (an empty-batch step).
   const int64_t pairs_before = sum(shard_->TokensPerExpert());
-  DXS_RETURN_IF_ERROR(ll_->Serve(dp_peers_, headers, pending_keys_));
+  DXS_RETURN_IF_ERROR(ll_->Serve(round_peers_, headers, round_keys_));
   const std::vector<int64_t> cumulative = shard_->TokensPerExpert();
   const bool empty = sum(cumulative) == pairs_before;
   const int rounds = ll_->num_rounds();

@@ -1,7 +1,8 @@
 // ExpertStepServer: the expert worker's data path.
 //
 // One round = one MoE layer of one step (or of one micro-batch of a step, with two-batch
-// overlap): a dispatch header from every DP rank (empty ones included) carrying the same
+// overlap): a dispatch header from every DP rank of the step (empty ones included; a DP
+// rank the router has DEAD is left out, WireHeader::dp_mask) carrying the same
 // (step, layer, micro) on the control channel. Headers older than the newest key seen are
 // stale (a step that failed elsewhere) and are dropped. With every rank's counts known, the
 // server posts one data-exchange group that receives each rank's rows straight into its
@@ -88,6 +89,14 @@ class ExpertStepServer final {
   ~ExpertStepServer();
 
   void set_dp_peers(std::vector<int> peers);
+  // The DP ranks the router's view (version `view`) has live, one entry per DP peer; a
+  // round waits for the headers of the DP ranks its step names (WireHeader::dp_mask) that
+  // are live here, so a dead DP rank holds up no round. Empty (the default): all live.
+  // Step thread, between rounds.
+  void set_dp_view(std::vector<bool> live, uint64_t view) {
+    live_dp_ = std::move(live);
+    dp_view_ = view;
+  }
   const ExpertCounters& counters() const { return counters_; }
   // Where each round and step is reported for Prometheus; not owned, null (the default)
   // for none. Set before the first ServeRound.
@@ -107,6 +116,9 @@ class ExpertStepServer final {
   absl::Status MapRegions(std::vector<WireHeader>* headers, std::vector<int32_t>* statuses);
   // Serves a step whose aligned headers are kLowLatencyStep messages.
   absl::Status ServeLowLatencyStep(const std::vector<WireHeader>& headers);
+  // Gathers the round's headers into headers_ (round_peers_, round_keys_ beside them): one
+  // from each DP rank of the newest (step, layer, micro) seen that takes part in its step.
+  absl::Status Gather(absl::Time deadline);
   // Receives DP rank i's next dispatch header into pending_[i].
   absl::Status Fill(size_t i, absl::Time deadline);
   // Waits for the combine sends that last read out_[k].
@@ -135,6 +147,11 @@ class ExpertStepServer final {
   int64_t rows_this_step_ = 0;
   std::vector<std::optional<WireHeader>> pending_;
   std::vector<std::string> pending_keys_;  // with a mapped header: its region's key
+  std::vector<bool> live_dp_;
+  uint64_t dp_view_ = 0;
+  // The round's DP ranks (transport peers) and their region keys, beside headers_.
+  std::vector<int> round_peers_;
+  std::vector<std::string> round_keys_;
   // Per round, the DP ranks' mapped regions (null: the rank sends by copy): host memory the
   // transport mapped (a Buffer that owns nothing), or GPU memory the backend opened.
   std::vector<std::shared_ptr<Buffer>> regions_;

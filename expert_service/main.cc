@@ -162,6 +162,7 @@ int Main(int argc, char** argv) {
         service.set_step_server(server.get());
       }
     }
+    if (shape && server) server->set_dp_view(shape->live_attention, shape->view_version);
     if (const bool serving = server != nullptr && runtime.can_serve();
         serving != service.serving()) {
       service.set_serving(serving);

@@ -248,6 +248,8 @@ int main(int argc, char** argv) {
   options.lease_timeout = absl::Milliseconds(flags->lease_ms);
   options.num_redundant_experts = flags->num_redundant_experts;
   options.elastic_ep = absl::GetFlag(FLAGS_elastic_ep);
+  // A restarted router's incarnations, views and placements come after the last one's.
+  options.first_version = static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
   if (absl::Status s = options.Validate(); !s.ok()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(flags->model_dir, ": ", s.message())));
   }

@@ -11,13 +11,16 @@ namespace dxs {
 absl::StatusOr<std::unique_ptr<WorkerMembership>> WorkerMembership::Start(
     const std::string& router_address, v1::RegisterRequest request, ViewCallback on_view,
     CountersCallback fill_heartbeat, absl::Duration register_timeout,
-    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+    std::shared_ptr<grpc::ChannelCredentials> credentials, std::function<void()> before_reregister,
+    std::function<void()> after_reregister) {
   std::unique_ptr<WorkerMembership> m(new WorkerMembership());
   m->stub_ = v1::ControlPlane::NewStub(grpc::CreateChannel(
       router_address, credentials ? credentials : grpc::InsecureChannelCredentials()));
   m->request_ = std::move(request);
   m->on_view_ = std::move(on_view);
   m->fill_heartbeat_ = std::move(fill_heartbeat);
+  m->before_reregister_ = std::move(before_reregister);
+  m->after_reregister_ = std::move(after_reregister);
   const absl::Time deadline = absl::Now() + register_timeout;
   while (true) {
     absl::Status s = m->RegisterOnce();
@@ -87,9 +90,11 @@ void WorkerMembership::ReRegisterIfCurrent(uint64_t incarnation) {
     absl::MutexLock l(&mu_);
     *request_.mutable_counters() = now.counters();
   }
+  if (before_reregister_) before_reregister_();
   if (absl::Status r = RegisterOnce(); !r.ok()) {
     std::cerr << "membership: re-registration failed: " << r << "\n";
   }
+  if (after_reregister_) after_reregister_();
 }
 
 void WorkerMembership::WatchLoop() {
@@ -123,6 +128,9 @@ void WorkerMembership::WatchLoop() {
       watch_context_ = nullptr;
     }
     if (stopping_) break;
+    // The router went away or forgot this worker: it may be a new router whose versions
+    // are unrelated to the last one's, so the next watch asks for its current view.
+    known = 0;
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) ReRegisterIfCurrent(watched_incarnation);
     absl::SleepFor(absl::Milliseconds(200));
   }

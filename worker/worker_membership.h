@@ -31,10 +31,15 @@ class WorkerMembership {
 
   // Registers; fails if the router refuses (the refusal's status is returned as is) or
   // stays unreachable past `register_timeout`.
+  // `before_reregister` (optional) runs on the membership thread before the worker registers
+  // again after the router forgot it, and `after_reregister` once that registration is
+  // done (successful or not): WorkerRuntime fences the data path in between.
   static absl::StatusOr<std::unique_ptr<WorkerMembership>> Start(
       const std::string& router_address, v1::RegisterRequest request, ViewCallback on_view,
       CountersCallback fill_heartbeat, absl::Duration register_timeout = absl::Seconds(30),
-      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
+      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+      std::function<void()> before_reregister = nullptr,
+      std::function<void()> after_reregister = nullptr);
   ~WorkerMembership();  // deregisters and stops the threads
 
   v1::RegisterResponse registration() const;
@@ -60,6 +65,7 @@ class WorkerMembership {
   v1::RegisterRequest request_;
   ViewCallback on_view_;
   CountersCallback fill_heartbeat_;
+  std::function<void()> before_reregister_, after_reregister_;
   mutable absl::Mutex mu_;
   v1::RegisterResponse registration_ ABSL_GUARDED_BY(mu_);
   bool registered_ ABSL_GUARDED_BY(mu_) = false;  // a refused worker never is

@@ -114,12 +114,14 @@ absl::Status WorkerRuntime::Join(const std::string& router, v1::RegisterRequest 
       [this](const v1::ClusterView& view) {
         absl::MutexLock lock(&mu_);
         pending_ = view;
+        last_view_ = view;
         if (transport_) {
           DeclareDeadPeers(view);
           transport_->Wake();
         }
       },
-      std::move(fill_heartbeat), absl::Seconds(30), *channel_credentials);
+      std::move(fill_heartbeat), absl::Seconds(30), *channel_credentials, [this] { Fence(); },
+      [this] { Unfence(); });
   if (!m.ok()) return m.status();
   membership_ = std::move(*m);
   return absl::OkStatus();
@@ -146,10 +148,51 @@ void WorkerRuntime::DeclareDeadPeers(const v1::ClusterView& view) {
   for (const auto& [peer, why] : dead) {
     if (!live.count(peer)) transport_->SetPeerDeclaredDead(peer, why);
   }
+  if (fenced_) return;  // every peer stays declared dead until this worker registers again
   for (int peer : live) transport_->SetPeerDeclaredDead(peer, "");
 }
 
+void WorkerRuntime::Fence() {
+  if (!transport_) return;
+  {
+    absl::MutexLock lock(&mu_);
+    fenced_ = true;
+    if (last_view_) {
+      for (const v1::WorkerInfo& w : last_view_->workers()) {
+        const v1::Role my_role = role_name_ == "attention" ? v1::ROLE_ATTENTION : v1::ROLE_EXPERT;
+        if (w.role() == my_role && static_cast<int>(w.rank()) == rank_) continue;
+        transport_->SetPeerDeclaredDead(
+            static_cast<int>(w.transport_rank()),
+            "(every peer): this worker lost its registration (the router had it DEAD); fenced "
+            "until it registers again");
+      }
+    }
+    transport_->Wake();
+  }
+  absl::MutexLock lock(&fence_mu_);
+  const uint64_t epoch = ++fence_epoch_;
+  auto acked = [this, epoch]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(fence_mu_) { return fence_acked_ >= epoch; };
+  if (!fence_mu_.AwaitWithTimeout(absl::Condition(&acked), absl::Seconds(10))) {
+    std::cerr << role_name_ << " " << rank_
+              << ": the step thread did not come between steps within 10 s of losing the "
+                 "registration; registering again anyway\n";
+  }
+}
+
+void WorkerRuntime::Unfence() {
+  absl::MutexLock lock(&mu_);
+  fenced_ = false;
+  if (transport_ && last_view_) DeclareDeadPeers(*last_view_);
+}
+
 std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
+  {
+    // Between steps: nothing of a fenced incarnation is in flight on this thread any more.
+    absl::MutexLock lock(&fence_mu_);
+    if (fence_acked_ != fence_epoch_) connected_.clear();  // new endpoints for the new one
+    fence_acked_ = fence_epoch_;
+  }
   std::optional<v1::ClusterView> view;
   {
     absl::MutexLock lock(&mu_);
@@ -159,6 +202,9 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
   const v1::Role my_role = role_name_ == "attention" ? v1::ROLE_ATTENTION : v1::ROLE_EXPERT;
   int attention = 0, expert = 0;
   ClusterShape shape;
+  shape.live_attention.assign(view->num_attention_ranks(), false);
+  shape.view_version = view->version();
+  bool self_live = false;
   by_transport_rank_.clear();
   for (const v1::WorkerInfo& w : view->workers()) {
     const int peer = static_cast<int>(w.transport_rank());
@@ -175,17 +221,26 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
       }
     } else {
       const std::string& address = w.transport().ucx_worker_address();
+      // A new endpoint for a new address, and for a new incarnation at the same address (a
+      // process that was frozen or cut off and registered again): nothing of the old
+      // connection's state carries over to the new incarnation, on either side.
+      const std::string key = absl::StrCat(w.incarnation(), "@", address);
       auto it = connected_.find(peer);
-      if (!address.empty() && (it == connected_.end() || it->second != address)) {
+      if (w.state() != v1::WORKER_STATE_DEAD && !address.empty() &&
+          (it == connected_.end() || it->second != key)) {
         if (absl::Status s = transport_->Connect(peer, address); !s.ok()) {
           std::cerr << role_name_ << " " << rank_ << ": connect to peer " << peer << ": " << s
                     << "\n";
         } else {
-          connected_[peer] = address;
+          connected_[peer] = key;
         }
       }
     }
     if (w.state() == v1::WORKER_STATE_DEAD) continue;
+    if (w.role() == my_role && static_cast<int>(w.rank()) == rank_) self_live = true;
+    if (w.role() == v1::ROLE_ATTENTION && w.rank() < shape.live_attention.size()) {
+      shape.live_attention[w.rank()] = true;
+    }
     (w.role() == v1::ROLE_ATTENTION ? attention : expert)++;
   }
   shape.elastic_ep = view->elastic_ep();
@@ -208,15 +263,19 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
       placed ? Placement::FromExpertRanks(shape.num_expert, expert_ranks, p.version())
              : absl::StatusOr<Placement>(absl::FailedPreconditionError("incomplete"));
   if (placement.ok()) shape.placement = *placement;
-  complete_ = placement.ok() && self_peer_ >= 0 && attention == shape.num_attention &&
-              expert == shape.num_expert;
+  // Once started, DP ranks may be missing: each DP rank's requests are its own, so the live
+  // ones step without a dead one (every step names its DP ranks: WireHeader::dp_mask).
+  const bool attention_ok =
+      attention == shape.num_attention ||
+      (started_ && attention > 0 && (my_role != v1::ROLE_ATTENTION || self_live));
+  complete_ = placement.ok() && self_peer_ >= 0 && attention_ok && expert == shape.num_expert;
   if (elastic_ && (started_ || my_role == v1::ROLE_EXPERT)) {
     // Elastic EP: expert ranks may be missing while every expert has a live replica. An
     // expert rank exchanges with the attention ranks alone, so one that joins (or comes
     // back) while another expert rank is dead serves as soon as they are all live; the
     // attention ranks, which dispatch to every expert rank, still wait for the whole
     // cluster the first time.
-    complete_ = placement.ok() && self_peer_ >= 0 && attention == shape.num_attention;
+    complete_ = placement.ok() && self_peer_ >= 0 && attention_ok;
   }
   if (nccl_ != nullptr && !ApplyNcclView(*view)) complete_ = false;
   if (complete_) started_ = true;

@@ -43,6 +43,12 @@ struct ClusterShape {
   bool elastic_ep = false;
   // This worker's state in the view (DRAINING after dxs drain).
   v1::WorkerState self_state = v1::WORKER_STATE_UNSPECIFIED;
+  // Per DP rank (num_attention of them): registered and not DEAD in the view. Once the
+  // cluster has been complete, a DP rank the router has DEAD (a frozen, partitioned or
+  // killed attention worker) is left out of the others' steps, which go on without it.
+  std::vector<bool> live_attention;
+  // ClusterView.version of this view.
+  uint64_t view_version = 0;
 };
 
 class WorkerRuntime {
@@ -77,7 +83,8 @@ class WorkerRuntime {
   bool cluster_complete() const { return complete_; }
   // Steps may run: the cluster is complete, or, with elastic EP, it was once and every
   // expert still has a live replica, or some expert is being recovered (its steps fail and
-  // are run again until a placement covers it).
+  // are run again until a placement covers it). Once complete, DP ranks may be missing
+  // (at least one live; an attention worker itself live): the others step without them.
   bool can_serve() const { return complete_ || (elastic_ && started_); }
   // ControlPlane.ReportUnreachable through the membership (no-op before Join).
   absl::Status ReportUnreachable(const v1::WorkerId& peer, const std::string& reason) {
@@ -106,7 +113,15 @@ class WorkerRuntime {
   // Tells the transport which peers the view has DEAD (and which are live again), so a
   // step waiting on a dead peer fails now rather than at the step timeout
   // (Transport::SetPeerDeclaredDead). On the membership thread.
-  void DeclareDeadPeers(const v1::ClusterView& view);
+  void DeclareDeadPeers(const v1::ClusterView& view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before this worker registers again (the router forgot it: its lease ran out while it
+  // was frozen or cut off), on the membership thread: every peer is declared dead, so that
+  // what the step thread still waits on for the old incarnation (a combine, a round) ends
+  // at once, and this returns once the step thread has come between steps (up to 10 s).
+  // Requests of the new incarnation then never meet a step of the old one. Unfence, after
+  // the registration, lets the views declare the live peers live again.
+  void Fence();
+  void Unfence();
 
   std::string role_name_;
   TlsConfig tls_;
@@ -124,7 +139,12 @@ class WorkerRuntime {
   std::unique_ptr<WorkerMembership> membership_;
   absl::Mutex mu_;
   std::optional<v1::ClusterView> pending_ ABSL_GUARDED_BY(mu_);
-  std::map<int, std::string> connected_;  // transport rank -> address connected to
+  std::optional<v1::ClusterView> last_view_ ABSL_GUARDED_BY(mu_);
+  bool fenced_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Mutex fence_mu_;
+  uint64_t fence_epoch_ ABSL_GUARDED_BY(fence_mu_) = 0;  // Fence calls
+  uint64_t fence_acked_ ABSL_GUARDED_BY(fence_mu_) = 0;  // as of the step thread's last turn
+  std::map<int, std::string> connected_;                 // transport rank -> address connected to
   bool complete_ = false;
   bool started_ = false;  // complete_ has been true
   bool elastic_ = false;

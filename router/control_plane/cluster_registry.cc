@@ -127,8 +127,10 @@ ClusterRegistry::ClusterRegistry(ClusterRegistryOptions options)
   fingerprint_ = options_.fingerprint;
   attention_.resize(options_.num_attention_ranks);
   expert_.resize(options_.num_expert_ranks);
+  next_incarnation_ = std::max<uint64_t>(options_.first_version, 1);
+  view_.set_version(next_incarnation_ - 1);
   *view_.mutable_placement() = BuildPlacementLocked();  // version 0: nothing placed yet
-  PublishLocked();                                      // view version 1: the empty cluster
+  PublishLocked();  // view version first_version (1 by default): the empty cluster
 }
 
 std::vector<std::optional<WorkerStatus>>& ClusterRegistry::SlotsOf(v1::Role role) {
@@ -585,7 +587,8 @@ void ClusterRegistry::PublishLocked() {
   }
   v1::ExpertPlacement placement = BuildPlacementLocked();
   if (!SameExpertMap(placement, view_.placement())) {
-    placement.set_version(view_.placement().version() + 1);
+    placement.set_version(
+        std::max<uint64_t>(view_.placement().version() + 1, options_.first_version));
   }
   *view.mutable_placement() = std::move(placement);
   view.mutable_transport()->set_backend(options_.transport_backend);
@@ -658,10 +661,20 @@ bool ClusterRegistry::IsComplete() const {
 
 bool ClusterRegistry::IsCompleteLocked() const {
   const bool elastic = options_.elastic_ep && started_;
-  for (const auto* slots : {&attention_, &expert_}) {
-    for (const std::optional<WorkerStatus>& slot : *slots) {
-      if (!IsLive(slot) && !(elastic && slots == &expert_)) return false;
+  // Once started, the cluster serves on the live DP ranks while at least one is: a DP
+  // rank's requests are its own (the frontend routes around a dead one, and the others
+  // step without it: worker_runtime.h).
+  int live_attention = 0;
+  for (const std::optional<WorkerStatus>& slot : attention_) {
+    if (IsLive(slot)) {
+      ++live_attention;
+    } else if (!started_) {
+      return false;
     }
+  }
+  if (live_attention == 0) return false;
+  for (const std::optional<WorkerStatus>& slot : expert_) {
+    if (!IsLive(slot) && !elastic) return false;
   }
   for (const v1::ExpertReplicas& replicas : view_.placement().expert_to_rank()) {
     if (replicas.ep_ranks().empty()) return false;

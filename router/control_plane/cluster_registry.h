@@ -94,6 +94,13 @@ struct ClusterRegistryOptions {
   // has a live replica; an expert rank holding experts may drain (the Rebalancer moves
   // them off) and SetPlacement accepts a placement that leaves dead ranks empty.
   bool elastic_ep = false;
+  // The first view version, incarnation and placement version (each then counts up from
+  // it). The router starts them at the wall clock's microseconds (dxs-router), so those of
+  // a restarted router exceed its predecessor's: a worker's incarnation from the old router
+  // never names a registration made with the new one (a stale process could otherwise
+  // heartbeat, or deregister, in its place), and workers order the new views and
+  // placements after the old ones. Tests keep 1.
+  uint64_t first_version = 1;
   // Clock for registration and heartbeat times; tests substitute a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
 

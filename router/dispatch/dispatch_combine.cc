@@ -146,6 +146,9 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   h.transport = transport_;
   h.executor = this;
   h.step = step_;
+  h.dispatch_start_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(dispatch_start.time_since_epoch())
+          .count();
   h.layer = layer;
   h.micro = micro;
   const DType dtype = options_.wire_dtype;
@@ -238,6 +241,7 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   const MemoryType memory = TransportMemoryOf(*backend_);
   const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(dtype);
   transfers_.clear();
+  h.answer_index.assign(num_ranks, -1);
   size_t mapped_sent = 0, mapped_received = 0;
   for (int r = 0; r < num_ranks; ++r) {
     if (!in_step[r]) continue;
@@ -247,6 +251,7 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
     const size_t pair_bytes = static_cast<size_t>(h.num_pairs_per_rank[r]) * sizeof(int32_t);
     if (h.mapped[r]) {
       h.statuses[r] = -1;
+      h.answer_index[r] = static_cast<int>(transfers_.size());
       transfers_.push_back(
           {Transfer::Kind::kRecv, peer, &h.statuses[r], sizeof(int32_t), MemoryType::kHost});
       mapped_sent += rows_bytes + 3 * pair_bytes;
@@ -272,8 +277,10 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
         {Transfer::Kind::kSend, peer,
          pair_bytes > 0 ? pairs + 3 * h.pair_offsets[r] * sizeof(int32_t) : nullptr, 3 * pair_bytes,
          memory});
+    h.answer_index[r] = static_cast<int>(transfers_.size());
     transfers_.push_back({Transfer::Kind::kRecv, peer, answer, rows_bytes, memory});
   }
+  h.num_transfers = transfers_.size();
   // The transport reads the rows as soon as the group is posted: the pack (and whatever
   // wrote x) must have finished on the backend's queue.
   if (written.ok() && !h.in_region) {
@@ -459,6 +466,8 @@ absl::Status RemoteMoeExecutor::SendHeader(int r, int micro, int num_micro,
   header.micro = static_cast<uint8_t>(micro);
   header.num_micro = static_cast<uint8_t>(num_micro);
   header.step = step_;
+  header.dp_mask = dp_mask_;
+  header.dp_view = dp_view_;
   header.layer = h.layer;
   header.placement_version = placement_.version();
   header.num_rows = static_cast<int32_t>(h.num_tokens_per_rank[r]);
@@ -497,7 +506,10 @@ absl::Status RemoteMoeExecutor::Combine(std::unique_ptr<MoeHandle> handle, Tenso
                     expected_combine_wait_ <= options_.max_combine_spin;
   const absl::Time spin_end = wait_start + expected_combine_wait_ * 1.5;
   while (spin && !transport_->ExchangeDone(*h.group) && absl::Now() < spin_end) sched_yield();
-  absl::Status waited_status = transport_->WaitExchange(*h.group, deadline);
+  absl::Status waited_status =
+      observer_ != nullptr
+          ? transport_->WaitExchangeTimed(*h.group, deadline, &done_ns_, h.num_transfers)
+          : transport_->WaitExchange(*h.group, deadline);
   h.group.reset();  // waited for: done, or cancelled by the failed wait
   if (!waited_status.ok()) {
     return absl::UnavailableError(absl::StrCat("combine (step ", h.step, ", layer ", layer,
@@ -539,6 +551,15 @@ absl::Status RemoteMoeExecutor::Combine(std::unique_ptr<MoeHandle> handle, Tenso
   if (observer_ != nullptr) {
     if (read_from_x || answered_into_out) observer_->OnInPlace(read_from_x, answered_into_out);
     observer_->OnCombine(h.num_tokens_per_rank, SecondsSince(combine_start));
+    answer_seconds_.assign(num_ranks, 0.0);
+    answered_.assign(num_ranks, false);
+    for (int r = 0; r < num_ranks && r < static_cast<int>(h.answer_index.size()); ++r) {
+      const int i = h.answer_index[r];
+      if (i < 0 || static_cast<size_t>(i) >= done_ns_.size()) continue;
+      answered_[r] = true;
+      answer_seconds_[r] = std::max<int64_t>(done_ns_[i] - h.dispatch_start_ns, 0) * 1e-9;
+    }
+    observer_->OnEpAnswers(answer_seconds_, answered_);
   }
   handle.release();
   spare_handles_.emplace_back(dispatched);  // for its buffers

@@ -108,6 +108,12 @@ struct DispatchHandle final : MoeHandle {
   std::vector<bool> mapped;
   std::vector<int32_t> statuses;
   std::optional<ExchangeId> group;  // the posted exchange, until Combine waits for it
+  // When the dispatch began (steady clock, ns), the group's size, and per EP rank the index
+  // in the group of the receive of its answer (-1: not in the step): each EP rank's answer
+  // time (DispatchObserver::OnEpAnswers).
+  int64_t dispatch_start_ns = 0;
+  size_t num_transfers = 0;
+  std::vector<int> answer_index;
 };
 
 // Per-rank-pair traffic counters, cumulative; read from other threads.
@@ -152,6 +158,12 @@ class DispatchObserver {
   // take every token (the caller's staged x: nothing packed for them) and its output stored
   // in place by the one EP rank that holds every token (the staged out: nothing copied).
   virtual void OnInPlace(bool input, bool output) {}
+  // The combine succeeded: seconds[r] is EP rank r's answer time in it, from the start of
+  // the dispatch to the arrival of the last of its combine rows as this rank's progress saw
+  // it (where the transport records completions: WaitExchangeTimed); in_step[r] as in
+  // OnDispatch (the others' entries are 0). The slowest of the ranks in the step is the
+  // round's straggler.
+  virtual void OnEpAnswers(const std::vector<double>& seconds, const std::vector<bool>& in_step) {}
 };
 
 struct DispatchOptions {
@@ -176,6 +188,12 @@ class RemoteMoeExecutor final : public MoeExecutor {
 
   // The step id stamped on messages; the step loop sets it before each forward pass.
   void set_step(uint64_t step) { step_ = step; }
+  // The step's DP ranks and the view they were read from, stamped on dispatch headers
+  // (WireHeader::dp_mask, dp_view); the step loop sets them with the step.
+  void set_dp_ranks(uint64_t mask, uint64_t view) {
+    dp_mask_ = mask;
+    dp_view_ = view;
+  }
   // Adds `p` to the placements this executor can dispatch with and dispatches with it.
   void set_placement(Placement p) {
     const uint64_t version = p.version();
@@ -253,6 +271,11 @@ class RemoteMoeExecutor final : public MoeExecutor {
   int64_t hidden_;
   DispatchOptions options_;
   uint64_t step_ = 0;
+  uint64_t dp_mask_ = 0, dp_view_ = 0;
+  // Combine's per-EP-rank answer times, reused.
+  std::vector<int64_t> done_ns_;
+  std::vector<double> answer_seconds_;
+  std::vector<bool> answered_;
   std::unique_ptr<DispatchCounters> counters_;
   DispatchObserver* observer_ = nullptr;
   // Handles back from Combine, kept for their buffers (reused by later dispatches).

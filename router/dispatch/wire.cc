@@ -7,7 +7,7 @@
 namespace dxs {
 namespace {
 
-constexpr size_t kEncodedSize = 4 + 1 + 1 + 2 + 8 + 4 * 4 + 8 + 8 + 1 + 5 * 4 + 3 * 8;
+constexpr size_t kEncodedSize = 4 + 1 + 1 + 2 + 8 + 4 * 4 + 8 + 8 + 1 + 5 * 4 + 3 * 8 + 2 * 8;
 
 template <typename T>
 void Put(std::string* out, T v) {
@@ -48,6 +48,8 @@ std::string WireHeader::Encode() const {
   Put<int64_t>(&out, rows_at);
   Put<int64_t>(&out, pairs_at);
   Put<int64_t>(&out, answers_at);
+  Put<uint64_t>(&out, dp_mask);
+  Put<uint64_t>(&out, dp_view);
   return out;
 }
 
@@ -88,6 +90,8 @@ absl::StatusOr<WireHeader> WireHeader::Decode(std::string_view bytes) {
   h.rows_at = Get<int64_t>(bytes, &off);
   h.pairs_at = Get<int64_t>(bytes, &off);
   h.answers_at = Get<int64_t>(bytes, &off);
+  h.dp_mask = Get<uint64_t>(bytes, &off);
+  h.dp_view = Get<uint64_t>(bytes, &off);
   if ((h.flags & ~(WireHeader::kMapped | WireHeader::kDeviceRegion | WireHeader::kLowLatencyFits |
                    WireHeader::kConnect)) != 0) {
     return absl::InvalidArgumentError("wire header: unknown flags");

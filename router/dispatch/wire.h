@@ -91,6 +91,18 @@ struct WireHeader {
   int32_t ll_rank = 0;
   int32_t num_experts = 0;
   int64_t rows_at = 0, pairs_at = 0, answers_at = 0;  // with kMapped: byte offsets
+  // kStep, kDispatch, kLowLatencyStep: the DP ranks taking part in the step (bit r: DP rank
+  // r; 0: all of them, as with more than 64), and the router's view version that set was
+  // read from (kStep: the sender's; otherwise the newest of the step's DP ranks). A DP rank
+  // the router has DEAD (a frozen or partitioned attention worker) is left out of the steps
+  // of the others, and an expert rank gathers a round's headers from the DP ranks named
+  // here that its own view does not have DEAD (ExpertStepServer), waiting for that view
+  // first when the step's is newer.
+  uint64_t dp_mask = 0;
+  uint64_t dp_view = 0;
+  bool TakesPart(int dp_rank) const {
+    return dp_mask == 0 || (dp_rank < 64 && ((dp_mask >> dp_rank) & 1) != 0);
+  }
   bool mapped() const { return (flags & kMapped) != 0; }
   bool device_region() const { return (flags & kDeviceRegion) != 0; }
 

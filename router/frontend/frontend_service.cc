@@ -77,6 +77,8 @@ std::vector<FrontendService::RankTarget> FrontendService::Targets(
     // DRAINING ranks finish their requests but take no new ones.
     t.candidate.eligible =
         w.state() == v1::WORKER_STATE_JOINING || w.state() == v1::WORKER_STATE_READY;
+    // Unpinned requests prefer READY ranks (RankCandidate::ready).
+    t.candidate.ready = w.state() == v1::WORKER_STATE_READY;
     t.candidate.why_not = absl::StrCat("state ", v1::WorkerState_Name(w.state()));
   }
   return targets;

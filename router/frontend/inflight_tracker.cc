@@ -40,8 +40,10 @@ absl::StatusOr<int> InflightTracker::Admit(const std::string& request_id, int64_
     }
     chosen = r;
   } else {
+    bool any_ready = false;
+    for (int r = 0; r < num_ranks; ++r) any_ready |= candidates[r].eligible && candidates[r].ready;
     for (int r = 0; r < num_ranks; ++r) {
-      if (!candidates[r].eligible) continue;
+      if (!candidates[r].eligible || (any_ready && !candidates[r].ready)) continue;
       if (chosen < 0) {
         chosen = r;
         continue;

@@ -52,6 +52,10 @@ struct RankCandidate {
   uint64_t incarnation = 0;
   // When not eligible: why, for the UNAVAILABLE message ("state DEAD", "not registered").
   std::string why_not;
+  // READY (not JOINING). A request without a pinned rank goes to a READY rank while there is
+  // one: a JOINING rank may be one that registered again after a freeze or a partition and
+  // does not serve yet. A pinned request may go to a JOINING rank.
+  bool ready = true;
 };
 
 // Per-rank numbers for GetLoads.

@@ -59,6 +59,9 @@
 // SupportsMemory and refuses the group at PostExchange with UNIMPLEMENTED.
 #pragma once
 
+#include <chrono>
+#include <vector>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -136,6 +139,22 @@ class DataExchange {
   // the group is cancelled first (see Failure above). The id is forgotten afterwards
   // (NOT_FOUND for an id not, or no longer, known).
   virtual absl::Status WaitExchange(ExchangeId id, absl::Time deadline) = 0;
+  // WaitExchange that, on success, also gives when each transfer of the group completed
+  // ((*done)[i] for the group's transfer i, steady-clock nanoseconds since its epoch, as the
+  // caller's progress saw it): where the time goes within one group, e.g. which peer
+  // answered last (the attention side's per-EP-rank answer times, dxs_ep_answer_seconds).
+  // The default knows no more than the group's end: every entry is the moment the wait
+  // returned.
+  virtual absl::Status WaitExchangeTimed(ExchangeId id, absl::Time deadline,
+                                         std::vector<int64_t>* done, size_t num_transfers) {
+    absl::Status s = WaitExchange(id, deadline);
+    if (s.ok() && done != nullptr) {
+      done->assign(num_transfers, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                      std::chrono::steady_clock::now().time_since_epoch())
+                                      .count());
+    }
+    return s;
+  }
   // Makes progress without blocking; true once WaitExchange(id) would return at once.
   virtual bool ExchangeDone(ExchangeId id) = 0;
   // Whether transfers of this memory type can be posted (callers stage device memory

@@ -131,6 +131,8 @@ class Transport : public DataExchange {
   // those waits before the step timeout. The connection itself is left as it is (a peer
   // that comes back on it is used again once declared live). Default: ignored.
   virtual void SetPeerDeclaredDead(int peer, std::string reason) {}
+  // Whether `peer` is declared dead just now (SetPeerDeclaredDead). Any thread.
+  virtual bool PeerDeclaredDead(int peer) const { return false; }
 };
 
 // UCP active messages (control) and tagged sends/receives (data exchange); addresses

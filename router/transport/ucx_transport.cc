@@ -71,6 +71,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -182,6 +183,7 @@ struct ExchangeOp {
   ucs_status_t status = UCS_OK;
   ucp_tag_recv_info_t info = {};  // receives: what arrived
   bool short_message = false;     // a receive completed with fewer bytes than expected
+  int64_t done_ns = 0;            // when it completed (steady clock), for WaitExchangeTimed
 };
 
 struct ExchangeGroup {
@@ -231,10 +233,15 @@ class UcxTransport final : public Transport {
   void Wake() override;
   absl::Status PeerStatus(int peer) override;
   void SetPeerDeclaredDead(int peer, std::string reason) override;
+  bool PeerDeclaredDead(int peer) const override { return !DeclaredDead(peer).empty(); }
 
   absl::StatusOr<ExchangeId> PostExchange(uint64_t tag, const Transfer* transfers,
                                           size_t num_transfers) override;
-  absl::Status WaitExchange(ExchangeId id, absl::Time deadline) override;
+  absl::Status WaitExchange(ExchangeId id, absl::Time deadline) override {
+    return WaitExchangeTimed(id, deadline, nullptr, 0);
+  }
+  absl::Status WaitExchangeTimed(ExchangeId id, absl::Time deadline, std::vector<int64_t>* done,
+                                 size_t num_transfers) override;
   bool ExchangeDone(ExchangeId id) override;
   bool SupportsMemory(MemoryType memory) const override {
     return memory == MemoryType::kHost || device_memory_;
@@ -824,8 +831,9 @@ absl::StatusOr<TransportMessage> UcxTransport::Recv(int peer, absl::Time deadlin
     case WaitResult::kError:
       return absl::InternalError(absl::StrCat("recv from peer ", peer, ": waiting failed"));
     default:
-      return absl::DeadlineExceededError(
-          absl::StrCat("no message from peer ", peer, " before the deadline"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no message from peer ", peer, " before the deadline (", state.inbox.size(), " queued",
+          state.inbox.empty() || state.inbox.front()->done ? "" : ", the first incomplete", ")"));
   }
 }
 
@@ -1136,6 +1144,9 @@ void UcxTransport::CompleteExchangeOp(ExchangeOp* op, ucs_status_t status) {
     op->short_message = true;
   }
   op->done = true;
+  op->done_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now().time_since_epoch())
+                    .count();
   --op->group->num_pending;
 }
 
@@ -1183,7 +1194,8 @@ absl::Status UcxTransport::GroupError(const ExchangeGroup& group) const {
   return absl::OkStatus();
 }
 
-absl::Status UcxTransport::WaitExchange(ExchangeId id, absl::Time deadline) {
+absl::Status UcxTransport::WaitExchangeTimed(ExchangeId id, absl::Time deadline,
+                                             std::vector<int64_t>* done, size_t num_transfers) {
   auto it = exchanges_.find(id);
   if (it == exchanges_.end()) {
     return absl::NotFoundError(absl::StrCat("no exchange ", id, " in flight"));
@@ -1194,6 +1206,12 @@ absl::Status UcxTransport::WaitExchange(ExchangeId id, absl::Time deadline) {
   });
   absl::Status status = GroupError(group);
   if (status.ok() && group.num_pending == 0) {
+    if (done != nullptr) {
+      done->assign(num_transfers, 0);
+      for (size_t i = 0; i < group.ops.size() && i < num_transfers; ++i) {
+        (*done)[i] = group.ops[i].done_ns;
+      }
+    }
     exchanges_.erase(it);
     return absl::OkStatus();
   }

@@ -4,7 +4,7 @@
     hosts_client.py generate --router HOST:PORT --gen-dir DIR --spec FILE [--timeout S]
         Sends every request of FILE (a JSON list of {"prompt": [...], "max_new_tokens": N,
         "ignore_eos": bool}) at once, each on its own thread, through dxs.v1.Frontend.Generate
-        (greedy). Prints one JSON line per event, flushed as it happens, with
+        (greedy; "dp_rank": R pins it to attention rank R). Prints one JSON line per event, flushed as it happens, with
         time.monotonic() (one clock for every namespace of the machine):
           {"i": I, "ev": "tokens", "n": tokens so far, "t": T}   per streamed chunk
           {"i": I, "ev": "end", "code": "OK" | gRPC code name, "details": ..., "tokens": [...],
@@ -45,9 +45,13 @@ def channel_options(args):
     """--keepalive-ms K: HTTP/2 keepalive pings every K ms, each answered within K ms, or the
     connection (and every call on it) fails UNAVAILABLE; what a frontend does to notice a
     router it can no longer reach (dxs servers accept pings every second)."""
+    # Reconnect soon after the router is back (gRPC's default backoff grows to minutes).
+    backoff = [("grpc.initial_reconnect_backoff_ms", 100),
+               ("grpc.min_reconnect_backoff_ms", 100),
+               ("grpc.max_reconnect_backoff_ms", 500)]
     if not args.keepalive_ms:
-        return []
-    return [("grpc.keepalive_time_ms", args.keepalive_ms),
+        return backoff
+    return backoff + [("grpc.keepalive_time_ms", args.keepalive_ms),
             ("grpc.keepalive_timeout_ms", args.keepalive_ms),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0)]
@@ -68,6 +72,8 @@ def generate(args):
         req.sampling_params.max_new_tokens = req_spec["max_new_tokens"]
         req.sampling_params.temperature = 0.0
         req.sampling_params.ignore_eos = bool(req_spec.get("ignore_eos", False))
+        if "dp_rank" in req_spec:
+            req.data_parallel_rank = req_spec["dp_rank"]
         tokens = []
         try:
             for msg in stub.Generate(req, timeout=args.timeout):
@@ -125,6 +131,8 @@ def load(args):
             ev["tokens"] = tokens
             emit(ev)
             k += 1
+            if ev["code"] != "OK":
+                time.sleep(0.05)  # a client's pause before the next try
 
     threads = [threading.Thread(target=stream, args=(i, r)) for i, r in enumerate(streams)]
     for t in threads:

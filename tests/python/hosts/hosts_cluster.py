@@ -71,10 +71,7 @@ class Cluster:
         os.makedirs(self.gen_dir, exist_ok=True)
         gen_stubs(self.source_dir, self.gen_dir)
         b = self.bin_dir
-        self.procs["router"] = self.router_host.start("router", [
-            b + "/dxs-router", "--listen", self.router, "--metrics-listen",
-            "%s:%d" % (self.router_host.ip, METRICS_PORT), "--model", model,
-            "--attention", str(self.m), "--experts", str(self.n)] + self.router_args)
+        self.start_router()
         for r, h in enumerate(self.expert_hosts):
             self.start_expert(r)
         for r, h in enumerate(self.attention_hosts):
@@ -83,6 +80,14 @@ class Cluster:
                 self.router, "--listen", "%s:0" % h.ip, "--metrics-listen",
                 "%s:%d" % (h.ip, METRICS_PORT)] + self.attention_args)
         self.wait_ready(timeout)
+
+    def start_router(self):
+        b = self.bin_dir
+        self.procs["router"] = self.router_host.start("router", [
+            b + "/dxs-router", "--listen", self.router, "--metrics-listen",
+            "%s:%d" % (self.router_host.ip, METRICS_PORT), "--model", self.model,
+            "--attention", str(self.m), "--experts", str(self.n)] + self.router_args)
+        return self.procs["router"]
 
     def start_expert(self, r):
         h = self.expert_hosts[r]

@@ -23,6 +23,7 @@ Promises:
   OK, none is left without an end.
 - A new request sent during the partition (5 s deadline) fails, with UNAVAILABLE or
   DEADLINE_EXCEEDED, within 6 s.
+- The partition lasts until the router has expired every worker's lease (its log says so).
 - After the heal, requests succeed again within 60 s (each attempt has a 10 s deadline); 8
   concurrent requests then all equal the single-process engine; every worker is the same
   process as before, registered again under a new incarnation.
@@ -99,6 +100,10 @@ class HostsRouterPartition(unittest.TestCase):
         refuse = refused["t"] - sent
         self.assertLessEqual(refuse, NEW_REQUEST_BOUND_S, refused)
 
+        # The partition outlasts every worker's lease (the router logs each expiry), so the
+        # heal finds them all forgotten, as after any partition longer than the lease.
+        hosts_lib.wait_for(lambda: c.procs["router"].log().count("expired ") >= c.m + c.n, 60,
+                           "the router expiring all %d workers' leases" % (c.m + c.n))
         c.hosts.heal(c.router_host.index)
         healed_at = time.monotonic()
         probe = {"prompt": [1, 2, 3], "max_new_tokens": 8}
