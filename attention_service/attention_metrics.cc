@@ -90,6 +90,15 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(
                       "every EP rank's rows are received and summed (includes the "
                       "experts' compute)."));
   am->combine_latency_ = &combine->Add({{"rank", r}}, m::ExponentialBuckets(1e-5, 2, 20));
+  DXS_ASSIGN_OR_RETURN(
+      am->answer_family_,
+      m::AddHistogram(registry, "dxs_ep_answer_seconds",
+                      "One EP rank's answer time in one MoE layer's round, from this DP "
+                      "rank's dispatch to the arrival of that rank's combine rows."));
+  DXS_ASSIGN_OR_RETURN(am->slowest_family_,
+                       m::AddCounter(registry, "dxs_ep_slowest_rounds_total",
+                                     "MoE layer rounds of two or more EP ranks in which this "
+                                     "EP rank answered last (the straggler)."));
   DXS_ASSIGN_OR_RETURN(am->exchange_bytes_,
                        m::ExchangeBytes::Register(registry, "attention", rank));
 
@@ -138,7 +147,23 @@ void AttentionMetrics::GrowEpRanks(size_t num_ep_ranks) {
     const std::string ep_rank = std::to_string(dispatched_.size());
     dispatched_.push_back(&dispatched_family_->Add({{"rank", rank_}, {"ep_rank", ep_rank}}));
     combined_.push_back(&combined_family_->Add({{"rank", rank_}, {"ep_rank", ep_rank}}));
+    answer_.push_back(&answer_family_->Add({{"rank", rank_}, {"ep_rank", ep_rank}},
+                                           metrics::ExponentialBuckets(1e-5, 2, 20)));
+    slowest_.push_back(&slowest_family_->Add({{"rank", rank_}, {"ep_rank", ep_rank}}));
   }
+}
+
+void AttentionMetrics::OnEpAnswers(const std::vector<double>& seconds,
+                                   const std::vector<bool>& in_step) {
+  GrowEpRanks(seconds.size());
+  int slowest = -1, answered = 0;
+  for (size_t r = 0; r < seconds.size() && r < in_step.size(); ++r) {
+    if (!in_step[r]) continue;
+    answer_[r]->Observe(seconds[r]);
+    ++answered;
+    if (slowest < 0 || seconds[r] > seconds[slowest]) slowest = static_cast<int>(r);
+  }
+  if (answered >= 2) slowest_[slowest]->Increment();
 }
 
 void AttentionMetrics::OnDispatch(const std::vector<int64_t>& num_tokens_per_rank,

@@ -1,7 +1,8 @@
 // AttentionMetrics: one DP rank's Prometheus series (docs/metrics.md, "Attention workers"):
 // steps, empty-batch steps and steps split for two-batch overlap, step time, tokens dispatched to
 // and combined from each EP rank, dispatch and combine latency, each dispatch's balance over the
-// EP ranks (dxs_ep_balance_ratio), the bytes posted to the data exchange by memory type
+// EP ranks (dxs_ep_balance_ratio), each EP rank's answer time and how often it was the
+// slowest (dxs_ep_answer_seconds, dxs_ep_slowest_rounds_total), the bytes posted to the data exchange by memory type
 // (dxs_exchange_bytes_total), and, read at scrape time, queue
 // length, running requests and KV cache use.
 //
@@ -60,10 +61,14 @@ class AttentionMetrics final : public DispatchObserver {
     if (input) in_place_input_->Increment();
     if (output) in_place_output_->Increment();
   }
+  // Each EP rank's answer time in one combine (dxs_ep_answer_seconds), and the slowest of
+  // them when the round had two or more (dxs_ep_slowest_rounds_total): the straggler.
+  void OnEpAnswers(const std::vector<double>& seconds, const std::vector<bool>& in_step) override;
 
  private:
   AttentionMetrics() = default;
-  // Makes sure dispatched_ and combined_ have a child for EP ranks [0, num_ep_ranks).
+  // Makes sure dispatched_, combined_, answer_ and slowest_ have a child for EP ranks
+  // [0, num_ep_ranks).
   void GrowEpRanks(size_t num_ep_ranks);
 
   std::string rank_;
@@ -78,6 +83,10 @@ class AttentionMetrics final : public DispatchObserver {
   metrics::CounterFamily* combined_family_ = nullptr;
   std::vector<prometheus::Counter*> dispatched_;  // per EP rank
   std::vector<prometheus::Counter*> combined_;    // per EP rank
+  metrics::HistogramFamily* answer_family_ = nullptr;
+  metrics::CounterFamily* slowest_family_ = nullptr;
+  std::vector<prometheus::Histogram*> answer_;  // per EP rank: dxs_ep_answer_seconds
+  std::vector<prometheus::Counter*> slowest_;   // per EP rank: dxs_ep_slowest_rounds_total
   prometheus::Histogram* dispatch_latency_ = nullptr;
   prometheus::Histogram* balance_ratio_ = nullptr;  // mean / max tokens per EP rank
   prometheus::Histogram* combine_latency_ = nullptr;

@@ -49,12 +49,13 @@ COUNTERS_AND_GAUGES = {
     "dxs_ep_token_imbalance", "dxs_expert_tokens_total", "dxs_workers", "dxs_build_info",
     "dxs_overlapped_steps_total", "dxs_cluster_ep_balance_ratio", "dxs_placement_version",
     "dxs_placement_experts", "dxs_placement_replicas", "dxs_eplb_rebalances_total",
-    "dxs_eplb_experts_moved_total", "dxs_eplb_recoveries_total",
+    "dxs_eplb_experts_moved_total", "dxs_eplb_recoveries_total", "dxs_ep_slowest_rounds_total",
 }
 HISTOGRAMS = {
     "dxs_dispatch_latency_seconds", "dxs_combine_latency_seconds", "dxs_step_duration_seconds",
     "dxs_time_to_first_token_seconds", "dxs_inter_token_latency_seconds",
     "dxs_request_duration_seconds", "dxs_ep_balance_ratio", "dxs_eplb_recovery_duration_seconds",
+    "dxs_ep_answer_seconds",
 }
 # The SMG gateway's metrics, as smg 1.13.0 (SMG_VERSION in scripts/setup.sh) exposes them on
 # --prometheus-port: recorded from its /metrics in front of a stub SGLang scheduler, after
