@@ -4,7 +4,10 @@
 #include <emmintrin.h>
 #endif
 
+#include <array>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "absl/status/status.h"
@@ -23,6 +26,8 @@ size_t DTypeSize(DType dtype) {
       return 4;
     case DType::kI64:
       return 8;
+    case DType::kF8E4M3:
+      return 1;
   }
   return 0;
 }
@@ -39,6 +44,8 @@ std::string_view DTypeName(DType dtype) {
       return "I32";
     case DType::kI64:
       return "I64";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }
@@ -47,9 +54,10 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
   if (name == "F32") return DType::kF32;
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
+  if (name == "F8_E4M3") return DType::kF8E4M3;
   return absl::InvalidArgumentError(absl::StrCat("unsupported dtype '",
                                                  absl::string_view(name.data(), name.size()),
-                                                 "' (supported: F32, F16, BF16)"));
+                                                 "' (supported: F32, F16, BF16, F8_E4M3)"));
 }
 
 float Fp16ToFloat(uint16_t v) {
@@ -107,6 +115,60 @@ uint16_t FloatToFp16(float f) {
   const uint32_t remainder = x & 0x1fffu;
   if (remainder > 0x1000u || (remainder == 0x1000u && (result & 1u))) ++result;
   return static_cast<uint16_t>(sign | result);
+}
+
+namespace {
+
+// All 256 e4m3fn codes, decoded once.
+std::array<float, 256> MakeFp8E4m3Table() {
+  std::array<float, 256> table{};
+  for (int code = 0; code < 256; ++code) {
+    const int exponent = (code >> 3) & 0xf;
+    const int mantissa = code & 0x7;
+    float magnitude;
+    if (exponent == 0xf && mantissa == 0x7) {
+      magnitude = std::numeric_limits<float>::quiet_NaN();
+    } else if (exponent == 0) {
+      magnitude = std::ldexp(static_cast<float>(mantissa), -9);  // subnormal: m/8 * 2^-6
+    } else {
+      magnitude = std::ldexp(static_cast<float>(8 + mantissa), exponent - 7 - 3);
+    }
+    table[code] = (code & 0x80) ? -magnitude : magnitude;
+  }
+  return table;
+}
+
+const std::array<float, 256>& Fp8E4m3Table() {
+  static const std::array<float, 256> table = MakeFp8E4m3Table();
+  return table;
+}
+
+}  // namespace
+
+float Fp8E4m3ToFloat(uint8_t v) { return Fp8E4m3Table()[v]; }
+
+uint8_t FloatToFp8E4m3(float f) {
+  uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  if (std::isnan(f)) return static_cast<uint8_t>(sign | 0x7f);
+  const float x = std::fabs(f);
+  if (!(x < kFp8E4m3Max)) return static_cast<uint8_t>(sign | 0x7e);  // saturate (and inf)
+  if (x < 0x1p-6f) {
+    // Subnormal range: the code is round(x * 2^9), exact scaling, ties to even; a result of 8
+    // is the smallest normal, 0x08, as an integer too.
+    const float q = std::nearbyint(x * 512.0f);
+    return static_cast<uint8_t>(sign | static_cast<uint8_t>(q));
+  }
+  int e = 0;
+  const float frac = std::frexp(x, &e);  // x = frac * 2^e, frac in [0.5, 1)
+  // Mantissa steps of 1/8 on [1, 2): (2 * frac - 1) * 8 in [0, 8), exact; ties to even.
+  int exponent = e - 1 + 7;
+  int mantissa = static_cast<int>(std::nearbyint((2.0f * frac - 1.0f) * 8.0f));
+  if (mantissa == 8) {
+    mantissa = 0;
+    ++exponent;
+  }
+  if (exponent > 15 || (exponent == 15 && mantissa == 7)) return static_cast<uint8_t>(sign | 0x7e);
+  return static_cast<uint8_t>(sign | (exponent << 3) | mantissa);
 }
 
 namespace {
@@ -183,6 +245,11 @@ void WidenToFloat32(DType dtype, const void* src, size_t count, float* dst) {
     case DType::kBF16:
       WidenBf16(in, count, dst);
       return;
+    case DType::kF8E4M3: {
+      const std::array<float, 256>& table = Fp8E4m3Table();
+      for (size_t i = 0; i < count; ++i) dst[i] = table[in[i]];
+      return;
+    }
     case DType::kI32:
     case DType::kI64:
       std::abort();  // programming error: index tensors are never converted
@@ -203,6 +270,9 @@ void NarrowFromFloat32(DType dtype, const float* src, size_t count, void* dst) {
       return;
     case DType::kBF16:
       NarrowBf16(src, count, out);
+      return;
+    case DType::kF8E4M3:
+      for (size_t i = 0; i < count; ++i) out[i] = FloatToFp8E4m3(src[i]);
       return;
     case DType::kI32:
     case DType::kI64:

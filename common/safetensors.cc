@@ -158,9 +158,9 @@ absl::Status ParseEntry(std::string_view file, const std::string& name, const Js
   const std::string& dtype_name = dtype_it->get_ref<const std::string&>();
   absl::StatusOr<DType> dtype = ParseDType(dtype_name);
   if (!dtype.ok()) {
-    return TensorError(
-        file, name,
-        absl::StrCat("unsupported dtype ", Quote(dtype_name), " (supported: F32, F16, BF16)"));
+    return TensorError(file, name,
+                       absl::StrCat("unsupported dtype ", Quote(dtype_name),
+                                    " (supported: F32, F16, BF16, F8_E4M3)"));
   }
   view->dtype = *dtype;
 
@@ -427,6 +427,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     DXS_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(single));
     for (const auto& [name, view] : file->tensors()) checkpoint->owner_[name] = file.get();
     checkpoint->files_.push_back(std::move(file));
+    DXS_RETURN_IF_ERROR(checkpoint->LoadQuantization());
     return checkpoint;
   }
   if (!IsRegularFile(index_path)) {
@@ -485,7 +486,132 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     }
     checkpoint->owner_[tensor] = shard_it->second;
   }
+  DXS_RETURN_IF_ERROR(checkpoint->LoadQuantization());
   return checkpoint;
+}
+
+absl::StatusOr<Fp8BlockQuantization> ParseFp8Quantization(const Json& q, std::string_view source) {
+  auto field_error = [&](std::string_view field, std::string_view message) {
+    return absl::InvalidArgumentError(absl::StrCat(AsAbsl(source), ": quantization_config.",
+                                                   AsAbsl(field), ": ", AsAbsl(message)));
+  };
+  if (!q.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        AsAbsl(source), ": quantization_config must be an object, got ", JsonForMessage(q)));
+  }
+  auto string_field = [&](const char* field, const char* fallback, const char* supported,
+                          std::string* out) -> absl::Status {
+    auto it = q.find(field);
+    if (it == q.end() || it->is_null()) {
+      if (fallback == nullptr) return field_error(field, "missing");
+      *out = fallback;
+    } else if (!it->is_string()) {
+      return field_error(field, absl::StrCat("must be a string, got ", JsonForMessage(*it)));
+    } else {
+      *out = it->get<std::string>();
+    }
+    if (*out != supported) {
+      return field_error(
+          field, absl::StrCat(Quote(*out), " is not supported (supported: \"", supported, "\")"));
+    }
+    return absl::OkStatus();
+  };
+  std::string value;
+  DXS_RETURN_IF_ERROR(string_field("quant_method", nullptr, "fp8", &value));
+  // Qwen's FP8 configs leave fmt out; DeepSeek-V3's say "e4m3".
+  DXS_RETURN_IF_ERROR(string_field("fmt", "e4m3", "e4m3", &value));
+  DXS_RETURN_IF_ERROR(string_field("activation_scheme", "dynamic", "dynamic", &value));
+  Fp8BlockQuantization result;
+  auto block = q.find("weight_block_size");
+  if (block == q.end() || block->is_null()) {
+    return field_error("weight_block_size",
+                       "missing (only block-scaled FP8 with [128, 128] blocks is supported)");
+  }
+  if (!block->is_array() || block->size() != 2 || !(*block)[0].is_number_integer() ||
+      !(*block)[1].is_number_integer() || (*block)[0].get<int64_t>() != 128 ||
+      (*block)[1].get<int64_t>() != 128) {
+    return field_error(
+        "weight_block_size",
+        absl::StrCat(JsonForMessage(*block), " is not supported (supported: [128, 128])"));
+  }
+  auto skip = q.find("modules_to_not_convert");
+  if (skip != q.end() && !skip->is_null()) {
+    if (!skip->is_array()) {
+      return field_error("modules_to_not_convert",
+                         absl::StrCat("must be an array of strings, got ", JsonForMessage(*skip)));
+    }
+    for (const Json& m : *skip) {
+      if (!m.is_string()) {
+        return field_error("modules_to_not_convert",
+                           absl::StrCat("must hold strings, got ", JsonForMessage(m)));
+      }
+      result.modules_to_not_convert.push_back(m.get<std::string>());
+    }
+  }
+  return result;
+}
+
+absl::Status Checkpoint::LoadQuantization() {
+  const std::string config_path = JoinPath(dir_, "config.json");
+  if (IsRegularFile(config_path)) {
+    DXS_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(config_path, kMaxIndexBytes));
+    Json config;
+    try {
+      config = Json::parse(text);
+    } catch (const Json::exception& e) {
+      return FileError(config_path, absl::StrCat("not valid JSON: ", e.what()));
+    }
+    if (config.is_object()) {
+      auto q = config.find("quantization_config");
+      if (q != config.end() && !q->is_null()) {
+        DXS_ASSIGN_OR_RETURN(Fp8BlockQuantization fp8, ParseFp8Quantization(*q, config_path));
+        fp8_ = std::move(fp8);
+      }
+      for (const char* key : {"torch_dtype", "dtype"}) {
+        auto it = config.find(key);
+        if (it == config.end() || !it->is_string()) continue;
+        const std::string& name = it->get_ref<const std::string&>();
+        if (name == "bfloat16") dequantized_dtype_ = DType::kBF16;
+        if (name == "float16") dequantized_dtype_ = DType::kF16;
+        break;
+      }
+    }
+  }
+  for (const auto& [name, file] : owner_) {
+    const TensorView& view = file->tensors().at(name);
+    if (view.dtype != DType::kF8E4M3) continue;
+    const std::string& path = file->path();
+    if (!fp8_.has_value()) {
+      return TensorError(path, name, "is F8_E4M3 but config.json has no fp8 quantization_config");
+    }
+    if (view.shape.size() != 2) {
+      return TensorError(
+          path, name,
+          absl::StrCat("an F8_E4M3 weight must be 2-D, got shape ", ShapeString(view.shape)));
+    }
+    const std::string scale_name = name + kFp8ScaleSuffix;
+    auto scale_it = owner_.find(scale_name);
+    if (scale_it == owner_.end()) {
+      return TensorError(path, name,
+                         absl::StrCat("F8_E4M3 weight has no scale tensor ", Quote(scale_name)));
+    }
+    const TensorView& scale = scale_it->second->tensors().at(scale_name);
+    const std::vector<int64_t> want = {(view.shape[0] + fp8_->block_rows - 1) / fp8_->block_rows,
+                                       (view.shape[1] + fp8_->block_cols - 1) / fp8_->block_cols};
+    if (scale.dtype != DType::kF32 && scale.dtype != DType::kBF16) {
+      return TensorError(scale_it->second->path(), scale_name,
+                         absl::StrCat("scale of F8_E4M3 weight ", Quote(name), " is ",
+                                      AsAbsl(DTypeName(scale.dtype)), ", expected F32 (or BF16)"));
+    }
+    if (scale.shape != want) {
+      return TensorError(
+          scale_it->second->path(), scale_name,
+          absl::StrCat("scale shape ", ShapeString(scale.shape), " does not match ",
+                       ShapeString(want), " (one per ", fp8_->block_rows, "x", fp8_->block_cols,
+                       " block of ", Quote(name), " ", ShapeString(view.shape), ")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 bool Checkpoint::Has(std::string_view name) const { return owner_.find(name) != owner_.end(); }
@@ -527,6 +653,21 @@ absl::StatusOr<std::vector<float>> Checkpoint::ReadFloat32(
   DXS_ASSIGN_OR_RETURN(const TensorView* view, FindWithShape(name, expected_shape));
   std::vector<float> out(view->num_bytes / DTypeSize(view->dtype));
   WidenToFloat32(view->dtype, view->data, out.size(), out.data());
+  if (view->dtype == DType::kF8E4M3) {
+    // Open checked the scale: fp8 config present, 2-D, [ceil(rows/br), ceil(cols/bc)].
+    const std::string scale_name = absl::StrCat(AsAbsl(name), kFp8ScaleSuffix);
+    DXS_ASSIGN_OR_RETURN(const TensorView* scale_view, Find(scale_name));
+    std::vector<float> scale(static_cast<size_t>(scale_view->num_elements()));
+    WidenToFloat32(scale_view->dtype, scale_view->data, scale.size(), scale.data());
+    const int64_t rows = view->shape[0], cols = view->shape[1];
+    const int64_t br = fp8_->block_rows, bc = fp8_->block_cols;
+    const int64_t scale_cols = scale_view->shape[1];
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* scale_row = scale.data() + (r / br) * scale_cols;
+      float* row = out.data() + r * cols;
+      for (int64_t c = 0; c < cols; ++c) row[c] *= scale_row[c / bc];
+    }
+  }
   return out;
 }
 

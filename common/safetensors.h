@@ -9,18 +9,28 @@
 // Checkpoint opens a directory holding either model.safetensors or a sharded set with
 // model.safetensors.index.json ({"weight_map": {tensor: file}}).
 //
+// Block-scaled FP8 checkpoints (the DeepSeek-V3 / Qwen3-FP8 layout): config.json has
+// "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme":
+// "dynamic", "weight_block_size": [128, 128], "modules_to_not_convert": [..]}; each quantized
+// weight W [out, in] is F8_E4M3 with an F32 (or BF16) tensor W_scale_inv of shape
+// [ceil(out/128), ceil(in/128)], and its value is fp8(W) * scale_inv of its 128x128 block.
+// Checkpoint::Open validates the config and every F8_E4M3 tensor's scale, and ReadFloat32
+// dequantizes, so every reader of a checkpoint sees float weights.
+//
 // Thread safety: after Open, all const methods may be called concurrently.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace dxs {
 
@@ -65,10 +75,30 @@ class SafetensorsFile {
 // the directory's fingerprint wherever one is taken.
 inline constexpr char kInPlaceWeightsFile[] = "dxs_in_place_weights.json";
 
+// config.json's "quantization_config" of a block-scaled FP8 checkpoint.
+struct Fp8BlockQuantization {
+  int64_t block_rows = 128, block_cols = 128;
+  std::vector<std::string> modules_to_not_convert;
+};
+inline constexpr char kFp8ScaleSuffix[] = "_scale_inv";
+
+// Parses the "quantization_config" value of config.json (`source` names the file in
+// messages). INVALID_ARGUMENT naming the field for anything but fp8 / e4m3 / dynamic /
+// [128, 128].
+absl::StatusOr<Fp8BlockQuantization> ParseFp8Quantization(const nlohmann::json& quantization,
+                                                          std::string_view source);
+
 class Checkpoint {
  public:
-  // `dir` holds model.safetensors, or model.safetensors.index.json and its shards.
+  // `dir` holds model.safetensors, or model.safetensors.index.json and its shards, and
+  // config.json where its weights are quantized (see above).
   static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+
+  // Set for a block-scaled FP8 checkpoint.
+  const std::optional<Fp8BlockQuantization>& fp8() const { return fp8_; }
+  // The dtype FP8 weights dequantize into before the backend's WeightDType: config.json's
+  // torch_dtype (F32 when absent).
+  DType dequantized_dtype() const { return dequantized_dtype_; }
 
   const std::string& dir() const { return dir_; }
   bool Has(std::string_view name) const;
@@ -80,13 +110,18 @@ class Checkpoint {
   // `name` as stored, after checking its shape equals `expected_shape` (errors as below).
   absl::StatusOr<const TensorView*> FindWithShape(std::string_view name,
                                                   const std::vector<int64_t>& expected_shape) const;
-  // Reads `name`, checks its shape equals `expected_shape` and widens it to float32.
-  // Errors name the file and tensor: NOT_FOUND if absent, INVALID_ARGUMENT on a wrong shape.
+  // Reads `name`, checks its shape equals `expected_shape` and widens it to float32 (an
+  // F8_E4M3 weight times its block scales). Errors name the file and tensor: NOT_FOUND if
+  // absent, INVALID_ARGUMENT on a wrong shape.
   absl::StatusOr<std::vector<float>> ReadFloat32(std::string_view name,
                                                  const std::vector<int64_t>& expected_shape) const;
 
  private:
+  // Reads config.json's quantization_config and checks every F8_E4M3 tensor's scale.
+  absl::Status LoadQuantization();
   std::string dir_;
+  std::optional<Fp8BlockQuantization> fp8_;
+  DType dequantized_dtype_ = DType::kF32;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*, std::less<>> owner_;
 };

@@ -199,6 +199,82 @@ std::vector<RandomTensorSpec> RandomTensorSpecs(const CheckpointPreset& preset) 
   return specs;
 }
 
+bool IsFp8QuantizedTensor(const std::string& name) {
+  constexpr std::string_view kSuffix = "_proj.weight";
+  return name.size() > kSuffix.size() &&
+         name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0;
+}
+
+void QuantizeFp8Blocks(const std::vector<float>& w, int64_t rows, int64_t cols,
+                       std::vector<float>* q, std::vector<float>* scale) {
+  constexpr int64_t kBlock = 128;
+  const int64_t block_rows = (rows + kBlock - 1) / kBlock,
+                block_cols = (cols + kBlock - 1) / kBlock;
+  q->assign(w.size(), 0.0f);
+  scale->assign(block_rows * block_cols, 1.0f);
+  for (int64_t br = 0; br < block_rows; ++br) {
+    for (int64_t bc = 0; bc < block_cols; ++bc) {
+      const int64_t r_end = std::min(rows, (br + 1) * kBlock);
+      const int64_t c_end = std::min(cols, (bc + 1) * kBlock);
+      float amax = 0;
+      for (int64_t r = br * kBlock; r < r_end; ++r) {
+        for (int64_t c = bc * kBlock; c < c_end; ++c)
+          amax = std::max(amax, std::fabs(w[r * cols + c]));
+      }
+      const float s = amax > 0 ? amax / kFp8E4m3Max : 1.0f;
+      (*scale)[br * block_cols + bc] = s;
+      for (int64_t r = br * kBlock; r < r_end; ++r) {
+        for (int64_t c = bc * kBlock; c < c_end; ++c) {
+          const float x = std::clamp(w[r * cols + c] / s, -kFp8E4m3Max, kFp8E4m3Max);
+          (*q)[r * cols + c] = Fp8E4m3ToFloat(FloatToFp8E4m3(x));
+        }
+      }
+    }
+  }
+}
+
+std::string PresetConfigJson(const CheckpointPreset& preset) {
+  const ModelConfig& c = preset.config;
+  if (!preset.fp8) return c.ToJson();
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(c.ToJson());
+  // As Qwen3's FP8 configs: the modules left in their dtype.
+  std::vector<std::string> keep;
+  if (!c.tie_word_embeddings) keep.push_back("lm_head");
+  keep.push_back("model.embed_tokens");
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    for (const char* m :
+         {"input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm"}) {
+      keep.push_back(LayerTensorName(l, m));
+    }
+    if (c.IsMoeLayer(l)) keep.push_back(LayerTensorName(l, "mlp.gate"));
+  }
+  keep.push_back("model.norm");
+  nlohmann::ordered_json q;
+  q["quant_method"] = "fp8";
+  q["fmt"] = "e4m3";
+  q["activation_scheme"] = "dynamic";
+  q["weight_block_size"] = {128, 128};
+  q["modules_to_not_convert"] = keep;
+  j["quantization_config"] = q;
+  return j.dump(2) + "\n";
+}
+
+namespace {
+
+// A quantized tensor's values before quantization: as drawn, rounded to the storage dtype
+// (the official checkpoints are quantized from their bf16 weights).
+std::vector<float> StoredValues(const CheckpointPreset& preset, const RandomTensorSpec& spec) {
+  std::vector<float> values = RandomTensorValues(preset.seed, spec);
+  if (preset.storage_dtype != DType::kF32) {
+    std::vector<uint8_t> stored(values.size() * DTypeSize(preset.storage_dtype));
+    NarrowFromFloat32(preset.storage_dtype, values.data(), values.size(), stored.data());
+    WidenToFloat32(preset.storage_dtype, stored.data(), values.size(), values.data());
+  }
+  return values;
+}
+
+}  // namespace
+
 uint64_t RandomTensorSeed(uint64_t seed, const std::string& name) {
   return Fnv1a(kFnvOffset ^ seed, name.data(), name.size());
 }
@@ -245,6 +321,24 @@ absl::StatusOr<Tensor> RandomWeightSource::Load(const std::string& name, std::ve
     return absl::InvalidArgumentError(
         absl::StrCat("preset ", preset_.name, ": tensor ", name, " has another shape"));
   }
+  if (preset_.fp8 && IsFp8QuantizedTensor(name) && shape.size() == 2) {
+    // Made on the host, quantized and dequantized as a checkpoint of --fp8 would be loaded
+    // (CheckpointWeightSource: fp8 value times its block scale, in float32).
+    std::vector<float> q, scale;
+    QuantizeFp8Blocks(StoredValues(preset_, spec), shape[0], shape[1], &q, &scale);
+    const int64_t cols = shape[1], block_cols = (cols + 127) / 128;
+    for (size_t i = 0; i < q.size(); ++i) {
+      const int64_t r = static_cast<int64_t>(i) / cols, c = static_cast<int64_t>(i) % cols;
+      q[i] *= scale[(r / 128) * block_cols + c / 128];
+    }
+    const DType dequantized = preset_.config.torch_dtype == "bfloat16"  ? DType::kBF16
+                              : preset_.config.torch_dtype == "float16" ? DType::kF16
+                                                                        : DType::kF32;
+    DXS_ASSIGN_OR_RETURN(Tensor t,
+                         backend->Allocate(std::move(shape), backend->WeightDType(dequantized)));
+    DXS_RETURN_IF_ERROR(backend->CopyFromHost(q.data(), DType::kF32, &t));
+    return t;
+  }
   DXS_ASSIGN_OR_RETURN(
       Tensor t, backend->Allocate(std::move(shape), backend->WeightDType(preset_.storage_dtype)));
   if (!spec.row_scale.empty()) {
@@ -271,12 +365,21 @@ absl::Status WriteRandomCheckpoint(const CheckpointPreset& preset, const std::st
   }
   SafetensorsWriter writer;
   for (RandomTensorSpec& spec : RandomTensorSpecs(preset)) {
+    if (preset.fp8 && IsFp8QuantizedTensor(spec.name) && spec.shape.size() == 2) {
+      std::vector<float> q, scale;
+      QuantizeFp8Blocks(StoredValues(preset, spec), spec.shape[0], spec.shape[1], &q, &scale);
+      const std::vector<int64_t> scale_shape = {(spec.shape[0] + 127) / 128,
+                                                (spec.shape[1] + 127) / 128};
+      writer.Add(spec.name, DType::kF8E4M3, spec.shape, q);
+      writer.Add(spec.name + kFp8ScaleSuffix, DType::kF32, scale_shape, scale);
+      continue;
+    }
     std::vector<float> values = RandomTensorValues(preset.seed, spec);
     writer.Add(spec.name, preset.storage_dtype, std::move(spec.shape), std::move(values));
   }
   DXS_RETURN_IF_ERROR(writer.WriteDirectory(dir, preset.num_shards));
   std::ofstream cfg(dir + "/config.json");
-  cfg << c.ToJson() << "\n";
+  cfg << PresetConfigJson(preset) << "\n";
   if (!cfg.good()) return absl::InternalError(absl::StrCat("cannot write ", dir, "/config.json"));
   return WriteTokenizerFiles(c, dir);
 }
@@ -294,8 +397,9 @@ absl::Status WriteInPlaceCheckpoint(const CheckpointPreset& preset, const std::s
   recipe["storage_dtype"] = std::string(DTypeName(preset.storage_dtype));
   recipe["router_skew"] = preset.router_skew;
   recipe["router_scales"] = preset.router_scales;
+  if (preset.fp8) recipe["fp8"] = true;  // absent otherwise: older recipes stay byte-identical
   for (const auto& [name, text] :
-       {std::pair<std::string, std::string>{"config.json", preset.config.ToJson()},
+       {std::pair<std::string, std::string>{"config.json", PresetConfigJson(preset)},
         std::pair<std::string, std::string>{kInPlaceWeightsFile, recipe.dump(2)}}) {
     std::ofstream out(dir + "/" + name);
     out << text << "\n";
@@ -323,6 +427,7 @@ absl::StatusOr<CheckpointPreset> ReadInPlaceCheckpoint(const std::string& dir) {
                          ParseDType(recipe.at("storage_dtype").get<std::string>()));
     preset.router_skew = recipe.value("router_skew", 0.0);
     preset.router_scales = recipe.value("router_scales", std::vector<double>());
+    preset.fp8 = recipe.value("fp8", false);
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
   }

@@ -33,7 +33,23 @@ struct CheckpointPreset {
   // Per-expert gate-row scales for router_skew, as CalibrateRouterSkew measured them
   // (model/router_skew.h); empty: ZipfRouterScales's simulated ones.
   std::vector<double> router_scales;
+  // Block-scaled FP8 (dxs gen-model --fp8): the linear weights of attention, experts and
+  // dense MLPs (IsFp8QuantizedTensor) stored as the official Qwen3-FP8 checkpoints store
+  // them (QuantizeFp8Blocks), config.json's quantization_config listing the rest.
+  bool fp8 = false;
 };
+
+// The tensors --fp8 quantizes: every "*_proj.weight" (q/k/v/o, and gate/up/down of the
+// experts and dense MLPs). Embeddings, norms, the router gate and lm_head stay as they are.
+bool IsFp8QuantizedTensor(const std::string& name);
+// Quantizes the [rows, cols] weight `w` as the official FP8 checkpoints are: per 128x128
+// block, scale = amax / 448 (1 for an all-zero block) and q = e4m3 round-to-nearest-even of
+// w / scale, clamped to +-448. `q` gets the e4m3 values (as floats, exactly representable),
+// `scale` the [ceil(rows/128), ceil(cols/128)] weight_scale_inv.
+void QuantizeFp8Blocks(const std::vector<float>& w, int64_t rows, int64_t cols,
+                       std::vector<float>* q, std::vector<float>* scale);
+// config.json of a preset: ModelConfig::ToJson plus, with fp8, the quantization_config.
+std::string PresetConfigJson(const CheckpointPreset& preset);
 
 // "default" (the embedded model), "odd" (GQA 3, top-3 of 12 experts, a dense layer,
 // untied head), "bf16-sharded" (bf16, 3 shards, norm_topk_prob false, tied head), and

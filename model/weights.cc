@@ -9,6 +9,16 @@ absl::StatusOr<Tensor> CheckpointWeightSource::Load(const std::string& name,
                                                     Backend* backend) const {
   // In the stored dtype where the backend computes in it; the CPU widens to float32.
   DXS_ASSIGN_OR_RETURN(const TensorView* view, ckpt_.FindWithShape(name, shape));
+  if (view->dtype == DType::kF8E4M3) {
+    // Block-scaled FP8: dequantized on the host (fp8 value times its block's scale, in
+    // float32), then kept as the backend keeps the checkpoint's compute dtype.
+    DXS_ASSIGN_OR_RETURN(std::vector<float> values, ckpt_.ReadFloat32(name, shape));
+    DXS_ASSIGN_OR_RETURN(
+        Tensor t,
+        backend->Allocate(std::move(shape), backend->WeightDType(ckpt_.dequantized_dtype())));
+    DXS_RETURN_IF_ERROR(backend->CopyFromHost(values.data(), DType::kF32, &t));
+    return t;
+  }
   DXS_ASSIGN_OR_RETURN(Tensor t,
                        backend->Allocate(std::move(shape), backend->WeightDType(view->dtype)));
   DXS_RETURN_IF_ERROR(backend->CopyFromHost(view->data, view->dtype, &t));

@@ -39,12 +39,85 @@ TEST(DTypeTest, NamesAndSizes) {
 }
 
 TEST(DTypeTest, UnsupportedDTypeIsInvalidArgument) {
-  for (const char* name : {"I64", "F64", "bf16", "", "F8_E4M3"}) {
+  for (const char* name : {"I64", "F64", "bf16", "", "F8_E5M2", "f8_e4m3"}) {
     absl::StatusOr<DType> parsed = ParseDType(name);
     ASSERT_FALSE(parsed.ok()) << name;
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(parsed.status().message(), HasSubstr("unsupported dtype"));
   }
+}
+
+// float8_e4m3fn from its definition, independently of dtype.cc: (-1)^s * 2^(e-7) * (1 + m/8)
+// for e in 1..15, (-1)^s * 2^-6 * m/8 for e = 0, and NaN for e = 15, m = 7.
+double ReferenceE4m3(int code) {
+  const int s = code >> 7, e = (code >> 3) & 15, m = code & 7;
+  if (e == 15 && m == 7) return std::nan("");
+  const double magnitude = e == 0 ? std::pow(2.0, -6) * (m / 8.0)  //
+                                  : std::pow(2.0, e - 7) * (1.0 + m / 8.0);
+  return s ? -magnitude : magnitude;
+}
+
+TEST(Fp8E4m3Test, AllCodesDecode) {
+  int nans = 0;
+  for (int code = 0; code < 256; ++code) {
+    const double want = ReferenceE4m3(code);
+    const float got = Fp8E4m3ToFloat(static_cast<uint8_t>(code));
+    float widened = 0;
+    const uint8_t byte = static_cast<uint8_t>(code);
+    WidenToFloat32(DType::kF8E4M3, &byte, 1, &widened);
+    if (std::isnan(want)) {
+      ++nans;
+      EXPECT_TRUE(std::isnan(got)) << code;
+      EXPECT_TRUE(std::isnan(widened)) << code;
+      continue;
+    }
+    EXPECT_EQ(static_cast<double>(got), want) << code;
+    EXPECT_EQ(ToBits(widened), ToBits(got)) << code;
+    EXPECT_EQ(std::signbit(got), code >= 128) << code;  // -0 is 0x80
+    // Every finite code is its own nearest value.
+    EXPECT_EQ(FloatToFp8E4m3(got), code) << code;
+  }
+  EXPECT_EQ(nans, 2);  // 0x7f and 0xff; no infinities
+  EXPECT_EQ(Fp8E4m3ToFloat(0x7e), 448.0f);
+  EXPECT_EQ(Fp8E4m3ToFloat(0x01), std::ldexp(1.0f, -9));
+  EXPECT_EQ(Fp8E4m3ToFloat(0x38), 1.0f);
+  EXPECT_EQ(DTypeSize(DType::kF8E4M3), 1u);
+  EXPECT_EQ(DTypeName(DType::kF8E4M3), "F8_E4M3");
+  EXPECT_EQ(*ParseDType("F8_E4M3"), DType::kF8E4M3);
+  EXPECT_FALSE(IsFloatDType(DType::kF8E4M3));
+}
+
+TEST(Fp8E4m3Test, EncodeRoundsToNearestEvenAndSaturates) {
+  // Against a brute-force nearest search over the finite codes (ties to the even code).
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> mag(-10.f, 9.5f);
+  for (int i = 0; i < 20000; ++i) {
+    const float x = (i % 2 ? -1.f : 1.f) * std::exp2(mag(rng));
+    int best = -1;
+    double best_err = 0;
+    for (int code = 0; code < 256; ++code) {
+      const double v = ReferenceE4m3(code);
+      if (std::isnan(v) || std::signbit(v) != std::signbit(x)) continue;
+      const double err = std::fabs(v - static_cast<double>(x));
+      if (best < 0 || err < best_err || (err == best_err && (code & 1) == 0)) {
+        best = code;
+        best_err = err;
+      }
+    }
+    if (std::fabs(x) >= 448.f) best = x < 0 ? 0xfe : 0x7e;
+    ASSERT_EQ(FloatToFp8E4m3(x), best) << x;
+  }
+  EXPECT_EQ(FloatToFp8E4m3(1.0625f), 0x38);  // tie between 1 and 1.125: even
+  EXPECT_EQ(FloatToFp8E4m3(1.1875f), 0x3a);  // tie between 1.125 and 1.25: even
+  EXPECT_EQ(FloatToFp8E4m3(1000.f), 0x7e);
+  EXPECT_EQ(FloatToFp8E4m3(-std::numeric_limits<float>::infinity()), 0xfe);
+  EXPECT_TRUE(std::isnan(Fp8E4m3ToFloat(FloatToFp8E4m3(std::nanf("")))));
+  EXPECT_EQ(FloatToFp8E4m3(std::ldexp(1.0f, -10)), 0x00);  // half the smallest: tie, even 0
+  EXPECT_EQ(FloatToFp8E4m3(std::ldexp(3.0f, -10)), 0x02);  // 1.5 steps: even, 2
+  std::vector<float> in = {0.5f, -3.0f, 448.f};
+  std::vector<uint8_t> out(3);
+  NarrowFromFloat32(DType::kF8E4M3, in.data(), in.size(), out.data());
+  EXPECT_EQ(out, (std::vector<uint8_t>{0x30, 0xc4, 0x7e}));
 }
 
 TEST(Bf16Test, KnownValues) {

@@ -570,5 +570,139 @@ TEST_F(CheckpointTest, BrokenShardNamesTheShard) {
   EXPECT_THAT(status.message(), HasSubstr("b.safetensors"));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Block-scaled FP8 checkpoints (quantization_config "fp8", 128x128 blocks).
+
+constexpr char kFp8Weight[] = "model.layers.0.mlp.experts.3.down_proj.weight";
+constexpr char kFp8Scale[] = "model.layers.0.mlp.experts.3.down_proj.weight_scale_inv";
+
+Json Fp8Config() {
+  return Json::parse(R"({"model_type": "qwen3_moe", "torch_dtype": "bfloat16",
+      "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme":
+      "dynamic", "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]}})");
+}
+
+class Fp8CheckpointTest : public ::testing::Test {
+ protected:
+  // A [200, 130] weight: 2 x 2 blocks, the last ones partial. Code (r + 3c) % 126 (finite,
+  // both signs) and block scale 1 + block index / 4.
+  void Write(const Json& config, bool with_scale = true, std::vector<int64_t> scale_shape = {2, 2},
+             DType scale_dtype = DType::kF32, int num_shards = 1) {
+    std::vector<float> w(200 * 130);
+    for (int r = 0; r < 200; ++r) {
+      for (int c = 0; c < 130; ++c) {
+        const int code = (r + 3 * c) % 126;
+        w[r * 130 + c] = Fp8E4m3ToFloat(static_cast<uint8_t>((r % 2) ? code | 0x80 : code));
+      }
+    }
+    SafetensorsWriter writer;
+    writer.Add("model.embed_tokens.weight", DType::kBF16, {2, 2}, {1, 2, 3, 4});
+    writer.Add(kFp8Weight, DType::kF8E4M3, {200, 130}, w);
+    if (with_scale) {
+      int64_t n = 1;
+      for (int64_t d : scale_shape) n *= d;
+      std::vector<float> scale(n);
+      for (int64_t i = 0; i < n; ++i) scale[i] = 1.0f + i / 4.0f;
+      writer.Add(kFp8Scale, scale_dtype, scale_shape, scale);
+    }
+    ASSERT_TRUE(writer.WriteDirectory(dir_.path(), num_shards).ok());
+    WriteBytes(dir_.File("config.json"), config.dump());
+    weight_ = w;
+  }
+  absl::Status OpenStatus() { return Checkpoint::Open(dir_.path()).status(); }
+  void ExpectError(const std::string& what, const std::vector<std::string>& substrings) {
+    absl::Status status = OpenStatus();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << what << ": " << status;
+    for (const std::string& s : substrings) {
+      EXPECT_THAT(status.message(), HasSubstr(s)) << what;
+    }
+  }
+
+  TempDir dir_;
+  std::vector<float> weight_;
+};
+
+TEST_F(Fp8CheckpointTest, DequantizesByBlock) {
+  for (int shards : {1, 2}) {
+    Write(Fp8Config(), true, {2, 2}, DType::kF32, shards);
+    absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir_.path());
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+    ASSERT_TRUE((*ckpt)->fp8().has_value());
+    EXPECT_THAT((*ckpt)->fp8()->modules_to_not_convert, ElementsAre("lm_head"));
+    EXPECT_EQ((*ckpt)->dequantized_dtype(), DType::kBF16);
+    absl::StatusOr<std::vector<float>> w = (*ckpt)->ReadFloat32(kFp8Weight, {200, 130});
+    ASSERT_TRUE(w.ok()) << w.status();
+    for (int r = 0; r < 200; ++r) {
+      for (int c = 0; c < 130; ++c) {
+        const float scale = 1.0f + ((r / 128) * 2 + c / 128) / 4.0f;
+        ASSERT_EQ((*w)[r * 130 + c], weight_[r * 130 + c] * scale) << r << " " << c;
+      }
+    }
+    // Unquantized tensors read as before.
+    EXPECT_THAT(*(*ckpt)->ReadFloat32("model.embed_tokens.weight", {2, 2}),
+                ElementsAre(1.0f, 2.0f, 3.0f, 4.0f));
+  }
+}
+
+TEST_F(Fp8CheckpointTest, QwenConfigWithoutFmtLoads) {
+  Json config = Fp8Config();
+  config["quantization_config"].erase("fmt");
+  Write(config);
+  EXPECT_TRUE(OpenStatus().ok()) << OpenStatus();
+}
+
+TEST_F(Fp8CheckpointTest, ScaleOfTheWrongShape) {
+  Write(Fp8Config(), true, {2, 1});
+  ExpectError("shape", {kFp8Scale, "[2, 1]", "[2, 2]", "128x128"});
+  Write(Fp8Config(), true, {4});
+  ExpectError("1-D", {kFp8Scale, "[4]"});
+}
+
+TEST_F(Fp8CheckpointTest, ScaleOfTheWrongDtype) {
+  Write(Fp8Config(), true, {2, 2}, DType::kF8E4M3);
+  ExpectError("dtype", {kFp8Scale, "F8_E4M3", "expected F32"});
+}
+
+TEST_F(Fp8CheckpointTest, MissingScale) {
+  Write(Fp8Config(), false);
+  ExpectError("missing", {kFp8Weight, kFp8Scale, "no scale tensor"});
+}
+
+TEST_F(Fp8CheckpointTest, BlockSizeOtherThan128) {
+  Json config = Fp8Config();
+  config["quantization_config"]["weight_block_size"] = {256, 256};
+  Write(config);
+  ExpectError("256", {"config.json", "weight_block_size", "[256,256]", "[128, 128]"});
+  config["quantization_config"].erase("weight_block_size");
+  Write(config);
+  ExpectError("absent", {"weight_block_size", "missing"});
+}
+
+TEST_F(Fp8CheckpointTest, UnknownFmtOrMethod) {
+  Json config = Fp8Config();
+  config["quantization_config"]["fmt"] = "e5m2";
+  Write(config);
+  ExpectError("fmt", {"config.json", "quantization_config.fmt", "'e5m2'"});
+  config = Fp8Config();
+  config["quantization_config"]["quant_method"] = "awq";
+  Write(config);
+  ExpectError("method", {"quantization_config.quant_method", "'awq'"});
+  config = Fp8Config();
+  config["quantization_config"]["activation_scheme"] = "static";
+  Write(config);
+  ExpectError("static", {"quantization_config.activation_scheme", "'static'"});
+  config = Fp8Config();
+  config["quantization_config"]["modules_to_not_convert"] = "lm_head";
+  Write(config);
+  ExpectError("modules", {"modules_to_not_convert"});
+}
+
+TEST_F(Fp8CheckpointTest, Fp8WithoutQuantizationConfig) {
+  Json config = Fp8Config();
+  config.erase("quantization_config");
+  Write(config);
+  ExpectError("no config", {kFp8Weight, "no fp8 quantization_config"});
+}
+
 }  // namespace
 }  // namespace dxs

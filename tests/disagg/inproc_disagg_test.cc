@@ -211,6 +211,14 @@ TEST(Disagg, UnevenPlacementTwelveExpertsOnFiveRanks) {
   ExpectSameAsSingleProcess(dir, 2, *placement, Requests(3, 5, 3001));
 }
 
+// A block-scaled FP8 checkpoint (gen-model --fp8): the attention and expert ranks load and
+// dequantize it as the single process does, so the cluster equals it.
+TEST(Disagg, Fp8CheckpointEqualsSingleProcess) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "odd", 0, /*fp8=*/true);
+  ExpectSameAsSingleProcess(dir, 2, Placement::Contiguous(12, 2), Requests(3, 5, 3001));
+}
+
 TEST(Disagg, ExpertRankWithNoTokensIsCountedAndCorrect) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "default");

@@ -33,12 +33,14 @@ class TempDir {
 // Writes preset `name` into a subdirectory of `dir` and returns its path.
 // With `router_skew` > 0, the preset's routing Zipf-skewed that much (uneven expert load,
 // for EPLB), written to "<name>-skewed".
-inline std::string WritePreset(const TempDir& dir, const std::string& name,
-                               double router_skew = 0) {
-  const std::string out = dir.path() + "/" + name + (router_skew > 0 ? "-skewed" : "");
+inline std::string WritePreset(const TempDir& dir, const std::string& name, double router_skew = 0,
+                               bool fp8 = false) {
+  const std::string out =
+      dir.path() + "/" + name + (router_skew > 0 ? "-skewed" : "") + (fp8 ? "-fp8" : "");
   auto preset = GetPreset(name);
   EXPECT_TRUE(preset.ok()) << preset.status();
   if (router_skew > 0) preset->router_skew = router_skew;
+  preset->fp8 = fp8;
   auto s = WriteRandomCheckpoint(*preset, out);
   EXPECT_TRUE(s.ok()) << s;
   return out;

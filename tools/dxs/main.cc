@@ -37,7 +37,9 @@ const Command kCommands[] = {
      "  [--router-skew S (Zipf exponent of expert popularity; 0: uniform-ish, the weights\n"
      "  as drawn)] [--layers N (the preset's first N layers only)]\n"
      "  [--in-place (config.json and a recipe only: every process that opens DIR makes the\n"
-     "  same weights on its own device; a full-size shape on a small disk)]\n",
+     "  same weights on its own device; a full-size shape on a small disk)]\n"
+     "  [--fp8 (block-scaled FP8 weights, 128x128 blocks, as the official Qwen3-FP8\n"
+     "  checkpoints: attention and expert projections in F8_E4M3 with weight_scale_inv)]\n",
      dxs::cli::GenModelCommand},
     {"fingerprint", "print a checkpoint's fingerprint", "  --model DIR\n",
      dxs::cli::FingerprintCommand},

@@ -161,7 +161,7 @@ int RunCommand(const std::vector<std::string>& argv) {
 
 int GenModelCommand(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args =
-      Args::Parse(argv, {"out", "preset", "seed", "router-skew", "layers"}, {"in-place"});
+      Args::Parse(argv, {"out", "preset", "seed", "router-skew", "layers"}, {"in-place", "fp8"});
   if (!args.ok()) return Fail("gen-model", args.status());
   if (!args->Has("out")) {
     return Fail("gen-model", absl::InvalidArgumentError("--out DIR is required"));
@@ -192,6 +192,8 @@ int GenModelCommand(const std::vector<std::string>& argv) {
     preset->router_skew = skew;
     if (absl::Status s = CalibrateRouterSkew(&*preset); !s.ok()) return Fail("gen-model", s);
   }
+  // --fp8: block-scaled FP8 weights, as the official Qwen3-FP8 checkpoints hold them.
+  preset->fp8 = args->Has("fp8");
   const std::string out = args->GetString("out");
   // --in-place: config.json, the recipe and the tokenizer files only; each process makes
   // the weights on its own device when it opens the directory (a full-size shape on a
@@ -205,7 +207,7 @@ int GenModelCommand(const std::vector<std::string>& argv) {
   absl::StatusOr<std::string> fp = CheckpointFingerprint(out);
   if (!fp.ok()) return Fail("gen-model", fp.status());
   std::cout << "wrote " << (in_place ? "the in-place recipe of preset " : "preset ") << preset->name
-            << " to " << out;
+            << (preset->fp8 ? " (fp8)" : "") << " to " << out;
   if (preset->router_skew != 0) std::cout << " with router skew " << preset->router_skew;
   std::cout << " (fingerprint " << *fp << ")\n";
   return 0;

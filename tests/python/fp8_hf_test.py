@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""FP8 checkpoints of `dxs gen-model --fp8` against Hugging Face transformers on the CPU.
+
+For the presets default, odd and bf16-sharded: `dxs gen-model --fp8` writes the checkpoint
+(F8_E4M3 weights with F32 128x128 block scales, weight_scale_inv). This test reads those
+files itself, independently of dxs: the fp8 bytes are decoded through a table built here
+from the e4m3fn bit formula and multiplied by their block's scale in float32 (numpy). The
+dequantized weights go, with config.json minus its quantization_config, into a float32
+checkpoint that transformers' Qwen3MoeForCausalLM loads (float32, CPU, eager attention), and
+its greedy continuation and first-position logits must equal `dxs run` on the FP8 checkpoint
+(CPU): the same tokens and logits within 1e-4 relative (max |diff| / max |ref|), the golden
+tests' tolerance for float32. Both sides dequantize exactly alike (one float32 product per
+weight), so the only difference left is the order of float32 arithmetic, as for the golden
+tests.
+
+The checkpoint must also hold what the official FP8 checkpoints hold: every *_proj.weight
+F8_E4M3 with a [ceil(out/128), ceil(in/128)] F32 scale whose block amax maps to 448, the
+embeddings, norms, router gate and lm_head in the preset's dtype.
+
+Needs torch, transformers and numpy (exit 77, skipped, without them):
+    python3 tests/python/fp8_hf_test.py --bin-dir build/bin --source-dir .
+"""
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+try:
+    import numpy as np
+    import torch
+    import transformers  # noqa: F401
+    from transformers import Qwen3MoeForCausalLM
+except ImportError as e:  # pragma: no cover
+    print(f"skipped: {e}")
+    sys.exit(77)
+
+ARGS = None
+PRESETS = ["default", "odd", "bf16-sharded"]
+MAX_NEW_TOKENS = 16
+TOLERANCE = 1e-4  # tests/model/golden_test.cc: float32 logits, relative to the largest
+
+
+def e4m3_table():
+    """float8_e4m3fn from its definition: bias 7, 3 mantissa bits, 0x7f/0xff NaN."""
+    table = np.zeros(256, dtype=np.float64)
+    for code in range(256):
+        s, e, m = code >> 7, (code >> 3) & 15, code & 7
+        if e == 15 and m == 7:
+            v = float("nan")
+        elif e == 0:
+            v = 2.0 ** -6 * (m / 8.0)
+        else:
+            v = 2.0 ** (e - 7) * (1.0 + m / 8.0)
+        table[code] = -v if s else v
+    return table.astype(np.float32)
+
+
+E4M3 = e4m3_table()
+
+
+def read_safetensors(path):
+    """{name: (dtype string, shape, raw bytes)} of one file, parsed here (no safetensors lib)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = entry["data_offsets"]
+        out[name] = (entry["dtype"], entry["shape"], data[base + b:base + e])
+    return out
+
+
+def read_checkpoint(d):
+    files = [f for f in os.listdir(d) if f.endswith(".safetensors")]
+    tensors = {}
+    for f in files:
+        tensors.update(read_safetensors(os.path.join(d, f)))
+    return tensors
+
+
+def to_float32(dtype, shape, raw):
+    if dtype == "F32":
+        return np.frombuffer(raw, dtype="<f4").reshape(shape).copy()
+    if dtype == "BF16":
+        u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+        return u.view(np.float32).reshape(shape).copy()
+    if dtype == "F8_E4M3":
+        return E4M3[np.frombuffer(raw, dtype=np.uint8)].reshape(shape)
+    raise ValueError(f"unexpected dtype {dtype}")
+
+
+def dequantize(q, scale):
+    rows, cols = q.shape
+    full = np.repeat(np.repeat(scale, 128, axis=0), 128, axis=1)[:rows, :cols]
+    return (q * full).astype(np.float32)  # one float32 product per weight
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, arr in tensors.items():
+        b = np.ascontiguousarray(arr, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def prompts_for(vocab_size, seed):
+    """tools/hf_reference.py's prompts: lengths 1, 7 and 23, spread over the vocabulary."""
+    state = seed & 0xFFFFFFFF
+    out = []
+    for length in (1, 7, 23):
+        ids = []
+        for _ in range(length):
+            state = (state * 1103515245 + 12345) & 0x7FFFFFFF
+            ids.append(3 + state % (vocab_size - 3))
+        out.append(ids)
+    return out
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt, eos_ids):
+    out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+    first = out.logits[0, -1].float()
+    logits, past, tokens = first, out.past_key_values, []
+    for _ in range(MAX_NEW_TOKENS):
+        token = int(torch.argmax(logits))
+        tokens.append(token)
+        if token in eos_ids:
+            break
+        out = model(input_ids=torch.tensor([[token]]), past_key_values=past, use_cache=True)
+        past, logits = out.past_key_values, out.logits[0, -1].float()
+    return tokens, first.numpy()
+
+
+def dxs(*args):
+    return subprocess.run([os.path.join(ARGS.bin_dir, "dxs")] + list(args), check=True,
+                          capture_output=True, text=True, timeout=600).stdout
+
+
+class Fp8HfTest(unittest.TestCase):
+    def check_preset(self, preset):
+        with tempfile.TemporaryDirectory() as tmp:
+            fp8_dir = os.path.join(tmp, "fp8")
+            ref_dir = os.path.join(tmp, "ref")
+            dxs("gen-model", "--preset", preset, "--fp8", "--out", fp8_dir)
+            with open(os.path.join(fp8_dir, "config.json")) as f:
+                config = json.load(f)
+            q = config["quantization_config"]
+            self.assertEqual((q["quant_method"], q["fmt"], q["activation_scheme"],
+                              q["weight_block_size"]), ("fp8", "e4m3", "dynamic", [128, 128]))
+            self.assertIn("model.layers.0.mlp.gate", q["modules_to_not_convert"])
+            if not config["tie_word_embeddings"]:
+                self.assertIn("lm_head", q["modules_to_not_convert"])
+            raw = read_checkpoint(fp8_dir)
+            stored = "BF16" if config["torch_dtype"] == "bfloat16" else "F32"
+            weights, quantized = {}, 0
+            for name, (dtype, shape, data) in raw.items():
+                if name.endswith("_scale_inv"):
+                    continue
+                if name.endswith("_proj.weight"):
+                    self.assertEqual(dtype, "F8_E4M3", name)
+                    s_dtype, s_shape, s_data = raw[name + "_scale_inv"]
+                    self.assertEqual(s_dtype, "F32", name)
+                    self.assertEqual(s_shape, [-(-shape[0] // 128), -(-shape[1] // 128)], name)
+                    codes = np.frombuffer(data, dtype=np.uint8)
+                    self.assertFalse(np.any((codes & 0x7F) == 0x7F), f"{name}: NaN code")
+                    # amax / 448 scaling: some weight of every block is at +-448 (0x7e).
+                    codes = codes.reshape(shape)
+                    for br in range(s_shape[0]):
+                        for bc in range(s_shape[1]):
+                            block = codes[br * 128:(br + 1) * 128, bc * 128:(bc + 1) * 128]
+                            self.assertTrue(np.any((block & 0x7F) == 0x7E), f"{name} block")
+                    weights[name] = dequantize(to_float32(dtype, shape, data),
+                                               to_float32(s_dtype, s_shape, s_data))
+                    quantized += 1
+                else:
+                    self.assertEqual(dtype, stored, name)
+                    weights[name] = to_float32(dtype, shape, data)
+            self.assertGreater(quantized, 0)
+            self.assertEqual(len(raw), len(weights) + quantized)
+
+            os.makedirs(ref_dir)
+            write_safetensors(os.path.join(ref_dir, "model.safetensors"), weights)
+            ref_config = dict(config)
+            del ref_config["quantization_config"]
+            ref_config["torch_dtype"] = "float32"
+            with open(os.path.join(ref_dir, "config.json"), "w") as f:
+                json.dump(ref_config, f)
+            model, info = Qwen3MoeForCausalLM.from_pretrained(
+                ref_dir, dtype=torch.float32, attn_implementation="eager",
+                output_loading_info=True)
+            for key in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+                self.assertFalse(info.get(key), f"{preset}: {key}: {info.get(key)}")
+            model.eval()
+            eos = config["eos_token_id"]
+            eos_ids = set(eos if isinstance(eos, list) else [eos])
+            for prompt in prompts_for(config["vocab_size"], seed=len(preset) * 7919):
+                tokens, first = hf_greedy(model, prompt, eos_ids)
+                out = json.loads(dxs("run", "--model", fp8_dir, "--prompt-ids",
+                                     ",".join(map(str, prompt)), "--max-new-tokens",
+                                     str(MAX_NEW_TOKENS), "--dump-logits", "--format", "json"))
+                got = np.array(out["first_logits"], dtype=np.float64)
+                rel = np.max(np.abs(got - first)) / np.max(np.abs(first))
+                print(f"{preset} fp8: prompt {len(prompt)}: {tokens}, logits rel {rel:.2e}",
+                      file=sys.stderr)
+                self.assertLess(rel, TOLERANCE, f"{preset} prompt {len(prompt)}")
+                self.assertEqual(out["tokens"], tokens, f"{preset} prompt {len(prompt)}")
+
+    def test_default(self):
+        self.check_preset("default")
+
+    def test_odd(self):
+        self.check_preset("odd")
+
+    def test_bf16_sharded(self):
+        self.check_preset("bf16-sharded")
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir", required=True)
+    ap.add_argument("--source-dir", default=".")
+    ARGS, rest = ap.parse_known_args()
+    unittest.main(argv=[sys.argv[0]] + rest)
+
+
+if __name__ == "__main__":
+    main()
