@@ -272,8 +272,14 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
       }
     }
   }
-  if ((!plan.ok() && (absl::IsUnavailable(outcome) || absl::IsAborted(outcome))) ||
-      lost_dp_member) {
+  // A step exchange that failed on a DP peer the router has just declared dead, or on DP
+  // ranks that disagree on who is live.
+  bool exchange_lost_dp = !plan.ok() && absl::IsAborted(outcome);
+  for (int r = 0;
+       !plan.ok() && absl::IsUnavailable(outcome) && r < static_cast<int>(dp_peers_.size()); ++r) {
+    if (r != dp_rank_ && transport_->PeerDeclaredDead(dp_peers_[r])) exchange_lost_dp = true;
+  }
+  if (exchange_lost_dp || lost_dp_member) {
     // The step exchange failed on a DP peer (nothing was computed), or the step lost a DP
     // rank: run the step again (its requests keep their state, as for elastic EP's
     // retries) while the views catch up, for up to the window.

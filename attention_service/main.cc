@@ -293,6 +293,12 @@ int Main(int argc, char** argv) {
       runtime.HeartbeatNow();
     }
     if (!loop || !runtime.can_serve()) {
+      // Requests of a cluster that became incomplete between steps (a step that lost a DP
+      // rank, run again, then found an expert rank gone) end now, as a failed step's do.
+      if (loop && scheduler.HasWork()) {
+        scheduler.FailAll(absl::UnavailableError(
+            absl::StrCat("attention rank ", rank, ": the cluster became incomplete")));
+      }
       (void)runtime.transport()->WaitForActivity(absl::Now() + absl::Milliseconds(50));
       continue;
     }

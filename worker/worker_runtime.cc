@@ -190,7 +190,6 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
   {
     // Between steps: nothing of a fenced incarnation is in flight on this thread any more.
     absl::MutexLock lock(&fence_mu_);
-    if (fence_acked_ != fence_epoch_) connected_.clear();  // new endpoints for the new one
     fence_acked_ = fence_epoch_;
   }
   std::optional<v1::ClusterView> view;
@@ -221,18 +220,13 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
       }
     } else {
       const std::string& address = w.transport().ucx_worker_address();
-      // A new endpoint for a new address, and for a new incarnation at the same address (a
-      // process that was frozen or cut off and registered again): nothing of the old
-      // connection's state carries over to the new incarnation, on either side.
-      const std::string key = absl::StrCat(w.incarnation(), "@", address);
       auto it = connected_.find(peer);
-      if (w.state() != v1::WORKER_STATE_DEAD && !address.empty() &&
-          (it == connected_.end() || it->second != key)) {
+      if (!address.empty() && (it == connected_.end() || it->second != address)) {
         if (absl::Status s = transport_->Connect(peer, address); !s.ok()) {
           std::cerr << role_name_ << " " << rank_ << ": connect to peer " << peer << ": " << s
                     << "\n";
         } else {
-          connected_[peer] = key;
+          connected_[peer] = address;
         }
       }
     }
