@@ -102,6 +102,18 @@ TEST(UcxCluster, InPlaceModelEqualsTheWrittenCheckpoint) {
   testing::ExpectClusterMatchesEngine(&cluster, written, 1, 2, 3001);
 }
 
+// A block-scaled FP8 checkpoint (gen-model --fp8): dxs-attention and dxs-expert dequantize
+// it on load as the single process does, so a 2 + 2 cluster equals it.
+TEST(UcxCluster, Fp8CheckpointEqualsSingleProcess) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "odd", 0, /*fp8=*/true);
+  ProcessCluster cluster(tmp.path());
+  ClusterSpec spec{dir, 2, 2, {}};
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 2, 3, 3001);
+}
+
 TEST(UcxCluster, MismatchedWorkersAreRefused) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "default");
