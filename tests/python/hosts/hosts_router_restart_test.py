@@ -115,9 +115,12 @@ class HostsRouterRestart(unittest.TestCase):
         for name, pid in pids.items():
             self.assertEqual(c.procs[name].pid, pid)
             self.assertTrue(c.procs[name].alive(), "%s exited:\n%s" % (name, c.procs[name].log()))
-        s = c.status()
+        # READY comes with each worker's next heartbeat after it registered again.
+        s = hosts_lib.wait_for(
+            lambda: (lambda st: st and len(st["workers"]) == c.m + c.n and all(
+                w["state"] == "READY" for w in st["workers"]) and st)(c.status()),
+            30, "every worker READY in the new router's view")
         for w in s["workers"]:
-            self.assertEqual(w["state"], "READY", w)
             self.assertGreater(w["incarnation"], before[(w["role"], w["rank"])], w)
         hosts_lib.wait_for(lambda: all(l["running"] == 0 and l["queued"] == 0
                                        for l in (c.status() or {"loads": [{"running": 1}]})["loads"]),
