@@ -2,9 +2,9 @@
 // steps, empty-batch steps and steps split for two-batch overlap, step time, tokens dispatched to
 // and combined from each EP rank, dispatch and combine latency, each dispatch's balance over the
 // EP ranks (dxs_ep_balance_ratio), each EP rank's answer time and how often it was the
-// slowest (dxs_ep_answer_seconds, dxs_ep_slowest_rounds_total), the bytes posted to the data exchange by memory type
-// (dxs_exchange_bytes_total), and, read at scrape time, queue
-// length, running requests and KV cache use.
+// slowest (dxs_ep_answer_seconds, dxs_ep_slowest_rounds_total), the bytes posted to the data
+// exchange by memory type (dxs_exchange_bytes_total), and, read at scrape time, queue length,
+// running requests and KV cache use.
 //
 // The step loop calls OnStep; RemoteMoeExecutor calls OnDispatch / OnCombine (this is its
 // DispatchObserver). Each updates children looked up once (a per-EP-rank child on the

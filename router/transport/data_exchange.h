@@ -60,12 +60,11 @@
 #pragma once
 
 #include <chrono>
-#include <vector>
-
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
