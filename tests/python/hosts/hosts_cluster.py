@@ -8,6 +8,7 @@ and workers register that address with the router, so everything between them cr
 bridge: gRPC (control and requests) and UCX (the data path; TCP, since no host can map
 another's shared memory).
 """
+import argparse
 import glob
 import json
 import os
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+import unittest
 
 import hosts_lib
 
@@ -343,3 +345,44 @@ def metric(text, name, labels):
             total += float(value)
             found = True
     return total if found else None
+
+
+class ClusterTest(unittest.TestCase):
+    """A test class whose tests share one cluster on simulated hosts: 2 attention and 3
+    expert ranks (each on its own host) and a client host, over a model `dxs gen-model`
+    writes. Subclasses set PREFIX (the temp dir's) and ROUTER_ARGS; ARGS comes from
+    main()."""
+    ARGS = None
+    PREFIX = "dxs_hosts_"
+    ROUTER_ARGS = ()
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = Cluster(cls.ARGS.bin_dir, cls.ARGS.source_dir, attention=2, experts=3,
+                              router_args=list(cls.ROUTER_ARGS), prefix=cls.PREFIX)
+        c = cls.cluster
+        cls.model = os.path.join(c.tmp, "model")
+        hosts_lib._run([c.dxs, "gen-model", "--out", cls.model], timeout=120)
+        try:
+            c.setup_hosts()
+            c.start(cls.model, timeout=120)
+        except Exception:
+            c.teardown()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.teardown()
+
+
+def main():
+    """A hosts test's entry point: --bin-dir (and --source-dir), skipped (77) where the
+    machine cannot make namespaces, then unittest."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir", required=True)
+    ap.add_argument("--source-dir", default=os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__))))))
+    args, rest = ap.parse_known_args()
+    ClusterTest.ARGS = args
+    skip_if_unavailable(lambda: hosts_lib.probe(tempfile.mkdtemp(prefix="dxs_hosts_probe_")))
+    unittest.main(module="__main__", argv=[sys.argv[0]] + rest, verbosity=2)

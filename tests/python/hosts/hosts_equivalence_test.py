@@ -21,39 +21,18 @@ test prints why and exits 77, which ctest reports as skipped.
 
     .venv/bin/python3 tests/python/hosts/hosts_equivalence_test.py --bin-dir build/bin
 """
-import argparse
 import os
 import random
 import sys
-import tempfile
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hosts_cluster  # noqa: E402
-import hosts_lib  # noqa: E402
 
-ARGS = None
 STREAMS = 32
 
 
-class HostsEquivalence(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = hosts_cluster.Cluster(ARGS.bin_dir, ARGS.source_dir, attention=2,
-                                            experts=3, prefix="dxs_hosts_equiv_")
-        c = cls.cluster
-        cls.model = os.path.join(c.tmp, "model")
-        hosts_lib._run([c.dxs, "gen-model", "--out", cls.model], timeout=120)
-        try:
-            c.setup_hosts()
-            c.start(cls.model, timeout=120)
-        except Exception:
-            c.teardown()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.teardown()
+class HostsEquivalence(hosts_cluster.ClusterTest):
+    PREFIX = "dxs_hosts_equiv_"
 
     def test_concurrent_streams_equal_the_single_process_engine_by_copy(self):
         c = self.cluster
@@ -82,11 +61,4 @@ class HostsEquivalence(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin-dir", required=True)
-    ap.add_argument("--source-dir", default=os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__))))))
-    ARGS, rest = ap.parse_known_args()
-    hosts_cluster.skip_if_unavailable(
-        lambda: hosts_lib.probe(tempfile.mkdtemp(prefix="dxs_hosts_probe_")))
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    hosts_cluster.main()

@@ -23,18 +23,14 @@ Skipped (exit 77) where the machine cannot make network namespaces.
 
     .venv/bin/python3 tests/python/hosts/hosts_expert_partition_test.py --bin-dir build/bin
 """
-import argparse
 import os
 import sys
-import tempfile
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hosts_cluster  # noqa: E402
 import hosts_lib  # noqa: E402
 
-ARGS = None
 IN_FLIGHT = 8
 CONTEXT = 4096
 DETECT_BOUND_S = 5.0  # the product's promise for in-flight requests on a dead expert
@@ -42,24 +38,8 @@ REFUSE_BOUND_S = 5.0
 RECOVER_BOUND_S = 60.0  # generous: re-registration takes a heartbeat or two
 
 
-class HostsExpertPartition(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = hosts_cluster.Cluster(ARGS.bin_dir, ARGS.source_dir, attention=2,
-                                            experts=3, prefix="dxs_hosts_partition_")
-        c = cls.cluster
-        cls.model = os.path.join(c.tmp, "model")
-        hosts_lib._run([c.dxs, "gen-model", "--out", cls.model], timeout=120)
-        try:
-            c.setup_hosts()
-            c.start(cls.model, timeout=120)
-        except Exception:
-            c.teardown()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.teardown()
+class HostsExpertPartition(hosts_cluster.ClusterTest):
+    PREFIX = "dxs_hosts_partition_"
 
     def test_in_flight_requests_fail_unavailable_then_the_cluster_serves_again(self):
         c = self.cluster
@@ -117,11 +97,4 @@ class HostsExpertPartition(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin-dir", required=True)
-    ap.add_argument("--source-dir", default=os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__))))))
-    ARGS, rest = ap.parse_known_args()
-    hosts_cluster.skip_if_unavailable(
-        lambda: hosts_lib.probe(tempfile.mkdtemp(prefix="dxs_hosts_probe_")))
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    hosts_cluster.main()

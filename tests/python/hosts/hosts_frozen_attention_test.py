@@ -22,42 +22,22 @@ Figures printed for docs/benchmarks.md.
 
 Skipped (exit 77) where the machine cannot make network namespaces.
 """
-import argparse
 import os
 import sys
-import tempfile
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hosts_cluster  # noqa: E402
 import hosts_lib  # noqa: E402
 
-ARGS = None
 LONG = 8
 STREAMS = 8
 LONG_TOKENS = 400
 DETECT_BOUND_S = 5.0
 
 
-class HostsFrozenAttention(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = hosts_cluster.Cluster(ARGS.bin_dir, ARGS.source_dir, attention=2,
-                                            experts=3, prefix="dxs_hosts_frozen_attn_")
-        c = cls.cluster
-        cls.model = os.path.join(c.tmp, "model")
-        hosts_lib._run([c.dxs, "gen-model", "--out", cls.model], timeout=120)
-        try:
-            c.setup_hosts()
-            c.start(cls.model, timeout=120)
-        except Exception:
-            c.teardown()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.teardown()
+class HostsFrozenAttention(hosts_cluster.ClusterTest):
+    PREFIX = "dxs_hosts_frozen_attn_"
 
     def test_the_other_dp_rank_keeps_serving(self):
         c = self.cluster
@@ -142,11 +122,4 @@ class HostsFrozenAttention(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin-dir", required=True)
-    ap.add_argument("--source-dir", default=os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__))))))
-    ARGS, rest = ap.parse_known_args()
-    hosts_cluster.skip_if_unavailable(
-        lambda: hosts_lib.probe(tempfile.mkdtemp(prefix="dxs_hosts_probe_")))
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    hosts_cluster.main()

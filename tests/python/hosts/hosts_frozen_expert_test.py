@@ -35,38 +35,20 @@ Skipped (exit 77) where the machine cannot make network namespaces.
 
     .venv/bin/python3 tests/python/hosts/hosts_frozen_expert_test.py --bin-dir build/bin
 """
-import argparse
 import os
 import sys
-import tempfile
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hosts_cluster  # noqa: E402
 import hosts_lib  # noqa: E402
 
-ARGS = None
 IN_FLIGHT = 8
 CONTEXT = 4096
 VICTIM = 1
 DETECT_BOUND_S = 5.0  # the step timeout, and the product's promise for a dead expert
 REFUSE_BOUND_S = 5.0
 RECOVER_BOUND_S = 60.0
-
-
-def start_cluster(cls, router_args, prefix):
-    cls.cluster = hosts_cluster.Cluster(ARGS.bin_dir, ARGS.source_dir, attention=2, experts=3,
-                                        router_args=router_args, prefix=prefix)
-    c = cls.cluster
-    cls.model = os.path.join(c.tmp, "model")
-    hosts_lib._run([c.dxs, "gen-model", "--out", cls.model], timeout=120)
-    try:
-        c.setup_hosts()
-        c.start(cls.model, timeout=120)
-    except Exception:
-        c.teardown()
-        raise
 
 
 def rejoined(c, before):
@@ -78,14 +60,8 @@ def rejoined(c, before):
     return check
 
 
-class HostsFrozenExpert(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        start_cluster(cls, [], "dxs_hosts_frozen_expert_")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.teardown()
+class HostsFrozenExpert(hosts_cluster.ClusterTest):
+    PREFIX = "dxs_hosts_frozen_expert_"
 
     def test_frozen_expert_fails_in_flight_then_rejoins_without_corruption(self):
         c = self.cluster
@@ -153,15 +129,9 @@ class HostsFrozenExpert(unittest.TestCase):
                  len(after)), flush=True)
 
 
-class HostsFrozenExpertReplicas(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        start_cluster(cls, ["--elastic-ep", "--num-redundant-experts", "16"],
-                      "dxs_hosts_frozen_expert_r_")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.teardown()
+class HostsFrozenExpertReplicas(hosts_cluster.ClusterTest):
+    PREFIX = "dxs_hosts_frozen_expert_r_"
+    ROUTER_ARGS = ["--elastic-ep", "--num-redundant-experts", "16"]
 
     def test_no_request_fails_across_freeze_and_thaw_of_a_replicated_expert(self):
         c = self.cluster
@@ -211,11 +181,4 @@ class HostsFrozenExpertReplicas(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin-dir", required=True)
-    ap.add_argument("--source-dir", default=os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__))))))
-    ARGS, rest = ap.parse_known_args()
-    hosts_cluster.skip_if_unavailable(
-        lambda: hosts_lib.probe(tempfile.mkdtemp(prefix="dxs_hosts_probe_")))
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    hosts_cluster.main()

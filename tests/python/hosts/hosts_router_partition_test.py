@@ -31,18 +31,14 @@ Figures printed for docs/benchmarks.md.
 
 Skipped (exit 77) where the machine cannot make network namespaces.
 """
-import argparse
 import os
 import sys
-import tempfile
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hosts_cluster  # noqa: E402
 import hosts_lib  # noqa: E402
 
-ARGS = None
 IN_FLIGHT = 8
 CONTEXT = 4096
 KEEPALIVE_MS = 1000
@@ -51,24 +47,8 @@ NEW_REQUEST_BOUND_S = 6.0
 RECOVER_BOUND_S = 60.0
 
 
-class HostsRouterPartition(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = hosts_cluster.Cluster(ARGS.bin_dir, ARGS.source_dir, attention=2,
-                                            experts=3, prefix="dxs_hosts_router_part_")
-        c = cls.cluster
-        cls.model = os.path.join(c.tmp, "model")
-        hosts_lib._run([c.dxs, "gen-model", "--out", cls.model], timeout=120)
-        try:
-            c.setup_hosts()
-            c.start(cls.model, timeout=120)
-        except Exception:
-            c.teardown()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.teardown()
+class HostsRouterPartition(hosts_cluster.ClusterTest):
+    PREFIX = "dxs_hosts_router_part_"
 
     def test_streams_end_unavailable_and_service_resumes_after_the_heal(self):
         c = self.cluster
@@ -139,11 +119,4 @@ class HostsRouterPartition(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin-dir", required=True)
-    ap.add_argument("--source-dir", default=os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__))))))
-    ARGS, rest = ap.parse_known_args()
-    hosts_cluster.skip_if_unavailable(
-        lambda: hosts_lib.probe(tempfile.mkdtemp(prefix="dxs_hosts_probe_")))
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    hosts_cluster.main()

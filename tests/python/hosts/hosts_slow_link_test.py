@@ -20,41 +20,21 @@ share of slowest rounds).
 
 Skipped (exit 77) where the machine cannot make network namespaces.
 """
-import argparse
 import os
 import sys
-import tempfile
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hosts_cluster  # noqa: E402
 import hosts_lib  # noqa: E402
 
-ARGS = None
 STREAMS = 8
 SLOW = 1
 RATE = "4mbit"
 
 
-class HostsSlowLink(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = hosts_cluster.Cluster(ARGS.bin_dir, ARGS.source_dir, attention=2,
-                                            experts=3, prefix="dxs_hosts_slow_link_")
-        c = cls.cluster
-        cls.model = os.path.join(c.tmp, "model")
-        hosts_lib._run([c.dxs, "gen-model", "--out", cls.model], timeout=120)
-        try:
-            c.setup_hosts()
-            c.start(cls.model, timeout=120)
-        except Exception:
-            c.teardown()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.teardown()
+class HostsSlowLink(hosts_cluster.ClusterTest):
+    PREFIX = "dxs_hosts_slow_link_"
 
     def straggler_counters(self):
         """Per EP rank, summed over the attention workers: (slowest rounds, answer seconds
@@ -119,11 +99,4 @@ class HostsSlowLink(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin-dir", required=True)
-    ap.add_argument("--source-dir", default=os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__))))))
-    ARGS, rest = ap.parse_known_args()
-    hosts_cluster.skip_if_unavailable(
-        lambda: hosts_lib.probe(tempfile.mkdtemp(prefix="dxs_hosts_probe_")))
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    hosts_cluster.main()
