@@ -47,6 +47,10 @@ except ImportError as e:  # pragma: no cover
     print(f"skipped: {e}")
     sys.exit(77)
 
+# The golden tests' prompts (tools/hf_reference.py), imported once torch is known present.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from hf_reference import prompts_for  # noqa: E402
+
 try:
     import accelerate  # noqa: F401  (transformers' FP8 loader needs it)
     HAVE_ACCELERATE = True
@@ -133,19 +137,6 @@ def write_safetensors(path, tensors):
         f.write(text)
         for b in blobs:
             f.write(b)
-
-
-def prompts_for(vocab_size, seed):
-    """tools/hf_reference.py's prompts: lengths 1, 7 and 23, spread over the vocabulary."""
-    state = seed & 0xFFFFFFFF
-    out = []
-    for length in (1, 7, 23):
-        ids = []
-        for _ in range(length):
-            state = (state * 1103515245 + 12345) & 0x7FFFFFFF
-            ids.append(3 + state % (vocab_size - 3))
-        out.append(ids)
-    return out
 
 
 @torch.no_grad()
