@@ -4,6 +4,7 @@
 
 #include <iostream>
 
+#include "common/grpc/cluster_channel.h"
 #include "common/grpc/status_conversion.h"
 
 namespace dxs {
@@ -14,7 +15,7 @@ absl::StatusOr<std::unique_ptr<WorkerMembership>> WorkerMembership::Start(
     std::shared_ptr<grpc::ChannelCredentials> credentials, std::function<void()> before_reregister,
     std::function<void()> after_reregister) {
   std::unique_ptr<WorkerMembership> m(new WorkerMembership());
-  m->stub_ = v1::ControlPlane::NewStub(grpc::CreateChannel(
+  m->stub_ = v1::ControlPlane::NewStub(MakeClusterChannel(
       router_address, credentials ? credentials : grpc::InsecureChannelCredentials()));
   m->request_ = std::move(request);
   m->on_view_ = std::move(on_view);

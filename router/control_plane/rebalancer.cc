@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc/cluster_channel.h"
 #include "common/metrics/families.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -133,7 +134,7 @@ void Rebalancer::Loop() {
 v1::ExpertWorker::Stub* Rebalancer::Stub(const std::string& address) {
   std::unique_ptr<v1::ExpertWorker::Stub>& stub = stubs_[address];
   if (stub == nullptr) {
-    stub = v1::ExpertWorker::NewStub(grpc::CreateChannel(address, options_.credentials));
+    stub = v1::ExpertWorker::NewStub(MakeClusterChannel(address, options_.credentials));
   }
   return stub.get();
 }

@@ -1,5 +1,6 @@
 #include "router/frontend/attention_stubs.h"
 
+#include "common/grpc/cluster_channel.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -24,7 +25,7 @@ std::shared_ptr<v1::AttentionWorker::Stub> AttentionStubs::Get(int rank,
   if (rank < 0 || rank >= static_cast<int>(stubs_.size())) return nullptr;
   auto& [cached_address, stub] = stubs_[rank];
   if (stub == nullptr || cached_address != address) {
-    grpc::ChannelArguments args;
+    grpc::ChannelArguments args = ClusterChannelArguments();
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
     // Long prefills send no data for a while; keep pinging through them.
