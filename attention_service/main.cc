@@ -46,6 +46,7 @@
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "common/tunables.h"
 #include "model/weights.h"
 #include "prometheus/registry.h"
 #include "worker/worker_membership.h"
@@ -147,6 +148,7 @@ absl::StatusOr<Flags> ValidateFlags() {
 
 int Main(int argc, char** argv) {
   dxs::flags::ParseServiceCommandLine(argc, argv, "dxs-attention", kUsage);
+  dxs::tunables::ValidateOrDie("dxs-attention");
   absl::StatusOr<Flags> flags = ValidateFlags();
   if (!flags.ok()) dxs::flags::ExitWithBadFlags("dxs-attention", flags.status());
   auto fail = [](const absl::Status& s) {

@@ -2,12 +2,12 @@
 
 #include <dlfcn.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace dxs {
 
@@ -17,14 +17,14 @@ std::string ExecutableDir() {
   return ec ? "." : self.parent_path().string();
 }
 
-absl::StatusOr<void*> LoadPluginSymbol(const std::string& file_name, const char* env_override,
-                                       const char* symbol, const std::string& flag,
-                                       const std::string& what) {
-  const char* env = env_override != nullptr ? std::getenv(env_override) : nullptr;
-  const std::string dir = ExecutableDir();
-  const std::string path = env != nullptr && *env != 0
-                               ? std::string(env)
-                               : absl::StrCat(dir, dir.back() == '/' ? "" : "/", file_name);
+absl::StatusOr<void*> LoadPluginSymbol(const std::string& file_name,
+                                       const tunables::Tunable& path_override, const char* symbol,
+                                       const std::string& flag, const std::string& what) {
+  DXS_ASSIGN_OR_RETURN(std::string path, tunables::Read(path_override));
+  if (path.empty()) {
+    const std::string dir = ExecutableDir();
+    path = absl::StrCat(dir, dir.back() == '/' ? "" : "/", file_name);
+  }
   // dlopen's own count would do, but a failed open is remembered too: its reason stays.
   static std::mutex mu;
   static auto* opened = new std::map<std::string, absl::StatusOr<void*>>();

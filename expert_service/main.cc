@@ -22,6 +22,7 @@
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "common/tunables.h"
 #include "expert_service/expert_metrics.h"
 #include "expert_service/expert_step_server.h"
 #include "expert_service/expert_worker_service.h"
@@ -69,6 +70,7 @@ absl::StatusOr<Flags> ValidateFlags() {
 
 int Main(int argc, char** argv) {
   dxs::flags::ParseServiceCommandLine(argc, argv, "dxs-expert", kUsage);
+  dxs::tunables::ValidateOrDie("dxs-expert");
   absl::StatusOr<Flags> flags = ValidateFlags();
   if (!flags.ok()) dxs::flags::ExitWithBadFlags("dxs-expert", flags.status());
   auto fail = [](const absl::Status& s) {

@@ -18,7 +18,7 @@ using MakeCudaBackendFn = Backend* (*)(int device_ordinal, absl::Status* error);
 // executable. Loaded once and never unloaded (its code runs every tensor's release).
 absl::StatusOr<MakeCudaBackendFn> LoadCudaPlugin() {
   DXS_ASSIGN_OR_RETURN(
-      void* fn, LoadPluginSymbol("libdxs_cuda.so", "DXS_CUDA_PLUGIN", "dxs_make_cuda_backend",
+      void* fn, LoadPluginSymbol("libdxs_cuda.so", tunables::kCudaPlugin, "dxs_make_cuda_backend",
                                  "--device cuda", "the CUDA backend"));
   return reinterpret_cast<MakeCudaBackendFn>(fn);
 }

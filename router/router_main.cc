@@ -56,6 +56,7 @@
 #include "common/metrics/build_info.h"
 #include "common/metrics/metrics_server.h"
 #include "common/model_config.h"
+#include "common/tunables.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/registry.h"
 #include "router/control_plane/cluster_metrics.h"
@@ -223,6 +224,7 @@ bool EveryWorkerServes(const dxs::v1::ClusterView& view) {
 
 int main(int argc, char** argv) {
   dxs::flags::ParseServiceCommandLine(argc, argv, "dxs-router", kUsage);
+  dxs::tunables::ValidateOrDie("dxs-router");
   absl::StatusOr<Flags> flags = ValidateFlags();
   if (!flags.ok()) dxs::flags::ExitWithBadFlags("dxs-router", flags.status());
 

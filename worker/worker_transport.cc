@@ -19,7 +19,7 @@ absl::StatusOr<WorkerTransport> MakeWorkerTransport(const std::string& transport
   DXS_ASSIGN_OR_RETURN(made.transport, MakeUcxTransport());
   if (transport == "ucx") return made;
   DXS_ASSIGN_OR_RETURN(
-      void* fn, LoadPluginSymbol("libdxs_nccl.so", "DXS_NCCL_PLUGIN", "dxs_make_nccl_transport",
+      void* fn, LoadPluginSymbol("libdxs_nccl.so", tunables::kNcclPlugin, "dxs_make_nccl_transport",
                                  "--transport nccl", "the nccl transport"));
   absl::Status error;
   // The plugin owns the control transport from here on, also when it fails.

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
+#include "common/tunables.h"
 #include "kernels/cuda/cuda_backend_impl.h"
 #if DXS_HAVE_FLASHINFER
 #include "kernels/cuda/flashinfer_attention.cuh"
@@ -68,29 +68,9 @@ cudaDataType_t CublasType(DType dtype) {
   }
 }
 
-// A switch from the environment that is unset or one of `values`; else INVALID_ARGUMENT
-// ("NAME=v: expected a, b or c").
-// The switch's value from the environment, one of `values` ("" when unset).
-absl::StatusOr<std::string> SwitchValue(const char* name,
-                                        std::initializer_list<const char*> values) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return std::string();
-  std::string expected;
-  for (size_t i = 0; i < values.size(); ++i) {
-    const char* v = values.begin()[i];
-    if (std::strcmp(value, v) == 0) return std::string(v);
-    if (i > 0) expected += i + 1 == values.size() ? " or " : ", ";
-    expected += v;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(name, "=", value, ": expected ", expected));
-}
-absl::Status OneOf(const char* name, std::initializer_list<const char*> values) {
-  return SwitchValue(name, values).status();
-}
-
-// An auto|off switch from the environment (unset: auto): whether the path it names is on.
-absl::StatusOr<bool> AutoOrOff(const char* name) {
-  DXS_ASSIGN_OR_RETURN(const std::string value, SwitchValue(name, {"auto", "off"}));
+// An auto|off tunable: whether the path it names is on.
+absl::StatusOr<bool> AutoOrOff(const tunables::Tunable& t) {
+  DXS_ASSIGN_OR_RETURN(const std::string value, tunables::Read(t));
   return value != "off";
 }
 
@@ -169,8 +149,13 @@ absl::Status CudaBackend::Init() {
   };
   graph_allocator_ = make_pool();
   allocator_ = make_pool();
+  // Every tunable, the switches read where they act included (FlashInfer's attention when
+  // first used, launch.cuh, gemv.cu and grouped_gemm.cc, read once): a bad value fails the
+  // backend's creation, not a later step. The programs' mains have checked already; this is
+  // for the backend made without one of them (tests, benchmarks).
+  DXS_RETURN_IF_ERROR(tunables::Validate());
   DXS_ASSIGN_OR_RETURN(const std::string attention_choice,
-                       SwitchValue("DXS_CUDA_ATTENTION", {"auto", "dxs", "flashinfer"}));
+                       tunables::Read(tunables::kCudaAttention));
   if (attention_choice == "dxs") {
     attention_choice_ = AttentionChoice::kDxs;
   } else if (attention_choice == "flashinfer") {
@@ -180,27 +165,18 @@ absl::Status CudaBackend::Init() {
     }
     attention_choice_ = AttentionChoice::kFlashInfer;
   }
-  DXS_ASSIGN_OR_RETURN(fused_kv_write_, AutoOrOff("DXS_CUDA_FUSED_KV_WRITE"));
+  DXS_ASSIGN_OR_RETURN(fused_kv_write_, AutoOrOff(tunables::kCudaFusedKvWrite));
   DXS_ASSIGN_OR_RETURN(const std::string decode_choice,
-                       SwitchValue("DXS_CUDA_DECODE_ATTENTION", {"auto", "on", "off"}));
+                       tunables::Read(tunables::kCudaDecodeAttention));
   decode_choice_ = decode_choice == "on"    ? DecodeChoice::kOn
                    : decode_choice == "off" ? DecodeChoice::kOff
                                             : DecodeChoice::kAuto;
-  // Switches read where they act (FlashInfer's attention when first used; launch.cuh and
-  // gemv.cu, which take anything but "off" as on): checked here so that a bad value fails
-  // the backend's creation, not a later step or silently.
-  for (const char* name : {"DXS_CUDA_PREFILL_SM90", "DXS_CUDA_PDL", "DXS_CUDA_GEMV_SPLITK"}) {
-    DXS_RETURN_IF_ERROR(OneOf(name, {"auto", "off"}));
-  }
-  DXS_RETURN_IF_ERROR(OneOf("DXS_CUDA_NORM_EARLY_TRIGGER", {"on", "off"}));
-  DXS_RETURN_IF_ERROR(OneOf("DXS_CUDA_GEMV_EARLY", {"2", "4"}));
-  DXS_ASSIGN_OR_RETURN(use_gemv_, AutoOrOff("DXS_CUDA_GEMV"));
-  DXS_ASSIGN_OR_RETURN(const bool routed_swiglu, AutoOrOff("DXS_CUDA_ROUTED_SWIGLU"));
+  DXS_ASSIGN_OR_RETURN(use_gemv_, AutoOrOff(tunables::kCudaGemv));
+  DXS_ASSIGN_OR_RETURN(const bool routed_swiglu, AutoOrOff(tunables::kCudaRoutedSwiGlu));
   use_routed_swiglu_ = use_gemv_ && routed_swiglu;
-  DXS_ASSIGN_OR_RETURN(const bool scale_sum_scan, AutoOrOff("DXS_CUDA_SCALE_SUM_SCAN"));
+  DXS_ASSIGN_OR_RETURN(const bool scale_sum_scan, AutoOrOff(tunables::kCudaScaleSumScan));
   use_scale_sum_scan_ = use_gemv_ && scale_sum_scan;
-  DXS_ASSIGN_OR_RETURN(const std::string choice,
-                       SwitchValue("DXS_CUDA_GROUPED_GEMM", {"cublas", "cutlass"}));
+  DXS_ASSIGN_OR_RETURN(const std::string choice, tunables::Read(tunables::kCudaGroupedGemm));
   cudaDeviceProp prop;
   DXS_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, device_), "cuda backend"));
   num_sms_ = prop.multiProcessorCount;

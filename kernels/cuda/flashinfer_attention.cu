@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tunables.h"
 #include "flashinfer/attention/default_prefill_params.cuh"
 #include "flashinfer/attention/prefill.cuh"
 #include "flashinfer/attention/scheduler.cuh"
@@ -476,12 +477,11 @@ cudaError_t LaunchSm90(FlashInferAttention* fi, const void* q, const void* k_cac
 FlashInferAttention* CreateFlashInferAttention() {
   FlashInferAttention* fi = new FlashInferAttention();
   // Read once per instance (the backend makes one), like the backend's other switches.
-  const char* v = std::getenv("DXS_CUDA_PREFILL_SM90");
-  const std::string choice = v != nullptr ? v : "";
-  if (choice == "off") {
-    fi->sm90_off = true;
-  } else if (!choice.empty() && choice != "auto") {
-    fi->switch_error = "DXS_CUDA_PREFILL_SM90=" + choice + ": expected auto or off";
+  const absl::StatusOr<std::string> choice = tunables::Read(tunables::kCudaPrefillSm90);
+  if (!choice.ok()) {
+    fi->switch_error = std::string(choice.status().message());
+  } else {
+    fi->sm90_off = *choice == "off";
   }
   return fi;
 }

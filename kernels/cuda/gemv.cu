@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
 // whole of a q/k/v or o-projection warp's share at Qwen3-30B-A3B's shapes, so the whole
 // stream is requested while the previous kernel finishes). Read once.
 int GemvEarlySlices() {
-  static const int slices = EnvIs("DXS_CUDA_GEMV_EARLY", "4") ? 4 : 2;
+  static const int slices = tunables::Get(tunables::kCudaGemvEarly) == "4" ? 4 : 2;
   return slices;
 }
 
@@ -461,7 +461,7 @@ int FeatureBlocks(int64_t features, int ksplit = 1) {
 // otherwise has too few loads in flight to reach the copy rate. DXS_CUDA_GEMV_SPLITK=off
 // keeps one warp a group (for A/B runs).
 int GemvKSplit(int64_t groups, int64_t k) {
-  static const bool enabled = !SwitchedOff("DXS_CUDA_GEMV_SPLITK");
+  static const bool enabled = tunables::On(tunables::kCudaGemvSplitK);
   int ksplit = 1;
   if (!enabled) return ksplit;
   while (ksplit < kWarps && groups * ksplit < 4096 && k / (2 * ksplit) >= 2 * 32 * kChunk) {

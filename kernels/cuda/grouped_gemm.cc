@@ -4,10 +4,10 @@
 #include "kernels/cuda/grouped_gemm.cuh"
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
+#include <string>
 
+#include "common/tunables.h"
 #include "kernels/cuda/grouped_gemm_sm90.h"
 
 #ifndef DXS_HAVE_CUTLASS
@@ -69,13 +69,12 @@ enum class Tiles { kAuto, kSmall, kLarge, kWide, kWide1 };
 
 Tiles ForcedTiles() {
   static const Tiles forced = [] {
-    const char* v = std::getenv("DXS_GROUPED_GEMM_TILES");
-    if (v == nullptr) return Tiles::kAuto;
-    if (std::strcmp(v, "small") == 0) return Tiles::kSmall;
-    if (std::strcmp(v, "large") == 0) return Tiles::kLarge;
-    if (std::strcmp(v, "wide") == 0) return Tiles::kWide;
-    if (std::strcmp(v, "wide1") == 0) return Tiles::kWide1;
-    return Tiles::kAuto;
+    const std::string v = tunables::Get(tunables::kGroupedGemmTiles);
+    return v == "small"   ? Tiles::kSmall
+           : v == "large" ? Tiles::kLarge
+           : v == "wide"  ? Tiles::kWide
+           : v == "wide1" ? Tiles::kWide1
+                          : Tiles::kAuto;
   }();
   return forced;
 }

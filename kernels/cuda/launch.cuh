@@ -23,24 +23,15 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
+
+#include "common/tunables.h"
 
 namespace dxs::cuda {
 
-// Whether the environment variable `name` is `value`: the A/B switches of the launchers
-// here and in gemv.cu (read once each by their callers; CudaBackend rejects other values
-// when it is created).
-inline bool EnvIs(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
-inline bool SwitchedOff(const char* name) { return EnvIs(name, "off"); }
-
 // Whether launches carry the PDL attribute: on unless DXS_CUDA_PDL=off (read once).
 inline bool PdlEnabled() {
-  static const bool enabled = !SwitchedOff("DXS_CUDA_PDL");
+  static const bool enabled = tunables::On(tunables::kCudaPdl);
   return enabled;
 }
 
@@ -69,7 +60,7 @@ __device__ __forceinline__ void PdlTrigger() {
 
 // Whether the residual norms call PdlTrigger() before waiting (read once).
 inline bool NormEarlyTrigger() {
-  static const bool on = EnvIs("DXS_CUDA_NORM_EARLY_TRIGGER", "on");
+  static const bool on = tunables::Get(tunables::kCudaNormEarlyTrigger) == "on";
   return on;
 }
 

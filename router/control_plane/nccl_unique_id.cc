@@ -2,12 +2,14 @@
 
 #include <dlfcn.h>
 
-#include <cstdlib>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/tunables.h"
 
 namespace dxs {
 namespace {
@@ -24,8 +26,8 @@ absl::StatusOr<NcclApi> LoadNccl() {
   absl::MutexLock lock(&mu);
   if (api != nullptr) return *api;
   std::vector<std::string> candidates;
-  if (const char* path = std::getenv("DXS_NCCL_LIBRARY"); path != nullptr && *path != '\0') {
-    candidates.push_back(path);
+  if (std::string path = tunables::Get(tunables::kNcclLibrary); !path.empty()) {
+    candidates.push_back(std::move(path));
   } else {
     candidates = {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2"};
   }

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/tunables.h"
 #include "gtest/gtest.h"
 #include "model/engine.h"
 #include "nlohmann/json.hpp"
@@ -275,7 +276,7 @@ TEST(DxsRun, PresetMadeInPlaceAndDeviceErrors) {
 TEST(DxsHelp, EverySubcommandPrintsItsUsage) {
   TempDir tmp;
   for (const std::string cmd : {"run", "gen-model", "fingerprint", "up", "generate", "status",
-                                "rebalance", "drain", "bench"}) {
+                                "rebalance", "drain", "bench", "tunables"}) {
     for (const std::string& form :
          {cmd + " --help", cmd + " -h", "help " + cmd, cmd + " --max-new-tokens 3 --help"}) {
       Output o = RunDxs(form, tmp);
@@ -292,6 +293,33 @@ TEST(DxsHelp, EverySubcommandPrintsItsUsage) {
   Output unknown = RunDxs("help nosuch", tmp);
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_NE(unknown.err.find("unknown command 'nosuch'"), std::string::npos) << unknown.err;
+}
+
+// dxs tunables lists every DXS_* variable (with the value set here); --markdown is the table
+// of docs/tunables.md. A bad value stops any command before it runs: one line, exit 2.
+TEST(DxsTunables, ListTableAndBadValue) {
+  TempDir tmp;
+  Output md = RunDxs("tunables --markdown", tmp);
+  EXPECT_EQ(md.exit_code, 0) << md.err;
+  EXPECT_EQ(md.out, tunables::MarkdownTable());
+  setenv("DXS_GROUPED_GEMM_TILES", "small", 1);
+  Output list = RunDxs("tunables", tmp);
+  EXPECT_EQ(list.exit_code, 0) << list.err;
+  for (const tunables::Tunable* t : tunables::All()) {
+    EXPECT_NE(list.out.find(std::string(t->name) + "  "), std::string::npos) << t->name;
+  }
+  EXPECT_NE(list.out.find("(default auto)  set: small\n"), std::string::npos) << list.out;
+  setenv("DXS_GROUPED_GEMM_TILES", "huge", 1);
+  for (const char* cmd : {"tunables", "run --max-new-tokens 1", "help"}) {
+    Output bad = RunDxs(cmd, tmp);
+    EXPECT_EQ(bad.exit_code, 2) << cmd;
+    EXPECT_EQ(bad.err,
+              "dxs: DXS_GROUPED_GEMM_TILES=huge: expected auto, small, large, wide1 or wide\n")
+        << cmd;
+    EXPECT_TRUE(bad.out.empty()) << cmd << ": " << bad.out;
+  }
+  unsetenv("DXS_GROUPED_GEMM_TILES");
+  EXPECT_EQ(RunDxs("tunables extra", tmp).exit_code, 2);
 }
 
 // gen-model --layers N keeps the preset's shape with N layers; out of range is exit 2.

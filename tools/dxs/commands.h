@@ -17,6 +17,7 @@ int StatusCommand(const std::vector<std::string>& args);       // dxs status
 int RebalanceCommand(const std::vector<std::string>& args);    // dxs rebalance
 int DrainCommand(const std::vector<std::string>& args);        // dxs drain
 int BenchCommand(const std::vector<std::string>& args);        // dxs bench
+int TunablesCommand(const std::vector<std::string>& args);     // dxs tunables
 
 // Where the embedded default model lives when --model is omitted: $DXS_CACHE_DIR, else
 // $XDG_CACHE_HOME/dxs, else ~/.cache/dxs; it is written there on first use.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/http_client.h"
+#include "common/tunables.h"
 #include "nlohmann/json.hpp"
 
 namespace dxs::cli {
@@ -27,7 +28,7 @@ absl::StatusOr<std::string> FindSmg(const std::string& flag, const std::string& 
     return absl::NotFoundError(absl::StrCat("--smg: '", flag, "' is not an executable"));
   }
   std::vector<std::filesystem::path> candidates;
-  if (const char* venv = std::getenv("DXS_PY_VENV"); venv != nullptr && *venv != '\0') {
+  if (const std::string venv = tunables::Get(tunables::kPyVenv); !venv.empty()) {
     candidates.push_back(std::filesystem::path(venv) / "bin" / "smg");
   }
   candidates.push_back(std::filesystem::path(bin_dir) / ".." / ".." / ".venv" / "bin" / "smg");

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tunables.h"
 #include "tools/dxs/commands.h"
 #include "tools/dxs/sampling_flags.h"
 
@@ -88,6 +89,8 @@ const Command kCommands[] = {
      "  a rate; --concurrency caps those in flight) [--len-sigma S (log-normal lengths\n"
      "  around --prompt-len/--output-len) --seed N --slo-ttft-ms 1000 --slo-tpot-ms 50]\n",
      dxs::cli::BenchCommand},
+    {"tunables", "list the DXS_* environment variables dxs reads, with their values here",
+     "  [--markdown (the table of docs/tunables.md)]\n", dxs::cli::TunablesCommand},
 };
 
 const Command* Find(const std::string& name) {
@@ -119,6 +122,8 @@ bool AsksForHelp(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A bad DXS_* value stops every command here, before it does anything.
+  dxs::tunables::ValidateOrDie("dxs");
   if (argc < 2) {
     PrintUsage(std::cerr);
     return 2;

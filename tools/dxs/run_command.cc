@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/tunables.h"
 #include "model/engine.h"
 #include "model/random_checkpoint.h"
 #include "model/router_skew_calibration.h"
@@ -51,7 +52,7 @@ absl::StatusOr<std::string> EnsureDefaultModel() {
 }
 
 std::string DefaultModelDir() {
-  if (const char* d = std::getenv("DXS_CACHE_DIR"); d && *d) return std::string(d) + "/default";
+  if (const std::string d = tunables::Get(tunables::kCacheDir); !d.empty()) return d + "/default";
   if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) {
     return std::string(d) + "/dxs/default";
   }

@@ -130,5 +130,18 @@ TEST(ServiceFlags, HelpListsTheServicesOwnFlagsAndExitsZero) {
   EXPECT_NE(RunService("dxs-expert", "--help", tmp).out.find("--experts"), std::string::npos);
 }
 
+// A bad DXS_* environment value (common/tunables.h) stops every service at start-up with
+// the services' one line and exit status 2, before the flags are checked.
+TEST(ServiceFlags, BadTunableIsOneLineAndExitTwo) {
+  TempDir tmp;
+  setenv("DXS_CUDA_PDL", "of", 1);
+  for (const std::string binary : {"dxs-router", "dxs-attention", "dxs-expert"}) {
+    const Output o = RunService(binary, "", tmp);
+    EXPECT_EQ(o.exit_code, 2) << binary << ": " << o.err;
+    EXPECT_EQ(o.err, binary + ": DXS_CUDA_PDL=of: expected auto or off\n");
+  }
+  unsetenv("DXS_CUDA_PDL");
+}
+
 }  // namespace
 }  // namespace dxs
