@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/timeouts.h"
 #include "router/dispatch/wire.h"
 
 namespace dxs {
@@ -295,7 +296,7 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
       }
       scheduler_->UndoStep();
       report();
-      (void)transport_->WaitForActivity(absl::Now() + absl::Milliseconds(20));
+      (void)transport_->WaitForActivity(absl::Now() + kStepRetryPause);
       wake_pending_ = true;
       return true;
     }
@@ -317,7 +318,7 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
       report();
       if (on_step_failed_) on_step_failed_();
       // Not at once: a new placement (or the peer) takes a moment; a new view wakes us.
-      (void)transport_->WaitForActivity(absl::Now() + absl::Milliseconds(20));
+      (void)transport_->WaitForActivity(absl::Now() + kStepRetryPause);
       wake_pending_ = true;  // the retry runs even if this rank has no request left
       return true;
     }

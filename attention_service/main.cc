@@ -46,6 +46,7 @@
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "common/timeouts.h"
 #include "common/tunables.h"
 #include "model/weights.h"
 #include "prometheus/registry.h"
@@ -55,7 +56,7 @@
 
 ABSL_FLAG(int64_t, kv_tokens, 1 << 16, "KV cache positions this rank holds, >= 1.");
 ABSL_FLAG(int64_t, prefill_chunk, 256, "Prompt tokens a request prefills per step, >= 1.");
-ABSL_FLAG(int64_t, step_timeout_ms, 5000,
+ABSL_FLAG(int64_t, step_timeout_ms, absl::ToInt64Milliseconds(dxs::kDefaultStepTimeout),
           "A step exchange waiting longer than this for a peer fails, >= 1.");
 ABSL_FLAG(int64_t, overlap_min_tokens, dxs::AttentionStepLoop::kDefaultOverlapMinTokens,
           "Two-batch overlap for steps with at least this many tokens over all DP ranks; "
@@ -301,10 +302,10 @@ int Main(int argc, char** argv) {
         scheduler.FailAll(absl::UnavailableError(
             absl::StrCat("attention rank ", rank, ": the cluster became incomplete")));
       }
-      (void)runtime.transport()->WaitForActivity(absl::Now() + absl::Milliseconds(50));
+      (void)runtime.transport()->WaitForActivity(absl::Now() + kWorkerIdleWait);
       continue;
     }
-    absl::StatusOr<bool> ran = loop->RunOnce(absl::Milliseconds(100));
+    absl::StatusOr<bool> ran = loop->RunOnce(kWorkerServeTurn);
     if (!ran.ok()) std::cerr << "dxs-attention: step loop: " << ran.status() << "\n";
     // Idle after work: the router's view gets this rank's counters and load now.
     if (ran.ok() && *ran) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/timeouts.h"
 #include "kernels/backend.h"
 #include "router/dispatch/dispatch_combine.h"
 #include "router/dispatch/wire.h"
@@ -14,10 +15,10 @@
 namespace dxs {
 namespace {
 
-// How long a round's combine may take to be delivered: the attention side's step timeout
-// (DispatchOptions::timeout), after which that side has failed the step itself. A DP rank
+// How long a round's combine may take to be delivered: the attention side's default step
+// timeout (DispatchOptions::timeout), after which that side has failed the step itself. A DP rank
 // takes it as soon as it makes progress (its receive is posted with its dispatch).
-constexpr absl::Duration kCombineSendWait = absl::Seconds(5);
+constexpr absl::Duration kCombineSendWait = kDefaultStepTimeout;
 
 // Copies between a region's view and a round tensor of the backend: on the backend when
 // the region lies where it keeps tensors, else through its host copies (a CPU DP rank's
@@ -407,7 +408,9 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   }
   DXS_ASSIGN_OR_RETURN(ExchangeId received,
                        transport_->PostExchange(tag, transfers_.data(), transfers_.size()));
-  DXS_RETURN_IF_ERROR(transport_->WaitExchange(received, deadline + absl::Seconds(5)));
+  // The DP ranks post their rows with their headers; one whose rows have not come within the
+  // step timeout has failed the step itself.
+  DXS_RETURN_IF_ERROR(transport_->WaitExchange(received, deadline + kDefaultStepTimeout));
   ++counters_.rounds_in_place;
   RoutedPairTensors pairs;
   DXS_RETURN_IF_ERROR(UnpackPairs(first.layer, headers, total_pairs, &pairs));

@@ -17,11 +17,12 @@
 //
 // A round returns once its combine is delivered (the DP ranks posted their receives with
 // their dispatch, so that is at once). Sends to a rank that abandoned the step are never
-// matched: the wait gives up after the attention side's step timeout (5 s) and the round
-// fails with UNAVAILABLE. Such a send may still hold the output buffer, so later rounds
-// compute into a second one, and a buffer with a send still pending is waited for before it
-// is written again. Normally one output buffer serves every round: a second one alternating
-// with it doubled the working set and cost ~200 us a round trip at 8 MiB (dispatch_bench).
+// matched: the wait gives up after the attention side's default step timeout
+// (kDefaultStepTimeout) and the round fails with UNAVAILABLE. Such a send may still hold the
+// output buffer, so later rounds compute into a second one, and a buffer with a send still
+// pending is waited for before it is written again. Normally one output buffer serves every round:
+// a second one alternating with it doubled the working set and cost ~200 us a round trip at 8 MiB
+// (dispatch_bench).
 //
 // A DP rank that dispatches through a mapped region (the one-copy exchange,
 // router/dispatch/dispatch_combine.h) sends its header after its rows, with the region's

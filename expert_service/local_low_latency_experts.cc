@@ -109,11 +109,14 @@ void LocalLowLatencyExperts::Loop(Rank* rank) {
 
 void LocalLowLatencyExperts::Watch() {
   constexpr absl::Duration kStalled = absl::Seconds(1);
+  // How often the watch looks at the phases: a tenth of kStalled, so a stall is reported
+  // within 10% of its threshold.
+  constexpr absl::Duration kLookInterval = absl::Milliseconds(100);
   while (true) {
     std::vector<HostPhase> phases;
     {
       absl::MutexLock lock(&phase_mu_);
-      phase_mu_.AwaitWithTimeout(absl::Condition(&watch_stop_), absl::Milliseconds(100));
+      phase_mu_.AwaitWithTimeout(absl::Condition(&watch_stop_), kLookInterval);
       if (watch_stop_ || !stall_report_.empty()) return;
       phases = phases_;
     }

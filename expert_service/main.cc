@@ -22,6 +22,7 @@
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "common/timeouts.h"
 #include "common/tunables.h"
 #include "expert_service/expert_metrics.h"
 #include "expert_service/expert_step_server.h"
@@ -171,14 +172,14 @@ int Main(int argc, char** argv) {
       runtime.HeartbeatNow();
     }
     if (!server || !runtime.can_serve()) {
-      (void)runtime.transport()->WaitForActivity(absl::Now() + absl::Milliseconds(50));
+      (void)runtime.transport()->WaitForActivity(absl::Now() + kWorkerIdleWait);
       continue;
     }
-    absl::Status s = server->ServeRound(absl::Now() + absl::Milliseconds(100));
+    absl::Status s = server->ServeRound(absl::Now() + kWorkerServeTurn);
     if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) {
       std::cerr << "dxs-expert rank " << rank << ": " << s << "\n";
     }
-    // Idle after work (no round for 100 ms): the router's view gets this rank's counters now.
+    // Idle after work (no round for a whole turn): the router's view gets this rank's counters now.
     if (s.ok()) {
       reported_idle = false;
     } else if (s.code() == absl::StatusCode::kDeadlineExceeded && !reported_idle) {

@@ -8,6 +8,28 @@
 #include "common/grpc/status_conversion.h"
 
 namespace dxs {
+namespace {
+
+// Between registration attempts while the router does not answer yet (workers may start
+// before it): a worker registers within 0.1 s of the router coming up.
+constexpr absl::Duration kRegisterRetryInterval = absl::Milliseconds(100);
+// One Register call: the router answers at once, so this only bounds a router that took the
+// connection and hangs.
+constexpr absl::Duration kRegisterRpcTimeout = absl::Seconds(5);
+// The Deregister at shutdown: the router drops a silent worker at its lease anyway, so a
+// process that is ending does not wait long for the answer.
+constexpr absl::Duration kDeregisterRpcTimeout = absl::Seconds(1);
+// Before watching again after the watch stream ended (the router went away or forgot this
+// worker): a router that is down is not called in a tight loop.
+constexpr absl::Duration kWatchRetryInterval = absl::Milliseconds(200);
+// The heartbeat thread sleeps in slices this long, so that shutdown and HeartbeatNow are
+// prompt; it is also the shortest heartbeat interval.
+constexpr absl::Duration kHeartbeatSlice = absl::Milliseconds(50);
+// One Heartbeat call: shorter than the router's default lease (3 s), so a call stuck on a
+// dead connection gives way to the next heartbeat before the lease runs out.
+constexpr absl::Duration kHeartbeatRpcTimeout = absl::Seconds(2);
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerMembership>> WorkerMembership::Start(
     const std::string& router_address, v1::RegisterRequest request, ViewCallback on_view,
@@ -27,7 +49,7 @@ absl::StatusOr<std::unique_ptr<WorkerMembership>> WorkerMembership::Start(
     absl::Status s = m->RegisterOnce();
     if (s.ok()) break;
     if (s.code() != absl::StatusCode::kUnavailable || absl::Now() > deadline) return s;
-    absl::SleepFor(absl::Milliseconds(100));
+    absl::SleepFor(kRegisterRetryInterval);
   }
   m->watch_thread_ = std::thread([p = m.get()] { p->WatchLoop(); });
   m->heartbeat_thread_ = std::thread([p = m.get()] { p->HeartbeatLoop(); });
@@ -52,7 +74,7 @@ WorkerMembership::~WorkerMembership() {
   }
   req.set_reason("shutdown");
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kDeregisterRpcTimeout));
   v1::DeregisterResponse resp;
   (void)stub_->Deregister(&ctx, req, &resp);
 }
@@ -64,7 +86,7 @@ v1::RegisterResponse WorkerMembership::registration() const {
 
 absl::Status WorkerMembership::RegisterOnce() {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kRegisterRpcTimeout));
   v1::RegisterResponse resp;
   grpc::Status s = stub_->Register(&ctx, request_, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
@@ -133,31 +155,32 @@ void WorkerMembership::WatchLoop() {
     // are unrelated to the last one's, so the next watch asks for its current view.
     known = 0;
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) ReRegisterIfCurrent(watched_incarnation);
-    absl::SleepFor(absl::Milliseconds(200));
+    absl::SleepFor(kWatchRetryInterval);
   }
 }
 
 void WorkerMembership::HeartbeatLoop() {
+  const uint32_t slice_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(kHeartbeatSlice));
   while (!stopping_) {
     uint32_t interval_ms;
     v1::HeartbeatRequest req;
     {
       absl::MutexLock lock(&mu_);
-      interval_ms = std::max<uint32_t>(registration_.heartbeat_interval_ms(), 50);
+      interval_ms = std::max<uint32_t>(registration_.heartbeat_interval_ms(), slice_ms);
       req.mutable_worker()->set_role(request_.role());
       req.mutable_worker()->set_rank(registration_.rank());
       req.mutable_worker()->set_incarnation(registration_.incarnation());
     }
     // Sleep in small slices so shutdown is prompt.
     for (uint32_t waited = 0; waited < interval_ms && !stopping_ && !heartbeat_soon_;
-         waited += 50) {
-      absl::SleepFor(absl::Milliseconds(50));
+         waited += slice_ms) {
+      absl::SleepFor(kHeartbeatSlice);
     }
     heartbeat_soon_ = false;
     if (stopping_) break;
     if (fill_heartbeat_) fill_heartbeat_(&req);
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kHeartbeatRpcTimeout));
     v1::HeartbeatResponse resp;
     grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) {

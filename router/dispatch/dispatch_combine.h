@@ -61,6 +61,7 @@
 
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "common/timeouts.h"
 #include "kernels/backend.h"
 #include "kernels/moe_executor.h"
 #include "router/dispatch/placement.h"
@@ -168,7 +169,7 @@ class DispatchObserver {
 
 struct DispatchOptions {
   DType wire_dtype = DType::kF32;
-  absl::Duration timeout = absl::Seconds(5);  // a step fails with UNAVAILABLE after this
+  absl::Duration timeout = kDefaultStepTimeout;  // a step fails with UNAVAILABLE after this
   // Combine waits expected to end within this are spun through (polling, yielding the
   // core each turn) rather than slept through: waking from the transport's event fd
   // costs ~25 us on a VM, a third of a 0.5 MB exchange. Longer expected waits sleep after

@@ -18,6 +18,11 @@
 namespace dxs {
 namespace {
 
+// How long a clean end waits for ncclCommFinalize before it aborts the communicator instead.
+// Finalizing waits for the peers' outstanding operations; a peer that died never completes
+// them, and the process should still end in seconds.
+constexpr absl::Duration kFinalizeTimeout = absl::Seconds(5);
+
 std::string NcclError(ncclResult_t r, ncclComm_t comm) {
   std::string s = ncclGetErrorString(r);
   const char* last = ncclGetLastError(comm);
@@ -352,7 +357,7 @@ class NcclTransportImpl final : public NcclTransport {
       // does not finish.
       const ncclResult_t r = ncclCommFinalize(comm_);
       ncclResult_t state = r == ncclSuccess ? ncclInProgress : r;
-      const absl::Time deadline = absl::Now() + absl::Seconds(5);
+      const absl::Time deadline = absl::Now() + kFinalizeTimeout;
       Poller poller;
       while (state == ncclInProgress && absl::Now() < deadline) {
         if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
