@@ -169,7 +169,7 @@ if [ "$what" = gpus ]; then
     --json "$OUT/exchange_gpus.jsonl" >"$OUT/gpu_exchange_bench_gpus.log" 2>&1
   summary+=("gpu_exchange_bench --devices $devices: rc=$?")
   cat "$OUT/gpu_exchange_bench_gpus.log"
-  # dxs's dispatch + combine over 2 DP x 2 EP processes (issue 15): nccl and ucx on four
+  # dxs's dispatch + combine over 2 DP x 2 EP processes: nccl and ucx on four
   # GPUs; on fewer, ucx with every rank on GPU 0 (time-sliced: a smoke run; nccl refuses two
   # ranks on one GPU).
   ranks_runs="ucx:0"
