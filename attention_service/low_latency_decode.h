@@ -1,6 +1,6 @@
 // LowLatencyDecode: an attention worker's decode steps over the low-latency exchange
-// (kernels/low_latency_exchange.h) to expert workers in other processes, the services' side
-// of issue 14 (`dxs-attention --low-latency-capacity N`).
+// (kernels/low_latency_exchange.h) to expert workers in other processes: the attention
+// service's side of the low-latency decode path (`dxs-attention --low-latency-capacity N`).
 //
 // Which steps: the DP ranks decide together in the step exchange (AttentionStepLoop). A
 // rank's step fits when it is decode-shaped (one token per request, or no request) and its

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# EPLB benchmark (not a test; issue 13 part 7): a skewed model (`dxs gen-model
+# EPLB benchmark (not a test; it measures live rebalancing's bounds): a skewed model (`dxs gen-model
 # --router-skew S`) on 1 attention + 4 expert ranks, EPLB off and on in the same run.
 #   off: dxs-router --elastic-ep (no replicas, no EPLB)
 #   on:  dxs-router --elastic-ep --num-redundant-experts R --enable-eplb --eplb-interval I
@@ -11,11 +11,11 @@
 #   rebalance: on a fresh "on" cluster under load, `dxs rebalance` (measure, load, publish:
 #     the RPC returns once the placement is published), the first rebalance, from the
 #     load-blind default placement; DXS_BENCH_TRIALS times, each on a new cluster;
-#   the stall it causes (issue 13: at most one step): the longest gap between two tokens of
+#   the stall it causes (the EPLB bound: at most one step): the longest gap between two tokens of
 #     any stream of the load across it, beside the same cluster's quiet load just before
 #     (same size, no rebalance). Nothing else runs during either load: no polling;
 #   recovery, covered: kill -9, under load, an EP rank all of whose experts have a replica
-#     elsewhere: the longest gap between tokens across the kill (issue 13: at most 1 s),
+#     elsewhere: the longest gap between tokens across the kill (the EPLB bound: at most 1 s),
 #     beside the load before it; dxs_eplb_recovery_duration_seconds; errors;
 #   recovery, uncovered: the same on the "off" cluster (no replicas: its experts are
 #     reloaded on the live ranks). After each load, `dxs status` must show the rank gone.
@@ -30,7 +30,7 @@
 # dxs-attention flags, e.g. --overlap-min-tokens 0), DXS_BIN_DIR (build/bin),
 # DXS_BENCH_GPUS (empty: CPU workers; else GPU ordinals as `dxs up --gpus` takes them, e.g.
 # 0,1,2,3,4: the attention rank on the first, the expert ranks on the next, round the list;
-# issue 15's EPLB off and on, on the GPU path).
+# EPLB off and on, on the GPU path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${DXS_BIN_DIR:-build/bin}

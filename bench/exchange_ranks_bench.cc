@@ -1,5 +1,5 @@
 // Dispatch + combine over D DP ranks x E EP ranks, one process each (a benchmark, not a
-// test): issue 15's 2 x 2 exchange, on GPUs over nccl or ucx, or on the CPU over ucx.
+// test): the 2 DP x 2 EP exchange, on GPUs over nccl or ucx, or on the CPU over ucx.
 //
 // Transport ranks 0..D-1 are DP ranks (RemoteMoeExecutor::Run, the attention side), D..D+E-1
 // EP ranks (ExpertStepServer::ServeRound), each its own process, forked by a coordinator

@@ -10,7 +10,7 @@
 // GatherRows, ScaleAddRows, Copy); it synchronises the backend before it returns, so
 // ExpertCounters::compute_ns covers its kernels and the bench reports the exchange alone
 // too: xchg_us = median over the round trips of (round trip - that round's compute).
-// exchange_ranks_bench runs the same exchange over D DP x E EP processes (issue 15's 2 x 2).
+// exchange_ranks_bench runs the same exchange over D DP x E EP processes (e.g. 2 x 2).
 //
 // Baseline, in the same run, between the same two processes: the interprocess-event
 // ping-pong. A launches a one-thread kernel and records an event made with

@@ -1,6 +1,6 @@
 // ExpertWorkerService: dxs.v1.ExpertWorker — status of this EP rank (experts held, step
 // counters including empty-batch steps, tokens per expert) and LoadPlacement, the expert
-// side of live rebalancing (issue 13).
+// side of EPLB live rebalancing.
 //
 // LoadPlacement loads the experts the placement newly assigns to this rank on the gRPC
 // thread (the serving thread keeps serving rounds meanwhile), then hands them to the

@@ -1,5 +1,6 @@
 // LowLatencyExpertSteps: an expert worker's decode steps over the low-latency exchange
-// (kernels/low_latency_exchange.h) between processes, the services' side of issue 14.
+// (kernels/low_latency_exchange.h) between processes: the expert service's side of the
+// low-latency decode path.
 //
 // The DP ranks decide each step's path together (AttentionStepLoop): a step that goes this
 // way reaches an expert rank as one kLowLatencyStep message from every DP rank

@@ -1,9 +1,22 @@
-// LowLatencyExchange: one rank's side of the low-latency (LL) exchange of decode steps, the
-// mode of issue 14 that needs no host synchronisation and is captured in a CUDA graph
-// (kernels/cuda/ll_exchange.cuh has the kernels and the memory; docs/gpu.md, "The
-// low-latency exchange", the design). The host-driven exchange (router/dispatch) stays the
-// path of prefill and of every backend without one: Backend::MakeLowLatencyExchange is
-// UNIMPLEMENTED there.
+// LowLatencyExchange: one rank's side of the low-latency (LL) exchange of decode steps:
+// dispatch and combine with no host synchronisation, so that a whole step can be captured
+// in a CUDA graph. The host-driven exchange (router/dispatch) stays the path of prefill and
+// of every backend without one: Backend::MakeLowLatencyExchange is UNIMPLEMENTED there.
+//
+// Why a second exchange: a decode step's rounds carry few rows, so the host-driven
+// exchange's cost is its host round trips (counts to the host, then exact-size transfers),
+// not its bytes. Here nothing goes through the host:
+// - Fixed slots instead of counts. A receiver's region has a slot per (source rank, token),
+//   sized by the capacity; slot t of a source is that source's token t, so no count has to
+//   travel before the rows, and a token goes to an expert rank once whatever its top-k.
+// - Rows written straight into the receiver's memory, then a flag per source: the sender's
+//   kernel stores the round's epoch (an ever-growing device counter) after its rows, and
+//   the receiver's wait kernel spins until every source's flag reaches its next epoch.
+//   Nothing is reset between rounds, so a recorded graph replays as it is.
+// - One reduction stage: the expert rank sends each slot's weighted pre-sum, and the
+//   combine adds a token's rows in ascending rank order (deterministic).
+// - A wait past timeout_ns records the missing source and returns instead of hanging.
+// kernels/cuda/ll_exchange.cuh has the kernels, the region layout and the ordering rules.
 //
 // Each rank owns a receive region of fixed capacity (an expert rank the dispatch region,
 // an attention rank the combine region), made by the backend as memory another process

@@ -215,8 +215,8 @@ absl::Status ExpertShard::ForwardLowLatency(int layer, const LowLatencyPairs& pa
                                                      gate_up_[layer], down_[layer], &ws.y));
   // The sums of the slots only: the no-pair entries' out row (the spare last row) lies
   // outside, so the sum skips them (the device ops skip rows outside their destination).
-  // Summed into the spare row they were one row's serial sum over every empty entry of the
-  // capacity: 452 us a layer at capacity 128 (gpu_bench --low-latency, 2026-12-03).
+  // Summed into the spare row they would be one row's serial sum over every empty entry of
+  // the capacity (452 us a layer at capacity 128: gpu_bench --low-latency, H200, 2026-12-03).
   Tensor slots = y->Rows(0, y->rows() - 1);
   return backend_->ScaleSumRows(ws.y, ws.sorted_weights, ws.sorted_out_rows, &slots);
 }

@@ -31,7 +31,7 @@ class ExpertShard final {
   ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Backend* backend);
 
   bool Holds(int layer, int expert) const;
-  // Live rebalancing (issue 13): makes `more` resident beside what is held (a key already
+  // EPLB live rebalancing: makes `more` resident beside what is held (a key already
   // held keeps its weights), or frees every expert outside `keep`. Call them from the
   // thread that calls the Forward methods, between calls (they change the tables Forward
   // reads).

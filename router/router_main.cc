@@ -9,7 +9,7 @@
 //              [--max-inflight 1024] [--num-redundant-experts R]
 //              [--enable-eplb [--eplb-interval N]]
 //
-// --enable-eplb rebalances experts live every --eplb-interval steps (EPLB, issue 13;
+// --enable-eplb rebalances experts live every --eplb-interval steps (EPLB;
 // router/control_plane/rebalancer.h): a placement from measured tokens per expert, loaded
 // by the expert ranks before it is published. `dxs rebalance` (ControlPlane.Rebalance)
 // runs one rebalance by hand, with or without --enable-eplb.

@@ -12,8 +12,8 @@
 #   bench/gpu/cluster_decode_bench.sh [LAYERS]   (default 48; binaries in .device/bin)
 # Environment: DXS_DECODE_CLUSTERS, the clusters to run, each MxN@GPUS (M attention and N
 # expert processes placed over those GPUs, `dxs up --gpus`), default "1x1@0"; on several
-# GPUs e.g. "1x1@0,1 2x2@0,1,2,3" (issues 14 and 15: one process per GPU, no time
-# slicing). DXS_DECODE_CONCURRENCY, default "1 8 32". Each cluster also runs with
+# GPUs e.g. "1x1@0,1 2x2@0,1,2,3" (the two- and four-GPU clusters: one process per GPU, no
+# time slicing). DXS_DECODE_CONCURRENCY, default "1 8 32". Each cluster also runs with
 # --low-latency-capacity DXS_DECODE_LL_CAPACITY (0 leaves that run out; default 128 for a
 # cluster over several GPUs, 0 on one): decode steps over the low-latency exchange (on one
 # GPU the processes' spinning waits time-slice it, so there it means nothing for speed).

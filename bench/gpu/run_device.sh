@@ -9,7 +9,7 @@
 #   wait for a spinning kernel) and gpu_bench --low-latency (decode steps with the MoE over
 #   it, beside local experts).
 #                           [--quick]
-#   gpus: what several GPUs of one host run (issues 14 and 15): the two-GPU cases of the
+#   gpus: what several GPUs of one host run (the NCCL and NVLink paths): the two-GPU cases of the
 #   nccl and worker transport tests, gpu_ll_bench between GPUs 0 and 1 (NVLink), and the
 #   PyTorch all-to-all baselines (bench/gpu/torch_all_to_all.py) over every GPU and over 2;
 #   on one GPU the same programs on GPU 0 alone (a smoke run: the tests skip their
@@ -18,8 +18,8 @@
 #   over nccl and ucx (on fewer GPUs, ucx on GPU 0), beside the all-to-all baselines
 #   (bench/gpu/exchange_vs_torch.py prints the ratios).
 #   gpus-decode: cluster_decode_bench.sh with 1 + 1 processes on
-#   GPUs 0 and 1 and, with four GPUs, 2 + 2 on 0-3, at concurrency 1, 32 and 128 (issues 14
-#   and 15's decode figures; DXS_DECODE_LAYERS layers, 48 by default). gpus-eplb:
+#   GPUs 0 and 1 and, with four GPUs, 2 + 2 on 0-3, at concurrency 1, 32 and 128 (decode
+#   with a GPU per process; DXS_DECODE_LAYERS layers, 48 by default). gpus-eplb:
 #   bench/eplb_bench.sh (1 attention + 4 expert ranks, EPLB off and on, the skewed model)
 #   with the workers on the GPUs here (round the list).
 #   memcheck: compute-sanitizer memcheck over every single-process gpu test binary, whole.
@@ -169,7 +169,7 @@ if [ "$what" = gpus ]; then
     --json "$OUT/exchange_gpus.jsonl" >"$OUT/gpu_exchange_bench_gpus.log" 2>&1
   summary+=("gpu_exchange_bench --devices $devices: rc=$?")
   cat "$OUT/gpu_exchange_bench_gpus.log"
-  # dxs's dispatch + combine over 2 DP x 2 EP processes (issue 15): nccl and ucx on four
+  # dxs's dispatch + combine over 2 DP x 2 EP processes: nccl and ucx on four
   # GPUs; on fewer, ucx with every rank on GPU 0 (time-sliced: a smoke run; nccl refuses two
   # ranks on one GPU).
   ranks_runs="ucx:0"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch baselines of the dispatch + combine benchmarks (issues 14 and 15): W ranks,
+"""The PyTorch baselines of the dispatch + combine benchmarks on several GPUs: W ranks,
 one process and one GPU each, over NCCL (torch.distributed), every rank both a DP and an EP
 rank, 128 experts split evenly over the ranks, top-8, bf16 rows.
 

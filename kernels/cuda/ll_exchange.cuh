@@ -182,9 +182,9 @@ cudaError_t LlReadSync(const LlSync* sync, LlSync* host);
 // struct) waits while another thread's copy to pageable memory waits in its stream: the
 // driver stages them one at a time (bench/gpu_host_call_probe.cu: 975 ms, until the spin
 // ended; pinned copies and kernels ran beside it). In one process (the ranks of
-// LocalLowLatencyExperts) an expert rank's status read so waited behind the attention rank's
-// copy of its step's logits, which waited for that expert rank's next step: a stall until
-// the attention rank's wait timed out.
+// LocalLowLatencyExperts) an expert rank's status read by copy would wait behind the
+// attention rank's copy of its step's logits, which waits for that expert rank's next step:
+// a stall until the attention rank's wait times out.
 struct LlSnapshot {
   LlSync sync;
   int bad;  // pairs for experts the rank does not hold, since the last snapshot that reset it

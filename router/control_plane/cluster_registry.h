@@ -166,7 +166,7 @@ class ClusterRegistry {
   // Removes a worker (live or DEAD) from the view. NOT_FOUND for unknown or stale.
   absl::StatusOr<v1::DeregisterResponse> Deregister(const v1::DeregisterRequest& request);
 
-  // Publishes `placement` (EPLB, issue 13): every live expert rank's claim becomes what
+  // Publishes `placement` (EPLB live rebalancing): every live expert rank's claim becomes what
   // the placement assigns it, and the view (with a placement version one above the
   // current, when the map changed) is returned. The caller has made every expert rank load
   // it first. From then on an expert rank registering without a claim (a restarted worker)

@@ -1,4 +1,4 @@
-// Rebalancer: EPLB live (issue 13 part 2). One rebalance:
+// Rebalancer: EPLB live rebalancing. One rebalance:
 //   1. Measure: each expert rank's tokens per expert (ExpertWorker.GetStatus, summed over
 //      MoE layers), the growth since the previous rebalance summed over replicas.
 //   2. Place: BalancedPlacement(load, N, R, current version + 1). Without any measured

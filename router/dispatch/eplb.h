@@ -1,4 +1,4 @@
-// EPLB: a placement from measured expert load (issue 13). Two steps, as DeepSeek's EPLB
+// EPLB: a placement from measured expert load. Two steps, as DeepSeek's EPLB
 // frames the problem (this is our own greedy, not their code):
 //   1. Replicate: the num_redundant extra slots go, one at a time, to the expert whose
 //      replicas carry the most load each (load / copies; ties: the lower expert), never

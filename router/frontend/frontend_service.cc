@@ -326,7 +326,7 @@ absl::Status FrontendService::RelayServe(grpc::ServerContext* context,
   // IsCancelled() on the synchronous API plucks the call's completion queue, which polls
   // its file descriptors: asked after every token it was a fifth of the router's CPU time
   // at concurrency 64 (perf, serving_bench 2 2). It is asked once per kCancelPollInterval,
-  // the bound on how long a caller's cancellation goes unnoticed, as before; a failed
+  // the bound on how long a caller's cancellation goes unnoticed; a failed
   // Write notices a caller that went away sooner.
   absl::Time next_cancel_check = absl::Now() + kCancelPollInterval;
   auto cancelled = [&] {

@@ -143,8 +143,8 @@ struct UcxTransportOptions {
   // Keep shared memory with peer error handling: sets UCX_POSIX_ERROR_HANDLING=y and
   // UCX_SYSV_ERROR_HANDLING=y unless already set. Without them UCX (1.13 and 1.22 alike)
   // gives endpoints with peer error handling no shared-memory transport ("no peer failure
-  // handler"), and everything between processes of one host goes over TCP: on the 2-core
-  // VM a 2048-token bf16 dispatch round trip took 14 ms instead of 3.
+  // handler"), and everything between processes of one host goes over TCP, which makes a
+  // large dispatch round trip several times slower than over shared memory.
   bool keep_shared_memory = true;
   // Tagged sends of host memory also go on the peer's data endpoint (ucx_transport.cc: the
   // endpoint without error handling that carries GPU memory), so that tests exercise it on

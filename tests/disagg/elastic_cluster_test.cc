@@ -205,7 +205,7 @@ double ExpertRowsReceived(const ProcessCluster& cluster, int rank) {
   return text.ok() ? testing::SumOf(testing::ParseSamples(*text), "dxs_tokens_received_total") : -1;
 }
 
-// Issue 13: a worker started with the next rank number joins a running cluster under load.
+// Elastic EP: a worker started with the next rank number joins a running cluster under load.
 // The router grows to 3 EP ranks, the Rebalancer loads experts on the new rank (evenly: the
 // tokens measured so far are the load), publishes, and the old ranks free what moved; the
 // attention ranks connect to it from the view and dispatch to it once both DP ranks have the

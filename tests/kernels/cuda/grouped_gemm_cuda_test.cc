@@ -1,6 +1,6 @@
 // The CUDA grouped expert GEMM: host-side guards (run everywhere, no device needed) and, on
 // an sm_90 GPU, agreement with a host f32 GEMM on the same bf16 inputs and with cuBLAS's
-// grouped batched GEMM (cublasGemmGroupedBatchedEx: issue 11's cross-check). Without a
+// grouped batched GEMM (cublasGemmGroupedBatchedEx, an independent cross-check). Without a
 // device (or without CUTLASS in the build, or without a cuBLAS that has that entry point)
 // the GPU cases skip.
 #include <cuda_bf16.h>
@@ -433,7 +433,7 @@ TEST(GroupedGemmCuda, RejectsTooSmallWorkspace) {
   EXPECT_GT(GroupedGemmWorkspaceBytes(4 * kNumExperts, 16, 1536, 2048, kBF16), ws_bytes);
 }
 
-// ---- Cross-check: cuBLAS's grouped batched GEMM on the same inputs (issue 11). ----
+// ---- Cross-check: cuBLAS's grouped batched GEMM on the same inputs. ----
 //
 // cublasGemmGroupedBatchedEx takes its per-group sizes in host arrays, so the serving path
 // (whose expert offsets live on the device) cannot use it without a synchronisation. Here

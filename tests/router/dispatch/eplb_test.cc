@@ -95,9 +95,9 @@ TEST(Eplb, DeterministicAndEvenWithoutLoad) {
   EXPECT_DOUBLE_EQ(BalanceRatio(RankLoads(*a, zero)), 1.0);
 }
 
-// Issue 13: the per-dispatch ratio was mean over max over every EP rank the executor knew,
-// so after an elastic EP kill (or with a joined rank not yet rebalanced onto) a perfectly
-// even dispatch over the ranks of the step read (N-1)/N.
+// The per-dispatch ratio counts only the step's EP ranks: over every EP rank the executor
+// knew, after an elastic EP kill (or with a joined rank not yet rebalanced onto) a
+// perfectly even dispatch over the ranks of the step would read (N-1)/N.
 TEST(Eplb, DispatchBalanceRatioCountsTheRanksOfTheStepOnly) {
   EXPECT_DOUBLE_EQ(DispatchBalanceRatio({10, 10, 0}, {true, true, false}), 1.0);
   EXPECT_DOUBLE_EQ(DispatchBalanceRatio({10, 0, 30}, {true, false, true}), 20.0 / 30.0);
