@@ -71,14 +71,21 @@ absl::StatusOr<AttentionStepLoop::StepPlan> AttentionStepLoop::ExchangeStep(int6
   const absl::Time deadline = absl::Now() + timeout_;
   // Peers' step messages, read first: a peer may be a step ahead if this rank missed the
   // end of a failed step (or was left out of the others' steps for a while); then this
-  // rank joins the peer's step number.
+  // rank joins the peer's step number. Every queued message is read and the newest kept:
+  // a peer sends one per step it starts, so the older ones are steps it has given up on.
+  // Joining one of those instead would leave this rank a step behind the peer for good,
+  // each waiting out the step timeout in turn (a rank that spent a step timeout in a step
+  // the peer had left finds two messages queued, and the peer already waiting in the
+  // second).
   std::vector<WireHeader> theirs(num_dp);
   std::vector<bool> have(num_dp, false);
   for (int r : members) {
-    if (r == dp_rank_ || !transport_->HasMessage(dp_peers_[r])) continue;
-    DXS_ASSIGN_OR_RETURN(TransportMessage m, transport_->Recv(dp_peers_[r], deadline));
-    DXS_ASSIGN_OR_RETURN(theirs[r], WireHeader::Decode(m.header));
-    have[r] = true;
+    if (r == dp_rank_) continue;
+    while (transport_->HasMessage(dp_peers_[r])) {
+      DXS_ASSIGN_OR_RETURN(TransportMessage m, transport_->Recv(dp_peers_[r], deadline));
+      DXS_ASSIGN_OR_RETURN(theirs[r], WireHeader::Decode(m.header));
+      have[r] = true;
+    }
   }
   for (int r : members) {
     if (have[r] && theirs[r].step > step_) step_ = theirs[r].step;
