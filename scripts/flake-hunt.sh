@@ -160,7 +160,9 @@ for c in conds:
                        glob.glob(os.path.join(out, "slot-*", f"{c}-*.xml"))):
         for case in ET.parse(path).getroot().iter("testcase"):
             name = case.get("name")
-            if case.find("skipped") is not None or case.get("status") == "notrun":
+            # Skipped, not run, and disabled (ctest reports those as cases too) are no runs.
+            if (case.find("skipped") is not None
+                    or case.get("status") in ("notrun", "disabled")):
                 continue
             cell = table.setdefault(name, {}).setdefault(c, [0, 0])
             cell[0] += 1

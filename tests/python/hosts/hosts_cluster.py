@@ -12,6 +12,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -370,9 +371,27 @@ class ClusterTest(unittest.TestCase):
             c.teardown()
             raise
 
+    failed = False
+
+    def run(self, result=None):
+        # Notes whether this test failed, so tearDownClass keeps the logs of a failed run.
+        result = result or self.defaultTestResult()
+        before = len(result.failures) + len(result.errors)
+        out = super().run(result)
+        if len(result.failures) + len(result.errors) > before:
+            type(self).failed = True
+        return out
+
     @classmethod
     def tearDownClass(cls):
-        cls.cluster.teardown()
+        c = cls.cluster
+        if cls.failed:
+            # Every process's log, then kept on disk beside the model for a closer look.
+            print("\n%s\n%s\n%s: logs kept in %s" % (c.logs(), c.hosts.sockets(), cls.__name__,
+                                                    c.tmp), flush=True)
+        c.teardown()
+        if not cls.failed:
+            shutil.rmtree(c.tmp, ignore_errors=True)
 
 
 def main():
@@ -384,5 +403,9 @@ def main():
         os.path.dirname(os.path.abspath(__file__))))))
     args, rest = ap.parse_known_args()
     ClusterTest.ARGS = args
-    skip_if_unavailable(lambda: hosts_lib.probe(tempfile.mkdtemp(prefix="dxs_hosts_probe_")))
+    probe_dir = tempfile.mkdtemp(prefix="dxs_hosts_probe_")
+    try:
+        skip_if_unavailable(lambda: hosts_lib.probe(probe_dir))
+    finally:
+        shutil.rmtree(probe_dir, ignore_errors=True)
     unittest.main(module="__main__", argv=[sys.argv[0]] + rest, verbosity=2)

@@ -92,7 +92,8 @@ class HostsFrozenExpert(hosts_cluster.ClusterTest):
         self.assertEqual(refused["code"], "UNAVAILABLE", refused)
         self.assertLessEqual(refused["t"] - sent, REFUSE_BOUND_S, refused)
         w = c.worker("expert", VICTIM)
-        self.assertEqual((w["state"], w["incarnation"]), ("DEAD", before["incarnation"]), w)
+        self.assertEqual((w["state"], w["incarnation"]), ("DEAD", before["incarnation"]),
+                         "%s\n%s" % (w, c.logs()))
 
         c.hosts.thaw(proc)
         thawed_at = time.monotonic()

@@ -230,6 +230,15 @@ class Hosts:
             _run(["ip", "netns", "del", ns], check=False)
         self.created = []
 
+    def sockets(self):
+        """Every host's TCP sockets with their queues (`ss -tnpi`): where bytes wait, in a
+        sender's kernel (Send-Q) or a receiver's (Recv-Q), when a failed test is looked at."""
+        out = []
+        for h in self.hosts:
+            r = _run(["ip", "netns", "exec", h.ns, "ss", "-tnpi"], check=False)
+            out.append("---- sockets of %s (%s) ----\n%s" % (h.ns, h.ip, r.stdout.strip()))
+        return "\n".join(out)
+
     # Faults.
     def partition(self, i):
         _run(["ip", "-n", self.bridge_ns, "link", "set", self.hosts[i].port, "down"])

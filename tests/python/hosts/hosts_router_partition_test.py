@@ -93,8 +93,12 @@ class HostsRouterPartition(hosts_cluster.ClusterTest):
             end = c.generate_all([probe], seconds=10, keepalive_ms=KEEPALIVE_MS)[0]
             attempts.append((round(end["t"] - healed_at, 2), end["code"]))
             return end["code"] == "OK" and end
-        first_ok = hosts_lib.wait_for(serves, RECOVER_BOUND_S, "a successful request after "
-                                      "the heal", interval=0.2)
+        try:
+            first_ok = hosts_lib.wait_for(serves, RECOVER_BOUND_S, "a successful request "
+                                          "after the heal", interval=0.2)
+        except AssertionError as e:
+            raise AssertionError("%s; attempts (s after the heal, code): %s\n%s"
+                                 % (e, attempts, c.logs())) from None
         recover = first_ok["t"] - healed_at
         after = [{"prompt": [40 + i, 2, 9, 17], "max_new_tokens": 12} for i in range(IN_FLIGHT)]
         want = [hosts_cluster.reference_tokens(c.dxs, self.model, s["prompt"], s["max_new_tokens"])
@@ -112,10 +116,10 @@ class HostsRouterPartition(hosts_cluster.ClusterTest):
                                 "%s %d did not register again" % key)
         print("hosts_router_partition: %d in-flight streams ended UNAVAILABLE %.2f-%.2f s "
               "after the partition (client keepalive %d ms); a new request failed %s in %.2f "
-              "s; serving again %.2f s after the heal (%d attempts), every worker the same "
+              "s; serving again %.2f s after the heal (attempts: %s), every worker the same "
               "process under a new incarnation; %d requests after it equal the single-process "
               "engine" % (IN_FLIGHT, first, detect, KEEPALIVE_MS, refused["code"], refuse,
-                          recover, len(attempts), IN_FLIGHT), flush=True)
+                          recover, attempts, IN_FLIGHT), flush=True)
 
 
 if __name__ == "__main__":
