@@ -4,7 +4,7 @@
 
 #include "common/metrics/step_metrics.h"
 #include "common/status_macros.h"
-#include "router/dispatch/eplb.h"
+#include "dataplane/dispatch/dispatch_balance.h"
 
 namespace dxs {
 

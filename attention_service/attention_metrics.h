@@ -23,11 +23,11 @@
 #include "absl/status/statusor.h"
 #include "common/metrics/callback_gauge.h"
 #include "common/metrics/families.h"
+#include "dataplane/dispatch/dispatch_combine.h"
+#include "dataplane/transport/exchange_bytes.h"
 #include "model/kv_cache.h"
 #include "model/scheduler.h"
 #include "prometheus/registry.h"
-#include "router/dispatch/dispatch_combine.h"
-#include "router/transport/exchange_bytes.h"
 
 namespace dxs {
 

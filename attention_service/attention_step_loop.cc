@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/timeouts.h"
-#include "router/dispatch/wire.h"
+#include "dataplane/dispatch/wire.h"
 
 namespace dxs {
 

@@ -45,11 +45,11 @@
 #include "absl/time/time.h"
 #include "attention_service/attention_metrics.h"
 #include "attention_service/low_latency_decode.h"
+#include "dataplane/dispatch/dispatch_combine.h"
+#include "dataplane/transport/transport.h"
 #include "model/kv_cache.h"
 #include "model/qwen3_moe.h"
 #include "model/scheduler.h"
-#include "router/dispatch/dispatch_combine.h"
-#include "router/transport/transport.h"
 
 namespace dxs {
 

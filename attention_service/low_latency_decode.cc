@@ -2,8 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "dataplane/dispatch/wire.h"
 #include "model/qwen3_moe.h"
-#include "router/dispatch/wire.h"
 
 namespace dxs {
 

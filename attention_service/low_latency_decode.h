@@ -11,7 +11,7 @@
 // decided per step instead of per batch kind.
 //
 // A low-latency step: BeginStep tells every expert rank that holds experts in the step's
-// placement (kLowLatencyStep, router/dispatch/wire.h), then the model's padded decode step
+// placement (kLowLatencyStep, dataplane/dispatch/wire.h), then the model's padded decode step
 // runs with moe() switched to the exchange (recorded into a CUDA graph once per batch
 // bucket, every layer's dispatch and combine in it: no host synchronisation in the step),
 // and EndStep reads the exchange's status. A token goes to the primary replica of each of
@@ -38,12 +38,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/model_config.h"
+#include "dataplane/dispatch/low_latency_moe_executor.h"
+#include "dataplane/dispatch/placement.h"
+#include "dataplane/transport/transport.h"
 #include "kernels/backend.h"
 #include "kernels/low_latency_exchange.h"
 #include "kernels/moe_executor.h"
-#include "router/dispatch/low_latency_moe_executor.h"
-#include "router/dispatch/placement.h"
-#include "router/transport/transport.h"
 
 namespace dxs {
 

@@ -14,7 +14,7 @@
 //
 // --mapped-exchange: workers of one host exchange rows through a region of the attention
 // rank's memory that the expert ranks map (host memory, or GPU memory through CUDA IPC;
-// router/dispatch/dispatch_combine.h); false sends every row through the transport.
+// dataplane/dispatch/dispatch_combine.h); false sends every row through the transport.
 //
 // --stream-interval: tokens per streamed chunk after the first (default 1: every token as
 // it is produced; larger trades smoothness for throughput, as SGLang's flag of that name).

@@ -77,13 +77,13 @@
 #include "bench/exchange_bench_util.h"
 #include "bench/raw_ucx_pingpong.h"
 #include "common/grpc/server.h"
+#include "dataplane/dispatch/dispatch_combine.h"
+#include "dataplane/dispatch/placement.h"
+#include "dataplane/dispatch/wire.h"
+#include "dataplane/transport/transport.h"
 #include "expert_service/expert_step_server.h"
 #include "kernels/backend.h"
 #include "model/sampler.h"
-#include "router/dispatch/dispatch_combine.h"
-#include "router/dispatch/placement.h"
-#include "router/dispatch/wire.h"
-#include "router/transport/transport.h"
 
 namespace dxs {
 namespace {

@@ -62,12 +62,12 @@
 #include "bench/exchange_bench_util.h"
 #include "bench/raw_ucx_pingpong.h"
 #include "common/model_config.h"
+#include "dataplane/dispatch/dispatch_combine.h"
+#include "dataplane/dispatch/placement.h"
 #include "expert_service/expert_step_server.h"
 #include "kernels/make_backend.h"
 #include "nlohmann/json.hpp"
 #include "router/control_plane/nccl_unique_id.h"
-#include "router/dispatch/dispatch_combine.h"
-#include "router/dispatch/placement.h"
 #include "worker/worker_transport.h"
 
 namespace dxs {

@@ -67,16 +67,16 @@
 #include "bench/raw_ucx_pingpong.h"
 #include "common/dtype.h"
 #include "common/model_config.h"
+#include "dataplane/dispatch/dispatch_combine.h"
+#include "dataplane/dispatch/placement.h"
+#include "dataplane/dispatch/wire.h"
+#include "dataplane/transport/transport.h"
 #include "expert_service/expert_compute.h"
 #include "expert_service/expert_step_server.h"
 #include "kernels/backend.h"
 #include "kernels/make_backend.h"
 #include "model/sampler.h"
 #include "nlohmann/json.hpp"
-#include "router/dispatch/dispatch_combine.h"
-#include "router/dispatch/placement.h"
-#include "router/dispatch/wire.h"
-#include "router/transport/transport.h"
 
 namespace dxs {
 namespace bench {

@@ -47,7 +47,7 @@
 
 #include "absl/time/clock.h"
 #include "bench/raw_ucx_pingpong.h"
-#include "router/transport/transport.h"
+#include "dataplane/transport/transport.h"
 
 namespace {
 

@@ -9,9 +9,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/status_macros.h"
+#include "dataplane/dispatch/routed_pairs.h"
 #include "kernels/backend.h"
 #include "model/expert_shard.h"
-#include "router/dispatch/routed_pairs.h"
 
 namespace dxs {
 

@@ -18,8 +18,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/metrics/families.h"
+#include "dataplane/transport/exchange_bytes.h"
 #include "prometheus/registry.h"
-#include "router/transport/exchange_bytes.h"
 
 namespace dxs {
 

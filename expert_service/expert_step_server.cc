@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/timeouts.h"
+#include "dataplane/dispatch/dispatch_combine.h"
+#include "dataplane/dispatch/wire.h"
 #include "kernels/backend.h"
-#include "router/dispatch/dispatch_combine.h"
-#include "router/dispatch/wire.h"
 
 namespace dxs {
 namespace {

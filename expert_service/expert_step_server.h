@@ -25,7 +25,7 @@
 // (dispatch_bench).
 //
 // A DP rank that dispatches through a mapped region (the one-copy exchange,
-// router/dispatch/dispatch_combine.h) sends its header after its rows, with the region's
+// dataplane/dispatch/dispatch_combine.h) sends its header after its rows, with the region's
 // key: the server maps the region (DataExchange::AttachPeerRegion; a GPU region with
 // Backend::OpenShared), reads the rows and
 // pairs there and stores its answers there, and answers with a 4-byte status in the group
@@ -54,13 +54,13 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/model_config.h"
+#include "dataplane/dispatch/wire.h"
+#include "dataplane/transport/transport.h"
 #include "expert_service/expert_compute.h"
 #include "expert_service/expert_metrics.h"
 #include "expert_service/low_latency_expert_steps.h"
 #include "kernels/backend.h"
 #include "kernels/tensor.h"
-#include "router/dispatch/wire.h"
-#include "router/transport/transport.h"
 
 namespace dxs {
 

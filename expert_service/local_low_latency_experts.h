@@ -33,13 +33,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/model_config.h"
+#include "dataplane/dispatch/low_latency_moe_executor.h"
 #include "expert_service/low_latency_expert_rounds.h"
 #include "kernels/backend.h"
 #include "kernels/low_latency_exchange.h"
 #include "kernels/moe_executor.h"
 #include "model/expert_shard.h"
 #include "model/weights.h"
-#include "router/dispatch/low_latency_moe_executor.h"
 
 namespace dxs {
 

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "router/dispatch/low_latency_moe_executor.h"
+#include "dataplane/dispatch/low_latency_moe_executor.h"
 
 namespace dxs {
 

@@ -4,7 +4,7 @@
 //
 // The DP ranks decide each step's path together (AttentionStepLoop): a step that goes this
 // way reaches an expert rank as one kLowLatencyStep message from every DP rank
-// (router/dispatch/wire.h) instead of a dispatch header per MoE layer. ExpertStepServer
+// (dataplane/dispatch/wire.h) instead of a dispatch header per MoE layer. ExpertStepServer
 // gathers them as it gathers dispatch headers and hands them to Serve, which runs the
 // step's rounds (LowLatencyExpertRounds::Step: recorded into a CUDA graph the first time,
 // replayed after) and waits for them.
@@ -28,11 +28,11 @@
 
 #include "absl/status/status.h"
 #include "common/model_config.h"
+#include "dataplane/dispatch/wire.h"
+#include "dataplane/transport/transport.h"
 #include "expert_service/low_latency_expert_rounds.h"
 #include "kernels/low_latency_exchange.h"
 #include "model/expert_shard.h"
-#include "router/dispatch/wire.h"
-#include "router/transport/transport.h"
 
 namespace dxs {
 

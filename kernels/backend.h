@@ -275,7 +275,7 @@ class Backend {
   // The dispatch layout of ids/weights [T, k] for experts placed per expert_owner over
   // num_ranks ranks: [E] i32, one EP rank each, or [E, S] i32, each expert's replicas'
   // ranks (primary first, then -1), of which the pair of token row t takes the
-  // (t mod replicas)-th (kernels/replica_choice.h; router/dispatch/placement.h says why).
+  // (t mod replicas)-th (kernels/replica_choice.h; dataplane/dispatch/placement.h says why).
   // Either way each pair goes to exactly one rank. Tensors in *layout are allocated here.
   virtual absl::Status ComputeDispatchLayout(const Tensor& ids, const Tensor& weights,
                                              const Tensor& expert_owner, int num_ranks,

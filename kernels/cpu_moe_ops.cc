@@ -51,7 +51,7 @@ absl::Status CpuBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& 
   const int32_t* table = expert_owner.i32();
   int32_t* per_expert = layout->num_tokens_per_expert.i32();
   std::fill(per_expert, per_expert + num_experts, 0);
-  // Each pair's rank: the replica choice of router/dispatch/placement.h.
+  // Each pair's rank: the replica choice of dataplane/dispatch/placement.h.
   thread_local std::vector<int32_t> pair_rank;
   pair_rank.resize(static_cast<size_t>(num_pairs));
   for (int64_t p = 0; p < num_pairs; ++p) {

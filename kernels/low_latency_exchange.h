@@ -1,6 +1,6 @@
 // LowLatencyExchange: one rank's side of the low-latency (LL) exchange of decode steps:
 // dispatch and combine with no host synchronisation, so that a whole step can be captured
-// in a CUDA graph. The host-driven exchange (router/dispatch) stays the path of prefill and
+// in a CUDA graph. The host-driven exchange (dataplane/dispatch) stays the path of prefill and
 // of every backend without one: Backend::MakeLowLatencyExchange is UNIMPLEMENTED there.
 //
 // Why a second exchange: a decode step's rounds carry few rows, so the host-driven

@@ -2,7 +2,7 @@
 //
 // The single-process engine runs the experts locally (model/local_moe_executor.h); an
 // attention worker dispatches rows to expert workers and combines their pre-summed
-// results (router/dispatch/dispatch_combine.h). The interface sits beside the Backend so
+// results (dataplane/dispatch/dispatch_combine.h). The interface sits beside the Backend so
 // that the dispatch engine does not depend on the model. Either
 // way `out[t] = sum_k weights[t, k] * expert_{ids[t, k]}(x[t])` and that sum is the one
 // reduction: nothing reduces the output again.

@@ -1,4 +1,4 @@
-// The replica choice of the dispatch layout (router/dispatch/placement.h), shared by the
+// The replica choice of the dispatch layout (dataplane/dispatch/placement.h), shared by the
 // CPU backend and the CUDA kernels so that every backend sends a pair to the same rank.
 //
 // An expert's row of the rank table holds its replicas' EP ranks, primary first, then -1

@@ -14,7 +14,7 @@
 // by the expert ranks before it is published. `dxs rebalance` (ControlPlane.Rebalance)
 // runs one rebalance by hand, with or without --enable-eplb.
 // --num-redundant-experts R adds R expert slots beyond one per expert: replicas placed by
-// Placement::WithRedundantExperts (router/dispatch/placement.h) on distinct EP ranks; a
+// Placement::WithRedundantExperts (dataplane/dispatch/placement.h) on distinct EP ranks; a
 // DP rank sends each routed pair to exactly one replica (the rule is in that header).
 // --max-inflight bounds the Generate requests in flight cluster-wide; beyond it Generate
 // is refused with RESOURCE_EXHAUSTED.

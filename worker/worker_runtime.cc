@@ -244,7 +244,7 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
   shape.wire_dtype = FromProtoDType(view->transport().wire_dtype());
   const v1::ExpertPlacement& p = view->placement();
   // Every replica of every expert (ExpertReplicas.ep_ranks, the primary first): the
-  // dispatch engine chooses among them (router/dispatch/placement.h).
+  // dispatch engine chooses among them (dataplane/dispatch/placement.h).
   std::vector<std::vector<int>> expert_ranks(p.expert_to_rank_size());
   bool placed =
       shape.num_expert > 0 && p.expert_to_rank_size() == static_cast<int>(p.num_experts());

@@ -24,10 +24,10 @@
 #include "common/dtype.h"
 #include "common/grpc/tls.h"
 #include "common/metrics/metrics_server.h"
+#include "dataplane/dispatch/placement.h"
+#include "dataplane/transport/transport.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
 #include "prometheus/collectable.h"
-#include "router/dispatch/placement.h"
-#include "router/transport/transport.h"
 #include "worker/worker_membership.h"
 #include "worker/worker_transport.h"
 

@@ -3,7 +3,7 @@
 // - ucx: UCP for the control channel and the data exchange (host memory, and GPU memory
 //   through cuda_ipc where UCX's CUDA module loads);
 // - nccl: the data exchange over one NCCL communicator of the cluster's live workers, its
-//   control channel a ucx transport (router/transport/nccl_transport.h). It needs
+//   control channel a ucx transport (dataplane/transport/nccl_transport.h). It needs
 //   --device cuda[:N] (NCCL moves device memory) and the plugin libdxs_nccl.so beside the
 //   binary ($DXS_NCCL_PLUGIN overrides), which links NCCL and the CUDA runtime so that
 //   the services do not.
@@ -20,9 +20,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "dataplane/transport/nccl_transport.h"
+#include "dataplane/transport/transport.h"
 #include "dxs/v1/control_plane.pb.h"
-#include "router/transport/nccl_transport.h"
-#include "router/transport/transport.h"
 
 namespace dxs {
 

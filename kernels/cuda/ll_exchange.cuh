@@ -2,7 +2,7 @@
 // (DP) ranks and expert (EP) ranks as kernels that write rows straight into the receiver's
 // memory and signal with flags (DeepEP's intranode shape), so that a step needs no host
 // synchronisation and can be captured in a CUDA graph. The high-throughput exchange (counts
-// to the host, exact-size grouped transfers over UCX or NCCL: router/dispatch) stays the
+// to the host, exact-size grouped transfers over UCX or NCCL: dataplane/dispatch) stays the
 // path for prefill.
 //
 // Memory. Every receiver owns one region per direction, of fixed capacity, zeroed once

@@ -54,8 +54,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "dataplane/dispatch/placement.h"
 #include "dxs/v1/control_plane.pb.h"
-#include "router/dispatch/placement.h"
 
 namespace dxs {
 

@@ -10,7 +10,7 @@
 #include "common/metrics/families.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
-#include "router/dispatch/eplb.h"
+#include "router/control_plane/eplb.h"
 
 namespace dxs {
 namespace {

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "attention_service/attention_step_loop.h"
+#include "dataplane/dispatch/dispatch_combine.h"
+#include "dataplane/dispatch/placement.h"
 #include "expert_service/expert_step_server.h"
 #include "model/weights.h"
-#include "router/dispatch/dispatch_combine.h"
-#include "router/dispatch/placement.h"
 
 namespace dxs::testing {
 

@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "model/engine.h"
 #include "model/random_checkpoint.h"
-#include "router/dispatch/eplb.h"
+#include "router/control_plane/eplb.h"
 #include "tests/disagg/cluster_equivalence.h"
 #include "tests/disagg/metrics_util.h"
 #include "tests/disagg/process_cluster.h"

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "dataplane/dispatch/low_latency_moe_executor.h"
 #include "expert_service/local_low_latency_experts.h"
 #include "expert_service/low_latency_expert_rounds.h"
 #include "gtest/gtest.h"
@@ -27,7 +28,6 @@
 #include "model/expert_shard.h"
 #include "model/random_checkpoint.h"
 #include "model/weights.h"
-#include "router/dispatch/low_latency_moe_executor.h"
 #include "tests/model/test_util.h"
 
 namespace dxs {

@@ -23,9 +23,9 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/ll_exchange.cuh"
+#include "tests/dataplane/transport/pipe_io.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 #include "tests/kernels/cuda/ll_exchange_test_experts.h"
-#include "tests/router/transport/pipe_io.h"
 
 namespace dxs {
 namespace {

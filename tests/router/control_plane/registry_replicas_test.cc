@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "dataplane/dispatch/placement.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "router/control_plane/cluster_registry.h"
-#include "router/dispatch/placement.h"
 
 namespace dxs {
 namespace {
