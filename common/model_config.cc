@@ -240,6 +240,10 @@ absl::StatusOr<ModelConfig> ParseObject(const Json& j, const std::string& source
   // transformers v5 writes "dtype"; v4 wrote "torch_dtype".
   DXS_RETURN_IF_ERROR(r.String("torch_dtype", &c.torch_dtype));
   DXS_RETURN_IF_ERROR(r.String("dtype", &c.torch_dtype));
+  if (const Json* q = r.Get("quantization_config"); q != nullptr && q->is_object()) {
+    FieldReader quant(*q, source);
+    DXS_RETURN_IF_ERROR(quant.String("quant_method", &c.quant_method));
+  }
   DXS_RETURN_IF_ERROR(r.IntList("eos_token_id", /*allow_scalar=*/true, &c.eos_token_ids));
   DXS_RETURN_IF_ERROR(r.Int("bos_token_id", &c.bos_token_id));
 

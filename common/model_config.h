@@ -36,7 +36,11 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;
   std::string hidden_act = "silu";
   std::string torch_dtype = "float32";  // "torch_dtype" or "dtype"
-  std::vector<int64_t> eos_token_ids;   // int or list in the JSON
+  // quantization_config.quant_method ("fp8" for block-scaled FP8 weights); empty when the
+  // weights are stored in torch_dtype. The rest of quantization_config is checked against
+  // the tensors when the checkpoint is opened (common/safetensors.h).
+  std::string quant_method;
+  std::vector<int64_t> eos_token_ids;  // int or list in the JSON
   int64_t bos_token_id = -1;
 
   // True when layer `layer` uses the sparse MoE block (HF's rule: not in mlp_only_layers,

@@ -446,7 +446,10 @@ absl::Status FrontendService::AbortRequest(const std::string& request_id) {
 
 absl::StatusOr<v1::ModelInfo> FrontendService::ServedModel() const {
   for (const v1::WorkerInfo& w : registry_->Workers()) {
-    if (w.role() == v1::ROLE_ATTENTION && IsLive(w.state())) return model_info_;
+    if (w.role() != v1::ROLE_ATTENTION || !IsLive(w.state())) continue;
+    v1::ModelInfo info = model_info_;
+    info.set_wire_dtype(registry_->View().transport().wire_dtype());
+    return info;
   }
   return absl::UnavailableError(
       "no attention worker has registered yet, so the served model is not known");

@@ -29,6 +29,7 @@ v1::ModelInfo MakeModelInfo(const ModelConfig& config, const std::string& model_
   info.set_hidden_size(static_cast<uint32_t>(config.hidden_size));
   for (int64_t id : config.eos_token_ids) info.add_eos_token_ids(static_cast<uint32_t>(id));
   info.set_dtype(DTypeOf(config.torch_dtype));
+  info.set_checkpoint_dtype(config.quant_method == "fp8" ? v1::DTYPE_FLOAT8_E4M3 : info.dtype());
   *info.mutable_fingerprint() = fingerprint;
   return info;
 }

@@ -121,6 +121,24 @@ TEST(ModelConfigTest, ParsesQwen3_30B_A3B) {
   for (int64_t layer = 0; layer < 48; ++layer) EXPECT_TRUE(c->IsMoeLayer(layer));
 }
 
+// The quantization method of an FP8 checkpoint (Qwen3-*-FP8's quantization_config); none
+// without one. The rest of quantization_config is checked with the tensors.
+TEST(ModelConfigTest, QuantMethod) {
+  Json j = SmallConfig();
+  absl::StatusOr<ModelConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quant_method, "");
+  j["quantization_config"] = Json::parse(R"({"quant_method": "fp8", "fmt": "e4m3",
+      "activation_scheme": "dynamic", "weight_block_size": [128, 128]})");
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quant_method, "fp8");
+  j["quantization_config"]["quant_method"] = 8;
+  c = Parse(j);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("quant_method"));
+}
+
 TEST(ModelConfigTest, DefaultsFollowTransformers) {
   absl::StatusOr<ModelConfig> c = ParseModelConfig("{}", "cfg.json");
   ASSERT_TRUE(c.ok()) << c.status();

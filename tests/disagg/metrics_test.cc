@@ -112,6 +112,10 @@ TEST(Metrics, EveryProcessServesCleanMetricsThatMove) {
     ++registered;
   }
   EXPECT_EQ(registered, 4);
+  // The model as served: the default preset's f32 weights, the cluster's f32 wire.
+  EXPECT_EQ(status["model"]["dtype"], "float32") << status.dump();
+  EXPECT_EQ(status["model"]["checkpoint_dtype"], "float32") << status.dump();
+  EXPECT_EQ(status["model"]["wire_dtype"], "float32") << status.dump();
 
   const std::string attention1 = cluster.attention_metrics_address(1);
   const Samples before = MustScrape(attention1);

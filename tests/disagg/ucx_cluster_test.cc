@@ -103,7 +103,8 @@ TEST(UcxCluster, InPlaceModelEqualsTheWrittenCheckpoint) {
 }
 
 // A block-scaled FP8 checkpoint (gen-model --fp8): dxs-attention and dxs-expert dequantize
-// it on load as the single process does, so a 2 + 2 cluster equals it.
+// it on load as the single process does, so a 2 + 2 cluster equals it; the model info says
+// what was loaded and what travels (FP8 stored, served in the config's dtype, f32 wire).
 TEST(UcxCluster, Fp8CheckpointEqualsSingleProcess) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "odd", 0, /*fp8=*/true);
@@ -112,6 +113,12 @@ TEST(UcxCluster, Fp8CheckpointEqualsSingleProcess) {
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
   testing::ExpectClusterMatchesEngine(&cluster, dir, 2, 3, 3001);
+  grpc::ClientContext context;
+  v1::GetModelInfoResponse info;
+  ASSERT_TRUE(cluster.frontend()->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.model_info().checkpoint_dtype(), v1::DTYPE_FLOAT8_E4M3);
+  EXPECT_EQ(info.model_info().dtype(), v1::DTYPE_FLOAT32);
+  EXPECT_EQ(info.model_info().wire_dtype(), v1::DTYPE_FLOAT32);
 }
 
 TEST(UcxCluster, MismatchedWorkersAreRefused) {

@@ -611,6 +611,26 @@ int GenerateCommand(const std::vector<std::string>& argv) {
   return 0;
 }
 
+namespace {
+
+// A dtype as config.json spells it.
+std::string DTypeName(v1::DType d) {
+  switch (d) {
+    case v1::DTYPE_FLOAT32:
+      return "float32";
+    case v1::DTYPE_BFLOAT16:
+      return "bfloat16";
+    case v1::DTYPE_FLOAT16:
+      return "float16";
+    case v1::DTYPE_FLOAT8_E4M3:
+      return "float8_e4m3";
+    default:
+      return "unspecified";
+  }
+}
+
+}  // namespace
+
 int StatusCommand(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args =
       Args::Parse(argv, WithTlsValueFlags({"router", "format"}), WithTlsBoolFlags({}));
@@ -633,6 +653,11 @@ int StatusCommand(const std::vector<std::string>& argv) {
   loads_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::GetLoadsResponse loads;
   grpc::Status ls = fe->GetLoads(&loads_ctx, v1::GetLoadsRequest(), &loads);
+  grpc::ClientContext model_ctx;
+  model_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::GetModelInfoResponse model;
+  grpc::Status ms = fe->GetModelInfo(&model_ctx, v1::GetModelInfoRequest(), &model);
+  const v1::ModelInfo& info = model.model_info();
 
   auto role = [](v1::Role r) { return r == v1::ROLE_ATTENTION ? "attention" : "expert"; };
   auto state = [](v1::WorkerState s) {
@@ -662,6 +687,15 @@ int StatusCommand(const std::vector<std::string>& argv) {
                               {"outstanding_tokens", l.num_outstanding_tokens()}});
     }
     if (!ls.ok()) out["loads_error"] = ls.error_message();
+    if (ms.ok()) {
+      out["model"] = {{"name", info.model_name()},
+                      {"path", info.model_path()},
+                      {"dtype", DTypeName(info.dtype())},
+                      {"checkpoint_dtype", DTypeName(info.checkpoint_dtype())},
+                      {"wire_dtype", DTypeName(info.wire_dtype())}};
+    } else {
+      out["model_error"] = ms.error_message();
+    }
     out["placement_version"] = view.placement().version();
     out["elastic_ep"] = view.elastic_ep();
     nlohmann::json per_rank = nlohmann::json::array();
@@ -691,6 +725,13 @@ int StatusCommand(const std::vector<std::string>& argv) {
               << l.kv_cache_total_tokens() << " tokens\n";
   }
   if (!ls.ok()) std::cout << "  (loads unavailable: " << ls.error_message() << ")\n";
+  if (ms.ok()) {
+    std::cout << "model " << info.model_name() << ": served in " << DTypeName(info.dtype())
+              << " (checkpoint " << DTypeName(info.checkpoint_dtype()) << "), wire "
+              << DTypeName(info.wire_dtype()) << "\n";
+  } else {
+    std::cout << "  (model unavailable: " << ms.error_message() << ")\n";
+  }
   // The placement: per EP rank the experts it holds, replicas (experts held elsewhere too)
   // marked with '*'.
   const v1::ExpertPlacement& p = view.placement();

@@ -484,6 +484,8 @@ TEST_F(FrontendCluster, StreamsEqualTheSingleProcessEngine) {
   EXPECT_EQ(info.model_info().model_path(), dir_);
   EXPECT_EQ(info.model_info().model_name(), "default");
   EXPECT_EQ(info.model_info().dtype(), v1::DTYPE_FLOAT32);
+  EXPECT_EQ(info.model_info().checkpoint_dtype(), v1::DTYPE_FLOAT32);
+  EXPECT_EQ(info.model_info().wire_dtype(), v1::DTYPE_FLOAT32);  // the registry's default
   EXPECT_EQ(info.model_info().fingerprint().checkpoint_fingerprint().size(), 16u);
   EXPECT_TRUE(WaitAllFree(frontend()));
 }
