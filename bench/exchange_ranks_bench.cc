@@ -64,6 +64,7 @@
 #include "common/model_config.h"
 #include "dataplane/dispatch/dispatch_combine.h"
 #include "dataplane/dispatch/placement.h"
+#include "dataplane/transport/transport_table.h"
 #include "expert_service/expert_step_server.h"
 #include "kernels/make_backend.h"
 #include "nlohmann/json.hpp"
@@ -456,7 +457,7 @@ int Coordinate(const Options& opts, const std::vector<Pipes>& pipes) {
     if (failed.empty()) addresses.push_back(ReadString(pipes[r].from_rank));
   }
   std::string nccl_id;
-  if (failed.empty() && opts.transport == "nccl") {
+  if (failed.empty() && FindTransport(opts.transport)->Has(kCommunicatorPerView)) {
     absl::StatusOr<std::string> id = NewNcclUniqueId();
     if (id.ok()) {
       nccl_id = *id;
@@ -619,7 +620,10 @@ Options ParseOptions(int argc, char** argv) {
       for (int64_t g : ParseList(arg, argv[++i])) opts.gpus.push_back(static_cast<int>(g));
     } else if (arg == "--transport" && has_value) {
       opts.transport = argv[++i];
-      if (opts.transport != "ucx" && opts.transport != "nccl") Die("--transport takes ucx or nccl");
+      const TransportSpec* spec = FindTransport(opts.transport);
+      if (spec == nullptr || !spec->Has(kWorkers)) {
+        Die("--transport takes " + TransportNames(kWorkers));
+      }
     } else if (arg == "--hidden" && has_value) {
       opts.hidden = ParseList(arg, argv[++i]);
     } else if (arg == "--tokens" && has_value) {
@@ -649,8 +653,11 @@ Options ParseOptions(int argc, char** argv) {
   }
   if (opts.reps < kMinReps) Die("--reps must be at least " + std::to_string(kMinReps));
   if (opts.gpus.empty()) Die("--gpus: an empty list");
-  if (opts.transport == "nccl") {
-    if (cpu) Die("--transport nccl moves device memory: it needs --device cuda");
+  const TransportSpec& transport = *FindTransport(opts.transport);
+  if (transport.Has(kGpuMemoryOnly) && cpu) {
+    Die("--transport " + opts.transport + " moves device memory: it needs --device cuda");
+  }
+  if (transport.Has(kCommunicatorPerView)) {
     std::set<std::string> devices;
     for (int r = 0; r < opts.world(); ++r) devices.insert(opts.device_of(r));
     if (static_cast<int>(devices.size()) != opts.world()) {

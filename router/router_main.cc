@@ -57,6 +57,7 @@
 #include "common/metrics/metrics_server.h"
 #include "common/model_config.h"
 #include "common/tunables.h"
+#include "dataplane/transport/transport_table.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/registry.h"
 #include "router/control_plane/cluster_metrics.h"
@@ -165,9 +166,9 @@ absl::StatusOr<Flags> ValidateFlags() {
     *out = value;
   }
   flags.transport = absl::GetFlag(FLAGS_transport);
-  if (flags.transport != "ucx" && flags.transport != "nccl" && flags.transport != "inproc") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--transport must be ucx, nccl or inproc, got '", flags.transport, "'"));
+  if (dxs::FindTransport(flags.transport) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("--transport must be ", dxs::TransportNames(),
+                                                   ", got '", flags.transport, "'"));
   }
   const std::string dtype = absl::GetFlag(FLAGS_wire_dtype);
   if (dtype == "f32") {
@@ -240,7 +241,7 @@ int main(int argc, char** argv) {
   options.num_layers = static_cast<int>(config->num_hidden_layers);
   options.fingerprint = *fingerprint;
   options.transport_backend = flags->transport;
-  if (flags->transport == "nccl") {
+  if (dxs::FindTransport(flags->transport)->Has(dxs::kCommunicatorPerView)) {
     // The communicators' ids come from the router's NCCL (loaded at run time).
     if (absl::Status s = dxs::CheckNcclLoads(); !s.ok()) return Fail(s);
     options.nccl_unique_id = dxs::NewNcclUniqueId;

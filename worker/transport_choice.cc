@@ -5,21 +5,23 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "dataplane/transport/transport_table.h"
 #include "kernels/make_backend.h"
 #include "worker/worker_transport.h"  // IWYU pragma: associated
 
 namespace dxs {
 
 absl::Status ValidateWorkerTransport(const std::string& transport, const std::string& device) {
-  if (transport != "ucx" && transport != "nccl") {
+  const TransportSpec* spec = FindTransport(transport);
+  if (spec == nullptr || !spec->Has(kWorkers)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--transport must be ucx or nccl, got '", transport, "'"));
+        absl::StrCat("--transport must be ", TransportNames(kWorkers), ", got '", transport, "'"));
   }
   DXS_ASSIGN_OR_RETURN(const int ordinal, DeviceOrdinal(device));
-  if (transport == "nccl" && ordinal < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--transport nccl moves GPU memory: it needs --device cuda or cuda:N, not --device ",
-        device));
+  if (spec->Has(kGpuMemoryOnly) && ordinal < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transport ", spec->name,
+                     " moves GPU memory: it needs --device cuda or cuda:N, not --device ", device));
   }
   return absl::OkStatus();
 }

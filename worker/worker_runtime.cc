@@ -49,6 +49,7 @@ absl::Status WorkerRuntime::Start(const std::string& listen, grpc::Service* serv
   absl::StatusOr<WorkerTransport> made = MakeWorkerTransport(transport, device);
   if (!made.ok()) return made.status();
   transport_ = std::move(made->transport);
+  transport_spec_ = FindTransport(transport);
   nccl_ = made->nccl;
   cuda_device_ = made->cuda_device;
   GrpcServerOptions options;
@@ -90,7 +91,7 @@ v1::RegisterRequest WorkerRuntime::BaseRegistration(v1::Role role,
   req.set_rank(static_cast<uint32_t>(rank_));
   req.set_grpc_address(grpc_address_);
   req.set_metrics_address(metrics_address_);
-  req.mutable_transport()->set_ucx_worker_address(transport_->LocalAddress());
+  SetConnectAddress(*transport_spec_, transport_->LocalAddress(), req.mutable_transport());
   if (nccl_ != nullptr) {
     v1::NcclPeerInfo* nccl = req.mutable_transport()->mutable_nccl();
     char host[256] = {};
@@ -219,7 +220,7 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
         self_peer_ = peer;
       }
     } else {
-      const std::string& address = w.transport().ucx_worker_address();
+      const std::string address = ConnectAddress(*transport_spec_, w.transport());
       auto it = connected_.find(peer);
       if (!address.empty() && (it == connected_.end() || it->second != address)) {
         if (absl::Status s = transport_->Connect(peer, address); !s.ok()) {
@@ -277,13 +278,13 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
 }
 
 bool WorkerRuntime::ApplyNcclView(const v1::ClusterView& view) {
-  if (view.transport().backend() != "nccl") {
+  if (view.transport().backend() != transport_spec_->name) {
     // Said once per backend the router names, not on every view (heartbeats bring many).
     if (mismatched_transport_ != view.transport().backend()) {
       mismatched_transport_ = view.transport().backend();
-      std::cerr << role_name_ << " " << rank_ << ": started with --transport nccl, but the "
-                << "router's transport is '" << mismatched_transport_
-                << "': this worker cannot serve\n";
+      std::cerr << role_name_ << " " << rank_ << ": started with --transport "
+                << transport_spec_->name << ", but the router's transport is '"
+                << mismatched_transport_ << "': this worker cannot serve\n";
     }
     return false;
   }

@@ -26,6 +26,7 @@
 #include "common/metrics/metrics_server.h"
 #include "dataplane/dispatch/placement.h"
 #include "dataplane/transport/transport.h"
+#include "dataplane/transport/transport_table.h"
 #include "dxs/v1/control_plane.grpc.pb.h"
 #include "prometheus/collectable.h"
 #include "worker/worker_membership.h"
@@ -127,6 +128,7 @@ class WorkerRuntime {
   TlsConfig tls_;
   int rank_;
   std::unique_ptr<Transport> transport_;
+  const TransportSpec* transport_spec_ = nullptr;  // its row of the transport table
   NcclTransport* nccl_ = nullptr;  // transport_ when it is nccl
   int cuda_device_ = -1;           // the GPU ordinal of --device (-1: cpu)
   std::string nccl_id_;            // the unique id of the last communicator Init was tried for

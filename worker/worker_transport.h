@@ -1,5 +1,6 @@
 // The transport a worker's data path runs on, chosen by --transport (the router's
-// --transport must name the same):
+// --transport must name the same) among the rows of the transport table with kWorkers
+// (dataplane/transport/transports.def), and made by the row's factory:
 // - ucx: UCP for the control channel and the data exchange (host memory, and GPU memory
 //   through cuda_ipc where UCX's CUDA module loads);
 // - nccl: the data exchange over one NCCL communicator of the cluster's live workers, its
@@ -26,8 +27,8 @@
 
 namespace dxs {
 
-// INVALID_ARGUMENT naming the flag for a transport other than ucx or nccl, or nccl with a
-// device that is not a GPU. Touches no GPU.
+// INVALID_ARGUMENT naming the flag for a transport that is no row with kWorkers (ucx or
+// nccl), or one with kGpuMemoryOnly (nccl) with a device that is not a GPU. Touches no GPU.
 absl::Status ValidateWorkerTransport(const std::string& transport, const std::string& device);
 
 struct WorkerTransport {

@@ -34,6 +34,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "dataplane/transport/transport.h"
+#include "dataplane/transport/transport_factory.h"
 
 namespace dxs {
 namespace {
@@ -463,6 +464,15 @@ std::vector<std::unique_ptr<Transport>> MakeInprocTransportGroup(int num_peers) 
   std::vector<std::unique_ptr<Transport>> group;
   for (int i = 0; i < num_peers; ++i) group.push_back(std::make_unique<InprocTransport>(hub, i));
   return group;
+}
+
+// The inproc row's Factory (transports.def): its transports share a Hub, so they are made
+// as a group (MakeInprocTransportGroup), never one by one. No worker reaches this: inproc
+// has no kWorkers.
+absl::StatusOr<MadeTransport> InprocFactory(std::unique_ptr<Transport> control_transport,
+                                            int cuda_device) {
+  return absl::UnimplementedError(
+      "inproc transports are made as a group in one process (MakeInprocTransportGroup)");
 }
 
 }  // namespace dxs

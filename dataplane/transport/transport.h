@@ -87,7 +87,7 @@ struct TransportMessage {
 class Transport : public DataExchange {
  public:
   virtual ~Transport() = default;
-  virtual std::string name() const = 0;  // "ucx", "inproc", "nccl"
+  virtual std::string name() const = 0;  // its row of transports.def: "ucx", "nccl", ...
   // This endpoint's address, published through the router (opaque bytes).
   virtual std::string LocalAddress() const = 0;
   // Sets this endpoint's own transport rank, carried in every message it sends. Required

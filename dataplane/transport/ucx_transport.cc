@@ -91,6 +91,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "dataplane/transport/transport.h"
+#include "dataplane/transport/transport_factory.h"
 
 namespace dxs {
 namespace {
@@ -1305,6 +1306,16 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport(const UcxTransportOp
   absl::Status status = transport->Init();
   if (!status.ok()) return status;
   return std::unique_ptr<Transport>(std::move(transport));
+}
+
+// The ucx row's Factory (transports.def): the default options; ucx has no control row.
+absl::StatusOr<MadeTransport> UcxFactory(std::unique_ptr<Transport> control_transport,
+                                         int cuda_device) {
+  absl::StatusOr<std::unique_ptr<Transport>> transport = MakeUcxTransport();
+  if (!transport.ok()) return transport.status();
+  MadeTransport made;
+  made.transport = *std::move(transport);
+  return made;
 }
 
 }  // namespace dxs

@@ -94,12 +94,14 @@ absl::Status ClusterRegistryOptions::Validate() const {
   if (num_layers < 0) {
     return absl::InvalidArgumentError(absl::StrCat("num_layers must be >= 0, got ", num_layers));
   }
-  if (transport_backend != "ucx" && transport_backend != "nccl" && transport_backend != "inproc") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "transport backend must be ucx, nccl or inproc, got '", transport_backend, "'"));
+  const TransportSpec* transport = FindTransport(transport_backend);
+  if (transport == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("transport backend must be ", TransportNames(),
+                                                   ", got '", transport_backend, "'"));
   }
-  if (transport_backend == "nccl" && !nccl_unique_id) {
-    return absl::InvalidArgumentError("the nccl transport backend needs an nccl_unique_id source");
+  if (transport->Has(kCommunicatorPerView) && !nccl_unique_id) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", transport->name, " transport backend needs an nccl_unique_id source"));
   }
   if (wire_dtype != v1::DTYPE_FLOAT32 && wire_dtype != v1::DTYPE_BFLOAT16 &&
       wire_dtype != v1::DTYPE_FLOAT16) {
@@ -118,7 +120,9 @@ absl::Status ClusterRegistryOptions::Validate() const {
 }
 
 ClusterRegistry::ClusterRegistry(ClusterRegistryOptions options)
-    : options_(std::move(options)), default_placement_(DefaultPlacement(options_)) {
+    : options_(std::move(options)),
+      transport_(FindTransport(options_.transport_backend)),
+      default_placement_(DefaultPlacement(options_)) {
   if (absl::Status s = options_.Validate(); !s.ok()) {
     std::fprintf(stderr, "ClusterRegistry: invalid options: %s\n", s.ToString().c_str());
     std::abort();
@@ -189,13 +193,10 @@ absl::StatusOr<v1::RegisterResponse> ClusterRegistry::RegisterLocked(
     }
     joins = true;
   }
-  if (options_.transport_backend == "ucx" && request.transport().ucx_worker_address().empty()) {
+  if (!HasRegisteredAddress(*transport_, request.transport())) {
     return absl::InvalidArgumentError(
-        "transport.ucx_worker_address is required: the cluster's transport backend is ucx");
-  }
-  if (options_.transport_backend == "nccl" && !request.transport().has_nccl()) {
-    return absl::InvalidArgumentError(
-        "transport.nccl is required: the cluster's transport backend is nccl");
+        absl::StrCat("transport.", transport_->address_field,
+                     " is required: the cluster's transport backend is ", transport_->name));
   }
   if (role == v1::ROLE_ATTENTION && request.loaded_experts_size() > 0) {
     return absl::InvalidArgumentError(
@@ -593,7 +594,7 @@ void ClusterRegistry::PublishLocked() {
   *view.mutable_placement() = std::move(placement);
   view.mutable_transport()->set_backend(options_.transport_backend);
   view.mutable_transport()->set_wire_dtype(options_.wire_dtype);
-  if (options_.transport_backend == "nccl") {
+  if (transport_->Has(kCommunicatorPerView)) {
     // One communicator per set of live workers: the same id while the set stands, a new
     // one when a rank joins, dies, leaves or comes back as a new incarnation.
     std::string members;

@@ -55,6 +55,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "dataplane/dispatch/placement.h"
+#include "dataplane/transport/transport_table.h"
 #include "dxs/v1/control_plane.pb.h"
 
 namespace dxs {
@@ -76,13 +77,15 @@ struct ClusterRegistryOptions {
   int num_layers = 0;
   // The model the cluster serves. Both fields empty: pinned by the first registration.
   v1::ModelFingerprint fingerprint;
-  // Transport backend: "ucx", "nccl" or "inproc". "ucx" requires every worker to send
-  // transport.ucx_worker_address; "nccl" requires transport.nccl.
+  // Transport backend: a row of the transport table (dataplane/transport/transports.def:
+  // "ucx", "nccl" or "inproc"). Every worker must register the row's address field
+  // (transport.ucx_worker_address for ucx, transport.nccl for nccl; none for inproc).
   std::string transport_backend = "ucx";
-  // Makes the "nccl" backend's communicator ids (ClusterView.transport.nccl_unique_id):
-  // a new one for every new set of live workers, so that a communicator is made again when
-  // a rank joins, dies, leaves or registers anew. Required for "nccl" (the router passes
-  // NewNcclUniqueId, router/control_plane/nccl_unique_id.h); unused otherwise.
+  // Makes the communicator ids of a backend with kCommunicatorPerView (nccl;
+  // ClusterView.transport.nccl_unique_id): a new one for every new set of live workers, so
+  // that a communicator is made again when a rank joins, dies, leaves or registers anew.
+  // Required for such a backend (the router passes NewNcclUniqueId,
+  // router/control_plane/nccl_unique_id.h); unused otherwise.
   std::function<absl::StatusOr<std::string>()> nccl_unique_id;
   // Element type of dispatch/combine payloads.
   v1::DType wire_dtype = v1::DTYPE_FLOAT32;
@@ -234,6 +237,7 @@ class ClusterRegistry {
   void KillLocked(WorkerStatus* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ClusterRegistryOptions options_;
+  const TransportSpec* const transport_;  // options_.transport_backend's row
   // The live workers (role, rank, incarnation) the current nccl_unique_id was made for.
   std::string nccl_members_ ABSL_GUARDED_BY(mu_);
   // Placement::WithRedundantExperts(E, N, R): the default claims.
