@@ -86,63 +86,65 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
     };
     DXS_RETURN_IF_ERROR(scheduler.Add(i, requests[i], std::move(sink)));
   }
-  while (scheduler.HasWork()) {
-    std::vector<SequenceChunk> chunks = scheduler.BuildStep();
-    const bool graphed =
-        options_.graphs && backend_->SupportsGraphs() && Qwen3MoeModel::IsDecodeStep(chunks);
-    if (graphed && !scheduler.StepNeedsHostLogits()) {
-      // A decode step past every request's first token: its sampling runs inside the step's
-      // graph, and only the ids and asked-for log-probabilities come back.
-      const StepSamplingPlan plan = scheduler.PlanStepSampling();
-      StepSamplingOutputs sampled;
-      absl::Status status =
-          model_->ForwardDecode(chunks, kv_.get(), true, &plan, &sampled).status();
-      absl::StatusOr<StepTokens> tokens =
-          status.ok() ? DownloadStepTokens(backend_.get(), sampled, plan.logprobs)
-                      : absl::StatusOr<StepTokens>(status);
-      if (!tokens.ok()) {
-        scheduler.FailAll(tokens.status());
-        return tokens.status();
-      }
-      scheduler.FinishStepWithTokens(*tokens);
-      continue;
-    }
-    absl::StatusOr<Tensor> logits = graphed ? model_->ForwardDecode(chunks, kv_.get(), true)
-                                            : model_->Forward(chunks, kv_.get());
-    if (!logits.ok()) {
-      scheduler.FailAll(logits.status());
-      return logits.status();
-    }
-    // Steps past every request's first token sample on the backend, greedy or not: a few
-    // ids come back instead of [rows, vocab] floats (39 MB a step at batch 64 on Qwen3's
-    // vocab). The CPU takes the same path, so its tests cover it.
-    // A request's first token is sampled there too (unless its samples fork, or the step
-    // scores prompt positions), and the step's rows come to the host besides (its sink
-    // receives the first token's row).
-    std::optional<Scheduler::StepTokens> tokens;
-    if (!scheduler.StepSamplesOnHost()) {
-      absl::StatusOr<Scheduler::StepTokens> t =
-          SampleStepOnBackend(backend_.get(), *logits, scheduler);
-      if (!t.ok()) {
-        scheduler.FailAll(t.status());
-        return t.status();
-      }
-      tokens = *std::move(t);
-    }
-    if (tokens && !scheduler.StepNeedsHostLogits()) {
-      scheduler.FinishStepWithTokens(*tokens);
-      continue;
-    }
-    absl::StatusOr<std::vector<float>> host = backend_->Download(*logits);
-    if (!host.ok()) {
-      scheduler.FailAll(host.status());
-      return host.status();
-    }
-    scheduler.FinishStep(*host, tokens ? &*tokens : nullptr);
-  }
+  while (scheduler.HasWork()) DXS_RETURN_IF_ERROR(RunStep(scheduler));
   prefill_tokens_ += scheduler.prefill_tokens();
   DXS_RETURN_IF_ERROR(first_error);
   return results;
+}
+
+absl::Status LocalEngine::RunStep(Scheduler& scheduler) {
+  std::vector<SequenceChunk> chunks = scheduler.BuildStep();
+  const bool graphed =
+      options_.graphs && backend_->SupportsGraphs() && Qwen3MoeModel::IsDecodeStep(chunks);
+  if (graphed && !scheduler.StepNeedsHostLogits()) {
+    // A decode step past every request's first token: its sampling runs inside the step's
+    // graph, and only the ids and asked-for log-probabilities come back.
+    const StepSamplingPlan plan = scheduler.PlanStepSampling();
+    StepSamplingOutputs sampled;
+    absl::Status status = model_->ForwardDecode(chunks, kv_.get(), true, &plan, &sampled).status();
+    absl::StatusOr<StepTokens> tokens =
+        status.ok() ? DownloadStepTokens(backend_.get(), sampled, plan.logprobs)
+                    : absl::StatusOr<StepTokens>(status);
+    if (!tokens.ok()) {
+      scheduler.FailAll(tokens.status());
+      return tokens.status();
+    }
+    scheduler.FinishStepWithTokens(*tokens);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Tensor> logits =
+      graphed ? model_->ForwardDecode(chunks, kv_.get(), true) : model_->Forward(chunks, kv_.get());
+  if (!logits.ok()) {
+    scheduler.FailAll(logits.status());
+    return logits.status();
+  }
+  // Steps past every request's first token sample on the backend, greedy or not: a few
+  // ids come back instead of [rows, vocab] floats (39 MB a step at batch 64 on Qwen3's
+  // vocab). The CPU takes the same path, so its tests cover it.
+  // A request's first token is sampled there too (unless its samples fork, or the step
+  // scores prompt positions), and the step's rows come to the host besides (its sink
+  // receives the first token's row).
+  std::optional<Scheduler::StepTokens> tokens;
+  if (!scheduler.StepSamplesOnHost()) {
+    absl::StatusOr<Scheduler::StepTokens> t =
+        SampleStepOnBackend(backend_.get(), *logits, scheduler);
+    if (!t.ok()) {
+      scheduler.FailAll(t.status());
+      return t.status();
+    }
+    tokens = *std::move(t);
+  }
+  if (tokens && !scheduler.StepNeedsHostLogits()) {
+    scheduler.FinishStepWithTokens(*tokens);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<float>> host = backend_->Download(*logits);
+  if (!host.ok()) {
+    scheduler.FailAll(host.status());
+    return host.status();
+  }
+  scheduler.FinishStep(*host, tokens ? &*tokens : nullptr);
+  return absl::OkStatus();
 }
 
 }  // namespace dxs

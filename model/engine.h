@@ -77,7 +77,13 @@ class LocalEngine {
   // Prompt tokens prefilled by GenerateBatch so far (a request with n samples counts once).
   int64_t prefill_tokens() const { return prefill_tokens_; }
 
+  // One step of `scheduler`'s batch (a scheduler over this engine's KV cache): builds it,
+  // runs the forward pass, samples, and hands each sequence its token. A failed step fails
+  // every live request of `scheduler` and returns why.
+  absl::Status RunStep(Scheduler& scheduler);
+
  private:
+  friend class LocalServer;
   LocalEngine() = default;
   static absl::StatusOr<std::unique_ptr<LocalEngine>> Create(const ModelConfig& config,
                                                              const WeightSource& weights,

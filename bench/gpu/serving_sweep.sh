@@ -4,9 +4,12 @@
 # and OUTPUT out, seeded) against 1 attention + 1 expert process on GPU 0 (`dxs up --gpus
 # 0`), the Qwen3-30B-A3B shape with LAYERS layers (in-place weights, as
 # cluster_decode_bench.sh). The two processes time-slice the one GPU (no MPS): these are
-# time-sliced figures, not what two GPUs give. Prints one line per rate (throughput, TTFT,
-# TPOT and ITL at p50 and p99, goodput under TTFT <= 1 s and TPOT <= 50 ms); the JSON lines
-# go to $OUT/serving_sweep.jsonl for bench/serving_plot.py.
+# time-sliced figures, not what two GPUs give. Then the same arrivals against the
+# single-process engine on the GPU (`dxs bench --local --device cuda`: LocalServer, its
+# continuous batching). Prints one line per rate and target (throughput, TTFT, TPOT and ITL
+# at p50 and p99, goodput under TTFT <= 1 s and TPOT <= 50 ms); the JSON lines go to
+# $OUT/serving_sweep.jsonl (cluster) and $OUT/serving_sweep_local.jsonl (single process)
+# for bench/serving_plot.py.
 #   bench/gpu/serving_sweep.sh [LAYERS]   (default 48; binaries in .device/bin)
 # Environment: DXS_SWEEP_RATES (default "1,2,4,8,inf"), DXS_SWEEP_REQUESTS (per rate, 32),
 # DXS_SWEEP_PROMPT (1024), DXS_SWEEP_OUTPUT (256), DXS_SWEEP_SIGMA (0.4).
@@ -33,13 +36,20 @@ timeout 1200 "$bin/dxs" bench --router "127.0.0.1:$port" --request-rate "${DXS_S
   --format json >"$OUT/serving_sweep.jsonl" 2>>"$log"
 echo "dxs bench rc=$?" >>"$log"
 cat "$work/up.log" "$work"/logs/*.log >>"$log" 2>&1
-python3 - "$OUT/serving_sweep.jsonl" "$layers" <<'PY'
+kill "$up" 2>/dev/null; wait "$up" 2>/dev/null; up=  # the GPU to the single process
+timeout 1200 "$bin/dxs" bench --local "$work/model" --device cuda --request-rate "${DXS_SWEEP_RATES:-1,2,4,8,inf}" \
+  --requests "${DXS_SWEEP_REQUESTS:-32}" --prompt-len "${DXS_SWEEP_PROMPT:-1024}" \
+  --output-len "${DXS_SWEEP_OUTPUT:-256}" --len-sigma "${DXS_SWEEP_SIGMA:-0.4}" --seed 1 \
+  --format json >"$OUT/serving_sweep_local.jsonl" 2>>"$log"
+echo "dxs bench --local rc=$?" >>"$log"
+python3 - "$OUT/serving_sweep.jsonl" "$OUT/serving_sweep_local.jsonl" "$layers" <<'PY'
 import json, sys
-print(f"serving sweep, 1 attention + 1 expert on one H200 (time-sliced), {sys.argv[2]} layers")
-print(f"{'rate':>6} {'tok/s':>8} {'req/s':>6} {'TTFT p50/p99 ms':>18} {'TPOT p50/p99 ms':>16} {'ITL p50/p99 ms':>16} {'goodput':>8} errors")
-for line in open(sys.argv[1]):
-    j = json.loads(line)
-    print(f"{str(j['request_rate']):>6} {j['output_tokens_per_second']:>8.1f} {j['requests_per_second']:>6.2f} "
-          f"{j['ttft_ms']['p50']:>8.1f}/{j['ttft_ms']['p99']:<9.1f} {j['tpot_ms']['p50']:>7.2f}/{j['tpot_ms']['p99']:<8.2f} "
-          f"{j['itl_ms']['p50']:>7.2f}/{j['itl_ms']['p99']:<8.2f} {j['goodput_requests_per_second']:>8.2f} {j['errors'] or 'none'}")
+print(f"serving sweep on one H200, {sys.argv[3]} layers: 1 attention + 1 expert (time-sliced), then the single process")
+print(f"{'target':>8} {'rate':>6} {'tok/s':>8} {'req/s':>6} {'TTFT p50/p99 ms':>18} {'TPOT p50/p99 ms':>16} {'ITL p50/p99 ms':>16} {'goodput':>8} errors")
+for target, path in (("1+1", sys.argv[1]), ("single", sys.argv[2])):
+    for line in open(path):
+        j = json.loads(line)
+        print(f"{target:>8} {str(j['request_rate']):>6} {j['output_tokens_per_second']:>8.1f} {j['requests_per_second']:>6.2f} "
+              f"{j['ttft_ms']['p50']:>8.1f}/{j['ttft_ms']['p99']:<9.1f} {j['tpot_ms']['p50']:>7.2f}/{j['tpot_ms']['p99']:<8.2f} "
+              f"{j['itl_ms']['p50']:>7.2f}/{j['itl_ms']['p99']:<8.2f} {j['goodput_requests_per_second']:>8.2f} {j['errors'] or 'none'}")
 PY

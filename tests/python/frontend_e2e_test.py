@@ -138,7 +138,8 @@ class FrontendEndToEnd(unittest.TestCase):
     def test_2b_open_loop_bench(self):
         """`dxs bench --request-rate`: one JSON line per rate, every request answered, the
         same seeded lengths at every rate (log-normal: not all the median), another seed
-        other lengths, goodput never above the request rate, and bad flags refused."""
+        other lengths, goodput never above the request rate, bad flags refused; and the
+        same workload on the single-process engine (--local)."""
         def bench(*flags):
             out = subprocess.run(
                 [self.dxs, "bench", "--router", "127.0.0.1:%d" % self.port, "--requests",
@@ -171,10 +172,21 @@ class FrontendEndToEnd(unittest.TestCase):
                 capture_output=True, text=True, timeout=60)
             self.assertEqual(out.returncode, 2, flags)
             self.assertIn(says, out.stderr)
-        out = subprocess.run([self.dxs, "bench", "--local", self.model, "--request-rate", "5"],
-                             capture_output=True, text=True, timeout=60)
-        self.assertEqual(out.returncode, 2)
-        self.assertIn("--request-rate needs --router", out.stderr)
+        # The single-process engine serving the same seeded arrivals (LocalServer): every
+        # request answered, the same lengths, the same tokens out (greedy, ignore_eos).
+        out = subprocess.run(
+            [self.dxs, "bench", "--local", self.model, "--requests", "12", "--prompt-len", "8",
+             "--output-len", "6", "--len-sigma", "0.6", "--format", "json", "--request-rate",
+             "40,inf", "--seed", "3"], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        local = [json.loads(line) for line in out.stdout.splitlines()]
+        self.assertEqual([r["request_rate"] for r in local], [40, "inf"])
+        for r, remote in zip(local, rates):
+            self.assertEqual(r["errors"], {}, r)
+            self.assertEqual(r["local"], self.model)
+            self.assertEqual(r["prompt_tokens"], remote["prompt_tokens"])
+            self.assertEqual(r["output_tokens"], remote["output_tokens"])
+            self.assertGreater(r["ttft_ms"]["p50"], 0)
 
     def test_3_sigterm_leaves_no_process_behind(self):
         self.assertTrue(pids_mentioning(self.tmp), "the cluster should be running")

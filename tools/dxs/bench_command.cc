@@ -34,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "dxs/v1/frontend.grpc.pb.h"
 #include "model/engine.h"
+#include "model/local_server.h"
 #include "model/sampler.h"
 #include "nlohmann/json.hpp"
 #include "tools/dxs/cli_args.h"
@@ -237,10 +238,62 @@ class RemoteRun {
   int active_lanes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// One single-process request (LocalServer): the same figures as RemoteCall, from the sink's
+// calls on the step thread.
+class LocalCall {
+ public:
+  static void Start(LocalServer* server, uint64_t id, const std::vector<int32_t>& prompt,
+                    int64_t output_len, std::function<void(Sample)> done) {
+    auto* call = new LocalCall(std::move(done));
+    GenerationRequest r;
+    r.prompt = prompt;
+    r.max_new_tokens = output_len;
+    r.ignore_eos = true;  // greedy (SamplingParams' default temperature 0), as RemoteCall
+    TokenSink sink;
+    sink.on_token = [call](int32_t, const float*) { call->OnToken(); };
+    sink.on_done = [call](const absl::Status& s, FinishReason) { call->Done(s); };
+    const absl::Status submitted = server->Submit(id, std::move(r), std::move(sink));
+    if (!submitted.ok()) call->Done(submitted);
+  }
+
+ private:
+  explicit LocalCall(std::function<void(Sample)> done)
+      : done_(std::move(done)), start_(Clock::now()), last_(start_) {}
+
+  void OnToken() {
+    const auto now = Clock::now();
+    if (sample_.tokens == 0) {
+      sample_.ttft_ms = Ms(now - start_);
+    } else {
+      sample_.itl_ms.push_back(Ms(now - last_));
+    }
+    ++sample_.tokens;
+    last_ = now;
+  }
+
+  void Done(const absl::Status& status) {
+    sample_.code = static_cast<grpc::StatusCode>(status.code());  // the same numbering
+    sample_.e2e_ms = Ms(Clock::now() - start_);
+    std::function<void(Sample)> done = std::move(done_);
+    Sample sample = std::move(sample_);
+    delete this;
+    done(std::move(sample));
+  }
+
+  std::function<void(Sample)> done_;
+  Sample sample_;
+  Clock::time_point start_, last_;
+};
+
+// Starts request i of an open-loop run (its prompt and output length); calls `done` once
+// with its figures.
+using Launch = std::function<void(int i, const std::vector<int32_t>& prompt, int64_t output_len,
+                                  std::function<void(Sample)> done)>;
+
 // Sends `arrivals` at their times (the first at once), at most `max_in_flight` at a time
 // (a request due while the cap is reached waits for one to end), and waits for every
 // answer.
-void OpenLoopRun(v1::Frontend::Stub* stub, const std::vector<Arrival>& arrivals, int64_t vocab,
+void OpenLoopRun(const Launch& launch, const std::vector<Arrival>& arrivals, int64_t vocab,
                  int max_in_flight, std::vector<Sample>* samples, Progress* progress) {
   absl::Mutex mu;
   int in_flight = 0;
@@ -254,16 +307,19 @@ void OpenLoopRun(v1::Frontend::Stub* stub, const std::vector<Arrival>& arrivals,
     const Clock::time_point due = start + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>(arrivals[i].at_s));
     std::this_thread::sleep_until(due);  // the workload's own clock, not a wait for an event
-    absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(&room, &Room::Free));
-    ++in_flight;
-    new RemoteCall(stub, BenchPrompt(static_cast<int>(i), arrivals[i].prompt_len, vocab),
-                   arrivals[i].output_len, [&, i](Sample s) {
-                     (*samples)[i] = std::move(s);
-                     progress->Tick();
-                     absl::MutexLock done(&mu);
-                     --in_flight;
-                   });
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(&room, &Room::Free));
+      ++in_flight;
+    }
+    // Unlocked: `done` may run at once, here (a request refused by the local server).
+    launch(static_cast<int>(i), BenchPrompt(static_cast<int>(i), arrivals[i].prompt_len, vocab),
+           arrivals[i].output_len, [&, i](Sample s) {
+             (*samples)[i] = std::move(s);
+             progress->Tick();
+             absl::MutexLock done(&mu);
+             --in_flight;
+           });
   }
   absl::MutexLock lock(&mu);
   mu.Await(absl::Condition(
@@ -314,18 +370,15 @@ nlohmann::json P50P99(const std::vector<double>& v) {
   return {{"p50", Percentile(v, 50)}, {"p99", Percentile(v, 99)}};
 }
 
-// --request-rate: one open-loop run per rate against --router; a line per rate (text), or
-// one JSON object per rate and line (--format json).
+// --request-rate: one open-loop run per rate against --router, or the single-process engine
+// serving the same arrivals (--local MODEL: LocalServer); a line per rate (text), or one
+// JSON object per rate and line (--format json).
 int OpenLoopBench(const Args& args, const TlsConfig& tls, int num_requests, int64_t prompt_len,
                   int64_t output_len) {
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs bench: " << s.message() << "\n";
     return 2;
   };
-  if (!args.Has("router")) {
-    return fail(absl::InvalidArgumentError(
-        "--request-rate needs --router ADDR: the --local baseline batches its requests itself"));
-  }
   std::vector<double> rates;
   for (absl::string_view r : absl::StrSplit(args.GetString("request-rate"), ',')) {
     double v = 0;
@@ -352,15 +405,44 @@ int OpenLoopBench(const Args& args, const TlsConfig& tls, int num_requests, int6
         "--len-sigma must be in [0, 3], --slo-ttft-ms and --slo-tpot-ms > 0, --concurrency "
         ">= 1 and --seed >= 0"));
   }
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      MakeChannel(args.GetString("router"), tls);
-  if (!channel.ok()) return fail(channel.status());
-  auto stub = v1::Frontend::NewStub(*channel);
-  std::optional<int64_t> vocab = RouterVocab(stub.get());
-  if (!vocab) return 1;
+  // The target: a cluster's router, or the single-process engine in this process.
+  std::unique_ptr<v1::Frontend::Stub> stub;
+  std::unique_ptr<LocalEngine> engine;
+  std::unique_ptr<LocalServer> server;
+  std::optional<int64_t> vocab;
+  Launch launch;
+  std::string target;
+  if (args.Has("router")) {
+    target = args.GetString("router");
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(target, tls);
+    if (!channel.ok()) return fail(channel.status());
+    stub = v1::Frontend::NewStub(*channel);
+    vocab = RouterVocab(stub.get());
+    if (!vocab) return 1;
+    launch = [&stub](int, const std::vector<int32_t>& prompt, int64_t output_len,
+                     std::function<void(Sample)> done) {
+      new RemoteCall(stub.get(), prompt, output_len, std::move(done));
+    };
+  } else {
+    target = "the single-process engine (" + args.GetString("local") + ")";
+    EngineOptions options;
+    options.device = args.GetString("device", "cpu");
+    absl::StatusOr<std::unique_ptr<LocalEngine>> loaded =
+        LocalEngine::Load(args.GetString("local"), options);
+    if (!loaded.ok()) return fail(loaded.status());
+    engine = *std::move(loaded);
+    vocab = engine->config().vocab_size;
+    server = std::make_unique<LocalServer>(engine.get());
+    // Ids unique over every rate's run: a request of the last run may still be ending.
+    auto next_id = std::make_shared<std::atomic<uint64_t>>(0);
+    launch = [&server, next_id](int, const std::vector<int32_t>& prompt, int64_t output_len,
+                                std::function<void(Sample)> done) {
+      LocalCall::Start(server.get(), next_id->fetch_add(1), prompt, output_len, std::move(done));
+    };
+  }
   const bool json = args.GetString("format", "text") == "json";
   if (!json) {
-    std::cout << "dxs bench: open loop against " << args.GetString("router") << ", " << num_requests
+    std::cout << "dxs bench: open loop against " << target << ", " << num_requests
               << " requests a rate, prompt ~" << prompt_len << ", output ~" << output_len
               << " (len-sigma " << *sigma << "), SLO TTFT <= " << *slo_ttft
               << " ms, TPOT <= " << *slo_tpot << " ms\n"
@@ -374,7 +456,7 @@ int OpenLoopBench(const Args& args, const TlsConfig& tls, int num_requests, int6
     std::vector<Sample> samples(num_requests);
     Progress progress(num_requests, isatty(STDERR_FILENO) == 1);
     const Clock::time_point start = Clock::now();
-    OpenLoopRun(stub.get(), arrivals, *vocab, static_cast<int>(std::min<int64_t>(*cap, 1 << 30)),
+    OpenLoopRun(launch, arrivals, *vocab, static_cast<int>(std::min<int64_t>(*cap, 1 << 30)),
                 &samples, &progress);
     const double wall_s = Ms(Clock::now() - start) / 1000.0;
     const Summary m = Summarize(samples, *slo_ttft, *slo_tpot);
@@ -383,7 +465,11 @@ int OpenLoopBench(const Args& args, const TlsConfig& tls, int num_requests, int6
     for (const Arrival& a : arrivals) prompt_tokens += a.prompt_len;
     if (json) {
       nlohmann::json out;
-      out["router"] = args.GetString("router");
+      if (args.Has("router")) {
+        out["router"] = args.GetString("router");
+      } else {
+        out["local"] = args.GetString("local");
+      }
       out["request_rate"] = std::isinf(rate) ? nlohmann::json("inf") : nlohmann::json(rate);
       out["requests"] = num_requests;
       out["prompt_tokens"] = prompt_tokens;

@@ -1,0 +1,135 @@
+// LocalServer: the single-process engine serving requests as they arrive. Requests that
+// join a running batch get the tokens GenerateBatch gives them alone; a bad request is
+// refused without disturbing the others; stopping ends what is live with CANCELLED.
+#include "model/local_server.h"
+
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "tests/model/test_util.h"
+
+namespace dxs {
+namespace {
+
+using testing::TempDir;
+
+// What one request's sink saw, filled on the step thread.
+struct Seen {
+  absl::Mutex mu;
+  std::vector<int32_t> tokens ABSL_GUARDED_BY(mu);
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+
+  TokenSink Sink() {
+    TokenSink sink;
+    sink.on_token = [this](int32_t token, const float*) {
+      absl::MutexLock lock(&mu);
+      tokens.push_back(token);
+    };
+    sink.on_done = [this](const absl::Status& s, FinishReason) {
+      absl::MutexLock lock(&mu);
+      status = s;
+      done = true;
+    };
+    return sink;
+  }
+  // Waits (bounded) until at least `n` tokens came or the request ended.
+  bool WaitTokens(size_t n) {
+    absl::MutexLock lock(&mu);
+    auto ready = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return tokens.size() >= n || done; };
+    return mu.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(120));
+  }
+  bool WaitDone() {
+    absl::MutexLock lock(&mu);
+    return mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(120));
+  }
+};
+
+GenerationRequest Greedy(std::vector<int32_t> prompt, int64_t max_new_tokens) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = max_new_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
+TEST(LocalServer, RequestsJoiningARunningBatchEqualGenerateBatchAlone) {
+  TempDir tmp;
+  absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
+      LocalEngine::Load(testing::WritePreset(tmp, "default"));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> prompt;
+    for (int j = 0; j < 3 + 2 * i; ++j) prompt.push_back(5 + 37 * i + 11 * j);
+    requests.push_back(Greedy(prompt, 6 + 3 * i));
+  }
+  std::vector<std::vector<int32_t>> want;
+  for (const GenerationRequest& r : requests) {
+    absl::StatusOr<std::vector<GenerationResult>> alone = (*engine)->GenerateBatch({r});
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    want.push_back((*alone)[0].tokens);
+  }
+
+  std::vector<std::unique_ptr<Seen>> seen;
+  for (size_t i = 0; i < requests.size(); ++i) seen.push_back(std::make_unique<Seen>());
+  {
+    LocalServer server(engine->get());
+    // Two first; the rest once the first is decoding, so they join a batch mid-flight.
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(server.Submit(i, requests[i], seen[i]->Sink()).ok());
+    ASSERT_TRUE(seen[0]->WaitTokens(2));
+    for (size_t i = 2; i < requests.size(); ++i) {
+      ASSERT_TRUE(server.Submit(i, requests[i], seen[i]->Sink()).ok());
+    }
+    for (auto& s : seen) ASSERT_TRUE(s->WaitDone());
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    absl::MutexLock lock(&seen[i]->mu);
+    EXPECT_TRUE(seen[i]->status.ok()) << seen[i]->status;
+    EXPECT_EQ(seen[i]->tokens, want[i]) << "request " << i;
+  }
+}
+
+TEST(LocalServer, BadRequestIsRefusedAndTheOthersGoOn) {
+  TempDir tmp;
+  absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
+      LocalEngine::Load(testing::WritePreset(tmp, "default"));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  LocalServer server(engine->get());
+  Seen good;
+  ASSERT_TRUE(server.Submit(1, Greedy({5, 6, 7}, 8), good.Sink()).ok());
+  Seen bad;
+  const int32_t out_of_vocab = static_cast<int32_t>((*engine)->config().vocab_size);
+  absl::Status refused = server.Submit(2, Greedy({5, out_of_vocab}, 4), bad.Sink());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  Seen duplicate;
+  EXPECT_EQ(server.Submit(1, Greedy({9}, 2), duplicate.Sink()).code(),
+            absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(good.WaitDone());
+  absl::MutexLock lock(&good.mu);
+  EXPECT_TRUE(good.status.ok()) << good.status;
+  EXPECT_EQ(good.tokens.size(), 8u);
+}
+
+TEST(LocalServer, StoppingEndsLiveRequestsCancelled) {
+  TempDir tmp;
+  absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
+      LocalEngine::Load(testing::WritePreset(tmp, "default"));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  Seen long_one;
+  {
+    LocalServer server(engine->get());
+    ASSERT_TRUE(server.Submit(1, Greedy({5, 6, 7}, 4000), long_one.Sink()).ok());
+    ASSERT_TRUE(long_one.WaitTokens(1));
+  }
+  absl::MutexLock lock(&long_one.mu);
+  EXPECT_TRUE(long_one.done);
+  EXPECT_EQ(long_one.status.code(), absl::StatusCode::kCancelled) << long_one.status;
+  EXPECT_LT(long_one.tokens.size(), 4000u);
+}
+
+}  // namespace
+}  // namespace dxs
