@@ -11,7 +11,7 @@ Promises:
   succeed, each with exactly the tokens `dxs run` (the single-process engine) gives for it.
 - Both attention ranks took part, and the one-copy exchange fell back to copies: every
   worker counts exchange bytes under dxs_exchange_bytes_total{memory="host"} (the copy
-  path; router/transport/exchange_bytes.h) and none under memory="mapped", though
+  path; dataplane/transport/exchange_bytes.h) and none under memory="mapped", though
   --mapped-exchange is on (its default).
 - Requests are bounded: 32, each with a 120 s deadline; the cluster must be ready within
   120 s.

@@ -14,7 +14,7 @@ finishes the round it was frozen in and sends that round's combine: a late answe
 stale incarnation. The attention ranks refuse it: their step failed (or ran again without
 the rank) and cancelled its receives, and every round's data travels under a tag of its
 (step, layer, micro-batch) with step numbers that only grow, so no later receive can match
-it (router/dispatch/wire.h ExchangeTag).
+it (dataplane/dispatch/wire.h ExchangeTag).
 
 Promises, without replicas (HostsFrozenExpert):
 - Detected within the step timeout (5 s): 8 in-flight streams (each as long as the context
