@@ -11,35 +11,13 @@
 #include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/scoped_env.h"
 
 namespace dxs::tunables {
 namespace {
 
+using ::dxs::testing::ScopedEnv;
 using ::testing::HasSubstr;
-
-// Sets (or, with null, unsets) a variable for its lifetime.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value != nullptr) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 std::string SourceDir() {
   const char* d = std::getenv("DXS_SOURCE_DIR");

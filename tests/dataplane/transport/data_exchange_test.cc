@@ -25,7 +25,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "dataplane/transport/transport.h"
-#include "tests/dataplane/transport/scoped_env.h"
+#include "tests/common/scoped_env.h"
 
 namespace dxs {
 namespace {

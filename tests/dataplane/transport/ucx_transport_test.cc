@@ -20,7 +20,7 @@
 #include "absl/time/time.h"
 #include "dataplane/transport/transport.h"
 #include "tests/dataplane/transport/pipe_io.h"
-#include "tests/dataplane/transport/scoped_env.h"
+#include "tests/common/scoped_env.h"
 
 namespace dxs {
 namespace {

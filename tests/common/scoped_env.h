@@ -1,5 +1,5 @@
 // ScopedEnv: sets (or, with a null value, unsets) an environment variable for its lifetime;
-// UCX reads UCX_* when a transport is created.
+// UCX reads UCX_* when a transport is created; dxs reads DXS_* (common/tunables.h) when asked.
 #pragma once
 
 #include <cstdlib>
