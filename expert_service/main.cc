@@ -136,6 +136,10 @@ int Main(int argc, char** argv) {
             << experts.size() << " experts, metrics on " << runtime.metrics_address() << std::endl;
 
   bool reported_idle = true;  // no round since the last idle report
+  // The last failure said, and how often it came again since: a failure that repeats every
+  // turn (a fenced worker's, a dead peer's) is said once, not once a turn.
+  std::string last_failure;
+  int64_t repeats = 0;
   bool draining = false, holds_none = false;
   while (!ShutdownRequested()) {
     service.InstallPending();  // a LoadPlacement's experts, between rounds
@@ -177,7 +181,28 @@ int Main(int argc, char** argv) {
     }
     absl::Status s = server->ServeRound(absl::Now() + kWorkerServeTurn);
     if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) {
-      std::cerr << "dxs-expert rank " << rank << ": " << s << "\n";
+      const std::string failure = s.ToString();
+      if (failure == last_failure) {
+        ++repeats;
+      } else {
+        if (repeats > 0) {
+          std::cerr << "dxs-expert rank " << rank << ": (the last failure came " << repeats
+                    << " more times)\n";
+        }
+        std::cerr << "dxs-expert rank " << rank << ": " << failure << "\n";
+        last_failure = failure;
+        repeats = 0;
+      }
+      // A round that failed at once (its peers declared dead) would fail again at once:
+      // wait for a message or a new view instead of spinning on the core.
+      (void)runtime.transport()->WaitForActivity(absl::Now() + kWorkerIdleWait);
+    } else if (s.ok() && !last_failure.empty()) {
+      if (repeats > 0) {
+        std::cerr << "dxs-expert rank " << rank << ": (the last failure came " << repeats
+                  << " more times)\n";
+      }
+      last_failure.clear();
+      repeats = 0;
     }
     // Idle after work (no round for a whole turn): the router's view gets this rank's counters now.
     if (s.ok()) {
