@@ -129,9 +129,9 @@ class WorkerRuntime {
   int rank_;
   std::unique_ptr<Transport> transport_;
   const TransportSpec* transport_spec_ = nullptr;  // its row of the transport table
-  NcclTransport* nccl_ = nullptr;  // transport_ when it is nccl
-  int cuda_device_ = -1;           // the GPU ordinal of --device (-1: cpu)
-  std::string nccl_id_;            // the unique id of the last communicator Init was tried for
+  NcclTransport* nccl_ = nullptr;                  // transport_ when it is nccl
+  int cuda_device_ = -1;                           // the GPU ordinal of --device (-1: cpu)
+  std::string nccl_id_;  // the unique id of the last communicator Init was tried for
   // The router transport named in the last view that was not nccl (said once).
   std::string mismatched_transport_;
   std::unique_ptr<grpc::Server> server_;

@@ -19,8 +19,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "dataplane/transport/transport.h"
-#include "tests/dataplane/transport/pipe_io.h"
 #include "tests/common/scoped_env.h"
+#include "tests/dataplane/transport/pipe_io.h"
 
 namespace dxs {
 namespace {
