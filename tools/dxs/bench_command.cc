@@ -72,6 +72,34 @@ struct Sample {
   double TpotMs() const { return tokens > 1 ? (e2e_ms - ttft_ms) / (tokens - 1) : 0; }
 };
 
+// A request's figures as its tokens come: started at construction; Tokens(n) for each
+// chunk of n tokens (n gaps of equal share since the last chunk), Finish(code) at its end.
+class SampleRecorder {
+ public:
+  SampleRecorder() : start_(Clock::now()), last_(start_) {}
+
+  void Tokens(int n) {
+    const auto now = Clock::now();
+    if (sample_.tokens == 0) {
+      sample_.ttft_ms = Ms(now - start_);
+    } else {
+      for (int k = 0; k < n; ++k) sample_.itl_ms.push_back(Ms(now - last_) / n);
+    }
+    sample_.tokens += n;
+    last_ = now;
+  }
+
+  Sample Finish(grpc::StatusCode code) {
+    sample_.code = code;
+    sample_.e2e_ms = Ms(Clock::now() - start_);
+    return std::move(sample_);
+  }
+
+ private:
+  Sample sample_;
+  Clock::time_point start_, last_;
+};
+
 // One request of an open-loop run: its lengths and when it arrives (seconds from the start).
 struct Arrival {
   int64_t prompt_len = 0, output_len = 0;
@@ -147,7 +175,6 @@ class RemoteCall final : public grpc::ClientReadReactor<v1::GenerateResponse> {
     request_.mutable_sampling_params()->set_max_new_tokens(static_cast<int32_t>(output_len));
     request_.mutable_sampling_params()->set_temperature(0.f);
     request_.mutable_sampling_params()->set_ignore_eos(true);
-    start_ = last_ = Clock::now();
     stub->async()->Generate(&context_, &request_, this);
     StartRead(&response_);
     StartCall();
@@ -156,25 +183,14 @@ class RemoteCall final : public grpc::ClientReadReactor<v1::GenerateResponse> {
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows
     if (response_.has_chunk() && response_.chunk().token_ids_size() > 0) {
-      const auto now = Clock::now();
-      const int n = response_.chunk().token_ids_size();
-      if (sample_.tokens == 0) {
-        sample_.ttft_ms = Ms(now - start_);
-      } else {
-        // A chunk of n tokens since the last one: n gaps of equal share.
-        for (int k = 0; k < n; ++k) sample_.itl_ms.push_back(Ms(now - last_) / n);
-      }
-      sample_.tokens += n;
-      last_ = now;
+      recorder_.Tokens(response_.chunk().token_ids_size());
     }
     StartRead(&response_);
   }
 
   void OnDone(const grpc::Status& status) override {
-    sample_.code = status.error_code();
-    sample_.e2e_ms = Ms(Clock::now() - start_);
+    Sample sample = recorder_.Finish(status.error_code());
     std::function<void(Sample)> done = std::move(done_);
-    Sample sample = std::move(sample_);
     delete this;
     done(std::move(sample));
   }
@@ -183,8 +199,7 @@ class RemoteCall final : public grpc::ClientReadReactor<v1::GenerateResponse> {
   grpc::ClientContext context_;
   v1::GenerateRequest request_;
   v1::GenerateResponse response_;
-  Sample sample_;
-  Clock::time_point start_, last_;
+  SampleRecorder recorder_;
   std::function<void(Sample)> done_;
 };
 
@@ -257,32 +272,20 @@ class LocalCall {
   }
 
  private:
-  explicit LocalCall(std::function<void(Sample)> done)
-      : done_(std::move(done)), start_(Clock::now()), last_(start_) {}
+  explicit LocalCall(std::function<void(Sample)> done) : done_(std::move(done)) {}
 
-  void OnToken() {
-    const auto now = Clock::now();
-    if (sample_.tokens == 0) {
-      sample_.ttft_ms = Ms(now - start_);
-    } else {
-      sample_.itl_ms.push_back(Ms(now - last_));
-    }
-    ++sample_.tokens;
-    last_ = now;
-  }
+  void OnToken() { recorder_.Tokens(1); }
 
   void Done(const absl::Status& status) {
-    sample_.code = static_cast<grpc::StatusCode>(status.code());  // the same numbering
-    sample_.e2e_ms = Ms(Clock::now() - start_);
+    // absl and gRPC number their codes alike.
+    Sample sample = recorder_.Finish(static_cast<grpc::StatusCode>(status.code()));
     std::function<void(Sample)> done = std::move(done_);
-    Sample sample = std::move(sample_);
     delete this;
     done(std::move(sample));
   }
 
   std::function<void(Sample)> done_;
-  Sample sample_;
-  Clock::time_point start_, last_;
+  SampleRecorder recorder_;
 };
 
 // Starts request i of an open-loop run (its prompt and output length); calls `done` once
