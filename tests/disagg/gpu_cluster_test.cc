@@ -24,11 +24,13 @@ using testing::EngineEquivalence;
 using testing::ProcessCluster;
 using testing::TempDir;
 
-// The single-process CUDA engine, first-token logits within the CUDA engine test's bound.
+// The single-process CUDA engine, first-token logits within the CUDA engine test's bound;
+// greedy tokens equal up to a near tie (EngineEquivalence::max_near_tie_gap).
 EngineEquivalence CudaReference() {
   EngineEquivalence e;
   e.engine.device = "cuda";
   e.max_logit_error = 2e-2;
+  e.max_near_tie_gap = 0.25;
   return e;
 }
 
