@@ -21,6 +21,13 @@ absl::Status Backend::CopyFromStaging(const Buffer& staging, size_t offset, Tens
   return CopyFromHost(static_cast<const uint8_t*>(staging.data()) + offset, dst->dtype(), dst);
 }
 
+absl::Status Backend::CopyToStaging(const Tensor& src, const Buffer& staging, size_t offset) {
+  if (offset + src.num_bytes() > staging.num_bytes()) {
+    return absl::InvalidArgumentError("copy to staging: past the staging buffer");
+  }
+  return CopyToHost(src, src.dtype(), static_cast<uint8_t*>(staging.data()) + offset);
+}
+
 absl::StatusOr<SharedMemory> Backend::AllocateShared(size_t bytes) {
   return absl::UnimplementedError(
       absl::StrCat("the ", name(), " backend shares no memory with other processes"));

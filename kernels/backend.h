@@ -177,6 +177,10 @@ class Backend {
   virtual absl::StatusOr<std::shared_ptr<Buffer>> AllocateStaging(size_t bytes);
   // dst's bytes from staging memory at `offset`; enqueued (and recorded by a capture).
   virtual absl::Status CopyFromStaging(const Buffer& staging, size_t offset, Tensor* dst);
+  // src's bytes into staging memory at `offset`, enqueued: they are there once an event
+  // recorded after it has passed (overlap scheduling reads a step's tokens so while the
+  // next step runs). Where the queue is the caller's (the CPU), the copy is done on return.
+  virtual absl::Status CopyToStaging(const Tensor& src, const Buffer& staging, size_t offset);
 
   // ---- Memory another process maps (the one-copy exchange on a device) ----
   // At least `bytes` of this backend's memory that another process of this host maps with

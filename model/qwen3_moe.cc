@@ -41,7 +41,7 @@ absl::Status Qwen3MoeModel::Validate(const std::vector<SequenceChunk>& chunks, K
 }
 
 absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& chunks, KvCache* kv,
-                                              int num_micro_batches) {
+                                              int num_micro_batches, const Tensor* input_ids) {
   if (num_micro_batches < 1 || num_micro_batches > MoeExecutor::kMaxMicroBatches) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_micro_batches: ", num_micro_batches, " is not 1 or 2"));
@@ -51,6 +51,10 @@ absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& 
   // is closest to half; either may be empty.
   int64_t total = 0;
   for (const SequenceChunk& c : chunks) total += static_cast<int64_t>(c.tokens.size());
+  if (input_ids != nullptr && input_ids->num_elements() != total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward: ", input_ids->num_elements(), " input ids for ", total, " tokens"));
+  }
   size_t split = chunks.size();
   if (num_micro_batches == 2) {
     split = 0;
@@ -65,7 +69,15 @@ absl::StatusOr<Tensor> Qwen3MoeModel::Forward(const std::vector<SequenceChunk>& 
   MicroBatch mbs[MoeExecutor::kMaxMicroBatches];
   mbs[0].chunks.assign(chunks.begin(), chunks.begin() + split);
   mbs[1].chunks.assign(chunks.begin() + split, chunks.end());
-  for (int m = 0; m < num_micro_batches; ++m) DXS_RETURN_IF_ERROR(Prepare(kv, &mbs[m]));
+  int64_t first_token = 0;
+  for (int m = 0; m < num_micro_batches; ++m) {
+    int64_t tokens = 0;
+    for (const SequenceChunk& c : mbs[m].chunks) tokens += static_cast<int64_t>(c.tokens.size());
+    std::optional<Tensor> ids;
+    if (input_ids != nullptr) ids = input_ids->Rows(first_token, tokens);
+    first_token += tokens;
+    DXS_RETURN_IF_ERROR(Prepare(kv, &mbs[m], ids ? &*ids : nullptr));
+  }
   // front(l, m): attention of layer l, then the dense MLP or the MoE dispatch; back(l, m):
   // the MoE combine. With two micro-batches, front(l+1, 0) before back(l, 1) is the
   // overlap: while the experts work on one micro-batch, this rank computes the other's
@@ -183,8 +195,8 @@ Qwen3MoeModel::DecodeSamplingKey Qwen3MoeModel::SamplingKeyOf(const StepSampling
   return {sampling->argmax ? 1 : 2, capacity, lp.any ? lp.top : -1, lp.any ? lp.named : -1};
 }
 
-absl::StatusOr<Tensor> Qwen3MoeModel::DecodeBody(const Buffer& staging, int64_t batch,
-                                                 int64_t width, KvCache* kv,
+absl::StatusOr<Tensor> Qwen3MoeModel::DecodeBody(const Buffer& staging, const Tensor& token_ids,
+                                                 int64_t batch, int64_t width, KvCache* kv,
                                                  const DecodeSamplingKey& key,
                                                  StepSamplingOutputs* sampled) {
   const auto [kind, capacity, top, named_width] = key;
@@ -199,7 +211,6 @@ absl::StatusOr<Tensor> Qwen3MoeModel::DecodeBody(const Buffer& staging, int64_t 
     return t;
   };
   DXS_ASSIGN_OR_RETURN(a.slot_mapping, staged({batch}, DType::kI64, at.slots));
-  DXS_ASSIGN_OR_RETURN(Tensor token_ids, staged({batch}, DType::kI32, at.ids));
   DXS_ASSIGN_OR_RETURN(mb.positions, staged({batch}, DType::kI32, at.positions));
   DXS_ASSIGN_OR_RETURN(a.query_start, staged({batch + 1}, DType::kI32, at.query_start));
   DXS_ASSIGN_OR_RETURN(a.context_lens, staged({batch}, DType::kI32, at.context_lens));
@@ -244,9 +255,14 @@ absl::StatusOr<Tensor> Qwen3MoeModel::DecodeBody(const Buffer& staging, int64_t 
 absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecode(const std::vector<SequenceChunk>& chunks,
                                                     KvCache* kv, bool use_graph,
                                                     const StepSamplingPlan* sampling,
-                                                    StepSamplingOutputs* sampled) {
+                                                    StepSamplingOutputs* sampled,
+                                                    const Tensor* input_ids) {
   DXS_ASSIGN_OR_RETURN(const auto shape, CheckedDecodeShape(chunks, kv));
   const int64_t n = static_cast<int64_t>(chunks.size());
+  if (input_ids != nullptr && input_ids->num_elements() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode step: ", input_ids->num_elements(), " input ids for ", n, " chunks"));
+  }
   const int64_t batch = shape.first, width = shape.second;
   if (sampling != nullptr &&
       (sampled == nullptr || static_cast<int64_t>(sampling->rows.size()) != n ||
@@ -268,6 +284,7 @@ absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecode(const std::vector<SequenceCh
   if (g.staging == nullptr) {
     DXS_ASSIGN_OR_RETURN(g.staging, backend_->AllocateStaging(at.bytes));
     DXS_ASSIGN_OR_RETURN(g.done, backend_->CreateEvent());
+    DXS_ASSIGN_OR_RETURN(g.token_ids, backend_->Allocate({batch}, DType::kI32));
     if (sampling != nullptr) {
       DXS_ASSIGN_OR_RETURN(g.sampled,
                            AllocateStepSamplingOutputs(backend_, batch, sampling->logprobs));
@@ -287,8 +304,17 @@ absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecode(const std::vector<SequenceCh
     std::copy(sampling->named_ids.begin(), sampling->named_ids.end(), named);
     std::fill(named + n * sampling->logprobs.named, named + batch * sampling->logprobs.named, -1);
   }
+  // The token ids go in before the graph (which reads them from g.token_ids): staged, then
+  // the real rows' from the device where the step before sampled them (input_ids).
+  DXS_RETURN_IF_ERROR(backend_->CopyFromStaging(*g.staging, at.ids, &g.token_ids));
+  if (input_ids != nullptr) {
+    Tensor rows = g.token_ids.Rows(0, n);
+    DXS_RETURN_IF_ERROR(backend_->Copy(*input_ids, &rows));
+  }
   Tensor logits;
-  auto body = [&]() { return DecodeBody(*g.staging, batch, width, kv, key, &g.sampled); };
+  auto body = [&]() {
+    return DecodeBody(*g.staging, g.token_ids, batch, width, kv, key, &g.sampled);
+  };
   if (!use_graph) {
     DXS_ASSIGN_OR_RETURN(logits, body());
   } else if (g.captured.graph == nullptr) {
@@ -492,7 +518,7 @@ absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecodePiecewise(
   return logits.Rows(0, n);
 }
 
-absl::Status Qwen3MoeModel::Prepare(KvCache* kv, MicroBatch* mb) {
+absl::Status Qwen3MoeModel::Prepare(KvCache* kv, MicroBatch* mb, const Tensor* input_ids) {
   // Host metadata of the micro-batch: computed from the chunks alone, uploaded once for
   // every layer.
   std::vector<int32_t> ids, positions, query_start = {0}, context_lens, block_tables;
@@ -537,7 +563,12 @@ absl::Status Qwen3MoeModel::Prepare(KvCache* kv, MicroBatch* mb) {
   DXS_ASSIGN_OR_RETURN(a.slot_mapping, backend_->Allocate({t}, DType::kI64));
   DXS_RETURN_IF_ERROR(backend_->CopyFromHost(slot_mapping.data(), DType::kI64, &a.slot_mapping));
   DXS_ASSIGN_OR_RETURN(mb->positions, backend_->UploadIndices(positions));
-  DXS_ASSIGN_OR_RETURN(Tensor token_ids, backend_->UploadIndices(ids));
+  Tensor token_ids;
+  if (input_ids != nullptr) {
+    token_ids = *input_ids;  // already on the device (the step before sampled them there)
+  } else {
+    DXS_ASSIGN_OR_RETURN(token_ids, backend_->UploadIndices(ids));
+  }
   // The residual stream is float32 on every backend (TensorRT-LLM offers the same for
   // accuracy): on bf16 activations it keeps the sum of many layers' updates from rounding
   // at every add. Layer inputs (the norms' outputs) are in the activation dtype.

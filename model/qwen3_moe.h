@@ -56,8 +56,12 @@ class Qwen3MoeModel {
   // interleaved, so one micro-batch's attention runs while the experts work on the other's
   // MoE (MoeExecutor::Dispatch/Combine). Each token's arithmetic is the same as with one
   // micro-batch; only the GEMMs' row counts change.
+  //
+  // `input_ids` (one per token of the chunks, in order, on the backend) replaces the chunks'
+  // tokens as the step's input: overlap scheduling's decode steps, whose input tokens the
+  // step before sampled and has not brought to the host yet (their chunks hold placeholders).
   absl::StatusOr<Tensor> Forward(const std::vector<SequenceChunk>& chunks, KvCache* kv,
-                                 int num_micro_batches = 1);
+                                 int num_micro_batches = 1, const Tensor* input_ids = nullptr);
 
   // A decode-shaped step (one token per chunk, at most kMaxGraphBatch chunks) padded to a
   // batch bucket (a power of two) and a block-table width, as vLLM and SGLang pad for
@@ -73,11 +77,13 @@ class Qwen3MoeModel {
   // beside the step's inputs, and its outputs (one row per chunk) go to `sampled`, valid
   // until the next ForwardDecode. A shape's graph is recorded per kind of sampling (none,
   // argmax, sampled with the adjustment list's capacity, the log-probability widths).
+  // `input_ids` as Forward's.
   static constexpr int64_t kMaxGraphBatch = 256;
   static bool IsDecodeStep(const std::vector<SequenceChunk>& chunks);
   absl::StatusOr<Tensor> ForwardDecode(const std::vector<SequenceChunk>& chunks, KvCache* kv,
                                        bool use_graph, const StepSamplingPlan* sampling = nullptr,
-                                       StepSamplingOutputs* sampled = nullptr);
+                                       StepSamplingOutputs* sampled = nullptr,
+                                       const Tensor* input_ids = nullptr);
   // Graphs recorded so far (one per batch bucket and table width).
   size_t num_graphs() const;
   // The rows ForwardDecode runs for a decode step of `num_chunks` tokens (its batch bucket).
@@ -118,8 +124,9 @@ class Qwen3MoeModel {
     Tensor input_normed;
     std::unique_ptr<MoeHandle> moe;  // a dispatched MoE layer, until its combine
   };
-  // Uploads the micro-batch's token ids, positions and paged-attention metadata, and embeds.
-  absl::Status Prepare(KvCache* kv, MicroBatch* mb);
+  // Uploads the micro-batch's token ids (unless given on the backend: `input_ids`),
+  // positions and paged-attention metadata, and embeds.
+  absl::Status Prepare(KvCache* kv, MicroBatch* mb, const Tensor* input_ids = nullptr);
   // Attention of `layer` over mb->hidden (normed by the previous layer, or here for the
   // first): the o projection into *o, before the residual add.
   absl::Status AttentionBlock(int layer, KvCache* kv, MicroBatch* mb, Tensor* o);
@@ -153,11 +160,13 @@ class Qwen3MoeModel {
     std::unique_ptr<Event> done;    // after the last replay: staging may be rewritten
     const void* kv_pool = nullptr;  // the KV pool recorded; a grown pool makes it stale
     StepSamplingOutputs sampled;    // what its sampling writes, [batch] rows
+    Tensor token_ids;               // [batch] i32: the input ids, written before each run
   };
-  // ForwardDecode's padded work, reading its inputs from `staging` (layout: StagingLayout),
-  // then the sampling of `key` into *sampled.
-  absl::StatusOr<Tensor> DecodeBody(const Buffer& staging, int64_t batch, int64_t width,
-                                    KvCache* kv, const DecodeSamplingKey& key,
+  // ForwardDecode's padded work, reading its inputs from `staging` (layout: StagingLayout)
+  // but the token ids, from `token_ids` (written before each run, so that they may come
+  // from the device), then the sampling of `key` into *sampled.
+  absl::StatusOr<Tensor> DecodeBody(const Buffer& staging, const Tensor& token_ids, int64_t batch,
+                                    int64_t width, KvCache* kv, const DecodeSamplingKey& key,
                                     StepSamplingOutputs* sampled);
 
   // Writes a padded decode step's inputs into `base` (StagingLayout of batch x width).

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -79,5 +80,21 @@ absl::Status EnqueueStepSampling(Backend* backend, const Tensor& logits, bool ar
 // The step's tokens (and log-probabilities where shape.any) from `out`'s rows.
 absl::StatusOr<StepTokens> DownloadStepTokens(Backend* backend, const StepSamplingOutputs& out,
                                               const StepLogprobShape& shape);
+
+// A step's tokens on their way to the host (overlap scheduling: step N's are read while step
+// N + 1 runs): the outputs' copies into pinned staging, and the event after them.
+struct PendingStepTokens {
+  std::shared_ptr<Buffer> staging;  // reused from step to step; grown as needed
+  std::unique_ptr<Event> copied;
+  int64_t rows = 0;
+  StepLogprobShape shape;
+};
+// Enqueues the copies of `out`'s rows (every row of out.ids) into pending->staging, and
+// the event after them; nothing waits.
+absl::Status EnqueueStepTokensDownload(Backend* backend, const StepSamplingOutputs& out,
+                                       const StepLogprobShape& shape, PendingStepTokens* pending);
+// Waits for the copies EnqueueStepTokensDownload queued (only for them: work queued since
+// goes on) and returns the step's tokens, as DownloadStepTokens.
+absl::StatusOr<StepTokens> ReadStepTokens(Backend* backend, PendingStepTokens* pending);
 
 }  // namespace dxs

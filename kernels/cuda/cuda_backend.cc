@@ -463,6 +463,19 @@ absl::Status CudaBackend::CopyFromStaging(const Buffer& staging, size_t offset, 
       "copy from staging");
 }
 
+absl::Status CudaBackend::CopyToStaging(const Tensor& src, const Buffer& staging, size_t offset) {
+  if (offset + src.num_bytes() > staging.num_bytes()) {
+    return absl::InvalidArgumentError("copy to staging: past the staging buffer");
+  }
+  if (src.num_bytes() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("copy to staging"));
+  // Pinned memory (AllocateStaging): the copy is queued behind the work writing src and the
+  // host goes on.
+  return CudaStatus(cudaMemcpyAsync(static_cast<uint8_t*>(staging.data()) + offset, src.raw(),
+                                    src.num_bytes(), cudaMemcpyDeviceToHost, stream_),
+                    "copy to staging");
+}
+
 absl::StatusOr<CapturedGraph> CudaBackend::CaptureGraph(
     const std::function<absl::StatusOr<Tensor>()>& body, Tensor* eager_output) {
   DXS_RETURN_IF_ERROR(Enter("capture graph"));

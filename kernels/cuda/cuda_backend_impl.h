@@ -62,6 +62,7 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<std::shared_ptr<Buffer>> AllocateStaging(size_t bytes) override;
   absl::Status CopyFromStaging(const Buffer& staging, size_t offset, Tensor* dst) override;
+  absl::Status CopyToStaging(const Tensor& src, const Buffer& staging, size_t offset) override;
   absl::StatusOr<SharedMemory> AllocateShared(size_t bytes) override;
   absl::StatusOr<std::shared_ptr<Buffer>> OpenShared(std::string_view key) override;
   // The per-expert cuBLAS FFN reads expert offsets on the host: no graphs with it.
