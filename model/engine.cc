@@ -92,10 +92,70 @@ absl::StatusOr<std::vector<GenerationResult>> LocalEngine::GenerateBatch(
   return results;
 }
 
+absl::Status LocalEngine::LaunchStep(Scheduler& scheduler, const std::vector<SequenceChunk>& chunks,
+                                     bool graphed, const Tensor* input_ids) {
+  const StepSamplingPlan plan = scheduler.PlanStepSampling();
+  StepSamplingOutputs outputs;
+  if (graphed) {
+    DXS_RETURN_IF_ERROR(
+        model_->ForwardDecode(chunks, kv_.get(), true, &plan, &outputs, input_ids).status());
+  } else {
+    DXS_ASSIGN_OR_RETURN(Tensor logits, model_->Forward(chunks, kv_.get(), 1, input_ids));
+    DXS_ASSIGN_OR_RETURN(outputs, EnqueueStepSamplingOnBackend(backend_.get(), logits, plan));
+  }
+  // Two downloads alternate: a step's, and the step's built ahead of its tokens.
+  PendingStepTokens* tokens = &downloads_[next_download_];
+  next_download_ ^= 1;
+  DXS_RETURN_IF_ERROR(EnqueueStepTokensDownload(backend_.get(), outputs, plan.logprobs, tokens));
+  in_flight_ = InFlightStep{&scheduler, std::move(outputs), tokens};
+  return absl::OkStatus();
+}
+
+absl::Status LocalEngine::FinishInFlightStep(Scheduler& scheduler) {
+  InFlightStep step = std::move(*in_flight_);
+  in_flight_.reset();
+  if (step.scheduler != &scheduler) {
+    // Another scheduler's (one that has stopped): its work is done with, its tokens unread.
+    (void)ReadStepTokens(backend_.get(), step.tokens);
+    return RunStep(scheduler);
+  }
+  if (scheduler.CanStepAhead()) {
+    // The next step goes in behind it, before the host looks at its tokens.
+    const std::vector<SequenceChunk> chunks = scheduler.BuildStepAhead();
+    const bool graphed = options_.graphs && backend_->SupportsGraphs();
+    if (absl::Status s = LaunchStep(scheduler, chunks, graphed, &step.outputs.ids); !s.ok()) {
+      (void)ReadStepTokens(backend_.get(), step.tokens);
+      scheduler.FailAll(s);
+      return s;
+    }
+    ++overlapped_steps_;
+  }
+  absl::StatusOr<StepTokens> tokens = ReadStepTokens(backend_.get(), step.tokens);
+  if (!tokens.ok()) {
+    if (in_flight_) (void)ReadStepTokens(backend_.get(), in_flight_->tokens);
+    in_flight_.reset();
+    scheduler.FailAll(tokens.status());
+    return tokens.status();
+  }
+  scheduler.FinishStepWithTokens(*tokens);
+  return absl::OkStatus();
+}
+
 absl::Status LocalEngine::RunStep(Scheduler& scheduler) {
+  if (in_flight_) return FinishInFlightStep(scheduler);
   std::vector<SequenceChunk> chunks = scheduler.BuildStep();
   const bool graphed =
       options_.graphs && backend_->SupportsGraphs() && Qwen3MoeModel::IsDecodeStep(chunks);
+  if (options_.overlap_schedule && Qwen3MoeModel::IsDecodeStep(chunks) &&
+      !scheduler.StepNeedsHostLogits() && !scheduler.StepSamplesOnHost() &&
+      scheduler.CanStepAhead()) {
+    // Queued, not waited for: the next call queues the step after it, then takes its tokens.
+    if (absl::Status s = LaunchStep(scheduler, chunks, graphed, nullptr); !s.ok()) {
+      scheduler.FailAll(s);
+      return s;
+    }
+    return absl::OkStatus();
+  }
   if (graphed && !scheduler.StepNeedsHostLogits()) {
     // A decode step past every request's first token: its sampling runs inside the step's
     // graph, and only the ids and asked-for log-probabilities come back.

@@ -49,6 +49,13 @@ struct EngineOptions {
   // bucket: Qwen3MoeModel::ForwardDecode); false runs every step eagerly (vLLM's
   // --enforce-eager).
   bool graphs = true;
+  // Overlap scheduling (Scheduler::CanStepAhead; SGLang's overlap scheduler, vLLM's async
+  // scheduling): a decode step is queued on the device behind the one running, its input
+  // tokens taken there from that step's samples, and the host streams the running step's
+  // tokens, checks its stops and builds the next while the device computes. The same tokens
+  // as without; a sequence that stops has one more token computed and discarded. false: every
+  // step waits for its tokens before the next is built (the A/B baseline).
+  bool overlap_schedule = true;
   // The compute backend, overriding `device` (tests: the opaque backend).
   std::function<std::unique_ptr<Backend>()> backend_factory;
   // The model's MoE, overriding the local experts: then no expert is loaded here and
@@ -79,8 +86,12 @@ class LocalEngine {
 
   // One step of `scheduler`'s batch (a scheduler over this engine's KV cache): builds it,
   // runs the forward pass, samples, and hands each sequence its token. A failed step fails
-  // every live request of `scheduler` and returns why.
+  // every live request of `scheduler` and returns why. With overlap_schedule, a decode step
+  // may return queued on the device: the next call queues the one after it (built ahead)
+  // and then hands out its tokens; the scheduler has work (HasWork) until they are out.
   absl::Status RunStep(Scheduler& scheduler);
+  // Decode steps queued behind another (overlap_schedule), since the engine was made.
+  int64_t overlapped_steps() const { return overlapped_steps_; }
 
  private:
   friend class LocalServer;
@@ -88,6 +99,14 @@ class LocalEngine {
   static absl::StatusOr<std::unique_ptr<LocalEngine>> Create(const ModelConfig& config,
                                                              const WeightSource& weights,
                                                              const EngineOptions& options);
+  // Forward pass and device sampling of `chunks`, its tokens' copy to the host queued:
+  // in_flight_. input_ids: the chunks' tokens on the device (a step built ahead).
+  absl::Status LaunchStep(Scheduler& scheduler, const std::vector<SequenceChunk>& chunks,
+                          bool graphed, const Tensor* input_ids);
+  // RunStep with a step in flight: queues the step after it when it can be built ahead,
+  // then hands out the in-flight step's tokens.
+  absl::Status FinishInFlightStep(Scheduler& scheduler);
+
   EngineOptions options_;
   ModelConfig config_;
   std::unique_ptr<Backend> backend_;
@@ -96,6 +115,16 @@ class LocalEngine {
   std::unique_ptr<Qwen3MoeModel> model_;
   std::unique_ptr<KvCache> kv_;
   int64_t prefill_tokens_ = 0;
+  // A step queued on the device whose tokens the host has not taken (overlap_schedule).
+  struct InFlightStep {
+    Scheduler* scheduler = nullptr;
+    StepSamplingOutputs outputs;          // its samples, on the device
+    PendingStepTokens* tokens = nullptr;  // their copy to the host (one of downloads_)
+  };
+  std::optional<InFlightStep> in_flight_;
+  PendingStepTokens downloads_[2];  // a step's and the one built ahead of its tokens'
+  int next_download_ = 0;
+  int64_t overlapped_steps_ = 0;
 };
 
 }  // namespace dxs

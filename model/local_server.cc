@@ -29,6 +29,13 @@ absl::Status LocalServer::Submit(uint64_t id, GenerationRequest request, TokenSi
   return absl::OkStatus();
 }
 
+bool LocalServer::Abort(uint64_t id) {
+  if (!scheduler_.Abort(id)) return false;
+  absl::MutexLock lock(&mu_);
+  wake_ = true;
+  return true;
+}
+
 void LocalServer::Loop() {
   while (!stopping_) {
     {

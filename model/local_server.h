@@ -7,7 +7,7 @@
 // `dxs bench --local MODEL --request-rate ...` drives it: the single-process side of the
 // open-loop serving benchmark, beside the same workload against a cluster.
 //
-// Thread safety: Submit from any thread; the sinks are called on the step thread.
+// Thread safety: Submit and Abort from any thread; the sinks are called on the step thread.
 #pragma once
 
 #include <atomic>
@@ -35,6 +35,9 @@ class LocalServer {
   // Queues `request` under `id` (unique among live requests); the scheduler's errors
   // otherwise (INVALID_ARGUMENT, ALREADY_EXISTS, RESOURCE_EXHAUSTED), with nothing queued.
   absl::Status Submit(uint64_t id, GenerationRequest request, TokenSink sink);
+  // Ends request `id` at the next step boundary (its sink gets kAborted; a client that went
+  // away). False if no such request is live.
+  bool Abort(uint64_t id);
 
  private:
   void Loop();

@@ -178,15 +178,21 @@ void Scheduler::Retire(size_t index, const absl::Status& status, FinishReason re
   Live& l = running_[index];
   if (l.slot >= 0) kv_->Free(l.slot);
   fork_reserve_ -= l.fork_reserve;
-  l.sink.on_done(status, reason);
-  const uint64_t id = l.id;
+  l.fork_reserve = 0;
+  if (!l.done) EndRequest(l, status, reason);
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
+void Scheduler::EndRequest(Live& l, const absl::Status& status, FinishReason reason) {
+  l.done = true;
+  l.sink.on_done(status, reason);
   // The id stays known while another sample of the request runs.
-  const bool sibling_runs = std::any_of(running_.begin(), running_.end(),
-                                        [id](const Live& other) { return other.id == id; });
+  const bool sibling_runs = std::any_of(running_.begin(), running_.end(), [&l](const Live& other) {
+    return &other != &l && other.id == l.id && !other.done;
+  });
   if (!sibling_runs) {
     absl::MutexLock lock(&mu_);
-    known_ids_.erase(id);
+    known_ids_.erase(l.id);
   }
 }
 
@@ -243,6 +249,11 @@ void Scheduler::AdmitQueued() {
 }
 
 std::vector<SequenceChunk> Scheduler::BuildStep() {
+  // Requests that ended while a step built ahead ran: that step is done now.
+  for (size_t i = running_.size(); i-- > 0;) {
+    if (running_[i].done) Retire(i, absl::OkStatus(), FinishReason::kAborted);
+  }
+  ahead_ = false;
   AdmitQueued();
   std::vector<SequenceChunk> chunks;
   step_owners_.clear();
@@ -274,6 +285,42 @@ std::vector<SequenceChunk> Scheduler::BuildStep() {
     step_logit_rows_.push_back(c.logit_rows);
     chunks.push_back(std::move(c));
     step_owners_.push_back(i);
+  }
+  return chunks;
+}
+
+bool Scheduler::CanStepAhead() {
+  if (step_owners_.empty() || ahead_) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!queued_.empty() || !aborts_.empty()) return false;
+  }
+  for (size_t j = 0; j < step_owners_.size(); ++j) {
+    const Live& l = running_[step_owners_[j]];
+    const GenerationRequest& r = l.request;
+    const SamplingParams& p = r.sampling;
+    const int64_t generated = static_cast<int64_t>(l.generated.size());
+    if (l.done || step_prefill_[j] != 0 || step_logit_rows_[j] != 1 || l.generated.empty() ||
+        generated + 1 >= r.max_new_tokens || generated + 1 == r.min_new_tokens ||
+        p.repetition_penalty != 1.f || p.frequency_penalty != 0.f || p.presence_penalty != 0.f) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<SequenceChunk> Scheduler::BuildStepAhead() {
+  ahead_ = true;
+  std::vector<SequenceChunk> chunks;
+  chunks.reserve(step_owners_.size());
+  for (size_t j = 0; j < step_owners_.size(); ++j) {
+    const Live& l = running_[step_owners_[j]];
+    SequenceChunk& c = chunks.emplace_back();
+    c.kv_slot = l.slot;
+    // The position after the step before's input: that step's token goes here.
+    c.start_position =
+        static_cast<int64_t>(l.request.prompt.size()) + static_cast<int64_t>(l.generated.size());
+    c.tokens = {0};
   }
   return chunks;
 }
@@ -392,9 +439,10 @@ StepSamplingPlan Scheduler::PlanStepSampling() const {
       plan.rows.push_back(ToSamplingRow(SamplingParams{}, 0));  // mid-prefill: greedy, unused
       continue;
     }
-    const SamplingRow row =
-        ToSamplingRow(r.sampling, l.generated.size(), static_cast<int32_t>(plan.adjustments.size()),
-                      static_cast<int32_t>(l.adjust.size()));
+    // A step built ahead draws the token after the one the step before is drawing.
+    const SamplingRow row = ToSamplingRow(r.sampling, l.generated.size() + (ahead_ ? 1 : 0),
+                                          static_cast<int32_t>(plan.adjustments.size()),
+                                          static_cast<int32_t>(l.adjust.size()));
     plan.rows.push_back(row);
     plan.adjustments.insert(plan.adjustments.end(), l.adjust.begin(), l.adjust.end());
     if (r.n > 1 && l.generated.empty()) {
@@ -487,6 +535,12 @@ void Scheduler::FinishStepWith(
   std::vector<Live> forked;  // other samples, running from the next step
   for (size_t j = 0; j < step_owners_.size(); ++j) {
     Live& l = running_[step_owners_[j]];
+    if (l.done) {
+      // It ended with the step before, which this one was built ahead of: this token is
+      // discarded, and its KV goes now.
+      finished.push_back({step_owners_[j], FinishReason::kAborted});
+      continue;
+    }
     if (score) score(j, l);
     if (l.prefilled < static_cast<int64_t>(l.request.prompt.size())) continue;  // mid-prefill
     if (l.request.max_new_tokens == 0) {  // scored its prompt, generates nothing
@@ -510,20 +564,31 @@ void Scheduler::FinishStepWith(
     const int32_t token = sample(j, l, &row);
     share_row_ = false;
     if (std::optional<FinishReason> end = Emit(l, token, row)) {
-      finished.push_back({step_owners_[j], *end});
+      if (ahead_) {
+        // The step built ahead computes its next token: it ends now, its KV with that step.
+        EndRequest(l, absl::OkStatus(), *end);
+      } else {
+        finished.push_back({step_owners_[j], *end});
+      }
     }
   }
   for (Live& child : forked) running_.push_back(std::move(child));
-  // Retire from the back so earlier indices stay valid.
+  // Retire from the back so earlier indices stay valid (none when a step was built ahead:
+  // its owners are this step's).
   for (auto it = finished.rbegin(); it != finished.rend(); ++it) {
     Retire(it->first, absl::OkStatus(), it->second);
   }
-  step_owners_.clear();
+  // The step built ahead, if any, is the current step now.
+  if (!ahead_) step_owners_.clear();
+  ahead_ = false;
+  const size_t live = static_cast<size_t>(
+      std::count_if(running_.begin(), running_.end(), [](const Live& l) { return !l.done; }));
   absl::MutexLock lock(&mu_);
-  num_running_ = running_.size();
+  num_running_ = live;
 }
 
 void Scheduler::UndoStep() {
+  ahead_ = false;
   for (size_t j = 0; j < step_owners_.size(); ++j) {
     Live& l = running_[step_owners_[j]];
     l.prefilled -= step_prefill_[j];
@@ -539,15 +604,16 @@ void Scheduler::UndoStep() {
 }
 
 void Scheduler::FailAll(const absl::Status& status) {
+  ahead_ = false;
   while (!running_.empty()) Retire(running_.size() - 1, status, FinishReason::kAborted);
   step_owners_.clear();
   absl::MutexLock lock(&mu_);
   num_running_ = 0;
 }
 
-absl::StatusOr<Scheduler::StepTokens> SampleStepOnBackend(Backend* backend, const Tensor& logits,
-                                                          const Scheduler& scheduler) {
-  const StepSamplingPlan plan = scheduler.PlanStepSampling();
+absl::StatusOr<StepSamplingOutputs> EnqueueStepSamplingOnBackend(Backend* backend,
+                                                                 const Tensor& logits,
+                                                                 const StepSamplingPlan& plan) {
   const int64_t chunks = logits.rows();
   const int64_t n = static_cast<int64_t>(plan.rows.size());
   std::optional<Tensor> expanded;  // the chunks' rows, then each forked sample's chunk's
@@ -583,6 +649,16 @@ absl::StatusOr<Scheduler::StepTokens> SampleStepOnBackend(Backend* backend, cons
   DXS_RETURN_IF_ERROR(EnqueueStepSampling(
       backend, expanded ? *expanded : logits, plan.argmax, params ? &*params : nullptr,
       adjustments ? &*adjustments : nullptr, named ? &*named : nullptr, plan.logprobs, &out));
+  return out;
+}
+
+absl::StatusOr<Scheduler::StepTokens> SampleStepOnBackend(Backend* backend, const Tensor& logits,
+                                                          const Scheduler& scheduler) {
+  const StepSamplingPlan plan = scheduler.PlanStepSampling();
+  const int64_t chunks = logits.rows();
+  const int64_t n = static_cast<int64_t>(plan.rows.size());
+  DXS_ASSIGN_OR_RETURN(StepSamplingOutputs out,
+                       EnqueueStepSamplingOnBackend(backend, logits, plan));
   DXS_ASSIGN_OR_RETURN(Scheduler::StepTokens step, DownloadStepTokens(backend, out, plan.logprobs));
   if (!plan.fork_rows.empty()) {
     step.fork_first.assign(chunks, -1);

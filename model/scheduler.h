@@ -151,6 +151,26 @@ class Scheduler {
   // (a forked sample's rows take their chunk's).
   StepSamplingPlan PlanStepSampling() const;
   void FinishStepWithTokens(const StepTokens& step) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Overlap scheduling (SGLang's overlap scheduler, vLLM's async scheduling): while the step
+  // BuildStep built runs on the device, its sequences' next decode step is built and queued
+  // behind it, its input tokens taken on the device from the first step's samples (the
+  // engine's: LocalEngine); the first step's tokens come to the host after that and go to
+  // FinishStepWithTokens, which then streams them while the second runs.
+  //
+  // CanStepAhead: the current step is one whose successor can be built before its tokens
+  // are known: a decode step whose every sequence goes on after it (none reaches
+  // max_new_tokens with it), whose sampling does not depend on that token (no penalties; the
+  // min_new_tokens mask does not lift with it), and nothing is queued or aborted (an arrival
+  // or an abort waits one step, for a step built the usual way).
+  bool CanStepAhead() ABSL_LOCKS_EXCLUDED(mu_);
+  // The next decode step of the current step's sequences, in the same order: the chunks
+  // hold a placeholder token (input ids come from the device) at the next position.
+  // PlanStepSampling then plans this step. The next FinishStepWithTokens takes the tokens
+  // of the step before it, and a sequence that finished with them (EOS, a stop id) is
+  // reported done at once: its token of this step is discarded, never streamed, and its KV
+  // is freed when this step's tokens come (FinishStepWithTokens again).
+  std::vector<SequenceChunk> BuildStepAhead();
   // Forgets the step BuildStep built (its forward pass failed and will be run again): the
   // prompt chunks it took count as not prefilled; the KV it wrote is overwritten by the
   // retry with the same values. The next BuildStep builds the step anew (aborts and
@@ -188,6 +208,9 @@ class Scheduler {
     // Which of its request's samples ForkSamples is drawing the first token of (1..n-1);
     // 0 otherwise (sample 0, and every later step).
     int32_t forking_sample = 0;
+    // Finished (its sink told) while a step built ahead still computes its next token; the
+    // entry goes, and its KV is freed, when that step's tokens come.
+    bool done = false;
 
     bool NeedsAdjustedRow() const { return !adjust.empty() || request.sampling.min_p != 0.f; }
     LogitAdjustment& Adjustment(int32_t token);
@@ -205,8 +228,11 @@ class Scheduler {
       const std::function<int32_t(size_t j, Live& l, const float** row)>& sample);
   // After `token` was sampled for l: records it, streams it, and says whether l finished.
   std::optional<FinishReason> Emit(Live& l, int32_t token, const float* row);
-  // Both take mu_ themselves, and call sinks.
+  // Both take mu_ themselves, and call sinks (Retire: unless the request is done already).
   void Retire(size_t index, const absl::Status& status, FinishReason reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Tells l's sink it ended and forgets its id (unless another sample of it runs).
+  void EndRequest(Live& l, const absl::Status& status, FinishReason reason)
       ABSL_LOCKS_EXCLUDED(mu_);
   void AdmitQueued() ABSL_LOCKS_EXCLUDED(mu_);
   // StepNeedsHostLogits (to_sample false) and StepSamplesOnHost (true).
@@ -230,7 +256,10 @@ class Scheduler {
   std::vector<size_t> step_owners_;
   std::vector<int64_t> step_prefill_;     // per step chunk: prompt tokens BuildStep took
   std::vector<int64_t> step_logit_rows_;  // per step chunk: its logits rows
-  std::vector<float> adjusted_row_;       // scratch: a row with its request's adjustments
+  // The current step was built by BuildStepAhead and the step before it (the same owners)
+  // has not had its tokens yet.
+  bool ahead_ = false;
+  std::vector<float> adjusted_row_;  // scratch: a row with its request's adjustments
   // While a request's samples take their first tokens from one row (FinishStepWith):
   // share_row_, and whether row_scratch_ holds that row's candidates yet.
   bool share_row_ = false;
@@ -249,5 +278,10 @@ class Scheduler {
 // steps with it where the sampling is not in a decode graph (Qwen3MoeModel::ForwardDecode).
 absl::StatusOr<Scheduler::StepTokens> SampleStepOnBackend(Backend* backend, const Tensor& logits,
                                                           const Scheduler& scheduler);
+// Its device half: the plan's sampling of `logits` enqueued, its outputs (one row per plan
+// row) left on the backend.
+absl::StatusOr<StepSamplingOutputs> EnqueueStepSamplingOnBackend(Backend* backend,
+                                                                 const Tensor& logits,
+                                                                 const StepSamplingPlan& plan);
 
 }  // namespace dxs

@@ -445,6 +445,66 @@ TEST(CudaGraphs, EngineTokensDoNotDependOnGraphs) {
 
 // Seeded sampling on the device through the engine (Backend::SampleRows after the first
 // token): reproducible, seed-sensitive, and top-k 1 is greedy, graphs on or off.
+// Overlap scheduling on the GPU (EngineOptions::overlap_schedule: a decode step queued
+// behind the running one, its input ids copied on the device from that step's samples, in
+// graphs and eagerly): the same tokens, finish reasons and log-probabilities as without.
+// The requests end by length (known ahead), so both runs compute the same batches.
+TEST(CudaOverlapSchedule, TokensEqualTheEngineWithout) {
+  if (!MakeBackend("cuda").ok()) GTEST_SKIP() << "no GPU here";
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  std::vector<GenerationRequest> requests = ThreeRequests(20);
+  GenerationRequest seeded = requests[0];
+  seeded.prompt = {70, 71, 72, 73};
+  seeded.sampling.temperature = 0.8f;
+  seeded.sampling.top_p = 0.9f;
+  seeded.sampling.seed = 5;
+  seeded.logprobs = true;
+  seeded.top_logprobs = 2;
+  requests.push_back(seeded);
+  for (bool graphs : {true, false}) {
+    std::vector<GenerationResult> results[2];
+    int64_t overlapped[2] = {0, 0};
+    for (int overlap = 0; overlap < 2; ++overlap) {
+      EngineOptions options;
+      options.device = "cuda";
+      options.graphs = graphs;
+      options.overlap_schedule = overlap == 1;
+      auto engine = LocalEngine::Load(dir, options);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      auto out = (*engine)->GenerateBatch(requests);
+      ASSERT_TRUE(out.ok()) << out.status();
+      results[overlap] = *std::move(out);
+      overlapped[overlap] = (*engine)->overlapped_steps();
+    }
+    EXPECT_EQ(overlapped[0], 0);
+    EXPECT_GE(overlapped[1], 15) << "graphs " << graphs;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const GenerationResult &on = results[1][i], &off = results[0][i];
+      EXPECT_EQ(on.tokens, off.tokens) << "graphs " << graphs << ", request " << i;
+      EXPECT_EQ(on.finish_reason, off.finish_reason);
+      ASSERT_EQ(on.logprobs.size(), off.logprobs.size());
+      for (size_t t = 0; t < on.logprobs.size(); ++t) {
+        EXPECT_EQ(on.logprobs[t].logprob, off.logprobs[t].logprob) << "token " << t;
+      }
+    }
+  }
+  // A request that stops on a stop id mid-run: its tokens up to it, nothing after.
+  std::unique_ptr<LocalEngine> engine = CudaEngine(dir, true);
+  ASSERT_NE(engine, nullptr);
+  GenerationRequest stop = ThreeRequests(20)[1];
+  auto full = engine->GenerateBatch({stop});
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_GE(full->front().tokens.size(), 8u);
+  stop.stop_token_ids = {full->front().tokens[7]};
+  auto stopped = engine->GenerateBatch({stop});
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  const std::vector<int32_t>& all = full->front().tokens;
+  const auto first = std::find(all.begin(), all.end(), all[7]);
+  EXPECT_EQ(stopped->front().tokens, std::vector<int32_t>(all.begin(), first + 1));
+  EXPECT_EQ(stopped->front().finish_reason, FinishReason::kStopToken);
+}
+
 TEST(CudaEngineSampling, SeededTokensAreReproducibleAndTopKOneIsGreedy) {
   if (!MakeBackend("cuda").ok()) GTEST_SKIP() << "no GPU here";
   TempDir tmp;

@@ -430,6 +430,9 @@ int OpenLoopBench(const Args& args, const TlsConfig& tls, int num_requests, int6
     target = "the single-process engine (" + args.GetString("local") + ")";
     EngineOptions options;
     options.device = args.GetString("device", "cpu");
+    absl::StatusOr<bool> overlap = args.GetOnOff("overlap-schedule", true);
+    if (!overlap.ok()) return fail(overlap.status());
+    options.overlap_schedule = *overlap;
     absl::StatusOr<std::unique_ptr<LocalEngine>> loaded =
         LocalEngine::Load(args.GetString("local"), options);
     if (!loaded.ok()) return fail(loaded.status());
@@ -510,7 +513,7 @@ int BenchCommand(const std::vector<std::string>& argv) {
       Args::Parse(argv,
                   WithTlsValueFlags({"router", "local", "concurrency", "requests", "prompt-len",
                                      "output-len", "format", "device", "request-rate", "len-sigma",
-                                     "seed", "slo-ttft-ms", "slo-tpot-ms"}),
+                                     "overlap-schedule", "seed", "slo-ttft-ms", "slo-tpot-ms"}),
                   WithTlsBoolFlags({}));
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs bench: " << s.message() << "\n";
@@ -548,6 +551,9 @@ int BenchCommand(const std::vector<std::string>& argv) {
     mode = "single-process engine";
     EngineOptions options;
     options.device = args->GetString("device", "cpu");
+    absl::StatusOr<bool> overlap = args->GetOnOff("overlap-schedule", true);
+    if (!overlap.ok()) return fail(overlap.status());
+    options.overlap_schedule = *overlap;
     absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
         LocalEngine::Load(args->GetString("local"), options);
     if (!engine.ok()) return fail(engine.status());

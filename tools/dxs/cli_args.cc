@@ -85,6 +85,15 @@ absl::StatusOr<double> Args::GetDouble(const std::string& name, double fallback)
   return v;
 }
 
+absl::StatusOr<bool> Args::GetOnOff(const std::string& name, bool fallback) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  if (it->second == "on") return true;
+  if (it->second == "off") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", name, ": '", it->second, "' is not on or off"));
+}
+
 absl::StatusOr<std::vector<int32_t>> Args::GetIntList(const std::string& name) const {
   std::vector<int32_t> out;
   auto it = values_.find(name);

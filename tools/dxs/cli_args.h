@@ -25,6 +25,8 @@ class Args {
   std::string GetString(const std::string& name, const std::string& fallback = "") const;
   absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback) const;
   absl::StatusOr<double> GetDouble(const std::string& name, double fallback) const;
+  // "on" or "off".
+  absl::StatusOr<bool> GetOnOff(const std::string& name, bool fallback) const;
   absl::StatusOr<uint64_t> GetUint(const std::string& name, uint64_t fallback) const;
   // Comma-separated int32 list, e.g. "1,2,3".
   absl::StatusOr<std::vector<int32_t>> GetIntList(const std::string& name) const;

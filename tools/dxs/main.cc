@@ -31,7 +31,8 @@ const Command kCommands[] = {
      "  [--stop-ids a,b] [--ignore-eos] [--prefill-chunk N] [--dump-logits]\n"
      "  [--format json|text] [--device cpu|cuda[:N]]\n"
      "  [--preset NAME instead of --model: a gen-model preset made in place]\n"
-     "  [--eager (no CUDA graphs for decode steps)]\n",
+     "  [--eager (no CUDA graphs for decode steps)]\n"
+     "  [--overlap-schedule on|off (decode steps queued behind the running one; on)]\n",
      dxs::cli::RunCommand, dxs::cli::kSamplingUsage},
     {"gen-model", "write a seeded random checkpoint",
      "  --out DIR [--preset default|odd|bf16-sharded|qwen3-30b-a3b] [--seed S]\n"
@@ -87,7 +88,8 @@ const Command kCommands[] = {
      "  --output-len O] [--format json] [--device cpu|cuda[:N] (with --local)]\n"
      "  open loop: --request-rate R1,R2,...|inf (Poisson arrivals, --requests\n"
      "  a rate; --concurrency caps those in flight) [--len-sigma S (log-normal lengths\n"
-     "  around --prompt-len/--output-len) --seed N --slo-ttft-ms 1000 --slo-tpot-ms 50]\n",
+     "  around --prompt-len/--output-len) --seed N --slo-ttft-ms 1000 --slo-tpot-ms 50]\n"
+     "  [--overlap-schedule on|off (with --local: overlap scheduling; on)]\n",
      dxs::cli::BenchCommand},
     {"tunables", "list the DXS_* environment variables dxs reads, with their values here",
      "  [--markdown (the table of docs/tunables.md)]\n", dxs::cli::TunablesCommand},

@@ -61,11 +61,12 @@ std::string DefaultModelDir() {
 }
 
 int RunCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(
-      argv,
-      SamplingValueFlags({"model", "prompt-ids", "max-new-tokens", "temperature", "top-p", "top-k",
-                          "seed", "stop-ids", "prefill-chunk", "format", "device", "preset"}),
-      SamplingBoolFlags({"dump-logits", "ignore-eos", "eager"}));
+  absl::StatusOr<Args> args =
+      Args::Parse(argv,
+                  SamplingValueFlags({"model", "prompt-ids", "max-new-tokens", "temperature",
+                                      "top-p", "top-k", "seed", "stop-ids", "prefill-chunk",
+                                      "format", "device", "preset", "overlap-schedule"}),
+                  SamplingBoolFlags({"dump-logits", "ignore-eos", "eager"}));
   if (!args.ok()) return Fail("run", args.status());
   GenerationRequest req;
   auto prompt = args->GetIntList("prompt-ids");
@@ -106,6 +107,9 @@ int RunCommand(const std::vector<std::string>& argv) {
   options.prefill_chunk_tokens = *chunk;
   options.device = args->GetString("device", "cpu");
   options.graphs = !args->Has("eager");
+  absl::StatusOr<bool> overlap = args->GetOnOff("overlap-schedule", true);
+  if (!overlap.ok()) return Fail("run", overlap.status());
+  options.overlap_schedule = *overlap;
   // --preset: the seeded random checkpoint made in place on the device (no disk), e.g. the
   // full qwen3-30b-a3b shape on a GPU.
   absl::StatusOr<std::string> model_dir =

@@ -1,0 +1,207 @@
+// Overlap scheduling (EngineOptions::overlap_schedule, Scheduler::BuildStepAhead): the
+// engine queues a decode step behind the running one, its input tokens taken on the device
+// from that step's samples, and hands out the running step's tokens afterwards. The tokens,
+// finish reasons and log-probabilities equal those of the engine without it, greedy and
+// seeded, for requests that stop early (a stop id, max_new_tokens, min_new_tokens) and for
+// requests whose sampling needs every token first (penalties: those steps wait); an abort
+// during an overlapped run ends the request and leaves the others as they were.
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "model/engine.h"
+#include "model/local_server.h"
+#include "tests/model/test_util.h"
+
+namespace dxs {
+namespace {
+
+using testing::TempDir;
+
+struct EngineRun {
+  std::vector<GenerationResult> results;
+  int64_t overlapped_steps = 0;
+};
+
+EngineRun Generate(const std::string& dir, bool overlap,
+                   const std::vector<GenerationRequest>& requests) {
+  EngineOptions options;
+  options.overlap_schedule = overlap;
+  auto engine = LocalEngine::Load(dir, options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return {};
+  auto results = (*engine)->GenerateBatch(requests);
+  EXPECT_TRUE(results.ok()) << results.status();
+  if (!results.ok()) return {};
+  return {*std::move(results), (*engine)->overlapped_steps()};
+}
+
+GenerationRequest Greedy(std::vector<int32_t> prompt, int64_t max_new_tokens) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = max_new_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
+void ExpectSameResults(const std::vector<GenerationResult>& got,
+                       const std::vector<GenerationResult>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    EXPECT_EQ(got[i].finish_reason, want[i].finish_reason) << "request " << i;
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << "request " << i;
+    for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
+      const TokenLogprobs &a = got[i].logprobs[t], &b = want[i].logprobs[t];
+      EXPECT_EQ(a.token, b.token) << "request " << i << " token " << t;
+      EXPECT_FLOAT_EQ(a.logprob, b.logprob) << "request " << i << " token " << t;
+      ASSERT_EQ(a.top.size(), b.top.size());
+      for (size_t k = 0; k < a.top.size(); ++k) {
+        EXPECT_EQ(a.top[k].first, b.top[k].first) << "request " << i << " token " << t;
+        EXPECT_FLOAT_EQ(a.top[k].second, b.top[k].second) << "request " << i << " token " << t;
+      }
+    }
+  }
+}
+
+class OverlapSchedule : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::WritePreset(tmp_, "default"); }
+  TempDir tmp_;
+  std::string dir_;
+};
+
+TEST_F(OverlapSchedule, DecodeStepsGoAheadAndGiveTheSameTokens) {
+  const std::vector<GenerationRequest> requests = {Greedy({5, 6, 7, 8}, 24),
+                                                   Greedy({40, 41, 42}, 20)};
+  const EngineRun off = Generate(dir_, false, requests);
+  const EngineRun on = Generate(dir_, true, requests);
+  ExpectSameResults(on.results, off.results);
+  EXPECT_EQ(off.overlapped_steps, 0);
+  // Every decode step but the first (it goes ahead of nothing) and the last of each request
+  // (nothing follows it) is queued behind the one before.
+  EXPECT_GE(on.overlapped_steps, 15);
+}
+
+TEST_F(OverlapSchedule, EarlyStopsSamplingAndLogprobsEqualTheEngineWithout) {
+  // Tokens of the requests alone, to stop them mid-stream on ids they do produce.
+  const EngineRun solo = Generate(dir_, false, {Greedy({9, 10, 11}, 12), Greedy({300, 301}, 12)});
+  ASSERT_EQ(solo.results.size(), 2u);
+  std::vector<GenerationRequest> requests;
+  requests.push_back(Greedy({5, 6, 7, 8}, 16));  // to max_new_tokens
+  GenerationRequest stop = Greedy({9, 10, 11}, 12);
+  stop.stop_token_ids = {solo.results[0].tokens.at(5)};  // stops at its 6th token or before
+  requests.push_back(stop);
+  GenerationRequest seeded = Greedy({20, 21, 22, 23, 24}, 14);
+  seeded.sampling.temperature = 0.9f;
+  seeded.sampling.top_p = 0.95f;
+  seeded.sampling.top_k = 50;
+  seeded.sampling.seed = 7;
+  seeded.logprobs = true;
+  seeded.top_logprobs = 3;
+  requests.push_back(seeded);
+  requests.push_back(Greedy({60}, 1));  // done with its first token
+  GenerationRequest min_new = Greedy({300, 301}, 12);
+  min_new.min_new_tokens = 4;  // the mask lifts after the 4th token
+  min_new.stop_token_ids = {solo.results[1].tokens.at(2)};
+  requests.push_back(min_new);
+  GenerationRequest penalised = Greedy({70, 71, 72}, 10);
+  penalised.sampling.temperature = 0.7f;
+  penalised.sampling.seed = 3;
+  penalised.sampling.presence_penalty = 0.5f;
+  penalised.sampling.repetition_penalty = 1.2f;
+  requests.push_back(penalised);
+
+  const EngineRun off = Generate(dir_, false, requests);
+  const EngineRun on = Generate(dir_, true, requests);
+  ExpectSameResults(on.results, off.results);
+  ASSERT_EQ(on.results.size(), requests.size());
+  EXPECT_EQ(on.results[1].finish_reason, FinishReason::kStopToken);
+  EXPECT_LE(on.results[1].tokens.size(), 6u);
+  EXPECT_EQ(on.results[3].tokens.size(), 1u);
+  EXPECT_GE(on.results[4].tokens.size(), 4u);
+  // The penalised request makes every step wait while it runs; once it is done (10 tokens)
+  // the others' steps go ahead.
+  EXPECT_GT(on.overlapped_steps, 0);
+  // Alone, the penalised request never goes ahead (its next row depends on this token).
+  EXPECT_EQ(Generate(dir_, true, {penalised}).overlapped_steps, 0);
+}
+
+TEST_F(OverlapSchedule, SamplesOfOneRequestEqualTheEngineWithout) {
+  GenerationRequest r = Greedy({12, 13, 14}, 10);
+  r.n = 3;
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 11;
+  const EngineRun off = Generate(dir_, false, {r});
+  const EngineRun on = Generate(dir_, true, {r});
+  ASSERT_EQ(on.results.size(), 1u);
+  ASSERT_EQ(off.results.size(), 1u);
+  ExpectSameResults({on.results[0]}, {off.results[0]});
+  ExpectSameResults(on.results[0].samples, off.results[0].samples);
+  EXPECT_GT(on.overlapped_steps, 0);
+}
+
+// What a streamed request's sink saw.
+struct Stream {
+  absl::Mutex mu;
+  std::vector<int32_t> tokens ABSL_GUARDED_BY(mu);
+  bool done ABSL_GUARDED_BY(mu) = false;
+  FinishReason reason ABSL_GUARDED_BY(mu) = FinishReason::kLength;
+
+  TokenSink Sink() {
+    TokenSink sink;
+    sink.on_token = [this](int32_t token, const float*) {
+      absl::MutexLock lock(&mu);
+      EXPECT_FALSE(done) << "a token after the end";
+      tokens.push_back(token);
+    };
+    sink.on_done = [this](const absl::Status& s, FinishReason r) {
+      absl::MutexLock lock(&mu);
+      EXPECT_TRUE(s.ok()) << s;
+      EXPECT_FALSE(done) << "ended twice";
+      reason = r;
+      done = true;
+    };
+    return sink;
+  }
+  bool WaitTokens(size_t n) {
+    absl::MutexLock lock(&mu);
+    auto ready = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return tokens.size() >= n || done; };
+    return mu.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(120));
+  }
+  bool WaitDone() {
+    absl::MutexLock lock(&mu);
+    return mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(120));
+  }
+};
+
+TEST_F(OverlapSchedule, AnAbortEndsItsRequestAndTheOthersGoOn) {
+  EngineOptions options;
+  options.overlap_schedule = true;
+  auto engine = LocalEngine::Load(dir_, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const GenerationRequest kept = Greedy({5, 6, 7, 8}, 40);
+  auto want = (*engine)->GenerateBatch({kept});
+  ASSERT_TRUE(want.ok()) << want.status();
+  Stream aborted, other;
+  {
+    LocalServer server(engine->get());
+    ASSERT_TRUE(server.Submit(1, Greedy({40, 41, 42}, 200), aborted.Sink()).ok());
+    ASSERT_TRUE(server.Submit(2, kept, other.Sink()).ok());
+    ASSERT_TRUE(aborted.WaitTokens(5));
+    EXPECT_TRUE(server.Abort(1));
+    ASSERT_TRUE(aborted.WaitDone());
+    ASSERT_TRUE(other.WaitDone());
+  }
+  absl::MutexLock a(&aborted.mu), o(&other.mu);
+  EXPECT_EQ(aborted.reason, FinishReason::kAborted);
+  EXPECT_LT(aborted.tokens.size(), 200u);
+  EXPECT_EQ(other.reason, FinishReason::kLength);
+  EXPECT_EQ(other.tokens, want->front().tokens);
+  EXPECT_GT((*engine)->overlapped_steps(), 0);
+}
+
+}  // namespace
+}  // namespace dxs
