@@ -8,8 +8,9 @@
 # single-process engine on the GPU (`dxs bench --local --device cuda`: LocalServer, its
 # continuous batching). Prints one line per rate and target (throughput, TTFT, TPOT and ITL
 # at p50 and p99, goodput under TTFT <= 1 s and TPOT <= 50 ms); the JSON lines go to
-# $OUT/serving_sweep.jsonl (cluster) and $OUT/serving_sweep_local.jsonl (single process)
-# for bench/serving_plot.py.
+# $OUT/serving_sweep.jsonl (cluster), $OUT/serving_sweep_local.jsonl (single process) and
+# $OUT/serving_sweep_local_no_overlap.jsonl (single process, --overlap-schedule off: the A/B
+# baseline of overlap scheduling) for bench/serving_plot.py.
 #   bench/gpu/serving_sweep.sh [LAYERS]   (default 48; binaries in .device/bin)
 # Environment: DXS_SWEEP_RATES (default "1,2,4,8,inf"), DXS_SWEEP_REQUESTS (per rate, 32),
 # DXS_SWEEP_PROMPT (1024), DXS_SWEEP_OUTPUT (256), DXS_SWEEP_SIGMA (0.4).
@@ -42,11 +43,19 @@ timeout 1200 "$bin/dxs" bench --local "$work/model" --device cuda --request-rate
   --output-len "${DXS_SWEEP_OUTPUT:-256}" --len-sigma "${DXS_SWEEP_SIGMA:-0.4}" --seed 1 \
   --format json >"$OUT/serving_sweep_local.jsonl" 2>>"$log"
 echo "dxs bench --local rc=$?" >>"$log"
-python3 - "$OUT/serving_sweep.jsonl" "$OUT/serving_sweep_local.jsonl" "$layers" <<'PY'
+# The same without overlap scheduling: its A/B baseline.
+timeout 1200 "$bin/dxs" bench --local "$work/model" --device cuda --overlap-schedule off \
+  --request-rate "${DXS_SWEEP_RATES:-1,2,4,8,inf}" \
+  --requests "${DXS_SWEEP_REQUESTS:-32}" --prompt-len "${DXS_SWEEP_PROMPT:-1024}" \
+  --output-len "${DXS_SWEEP_OUTPUT:-256}" --len-sigma "${DXS_SWEEP_SIGMA:-0.4}" --seed 1 \
+  --format json >"$OUT/serving_sweep_local_no_overlap.jsonl" 2>>"$log"
+echo "dxs bench --local --overlap-schedule off rc=$?" >>"$log"
+python3 - "$OUT/serving_sweep.jsonl" "$OUT/serving_sweep_local.jsonl" "$layers" \
+  "$OUT/serving_sweep_local_no_overlap.jsonl" <<'PY'
 import json, sys
-print(f"serving sweep on one H200, {sys.argv[3]} layers: 1 attention + 1 expert (time-sliced), then the single process")
+print(f"serving sweep on one H200, {sys.argv[3]} layers: 1 attention + 1 expert (time-sliced), then the single process (overlap scheduling on, then off)")
 print(f"{'target':>8} {'rate':>6} {'tok/s':>8} {'req/s':>6} {'TTFT p50/p99 ms':>18} {'TPOT p50/p99 ms':>16} {'ITL p50/p99 ms':>16} {'goodput':>8} errors")
-for target, path in (("1+1", sys.argv[1]), ("single", sys.argv[2])):
+for target, path in (("1+1", sys.argv[1]), ("single", sys.argv[2]), ("no-overlap", sys.argv[4])):
     for line in open(path):
         j = json.loads(line)
         print(f"{target:>8} {str(j['request_rate']):>6} {j['output_tokens_per_second']:>8.1f} {j['requests_per_second']:>6.2f} "
