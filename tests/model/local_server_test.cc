@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/model/recording_sink.h"
 #include "tests/model/test_util.h"
 
 namespace dxs {
@@ -16,37 +17,7 @@ namespace {
 
 using testing::TempDir;
 
-// What one request's sink saw, filled on the step thread.
-struct Seen {
-  absl::Mutex mu;
-  std::vector<int32_t> tokens ABSL_GUARDED_BY(mu);
-  bool done ABSL_GUARDED_BY(mu) = false;
-  absl::Status status ABSL_GUARDED_BY(mu);
-
-  TokenSink Sink() {
-    TokenSink sink;
-    sink.on_token = [this](int32_t token, const float*) {
-      absl::MutexLock lock(&mu);
-      tokens.push_back(token);
-    };
-    sink.on_done = [this](const absl::Status& s, FinishReason) {
-      absl::MutexLock lock(&mu);
-      status = s;
-      done = true;
-    };
-    return sink;
-  }
-  // Waits (bounded) until at least `n` tokens came or the request ended.
-  bool WaitTokens(size_t n) {
-    absl::MutexLock lock(&mu);
-    auto ready = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return tokens.size() >= n || done; };
-    return mu.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(120));
-  }
-  bool WaitDone() {
-    absl::MutexLock lock(&mu);
-    return mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(120));
-  }
-};
+using Seen = testing::RecordingSink;
 
 GenerationRequest Greedy(std::vector<int32_t> prompt, int64_t max_new_tokens) {
   GenerationRequest r;

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "model/engine.h"
 #include "model/local_server.h"
+#include "tests/model/recording_sink.h"
 #include "tests/model/test_util.h"
 
 namespace dxs {
@@ -143,39 +144,7 @@ TEST_F(OverlapSchedule, SamplesOfOneRequestEqualTheEngineWithout) {
   EXPECT_GT(on.overlapped_steps, 0);
 }
 
-// What a streamed request's sink saw.
-struct Stream {
-  absl::Mutex mu;
-  std::vector<int32_t> tokens ABSL_GUARDED_BY(mu);
-  bool done ABSL_GUARDED_BY(mu) = false;
-  FinishReason reason ABSL_GUARDED_BY(mu) = FinishReason::kLength;
-
-  TokenSink Sink() {
-    TokenSink sink;
-    sink.on_token = [this](int32_t token, const float*) {
-      absl::MutexLock lock(&mu);
-      EXPECT_FALSE(done) << "a token after the end";
-      tokens.push_back(token);
-    };
-    sink.on_done = [this](const absl::Status& s, FinishReason r) {
-      absl::MutexLock lock(&mu);
-      EXPECT_TRUE(s.ok()) << s;
-      EXPECT_FALSE(done) << "ended twice";
-      reason = r;
-      done = true;
-    };
-    return sink;
-  }
-  bool WaitTokens(size_t n) {
-    absl::MutexLock lock(&mu);
-    auto ready = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return tokens.size() >= n || done; };
-    return mu.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(120));
-  }
-  bool WaitDone() {
-    absl::MutexLock lock(&mu);
-    return mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(120));
-  }
-};
+using Stream = testing::RecordingSink;
 
 TEST_F(OverlapSchedule, AnAbortEndsItsRequestAndTheOthersGoOn) {
   EngineOptions options;
@@ -196,8 +165,10 @@ TEST_F(OverlapSchedule, AnAbortEndsItsRequestAndTheOthersGoOn) {
     ASSERT_TRUE(other.WaitDone());
   }
   absl::MutexLock a(&aborted.mu), o(&other.mu);
+  EXPECT_TRUE(aborted.status.ok()) << aborted.status;
   EXPECT_EQ(aborted.reason, FinishReason::kAborted);
   EXPECT_LT(aborted.tokens.size(), 200u);
+  EXPECT_TRUE(other.status.ok()) << other.status;
   EXPECT_EQ(other.reason, FinishReason::kLength);
   EXPECT_EQ(other.tokens, want->front().tokens);
   EXPECT_GT((*engine)->overlapped_steps(), 0);
