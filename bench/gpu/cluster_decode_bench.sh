@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Decode tokens/s of the Qwen3-30B-A3B shape (LAYERS layers, default all 48), single
-# process (`dxs bench --local --device cuda`) against 1 attention + 1 expert process on the
+# process (`dxs bench --local --device cuda`, overlap scheduling on and off) against 1 attention + 1 expert process on the
 # same GPU (`dxs up --gpus 0`, rows over UCX cuda_ipc), the cluster with piecewise CUDA
 # graphs (dxs-attention --piecewise-graphs, the default) and without, in one run. The
 # model is an in-place directory (`dxs gen-model --in-place`: config.json and a recipe;
@@ -67,6 +67,11 @@ for c in $concurrency; do
   local_json=$(timeout 300 "$bin/dxs" bench --local "$work/model" --device cuda $(bench_args $c) 2>>"$log")
   echo "local c=$c: $local_json" >>"$log"
   row "single process (graphs)" "$c" "$local_json" >>"$table"
+  # Overlap scheduling's A/B baseline: every step waits for its tokens.
+  local_json=$(timeout 300 "$bin/dxs" bench --local "$work/model" --device cuda \
+    --overlap-schedule off $(bench_args $c) 2>>"$log")
+  echo "local no overlap c=$c: $local_json" >>"$log"
+  row "single process (graphs, --overlap-schedule off)" "$c" "$local_json" >>"$table"
 done
 for cluster in $clusters; do
   shape=${cluster%@*} gpus=${cluster#*@}
