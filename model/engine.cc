@@ -111,14 +111,19 @@ absl::Status LocalEngine::LaunchStep(Scheduler& scheduler, const std::vector<Seq
   return absl::OkStatus();
 }
 
+void LocalEngine::DropInFlightStep() {
+  if (!in_flight_) return;
+  (void)ReadStepTokens(backend_.get(), in_flight_->tokens);
+  in_flight_.reset();
+}
+
 absl::Status LocalEngine::FinishInFlightStep(Scheduler& scheduler) {
+  if (in_flight_->scheduler != &scheduler) {
+    return absl::FailedPreconditionError(
+        "a step of another scheduler is in flight (LocalEngine::DropInFlightStep first)");
+  }
   InFlightStep step = std::move(*in_flight_);
   in_flight_.reset();
-  if (step.scheduler != &scheduler) {
-    // Another scheduler's (one that has stopped): its work is done with, its tokens unread.
-    (void)ReadStepTokens(backend_.get(), step.tokens);
-    return RunStep(scheduler);
-  }
   if (scheduler.CanStepAhead()) {
     // The next step goes in behind it, before the host looks at its tokens.
     const std::vector<SequenceChunk> chunks = scheduler.BuildStepAhead();

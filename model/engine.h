@@ -90,6 +90,9 @@ class LocalEngine {
   // may return queued on the device: the next call queues the one after it (built ahead)
   // and then hands out its tokens; the scheduler has work (HasWork) until they are out.
   absl::Status RunStep(Scheduler& scheduler);
+  // Waits for the step RunStep left queued (if any) and forgets it, its tokens unread: for
+  // a scheduler that is going away (LocalServer's end) before it had them.
+  void DropInFlightStep();
   // Decode steps queued behind another (overlap_schedule), since the engine was made.
   int64_t overlapped_steps() const { return overlapped_steps_; }
 

@@ -19,6 +19,7 @@ LocalServer::~LocalServer() {
   }
   thread_.join();
   scheduler_.FailAll(absl::CancelledError("the single-process server stopped"));
+  engine_->DropInFlightStep();  // the scheduler it was for goes with this server
 }
 
 absl::Status LocalServer::Submit(uint64_t id, GenerationRequest request, TokenSink sink) {

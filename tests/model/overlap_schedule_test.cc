@@ -174,5 +174,29 @@ TEST_F(OverlapSchedule, AnAbortEndsItsRequestAndTheOthersGoOn) {
   EXPECT_GT((*engine)->overlapped_steps(), 0);
 }
 
+// A server stopped while its engine has a step queued (most of a long request's steps go
+// ahead) leaves the engine usable: the next batch gets its tokens.
+TEST_F(OverlapSchedule, AServerStoppedMidRequestLeavesTheEngineUsable) {
+  auto engine = LocalEngine::Load(dir_);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const GenerationRequest r = Greedy({5, 6, 7, 8}, 12);
+  auto want = (*engine)->GenerateBatch({r});
+  ASSERT_TRUE(want.ok()) << want.status();
+  Stream cut;
+  {
+    LocalServer server(engine->get());
+    ASSERT_TRUE(server.Submit(1, Greedy({40, 41, 42}, 4000), cut.Sink()).ok());
+    ASSERT_TRUE(cut.WaitTokens(5));
+  }
+  {
+    absl::MutexLock lock(&cut.mu);
+    EXPECT_TRUE(cut.done);
+    EXPECT_EQ(cut.status.code(), absl::StatusCode::kCancelled) << cut.status;
+  }
+  auto again = (*engine)->GenerateBatch({r});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->front().tokens, want->front().tokens);
+}
+
 }  // namespace
 }  // namespace dxs
