@@ -124,7 +124,7 @@ absl::Status LocalEngine::FinishInFlightStep(Scheduler& scheduler) {
   }
   InFlightStep step = std::move(*in_flight_);
   in_flight_.reset();
-  if (scheduler.CanStepAhead()) {
+  if (options_.overlap_schedule && scheduler.CanStepAhead()) {
     // The next step goes in behind it, before the host looks at its tokens.
     const std::vector<SequenceChunk> chunks = scheduler.BuildStepAhead();
     const bool graphed = options_.graphs && backend_->SupportsGraphs();
@@ -137,8 +137,7 @@ absl::Status LocalEngine::FinishInFlightStep(Scheduler& scheduler) {
   }
   absl::StatusOr<StepTokens> tokens = ReadStepTokens(backend_.get(), step.tokens);
   if (!tokens.ok()) {
-    if (in_flight_) (void)ReadStepTokens(backend_.get(), in_flight_->tokens);
-    in_flight_.reset();
+    DropInFlightStep();
     scheduler.FailAll(tokens.status());
     return tokens.status();
   }
@@ -149,33 +148,19 @@ absl::Status LocalEngine::FinishInFlightStep(Scheduler& scheduler) {
 absl::Status LocalEngine::RunStep(Scheduler& scheduler) {
   if (in_flight_) return FinishInFlightStep(scheduler);
   std::vector<SequenceChunk> chunks = scheduler.BuildStep();
-  const bool graphed =
-      options_.graphs && backend_->SupportsGraphs() && Qwen3MoeModel::IsDecodeStep(chunks);
-  if (options_.overlap_schedule && Qwen3MoeModel::IsDecodeStep(chunks) &&
-      !scheduler.StepNeedsHostLogits() && !scheduler.StepSamplesOnHost() &&
-      scheduler.CanStepAhead()) {
-    // Queued, not waited for: the next call queues the step after it, then takes its tokens.
+  const bool decode = Qwen3MoeModel::IsDecodeStep(chunks);
+  const bool graphed = options_.graphs && backend_->SupportsGraphs() && decode;
+  if (decode && !scheduler.StepNeedsHostLogits() && !scheduler.StepSamplesOnHost()) {
+    // A decode step past every request's first token: sampled on the device (inside the
+    // step's graph where there is one); only the ids and asked-for log-probabilities come
+    // back. With overlap scheduling it stays queued when the next step can go in behind
+    // it (the next call does that, then takes these tokens); otherwise they are taken now.
     if (absl::Status s = LaunchStep(scheduler, chunks, graphed, nullptr); !s.ok()) {
       scheduler.FailAll(s);
       return s;
     }
-    return absl::OkStatus();
-  }
-  if (graphed && !scheduler.StepNeedsHostLogits()) {
-    // A decode step past every request's first token: its sampling runs inside the step's
-    // graph, and only the ids and asked-for log-probabilities come back.
-    const StepSamplingPlan plan = scheduler.PlanStepSampling();
-    StepSamplingOutputs sampled;
-    absl::Status status = model_->ForwardDecode(chunks, kv_.get(), true, &plan, &sampled).status();
-    absl::StatusOr<StepTokens> tokens =
-        status.ok() ? DownloadStepTokens(backend_.get(), sampled, plan.logprobs)
-                    : absl::StatusOr<StepTokens>(status);
-    if (!tokens.ok()) {
-      scheduler.FailAll(tokens.status());
-      return tokens.status();
-    }
-    scheduler.FinishStepWithTokens(*tokens);
-    return absl::OkStatus();
+    if (options_.overlap_schedule && scheduler.CanStepAhead()) return absl::OkStatus();
+    return FinishInFlightStep(scheduler);
   }
   absl::StatusOr<Tensor> logits =
       graphed ? model_->ForwardDecode(chunks, kv_.get(), true) : model_->Forward(chunks, kv_.get());

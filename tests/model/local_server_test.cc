@@ -19,13 +19,7 @@ using testing::TempDir;
 
 using Seen = testing::RecordingSink;
 
-GenerationRequest Greedy(std::vector<int32_t> prompt, int64_t max_new_tokens) {
-  GenerationRequest r;
-  r.prompt = std::move(prompt);
-  r.max_new_tokens = max_new_tokens;
-  r.ignore_eos = true;
-  return r;
-}
+using testing::GreedyRequest;
 
 TEST(LocalServer, RequestsJoiningARunningBatchEqualGenerateBatchAlone) {
   TempDir tmp;
@@ -36,7 +30,7 @@ TEST(LocalServer, RequestsJoiningARunningBatchEqualGenerateBatchAlone) {
   for (int i = 0; i < 6; ++i) {
     std::vector<int32_t> prompt;
     for (int j = 0; j < 3 + 2 * i; ++j) prompt.push_back(5 + 37 * i + 11 * j);
-    requests.push_back(Greedy(prompt, 6 + 3 * i));
+    requests.push_back(GreedyRequest(prompt, 6 + 3 * i));
   }
   std::vector<std::vector<int32_t>> want;
   for (const GenerationRequest& r : requests) {
@@ -71,13 +65,13 @@ TEST(LocalServer, BadRequestIsRefusedAndTheOthersGoOn) {
   ASSERT_TRUE(engine.ok()) << engine.status();
   LocalServer server(engine->get());
   Seen good;
-  ASSERT_TRUE(server.Submit(1, Greedy({5, 6, 7}, 8), good.Sink()).ok());
+  ASSERT_TRUE(server.Submit(1, GreedyRequest({5, 6, 7}, 8), good.Sink()).ok());
   Seen bad;
   const int32_t out_of_vocab = static_cast<int32_t>((*engine)->config().vocab_size);
-  absl::Status refused = server.Submit(2, Greedy({5, out_of_vocab}, 4), bad.Sink());
+  absl::Status refused = server.Submit(2, GreedyRequest({5, out_of_vocab}, 4), bad.Sink());
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   Seen duplicate;
-  EXPECT_EQ(server.Submit(1, Greedy({9}, 2), duplicate.Sink()).code(),
+  EXPECT_EQ(server.Submit(1, GreedyRequest({9}, 2), duplicate.Sink()).code(),
             absl::StatusCode::kAlreadyExists);
   ASSERT_TRUE(good.WaitDone());
   absl::MutexLock lock(&good.mu);
@@ -93,13 +87,13 @@ TEST(LocalServer, StoppingEndsLiveRequestsCancelled) {
   absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
       LocalEngine::Load(testing::WritePreset(tmp, "default"));
   ASSERT_TRUE(engine.ok()) << engine.status();
-  const GenerationRequest after = Greedy({8, 9, 10}, 12);
+  const GenerationRequest after = GreedyRequest({8, 9, 10}, 12);
   absl::StatusOr<std::vector<GenerationResult>> want = (*engine)->GenerateBatch({after});
   ASSERT_TRUE(want.ok()) << want.status();
   Seen long_one;
   {
     LocalServer server(engine->get());
-    ASSERT_TRUE(server.Submit(1, Greedy({5, 6, 7}, 4000), long_one.Sink()).ok());
+    ASSERT_TRUE(server.Submit(1, GreedyRequest({5, 6, 7}, 4000), long_one.Sink()).ok());
     ASSERT_TRUE(long_one.WaitTokens(5));
   }
   {

@@ -40,13 +40,7 @@ EngineRun Generate(const std::string& dir, bool overlap,
   return {*std::move(results), (*engine)->overlapped_steps()};
 }
 
-GenerationRequest Greedy(std::vector<int32_t> prompt, int64_t max_new_tokens) {
-  GenerationRequest r;
-  r.prompt = std::move(prompt);
-  r.max_new_tokens = max_new_tokens;
-  r.ignore_eos = true;
-  return r;
-}
+using testing::GreedyRequest;
 
 void ExpectSameResults(const std::vector<GenerationResult>& got,
                        const std::vector<GenerationResult>& want) {
@@ -76,8 +70,8 @@ class OverlapSchedule : public ::testing::Test {
 };
 
 TEST_F(OverlapSchedule, DecodeStepsGoAheadAndGiveTheSameTokens) {
-  const std::vector<GenerationRequest> requests = {Greedy({5, 6, 7, 8}, 24),
-                                                   Greedy({40, 41, 42}, 20)};
+  const std::vector<GenerationRequest> requests = {GreedyRequest({5, 6, 7, 8}, 24),
+                                                   GreedyRequest({40, 41, 42}, 20)};
   const EngineRun off = Generate(dir_, false, requests);
   const EngineRun on = Generate(dir_, true, requests);
   ExpectSameResults(on.results, off.results);
@@ -89,14 +83,15 @@ TEST_F(OverlapSchedule, DecodeStepsGoAheadAndGiveTheSameTokens) {
 
 TEST_F(OverlapSchedule, EarlyStopsSamplingAndLogprobsEqualTheEngineWithout) {
   // Tokens of the requests alone, to stop them mid-stream on ids they do produce.
-  const EngineRun solo = Generate(dir_, false, {Greedy({9, 10, 11}, 12), Greedy({300, 301}, 12)});
+  const EngineRun solo =
+      Generate(dir_, false, {GreedyRequest({9, 10, 11}, 12), GreedyRequest({300, 301}, 12)});
   ASSERT_EQ(solo.results.size(), 2u);
   std::vector<GenerationRequest> requests;
-  requests.push_back(Greedy({5, 6, 7, 8}, 16));  // to max_new_tokens
-  GenerationRequest stop = Greedy({9, 10, 11}, 12);
+  requests.push_back(GreedyRequest({5, 6, 7, 8}, 16));  // to max_new_tokens
+  GenerationRequest stop = GreedyRequest({9, 10, 11}, 12);
   stop.stop_token_ids = {solo.results[0].tokens.at(5)};  // stops at its 6th token or before
   requests.push_back(stop);
-  GenerationRequest seeded = Greedy({20, 21, 22, 23, 24}, 14);
+  GenerationRequest seeded = GreedyRequest({20, 21, 22, 23, 24}, 14);
   seeded.sampling.temperature = 0.9f;
   seeded.sampling.top_p = 0.95f;
   seeded.sampling.top_k = 50;
@@ -104,12 +99,12 @@ TEST_F(OverlapSchedule, EarlyStopsSamplingAndLogprobsEqualTheEngineWithout) {
   seeded.logprobs = true;
   seeded.top_logprobs = 3;
   requests.push_back(seeded);
-  requests.push_back(Greedy({60}, 1));  // done with its first token
-  GenerationRequest min_new = Greedy({300, 301}, 12);
+  requests.push_back(GreedyRequest({60}, 1));  // done with its first token
+  GenerationRequest min_new = GreedyRequest({300, 301}, 12);
   min_new.min_new_tokens = 4;  // the mask lifts after the 4th token
   min_new.stop_token_ids = {solo.results[1].tokens.at(2)};
   requests.push_back(min_new);
-  GenerationRequest penalised = Greedy({70, 71, 72}, 10);
+  GenerationRequest penalised = GreedyRequest({70, 71, 72}, 10);
   penalised.sampling.temperature = 0.7f;
   penalised.sampling.seed = 3;
   penalised.sampling.presence_penalty = 0.5f;
@@ -132,7 +127,7 @@ TEST_F(OverlapSchedule, EarlyStopsSamplingAndLogprobsEqualTheEngineWithout) {
 }
 
 TEST_F(OverlapSchedule, SamplesOfOneRequestEqualTheEngineWithout) {
-  GenerationRequest r = Greedy({12, 13, 14}, 10);
+  GenerationRequest r = GreedyRequest({12, 13, 14}, 10);
   r.n = 3;
   r.sampling.temperature = 1.0f;
   r.sampling.seed = 11;
@@ -152,13 +147,13 @@ TEST_F(OverlapSchedule, AnAbortEndsItsRequestAndTheOthersGoOn) {
   options.overlap_schedule = true;
   auto engine = LocalEngine::Load(dir_, options);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  const GenerationRequest kept = Greedy({5, 6, 7, 8}, 40);
+  const GenerationRequest kept = GreedyRequest({5, 6, 7, 8}, 40);
   auto want = (*engine)->GenerateBatch({kept});
   ASSERT_TRUE(want.ok()) << want.status();
   Stream aborted, other;
   {
     LocalServer server(engine->get());
-    ASSERT_TRUE(server.Submit(1, Greedy({40, 41, 42}, 200), aborted.Sink()).ok());
+    ASSERT_TRUE(server.Submit(1, GreedyRequest({40, 41, 42}, 200), aborted.Sink()).ok());
     ASSERT_TRUE(server.Submit(2, kept, other.Sink()).ok());
     ASSERT_TRUE(aborted.WaitTokens(5));
     EXPECT_TRUE(server.Abort(1));

@@ -1,9 +1,10 @@
 // RecordingSink: what one request's TokenSink saw (its tokens, how it ended), filled on the
 // step thread and awaited (bounded) by the test thread; a token after the end, or a second
-// end, is a test failure.
+// end, is a test failure. GreedyRequest: the requests such tests stream.
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -50,5 +51,14 @@ struct RecordingSink {
     return mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(120));
   }
 };
+
+// A greedy request of `max_new_tokens` tokens past EOS (each runs to its length).
+inline GenerationRequest GreedyRequest(std::vector<int32_t> prompt, int64_t max_new_tokens) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = max_new_tokens;
+  r.ignore_eos = true;
+  return r;
+}
 
 }  // namespace dxs::testing
