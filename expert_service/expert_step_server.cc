@@ -341,7 +341,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     total_rows += h.num_rows;
     total_pairs += h.num_pairs;
   }
-  if (dtype != DType::kF32 && shard_->backend()->device() == Device::kOpaque) {
+  if (dtype != DType::kF32 && !shard_->backend()->capabilities().narrow_expert_rows) {
     return absl::FailedPreconditionError(absl::StrCat("the ", shard_->backend()->name(),
                                                       " backend's experts take float32 rows only"));
   }

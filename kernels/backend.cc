@@ -1,3 +1,5 @@
+// The default operations of DeviceRuntime, DenseCompute and MoeCompute, and Backend's
+// defaults of the MoE ops built on the runtime.
 #include "kernels/backend.h"
 
 #include <algorithm>
@@ -8,53 +10,53 @@
 
 namespace dxs {
 
-absl::StatusOr<std::shared_ptr<Buffer>> Backend::AllocateStaging(size_t bytes) {
+absl::StatusOr<std::shared_ptr<Buffer>> DeviceRuntime::AllocateStaging(size_t bytes) {
   void* p = std::aligned_alloc(64, std::max<size_t>((bytes + 63) / 64 * 64, 64));
   if (p == nullptr) return absl::ResourceExhaustedError("staging memory");
   return std::make_shared<Buffer>(Device::kCpu, p, bytes, [](void* q) { std::free(q); });
 }
 
-absl::Status Backend::CopyFromStaging(const Buffer& staging, size_t offset, Tensor* dst) {
+absl::Status DeviceRuntime::CopyFromStaging(const Buffer& staging, size_t offset, Tensor* dst) {
   if (offset + dst->num_bytes() > staging.num_bytes()) {
     return absl::InvalidArgumentError("copy from staging: past the staging buffer");
   }
   return CopyFromHost(static_cast<const uint8_t*>(staging.data()) + offset, dst->dtype(), dst);
 }
 
-absl::Status Backend::CopyToStaging(const Tensor& src, const Buffer& staging, size_t offset) {
+absl::Status DeviceRuntime::CopyToStaging(const Tensor& src, const Buffer& staging, size_t offset) {
   if (offset + src.num_bytes() > staging.num_bytes()) {
     return absl::InvalidArgumentError("copy to staging: past the staging buffer");
   }
   return CopyToHost(src, src.dtype(), static_cast<uint8_t*>(staging.data()) + offset);
 }
 
-absl::StatusOr<SharedMemory> Backend::AllocateShared(size_t bytes) {
+absl::StatusOr<SharedMemory> DeviceRuntime::AllocateShared(size_t bytes) {
   return absl::UnimplementedError(
       absl::StrCat("the ", name(), " backend shares no memory with other processes"));
 }
 
-absl::StatusOr<std::shared_ptr<Buffer>> Backend::OpenShared(std::string_view key) {
+absl::StatusOr<std::shared_ptr<Buffer>> DeviceRuntime::OpenShared(std::string_view key) {
   return absl::UnimplementedError(
       absl::StrCat("the ", name(), " backend shares no memory with other processes"));
 }
 
-absl::StatusOr<std::unique_ptr<LowLatencyExchange>> Backend::MakeLowLatencyExchange(
+absl::StatusOr<std::unique_ptr<LowLatencyExchange>> DeviceRuntime::MakeLowLatencyExchange(
     const LowLatencyShape&, LowLatencySide, int) {
   return absl::UnimplementedError(absl::StrCat(
       "the ", name(),
       " backend has no low-latency exchange (a CUDA path; the host-driven exchange serves it)"));
 }
 
-absl::StatusOr<CapturedGraph> Backend::CaptureGraph(
+absl::StatusOr<CapturedGraph> DeviceRuntime::CaptureGraph(
     const std::function<absl::StatusOr<Tensor>()>& body, Tensor* eager_output) {
   return absl::UnimplementedError(absl::StrCat("the ", name(), " backend has no graphs"));
 }
 
-absl::Status Backend::Replay(Graph* graph) {
+absl::Status DeviceRuntime::Replay(Graph* graph) {
   return absl::UnimplementedError(absl::StrCat("the ", name(), " backend has no graphs"));
 }
 
-absl::Status Backend::Linears(const Tensor& x, const std::vector<const Tensor*>& ws,
+absl::Status DenseCompute::Linears(const Tensor& x, const std::vector<const Tensor*>& ws,
                               const std::vector<Tensor*>& ys) {
   if (ws.size() != ys.size()) {
     return absl::InvalidArgumentError(
@@ -103,7 +105,7 @@ absl::Status Backend::GroupedSwiGluCounted(const Tensor& xs, const Tensor& rows,
   return GroupedSwiGlu(xs, &counted_rows, expert_offsets, gate_up, down, &counted_y);
 }
 
-absl::Status Backend::QkNormRopeWriteKv(Tensor* q, Tensor* k, const Tensor& v,
+absl::Status DenseCompute::QkNormRopeWriteKv(Tensor* q, Tensor* k, const Tensor& v,
                                         const Tensor& q_weight, const Tensor& k_weight, float eps,
                                         const Tensor& positions, double theta,
                                         const PagedAttentionMeta& meta, Tensor* k_cache,
@@ -112,7 +114,7 @@ absl::Status Backend::QkNormRopeWriteKv(Tensor* q, Tensor* k, const Tensor& v,
   return WriteKvCache(*k, v, meta, k_cache, v_cache);
 }
 
-bool Backend::TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const { return false; }
+bool MoeCompute::TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const { return false; }
 
 absl::Status Backend::RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Tensor& weights,
                                    const std::vector<const Tensor*>& gate_up,
@@ -122,13 +124,13 @@ absl::Status Backend::RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Ten
       "routed SwiGLU: the ", name(), " backend has no fused path (TakesRoutedSwiGlu)"));
 }
 
-absl::StatusOr<Tensor> Backend::Zeros(std::vector<int64_t> shape, DType dtype) {
+absl::StatusOr<Tensor> DeviceRuntime::Zeros(std::vector<int64_t> shape, DType dtype) {
   DXS_ASSIGN_OR_RETURN(Tensor t, Allocate(std::move(shape), dtype));
   DXS_RETURN_IF_ERROR(Fill(&t, 0.f));
   return t;
 }
 
-absl::StatusOr<Tensor> Backend::Upload(const std::vector<float>& host, std::vector<int64_t> shape) {
+absl::StatusOr<Tensor> DeviceRuntime::Upload(const std::vector<float>& host, std::vector<int64_t> shape) {
   DXS_ASSIGN_OR_RETURN(Tensor t, Allocate(std::move(shape), DType::kF32));
   if (static_cast<int64_t>(host.size()) != t.num_elements()) {
     return absl::InvalidArgumentError("upload: the host data does not match the shape");
@@ -137,19 +139,19 @@ absl::StatusOr<Tensor> Backend::Upload(const std::vector<float>& host, std::vect
   return t;
 }
 
-absl::StatusOr<Tensor> Backend::UploadIndices(const std::vector<int32_t>& host) {
+absl::StatusOr<Tensor> DeviceRuntime::UploadIndices(const std::vector<int32_t>& host) {
   DXS_ASSIGN_OR_RETURN(Tensor t, Allocate({static_cast<int64_t>(host.size())}, DType::kI32));
   DXS_RETURN_IF_ERROR(CopyFromHost(host.data(), DType::kI32, &t));
   return t;
 }
 
-absl::StatusOr<std::vector<float>> Backend::Download(const Tensor& t) {
+absl::StatusOr<std::vector<float>> DeviceRuntime::Download(const Tensor& t) {
   std::vector<float> host(static_cast<size_t>(t.num_elements()));
   DXS_RETURN_IF_ERROR(CopyToHost(t, DType::kF32, host.data()));
   return host;
 }
 
-absl::StatusOr<std::vector<int32_t>> Backend::DownloadIndices(const Tensor& t) {
+absl::StatusOr<std::vector<int32_t>> DeviceRuntime::DownloadIndices(const Tensor& t) {
   std::vector<int32_t> host(static_cast<size_t>(t.num_elements()));
   DXS_RETURN_IF_ERROR(CopyToHost(t, DType::kI32, host.data()));
   return host;

@@ -30,6 +30,10 @@ class CpuBackend : public Backend {
   Device device() const override { return Device::kCpu; }
   DType WeightDType(DType stored) const override { return DType::kF32; }
   DType ActivationDType() const override { return DType::kF32; }
+  // Host memory, which the transport maps for peers; float32 rows, narrower ones widened.
+  BackendCapabilities capabilities() const override {
+    return {.device_memory = false, .maps_regions = true, .narrow_expert_rows = true};
+  }
 
   absl::StatusOr<Tensor> Allocate(std::vector<int64_t> shape, DType dtype) override;
   absl::Status CopyFromHost(const void* src, DType src_dtype, Tensor* dst) override;

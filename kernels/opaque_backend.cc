@@ -92,6 +92,11 @@ class OpaqueBackend final : public Backend {
   Device device() const override { return Device::kOpaque; }
   DType WeightDType(DType stored) const override { return inner_.WeightDType(stored); }
   DType ActivationDType() const override { return inner_.ActivationDType(); }
+  // Host memory the host cannot read: nothing maps it for a peer; its expert ops take
+  // float32 rows only.
+  BackendCapabilities capabilities() const override {
+    return {.device_memory = false, .maps_regions = false, .narrow_expert_rows = false};
+  }
 
   absl::StatusOr<Tensor> Allocate(std::vector<int64_t> shape, DType dtype) override {
     DXS_ASSIGN_OR_RETURN(Tensor t, inner_.Allocate(std::move(shape), dtype));

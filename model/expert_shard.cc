@@ -27,7 +27,8 @@ ExpertShard::ExpertShard(const ModelConfig& config, ExpertWeightMap weights, Bac
   const size_t experts = static_cast<size_t>(std::max<int64_t>(config.num_experts, 0));
   const bool holds_all =
       config.num_experts > 0 && weights_.size() == LayersWithExperts(config) * experts;
-  if (holds_all && backend_->device() == Device::kCuda) {
+  // On device memory the loads are counted on the queue: a host counter would wait for it.
+  if (holds_all && backend_->capabilities().device_memory) {
     absl::StatusOr<Tensor> counts = backend_->Zeros({config.num_experts}, DType::kI64);
     if (counts.ok()) {
       device_counts_ = *counts;
@@ -118,7 +119,7 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
                                        const Tensor& experts, const Tensor& weights,
                                        const Tensor& out_rows, Tensor* out) {
   if ((x.dtype() != DType::kF32 || out->dtype() != DType::kF32) &&
-      backend_->device() == Device::kOpaque) {
+      !backend_->capabilities().narrow_expert_rows) {
     return absl::FailedPreconditionError(
         absl::StrCat("the ", backend_->name(), " backend's experts take float32 rows only"));
   }

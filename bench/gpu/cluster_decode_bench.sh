@@ -13,7 +13,7 @@
 # Environment: DXS_DECODE_CLUSTERS, the clusters to run, each MxN@GPUS (M attention and N
 # expert processes placed over those GPUs, `dxs up --gpus`), default "1x1@0"; on several
 # GPUs e.g. "1x1@0,1 2x2@0,1,2,3" (the two- and four-GPU clusters: one process per GPU, no
-# time slicing). DXS_DECODE_CONCURRENCY, default "1 8 32". Each cluster also runs with
+# time slicing); "none" runs the single process alone. DXS_DECODE_CONCURRENCY, default "1 8 32". Each cluster also runs with
 # --low-latency-capacity DXS_DECODE_LL_CAPACITY (0 leaves that run out; default 128 for a
 # cluster over several GPUs, 0 on one): decode steps over the low-latency exchange (on one
 # GPU the processes' spinning waits time-slice it, so there it means nothing for speed).
@@ -62,6 +62,7 @@ bench_args() {  # bench_args C
 table="$OUT/cluster_decode.txt"
 printf '%-52s %4s %10s %9s %s\n' "run (layers=$layers)" conc "tok/s" "itl_p50" errors >"$table"
 clusters=${DXS_DECODE_CLUSTERS:-1x1@0}
+[ "$clusters" = none ] && clusters=  # the single process alone
 concurrency=${DXS_DECODE_CONCURRENCY:-1 8 32}
 for c in $concurrency; do
   local_json=$(timeout 300 "$bin/dxs" bench --local "$work/model" --device cuda $(bench_args $c) 2>>"$log")

@@ -24,6 +24,8 @@
 #   with the workers on the GPUs here (round the list).
 #   memcheck: compute-sanitizer memcheck over every single-process gpu test binary, whole.
 #   gemv: ab with DXS_CUDA_GEMV=off and auto, decode and FFN side by side.
+#   serving-ratio: the serving loop (dxs bench --local, overlap on and off) at concurrency 1
+#   and 32 against gpu_bench's decode step at batch 1 and 32, in one run.
 #   bench/gpu/run_device.sh ab "ENV=v ..." "ENV=v ..." ...: gpu_bench --quick under each set of
 #   environment settings (the first is the baseline), in DXS_AB_ROUNDS (2) interleaved
 #   rounds; the decode and FFN rows side by side, medians over the rounds, ratios to the first.
@@ -219,6 +221,20 @@ if [ "$what" = cluster ] || [ "$what" = decode ] || [ "$what" = all ]; then
     >"$OUT/cluster_decode.out" 2>&1
   summary+=("cluster_decode_bench: rc=$?")
   cat "$OUT/cluster_decode.out"
+fi
+if [ "$what" = serving-ratio ]; then
+  # The serving loop against the engine: `dxs bench --local` (overlap scheduling on and off;
+  # 32-token prompts, 64 out) at concurrency 1 and 32 beside gpu_bench's graphed decode step
+  # at batch 1 and 32 (context 1024), in one run; the ratio is serving tok/s over step tok/s.
+  timeout 300 .device/bin/gpu_bench --quick --json "$OUT/step.jsonl" >"$OUT/gpu_bench_quick.log" 2>&1
+  summary+=("gpu_bench --quick: rc=$?")
+  OUT="$OUT" DXS_DECODE_CLUSTERS=none DXS_DECODE_CONCURRENCY="1 32" \
+    timeout 400 bench/gpu/cluster_decode_bench.sh 48 >"$OUT/serving_loop.out" 2>&1
+  summary+=("cluster_decode_bench (single process): rc=$?")
+  python3 bench/gpu/serving_ratio.py "$OUT/step.jsonl" "$OUT/cluster_decode.txt" \
+    >"$OUT/serving_ratio.txt" 2>&1
+  summary+=("serving ratio: rc=$?")
+  cat "$OUT/serving_loop.out" "$OUT/serving_ratio.txt"
 fi
 if [ "$what" = ab ]; then
   for round in $(seq "${DXS_AB_ROUNDS:-2}"); do

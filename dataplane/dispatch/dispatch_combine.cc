@@ -331,8 +331,7 @@ bool RemoteMoeExecutor::MappableRanks(std::vector<bool>* mapped) const {
   const int num_ranks = static_cast<int>(ep_peers_.size());
   mapped->assign(num_ranks, false);
   // Host tensors: a region the transport maps; GPU tensors: a block the backend shares.
-  const Device device = backend_->device();
-  if (!options_.mapped_regions || (device != Device::kCpu && device != Device::kCuda)) {
+  if (!options_.mapped_regions || !backend_->capabilities().maps_regions) {
     return false;
   }
   bool any = false;
@@ -350,7 +349,7 @@ bool RemoteMoeExecutor::EnsureRegion(int micro, size_t bytes) {
   Region& region = regions_[micro];
   if (region.buffer != nullptr && region.buffer->num_bytes() >= bytes) return true;
   // Grown geometrically; the old region goes with its last view.
-  const bool device = backend_->device() == Device::kCuda;
+  const bool device = backend_->capabilities().device_memory;
   const size_t size =
       std::max(bytes, region.buffer == nullptr ? 0 : 2 * region.buffer->num_bytes());
   absl::StatusOr<SharedMemory> shared = MapRegion(size, device);
@@ -435,7 +434,7 @@ absl::Status RemoteMoeExecutor::PlaceInRegion(int micro, const Tensor& x, const 
     send_bytes = recv_bytes = rows_bytes;
   }
   h.in_region = true;
-  h.device_region = backend_->device() == Device::kCuda;
+  h.device_region = backend_->capabilities().device_memory;
   // In a region, x is read as it is only where it was staged.
   if (!x_staged) h.takes_x.assign(num_ranks, false);
   h.x_at = x_staged ? static_cast<int64_t>(x.offset_bytes()) : 0;

@@ -72,7 +72,7 @@ namespace dxs {
 
 // How the data exchange is to treat a backend's tensor memory (both ends of the exchange).
 inline MemoryType TransportMemoryOf(const Backend& backend) {
-  return backend.device() == Device::kCuda ? MemoryType::kDevice : MemoryType::kHost;
+  return backend.capabilities().device_memory ? MemoryType::kDevice : MemoryType::kHost;
 }
 
 // Everything Combine needs about one dispatched micro-batch (DeepEP's handle): the layout

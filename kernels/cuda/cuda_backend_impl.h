@@ -51,6 +51,10 @@ class CudaBackend final : public Backend {
     return IsFloatDType(stored) ? DType::kBF16 : stored;
   }
   DType ActivationDType() const override { return DType::kBF16; }
+  // Device memory; a peer process maps blocks of it through CUDA IPC (AllocateShared).
+  BackendCapabilities capabilities() const override {
+    return {.device_memory = true, .maps_regions = true, .narrow_expert_rows = true};
+  }
 
   absl::StatusOr<Tensor> Allocate(std::vector<int64_t> shape, DType dtype) override;
   absl::Status CopyFromHost(const void* src, DType src_dtype, Tensor* dst) override;
