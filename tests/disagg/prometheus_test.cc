@@ -177,10 +177,11 @@ TEST(Prometheus, ScrapesTheClusterAndSeesAnIdleRankRunEmptySteps) {
       "count(up == 1)", [](double v) { return v == 5; }, kScrapeTimeout);
   ASSERT_EQ(up, 5) << prometheus.log();
 
-  // Load through the front door: dxs bench spreads it over both DP ranks.
+  // Load through the front door: dxs bench spreads it over both DP ranks (no warm-up: the
+  // router's request count below is exactly these 16 and the pinned ones).
   const std::string bench =
       absl::StrCat(cluster.bin("dxs"), " bench --router ", cluster.router_address(),
-                   " --concurrency 4 --requests 16 --prompt-len 8 "
+                   " --concurrency 4 --requests 16 --warmup-requests 0 --prompt-len 8 "
                    "--output-len 8 --format json > ",
                    tmp.path(), "/bench.json 2>&1");
   ASSERT_EQ(std::system(bench.c_str()), 0) << testing::ReadFile(tmp.path() + "/bench.json");

@@ -409,6 +409,37 @@ TEST(DxsBench, ProgressIsALinePerTenthWhenStderrIsNotATerminal) {
   EXPECT_NE(bars.back().find("] 20/20 requests"), std::string::npos) << bars.back();
 }
 
+// The closed loop against --local goes through the serving loop (LocalServer), so its
+// requests stream: TTFT and ITL are measured as against a router. The warm-up (one request
+// a lane by default) runs first, untimed and outside the counts.
+TEST(DxsBench, LocalClosedLoopStreamsThroughTheServingLoopAfterAWarmUp) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  const std::string flags = " --requests 6 --concurrency 3 --prompt-len 4 --output-len 5 "
+                            "--format json";
+  Output o = RunDxs("bench --local " + dir + flags, tmp);
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  nlohmann::json j = nlohmann::json::parse(o.out);
+  EXPECT_EQ(j.at("warmup_requests"), 3);
+  EXPECT_EQ(j.at("warmup_errors"), 0);
+  EXPECT_EQ(j.at("requests"), 6);
+  EXPECT_EQ(j.at("output_tokens"), 6 * 5);  // the warm-up's tokens are not counted
+  EXPECT_EQ(j.at("errors").size(), 0u);
+  EXPECT_GT(j.at("ttft_ms").at("p50").get<double>(), 0);
+  EXPECT_GT(j.at("itl_ms").at("p50").get<double>(), 0);
+  EXPECT_LE(j.at("ttft_ms").at("p50").get<double>(), j.at("e2e_ms").at("p50").get<double>());
+
+  o = RunDxs("bench --local " + dir + flags + " --warmup-requests 0", tmp);
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  j = nlohmann::json::parse(o.out);
+  EXPECT_EQ(j.at("warmup_requests"), 0);
+  EXPECT_EQ(j.at("output_tokens"), 6 * 5);
+
+  o = RunDxs("bench --local " + dir + flags + " --warmup-requests -1", tmp);
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.err.find("--warmup-requests"), std::string::npos) << o.err;
+}
+
 // On a terminal the bar is redrawn in place.
 TEST(DxsBench, ProgressRedrawsInPlaceOnATerminal) {
   TempDir tmp;

@@ -1,10 +1,14 @@
 // dxs bench: load generator for a running cluster (or, with --local, the single-process
-// engine on the same prompts, as the baseline). Prints throughput, time-to-first-token,
-// inter-token and end-to-end latency percentiles, and errors by gRPC code.
+// engine on the same prompts, as the baseline: requests go through its serving loop,
+// LocalServer, and stream their tokens as a router's do). Prints throughput,
+// time-to-first-token, inter-token and end-to-end latency percentiles, and errors by gRPC
+// code.
 //
 // Two load shapes:
 // - closed loop (the default): --concurrency lanes, each sending its next request when the
-//   last one ends; fixed prompt and output lengths;
+//   last one ends; fixed prompt and output lengths; after --warmup-requests (default: one
+//   per lane) of the same shape, untimed, as vLLM's and SGLang's benchmarks warm up first
+//   (graphs captured, allocator pools grown), with prompts of their own;
 // - open loop (--request-rate R1,R2,..., as SGLang's bench_serving and vLLM's
 //   benchmark_serving): requests arrive as a Poisson process at each rate in turn (inf: all
 //   at once), at most --concurrency in flight when given; with --len-sigma S the prompt and
@@ -32,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
 #include "dxs/v1/frontend.grpc.pb.h"
 #include "model/engine.h"
 #include "model/local_server.h"
@@ -203,56 +208,6 @@ class RemoteCall final : public grpc::ClientReadReactor<v1::GenerateResponse> {
   std::function<void(Sample)> done_;
 };
 
-// Runs `num_requests` requests, `concurrency` at a time: each of `concurrency` lanes starts
-// its next request when the last one ends.
-class RemoteRun {
- public:
-  RemoteRun(v1::Frontend::Stub* stub, int num_requests, int64_t prompt_len, int64_t output_len,
-            int64_t vocab, std::vector<Sample>* samples, Progress* progress)
-      : stub_(stub),
-        num_requests_(num_requests),
-        prompt_len_(prompt_len),
-        output_len_(output_len),
-        vocab_(vocab),
-        samples_(samples),
-        progress_(progress) {}
-
-  void Run(int concurrency) {
-    {
-      absl::MutexLock lock(&mu_);
-      active_lanes_ = concurrency;
-    }
-    for (int lane = 0; lane < concurrency; ++lane) Next();
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](int* lanes) { return *lanes == 0; }, &active_lanes_));
-  }
-
- private:
-  void Next() {
-    const int i = next_++;
-    if (i >= num_requests_) {
-      absl::MutexLock lock(&mu_);
-      --active_lanes_;
-      return;
-    }
-    new RemoteCall(stub_, BenchPrompt(i, prompt_len_, vocab_), output_len_, [this, i](Sample s) {
-      (*samples_)[i] = std::move(s);
-      progress_->Tick();
-      Next();
-    });
-  }
-
-  v1::Frontend::Stub* const stub_;
-  const int num_requests_;
-  const int64_t prompt_len_, output_len_, vocab_;
-  std::vector<Sample>* const samples_;
-  Progress* const progress_;
-  std::atomic<int> next_{0};
-  absl::Mutex mu_;
-  int active_lanes_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
 // One single-process request (LocalServer): the same figures as RemoteCall, from the sink's
 // calls on the step thread.
 class LocalCall {
@@ -296,8 +251,11 @@ using Launch = std::function<void(int i, const std::vector<int32_t>& prompt, int
 // Sends `arrivals` at their times (the first at once), at most `max_in_flight` at a time
 // (a request due while the cap is reached waits for one to end), and waits for every
 // answer.
+// Request i's prompt is BenchPrompt(first_prompt + i): a warm-up passes prompts of its own.
+// progress may be null.
 void OpenLoopRun(const Launch& launch, const std::vector<Arrival>& arrivals, int64_t vocab,
-                 int max_in_flight, std::vector<Sample>* samples, Progress* progress) {
+                 int max_in_flight, std::vector<Sample>* samples, Progress* progress,
+                 int first_prompt = 0) {
   absl::Mutex mu;
   int in_flight = 0;
   struct Room {
@@ -316,10 +274,11 @@ void OpenLoopRun(const Launch& launch, const std::vector<Arrival>& arrivals, int
       ++in_flight;
     }
     // Unlocked: `done` may run at once, here (a request refused by the local server).
-    launch(static_cast<int>(i), BenchPrompt(static_cast<int>(i), arrivals[i].prompt_len, vocab),
+    const int prompt = first_prompt + static_cast<int>(i);
+    launch(static_cast<int>(i), BenchPrompt(prompt, arrivals[i].prompt_len, vocab),
            arrivals[i].output_len, [&, i](Sample s) {
              (*samples)[i] = std::move(s);
-             progress->Tick();
+             if (progress != nullptr) progress->Tick();
              absl::MutexLock done(&mu);
              --in_flight;
            });
@@ -329,18 +288,62 @@ void OpenLoopRun(const Launch& launch, const std::vector<Arrival>& arrivals, int
       +[](int* n) { return *n == 0; }, &in_flight));
 }
 
-// The model's vocabulary, from the router (the prompts' ids are drawn below it); nullopt
-// after printing why where the router does not answer.
-std::optional<int64_t> RouterVocab(v1::Frontend::Stub* stub) {
+// The model's vocabulary, from the router (the prompts' ids are drawn below it).
+absl::StatusOr<int64_t> RouterVocab(v1::Frontend::Stub* stub) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::GetModelInfoResponse info;
   const grpc::Status s = stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
   if (!s.ok()) {
-    std::cerr << "dxs bench: GetModelInfo: " << s.error_message() << "\n";
-    return std::nullopt;
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("GetModelInfo: ", s.error_message()));
   }
   return info.model_info().vocab_size();
+}
+
+// What a bench sends to: a cluster's router, or the single-process engine in this process
+// behind its serving loop (LocalServer). Either way requests stream their tokens as they
+// come, so both give TTFT and ITL the same way.
+struct BenchTarget {
+  std::string description;
+  int64_t vocab = 0;
+  Launch launch;
+  std::unique_ptr<v1::Frontend::Stub> stub;
+  std::unique_ptr<LocalEngine> engine;
+  std::unique_ptr<LocalServer> server;  // after engine: it goes first
+};
+
+absl::StatusOr<std::unique_ptr<BenchTarget>> MakeBenchTarget(const Args& args,
+                                                             const TlsConfig& tls) {
+  auto target = std::make_unique<BenchTarget>();
+  if (args.Has("router")) {
+    target->description = "cluster at " + args.GetString("router");
+    DXS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                         MakeChannel(args.GetString("router"), tls));
+    target->stub = v1::Frontend::NewStub(channel);
+    DXS_ASSIGN_OR_RETURN(target->vocab, RouterVocab(target->stub.get()));
+    v1::Frontend::Stub* stub = target->stub.get();
+    target->launch = [stub](int, const std::vector<int32_t>& prompt, int64_t output_len,
+                            std::function<void(Sample)> done) {
+      new RemoteCall(stub, prompt, output_len, std::move(done));
+    };
+    return target;
+  }
+  target->description = "the single-process engine (" + args.GetString("local") + ")";
+  EngineOptions options;
+  options.device = args.GetString("device", "cpu");
+  DXS_ASSIGN_OR_RETURN(options.overlap_schedule, args.GetOnOff("overlap-schedule", true));
+  DXS_ASSIGN_OR_RETURN(target->engine, LocalEngine::Load(args.GetString("local"), options));
+  target->vocab = target->engine->config().vocab_size;
+  target->server = std::make_unique<LocalServer>(target->engine.get());
+  LocalServer* server = target->server.get();
+  // Ids unique over every run of this target: a request of the last run may still be ending.
+  auto next_id = std::make_shared<std::atomic<uint64_t>>(0);
+  target->launch = [server, next_id](int, const std::vector<int32_t>& prompt,
+                                     int64_t output_len, std::function<void(Sample)> done) {
+    LocalCall::Start(server, next_id->fetch_add(1), prompt, output_len, std::move(done));
+  };
+  return target;
 }
 
 // The figures of one run.
@@ -373,6 +376,20 @@ nlohmann::json P50P99(const std::vector<double>& v) {
   return {{"p50", Percentile(v, 50)}, {"p99", Percentile(v, 99)}};
 }
 
+// `n` requests of `shape`, at most `lanes` in flight, untimed: what a benchmark sends before
+// it measures (vLLM's and SGLang's do too), so that graphs are captured and pools grown by
+// then. Their prompts are BenchPrompt(first_prompt + i), none of the measured run's. Returns
+// how many failed.
+int WarmUp(const BenchTarget& target, int64_t n, const Arrival& shape, int lanes,
+           int first_prompt) {
+  std::vector<Sample> samples(static_cast<size_t>(n));
+  OpenLoopRun(target.launch, std::vector<Arrival>(samples.size(), shape), target.vocab, lanes,
+              &samples, nullptr, first_prompt);
+  int failed = 0;
+  for (const Sample& s : samples) failed += s.code != grpc::StatusCode::OK;
+  return failed;
+}
+
 // --request-rate: one open-loop run per rate against --router, or the single-process engine
 // serving the same arrivals (--local MODEL: LocalServer); a line per rate (text), or one
 // JSON object per rate and line (--format json).
@@ -398,58 +415,30 @@ int OpenLoopBench(const Args& args, const TlsConfig& tls, int num_requests, int6
   absl::StatusOr<double> slo_ttft = args.GetDouble("slo-ttft-ms", 1000);
   absl::StatusOr<double> slo_tpot = args.GetDouble("slo-tpot-ms", 50);
   absl::StatusOr<int64_t> cap = args.GetInt("concurrency", std::numeric_limits<int>::max());
-  for (const absl::Status& st :
-       {sigma.status(), seed.status(), slo_ttft.status(), slo_tpot.status(), cap.status()}) {
+  absl::StatusOr<int64_t> warmup = args.GetInt("warmup-requests", 1);
+  for (const absl::Status& st : {sigma.status(), seed.status(), slo_ttft.status(),
+                                 slo_tpot.status(), cap.status(), warmup.status()}) {
     if (!st.ok()) return fail(st);
   }
   if (!(*sigma >= 0 && *sigma <= 3) || !(*slo_ttft > 0) || !(*slo_tpot > 0) || *cap < 1 ||
-      *seed < 0) {
+      *seed < 0 || *warmup < 0) {
     return fail(absl::InvalidArgumentError(
         "--len-sigma must be in [0, 3], --slo-ttft-ms and --slo-tpot-ms > 0, --concurrency "
-        ">= 1 and --seed >= 0"));
+        ">= 1, --seed >= 0 and --warmup-requests >= 0"));
   }
-  // The target: a cluster's router, or the single-process engine in this process.
-  std::unique_ptr<v1::Frontend::Stub> stub;
-  std::unique_ptr<LocalEngine> engine;
-  std::unique_ptr<LocalServer> server;
-  std::optional<int64_t> vocab;
-  Launch launch;
-  std::string target;
-  if (args.Has("router")) {
-    target = args.GetString("router");
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(target, tls);
-    if (!channel.ok()) return fail(channel.status());
-    stub = v1::Frontend::NewStub(*channel);
-    vocab = RouterVocab(stub.get());
-    if (!vocab) return 1;
-    launch = [&stub](int, const std::vector<int32_t>& prompt, int64_t output_len,
-                     std::function<void(Sample)> done) {
-      new RemoteCall(stub.get(), prompt, output_len, std::move(done));
-    };
-  } else {
-    target = "the single-process engine (" + args.GetString("local") + ")";
-    EngineOptions options;
-    options.device = args.GetString("device", "cpu");
-    absl::StatusOr<bool> overlap = args.GetOnOff("overlap-schedule", true);
-    if (!overlap.ok()) return fail(overlap.status());
-    options.overlap_schedule = *overlap;
-    absl::StatusOr<std::unique_ptr<LocalEngine>> loaded =
-        LocalEngine::Load(args.GetString("local"), options);
-    if (!loaded.ok()) return fail(loaded.status());
-    engine = *std::move(loaded);
-    vocab = engine->config().vocab_size;
-    server = std::make_unique<LocalServer>(engine.get());
-    // Ids unique over every rate's run: a request of the last run may still be ending.
-    auto next_id = std::make_shared<std::atomic<uint64_t>>(0);
-    launch = [&server, next_id](int, const std::vector<int32_t>& prompt, int64_t output_len,
-                                std::function<void(Sample)> done) {
-      LocalCall::Start(server.get(), next_id->fetch_add(1), prompt, output_len, std::move(done));
-    };
-  }
+  absl::StatusOr<std::unique_ptr<BenchTarget>> target = MakeBenchTarget(args, tls);
+  if (!target.ok()) return fail(target.status());
+  const Launch& launch = (*target)->launch;
+  const int64_t vocab = (*target)->vocab;
+  const int max_in_flight = static_cast<int>(std::min<int64_t>(*cap, 1 << 30));
+  // Before the first rate, of the median lengths (the rates' prompts come after them).
+  const int warmup_errors =
+      WarmUp(**target, *warmup, Arrival{prompt_len, output_len, 0}, max_in_flight, num_requests);
   const bool json = args.GetString("format", "text") == "json";
   if (!json) {
-    std::cout << "dxs bench: open loop against " << target << ", " << num_requests
-              << " requests a rate, prompt ~" << prompt_len << ", output ~" << output_len
+    std::cout << "dxs bench: open loop against " << (*target)->description << ", " << num_requests
+              << " requests a rate (after " << *warmup << " warm-up, " << warmup_errors
+              << " failed), prompt ~" << prompt_len << ", output ~" << output_len
               << " (len-sigma " << *sigma << "), SLO TTFT <= " << *slo_ttft
               << " ms, TPOT <= " << *slo_tpot << " ms\n"
               << "  rate req/s | tok/s | req/s | TTFT p50/p99 ms | TPOT p50/p99 ms | ITL "
@@ -462,7 +451,7 @@ int OpenLoopBench(const Args& args, const TlsConfig& tls, int num_requests, int6
     std::vector<Sample> samples(num_requests);
     Progress progress(num_requests, isatty(STDERR_FILENO) == 1);
     const Clock::time_point start = Clock::now();
-    OpenLoopRun(launch, arrivals, *vocab, static_cast<int>(std::min<int64_t>(*cap, 1 << 30)),
+    OpenLoopRun(launch, arrivals, vocab, max_in_flight,
                 &samples, &progress);
     const double wall_s = Ms(Clock::now() - start) / 1000.0;
     const Summary m = Summarize(samples, *slo_ttft, *slo_tpot);
@@ -478,6 +467,8 @@ int OpenLoopBench(const Args& args, const TlsConfig& tls, int num_requests, int6
       }
       out["request_rate"] = std::isinf(rate) ? nlohmann::json("inf") : nlohmann::json(rate);
       out["requests"] = num_requests;
+      out["warmup_requests"] = *warmup;
+      out["warmup_errors"] = warmup_errors;
       out["prompt_tokens"] = prompt_tokens;
       out["output_tokens"] = m.tokens;
       out["wall_seconds"] = wall_s;
@@ -513,7 +504,8 @@ int BenchCommand(const std::vector<std::string>& argv) {
       Args::Parse(argv,
                   WithTlsValueFlags({"router", "local", "concurrency", "requests", "prompt-len",
                                      "output-len", "format", "device", "request-rate", "len-sigma",
-                                     "overlap-schedule", "seed", "slo-ttft-ms", "slo-tpot-ms"}),
+                                     "overlap-schedule", "seed", "slo-ttft-ms", "slo-tpot-ms",
+                                     "warmup-requests"}),
                   WithTlsBoolFlags({}));
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs bench: " << s.message() << "\n";
@@ -541,55 +533,22 @@ int BenchCommand(const std::vector<std::string>& argv) {
   if (args->Has("request-rate")) {
     return OpenLoopBench(*args, *tls, num_requests, *prompt_len, *output_len);
   }
+  const int lanes = static_cast<int>(std::min<int64_t>(*concurrency, num_requests));
+  absl::StatusOr<int64_t> warmup = args->GetInt("warmup-requests", lanes);
+  if (!warmup.ok()) return fail(warmup.status());
+  if (*warmup < 0) return fail(absl::InvalidArgumentError("--warmup-requests must be >= 0"));
+  absl::StatusOr<std::unique_ptr<BenchTarget>> target = MakeBenchTarget(*args, *tls);
+  if (!target.ok()) return fail(target.status());
+  const std::string mode = (*target)->description;
+  // Lanes: every request arrives at once, at most `lanes` in flight, so each lane sends its
+  // next request when its last one ends.
+  const Arrival fixed{*prompt_len, *output_len, 0};
+  const int warmup_errors = WarmUp(**target, *warmup, fixed, lanes, num_requests);
   std::vector<Sample> samples(num_requests);
   Progress progress(num_requests, isatty(STDERR_FILENO) == 1);
-  Clock::time_point start;
-  std::string mode;
-
-  if (args->Has("local")) {
-    // Baseline: the single-process engine, `concurrency` requests batched together.
-    mode = "single-process engine";
-    EngineOptions options;
-    options.device = args->GetString("device", "cpu");
-    absl::StatusOr<bool> overlap = args->GetOnOff("overlap-schedule", true);
-    if (!overlap.ok()) return fail(overlap.status());
-    options.overlap_schedule = *overlap;
-    absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
-        LocalEngine::Load(args->GetString("local"), options);
-    if (!engine.ok()) return fail(engine.status());
-    const int64_t vocab = (*engine)->config().vocab_size;
-    start = Clock::now();
-    for (int first = 0; first < num_requests; first += static_cast<int>(*concurrency)) {
-      std::vector<GenerationRequest> batch;
-      for (int i = first; i < std::min(num_requests, first + static_cast<int>(*concurrency)); ++i) {
-        GenerationRequest r;
-        r.prompt = BenchPrompt(i, *prompt_len, vocab);
-        r.max_new_tokens = *output_len;
-        r.ignore_eos = true;
-        batch.push_back(r);
-      }
-      const auto t0 = Clock::now();
-      absl::StatusOr<std::vector<GenerationResult>> out = (*engine)->GenerateBatch(batch);
-      if (!out.ok()) return fail(out.status());
-      const double e2e = Ms(Clock::now() - t0);
-      for (size_t j = 0; j < out->size(); ++j) {
-        samples[first + j].tokens = static_cast<int64_t>((*out)[j].tokens.size());
-        samples[first + j].e2e_ms = e2e;
-        progress.Tick();
-      }
-    }
-  } else {
-    mode = "cluster at " + args->GetString("router");
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-        MakeChannel(args->GetString("router"), *tls);
-    if (!channel.ok()) return fail(channel.status());
-    auto stub = v1::Frontend::NewStub(*channel);
-    std::optional<int64_t> vocab = RouterVocab(stub.get());
-    if (!vocab) return 1;
-    start = Clock::now();
-    RemoteRun(stub.get(), num_requests, *prompt_len, *output_len, *vocab, &samples, &progress)
-        .Run(static_cast<int>(std::min<int64_t>(*concurrency, num_requests)));
-  }
+  const Clock::time_point start = Clock::now();
+  OpenLoopRun((*target)->launch, std::vector<Arrival>(num_requests, fixed), (*target)->vocab,
+              lanes, &samples, &progress);
   const double wall_s = Ms(Clock::now() - start) / 1000.0;
 
   const double no_slo = std::numeric_limits<double>::infinity();
@@ -603,6 +562,8 @@ int BenchCommand(const std::vector<std::string>& argv) {
     out["mode"] = mode;
     out["concurrency"] = *concurrency;
     out["requests"] = num_requests;
+    out["warmup_requests"] = *warmup;
+    out["warmup_errors"] = warmup_errors;
     out["output_tokens"] = tokens;
     out["wall_seconds"] = wall_s;
     out["output_tokens_per_second"] = tokens_per_s;
@@ -621,7 +582,8 @@ int BenchCommand(const std::vector<std::string>& argv) {
     return errors.empty() ? 0 : 1;
   }
   std::cout << std::fixed << std::setprecision(1) << "dxs bench: " << mode << ", concurrency "
-            << *concurrency << ", " << num_requests << " requests, prompt " << *prompt_len
+            << *concurrency << ", " << num_requests << " requests (after " << *warmup
+            << " warm-up, " << warmup_errors << " failed), prompt " << *prompt_len
             << ", output " << *output_len << "\n"
             << "  throughput: " << tokens_per_s << " output tokens/s (" << tokens << " tokens in "
             << std::setprecision(2) << wall_s << " s)\n"

@@ -86,6 +86,7 @@ const Command kCommands[] = {
     {"bench", "throughput and latency percentiles against a router or the local engine",
      "  --router ADDR | --local MODEL  [--concurrency C --requests R --prompt-len L\n"
      "  --output-len O] [--format json] [--device cpu|cuda[:N] (with --local)]\n"
+     "  [--warmup-requests N (untimed first; closed loop: one a lane, open loop: 1)]\n"
      "  open loop: --request-rate R1,R2,...|inf (Poisson arrivals, --requests\n"
      "  a rate; --concurrency caps those in flight) [--len-sigma S (log-normal lengths\n"
      "  around --prompt-len/--output-len) --seed N --slo-ttft-ms 1000 --slo-tpot-ms 50]\n"
