@@ -56,7 +56,7 @@ except Exception as e:
 PY
 }
 bench_args() {  # bench_args C
-  local reqs=$(($1 * 2)); [ "$1" = 1 ] && reqs=4
+  local reqs=$(($1 * 2)); [ "$1" = 1 ] && reqs=8
   echo "--concurrency $1 --requests $reqs --prompt-len 32 --output-len 64 --format json"
 }
 table="$OUT/cluster_decode.txt"
