@@ -24,6 +24,8 @@
 #   with the workers on the GPUs here (round the list).
 #   memcheck: compute-sanitizer memcheck over every single-process gpu test binary, whole.
 #   gemv: ab with DXS_CUDA_GEMV=off and auto, decode and FFN side by side.
+#   ll-status: DXS_CUDA_LL_STATUS=kernel against copy (the stall test x100, the LL tests,
+#   gpu_bench --low-latency --quick in interleaved rounds).
 #   serving-ratio: the serving loop (dxs bench --local, overlap on and off) at concurrency 1
 #   and 32 against gpu_bench's decode step at batch 1 and 32, in one run.
 #   bench/gpu/run_device.sh ab "ENV=v ..." "ENV=v ..." ...: gpu_bench --quick under each set of
@@ -235,6 +237,44 @@ if [ "$what" = serving-ratio ]; then
     >"$OUT/serving_ratio.txt" 2>&1
   summary+=("serving ratio: rc=$?")
   cat "$OUT/serving_loop.out" "$OUT/serving_ratio.txt"
+fi
+if [ "$what" = ll-status ]; then
+  # DXS_CUDA_LL_STATUS's A/B: a low-latency rank's status read by a kernel (the default) or
+  # by copies. Under each: the stall test 100 times in a row, the LL test binaries whole,
+  # then gpu_bench --low-latency --quick in DXS_AB_ROUNDS (2) interleaved rounds.
+  for v in kernel copy; do
+    DXS_CUDA_LL_STATUS=$v timeout 200 .device/bin/low_latency_moe_cuda_test \
+      --gtest_filter='*StatusReadsDoNotWaitBehindTheAttentionRanksCopies' --gtest_repeat=100 \
+      >"$OUT/stall_$v.log" 2>&1
+    summary+=("[$v] stall test x100: rc=$? $(grep -c '^\[       OK \]' "$OUT/stall_$v.log") OK, $(grep -c '^\[  FAILED  \] L' "$OUT/stall_$v.log") failed")
+    for t in low_latency_moe_cuda_test ll_exchange_cuda_test; do
+      DXS_CUDA_LL_STATUS=$v timeout 200 ".device/bin/$t" >"$OUT/${t}_$v.log" 2>&1
+      summary+=("[$v] $t: rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]' "$OUT/${t}_$v.log" | tr '\n' ' ')")
+    done
+  done
+  for round in $(seq "${DXS_AB_ROUNDS:-2}"); do
+    for v in kernel copy; do
+      DXS_CUDA_LL_STATUS=$v timeout 200 .device/bin/gpu_bench --low-latency --quick \
+        --json "$OUT/llab_${v}_$round.jsonl" >"$OUT/llab_${v}_$round.log" 2>&1
+      summary+=("[$v] gpu_bench --low-latency --quick round $round: rc=$?")
+    done
+  done
+  python3 - "$OUT" <<'PY'
+import glob, json, statistics, sys
+rows = {}
+for v in ("kernel", "copy"):
+    for path in sorted(glob.glob("%s/llab_%s_*.jsonl" % (sys.argv[1], v))):
+        for line in open(path):
+            r = json.loads(line)
+            if r.get("section") == "decode-ll":
+                key = (r["batch"], r["capacity"])
+                rows.setdefault(key, {}).setdefault(v, []).append(r["ll_step_ms"])
+print("LL decode step ms (gpu_bench --low-latency --quick), medians of the rounds")
+print("%6s %9s %10s %10s %7s" % ("batch", "capacity", "kernel", "copy", "copy/k"))
+for (b, c), d in sorted(rows.items()):
+    k = statistics.median(d.get("kernel", [0])); cp = statistics.median(d.get("copy", [0]))
+    print("%6d %9d %10.3f %10.3f %7.3f" % (b, c, k, cp, cp / k if k else 0))
+PY
 fi
 if [ "$what" = ab ]; then
   for round in $(seq "${DXS_AB_ROUNDS:-2}"); do

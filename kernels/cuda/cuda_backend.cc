@@ -172,6 +172,8 @@ absl::Status CudaBackend::Init() {
                    : decode_choice == "off" ? DecodeChoice::kOff
                                             : DecodeChoice::kAuto;
   DXS_ASSIGN_OR_RETURN(use_gemv_, AutoOrOff(tunables::kCudaGemv));
+  DXS_ASSIGN_OR_RETURN(const std::string ll_status, tunables::Read(tunables::kCudaLlStatus));
+  ll_status_by_copy_ = ll_status == "copy";
   DXS_ASSIGN_OR_RETURN(const bool routed_swiglu, AutoOrOff(tunables::kCudaRoutedSwiGlu));
   use_routed_swiglu_ = use_gemv_ && routed_swiglu;
   DXS_ASSIGN_OR_RETURN(const bool scale_sum_scan, AutoOrOff(tunables::kCudaScaleSumScan));

@@ -214,6 +214,8 @@ class CudaBackend final : public Backend {
   enum class DecodeChoice { kAuto, kOn, kOff };
   DecodeChoice decode_choice_ = DecodeChoice::kAuto;
   int num_sms_ = 1;
+  // DXS_CUDA_LL_STATUS=copy: a low-latency rank's status is read by copies, not a kernel.
+  bool ll_status_by_copy_ = false;
   absl::Mutex decode_mu_;
   Tensor decode_counters_ ABSL_GUARDED_BY(decode_mu_);
   absl::Mutex flashinfer_mu_;

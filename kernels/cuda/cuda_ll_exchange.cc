@@ -267,20 +267,47 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
   cuda::LlSync* sync() const { return reinterpret_cast<cuda::LlSync*>(sync_.raw()); }
 
   // Snapshot `slot` of the rank's state, taken on `stream` behind its queued work, read on
-  // the host once the stream has passed it: a kernel that writes mapped host memory, never a
-  // copy (LlSnapshot says why).
+  // the host once the stream has passed it: a kernel that writes mapped host memory, or
+  // (DXS_CUDA_LL_STATUS=copy) copies into that pinned memory, never a copy into pageable
+  // memory (LlSnapshot says why).
   absl::StatusOr<cuda::LlSnapshot> Snapshot(bool reset_bad, cudaStream_t stream, int slot) const {
     DXS_RETURN_IF_ERROR(backend_->Enter("low-latency status"));
-    std::string error;
-    DXS_RETURN_IF_ERROR(
-        Launched(cuda::LaunchLlSnapshot(sync(), region_.buffer->data(), receive_layout(),
-                                        bad_.defined() ? bad_.i32() : nullptr, reset_bad,
-                                        snapshots_device_ + slot, stream, &error),
-                 error));
+    if (backend_->ll_status_by_copy_) {
+      DXS_RETURN_IF_ERROR(SnapshotByCopy(reset_bad, stream, snapshots_.get() + slot));
+    } else {
+      std::string error;
+      DXS_RETURN_IF_ERROR(
+          Launched(cuda::LaunchLlSnapshot(sync(), region_.buffer->data(), receive_layout(),
+                                          bad_.defined() ? bad_.i32() : nullptr, reset_bad,
+                                          snapshots_device_ + slot, stream, &error),
+                   error));
+    }
     DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "low-latency exchange: status"));
     cuda::LlSnapshot st;
     std::memcpy(&st, snapshots_.get() + slot, sizeof(st));
     return st;
+  }
+
+  // The snapshot by the copy engines: the LlSync, the region's flags and the bad-pair count
+  // into pinned memory (then the count reset), the values the snapshot kernel writes.
+  absl::Status SnapshotByCopy(bool reset_bad, cudaStream_t stream, cuda::LlSnapshot* out) const {
+    const cuda::LlRegionLayout& layout = receive_layout();
+    const char* region = static_cast<const char*>(region_.buffer->data());
+    const auto copy = [&](void* dst, const void* src, size_t bytes) {
+      return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream),
+                        "low-latency exchange: status copy");
+    };
+    DXS_RETURN_IF_ERROR(copy(&out->sync, sync(), sizeof(cuda::LlSync)));
+    DXS_RETURN_IF_ERROR(copy(out->arrived, region + layout.flags,
+                             sizeof(out->arrived[0]) * static_cast<size_t>(layout.num_sources)));
+    if (!bad_.defined()) {
+      out->bad = 0;
+      return absl::OkStatus();
+    }
+    DXS_RETURN_IF_ERROR(copy(&out->bad, bad_.i32(), sizeof(int32_t)));
+    if (!reset_bad) return absl::OkStatus();
+    return CudaStatus(cudaMemsetAsync(bad_.i32(), 0, sizeof(int32_t), stream),
+                      "low-latency exchange: status reset");
   }
 
   // Enqueues the wait for every source's next round in this rank's receive region.
