@@ -235,13 +235,24 @@ int Main(int argc, char** argv) {
         std::vector<int> dp_peers, ep_peers;
         for (int r = 0; r < shape->num_attention; ++r) dp_peers.push_back(r);
         for (int r = 0; r < shape->num_expert; ++r) ep_peers.push_back(shape->num_attention + r);
-        DispatchOptions dispatch_options{shape->wire_dtype, timeout};
+        const bool fp8 = shape->wire_dtype == DType::kF8E4M3;
+        if (fp8 && (!backend->capabilities().fp8_dispatch_rows || config.hidden_size % 4 != 0)) {
+          return fail(absl::FailedPreconditionError(absl::StrCat(
+              "the cluster's wire dtype is fp8, which the ", backend->name(),
+              " backend cannot send", config.hidden_size % 4 != 0 ? " (hidden size not a multiple of 4)" : "",
+              ": start the router with another --wire-dtype")));
+        }
+        DispatchOptions dispatch_options = DispatchOptionsForWire(shape->wire_dtype, timeout);
         dispatch_options.mapped_regions = flags->mapped_exchange;
         moe = std::make_unique<RemoteMoeExecutor>(backend.get(), runtime.transport(), ep_peers,
                                                   shape->placement, config.hidden_size,
                                                   dispatch_options);
         moe->set_observer(attention_metrics->get());
-        if (flags->low_latency_capacity > 0) {
+        if (flags->low_latency_capacity > 0 && fp8) {
+          std::cerr << "dxs-attention rank " << rank
+                    << ": --low-latency-capacity: the low-latency exchange has no FP8 rows "
+                       "(--wire-dtype fp8); every step goes by the host-driven exchange\n";
+        } else if (flags->low_latency_capacity > 0) {
           absl::StatusOr<std::unique_ptr<LowLatencyDecode>> made = LowLatencyDecode::Make(
               rank, shape->num_attention, static_cast<int>(flags->low_latency_capacity), config,
               backend.get(), runtime.transport(), moe.get(), timeout);

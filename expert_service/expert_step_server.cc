@@ -325,13 +325,17 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   const WireHeader& first = headers[0];
   const int64_t hidden = config_.hidden_size;
   const DType dtype = first.wire_dtype;
+  // FP8 dispatch rows: records arrive (never in a mapped region) and are dequantized into x
+  // in the wire dtype, which the answers go back in.
+  const bool fp8 = first.fp8_rows();
   int64_t total_rows = 0, total_pairs = 0;
   row_offset_.assign(num_dp, 0);
   pair_offset_.assign(num_dp, 0);
   for (size_t i = 0; i < num_dp; ++i) {
     const WireHeader& h = headers[i];
     if (h.hidden != hidden || h.wire_dtype != dtype || h.num_rows < 0 || h.num_pairs < 0 ||
-        (h.num_pairs > 0 && h.num_rows == 0)) {
+        (h.num_pairs > 0 && h.num_rows == 0) || h.fp8_rows() != fp8 ||
+        (fp8 && h.mapped())) {
       return absl::InternalError(absl::StrCat("DP peer ", round_peers_[i],
                                               ": malformed dispatch (hidden ", h.hidden, ", ",
                                               h.num_rows, " rows, ", h.num_pairs, " pairs)"));
@@ -346,6 +350,10 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
                                                       " backend's experts take float32 rows only"));
   }
   Backend* backend = shard_->backend();
+  if (fp8 && !backend->capabilities().fp8_dispatch_rows) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ", backend->name(), " backend has no FP8 dispatch rows (--wire-dtype fp8)"));
+  }
   // A view of DP rank i's region from byte `at`, as a tensor of `type`.
   const auto view = [&](size_t i, int64_t at, DType type, std::vector<int64_t> shape) {
     return Tensor(regions_[i], type, std::move(shape), static_cast<size_t>(at) / DTypeSize(type));
@@ -367,8 +375,16 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   // (device memory on a GPU: nothing crosses the host).
   const MemoryType memory = TransportMemoryOf(*backend);
   const size_t row_bytes = static_cast<size_t>(hidden) * DTypeSize(dtype);
+  const size_t recv_row_bytes = fp8 ? static_cast<size_t>(Fp8RecordBytes(hidden)) : row_bytes;
   DXS_RETURN_IF_ERROR(EnsurePairs(total_pairs));
-  uint8_t* x_bytes = in_region ? nullptr : static_cast<uint8_t*>(backend->TransportAddress(x_));
+  if (fp8 && (!records_.defined() || records_.rows() < total_rows)) {
+    DXS_ASSIGN_OR_RETURN(records_, backend->Allocate({std::max<int64_t>(x_.rows(), 1),
+                                                      Fp8RecordBytes(hidden)},
+                                                     DType::kF8E4M3));
+  }
+  uint8_t* x_bytes = in_region ? nullptr
+                     : fp8     ? static_cast<uint8_t*>(backend->TransportAddress(records_))
+                               : static_cast<uint8_t*>(backend->TransportAddress(x_));
   uint8_t* pair_bytes = static_cast<uint8_t*>(backend->TransportAddress(pair_blocks_));
   transfers_.clear();
   size_t mapped_received = 0, mapped_sent = 0;
@@ -395,8 +411,8 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
       counters_.rows_mapped += h.num_rows;
       continue;
     }
-    transfers_.push_back(
-        {Transfer::Kind::kRecv, peer, x_bytes + row_offset_[i] * row_bytes, rows_bytes, memory});
+    transfers_.push_back({Transfer::Kind::kRecv, peer, x_bytes + row_offset_[i] * recv_row_bytes,
+                          static_cast<size_t>(h.num_rows) * recv_row_bytes, memory});
     transfers_.push_back({Transfer::Kind::kRecv, peer,
                           pair_bytes + 3 * pair_offset_[i] * sizeof(int32_t),
                           static_cast<size_t>(h.num_pairs) * 12, memory});
@@ -412,6 +428,9 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   // step timeout has failed the step itself.
   DXS_RETURN_IF_ERROR(transport_->WaitExchange(received, deadline + kDefaultStepTimeout));
   ++counters_.rounds_in_place;
+  if (fp8 && total_rows > 0) {
+    DXS_RETURN_IF_ERROR(backend->DequantizeRowsFp8(records_.Rows(0, total_rows), &x));
+  }
   RoutedPairTensors pairs;
   DXS_RETURN_IF_ERROR(UnpackPairs(first.layer, headers, total_pairs, &pairs));
   // The output buffer's last sends (two rounds ago) are done before it is overwritten.

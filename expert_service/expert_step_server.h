@@ -167,6 +167,8 @@ class ExpertStepServer final {
   // group that may still read the first).
   Tensor x_;
   Tensor out_[2];
+  // FP8 dispatch rows as they arrive (kF8E4M3 records, WireHeader::kFp8Rows), before x_.
+  Tensor records_;
   std::optional<ExchangeId> combine_group_[2];
   int next_out_ = 0;
   // Per round, reused: headers, each DP rank's first row and pair, the group.

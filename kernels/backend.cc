@@ -116,6 +116,16 @@ absl::Status DenseCompute::QkNormRopeWriteKv(Tensor* q, Tensor* k, const Tensor&
 
 bool MoeCompute::TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const { return false; }
 
+absl::Status Backend::QuantizeRowsFp8(const Tensor&, const Tensor&, Tensor*) {
+  return absl::UnimplementedError(
+      absl::StrCat("FP8 dispatch rows: the ", name(), " backend has none (--wire-dtype fp8)"));
+}
+
+absl::Status Backend::DequantizeRowsFp8(const Tensor&, Tensor*) {
+  return absl::UnimplementedError(
+      absl::StrCat("FP8 dispatch rows: the ", name(), " backend has none (--wire-dtype fp8)"));
+}
+
 absl::Status Backend::RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Tensor& weights,
                                    const std::vector<const Tensor*>& gate_up,
                                    const std::vector<const Tensor*>& down, Tensor* counts,

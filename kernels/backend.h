@@ -46,6 +46,9 @@ class Backend : public DeviceRuntime, public DenseCompute, public MoeCompute {
   // Fill, ScaleAddRows into float32, then Copy into out's dtype.
   absl::Status ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                             Tensor* out) override;
+  // UNIMPLEMENTED: no FP8 rows on this backend (capabilities().fp8_dispatch_rows is false).
+  absl::Status QuantizeRowsFp8(const Tensor& src, const Tensor& rows, Tensor* records) override;
+  absl::Status DequantizeRowsFp8(const Tensor& records, Tensor* dst) override;
   // FAILED_PRECONDITION: no fused path (TakesRoutedSwiGlu is false).
   absl::Status RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Tensor& weights,
                             const std::vector<const Tensor*>& gate_up,

@@ -32,7 +32,10 @@ class CpuBackend : public Backend {
   DType ActivationDType() const override { return DType::kF32; }
   // Host memory, which the transport maps for peers; float32 rows, narrower ones widened.
   BackendCapabilities capabilities() const override {
-    return {.device_memory = false, .maps_regions = true, .narrow_expert_rows = true};
+    return {.device_memory = false,
+            .maps_regions = true,
+            .narrow_expert_rows = true,
+            .fp8_dispatch_rows = true};
   }
 
   absl::StatusOr<Tensor> Allocate(std::vector<int64_t> shape, DType dtype) override;
@@ -82,6 +85,8 @@ class CpuBackend : public Backend {
   absl::Status ScaleAddRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                             Tensor* dst) override;
   absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override;
+  absl::Status QuantizeRowsFp8(const Tensor& src, const Tensor& rows, Tensor* records) override;
+  absl::Status DequantizeRowsFp8(const Tensor& records, Tensor* dst) override;
   absl::Status UnpackRoutedPairs(const Tensor& blocks, const std::vector<PairSegment>& segments,
                                  const Tensor& held, Tensor* rows, Tensor* experts, Tensor* weights,
                                  Tensor* bad) override;

@@ -379,6 +379,89 @@ absl::Status CpuBackend::AccumulateCounts(const Tensor& offsets, Tensor* counts)
   return absl::OkStatus();
 }
 
+namespace {
+
+// The record geometry of FP8 rows of `hidden` values, checked.
+absl::Status CheckFp8Records(const char* op, int64_t hidden, const Tensor& records) {
+  if (hidden <= 0 || hidden % 4 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": rows of ", hidden, " values (FP8 records need a multiple of 4)"));
+  }
+  if (records.dtype() != DType::kF8E4M3 || records.row_size() != Fp8RecordBytes(hidden)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": records ", records.ShapeString(), " ",
+                                                   std::string(DTypeName(records.dtype())), " for rows of ",
+                                                   hidden, " (want ", Fp8RecordBytes(hidden),
+                                                   " bytes of float8_e4m3 a row)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CpuBackend::QuantizeRowsFp8(const Tensor& src, const Tensor& rows, Tensor* records) {
+  const char* op = "quantize rows (fp8)";
+  DXS_RETURN_IF_ERROR(CheckDType(op, rows, DType::kI32, "rows"));
+  DXS_RETURN_IF_ERROR(CheckFloat(op, src, "src"));
+  const int64_t hidden = src.row_size(), n = rows.num_elements();
+  DXS_RETURN_IF_ERROR(CheckFp8Records(op, hidden, *records));
+  if (records->rows() < n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", n, " rows into ", records->ShapeString()));
+  }
+  const int64_t groups = (hidden + kFp8GroupSize - 1) / kFp8GroupSize;
+  const size_t src_row = static_cast<size_t>(hidden) * DTypeSize(src.dtype());
+  const uint8_t* in = static_cast<const uint8_t*>(src.raw());
+  uint8_t* out = static_cast<uint8_t*>(records->raw());
+  const int32_t* r = rows.i32();
+  std::vector<float> row(static_cast<size_t>(hidden));
+  for (int64_t i = 0; i < n; ++i) {
+    if (r[i] < 0 || r[i] >= src.rows()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": row ", r[i], " outside [0, ", src.rows(), ")"));
+    }
+    WidenToFloat32(src.dtype(), in + static_cast<size_t>(r[i]) * src_row, row.size(), row.data());
+    uint8_t* record = out + i * Fp8RecordBytes(hidden);
+    uint8_t* values = record + 4 * groups;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t begin = g * kFp8GroupSize, end = std::min(hidden, begin + kFp8GroupSize);
+      float amax = 0.f;
+      for (int64_t j = begin; j < end; ++j) amax = std::max(amax, std::fabs(row[j]));
+      const float scale = std::max(amax, 1e-4f) / kFp8E4m3Max;
+      std::memcpy(record + 4 * g, &scale, sizeof(scale));
+      for (int64_t j = begin; j < end; ++j) values[j] = FloatToFp8E4m3(row[j] / scale);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DequantizeRowsFp8(const Tensor& records, Tensor* dst) {
+  const char* op = "dequantize rows (fp8)";
+  DXS_RETURN_IF_ERROR(CheckFloat(op, *dst, "dst"));
+  const int64_t hidden = dst->row_size(), n = records.rows();
+  DXS_RETURN_IF_ERROR(CheckFp8Records(op, hidden, records));
+  if (dst->rows() < n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", records.ShapeString(), " into ", dst->ShapeString()));
+  }
+  const int64_t groups = (hidden + kFp8GroupSize - 1) / kFp8GroupSize;
+  const size_t dst_row = static_cast<size_t>(hidden) * DTypeSize(dst->dtype());
+  const uint8_t* in = static_cast<const uint8_t*>(records.raw());
+  uint8_t* out = static_cast<uint8_t*>(dst->raw());
+  std::vector<float> row(static_cast<size_t>(hidden));
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* record = in + i * Fp8RecordBytes(hidden);
+    const uint8_t* values = record + 4 * groups;
+    for (int64_t g = 0; g < groups; ++g) {
+      float scale;
+      std::memcpy(&scale, record + 4 * g, sizeof(scale));
+      const int64_t begin = g * kFp8GroupSize, end = std::min(hidden, begin + kFp8GroupSize);
+      for (int64_t j = begin; j < end; ++j) row[j] = Fp8E4m3ToFloat(values[j]) * scale;
+    }
+    NarrowFromFloat32(dst->dtype(), row.data(), row.size(), out + i * dst_row);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::UnpackRoutedPairs(const Tensor& blocks,
                                            const std::vector<PairSegment>& segments,
                                            const Tensor& held, Tensor* rows, Tensor* experts,

@@ -69,6 +69,8 @@ struct BackendCapabilities {
   bool maps_regions = false;
   // The expert ops take rows narrower than float32 (the wire's bf16 or f16).
   bool narrow_expert_rows = true;
+  // QuantizeRowsFp8 and DequantizeRowsFp8 (the FP8 dispatch of --wire-dtype fp8).
+  bool fp8_dispatch_rows = false;
 };
 
 class DeviceRuntime {

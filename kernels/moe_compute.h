@@ -52,6 +52,16 @@ struct PairSegment {
 // a kernel argument on a device.
 inline constexpr int kMaxPairSegments = 128;
 
+// FP8 dispatch rows (--wire-dtype fp8, DeepEP's and Step-3's per-token, per-128-channel
+// quantization): a row of `hidden` values travels as a record of G = ceil(hidden / 128)
+// float32 scales followed by `hidden` float8_e4m3fn values, value j being fp8[j] *
+// scales[j / 128]. Records are kF8E4M3 tensors [rows, Fp8RecordBytes(hidden)] (bytes); hidden
+// is a multiple of 4, so that every record's scales stay 4-byte aligned.
+inline constexpr int64_t kFp8GroupSize = 128;
+inline constexpr int64_t Fp8RecordBytes(int64_t hidden) {
+  return 4 * ((hidden + kFp8GroupSize - 1) / kFp8GroupSize) + hidden;
+}
+
 class MoeCompute {
  public:
   virtual ~MoeCompute() = default;
@@ -147,6 +157,16 @@ class MoeCompute {
   // compute first and read `bad` at the synchronisation it has anyway, before anything
   // leaves. Segments must tile [0, P) in order, and one with pairs must have rows; at most
   // kMaxPairSegments. No pairs: nothing is done, and `bad` is not written.
+  // records[i] = the FP8 record of src[rows[i]] (src floating [T, hidden], rows i32 [n],
+  // records [>= n, Fp8RecordBytes(hidden)]): each group's scale is max(amax, 1e-4) / 448,
+  // its values src / scale rounded to nearest even (saturating, NaN kept). The attention
+  // rank's pack of a dispatch. Backend's default is UNIMPLEMENTED
+  // (capabilities().fp8_dispatch_rows says which backends have it).
+  virtual absl::Status QuantizeRowsFp8(const Tensor& src, const Tensor& rows,
+                                       Tensor* records) = 0;
+  // dst[i] = the values record i holds (records [n, Fp8RecordBytes(hidden)], dst floating
+  // [n, hidden], each value rounded once into dst's dtype): the expert rank's unpack.
+  virtual absl::Status DequantizeRowsFp8(const Tensor& records, Tensor* dst) = 0;
   virtual absl::Status UnpackRoutedPairs(const Tensor& blocks,
                                          const std::vector<PairSegment>& segments,
                                          const Tensor& held, Tensor* rows, Tensor* experts,

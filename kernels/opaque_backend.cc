@@ -95,7 +95,10 @@ class OpaqueBackend final : public Backend {
   // Host memory the host cannot read: nothing maps it for a peer; its expert ops take
   // float32 rows only.
   BackendCapabilities capabilities() const override {
-    return {.device_memory = false, .maps_regions = false, .narrow_expert_rows = false};
+    return {.device_memory = false,
+            .maps_regions = false,
+            .narrow_expert_rows = false,
+            .fp8_dispatch_rows = true};
   }
 
   absl::StatusOr<Tensor> Allocate(std::vector<int64_t> shape, DType dtype) override {
@@ -134,6 +137,14 @@ class OpaqueBackend final : public Backend {
     Tensor s = Open(*sampled_logprobs), n = Open(*named_logprobs), ti = Open(*top_ids),
            tl = Open(*top_logprobs);
     return inner_.LogprobRows(Open(logits), Open(sampled), Open(named), &s, &n, &ti, &tl);
+  }
+  absl::Status QuantizeRowsFp8(const Tensor& src, const Tensor& rows, Tensor* records) override {
+    Tensor r = Open(*records);
+    return inner_.QuantizeRowsFp8(Open(src), Open(rows), &r);
+  }
+  absl::Status DequantizeRowsFp8(const Tensor& records, Tensor* dst) override {
+    Tensor d = Open(*dst);
+    return inner_.DequantizeRowsFp8(Open(records), &d);
   }
   absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override {
     Tensor c = Open(*counts);

@@ -5,7 +5,7 @@
 //
 //   dxs-router --model DIR --attention M --experts N [--listen HOST:PORT]
 //              [--metrics-listen HOST:PORT] [--transport ucx|nccl|inproc]
-//              [--wire-dtype f32|bf16] [--lease-ms 3000] [--heartbeat-ms 500]
+//              [--wire-dtype f32|bf16|fp8] [--lease-ms 3000] [--heartbeat-ms 500]
 //              [--max-inflight 1024] [--num-redundant-experts R]
 //              [--enable-eplb [--eplb-interval N]]
 //
@@ -81,7 +81,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC HOST:PORT (port 0: any f
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "Prometheus /metrics on HOST:PORT (port 0: any free port).");
 ABSL_FLAG(std::string, transport, "ucx", "Dispatch/combine transport: ucx, nccl or inproc.");
-ABSL_FLAG(std::string, wire_dtype, "f32", "Dispatch/combine payload type: f32 or bf16.");
+ABSL_FLAG(std::string, wire_dtype, "f32",
+          "Dispatch/combine payload type: f32, bf16 or fp8 (FP8 dispatch rows with a scale per "
+          "token and 128 channels, bf16 answers).");
 ABSL_FLAG(int64_t, lease_ms, 3000,
           "A worker without a heartbeat for this long is dead, 1..3600000.");
 ABSL_FLAG(int64_t, heartbeat_ms, 500, "Workers' heartbeat interval, 1..3600000.");
@@ -109,7 +111,7 @@ constexpr char kUsage[] =
     "the router of a dxs cluster: front door and control plane.\n\n"
     "usage: dxs-router --model DIR --attention M --experts N [--listen HOST:PORT]\n"
     "                  [--metrics-listen HOST:PORT] [--transport ucx|nccl|inproc]\n"
-    "                  [--wire-dtype f32|bf16]\n"
+    "                  [--wire-dtype f32|bf16|fp8]\n"
     "                  [--lease-ms MS] [--heartbeat-ms MS] [--max-inflight N]\n"
     "                  [--num-redundant-experts R] [--enable-eplb [--eplb-interval N]]\n"
     "                  [--elastic-ep] [--served-model-name NAME]\n"
@@ -175,9 +177,11 @@ absl::StatusOr<Flags> ValidateFlags() {
     flags.wire_dtype = dxs::v1::DTYPE_FLOAT32;
   } else if (dtype == "bf16") {
     flags.wire_dtype = dxs::v1::DTYPE_BFLOAT16;
+  } else if (dtype == "fp8") {
+    flags.wire_dtype = dxs::v1::DTYPE_FLOAT8_E4M3;  // FP8 dispatch rows, bf16 answers
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("--wire-dtype must be f32 or bf16, got '", dtype, "'"));
+        absl::StrCat("--wire-dtype must be f32, bf16 or fp8, got '", dtype, "'"));
   }
   for (const auto& [name, value, out] :
        {std::tuple<const char*, int64_t, int64_t*>{"lease-ms", absl::GetFlag(FLAGS_lease_ms),

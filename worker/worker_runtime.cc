@@ -39,6 +39,8 @@ DType FromProtoDType(v1::DType d) {
       return DType::kBF16;
     case v1::DTYPE_FLOAT16:
       return DType::kF16;
+    case v1::DTYPE_FLOAT8_E4M3:
+      return DType::kF8E4M3;
     default:
       return DType::kF32;
   }

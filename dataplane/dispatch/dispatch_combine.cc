@@ -28,6 +28,7 @@ RemoteMoeExecutor::RemoteMoeExecutor(Backend* backend, Transport* transport,
       placement_(std::move(placement)),
       hidden_(hidden),
       options_(options),
+      send_row_size_(options.fp8_dispatch ? Fp8RecordBytes(hidden) : hidden),
       counters_(std::make_unique<DispatchCounters>(static_cast<int>(ep_peers_.size()))) {
   if (placement_.num_ranks() > 0) history_[placement_.version()] = placement_;
 }
@@ -182,7 +183,7 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   h.takes_x.assign(num_ranks, false);
   for (int r = 0; r < num_ranks; ++r) {
     const int64_t n = h.num_tokens_per_rank[r];
-    h.takes_x[r] = n > 0 && n == h.num_tokens && x.dtype() == dtype;
+    h.takes_x[r] = n > 0 && n == h.num_tokens && x.dtype() == dtype && !options_.fp8_dispatch;
   }
   DXS_RETURN_IF_ERROR(PlaceInRegion(micro, x, out, total_rows, total_pairs, &h));
   h.into_out = !h.in_region && h.single_rank_in_order && out->dtype() == dtype;
@@ -197,13 +198,19 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   for (int r = 0; r < num_ranks; ++r) {
     const int64_t n = h.num_tokens_per_rank[r];
     if (n == 0 || h.takes_x[r]) continue;
+    const DType send_dtype = options_.fp8_dispatch ? DType::kF8E4M3 : dtype;
     if (!packed && !h.in_region &&
         (!h.send_rows.defined() || h.send_rows.rows() < total_rows ||
-         h.send_rows.dtype() != dtype)) {
-      DXS_ASSIGN_OR_RETURN(h.send_rows, backend_->Allocate({total_rows, hidden_}, dtype));
+         h.send_rows.dtype() != send_dtype || h.send_rows.row_size() != send_row_size_)) {
+      DXS_ASSIGN_OR_RETURN(h.send_rows, backend_->Allocate({total_rows, send_row_size_}, send_dtype));
     }
     packed = true;
     Tensor region = h.send_rows.Rows(h.token_offsets[r], n);
+    if (options_.fp8_dispatch) {
+      DXS_RETURN_IF_ERROR(backend_->QuantizeRowsFp8(
+          x, h.layout.token_rows.Rows(h.token_offsets[r], n), &region));
+      continue;
+    }
     if (n == h.num_tokens && x.dtype() == dtype) {
       DXS_RETURN_IF_ERROR(backend_->Copy(x, &region));  // every token, in order, as it is
       continue;
@@ -239,7 +246,9 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
     counters_->tokens_dispatched[r] += h.num_tokens_per_rank[r];
   }
   const MemoryType memory = TransportMemoryOf(*backend_);
+  // Rows out (the dispatch: FP8 records or wire-dtype rows) and answers back (wire dtype).
   const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(dtype);
+  const size_t send_row_bytes = DispatchRowBytes();
   transfers_.clear();
   h.answer_index.assign(num_ranks, -1);
   size_t mapped_sent = 0, mapped_received = 0;
@@ -248,13 +257,14 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
     const int peer = ep_peers_[r];
     const int64_t n = h.num_tokens_per_rank[r];
     const size_t rows_bytes = static_cast<size_t>(n) * row_bytes;
+    const size_t send_bytes = static_cast<size_t>(n) * send_row_bytes;
     const size_t pair_bytes = static_cast<size_t>(h.num_pairs_per_rank[r]) * sizeof(int32_t);
     if (h.mapped[r]) {
       h.statuses[r] = -1;
       h.answer_index[r] = static_cast<int>(transfers_.size());
       transfers_.push_back(
           {Transfer::Kind::kRecv, peer, &h.statuses[r], sizeof(int32_t), MemoryType::kHost});
-      mapped_sent += rows_bytes + 3 * pair_bytes;
+      mapped_sent += send_bytes + 3 * pair_bytes;
       mapped_received += rows_bytes;
       continue;
     }
@@ -264,12 +274,12 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
     if (n > 0) {
       rows = straight ? static_cast<uint8_t*>(backend_->TransportAddress(x))
                       : static_cast<uint8_t*>(backend_->TransportAddress(h.send_rows)) +
-                            h.token_offsets[r] * row_bytes;
+                            h.token_offsets[r] * send_row_bytes;
       answer = h.into_out ? static_cast<uint8_t*>(backend_->TransportAddress(*out))
                           : static_cast<uint8_t*>(backend_->TransportAddress(h.recv_rows)) +
                                 h.token_offsets[r] * row_bytes;
     }
-    transfers_.push_back({Transfer::Kind::kSend, peer, rows, rows_bytes, memory});
+    transfers_.push_back({Transfer::Kind::kSend, peer, rows, send_bytes, memory});
     // The rank's pairs, one block straight from the layout: rows | experts | weights.
     uint8_t* pairs =
         static_cast<uint8_t*>(backend_->TransportAddress(h.in_region ? h.pairs : h.layout.pairs));
@@ -330,8 +340,10 @@ size_t AlignUp(size_t bytes) {
 bool RemoteMoeExecutor::MappableRanks(std::vector<bool>* mapped) const {
   const int num_ranks = static_cast<int>(ep_peers_.size());
   mapped->assign(num_ranks, false);
-  // Host tensors: a region the transport maps; GPU tensors: a block the backend shares.
-  if (!options_.mapped_regions || !backend_->capabilities().maps_regions) {
+  // Host tensors: a region the transport maps; GPU tensors: a block the backend shares. Not
+  // with FP8 dispatch rows: each is packed anyway, and the region's layout is the wire's.
+  if (!options_.mapped_regions || !backend_->capabilities().maps_regions ||
+      options_.fp8_dispatch) {
     return false;
   }
   bool any = false;
@@ -462,6 +474,7 @@ absl::Status RemoteMoeExecutor::SendHeader(int r, int micro, int num_micro,
   WireHeader header;
   header.kind = MessageKind::kDispatch;
   header.wire_dtype = options_.wire_dtype;
+  if (options_.fp8_dispatch) header.flags = WireHeader::kFp8Rows;
   header.micro = static_cast<uint8_t>(micro);
   header.num_micro = static_cast<uint8_t>(num_micro);
   header.step = step_;
@@ -475,7 +488,7 @@ absl::Status RemoteMoeExecutor::SendHeader(int r, int micro, int num_micro,
   if (!h.mapped[r]) return transport_->Send(ep_peers_[r], header.Encode(), nullptr, 0);
   // The rows, pairs and answers of this rank in the region (offsets from its start).
   const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(options_.wire_dtype);
-  header.flags = WireHeader::kMapped | (h.device_region ? WireHeader::kDeviceRegion : 0);
+  header.flags |= WireHeader::kMapped | (h.device_region ? WireHeader::kDeviceRegion : 0);
   header.rows_at =
       h.takes_x[r]
           ? h.x_at

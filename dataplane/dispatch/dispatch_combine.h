@@ -168,6 +168,7 @@ class DispatchObserver {
 };
 
 struct DispatchOptions {
+  // The combine's rows (the expert ranks' answers), and the dispatch's unless fp8_dispatch.
   DType wire_dtype = DType::kF32;
   absl::Duration timeout = kDefaultStepTimeout;  // a step fails with UNAVAILABLE after this
   // Combine waits expected to end within this are spun through (polling, yielding the
@@ -178,7 +179,23 @@ struct DispatchOptions {
   // The one-copy exchange through mapped regions, with every EP rank that can map this
   // rank's memory (see above); false: every row goes through the transport's transfers.
   bool mapped_regions = true;
+  // Dispatch rows leave as FP8 records (Backend::QuantizeRowsFp8: float8_e4m3fn with a scale
+  // per token and 128 channels, DeepEP's and Step-3's format) and the answers come back in
+  // wire_dtype: about half a bf16 dispatch's bytes. Through the transport's transfers only
+  // (no mapped regions: every row is packed anyway).
+  bool fp8_dispatch = false;
 };
+
+// The options of a cluster whose wire dtype (the router's --wire-dtype) is `wire`: float8_e4m3
+// means FP8 dispatch rows and bf16 answers, as DeepEP and Step-3 send them; any other dtype
+// goes both ways.
+inline DispatchOptions DispatchOptionsForWire(DType wire, absl::Duration timeout) {
+  DispatchOptions options;
+  options.fp8_dispatch = wire == DType::kF8E4M3;
+  options.wire_dtype = options.fp8_dispatch ? DType::kBF16 : wire;
+  options.timeout = timeout;
+  return options;
+}
 
 class RemoteMoeExecutor final : public MoeExecutor {
  public:
@@ -271,6 +288,12 @@ class RemoteMoeExecutor final : public MoeExecutor {
   Tensor expert_owner_;  // i32 on the backend: placement_'s rank table (Placement::RankTable)
   int64_t hidden_;
   DispatchOptions options_;
+  // Elements (bytes for FP8 records) of a packed dispatch row, and its bytes.
+  int64_t send_row_size_ = 0;
+  size_t DispatchRowBytes() const {
+    return static_cast<size_t>(send_row_size_) *
+           (options_.fp8_dispatch ? 1 : DTypeSize(options_.wire_dtype));
+  }
   uint64_t step_ = 0;
   uint64_t dp_mask_ = 0, dp_view_ = 0;
   // Combine's per-EP-rank answer times, reused.

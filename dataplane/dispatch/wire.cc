@@ -93,7 +93,7 @@ absl::StatusOr<WireHeader> WireHeader::Decode(std::string_view bytes) {
   h.dp_mask = Get<uint64_t>(bytes, &off);
   h.dp_view = Get<uint64_t>(bytes, &off);
   if ((h.flags & ~(WireHeader::kMapped | WireHeader::kDeviceRegion | WireHeader::kLowLatencyFits |
-                   WireHeader::kConnect)) != 0) {
+                   WireHeader::kConnect | WireHeader::kFp8Rows)) != 0) {
     return absl::InvalidArgumentError("wire header: unknown flags");
   }
   if (h.num_micro < 1 || h.micro >= h.num_micro) {

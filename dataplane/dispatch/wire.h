@@ -83,6 +83,9 @@ struct WireHeader {
   static constexpr uint8_t kLowLatencyFits = 4;
   // kLowLatencyStep: a new exchange; the payload is the sender's region key.
   static constexpr uint8_t kConnect = 8;
+  // kDispatch: the rows are FP8 records (Backend::QuantizeRowsFp8, Fp8RecordBytes(hidden)
+  // bytes a row); the answers are in wire_dtype.
+  static constexpr uint8_t kFp8Rows = 16;
   uint8_t flags = 0;
   // The low-latency exchange (kStep, kLowLatencyStep, kLowLatencyRegion; see above).
   uint32_t ll_generation = 0;
@@ -105,6 +108,7 @@ struct WireHeader {
   }
   bool mapped() const { return (flags & kMapped) != 0; }
   bool device_region() const { return (flags & kDeviceRegion) != 0; }
+  bool fp8_rows() const { return (flags & kFp8Rows) != 0; }
 
   std::string Encode() const;
   static absl::StatusOr<WireHeader> Decode(std::string_view bytes);

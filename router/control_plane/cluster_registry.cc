@@ -104,8 +104,8 @@ absl::Status ClusterRegistryOptions::Validate() const {
         absl::StrCat("the ", transport->name, " transport backend needs an nccl_unique_id source"));
   }
   if (wire_dtype != v1::DTYPE_FLOAT32 && wire_dtype != v1::DTYPE_BFLOAT16 &&
-      wire_dtype != v1::DTYPE_FLOAT16) {
-    return absl::InvalidArgumentError("wire dtype must be float32, bfloat16 or float16");
+      wire_dtype != v1::DTYPE_FLOAT16 && wire_dtype != v1::DTYPE_FLOAT8_E4M3) {
+    return absl::InvalidArgumentError("wire dtype must be float32, bfloat16, float16 or float8_e4m3");
   }
   if (heartbeat_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("heartbeat interval must be positive");

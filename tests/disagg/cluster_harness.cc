@@ -58,7 +58,8 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
     dp->scheduler = std::make_unique<Scheduler>(config, dp->kv.get(), SchedulerOptions{});
     dp->moe = std::make_unique<RemoteMoeExecutor>(dp->backend.get(), transports_[r].get(), ep_peers,
                                                   placement, config.hidden_size,
-                                                  DispatchOptions{wire_dtype, absl::Seconds(5)});
+                                                  DispatchOptionsForWire(wire_dtype, absl::Seconds(5)));
+    if (options.dispatch_observer != nullptr) dp->moe->set_observer(options.dispatch_observer);
     dp->model = std::make_unique<Qwen3MoeModel>(
         config, *LoadAttentionWeights(*ckpt, config, dp->backend.get()), dp->backend.get(),
         dp->moe.get());

@@ -31,7 +31,9 @@ struct ResultSink {
 };
 
 struct ClusterOptions {
-  DType wire_dtype = DType::kF32;
+  DType wire_dtype = DType::kF32;  // kF8E4M3: FP8 dispatch rows, bf16 answers
+  // Set on every DP rank's executor (called from their step threads at once); not owned.
+  DispatchObserver* dispatch_observer = nullptr;
   std::string transport = "inproc";  // or "ucx"
   // Each rank's backend; null: the CPU backend.
   std::function<std::unique_ptr<Backend>()> backend_factory;

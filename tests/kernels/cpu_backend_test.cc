@@ -561,5 +561,73 @@ TEST_F(CpuBackendTest, AllocatorReusesFreedBlocksAndConvertsOnCopy) {
   EXPECT_EQ(b_->Allocate({-1}, DType::kF32).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// FP8 dispatch records: per 128-channel group, scale = amax / 448 (the group's largest value
+// lands on e4m3's largest), and each value comes back within e4m3's rounding: half a step of
+// its 3 mantissa bits (1/16 relative), or of the smallest subnormal step (scale / 512 / 2)
+// below the normal range. A partial last group (96 = 0 full groups + 96) and rows picked by
+// index, from f32 and bf16.
+TEST_F(CpuBackendTest, Fp8RecordsRoundTripWithinE4m3Rounding) {
+  for (int64_t hidden : {96, 256, 200}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      std::mt19937 rng(static_cast<uint32_t>(hidden));
+      std::normal_distribution<float> normal(0.f, 1.f);
+      const int64_t rows = 3;
+      std::vector<float> host(rows * hidden);
+      for (float& v : host) v = normal(rng) * 3.f;
+      for (int64_t j = 0; j < hidden; ++j) host[hidden + j] = 0.f;  // row 1: all zeros
+      Tensor src = Alloc({rows, hidden}, dtype);
+      ASSERT_TRUE(b_->CopyFromHost(host.data(), DType::kF32, &src).ok());
+      std::vector<float> exact(host.size());  // what src holds (bf16-rounded)
+      ASSERT_TRUE(b_->CopyToHost(src, DType::kF32, exact.data()).ok());
+      const std::vector<int32_t> pick = {2, 0, 1};
+      Tensor records = Alloc({3, Fp8RecordBytes(hidden)}, DType::kF8E4M3);
+      ASSERT_TRUE(b_->QuantizeRowsFp8(src, Ids(pick), &records).ok());
+      Tensor back = Alloc({3, hidden});
+      ASSERT_TRUE(b_->DequantizeRowsFp8(records, &back).ok());
+      const std::vector<float> got = Down(back);
+      std::vector<uint8_t> bytes(records.num_bytes());
+      std::memcpy(bytes.data(), records.raw(), bytes.size());
+      const int64_t groups = (hidden + 127) / 128;
+      for (int64_t i = 0; i < 3; ++i) {
+        const float* want = exact.data() + pick[i] * hidden;
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t begin = g * 128, end = std::min<int64_t>(hidden, begin + 128);
+          float amax = 0.f;
+          for (int64_t j = begin; j < end; ++j) amax = std::max(amax, std::fabs(want[j]));
+          float scale;
+          std::memcpy(&scale, bytes.data() + i * Fp8RecordBytes(hidden) + 4 * g, 4);
+          EXPECT_FLOAT_EQ(scale, std::max(amax, 1e-4f) / 448.f) << "row " << i << " group " << g;
+          for (int64_t j = begin; j < end; ++j) {
+            const float bound = std::max(std::fabs(want[j]) / 16.f, scale / 1024.f) * 1.0001f;
+            EXPECT_LE(std::fabs(got[i * hidden + j] - want[j]), bound)
+                << "hidden " << hidden << " " << std::string(DTypeName(dtype)) << " row " << i << " col " << j;
+          }
+        }
+      }
+      for (int64_t j = 0; j < hidden; ++j) EXPECT_EQ(got[2 * hidden + j], 0.f);  // the zero row
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, Fp8RecordsRefuseBadShapes) {
+  Tensor src = Up(std::vector<float>(2 * 6, 1.f), {2, 6});  // 6: not a multiple of 4
+  Tensor records = Alloc({2, Fp8RecordBytes(6)}, DType::kF8E4M3);
+  EXPECT_EQ(b_->QuantizeRowsFp8(src, Ids({0, 1}), &records).code(),
+            absl::StatusCode::kInvalidArgument);
+  Tensor src8 = Up(std::vector<float>(2 * 8, 1.f), {2, 8});
+  Tensor narrow = Alloc({2, 8}, DType::kF8E4M3);  // no room for the scale
+  EXPECT_EQ(b_->QuantizeRowsFp8(src8, Ids({0, 1}), &narrow).code(),
+            absl::StatusCode::kInvalidArgument);
+  Tensor good = Alloc({2, Fp8RecordBytes(8)}, DType::kF8E4M3);
+  EXPECT_EQ(b_->QuantizeRowsFp8(src8, Ids({0, 2}), &good).code(),
+            absl::StatusCode::kInvalidArgument);  // row 2 of 2
+  EXPECT_TRUE(b_->QuantizeRowsFp8(src8, Ids({}), &good).ok());  // no rows
+  Tensor wide = Alloc({2, 12});
+  EXPECT_EQ(b_->DequantizeRowsFp8(good, &wide).code(), absl::StatusCode::kInvalidArgument);
+  Tensor ints = Alloc({2, 8}, DType::kI32);
+  EXPECT_EQ(b_->DequantizeRowsFp8(good, &ints).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(b_->capabilities().fp8_dispatch_rows);
+}
+
 }  // namespace
 }  // namespace dxs

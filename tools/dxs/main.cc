@@ -47,7 +47,7 @@ const Command kCommands[] = {
      dxs::cli::FingerprintCommand},
     {"up", "start a local cluster (router, attention and expert workers)",
      "  [--model DIR] --attention M --experts N [--port P] [--log-dir DIR]\n"
-     "  [--wire-dtype f32|bf16]\n"
+     "  [--wire-dtype f32|bf16|fp8]\n"
      "  [--overlap-min-tokens N (two-batch overlap from N tokens a step; 0: off)]\n"
      "  [--stream-interval N (tokens per streamed chunk after the first; 1)]\n"
      "  [--piecewise-graphs true|false (GPU decode steps between exchanges as recorded\n"

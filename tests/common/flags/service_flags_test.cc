@@ -72,7 +72,7 @@ TEST(ServiceFlags, DashesAndUnderscoresNameTheSameFlag) {
     const Output o = RunService(
         "dxs-router", absl::StrCat("--model x --attention 1 --experts 1 ", spelling, " f64"), tmp);
     EXPECT_EQ(o.exit_code, 2);
-    EXPECT_EQ(o.err, "dxs-router: --wire-dtype must be f32 or bf16, got 'f64'\n");
+    EXPECT_EQ(o.err, "dxs-router: --wire-dtype must be f32, bf16 or fp8, got 'f64'\n");
   }
 }
 

@@ -163,8 +163,7 @@ class ZeroCopyTest : public ::testing::TestWithParam<std::tuple<std::string, DTy
       });
     }
     placement_ = Placement::Contiguous(kNumExperts, num_ep);
-    DispatchOptions options;
-    options.wire_dtype = std::get<1>(GetParam());
+    DispatchOptions options = DispatchOptionsForWire(std::get<1>(GetParam()), kDefaultStepTimeout);
     options.mapped_regions = mapped();
     executor_ = std::make_unique<RemoteMoeExecutor>(backend_.get(), transports_[0].get(), ep_peers,
                                                     placement_, kHidden, options);
@@ -474,6 +473,58 @@ TEST(MappedExchange, AnUnmappableRankFailsOnceThenTakesCopies) {
   EXPECT_FALSE(mapped[1]);
   EXPECT_EQ(executor.counters().combines_mapped.load(), 0);
 }
+
+// --wire-dtype fp8: the rows leave as FP8 records and the experts compute on their values
+// (dequantized into bf16, the answers' dtype), bit for bit what quantizing and dequantizing
+// x on this backend gives; the answers come back bf16. One and two EP ranks, empty and
+// growing batches; never through a mapped region.
+using Fp8DispatchTest = ZeroCopyTest;
+
+TEST_P(Fp8DispatchTest, ExpertsComputeOnTheRecordsValues) {
+  for (int num_ep : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << num_ep << " EP ranks");
+    ASSERT_NO_FATAL_FAILURE(Start(num_ep));
+    int seed = 0;
+    for (int64_t tokens : {40, 3, 0, 200, 64}) {
+      Batch b = MakeBatch(tokens, ++seed);
+      Tensor x = *backend_->Upload(b.x, {tokens, kHidden});
+      Tensor out = *backend_->Allocate({tokens, kHidden});
+      executor_->set_step(++step_);
+      const auto [ids, weights] = Routing(b);
+      absl::Status s = executor_->Run(0, x, ids, weights, &out);
+      ASSERT_TRUE(s.ok()) << s;
+      // What the experts must have seen: x quantized and dequantized here.
+      std::vector<int32_t> all(static_cast<size_t>(tokens));
+      std::iota(all.begin(), all.end(), 0);
+      Tensor records = *backend_->Allocate({tokens, Fp8RecordBytes(kHidden)}, DType::kF8E4M3);
+      ASSERT_TRUE(backend_->QuantizeRowsFp8(x, *backend_->UploadIndices(all), &records).ok());
+      Tensor seen = *backend_->Allocate({tokens, kHidden});
+      ASSERT_TRUE(backend_->DequantizeRowsFp8(records, &seen).ok());
+      const std::vector<float> want =
+          Expected(*backend_->Download(seen), b.ids, b.weights, placement_, DType::kBF16);
+      const std::vector<float> got = *backend_->Download(out);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(got[i], want[i]) << "tokens " << tokens << " element " << i;
+      }
+      if (tokens > 0) EXPECT_NE(*backend_->Download(seen), b.x) << "the records changed nothing";
+    }
+    EXPECT_EQ(RowsMapped(), 0);
+    EXPECT_EQ(executor_->counters().combines_mapped.load(), 0);
+    TearDown();
+    stop_ = false;
+    threads_.clear();
+    transports_.clear();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Fp8DispatchTest,
+                         ::testing::Combine(::testing::Values("inproc", "ucx"),
+                                            ::testing::Values(DType::kF8E4M3),
+                                            ::testing::Values("copy", "mapped")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_fp8_" + std::get<2>(info.param);
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Backends, ZeroCopyTest,
                          ::testing::Combine(::testing::Values("inproc", "ucx"),
