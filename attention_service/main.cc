@@ -237,10 +237,11 @@ int Main(int argc, char** argv) {
         for (int r = 0; r < shape->num_expert; ++r) ep_peers.push_back(shape->num_attention + r);
         const bool fp8 = shape->wire_dtype == DType::kF8E4M3;
         if (fp8 && (!backend->capabilities().fp8_dispatch_rows || config.hidden_size % 4 != 0)) {
-          return fail(absl::FailedPreconditionError(absl::StrCat(
-              "the cluster's wire dtype is fp8, which the ", backend->name(),
-              " backend cannot send", config.hidden_size % 4 != 0 ? " (hidden size not a multiple of 4)" : "",
-              ": start the router with another --wire-dtype")));
+          return fail(absl::FailedPreconditionError(
+              absl::StrCat("the cluster's wire dtype is fp8, which the ", backend->name(),
+                           " backend cannot send",
+                           config.hidden_size % 4 != 0 ? " (hidden size not a multiple of 4)" : "",
+                           ": start the router with another --wire-dtype")));
         }
         DispatchOptions dispatch_options = DispatchOptionsForWire(shape->wire_dtype, timeout);
         dispatch_options.mapped_regions = flags->mapped_exchange;

@@ -334,8 +334,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   for (size_t i = 0; i < num_dp; ++i) {
     const WireHeader& h = headers[i];
     if (h.hidden != hidden || h.wire_dtype != dtype || h.num_rows < 0 || h.num_pairs < 0 ||
-        (h.num_pairs > 0 && h.num_rows == 0) || h.fp8_rows() != fp8 ||
-        (fp8 && h.mapped())) {
+        (h.num_pairs > 0 && h.num_rows == 0) || h.fp8_rows() != fp8 || (fp8 && h.mapped())) {
       return absl::InternalError(absl::StrCat("DP peer ", round_peers_[i],
                                               ": malformed dispatch (hidden ", h.hidden, ", ",
                                               h.num_rows, " rows, ", h.num_pairs, " pairs)"));
@@ -378,9 +377,9 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   const size_t recv_row_bytes = fp8 ? static_cast<size_t>(Fp8RecordBytes(hidden)) : row_bytes;
   DXS_RETURN_IF_ERROR(EnsurePairs(total_pairs));
   if (fp8 && (!records_.defined() || records_.rows() < total_rows)) {
-    DXS_ASSIGN_OR_RETURN(records_, backend->Allocate({std::max<int64_t>(x_.rows(), 1),
-                                                      Fp8RecordBytes(hidden)},
-                                                     DType::kF8E4M3));
+    DXS_ASSIGN_OR_RETURN(
+        records_, backend->Allocate({std::max<int64_t>(x_.rows(), 1), Fp8RecordBytes(hidden)},
+                                    DType::kF8E4M3));
   }
   uint8_t* x_bytes = in_region ? nullptr
                      : fp8     ? static_cast<uint8_t*>(backend->TransportAddress(records_))

@@ -57,7 +57,7 @@ absl::Status DeviceRuntime::Replay(Graph* graph) {
 }
 
 absl::Status DenseCompute::Linears(const Tensor& x, const std::vector<const Tensor*>& ws,
-                              const std::vector<Tensor*>& ys) {
+                                   const std::vector<Tensor*>& ys) {
   if (ws.size() != ys.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("linears: ", ws.size(), " weights for ", ys.size(), " outputs"));
@@ -106,10 +106,10 @@ absl::Status Backend::GroupedSwiGluCounted(const Tensor& xs, const Tensor& rows,
 }
 
 absl::Status DenseCompute::QkNormRopeWriteKv(Tensor* q, Tensor* k, const Tensor& v,
-                                        const Tensor& q_weight, const Tensor& k_weight, float eps,
-                                        const Tensor& positions, double theta,
-                                        const PagedAttentionMeta& meta, Tensor* k_cache,
-                                        Tensor* v_cache) {
+                                             const Tensor& q_weight, const Tensor& k_weight,
+                                             float eps, const Tensor& positions, double theta,
+                                             const PagedAttentionMeta& meta, Tensor* k_cache,
+                                             Tensor* v_cache) {
   DXS_RETURN_IF_ERROR(QkNormRope(q, k, q_weight, k_weight, eps, positions, theta));
   return WriteKvCache(*k, v, meta, k_cache, v_cache);
 }
@@ -140,7 +140,8 @@ absl::StatusOr<Tensor> DeviceRuntime::Zeros(std::vector<int64_t> shape, DType dt
   return t;
 }
 
-absl::StatusOr<Tensor> DeviceRuntime::Upload(const std::vector<float>& host, std::vector<int64_t> shape) {
+absl::StatusOr<Tensor> DeviceRuntime::Upload(const std::vector<float>& host,
+                                             std::vector<int64_t> shape) {
   DXS_ASSIGN_OR_RETURN(Tensor t, Allocate(std::move(shape), DType::kF32));
   if (static_cast<int64_t>(host.size()) != t.num_elements()) {
     return absl::InvalidArgumentError("upload: the host data does not match the shape");

@@ -388,10 +388,10 @@ absl::Status CheckFp8Records(const char* op, int64_t hidden, const Tensor& recor
         absl::StrCat(op, ": rows of ", hidden, " values (FP8 records need a multiple of 4)"));
   }
   if (records.dtype() != DType::kF8E4M3 || records.row_size() != Fp8RecordBytes(hidden)) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": records ", records.ShapeString(), " ",
-                                                   std::string(DTypeName(records.dtype())), " for rows of ",
-                                                   hidden, " (want ", Fp8RecordBytes(hidden),
-                                                   " bytes of float8_e4m3 a row)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": records ", records.ShapeString(), " ",
+                     std::string(DTypeName(records.dtype())), " for rows of ", hidden, " (want ",
+                     Fp8RecordBytes(hidden), " bytes of float8_e4m3 a row)"));
   }
   return absl::OkStatus();
 }

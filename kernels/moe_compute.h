@@ -162,8 +162,7 @@ class MoeCompute {
   // its values src / scale rounded to nearest even (saturating, NaN kept). The attention
   // rank's pack of a dispatch. Backend's default is UNIMPLEMENTED
   // (capabilities().fp8_dispatch_rows says which backends have it).
-  virtual absl::Status QuantizeRowsFp8(const Tensor& src, const Tensor& rows,
-                                       Tensor* records) = 0;
+  virtual absl::Status QuantizeRowsFp8(const Tensor& src, const Tensor& rows, Tensor* records) = 0;
   // dst[i] = the values record i holds (records [n, Fp8RecordBytes(hidden)], dst floating
   // [n, hidden], each value rounded once into dst's dtype): the expert rank's unpack.
   virtual absl::Status DequantizeRowsFp8(const Tensor& records, Tensor* dst) = 0;

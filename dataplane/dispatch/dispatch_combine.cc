@@ -202,13 +202,14 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
     if (!packed && !h.in_region &&
         (!h.send_rows.defined() || h.send_rows.rows() < total_rows ||
          h.send_rows.dtype() != send_dtype || h.send_rows.row_size() != send_row_size_)) {
-      DXS_ASSIGN_OR_RETURN(h.send_rows, backend_->Allocate({total_rows, send_row_size_}, send_dtype));
+      DXS_ASSIGN_OR_RETURN(h.send_rows,
+                           backend_->Allocate({total_rows, send_row_size_}, send_dtype));
     }
     packed = true;
     Tensor region = h.send_rows.Rows(h.token_offsets[r], n);
     if (options_.fp8_dispatch) {
-      DXS_RETURN_IF_ERROR(backend_->QuantizeRowsFp8(
-          x, h.layout.token_rows.Rows(h.token_offsets[r], n), &region));
+      DXS_RETURN_IF_ERROR(
+          backend_->QuantizeRowsFp8(x, h.layout.token_rows.Rows(h.token_offsets[r], n), &region));
       continue;
     }
     if (n == h.num_tokens && x.dtype() == dtype) {
@@ -342,8 +343,7 @@ bool RemoteMoeExecutor::MappableRanks(std::vector<bool>* mapped) const {
   mapped->assign(num_ranks, false);
   // Host tensors: a region the transport maps; GPU tensors: a block the backend shares. Not
   // with FP8 dispatch rows: each is packed anyway, and the region's layout is the wire's.
-  if (!options_.mapped_regions || !backend_->capabilities().maps_regions ||
-      options_.fp8_dispatch) {
+  if (!options_.mapped_regions || !backend_->capabilities().maps_regions || options_.fp8_dispatch) {
     return false;
   }
   bool any = false;

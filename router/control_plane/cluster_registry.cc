@@ -105,7 +105,8 @@ absl::Status ClusterRegistryOptions::Validate() const {
   }
   if (wire_dtype != v1::DTYPE_FLOAT32 && wire_dtype != v1::DTYPE_BFLOAT16 &&
       wire_dtype != v1::DTYPE_FLOAT16 && wire_dtype != v1::DTYPE_FLOAT8_E4M3) {
-    return absl::InvalidArgumentError("wire dtype must be float32, bfloat16, float16 or float8_e4m3");
+    return absl::InvalidArgumentError(
+        "wire dtype must be float32, bfloat16, float16 or float8_e4m3");
   }
   if (heartbeat_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("heartbeat interval must be positive");

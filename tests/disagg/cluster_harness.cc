@@ -56,9 +56,9 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
     dp->backend = make_backend();
     dp->kv = std::make_unique<KvCache>(config, dp->backend.get(), 1 << 16);
     dp->scheduler = std::make_unique<Scheduler>(config, dp->kv.get(), SchedulerOptions{});
-    dp->moe = std::make_unique<RemoteMoeExecutor>(dp->backend.get(), transports_[r].get(), ep_peers,
-                                                  placement, config.hidden_size,
-                                                  DispatchOptionsForWire(wire_dtype, absl::Seconds(5)));
+    dp->moe = std::make_unique<RemoteMoeExecutor>(
+        dp->backend.get(), transports_[r].get(), ep_peers, placement, config.hidden_size,
+        DispatchOptionsForWire(wire_dtype, absl::Seconds(5)));
     if (options.dispatch_observer != nullptr) dp->moe->set_observer(options.dispatch_observer);
     dp->model = std::make_unique<Qwen3MoeModel>(
         config, *LoadAttentionWeights(*ckpt, config, dp->backend.get()), dp->backend.get(),

@@ -600,7 +600,8 @@ TEST_F(CpuBackendTest, Fp8RecordsRoundTripWithinE4m3Rounding) {
           for (int64_t j = begin; j < end; ++j) {
             const float bound = std::max(std::fabs(want[j]) / 16.f, scale / 1024.f) * 1.0001f;
             EXPECT_LE(std::fabs(got[i * hidden + j] - want[j]), bound)
-                << "hidden " << hidden << " " << std::string(DTypeName(dtype)) << " row " << i << " col " << j;
+                << "hidden " << hidden << " " << std::string(DTypeName(dtype)) << " row " << i
+                << " col " << j;
           }
         }
       }
@@ -620,7 +621,7 @@ TEST_F(CpuBackendTest, Fp8RecordsRefuseBadShapes) {
             absl::StatusCode::kInvalidArgument);
   Tensor good = Alloc({2, Fp8RecordBytes(8)}, DType::kF8E4M3);
   EXPECT_EQ(b_->QuantizeRowsFp8(src8, Ids({0, 2}), &good).code(),
-            absl::StatusCode::kInvalidArgument);  // row 2 of 2
+            absl::StatusCode::kInvalidArgument);                // row 2 of 2
   EXPECT_TRUE(b_->QuantizeRowsFp8(src8, Ids({}), &good).ok());  // no rows
   Tensor wide = Alloc({2, 12});
   EXPECT_EQ(b_->DequantizeRowsFp8(good, &wide).code(), absl::StatusCode::kInvalidArgument);

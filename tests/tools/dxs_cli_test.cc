@@ -415,8 +415,9 @@ TEST(DxsBench, ProgressIsALinePerTenthWhenStderrIsNotATerminal) {
 TEST(DxsBench, LocalClosedLoopStreamsThroughTheServingLoopAfterAWarmUp) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "default");
-  const std::string flags = " --requests 6 --concurrency 3 --prompt-len 4 --output-len 5 "
-                            "--format json";
+  const std::string flags =
+      " --requests 6 --concurrency 3 --prompt-len 4 --output-len 5 "
+      "--format json";
   Output o = RunDxs("bench --local " + dir + flags, tmp);
   ASSERT_EQ(o.exit_code, 0) << o.err;
   nlohmann::json j = nlohmann::json::parse(o.out);

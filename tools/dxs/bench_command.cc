@@ -339,8 +339,8 @@ absl::StatusOr<std::unique_ptr<BenchTarget>> MakeBenchTarget(const Args& args,
   LocalServer* server = target->server.get();
   // Ids unique over every run of this target: a request of the last run may still be ending.
   auto next_id = std::make_shared<std::atomic<uint64_t>>(0);
-  target->launch = [server, next_id](int, const std::vector<int32_t>& prompt,
-                                     int64_t output_len, std::function<void(Sample)> done) {
+  target->launch = [server, next_id](int, const std::vector<int32_t>& prompt, int64_t output_len,
+                                     std::function<void(Sample)> done) {
     LocalCall::Start(server, next_id->fetch_add(1), prompt, output_len, std::move(done));
   };
   return target;
@@ -438,9 +438,8 @@ int OpenLoopBench(const Args& args, const TlsConfig& tls, int num_requests, int6
   if (!json) {
     std::cout << "dxs bench: open loop against " << (*target)->description << ", " << num_requests
               << " requests a rate (after " << *warmup << " warm-up, " << warmup_errors
-              << " failed), prompt ~" << prompt_len << ", output ~" << output_len
-              << " (len-sigma " << *sigma << "), SLO TTFT <= " << *slo_ttft
-              << " ms, TPOT <= " << *slo_tpot << " ms\n"
+              << " failed), prompt ~" << prompt_len << ", output ~" << output_len << " (len-sigma "
+              << *sigma << "), SLO TTFT <= " << *slo_ttft << " ms, TPOT <= " << *slo_tpot << " ms\n"
               << "  rate req/s | tok/s | req/s | TTFT p50/p99 ms | TPOT p50/p99 ms | ITL "
                  "p50/p99 ms | goodput req/s | errors\n";
   }
@@ -451,8 +450,7 @@ int OpenLoopBench(const Args& args, const TlsConfig& tls, int num_requests, int6
     std::vector<Sample> samples(num_requests);
     Progress progress(num_requests, isatty(STDERR_FILENO) == 1);
     const Clock::time_point start = Clock::now();
-    OpenLoopRun(launch, arrivals, vocab, max_in_flight,
-                &samples, &progress);
+    OpenLoopRun(launch, arrivals, vocab, max_in_flight, &samples, &progress);
     const double wall_s = Ms(Clock::now() - start) / 1000.0;
     const Summary m = Summarize(samples, *slo_ttft, *slo_tpot);
     any_error = any_error || !m.errors.empty();
@@ -500,13 +498,12 @@ int OpenLoopBench(const Args& args, const TlsConfig& tls, int num_requests, int6
 }  // namespace
 
 int BenchCommand(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args =
-      Args::Parse(argv,
-                  WithTlsValueFlags({"router", "local", "concurrency", "requests", "prompt-len",
-                                     "output-len", "format", "device", "request-rate", "len-sigma",
-                                     "overlap-schedule", "seed", "slo-ttft-ms", "slo-tpot-ms",
-                                     "warmup-requests"}),
-                  WithTlsBoolFlags({}));
+  absl::StatusOr<Args> args = Args::Parse(
+      argv,
+      WithTlsValueFlags({"router", "local", "concurrency", "requests", "prompt-len", "output-len",
+                         "format", "device", "request-rate", "len-sigma", "overlap-schedule",
+                         "seed", "slo-ttft-ms", "slo-tpot-ms", "warmup-requests"}),
+      WithTlsBoolFlags({}));
   auto fail = [](const absl::Status& s) {
     std::cerr << "dxs bench: " << s.message() << "\n";
     return 2;
@@ -547,8 +544,8 @@ int BenchCommand(const std::vector<std::string>& argv) {
   std::vector<Sample> samples(num_requests);
   Progress progress(num_requests, isatty(STDERR_FILENO) == 1);
   const Clock::time_point start = Clock::now();
-  OpenLoopRun((*target)->launch, std::vector<Arrival>(num_requests, fixed), (*target)->vocab,
-              lanes, &samples, &progress);
+  OpenLoopRun((*target)->launch, std::vector<Arrival>(num_requests, fixed), (*target)->vocab, lanes,
+              &samples, &progress);
   const double wall_s = Ms(Clock::now() - start) / 1000.0;
 
   const double no_slo = std::numeric_limits<double>::infinity();
@@ -583,8 +580,8 @@ int BenchCommand(const std::vector<std::string>& argv) {
   }
   std::cout << std::fixed << std::setprecision(1) << "dxs bench: " << mode << ", concurrency "
             << *concurrency << ", " << num_requests << " requests (after " << *warmup
-            << " warm-up, " << warmup_errors << " failed), prompt " << *prompt_len
-            << ", output " << *output_len << "\n"
+            << " warm-up, " << warmup_errors << " failed), prompt " << *prompt_len << ", output "
+            << *output_len << "\n"
             << "  throughput: " << tokens_per_s << " output tokens/s (" << tokens << " tokens in "
             << std::setprecision(2) << wall_s << " s)\n"
             << std::setprecision(2) << "  TTFT ms:  p50 " << Percentile(ttft, 50) << "  p90 "

@@ -274,8 +274,7 @@ void ExpectLogprobsNear(const v1::TokenLogprobs& got, const TokenLogprobs& want,
   for (size_t i = 0; i < want.top.size(); ++i) {
     EXPECT_EQ(got.top_logprobs(i).token_id(), static_cast<uint32_t>(want.top[i].first))
         << where << " top " << i;
-    EXPECT_NEAR(got.top_logprobs(i).logprob(), want.top[i].second,
-                LogprobBound(want.top[i].second))
+    EXPECT_NEAR(got.top_logprobs(i).logprob(), want.top[i].second, LogprobBound(want.top[i].second))
         << where << " top " << i;
   }
   ASSERT_EQ(static_cast<size_t>(got.token_ids_logprobs_size()), want.named.size()) << where;
