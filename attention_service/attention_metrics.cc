@@ -45,6 +45,13 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(
                     "as recorded CUDA graphs)."));
   am->piecewise_steps_ = &piecewise->Add({{"rank", r}});
   DXS_ASSIGN_OR_RETURN(
+      m::CounterFamily * ahead,
+      m::AddCounter(registry, "dxs_steps_built_ahead_total",
+                    "Decode steps built and queued before the tokens of the step before "
+                    "them were read (overlap scheduling, dxs-attention --overlap-schedule): "
+                    "the host streams one step's tokens while the device runs the next."));
+  am->steps_ahead_ = &ahead->Add({{"rank", r}});
+  DXS_ASSIGN_OR_RETURN(
       m::CounterFamily * in_place,
       m::AddCounter(registry, "dxs_moe_in_place_total",
                     "MoE layers (micro-batches) whose input the EP ranks that take every token "
@@ -132,13 +139,14 @@ absl::StatusOr<std::unique_ptr<AttentionMetrics>> AttentionMetrics::Create(
 }
 
 void AttentionMetrics::OnStep(int64_t num_tokens, bool failed, int num_micro_batches,
-                              bool piecewise, bool low_latency, double seconds) {
+                              bool piecewise, bool low_latency, bool ahead, double seconds) {
   steps_->Increment();
   if (num_tokens == 0) empty_steps_->Increment();
   if (failed) failed_steps_->Increment();
   if (num_micro_batches > 1) overlapped_steps_->Increment();
   if (piecewise) piecewise_steps_->Increment();
   if (low_latency) low_latency_steps_->Increment();
+  if (ahead) steps_ahead_->Increment();
   step_duration_->Observe(seconds);
 }
 

@@ -43,9 +43,10 @@ class AttentionMetrics final : public DispatchObserver {
   // One step of the step loop ended: this rank's batch had `num_tokens` tokens (0: an
   // empty step), `failed` if the step did not produce logits; it ran as
   // `num_micro_batches` micro-batches (2: split for two-batch overlap), in graph segments
-  // (`piecewise`) or over the low-latency exchange (`low_latency`).
+  // (`piecewise`) or over the low-latency exchange (`low_latency`); `ahead`: built ahead of
+  // the step before's tokens (overlap scheduling).
   void OnStep(int64_t num_tokens, bool failed, int num_micro_batches, bool piecewise,
-              bool low_latency, double seconds);
+              bool low_latency, bool ahead, double seconds);
 
   void OnDispatch(const std::vector<int64_t>& num_tokens_per_rank, const std::vector<bool>& in_step,
                   double seconds) override;
@@ -78,6 +79,7 @@ class AttentionMetrics final : public DispatchObserver {
   prometheus::Counter* overlapped_steps_ = nullptr;
   prometheus::Counter* piecewise_steps_ = nullptr;
   prometheus::Counter* low_latency_steps_ = nullptr;
+  prometheus::Counter* steps_ahead_ = nullptr;
   prometheus::Histogram* step_duration_ = nullptr;
   metrics::CounterFamily* dispatched_family_ = nullptr;
   metrics::CounterFamily* combined_family_ = nullptr;

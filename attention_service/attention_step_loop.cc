@@ -164,7 +164,7 @@ absl::StatusOr<AttentionStepLoop::StepPlan> AttentionStepLoop::ExchangeStep(int6
 }
 
 std::optional<absl::StatusOr<Tensor>> AttentionStepLoop::ForwardLowLatency(
-    const StepPlan& plan, const std::vector<SequenceChunk>& chunks) {
+    const StepPlan& plan, const std::vector<SequenceChunk>& chunks, const Tensor* input_ids) {
   bool made_new = false;
   absl::StatusOr<bool> began =
       ll_->BeginStep(step_, plan.ll_generation, moe_->placement(), moe_->ep_peers(), &made_new);
@@ -181,10 +181,54 @@ std::optional<absl::StatusOr<Tensor>> AttentionStepLoop::ForwardLowLatency(
     if (absl::Status s = ll_->EmptyStep(); !s.ok()) return s;
     return model_->backend()->Allocate({0, model_->config().vocab_size}, DType::kF32);
   }
-  return model_->ForwardDecode(chunks, kv_, piecewise_ == PiecewiseDecode::kGraphs);
+  return model_->ForwardDecode(chunks, kv_, piecewise_ == PiecewiseDecode::kGraphs,
+                               /*sampling=*/nullptr, /*sampled=*/nullptr, input_ids);
+}
+
+absl::StatusOr<AttentionStepLoop::InFlightStep> AttentionStepLoop::LaunchTokens(
+    const Tensor& logits) {
+  const StepSamplingPlan plan = scheduler_->PlanStepSampling();
+  InFlightStep step;
+  DXS_ASSIGN_OR_RETURN(step.outputs, EnqueueStepSamplingOnBackend(model_->backend(), logits, plan));
+  // Two downloads alternate: a step's, and the step's built ahead of its tokens.
+  step.tokens = &downloads_[next_download_];
+  next_download_ ^= 1;
+  DXS_RETURN_IF_ERROR(
+      EnqueueStepTokensDownload(model_->backend(), step.outputs, plan.logprobs, step.tokens));
+  return step;
+}
+
+absl::Status AttentionStepLoop::FinishTokens(InFlightStep step) {
+  absl::StatusOr<StepTokens> tokens = ReadStepTokens(model_->backend(), step.tokens);
+  if (!tokens.ok()) {
+    const absl::Status failure = absl::UnavailableError(absl::StrCat(
+        "DP rank ", dp_rank_, ": reading a step's tokens failed: ", tokens.status().message()));
+    std::cerr << "attention rank " << dp_rank_ << ": " << failure << "\n";
+    scheduler_->FailAll(failure);
+    if (on_step_end_) on_step_end_();
+    return failure;
+  }
+  scheduler_->FinishStepWithTokens(*tokens);
+  if (on_step_end_) on_step_end_();
+  return absl::OkStatus();
+}
+
+void AttentionStepLoop::DropInFlightStep() {
+  if (!in_flight_) return;
+  (void)ReadStepTokens(model_->backend(), in_flight_->tokens);  // its copies finish first
+  in_flight_.reset();
 }
 
 absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
+  // A step left queued whose successor cannot be built ahead (an arrival, an abort, a
+  // sequence at its last token...): its tokens now; the next RunOnce builds a step the
+  // usual way.
+  if (in_flight_ && !scheduler_->CanStepAhead()) {
+    InFlightStep step = *std::move(in_flight_);
+    in_flight_.reset();
+    (void)FinishTokens(std::move(step));
+    return true;
+  }
   bool peer_started = false;
   for (int r = 0; r < static_cast<int>(dp_peers_.size()); ++r) {
     // A left-out rank's messages wait for it to be live again (they are older steps then).
@@ -196,7 +240,13 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   }
   wake_pending_ = false;  // this step is the one a pending wake asked for
   const auto step_start = std::chrono::steady_clock::now();
-  std::vector<SequenceChunk> chunks = scheduler_->BuildStep();
+  // With a step in flight, this one is built ahead of its tokens (CanStepAhead held).
+  std::optional<InFlightStep> before = std::move(in_flight_);
+  in_flight_.reset();
+  const bool ahead = before.has_value();
+  const Tensor* input_ids = ahead ? &before->outputs.ids : nullptr;
+  std::vector<SequenceChunk> chunks =
+      before ? scheduler_->BuildStepAhead() : scheduler_->BuildStep();
   int64_t my_tokens = 0;
   for (const SequenceChunk& c : chunks) my_tokens += static_cast<int64_t>(c.tokens.size());
   const bool my_step_fits = ll_ != nullptr && ll_->Fits(Qwen3MoeModel::IsDecodeStep(chunks),
@@ -207,6 +257,9 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   absl::Status outcome = absl::UnknownError("no forward pass");
   std::vector<float> host_logits;
   Scheduler::StepTokens sampled;
+  // The step's tokens on their way to the host (overlap scheduling: a step sampled on the
+  // device alone).
+  std::optional<InFlightStep> launched;
   // First tokens are sampled on the backend too (unless samples fork or the step scores
   // prompt positions); their rows come to the host besides.
   const bool host_rows = scheduler_->StepNeedsHostLogits();
@@ -217,17 +270,23 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
     moe_->set_dp_ranks(plan->dp_mask, plan->dp_view);
     (void)moe_->UsePlacement(plan->placement_version);  // kept: else the current one
     std::optional<absl::StatusOr<Tensor>> ll_out;
-    if (plan->low_latency) ll_out = ForwardLowLatency(*plan, chunks);
+    if (plan->low_latency) ll_out = ForwardLowLatency(*plan, chunks, input_ids);
     low_latency_step = ll_out.has_value();
     piecewise_step = !low_latency_step && piecewise_ != PiecewiseDecode::kOff &&
                      plan->num_micro_batches == 1 && Qwen3MoeModel::IsDecodeStep(chunks);
     absl::StatusOr<Tensor> out =
         low_latency_step ? *std::move(ll_out)
-        : piecewise_step
-            ? model_->ForwardDecodePiecewise(chunks, kv_, piecewise_ == PiecewiseDecode::kGraphs)
-            : model_->Forward(chunks, kv_, plan->num_micro_batches);
+        : piecewise_step ? model_->ForwardDecodePiecewise(
+                               chunks, kv_, piecewise_ == PiecewiseDecode::kGraphs, input_ids)
+                         : model_->Forward(chunks, kv_, plan->num_micro_batches, input_ids);
     if (!out.ok()) {
       outcome = out.status();
+    } else if (overlap_schedule_ && !host_sampling && !host_rows && !chunks.empty()) {
+      // Sampled on the device alone: the tokens are read later, after the next step is
+      // queued where it can be built ahead of them.
+      absl::StatusOr<InFlightStep> l = LaunchTokens(*out);
+      outcome = l.status();
+      if (l.ok()) launched = *std::move(l);
     } else {
       outcome = absl::OkStatus();
       if (!host_sampling) {
@@ -252,6 +311,15 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   } else {
     outcome = plan.status();
   }
+  if (!outcome.ok() && launched) {
+    (void)ReadStepTokens(model_->backend(), launched->tokens);  // its copies finish first
+    launched.reset();
+  }
+  // The step before's tokens, now that this step is queued behind it: streamed and their
+  // stops checked while the device works on this one. Then this step is the scheduler's
+  // current step, as if built the usual way (a failure below undoes or fails it as such).
+  bool read_failed = false;
+  if (before) read_failed = !FinishTokens(*std::move(before)).ok();
   ++step_;
   counters_.next_step = step_;
   ++counters_.steps;
@@ -261,13 +329,23 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   if (plan.ok() && plan->num_micro_batches > 1) ++counters_.overlapped_steps;
   if (piecewise_step) ++counters_.piecewise_steps;
   if (low_latency_step) ++counters_.low_latency_steps;
+  if (ahead) ++counters_.steps_ahead;
   auto report = [&] {
     if (metrics_ == nullptr) return;
     metrics_->OnStep(
         my_tokens, !outcome.ok(), plan.ok() ? plan->num_micro_batches : 1, piecewise_step,
-        low_latency_step,
+        low_latency_step, ahead,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
   };
+  if (read_failed) {
+    // Every request has failed with the step before (a device error); this step's tokens
+    // are for none.
+    if (launched) (void)ReadStepTokens(model_->backend(), launched->tokens);
+    outcome = absl::UnavailableError("the tokens of the step before could not be read");
+    ++counters_.failed_steps;
+    report();
+    return true;
+  }
   // A DP rank of the step that the router now has DEAD: the expert ranks may have dropped a
   // round it was part of (its rows never came), so this rank's step failed through no
   // fault of its own.
@@ -341,6 +419,17 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
     scheduler_->FailAll(failure);
     report();
     if (on_step_end_) on_step_end_();
+    return true;
+  }
+  if (launched) {
+    if (overlap_schedule_ && scheduler_->CanStepAhead()) {
+      // Left queued: the next RunOnce queues the step after it, then reads its tokens.
+      in_flight_ = std::move(launched);
+      report();
+      return true;
+    }
+    report();
+    (void)FinishTokens(*std::move(launched));  // calls on_step_end
     return true;
   }
   if (host_sampling) {

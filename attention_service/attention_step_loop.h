@@ -27,6 +27,17 @@
 // abort is taken at the next attempt); after `window` of failing steps they fail as
 // before.
 //
+// Overlap scheduling (set_overlap_schedule, on by default; LocalEngine's, SGLang's overlap
+// scheduler, vLLM's async scheduling): a decode step whose tokens are sampled on the device
+// is left queued when its successor can be built before its tokens are known
+// (Scheduler::CanStepAhead). The next RunOnce builds that step (BuildStepAhead), takes part
+// in its step exchange and runs it with its input tokens taken on the device from the step
+// before's samples, and only then reads the step before's tokens, streams them and checks
+// their stops, while the device (and the expert ranks) work on the new step. A sequence that
+// stopped has one more token computed and discarded. A step of this rank built ahead is an
+// ordinary step to the other DP ranks and the expert ranks: the step exchange carries its
+// token count as before.
+//
 // Low-latency decode (set_low_latency): each rank's step message also says whether its
 // step fits the low-latency exchange and which generation of it the rank wants; a step in
 // which every rank's fits runs over it (LowLatencyDecode), one CUDA graph replay a
@@ -50,6 +61,7 @@
 #include "model/kv_cache.h"
 #include "model/qwen3_moe.h"
 #include "model/scheduler.h"
+#include "model/step_sampling.h"
 
 namespace dxs {
 
@@ -62,6 +74,7 @@ struct AttentionCounters {
   std::atomic<int64_t> overlapped_steps{0};   // steps split into two micro-batches
   std::atomic<int64_t> piecewise_steps{0};    // decode steps run in graph segments
   std::atomic<int64_t> low_latency_steps{0};  // steps over the low-latency exchange
+  std::atomic<int64_t> steps_ahead{0};        // steps built ahead of the step before's tokens
   std::atomic<int64_t> tokens{0};
   std::atomic<uint64_t> next_step{0};
 };
@@ -96,6 +109,14 @@ class AttentionStepLoop {
   // (the default) for none. The model must run its MoE through ll->moe(). Set before the
   // first RunOnce.
   void set_low_latency(LowLatencyDecode* ll) { ll_ = ll; }
+  // Overlap scheduling (see above); false: every step's tokens are read before the next
+  // step is built (the A/B baseline). Set before the first RunOnce.
+  void set_overlap_schedule(bool on) { overlap_schedule_ = on; }
+  // Waits for the step left queued (if any) and forgets it, its tokens unread: before the
+  // scheduler's requests are ended from outside the loop (Scheduler::FailAll). Step thread.
+  void DropInFlightStep();
+  ~AttentionStepLoop() { DropInFlightStep(); }
+
   // Where each step is reported for Prometheus; not owned, null (the default) for none.
   // Set before the first RunOnce.
   void set_metrics(AttentionMetrics* metrics) { metrics_ = metrics; }
@@ -140,11 +161,23 @@ class AttentionStepLoop {
   }
   absl::StatusOr<StepPlan> ExchangeStep(int64_t my_tokens, bool my_step_fits);
   // The step's forward pass over the low-latency exchange; nullopt: an expert rank has
-  // none, the step goes by the host-driven exchange.
+  // none, the step goes by the host-driven exchange. input_ids as Qwen3MoeModel::Forward's.
   std::optional<absl::StatusOr<Tensor>> ForwardLowLatency(const StepPlan& plan,
-                                                          const std::vector<SequenceChunk>& chunks);
+                                                          const std::vector<SequenceChunk>& chunks,
+                                                          const Tensor* input_ids);
   // This rank's overlap threshold as sent in step messages (off: the largest value).
   int32_t OverlapThresholdOnWire() const;
+  // A step queued on the device whose tokens the host has not read (overlap scheduling).
+  struct InFlightStep {
+    StepSamplingOutputs outputs;          // its samples, on the device
+    PendingStepTokens* tokens = nullptr;  // their copy to the host (one of downloads_)
+  };
+  // Enqueues the device sampling of the step's logits (Scheduler::PlanStepSampling) and
+  // the copy of its tokens to the host; nothing waits.
+  absl::StatusOr<InFlightStep> LaunchTokens(const Tensor& logits);
+  // Reads `step`'s tokens and hands them to the scheduler (FinishStepWithTokens), then
+  // on_step_end. A failed read fails every request of the scheduler and returns why.
+  absl::Status FinishTokens(InFlightStep step);
 
   int dp_rank_;
   std::vector<int> dp_peers_;
@@ -168,6 +201,10 @@ class AttentionStepLoop {
   std::function<void()> on_step_failed_;
   absl::Duration retry_window_ = absl::ZeroDuration();
   std::optional<absl::Time> failing_since_;  // first failure of the current retries
+  bool overlap_schedule_ = true;
+  std::optional<InFlightStep> in_flight_;
+  PendingStepTokens downloads_[2];  // a step's, and the one built ahead of its tokens'
+  int next_download_ = 0;
 };
 
 }  // namespace dxs

@@ -12,6 +12,11 @@
 // micro-batches whose attention and MoE overlap (two-batch overlap); 0 turns it off. The
 // strictest setting among the DP ranks applies (AttentionStepLoop).
 //
+// --overlap-schedule (default true): a decode step sampled on the device is queued behind
+// the running one, its input tokens taken on the device, while the host streams the running
+// step's tokens (AttentionStepLoop); false is the A/B baseline. Not the two-batch overlap of
+// --overlap-min-tokens, which splits one step in two.
+//
 // --mapped-exchange: workers of one host exchange rows through a region of the attention
 // rank's memory that the expert ranks map (host memory, or GPU memory through CUDA IPC;
 // dataplane/dispatch/dispatch_combine.h); false sends every row through the transport.
@@ -61,6 +66,11 @@ ABSL_FLAG(int64_t, step_timeout_ms, absl::ToInt64Milliseconds(dxs::kDefaultStepT
 ABSL_FLAG(int64_t, overlap_min_tokens, dxs::AttentionStepLoop::kDefaultOverlapMinTokens,
           "Two-batch overlap for steps with at least this many tokens over all DP ranks; "
           "0: off.");
+ABSL_FLAG(bool, overlap_schedule, true,
+          "Overlap scheduling: a decode step sampled on the device is queued behind the "
+          "running one, its input tokens taken on the device, while the host streams the "
+          "running step's tokens and checks their stops; false: every step's tokens are read "
+          "before the next step is built.");
 ABSL_FLAG(bool, piecewise_graphs, true,
           "On a GPU: decode steps below the two-batch-overlap threshold run the work between "
           "two exchanges as recorded CUDA graphs (vLLM's piecewise graphs); false: eagerly. "
@@ -91,7 +101,8 @@ constexpr char kUsage[] =
     "                     [--metrics-listen HOST:PORT] [--device cpu|cuda[:N]] [--kv-tokens N] "
     "[--prefill-chunk N]\n"
     "                     [--step-timeout-ms MS] [--overlap-min-tokens N] [--stream-interval N]\n"
-    "                     [--piecewise-graphs=true|false] [--mapped-exchange=true|false]\n"
+    "                     [--overlap-schedule=true|false] [--piecewise-graphs=true|false]\n"
+    "                     [--mapped-exchange=true|false]\n"
     "                     [--low-latency-capacity N]\n"
     "                     [--tls-cert FILE --tls-key FILE --tls-ca FILE [--mtls]]\n"
     "                     [--flagfile FILE]\n"
@@ -106,6 +117,7 @@ struct Flags {
   int64_t stream_interval = 0;
   int64_t step_retry_ms = 0;
   int64_t low_latency_capacity = 0;
+  bool overlap_schedule = true;
   bool piecewise_graphs = true;
   bool mapped_exchange = true;
   std::string dump_first_logits;
@@ -143,6 +155,7 @@ absl::StatusOr<Flags> ValidateFlags() {
   }
   flags.dump_first_logits = absl::GetFlag(FLAGS_dump_first_logits);
   flags.piecewise_graphs = absl::GetFlag(FLAGS_piecewise_graphs);
+  flags.overlap_schedule = absl::GetFlag(FLAGS_overlap_schedule);
   flags.mapped_exchange = absl::GetFlag(FLAGS_mapped_exchange);
   return flags;
 }
@@ -272,6 +285,7 @@ int Main(int argc, char** argv) {
                                                    moe.get(), &scheduler, &kv, timeout);
         loop->set_metrics(attention_metrics->get());
         loop->set_overlap_min_tokens(flags->overlap_min_tokens);
+        loop->set_overlap_schedule(flags->overlap_schedule);
         loop->set_piecewise_decode(flags->piecewise_graphs && backend->SupportsGraphs()
                                        ? AttentionStepLoop::PiecewiseDecode::kGraphs
                                        : AttentionStepLoop::PiecewiseDecode::kOff);
@@ -311,6 +325,7 @@ int Main(int argc, char** argv) {
       // Requests of a cluster that became incomplete between steps (a step that lost a DP
       // rank, run again, then found an expert rank gone) end now, as a failed step's do.
       if (loop && scheduler.HasWork()) {
+        loop->DropInFlightStep();
         scheduler.FailAll(absl::UnavailableError(
             absl::StrCat("attention rank ", rank, ": the cluster became incomplete")));
       }
@@ -328,6 +343,7 @@ int Main(int argc, char** argv) {
     }
   }
   service.set_ready(false);
+  if (loop) loop->DropInFlightStep();
   scheduler.FailAll(absl::UnavailableError("attention worker shutting down"));
   runtime.Stop();
   return 0;

@@ -423,7 +423,6 @@ absl::StatusOr<Tensor> Qwen3MoeModel::PiecewiseSegment(PiecewiseShape* p, int af
     const StagingLayout at(batch, width);
     PagedAttentionMeta& a = mb.attn;
     for (const auto& [dst, offset] : {std::pair<Tensor*, size_t>{&a.slot_mapping, at.slots},
-                                      {&p->token_ids, at.ids},
                                       {&mb.positions, at.positions},
                                       {&a.query_start, at.query_start},
                                       {&a.context_lens, at.context_lens},
@@ -453,9 +452,14 @@ absl::StatusOr<Tensor> Qwen3MoeModel::PiecewiseSegment(PiecewiseShape* p, int af
 }
 
 absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecodePiecewise(
-    const std::vector<SequenceChunk>& chunks, KvCache* kv, bool use_graph) {
+    const std::vector<SequenceChunk>& chunks, KvCache* kv, bool use_graph,
+    const Tensor* input_ids) {
   DXS_ASSIGN_OR_RETURN(const auto shape, CheckedDecodeShape(chunks, kv));
   const int64_t n = static_cast<int64_t>(chunks.size());
+  if (input_ids != nullptr && input_ids->num_elements() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode step: ", input_ids->num_elements(), " input ids for ", n, " chunks"));
+  }
   const int64_t batch = shape.first, width = shape.second;
   use_graph = use_graph && backend_->SupportsGraphs();
   PiecewiseShape& p = piecewise_[{kv, batch, width}];
@@ -470,6 +474,14 @@ absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecodePiecewise(
     DXS_RETURN_IF_ERROR(backend_->SynchronizeEvent(p.done.get()));  // the last step read it
   }
   StageDecodeStep(chunks, kv, batch, width, static_cast<uint8_t*>(p.staging->data()));
+  // The token ids go in before segment 0 (which embeds them from p.token_ids): staged,
+  // then the real rows' from the device where the step before sampled them (input_ids).
+  DXS_RETURN_IF_ERROR(
+      backend_->CopyFromStaging(*p.staging, StagingLayout(batch, width).ids, &p.token_ids));
+  if (input_ids != nullptr) {
+    Tensor rows = p.token_ids.Rows(0, n);
+    DXS_RETURN_IF_ERROR(backend_->Copy(*input_ids, &rows));
+  }
   // The segments: up to each MoE layer's router (its exchange follows), then the rest of
   // the layers and the logits. Each is (the MoE layer before it, or -1; its last layer).
   std::vector<std::pair<int, int>> plan;

@@ -105,8 +105,10 @@ class Qwen3MoeModel {
   // on the host between replays. With `use_graph` false (or a backend without graphs) the
   // same padded segments run eagerly: the reference a replay must equal. Returns
   // logits[num_chunks, vocab] (f32), as Forward.
+  // `input_ids` as Forward's.
   absl::StatusOr<Tensor> ForwardDecodePiecewise(const std::vector<SequenceChunk>& chunks,
-                                                KvCache* kv, bool use_graph);
+                                                KvCache* kv, bool use_graph,
+                                                const Tensor* input_ids = nullptr);
   // Segment graphs recorded so far, all shapes.
   size_t num_piecewise_graphs() const;
 

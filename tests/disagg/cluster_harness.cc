@@ -56,9 +56,10 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
     dp->backend = make_backend();
     dp->kv = std::make_unique<KvCache>(config, dp->backend.get(), 1 << 16);
     dp->scheduler = std::make_unique<Scheduler>(config, dp->kv.get(), SchedulerOptions{});
-    dp->moe = std::make_unique<RemoteMoeExecutor>(
-        dp->backend.get(), transports_[r].get(), ep_peers, placement, config.hidden_size,
-        DispatchOptionsForWire(wire_dtype, absl::Seconds(5)));
+    DispatchOptions dispatch = DispatchOptionsForWire(wire_dtype, absl::Seconds(5));
+    dispatch.mapped_regions = options.mapped_regions;
+    dp->moe = std::make_unique<RemoteMoeExecutor>(dp->backend.get(), transports_[r].get(), ep_peers,
+                                                  placement, config.hidden_size, dispatch);
     if (options.dispatch_observer != nullptr) dp->moe->set_observer(options.dispatch_observer);
     dp->model = std::make_unique<Qwen3MoeModel>(
         config, *LoadAttentionWeights(*ckpt, config, dp->backend.get()), dp->backend.get(),
@@ -67,6 +68,7 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
         r, dp_peers, transports_[r].get(), dp->model.get(), dp->moe.get(), dp->scheduler.get(),
         dp->kv.get(), absl::Seconds(5));
     dp->loop->set_piecewise_decode(options.piecewise);
+    dp->loop->set_overlap_schedule(options.overlap_schedule);
     dp_.push_back(std::move(dp));
   }
   for (auto& ep : ep_) {
@@ -79,8 +81,10 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
       }
     });
   }
+  if (!options.held) released_.Notify();
   for (auto& dp : dp_) {
     dp->thread = std::thread([this, d = dp.get()] {
+      released_.WaitForNotification();
       while (!stop_) {
         absl::StatusOr<bool> ran = d->loop->RunOnce(absl::Milliseconds(20));
         if (!ran.ok()) ADD_FAILURE() << "step loop: " << ran.status();
@@ -90,8 +94,13 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
   }
 }
 
+void InprocCluster::Release() {
+  if (!released_.HasBeenNotified()) released_.Notify();
+}
+
 InprocCluster::~InprocCluster() {
   stop_ = true;
+  Release();
   for (auto& t : transports_) t->Wake();
   for (auto& dp : dp_) dp->thread.join();
   for (auto& ep : ep_) ep->thread.join();
@@ -106,6 +115,10 @@ absl::Status InprocCluster::Submit(int rank, uint64_t id, const GenerationReques
     if (sink->tokens.empty()) sink->first_logits.assign(logits, logits + vocab);
     sink->tokens.push_back(token);
   };
+  ts.on_logprobs = [sink](const TokenLogprobs& lp) {
+    std::lock_guard<std::mutex> lock(sink->mu);
+    sink->logprobs.push_back(lp);
+  };
   ts.on_done = [sink](const absl::Status& s, FinishReason reason) {
     std::lock_guard<std::mutex> lock(sink->mu);
     sink->done = true;
@@ -115,6 +128,12 @@ absl::Status InprocCluster::Submit(int rank, uint64_t id, const GenerationReques
   absl::Status s = dp_[rank]->scheduler->Add(id, r, std::move(ts));
   dp_[rank]->loop->Wake();
   return s;
+}
+
+bool InprocCluster::Abort(int rank, uint64_t id) {
+  const bool known = dp_[rank]->scheduler->Abort(id);
+  dp_[rank]->loop->Wake();
+  return known;
 }
 
 void InprocCluster::WakeAll() {

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "attention_service/attention_step_loop.h"
 #include "dataplane/dispatch/dispatch_combine.h"
 #include "dataplane/dispatch/placement.h"
@@ -25,6 +26,7 @@ struct ResultSink {
   std::mutex mu;
   std::vector<int32_t> tokens;
   std::vector<float> first_logits;
+  std::vector<TokenLogprobs> logprobs;  // one per token, where the request asked
   bool done = false;
   absl::Status status;
   FinishReason reason = FinishReason::kLength;
@@ -39,6 +41,15 @@ struct ClusterOptions {
   std::function<std::unique_ptr<Backend>()> backend_factory;
   // How the DP ranks run one-micro-batch decode steps (AttentionStepLoop).
   AttentionStepLoop::PiecewiseDecode piecewise = AttentionStepLoop::PiecewiseDecode::kOff;
+  // Overlap scheduling on the DP ranks (AttentionStepLoop::set_overlap_schedule).
+  bool overlap_schedule = true;
+  // The one-copy exchange where the ranks can map each other (DispatchOptions); false:
+  // every row through the transport.
+  bool mapped_regions = true;
+  // The DP ranks start stepping only at Release(): requests submitted before it are all in
+  // their rank's first step, so the steps' batches do not depend on the threads' timing
+  // (tests that compare runs bit for bit).
+  bool held = false;
 };
 
 class InprocCluster {
@@ -52,8 +63,12 @@ class InprocCluster {
   // Submits to DP rank `rank`; the sink is filled as tokens arrive.
   absl::Status Submit(int rank, uint64_t id, const GenerationRequest& r,
                       std::shared_ptr<ResultSink> sink);
+  // Aborts request `id` on DP rank `rank` (Scheduler::Abort); false if unknown there.
+  bool Abort(int rank, uint64_t id);
   // Starts one cluster step with no new work (all ranks empty unless busy).
   void WakeAll();
+  // Lets DP ranks of a cluster made `held` start stepping.
+  void Release();
   // Waits until every sink is done and the cluster has settled: each DP rank has since
   // found no step to run (its counters final) and each EP rank has counted as many steps as
   // the DP ranks, which all agree. False if that does not happen within `timeout`.
@@ -92,6 +107,7 @@ class InprocCluster {
   std::vector<std::unique_ptr<DpRank>> dp_;
   std::vector<std::unique_ptr<EpRank>> ep_;
   std::atomic<bool> stop_{false};
+  absl::Notification released_;  // notified at once unless the cluster is made held
 };
 
 }  // namespace dxs::testing

@@ -1,6 +1,7 @@
 // Disaggregated MoE in one process (inproc transport): any M DP ranks x N EP ranks equals
 // the single-process engine, empty DP/EP ranks and all-empty steps included, and the MoE
 // output is reduced exactly once.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -263,6 +264,107 @@ TEST(Disagg, Fp8WireSendsRecordsAndStaysCloseToSingleProcess) {
   ASSERT_GT(tokens, 0);
   EXPECT_EQ(bytes.sent.load(), tokens * Fp8RecordBytes(hidden) + 12 * pairs);
   EXPECT_EQ(bytes.received.load(), tokens * hidden * 2);
+}
+
+// One run of `requests` (request i on DP rank i % 2) on a 2 x 2 cluster with `wire`
+// dispatch rows, every row through the transport: the sinks, and the dispatch row bytes
+// per dispatched token (the bytes sent less the 12-byte pairs, over the tokens).
+struct WireRun {
+  std::vector<std::shared_ptr<ResultSink>> sinks;
+  double row_bytes_per_token = 0;
+};
+WireRun RunOnWire(const std::string& dir, DType wire,
+                  const std::vector<GenerationRequest>& requests) {
+  ExchangeByteCounter bytes;
+  testing::ClusterOptions options;
+  options.wire_dtype = wire;
+  options.dispatch_observer = &bytes;
+  options.mapped_regions = false;
+  InprocCluster cluster(dir, 2, Placement::Contiguous(16, 2), options);
+  WireRun run;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    run.sinks.push_back(std::make_shared<ResultSink>());
+    EXPECT_TRUE(cluster.Submit(static_cast<int>(i % 2), i, requests[i], run.sinks.back()).ok());
+  }
+  EXPECT_TRUE(cluster.WaitAllDone(run.sinks, absl::Seconds(120))) << "cluster hung";
+  int64_t tokens = 0, pairs = 0;
+  for (int r = 0; r < 2; ++r) {
+    for (const auto& n : cluster.dispatch_counters(r).tokens_dispatched) tokens += n.load();
+    pairs += cluster.expert_pairs(r);
+  }
+  EXPECT_GT(tokens, 0);
+  if (tokens > 0) {
+    run.row_bytes_per_token = static_cast<double>(bytes.sent.load() - 12 * pairs) / tokens;
+  }
+  return run;
+}
+
+// --wire-dtype fp8 against the bf16 wire it replaces (both every row through the
+// transport). Greedy tokens equal the bf16 wire's where the margin allows: where they first
+// differ, the token the FP8 run took must be in the bf16 run's top 5 there, led by the bf16
+// run's choice by at most twice the largest difference between the two runs' first logits
+// (over the requests): FP8's rounding moves a logit by about that much, so a lead that small
+// can flip and a larger one cannot. On this preset (4 layers of random weights, whose MoE
+// inputs e4m3's 3 mantissa bits round by about 3.6% RMS) that difference was 1.85, 12% of
+// the largest logit, and 34 of 96 tokens came before the first such near tie (measured).
+// And the dispatch rows take (hidden + 4 * ceil(hidden / 128)) / (2 * hidden) of the bf16
+// row's bytes per token: 0.516 at this preset's hidden size of 128, 0.502 at
+// Qwen3-30B-A3B's 2048.
+TEST(Disagg, Fp8WireGreedyTokensEqualTheBf16WiresAndHalveTheRowBytes) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  std::vector<GenerationRequest> requests = Requests(6, 16, 4096);
+  for (GenerationRequest& r : requests) {
+    r.logprobs = true;
+    r.top_logprobs = 5;
+  }
+  const WireRun bf16 = RunOnWire(dir, DType::kBF16, requests);
+  const WireRun fp8 = RunOnWire(dir, DType::kF8E4M3, requests);
+  double max_logit_diff = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const std::vector<float>&a = bf16.sinks[i]->first_logits, &b = fp8.sinks[i]->first_logits;
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t v = 0; v < a.size(); ++v) {
+      max_logit_diff = std::max(max_logit_diff, std::fabs(static_cast<double>(a[v]) - b[v]));
+    }
+  }
+  EXPECT_GT(max_logit_diff, 0) << "the FP8 rows left the logits bit-identical";
+  size_t equal = 0, total = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "request " << i);
+    const ResultSink &want = *bf16.sinks[i], &got = *fp8.sinks[i];
+    ASSERT_TRUE(want.status.ok()) << want.status;
+    ASSERT_TRUE(got.status.ok()) << got.status;
+    ASSERT_EQ(want.logprobs.size(), want.tokens.size());
+    size_t d = 0;
+    while (d < got.tokens.size() && d < want.tokens.size() && got.tokens[d] == want.tokens[d]) ++d;
+    equal += d;
+    total += want.tokens.size();
+    if (d == want.tokens.size() && d == got.tokens.size()) continue;
+    ASSERT_LT(d, std::min(got.tokens.size(), want.tokens.size())) << "lengths differ";
+    // The first difference: a near tie of the bf16 run's.
+    const TokenLogprobs& at = want.logprobs[d];
+    double lead = -1;
+    for (const auto& [token, logprob] : at.top) {
+      if (token == got.tokens[d]) lead = at.logprob - logprob;
+    }
+    ASSERT_GE(lead, 0) << "token " << d << ": FP8 took " << got.tokens[d]
+                       << ", outside the bf16 run's top 5";
+    EXPECT_LE(lead, 2 * max_logit_diff)
+        << "token " << d << ": FP8 took " << got.tokens[d] << ", which the bf16 run's "
+        << want.tokens[d] << " leads by " << lead << " nats";
+  }
+  const int64_t hidden = LoadModelConfig(dir)->hidden_size;
+  const double want_ratio =
+      static_cast<double>(Fp8RecordBytes(hidden)) / static_cast<double>(2 * hidden);
+  std::printf(
+      "fp8 vs bf16 wire: %zu of %zu greedy tokens equal before a near tie (largest first-logit "
+      "difference %.3g); row bytes per token %.1f vs %.1f (%.3f)\n",
+      equal, total, max_logit_diff, fp8.row_bytes_per_token, bf16.row_bytes_per_token,
+      fp8.row_bytes_per_token / bf16.row_bytes_per_token);
+  EXPECT_DOUBLE_EQ(bf16.row_bytes_per_token, 2.0 * hidden);
+  EXPECT_DOUBLE_EQ(fp8.row_bytes_per_token, static_cast<double>(Fp8RecordBytes(hidden)));
+  EXPECT_LT(fp8.row_bytes_per_token / bf16.row_bytes_per_token, want_ratio + 1e-9);
 }
 
 TEST(Disagg, UnevenPlacementTwelveExpertsOnFiveRanks) {

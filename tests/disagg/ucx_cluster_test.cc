@@ -75,6 +75,37 @@ TEST(UcxCluster, LowLatencyCapacityOnTheCpuKeepsTheHostDrivenExchange) {
   }
 }
 
+// Overlap scheduling in dxs-attention (--overlap-schedule, on by default): the cluster
+// equals the single-process engine with it and without, and dxs_steps_built_ahead_total
+// counts steps built ahead on every DP rank with it and none without.
+TEST(UcxCluster, OverlapScheduleOnAndOffEqualSingleProcess) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  for (const bool overlap : {true, false}) {
+    const std::string flag = overlap ? "--overlap-schedule=true" : "--overlap-schedule=false";
+    SCOPED_TRACE(flag);
+    TempDir work;
+    ProcessCluster cluster(work.path());
+    ClusterSpec spec{dir, 2, 2, {}};
+    spec.attention_args = {flag};
+    absl::Status started = cluster.Start(spec);
+    ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+    testing::ExpectClusterMatchesEngine(&cluster, dir, 2, 4, 4096);
+    for (int r = 0; r < 2; ++r) {
+      absl::StatusOr<std::string> text = testing::Scrape(cluster.attention_metrics_address(r));
+      ASSERT_TRUE(text.ok()) << text.status();
+      const double ahead =
+          testing::Value(testing::ParseSamples(*text),
+                         "dxs_steps_built_ahead_total{rank=\"" + std::to_string(r) + "\"}");
+      if (overlap) {
+        EXPECT_GT(ahead, 0) << "DP rank " << r;
+      } else {
+        EXPECT_EQ(ahead, 0) << "DP rank " << r;
+      }
+    }
+  }
+}
+
 TEST(UcxCluster, UnevenPlacementTwelveExpertsOnFiveRanks) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "odd");

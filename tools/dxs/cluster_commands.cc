@@ -226,6 +226,7 @@ int UpCommand(const std::vector<std::string>& argv) {
                                                              "eplb-interval",
                                                              "piecewise-graphs",
                                                              "mapped-exchange",
+                                                             "overlap-schedule",
                                                              "transport",
                                                              "low-latency-capacity",
                                                              "gateway-port",
@@ -354,7 +355,7 @@ int UpCommand(const std::vector<std::string>& argv) {
       if (args->Has(flag)) a.insert(a.end(), {absl::StrCat("--", flag), args->GetString(flag)});
     }
     // Booleans: the value in the same argument.
-    for (const char* flag : {"piecewise-graphs", "mapped-exchange"}) {
+    for (const char* flag : {"piecewise-graphs", "mapped-exchange", "overlap-schedule"}) {
       if (args->Has(flag)) a.push_back(absl::StrCat("--", flag, "=", args->GetString(flag)));
     }
     ok = spawn(a, absl::StrCat("attention", r));

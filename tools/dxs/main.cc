@@ -54,6 +54,8 @@ const Command kCommands[] = {
      "  CUDA graphs; true)]\n"
      "  [--mapped-exchange true|false (rows through the attention rank's memory, which the\n"
      "  expert ranks map: one copy; true)]\n"
+     "  [--overlap-schedule true|false (decode steps queued behind the running one while\n"
+     "  the host streams its tokens; true)]\n"
      "  [--low-latency-capacity N (GPU decode steps of at most N tokens a DP rank over the\n"
      "  low-latency exchange; 0: off)]\n"
      "  [--device cpu|cuda[:N] (where the workers compute; cpu)]\n"
