@@ -379,35 +379,10 @@ absl::Status CpuBackend::AccumulateCounts(const Tensor& offsets, Tensor* counts)
   return absl::OkStatus();
 }
 
-namespace {
-
-// The record geometry of FP8 rows of `hidden` values, checked.
-absl::Status CheckFp8Records(const char* op, int64_t hidden, const Tensor& records) {
-  if (hidden <= 0 || hidden % 4 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": rows of ", hidden, " values (FP8 records need a multiple of 4)"));
-  }
-  if (records.dtype() != DType::kF8E4M3 || records.row_size() != Fp8RecordBytes(hidden)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": records ", records.ShapeString(), " ",
-                     std::string(DTypeName(records.dtype())), " for rows of ", hidden, " (want ",
-                     Fp8RecordBytes(hidden), " bytes of float8_e4m3 a row)"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status CpuBackend::QuantizeRowsFp8(const Tensor& src, const Tensor& rows, Tensor* records) {
   const char* op = "quantize rows (fp8)";
-  DXS_RETURN_IF_ERROR(CheckDType(op, rows, DType::kI32, "rows"));
-  DXS_RETURN_IF_ERROR(CheckFloat(op, src, "src"));
+  DXS_RETURN_IF_ERROR(CheckQuantizeRowsFp8Args(src, rows, *records));
   const int64_t hidden = src.row_size(), n = rows.num_elements();
-  DXS_RETURN_IF_ERROR(CheckFp8Records(op, hidden, *records));
-  if (records->rows() < n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", n, " rows into ", records->ShapeString()));
-  }
   const int64_t groups = (hidden + kFp8GroupSize - 1) / kFp8GroupSize;
   const size_t src_row = static_cast<size_t>(hidden) * DTypeSize(src.dtype());
   const uint8_t* in = static_cast<const uint8_t*>(src.raw());
@@ -435,14 +410,8 @@ absl::Status CpuBackend::QuantizeRowsFp8(const Tensor& src, const Tensor& rows, 
 }
 
 absl::Status CpuBackend::DequantizeRowsFp8(const Tensor& records, Tensor* dst) {
-  const char* op = "dequantize rows (fp8)";
-  DXS_RETURN_IF_ERROR(CheckFloat(op, *dst, "dst"));
+  DXS_RETURN_IF_ERROR(CheckDequantizeRowsFp8Args(records, *dst));
   const int64_t hidden = dst->row_size(), n = records.rows();
-  DXS_RETURN_IF_ERROR(CheckFp8Records(op, hidden, records));
-  if (dst->rows() < n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", records.ShapeString(), " into ", dst->ShapeString()));
-  }
   const int64_t groups = (hidden + kFp8GroupSize - 1) / kFp8GroupSize;
   const size_t dst_row = static_cast<size_t>(hidden) * DTypeSize(dst->dtype());
   const uint8_t* in = static_cast<const uint8_t*>(records.raw());

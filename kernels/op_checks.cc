@@ -303,4 +303,49 @@ absl::Status CheckPagedAttentionMeta(const char* op, const PagedAttentionMeta& m
   return absl::OkStatus();
 }
 
+namespace {
+
+// The record geometry of FP8 rows of `hidden` values, checked.
+absl::Status CheckFp8Records(const char* op, int64_t hidden, const Tensor& records) {
+  if (hidden <= 0 || hidden % 4 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": rows of ", hidden, " values (FP8 records need a multiple of 4)"));
+  }
+  if (records.dtype() != DType::kF8E4M3 || records.row_size() != Fp8RecordBytes(hidden)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": records ", records.ShapeString(), " ",
+                     std::string(DTypeName(records.dtype())), " for rows of ", hidden, " (want ",
+                     Fp8RecordBytes(hidden), " bytes of float8_e4m3 a row)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckQuantizeRowsFp8Args(const Tensor& src, const Tensor& rows,
+                                      const Tensor& records) {
+  const char* op = "quantize rows (fp8)";
+  DXS_RETURN_IF_ERROR(CheckDType(op, rows, DType::kI32, "rows"));
+  DXS_RETURN_IF_ERROR(CheckFloat(op, src, "src"));
+  const int64_t hidden = src.row_size(), n = rows.num_elements();
+  DXS_RETURN_IF_ERROR(CheckFp8Records(op, hidden, records));
+  if (records.rows() < n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", n, " rows into ", records.ShapeString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDequantizeRowsFp8Args(const Tensor& records, const Tensor& dst) {
+  const char* op = "dequantize rows (fp8)";
+  DXS_RETURN_IF_ERROR(CheckFloat(op, dst, "dst"));
+  const int64_t n = records.rows();
+  DXS_RETURN_IF_ERROR(CheckFp8Records(op, dst.row_size(), records));
+  if (dst.rows() < n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", records.ShapeString(), " into ", dst.ShapeString()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace dxs

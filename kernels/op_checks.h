@@ -53,6 +53,11 @@ absl::Status CheckUnpackRoutedPairsArgs(const Tensor& blocks,
                                         const Tensor& experts, const Tensor& weights,
                                         const Tensor& bad);
 
+// QuantizeRowsFp8: src floating, rows i32 [n], records kF8E4M3 [>= n,
+// Fp8RecordBytes(hidden)] with hidden (src's row size) a multiple of 4.
+absl::Status CheckQuantizeRowsFp8Args(const Tensor& src, const Tensor& rows, const Tensor& records);
+// DequantizeRowsFp8: records kF8E4M3 [n, Fp8RecordBytes(hidden)], dst floating [>= n, hidden].
+absl::Status CheckDequantizeRowsFp8Args(const Tensor& records, const Tensor& dst);
 // The metadata tensors of paged attention fit `num_tokens` query rows.
 absl::Status CheckPagedAttentionMeta(const char* op, const PagedAttentionMeta& meta,
                                      int64_t num_tokens);

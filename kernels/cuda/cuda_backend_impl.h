@@ -53,7 +53,10 @@ class CudaBackend final : public Backend {
   DType ActivationDType() const override { return DType::kBF16; }
   // Device memory; a peer process maps blocks of it through CUDA IPC (AllocateShared).
   BackendCapabilities capabilities() const override {
-    return {.device_memory = true, .maps_regions = true, .narrow_expert_rows = true};
+    return {.device_memory = true,
+            .maps_regions = true,
+            .narrow_expert_rows = true,
+            .fp8_dispatch_rows = true};
   }
 
   absl::StatusOr<Tensor> Allocate(std::vector<int64_t> shape, DType dtype) override;
@@ -130,6 +133,8 @@ class CudaBackend final : public Backend {
   absl::Status ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                             Tensor* out) override;
   absl::Status AccumulateCounts(const Tensor& offsets, Tensor* counts) override;
+  absl::Status QuantizeRowsFp8(const Tensor& src, const Tensor& rows, Tensor* records) override;
+  absl::Status DequantizeRowsFp8(const Tensor& records, Tensor* dst) override;
   bool TakesRoutedSwiGlu(int64_t tokens, int64_t top_k) const override;
   absl::Status RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Tensor& weights,
                             const std::vector<const Tensor*>& gate_up,

@@ -134,6 +134,27 @@ absl::Status CudaBackend::ScaleAddRows(const Tensor& src, const Tensor& scales, 
       "scale add rows");
 }
 
+absl::Status CudaBackend::QuantizeRowsFp8(const Tensor& src, const Tensor& rows, Tensor* records) {
+  DXS_RETURN_IF_ERROR(CheckQuantizeRowsFp8Args(src, rows, *records));
+  const int64_t n = rows.num_elements();
+  if (n == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("quantize rows (fp8)"));
+  return CudaStatus(
+      cuda::LaunchQuantizeRowsFp8(src.raw(), ToElemType(src.dtype()), src.rows(), rows.i32(), n,
+                                  src.row_size(), records->raw(), stream_),
+      "quantize rows (fp8)");
+}
+
+absl::Status CudaBackend::DequantizeRowsFp8(const Tensor& records, Tensor* dst) {
+  DXS_RETURN_IF_ERROR(CheckDequantizeRowsFp8Args(records, *dst));
+  const int64_t n = records.rows();
+  if (n == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("dequantize rows (fp8)"));
+  return CudaStatus(cuda::LaunchDequantizeRowsFp8(records.raw(), n, dst->row_size(), dst->raw(),
+                                                  ToElemType(dst->dtype()), stream_),
+                    "dequantize rows (fp8)");
+}
+
 absl::Status CudaBackend::ScaleSumRows(const Tensor& src, const Tensor& scales, const Tensor& rows,
                                        Tensor* out) {
   const int64_t n = rows.num_elements();

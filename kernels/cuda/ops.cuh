@@ -16,7 +16,7 @@
 // Files: gemv.cu (decode-sized GEMVs), dense_ops.cu (conversion, norms, rope, elementwise,
 // gathers), attention.cu (KV cache write, paged attention), moe_ops.cu (layout, sort,
 // combine, scale-add), sampling.cu (argmax and SampleRows), random_fill.cu (seeded weights
-// made in place).
+// made in place), fp8_rows.cu (FP8 dispatch records).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -81,6 +81,20 @@ inline constexpr int64_t kScaleSumMaxPairs = 4096;
 cudaError_t LaunchScaleSumRows(const void* src, ElemType src_type, const float* scales,
                                const int32_t* rows, int64_t n, int64_t cols, void* out,
                                ElemType out_type, int64_t out_rows, cudaStream_t stream);
+
+// ---- fp8_rows.cu (--wire-dtype fp8's dispatch records; layout in kernels/moe_compute.h) ----
+
+// records[i] = row rows[i] of src (floating [src_rows, hidden]) as an FP8 record: per 128
+// values a float32 scale max(amax, 1e-4) / 448, then the values divided by their scale in
+// float8_e4m3fn (nearest, ties to even, saturating); bit for bit the CPU backend's. A row
+// outside [0, src_rows) leaves its record as it was. hidden a multiple of 4.
+cudaError_t LaunchQuantizeRowsFp8(const void* src, ElemType src_type, int64_t src_rows,
+                                  const int32_t* rows, int64_t n, int64_t hidden, void* records,
+                                  cudaStream_t stream);
+// dst (floating [n, hidden]) = the values records [n] hold, each e4m3 value times its scale,
+// rounded once into dst's type.
+cudaError_t LaunchDequantizeRowsFp8(const void* records, int64_t n, int64_t hidden, void* dst,
+                                    ElemType dst_type, cudaStream_t stream);
 
 // ---- dense_ops.cu ----
 

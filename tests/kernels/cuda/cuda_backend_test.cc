@@ -1149,6 +1149,69 @@ TEST_F(CudaBackendTest, FillUniformIsTheCpusValuesBitForBit) {
   EXPECT_TRUE(gpu_->FillUniform(&empty, 1, 0.0, 1.0, DType::kF32).ok());
 }
 
+// --wire-dtype fp8's records (kernels/moe_compute.h): QuantizeRowsFp8 writes the CPU's
+// records byte for byte (scales and e4m3 values), from f32 and bf16 rows, for hidden sizes
+// with a partial last group, rows gathered out of order and repeated, a row of zeros (the
+// 1e-4 scale floor) and rows whose largest value lands on 448; DequantizeRowsFp8 gives the
+// CPU's values bit for bit into f32 and bf16. Zero rows are nothing to do; a record of the
+// wrong width is INVALID_ARGUMENT.
+TEST_F(CudaBackendTest, Fp8RecordsAreTheCpusBitForBit) {
+  for (const int64_t hidden : {int64_t{64}, int64_t{200}, int64_t{2048}}) {
+    const int64_t src_rows = 50, bytes = Fp8RecordBytes(hidden);
+    std::vector<float> host = RandomFloats(src_rows * hidden, 77 + static_cast<uint32_t>(hidden));
+    for (int64_t r = 0; r < src_rows; ++r) {
+      const float scale = std::pow(10.f, static_cast<float>(r % 7) - 3.f);  // 1e-3 .. 1e3
+      for (int64_t j = 0; j < hidden; ++j) host[r * hidden + j] *= scale;
+    }
+    std::fill(host.begin() + 3 * hidden, host.begin() + 4 * hidden, 0.f);  // row 3: zeros
+    std::vector<int32_t> rows;
+    for (int i = 0; i < 37; ++i) rows.push_back((i * 17 + 5) % src_rows);
+    rows.push_back(3);
+    rows.push_back(rows.front());
+    const int64_t n = static_cast<int64_t>(rows.size());
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(::testing::Message() << "hidden " << hidden << ", " << DTypeName(dtype));
+      Tensor gs = Put(gpu_.get(), host, {src_rows, hidden}, dtype);
+      Tensor cs = Put(cpu_.get(), host, {src_rows, hidden}, dtype);
+      Tensor gr = *gpu_->Allocate({n, bytes}, DType::kF8E4M3);
+      Tensor cr = *cpu_->Allocate({n, bytes}, DType::kF8E4M3);
+      ASSERT_TRUE(gpu_->QuantizeRowsFp8(gs, PutIndices(gpu_.get(), rows), &gr).ok());
+      ASSERT_TRUE(cpu_->QuantizeRowsFp8(cs, PutIndices(cpu_.get(), rows), &cr).ok());
+      std::vector<uint8_t> got(n * bytes, 0xAB), want(n * bytes);
+      ASSERT_TRUE(gpu_->CopyToHost(gr, DType::kF8E4M3, got.data()).ok());
+      ASSERT_TRUE(cpu_->CopyToHost(cr, DType::kF8E4M3, want.data()).ok());
+      int64_t differ = 0, saturated = 0;
+      for (size_t b = 0; b < got.size(); ++b) {
+        differ += got[b] != want[b] ? 1 : 0;
+        const int64_t in_record = static_cast<int64_t>(b) % bytes;
+        if (in_record >= bytes - hidden && (want[b] & 0x7f) == 0x7e) ++saturated;
+      }
+      EXPECT_EQ(differ, 0) << "of " << got.size() << " record bytes";
+      EXPECT_GT(saturated, 0) << "no group's largest value landed on 448";
+      // Dequantized from the CPU's records on each backend.
+      for (DType out : {DType::kF32, DType::kBF16}) {
+        Tensor records = *gpu_->Allocate({n, bytes}, DType::kF8E4M3);
+        ASSERT_TRUE(gpu_->CopyFromHost(want.data(), DType::kF8E4M3, &records).ok());
+        Tensor gd = Poisoned(gpu_.get(), {n, hidden}, out);
+        Tensor cd = Poisoned(cpu_.get(), {n, hidden}, out);
+        ASSERT_TRUE(gpu_->DequantizeRowsFp8(records, &gd).ok());
+        ASSERT_TRUE(cpu_->DequantizeRowsFp8(cr, &cd).ok());
+        const std::vector<float> g = Get(gpu_.get(), gd), c = Get(cpu_.get(), cd);
+        ASSERT_EQ(g.size(), c.size());
+        EXPECT_EQ(std::memcmp(g.data(), c.data(), g.size() * sizeof(float)), 0)
+            << "dequantized into " << DTypeName(out);
+      }
+    }
+  }
+  Tensor src = Put(gpu_.get(), RandomFloats(4 * 64, 5), {4, 64}, DType::kF32);
+  Tensor none = *gpu_->Allocate({0, Fp8RecordBytes(64)}, DType::kF8E4M3);
+  EXPECT_TRUE(gpu_->QuantizeRowsFp8(src, PutIndices(gpu_.get(), {}), &none).ok());
+  Tensor narrow = *gpu_->Allocate({4, 64}, DType::kF8E4M3);
+  EXPECT_EQ(gpu_->QuantizeRowsFp8(src, PutIndices(gpu_.get(), {0, 1}), &narrow).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->DequantizeRowsFp8(narrow, &src).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CudaBackendTest, EventsOrderTheQueue) {
   absl::StatusOr<std::unique_ptr<Event>> e = gpu_->CreateEvent();
   ASSERT_TRUE(e.ok()) << e.status();
