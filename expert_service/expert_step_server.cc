@@ -325,8 +325,8 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   const WireHeader& first = headers[0];
   const int64_t hidden = config_.hidden_size;
   const DType dtype = first.wire_dtype;
-  // FP8 dispatch rows: records arrive (never in a mapped region) and are dequantized into x
-  // in the wire dtype, which the answers go back in.
+  // FP8 dispatch rows: records arrive (or are read from a mapped region) and are dequantized
+  // into x in the wire dtype, which the answers go back in.
   const bool fp8 = first.fp8_rows();
   int64_t total_rows = 0, total_pairs = 0;
   row_offset_.assign(num_dp, 0);
@@ -334,7 +334,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   for (size_t i = 0; i < num_dp; ++i) {
     const WireHeader& h = headers[i];
     if (h.hidden != hidden || h.wire_dtype != dtype || h.num_rows < 0 || h.num_pairs < 0 ||
-        (h.num_pairs > 0 && h.num_rows == 0) || h.fp8_rows() != fp8 || (fp8 && h.mapped())) {
+        (h.num_pairs > 0 && h.num_rows == 0) || h.fp8_rows() != fp8) {
       return absl::InternalError(absl::StrCat("DP peer ", round_peers_[i],
                                               ": malformed dispatch (hidden ", h.hidden, ", ",
                                               h.num_rows, " rows, ", h.num_pairs, " pairs)"));
@@ -357,9 +357,10 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   const auto view = [&](size_t i, int64_t at, DType type, std::vector<int64_t> shape) {
     return Tensor(regions_[i], type, std::move(shape), static_cast<size_t>(at) / DTypeSize(type));
   };
-  // One DP rank whose region lies where the backend keeps tensors: computed in place.
+  // One DP rank whose region lies where the backend keeps tensors: computed in place (not
+  // from FP8 records, which are dequantized into x first).
   const bool in_region =
-      num_dp == 1 && regions_[0] != nullptr && regions_[0]->device() == backend->device();
+      num_dp == 1 && regions_[0] != nullptr && regions_[0]->device() == backend->device() && !fp8;
   Tensor x, out;
   if (in_region) {
     x = view(0, headers[0].rows_at, dtype, {total_rows, hidden});
@@ -395,7 +396,13 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
       // Rows and pairs in place: the pairs (and, unless the experts read the region
       // itself, the rows) copied once into the round's tensors.
       if (regions_[i] == nullptr) continue;
-      if (!in_region && h.num_rows > 0) {
+      if (fp8 && h.num_rows > 0) {
+        // Beside the records of the ranks that sent theirs: all dequantized at once below.
+        Tensor records = records_.Rows(row_offset_[i], h.num_rows);
+        DXS_RETURN_IF_ERROR(CopyIn(
+            backend, view(i, h.rows_at, DType::kF8E4M3, {h.num_rows, Fp8RecordBytes(hidden)}),
+            &records));
+      } else if (!in_region && h.num_rows > 0) {
         Tensor rows = x_.Rows(row_offset_[i], h.num_rows);
         DXS_RETURN_IF_ERROR(
             CopyIn(backend, view(i, h.rows_at, dtype, {h.num_rows, hidden}), &rows));
@@ -405,7 +412,8 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
         DXS_RETURN_IF_ERROR(
             CopyIn(backend, view(i, h.pairs_at, DType::kI32, {3 * h.num_pairs}), &block));
       }
-      mapped_received += rows_bytes + 12 * static_cast<size_t>(h.num_pairs);
+      mapped_received +=
+          static_cast<size_t>(h.num_rows) * recv_row_bytes + 12 * static_cast<size_t>(h.num_pairs);
       mapped_sent += rows_bytes;
       counters_.rows_mapped += h.num_rows;
       continue;

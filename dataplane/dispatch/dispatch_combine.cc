@@ -341,11 +341,9 @@ size_t AlignUp(size_t bytes) {
 bool RemoteMoeExecutor::MappableRanks(std::vector<bool>* mapped) const {
   const int num_ranks = static_cast<int>(ep_peers_.size());
   mapped->assign(num_ranks, false);
-  // Host tensors: a region the transport maps; GPU tensors: a block the backend shares. Not
-  // with FP8 dispatch rows: each is packed anyway, and the region's layout is the wire's.
-  if (!options_.mapped_regions || !backend_->capabilities().maps_regions || options_.fp8_dispatch) {
-    return false;
-  }
+  // Host tensors: a region the transport maps; GPU tensors: a block the backend shares.
+  // With FP8 dispatch rows the region holds the records (PlaceInRegion).
+  if (!options_.mapped_regions || !backend_->capabilities().maps_regions) return false;
   bool any = false;
   for (int r = 0; r < num_ranks && r < placement_.num_ranks(); ++r) {
     if (placement_.experts_of(r).empty()) continue;
@@ -428,22 +426,26 @@ absl::Status RemoteMoeExecutor::PlaceInRegion(int micro, const Tensor& x, const 
   for (int r = 0; r < num_ranks; ++r) {
     pack = pack || (h.num_tokens_per_rank[r] > 0 && !(x_staged && h.takes_x[r]));
   }
-  // The region: the staged buffers, then packed rows, answers and the pairs' blocks.
+  // The region: the staged buffers, then packed rows (FP8 records with fp8_dispatch),
+  // answers and the pairs' blocks.
   const size_t rows_bytes = AlignUp(static_cast<size_t>(total_rows * hidden_) * elem);
-  size_t send_bytes = pack ? rows_bytes : 0, recv_bytes = out_staged ? 0 : rows_bytes;
+  const size_t packed_bytes = AlignUp(static_cast<size_t>(total_rows) * DispatchRowBytes());
+  size_t send_bytes = pack ? packed_bytes : 0, recv_bytes = out_staged ? 0 : rows_bytes;
   const size_t pair_bytes = AlignUp(12 * static_cast<size_t>(total_pairs));
   if (region.buffer == nullptr ||
       region.buffer->num_bytes() < base + send_bytes + recv_bytes + pair_bytes) {
     // A new region (never this one reused from its start: the caller's staged x and out
     // are there); they stay in the old one, so rows go by the pack.
-    if (!EnsureRegion(micro, std::max<size_t>(base + 2 * rows_bytes + pair_bytes, 4096))) {
+    if (!EnsureRegion(micro,
+                      std::max<size_t>(base + packed_bytes + rows_bytes + pair_bytes, 4096))) {
       // No region (none can be mapped, or no memory): every rank by copy this time.
       h.mapped.assign(num_ranks, false);
       return absl::OkStatus();
     }
     x_staged = out_staged = false;
     base = 0;
-    send_bytes = recv_bytes = rows_bytes;
+    send_bytes = packed_bytes;
+    recv_bytes = rows_bytes;
   }
   h.in_region = true;
   h.device_region = backend_->capabilities().device_memory;
@@ -451,8 +453,13 @@ absl::Status RemoteMoeExecutor::PlaceInRegion(int micro, const Tensor& x, const 
   if (!x_staged) h.takes_x.assign(num_ranks, false);
   h.x_at = x_staged ? static_cast<int64_t>(x.offset_bytes()) : 0;
   h.out_in_region = out_staged;
-  h.send_rows =
-      send_bytes > 0 ? Tensor(region.buffer, dtype, {total_rows, hidden_}, base / elem) : Tensor();
+  if (send_bytes == 0) {
+    h.send_rows = Tensor();
+  } else if (options_.fp8_dispatch) {
+    h.send_rows = Tensor(region.buffer, DType::kF8E4M3, {total_rows, send_row_size_}, base);
+  } else {
+    h.send_rows = Tensor(region.buffer, dtype, {total_rows, hidden_}, base / elem);
+  }
   h.recv_rows =
       out_staged ? *out
                  : Tensor(region.buffer, dtype, {total_rows, hidden_}, (base + send_bytes) / elem);
@@ -489,10 +496,9 @@ absl::Status RemoteMoeExecutor::SendHeader(int r, int micro, int num_micro,
   // The rows, pairs and answers of this rank in the region (offsets from its start).
   const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(options_.wire_dtype);
   header.flags |= WireHeader::kMapped | (h.device_region ? WireHeader::kDeviceRegion : 0);
-  header.rows_at =
-      h.takes_x[r]
-          ? h.x_at
-          : static_cast<int64_t>(h.send_rows.offset_bytes() + h.token_offsets[r] * row_bytes);
+  header.rows_at = h.takes_x[r] ? h.x_at
+                                : static_cast<int64_t>(h.send_rows.offset_bytes() +
+                                                       h.token_offsets[r] * DispatchRowBytes());
   header.answers_at =
       static_cast<int64_t>(h.recv_rows.offset_bytes() + h.token_offsets[r] * row_bytes);
   header.pairs_at =

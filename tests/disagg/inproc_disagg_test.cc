@@ -233,7 +233,12 @@ class ExchangeByteCounter final : public DispatchObserver {
       (transfers[i].kind == Transfer::Kind::kSend ? sent : received) += transfers[i].bytes;
     }
   }
+  void OnMappedBytes(size_t s, size_t r) override {
+    mapped_sent += static_cast<int64_t>(s);
+    mapped_received += static_cast<int64_t>(r);
+  }
   std::atomic<int64_t> sent{0}, received{0};
+  std::atomic<int64_t> mapped_sent{0}, mapped_received{0};  // through the mapped regions
 };
 
 // --wire-dtype fp8: every dispatch row leaves as an FP8 record (hidden float8_e4m3 values
@@ -252,6 +257,7 @@ TEST(Disagg, Fp8WireSendsRecordsAndStaysCloseToSingleProcess) {
   testing::ClusterOptions options;
   options.wire_dtype = DType::kF8E4M3;
   options.dispatch_observer = &bytes;
+  options.mapped_regions = false;  // every record through the transport, counted there
   InprocCluster cluster(dir, 2, Placement::Contiguous(16, 2), options);
   const double worst = ExpectCloseToSingleProcess(&cluster, dir, 0.2);
   std::printf("fp8 wire: worst first-logit relative error %.3g\n", worst);
@@ -264,6 +270,57 @@ TEST(Disagg, Fp8WireSendsRecordsAndStaysCloseToSingleProcess) {
   ASSERT_GT(tokens, 0);
   EXPECT_EQ(bytes.sent.load(), tokens * Fp8RecordBytes(hidden) + 12 * pairs);
   EXPECT_EQ(bytes.received.load(), tokens * hidden * 2);
+}
+
+// FP8 records through the regions the expert ranks map (the one-copy exchange, the default
+// between processes of one host): the DP ranks quantize their rows into the region, the
+// expert ranks read the records there and dequantize them as if they had arrived. The
+// tokens and first logits are those of the same cluster with every record through the
+// transport, bit for bit; the region bytes are counted exactly (records and pairs out, bf16
+// answers back) and nothing but statuses goes through the transport.
+TEST(Disagg, Fp8RecordsThroughMappedRegionsEqualThemThroughTheTransport) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  const std::vector<GenerationRequest> requests = Requests(4, 6, 4096);
+  std::vector<std::shared_ptr<ResultSink>> runs[2];
+  ExchangeByteCounter bytes[2];
+  int64_t tokens = 0, pairs = 0, rows_mapped = 0;
+  for (int mapped = 0; mapped < 2; ++mapped) {
+    testing::ClusterOptions options;
+    options.wire_dtype = DType::kF8E4M3;
+    options.dispatch_observer = &bytes[mapped];
+    options.mapped_regions = mapped == 1;
+    options.held = true;  // the same batches in both runs
+    InprocCluster cluster(dir, 2, Placement::Contiguous(16, 2), options);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      runs[mapped].push_back(std::make_shared<ResultSink>());
+      ASSERT_TRUE(
+          cluster.Submit(static_cast<int>(i % 2), i, requests[i], runs[mapped].back()).ok());
+    }
+    cluster.Release();
+    ASSERT_TRUE(cluster.WaitAllDone(runs[mapped], absl::Seconds(60))) << "cluster hung";
+    if (mapped == 1) {
+      for (int r = 0; r < 2; ++r) {
+        for (const auto& n : cluster.dispatch_counters(r).tokens_dispatched) tokens += n.load();
+        pairs += cluster.expert_pairs(r);
+        rows_mapped += cluster.expert_counters(r).rows_mapped.load();
+      }
+    }
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "request " << i);
+    ASSERT_TRUE(runs[1][i]->status.ok()) << runs[1][i]->status;
+    EXPECT_EQ(runs[1][i]->tokens, runs[0][i]->tokens);
+    EXPECT_EQ(runs[1][i]->first_logits, runs[0][i]->first_logits);
+  }
+  const int64_t hidden = LoadModelConfig(dir)->hidden_size;
+  ASSERT_GT(tokens, 0);
+  EXPECT_EQ(rows_mapped, tokens) << "every row through a region";
+  EXPECT_EQ(bytes[1].mapped_sent.load(), tokens * Fp8RecordBytes(hidden) + 12 * pairs);
+  EXPECT_EQ(bytes[1].mapped_received.load(), tokens * hidden * 2);
+  EXPECT_EQ(bytes[1].sent.load(), 0) << "rows through the transport as well";
+  EXPECT_GT(bytes[0].sent.load(), 0);
+  EXPECT_EQ(bytes[0].mapped_sent.load(), 0);
 }
 
 // One run of `requests` (request i on DP rank i % 2) on a 2 x 2 cluster with `wire`

@@ -154,54 +154,64 @@ TEST(UcxCluster, Fp8CheckpointEqualsSingleProcess) {
 
 // --wire-dtype fp8 across processes: every request answered, the model info says what
 // travels, and the attention ranks' exchange bytes are exactly FP8 records and pairs out
-// (Fp8RecordBytes(hidden) a row, against 2 * hidden for bf16 rows) and bf16 rows back. The
-// counters settle with the last step; the test waits for that (30 s bound) before it
-// compares.
+// (Fp8RecordBytes(hidden) a row, against 2 * hidden for bf16 rows) and bf16 rows back:
+// through the transport (--mapped-exchange=false: memory="host"), and through the regions
+// the expert ranks map (the default on one host: memory="mapped", the records written
+// there and read in place). The counters settle with the last step; the test waits for
+// that (30 s bound) before it compares.
 TEST(UcxCluster, Fp8WireSendsRecordsAndBf16Answers) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "default");
   const int64_t hidden = LoadModelConfig(dir)->hidden_size;
-  ProcessCluster cluster(tmp.path());
-  ClusterSpec spec{dir, 2, 2, {}};
-  spec.wire_dtype = "fp8";
-  absl::Status started = cluster.Start(spec);
-  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
-  for (int i = 0; i < 4; ++i) {
-    const testing::GenerateResult r =
-        cluster.Generate(i % 2, "fp8-" + std::to_string(i), {5 + i, 6, 7, 8}, 6);
-    ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster.DumpLogs();
-    EXPECT_EQ(r.tokens.size(), 6u);
-  }
-  grpc::ClientContext context;
-  v1::GetModelInfoResponse info;
-  ASSERT_TRUE(cluster.frontend()->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
-  EXPECT_EQ(info.model_info().wire_dtype(), v1::DTYPE_FLOAT8_E4M3);
-  double tokens = 0, pairs = 0, sent = 0, received = 0;
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  do {
-    tokens = pairs = sent = received = 0;
-    for (int r = 0; r < 2; ++r) {
-      const std::string rank = "rank=\"" + std::to_string(r) + "\"";
-      absl::StatusOr<std::string> a = testing::Scrape(cluster.attention_metrics_address(r));
-      absl::StatusOr<std::string> e = testing::Scrape(cluster.expert_metrics_address(r));
-      ASSERT_TRUE(a.ok() && e.ok());
-      const auto as = testing::ParseSamples(*a), es = testing::ParseSamples(*e);
-      tokens += testing::SumOf(as, "dxs_tokens_dispatched_total");
-      pairs += testing::SumOf(es, "dxs_expert_tokens_total");
-      const std::string series = "dxs_exchange_bytes_total{role=\"attention\"," + rank;
-      sent += testing::Value(as, series + ",direction=\"send\",memory=\"host\"}");
-      received += testing::Value(as, series + ",direction=\"recv\",memory=\"host\"}");
-      EXPECT_EQ(testing::Value(as, series + ",direction=\"send\",memory=\"mapped\"}"), 0);
+  for (const bool mapped : {false, true}) {
+    const std::string memory = mapped ? "mapped" : "host", other = mapped ? "host" : "mapped";
+    SCOPED_TRACE("memory=" + memory);
+    TempDir work;
+    ProcessCluster cluster(work.path());
+    ClusterSpec spec{dir, 2, 2, {}};
+    spec.wire_dtype = "fp8";
+    spec.attention_args = {mapped ? "--mapped-exchange=true" : "--mapped-exchange=false"};
+    absl::Status started = cluster.Start(spec);
+    ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+    for (int i = 0; i < 4; ++i) {
+      const testing::GenerateResult r =
+          cluster.Generate(i % 2, "fp8-" + std::to_string(i), {5 + i, 6, 7, 8}, 6);
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster.DumpLogs();
+      EXPECT_EQ(r.tokens.size(), 6u);
     }
-    if (tokens > 0 && sent == tokens * Fp8RecordBytes(hidden) + 12 * pairs) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  } while (absl::Now() < give_up);
-  ASSERT_GT(tokens, 0);
-  EXPECT_EQ(sent, tokens * Fp8RecordBytes(hidden) + 12 * pairs)
-      << tokens << " tokens, " << pairs << " pairs";
-  EXPECT_EQ(received, tokens * hidden * 2);
-  std::printf("fp8 wire: %.0f dispatch row bytes for %.0f tokens, %.3f of bf16 rows'\n",
-              sent - 12 * pairs, tokens, (sent - 12 * pairs) / (tokens * hidden * 2));
+    grpc::ClientContext context;
+    v1::GetModelInfoResponse info;
+    ASSERT_TRUE(cluster.frontend()->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+    EXPECT_EQ(info.model_info().wire_dtype(), v1::DTYPE_FLOAT8_E4M3);
+    double tokens = 0, pairs = 0, sent = 0, received = 0, sent_other = 0;
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    do {
+      tokens = pairs = sent = received = sent_other = 0;
+      for (int r = 0; r < 2; ++r) {
+        const std::string rank = "rank=\"" + std::to_string(r) + "\"";
+        absl::StatusOr<std::string> a = testing::Scrape(cluster.attention_metrics_address(r));
+        absl::StatusOr<std::string> e = testing::Scrape(cluster.expert_metrics_address(r));
+        ASSERT_TRUE(a.ok() && e.ok());
+        const auto as = testing::ParseSamples(*a), es = testing::ParseSamples(*e);
+        tokens += testing::SumOf(as, "dxs_tokens_dispatched_total");
+        pairs += testing::SumOf(es, "dxs_expert_tokens_total");
+        const std::string series = "dxs_exchange_bytes_total{role=\"attention\"," + rank;
+        sent += testing::Value(as, series + ",direction=\"send\",memory=\"" + memory + "\"}");
+        received += testing::Value(as, series + ",direction=\"recv\",memory=\"" + memory + "\"}");
+        sent_other += testing::Value(as, series + ",direction=\"send\",memory=\"" + other + "\"}");
+      }
+      if (tokens > 0 && sent == tokens * Fp8RecordBytes(hidden) + 12 * pairs) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    } while (absl::Now() < give_up);
+    ASSERT_GT(tokens, 0);
+    EXPECT_EQ(sent, tokens * Fp8RecordBytes(hidden) + 12 * pairs)
+        << tokens << " tokens, " << pairs << " pairs";
+    EXPECT_EQ(received, tokens * hidden * 2);
+    EXPECT_EQ(sent_other, 0);
+    std::printf("fp8 wire (%s): %.0f dispatch row bytes for %.0f tokens, %.3f of bf16 rows'\n",
+                memory.c_str(), sent - 12 * pairs, tokens,
+                (sent - 12 * pairs) / (tokens * hidden * 2));
+  }
 }
 
 TEST(UcxCluster, MismatchedWorkersAreRefused) {
