@@ -2,7 +2,9 @@
 # Decode tokens/s of the Qwen3-30B-A3B shape (LAYERS layers, default all 48), single
 # process (`dxs bench --local --device cuda`, overlap scheduling on and off) against 1 attention + 1 expert process on the
 # same GPU (`dxs up --gpus 0`, rows over UCX cuda_ipc), the cluster with piecewise CUDA
-# graphs (dxs-attention --piecewise-graphs, the default) and without, in one run. The
+# graphs (dxs-attention --piecewise-graphs, the default) and without, and with piecewise
+# graphs but --overlap-schedule false (the attention worker's overlap scheduling's A/B
+# baseline), in one run. The
 # model is an in-place directory (`dxs gen-model --in-place`: config.json and a recipe;
 # every process makes its weights on the GPU), since the 61 GB checkpoint does not fit the
 # machine's disk. The two processes time-slice the GPU (no MPS), so the cluster figures are
@@ -33,11 +35,11 @@ log="$OUT/cluster_decode.log"
 "$bin/dxs" gen-model --preset qwen3-30b-a3b --layers "$layers" --in-place --out "$work/model" >>"$log" 2>&1 ||
   { echo "gen-model failed (see $log)"; exit 1; }
 port=$((20000 + RANDOM % 20000))
-start_cluster() {  # start_cluster PIECEWISE M N GPUS LOW_LATENCY_CAPACITY
+start_cluster() {  # start_cluster PIECEWISE M N GPUS LOW_LATENCY_CAPACITY OVERLAP_SCHEDULE
   rm -rf "$work/logs"
   "$bin/dxs" up --model "$work/model" --attention "$2" --experts "$3" --gpus "$4" --wire-dtype bf16 \
-    --piecewise-graphs "$1" --low-latency-capacity "$5" --port "$port" --log-dir "$work/logs" \
-    >"$work/up.log" 2>&1 &
+    --piecewise-graphs "$1" --low-latency-capacity "$5" --overlap-schedule "$6" --port "$port" \
+    --log-dir "$work/logs" >"$work/up.log" 2>&1 &
   up=$!
   for _ in $(seq 1800); do grep -q "listening on" "$work/up.log" && return 0; sleep 0.2; done
   cat "$work/up.log" "$work"/logs/*.log >>"$log"
@@ -80,14 +82,15 @@ for cluster in $clusters; do
   # The LL run by default only where the processes have GPUs of their own.
   ll_capacity=${DXS_DECODE_LL_CAPACITY:-}
   [ -z "$ll_capacity" ] && { case $gpus in *,*) ll_capacity=128 ;; *) ll_capacity=0 ;; esac; }
-  modes="piecewise eager"
+  modes="piecewise no-overlap eager"
   [ "$ll_capacity" != 0 ] && modes="$modes low-latency"
   for mode in $modes; do
-    piecewise=true capacity=0
+    piecewise=true capacity=0 overlap=true
     label="$m attn + $n expert on GPUs $gpus, piecewise graphs"
+    [ $mode = no-overlap ] && overlap=false label="$label, --overlap-schedule false"
     [ $mode = eager ] && piecewise=false label="$m attn + $n expert on GPUs $gpus, eager"
     [ $mode = low-latency ] && capacity=$ll_capacity label="$m attn + $n expert on GPUs $gpus, LL cap $ll_capacity"
-    start_cluster $piecewise "$m" "$n" "$gpus" "$capacity" || exit 1
+    start_cluster $piecewise "$m" "$n" "$gpus" "$capacity" "$overlap" || exit 1
     for c in $concurrency; do
       cluster_json=$(timeout 300 "$bin/dxs" bench --router "127.0.0.1:$port" $(bench_args $c) 2>>"$log")
       echo "cluster $mode c=$c: $cluster_json" >>"$log"
