@@ -99,8 +99,10 @@ TEST_F(GpuCluster, OneAttentionOneExpertEqualsCudaEngine) {
   }
   EXPECT_EQ(ExchangeBytes(attention, "attention", 0, "send", "host"), 0);
   EXPECT_EQ(ExchangeBytes(expert, "expert", 0, "recv", "host"), 0);
-  // Decode steps ran in recorded graph segments (--piecewise-graphs, the default).
+  // Decode steps ran in recorded graph segments (--piecewise-graphs, the default), built
+  // ahead of the tokens of the step before (--overlap-schedule, the default).
   EXPECT_GT(testing::Value(attention, R"(dxs_piecewise_decode_steps_total{rank="0"})"), 0);
+  EXPECT_GT(testing::Value(attention, R"(dxs_steps_built_ahead_total{rank="0"})"), 0);
   // The prefill's MoE layers (bf16 activations on the bf16 wire): the model's norm wrote x
   // into the region the expert rank opened, and the expert rank answered into the model's
   // MoE output (StageBuffers).
@@ -134,6 +136,57 @@ TEST_F(GpuCluster, EagerDecodeStepsEqualCudaEngine) {
   // Every step's MoE layers with x and out staged in the region, decode steps included.
   EXPECT_GT(InPlace(attention, "output"), 0);
   EXPECT_EQ(InPlace(attention, "input"), InPlace(attention, "output"));
+}
+
+// --overlap-schedule=false, the A/B baseline of the default: every step's tokens read
+// before the next step is built; the same answers, and no step built ahead.
+TEST_F(GpuCluster, OverlapScheduleOffEqualsCudaEngine) {
+  std::map<std::string, double> attention, expert;
+  ASSERT_NO_FATAL_FAILURE(RunOneByOne({"--overlap-schedule=false"}, &attention, &expert));
+  EXPECT_EQ(testing::Value(attention, R"(dxs_steps_built_ahead_total{rank="0"})"), 0);
+  EXPECT_GT(testing::Value(attention, R"(dxs_piecewise_decode_steps_total{rank="0"})"), 0);
+}
+
+// --wire-dtype fp8 on the GPU: the attention rank quantizes its rows into FP8 records on
+// the device (QuantizeRowsFp8), the expert rank dequantizes them there; through the one-copy
+// region (the default) and device to device over UCX (--mapped-exchange=false) the tokens
+// are the same, and the records' bytes are counted exactly where they went.
+TEST_F(GpuCluster, Fp8WireRecordsThroughTheRegionAndTheTransportGiveTheSameTokens) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  const int64_t hidden = LoadModelConfig(dir)->hidden_size;
+  std::vector<std::vector<int32_t>> tokens[2];
+  for (const bool mapped : {true, false}) {
+    const std::string memory = mapped ? "mapped" : "device";
+    SCOPED_TRACE("memory=" + memory);
+    TempDir work;
+    ProcessCluster cluster(work.path());
+    OnGpu(&cluster);
+    ClusterSpec spec{dir, 1, 1, {}};
+    spec.wire_dtype = "fp8";
+    spec.attention_args = {mapped ? "--mapped-exchange=true" : "--mapped-exchange=false"};
+    absl::Status started = cluster.Start(spec);
+    ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+    for (int i = 0; i < 3; ++i) {
+      const testing::GenerateResult r =
+          cluster.Generate(0, "fp8-" + std::to_string(i), testing::ClusterPrompt(i, 4096), 8);
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster.DumpLogs();
+      tokens[mapped ? 0 : 1].push_back(r.tokens);
+    }
+    double sent = 0, dispatched = 0, pairs = 0;
+    for (const absl::Time give_up = absl::Now() + absl::Seconds(30); absl::Now() < give_up;) {
+      const auto attention = Samples(cluster.attention_metrics_address(0));
+      const auto expert = Samples(cluster.expert_metrics_address(0));
+      sent = ExchangeBytes(attention, "attention", 0, "send", memory);
+      dispatched = testing::SumOf(attention, "dxs_tokens_dispatched_total");
+      pairs = testing::SumOf(expert, "dxs_expert_tokens_total");
+      if (dispatched > 0 && sent == dispatched * Fp8RecordBytes(hidden) + 12 * pairs) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    ASSERT_GT(dispatched, 0);
+    EXPECT_EQ(sent, dispatched * Fp8RecordBytes(hidden) + 12 * pairs);
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
 }
 
 double LowLatencySteps(const std::map<std::string, double>& samples, const std::string& role,
