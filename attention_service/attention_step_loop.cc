@@ -164,7 +164,8 @@ absl::StatusOr<AttentionStepLoop::StepPlan> AttentionStepLoop::ExchangeStep(int6
 }
 
 std::optional<absl::StatusOr<Tensor>> AttentionStepLoop::ForwardLowLatency(
-    const StepPlan& plan, const std::vector<SequenceChunk>& chunks, const Tensor* input_ids) {
+    const StepPlan& plan, const std::vector<SequenceChunk>& chunks, const Tensor* input_ids,
+    const StepSamplingPlan* sampling, StepSamplingOutputs* sampled) {
   bool made_new = false;
   absl::StatusOr<bool> began =
       ll_->BeginStep(step_, plan.ll_generation, moe_->placement(), moe_->ep_peers(), &made_new);
@@ -181,20 +182,27 @@ std::optional<absl::StatusOr<Tensor>> AttentionStepLoop::ForwardLowLatency(
     if (absl::Status s = ll_->EmptyStep(); !s.ok()) return s;
     return model_->backend()->Allocate({0, model_->config().vocab_size}, DType::kF32);
   }
-  return model_->ForwardDecode(chunks, kv_, piecewise_ == PiecewiseDecode::kGraphs,
-                               /*sampling=*/nullptr, /*sampled=*/nullptr, input_ids);
+  return model_->ForwardDecode(chunks, kv_, piecewise_ == PiecewiseDecode::kGraphs, sampling,
+                               sampled, input_ids);
 }
 
 absl::StatusOr<AttentionStepLoop::InFlightStep> AttentionStepLoop::LaunchTokens(
     const Tensor& logits) {
   const StepSamplingPlan plan = scheduler_->PlanStepSampling();
+  DXS_ASSIGN_OR_RETURN(StepSamplingOutputs outputs,
+                       EnqueueStepSamplingOnBackend(model_->backend(), logits, plan));
+  return LaunchDownload(std::move(outputs), plan.logprobs);
+}
+
+absl::StatusOr<AttentionStepLoop::InFlightStep> AttentionStepLoop::LaunchDownload(
+    StepSamplingOutputs outputs, const StepLogprobShape& shape) {
   InFlightStep step;
-  DXS_ASSIGN_OR_RETURN(step.outputs, EnqueueStepSamplingOnBackend(model_->backend(), logits, plan));
+  step.outputs = std::move(outputs);
   // Two downloads alternate: a step's, and the step's built ahead of its tokens.
   step.tokens = &downloads_[next_download_];
   next_download_ ^= 1;
   DXS_RETURN_IF_ERROR(
-      EnqueueStepTokensDownload(model_->backend(), step.outputs, plan.logprobs, step.tokens));
+      EnqueueStepTokensDownload(model_->backend(), step.outputs, shape, step.tokens));
   return step;
 }
 
@@ -270,7 +278,19 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
     moe_->set_dp_ranks(plan->dp_mask, plan->dp_view);
     (void)moe_->UsePlacement(plan->placement_version);  // kept: else the current one
     std::optional<absl::StatusOr<Tensor>> ll_out;
-    if (plan->low_latency) ll_out = ForwardLowLatency(*plan, chunks, input_ids);
+    // A low-latency step sampled on the device alone samples inside its graph (the
+    // penalties, filters and log-probabilities too), as the single-process engine's
+    // decode steps do: only the ids and asked-for log-probabilities come back.
+    std::optional<StepSamplingPlan> graph_sampling;
+    StepSamplingOutputs graph_sampled;
+    if (plan->low_latency && !host_sampling && !host_rows && !chunks.empty()) {
+      graph_sampling = scheduler_->PlanStepSampling();
+      if (!graph_sampling->fork_rows.empty()) graph_sampling.reset();
+    }
+    if (plan->low_latency) {
+      ll_out = ForwardLowLatency(*plan, chunks, input_ids,
+                                 graph_sampling ? &*graph_sampling : nullptr, &graph_sampled);
+    }
     low_latency_step = ll_out.has_value();
     piecewise_step = !low_latency_step && piecewise_ != PiecewiseDecode::kOff &&
                      plan->num_micro_batches == 1 && Qwen3MoeModel::IsDecodeStep(chunks);
@@ -281,6 +301,13 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
                          : model_->Forward(chunks, kv_, plan->num_micro_batches, input_ids);
     if (!out.ok()) {
       outcome = out.status();
+    } else if (low_latency_step && graph_sampling) {
+      // Sampled in the graph: the tokens' copy to the host is queued; they are read now or,
+      // with overlap scheduling, after the next step is queued.
+      absl::StatusOr<InFlightStep> l =
+          LaunchDownload(std::move(graph_sampled), graph_sampling->logprobs);
+      outcome = l.status();
+      if (l.ok()) launched = *std::move(l);
     } else if (overlap_schedule_ && !host_sampling && !host_rows && !chunks.empty()) {
       // Sampled on the device alone: the tokens are read later, after the next step is
       // queued where it can be built ahead of them.

@@ -41,7 +41,8 @@
 // Low-latency decode (set_low_latency): each rank's step message also says whether its
 // step fits the low-latency exchange and which generation of it the rank wants; a step in
 // which every rank's fits runs over it (LowLatencyDecode), one CUDA graph replay a
-// step, with no host synchronisation between layers.
+// step, with no host synchronisation between layers, and the step's sampling in the same
+// graph where it is on the device alone.
 //
 // Thread safety: RunOnce is called by the step thread only; Wake and counters from any.
 #pragma once
@@ -161,10 +162,14 @@ class AttentionStepLoop {
   }
   absl::StatusOr<StepPlan> ExchangeStep(int64_t my_tokens, bool my_step_fits);
   // The step's forward pass over the low-latency exchange; nullopt: an expert rank has
-  // none, the step goes by the host-driven exchange. input_ids as Qwen3MoeModel::Forward's.
+  // none, the step goes by the host-driven exchange. input_ids as Qwen3MoeModel::Forward's;
+  // with `sampling` the step's sampling runs inside its graph into *sampled
+  // (Qwen3MoeModel::ForwardDecode).
   std::optional<absl::StatusOr<Tensor>> ForwardLowLatency(const StepPlan& plan,
                                                           const std::vector<SequenceChunk>& chunks,
-                                                          const Tensor* input_ids);
+                                                          const Tensor* input_ids,
+                                                          const StepSamplingPlan* sampling,
+                                                          StepSamplingOutputs* sampled);
   // This rank's overlap threshold as sent in step messages (off: the largest value).
   int32_t OverlapThresholdOnWire() const;
   // A step queued on the device whose tokens the host has not read (overlap scheduling).
@@ -175,6 +180,9 @@ class AttentionStepLoop {
   // Enqueues the device sampling of the step's logits (Scheduler::PlanStepSampling) and
   // the copy of its tokens to the host; nothing waits.
   absl::StatusOr<InFlightStep> LaunchTokens(const Tensor& logits);
+  // Enqueues the copy of sampled `outputs` (of that shape) to the host; nothing waits.
+  absl::StatusOr<InFlightStep> LaunchDownload(StepSamplingOutputs outputs,
+                                              const StepLogprobShape& shape);
   // Reads `step`'s tokens and hands them to the scheduler (FinishStepWithTokens), then
   // on_step_end. A failed read fails every request of the scheduler and returns why.
   absl::Status FinishTokens(InFlightStep step);
