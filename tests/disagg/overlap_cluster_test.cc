@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "model/engine.h"
 #include "tests/disagg/cluster_harness.h"
+#include "tests/model/overlap_requests.h"
 #include "tests/model/recording_sink.h"
 #include "tests/model/test_util.h"
 
@@ -67,16 +68,7 @@ void ExpectSameResults(const ClusterRun& got, const ClusterRun& want) {
     EXPECT_TRUE(b.status.ok()) << b.status;
     EXPECT_EQ(a.tokens, b.tokens);
     EXPECT_EQ(a.reason, b.reason);
-    ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
-    for (size_t t = 0; t < a.logprobs.size(); ++t) {
-      EXPECT_EQ(a.logprobs[t].token, b.logprobs[t].token) << "token " << t;
-      EXPECT_FLOAT_EQ(a.logprobs[t].logprob, b.logprobs[t].logprob) << "token " << t;
-      ASSERT_EQ(a.logprobs[t].top.size(), b.logprobs[t].top.size());
-      for (size_t k = 0; k < a.logprobs[t].top.size(); ++k) {
-        EXPECT_EQ(a.logprobs[t].top[k].first, b.logprobs[t].top[k].first) << "token " << t;
-        EXPECT_FLOAT_EQ(a.logprobs[t].top[k].second, b.logprobs[t].top[k].second) << "token " << t;
-      }
-    }
+    testing::ExpectSameLogprobs(a.logprobs, b.logprobs);
   }
 }
 
@@ -98,34 +90,11 @@ class OverlapCluster : public ::testing::Test {
 
 TEST_F(OverlapCluster, StepsGoAheadWithTheSameTokensAsWithout) {
   // Tokens of two requests alone, to stop them mid-stream on ids they do produce.
-  const std::vector<int32_t> solo_stop = EngineTokens(GreedyRequest({9, 10, 11}, 12));
-  const std::vector<int32_t> solo_min = EngineTokens(GreedyRequest({300, 301}, 12));
+  const std::vector<int32_t> solo_stop = EngineTokens(GreedyRequest(testing::StopPrompt(), 12));
+  const std::vector<int32_t> solo_min = EngineTokens(GreedyRequest(testing::MinNewPrompt(), 12));
   ASSERT_GE(solo_stop.size(), 6u);
   ASSERT_GE(solo_min.size(), 3u);
-  std::vector<GenerationRequest> requests;
-  requests.push_back(GreedyRequest({5, 6, 7, 8}, 16));  // to max_new_tokens
-  GenerationRequest stop = GreedyRequest({9, 10, 11}, 12);
-  stop.stop_token_ids = {solo_stop.at(5)};  // stops at its 6th token or before
-  requests.push_back(stop);
-  GenerationRequest seeded = GreedyRequest({20, 21, 22, 23, 24}, 14);
-  seeded.sampling.temperature = 0.9f;
-  seeded.sampling.top_p = 0.95f;
-  seeded.sampling.top_k = 50;
-  seeded.sampling.seed = 7;
-  seeded.logprobs = true;
-  seeded.top_logprobs = 3;
-  requests.push_back(seeded);
-  requests.push_back(GreedyRequest({60}, 1));  // done with its first token
-  GenerationRequest min_new = GreedyRequest({300, 301}, 12);
-  min_new.min_new_tokens = 4;  // the mask lifts after the 4th token
-  min_new.stop_token_ids = {solo_min.at(2)};
-  requests.push_back(min_new);
-  GenerationRequest penalised = GreedyRequest({70, 71, 72}, 10);
-  penalised.sampling.temperature = 0.7f;
-  penalised.sampling.seed = 3;
-  penalised.sampling.presence_penalty = 0.5f;
-  penalised.sampling.repetition_penalty = 1.2f;
-  requests.push_back(penalised);
+  std::vector<GenerationRequest> requests = testing::EarlyStopRequests(solo_stop, solo_min);
   // Enough plain decoders that the cluster's decode steps reach the two-batch-overlap
   // threshold (AttentionStepLoop::kDefaultOverlapMinTokens tokens over the DP ranks).
   for (int i = 0; i < 14; ++i) {

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "model/engine.h"
 #include "model/local_server.h"
+#include "tests/model/overlap_requests.h"
 #include "tests/model/recording_sink.h"
 #include "tests/model/test_util.h"
 
@@ -48,17 +49,8 @@ void ExpectSameResults(const std::vector<GenerationResult>& got,
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
     EXPECT_EQ(got[i].finish_reason, want[i].finish_reason) << "request " << i;
-    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << "request " << i;
-    for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
-      const TokenLogprobs &a = got[i].logprobs[t], &b = want[i].logprobs[t];
-      EXPECT_EQ(a.token, b.token) << "request " << i << " token " << t;
-      EXPECT_FLOAT_EQ(a.logprob, b.logprob) << "request " << i << " token " << t;
-      ASSERT_EQ(a.top.size(), b.top.size());
-      for (size_t k = 0; k < a.top.size(); ++k) {
-        EXPECT_EQ(a.top[k].first, b.top[k].first) << "request " << i << " token " << t;
-        EXPECT_FLOAT_EQ(a.top[k].second, b.top[k].second) << "request " << i << " token " << t;
-      }
-    }
+    SCOPED_TRACE(::testing::Message() << "request " << i);
+    testing::ExpectSameLogprobs(got[i].logprobs, want[i].logprobs);
   }
 }
 
@@ -83,33 +75,13 @@ TEST_F(OverlapSchedule, DecodeStepsGoAheadAndGiveTheSameTokens) {
 
 TEST_F(OverlapSchedule, EarlyStopsSamplingAndLogprobsEqualTheEngineWithout) {
   // Tokens of the requests alone, to stop them mid-stream on ids they do produce.
-  const EngineRun solo =
-      Generate(dir_, false, {GreedyRequest({9, 10, 11}, 12), GreedyRequest({300, 301}, 12)});
+  const EngineRun solo = Generate(
+      dir_, false,
+      {GreedyRequest(testing::StopPrompt(), 12), GreedyRequest(testing::MinNewPrompt(), 12)});
   ASSERT_EQ(solo.results.size(), 2u);
-  std::vector<GenerationRequest> requests;
-  requests.push_back(GreedyRequest({5, 6, 7, 8}, 16));  // to max_new_tokens
-  GenerationRequest stop = GreedyRequest({9, 10, 11}, 12);
-  stop.stop_token_ids = {solo.results[0].tokens.at(5)};  // stops at its 6th token or before
-  requests.push_back(stop);
-  GenerationRequest seeded = GreedyRequest({20, 21, 22, 23, 24}, 14);
-  seeded.sampling.temperature = 0.9f;
-  seeded.sampling.top_p = 0.95f;
-  seeded.sampling.top_k = 50;
-  seeded.sampling.seed = 7;
-  seeded.logprobs = true;
-  seeded.top_logprobs = 3;
-  requests.push_back(seeded);
-  requests.push_back(GreedyRequest({60}, 1));  // done with its first token
-  GenerationRequest min_new = GreedyRequest({300, 301}, 12);
-  min_new.min_new_tokens = 4;  // the mask lifts after the 4th token
-  min_new.stop_token_ids = {solo.results[1].tokens.at(2)};
-  requests.push_back(min_new);
-  GenerationRequest penalised = GreedyRequest({70, 71, 72}, 10);
-  penalised.sampling.temperature = 0.7f;
-  penalised.sampling.seed = 3;
-  penalised.sampling.presence_penalty = 0.5f;
-  penalised.sampling.repetition_penalty = 1.2f;
-  requests.push_back(penalised);
+  const std::vector<GenerationRequest> requests =
+      testing::EarlyStopRequests(solo.results[0].tokens, solo.results[1].tokens);
+  const GenerationRequest& penalised = requests.back();
 
   const EngineRun off = Generate(dir_, false, requests);
   const EngineRun on = Generate(dir_, true, requests);
