@@ -177,17 +177,27 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   for (int r = 0; r < num_ranks; ++r) ranks_with_rows += h.num_tokens_per_rank[r] > 0 ? 1 : 0;
   // Combines land in the handle's receive tensor (reused while big enough), or straight in
   // out when one rank holds every token in order and is the only rank with rows.
+  DispatchPlan plan;
   const int64_t n0 = ranks_with_rows == 1 ? total_rows : -1;
-  h.single_rank_in_order = n0 > 0 && n0 == h.num_tokens && out != nullptr && out->defined() &&
-                           out->num_elements() == n0 * hidden_;
-  h.takes_x.assign(num_ranks, false);
+  plan.single_rank_in_order = n0 > 0 && n0 == h.num_tokens && out != nullptr && out->defined() &&
+                              out->num_elements() == n0 * hidden_;
+  plan.takes_x.assign(num_ranks, false);
   for (int r = 0; r < num_ranks; ++r) {
     const int64_t n = h.num_tokens_per_rank[r];
-    h.takes_x[r] = n > 0 && n == h.num_tokens && x.dtype() == dtype && !options_.fp8_dispatch;
+    plan.takes_x[r] = n > 0 && n == h.num_tokens && x.dtype() == dtype && !options_.fp8_dispatch;
   }
-  DXS_RETURN_IF_ERROR(PlaceInRegion(micro, x, out, total_rows, total_pairs, &h));
-  h.into_out = !h.in_region && h.single_rank_in_order && out->dtype() == dtype;
-  if (!h.in_region && !h.into_out &&
+  DXS_RETURN_IF_ERROR(PlaceInRegion(micro, x, out, total_rows, total_pairs, &plan, &h));
+  const bool into_out = !plan.in_region && plan.single_rank_in_order && out->dtype() == dtype;
+  // Where the answers will be: in out already (straight from the transport, or from the
+  // rank that answered into the staged out), one rank's in order (copied), or summed.
+  h.read_staged_x = plan.in_region &&
+                    std::find(plan.takes_x.begin(), plan.takes_x.end(), true) != plan.takes_x.end();
+  h.answered_staged_out = plan.out_in_region && out->buffer() == h.recv_rows.buffer() &&
+                          out->offset_bytes() == h.recv_rows.offset_bytes();
+  h.answers = into_out || h.answered_staged_out             ? DispatchHandle::Answers::kInOut
+              : plan.in_region && plan.single_rank_in_order ? DispatchHandle::Answers::kCopy
+                                                            : DispatchHandle::Answers::kSum;
+  if (!plan.in_region && !into_out &&
       (!h.recv_rows.defined() || h.recv_rows.rows() < total_rows || h.recv_rows.dtype() != dtype)) {
     DXS_ASSIGN_OR_RETURN(h.recv_rows,
                          backend_->Allocate({std::max<int64_t>(total_rows, 1), hidden_}, dtype));
@@ -197,9 +207,9 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   bool packed = false;
   for (int r = 0; r < num_ranks; ++r) {
     const int64_t n = h.num_tokens_per_rank[r];
-    if (n == 0 || h.takes_x[r]) continue;
+    if (n == 0 || plan.takes_x[r]) continue;
     const DType send_dtype = options_.fp8_dispatch ? DType::kF8E4M3 : dtype;
-    if (!packed && !h.in_region &&
+    if (!packed && !plan.in_region &&
         (!h.send_rows.defined() || h.send_rows.rows() < total_rows ||
          h.send_rows.dtype() != send_dtype || h.send_rows.row_size() != send_row_size_)) {
       DXS_ASSIGN_OR_RETURN(h.send_rows,
@@ -219,12 +229,12 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
     Tensor rows = h.layout.token_rows.Rows(h.token_offsets[r], n);
     DXS_RETURN_IF_ERROR(backend_->GatherRows(x, rows, &region));
   }
-  if (h.in_region && total_pairs > 0) {
+  if (plan.in_region && total_pairs > 0) {
     DXS_RETURN_IF_ERROR(backend_->Copy(h.layout.pairs.Rows(0, 3 * total_pairs), &h.pairs));
   }
   // An EP rank reads its rows in place as soon as its header arrives: in a region, the
   // pack (and whatever wrote x) must have finished before the headers go.
-  absl::Status written = h.in_region ? RowsWritten() : absl::OkStatus();
+  absl::Status written = plan.in_region ? RowsWritten() : absl::OkStatus();
   // Headers (the counts size the receives), then the one group: to every EP rank its rows
   // and pairs, from every EP rank its combine rows, zero sizes included; with a rank that
   // maps the region, only its status back. Keep announcing after a failure so the healthy
@@ -235,7 +245,7 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   for (int r = 0; r < num_ranks && written.ok(); ++r) {
     // Ranks holding no expert of this placement take no part (and have no rows).
     if (r >= placement_.num_ranks() || placement_.experts_of(r).empty()) continue;
-    absl::Status s = SendHeader(r, micro, num_micro, h);
+    absl::Status s = SendHeader(r, micro, num_micro, h, plan);
     if (!s.ok()) {
       if (send_status.ok()) {
         send_status =
@@ -269,21 +279,21 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
       mapped_received += rows_bytes;
       continue;
     }
-    const bool straight = h.takes_x[r];
+    const bool straight = plan.takes_x[r];
     uint8_t* rows = nullptr;
     uint8_t* answer = nullptr;
     if (n > 0) {
       rows = straight ? static_cast<uint8_t*>(backend_->TransportAddress(x))
                       : static_cast<uint8_t*>(backend_->TransportAddress(h.send_rows)) +
                             h.token_offsets[r] * send_row_bytes;
-      answer = h.into_out ? static_cast<uint8_t*>(backend_->TransportAddress(*out))
-                          : static_cast<uint8_t*>(backend_->TransportAddress(h.recv_rows)) +
-                                h.token_offsets[r] * row_bytes;
+      answer = into_out ? static_cast<uint8_t*>(backend_->TransportAddress(*out))
+                        : static_cast<uint8_t*>(backend_->TransportAddress(h.recv_rows)) +
+                              h.token_offsets[r] * row_bytes;
     }
     transfers_.push_back({Transfer::Kind::kSend, peer, rows, send_bytes, memory});
     // The rank's pairs, one block straight from the layout: rows | experts | weights.
-    uint8_t* pairs =
-        static_cast<uint8_t*>(backend_->TransportAddress(h.in_region ? h.pairs : h.layout.pairs));
+    uint8_t* pairs = static_cast<uint8_t*>(
+        backend_->TransportAddress(plan.in_region ? h.pairs : h.layout.pairs));
     transfers_.push_back(
         {Transfer::Kind::kSend, peer,
          pair_bytes > 0 ? pairs + 3 * h.pair_offsets[r] * sizeof(int32_t) : nullptr, 3 * pair_bytes,
@@ -294,14 +304,14 @@ absl::StatusOr<std::unique_ptr<MoeHandle>> RemoteMoeExecutor::Dispatch(
   h.num_transfers = transfers_.size();
   // The transport reads the rows as soon as the group is posted: the pack (and whatever
   // wrote x) must have finished on the backend's queue.
-  if (written.ok() && !h.in_region) {
+  if (written.ok() && !plan.in_region) {
     written = RowsWritten();
     if (!written.ok() && send_status.ok()) send_status = written;
   }
   if (written.ok()) {
     if (observer_ != nullptr) {
       observer_->OnExchange(transfers_.data(), transfers_.size());
-      if (h.in_region) observer_->OnMappedBytes(mapped_sent, mapped_received);
+      if (plan.in_region) observer_->OnMappedBytes(mapped_sent, mapped_received);
     }
     absl::StatusOr<ExchangeId> group = transport_->PostExchange(
         ExchangeTag(WireHeader::Key(step_, layer, micro)), transfers_.data(), transfers_.size());
@@ -399,14 +409,16 @@ bool RemoteMoeExecutor::StageBuffers(int micro, int64_t rows, DType dtype, Tenso
 
 absl::Status RemoteMoeExecutor::PlaceInRegion(int micro, const Tensor& x, const Tensor* out,
                                               int64_t total_rows, int64_t total_pairs,
-                                              DispatchHandle* handle) {
+                                              DispatchPlan* dispatch, DispatchHandle* handle) {
   DispatchHandle& h = *handle;
+  DispatchPlan& plan = *dispatch;
   const int num_ranks = static_cast<int>(ep_peers_.size());
-  if (h.in_region) {
+  if (h.region_views) {
     // Views of a region: never reused by a dispatch that does not place in one.
     h.send_rows = h.recv_rows = h.pairs = Tensor();
+    h.region_views = false;
   }
-  h.in_region = h.device_region = h.out_in_region = false;
+  plan.in_region = plan.device_region = plan.out_in_region = false;
   h.statuses.assign(num_ranks, 0);
   if (!MappableRanks(&h.mapped)) return absl::OkStatus();
   const DType dtype = options_.wire_dtype;
@@ -420,11 +432,11 @@ absl::Status RemoteMoeExecutor::PlaceInRegion(int micro, const Tensor& x, const 
            t.offset_bytes() + t.num_bytes() <= base;
   };
   bool x_staged = staged(x);
-  bool out_staged = h.single_rank_in_order && staged(*out);
+  bool out_staged = plan.single_rank_in_order && staged(*out);
   // Packed rows unless every rank with rows reads x itself; answers unless they go to out.
   bool pack = false;
   for (int r = 0; r < num_ranks; ++r) {
-    pack = pack || (h.num_tokens_per_rank[r] > 0 && !(x_staged && h.takes_x[r]));
+    pack = pack || (h.num_tokens_per_rank[r] > 0 && !(x_staged && plan.takes_x[r]));
   }
   // The region: the staged buffers, then packed rows (FP8 records with fp8_dispatch),
   // answers and the pairs' blocks.
@@ -447,12 +459,12 @@ absl::Status RemoteMoeExecutor::PlaceInRegion(int micro, const Tensor& x, const 
     send_bytes = packed_bytes;
     recv_bytes = rows_bytes;
   }
-  h.in_region = true;
-  h.device_region = backend_->capabilities().device_memory;
+  plan.in_region = h.region_views = true;
+  plan.device_region = backend_->capabilities().device_memory;
   // In a region, x is read as it is only where it was staged.
-  if (!x_staged) h.takes_x.assign(num_ranks, false);
-  h.x_at = x_staged ? static_cast<int64_t>(x.offset_bytes()) : 0;
-  h.out_in_region = out_staged;
+  if (!x_staged) plan.takes_x.assign(num_ranks, false);
+  plan.x_at = x_staged ? static_cast<int64_t>(x.offset_bytes()) : 0;
+  plan.out_in_region = out_staged;
   if (send_bytes == 0) {
     h.send_rows = Tensor();
   } else if (options_.fp8_dispatch) {
@@ -476,8 +488,8 @@ absl::Status RemoteMoeExecutor::RowsWritten() {
   return backend_->SynchronizeEvent(rows_written_.get());
 }
 
-absl::Status RemoteMoeExecutor::SendHeader(int r, int micro, int num_micro,
-                                           const DispatchHandle& h) {
+absl::Status RemoteMoeExecutor::SendHeader(int r, int micro, int num_micro, const DispatchHandle& h,
+                                           const DispatchPlan& plan) {
   WireHeader header;
   header.kind = MessageKind::kDispatch;
   header.wire_dtype = options_.wire_dtype;
@@ -495,10 +507,10 @@ absl::Status RemoteMoeExecutor::SendHeader(int r, int micro, int num_micro,
   if (!h.mapped[r]) return transport_->Send(ep_peers_[r], header.Encode(), nullptr, 0);
   // The rows, pairs and answers of this rank in the region (offsets from its start).
   const size_t row_bytes = static_cast<size_t>(hidden_) * DTypeSize(options_.wire_dtype);
-  header.flags |= WireHeader::kMapped | (h.device_region ? WireHeader::kDeviceRegion : 0);
-  header.rows_at = h.takes_x[r] ? h.x_at
-                                : static_cast<int64_t>(h.send_rows.offset_bytes() +
-                                                       h.token_offsets[r] * DispatchRowBytes());
+  header.flags |= WireHeader::kMapped | (plan.device_region ? WireHeader::kDeviceRegion : 0);
+  header.rows_at = plan.takes_x[r] ? plan.x_at
+                                   : static_cast<int64_t>(h.send_rows.offset_bytes() +
+                                                          h.token_offsets[r] * DispatchRowBytes());
   header.answers_at =
       static_cast<int64_t>(h.recv_rows.offset_bytes() + h.token_offsets[r] * row_bytes);
   header.pairs_at =
@@ -547,27 +559,31 @@ absl::Status RemoteMoeExecutor::Combine(std::unique_ptr<MoeHandle> handle, Tenso
             ? " could not map this rank's region; its rounds go by copy from now on"
             : absl::StrCat(" answered status ", h.statuses[r])));
   }
+  // Straight into out from the transport (not through a region's staged out).
+  const bool into_out = h.answers == DispatchHandle::Answers::kInOut && !h.answered_staged_out;
   for (int r = 0; r < num_ranks; ++r) {
     ++counters_->combines_in_target;
     if (h.mapped[r]) ++counters_->combines_mapped;
-    if (h.into_out && h.num_tokens_per_rank[r] > 0) ++counters_->combines_into_out;
+    if (into_out && h.num_tokens_per_rank[r] > 0) ++counters_->combines_into_out;
     counters_->tokens_combined[r] += h.num_tokens_per_rank[r];
   }
-  const bool read_from_x =
-      h.in_region && std::find(h.takes_x.begin(), h.takes_x.end(), true) != h.takes_x.end();
-  if (read_from_x) ++counters_->dispatches_from_staged_x;
-  const bool answered_into_out = h.out_in_region && out->buffer() == h.recv_rows.buffer() &&
-                                 out->offset_bytes() == h.recv_rows.offset_bytes();
-  if (answered_into_out) ++counters_->combines_into_staged_out;
-  if (h.in_region && h.single_rank_in_order) {
-    // One rank answered every token, in order: its rows are the output.
-    if (!answered_into_out) DXS_RETURN_IF_ERROR(backend_->Copy(h.recv_rows, out));
-  } else if (!h.into_out) {
-    DXS_RETURN_IF_ERROR(
-        backend_->CombineRows(h.recv_rows, h.layout.token_rows, h.token_offsets, out));
+  if (h.read_staged_x) ++counters_->dispatches_from_staged_x;
+  if (h.answered_staged_out) ++counters_->combines_into_staged_out;
+  switch (h.answers) {
+    case DispatchHandle::Answers::kInOut:
+      break;
+    case DispatchHandle::Answers::kCopy:  // one rank answered every token, in order
+      DXS_RETURN_IF_ERROR(backend_->Copy(h.recv_rows, out));
+      break;
+    case DispatchHandle::Answers::kSum:
+      DXS_RETURN_IF_ERROR(
+          backend_->CombineRows(h.recv_rows, h.layout.token_rows, h.token_offsets, out));
+      break;
   }
   if (observer_ != nullptr) {
-    if (read_from_x || answered_into_out) observer_->OnInPlace(read_from_x, answered_into_out);
+    if (h.read_staged_x || h.answered_staged_out) {
+      observer_->OnInPlace(h.read_staged_x, h.answered_staged_out);
+    }
     observer_->OnCombine(h.num_tokens_per_rank, SecondsSince(combine_start));
     answer_seconds_.assign(num_ranks, 0.0);
     answered_.assign(num_ranks, false);

@@ -76,7 +76,9 @@ inline MemoryType TransportMemoryOf(const Backend& backend) {
 }
 
 // Everything Combine needs about one dispatched micro-batch (DeepEP's handle): the layout
-// on the backend, its per-rank counts and offsets on the host, and where the combines land.
+// on the backend, its per-rank counts and offsets on the host, and where the answers are
+// once its exchange is done. How the rows went out (packed or not, through a region or the
+// transport) is the dispatch's business (RemoteMoeExecutor::DispatchPlan), not the handle's.
 struct DispatchHandle final : MoeHandle {
   // Abandons an exchange still in flight (a handle dropped without its combine).
   ~DispatchHandle() override;
@@ -87,27 +89,27 @@ struct DispatchHandle final : MoeHandle {
   DispatchLayoutTensors layout;
   std::vector<int64_t> num_tokens_per_rank, num_pairs_per_rank;
   std::vector<int64_t> token_offsets, pair_offsets;  // R + 1 each
-  Tensor send_rows;       // packed dispatch rows [sum tokens, hidden], wire dtype
-  Tensor recv_rows;       // combine rows, the same layout
-  bool into_out = false;  // the one rank with rows answers straight into out
-  // One rank holds every token, in order, and no other rank has rows: its answers are the
-  // output (rounded once if out is narrower).
-  bool single_rank_in_order = false;
-  // The one-copy exchange: send_rows, recv_rows and pairs are views of a mapped region;
-  // mapped[r]: EP rank r reads and answers in place (its status lands in statuses[r]).
-  bool in_region = false;
-  bool device_region = false;  // in_region: a GPU block the backend shares (CUDA IPC)
-  // Per EP rank: its rows are x as it is (every token, in order, in the wire dtype), sent
-  // or read without a pack. In a region only when x is the region's staged buffer
-  // (RemoteMoeExecutor::StageBuffers), at byte x_at.
-  std::vector<bool> takes_x;
-  int64_t x_at = 0;
-  // in_region: out is the staged buffer too, and the one rank of single_rank_in_order
-  // answers straight into it (recv_rows is out).
-  bool out_in_region = false;
-  Tensor pairs;  // in_region: the pairs' blocks, [3 * sum pairs] i32
+  // What Combine does with the answers.
+  enum class Answers : uint8_t {
+    kSum,    // in recv_rows, each rank's at its token offset: summed into out (CombineRows)
+    kCopy,   // in recv_rows, one rank's, every token in order: copied into out (rounded once)
+    kInOut,  // in out already: the one rank with rows answered straight into it
+  };
+  Answers answers = Answers::kSum;
+  // Per EP rank: it read its rows and answered in this rank's mapped region (the one-copy
+  // exchange); its status lands in statuses[r].
   std::vector<bool> mapped;
   std::vector<int32_t> statuses;
+  // For DispatchObserver::OnInPlace: EP ranks read x where the model staged it, and the
+  // answers landed in the model's staged out (RemoteMoeExecutor::StageBuffers).
+  bool read_staged_x = false;
+  bool answered_staged_out = false;
+  // Storage kept for the next dispatch: packed rows [sum tokens, send row] (the wire dtype,
+  // or FP8 records), answers [sum tokens, hidden], and in a region the pairs' blocks [3 *
+  // sum pairs] i32. region_views: they are views of a mapped region, never reused outside
+  // one.
+  Tensor send_rows, recv_rows, pairs;
+  bool region_views = false;
   std::optional<ExchangeId> group;  // the posted exchange, until Combine waits for it
   // When the dispatch began (steady clock, ns), the group's size, and per EP rank the index
   // in the group of the receive of its answer (-1: not in the step): each EP rank's answer
@@ -260,13 +262,33 @@ class RemoteMoeExecutor final : public MoeExecutor {
   absl::Status Layout(const Tensor& ids, const Tensor& weights, DispatchHandle* h);
   // Waits until the work queued so far (the pack) has written its rows.
   absl::Status RowsWritten();
+  // How one dispatch moves its rows, decided by Dispatch (and PlaceInRegion) and read by
+  // SendHeader.
+  struct DispatchPlan {
+    // One rank holds every token, in order, and no other rank has rows: its answers are the
+    // output (rounded once if out is narrower).
+    bool single_rank_in_order = false;
+    // The one-copy exchange: the handle's send_rows, recv_rows and pairs are views of a
+    // mapped region, which the ranks of h.mapped read and answer in.
+    bool in_region = false;
+    bool device_region = false;  // in_region: a GPU block the backend shares (CUDA IPC)
+    // Per EP rank: its rows are x as it is (every token, in order, in the wire dtype), sent
+    // or read without a pack. In a region only when x is the region's staged buffer
+    // (StageBuffers), at byte x_at.
+    std::vector<bool> takes_x;
+    int64_t x_at = 0;
+    // in_region: out is the staged buffer too, and the one rank of single_rank_in_order
+    // answers straight into it (recv_rows is out).
+    bool out_in_region = false;
+  };
   // EP rank r's dispatch header on the control channel.
-  absl::Status SendHeader(int r, int micro, int num_micro, const DispatchHandle& h);
+  absl::Status SendHeader(int r, int micro, int num_micro, const DispatchHandle& h,
+                          const DispatchPlan& plan);
   // Which in-step EP ranks take this micro-batch's rows in place; when any does, points
   // the handle's buffers into micro-batch slot `micro`'s region (mapped, or grown, here),
   // after its staged x and out when the caller built x there (and answers into out there).
   absl::Status PlaceInRegion(int micro, const Tensor& x, const Tensor* out, int64_t total_rows,
-                             int64_t total_pairs, DispatchHandle* h);
+                             int64_t total_pairs, DispatchPlan* plan, DispatchHandle* h);
   // Into *mapped (per EP rank): the ranks of the placement that can map this rank's
   // memory; false if none can (or regions are off, or the backend's memory cannot be).
   bool MappableRanks(std::vector<bool>* mapped) const;
