@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<LowLatencyDecode>> LowLatencyDecode::Make(
       dp_rank, num_dp, capacity, config, backend, transport, host_driven, timeout));
   // Whether this backend has the exchange at all: one for a single expert rank, dropped.
   DXS_RETURN_IF_ERROR(
-      backend->MakeLowLatencyExchange(ll->Shape(1), LowLatencySide::kAttention, dp_rank).status());
+      MakeLowLatencyExchange(backend, ll->Shape(1), LowLatencySide::kAttention, dp_rank).status());
   const int64_t hidden = config.hidden_size, top_k = config.num_experts_per_tok;
   DXS_ASSIGN_OR_RETURN(ll->empty_x_, backend->Allocate({0, hidden}, DType::kBF16));
   DXS_ASSIGN_OR_RETURN(ll->empty_ids_, backend->Allocate({0, top_k}, DType::kI32));
@@ -103,8 +103,8 @@ absl::StatusOr<bool> LowLatencyDecode::Connect(uint64_t step, uint32_t generatio
   DXS_ASSIGN_OR_RETURN(Tensor owners, backend_->Allocate({config_.num_experts}, DType::kI32));
   DXS_RETURN_IF_ERROR(backend_->CopyFromHost(owner.data(), DType::kI32, &owners));
   DXS_ASSIGN_OR_RETURN(
-      exchange_, backend_->MakeLowLatencyExchange(Shape(static_cast<int>(expert_peers_.size())),
-                                                  LowLatencySide::kAttention, dp_rank_));
+      exchange_, MakeLowLatencyExchange(backend_, Shape(static_cast<int>(expert_peers_.size())),
+                                        LowLatencySide::kAttention, dp_rank_));
   generation_ = generation;
   placement_version_ = placement.version();
   DXS_RETURN_IF_ERROR(Tell(step, /*connect=*/true));

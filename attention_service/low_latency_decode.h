@@ -1,6 +1,7 @@
 // LowLatencyDecode: an attention worker's decode steps over the low-latency exchange
-// (kernels/low_latency_exchange.h) to expert workers in other processes: the attention
-// service's side of the low-latency decode path (`dxs-attention --low-latency-capacity N`).
+// (dataplane/low_latency/low_latency_exchange.h) to expert workers in other processes: the
+// attention service's side of the low-latency decode path (`dxs-attention --low-latency-capacity
+// N`).
 //
 // Which steps: the DP ranks decide together in the step exchange (AttentionStepLoop). A
 // rank's step fits when it is decode-shaped (one token per request, or no request) and its
@@ -38,11 +39,11 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/model_config.h"
-#include "dataplane/dispatch/low_latency_moe_executor.h"
 #include "dataplane/dispatch/placement.h"
+#include "dataplane/low_latency/low_latency_exchange.h"
+#include "dataplane/low_latency/low_latency_moe_executor.h"
 #include "dataplane/transport/transport.h"
 #include "kernels/backend.h"
-#include "kernels/low_latency_exchange.h"
 #include "kernels/moe_executor.h"
 
 namespace dxs {

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "common/status_macros.h"
+#include "dataplane/low_latency/cuda/cuda_low_latency_exchange.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #if DXS_HAVE_FLASHINFER
@@ -869,4 +870,8 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace dxs
 
-int main(int argc, char** argv) { return dxs::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // This binary links the CUDA backend in: its low-latency exchange too (not the plugin's).
+  dxs::UseInProcessLowLatencyExchange(dxs::MakeCudaLowLatencyExchange);
+  return dxs::Main(argc, argv);
+}

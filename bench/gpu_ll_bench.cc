@@ -1,5 +1,5 @@
-// gpu_ll_bench: the low-latency exchange's round trip (kernels/cuda/ll_exchange.cuh) between
-// an attention rank and an expert rank of one process, each on its own stream (and, with
+// gpu_ll_bench: the low-latency exchange's round trip (dataplane/low_latency/cuda/ll_exchange.cuh)
+// between an attention rank and an expert rank of one process, each on its own stream (and, with
 // --devices A,B, the attention rank on GPU A and the expert rank on GPU B, each storing
 // into the other's memory through peer access: NVLink between two H200s) and each
 // replaying its CUDA graph: dispatch send, the expert's wait and combine send (its experts
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/ll_exchange.cuh"
+#include "dataplane/low_latency/cuda/ll_exchange.cuh"
 
 namespace {
 

@@ -30,8 +30,8 @@ absl::StatusOr<std::unique_ptr<LocalLowLatencyExperts>> LocalLowLatencyExperts::
     DXS_ASSIGN_OR_RETURN(ExpertWeightMap map,
                          LoadExpertWeights(weights, config, held, rank.backend.get()));
     rank.shard = std::make_unique<ExpertShard>(config, std::move(map), rank.backend.get());
-    DXS_ASSIGN_OR_RETURN(rank.exchange,
-                         rank.backend->MakeLowLatencyExchange(shape, LowLatencySide::kExpert, r));
+    DXS_ASSIGN_OR_RETURN(rank.exchange, MakeLowLatencyExchange(rank.backend.get(), shape,
+                                                               LowLatencySide::kExpert, r));
   }
   return experts;
 }
@@ -44,7 +44,7 @@ absl::StatusOr<std::unique_ptr<MoeExecutor>> LocalLowLatencyExperts::AttachAtten
     const ModelConfig& config, Backend* backend) {
   if (attention_ != nullptr) return absl::FailedPreconditionError("an attention rank is attached");
   DXS_ASSIGN_OR_RETURN(attention_,
-                       backend->MakeLowLatencyExchange(shape_, LowLatencySide::kAttention, 0));
+                       MakeLowLatencyExchange(backend, shape_, LowLatencySide::kAttention, 0));
   std::vector<std::string> keys;
   for (Rank& rank : ranks_) keys.push_back(rank.exchange->region_key());
   DXS_RETURN_IF_ERROR(attention_->Connect(keys));

@@ -1,6 +1,6 @@
 // LocalLowLatencyExperts: expert ranks inside this process that answer one attention rank
-// over the low-latency exchange (kernels/low_latency_exchange.h), each rank a backend of its
-// own (its own stream) and the experts split across them (expert e on rank e % ranks). Each
+// over the low-latency exchange (dataplane/low_latency/low_latency_exchange.h), each rank a backend
+// of its own (its own stream) and the experts split across them (expert e on rank e % ranks). Each
 // rank has a thread that runs a step (every MoE layer's round) after step, as an expert
 // worker's loop would: one launch of the step's CUDA graph (recorded when the rank was
 // attached, before any round ran; where the backend has graphs) and one status read. The ranks
@@ -33,10 +33,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/model_config.h"
-#include "dataplane/dispatch/low_latency_moe_executor.h"
+#include "dataplane/low_latency/low_latency_exchange.h"
+#include "dataplane/low_latency/low_latency_moe_executor.h"
 #include "expert_service/low_latency_expert_rounds.h"
 #include "kernels/backend.h"
-#include "kernels/low_latency_exchange.h"
 #include "kernels/moe_executor.h"
 #include "model/expert_shard.h"
 #include "model/weights.h"

@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<LowLatencyExpertRounds>> LowLatencyExpertRounds::
   DXS_RETURN_IF_ERROR(backend->CopyFromHost(no_expert.data(), DType::kI32, &none.experts));
   DXS_RETURN_IF_ERROR(backend->CopyFromHost(spare_row.data(), DType::kI32, &none.out_rows));
   for (int l = 0; l < layers; ++l) {
-    if (config.IsMoeLayer(l)) DXS_RETURN_IF_ERROR(shard->ForwardLowLatency(l, none, &rounds->y_));
+    if (config.IsMoeLayer(l)) DXS_RETURN_IF_ERROR(shard->ForwardCountedPairs(l, none, &rounds->y_));
   }
   DXS_RETURN_IF_ERROR(backend->Synchronize());
   // The step's graph, recorded now (not run): recording in a first live step would allocate
@@ -72,7 +72,7 @@ absl::Status LowLatencyExpertRounds::Round(int layer) {
   }
   DXS_RETURN_IF_ERROR(
       exchange_->Receive(held_.Rows(layer, 1).Reshape({held_.row_size()}), &pairs_));
-  DXS_RETURN_IF_ERROR(shard_->ForwardLowLatency(layer, pairs_, &y_));
+  DXS_RETURN_IF_ERROR(shard_->ForwardCountedPairs(layer, pairs_, &y_));
   return exchange_->Send(y_);
 }
 

@@ -1,7 +1,7 @@
 // LowLatencyExpertRounds: an expert rank's side of the low-latency exchange
-// (kernels/low_latency_exchange.h) over the experts its ExpertShard holds. Round(layer)
-// enqueues the wait for every attention rank's rows, the experts over them
-// (ExpertShard::ForwardLowLatency) and the answers' send, and returns: the ranks' waits
+// (dataplane/low_latency/low_latency_exchange.h) over the experts its ExpertShard holds.
+// Round(layer) enqueues the wait for every attention rank's rows, the experts over them
+// (ExpertShard::ForwardCountedPairs) and the answers' send, and returns: the ranks' waits
 // run on the device, so a worker enqueues (or replays from a graph) a whole step's rounds
 // at once and looks at the host only for CheckStatus.
 #pragma once
@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/low_latency_exchange.h"
+#include "dataplane/low_latency/low_latency_exchange.h"
 #include "model/expert_shard.h"
 
 namespace dxs {

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "dataplane/dispatch/low_latency_moe_executor.h"
+#include "dataplane/low_latency/low_latency_moe_executor.h"
 
 namespace dxs {
 
@@ -22,8 +22,8 @@ absl::Status LowLatencyExpertSteps::Make(const WireHeader& first,
   }
   const LowLatencyShape shape =
       LowLatencyShapeOf(config_, static_cast<int>(keys.size()), first.ll_ranks, first.ll_capacity);
-  DXS_ASSIGN_OR_RETURN(exchange_, shard_->backend()->MakeLowLatencyExchange(
-                                      shape, LowLatencySide::kExpert, first.ll_rank));
+  DXS_ASSIGN_OR_RETURN(exchange_, MakeLowLatencyExchange(shard_->backend(), shape,
+                                                         LowLatencySide::kExpert, first.ll_rank));
   DXS_RETURN_IF_ERROR(exchange_->Connect(keys));
   // Warms every layer's experts up (LowLatencyExpertRounds::Make) before the answer: the
   // DP ranks' waits count from their first dispatch, which follows it.

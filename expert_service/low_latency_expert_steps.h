@@ -1,6 +1,6 @@
 // LowLatencyExpertSteps: an expert worker's decode steps over the low-latency exchange
-// (kernels/low_latency_exchange.h) between processes: the expert service's side of the
-// low-latency decode path.
+// (dataplane/low_latency/low_latency_exchange.h) between processes: the expert service's side of
+// the low-latency decode path.
 //
 // The DP ranks decide each step's path together (AttentionStepLoop): a step that goes this
 // way reaches an expert rank as one kLowLatencyStep message from every DP rank
@@ -29,9 +29,9 @@
 #include "absl/status/status.h"
 #include "common/model_config.h"
 #include "dataplane/dispatch/wire.h"
+#include "dataplane/low_latency/low_latency_exchange.h"
 #include "dataplane/transport/transport.h"
 #include "expert_service/low_latency_expert_rounds.h"
-#include "kernels/low_latency_exchange.h"
 #include "model/expert_shard.h"
 
 namespace dxs {

@@ -40,13 +40,6 @@ absl::StatusOr<std::shared_ptr<Buffer>> DeviceRuntime::OpenShared(std::string_vi
       absl::StrCat("the ", name(), " backend shares no memory with other processes"));
 }
 
-absl::StatusOr<std::unique_ptr<LowLatencyExchange>> DeviceRuntime::MakeLowLatencyExchange(
-    const LowLatencyShape&, LowLatencySide, int) {
-  return absl::UnimplementedError(absl::StrCat(
-      "the ", name(),
-      " backend has no low-latency exchange (a CUDA path; the host-driven exchange serves it)"));
-}
-
 absl::StatusOr<CapturedGraph> DeviceRuntime::CaptureGraph(
     const std::function<absl::StatusOr<Tensor>()>& body, Tensor* eager_output) {
   return absl::UnimplementedError(absl::StrCat("the ", name(), " backend has no graphs"));

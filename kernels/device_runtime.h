@@ -24,7 +24,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/low_latency_exchange.h"
 #include "kernels/tensor.h"
 
 namespace dxs {
@@ -71,6 +70,10 @@ struct BackendCapabilities {
   bool narrow_expert_rows = true;
   // QuantizeRowsFp8 and DequantizeRowsFp8 (the FP8 dispatch of --wire-dtype fp8).
   bool fp8_dispatch_rows = false;
+  // The data plane's low-latency exchange runs on it (dataplane/low_latency/: rounds
+  // enqueued on this backend's queue, rows written into regions peers map, nothing
+  // synchronising with the host). False: the host-driven exchange serves every step.
+  bool low_latency_exchange = false;
 };
 
 class DeviceRuntime {
@@ -141,12 +144,6 @@ class DeviceRuntime {
   // until the Buffer goes. INVALID_ARGUMENT for a key that names none; UNIMPLEMENTED where
   // nothing is shared.
   virtual absl::StatusOr<std::shared_ptr<Buffer>> OpenShared(std::string_view key);
-  // One rank's side of the low-latency exchange of decode steps (kernels/low_latency_exchange.h):
-  // its receive region made here, the rounds enqueued on this backend's queue.
-  // UNIMPLEMENTED where the backend has none (the CPU's: the host-driven exchange serves
-  // it).
-  virtual absl::StatusOr<std::unique_ptr<LowLatencyExchange>> MakeLowLatencyExchange(
-      const LowLatencyShape& shape, LowLatencySide side, int rank);
   virtual bool SupportsGraphs() const { return false; }
   // Runs `body` once eagerly (its result goes to *eager_output), then records it into a
   // graph. During both, the backend allocates from a pool of its own that eager work never

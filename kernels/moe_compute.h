@@ -52,6 +52,18 @@ struct PairSegment {
 // a kernel argument on a device.
 inline constexpr int kMaxPairSegments = 128;
 
+// Pairs sized by a capacity whose count only the device knows (a low-latency round's): entry
+// p takes x row rows[p] through expert experts[p] and adds weights[p] times the result to
+// out row out_rows[p]. Entries that are no pair have expert num_experts (after every real
+// one when sorted by expert) and an out row past the rows that are summed.
+struct CountedPairs {
+  Tensor x;         // [rows, hidden]
+  Tensor rows;      // i32 [P]
+  Tensor experts;   // i32 [P]
+  Tensor weights;   // f32 [P]
+  Tensor out_rows;  // i32 [P]
+};
+
 // FP8 dispatch rows (--wire-dtype fp8, DeepEP's and Step-3's per-token, per-128-channel
 // quantization): a row of `hidden` values travels as a record of G = ceil(hidden / 128)
 // float32 scales followed by `hidden` float8_e4m3fn values, value j being fp8[j] *

@@ -173,7 +173,7 @@ absl::Status ExpertShard::ForwardPairs(int layer, const Tensor& x, const Tensor&
   return backend_->ScaleSumRows(y, sorted_weights, sorted_out_rows, out);
 }
 
-absl::Status ExpertShard::ForwardLowLatency(int layer, const LowLatencyPairs& pairs, Tensor* y) {
+absl::Status ExpertShard::ForwardCountedPairs(int layer, const CountedPairs& pairs, Tensor* y) {
   if (layer < 0 || static_cast<size_t>(layer) >= gate_up_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("expert layer ", layer, " does not exist"));
   }

@@ -49,13 +49,13 @@ class ExpertShard final {
   absl::Status ForwardPairs(int layer, const Tensor& x, const Tensor& rows, const Tensor& experts,
                             const Tensor& weights, const Tensor& out_rows, Tensor* out);
 
-  // The experts of a low-latency round (LowLatencyExchange::Receive's pairs, sized by the
+  // The experts of a low-latency round (the pairs a low-latency round receives, sized by the
   // exchange's capacity, no count on the host): the pairs sorted by expert with the entries
   // that are no pair last, the grouped SwiGLU over the real ones (the first E + 1 offsets),
   // the weighted pre-sum into the first `slots` rows of y[slots + 1, hidden] (bf16; the
   // no-pair entries' out row, the last, is outside the sum and left alone). The per-expert
   // counts stay on the device. Nothing synchronises with the host.
-  absl::Status ForwardLowLatency(int layer, const LowLatencyPairs& pairs, Tensor* y);
+  absl::Status ForwardCountedPairs(int layer, const CountedPairs& pairs, Tensor* y);
 
   // Rows processed per expert since construction (layer-aggregated), for metrics. Safe to
   // call from any thread.
@@ -85,7 +85,7 @@ class ExpertShard final {
     std::vector<int32_t> bounds;
   };
   Workspace ws_;
-  // ForwardLowLatency's: the same, with E + 2 offsets (the no-pair entries' run last), and
+  // ForwardCountedPairs's: the same, with E + 2 offsets (the no-pair entries' run last), and
   // its per-expert counts where the shard does not hold every expert (device_counts_ then).
   Workspace ll_ws_;
   Tensor ll_counts_ ABSL_GUARDED_BY(device_counts_mu_);

@@ -23,10 +23,10 @@
 //       tokens, padded, within its `ll_capacity`) and `ll_generation` is the exchange it
 //       wants; the step goes that way when every rank's fits (AttentionStepLoop).
 //   low-latency step (attention -> expert, kLowLatencyStep): step `step`'s MoE layers go
-//       over the low-latency exchange (kernels/low_latency_exchange.h) of `ll_generation`:
-//       `ll_capacity` tokens a DP rank, `ll_ranks` expert ranks of which the receiver is
-//       `ll_rank`, `num_experts` experts (an expert rank's own placement says which it holds).
-//       With kConnect the exchange is new: the payload is the sender's combine region's
+//       over the low-latency exchange (dataplane/low_latency/low_latency_exchange.h) of
+//       `ll_generation`: `ll_capacity` tokens a DP rank, `ll_ranks` expert ranks of which the
+//       receiver is `ll_rank`, `num_experts` experts (an expert rank's own placement says which it
+//       holds). With kConnect the exchange is new: the payload is the sender's combine region's
 //       key, and the expert rank answers with a low-latency region message before the
 //       step's rounds. `layer` is -1: the message comes before any dispatch of its step.
 //   low-latency region (expert -> attention, kLowLatencyRegion): `ll_generation`'s

@@ -56,7 +56,8 @@ class CudaBackend final : public Backend {
     return {.device_memory = true,
             .maps_regions = true,
             .narrow_expert_rows = true,
-            .fp8_dispatch_rows = true};
+            .fp8_dispatch_rows = true,
+            .low_latency_exchange = true};
   }
 
   absl::StatusOr<Tensor> Allocate(std::vector<int64_t> shape, DType dtype) override;
@@ -143,9 +144,6 @@ class CudaBackend final : public Backend {
   absl::Status UnpackRoutedPairs(const Tensor& blocks, const std::vector<PairSegment>& segments,
                                  const Tensor& held, Tensor* rows, Tensor* experts, Tensor* weights,
                                  Tensor* bad) override;
-  // kernels/cuda/cuda_ll_exchange.cc.
-  absl::StatusOr<std::unique_ptr<LowLatencyExchange>> MakeLowLatencyExchange(
-      const LowLatencyShape& shape, LowLatencySide side, int rank) override;
   absl::Status ArgmaxRows(const Tensor& logits, Tensor* ids) override;
   absl::Status SampleRows(const Tensor& logits, const Tensor& params, const Tensor* adjustments,
                           Tensor* ids) override;
@@ -156,10 +154,16 @@ class CudaBackend final : public Backend {
   CachingAllocator::Stats allocator_stats() const { return allocator_->stats(); }
   cudaStream_t stream() const { return stream_; }
 
- private:
-  friend class CudaLowLatencyExchange;
-  // Makes this backend's GPU current on the calling thread (ops may come from any thread).
+  // What the data plane's low-latency exchange (dataplane/low_latency/cuda/) launches its
+  // rounds by: this backend's GPU made current on the calling thread (ops may come from any
+  // thread), the GPU's SMs, whether a graph is being recorded (then nothing may wait for
+  // the queue), and DXS_CUDA_LL_STATUS=copy (a rank's status read by copies, not a kernel).
   absl::Status Enter(const char* op) const;
+  int num_sms() const { return num_sms_; }
+  bool recording() const { return recording_.load(); }
+  bool ll_status_by_copy() const { return ll_status_by_copy_; }
+
+ private:
   // Scratch memory for one op, from the caching allocator: stream order makes its reuse by
   // a later op safe once it goes back.
   absl::StatusOr<Tensor> Workspace(size_t bytes);

@@ -71,20 +71,6 @@ TEST_F(CpuBackendTest, LinearsAreLinearForEachWeight) {
   EXPECT_EQ(b_->Linears(tx, {&ws[0]}, {&ys[1]}).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// The low-latency exchange is a GPU path: the CPU says so instead of pretending (its
-// MoE goes by the host-driven exchange).
-TEST_F(CpuBackendTest, HasNoLowLatencyExchange) {
-  LowLatencyShape shape;
-  shape.num_attention_ranks = shape.num_expert_ranks = 1;
-  shape.capacity = 8;
-  shape.hidden = 64;
-  shape.top_k = 2;
-  shape.num_experts = 4;
-  auto exchange = b_->MakeLowLatencyExchange(shape, LowLatencySide::kAttention, 0);
-  EXPECT_EQ(exchange.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(exchange.status().message().find("low-latency"), std::string::npos);
-}
-
 TEST_F(CpuBackendTest, ZeroRowOperationsAreNoOps) {
   Tensor x = Alloc({0, 8}), w = Up(std::vector<float>(32, 1.f), {4, 8});
   Tensor y = Alloc({0, 4});

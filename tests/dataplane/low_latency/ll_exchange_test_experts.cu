@@ -4,7 +4,7 @@
 // here are left alone (LaunchLlCombineSend does not send them).
 #include <cuda_bf16.h>
 
-#include "tests/kernels/cuda/ll_exchange_test_experts.h"
+#include "tests/dataplane/low_latency/ll_exchange_test_experts.h"
 
 namespace dxs::testing {
 namespace {

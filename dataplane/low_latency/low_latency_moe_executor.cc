@@ -1,4 +1,4 @@
-#include "dataplane/dispatch/low_latency_moe_executor.h"
+#include "dataplane/low_latency/low_latency_moe_executor.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"

@@ -1,5 +1,5 @@
 // LowLatencyMoeExecutor: an attention rank's MoE over the low-latency exchange
-// (kernels/low_latency_exchange.h), for decode steps: each layer's Run enqueues the
+// (dataplane/low_latency/low_latency_exchange.h), for decode steps: each layer's Run enqueues the
 // dispatch and the combine and returns, with no host synchronisation, so a whole decode
 // step (every layer's exchange with it) is captured in one CUDA graph, as the single-process
 // engine's is. The expert ranks run the matching rounds
@@ -15,8 +15,8 @@
 
 #include "absl/status/status.h"
 #include "common/model_config.h"
+#include "dataplane/low_latency/low_latency_exchange.h"
 #include "kernels/backend.h"
-#include "kernels/low_latency_exchange.h"
 #include "kernels/moe_executor.h"
 
 namespace dxs {

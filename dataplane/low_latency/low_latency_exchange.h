@@ -1,7 +1,8 @@
 // LowLatencyExchange: one rank's side of the low-latency (LL) exchange of decode steps:
 // dispatch and combine with no host synchronisation, so that a whole step can be captured
 // in a CUDA graph. The host-driven exchange (dataplane/dispatch) stays the path of prefill and
-// of every backend without one: Backend::MakeLowLatencyExchange is UNIMPLEMENTED there.
+// of every backend without one (BackendCapabilities::low_latency_exchange false):
+// MakeLowLatencyExchange is UNIMPLEMENTED there.
 //
 // Why a second exchange: a decode step's rounds carry few rows, so the host-driven
 // exchange's cost is its host round trips (counts to the host, then exact-size transfers),
@@ -16,7 +17,8 @@
 // - One reduction stage: the expert rank sends each slot's weighted pre-sum, and the
 //   combine adds a token's rows in ascending rank order (deterministic).
 // - A wait past timeout_ns records the missing source and returns instead of hanging.
-// kernels/cuda/ll_exchange.cuh has the kernels, the region layout and the ordering rules.
+// dataplane/low_latency/cuda/ll_exchange.cuh has the kernels, the region layout and the
+// ordering rules; cuda_low_latency_exchange.cc the rank's side on the CUDA backend.
 //
 // Each rank owns a receive region of fixed capacity (an expert rank the dispatch region,
 // an attention rank the combine region), made by the backend as memory another process
@@ -32,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/backend.h"
 #include "kernels/tensor.h"
 
 namespace dxs {
@@ -68,18 +72,12 @@ struct LowLatencyProgress {
   }
 };
 
-// What an expert rank received in a round, on its backend, sized by the capacity: the
-// region's rows in place and one pair entry per (source, slot, k). Entries that are no pair
-// have expert num_experts (after every real one when sorted by expert) and out row
+// What an expert rank received in a round (ExpertShard::ForwardCountedPairs takes it),
+// sized by the capacity: the region's rows in place as x (the wire dtype, bf16) and one
+// entry per (source, slot, k). Entries that are no pair have expert num_experts and out row
 // num_attention_ranks * capacity, a spare row of y that is neither summed into nor sent
-// (kernels/cuda/ll_exchange.cuh, LaunchLlRegionPairs).
-struct LowLatencyPairs {
-  Tensor x;         // [num_attention_ranks * capacity, hidden], the wire dtype (bf16)
-  Tensor rows;      // i32 [P]
-  Tensor experts;   // i32 [P]
-  Tensor weights;   // f32 [P]
-  Tensor out_rows;  // i32 [P]
-};
+// (dataplane/low_latency/cuda/ll_exchange.cuh, LaunchLlRegionPairs).
+using LowLatencyPairs = CountedPairs;
 
 class LowLatencyExchange {
  public:
@@ -119,5 +117,20 @@ class LowLatencyExchange {
   // caller at a time; any thread.
   virtual absl::StatusOr<LowLatencyProgress> Progress() const = 0;
 };
+
+// One rank's side of the exchange on `backend`: its receive region made there, the rounds
+// enqueued on the backend's queue. UNIMPLEMENTED where the backend has none (the CPU's: the
+// host-driven exchange serves it). The CUDA backend's comes from the binary itself when it
+// links the backend in (UseInProcessLowLatencyExchange), else from libdxs_cuda.so, the
+// plugin the backend was loaded from (dataplane/low_latency/cuda/).
+absl::StatusOr<std::unique_ptr<LowLatencyExchange>> MakeLowLatencyExchange(
+    Backend* backend, const LowLatencyShape& shape, LowLatencySide side, int rank);
+
+using LowLatencyExchangeMaker = absl::StatusOr<std::unique_ptr<LowLatencyExchange>> (*)(
+    Backend* backend, const LowLatencyShape& shape, LowLatencySide side, int rank);
+// From now on MakeLowLatencyExchange calls `maker` instead of looking in the plugin: for
+// binaries that link the CUDA backend in (tests, gpu_bench), whose backends the plugin's
+// code must not run on (it has its own copy of the CUDA runtime).
+void UseInProcessLowLatencyExchange(LowLatencyExchangeMaker maker);
 
 }  // namespace dxs

@@ -1,10 +1,10 @@
-// The low-latency exchange through the Backend (kernels/low_latency_exchange.h): attention
-// ranks (LowLatencyMoeExecutor) and expert ranks (LowLatencyExpertRounds over their
+// The low-latency exchange through the Backend (dataplane/low_latency/low_latency_exchange.h):
+// attention ranks (LowLatencyMoeExecutor) and expert ranks (LowLatencyExpertRounds over their
 // ExpertShard) of one process, each rank a CUDA backend of its own (its own stream), against
 // one shard holding every expert (the single-process engine's MoE) on the same weights.
 // Empty-batch ranks on both sides, rounds replayed from a CUDA graph on the attention side,
 // a peer that never answers (UNAVAILABLE, no hang), and bad shapes. Skips without a GPU;
-// the CPU backend's UNIMPLEMENTED is in cpu_backend_test.
+// the CPU backend's UNIMPLEMENTED is in low_latency_exchange_test.
 #include <stdlib.h>
 
 #include <algorithm>
@@ -17,12 +17,12 @@
 #include <thread>
 #include <vector>
 
-#include "dataplane/dispatch/low_latency_moe_executor.h"
+#include "dataplane/low_latency/low_latency_exchange.h"
+#include "dataplane/low_latency/low_latency_moe_executor.h"
 #include "expert_service/local_low_latency_experts.h"
 #include "expert_service/low_latency_expert_rounds.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "kernels/low_latency_exchange.h"
 #include "kernels/make_backend.h"
 #include "model/engine.h"
 #include "model/expert_shard.h"
@@ -151,7 +151,7 @@ class LowLatencyMoeTest : public ::testing::Test {
     for (int r = 0; r < num_attention; ++r) {
       Attention a;
       a.backend = *MakeBackend("cuda");
-      auto exchange = a.backend->MakeLowLatencyExchange(shape, LowLatencySide::kAttention, r);
+      auto exchange = MakeLowLatencyExchange(a.backend.get(), shape, LowLatencySide::kAttention, r);
       ASSERT_TRUE(exchange.ok()) << exchange.status();
       a.exchange = *std::move(exchange);
       Tensor owners = *a.backend->Allocate({kExperts}, DType::kI32);
@@ -168,7 +168,7 @@ class LowLatencyMoeTest : public ::testing::Test {
       }
       x.shard =
           std::make_unique<ExpertShard>(Config(), Weights(x.backend.get(), held), x.backend.get());
-      auto exchange = x.backend->MakeLowLatencyExchange(shape, LowLatencySide::kExpert, r);
+      auto exchange = MakeLowLatencyExchange(x.backend.get(), shape, LowLatencySide::kExpert, r);
       ASSERT_TRUE(exchange.ok()) << exchange.status();
       x.exchange = *std::move(exchange);
       experts_.push_back(std::move(x));
@@ -431,12 +431,12 @@ TEST_F(LowLatencyMoeTest, BadShapesAreInvalidArgument) {
   shape.top_k = kTopK;
   shape.num_experts = kExperts;
   Backend* backend = reference_backend_.get();
-  EXPECT_EQ(backend->MakeLowLatencyExchange(shape, LowLatencySide::kExpert, 0).status().code(),
+  EXPECT_EQ(MakeLowLatencyExchange(backend, shape, LowLatencySide::kExpert, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
   shape.hidden = kHidden;
-  EXPECT_EQ(backend->MakeLowLatencyExchange(shape, LowLatencySide::kExpert, 1).status().code(),
+  EXPECT_EQ(MakeLowLatencyExchange(backend, shape, LowLatencySide::kExpert, 1).status().code(),
             absl::StatusCode::kInvalidArgument);  // rank outside the side
-  auto exchange = backend->MakeLowLatencyExchange(shape, LowLatencySide::kAttention, 0);
+  auto exchange = MakeLowLatencyExchange(backend, shape, LowLatencySide::kAttention, 0);
   ASSERT_TRUE(exchange.ok()) << exchange.status();
   // Before Connect; then a key that names nothing; then too many tokens.
   Batch b = RandomBatch(kCapacity + 1, &rng_);
@@ -445,7 +445,7 @@ TEST_F(LowLatencyMoeTest, BadShapesAreInvalidArgument) {
   EXPECT_EQ((*exchange)->Dispatch(t.x, t.ids, t.weights, owner).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*exchange)->Connect({"not a key"}).code(), absl::StatusCode::kInvalidArgument);
-  auto expert = backend->MakeLowLatencyExchange(shape, LowLatencySide::kExpert, 0);
+  auto expert = MakeLowLatencyExchange(backend, shape, LowLatencySide::kExpert, 0);
   ASSERT_TRUE(expert.ok());
   ASSERT_TRUE((*exchange)->Connect({(*expert)->region_key()}).ok());
   EXPECT_EQ((*exchange)->Dispatch(t.x, t.ids, t.weights, owner).code(),

@@ -1,8 +1,10 @@
-// The CUDA backend's low-latency exchange (kernels/low_latency_exchange.h): one rank's
-// receive region (Backend::AllocateShared: CUDA IPC between processes, the block itself in
-// one process), its LlSync, the peers' regions mapped here, and the rounds as the launches
-// of kernels/cuda/ll_exchange.cuh on the backend's stream. Nothing here synchronises with
-// the host except CheckStatus, so a decode step that runs the rounds can be captured.
+// The low-latency exchange on the CUDA backend (dataplane/low_latency/low_latency_exchange.h):
+// one rank's receive region (Backend::AllocateShared: CUDA IPC between processes, the block
+// itself in one process), its LlSync, the peers' regions mapped here, and the rounds as the
+// launches of ll_exchange.cuh on the backend's stream. Nothing here synchronises with the
+// host except CheckStatus, so a decode step that runs the rounds can be captured.
+#include "dataplane/low_latency/cuda/cuda_low_latency_exchange.h"
+
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -13,10 +15,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "dataplane/low_latency/cuda/ll_exchange.cuh"
 #include "kernels/cuda/cuda_backend_impl.h"
-#include "kernels/cuda/ll_exchange.cuh"
 
 namespace dxs {
+namespace {
 
 class CudaLowLatencyExchange final : public LowLatencyExchange {
  public:
@@ -145,7 +148,7 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
     a.layout = dispatch_;
     a.sync = sync();
     std::string error;
-    return Launched(cuda::LaunchLlDispatchSend(a, backend_->num_sms_, backend_->stream_, &error),
+    return Launched(cuda::LaunchLlDispatchSend(a, backend_->num_sms(), backend_->stream(), &error),
                     error);
   }
 
@@ -172,7 +175,7 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
     a.num_tokens = tokens;
     a.out = tokens > 0 ? out->raw() : nullptr;
     a.out_type = ToElemType(out->dtype());
-    return Launched(cuda::LaunchLlCombineReduce(a, backend_->num_sms_, backend_->stream_, &error),
+    return Launched(cuda::LaunchLlCombineReduce(a, backend_->num_sms(), backend_->stream(), &error),
                     error);
   }
 
@@ -195,7 +198,7 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
     a.out_rows = pairs_.out_rows.i32();
     a.bad = bad_.i32();
     DXS_RETURN_IF_ERROR(Launched(
-        cuda::LaunchLlRegionPairs(a, backend_->num_sms_, backend_->stream_, &error), error));
+        cuda::LaunchLlRegionPairs(a, backend_->num_sms(), backend_->stream(), &error), error));
     *pairs = pairs_;
     return absl::OkStatus();
   }
@@ -217,18 +220,18 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
     a.source = rank_;
     a.sync = sync();
     std::string error;
-    return Launched(cuda::LaunchLlCombineSend(a, backend_->num_sms_, backend_->stream_, &error),
+    return Launched(cuda::LaunchLlCombineSend(a, backend_->num_sms(), backend_->stream(), &error),
                     error);
   }
 
   absl::Status CheckStatus() override {
-    if (backend_->recording_.load()) {
+    if (backend_->recording()) {
       return absl::FailedPreconditionError(
           "low-latency status: not while a graph is being recorded");
     }
     // Behind the queued work: its synchronisation is the step's too.
     DXS_ASSIGN_OR_RETURN(const cuda::LlSnapshot st,
-                         Snapshot(/*reset_bad=*/true, backend_->stream_, 0));
+                         Snapshot(/*reset_bad=*/true, backend_->stream(), 0));
     if (st.sync.error != 0) {
       const bool attention = side_ == LowLatencySide::kAttention;
       return absl::UnavailableError(absl::StrCat(
@@ -272,7 +275,7 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
   // memory (LlSnapshot says why).
   absl::StatusOr<cuda::LlSnapshot> Snapshot(bool reset_bad, cudaStream_t stream, int slot) const {
     DXS_RETURN_IF_ERROR(backend_->Enter("low-latency status"));
-    if (backend_->ll_status_by_copy_) {
+    if (backend_->ll_status_by_copy()) {
       DXS_RETURN_IF_ERROR(SnapshotByCopy(reset_bad, stream, snapshots_.get() + slot));
     } else {
       std::string error;
@@ -314,7 +317,7 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
   absl::Status WaitForSources() {
     std::string error;
     return Launched(cuda::LaunchLlWait(region_.buffer->data(), receive_layout(), sync(),
-                                       shape_.timeout_ns, backend_->stream_, &error),
+                                       shape_.timeout_ns, backend_->stream(), &error),
                     error);
   }
 
@@ -378,9 +381,21 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
   std::unique_ptr<std::remove_pointer_t<cudaStream_t>, DestroyStream> progress_stream_;
 };
 
-absl::StatusOr<std::unique_ptr<LowLatencyExchange>> CudaBackend::MakeLowLatencyExchange(
-    const LowLatencyShape& shape, LowLatencySide side, int rank) {
-  auto exchange = std::make_unique<CudaLowLatencyExchange>(this, shape, side, rank);
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LowLatencyExchange>> MakeCudaLowLatencyExchange(
+    Backend* backend, const LowLatencyShape& shape, LowLatencySide side, int rank) {
+  // typeid's object is this copy's: a backend made by another copy of the CUDA backend's
+  // code (the plugin's, or a binary's that links it in) has another, and its stream and
+  // memory belong to that copy's CUDA runtime.
+  auto* cuda = dynamic_cast<CudaBackend*>(backend);
+  if (cuda == nullptr || &typeid(*backend) != &typeid(CudaBackend)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "low-latency exchange: the ", backend->name(),
+        " backend was not made by this copy of the CUDA backend (a binary that links it in "
+        "calls UseInProcessLowLatencyExchange(MakeCudaLowLatencyExchange))"));
+  }
+  auto exchange = std::make_unique<CudaLowLatencyExchange>(cuda, shape, side, rank);
   DXS_RETURN_IF_ERROR(exchange->Init());
   return std::unique_ptr<LowLatencyExchange>(std::move(exchange));
 }

@@ -4,7 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/cuda/ll_exchange.cuh"
+#include "dataplane/low_latency/cuda/ll_exchange.cuh"
 
 namespace dxs::testing {
 

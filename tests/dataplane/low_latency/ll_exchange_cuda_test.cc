@@ -1,6 +1,6 @@
-// The low-latency exchange (kernels/cuda/ll_exchange.cuh) between attention and expert ranks
-// that live in one process on one GPU, each on its own stream (the regions are plain device
-// memory here; between processes they are CUDA IPC mappings, the same kernels): rounds of
+// The low-latency exchange (dataplane/low_latency/cuda/ll_exchange.cuh) between attention and
+// expert ranks that live in one process on one GPU, each on its own stream (the regions are plain
+// device memory here; between processes they are CUDA IPC mappings, the same kernels): rounds of
 // dispatch, stand-in experts and combine against a host reference computed the same way, bit
 // for bit; empty-batch ranks on both sides; the same rounds replayed from CUDA graphs with
 // the token count on the device; a peer that never answers gives an error, not a hang.
@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
+#include "dataplane/low_latency/cuda/ll_exchange.cuh"
 #include "gtest/gtest.h"
-#include "kernels/cuda/ll_exchange.cuh"
+#include "tests/dataplane/low_latency/ll_exchange_test_experts.h"
 #include "tests/dataplane/transport/pipe_io.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
-#include "tests/kernels/cuda/ll_exchange_test_experts.h"
 
 namespace dxs {
 namespace {

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "dataplane/low_latency/cuda/ll_exchange.cuh"
 #include "kernels/cuda/elem_type.cuh"
-#include "kernels/cuda/ll_exchange.cuh"
 
 namespace dxs::cuda {
 namespace {
