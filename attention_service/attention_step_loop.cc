@@ -22,7 +22,8 @@ AttentionStepLoop::AttentionStepLoop(int dp_rank, std::vector<int> dp_peers, Tra
       moe_(moe),
       scheduler_(scheduler),
       kv_(kv),
-      timeout_(timeout) {}
+      timeout_(timeout),
+      downloads_(model->backend()) {}
 
 void AttentionStepLoop::Wake() {
   wake_pending_ = true;
@@ -191,23 +192,11 @@ absl::StatusOr<AttentionStepLoop::InFlightStep> AttentionStepLoop::LaunchTokens(
   const StepSamplingPlan plan = scheduler_->PlanStepSampling();
   DXS_ASSIGN_OR_RETURN(StepSamplingOutputs outputs,
                        EnqueueStepSamplingOnBackend(model_->backend(), logits, plan));
-  return LaunchDownload(std::move(outputs), plan.logprobs);
-}
-
-absl::StatusOr<AttentionStepLoop::InFlightStep> AttentionStepLoop::LaunchDownload(
-    StepSamplingOutputs outputs, const StepLogprobShape& shape) {
-  InFlightStep step;
-  step.outputs = std::move(outputs);
-  // Two downloads alternate: a step's, and the step's built ahead of its tokens.
-  step.tokens = &downloads_[next_download_];
-  next_download_ ^= 1;
-  DXS_RETURN_IF_ERROR(
-      EnqueueStepTokensDownload(model_->backend(), step.outputs, shape, step.tokens));
-  return step;
+  return downloads_.Launch(std::move(outputs), plan.logprobs);
 }
 
 absl::Status AttentionStepLoop::FinishTokens(InFlightStep step) {
-  absl::StatusOr<StepTokens> tokens = ReadStepTokens(model_->backend(), step.tokens);
+  absl::StatusOr<StepTokens> tokens = downloads_.Read(step);
   if (!tokens.ok()) {
     const absl::Status failure = absl::UnavailableError(absl::StrCat(
         "DP rank ", dp_rank_, ": reading a step's tokens failed: ", tokens.status().message()));
@@ -221,11 +210,7 @@ absl::Status AttentionStepLoop::FinishTokens(InFlightStep step) {
   return absl::OkStatus();
 }
 
-void AttentionStepLoop::DropInFlightStep() {
-  if (!in_flight_) return;
-  (void)ReadStepTokens(model_->backend(), in_flight_->tokens);  // its copies finish first
-  in_flight_.reset();
-}
+void AttentionStepLoop::DropInFlightStep() { downloads_.Drop(&in_flight_); }
 
 absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   // A step left queued whose successor cannot be built ahead (an arrival, an abort, a
@@ -305,7 +290,7 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
       // Sampled in the graph: the tokens' copy to the host is queued; they are read now or,
       // with overlap scheduling, after the next step is queued.
       absl::StatusOr<InFlightStep> l =
-          LaunchDownload(std::move(graph_sampled), graph_sampling->logprobs);
+          downloads_.Launch(std::move(graph_sampled), graph_sampling->logprobs);
       outcome = l.status();
       if (l.ok()) launched = *std::move(l);
     } else if (overlap_schedule_ && !host_sampling && !host_rows && !chunks.empty()) {
@@ -338,10 +323,7 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   } else {
     outcome = plan.status();
   }
-  if (!outcome.ok() && launched) {
-    (void)ReadStepTokens(model_->backend(), launched->tokens);  // its copies finish first
-    launched.reset();
-  }
+  if (!outcome.ok()) downloads_.Drop(&launched);
   // The step before's tokens, now that this step is queued behind it: streamed and their
   // stops checked while the device works on this one. Then this step is the scheduler's
   // current step, as if built the usual way (a failure below undoes or fails it as such).
@@ -367,7 +349,7 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   if (read_failed) {
     // Every request has failed with the step before (a device error); this step's tokens
     // are for none.
-    if (launched) (void)ReadStepTokens(model_->backend(), launched->tokens);
+    downloads_.Drop(&launched);
     outcome = absl::UnavailableError("the tokens of the step before could not be read");
     ++counters_.failed_steps;
     report();

@@ -173,16 +173,10 @@ class AttentionStepLoop {
   // This rank's overlap threshold as sent in step messages (off: the largest value).
   int32_t OverlapThresholdOnWire() const;
   // A step queued on the device whose tokens the host has not read (overlap scheduling).
-  struct InFlightStep {
-    StepSamplingOutputs outputs;          // its samples, on the device
-    PendingStepTokens* tokens = nullptr;  // their copy to the host (one of downloads_)
-  };
+  using InFlightStep = StepTokenDownloads::Step;
   // Enqueues the device sampling of the step's logits (Scheduler::PlanStepSampling) and
   // the copy of its tokens to the host; nothing waits.
   absl::StatusOr<InFlightStep> LaunchTokens(const Tensor& logits);
-  // Enqueues the copy of sampled `outputs` (of that shape) to the host; nothing waits.
-  absl::StatusOr<InFlightStep> LaunchDownload(StepSamplingOutputs outputs,
-                                              const StepLogprobShape& shape);
   // Reads `step`'s tokens and hands them to the scheduler (FinishStepWithTokens), then
   // on_step_end. A failed read fails every request of the scheduler and returns why.
   absl::Status FinishTokens(InFlightStep step);
@@ -211,8 +205,7 @@ class AttentionStepLoop {
   std::optional<absl::Time> failing_since_;  // first failure of the current retries
   bool overlap_schedule_ = true;
   std::optional<InFlightStep> in_flight_;
-  PendingStepTokens downloads_[2];  // a step's, and the one built ahead of its tokens'
-  int next_download_ = 0;
+  StepTokenDownloads downloads_;
 };
 
 }  // namespace dxs

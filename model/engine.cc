@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(const ModelConf
   e->model_ =
       std::make_unique<Qwen3MoeModel>(e->config_, std::move(aw), e->backend_.get(), e->moe_.get());
   e->kv_ = std::make_unique<KvCache>(e->config_, e->backend_.get(), options.kv_capacity_tokens);
+  e->downloads_.emplace(e->backend_.get());
   return e;
 }
 
@@ -103,39 +104,32 @@ absl::Status LocalEngine::LaunchStep(Scheduler& scheduler, const std::vector<Seq
     DXS_ASSIGN_OR_RETURN(Tensor logits, model_->Forward(chunks, kv_.get(), 1, input_ids));
     DXS_ASSIGN_OR_RETURN(outputs, EnqueueStepSamplingOnBackend(backend_.get(), logits, plan));
   }
-  // Two downloads alternate: a step's, and the step's built ahead of its tokens.
-  PendingStepTokens* tokens = &downloads_[next_download_];
-  next_download_ ^= 1;
-  DXS_RETURN_IF_ERROR(EnqueueStepTokensDownload(backend_.get(), outputs, plan.logprobs, tokens));
-  in_flight_ = InFlightStep{&scheduler, std::move(outputs), tokens};
+  DXS_ASSIGN_OR_RETURN(in_flight_, downloads_->Launch(std::move(outputs), plan.logprobs));
+  in_flight_scheduler_ = &scheduler;
   return absl::OkStatus();
 }
 
-void LocalEngine::DropInFlightStep() {
-  if (!in_flight_) return;
-  (void)ReadStepTokens(backend_.get(), in_flight_->tokens);
-  in_flight_.reset();
-}
+void LocalEngine::DropInFlightStep() { downloads_->Drop(&in_flight_); }
 
 absl::Status LocalEngine::FinishInFlightStep(Scheduler& scheduler) {
-  if (in_flight_->scheduler != &scheduler) {
+  if (in_flight_scheduler_ != &scheduler) {
     return absl::FailedPreconditionError(
         "a step of another scheduler is in flight (LocalEngine::DropInFlightStep first)");
   }
-  InFlightStep step = std::move(*in_flight_);
+  std::optional<StepTokenDownloads::Step> step = std::move(in_flight_);
   in_flight_.reset();
   if (options_.overlap_schedule && scheduler.CanStepAhead()) {
     // The next step goes in behind it, before the host looks at its tokens.
     const std::vector<SequenceChunk> chunks = scheduler.BuildStepAhead();
     const bool graphed = options_.graphs && backend_->SupportsGraphs();
-    if (absl::Status s = LaunchStep(scheduler, chunks, graphed, &step.outputs.ids); !s.ok()) {
-      (void)ReadStepTokens(backend_.get(), step.tokens);
+    if (absl::Status s = LaunchStep(scheduler, chunks, graphed, &step->outputs.ids); !s.ok()) {
+      downloads_->Drop(&step);
       scheduler.FailAll(s);
       return s;
     }
     ++overlapped_steps_;
   }
-  absl::StatusOr<StepTokens> tokens = ReadStepTokens(backend_.get(), step.tokens);
+  absl::StatusOr<StepTokens> tokens = downloads_->Read(*step);
   if (!tokens.ok()) {
     DropInFlightStep();
     scheduler.FailAll(tokens.status());

@@ -118,15 +118,11 @@ class LocalEngine {
   std::unique_ptr<Qwen3MoeModel> model_;
   std::unique_ptr<KvCache> kv_;
   int64_t prefill_tokens_ = 0;
-  // A step queued on the device whose tokens the host has not taken (overlap_schedule).
-  struct InFlightStep {
-    Scheduler* scheduler = nullptr;
-    StepSamplingOutputs outputs;          // its samples, on the device
-    PendingStepTokens* tokens = nullptr;  // their copy to the host (one of downloads_)
-  };
-  std::optional<InFlightStep> in_flight_;
-  PendingStepTokens downloads_[2];  // a step's and the one built ahead of its tokens'
-  int next_download_ = 0;
+  // A step queued on the device whose tokens the host has not taken (overlap_schedule), and
+  // the scheduler it is a step of.
+  std::optional<StepTokenDownloads::Step> in_flight_;
+  Scheduler* in_flight_scheduler_ = nullptr;
+  std::optional<StepTokenDownloads> downloads_;  // made with the backend
   int64_t overlapped_steps_ = 0;
 };
 

@@ -135,4 +135,24 @@ absl::StatusOr<StepTokens> ReadStepTokens(Backend* backend, PendingStepTokens* p
   return ParseStepTokens(n, ids, sampled, named, top_ids, top_lp, shape);
 }
 
+absl::StatusOr<StepTokenDownloads::Step> StepTokenDownloads::Launch(StepSamplingOutputs outputs,
+                                                                    const StepLogprobShape& shape) {
+  Step step;
+  step.outputs = std::move(outputs);
+  step.tokens = &downloads_[next_];
+  next_ ^= 1;
+  DXS_RETURN_IF_ERROR(EnqueueStepTokensDownload(backend_, step.outputs, shape, step.tokens));
+  return step;
+}
+
+absl::StatusOr<StepTokens> StepTokenDownloads::Read(const Step& step) {
+  return ReadStepTokens(backend_, step.tokens);
+}
+
+void StepTokenDownloads::Drop(std::optional<Step>* step) {
+  if (!step->has_value()) return;
+  (void)ReadStepTokens(backend_, (*step)->tokens);  // its copies finish first
+  step->reset();
+}
+
 }  // namespace dxs

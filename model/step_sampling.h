@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -96,5 +97,31 @@ absl::Status EnqueueStepTokensDownload(Backend* backend, const StepSamplingOutpu
 // Waits for the copies EnqueueStepTokensDownload queued (only for them: work queued since
 // goes on) and returns the step's tokens, as DownloadStepTokens.
 absl::StatusOr<StepTokens> ReadStepTokens(Backend* backend, PendingStepTokens* pending);
+
+// The overlap scheme's downloads, shared by the single-process engine and the attention
+// worker: a step sampled on the device whose tokens are on their way to the host, and the
+// step built ahead of them whose tokens follow, each in its own pinned staging (two
+// alternate), so that step N's tokens are read while step N + 1 runs.
+class StepTokenDownloads {
+ public:
+  // A step queued on the device whose tokens the host has not read.
+  struct Step {
+    StepSamplingOutputs outputs;          // its samples, on the device (the next step's ids)
+    PendingStepTokens* tokens = nullptr;  // their copy to the host (one of the two)
+  };
+  explicit StepTokenDownloads(Backend* backend) : backend_(backend) {}
+  // Enqueues the copy of `outputs` (of that shape) to the host; nothing waits.
+  absl::StatusOr<Step> Launch(StepSamplingOutputs outputs, const StepLogprobShape& shape);
+  // Waits for `step`'s copies (only for them) and returns its tokens.
+  absl::StatusOr<StepTokens> Read(const Step& step);
+  // Waits for the copies of *step, if any, and forgets it, its tokens unread (a failed
+  // step's, or one whose requests are gone): the staging is free for the next Launch.
+  void Drop(std::optional<Step>* step);
+
+ private:
+  Backend* backend_;
+  PendingStepTokens downloads_[2];
+  int next_ = 0;
+};
 
 }  // namespace dxs
