@@ -387,6 +387,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
                                : static_cast<uint8_t*>(backend->TransportAddress(x_));
   uint8_t* pair_bytes = static_cast<uint8_t*>(backend->TransportAddress(pair_blocks_));
   transfers_.clear();
+  records_to_dequantize_.clear();
   size_t mapped_received = 0, mapped_sent = 0;
   for (size_t i = 0; i < num_dp; ++i) {
     const int peer = round_peers_[i];
@@ -397,11 +398,18 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
       // itself, the rows) copied once into the round's tensors.
       if (regions_[i] == nullptr) continue;
       if (fp8 && h.num_rows > 0) {
-        // Beside the records of the ranks that sent theirs: all dequantized at once below.
-        Tensor records = records_.Rows(row_offset_[i], h.num_rows);
-        DXS_RETURN_IF_ERROR(CopyIn(
-            backend, view(i, h.rows_at, DType::kF8E4M3, {h.num_rows, Fp8RecordBytes(hidden)}),
-            &records));
+        const Tensor in_place =
+            view(i, h.rows_at, DType::kF8E4M3, {h.num_rows, Fp8RecordBytes(hidden)});
+        if (regions_[i]->device() == backend->device()) {
+          // Dequantized from the region itself into this rank's rows of x.
+          Tensor rows = x.Rows(row_offset_[i], h.num_rows);
+          DXS_RETURN_IF_ERROR(backend->DequantizeRowsFp8(in_place, &rows));
+        } else {
+          // Beside the records of the ranks that sent theirs, dequantized with them below.
+          Tensor records = records_.Rows(row_offset_[i], h.num_rows);
+          DXS_RETURN_IF_ERROR(CopyIn(backend, in_place, &records));
+          records_to_dequantize_.push_back({row_offset_[i], h.num_rows});
+        }
       } else if (!in_region && h.num_rows > 0) {
         Tensor rows = x_.Rows(row_offset_[i], h.num_rows);
         DXS_RETURN_IF_ERROR(
@@ -420,6 +428,7 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
     }
     transfers_.push_back({Transfer::Kind::kRecv, peer, x_bytes + row_offset_[i] * recv_row_bytes,
                           static_cast<size_t>(h.num_rows) * recv_row_bytes, memory});
+    if (fp8 && h.num_rows > 0) records_to_dequantize_.push_back({row_offset_[i], h.num_rows});
     transfers_.push_back({Transfer::Kind::kRecv, peer,
                           pair_bytes + 3 * pair_offset_[i] * sizeof(int32_t),
                           static_cast<size_t>(h.num_pairs) * 12, memory});
@@ -435,8 +444,16 @@ absl::Status ExpertStepServer::ServeRound(absl::Time deadline) {
   // step timeout has failed the step itself.
   DXS_RETURN_IF_ERROR(transport_->WaitExchange(received, deadline + kDefaultStepTimeout));
   ++counters_.rounds_in_place;
-  if (fp8 && total_rows > 0) {
-    DXS_RETURN_IF_ERROR(backend->DequantizeRowsFp8(records_.Rows(0, total_rows), &x));
+  // The records in records_, in runs of consecutive ranks' rows: one op where every rank's
+  // came by the transport.
+  for (size_t r = 0; r < records_to_dequantize_.size();) {
+    const int64_t begin = records_to_dequantize_[r].first;
+    int64_t end = begin + records_to_dequantize_[r].second;
+    for (++r; r < records_to_dequantize_.size() && records_to_dequantize_[r].first == end; ++r) {
+      end += records_to_dequantize_[r].second;
+    }
+    Tensor rows = x.Rows(begin, end - begin);
+    DXS_RETURN_IF_ERROR(backend->DequantizeRowsFp8(records_.Rows(begin, end - begin), &rows));
   }
   RoutedPairTensors pairs;
   DXS_RETURN_IF_ERROR(UnpackPairs(first.layer, headers, total_pairs, &pairs));

@@ -49,6 +49,7 @@
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -167,8 +168,11 @@ class ExpertStepServer final {
   // group that may still read the first).
   Tensor x_;
   Tensor out_[2];
-  // FP8 dispatch rows as they arrive (kF8E4M3 records, WireHeader::kFp8Rows), before x_.
+  // FP8 dispatch rows as they arrive (kF8E4M3 records, WireHeader::kFp8Rows), before x_,
+  // and the (first row, rows) of the ranks whose records are there: those that came by the
+  // transport (the mapped ones are dequantized from their regions).
   Tensor records_;
+  std::vector<std::pair<int64_t, int64_t>> records_to_dequantize_;
   std::optional<ExchangeId> combine_group_[2];
   int next_out_ = 0;
   // Per round, reused: headers, each DP rank's first row and pair, the group.
