@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "common/model_config.h"
@@ -33,13 +34,26 @@ class LowLatencyMoeExecutor final : public MoeExecutor {
   LowLatencyMoeExecutor(LowLatencyExchange* exchange, Tensor expert_owner)
       : exchange_(exchange), expert_owner_(std::move(expert_owner)) {}
 
+  // Dispatch and Combine enqueued back to back.
   absl::Status Run(int layer, const Tensor& x, const Tensor& ids, const Tensor& weights,
                    Tensor* out) override;
+  // The exchange's two halves (DeepEP's low-latency dispatch and combine): Dispatch enqueues
+  // the rows' send, Combine the wait for the answers and their sum into out. One round is in
+  // flight at a time (the regions have a slot per token, not per micro-batch), so a step
+  // goes as one micro-batch: FAILED_PRECONDITION for num_micro > 1 or a second Dispatch
+  // before Combine. A handle dropped uncombined leaves its round unanswered here: the
+  // exchange is then remade, as after any failed step.
+  absl::StatusOr<std::unique_ptr<MoeHandle>> Dispatch(int layer, int micro, int num_micro,
+                                                      const Tensor& x, const Tensor& ids,
+                                                      const Tensor& weights, Tensor* out) override;
+  absl::Status Combine(std::unique_ptr<MoeHandle> handle, Tensor* out) override;
   absl::Status CheckStatus() { return exchange_->CheckStatus(); }
 
  private:
+  struct Handle;
   LowLatencyExchange* exchange_;
   Tensor expert_owner_;
+  bool round_in_flight_ = false;
 };
 
 }  // namespace dxs
