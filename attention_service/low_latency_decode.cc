@@ -9,13 +9,13 @@ namespace dxs {
 
 absl::StatusOr<std::unique_ptr<LowLatencyDecode>> LowLatencyDecode::Make(
     int dp_rank, int num_dp, int capacity, const ModelConfig& config, Backend* backend,
-    Transport* transport, MoeExecutor* host_driven, absl::Duration timeout) {
+    Transport* transport, MoeExecutor* host_driven, absl::Duration timeout, bool fp8_rows) {
   if (capacity < 1 || num_dp < 1 || dp_rank < 0 || dp_rank >= num_dp) {
     return absl::InvalidArgumentError(absl::StrCat("low-latency decode: capacity ", capacity,
                                                    ", DP rank ", dp_rank, " of ", num_dp));
   }
   auto ll = std::unique_ptr<LowLatencyDecode>(new LowLatencyDecode(
-      dp_rank, num_dp, capacity, config, backend, transport, host_driven, timeout));
+      dp_rank, num_dp, capacity, config, backend, transport, host_driven, timeout, fp8_rows));
   // Whether this backend has the exchange at all: one for a single expert rank, dropped.
   DXS_RETURN_IF_ERROR(
       MakeLowLatencyExchange(backend, ll->Shape(1), LowLatencySide::kAttention, dp_rank).status());
@@ -28,7 +28,8 @@ absl::StatusOr<std::unique_ptr<LowLatencyDecode>> LowLatencyDecode::Make(
 }
 
 LowLatencyShape LowLatencyDecode::Shape(int num_expert_ranks) const {
-  LowLatencyShape shape = LowLatencyShapeOf(config_, num_dp_, num_expert_ranks, capacity_);
+  LowLatencyShape shape =
+      LowLatencyShapeOf(config_, num_dp_, num_expert_ranks, capacity_, fp8_rows_);
   // A wait gives up at 4/5 of the step timeout, so a step whose peer died fails within
   // the timeout (the host-driven exchange's bound), its status read after the wait.
   shape.timeout_ns = absl::ToInt64Nanoseconds(timeout_) * 4 / 5;
@@ -65,6 +66,7 @@ absl::Status LowLatencyDecode::Tell(uint64_t step, bool connect) {
   h.num_experts = static_cast<int32_t>(config_.num_experts);
   h.placement_version = placement_version_;
   if (connect) h.flags = WireHeader::kConnect;
+  if (fp8_rows_) h.flags |= WireHeader::kFp8Rows;
   const std::string& key = connect ? exchange_->region_key() : std::string();
   for (size_t i = 0; i < expert_peers_.size(); ++i) {
     h.ll_rank = static_cast<int32_t>(i);

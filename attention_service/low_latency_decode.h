@@ -82,10 +82,13 @@ class SwitchedMoeExecutor final : public MoeExecutor {
 class LowLatencyDecode {
  public:
   // Checks that `backend` has the exchange (a small one is made and dropped): UNIMPLEMENTED
-  // where it has none. host_driven: the steps that do not fit go there.
+  // where it has none, INVALID_ARGUMENT for FP8 rows the exchange cannot carry (hidden not
+  // a multiple of 512). host_driven: the steps that do not fit go there. fp8_rows: the
+  // dispatch rows go as FP8 records (the cluster's --wire-dtype fp8), as on host_driven.
   static absl::StatusOr<std::unique_ptr<LowLatencyDecode>> Make(
       int dp_rank, int num_dp, int capacity, const ModelConfig& config, Backend* backend,
-      Transport* transport, MoeExecutor* host_driven, absl::Duration timeout);
+      Transport* transport, MoeExecutor* host_driven, absl::Duration timeout,
+      bool fp8_rows = false);
 
   // What the model is built with.
   MoeExecutor* moe() { return &moe_; }
@@ -114,10 +117,11 @@ class LowLatencyDecode {
  private:
   LowLatencyDecode(int dp_rank, int num_dp, int capacity, const ModelConfig& config,
                    Backend* backend, Transport* transport, MoeExecutor* host_driven,
-                   absl::Duration timeout)
+                   absl::Duration timeout, bool fp8_rows)
       : dp_rank_(dp_rank),
         num_dp_(num_dp),
         capacity_(capacity),
+        fp8_rows_(fp8_rows),
         config_(config),
         backend_(backend),
         transport_(transport),
@@ -131,6 +135,7 @@ class LowLatencyDecode {
   void Drop();
 
   int dp_rank_, num_dp_, capacity_;
+  bool fp8_rows_;
   ModelConfig config_;
   Backend* backend_;
   Transport* transport_;

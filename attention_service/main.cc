@@ -262,14 +262,10 @@ int Main(int argc, char** argv) {
                                                   shape->placement, config.hidden_size,
                                                   dispatch_options);
         moe->set_observer(attention_metrics->get());
-        if (flags->low_latency_capacity > 0 && fp8) {
-          std::cerr << "dxs-attention rank " << rank
-                    << ": --low-latency-capacity: the low-latency exchange has no FP8 rows "
-                       "(--wire-dtype fp8); every step goes by the host-driven exchange\n";
-        } else if (flags->low_latency_capacity > 0) {
+        if (flags->low_latency_capacity > 0) {
           absl::StatusOr<std::unique_ptr<LowLatencyDecode>> made = LowLatencyDecode::Make(
               rank, shape->num_attention, static_cast<int>(flags->low_latency_capacity), config,
-              backend.get(), runtime.transport(), moe.get(), timeout);
+              backend.get(), runtime.transport(), moe.get(), timeout, fp8);
           if (made.ok()) {
             low_latency = *std::move(made);
           } else {

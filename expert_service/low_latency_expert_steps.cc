@@ -20,8 +20,8 @@ absl::Status LowLatencyExpertSteps::Make(const WireHeader& first,
                      first.ll_capacity, ", expert rank ", first.ll_rank, " of ", first.ll_ranks,
                      ", for a model of ", config_.num_experts, " experts"));
   }
-  const LowLatencyShape shape =
-      LowLatencyShapeOf(config_, static_cast<int>(keys.size()), first.ll_ranks, first.ll_capacity);
+  const LowLatencyShape shape = LowLatencyShapeOf(
+      config_, static_cast<int>(keys.size()), first.ll_ranks, first.ll_capacity, first.fp8_rows());
   DXS_ASSIGN_OR_RETURN(exchange_, MakeLowLatencyExchange(shard_->backend(), shape,
                                                          LowLatencySide::kExpert, first.ll_rank));
   DXS_RETURN_IF_ERROR(exchange_->Connect(keys));
@@ -61,7 +61,8 @@ absl::Status LowLatencyExpertSteps::Serve(const std::vector<int>& dp_peers,
         ((h.flags & WireHeader::kConnect) != 0) != connect ||
         h.ll_generation != first.ll_generation || h.ll_capacity != first.ll_capacity ||
         h.ll_ranks != first.ll_ranks || h.ll_rank != first.ll_rank ||
-        h.num_experts != first.num_experts || (connect && keys[i].empty())) {
+        h.num_experts != first.num_experts || h.fp8_rows() != first.fp8_rows() ||
+        (connect && keys[i].empty())) {
       Drop();
       return absl::InternalError(absl::StrCat("step ", first.step, ": DP peer ", dp_peers[i],
                                               "'s low-latency message disagrees with DP peer ",
@@ -79,7 +80,8 @@ absl::Status LowLatencyExpertSteps::Serve(const std::vector<int>& dp_peers,
                           absl::StrCat("step ", first.step,
                                        ": no low-latency exchange on this rank: ", made.message()));
     }
-  } else if (exchange_ == nullptr || first.ll_generation != generation_) {
+  } else if (exchange_ == nullptr || first.ll_generation != generation_ ||
+             exchange_->shape().fp8_rows != first.fp8_rows()) {
     // The DP ranks' waits time out and they make a new generation.
     return absl::FailedPreconditionError(
         absl::StrCat("step ", first.step, ": low-latency generation ", first.ll_generation,

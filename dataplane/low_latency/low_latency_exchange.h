@@ -56,6 +56,12 @@ struct LowLatencyShape {
   int num_experts = 0;
   // How long a wait spins before it says its source is gone (the services' 5 s).
   int64_t timeout_ns = 5'000'000'000;
+  // Dispatch rows as FP8 records (--wire-dtype fp8; kernels/moe_compute.h: a float32 scale
+  // per kFp8GroupSize channels, then the e4m3 values), quantized by Dispatch and dequantized
+  // by Receive into x in bf16: the experts and the combine are as on the bf16 wire. The
+  // records are copied as 16-byte vectors, so Fp8RecordBytes(hidden) must be a multiple of
+  // 16 (hidden a multiple of 512, as Qwen3-MoE's 2048 and 4096 are).
+  bool fp8_rows = false;
 };
 
 enum class LowLatencySide { kAttention, kExpert };
@@ -92,7 +98,8 @@ class LowLatencyExchange {
   virtual absl::Status Connect(const std::vector<std::string>& peer_keys) = 0;
 
   // ---- The attention side ----
-  // Sends rows x[T, hidden] (T <= capacity) with their routing (ids i32 / weights f32
+  // Sends rows x[T, hidden] (bf16; T <= capacity; as FP8 records with shape.fp8_rows) with
+  // their routing (ids i32 / weights f32
   // [T, top_k]) to the ranks of expert_owner (i32 [num_experts]: one expert rank each).
   virtual absl::Status Dispatch(const Tensor& x, const Tensor& ids, const Tensor& weights,
                                 const Tensor& expert_owner) = 0;

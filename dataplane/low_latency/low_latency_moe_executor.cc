@@ -6,7 +6,7 @@
 namespace dxs {
 
 LowLatencyShape LowLatencyShapeOf(const ModelConfig& config, int attention_ranks, int expert_ranks,
-                                  int capacity) {
+                                  int capacity, bool fp8_rows) {
   LowLatencyShape shape;
   shape.num_attention_ranks = attention_ranks;
   shape.num_expert_ranks = expert_ranks;
@@ -14,6 +14,7 @@ LowLatencyShape LowLatencyShapeOf(const ModelConfig& config, int attention_ranks
   shape.hidden = static_cast<int>(config.hidden_size);
   shape.top_k = static_cast<int>(config.num_experts_per_tok);
   shape.num_experts = static_cast<int>(config.num_experts);
+  shape.fp8_rows = fp8_rows;
   return shape;
 }
 

@@ -23,9 +23,10 @@
 namespace dxs {
 
 // The exchange's shape for `config`'s model (hidden size, top-k, experts) between these
-// ranks at this capacity; the wait's timeout is the shape's default unless set after.
+// ranks at this capacity, its dispatch rows FP8 records or not; the wait's timeout is the
+// shape's default unless set after.
 LowLatencyShape LowLatencyShapeOf(const ModelConfig& config, int attention_ranks, int expert_ranks,
-                                  int capacity);
+                                  int capacity, bool fp8_rows = false);
 
 class LowLatencyMoeExecutor final : public MoeExecutor {
  public:

@@ -210,6 +210,49 @@ TEST_F(GpuCluster, LowLatencyDecodeStepsEqualCudaEngine) {
   EXPECT_EQ(testing::Value(attention, R"(dxs_failed_steps_total{role="attention",rank="0"})"), 0);
 }
 
+// --wire-dtype fp8 with --low-latency-capacity, on the default preset widened to hidden 512
+// (FP8 records of 528 bytes: 16-byte vectors, which the low-latency exchange moves): decode
+// steps go over the low-latency exchange with FP8 rows (quantized in the attention rank's
+// step graph, dequantized in the expert rank's), with the same tokens as the host-driven
+// exchange's FP8 rows, which quantize and dequantize with the same kernels.
+TEST_F(GpuCluster, Fp8WireLowLatencyStepsGiveTheHostDrivenFp8RowsTokens) {
+  TempDir tmp;
+  absl::StatusOr<CheckpointPreset> preset = GetPreset("default");
+  ASSERT_TRUE(preset.ok()) << preset.status();
+  preset->config.hidden_size = 512;
+  const std::string dir = tmp.path() + "/hidden512";
+  ASSERT_TRUE(WriteRandomCheckpoint(*preset, dir).ok());
+  std::vector<std::vector<int32_t>> tokens[2];
+  for (const bool low_latency : {false, true}) {
+    SCOPED_TRACE(low_latency ? "low-latency" : "host-driven");
+    TempDir work;
+    ProcessCluster cluster(work.path());
+    OnGpu(&cluster);
+    ClusterSpec spec{dir, 1, 1, {}};
+    spec.wire_dtype = "fp8";
+    if (low_latency) spec.attention_args = {"--low-latency-capacity", "8"};
+    absl::Status started = cluster.Start(spec);
+    ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+    for (int i = 0; i < 3; ++i) {
+      const testing::GenerateResult r =
+          cluster.Generate(0, "fp8-ll-" + std::to_string(i), testing::ClusterPrompt(i, 4096), 8);
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message() << cluster.DumpLogs();
+      tokens[low_latency ? 1 : 0].push_back(r.tokens);
+    }
+    const auto attention = Samples(cluster.attention_metrics_address(0));
+    const double ll = LowLatencySteps(attention, "attention", 0);
+    if (low_latency) {
+      EXPECT_GT(ll, 0) << cluster.DumpLogs();
+      EXPECT_EQ(LowLatencySteps(Samples(cluster.expert_metrics_address(0)), "expert", 0), ll);
+      EXPECT_EQ(testing::Value(attention, R"(dxs_failed_steps_total{role="attention",rank="0"})"),
+                0);
+    } else {
+      EXPECT_EQ(ll, 0);
+    }
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
+}
+
 // Two DP ranks over the low-latency exchange, requests to rank 0 only: rank 1 takes part
 // in every low-latency step with zero rows. EP rank 1 holds one expert of 16, so some of
 // its steps receive nothing (counted empty from its experts' counts).

@@ -38,8 +38,18 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
           " expert ranks, capacity ", s.capacity, ", hidden ", s.hidden, ", top-", s.top_k, " of ",
           s.num_experts, ", rank ", rank_, ", timeout ", s.timeout_ns, " ns"));
     }
-    dispatch_ = cuda::MakeLlRegionLayout(s.num_attention_ranks, s.capacity, s.hidden, s.top_k,
-                                         cuda::ElemType::kBF16);
+    const int64_t record_bytes = Fp8RecordBytes(s.hidden);
+    if (s.fp8_rows && (s.hidden % 4 != 0 || record_bytes % 16 != 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("low-latency exchange: FP8 rows are records of ", record_bytes,
+                       " bytes at hidden ", s.hidden,
+                       "; they go as 16-byte vectors, so hidden must be a "
+                       "multiple of 512 (the host-driven exchange takes any)"));
+    }
+    dispatch_ = s.fp8_rows ? cuda::MakeLlRecordRegionLayout(s.num_attention_ranks, s.capacity,
+                                                            static_cast<int>(record_bytes), s.top_k)
+                           : cuda::MakeLlRegionLayout(s.num_attention_ranks, s.capacity, s.hidden,
+                                                      s.top_k, cuda::ElemType::kBF16);
     combine_ = cuda::MakeLlRegionLayout(s.num_expert_ranks, s.capacity, s.hidden, 0,
                                         cuda::ElemType::kBF16);
     if (dispatch_.bytes == 0 || combine_.bytes == 0) {
@@ -79,8 +89,23 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
       DXS_ASSIGN_OR_RETURN(pairs_.experts, backend_->Allocate({entries}, DType::kI32));
       DXS_ASSIGN_OR_RETURN(pairs_.weights, backend_->Allocate({entries}, DType::kF32));
       DXS_ASSIGN_OR_RETURN(pairs_.out_rows, backend_->Allocate({entries}, DType::kI32));
-      pairs_.x = Tensor(region_.buffer, DType::kBF16, {slots, s.hidden},
-                        dispatch_.rows / DTypeSize(DType::kBF16));
+      if (s.fp8_rows) {
+        // The records in place, and the rows the experts read: dequantized by Receive.
+        records_ = Tensor(region_.buffer, DType::kF8E4M3, {slots, record_bytes}, dispatch_.rows);
+        DXS_ASSIGN_OR_RETURN(pairs_.x, backend_->Allocate({slots, s.hidden}, DType::kBF16));
+      } else {
+        pairs_.x = Tensor(region_.buffer, DType::kBF16, {slots, s.hidden},
+                          dispatch_.rows / DTypeSize(DType::kBF16));
+      }
+    } else if (s.fp8_rows) {
+      // A round's records before they go, and the rows they are of (0..capacity): made
+      // here, so that a recorded step allocates nothing.
+      DXS_ASSIGN_OR_RETURN(records_,
+                           backend_->Allocate({s.capacity, record_bytes}, DType::kF8E4M3));
+      std::vector<int32_t> iota(static_cast<size_t>(s.capacity));
+      for (int i = 0; i < s.capacity; ++i) iota[i] = i;
+      DXS_ASSIGN_OR_RETURN(record_rows_, backend_->Allocate({s.capacity}, DType::kI32));
+      DXS_RETURN_IF_ERROR(backend_->CopyFromHost(iota.data(), DType::kI32, &record_rows_));
     }
     return backend_->Synchronize();
   }
@@ -135,8 +160,16 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
           absl::StrCat("low-latency dispatch: x ", x.ShapeString(), " (bf16, hidden ",
                        shape_.hidden, ") with weights ", weights.ShapeString(), " (f32)"));
     }
+    const void* rows = x.raw();
+    if (shape_.fp8_rows && tokens > 0) {
+      // Quantized per token and per 128 channels before they leave (DeepEP's and Step-3's
+      // FP8 dispatch); the records go as the rows.
+      Tensor records = records_.Rows(0, tokens);
+      DXS_RETURN_IF_ERROR(backend_->QuantizeRowsFp8(x, record_rows_.Rows(0, tokens), &records));
+      rows = records.raw();
+    }
     cuda::LlDispatchSendArgs a;
-    a.x = tokens > 0 ? x.raw() : nullptr;
+    a.x = tokens > 0 ? rows : nullptr;
     a.topk_ids = tokens > 0 ? ids.i32() : nullptr;
     a.topk_weights = tokens > 0 ? weights.f32() : nullptr;
     a.num_tokens = tokens;
@@ -199,6 +232,11 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
     a.bad = bad_.i32();
     DXS_RETURN_IF_ERROR(Launched(
         cuda::LaunchLlRegionPairs(a, backend_->num_sms(), backend_->stream(), &error), error));
+    if (shape_.fp8_rows) {
+      // Every slot's record: the unused ones hold an earlier round's (or zeros), rows no
+      // pair points at.
+      DXS_RETURN_IF_ERROR(backend_->DequantizeRowsFp8(records_, &pairs_.x));
+    }
     *pairs = pairs_;
     return absl::OkStatus();
   }
@@ -362,10 +400,14 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
   LowLatencySide side_;
   int rank_;
   cuda::LlRegionLayout dispatch_, combine_;
-  SharedMemory region_;                         // this rank's receive region
-  Tensor sync_;                                 // its LlSync
-  Tensor bad_;                                  // expert side: pairs for experts not held
-  LowLatencyPairs pairs_;                       // expert side: a round's pair list
+  SharedMemory region_;    // this rank's receive region
+  Tensor sync_;            // its LlSync
+  Tensor bad_;             // expert side: pairs for experts not held
+  LowLatencyPairs pairs_;  // expert side: a round's pair list
+  // FP8 rows: the attention side's records before they go and record_rows_ (i32, 0..capacity
+  // - 1); the expert side's, in the region (dequantized into pairs_.x).
+  Tensor records_;
+  Tensor record_rows_;
   std::vector<std::shared_ptr<Buffer>> peers_;  // the other side's regions, mapped here
   Tensor peer_table_;                           // their bases, on the device
   struct FreeHost {

@@ -265,10 +265,10 @@ int Grid(int64_t work, int num_sms) {
 
 }  // namespace
 
-LlRegionLayout MakeLlRegionLayout(int num_sources, int capacity, int hidden, int top_k,
-                                  ElemType row_type) {
+namespace {
+
+LlRegionLayout MakeLayout(int num_sources, int capacity, int hidden, int top_k, size_t elem) {
   LlRegionLayout L;
-  const size_t elem = IsFloating(row_type) ? ElemSize(row_type) : 0;
   if (num_sources < 1 || num_sources > kLlMaxRanks || capacity < 1 || hidden < 1 || top_k < 0 ||
       top_k > kLlMaxTopK || elem == 0 || (hidden * elem) % 16 != 0) {
     return L;
@@ -285,6 +285,19 @@ LlRegionLayout MakeLlRegionLayout(int num_sources, int capacity, int hidden, int
   L.rows = L.meta + AlignUp(slots * top_k * sizeof(LlPair));
   L.bytes = L.rows + AlignUp(slots * L.row_bytes);
   return L;
+}
+
+}  // namespace
+
+LlRegionLayout MakeLlRegionLayout(int num_sources, int capacity, int hidden, int top_k,
+                                  ElemType row_type) {
+  return MakeLayout(num_sources, capacity, hidden, top_k,
+                    IsFloating(row_type) ? ElemSize(row_type) : 0);
+}
+
+LlRegionLayout MakeLlRecordRegionLayout(int num_sources, int capacity, int record_bytes,
+                                        int top_k) {
+  return MakeLayout(num_sources, capacity, record_bytes, top_k, 1);
 }
 
 cudaError_t LaunchLlDispatchSend(const LlDispatchSendArgs& a, int num_sms, cudaStream_t stream,

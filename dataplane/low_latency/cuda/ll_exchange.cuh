@@ -94,6 +94,10 @@ struct LlSync {
 // why).
 LlRegionLayout MakeLlRegionLayout(int num_sources, int capacity, int hidden, int top_k,
                                   ElemType row_type);
+// The layout of a dispatch region whose rows are opaque records of `record_bytes` (FP8
+// rows: their scales, then their values; kernels/moe_compute.h), copied as bytes: `hidden`
+// is the record's bytes, a multiple of 16.
+LlRegionLayout MakeLlRecordRegionLayout(int num_sources, int capacity, int record_bytes, int top_k);
 
 struct LlDispatchSendArgs {
   // [num_tokens, hidden] rows in the region's row type; ids and weights [num_tokens,

@@ -453,6 +453,95 @@ TEST_F(LowLatencyMoeTest, BadShapesAreInvalidArgument) {
   EXPECT_EQ((*exchange)->Receive(owner, nullptr).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// FP8 rows (--wire-dtype fp8): the attention rank quantizes its bf16 rows into records per
+// token and per 128 channels, the expert rank receives them dequantized, and its answers
+// come back through the bf16 combine. The rows that arrive are bit for bit those the CPU
+// backend's records of the same rows give; a hidden size whose records are not 16-byte
+// vectors is refused.
+TEST_F(LowLatencyMoeTest, Fp8RowsArriveAsTheCpuBackendsRecordsGive) {
+  constexpr int kFp8Hidden = 512;  // records of 528 bytes
+  constexpr int64_t kTokens = 5;
+  LowLatencyShape shape;
+  shape.num_attention_ranks = 1;
+  shape.num_expert_ranks = 1;
+  shape.capacity = kCapacity;
+  shape.hidden = kFp8Hidden;
+  shape.top_k = 1;
+  shape.num_experts = 2;
+  shape.fp8_rows = true;
+  {
+    LowLatencyShape narrow = shape;
+    narrow.hidden = kHidden;  // records of 264 bytes
+    auto refused =
+        MakeLowLatencyExchange(reference_backend_.get(), narrow, LowLatencySide::kAttention, 0);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("512"), std::string::npos) << refused.status();
+  }
+  std::unique_ptr<Backend> a = *MakeBackend("cuda"), x = *MakeBackend("cuda");
+  auto attention = MakeLowLatencyExchange(a.get(), shape, LowLatencySide::kAttention, 0);
+  auto expert = MakeLowLatencyExchange(x.get(), shape, LowLatencySide::kExpert, 0);
+  ASSERT_TRUE(attention.ok()) << attention.status();
+  ASSERT_TRUE(expert.ok()) << expert.status();
+  ASSERT_OK((*attention)->Connect({(*expert)->region_key()}));
+  ASSERT_OK((*expert)->Connect({(*attention)->region_key()}));
+
+  // Groups of very different magnitudes, so each group's scale matters.
+  std::vector<float> rows(kTokens * kFp8Hidden);
+  std::uniform_real_distribution<float> value(-1.f, 1.f);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i] = value(rng_) * std::ldexp(1.f, static_cast<int>((i / 128) % 7) - 3);
+  }
+  const std::vector<int32_t> ids(kTokens, 0), owner(2, 0), held(2, 1);
+  const std::vector<float> weights(kTokens, 1.f);
+  Tensor tx = *a->Allocate({kTokens, kFp8Hidden}, DType::kBF16);
+  Tensor tids = *a->Allocate({kTokens, 1}, DType::kI32);
+  Tensor tweights = *a->Allocate({kTokens, 1}, DType::kF32);
+  Tensor towner = *a->Allocate({2}, DType::kI32);
+  Tensor theld = *x->Allocate({2}, DType::kI32);
+  ASSERT_OK(a->CopyFromHost(rows.data(), DType::kF32, &tx));
+  ASSERT_OK(a->CopyFromHost(ids.data(), DType::kI32, &tids));
+  ASSERT_OK(a->CopyFromHost(weights.data(), DType::kF32, &tweights));
+  ASSERT_OK(a->CopyFromHost(owner.data(), DType::kI32, &towner));
+  ASSERT_OK(x->CopyFromHost(held.data(), DType::kI32, &theld));
+
+  // One round, each rank's work enqueued on its own stream: the waits spin on the device.
+  ASSERT_OK((*attention)->Dispatch(tx, tids, tweights, towner));
+  LowLatencyPairs pairs;
+  ASSERT_OK((*expert)->Receive(theld, &pairs));
+  ASSERT_EQ(pairs.x.dtype(), DType::kBF16);
+  ASSERT_EQ(pairs.x.row_size(), kFp8Hidden);
+  // The answers: each slot's row as it arrived (the spare last row zero).
+  Tensor y = *x->Zeros({kCapacity + 1, kFp8Hidden}, DType::kBF16);
+  Tensor y_slots = y.Rows(0, kCapacity);
+  ASSERT_OK(x->Copy(pairs.x, &y_slots));
+  ASSERT_OK((*expert)->Send(y));
+  Tensor out = *a->Allocate({kTokens, kFp8Hidden}, DType::kF32);
+  ASSERT_OK((*attention)->Combine(tids, towner, &out));
+  ASSERT_OK((*expert)->CheckStatus());
+  ASSERT_OK((*attention)->CheckStatus());
+
+  // The CPU backend's records of the same bf16 rows, dequantized into bf16.
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  Tensor cx = *cpu->Allocate({kTokens, kFp8Hidden}, DType::kBF16);
+  ASSERT_OK(cpu->CopyFromHost(rows.data(), DType::kF32, &cx));
+  std::vector<int32_t> iota(kTokens);
+  for (int64_t i = 0; i < kTokens; ++i) iota[i] = static_cast<int32_t>(i);
+  Tensor crows = *cpu->Allocate({kTokens}, DType::kI32);
+  ASSERT_OK(cpu->CopyFromHost(iota.data(), DType::kI32, &crows));
+  Tensor records = *cpu->Allocate({kTokens, Fp8RecordBytes(kFp8Hidden)}, DType::kF8E4M3);
+  ASSERT_OK(cpu->QuantizeRowsFp8(cx, crows, &records));
+  Tensor dequantized = *cpu->Allocate({kTokens, kFp8Hidden}, DType::kBF16);
+  ASSERT_OK(cpu->DequantizeRowsFp8(records, &dequantized));
+  const std::vector<float> want = *cpu->Download(dequantized);
+  const std::vector<float> arrived = *x->Download(pairs.x.Rows(0, kTokens));
+  const std::vector<float> combined = *a->Download(out);
+  ASSERT_EQ(arrived.size(), want.size());
+  EXPECT_EQ(arrived, want);
+  EXPECT_EQ(combined, want);  // one rank's bf16 answer, widened
+  // Not the rows themselves: FP8 lost precision on the way.
+  EXPECT_NE(want, *cpu->Download(cx));
+}
+
 // A whole generation: the single-process engine's attention on one backend, its MoE the
 // low-latency exchange to two expert ranks (expert e on rank e % 2) whose rounds a thread of
 // their own enqueues step after step. Prefill (short prompts, within the capacity) and
