@@ -61,6 +61,18 @@ ModelConfig Config() {
   return c;
 }
 
+// The exchange's shape between these ranks, for the model of Config().
+LowLatencyShape Shape(int num_attention, int num_expert) {
+  LowLatencyShape shape;
+  shape.num_attention_ranks = num_attention;
+  shape.num_expert_ranks = num_expert;
+  shape.capacity = kCapacity;
+  shape.hidden = kHidden;
+  shape.top_k = kTopK;
+  shape.num_experts = kExperts;
+  return shape;
+}
+
 // Expert e of layer l's weights, the same on every backend (FillUniform is).
 ExpertWeightMap Weights(Backend* backend, const std::vector<int>& experts) {
   ExpertWeightMap map;
@@ -140,13 +152,7 @@ class LowLatencyMoeTest : public ::testing::Test {
   // owner[e]; every rank's backend its own.
   void MakeRanks(int num_attention, int num_expert, const std::vector<int32_t>& owner,
                  int64_t timeout_ns = 5'000'000'000) {
-    LowLatencyShape shape;
-    shape.num_attention_ranks = num_attention;
-    shape.num_expert_ranks = num_expert;
-    shape.capacity = kCapacity;
-    shape.hidden = kHidden;
-    shape.top_k = kTopK;
-    shape.num_experts = kExperts;
+    LowLatencyShape shape = Shape(num_attention, num_expert);
     shape.timeout_ns = timeout_ns;
     for (int r = 0; r < num_attention; ++r) {
       Attention a;
@@ -423,13 +429,8 @@ TEST_F(LowLatencyMoeTest, PlacementsThatDisagreeAreFailedPrecondition) {
 }
 
 TEST_F(LowLatencyMoeTest, BadShapesAreInvalidArgument) {
-  LowLatencyShape shape;
-  shape.num_attention_ranks = 1;
-  shape.num_expert_ranks = 1;
-  shape.capacity = kCapacity;
+  LowLatencyShape shape = Shape(1, 1);
   shape.hidden = 100;  // 200-byte rows: not a multiple of 16
-  shape.top_k = kTopK;
-  shape.num_experts = kExperts;
   Backend* backend = reference_backend_.get();
   EXPECT_EQ(MakeLowLatencyExchange(backend, shape, LowLatencySide::kExpert, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -461,10 +462,7 @@ TEST_F(LowLatencyMoeTest, BadShapesAreInvalidArgument) {
 TEST_F(LowLatencyMoeTest, Fp8RowsArriveAsTheCpuBackendsRecordsGive) {
   constexpr int kFp8Hidden = 512;  // records of 528 bytes
   constexpr int64_t kTokens = 5;
-  LowLatencyShape shape;
-  shape.num_attention_ranks = 1;
-  shape.num_expert_ranks = 1;
-  shape.capacity = kCapacity;
+  LowLatencyShape shape = Shape(1, 1);
   shape.hidden = kFp8Hidden;
   shape.top_k = 1;
   shape.num_experts = 2;
