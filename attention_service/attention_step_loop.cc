@@ -188,10 +188,10 @@ std::optional<absl::StatusOr<Tensor>> AttentionStepLoop::ForwardLowLatency(
 }
 
 absl::StatusOr<AttentionStepLoop::InFlightStep> AttentionStepLoop::LaunchTokens(
-    const Tensor& logits) {
+    const Tensor& logits, const Tensor* input_ids) {
   const StepSamplingPlan plan = scheduler_->PlanStepSampling();
   DXS_ASSIGN_OR_RETURN(StepSamplingOutputs outputs,
-                       EnqueueStepSamplingOnBackend(model_->backend(), logits, plan));
+                       EnqueueStepSamplingOnBackend(model_->backend(), logits, plan, input_ids));
   return downloads_.Launch(std::move(outputs), plan.logprobs);
 }
 
@@ -296,14 +296,14 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
     } else if (overlap_schedule_ && !host_sampling && !host_rows && !chunks.empty()) {
       // Sampled on the device alone: the tokens are read later, after the next step is
       // queued where it can be built ahead of them.
-      absl::StatusOr<InFlightStep> l = LaunchTokens(*out);
+      absl::StatusOr<InFlightStep> l = LaunchTokens(*out, input_ids);
       outcome = l.status();
       if (l.ok()) launched = *std::move(l);
     } else {
       outcome = absl::OkStatus();
       if (!host_sampling) {
         absl::StatusOr<Scheduler::StepTokens> t =
-            SampleStepOnBackend(model_->backend(), *out, *scheduler_);
+            SampleStepOnBackend(model_->backend(), *out, *scheduler_, input_ids);
         outcome = t.status();
         if (t.ok()) sampled = *std::move(t);
       }

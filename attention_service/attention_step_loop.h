@@ -175,8 +175,9 @@ class AttentionStepLoop {
   // A step queued on the device whose tokens the host has not read (overlap scheduling).
   using InFlightStep = StepTokenDownloads::Step;
   // Enqueues the device sampling of the step's logits (Scheduler::PlanStepSampling) and
-  // the copy of its tokens to the host; nothing waits.
-  absl::StatusOr<InFlightStep> LaunchTokens(const Tensor& logits);
+  // the copy of its tokens to the host; nothing waits. input_ids: the step's, on the device
+  // (a step built ahead: its penalties count them).
+  absl::StatusOr<InFlightStep> LaunchTokens(const Tensor& logits, const Tensor* input_ids);
   // Reads `step`'s tokens and hands them to the scheduler (FinishStepWithTokens), then
   // on_step_end. A failed read fails every request of the scheduler and returns why.
   absl::Status FinishTokens(InFlightStep step);

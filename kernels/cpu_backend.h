@@ -93,6 +93,8 @@ class CpuBackend : public Backend {
   absl::Status ArgmaxRows(const Tensor& logits, Tensor* ids) override;
   absl::Status SampleRows(const Tensor& logits, const Tensor& params, const Tensor* adjustments,
                           Tensor* ids) override;
+  absl::Status CountPendingTokens(const Tensor& tokens, const Tensor& params,
+                                  Tensor* adjustments) override;
   absl::Status LogprobRows(const Tensor& logits, const Tensor& sampled, const Tensor& named,
                            Tensor* sampled_logprobs, Tensor* named_logprobs, Tensor* top_ids,
                            Tensor* top_logprobs) override;

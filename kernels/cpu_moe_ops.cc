@@ -293,6 +293,26 @@ absl::Status CpuBackend::ArgmaxRows(const Tensor& logits, Tensor* ids) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::CountPendingTokens(const Tensor& tokens, const Tensor& params,
+                                            Tensor* adjustments) {
+  DXS_RETURN_IF_ERROR(CheckCountPendingTokensArgs(tokens, params, *adjustments));
+  const int64_t n = tokens.num_elements(), m = adjustments->rows();
+  const auto* rows = reinterpret_cast<const SamplingRow*>(params.i64());
+  auto* adjust = reinterpret_cast<LogitAdjustment*>(adjustments->i32());
+  for (int64_t i = 0; i < n; ++i) {
+    const SamplingRow& row = rows[i];
+    if (row.adjust_begin < 0 || row.adjust_count < 0 ||
+        int64_t{row.adjust_begin} + row.adjust_count > m) {
+      return absl::InvalidArgumentError(absl::StrCat("count pending tokens: row ", i,
+                                                     "'s adjustments [", row.adjust_begin, ", +",
+                                                     row.adjust_count, ") exceed ", m));
+    }
+    CountPendingToken(tokens.i32()[i], adjust + row.adjust_begin,
+                      static_cast<size_t>(row.adjust_count));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::SampleRows(const Tensor& logits, const Tensor& params,
                                     const Tensor* adjustments, Tensor* ids) {
   DXS_RETURN_IF_ERROR(CheckSampleRowsArgs(logits, params, adjustments, *ids));

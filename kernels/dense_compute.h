@@ -118,6 +118,16 @@ class DenseCompute {
   // backend reads them on the host (CPU), while a device writes -1 for such a row.
   virtual absl::Status SampleRows(const Tensor& logits, const Tensor& params,
                                   const Tensor* adjustments, Tensor* ids) = 0;
+  // The token a row's request drew in the step before, counted into its adjustments in a
+  // step built ahead of it (overlap scheduling with penalties): for each row i of params
+  // (i64 [n, kSamplingRowWords]) whose last adjustment is kAdjustPending, with t =
+  // tokens[i] (i32 [n]: the step's input ids), the row's other entry of t gets output_count
+  // + 1 and kAdjustSeen; where there is none, the pending entry becomes {t, 1, 0,
+  // kAdjustSeen}. Other rows are left alone. adjustments: i32 [m, kLogitAdjustmentWords], in
+  // place. On the queue: a graph may record it; out-of-range rows are INVALID_ARGUMENT where
+  // the backend reads them on the host (CPU), skipped on a device.
+  virtual absl::Status CountPendingTokens(const Tensor& tokens, const Tensor& params,
+                                          Tensor* adjustments) = 0;
   // Log-probabilities of raw logits rows (log_softmax; kernels/sampling.h's RowLogprobs), for
   // row i of logits (f32 [n, vocab]): sampled_logprobs[i] (f32 [n]) of token sampled[i] (i32
   // [n]); named_logprobs[i, j] (f32 [n, m]) of token named[i, j] (i32 [n, m]; -1 gives 0);

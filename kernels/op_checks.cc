@@ -197,6 +197,22 @@ absl::Status CheckSampleRowsArgs(const Tensor& logits, const Tensor& params,
   return absl::OkStatus();
 }
 
+absl::Status CheckCountPendingTokensArgs(const Tensor& tokens, const Tensor& params,
+                                         const Tensor& adjustments) {
+  DXS_RETURN_IF_ERROR(CheckDType("count pending tokens", tokens, DType::kI32, "tokens"));
+  DXS_RETURN_IF_ERROR(CheckDType("count pending tokens", params, DType::kI64, "params"));
+  DXS_RETURN_IF_ERROR(CheckDType("count pending tokens", adjustments, DType::kI32, "adjustments"));
+  const int64_t n = tokens.num_elements();
+  if (params.shape() != std::vector<int64_t>{n, kSamplingRowWords} ||
+      adjustments.shape().size() != 2 || adjustments.shape()[1] != kLogitAdjustmentWords ||
+      adjustments.rows() > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("count pending tokens: tokens ", tokens.ShapeString(), " with params ",
+                     params.ShapeString(), " into adjustments ", adjustments.ShapeString()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckLogprobRowsArgs(const Tensor& logits, const Tensor& sampled, const Tensor& named,
                                   const Tensor& sampled_logprobs, const Tensor& named_logprobs,
                                   const Tensor& top_ids, const Tensor& top_logprobs) {

@@ -38,6 +38,10 @@ absl::Status CheckArgmaxRowsArgs(const Tensor& logits, const Tensor& ids);
 // i32 [m, kLogitAdjustmentWords], ids i32 [n].
 absl::Status CheckSampleRowsArgs(const Tensor& logits, const Tensor& params,
                                  const Tensor* adjustments, const Tensor& ids);
+// CountPendingTokens: tokens i32 [n], params i64 [n, kSamplingRowWords], adjustments i32 [m,
+// kLogitAdjustmentWords].
+absl::Status CheckCountPendingTokensArgs(const Tensor& tokens, const Tensor& params,
+                                         const Tensor& adjustments);
 // LogprobRows: logits f32 [n, vocab], sampled i32 [n], named i32 [n, m], sampled_logprobs f32
 // [n], named_logprobs f32 [n, m], top_ids i32 [n, k], top_logprobs f32 [n, k], k <= 20.
 absl::Status CheckLogprobRowsArgs(const Tensor& logits, const Tensor& sampled, const Tensor& named,

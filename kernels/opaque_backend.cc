@@ -131,6 +131,11 @@ class OpaqueBackend final : public Backend {
     const Tensor a = Open(*adjustments);
     return inner_.SampleRows(Open(logits), Open(params), &a, &d);
   }
+  absl::Status CountPendingTokens(const Tensor& tokens, const Tensor& params,
+                                  Tensor* adjustments) override {
+    Tensor a = Open(*adjustments);
+    return inner_.CountPendingTokens(Open(tokens), Open(params), &a);
+  }
   absl::Status LogprobRows(const Tensor& logits, const Tensor& sampled, const Tensor& named,
                            Tensor* sampled_logprobs, Tensor* named_logprobs, Tensor* top_ids,
                            Tensor* top_logprobs) override {

@@ -76,6 +76,18 @@ void ApplyLogitAdjustments(const SamplingParams& p, const LogitAdjustment* adjus
   }
 }
 
+void CountPendingToken(int32_t token, LogitAdjustment* adjustments, size_t n) {
+  if (n == 0 || (adjustments[n - 1].flags & kAdjustPending) == 0) return;
+  for (size_t i = 0; i + 1 < n; ++i) {
+    if (adjustments[i].token == token) {
+      ++adjustments[i].output_count;
+      adjustments[i].flags |= kAdjustSeen;
+      return;
+    }
+  }
+  adjustments[n - 1] = LogitAdjustment{token, 1, 0.f, kAdjustSeen};
+}
+
 SamplingRow ToSamplingRow(const SamplingParams& p, uint64_t draw, int32_t adjust_begin,
                           int32_t adjust_count) {
   SamplingRow row{};

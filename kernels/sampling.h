@@ -61,6 +61,11 @@ absl::Status ValidateLogitBias(const SamplingParams& p, int64_t vocab);
 void ApplyLogitAdjustments(const SamplingParams& p, const LogitAdjustment* adjustments, size_t n,
                            float* row);
 
+// Backend::CountPendingTokens for one row, its adjustments [0, n): when the last is
+// kAdjustPending, `token` is counted into its entry among the others (output count + 1,
+// seen), or the pending entry becomes its entry (count 1, seen). Otherwise nothing changes.
+void CountPendingToken(int32_t token, LogitAdjustment* adjustments, size_t n);
+
 // The backend row of `p` for its draw number `draw` (with the row's adjustments at
 // [adjust_begin, adjust_begin + adjust_count) of the step's list), and back (without
 // logit_bias, which travels in the adjustments).

@@ -35,12 +35,17 @@ struct LogitAdjustment {
   int32_t token;
   int32_t output_count;  // times the request has generated it (frequency, presence)
   float bias;            // logit_bias
-  uint32_t flags;        // kAdjustSeen | kAdjustBanned
+  uint32_t flags;        // kAdjustSeen | kAdjustBanned | kAdjustPending
 };
 // In the prompt or the output: the repetition penalty applies.
 inline constexpr uint32_t kAdjustSeen = 1u;
 // Masked (-inf): an EOS or stop id before min_new_tokens.
 inline constexpr uint32_t kAdjustBanned = 2u;
+// The last of a row's entries, in a step built ahead of its step before's token (overlap
+// scheduling): a token no other entry names, changing nothing, until
+// Backend::CountPendingTokens makes it the entry of that token where none is (output count
+// 1, seen), or counts the token in its entry and leaves this one as it is.
+inline constexpr uint32_t kAdjustPending = 4u;
 inline constexpr int64_t kLogitAdjustmentWords = 4;  // i32 elements per LogitAdjustment
 static_assert(sizeof(LogitAdjustment) == kLogitAdjustmentWords * sizeof(int32_t),
               "a LogitAdjustment is one row of an i32 [n, 4] tensor");

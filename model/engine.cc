@@ -102,7 +102,8 @@ absl::Status LocalEngine::LaunchStep(Scheduler& scheduler, const std::vector<Seq
         model_->ForwardDecode(chunks, kv_.get(), true, &plan, &outputs, input_ids).status());
   } else {
     DXS_ASSIGN_OR_RETURN(Tensor logits, model_->Forward(chunks, kv_.get(), 1, input_ids));
-    DXS_ASSIGN_OR_RETURN(outputs, EnqueueStepSamplingOnBackend(backend_.get(), logits, plan));
+    DXS_ASSIGN_OR_RETURN(outputs,
+                         EnqueueStepSamplingOnBackend(backend_.get(), logits, plan, input_ids));
   }
   DXS_ASSIGN_OR_RETURN(in_flight_, downloads_->Launch(std::move(outputs), plan.logprobs));
   in_flight_scheduler_ = &scheduler;

@@ -235,6 +235,10 @@ absl::StatusOr<Tensor> Qwen3MoeModel::DecodeBody(const Buffer& staging, const Te
     if (capacity > 0) {
       DXS_ASSIGN_OR_RETURN(adjustments,
                            staged({capacity, kLogitAdjustmentWords}, DType::kI32, at.adjustments));
+      // A step built ahead: its input ids are the step before's tokens, counted into the
+      // penalised rows' pending entries (a no-op for rows without one, so every replay of
+      // this graph may run it).
+      DXS_RETURN_IF_ERROR(backend_->CountPendingTokens(token_ids, *params, &*adjustments));
     }
   }
   const StepLogprobShape shape{top >= 0, std::max<int64_t>(top, 0),
@@ -270,6 +274,11 @@ absl::StatusOr<Tensor> Qwen3MoeModel::ForwardDecode(const std::vector<SequenceCh
        static_cast<int64_t>(sampling->named_ids.size()) != n * sampling->logprobs.named)) {
     return absl::InvalidArgumentError(
         "decode step sampling: one row per chunk, no forked samples, and an output");
+  }
+  if (sampling != nullptr && sampling->pending_tokens && input_ids == nullptr) {
+    return absl::FailedPreconditionError(
+        "decode step sampling: a step built ahead needs its input ids on the device (its "
+        "penalties count the step before's tokens)");
   }
   use_graph = use_graph && backend_->SupportsGraphs();
   const DecodeSamplingKey key = SamplingKeyOf(sampling);

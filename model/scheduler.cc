@@ -105,10 +105,18 @@ LogitAdjustment& Scheduler::Live::Adjustment(int32_t token) {
   return adjust[it->second];
 }
 
+namespace {
+
+// Whether a request's next logits depend on the tokens it generated (its penalties).
+bool Penalised(const SamplingParams& p) {
+  return p.repetition_penalty != 1.f || p.frequency_penalty != 0.f || p.presence_penalty != 0.f;
+}
+
+}  // namespace
+
 void Scheduler::Live::Generated(int32_t token) {
   generated.push_back(token);
-  const SamplingParams& p = request.sampling;
-  if (p.repetition_penalty != 1.f || p.frequency_penalty != 0.f || p.presence_penalty != 0.f) {
+  if (Penalised(request.sampling)) {
     LogitAdjustment& a = Adjustment(token);
     ++a.output_count;
     a.flags |= kAdjustSeen;
@@ -300,9 +308,12 @@ bool Scheduler::CanStepAhead() {
     const GenerationRequest& r = l.request;
     const SamplingParams& p = r.sampling;
     const int64_t generated = static_cast<int64_t>(l.generated.size());
+    // Penalties go ahead too: the token of the step in flight is counted on the device
+    // (PlanStepSampling's kAdjustPending entry); a request naming every token but one leaves
+    // no token free for that entry.
     if (l.done || step_prefill_[j] != 0 || step_logit_rows_[j] != 1 || l.generated.empty() ||
         generated + 1 >= r.max_new_tokens || generated + 1 == r.min_new_tokens ||
-        p.repetition_penalty != 1.f || p.frequency_penalty != 0.f || p.presence_penalty != 0.f) {
+        (Penalised(p) && static_cast<int64_t>(l.adjust.size()) + 1 >= config_.vocab_size)) {
       return false;
     }
   }
@@ -439,12 +450,22 @@ StepSamplingPlan Scheduler::PlanStepSampling() const {
       plan.rows.push_back(ToSamplingRow(SamplingParams{}, 0));  // mid-prefill: greedy, unused
       continue;
     }
-    // A step built ahead draws the token after the one the step before is drawing.
-    const SamplingRow row = ToSamplingRow(r.sampling, l.generated.size() + (ahead_ ? 1 : 0),
-                                          static_cast<int32_t>(plan.adjustments.size()),
-                                          static_cast<int32_t>(l.adjust.size()));
+    // A step built ahead draws the token after the one the step before is drawing, whose
+    // penalties are counted on the device: one more entry, pending.
+    const bool pending = ahead_ && Penalised(r.sampling);
+    const SamplingRow row =
+        ToSamplingRow(r.sampling, l.generated.size() + (ahead_ ? 1 : 0),
+                      static_cast<int32_t>(plan.adjustments.size()),
+                      static_cast<int32_t>(l.adjust.size() + (pending ? 1 : 0)));
     plan.rows.push_back(row);
     plan.adjustments.insert(plan.adjustments.end(), l.adjust.begin(), l.adjust.end());
+    if (pending) {
+      // Its token: the lowest no entry names (entries name distinct tokens).
+      int32_t free_token = 0;
+      while (l.adjust_at.count(free_token) != 0) ++free_token;
+      plan.adjustments.push_back(LogitAdjustment{free_token, 0, 0.f, kAdjustPending});
+      plan.pending_tokens = true;
+    }
     if (r.n > 1 && l.generated.empty()) {
       // The other samples' first tokens: the same row and adjustments (nothing generated
       // yet), draw 0 of the seed ForkSamples gives each.
@@ -613,7 +634,13 @@ void Scheduler::FailAll(const absl::Status& status) {
 
 absl::StatusOr<StepSamplingOutputs> EnqueueStepSamplingOnBackend(Backend* backend,
                                                                  const Tensor& logits,
-                                                                 const StepSamplingPlan& plan) {
+                                                                 const StepSamplingPlan& plan,
+                                                                 const Tensor* step_ids) {
+  if (plan.pending_tokens && (step_ids == nullptr || step_ids->num_elements() != logits.rows())) {
+    return absl::FailedPreconditionError(
+        "step sampling: a step built ahead needs its input ids on the backend (its penalties "
+        "count the step before's tokens)");
+  }
   const int64_t chunks = logits.rows();
   const int64_t n = static_cast<int64_t>(plan.rows.size());
   std::optional<Tensor> expanded;  // the chunks' rows, then each forked sample's chunk's
@@ -636,6 +663,10 @@ absl::StatusOr<StepSamplingOutputs> EnqueueStepSamplingOnBackend(Backend* backen
       DXS_ASSIGN_OR_RETURN(adjustments, backend->Allocate({m, kLogitAdjustmentWords}, DType::kI32));
       DXS_RETURN_IF_ERROR(
           backend->CopyFromHost(plan.adjustments.data(), DType::kI32, &*adjustments));
+      if (plan.pending_tokens) {
+        // Forked rows come only with a request's first token, never in a step built ahead.
+        DXS_RETURN_IF_ERROR(backend->CountPendingTokens(*step_ids, *params, &*adjustments));
+      }
     }
   }
   if (plan.logprobs.any) {
@@ -653,12 +684,13 @@ absl::StatusOr<StepSamplingOutputs> EnqueueStepSamplingOnBackend(Backend* backen
 }
 
 absl::StatusOr<Scheduler::StepTokens> SampleStepOnBackend(Backend* backend, const Tensor& logits,
-                                                          const Scheduler& scheduler) {
+                                                          const Scheduler& scheduler,
+                                                          const Tensor* step_ids) {
   const StepSamplingPlan plan = scheduler.PlanStepSampling();
   const int64_t chunks = logits.rows();
   const int64_t n = static_cast<int64_t>(plan.rows.size());
   DXS_ASSIGN_OR_RETURN(StepSamplingOutputs out,
-                       EnqueueStepSamplingOnBackend(backend, logits, plan));
+                       EnqueueStepSamplingOnBackend(backend, logits, plan, step_ids));
   DXS_ASSIGN_OR_RETURN(Scheduler::StepTokens step, DownloadStepTokens(backend, out, plan.logprobs));
   if (!plan.fork_rows.empty()) {
     step.fork_first.assign(chunks, -1);

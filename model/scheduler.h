@@ -276,12 +276,16 @@ class Scheduler {
 // where a request asked). Only the ids and the asked-for log-probabilities cross to the
 // host. The single-process engine and the attention worker's step loop finish their
 // steps with it where the sampling is not in a decode graph (Qwen3MoeModel::ForwardDecode).
+// step_ids: the step's input ids on the backend (i32 [chunks]), which a step built ahead
+// needs (StepSamplingPlan::pending_tokens: FAILED_PRECONDITION without them).
 absl::StatusOr<Scheduler::StepTokens> SampleStepOnBackend(Backend* backend, const Tensor& logits,
-                                                          const Scheduler& scheduler);
+                                                          const Scheduler& scheduler,
+                                                          const Tensor* step_ids = nullptr);
 // Its device half: the plan's sampling of `logits` enqueued, its outputs (one row per plan
 // row) left on the backend.
 absl::StatusOr<StepSamplingOutputs> EnqueueStepSamplingOnBackend(Backend* backend,
                                                                  const Tensor& logits,
-                                                                 const StepSamplingPlan& plan);
+                                                                 const StepSamplingPlan& plan,
+                                                                 const Tensor* step_ids = nullptr);
 
 }  // namespace dxs

@@ -55,6 +55,10 @@ struct StepSamplingPlan {
   bool argmax = false;  // every row greedy without adjustments: ArgmaxRows, no parameters
   StepLogprobShape logprobs;
   std::vector<int32_t> named_ids;  // [rows, logprobs.named], -1 where a row names fewer
+  // A step built ahead of its step before's tokens (overlap scheduling) whose penalised rows
+  // end in a kAdjustPending entry: the step's input ids are counted into them on the backend
+  // (Backend::CountPendingTokens) before the sampling.
+  bool pending_tokens = false;
 };
 
 // Device tensors a step's sampling writes, one row per sampled row: ids (i32 [n]), and

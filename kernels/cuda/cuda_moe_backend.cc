@@ -255,6 +255,19 @@ absl::Status CudaBackend::SampleRows(const Tensor& logits, const Tensor& params,
                     "sample rows");
 }
 
+absl::Status CudaBackend::CountPendingTokens(const Tensor& tokens, const Tensor& params,
+                                             Tensor* adjustments) {
+  DXS_RETURN_IF_ERROR(CheckCountPendingTokensArgs(tokens, params, *adjustments));
+  const int64_t n = tokens.num_elements();
+  if (n == 0 || adjustments->rows() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("count pending tokens"));
+  return CudaStatus(
+      cuda::LaunchCountPendingTokens(
+          tokens.i32(), n, reinterpret_cast<const SamplingRow*>(params.i64()),
+          reinterpret_cast<LogitAdjustment*>(adjustments->i32()), adjustments->rows(), stream_),
+      "count pending tokens");
+}
+
 absl::Status CudaBackend::LogprobRows(const Tensor& logits, const Tensor& sampled,
                                       const Tensor& named, Tensor* sampled_logprobs,
                                       Tensor* named_logprobs, Tensor* top_ids,

@@ -298,6 +298,13 @@ cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t vocab,
                              const SamplingRow* params, const LogitAdjustment* adjustments,
                              int64_t num_adjust, int32_t* ids, void* workspace,
                              size_t workspace_bytes, cudaStream_t stream);
+// Backend::CountPendingTokens: for each row i of params whose adjustments (of the num_adjust
+// at `adjustments`) end in a kAdjustPending entry, tokens[i] counted into them as the host's
+// CountPendingToken (kernels/sampling.h) does; rows whose adjustments fall outside are
+// skipped. One warp a row; no host synchronisation.
+cudaError_t LaunchCountPendingTokens(const int32_t* tokens, int64_t n, const SamplingRow* params,
+                                     LogitAdjustment* adjustments, int64_t num_adjust,
+                                     cudaStream_t stream);
 
 // ---- logprobs.cu ----
 

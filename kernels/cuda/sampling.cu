@@ -418,6 +418,31 @@ bool SampleShapeOk(int64_t n, int64_t vocab) {
   return n >= 0 && vocab > 0 && vocab <= kMaxChunkItems && n <= INT_MAX;
 }
 
+// CountPendingToken (kernels/sampling.cc) for row blockIdx.x, one warp: the lanes look for
+// the token among the row's other entries (distinct tokens: one lane at most finds it).
+__global__ void CountPendingTokensKernel(const int32_t* tokens, const SamplingRow* rows,
+                                         LogitAdjustment* adjustments, int64_t num_adjust) {
+  PdlWait();
+  const SamplingRow& row = rows[blockIdx.x];
+  const int64_t begin = row.adjust_begin, count = row.adjust_count;
+  if (count <= 0 || begin < 0 || begin + count > num_adjust) return;
+  LogitAdjustment* a = adjustments + begin;
+  if ((a[count - 1].flags & kAdjustPending) == 0) return;
+  const int32_t token = tokens[blockIdx.x];
+  int64_t at = -1;
+  for (int64_t j = threadIdx.x; j < count - 1; j += 32) {
+    if (a[j].token == token) at = j;
+  }
+  if (__ballot_sync(0xffffffffu, at >= 0) != 0) {
+    if (at >= 0) {
+      ++a[at].output_count;
+      a[at].flags |= kAdjustSeen;
+    }
+  } else if (threadIdx.x == 0) {
+    a[count - 1] = LogitAdjustment{token, 1, 0.f, kAdjustSeen};
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchArgmaxRows(const float* logits, int64_t n, int64_t vocab, int32_t* ids,
@@ -426,6 +451,19 @@ cudaError_t LaunchArgmaxRows(const float* logits, int64_t n, int64_t vocab, int3
   if (n == 0) return cudaSuccess;
   if (logits == nullptr || ids == nullptr) return cudaErrorInvalidValue;
   LaunchKernel(ArgmaxRowsKernel, static_cast<unsigned>(n), kThreads, 0, stream, logits, vocab, ids);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCountPendingTokens(const int32_t* tokens, int64_t n, const SamplingRow* params,
+                                     LogitAdjustment* adjustments, int64_t num_adjust,
+                                     cudaStream_t stream) {
+  if (n < 0 || n > 2147483647 || num_adjust < 0) return cudaErrorInvalidValue;
+  if (n == 0 || num_adjust == 0) return cudaSuccess;
+  if (tokens == nullptr || params == nullptr || adjustments == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  LaunchKernel(CountPendingTokensKernel, static_cast<unsigned>(n), 32u, 0, stream, tokens, params,
+               adjustments, num_adjust);
   return cudaGetLastError();
 }
 

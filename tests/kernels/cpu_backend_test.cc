@@ -71,6 +71,50 @@ TEST_F(CpuBackendTest, LinearsAreLinearForEachWeight) {
   EXPECT_EQ(b_->Linears(tx, {&ws[0]}, {&ys[1]}).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// CountPendingTokens: a row whose adjustments end in a pending entry counts its token into
+// the entry that names it, or makes the pending entry that token's; other rows stay.
+TEST_F(CpuBackendTest, CountPendingTokensCountsTheTokenInFlight) {
+  const std::vector<LogitAdjustment> adjust = {
+      {5, 1, 0.f, kAdjustSeen}, {9, 0, 2.f, kAdjustSeen},    {0, 0, 0.f, kAdjustPending},  // row 0
+      {3, 2, 0.f, kAdjustSeen}, {1, 0, 0.f, kAdjustPending},                               // row 1
+      {4, 0, 0.f, kAdjustSeen},                                                            // row 2
+  };
+  std::vector<SamplingRow> rows = {
+      ToSamplingRow(SamplingParams{}, 0, 0, 3), ToSamplingRow(SamplingParams{}, 0, 3, 2),
+      ToSamplingRow(SamplingParams{}, 0, 5, 1), ToSamplingRow(SamplingParams{}, 0, 6, 0)};
+  Tensor params = *b_->Allocate({4, kSamplingRowWords}, DType::kI64);
+  ASSERT_TRUE(b_->CopyFromHost(rows.data(), DType::kI64, &params).ok());
+  Tensor adjustments = *b_->Allocate({6, kLogitAdjustmentWords}, DType::kI32);
+  ASSERT_TRUE(b_->CopyFromHost(adjust.data(), DType::kI32, &adjustments).ok());
+  ASSERT_TRUE(b_->CountPendingTokens(Ids({9, 7, 4, 2}), params, &adjustments).ok());
+  std::vector<LogitAdjustment> got(6);
+  ASSERT_TRUE(b_->CopyToHost(adjustments, DType::kI32, got.data()).ok());
+  auto same = [](const LogitAdjustment& a, const LogitAdjustment& b) {
+    return a.token == b.token && a.output_count == b.output_count && a.bias == b.bias &&
+           a.flags == b.flags;
+  };
+  EXPECT_TRUE(same(got[0], adjust[0]));
+  EXPECT_TRUE(same(got[1], (LogitAdjustment{9, 1, 2.f, kAdjustSeen})));  // counted in place
+  EXPECT_TRUE(same(got[2], adjust[2]));                                  // left pending: a no-op
+  EXPECT_TRUE(same(got[3], adjust[3]));
+  EXPECT_TRUE(same(got[4], (LogitAdjustment{7, 1, 0.f, kAdjustSeen})));  // became token 7's
+  EXPECT_TRUE(same(got[5], adjust[5]));  // no pending entry: nothing to count
+  // A pending entry changes no logit.
+  std::vector<float> row = {1.f, -2.f, 3.f};
+  SamplingParams penalised;
+  penalised.repetition_penalty = 2.f;
+  penalised.frequency_penalty = 1.f;
+  penalised.presence_penalty = 1.f;
+  const LogitAdjustment pending{1, 0, 0.f, kAdjustPending};
+  ApplyLogitAdjustments(penalised, &pending, 1, row.data());
+  EXPECT_EQ(row, (std::vector<float>{1.f, -2.f, 3.f}));
+  // Adjustments past the list are INVALID_ARGUMENT.
+  rows[3] = ToSamplingRow(SamplingParams{}, 0, 5, 2);
+  ASSERT_TRUE(b_->CopyFromHost(rows.data(), DType::kI64, &params).ok());
+  EXPECT_EQ(b_->CountPendingTokens(Ids({9, 7, 4, 2}), params, &adjustments).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CpuBackendTest, ZeroRowOperationsAreNoOps) {
   Tensor x = Alloc({0, 8}), w = Up(std::vector<float>(32, 1.f), {4, 8});
   Tensor y = Alloc({0, 4});

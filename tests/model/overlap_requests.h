@@ -1,7 +1,7 @@
 // What the overlap-scheduling tests share (the single-process engine's,
 // tests/model/overlap_schedule_test.cc, and the attention worker's,
-// tests/disagg/overlap_cluster_test.cc): requests that stop early or whose sampling needs
-// every token first, and the comparison of two runs' log-probabilities.
+// tests/disagg/overlap_cluster_test.cc): requests that stop early or whose sampling depends
+// on every token before, and the comparison of two runs' log-probabilities.
 #pragma once
 
 #include <cstdint>
@@ -21,8 +21,8 @@ inline std::vector<int32_t> MinNewPrompt() { return {300, 301}; }
 // Six requests: to max_new_tokens; stopped by a stop id at its 6th token or before (its
 // solo tokens: solo_stop, at least 6); seeded top-p/top-k with 3 alternatives a token; done
 // with its first token; min_new_tokens 4 with a stop id it produces at its 3rd token
-// (solo_min, at least 3); seeded with presence and repetition penalties (its steps never go
-// ahead).
+// (solo_min, at least 3); seeded with presence and repetition penalties (its steps go ahead
+// too: the backend counts the token in flight, Backend::CountPendingTokens).
 inline std::vector<GenerationRequest> EarlyStopRequests(const std::vector<int32_t>& solo_stop,
                                                         const std::vector<int32_t>& solo_min) {
   std::vector<GenerationRequest> requests;

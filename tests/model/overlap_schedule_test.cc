@@ -3,7 +3,7 @@
 // from that step's samples, and hands out the running step's tokens afterwards. The tokens,
 // finish reasons and log-probabilities equal those of the engine without it, greedy and
 // seeded, for requests that stop early (a stop id, max_new_tokens, min_new_tokens) and for
-// requests whose sampling needs every token first (penalties: those steps wait); an abort
+// requests with penalties (the token in flight counted on the backend); an abort
 // during an overlapped run ends the request and leaves the others as they were. (A server
 // stopped with a step queued: local_server_test's StoppingEndsLiveRequestsCancelled.)
 #include <memory>
@@ -91,11 +91,45 @@ TEST_F(OverlapSchedule, EarlyStopsSamplingAndLogprobsEqualTheEngineWithout) {
   EXPECT_LE(on.results[1].tokens.size(), 6u);
   EXPECT_EQ(on.results[3].tokens.size(), 1u);
   EXPECT_GE(on.results[4].tokens.size(), 4u);
-  // The penalised request makes every step wait while it runs; once it is done (10 tokens)
-  // the others' steps go ahead.
   EXPECT_GT(on.overlapped_steps, 0);
-  // Alone, the penalised request never goes ahead (its next row depends on this token).
-  EXPECT_EQ(Generate(dir_, true, {penalised}).overlapped_steps, 0);
+  // Alone, the penalised request goes ahead too: its next row's penalties count the token
+  // in flight on the backend.
+  const EngineRun alone = Generate(dir_, true, {penalised});
+  ASSERT_EQ(alone.results.size(), 1u);
+  ExpectSameResults(alone.results, {off.results.back()});
+  EXPECT_GE(alone.overlapped_steps, 7);
+}
+
+// Penalties with sampling: a step built ahead counts the step before's token on the backend
+// (Backend::CountPendingTokens), so the tokens equal the engine's without overlap; were that
+// token left out of the penalties, the draws would differ (the distribution they come from
+// would). Each penalty alone, and the three together.
+TEST_F(OverlapSchedule, PenaltiesCountTheTokenInFlight) {
+  std::vector<GenerationRequest> requests;
+  for (int kind = 0; kind < 4; ++kind) {
+    GenerationRequest r = GreedyRequest({70 + kind, 71, 72}, 24);
+    r.sampling.temperature = 1.f;
+    r.sampling.seed = 17 + kind;
+    if (kind == 0 || kind == 3) r.sampling.repetition_penalty = 5.f;
+    if (kind == 1 || kind == 3) r.sampling.frequency_penalty = 2.f;
+    if (kind == 2 || kind == 3) r.sampling.presence_penalty = 2.f;
+    requests.push_back(r);
+  }
+  const EngineRun off = Generate(dir_, false, requests);
+  const EngineRun on = Generate(dir_, true, requests);
+  ExpectSameResults(on.results, off.results);
+  EXPECT_GE(on.overlapped_steps, 20);
+  // The penalties do move the draws: the same requests without them sample other tokens.
+  std::vector<GenerationRequest> plain = requests;
+  for (GenerationRequest& r : plain) {
+    r.sampling.repetition_penalty = 1.f;
+    r.sampling.frequency_penalty = r.sampling.presence_penalty = 0.f;
+  }
+  const EngineRun unpenalised = Generate(dir_, true, plain);
+  ASSERT_EQ(unpenalised.results.size(), requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_NE(unpenalised.results[i].tokens, off.results[i].tokens) << "request " << i;
+  }
 }
 
 TEST_F(OverlapSchedule, SamplesOfOneRequestEqualTheEngineWithout) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <random>
 #include <set>
@@ -303,6 +304,48 @@ TEST_F(SamplingCudaTest, AdjustedRowsAndMinPMatchTheCpu) {
       ExpectCpuTokens(logits, rows, vocab, params, adjust);
     }
   }
+}
+
+// CountPendingTokens on the GPU: the CPU's entries byte for byte, rows with a pending entry
+// whose token is among the others (counted there), is not (the pending entry becomes it),
+// rows without one and rows without adjustments.
+TEST_F(SamplingCudaTest, CountPendingTokensMatchesTheCpu) {
+  std::mt19937 rng(5);
+  const int64_t rows = 64;
+  std::vector<SamplingRow> params;
+  std::vector<LogitAdjustment> adjust;
+  std::vector<int32_t> tokens;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::set<int32_t> distinct;
+    const int64_t count = r % 5 == 4 ? 0 : 1 + static_cast<int64_t>(rng() % 200);
+    while (static_cast<int64_t>(distinct.size()) < count) distinct.insert(rng() % 1000);
+    const int32_t begin = static_cast<int32_t>(adjust.size());
+    for (int32_t t : distinct) {
+      adjust.push_back({t, static_cast<int32_t>(rng() % 3), 0.f, kAdjustSeen});
+    }
+    const bool pending = count > 0 && r % 3 != 2;
+    if (pending) adjust.back() = {adjust.back().token, 0, 0.f, kAdjustPending};
+    // Half the rows draw a token their entries name, the others one they do not.
+    int32_t token = 1000 + static_cast<int32_t>(rng() % 1000);
+    if (count > 1 && r % 2 == 0) token = adjust[begin + rng() % (count - 1)].token;
+    tokens.push_back(token);
+    params.push_back(
+        ToSamplingRow(SamplingParams{}, 0, begin, static_cast<int32_t>(adjust.size()) - begin));
+  }
+  const int64_t m = static_cast<int64_t>(adjust.size());
+  std::vector<LogitAdjustment> want = adjust, got(m);
+  for (Backend* b : {cpu_.get(), gpu_.get()}) {
+    Tensor p = *b->Allocate({rows, kSamplingRowWords}, DType::kI64);
+    Tensor a = *b->Allocate({m, kLogitAdjustmentWords}, DType::kI32);
+    Tensor t = *b->Allocate({rows}, DType::kI32);
+    ASSERT_TRUE(b->CopyFromHost(params.data(), DType::kI64, &p).ok());
+    ASSERT_TRUE(b->CopyFromHost(adjust.data(), DType::kI32, &a).ok());
+    ASSERT_TRUE(b->CopyFromHost(tokens.data(), DType::kI32, &t).ok());
+    ASSERT_TRUE(b->CountPendingTokens(t, p, &a).ok());
+    ASSERT_TRUE(b->CopyToHost(a, DType::kI32, b == cpu_.get() ? want.data() : got.data()).ok());
+  }
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), m * sizeof(LogitAdjustment)), 0);
+  EXPECT_NE(std::memcmp(want.data(), adjust.data(), m * sizeof(LogitAdjustment)), 0);
 }
 
 // LogprobRows against the CPU's (RowLogprobs in double): the sampled and named ids' values,
