@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -39,7 +40,7 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
           s.num_experts, ", rank ", rank_, ", timeout ", s.timeout_ns, " ns"));
     }
     const int64_t record_bytes = Fp8RecordBytes(s.hidden);
-    if (s.fp8_rows && (s.hidden % 4 != 0 || record_bytes % 16 != 0)) {
+    if (s.fp8_rows && record_bytes % 16 != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("low-latency exchange: FP8 rows are records of ", record_bytes,
                        " bytes at hidden ", s.hidden,
@@ -102,10 +103,9 @@ class CudaLowLatencyExchange final : public LowLatencyExchange {
       // here, so that a recorded step allocates nothing.
       DXS_ASSIGN_OR_RETURN(records_,
                            backend_->Allocate({s.capacity, record_bytes}, DType::kF8E4M3));
-      std::vector<int32_t> iota(static_cast<size_t>(s.capacity));
-      for (int i = 0; i < s.capacity; ++i) iota[i] = i;
-      DXS_ASSIGN_OR_RETURN(record_rows_, backend_->Allocate({s.capacity}, DType::kI32));
-      DXS_RETURN_IF_ERROR(backend_->CopyFromHost(iota.data(), DType::kI32, &record_rows_));
+      std::vector<int32_t> rows(static_cast<size_t>(s.capacity));
+      std::iota(rows.begin(), rows.end(), 0);
+      DXS_ASSIGN_OR_RETURN(record_rows_, backend_->UploadIndices(rows));
     }
     return backend_->Synchronize();
   }
