@@ -15,8 +15,10 @@
 # Environment: DXS_DECODE_CLUSTERS, the clusters to run, each MxN@GPUS (M attention and N
 # expert processes placed over those GPUs, `dxs up --gpus`), default "1x1@0"; on several
 # GPUs e.g. "1x1@0,1 2x2@0,1,2,3" (the two- and four-GPU clusters: one process per GPU, no
-# time slicing); "none" runs the single process alone. DXS_DECODE_CONCURRENCY, default "1 8 32". Each cluster also runs with
-# --low-latency-capacity DXS_DECODE_LL_CAPACITY (0 leaves that run out; default 128 for a
+# time slicing); "none" runs the single process alone. DXS_DECODE_CONCURRENCY, default "1 8 32".
+# DXS_DECODE_LOCAL: both (default; the single process with overlap scheduling on and off),
+# overlap (on only) or none. DXS_DECODE_MODES, the cluster runs, default
+# "piecewise no-overlap eager". Each cluster also runs with --low-latency-capacity DXS_DECODE_LL_CAPACITY (0 leaves that run out; default 128 for a
 # cluster over several GPUs, 0 on one): decode steps over the low-latency exchange (on one
 # GPU the processes' spinning waits time-slice it, so there it means nothing for speed).
 set -uo pipefail
@@ -67,9 +69,11 @@ clusters=${DXS_DECODE_CLUSTERS:-1x1@0}
 [ "$clusters" = none ] && clusters=  # the single process alone
 concurrency=${DXS_DECODE_CONCURRENCY:-1 8 32}
 for c in $concurrency; do
+  [ "${DXS_DECODE_LOCAL:-both}" = none ] && break
   local_json=$(timeout 300 "$bin/dxs" bench --local "$work/model" --device cuda $(bench_args $c) 2>>"$log")
   echo "local c=$c: $local_json" >>"$log"
   row "single process (graphs)" "$c" "$local_json" >>"$table"
+  [ "${DXS_DECODE_LOCAL:-both}" = overlap ] && continue
   # Overlap scheduling's A/B baseline: every step waits for its tokens.
   local_json=$(timeout 300 "$bin/dxs" bench --local "$work/model" --device cuda \
     --overlap-schedule off $(bench_args $c) 2>>"$log")
@@ -82,7 +86,7 @@ for cluster in $clusters; do
   # The LL run by default only where the processes have GPUs of their own.
   ll_capacity=${DXS_DECODE_LL_CAPACITY:-}
   [ -z "$ll_capacity" ] && { case $gpus in *,*) ll_capacity=128 ;; *) ll_capacity=0 ;; esac; }
-  modes="piecewise no-overlap eager"
+  modes=${DXS_DECODE_MODES:-piecewise no-overlap eager}
   [ "$ll_capacity" != 0 ] && modes="$modes low-latency"
   for mode in $modes; do
     piecewise=true capacity=0 overlap=true

@@ -26,6 +26,8 @@
 #   gemv: ab with DXS_CUDA_GEMV=off and auto, decode and FFN side by side.
 #   ll-status: DXS_CUDA_LL_STATUS=kernel against copy (the stall test x100, the LL tests,
 #   gpu_bench --low-latency --quick in interleaved rounds).
+#   old-new: .device-old/bin (an older commit's binaries) against .device/bin: gpu_bench --quick,
+#   gpu_ll_bench and the serving loop, alternating, with new/old ratios.
 #   serving-ratio: the serving loop (dxs bench --local, overlap on and off) at concurrency 1
 #   and 32 against gpu_bench's decode step at batch 1 and 32, in one run.
 #   bench/gpu/run_device.sh ab "ENV=v ..." "ENV=v ..." ...: gpu_bench --quick under each set of
@@ -274,6 +276,68 @@ print("%6s %9s %10s %10s %7s" % ("batch", "capacity", "kernel", "copy", "copy/k"
 for (b, c), d in sorted(rows.items()):
     k = statistics.median(d.get("kernel", [0])); cp = statistics.median(d.get("copy", [0]))
     print("%6d %9d %10.3f %10.3f %7.3f" % (b, c, k, cp, cp / k if k else 0))
+PY
+fi
+if [ "$what" = old-new ]; then
+  # A refactor's "unchanged within noise", on the GPU: the binaries of an older commit (in
+  # .device-old/bin, packed as .device-old.tar.xz; see bench/gpu/README.md) against these,
+  # in DXS_AB_ROUNDS (2) rounds that alternate which goes first: gpu_bench --quick and
+  # gpu_ll_bench each round, then the serving loop once each (cluster_decode_bench.sh: the
+  # single process and 1 attention + 1 expert process, piecewise graphs, concurrency 1 and
+  # 32). Ratios are new against old (above 1: new is faster).
+  [ -f .device-old.tar.xz ] && tar xJf .device-old.tar.xz
+  declare -A bindir=([old]=.device-old/bin [new]=.device/bin)
+  for round in $(seq "${DXS_AB_ROUNDS:-2}"); do
+    order="old new"; [ $((round % 2)) = 0 ] && order="new old"
+    for v in $order; do
+      timeout 200 "${bindir[$v]}/gpu_bench" --quick --json "$OUT/on_${v}_$round.jsonl" \
+        >"$OUT/on_gpu_bench_${v}_$round.log" 2>&1
+      summary+=("[$v] gpu_bench --quick round $round: rc=$?")
+      timeout 120 "${bindir[$v]}/gpu_ll_bench" --json "$OUT/on_ll_${v}_$round.jsonl" \
+        >"$OUT/on_ll_${v}_$round.log" 2>&1
+      summary+=("[$v] gpu_ll_bench round $round: rc=$?")
+    done
+  done
+  for v in old new; do
+    OUT="$OUT/serving_$v" DXS_BIN_DIR="${bindir[$v]}" DXS_DECODE_LOCAL=overlap \
+      DXS_DECODE_MODES=piecewise DXS_DECODE_CONCURRENCY="1 32" \
+      timeout 200 bench/gpu/cluster_decode_bench.sh 48 >"$OUT/serving_$v.out" 2>&1
+    summary+=("[$v] serving: rc=$?")
+  done
+  python3 - "$OUT" <<'PY'
+import glob, json, statistics, sys
+out = sys.argv[1]
+def rows(v):
+    got = {}
+    for path in sorted(glob.glob("%s/on_%s_*.jsonl" % (out, v))):
+        for line in open(path):
+            r = json.loads(line)
+            if r.get("section") == "decode":
+                got.setdefault("decode b%d tok/s" % r["batch"], []).append(r["tokens_per_s"])
+            elif r.get("section") == "ffn":
+                got.setdefault("ffn %d tokens us" % r["tokens"], []).append(r["us"])
+            elif r.get("section") == "prefill":
+                got.setdefault("prefill tok/s", []).append(r["tokens_per_s"])
+    for path in sorted(glob.glob("%s/on_ll_%s_*.jsonl" % (out, v))):
+        for line in open(path):
+            r = json.loads(line)
+            got.setdefault("ll h%d x %d us" % (r["hidden"], r["tokens"]), []).append(r["ll_us"])
+    for line in open("%s/serving_%s/cluster_decode.txt" % (out, v)) if glob.glob(
+            "%s/serving_%s/cluster_decode.txt" % (out, v)) else []:
+        parts = line.rsplit(None, 4)
+        if len(parts) == 5 and parts[2].replace(".", "").isdigit():
+            name = "serve " + ("1+1" if "attn" in parts[0] else "local") + " c" + parts[1]
+            got.setdefault(name + " tok/s", []).append(float(parts[2]))
+    return {k: statistics.median(v) for k, v in got.items()}
+old, new = rows("old"), rows("new")
+print("old against new, medians of the rounds; ratio = new speed / old speed")
+print("  %-24s %10s %10s %7s" % ("row", "old", "new", "ratio"))
+for key in sorted(set(old) | set(new)):
+    o, n = old.get(key), new.get(key)
+    if o is None or n is None:
+        print("  %-24s %10s %10s %7s" % (key, o or "-", n or "-", "-")); continue
+    r = n / o if "tok/s" in key else o / n
+    print("  %-24s %10.1f %10.1f %7.3f" % (key, o, n, r))
 PY
 fi
 if [ "$what" = ab ]; then
