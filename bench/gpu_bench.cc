@@ -22,6 +22,8 @@
 //     exchange to expert ranks of this process, beside local experts.
 //   --sampling: only [sampling], the engine's generation loop with OpenAI-style sampling
 //     features on every request (penalties, min_p, top-20 logprobs) beside plain sampling.
+//   --fp8-linear: only [rates] and [fp8-linear], Linear of block-scaled FP8 weights (the
+//     decode GEMV and cuBLASLt's FP8 matmul) beside bf16 weights, decode to prefill sizes.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
@@ -35,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -49,6 +52,7 @@
 #include "model/engine.h"
 #include "model/random_checkpoint.h"
 #include "model/sampler.h"
+#include "model/weights.h"
 #include "nlohmann/json.hpp"
 
 namespace dxs {
@@ -783,8 +787,80 @@ void SamplingOverhead(bool quick, int layers, Report* report) {
                {"ttft_n8_ms", 1e3 * Median(eight_s)}});
 }
 
+// [fp8-linear]: Linear of a block-scaled FP8 weight (kernels/cuda/fp8_linear.cc) against the
+// bf16 weight it stands for, at Qwen3-30B-A3B's q_proj and o_proj shapes, from decode-sized to
+// prefill-sized x: bf16 takes gemv.cu up to 8 rows and cuBLAS past them; FP8 takes its GEMV up
+// to 8 rows and cuBLASLt's block-scaled FP8 matmul past them, and "fp8 lib" is cuBLASLt at
+// every size (DXS_CUDA_GEMV=off), the library the GEMV is measured against. Each time is the
+// median of 20-call runs, divided by 20; the weights are random bytes (no NaN codes) and
+// random scales, never zeros.
+void Fp8Linear(const Rates& rates, bool quick, Report* report) {
+  setenv("DXS_CUDA_GEMV", "off", 1);
+  std::unique_ptr<Backend> lib = Must(MakeCudaBackend(0), "gemm-only backend");
+  unsetenv("DXS_CUDA_GEMV");
+  std::unique_ptr<Backend> b = Must(MakeCudaBackend(0), "backend");
+  if (!b->capabilities().fp8_block_weights) {
+    std::printf("\n[fp8-linear] skipped: this GPU keeps no FP8 weights\n");
+    return;
+  }
+  cudaStream_t stream = CudaStreamOf(b.get()), lib_stream = CudaStreamOf(lib.get());
+  std::printf("\n[fp8-linear] y = x w^T, bf16 x and y; us per call\n");
+  std::printf("  %-12s %6s %10s %10s %10s %9s %9s %9s\n", "weight", "m", "bf16", "fp8", "fp8 lib",
+              "fp8/bf16", "gemv/lib", "fp8 floor");
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+  };
+  std::vector<int64_t> ms = {1, 2, 4, 8, 16, 64, 256, 1024, 4096};
+  if (quick) ms = {1, 4, 8, 64, 1024, 4096};
+  std::mt19937 rng(11);
+  for (const Shape& s : {Shape{"q_proj", 4096, 2048}, Shape{"o_proj", 2048, 4096}}) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(s.n * s.k));
+    for (uint8_t& v : bytes) {
+      v = static_cast<uint8_t>(rng() & 0xff);
+      if ((v & 0x7f) == 0x7f) v ^= 0x01;  // 0x7f / 0xff are e4m3's NaN
+    }
+    std::vector<float> scales(static_cast<size_t>((s.n / 128) * (s.k / 128)));
+    for (float& v : scales) v = 1e-3f * (1 + (rng() % 1000) / 1000.f);
+    Tensor w8 =
+        Must(MakeBlockScaledWeight(bytes.data(), scales.data(), {s.n, s.k}, b.get()), "fp8 weight");
+    Tensor w8_lib = Must(MakeBlockScaledWeight(bytes.data(), scales.data(), {s.n, s.k}, lib.get()),
+                         "fp8 weight");
+    Tensor w16 = RandomTensor(b.get(), {s.n, s.k}, 12, 0.05);
+    for (int64_t m : ms) {
+      Tensor x = RandomTensor(b.get(), {m, s.k}, 13, 1.0);
+      Tensor x_lib = RandomTensor(lib.get(), {m, s.k}, 13, 1.0);
+      Tensor y = Must(b->Allocate({m, s.n}, DType::kBF16), "y");
+      Tensor y_lib = Must(lib->Allocate({m, s.n}, DType::kBF16), "y");
+      constexpr int kCalls = 20;
+      auto time = [&](Backend* be, cudaStream_t st, const Tensor& xx, const Tensor& ww,
+                      Tensor* yy) {
+        return 1e3 / kCalls * TimeMs(st, 2, quick ? 5 : 15, [&] {
+                 for (int i = 0; i < kCalls; ++i) BENCH_CHECK(be->Linear(xx, ww, nullptr, yy));
+               });
+      };
+      const double bf16_us = time(b.get(), stream, x, w16, &y);
+      const double fp8_us = time(b.get(), stream, x, w8, &y);
+      const double lib_us = time(lib.get(), lib_stream, x_lib, w8_lib, &y_lib);
+      const double floor_us = (s.n * s.k + 2.0 * m * (s.k + s.n)) / rates.copy_bytes_per_s * 1e6;
+      std::printf("  %-12s %6ld %10.2f %10.2f %10.2f %9.2f %9.2f %8.0f%%\n", s.name,
+                  static_cast<long>(m), bf16_us, fp8_us, lib_us, bf16_us / fp8_us,
+                  m <= 8 ? lib_us / fp8_us : 1.0, 100 * floor_us / fp8_us);
+      report->Add({{"section", "fp8_linear"},
+                   {"weight", s.name},
+                   {"n", s.n},
+                   {"k", s.k},
+                   {"m", m},
+                   {"bf16_us", bf16_us},
+                   {"fp8_us", fp8_us},
+                   {"fp8_lib_us", lib_us},
+                   {"fp8_floor_us", floor_us}});
+    }
+  }
+}
+
 int Main(int argc, char** argv) {
-  bool quick = false, ffn_only = false, low_latency = false, sampling = false;
+  bool quick = false, ffn_only = false, low_latency = false, sampling = false, fp8_linear = false;
   Profile profile;
   int layers = 48;
   std::string json;
@@ -798,6 +874,8 @@ int Main(int argc, char** argv) {
       low_latency = true;  // [decode-ll] alone
     } else if (a == "--sampling") {
       sampling = true;  // [sampling] alone
+    } else if (a == "--fp8-linear") {
+      fp8_linear = true;  // [rates] and [fp8-linear] alone
     } else if (a == "--ffn-only") {
       ffn_only = true;  // [rates] and [ffn] alone, for tile experiments
     } else if (a == "--profile" && i + 1 < argc) {
@@ -809,7 +887,8 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(
           stderr,
-          "usage: gpu_bench [--quick] [--ffn-only | --low-latency | --sampling] [--layers N]\n"
+          "usage: gpu_bench [--quick] [--ffn-only | --low-latency | --sampling | --fp8-linear]\n"
+          "                 [--layers N]\n"
           "                 [--json FILE]\n"
           "                 [--profile attention|decode|prefill [--batch N]]\n");
       return 2;
@@ -838,6 +917,10 @@ int Main(int argc, char** argv) {
   report.Add({{"section", "device"}, {"name", prop.name}, {"sms", prop.multiProcessorCount}});
   cudaStream_t stream = CudaStreamOf(backend.get());
   const Rates rates = MeasureRates(backend.get(), stream, quick, &report);
+  if (fp8_linear) {
+    Fp8Linear(rates, quick, &report);
+    return 0;
+  }
   // The per-expert cuBLAS grouped FFN, for the choice between it and CUTLASS (at every
   // size: without gemv.cu's decode-sized path, which would take the small batches).
   // The caller's DXS_CUDA_GEMV stays for every other backend (run_device.sh gemv sets it).

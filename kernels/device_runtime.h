@@ -70,6 +70,12 @@ struct BackendCapabilities {
   bool narrow_expert_rows = true;
   // QuantizeRowsFp8 and DequantizeRowsFp8 (the FP8 dispatch of --wire-dtype fp8).
   bool fp8_dispatch_rows = false;
+  // Linear takes a block-scaled FP8 weight (Tensor::block_scales), so a checkpoint's FP8
+  // projections stay FP8 in its memory. False: they are dequantized when loaded.
+  bool fp8_block_weights = false;
+  // GroupedSwiGlu (and the ops built on it) take block-scaled FP8 expert weights, so an FP8
+  // checkpoint's experts stay FP8 too. False: they are dequantized when loaded.
+  bool fp8_expert_weights = false;
   // The data plane's low-latency exchange runs on it (dataplane/low_latency/: rounds
   // enqueued on this backend's queue, rows written into regions peers map, nothing
   // synchronising with the host). False: the host-driven exchange serves every step.

@@ -33,13 +33,27 @@ Tensor Tensor::Rows(int64_t begin, int64_t count) const {
   }
   std::vector<int64_t> shape = shape_;
   shape[0] = count;
-  return Tensor(buffer_, dtype_, std::move(shape),
-                offset_elements_ + static_cast<size_t>(begin * row_size()));
+  Tensor t(buffer_, dtype_, std::move(shape),
+           offset_elements_ + static_cast<size_t>(begin * row_size()));
+  if (block_scales_ != nullptr) {
+    // A view splitting a 128-row block would need scales no tensor holds.
+    if (begin % kWeightBlock != 0 || count % kWeightBlock != 0) std::abort();
+    t.block_scales_ = std::make_shared<const Tensor>(
+        block_scales_->Rows(begin / kWeightBlock, count / kWeightBlock));
+  }
+  return t;
 }
 
 Tensor Tensor::Reshape(std::vector<int64_t> shape) const {
   Tensor t(buffer_, dtype_, std::move(shape), offset_elements_);
   if (t.num_elements() != num_elements()) std::abort();
+  if (t.shape_ == shape_) t.block_scales_ = block_scales_;
+  return t;
+}
+
+Tensor Tensor::WithBlockScales(Tensor scales) const {
+  Tensor t = *this;
+  t.block_scales_ = std::make_shared<const Tensor>(std::move(scales));
   return t;
 }
 

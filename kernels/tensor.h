@@ -76,12 +76,29 @@ class Tensor {
 
   std::string ShapeString() const;
 
+  // A block-scaled FP8 weight (kF8E4M3 [n, k], both multiples of kWeightBlock) kept in FP8
+  // on a backend with capabilities().fp8_block_weights carries its scales: value (r, c) is
+  // fp8[r, c] * scales[r / 128, c / 128], scales f32 [n / 128, stride] with stride =
+  // k / 128 rounded up to a multiple of 4 (the padding unused), the layout cuBLASLt's
+  // 128x128 block scaling reads. Null for every other tensor. Rows() of a whole number of
+  // blocks keeps the matching rows of the scales; Reshape() keeps them only when the shape
+  // is unchanged.
+  static constexpr int64_t kWeightBlock = 128;
+  const Tensor* block_scales() const { return block_scales_.get(); }
+  Tensor WithBlockScales(Tensor scales) const;
+
  private:
   std::shared_ptr<Buffer> buffer_;
   DType dtype_ = DType::kF32;
   std::vector<int64_t> shape_;
   size_t offset_elements_ = 0;
+  std::shared_ptr<const Tensor> block_scales_;
 };
+
+// The row stride of a block-scaled weight's scales for k input features (above).
+inline int64_t BlockScaleStride(int64_t k) {
+  return ((k + Tensor::kWeightBlock - 1) / Tensor::kWeightBlock + 3) / 4 * 4;
+}
 
 // A host tensor of `dtype` (64-byte aligned, uninitialised), for data that is moved or
 // converted rather than computed on: bf16 rows on the dispatch/combine wire.

@@ -310,6 +310,21 @@ RandomWeightSource::RandomWeightSource(const CheckpointPreset& preset) : preset_
   }
 }
 
+absl::StatusOr<Tensor> RandomWeightSource::LoadProjection(const std::string& name,
+                                                          std::vector<int64_t> shape,
+                                                          Backend* backend) const {
+  auto it = specs_.find(name);
+  if (!preset_.fp8 || !IsFp8QuantizedTensor(name) || it == specs_.end() ||
+      it->second.shape != shape || !KeepsFp8Weight(*backend, shape)) {
+    return Load(name, std::move(shape), backend);
+  }
+  std::vector<float> q, scale;
+  QuantizeFp8Blocks(StoredValues(preset_, it->second), shape[0], shape[1], &q, &scale);
+  std::vector<uint8_t> fp8(q.size());
+  for (size_t i = 0; i < q.size(); ++i) fp8[i] = FloatToFp8E4m3(q[i]);
+  return MakeBlockScaledWeight(fp8.data(), scale.data(), std::move(shape), backend);
+}
+
 absl::StatusOr<Tensor> RandomWeightSource::Load(const std::string& name, std::vector<int64_t> shape,
                                                 Backend* backend) const {
   auto it = specs_.find(name);
@@ -451,6 +466,10 @@ class OwnedCheckpointSource final : public WeightSource {
   absl::StatusOr<Tensor> Load(const std::string& name, std::vector<int64_t> shape,
                               Backend* backend) const override {
     return source_.Load(name, std::move(shape), backend);
+  }
+  absl::StatusOr<Tensor> LoadProjection(const std::string& name, std::vector<int64_t> shape,
+                                        Backend* backend) const override {
+    return source_.LoadProjection(name, std::move(shape), backend);
   }
 
  private:

@@ -85,6 +85,10 @@ class RandomWeightSource final : public WeightSource {
   explicit RandomWeightSource(const CheckpointPreset& preset);
   absl::StatusOr<Tensor> Load(const std::string& name, std::vector<int64_t> shape,
                               Backend* backend) const override;
+  // A --fp8 preset's projection quantized on the host as WriteRandomCheckpoint would store it,
+  // kept FP8 where KeepsFp8Weight allows (model/weights.h).
+  absl::StatusOr<Tensor> LoadProjection(const std::string& name, std::vector<int64_t> shape,
+                                        Backend* backend) const override;
 
  private:
   CheckpointPreset preset_;

@@ -53,13 +53,32 @@ class WeightSource {
   // NOT_FOUND / INVALID_ARGUMENT for a missing tensor or a shape that differs.
   virtual absl::StatusOr<Tensor> Load(const std::string& name, std::vector<int64_t> shape,
                                       Backend* backend) const = 0;
+  // A projection weight (attention's q, k, v, o, a dense layer's MLP; the experts' where the
+  // backend's grouped FFN takes FP8, capabilities().fp8_expert_weights): where the source
+  // holds it block-scaled FP8 and KeepsFp8Weight says so, it stays FP8 with its scales
+  // (Tensor::block_scales); otherwise as Load.
+  virtual absl::StatusOr<Tensor> LoadProjection(const std::string& name, std::vector<int64_t> shape,
+                                                Backend* backend) const {
+    return Load(name, std::move(shape), backend);
+  }
 };
+
+// Whether a block-scaled FP8 weight of `shape` stays FP8 on `backend`: the backend takes FP8
+// weights (capabilities().fp8_block_weights) and both dimensions are whole 128-blocks.
+bool KeepsFp8Weight(const Backend& backend, const std::vector<int64_t>& shape);
+// A block-scaled FP8 weight on `backend`: fp8 (e4m3 bytes, [n, k] row-major) and scales
+// (f32 [ceil(n / 128), ceil(k / 128)], the checkpoint's weight_scale_inv) into a kF8E4M3 tensor
+// carrying Tensor::block_scales' layout. Where KeepsFp8Weight holds.
+absl::StatusOr<Tensor> MakeBlockScaledWeight(const uint8_t* fp8, const float* scales,
+                                             std::vector<int64_t> shape, Backend* backend);
 
 class CheckpointWeightSource final : public WeightSource {
  public:
   explicit CheckpointWeightSource(const Checkpoint& ckpt) : ckpt_(ckpt) {}
   absl::StatusOr<Tensor> Load(const std::string& name, std::vector<int64_t> shape,
                               Backend* backend) const override;
+  absl::StatusOr<Tensor> LoadProjection(const std::string& name, std::vector<int64_t> shape,
+                                        Backend* backend) const override;
 
  private:
   const Checkpoint& ckpt_;

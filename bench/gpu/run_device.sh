@@ -26,6 +26,7 @@
 #   gemv: ab with DXS_CUDA_GEMV=off and auto, decode and FFN side by side.
 #   ll-status: DXS_CUDA_LL_STATUS=kernel against copy (the stall test x100, the LL tests,
 #   gpu_bench --low-latency --quick in interleaved rounds).
+#   fp8: fp8_cuda_test, cuda_engine_test's FP8 cases and gpu_bench --fp8-linear [--quick].
 #   old-new: .device-old/bin (an older commit's binaries) against .device/bin: gpu_bench --quick,
 #   gpu_ll_bench and the serving loop, alternating, with new/old ratios.
 #   serving-ratio: the serving loop (dxs bench --local, overlap on and off) at concurrency 1
@@ -53,7 +54,7 @@ sanitize() { DXS_UNDER_COMPUTE_SANITIZER=1 "$@"; }
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 # The gpu-labelled test binaries; all but gpu_cluster_test run their GPU work in-process.
 gpu_tests=(topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test
-           grouped_gemm_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test
+           grouped_gemm_cuda_test fp8_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test
            ll_exchange_cuda_test low_latency_moe_cuda_test nccl_transport_test worker_transport_test
            gpu_cluster_test)
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv >"$OUT/nvidia-smi.txt" 2>&1
@@ -277,6 +278,20 @@ for (b, c), d in sorted(rows.items()):
     k = statistics.median(d.get("kernel", [0])); cp = statistics.median(d.get("copy", [0]))
     print("%6d %9d %10.3f %10.3f %7.3f" % (b, c, k, cp, cp / k if k else 0))
 PY
+fi
+if [ "$what" = fp8 ]; then
+  # Block-scaled FP8 weights: the FP8 Linear test binary, the CUDA engine's FP8 cases (the
+  # default-fp8 preset against the CPU engine; projections kept FP8), then gpu_bench
+  # --fp8-linear (the decode GEMV and cuBLASLt's FP8 matmul beside bf16, us per call).
+  timeout 200 .device/bin/fp8_cuda_test >"$OUT/fp8_cuda_test.log" 2>&1
+  summary+=("fp8_cuda_test: rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/fp8_cuda_test.log" | tr '\n' ' ')")
+  timeout 300 .device/bin/cuda_engine_test --gtest_filter='*fp8*:*Fp8*' >"$OUT/cuda_engine_fp8.log" 2>&1
+  summary+=("cuda_engine_test (fp8): rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/cuda_engine_fp8.log" | tr '\n' ' ')")
+  grep -E 'first-token logits' "$OUT/cuda_engine_fp8.log" | sort | uniq -c | sort -rn | head -5
+  timeout 200 .device/bin/gpu_bench --fp8-linear $quick --json "$OUT/fp8_linear.jsonl" \
+    >"$OUT/gpu_bench_fp8.log" 2>&1
+  summary+=("gpu_bench --fp8-linear: rc=$?")
+  sed -n '/\[fp8-linear\]/,$p' "$OUT/gpu_bench_fp8.log"
 fi
 if [ "$what" = old-new ]; then
   # A refactor's "unchanged within noise", on the GPU: the binaries of an older commit (in

@@ -8,6 +8,7 @@
 // never load cuBLAS at all.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include "absl/status/statusor.h"
@@ -41,9 +42,29 @@ struct CublasApi {
                                             cublasComputeType_t) = nullptr;
 };
 
+// cuBLASLt, for the FP8 GEMMs with block scales (kernels/cuda/fp8_linear.cc): cuBLAS's
+// own GemmEx has no per-block scales.
+struct CublasLtApi {
+  decltype(&cublasLtCreate) create = nullptr;
+  decltype(&cublasLtDestroy) destroy = nullptr;
+  decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  decltype(&cublasLtMatmul) matmul = nullptr;
+  decltype(&cublasLtGetVersion) version = nullptr;
+};
+
 // The process's cuBLAS (libcublas.so.<major of the toolkit built against>), loaded once;
 // FAILED_PRECONDITION naming the library when it cannot be loaded or lacks a required
 // symbol (every member but gemm_grouped_batched_ex, which may be null).
 absl::StatusOr<const CublasApi*> LoadCublas();
+// The same for cuBLASLt (libcublasLt.so.<major>), every member required.
+absl::StatusOr<const CublasLtApi*> LoadCublasLt();
 
 }  // namespace dxs

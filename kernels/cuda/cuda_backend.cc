@@ -193,6 +193,17 @@ absl::Status CudaBackend::Init() {
   DXS_RETURN_IF_ERROR(
       CublasStatus(*blas_, blas_->set_stream(cublas_, stream_), "cuda backend: cuBLAS"));
   DXS_ASSIGN_OR_RETURN(cublas_workspace_, Workspace(kCublasWorkspaceBytes));
+  // FP8 weights where cuBLASLt has the block-scaled FP8 matmul (Hopper and later) and loads;
+  // elsewhere FP8 checkpoints are dequantized when loaded, as before.
+  DXS_ASSIGN_OR_RETURN(const bool fp8_weights, AutoOrOff(tunables::kCudaFp8Weights));
+  if (fp8_weights && prop.major >= 9) {
+    absl::StatusOr<const CublasLtApi*> lt = LoadCublasLt();
+    if (lt.ok() && (*lt)->create(&lt_handle_) == CUBLAS_STATUS_SUCCESS) {
+      lt_ = *lt;
+      fp8_weights_ = true;
+      fp8_grouped_gemm_ = cutlass_runs;
+    }
+  }
   return CublasStatus(
       *blas_, blas_->set_workspace(cublas_, cublas_workspace_.raw(), cublas_workspace_.num_bytes()),
       "cuda backend: cuBLAS workspace");
@@ -202,6 +213,11 @@ CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   if (cublas_ != nullptr) blas_->destroy(cublas_);
+  {
+    absl::MutexLock lock(&fp8_mu_);
+    fp8_plans_.clear();
+  }
+  if (lt_handle_ != nullptr) lt_->destroy(lt_handle_);
   cublas_workspace_ = Tensor();
   {
     absl::MutexLock lock(&flashinfer_mu_);
@@ -598,6 +614,7 @@ absl::Status CudaBackend::Gemm(const void* x, const void* w, DType in_dtype, int
 }
 
 absl::Status CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor* y) {
+  if (w.dtype() == DType::kF8E4M3) return LinearFp8(x, w, bias, y);
   DXS_RETURN_IF_ERROR(CheckFloat("linear", x, "x"));
   DXS_RETURN_IF_ERROR(CheckFloat("linear", w, "w"));
   DXS_RETURN_IF_ERROR(CheckFloat("linear", *y, "y"));

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -57,6 +58,8 @@ class CudaBackend final : public Backend {
             .maps_regions = true,
             .narrow_expert_rows = true,
             .fp8_dispatch_rows = true,
+            .fp8_block_weights = fp8_weights_,
+            .fp8_expert_weights = fp8_weights_ && fp8_grouped_gemm_,
             .low_latency_exchange = true};
   }
 
@@ -172,6 +175,23 @@ class CudaBackend final : public Backend {
   // y = x * w^T with cuBLAS, x and w in one dtype, y in that dtype or f32.
   absl::Status Gemm(const void* x, const void* w, DType in_dtype, int64_t m, int64_t n, int64_t k,
                     void* y, DType out_dtype, float beta, const char* op);
+  // Linear of a block-scaled FP8 weight (kernels/cuda/fp8_linear.cc): gemv.cu's sibling
+  // LaunchGemvFp8 for decode-sized x, else the activations quantized per token and 128
+  // channels and cuBLASLt's FP8 matmul with 128x128 weight and 1x128 activation scales.
+  absl::Status LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor* y);
+  absl::Status GemmFp8(const Tensor& x, const Tensor& w, Tensor* y);
+  // cuBLASLt's description of one FP8 GEMM shape and the algorithm its heuristic chose,
+  // made on the shape's first call and kept (the scale pointers are set per call).
+  struct Fp8GemmPlan {
+    const CublasLtApi* api = nullptr;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    ~Fp8GemmPlan();
+  };
+  absl::StatusOr<Fp8GemmPlan*> Fp8Plan(int64_t m_pad, int64_t n, int64_t k, DType out_dtype,
+                                       const void* a_scales, const void* b_scales)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(fp8_mu_);
   // The grouped FFN as two CUTLASS grouped GEMMs (kernels/cuda/grouped_gemm.cuh), gate_up
   // and down, around one SiLU*mul pass: per expert sizes stay on the device.
   // One expert shard's weights as the grouped FFN takes them: checked (bf16, one shape),
@@ -180,12 +200,22 @@ class CudaBackend final : public Backend {
   struct ExpertWeightSet {
     Tensor pointers;  // i64 [2 * experts]
     int64_t inter = -1;
+    // Block-scaled FP8 experts (Tensor::block_scales): each weight's scales N-major (the FP8
+    // grouped GEMM's B scales), and their i64 [2 * experts] pointer table.
+    bool fp8 = false;
+    Tensor scale_pointers;
+    std::vector<Tensor> scales;
   };
   absl::StatusOr<ExpertWeightSet> ExpertWeights(const std::vector<const Tensor*>& gate_up,
                                                 const std::vector<const Tensor*>& down,
                                                 int64_t hidden);
   // The grouped FFN as two CUTLASS grouped GEMMs (kernels/cuda/grouped_gemm.cuh): per
   // expert sizes stay on the device.
+  // The grouped FFN of block-scaled FP8 experts (kernels/cuda/moe_fp8.cu and
+  // grouped_gemm_fp8_sm90.cuh): the rows quantized per 128 channels in expert order, the
+  // gate_up FP8 grouped GEMM into bf16, silu * up quantized again, the down FP8 grouped GEMM.
+  absl::Status GroupedSwiGluFp8(const Tensor& xs, const Tensor* rows, const Tensor& expert_offsets,
+                                const ExpertWeightSet& weights, Tensor* y);
   absl::Status GroupedSwiGluCutlass(const Tensor& x, const Tensor& expert_offsets,
                                     const ExpertWeightSet& weights, Tensor* y);
   absl::Status GroupedSwiGluCublas(const Tensor& xs, const Tensor& expert_offsets,
@@ -255,6 +285,16 @@ class CudaBackend final : public Backend {
   absl::Mutex tables_mu_;
   std::map<std::vector<const void*>, ExpertWeightSet> weight_tables_ ABSL_GUARDED_BY(tables_mu_);
   cudaStream_t stream_ = nullptr;
+  // DXS_CUDA_FP8_WEIGHTS=auto|off (default auto: on sm_90 and later, where cuBLASLt loads):
+  // capabilities().fp8_block_weights, so FP8 checkpoints' projections stay FP8 here.
+  bool fp8_weights_ = false;
+  // The FP8 grouped GEMM runs here (CUTLASS built, sm_90): experts stay FP8 too.
+  bool fp8_grouped_gemm_ = false;
+  const CublasLtApi* lt_ = nullptr;
+  cublasLtHandle_t lt_handle_ = nullptr;
+  absl::Mutex fp8_mu_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, DType>, std::unique_ptr<Fp8GemmPlan>> fp8_plans_
+      ABSL_GUARDED_BY(fp8_mu_);
   const CublasApi* blas_ = nullptr;  // kernels/cuda/cublas_loader.h
   cublasHandle_t cublas_ = nullptr;
   Tensor cublas_workspace_;

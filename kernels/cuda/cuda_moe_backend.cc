@@ -345,6 +345,7 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
   if (num_rows == 0) return absl::OkStatus();
   if (inter < 0) return absl::FailedPreconditionError("grouped SwiGLU: no expert weights here");
   DXS_RETURN_IF_ERROR(Enter("grouped SwiGLU"));
+  if (weights.fp8) return GroupedSwiGluFp8(xs, rows, expert_offsets, weights, y);
   // Decode-sized: each held expert's weights streamed once (gemv.cu), the rows read where
   // they are, no gather, no SiLU pass.
   if (use_gemv_ && num_rows <= cuda::kGemvMaxPairs && hidden % 8 == 0 && inter % 8 == 0 &&
@@ -404,8 +405,22 @@ absl::StatusOr<CudaBackend::ExpertWeightSet> CudaBackend::ExpertWeights(
       return absl::InvalidArgumentError(
           absl::StrCat("grouped SwiGLU: expert ", e, " has some weights and not others"));
     }
+    const bool fp8 = gate_up[e]->dtype() == DType::kF8E4M3;
+    if (set.inter >= 0 && fp8 != set.fp8) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grouped SwiGLU: expert ", e, " is not in the other experts' dtype"));
+    }
+    set.fp8 = fp8;
     for (const Tensor* w : {gate_up[e], down[e]}) {
-      DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", *w, DType::kBF16, "expert weight"));
+      if (!fp8) {
+        DXS_RETURN_IF_ERROR(CheckDType("grouped SwiGLU", *w, DType::kBF16, "expert weight"));
+      } else if (w->dtype() != DType::kF8E4M3 || w->block_scales() == nullptr ||
+                 !fp8_grouped_gemm_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("grouped SwiGLU: expert ", e, "'s FP8 weights ",
+                         !fp8_grouped_gemm_ ? "on a backend without the FP8 grouped GEMM"
+                                            : "without their block scales, or beside bf16 ones"));
+      }
     }
     if (set.inter < 0) set.inter = down[e]->row_size();
     if (gate_up[e]->rows() != 2 * set.inter || gate_up[e]->row_size() != hidden ||
@@ -418,8 +433,79 @@ absl::StatusOr<CudaBackend::ExpertWeightSet> CudaBackend::ExpertWeights(
   static_assert(sizeof(void*) == sizeof(int64_t), "pointers travel as i64");
   DXS_ASSIGN_OR_RETURN(set.pointers, Allocate({static_cast<int64_t>(key.size())}, DType::kI64));
   DXS_RETURN_IF_ERROR(CopyFromHost(key.data(), DType::kI64, &set.pointers));
+  if (set.fp8) {
+    // Each weight's block scales N-major, as the FP8 grouped GEMM reads B's.
+    DXS_RETURN_IF_ERROR(Enter("grouped SwiGLU: expert scales"));
+    std::vector<const void*> scale_ptrs(key.size(), nullptr);
+    const std::vector<const Tensor*>* lists[2] = {&gate_up, &down};
+    for (size_t half = 0; half < 2; ++half) {
+      for (size_t e = 0; e < gate_up.size(); ++e) {
+        const Tensor* w = (*lists[half])[e];
+        if (w == nullptr) continue;
+        const Tensor& src = *w->block_scales();
+        const int64_t n_blocks = w->rows() / Tensor::kWeightBlock,
+                      k_blocks = w->row_size() / Tensor::kWeightBlock;
+        DXS_ASSIGN_OR_RETURN(Tensor t, Allocate({k_blocks, n_blocks}, DType::kF32));
+        DXS_RETURN_IF_ERROR(
+            CudaStatus(cuda::LaunchTransposeBlockScales(src.f32(), n_blocks, k_blocks,
+                                                        src.row_size(), t.f32(), stream_),
+                       "grouped SwiGLU: expert scales"));
+        scale_ptrs[half * gate_up.size() + e] = t.raw();
+        set.scales.push_back(std::move(t));
+      }
+    }
+    DXS_ASSIGN_OR_RETURN(set.scale_pointers,
+                         Allocate({static_cast<int64_t>(key.size())}, DType::kI64));
+    DXS_RETURN_IF_ERROR(CopyFromHost(scale_ptrs.data(), DType::kI64, &set.scale_pointers));
+  }
   weight_tables_.emplace(std::move(key), set);
   return set;
+}
+
+absl::Status CudaBackend::GroupedSwiGluFp8(const Tensor& xs, const Tensor* rows,
+                                           const Tensor& expert_offsets,
+                                           const ExpertWeightSet& weights, Tensor* y) {
+  const int64_t num_experts = weights.pointers.num_elements() / 2, inter = weights.inter;
+  const int64_t hidden = xs.row_size();
+  const int64_t num_rows = rows != nullptr ? rows->num_elements() : xs.rows();
+  const size_t ws_bytes =
+      std::max(cuda::GroupedGemmFp8WorkspaceBytes(num_experts, num_rows, 2 * inter, hidden,
+                                                  cuda::ElemType::kBF16),
+               cuda::GroupedGemmFp8WorkspaceBytes(num_experts, num_rows, hidden, inter,
+                                                  ToElemType(y->dtype())));
+  if (ws_bytes == 0) {
+    return absl::InternalError("grouped SwiGLU (fp8): no grouped GEMM workspace size");
+  }
+  DXS_ASSIGN_OR_RETURN(Tensor ws, Workspace(ws_bytes));
+  const auto* ptrs = reinterpret_cast<const void* const*>(weights.pointers.raw());
+  const auto* scale_ptrs = reinterpret_cast<const float* const*>(weights.scale_pointers.raw());
+  const int32_t* off = expert_offsets.i32();
+  DXS_ASSIGN_OR_RETURN(Tensor a, Allocate({num_rows, hidden}, DType::kF8E4M3));
+  DXS_ASSIGN_OR_RETURN(Tensor sfa,
+                       Allocate({num_rows * (hidden / Tensor::kWeightBlock)}, DType::kF32));
+  DXS_RETURN_IF_ERROR(CudaStatus(
+      cuda::LaunchQuantizeGroupedFp8(
+          xs.raw(), ToElemType(xs.dtype()), xs.rows(), rows != nullptr ? rows->i32() : nullptr,
+          num_rows, hidden, off, num_experts, static_cast<uint8_t*>(a.raw()), sfa.f32(), stream_),
+      "grouped SwiGLU (fp8): rows"));
+  DXS_ASSIGN_OR_RETURN(Tensor gu, Allocate({num_rows, 2 * inter}, DType::kBF16));
+  DXS_RETURN_IF_ERROR(CudaStatus(
+      cuda::LaunchGroupedGemmFp8(static_cast<const uint8_t*>(a.raw()), sfa.f32(), off, ptrs,
+                                 scale_ptrs, num_experts, num_rows, 2 * inter, hidden, gu.raw(),
+                                 cuda::ElemType::kBF16, ws.raw(), ws_bytes, stream_),
+      "grouped SwiGLU (fp8): gate_up"));
+  DXS_ASSIGN_OR_RETURN(Tensor h, Allocate({num_rows, inter}, DType::kF8E4M3));
+  DXS_ASSIGN_OR_RETURN(Tensor sfh,
+                       Allocate({num_rows * (inter / Tensor::kWeightBlock)}, DType::kF32));
+  DXS_RETURN_IF_ERROR(CudaStatus(
+      cuda::LaunchSiluMulQuantizeGroupedFp8(gu.raw(), num_rows, inter, off, num_experts,
+                                            static_cast<uint8_t*>(h.raw()), sfh.f32(), stream_),
+      "grouped SwiGLU (fp8): silu mul"));
+  return CudaStatus(cuda::LaunchGroupedGemmFp8(static_cast<const uint8_t*>(h.raw()), sfh.f32(), off,
+                                               ptrs + num_experts, scale_ptrs + num_experts,
+                                               num_experts, num_rows, hidden, inter, y->raw(),
+                                               ToElemType(y->dtype()), ws.raw(), ws_bytes, stream_),
+                    "grouped SwiGLU (fp8): down");
 }
 
 absl::Status CudaBackend::GroupedSwiGluCutlass(const Tensor& x, const Tensor& expert_offsets,

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/tunables.h"
+#include "kernels/cuda/grouped_gemm_fp8_sm90.h"
 #include "kernels/cuda/grouped_gemm_sm90.h"
 
 #ifndef DXS_HAVE_CUTLASS
@@ -144,6 +145,73 @@ cudaError_t LaunchGroupedGemmBf16(const __nv_bfloat16* a, const int32_t* expert_
   p.a = a;
   p.expert_offsets = expert_offsets;
   p.b_ptrs = b_ptrs;
+  p.num_experts = static_cast<int32_t>(num_experts);
+  p.total_rows = static_cast<int32_t>(total_rows);
+  p.n = static_cast<int32_t>(n);
+  p.k = static_cast<int32_t>(k);
+  p.c = c;
+  p.device = device.id;
+  p.sm_count = device.sm_count;
+  p.workspace = workspace;
+  p.workspace_bytes = workspace_bytes;
+  p.stream = stream;
+  if (workspace_bytes < kernel.workspace_bytes(p.num_experts, p.sm_count)) {
+    return cudaErrorInvalidValue;
+  }
+  return kernel.run(p);
+#else
+  return cudaErrorNotSupported;
+#endif
+}
+
+size_t GroupedGemmFp8WorkspaceBytes(int64_t num_experts, int64_t total_rows, int64_t n, int64_t k,
+                                    ElemType c_type) {
+#if DXS_HAVE_CUTLASS
+  if (!SizesOk(num_experts, total_rows, n, k, c_type) || n % 128 != 0 || k % 128 != 0) return 0;
+  Device device;
+  if (QueryDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const grouped_gemm::Sm90Fp8Kernel& kernel =
+      c_type == ElemType::kBF16 ? grouped_gemm::kSm90Fp8Bf16Out : grouped_gemm::kSm90Fp8F32Out;
+  return kernel.workspace_bytes(static_cast<int32_t>(num_experts), device.sm_count);
+#else
+  return 0;
+#endif
+}
+
+cudaError_t LaunchGroupedGemmFp8(const uint8_t* a, const float* sfa, const int32_t* expert_offsets,
+                                 const void* const* b_ptrs, const float* const* sfb_ptrs,
+                                 int64_t num_experts, int64_t total_rows, int64_t n, int64_t k,
+                                 void* c, ElemType c_type, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream) {
+  if (!SizesOk(num_experts, total_rows, n, k, c_type) || n % 128 != 0 || k % 128 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (total_rows == 0) return cudaSuccess;
+  if (a == nullptr || sfa == nullptr || expert_offsets == nullptr || b_ptrs == nullptr ||
+      sfb_ptrs == nullptr || c == nullptr || workspace == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (!AlignedTo(a, 16) || !AlignedTo(c, 16) || !AlignedTo(sfa, sizeof(float)) ||
+      !AlignedTo(expert_offsets, sizeof(int32_t)) || !AlignedTo(b_ptrs, sizeof(void*)) ||
+      !AlignedTo(sfb_ptrs, sizeof(void*)) ||
+      !AlignedTo(workspace, grouped_gemm::kWorkspaceAlignment)) {
+    return cudaErrorInvalidValue;
+  }
+#if DXS_HAVE_CUTLASS
+  Device device;
+  if (cudaError_t err = QueryDevice(&device); err != cudaSuccess) return err;
+  if (!device.is_sm90) return cudaErrorNotSupported;
+  const grouped_gemm::Sm90Fp8Kernel& kernel =
+      c_type == ElemType::kBF16 ? grouped_gemm::kSm90Fp8Bf16Out : grouped_gemm::kSm90Fp8F32Out;
+  grouped_gemm::Fp8Problem p;
+  p.a = a;
+  p.sfa = sfa;
+  p.expert_offsets = expert_offsets;
+  p.b_ptrs = b_ptrs;
+  p.sfb_ptrs = sfb_ptrs;
   p.num_experts = static_cast<int32_t>(num_experts);
   p.total_rows = static_cast<int32_t>(total_rows);
   p.n = static_cast<int32_t>(n);

@@ -61,4 +61,17 @@ cudaError_t LaunchGroupedGemmBf16(const __nv_bfloat16* a, const int32_t* expert_
                                   ElemType c_type, void* workspace, size_t workspace_bytes,
                                   cudaStream_t stream);
 
+// The FP8 grouped GEMM with block scales (grouped_gemm_fp8_sm90.cuh): the same contract with
+// A e4m3 [total_rows, k] and its scales sfa (one per row and 128 columns; expert e's block
+// M-major from sfa + off[e] * k / 128: scale (m, b) at b * M_e + m), and B_e e4m3 [n, k] with
+// 128x128 block scales sfb_ptrs[e] (f32 [k / 128, n / 128], N-major). n and k multiples of
+// 128. LaunchQuantizeGroupedFp8 and LaunchSiluMulQuantizeGroupedFp8 (ops.cuh) write A and sfa.
+size_t GroupedGemmFp8WorkspaceBytes(int64_t num_experts, int64_t total_rows, int64_t n, int64_t k,
+                                    ElemType c_type);
+cudaError_t LaunchGroupedGemmFp8(const uint8_t* a, const float* sfa, const int32_t* expert_offsets,
+                                 const void* const* b_ptrs, const float* const* sfb_ptrs,
+                                 int64_t num_experts, int64_t total_rows, int64_t n, int64_t k,
+                                 void* c, ElemType c_type, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream);
+
 }  // namespace dxs::cuda

@@ -96,6 +96,38 @@ cudaError_t LaunchQuantizeRowsFp8(const void* src, ElemType src_type, int64_t sr
 cudaError_t LaunchDequantizeRowsFp8(const void* records, int64_t n, int64_t hidden, void* dst,
                                     ElemType dst_type, cudaStream_t stream);
 
+// ---- fp8_linear.cu (block-scaled FP8 weights, Tensor::block_scales; see the file comment) ----
+
+// x (floating [m, k], k a multiple of 128) quantized per token and 128 channels as
+// LaunchQuantizeRowsFp8 does: values e4m3 [m_pad, k], scales f32 [k / 128, m_pad] (group-major);
+// rows m..m_pad are zeros with scale 1.
+cudaError_t LaunchQuantizeActivationsFp8(const void* x, ElemType x_type, int64_t m, int64_t k,
+                                         int64_t m_pad, uint8_t* values, float* scales,
+                                         cudaStream_t stream);
+// y[m, n] (bf16 or f32) = x (bf16 [m, k]) . (w * its block scales)^T for m <= kGemvMaxRows; w
+// e4m3 [n, k], w_scales f32 [n / 128, scale_stride]; n and k multiples of 128, x and w 16-byte
+// aligned.
+cudaError_t LaunchGemvFp8(const void* x, int64_t m, const uint8_t* w, const float* w_scales,
+                          int64_t scale_stride, int64_t n, int64_t k, void* y, ElemType y_type,
+                          cudaStream_t stream);
+
+// ---- moe_fp8.cu (the FP8 grouped FFN's activation passes; see the file comment) ----
+
+// xs rows (gathered by `rows` [num_rows] when not null) quantized per row and 128 channels into
+// out e4m3 [num_rows, k] and sfa in expert e's M-major block (LaunchGroupedGemmFp8's A).
+cudaError_t LaunchQuantizeGroupedFp8(const void* xs, ElemType x_type, int64_t x_rows,
+                                     const int32_t* rows, int64_t num_rows, int64_t k,
+                                     const int32_t* offsets, int64_t num_experts, uint8_t* out,
+                                     float* sfa, cudaStream_t stream);
+// bf16(silu(gate) * up) of gate_up (bf16 [num_rows, 2 * inter], gate first), quantized as above
+// into out e4m3 [num_rows, inter] and sfa.
+cudaError_t LaunchSiluMulQuantizeGroupedFp8(const void* gate_up, int64_t num_rows, int64_t inter,
+                                            const int32_t* offsets, int64_t num_experts,
+                                            uint8_t* out, float* sfa, cudaStream_t stream);
+// dst[kb * n_blocks + nb] = src[nb * stride + kb]: block scales N-major.
+cudaError_t LaunchTransposeBlockScales(const float* src, int64_t n_blocks, int64_t k_blocks,
+                                       int64_t stride, float* dst, cudaStream_t stream);
+
 // ---- dense_ops.cu ----
 
 // dst[i] = src[i] for n elements, converting between floating types (or copying index

@@ -1,0 +1,172 @@
+// Linear of a block-scaled FP8 weight on the GPU (Tensor::block_scales; the kernels are
+// kernels/cuda/fp8_linear.cu).
+//
+// Decode-sized x (at most kGemvMaxRows bf16 rows) takes LaunchGemvFp8: a step of a few tokens
+// is bound by the weights' bytes, which FP8 halves, and the activations stay bf16. Larger x is
+// quantized per token and per 128 channels and goes through cuBLASLt's FP8 matmul with
+// 128x128 block scales on the weight and 1x128 scales on the activations (the
+// DeepSeek-V3 / Qwen3-FP8 recipe; CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F and VEC128_32F,
+// Hopper and later). In cuBLAS's column-major terms row-major y[m, n] = x[m, k] w[n, k]^T is
+// y^T = op_T(A) B with A = w (k x n, ld k) and B = x (k x m, ld k): FP8 matmuls want this
+// "TN" form, which is the checkpoint's layout as it is. A's scales are K-major [n / 128,
+// stride] (Tensor::block_scales' layout); B's are token-major per 128-channel group, and
+// cuBLASLt wants the token count a multiple of 4, so x is padded with zero rows and a short
+// result is copied out of a scratch.
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/op_checks.h"
+
+namespace dxs {
+
+CudaBackend::Fp8GemmPlan::~Fp8GemmPlan() {
+  if (d != nullptr) api->layout_destroy(d);
+  if (b != nullptr) api->layout_destroy(b);
+  if (a != nullptr) api->layout_destroy(a);
+  if (desc != nullptr) api->desc_destroy(desc);
+}
+
+absl::Status CudaBackend::LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias,
+                                    Tensor* y) {
+  DXS_RETURN_IF_ERROR(CheckFloat("linear", x, "x"));
+  DXS_RETURN_IF_ERROR(CheckFloat("linear", *y, "y"));
+  const Tensor* scales = w.block_scales();
+  const int64_t m = x.rows(), k = x.row_size(), n = w.rows();
+  if (!fp8_weights_ || scales == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("linear: an FP8 weight ", w.ShapeString(),
+                     fp8_weights_ ? " without block scales" : " on a backend without FP8 weights"));
+  }
+  if (w.shape().size() != 2 || w.row_size() != k || n % Tensor::kWeightBlock != 0 ||
+      k % Tensor::kWeightBlock != 0 || y->num_elements() != m * n ||
+      scales->dtype() != DType::kF32 || scales->rows() != n / Tensor::kWeightBlock ||
+      scales->row_size() != BlockScaleStride(k)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("linear (fp8): x ", x.ShapeString(), ", w ", w.ShapeString(), " with scales ",
+                     scales->ShapeString(), ", y ", y->ShapeString()));
+  }
+  if (y->dtype() != DType::kBF16 && y->dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "linear (fp8): y is ", std::string(DTypeName(y->dtype())), ", not bf16 or f32"));
+  }
+  if (bias != nullptr) {
+    // No FP8 checkpoint of the models dxs serves has a biased projection.
+    return absl::UnimplementedError("linear (fp8): a bias with an FP8 weight");
+  }
+  if (m == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("linear"));
+  if (use_gemv_ && x.dtype() == DType::kBF16 && m <= cuda::kGemvMaxRows && Aligned16(x.raw()) &&
+      Aligned16(w.raw())) {
+    return CudaStatus(
+        cuda::LaunchGemvFp8(x.raw(), m, static_cast<const uint8_t*>(w.raw()), scales->f32(),
+                            scales->row_size(), n, k, y->raw(), ToElemType(y->dtype()), stream_),
+        "linear (fp8 gemv)");
+  }
+  return GemmFp8(x, w, y);
+}
+
+absl::StatusOr<CudaBackend::Fp8GemmPlan*> CudaBackend::Fp8Plan(int64_t m_pad, int64_t n, int64_t k,
+                                                               DType out_dtype,
+                                                               const void* a_scales,
+                                                               const void* b_scales) {
+  auto& slot = fp8_plans_[std::make_tuple(m_pad, n, k, out_dtype)];
+  if (slot != nullptr) return slot.get();
+  auto plan = std::make_unique<Fp8GemmPlan>();
+  plan->api = lt_;
+  const CublasLtApi& lt = *lt_;
+  auto check = [this](cublasStatus_t status, const char* what) {
+    return CublasStatus(*blas_, status, what);
+  };
+  DXS_RETURN_IF_ERROR(
+      check(lt.desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "fp8 gemm: desc"));
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  const cublasLtMatmulMatrixScale_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                                    b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  DXS_RETURN_IF_ERROR(
+      check(lt.desc_set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)), "fp8 gemm"));
+  DXS_RETURN_IF_ERROR(
+      check(lt.desc_set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)), "fp8 gemm"));
+  DXS_RETURN_IF_ERROR(
+      check(lt.desc_set(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)),
+            "fp8 gemm: weight scale mode"));
+  DXS_RETURN_IF_ERROR(
+      check(lt.desc_set(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)),
+            "fp8 gemm: activation scale mode"));
+  // The heuristic refuses block scaling without the scales' (16-byte aligned) addresses; each
+  // call sets its own again.
+  DXS_RETURN_IF_ERROR(check(
+      lt.desc_set(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales, sizeof(a_scales)),
+      "fp8 gemm: weight scales"));
+  DXS_RETURN_IF_ERROR(check(
+      lt.desc_set(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof(b_scales)),
+      "fp8 gemm: activation scales"));
+  const cudaDataType d_type = out_dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  DXS_RETURN_IF_ERROR(check(lt.layout_create(&plan->a, CUDA_R_8F_E4M3, k, n, k), "fp8 gemm: a"));
+  DXS_RETURN_IF_ERROR(
+      check(lt.layout_create(&plan->b, CUDA_R_8F_E4M3, k, m_pad, k), "fp8 gemm: b"));
+  DXS_RETURN_IF_ERROR(check(lt.layout_create(&plan->d, d_type, n, m_pad, n), "fp8 gemm: d"));
+  cublasLtMatmulPreference_t pref = nullptr;
+  DXS_RETURN_IF_ERROR(check(lt.pref_create(&pref), "fp8 gemm: preference"));
+  const size_t workspace = cublas_workspace_.num_bytes();
+  cublasStatus_t status =
+      lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  if (status == CUBLAS_STATUS_SUCCESS) {
+    status = lt.heuristic(lt_handle_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref, 1,
+                          &result, &found);
+  }
+  lt.pref_destroy(pref);
+  DXS_RETURN_IF_ERROR(check(status, "fp8 gemm: heuristic"));
+  if (found == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("fp8 gemm: cuBLASLt has no block-scaled FP8 algorithm for m ", m_pad, ", n ",
+                     n, ", k ", k));
+  }
+  plan->algo = result.algo;
+  slot = std::move(plan);
+  return slot.get();
+}
+
+absl::Status CudaBackend::GemmFp8(const Tensor& x, const Tensor& w, Tensor* y) {
+  const int64_t m = x.rows(), k = x.row_size(), n = w.rows();
+  const int64_t m_pad = (m + 3) / 4 * 4;
+  DXS_ASSIGN_OR_RETURN(Tensor values, Allocate({m_pad, k}, DType::kF8E4M3));
+  DXS_ASSIGN_OR_RETURN(Tensor x_scales, Allocate({k / Tensor::kWeightBlock, m_pad}, DType::kF32));
+  DXS_RETURN_IF_ERROR(CudaStatus(cuda::LaunchQuantizeActivationsFp8(
+                                     x.raw(), ToElemType(x.dtype()), m, k, m_pad,
+                                     static_cast<uint8_t*>(values.raw()), x_scales.f32(), stream_),
+                                 "linear (fp8): activations"));
+  Tensor out = *y;
+  if (m_pad != m) {
+    DXS_ASSIGN_OR_RETURN(out, Allocate({m_pad, n}, y->dtype()));
+  }
+  {
+    absl::MutexLock lock(&fp8_mu_);
+    const void* a_scales = w.block_scales()->raw();
+    const void* b_scales = x_scales.raw();
+    DXS_ASSIGN_OR_RETURN(Fp8GemmPlan * plan, Fp8Plan(m_pad, n, k, y->dtype(), a_scales, b_scales));
+    const CublasLtApi& lt = *lt_;
+    DXS_RETURN_IF_ERROR(CublasStatus(
+        *blas_,
+        lt.desc_set(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales, sizeof(a_scales)),
+        "linear (fp8): weight scales"));
+    DXS_RETURN_IF_ERROR(CublasStatus(
+        *blas_,
+        lt.desc_set(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof(b_scales)),
+        "linear (fp8): activation scales"));
+    const float alpha = 1.f, beta = 0.f;
+    DXS_RETURN_IF_ERROR(
+        CublasStatus(*blas_,
+                     lt.matmul(lt_handle_, plan->desc, &alpha, w.raw(), plan->a, values.raw(),
+                               plan->b, &beta, out.raw(), plan->d, out.raw(), plan->d, &plan->algo,
+                               cublas_workspace_.raw(), cublas_workspace_.num_bytes(), stream_),
+                     "linear (fp8 gemm)"));
+  }
+  if (m_pad == m) return absl::OkStatus();
+  return CudaStatus(
+      cudaMemcpyAsync(y->raw(), out.raw(), y->num_bytes(), cudaMemcpyDeviceToDevice, stream_),
+      "linear (fp8): result");
+}
+
+}  // namespace dxs

@@ -1,0 +1,192 @@
+// The kernels of a block-scaled FP8 projection (Tensor::block_scales: fp8 weight [n, k] and one
+// float32 scale per 128 x 128 block; kernels/cuda/fp8_linear.cc chooses between them):
+//
+// - LaunchQuantizeActivationsFp8: the activations of a GEMM (cuBLASLt's FP8 matmul, which takes
+//   FP8 on both sides) quantized per token and per 128 channels, DeepSeek-V3's and the
+//   official Qwen3 FP8 checkpoints' "dynamic" activation scheme. The arithmetic is the FP8
+//   dispatch records' (fp8_rows.cu, the CPU's QuantizeRowsFp8): scale max(amax, 1e-4) / 448 by
+//   one IEEE division, each value divided by it and rounded to the nearest e4m3fn value, ties to
+//   even, saturating. Values go out row-major [m_pad, k]; scales [k / 128, m_pad], token-major
+//   within a group (cuBLASLt's VEC128_32F layout for its B operand); rows m..m_pad get zeros
+//   and scale 1 (cuBLASLt wants the token count a multiple of 4).
+// - LaunchGemvFp8: the decode-sized product y[m, n] = x[m, :] . dequant(w)[n, :] for m <=
+//   kGemvMaxRows bf16 rows: a warp per output feature streams the feature's weights, 16 bytes
+//   (16 values) a lane at a time, widens them in registers (the e4m3 -> f16 conversion the
+//   hardware does two at a time), and multiplies each 16-value dot by its block's scale. The
+//   activations stay bf16 (no quantization error on that side: a decode step is bound by the
+//   weights' bytes, not by the multiply). The lane sums meet through a fixed xor-shuffle tree,
+//   so results are deterministic.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "kernels/cuda/elem_type.cuh"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ops.cuh"
+
+namespace dxs::cuda {
+namespace {
+
+constexpr int kGroup = 128;  // the block size of the weights and of the activation groups
+constexpr float kE4m3Max = 448.0f;
+
+template <typename T>
+__global__ void QuantizeActivationsFp8Kernel(const T* x, int64_t m, int k, int64_t m_pad,
+                                             uint8_t* values, float* scales) {
+  PdlWait();
+  const int64_t row = blockIdx.x;
+  const int g = static_cast<int>(blockIdx.y);
+  const int j = g * kGroup + static_cast<int>(threadIdx.x);
+  if (row >= m) {
+    // Padding rows: zeros with scale 1, so the GEMM's extra columns are zeros.
+    values[row * k + j] = 0;
+    if (threadIdx.x == 0) scales[g * m_pad + row] = 1.f;
+    return;
+  }
+  const float v = ToFloat(x[row * k + j]);
+  float amax = fabsf(v);
+  for (int offset = 16; offset > 0; offset /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  }
+  __shared__ float warp_max[kGroup / 32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+  const float scale = __fdiv_rn(fmaxf(amax, 1e-4f), kE4m3Max);
+  if (threadIdx.x == 0) scales[g * m_pad + row] = scale;
+  values[row * k + j] =
+      static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(v, scale), __NV_SATFINITE, __NV_E4M3));
+}
+
+constexpr int kGemvFp8Warps = 8;  // warps a block, one output feature each
+constexpr int kFp8Chunk = 16;     // weights a lane loads at once (16 bytes)
+
+// The 16 fp8 of 16 bytes, widened.
+__device__ __forceinline__ void WidenFp8x16(const uint4& raw, float out[kFp8Chunk]) {
+  const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kFp8Chunk / 2; ++i) {
+    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3));
+    const float2 f = __half22float2(h);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+template <int kRows, typename Y>
+__global__ void __launch_bounds__(kGemvFp8Warps * 32)
+    GemvFp8Kernel(const __nv_bfloat16* x, const uint8_t* w, const float* w_scales,
+                  int64_t scale_stride, int64_t n, int64_t k, Y* y) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t feature = static_cast<int64_t>(blockIdx.x) * kGemvFp8Warps + threadIdx.x / 32;
+  // pdl-early: the weights are the model's, never written by a kernel, so each lane requests
+  // its first slice before waiting for the previous kernel (PdlWait). Nothing else is read or
+  // written before the wait.
+  const int64_t chunks = k / kFp8Chunk;
+  const uint4* w_row = reinterpret_cast<const uint4*>(w + (feature < n ? feature : 0) * k);
+  uint4 next = lane < chunks ? w_row[lane] : uint4{};
+  PdlWait();
+  if (feature >= n) return;
+  const float* scale_row = w_scales + (feature / kGroup) * scale_stride;
+  float acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+  for (int64_t c = lane; c < chunks; c += 32) {
+    const uint4 raw = next;
+    if (c + 32 < chunks) next = w_row[c + 32];
+    float wv[kFp8Chunk];
+    WidenFp8x16(raw, wv);
+    const float s = scale_row[(c * kFp8Chunk) / kGroup];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const uint4* xr = reinterpret_cast<const uint4*>(x + r * k + c * kFp8Chunk);
+      float dot = 0.f;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint4 xraw = xr[half];
+        const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&xraw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 xf = __bfloat1622float2(xh[i]);
+          dot = fmaf(wv[half * 8 + 2 * i], xf.x, dot);
+          dot = fmaf(wv[half * 8 + 2 * i + 1], xf.y, dot);
+        }
+      }
+      acc[r] = fmaf(s, dot, acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float v = acc[r];
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (lane == 0) y[r * n + feature] = FromFloat<Y>(v);
+  }
+}
+
+template <int kRows>
+cudaError_t LaunchGemvFp8Rows(const __nv_bfloat16* x, const uint8_t* w, const float* w_scales,
+                              int64_t scale_stride, int64_t n, int64_t k, void* y, ElemType y_type,
+                              cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((n + kGemvFp8Warps - 1) / kGemvFp8Warps);
+  if (y_type == ElemType::kF32) {
+    return LaunchKernel(GemvFp8Kernel<kRows, float>, blocks, kGemvFp8Warps * 32, 0, stream, x, w,
+                        w_scales, scale_stride, n, k, static_cast<float*>(y));
+  }
+  return LaunchKernel(GemvFp8Kernel<kRows, __nv_bfloat16>, blocks, kGemvFp8Warps * 32, 0, stream, x,
+                      w, w_scales, scale_stride, n, k, static_cast<__nv_bfloat16*>(y));
+}
+
+}  // namespace
+
+cudaError_t LaunchQuantizeActivationsFp8(const void* x, ElemType x_type, int64_t m, int64_t k,
+                                         int64_t m_pad, uint8_t* values, float* scales,
+                                         cudaStream_t stream) {
+  if (m < 0 || m_pad < m || m_pad > INT32_MAX || k <= 0 || k % kGroup != 0 || k / kGroup > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  if (m_pad == 0) return cudaSuccess;
+  if ((m > 0 && x == nullptr) || values == nullptr || scales == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid(static_cast<unsigned>(m_pad), static_cast<unsigned>(k / kGroup));
+  return DispatchFloat(x_type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return LaunchKernel(QuantizeActivationsFp8Kernel<T>, grid, kGroup, 0, stream,
+                        static_cast<const T*>(x), m, static_cast<int>(k), m_pad, values, scales);
+  });
+}
+
+cudaError_t LaunchGemvFp8(const void* x, int64_t m, const uint8_t* w, const float* w_scales,
+                          int64_t scale_stride, int64_t n, int64_t k, void* y, ElemType y_type,
+                          cudaStream_t stream) {
+  if (m < 0 || m > kGemvMaxRows || n < 0 || n % kGroup != 0 || k <= 0 || k % kGroup != 0 ||
+      scale_stride < k / kGroup || (y_type != ElemType::kF32 && y_type != ElemType::kBF16)) {
+    return cudaErrorInvalidValue;
+  }
+  if (m == 0 || n == 0) return cudaSuccess;
+  if (x == nullptr || w == nullptr || w_scales == nullptr || y == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  switch (m) {
+#define DXS_GEMV_FP8_CASE(R) \
+  case R:                    \
+    return LaunchGemvFp8Rows<R>(xb, w, w_scales, scale_stride, n, k, y, y_type, stream);
+    DXS_GEMV_FP8_CASE(1)
+    DXS_GEMV_FP8_CASE(2)
+    DXS_GEMV_FP8_CASE(3)
+    DXS_GEMV_FP8_CASE(4)
+    DXS_GEMV_FP8_CASE(5)
+    DXS_GEMV_FP8_CASE(6)
+    DXS_GEMV_FP8_CASE(7)
+    DXS_GEMV_FP8_CASE(8)
+#undef DXS_GEMV_FP8_CASE
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace dxs::cuda

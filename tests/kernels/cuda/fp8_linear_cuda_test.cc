@@ -1,0 +1,236 @@
+// Linear of a block-scaled FP8 weight on the CUDA backend (kernels/cuda/fp8_linear.{cc,cu})
+// against the product computed here in double from the same FP8 values and scales:
+// - decode-sized x (the GEMV, activations bf16): y = x . (fp8 * block scale), so the only
+//   error is float32 accumulation order and y's rounding;
+// - larger x, and every x with DXS_CUDA_GEMV=off (cuBLASLt's block-scaled FP8 matmul): the
+//   activations quantized per token and 128 channels exactly as the backend's quantizer
+//   does (the arithmetic of the FP8 dispatch records, re-done here), so again only the
+//   accumulation and y's rounding differ. A wrong scale layout (a transposed or misstrided
+//   scale, a scale of the wrong block) moves results by whole scale ratios, far past the
+//   bounds.
+// Skips without a GPU or where the backend keeps no FP8 weights (before sm_90).
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/make_backend.h"
+#include "model/random_checkpoint.h"
+#include "model/weights.h"
+
+namespace dxs {
+namespace {
+
+// A random weight quantized as the official checkpoints are (QuantizeFp8Blocks), as e4m3
+// bytes and its [n / 128, k / 128] scales; rows of different magnitude, so that the
+// blocks' scales differ.
+struct Fp8Weight {
+  int64_t n = 0, k = 0;
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;
+  float At(int64_t r, int64_t c) const {
+    return Fp8E4m3ToFloat(bytes[r * k + c]) * scales[(r / 128) * (k / 128) + c / 128];
+  }
+};
+
+Fp8Weight MakeWeight(int64_t n, int64_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> w(n * k);
+  for (int64_t r = 0; r < n; ++r) {
+    const float row_scale = std::ldexp(1.f, static_cast<int>(r % 7) - 3);
+    for (int64_t c = 0; c < k; ++c) w[r * k + c] = row_scale * (1 + (c / 128) % 3) * dist(rng);
+  }
+  std::vector<float> q;
+  Fp8Weight out{n, k, {}, {}};
+  QuantizeFp8Blocks(w, n, k, &q, &out.scales);
+  out.bytes.resize(q.size());
+  for (size_t i = 0; i < q.size(); ++i) out.bytes[i] = FloatToFp8E4m3(q[i]);
+  return out;
+}
+
+std::vector<float> RandomBf16(int64_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> v(count);
+  for (float& x : v) x = Bf16ToFloat(FloatToBf16(dist(rng)));
+  return v;
+}
+
+// x quantized per token and 128 channels as the backend does (max(amax, 1e-4) / 448, then
+// x / scale rounded to e4m3), back in float.
+std::vector<float> QuantizedActivations(const std::vector<float>& x, int64_t m, int64_t k) {
+  std::vector<float> out(x.size());
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t g = 0; g < k / 128; ++g) {
+      float amax = 0;
+      for (int64_t c = g * 128; c < (g + 1) * 128; ++c)
+        amax = std::max(amax, std::fabs(x[r * k + c]));
+      const float scale = std::max(amax, 1e-4f) / kFp8E4m3Max;
+      for (int64_t c = g * 128; c < (g + 1) * 128; ++c) {
+        out[r * k + c] = Fp8E4m3ToFloat(FloatToFp8E4m3(x[r * k + c] / scale)) * scale;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<double> Reference(const std::vector<float>& x, int64_t m, const Fp8Weight& w) {
+  std::vector<double> y(m * w.n, 0.0);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t f = 0; f < w.n; ++f) {
+      double acc = 0;
+      for (int64_t c = 0; c < w.k; ++c) acc += static_cast<double>(x[r * w.k + c]) * w.At(f, c);
+      y[r * w.n + f] = acc;
+    }
+  }
+  return y;
+}
+
+// max |got - want| / max |want|.
+double RelError(const std::vector<float>& got, const std::vector<double>& want) {
+  double diff = 0, ref = 1e-30;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    diff = std::max(diff, std::fabs(got[i] - want[i]));
+    ref = std::max(ref, std::fabs(want[i]));
+  }
+  return diff / ref;
+}
+
+class Fp8LinearTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeBackend("cuda");
+    if (!gpu.ok()) GTEST_SKIP() << "no GPU here: " << gpu.status().message();
+    if (!(*gpu)->capabilities().fp8_block_weights) {
+      GTEST_SKIP() << "this GPU keeps no FP8 weights (cuBLASLt's block-scaled FP8 is sm_90+)";
+    }
+    gpu_ = std::move(*gpu);
+  }
+
+  // y = x w^T on `b` with y in `y_dtype`, back on the host.
+  std::vector<float> Run(Backend* b, const Fp8Weight& w, const std::vector<float>& x, int64_t m,
+                         DType y_dtype) {
+    absl::StatusOr<Tensor> wt =
+        MakeBlockScaledWeight(w.bytes.data(), w.scales.data(), {w.n, w.k}, b);
+    EXPECT_TRUE(wt.ok()) << wt.status();
+    if (!wt.ok()) return {};
+    EXPECT_EQ(wt->dtype(), DType::kF8E4M3);
+    EXPECT_NE(wt->block_scales(), nullptr);
+    absl::StatusOr<Tensor> xt = b->Allocate({m, w.k}, DType::kBF16);
+    EXPECT_TRUE(xt.ok() && b->CopyFromHost(x.data(), DType::kF32, &*xt).ok());
+    absl::StatusOr<Tensor> yt = b->Allocate({m, w.n}, y_dtype);
+    EXPECT_TRUE(yt.ok() && b->Fill(&*yt, NAN).ok());
+    const absl::Status s = b->Linear(*xt, *wt, nullptr, &*yt);
+    EXPECT_TRUE(s.ok()) << s;
+    std::vector<float> y(m * w.n);
+    EXPECT_TRUE(b->CopyToHost(*yt, DType::kF32, y.data()).ok());
+    return y;
+  }
+
+  std::unique_ptr<Backend> gpu_;
+};
+
+// (n, k) with k / 128 = 4, 6 (scales padded to a stride of 8) and 16; m through the GEMV's
+// row counts, past them, and odd counts that pad to a multiple of 4 for cuBLASLt.
+TEST_F(Fp8LinearTest, EqualsTheProductOfTheFp8ValuesAndScales) {
+  // The GEMM path for every m: a second backend made with the GEMVs off.
+  setenv("DXS_CUDA_GEMV", "off", 1);
+  absl::StatusOr<std::unique_ptr<Backend>> gemm_only = MakeBackend("cuda");
+  unsetenv("DXS_CUDA_GEMV");
+  ASSERT_TRUE(gemm_only.ok()) << gemm_only.status();
+  struct Shape {
+    int64_t n, k;
+  };
+  uint32_t seed = 1;
+  for (const Shape& s : {Shape{256, 512}, Shape{384, 768}, Shape{512, 2048}}) {
+    const Fp8Weight w = MakeWeight(s.n, s.k, seed++);
+    for (int64_t m : {1, 2, 3, 8, 9, 13, 64, 130}) {
+      SCOPED_TRACE(::testing::Message() << "n " << s.n << " k " << s.k << " m " << m);
+      const std::vector<float> x = RandomBf16(m * s.k, seed++);
+      const std::vector<double> exact = Reference(x, m, w);
+      const std::vector<double> quantized = Reference(QuantizedActivations(x, m, s.k), m, w);
+      // The GEMV (m <= 8) keeps x as it is; cuBLASLt takes x quantized.
+      const std::vector<double>& want = m <= 8 ? exact : quantized;
+      // f32 out: the accumulation's error only (the GEMV's float32 lanes; cuBLASLt's FP8
+      // tensor-core sums, promoted to float32 per 128-channel block, are coarser). bf16 out:
+      // plus one rounding (2^-9 relative).
+      const double f32_bound = m <= 8 ? 1e-4 : 2e-3;
+      EXPECT_LT(RelError(Run(gpu_.get(), w, x, m, DType::kF32), want), f32_bound);
+      EXPECT_LT(RelError(Run(gpu_.get(), w, x, m, DType::kBF16), want), f32_bound + 4e-3);
+      EXPECT_LT(RelError(Run(gemm_only->get(), w, x, m, DType::kF32), quantized), 2e-3);
+      // And the quantization of x itself is small beside the product (the FP8 recipe's
+      // error): what separates the two paths.
+      EXPECT_LT(RelError(Run(gemm_only->get(), w, x, m, DType::kBF16), exact), 0.08);
+    }
+  }
+}
+
+// A view of whole 128-row blocks (PackGateUp's halves, a weight's rows) keeps its scales:
+// its product is those rows of the whole weight's.
+TEST_F(Fp8LinearTest, RowsOfWholeBlocksKeepTheirScales) {
+  const Fp8Weight w = MakeWeight(384, 256, 7);
+  absl::StatusOr<Tensor> wt =
+      MakeBlockScaledWeight(w.bytes.data(), w.scales.data(), {w.n, w.k}, gpu_.get());
+  ASSERT_TRUE(wt.ok()) << wt.status();
+  const Tensor middle = wt->Rows(128, 128);
+  ASSERT_NE(middle.block_scales(), nullptr);
+  EXPECT_EQ(middle.block_scales()->rows(), 1);
+  const int64_t m = 3;
+  const std::vector<float> x = RandomBf16(m * w.k, 8);
+  Tensor xt = *gpu_->Allocate({m, w.k}, DType::kBF16);
+  ASSERT_TRUE(gpu_->CopyFromHost(x.data(), DType::kF32, &xt).ok());
+  Tensor whole = *gpu_->Allocate({m, w.n}, DType::kF32),
+         part = *gpu_->Allocate({m, 128}, DType::kF32);
+  ASSERT_TRUE(gpu_->Linear(xt, *wt, nullptr, &whole).ok());
+  ASSERT_TRUE(gpu_->Linear(xt, middle, nullptr, &part).ok());
+  std::vector<float> a(m * w.n), b(m * 128);
+  ASSERT_TRUE(gpu_->CopyToHost(whole, DType::kF32, a.data()).ok());
+  ASSERT_TRUE(gpu_->CopyToHost(part, DType::kF32, b.data()).ok());
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t c = 0; c < 128; ++c) EXPECT_EQ(b[r * 128 + c], a[r * w.n + 128 + c]);
+  }
+}
+
+TEST_F(Fp8LinearTest, MalformedCallsAreClearErrors) {
+  const Fp8Weight w = MakeWeight(128, 256, 9);
+  Tensor wt = *MakeBlockScaledWeight(w.bytes.data(), w.scales.data(), {w.n, w.k}, gpu_.get());
+  Tensor x = *gpu_->Allocate({2, 256}, DType::kBF16);
+  ASSERT_TRUE(gpu_->Fill(&x, 0.5f).ok());
+  Tensor y = *gpu_->Allocate({2, 128}, DType::kBF16);
+  // An FP8 weight without its scales.
+  Tensor bare = *gpu_->Allocate({128, 256}, DType::kF8E4M3);
+  EXPECT_EQ(gpu_->Linear(x, bare, nullptr, &y).code(), absl::StatusCode::kInvalidArgument);
+  // Scales of another shape.
+  Tensor wrong = bare.WithBlockScales(*gpu_->Allocate({1, 2}, DType::kF32));
+  EXPECT_EQ(gpu_->Linear(x, wrong, nullptr, &y).code(), absl::StatusCode::kInvalidArgument);
+  // x's width against the weight's.
+  Tensor narrow = *gpu_->Allocate({2, 128}, DType::kBF16);
+  EXPECT_EQ(gpu_->Linear(narrow, wt, nullptr, &y).code(), absl::StatusCode::kInvalidArgument);
+  // A bias.
+  Tensor bias = *gpu_->Allocate({128}, DType::kBF16);
+  EXPECT_EQ(gpu_->Linear(x, wt, &bias, &y).code(), absl::StatusCode::kUnimplemented);
+  // Not a whole number of blocks.
+  std::vector<uint8_t> bytes(100 * 256, 0x38);
+  std::vector<float> scales(2, 1.f);
+  EXPECT_EQ(
+      MakeBlockScaledWeight(bytes.data(), scales.data(), {100, 256}, gpu_.get()).status().code(),
+      absl::StatusCode::kFailedPrecondition);
+  // Zero rows: nothing to do.
+  Tensor none = *gpu_->Allocate({0, 256}, DType::kBF16),
+         none_y = *gpu_->Allocate({0, 128}, DType::kBF16);
+  EXPECT_TRUE(gpu_->Linear(none, wt, nullptr, &none_y).ok());
+  // And the CPU keeps no FP8 weights: MakeBlockScaledWeight refuses there.
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  EXPECT_FALSE(cpu->capabilities().fp8_block_weights);
+  EXPECT_EQ(
+      MakeBlockScaledWeight(w.bytes.data(), w.scales.data(), {w.n, w.k}, cpu.get()).status().code(),
+      absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace dxs
