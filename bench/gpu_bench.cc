@@ -22,8 +22,8 @@
 //     exchange to expert ranks of this process, beside local experts.
 //   --sampling: only [sampling], the engine's generation loop with OpenAI-style sampling
 //     features on every request (penalties, min_p, top-20 logprobs) beside plain sampling.
-//   --fp8-linear: only [rates] and [fp8-linear], Linear of block-scaled FP8 weights (the
-//     decode GEMV and cuBLASLt's FP8 matmul) beside bf16 weights, decode to prefill sizes.
+//   --fp8: only [rates], [fp8-linear] and [fp8-ffn]: Linear and the experts' grouped FFN of
+//     block-scaled FP8 weights beside bf16 weights, decode to prefill sizes.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
@@ -787,80 +787,159 @@ void SamplingOverhead(bool quick, int layers, Report* report) {
                {"ttft_n8_ms", 1e3 * Median(eight_s)}});
 }
 
-// [fp8-linear]: Linear of a block-scaled FP8 weight (kernels/cuda/fp8_linear.cc) against the
-// bf16 weight it stands for, at Qwen3-30B-A3B's q_proj and o_proj shapes, from decode-sized to
-// prefill-sized x: bf16 takes gemv.cu up to 8 rows and cuBLAS past them; FP8 takes its GEMV up
-// to 8 rows and cuBLASLt's block-scaled FP8 matmul past them, and "fp8 lib" is cuBLASLt at
-// every size (DXS_CUDA_GEMV=off), the library the GEMV is measured against. Each time is the
-// median of 20-call runs, divided by 20; the weights are random bytes (no NaN codes) and
-// random scales, never zeros.
-void Fp8Linear(const Rates& rates, bool quick, Report* report) {
-  setenv("DXS_CUDA_GEMV", "off", 1);
-  std::unique_ptr<Backend> lib = Must(MakeCudaBackend(0), "gemm-only backend");
-  unsetenv("DXS_CUDA_GEMV");
+// A backend made under `env` (NAME=VALUE pairs), the caller's environment restored after.
+std::unique_ptr<Backend> BackendWith(const std::vector<std::pair<const char*, const char*>>& env) {
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const auto& [name, value] : env) {
+    const char* old = std::getenv(name);
+    saved.emplace_back(name, old != nullptr ? old : "\x01");
+    setenv(name, value, 1);
+  }
   std::unique_ptr<Backend> b = Must(MakeCudaBackend(0), "backend");
+  for (const auto& [name, old] : saved) {
+    if (old == "\x01") {
+      unsetenv(name.c_str());
+    } else {
+      setenv(name.c_str(), old.c_str(), 1);
+    }
+  }
+  return b;
+}
+
+// Random e4m3 bytes (no NaN codes) and scales near 1e-3: an FP8 weight that is never zeros.
+Tensor RandomFp8Weight(Backend* b, int64_t n, int64_t k, uint64_t seed) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(n * k));
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (uint8_t& v : bytes) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v = static_cast<uint8_t>(x);
+    if ((v & 0x7f) == 0x7f) v ^= 0x01;  // 0x7f / 0xff are e4m3's NaN
+  }
+  std::vector<float> scales(static_cast<size_t>((n / 128) * (k / 128)));
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = 1e-3f * (1 + (i * 37 % 100) / 100.f);
+  return Must(MakeBlockScaledWeight(bytes.data(), scales.data(), {n, k}, b), "fp8 weight");
+}
+
+// [fp8]: block-scaled FP8 weights (kernels/cuda/fp8_linear.cc, moe_fp8.cu) beside the bf16
+// weights they stand for, on Qwen3-30B-A3B's shapes:
+// - Linear at q_proj and o_proj, decode- to prefill-sized x: bf16 takes gemv.cu up to 8 rows
+//   and cuBLAS past them; "fp8" is the default (its GEMV up to 8 rows, then CUTLASS's blockwise
+//   FP8 GEMM), "cutlass" and "cublaslt" each GEMM at every size (DXS_CUDA_GEMV=off), the
+//   libraries the GEMV is measured against. Each time is the median of 20-call runs / 20.
+// - The experts' grouped SwiGLU FFN (128 experts, hidden 2048, inter 768, top-8, the pairs
+//   spread evenly), 16 to 16384 tokens: bf16 against FP8 (CUTLASS's FP8 grouped GEMMs with the
+//   quantization passes).
+// Weights are random (FP8: random bytes and scales), never zeros.
+void Fp8Benches(const Rates& rates, bool quick, Report* report) {
+  std::unique_ptr<Backend> b = BackendWith({});
   if (!b->capabilities().fp8_block_weights) {
-    std::printf("\n[fp8-linear] skipped: this GPU keeps no FP8 weights\n");
+    std::printf("\n[fp8] skipped: this GPU keeps no FP8 weights\n");
     return;
   }
-  cudaStream_t stream = CudaStreamOf(b.get()), lib_stream = CudaStreamOf(lib.get());
+  std::unique_ptr<Backend> cutlass =
+      BackendWith({{"DXS_CUDA_GEMV", "off"}, {"DXS_CUDA_FP8_GEMM", "cutlass"}});
+  std::unique_ptr<Backend> cublaslt =
+      BackendWith({{"DXS_CUDA_GEMV", "off"}, {"DXS_CUDA_FP8_GEMM", "cublaslt"}});
   std::printf("\n[fp8-linear] y = x w^T, bf16 x and y; us per call\n");
-  std::printf("  %-12s %6s %10s %10s %10s %9s %9s %9s\n", "weight", "m", "bf16", "fp8", "fp8 lib",
-              "fp8/bf16", "gemv/lib", "fp8 floor");
+  std::printf("  %-8s %6s %9s %9s %9s %9s %9s %10s %9s\n", "weight", "m", "bf16", "fp8", "cutlass",
+              "cublaslt", "fp8/bf16", "gemv/best", "fp8 floor");
   struct Shape {
     const char* name;
     int64_t n, k;
   };
   std::vector<int64_t> ms = {1, 2, 4, 8, 16, 64, 256, 1024, 4096};
   if (quick) ms = {1, 4, 8, 64, 1024, 4096};
-  std::mt19937 rng(11);
+  constexpr int kCalls = 20;
+  auto time = [&](Backend* be, const Tensor& x, const Tensor& w, Tensor* y) {
+    return 1e3 / kCalls * TimeMs(CudaStreamOf(be), 2, quick ? 5 : 15, [&] {
+             for (int i = 0; i < kCalls; ++i) BENCH_CHECK(be->Linear(x, w, nullptr, y));
+           });
+  };
   for (const Shape& s : {Shape{"q_proj", 4096, 2048}, Shape{"o_proj", 2048, 4096}}) {
-    std::vector<uint8_t> bytes(static_cast<size_t>(s.n * s.k));
-    for (uint8_t& v : bytes) {
-      v = static_cast<uint8_t>(rng() & 0xff);
-      if ((v & 0x7f) == 0x7f) v ^= 0x01;  // 0x7f / 0xff are e4m3's NaN
-    }
-    std::vector<float> scales(static_cast<size_t>((s.n / 128) * (s.k / 128)));
-    for (float& v : scales) v = 1e-3f * (1 + (rng() % 1000) / 1000.f);
-    Tensor w8 =
-        Must(MakeBlockScaledWeight(bytes.data(), scales.data(), {s.n, s.k}, b.get()), "fp8 weight");
-    Tensor w8_lib = Must(MakeBlockScaledWeight(bytes.data(), scales.data(), {s.n, s.k}, lib.get()),
-                         "fp8 weight");
     Tensor w16 = RandomTensor(b.get(), {s.n, s.k}, 12, 0.05);
+    Backend* backends[3] = {b.get(), cutlass.get(), cublaslt.get()};
+    Tensor w8[3];
+    for (int i = 0; i < 3; ++i) w8[i] = RandomFp8Weight(backends[i], s.n, s.k, 11);
     for (int64_t m : ms) {
+      double us[3];
+      for (int i = 0; i < 3; ++i) {
+        Tensor x = RandomTensor(backends[i], {m, s.k}, 13, 1.0);
+        Tensor y = Must(backends[i]->Allocate({m, s.n}, DType::kBF16), "y");
+        us[i] = time(backends[i], x, w8[i], &y);
+      }
       Tensor x = RandomTensor(b.get(), {m, s.k}, 13, 1.0);
-      Tensor x_lib = RandomTensor(lib.get(), {m, s.k}, 13, 1.0);
       Tensor y = Must(b->Allocate({m, s.n}, DType::kBF16), "y");
-      Tensor y_lib = Must(lib->Allocate({m, s.n}, DType::kBF16), "y");
-      constexpr int kCalls = 20;
-      auto time = [&](Backend* be, cudaStream_t st, const Tensor& xx, const Tensor& ww,
-                      Tensor* yy) {
-        return 1e3 / kCalls * TimeMs(st, 2, quick ? 5 : 15, [&] {
-                 for (int i = 0; i < kCalls; ++i) BENCH_CHECK(be->Linear(xx, ww, nullptr, yy));
-               });
-      };
-      const double bf16_us = time(b.get(), stream, x, w16, &y);
-      const double fp8_us = time(b.get(), stream, x, w8, &y);
-      const double lib_us = time(lib.get(), lib_stream, x_lib, w8_lib, &y_lib);
+      const double bf16_us = time(b.get(), x, w16, &y);
       const double floor_us = (s.n * s.k + 2.0 * m * (s.k + s.n)) / rates.copy_bytes_per_s * 1e6;
-      std::printf("  %-12s %6ld %10.2f %10.2f %10.2f %9.2f %9.2f %8.0f%%\n", s.name,
-                  static_cast<long>(m), bf16_us, fp8_us, lib_us, bf16_us / fp8_us,
-                  m <= 8 ? lib_us / fp8_us : 1.0, 100 * floor_us / fp8_us);
+      std::printf("  %-8s %6ld %9.2f %9.2f %9.2f %9.2f %9.2f %10.2f %8.0f%%\n", s.name,
+                  static_cast<long>(m), bf16_us, us[0], us[1], us[2], bf16_us / us[0],
+                  m <= 8 ? std::min(us[1], us[2]) / us[0] : 1.0, 100 * floor_us / us[0]);
       report->Add({{"section", "fp8_linear"},
                    {"weight", s.name},
                    {"n", s.n},
                    {"k", s.k},
                    {"m", m},
                    {"bf16_us", bf16_us},
-                   {"fp8_us", fp8_us},
-                   {"fp8_lib_us", lib_us},
+                   {"fp8_us", us[0]},
+                   {"fp8_cutlass_us", us[1]},
+                   {"fp8_cublaslt_us", us[2]},
                    {"fp8_floor_us", floor_us}});
     }
+  }
+  cutlass.reset();
+  cublaslt.reset();
+
+  constexpr int64_t kExperts = 128, kHidden = 2048, kInter = 768, kTopK = 8;
+  std::printf("\n[fp8-ffn] grouped SwiGLU FFN, %ld experts, hidden %ld, inter %ld, top-%ld\n",
+              static_cast<long>(kExperts), static_cast<long>(kHidden), static_cast<long>(kInter),
+              static_cast<long>(kTopK));
+  std::printf("  %7s %7s %10s %10s %9s\n", "tokens", "pairs", "bf16 us", "fp8 us", "fp8/bf16");
+  std::vector<Tensor> gu16, dn16, gu8, dn8;
+  std::vector<const Tensor*> gu16p, dn16p, gu8p, dn8p;
+  for (int64_t e = 0; e < kExperts; ++e) {
+    gu16.push_back(RandomTensor(b.get(), {2 * kInter, kHidden}, 100 + e, 0.05));
+    dn16.push_back(RandomTensor(b.get(), {kHidden, kInter}, 300 + e, 0.05));
+    gu8.push_back(RandomFp8Weight(b.get(), 2 * kInter, kHidden, 500 + e));
+    dn8.push_back(RandomFp8Weight(b.get(), kHidden, kInter, 700 + e));
+  }
+  for (int64_t e = 0; e < kExperts; ++e) {
+    gu16p.push_back(&gu16[e]);
+    dn16p.push_back(&dn16[e]);
+    gu8p.push_back(&gu8[e]);
+    dn8p.push_back(&dn8[e]);
+  }
+  std::vector<int64_t> token_counts = {16, 128, 1024, 4096, 16384};
+  if (quick) token_counts = {16, 1024, 16384};
+  for (int64_t tokens : token_counts) {
+    const int64_t pairs = tokens * kTopK;
+    std::vector<int32_t> offsets(kExperts + 1);
+    for (int64_t e = 0; e <= kExperts; ++e) offsets[e] = static_cast<int32_t>(pairs * e / kExperts);
+    Tensor off = Must(b->Allocate({kExperts + 1}, DType::kI32), "offsets");
+    BENCH_CHECK(b->CopyFromHost(offsets.data(), DType::kI32, &off));
+    Tensor xs = RandomTensor(b.get(), {pairs, kHidden}, 17, 1.0);
+    Tensor y = Must(b->Allocate({pairs, kHidden}, DType::kBF16), "y");
+    cudaStream_t stream = CudaStreamOf(b.get());
+    const int reps = quick ? 3 : 7;
+    const double bf16_us = 1e3 * TimeMs(stream, 1, reps, [&] {
+      BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu16p, dn16p, &y));
+    });
+    const double fp8_us = 1e3 * TimeMs(stream, 1, reps, [&] {
+      BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu8p, dn8p, &y));
+    });
+    std::printf("  %7ld %7ld %10.1f %10.1f %9.2f\n", static_cast<long>(tokens),
+                static_cast<long>(pairs), bf16_us, fp8_us, bf16_us / fp8_us);
+    report->Add({{"section", "fp8_ffn"},
+                 {"tokens", tokens},
+                 {"pairs", pairs},
+                 {"bf16_us", bf16_us},
+                 {"fp8_us", fp8_us}});
   }
 }
 
 int Main(int argc, char** argv) {
-  bool quick = false, ffn_only = false, low_latency = false, sampling = false, fp8_linear = false;
+  bool quick = false, ffn_only = false, low_latency = false, sampling = false, fp8 = false;
   Profile profile;
   int layers = 48;
   std::string json;
@@ -874,8 +953,8 @@ int Main(int argc, char** argv) {
       low_latency = true;  // [decode-ll] alone
     } else if (a == "--sampling") {
       sampling = true;  // [sampling] alone
-    } else if (a == "--fp8-linear") {
-      fp8_linear = true;  // [rates] and [fp8-linear] alone
+    } else if (a == "--fp8") {
+      fp8 = true;  // [rates], [fp8-linear] and [fp8-ffn] alone
     } else if (a == "--ffn-only") {
       ffn_only = true;  // [rates] and [ffn] alone, for tile experiments
     } else if (a == "--profile" && i + 1 < argc) {
@@ -887,7 +966,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(
           stderr,
-          "usage: gpu_bench [--quick] [--ffn-only | --low-latency | --sampling | --fp8-linear]\n"
+          "usage: gpu_bench [--quick] [--ffn-only | --low-latency | --sampling | --fp8]\n"
           "                 [--layers N]\n"
           "                 [--json FILE]\n"
           "                 [--profile attention|decode|prefill [--batch N]]\n");
@@ -917,8 +996,8 @@ int Main(int argc, char** argv) {
   report.Add({{"section", "device"}, {"name", prop.name}, {"sms", prop.multiProcessorCount}});
   cudaStream_t stream = CudaStreamOf(backend.get());
   const Rates rates = MeasureRates(backend.get(), stream, quick, &report);
-  if (fp8_linear) {
-    Fp8Linear(rates, quick, &report);
+  if (fp8) {
+    Fp8Benches(rates, quick, &report);
     return 0;
   }
   // The per-expert cuBLAS grouped FFN, for the choice between it and CUTLASS (at every

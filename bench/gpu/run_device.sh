@@ -26,7 +26,7 @@
 #   gemv: ab with DXS_CUDA_GEMV=off and auto, decode and FFN side by side.
 #   ll-status: DXS_CUDA_LL_STATUS=kernel against copy (the stall test x100, the LL tests,
 #   gpu_bench --low-latency --quick in interleaved rounds).
-#   fp8: fp8_cuda_test, cuda_engine_test's FP8 cases and gpu_bench --fp8-linear [--quick].
+#   fp8: fp8_cuda_test, cuda_engine_test's FP8 cases and gpu_bench --fp8 [--quick].
 #   old-new: .device-old/bin (an older commit's binaries) against .device/bin: gpu_bench --quick,
 #   gpu_ll_bench and the serving loop, alternating, with new/old ratios.
 #   serving-ratio: the serving loop (dxs bench --local, overlap on and off) at concurrency 1
@@ -281,16 +281,16 @@ PY
 fi
 if [ "$what" = fp8 ]; then
   # Block-scaled FP8 weights: the FP8 Linear test binary, the CUDA engine's FP8 cases (the
-  # default-fp8 preset against the CPU engine; projections kept FP8), then gpu_bench
-  # --fp8-linear (the decode GEMV and cuBLASLt's FP8 matmul beside bf16, us per call).
+  # default-fp8 preset against the CPU engine; projections kept FP8), then gpu_bench --fp8
+  # (FP8 Linear and the experts' grouped FFN beside bf16).
   timeout 200 .device/bin/fp8_cuda_test >"$OUT/fp8_cuda_test.log" 2>&1
   summary+=("fp8_cuda_test: rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/fp8_cuda_test.log" | tr '\n' ' ')")
   timeout 300 .device/bin/cuda_engine_test --gtest_filter='*fp8*:*Fp8*' >"$OUT/cuda_engine_fp8.log" 2>&1
   summary+=("cuda_engine_test (fp8): rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/cuda_engine_fp8.log" | tr '\n' ' ')")
   grep -E 'first-token logits' "$OUT/cuda_engine_fp8.log" | sort | uniq -c | sort -rn | head -5
-  timeout 200 .device/bin/gpu_bench --fp8-linear $quick --json "$OUT/fp8_linear.jsonl" \
+  timeout 300 .device/bin/gpu_bench --fp8 $quick --json "$OUT/fp8.jsonl" \
     >"$OUT/gpu_bench_fp8.log" 2>&1
-  summary+=("gpu_bench --fp8-linear: rc=$?")
+  summary+=("gpu_bench --fp8: rc=$?")
   sed -n '/\[fp8-linear\]/,$p' "$OUT/gpu_bench_fp8.log"
 fi
 if [ "$what" = old-new ]; then

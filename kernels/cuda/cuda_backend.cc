@@ -204,6 +204,12 @@ absl::Status CudaBackend::Init() {
       fp8_grouped_gemm_ = cutlass_runs;
     }
   }
+  DXS_ASSIGN_OR_RETURN(const std::string fp8_gemm, tunables::Read(tunables::kCudaFp8Gemm));
+  if (fp8_gemm == "cutlass" && !cutlass_runs) {
+    return absl::FailedPreconditionError(
+        "DXS_CUDA_FP8_GEMM=cutlass: this build has no CUTLASS or the GPU is not sm_90");
+  }
+  fp8_gemm_cutlass_ = fp8_gemm == "cutlass";
   return CublasStatus(
       *blas_, blas_->set_workspace(cublas_, cublas_workspace_.raw(), cublas_workspace_.num_bytes()),
       "cuda backend: cuBLAS workspace");
@@ -216,6 +222,7 @@ CudaBackend::~CudaBackend() {
   {
     absl::MutexLock lock(&fp8_mu_);
     fp8_plans_.clear();
+    fp8_dense_weights_.clear();
   }
   if (lt_handle_ != nullptr) lt_->destroy(lt_handle_);
   cublas_workspace_ = Tensor();

@@ -180,6 +180,14 @@ class CudaBackend final : public Backend {
   // channels and cuBLASLt's FP8 matmul with 128x128 weight and 1x128 activation scales.
   absl::Status LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor* y);
   absl::Status GemmFp8(const Tensor& x, const Tensor& w, Tensor* y);
+  // The same GEMM as the CUTLASS FP8 grouped GEMM's one group (grouped_gemm_fp8_sm90.cuh):
+  // the weight's scales N-major and a device table {weight, scales}, made on the weight's
+  // first GEMM and kept. FAILED_PRECONDITION where that first GEMM is being recorded.
+  absl::Status GemmFp8Cutlass(const Tensor& x, const Tensor& w, Tensor* y);
+  struct Fp8DenseWeight {
+    Tensor scales;  // f32 [k / 128, n / 128]
+    Tensor table;   // i64 [2]: the weight's and the scales' addresses
+  };
   // cuBLASLt's description of one FP8 GEMM shape and the algorithm its heuristic chose,
   // made on the shape's first call and kept (the scale pointers are set per call).
   struct Fp8GemmPlan {
@@ -295,6 +303,9 @@ class CudaBackend final : public Backend {
   absl::Mutex fp8_mu_;
   std::map<std::tuple<int64_t, int64_t, int64_t, DType>, std::unique_ptr<Fp8GemmPlan>> fp8_plans_
       ABSL_GUARDED_BY(fp8_mu_);
+  // DXS_CUDA_FP8_GEMM=cutlass: the GEMM past the GEMV's rows is CUTLASS's (else cuBLASLt's).
+  bool fp8_gemm_cutlass_ = false;
+  std::map<const void*, Fp8DenseWeight> fp8_dense_weights_ ABSL_GUARDED_BY(fp8_mu_);
   const CublasApi* blas_ = nullptr;  // kernels/cuda/cublas_loader.h
   cublasHandle_t cublas_ = nullptr;
   Tensor cublas_workspace_;

@@ -3,18 +3,21 @@
 //
 // Decode-sized x (at most kGemvMaxRows bf16 rows) takes LaunchGemvFp8: a step of a few tokens
 // is bound by the weights' bytes, which FP8 halves, and the activations stay bf16. Larger x is
-// quantized per token and per 128 channels and goes through cuBLASLt's FP8 matmul with
-// 128x128 block scales on the weight and 1x128 scales on the activations (the
-// DeepSeek-V3 / Qwen3-FP8 recipe; CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F and VEC128_32F,
+// quantized per token and per 128 channels, then goes through cuBLASLt's FP8 matmul with
+// 128x128 block scales on the weight and 1x128 scales on the activations (the DeepSeek-V3 /
+// Qwen3-FP8 recipe; CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F and VEC128_32F,
 // Hopper and later). In cuBLAS's column-major terms row-major y[m, n] = x[m, k] w[n, k]^T is
 // y^T = op_T(A) B with A = w (k x n, ld k) and B = x (k x m, ld k): FP8 matmuls want this
 // "TN" form, which is the checkpoint's layout as it is. A's scales are K-major [n / 128,
 // stride] (Tensor::block_scales' layout); B's are token-major per 128-channel group, and
 // cuBLASLt wants the token count a multiple of 4, so x is padded with zero rows and a short
-// result is copied out of a scratch.
+// result is copied out of a scratch. DXS_CUDA_FP8_GEMM=cutlass takes CUTLASS's SM90 blockwise
+// FP8 GEMM instead (the experts' grouped kernel with one group); cuBLASLt measured faster at
+// 16 to 4096 rows (docs/results/fp8.md).
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/cuda/grouped_gemm.cuh"
 #include "kernels/op_checks.h"
 
 namespace dxs {
@@ -62,7 +65,58 @@ absl::Status CudaBackend::LinearFp8(const Tensor& x, const Tensor& w, const Tens
                             scales->row_size(), n, k, y->raw(), ToElemType(y->dtype()), stream_),
         "linear (fp8 gemv)");
   }
+  if (fp8_gemm_cutlass_) {
+    absl::Status s = GemmFp8Cutlass(x, w, y);
+    // A weight first seen while a graph records has no table yet: cuBLASLt takes it.
+    if (!absl::IsFailedPrecondition(s)) return s;
+  }
   return GemmFp8(x, w, y);
+}
+
+absl::Status CudaBackend::GemmFp8Cutlass(const Tensor& x, const Tensor& w, Tensor* y) {
+  const int64_t m = x.rows(), k = x.row_size(), n = w.rows();
+  Tensor table;
+  {
+    absl::MutexLock lock(&fp8_mu_);
+    auto it = fp8_dense_weights_.find(w.raw());
+    if (it == fp8_dense_weights_.end()) {
+      if (recording()) {
+        return absl::FailedPreconditionError("fp8 gemm: a weight's first GEMM while recording");
+      }
+      Fp8DenseWeight dense;
+      const Tensor& src = *w.block_scales();
+      const int64_t n_blocks = n / Tensor::kWeightBlock, k_blocks = k / Tensor::kWeightBlock;
+      DXS_ASSIGN_OR_RETURN(dense.scales, Allocate({k_blocks, n_blocks}, DType::kF32));
+      DXS_RETURN_IF_ERROR(
+          CudaStatus(cuda::LaunchTransposeBlockScales(src.f32(), n_blocks, k_blocks, src.row_size(),
+                                                      dense.scales.f32(), stream_),
+                     "linear (fp8): weight scales"));
+      const void* ptrs[2] = {w.raw(), dense.scales.raw()};
+      DXS_ASSIGN_OR_RETURN(dense.table, Allocate({2}, DType::kI64));
+      DXS_RETURN_IF_ERROR(CopyFromHost(ptrs, DType::kI64, &dense.table));
+      it = fp8_dense_weights_.emplace(w.raw(), std::move(dense)).first;
+    }
+    table = it->second.table;
+  }
+  // Activations as one group of m rows: scales M-major [k / 128, m] (no padding here).
+  DXS_ASSIGN_OR_RETURN(Tensor values, Allocate({m, k}, DType::kF8E4M3));
+  DXS_ASSIGN_OR_RETURN(Tensor x_scales, Allocate({k / Tensor::kWeightBlock, m}, DType::kF32));
+  DXS_RETURN_IF_ERROR(CudaStatus(cuda::LaunchQuantizeActivationsFp8(
+                                     x.raw(), ToElemType(x.dtype()), m, k, m,
+                                     static_cast<uint8_t*>(values.raw()), x_scales.f32(), stream_),
+                                 "linear (fp8): activations"));
+  DXS_ASSIGN_OR_RETURN(Tensor offsets, Allocate({2}, DType::kI32));
+  DXS_RETURN_IF_ERROR(
+      CudaStatus(cuda::LaunchWriteOneGroup(offsets.i32(), m, stream_), "linear (fp8): group"));
+  const size_t ws_bytes = cuda::GroupedGemmFp8WorkspaceBytes(1, m, n, k, ToElemType(y->dtype()));
+  if (ws_bytes == 0) return absl::InternalError("linear (fp8): no grouped GEMM workspace size");
+  DXS_ASSIGN_OR_RETURN(Tensor ws, Workspace(ws_bytes));
+  const auto* ptrs = reinterpret_cast<const void* const*>(table.raw());
+  return CudaStatus(cuda::LaunchGroupedGemmFp8(
+                        static_cast<const uint8_t*>(values.raw()), x_scales.f32(), offsets.i32(),
+                        ptrs, reinterpret_cast<const float* const*>(ptrs + 1), 1, m, n, k, y->raw(),
+                        ToElemType(y->dtype()), ws.raw(), ws_bytes, stream_),
+                    "linear (fp8 gemm, cutlass)");
 }
 
 absl::StatusOr<CudaBackend::Fp8GemmPlan*> CudaBackend::Fp8Plan(int64_t m_pad, int64_t n, int64_t k,

@@ -1,8 +1,9 @@
 // The kernels of a block-scaled FP8 projection (Tensor::block_scales: fp8 weight [n, k] and one
 // float32 scale per 128 x 128 block; kernels/cuda/fp8_linear.cc chooses between them):
 //
-// - LaunchQuantizeActivationsFp8: the activations of a GEMM (cuBLASLt's FP8 matmul, which takes
-//   FP8 on both sides) quantized per token and per 128 channels, DeepSeek-V3's and the
+// - LaunchQuantizeActivationsFp8: the activations of a GEMM (cuBLASLt's FP8 matmul or CUTLASS's,
+//   which take FP8 on both sides) quantized per token and per 128 channels, a warp a group
+//   (fp8_quantize.cuh), DeepSeek-V3's and the
 //   official Qwen3 FP8 checkpoints' "dynamic" activation scheme. The arithmetic is the FP8
 //   dispatch records' (fp8_rows.cu, the CPU's QuantizeRowsFp8): scale max(amax, 1e-4) / 448 by
 //   one IEEE division, each value divided by it and rounded to the nearest e4m3fn value, ties to
@@ -24,41 +25,40 @@
 #include <cstdint>
 
 #include "kernels/cuda/elem_type.cuh"
+#include "kernels/cuda/fp8_quantize.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
 
 namespace dxs::cuda {
 namespace {
 
-constexpr int kGroup = 128;  // the block size of the weights and of the activation groups
-constexpr float kE4m3Max = 448.0f;
+constexpr int kGroup = kFp8GroupValues;  // the weights' block size and the activations' group
+
+// A warp per (row, 128-channel group), kQuantizeWarps warps a block.
+constexpr int kQuantizeWarps = 8;
 
 template <typename T>
 __global__ void QuantizeActivationsFp8Kernel(const T* x, int64_t m, int k, int64_t m_pad,
                                              uint8_t* values, float* scales) {
   PdlWait();
-  const int64_t row = blockIdx.x;
-  const int g = static_cast<int>(blockIdx.y);
-  const int j = g * kGroup + static_cast<int>(threadIdx.x);
+  const int groups = k / kGroup;
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kQuantizeWarps + threadIdx.x / 32;
+  if (unit >= m_pad * groups) return;
+  const int64_t row = unit / groups;
+  const int g = static_cast<int>(unit % groups), lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t j = static_cast<int64_t>(g) * kGroup + lane * kFp8ValuesPerLane;
+  uint32_t* out = reinterpret_cast<uint32_t*>(values + row * k + j);
   if (row >= m) {
     // Padding rows: zeros with scale 1, so the GEMM's extra columns are zeros.
-    values[row * k + j] = 0;
-    if (threadIdx.x == 0) scales[g * m_pad + row] = 1.f;
+    *out = 0;
+    if (lane == 0) scales[g * m_pad + row] = 1.f;
     return;
   }
-  const float v = ToFloat(x[row * k + j]);
-  float amax = fabsf(v);
-  for (int offset = 16; offset > 0; offset /= 2) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  }
-  __shared__ float warp_max[kGroup / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
-  __syncthreads();
-  amax = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
-  const float scale = __fdiv_rn(fmaxf(amax, 1e-4f), kE4m3Max);
-  if (threadIdx.x == 0) scales[g * m_pad + row] = scale;
-  values[row * k + j] =
-      static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(v, scale), __NV_SATFINITE, __NV_E4M3));
+  float v[kFp8ValuesPerLane];
+#pragma unroll
+  for (int i = 0; i < kFp8ValuesPerLane; ++i) v[i] = ToFloat(x[row * k + j + i]);
+  const float scale = QuantizeGroupOfWarp(v, out);
+  if (lane == 0) scales[g * m_pad + row] = scale;
 }
 
 constexpr int kGemvFp8Warps = 8;  // warps a block, one output feature each
@@ -144,17 +144,19 @@ cudaError_t LaunchGemvFp8Rows(const __nv_bfloat16* x, const uint8_t* w, const fl
 cudaError_t LaunchQuantizeActivationsFp8(const void* x, ElemType x_type, int64_t m, int64_t k,
                                          int64_t m_pad, uint8_t* values, float* scales,
                                          cudaStream_t stream) {
-  if (m < 0 || m_pad < m || m_pad > INT32_MAX || k <= 0 || k % kGroup != 0 || k / kGroup > 65535) {
+  if (m < 0 || m_pad < m || m_pad > INT32_MAX || k <= 0 || k % kGroup != 0 || k > INT32_MAX ||
+      m_pad * (k / kGroup) / kQuantizeWarps >= INT32_MAX) {
     return cudaErrorInvalidValue;
   }
   if (m_pad == 0) return cudaSuccess;
   if ((m > 0 && x == nullptr) || values == nullptr || scales == nullptr) {
     return cudaErrorInvalidValue;
   }
-  const dim3 grid(static_cast<unsigned>(m_pad), static_cast<unsigned>(k / kGroup));
+  const int64_t units = m_pad * (k / kGroup);
+  const unsigned blocks = static_cast<unsigned>((units + kQuantizeWarps - 1) / kQuantizeWarps);
   return DispatchFloat(x_type, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return LaunchKernel(QuantizeActivationsFp8Kernel<T>, grid, kGroup, 0, stream,
+    return LaunchKernel(QuantizeActivationsFp8Kernel<T>, blocks, kQuantizeWarps * 32, 0, stream,
                         static_cast<const T*>(x), m, static_cast<int>(k), m_pad, values, scales);
   });
 }

@@ -47,7 +47,9 @@ namespace dxs::cuda::grouped_gemm {
 #if defined(DXS_GROUPED_GEMM_FP8_SM90)
 
 // 128x128x128 tiles (128 e4m3 of K are the 128-byte TMA swizzle and one scale block),
-// cooperative, cluster 1x1 (no M-tile padding of small experts, as the bf16 kernels).
+// cooperative, cluster 1x1 (no M-tile padding of small experts, as the bf16 kernels). The bf16
+// kernels' wide 128x256 tiles do not build here: this CUTLASS's blockwise mainloop wants one
+// B scale per N tile (fp8_accumulation.hpp: "Accumulator and scaleB must have same shape").
 template <class ElementD_>
 struct Sm90Fp8GroupedGemm {
   using ElementA = cutlass::float_e4m3_t;

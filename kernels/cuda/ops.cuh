@@ -124,6 +124,9 @@ cudaError_t LaunchQuantizeGroupedFp8(const void* xs, ElemType x_type, int64_t x_
 cudaError_t LaunchSiluMulQuantizeGroupedFp8(const void* gate_up, int64_t num_rows, int64_t inter,
                                             const int32_t* offsets, int64_t num_experts,
                                             uint8_t* out, float* sfa, cudaStream_t stream);
+// offsets (i32 [2]) = {0, rows}: a dense GEMM as the grouped GEMM's one group, written on the
+// queue so that a graph replays it with the rows it was recorded with.
+cudaError_t LaunchWriteOneGroup(int32_t* offsets, int64_t rows, cudaStream_t stream);
 // dst[kb * n_blocks + nb] = src[nb * stride + kb]: block scales N-major.
 cudaError_t LaunchTransposeBlockScales(const float* src, int64_t n_blocks, int64_t k_blocks,
                                        int64_t stride, float* dst, cudaStream_t stream);

@@ -3,9 +3,11 @@
 // double from the same FP8 weights and scales, with the activations quantized per row and 128
 // channels exactly as the backend's passes do (the FP8 recipe: x before gate_up, silu * up,
 // rounded to bf16, before down). Experts packed by PackGateUp (the scales stacked with the
-// rows), rows gathered by index, an expert without rows, and the counted form (capacity past
-// the count: those rows of y untouched). Skips without a GPU or the FP8 grouped GEMM (sm_90).
+// rows), rows gathered by index, an expert without rows, experts of one and of several M
+// tiles, and the counted form (capacity past the count: those rows of y untouched). Skips without a GPU or the FP8 grouped
+// GEMM (sm_90).
 #include <cmath>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -119,10 +121,6 @@ class Fp8ExpertsTest : public ::testing::Test {
 };
 
 TEST_F(Fp8ExpertsTest, GroupedSwiGluEqualsTheFp8Recipe) {
-  // 37 sorted entries over experts 0, 2, 3 (expert 1 has none), rows gathered by index.
-  const std::vector<int32_t> offsets = {0, 10, 10, 30, 37};
-  std::vector<int32_t> rows(37);
-  for (size_t p = 0; p < rows.size(); ++p) rows[p] = static_cast<int32_t>((p * 7) % kTokens);
   std::vector<const Tensor*> gate_up, down;
   for (int64_t e = 0; e < kExperts; ++e) {
     gate_up.push_back(&gate_up_t_[e]);
@@ -130,38 +128,52 @@ TEST_F(Fp8ExpertsTest, GroupedSwiGluEqualsTheFp8Recipe) {
   }
   Tensor xs = *gpu_->Allocate({kTokens, kHidden}, DType::kBF16);
   ASSERT_TRUE(gpu_->CopyFromHost(xs_.data(), DType::kF32, &xs).ok());
-  Tensor off = *gpu_->Allocate({kExperts + 1}, DType::kI32);
-  ASSERT_TRUE(gpu_->CopyFromHost(offsets.data(), DType::kI32, &off).ok());
-  for (const bool counted : {false, true}) {
-    SCOPED_TRACE(counted ? "counted, capacity 45" : "grouped");
-    const int64_t capacity = counted ? 45 : 37;
-    std::vector<int32_t> cap_rows = rows;
-    cap_rows.resize(capacity, 0);
-    Tensor rows_t = *gpu_->Allocate({capacity}, DType::kI32);
-    ASSERT_TRUE(gpu_->CopyFromHost(cap_rows.data(), DType::kI32, &rows_t).ok());
-    Tensor y = *gpu_->Allocate({capacity, kHidden}, DType::kF32);
-    ASSERT_TRUE(gpu_->Fill(&y, 1234.f).ok());
-    const absl::Status s = counted ? gpu_->GroupedSwiGluCounted(xs, rows_t, off, gate_up, down, &y)
-                                   : gpu_->GroupedSwiGlu(xs, &rows_t, off, gate_up, down, &y);
-    ASSERT_TRUE(s.ok()) << s;
-    std::vector<float> got(capacity * kHidden);
-    ASSERT_TRUE(gpu_->CopyToHost(y, DType::kF32, got.data()).ok());
-    double diff = 0, ref = 1e-30;
-    for (int64_t e = 0; e < kExperts; ++e) {
-      for (int32_t p = offsets[e]; p < offsets[e + 1]; ++p) {
-        const std::vector<double> want = Reference(e, rows[p]);
-        for (int64_t j = 0; j < kHidden; ++j) {
-          ASSERT_TRUE(std::isfinite(got[p * kHidden + j])) << "entry " << p;
-          diff = std::max(diff, std::fabs(got[p * kHidden + j] - want[j]));
-          ref = std::max(ref, std::fabs(want[j]));
+  // Sorted entries over experts 0, 2, 3 (expert 1 has none), rows gathered by index: 37 (one
+  // M tile an expert), and 600 (several, the last partial).
+  for (const std::vector<int32_t>& offsets :
+       {std::vector<int32_t>{0, 10, 10, 30, 37}, std::vector<int32_t>{0, 250, 250, 530, 600}}) {
+    const int32_t entries = offsets.back();
+    std::vector<int32_t> rows(entries);
+    for (int32_t p = 0; p < entries; ++p) rows[p] = (p * 7) % kTokens;
+    Tensor off = *gpu_->Allocate({kExperts + 1}, DType::kI32);
+    ASSERT_TRUE(gpu_->CopyFromHost(offsets.data(), DType::kI32, &off).ok());
+    for (const bool counted : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << entries << " entries" << (counted ? ", counted" : ""));
+      const int64_t capacity = counted ? entries + 8 : entries;
+      std::vector<int32_t> cap_rows = rows;
+      cap_rows.resize(capacity, 0);
+      Tensor rows_t = *gpu_->Allocate({capacity}, DType::kI32);
+      ASSERT_TRUE(gpu_->CopyFromHost(cap_rows.data(), DType::kI32, &rows_t).ok());
+      Tensor y = *gpu_->Allocate({capacity, kHidden}, DType::kF32);
+      ASSERT_TRUE(gpu_->Fill(&y, 1234.f).ok());
+      const absl::Status s = counted
+                                 ? gpu_->GroupedSwiGluCounted(xs, rows_t, off, gate_up, down, &y)
+                                 : gpu_->GroupedSwiGlu(xs, &rows_t, off, gate_up, down, &y);
+      ASSERT_TRUE(s.ok()) << s;
+      std::vector<float> got(capacity * kHidden);
+      ASSERT_TRUE(gpu_->CopyToHost(y, DType::kF32, got.data()).ok());
+      // One reference per distinct source row and expert.
+      std::map<std::pair<int64_t, int32_t>, std::vector<double>> refs;
+      double diff = 0, ref = 1e-30;
+      for (int64_t e = 0; e < kExperts; ++e) {
+        for (int32_t p = offsets[e]; p < offsets[e + 1]; ++p) {
+          auto it = refs.find({e, rows[p]});
+          if (it == refs.end())
+            it = refs.emplace(std::make_pair(e, rows[p]), Reference(e, rows[p])).first;
+          const std::vector<double>& want = it->second;
+          for (int64_t j = 0; j < kHidden; ++j) {
+            ASSERT_TRUE(std::isfinite(got[p * kHidden + j])) << "entry " << p;
+            diff = std::max(diff, std::fabs(got[p * kHidden + j] - want[j]));
+            ref = std::max(ref, std::fabs(want[j]));
+          }
         }
       }
-    }
-    // float32 accumulation, plus the rare e4m3 rounding that a 1-ulp bf16 difference in
-    // gate or up tips: far below what a wrong scale or layout gives (whole scale ratios).
-    EXPECT_LT(diff / ref, 1e-2) << "max error " << diff << " of " << ref;
-    for (int64_t p = 37; p < capacity; ++p) {
-      EXPECT_EQ(got[p * kHidden], 1234.f) << "entry " << p << " past the count was written";
+      // float32 accumulation, plus the rare e4m3 rounding that a 1-ulp bf16 difference in
+      // gate or up tips: far below what a wrong scale or layout gives (whole scale ratios).
+      EXPECT_LT(diff / ref, 1e-2) << "max error " << diff << " of " << ref;
+      for (int64_t p = entries; p < capacity; ++p) {
+        EXPECT_EQ(got[p * kHidden], 1234.f) << "entry " << p << " past the count was written";
+      }
     }
   }
 }

@@ -2,7 +2,8 @@
 // against the product computed here in double from the same FP8 values and scales:
 // - decode-sized x (the GEMV, activations bf16): y = x . (fp8 * block scale), so the only
 //   error is float32 accumulation order and y's rounding;
-// - larger x, and every x with DXS_CUDA_GEMV=off (cuBLASLt's block-scaled FP8 matmul): the
+// - larger x, and every x with DXS_CUDA_GEMV=off (CUTLASS's blockwise FP8 GEMM and cuBLASLt's
+//   block-scaled FP8 matmul, DXS_CUDA_FP8_GEMM): the
 //   activations quantized per token and 128 channels exactly as the backend's quantizer
 //   does (the arithmetic of the FP8 dispatch records, re-done here), so again only the
 //   accumulation and y's rounding differ. A wrong scale layout (a transposed or misstrided
@@ -138,11 +139,19 @@ class Fp8LinearTest : public ::testing::Test {
 // (n, k) with k / 128 = 4, 6 (scales padded to a stride of 8) and 16; m through the GEMV's
 // row counts, past them, and odd counts that pad to a multiple of 4 for cuBLASLt.
 TEST_F(Fp8LinearTest, EqualsTheProductOfTheFp8ValuesAndScales) {
-  // The GEMM path for every m: a second backend made with the GEMVs off.
-  setenv("DXS_CUDA_GEMV", "off", 1);
-  absl::StatusOr<std::unique_ptr<Backend>> gemm_only = MakeBackend("cuda");
-  unsetenv("DXS_CUDA_GEMV");
-  ASSERT_TRUE(gemm_only.ok()) << gemm_only.status();
+  // The GEMM paths for every m: backends made with the GEMVs off, one per FP8 GEMM
+  // (CUTLASS's blockwise grouped kernel where built, and cuBLASLt's).
+  std::vector<std::unique_ptr<Backend>> gemm_only;
+  for (const char* gemm : {"cutlass", "cublaslt"}) {
+    setenv("DXS_CUDA_GEMV", "off", 1);
+    setenv("DXS_CUDA_FP8_GEMM", gemm, 1);
+    absl::StatusOr<std::unique_ptr<Backend>> b = MakeBackend("cuda");
+    unsetenv("DXS_CUDA_GEMV");
+    unsetenv("DXS_CUDA_FP8_GEMM");
+    if (!b.ok() && std::string(gemm) == "cutlass") continue;  // no CUTLASS in this build
+    ASSERT_TRUE(b.ok()) << gemm << ": " << b.status();
+    gemm_only.push_back(std::move(*b));
+  }
   struct Shape {
     int64_t n, k;
   };
@@ -162,10 +171,12 @@ TEST_F(Fp8LinearTest, EqualsTheProductOfTheFp8ValuesAndScales) {
       const double f32_bound = m <= 8 ? 1e-4 : 2e-3;
       EXPECT_LT(RelError(Run(gpu_.get(), w, x, m, DType::kF32), want), f32_bound);
       EXPECT_LT(RelError(Run(gpu_.get(), w, x, m, DType::kBF16), want), f32_bound + 4e-3);
-      EXPECT_LT(RelError(Run(gemm_only->get(), w, x, m, DType::kF32), quantized), 2e-3);
-      // And the quantization of x itself is small beside the product (the FP8 recipe's
-      // error): what separates the two paths.
-      EXPECT_LT(RelError(Run(gemm_only->get(), w, x, m, DType::kBF16), exact), 0.08);
+      for (const auto& b : gemm_only) {
+        EXPECT_LT(RelError(Run(b.get(), w, x, m, DType::kF32), quantized), 2e-3);
+        // And the quantization of x itself is small beside the product (the FP8 recipe's
+        // error): what separates the two paths.
+        EXPECT_LT(RelError(Run(b.get(), w, x, m, DType::kBF16), exact), 0.08);
+      }
     }
   }
 }
