@@ -24,6 +24,8 @@
 //     features on every request (penalties, min_p, top-20 logprobs) beside plain sampling.
 //   --fp8: only [rates], [fp8-linear] and [fp8-ffn]: Linear and the experts' grouped FFN of
 //     block-scaled FP8 weights beside bf16 weights, decode to prefill sizes.
+//   --fp8-decode: only [rates] and [decode-fp8]: the whole model's decode and prefill with
+//     bf16 weights, then with FP8 projections.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
@@ -35,6 +37,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -923,11 +926,11 @@ void Fp8Benches(const Rates& rates, bool quick, Report* report) {
     cudaStream_t stream = CudaStreamOf(b.get());
     const int reps = quick ? 3 : 7;
     const double bf16_us = 1e3 * TimeMs(stream, 1, reps, [&] {
-      BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu16p, dn16p, &y));
-    });
+                             BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu16p, dn16p, &y));
+                           });
     const double fp8_us = 1e3 * TimeMs(stream, 1, reps, [&] {
-      BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu8p, dn8p, &y));
-    });
+                            BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu8p, dn8p, &y));
+                          });
     std::printf("  %7ld %7ld %10.1f %10.1f %9.2f\n", static_cast<long>(tokens),
                 static_cast<long>(pairs), bf16_us, fp8_us, bf16_us / fp8_us);
     report->Add({{"section", "fp8_ffn"},
@@ -938,8 +941,119 @@ void Fp8Benches(const Rates& rates, bool quick, Report* report) {
   }
 }
 
+// The preset's weights (RandomWeightSource, made in place), except each projection that can
+// stay FP8 (KeepsFp8Weight): random e4m3 bytes and scales (RandomFp8Weight), distinct per
+// tensor. The values mean nothing as a model; the bytes and the work are the FP8 model's.
+// (A --fp8 preset quantizes its projections on the host, minutes for the 48-layer experts.)
+class RandomFp8BenchSource final : public WeightSource {
+ public:
+  explicit RandomFp8BenchSource(const CheckpointPreset& preset) : base_(preset) {}
+  absl::StatusOr<Tensor> Load(const std::string& name, std::vector<int64_t> shape,
+                              Backend* backend) const override {
+    return base_.Load(name, std::move(shape), backend);
+  }
+  absl::StatusOr<Tensor> LoadProjection(const std::string& name, std::vector<int64_t> shape,
+                                        Backend* backend) const override {
+    if (!KeepsFp8Weight(*backend, shape)) return base_.Load(name, std::move(shape), backend);
+    return RandomFp8Weight(backend, shape[0], shape[1], std::hash<std::string>{}(name));
+  }
+
+ private:
+  RandomWeightSource base_;
+};
+
+// The active weight bytes of a decode step with the projections (attention's and the
+// experts') in FP8: one byte a weight there, bf16 for the router and lm_head.
+double ActiveWeightBytesFp8(const ModelConfig& c, int64_t batch) {
+  const double h = c.hidden_size, d = c.head_dim;
+  const double attn = h * d * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads);
+  const double expert = 3.0 * h * c.moe_intermediate_size;
+  const double e = c.num_experts, k = c.num_experts_per_tok;
+  const double touched = e * (1 - std::pow(1 - k / e, static_cast<double>(batch)));
+  return (attn + touched * expert) * c.num_hidden_layers +
+         2.0 * (h * c.num_experts * c.num_hidden_layers + h * c.vocab_size);
+}
+
+// [decode-fp8]: the whole Qwen3-30B-A3B shape with bf16 weights, then with its projections
+// in FP8 (RandomFp8BenchSource), one engine at a time (both do not fit an 80 GB GPU): decode
+// steps through CUDA graphs at batch 1, 32 and 128 (context 1024) against each one's HBM
+// floor (active weights and the KV read at the copy rate), and one 4096-token prompt.
+void Fp8ModelBenches(const Rates& rates, bool quick, int layers, Report* report) {
+  CheckpointPreset preset = Must(GetPreset("qwen3-30b-a3b"), "preset");
+  preset.config.num_hidden_layers = layers;
+  EngineOptions options;
+  options.backend_factory = [] { return Must(MakeCudaBackend(0), "no GPU"); };
+  options.kv_capacity_tokens = 1;
+  std::printf(
+      "\n[decode-fp8] Qwen3-30B-A3B shape, %d layers, context 1024: bf16 against FP8 "
+      "projections\n",
+      layers);
+  std::printf("  %-5s %6s %12s %10s %12s %8s\n", "dtype", "batch", "tokens/s", "step ms",
+              "floor ms", "of floor");
+  std::vector<int64_t> batches = {1, 32, 128};
+  if (quick) batches = {1, 32};
+  std::map<std::pair<bool, int64_t>, double> tok_s;
+  std::map<bool, double> prefill_tok_s;
+  for (const bool fp8 : {false, true}) {
+    std::unique_ptr<LocalEngine> engine =
+        fp8 ? Must(LocalEngine::LoadWeights(preset.config, RandomFp8BenchSource(preset), options),
+                   "fp8 model")
+            : Must(LocalEngine::LoadRandom(preset, options), "bf16 model");
+    if (fp8 && !engine->backend()->capabilities().fp8_block_weights) {
+      std::printf("  skipped: this GPU keeps no FP8 weights\n");
+      return;
+    }
+    const ModelConfig& c = engine->config();
+    cudaStream_t stream = CudaStreamOf(engine->backend());
+    for (int64_t batch : batches) {
+      DecodeBatch d(engine.get(), batch, 1024);
+      d.StepMs(stream, /*graphs=*/false, quick);  // the eager first steps record nothing
+      const double ms = d.StepMs(stream, /*graphs=*/true, quick);
+      const double kv_bytes = 2.0 * batch * (1024 + d.steps) * c.num_key_value_heads * c.head_dim *
+                              2 * c.num_hidden_layers;
+      const double weights = fp8 ? ActiveWeightBytesFp8(c, batch) : ActiveWeightBytes(c, batch);
+      const double floor_ms = (weights + kv_bytes) / rates.copy_bytes_per_s * 1e3;
+      tok_s[{fp8, batch}] = batch / (ms * 1e-3);
+      std::printf("  %-5s %6ld %12.1f %10.2f %12.2f %7.0f%%\n", fp8 ? "fp8" : "bf16",
+                  static_cast<long>(batch), batch / (ms * 1e-3), ms, floor_ms, 100 * floor_ms / ms);
+      report->Add({{"section", "decode_fp8"},
+                   {"dtype", fp8 ? "fp8" : "bf16"},
+                   {"layers", layers},
+                   {"batch", batch},
+                   {"tokens_per_s", batch / (ms * 1e-3)},
+                   {"step_ms", ms},
+                   {"floor_ms", floor_ms}});
+    }
+    const int64_t prompt = 4096;
+    KvCache kv(c, engine->backend(), 2 * prompt);
+    auto prefill = [&] {
+      SequenceChunk chunk;
+      chunk.kv_slot = Must(kv.Allocate(prompt), "kv slot");
+      for (int64_t i = 0; i < prompt; ++i) {
+        chunk.tokens.push_back(static_cast<int32_t>(3 + (i * 7919) % 150000));
+      }
+      Must(engine->model().Forward({chunk}, &kv), "prefill");
+      kv.Free(chunk.kv_slot);
+    };
+    const double ms = TimeMs(stream, 1, quick ? 2 : 5, prefill);
+    prefill_tok_s[fp8] = prompt / (ms * 1e-3);
+    std::printf("  %-5s prefill of %ld tokens: %.1f tokens/s, %.2f ms\n", fp8 ? "fp8" : "bf16",
+                static_cast<long>(prompt), prompt / (ms * 1e-3), ms);
+    report->Add({{"section", "prefill_fp8"},
+                 {"dtype", fp8 ? "fp8" : "bf16"},
+                 {"layers", layers},
+                 {"tokens_per_s", prompt / (ms * 1e-3)}});
+  }
+  for (int64_t batch : batches) {
+    std::printf("  fp8 / bf16 at batch %ld: %.2fx\n", static_cast<long>(batch),
+                tok_s[{true, batch}] / tok_s[{false, batch}]);
+  }
+  std::printf("  fp8 / bf16 prefill: %.2fx\n", prefill_tok_s[true] / prefill_tok_s[false]);
+}
+
 int Main(int argc, char** argv) {
-  bool quick = false, ffn_only = false, low_latency = false, sampling = false, fp8 = false;
+  bool quick = false, ffn_only = false, low_latency = false, sampling = false, fp8 = false,
+       fp8_decode = false;
   Profile profile;
   int layers = 48;
   std::string json;
@@ -953,6 +1067,8 @@ int Main(int argc, char** argv) {
       low_latency = true;  // [decode-ll] alone
     } else if (a == "--sampling") {
       sampling = true;  // [sampling] alone
+    } else if (a == "--fp8-decode") {
+      fp8_decode = true;  // [rates] and [decode-fp8] alone
     } else if (a == "--fp8") {
       fp8 = true;  // [rates], [fp8-linear] and [fp8-ffn] alone
     } else if (a == "--ffn-only") {
@@ -964,12 +1080,12 @@ int Main(int argc, char** argv) {
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else {
-      std::fprintf(
-          stderr,
-          "usage: gpu_bench [--quick] [--ffn-only | --low-latency | --sampling | --fp8]\n"
-          "                 [--layers N]\n"
-          "                 [--json FILE]\n"
-          "                 [--profile attention|decode|prefill [--batch N]]\n");
+      std::fprintf(stderr,
+                   "usage: gpu_bench [--quick] [--ffn-only | --low-latency | --sampling | --fp8 | "
+                   "--fp8-decode]\n"
+                   "                 [--layers N]\n"
+                   "                 [--json FILE]\n"
+                   "                 [--profile attention|decode|prefill [--batch N]]\n");
       return 2;
     }
   }
@@ -998,6 +1114,11 @@ int Main(int argc, char** argv) {
   const Rates rates = MeasureRates(backend.get(), stream, quick, &report);
   if (fp8) {
     Fp8Benches(rates, quick, &report);
+    return 0;
+  }
+  if (fp8_decode) {
+    backend.reset();
+    Fp8ModelBenches(rates, quick, layers, &report);
     return 0;
   }
   // The per-expert cuBLAS grouped FFN, for the choice between it and CUTLASS (at every

@@ -25,6 +25,12 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::LoadRandom(const Check
   return Create(preset.config, RandomWeightSource(preset), options);
 }
 
+absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::LoadWeights(
+    const ModelConfig& config, const WeightSource& weights, const EngineOptions& options) {
+  DXS_RETURN_IF_ERROR(config.Validate());
+  return Create(config, weights, options);
+}
+
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(const ModelConfig& config,
                                                                  const WeightSource& weights,
                                                                  const EngineOptions& options) {

@@ -72,6 +72,9 @@ class LocalEngine {
   // weights as Load on the checkpoint WriteRandomCheckpoint writes, without the disk.
   static absl::StatusOr<std::unique_ptr<LocalEngine>> LoadRandom(const CheckpointPreset& preset,
                                                                  const EngineOptions& options = {});
+  // `config`'s model from any weight source (benchmarks: weights made for a measurement).
+  static absl::StatusOr<std::unique_ptr<LocalEngine>> LoadWeights(
+      const ModelConfig& config, const WeightSource& weights, const EngineOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
   Qwen3MoeModel& model() { return *model_; }

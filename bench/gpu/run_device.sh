@@ -27,6 +27,7 @@
 #   ll-status: DXS_CUDA_LL_STATUS=kernel against copy (the stall test x100, the LL tests,
 #   gpu_bench --low-latency --quick in interleaved rounds).
 #   fp8: fp8_cuda_test, cuda_engine_test's FP8 cases and gpu_bench --fp8 [--quick].
+#   fp8-decode: gpu_bench --fp8-decode [--quick], the whole model bf16 against FP8 projections.
 #   old-new: .device-old/bin (an older commit's binaries) against .device/bin: gpu_bench --quick,
 #   gpu_ll_bench and the serving loop, alternating, with new/old ratios.
 #   serving-ratio: the serving loop (dxs bench --local, overlap on and off) at concurrency 1
@@ -292,6 +293,15 @@ if [ "$what" = fp8 ]; then
     >"$OUT/gpu_bench_fp8.log" 2>&1
   summary+=("gpu_bench --fp8: rc=$?")
   sed -n '/\[fp8-linear\]/,$p' "$OUT/gpu_bench_fp8.log"
+fi
+if [ "$what" = fp8-decode ]; then
+  # The whole Qwen3-30B-A3B shape (48 layers) with bf16 weights, then with FP8 projections:
+  # decode at batch 1, 32 (and 128 without --quick) and a 4096-token prefill, each against
+  # its HBM floor, with the fp8 / bf16 ratios.
+  timeout 500 .device/bin/gpu_bench --fp8-decode $quick --json "$OUT/fp8_decode.jsonl" \
+    >"$OUT/gpu_bench_fp8_decode.log" 2>&1
+  summary+=("gpu_bench --fp8-decode: rc=$?")
+  sed -n '/\[decode-fp8\]/,$p' "$OUT/gpu_bench_fp8_decode.log"
 fi
 if [ "$what" = old-new ]; then
   # A refactor's "unchanged within noise", on the GPU: the binaries of an older commit (in

@@ -36,15 +36,11 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "kernels/cuda/grouped_gemm_fp8_sm90.h"
-
-#if defined(CUTLASS_ARCH_MMA_SM90_SUPPORTED) && \
-    defined(CUTLASS_ARCH_MMA_MODIFIABLE_TMA_SM90_SUPPORTED)
-#define DXS_GROUPED_GEMM_FP8_SM90 1
-#endif
+#include "kernels/cuda/grouped_gemm_sm90.cuh"  // AlignUp, ToCudaError
 
 namespace dxs::cuda::grouped_gemm {
 
-#if defined(DXS_GROUPED_GEMM_FP8_SM90)
+#if defined(DXS_GROUPED_GEMM_SM90)
 
 // 128x128x128 tiles (128 e4m3 of K are the 128-byte TMA swizzle and one scale block),
 // cooperative, cluster 1x1 (no M-tile padding of small experts, as the bf16 kernels). The bf16
@@ -94,10 +90,6 @@ struct Sm90Fp8GroupedGemm {
   using StrideD = typename GemmKernel::InternalStrideD;
 };
 
-inline size_t Fp8AlignUp(size_t bytes) {
-  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
-}
-
 template <class Config>
 struct Fp8GroupArrays {
   using ElementA = typename Config::ElementA;
@@ -119,7 +111,7 @@ struct Fp8GroupArrays {
     size_t offset = 0;
     auto take = [&](size_t each) {
       char* p = base == nullptr ? nullptr : base + offset;
-      offset += Fp8AlignUp(each * e);
+      offset += AlignUp(each * e);
       return p;
     };
     shapes = reinterpret_cast<typename Config::Shape*>(take(sizeof(*shapes)));
@@ -188,18 +180,7 @@ template <class Config>
 size_t Fp8WorkspaceBytes(int32_t num_experts, int sm_count) {
   const Fp8GroupArrays<Config> groups(nullptr, num_experts);
   const auto args = MakeFp8Arguments<Config>(groups, nullptr, nullptr, num_experts, 0, sm_count);
-  return groups.bytes + Fp8AlignUp(Config::Gemm::get_workspace_size(args));
-}
-
-inline cudaError_t Fp8ToCudaError(cutlass::Status status) {
-  const cudaError_t last = cudaGetLastError();
-  if (status == cutlass::Status::kSuccess) return last;
-  if (last != cudaSuccess) return last;
-  return status == cutlass::Status::kErrorInvalidProblem ||
-                 status == cutlass::Status::kErrorMisalignedOperand ||
-                 status == cutlass::Status::kErrorWorkspaceNull
-             ? cudaErrorInvalidValue
-             : cudaErrorNotSupported;
+  return groups.bytes + AlignUp(Config::Gemm::get_workspace_size(args));
 }
 
 template <class Config>
@@ -218,10 +199,10 @@ cudaError_t RunFp8(const Fp8Problem& p) {
       MakeFp8Arguments<Config>(groups, p.b_ptrs, p.sfb_ptrs, p.num_experts, p.device, p.sm_count);
   typename Config::Gemm gemm;
   cutlass::Status status = gemm.can_implement(args);
-  if (status != cutlass::Status::kSuccess) return Fp8ToCudaError(status);
+  if (status != cutlass::Status::kSuccess) return ToCudaError(status);
   status = gemm.initialize(args, static_cast<char*>(p.workspace) + groups.bytes, p.stream);
-  if (status != cutlass::Status::kSuccess) return Fp8ToCudaError(status);
-  return Fp8ToCudaError(gemm.run(p.stream));
+  if (status != cutlass::Status::kSuccess) return ToCudaError(status);
+  return ToCudaError(gemm.run(p.stream));
 }
 
 template <class Config>
@@ -240,6 +221,6 @@ constexpr Sm90Fp8Kernel MakeSm90Fp8Kernel() {
   return {&NoFp8Workspace, &Fp8NotSupported};
 }
 
-#endif  // DXS_GROUPED_GEMM_FP8_SM90
+#endif  // DXS_GROUPED_GEMM_SM90
 
 }  // namespace dxs::cuda::grouped_gemm
