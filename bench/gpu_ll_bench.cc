@@ -7,11 +7,14 @@
 // and reduce. Beside it in the same run, the copy floor: the same bytes moved by two
 // cudaMemcpyPeerAsync (there and back, between the same two GPUs). On one GPU both sides
 // write HBM, not NVLink: the figure is the exchange's own cost (launches, flags, waits).
-// CUDA events, warm-up, medians, top-8 of 128 random experts.
+// Each size twice: bf16 rows, then FP8 rows (--wire-dtype fp8's records, quantized before
+// the send and dequantized after the expert's wait, inside the graphs), the floor of each
+// its own bytes. CUDA events, warm-up, medians, top-8 of 128 random experts.
 //   gpu_ll_bench [--reps N] [--json FILE] [--devices A,B]   (default 0,0)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "dataplane/low_latency/cuda/ll_exchange.cuh"
+#include "kernels/cuda/ops.cuh"
 
 namespace {
 
@@ -52,9 +56,23 @@ struct Result {
   float ll_us, copy_us;
 };
 
-Result Measure(int tokens, int hidden, int reps, int num_sms, int dev_a, int dev_b) {
+// bf16 bits as a float.
+float Bf16(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// fp8: the rows go as FP8 records (--wire-dtype fp8's format: quantized per token and 128
+// channels on the attention rank before the send, dequantized to bf16 on the expert rank
+// after its wait, the combine bf16), as the services' FP8 low-latency steps do.
+Result Measure(int tokens, int hidden, int reps, int num_sms, int dev_a, int dev_b, bool fp8) {
   constexpr int kTopK = 8, kExperts = 128;
-  const LlRegionLayout d = dxs::cuda::MakeLlRegionLayout(1, tokens, hidden, kTopK, ElemType::kBF16);
+  const int record_bytes = 4 * ((hidden + 127) / 128) + hidden;
+  const LlRegionLayout d =
+      fp8 ? dxs::cuda::MakeLlRecordRegionLayout(1, tokens, record_bytes, kTopK)
+          : dxs::cuda::MakeLlRegionLayout(1, tokens, hidden, kTopK, ElemType::kBF16);
   const LlRegionLayout c = dxs::cuda::MakeLlRegionLayout(1, tokens, hidden, 0, ElemType::kBF16);
   // The expert rank's memory (its dispatch region, its sync, its peers' combine regions)
   // on GPU B; the attention rank's on GPU A.
@@ -89,6 +107,21 @@ Result Measure(int tokens, int hidden, int reps, int num_sms, int dev_a, int dev
   CHECK_CUDA(cudaMemcpy(ids_d, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(w_d, weights.data(), weights.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(owner_d, owner.data(), owner.size() * 4, cudaMemcpyHostToDevice));
+  // FP8: the attention rank's records before they go (rows 0..tokens of x), and the expert
+  // rank's dequantized rows.
+  void* records_d = nullptr;
+  void* record_rows_d = nullptr;
+  void* y_d = nullptr;
+  if (fp8) {
+    records_d = Zeroed(static_cast<size_t>(tokens) * record_bytes);
+    std::vector<int32_t> rows(tokens);
+    for (int t = 0; t < tokens; ++t) rows[t] = t;
+    record_rows_d = Zeroed(rows.size() * 4);
+    CHECK_CUDA(cudaMemcpy(record_rows_d, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaSetDevice(dev_b));
+    y_d = Zeroed(x.size() * 2);
+    CHECK_CUDA(cudaSetDevice(dev_a));
+  }
   std::string error;
   auto check = [&](cudaError_t e) {
     if (e != cudaSuccess) {
@@ -108,8 +141,13 @@ Result Measure(int tokens, int hidden, int reps, int num_sms, int dev_a, int dev
   };
   constexpr int64_t kTimeoutNs = 5'000'000'000;
   cudaGraphExec_t attention_graph = capture(attention, [&] {
+    if (fp8) {
+      check(dxs::cuda::LaunchQuantizeRowsFp8(x_d, ElemType::kBF16, tokens,
+                                             static_cast<const int32_t*>(record_rows_d), tokens,
+                                             hidden, records_d, attention));
+    }
     dxs::cuda::LlDispatchSendArgs s;
-    s.x = x_d;
+    s.x = fp8 ? records_d : x_d;
     s.topk_ids = static_cast<const int32_t*>(ids_d);
     s.topk_weights = static_cast<const float*>(w_d);
     s.num_tokens = tokens;
@@ -137,8 +175,12 @@ Result Measure(int tokens, int hidden, int reps, int num_sms, int dev_a, int dev
   CHECK_CUDA(cudaSetDevice(dev_b));
   cudaGraphExec_t expert_graph = capture(expert, [&] {
     check(dxs::cuda::LaunchLlWait(dispatch, d, expert_sync, kTimeoutNs, expert, &error));
+    if (fp8) {
+      check(dxs::cuda::LaunchDequantizeRowsFp8(dispatch + d.rows, tokens, hidden, y_d,
+                                               ElemType::kBF16, expert));
+    }
     dxs::cuda::LlCombineSendArgs cs;
-    cs.y = dispatch + d.rows;  // identity experts: the dispatched rows go back
+    cs.y = fp8 ? y_d : dispatch + d.rows;  // identity experts: the dispatched rows go back
     cs.dispatch_region = dispatch;
     cs.dispatch = d;
     cs.regions = combine_peers;
@@ -168,18 +210,26 @@ Result Measure(int tokens, int hidden, int reps, int num_sms, int dev_a, int dev
     std::fprintf(stderr, "the exchange timed out\n");
     std::exit(1);
   }
-  // The output must be the input: every token went to the one rank, as itself.
+  // The output must be the input: every token went to the one rank, as itself (FP8: within
+  // e4m3's rounding, 2^-4 of a value, and bf16's of the result).
   std::vector<uint16_t> out(x.size());
   CHECK_CUDA(cudaMemcpy(out.data(), out_d, out.size() * 2, cudaMemcpyDeviceToHost));
-  if (out != x) {
-    std::fprintf(stderr, "the round trip changed the rows\n");
-    std::exit(1);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = Bf16(x[i]), got = Bf16(out[i]);
+    if (fp8 ? !(std::fabs(got - want) <= 0.07f * want) : out[i] != x[i]) {
+      std::fprintf(stderr, "the round trip changed row %zu: %g, not %g\n", i / hidden, got, want);
+      std::exit(1);
+    }
   }
+  // The floor: the bytes that crossed, there (bf16 rows or FP8 records) and back (bf16).
   const size_t bytes = x.size() * 2;
+  const size_t there = fp8 ? static_cast<size_t>(tokens) * record_bytes : bytes;
   for (int i = 0; i < 20 + reps; ++i) {
     CHECK_CUDA(cudaEventRecord(start, attention));
-    CHECK_CUDA(cudaMemcpyPeerAsync(dispatch + d.rows, dev_b, x_d, dev_a, bytes, attention));
-    CHECK_CUDA(cudaMemcpyPeerAsync(out_d, dev_a, dispatch + d.rows, dev_b, bytes, attention));
+    CHECK_CUDA(cudaMemcpyPeerAsync(dispatch + d.rows, dev_b, fp8 ? records_d : x_d, dev_a, there,
+                                   attention));
+    CHECK_CUDA(
+        cudaMemcpyPeerAsync(out_d, dev_a, fp8 ? y_d : dispatch + d.rows, dev_b, bytes, attention));
     CHECK_CUDA(cudaEventRecord(stop, attention));
     CHECK_CUDA(cudaEventSynchronize(stop));
     float ms = 0;
@@ -193,8 +243,8 @@ Result Measure(int tokens, int hidden, int reps, int num_sms, int dev_a, int dev
   for (void* p : {static_cast<void*>(dispatch), static_cast<void*>(combine),
                   static_cast<void*>(attention_sync), static_cast<void*>(expert_sync),
                   static_cast<void*>(dispatch_peers), static_cast<void*>(combine_peers), x_d, ids_d,
-                  w_d, owner_d, out_d}) {
-    cudaFree(p);
+                  w_d, owner_d, out_d, records_d, record_rows_d, y_d}) {
+    if (p != nullptr) cudaFree(p);
   }
   return {Median(ll), Median(copy)};
 }
@@ -247,14 +297,19 @@ int main(int argc, char** argv) {
       dev_a, dev_b);
   for (int hidden : {2048, 7168}) {
     for (int tokens : {1, 128, 1024, 4096}) {
-      const Result r = Measure(tokens, hidden, reps, num_sms, dev_a, dev_b);
-      std::printf("hidden %5d tokens %5d: LL %8.1f us, copy floor %8.1f us, %.2fx the floor\n",
-                  hidden, tokens, r.ll_us, r.copy_us, r.ll_us / r.copy_us);
+      const Result r = Measure(tokens, hidden, reps, num_sms, dev_a, dev_b, /*fp8=*/false);
+      const Result f = Measure(tokens, hidden, reps, num_sms, dev_a, dev_b, /*fp8=*/true);
+      std::printf(
+          "hidden %5d tokens %5d: LL %8.1f us, copy floor %8.1f us, %.2fx the floor; FP8 rows "
+          "%8.1f us (%.2fx bf16's), floor %8.1f us\n",
+          hidden, tokens, r.ll_us, r.copy_us, r.ll_us / r.copy_us, f.ll_us, f.ll_us / r.ll_us,
+          f.copy_us);
       if (out != nullptr) {
         std::fprintf(out,
                      "{\"section\": \"ll_exchange\", \"hidden\": %d, \"tokens\": %d, "
-                     "\"devices\": [%d, %d], \"ll_us\": %.2f, \"copy_us\": %.2f}\n",
-                     hidden, tokens, dev_a, dev_b, r.ll_us, r.copy_us);
+                     "\"devices\": [%d, %d], \"ll_us\": %.2f, \"copy_us\": %.2f, "
+                     "\"ll_fp8_us\": %.2f, \"copy_fp8_us\": %.2f}\n",
+                     hidden, tokens, dev_a, dev_b, r.ll_us, r.copy_us, f.ll_us, f.copy_us);
       }
     }
   }
