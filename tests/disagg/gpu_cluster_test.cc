@@ -253,6 +253,35 @@ TEST_F(GpuCluster, Fp8WireLowLatencyStepsGiveTheHostDrivenFp8RowsTokens) {
   EXPECT_EQ(tokens[0], tokens[1]);
 }
 
+// A block-scaled FP8 checkpoint (gen-model --fp8) whose projections and experts are whole
+// 128-blocks, so that both workers keep them FP8 on the GPU (the attention side's Linear, the
+// expert side's FP8 grouped GEMM): 1 + 1 on the GPU against the single-process CUDA engine on
+// the same files. Both compute with the same FP8 kernels on the same rows; the logit bound is
+// cuda_engine_test's for FP8 (0.2: the GEMMs quantize activations to e4m3, and the cluster's
+// steps can take the GEMMs where the solo reference takes the GEMV, or the reverse).
+TEST_F(GpuCluster, Fp8CheckpointKeptFp8EqualsCudaEngine) {
+  TempDir tmp;
+  absl::StatusOr<CheckpointPreset> preset = GetPreset("default");
+  ASSERT_TRUE(preset.ok()) << preset.status();
+  preset->fp8 = true;
+  preset->storage_dtype = DType::kBF16;
+  preset->config.hidden_size = 256;
+  preset->config.head_dim = 64;
+  preset->config.moe_intermediate_size = 128;
+  const std::string dir = tmp.path() + "/fp8";
+  ASSERT_TRUE(WriteRandomCheckpoint(*preset, dir).ok());
+  TempDir work;
+  ProcessCluster cluster(work.path());
+  OnGpu(&cluster);
+  ClusterSpec spec{dir, 1, 1, {}};
+  spec.wire_dtype = "bf16";
+  absl::Status started = cluster.Start(spec);
+  ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  EngineEquivalence reference = CudaReference();
+  reference.max_logit_error = 0.2;
+  testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 3, 4096, reference);
+}
+
 // Two DP ranks over the low-latency exchange, requests to rank 0 only: rank 1 takes part
 // in every low-latency step with zero rows. EP rank 1 holds one expert of 16, so some of
 // its steps receive nothing (counted empty from its experts' counts).
