@@ -80,6 +80,24 @@ Tiles ForcedTiles() {
   return forced;
 }
 
+// The fields the bf16 and the FP8 problems share.
+template <class P>
+void SetCommon(P* p, const int32_t* expert_offsets, int64_t num_experts, int64_t total_rows,
+               int64_t n, int64_t k, void* c, const Device& device, void* workspace,
+               size_t workspace_bytes, cudaStream_t stream) {
+  p->expert_offsets = expert_offsets;
+  p->num_experts = static_cast<int32_t>(num_experts);
+  p->total_rows = static_cast<int32_t>(total_rows);
+  p->n = static_cast<int32_t>(n);
+  p->k = static_cast<int32_t>(k);
+  p->c = c;
+  p->device = device.id;
+  p->sm_count = device.sm_count;
+  p->workspace = workspace;
+  p->workspace_bytes = workspace_bytes;
+  p->stream = stream;
+}
+
 const grouped_gemm::Sm90Kernel& PickKernel(int64_t num_experts, int64_t total_rows,
                                            ElemType c_type) {
   Tiles tiles = ForcedTiles();
@@ -143,18 +161,9 @@ cudaError_t LaunchGroupedGemmBf16(const __nv_bfloat16* a, const int32_t* expert_
   const grouped_gemm::Sm90Kernel& kernel = PickKernel(num_experts, total_rows, c_type);
   grouped_gemm::Problem p;
   p.a = a;
-  p.expert_offsets = expert_offsets;
   p.b_ptrs = b_ptrs;
-  p.num_experts = static_cast<int32_t>(num_experts);
-  p.total_rows = static_cast<int32_t>(total_rows);
-  p.n = static_cast<int32_t>(n);
-  p.k = static_cast<int32_t>(k);
-  p.c = c;
-  p.device = device.id;
-  p.sm_count = device.sm_count;
-  p.workspace = workspace;
-  p.workspace_bytes = workspace_bytes;
-  p.stream = stream;
+  SetCommon(&p, expert_offsets, num_experts, total_rows, n, k, c, device, workspace,
+            workspace_bytes, stream);
   if (workspace_bytes < kernel.workspace_bytes(p.num_experts, p.sm_count)) {
     return cudaErrorInvalidValue;
   }
@@ -209,19 +218,10 @@ cudaError_t LaunchGroupedGemmFp8(const uint8_t* a, const float* sfa, const int32
   grouped_gemm::Fp8Problem p;
   p.a = a;
   p.sfa = sfa;
-  p.expert_offsets = expert_offsets;
   p.b_ptrs = b_ptrs;
   p.sfb_ptrs = sfb_ptrs;
-  p.num_experts = static_cast<int32_t>(num_experts);
-  p.total_rows = static_cast<int32_t>(total_rows);
-  p.n = static_cast<int32_t>(n);
-  p.k = static_cast<int32_t>(k);
-  p.c = c;
-  p.device = device.id;
-  p.sm_count = device.sm_count;
-  p.workspace = workspace;
-  p.workspace_bytes = workspace_bytes;
-  p.stream = stream;
+  SetCommon(&p, expert_offsets, num_experts, total_rows, n, k, c, device, workspace,
+            workspace_bytes, stream);
   if (workspace_bytes < kernel.workspace_bytes(p.num_experts, p.sm_count)) {
     return cudaErrorInvalidValue;
   }
