@@ -293,6 +293,11 @@ if [ "$what" = fp8 ]; then
     >"$OUT/gpu_bench_fp8.log" 2>&1
   summary+=("gpu_bench --fp8: rc=$?")
   sed -n '/\[fp8-linear\]/,$p' "$OUT/gpu_bench_fp8.log"
+  # PyTorch's FP8 grouped GEMM (row-wise scales) and its bf16 one on the same FFN.
+  timeout 300 python3 bench/gpu/torch_baselines.py --fp8 $quick --json "$OUT/torch_fp8.jsonl" \
+    >"$OUT/torch_fp8.log" 2>&1
+  summary+=("torch_baselines.py --fp8: rc=$?")
+  cat "$OUT/torch_fp8.log"
 fi
 if [ "$what" = fp8-decode ]; then
   # The whole Qwen3-30B-A3B shape (48 layers) with bf16 weights, then with FP8 projections:

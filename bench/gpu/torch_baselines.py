@@ -7,6 +7,11 @@ inputs. Writes one JSON object per figure (--json) and prints a table.
           (gate_up, SiLU*mul, down) on Qwen3-30B-A3B expert shapes, random top-8 routing
   hf:     Hugging Face transformers' Qwen3MoeForCausalLM decode step per layer (random bf16
           weights of the Qwen3-30B-A3B shape, --hf-layers layers), context 1024
+  fp8:    (--fp8: this alone) the same FFN in FP8 as a PyTorch user writes it with
+          torch._scaled_grouped_mm: e4m3 weights with one scale per expert and output column,
+          the rows (and silu * up) quantized per row in eager PyTorch. PyTorch's grouped FP8
+          GEMM takes row-wise scales, not 128x128 blocks: the nearest PyTorch has to dxs's
+          block-scaled FFN (gpu_bench --fp8).
 """
 import argparse
 import json
@@ -68,6 +73,52 @@ def grouped_ffn(sizes, emit):
               "tflops": flops / ms / 1e9, "weights_tbps": wbytes / ms / 1e9})
 
 
+def quantize_rows(x):
+    """Per-row e4m3 quantization: (values, f32 scales [rows])."""
+    amax = x.abs().amax(dim=1).float().clamp(min=1e-4)
+    scale = amax / 448.0
+    return (x.float() / scale[:, None]).to(torch.float8_e4m3fn), scale
+
+
+def grouped_ffn_fp8(sizes, emit):
+    experts, hidden, inter, top_k = 128, 2048, 768, 8
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def weights(n, k):
+        # [G, N, K] as stored, quantized per output column, handed over as [G, K, N] views
+        # (column-major, the layout _scaled_grouped_mm takes).
+        w = (torch.rand(experts, n, k, device="cuda", generator=g) - 0.5) * (2 * (3.0 / k) ** 0.5)
+        scale = w.abs().amax(dim=2).clamp(min=1e-4) / 448.0  # [G, N]
+        q = (w / scale[:, :, None]).to(torch.float8_e4m3fn)
+        return q.transpose(1, 2), scale.float()
+
+    w_gate_up, s_gate_up = weights(2 * inter, hidden)
+    w_down, s_down = weights(hidden, inter)
+    print("[ffn-fp8] torch._scaled_grouped_mm (row-wise scales), 128 experts, hidden 2048, "
+          "inter 768, top-8")
+    for tokens in sizes:
+        ids = torch.rand(tokens, experts, device="cuda", generator=g).topk(top_k, dim=1).indices
+        x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
+        flat = ids.flatten()
+        order = flat.argsort(stable=True)
+        counts = torch.bincount(flat, minlength=experts)
+        offs = counts.cumsum(0).to(torch.int32)
+        xs = x[order // top_k]
+
+        def ffn():
+            q, sq = quantize_rows(xs)
+            h = torch._scaled_grouped_mm(q, w_gate_up, sq, s_gate_up, offs=offs,
+                                         out_dtype=torch.bfloat16)
+            a = F.silu(h[:, :inter]) * h[:, inter:]
+            qa, sa = quantize_rows(a)
+            return torch._scaled_grouped_mm(qa, w_down, sa, s_down, offs=offs,
+                                            out_dtype=torch.bfloat16)
+
+        ms = time_ms(ffn)
+        print(f"  {tokens:7d} {ms * 1e3:10.1f} us")
+        emit({"section": "torch_ffn_fp8", "tokens": tokens, "us": ms * 1e3})
+
+
 def hf_decode(layers, batches, emit):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     cfg = Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, num_hidden_layers=layers,
@@ -106,6 +157,7 @@ def main():
     p.add_argument("--json", default="")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--hf-layers", type=int, default=2)
+    p.add_argument("--fp8", action="store_true", help="the FP8 grouped FFN baseline alone")
     a = p.parse_args()
     sink = open(a.json, "w") if a.json else None
 
@@ -115,6 +167,14 @@ def main():
             sink.flush()
 
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
+    if a.fp8:
+        sizes = [16, 1024, 16384] if a.quick else [16, 128, 1024, 4096, 16384]
+        try:
+            grouped_ffn(sizes, emit)
+            grouped_ffn_fp8(sizes, emit)
+        except Exception as e:  # noqa: BLE001 - PyTorch builds without it say so here
+            print(f"[ffn-fp8] failed: {e!r}")
+        return
     grouped_ffn([16, 1024] if a.quick else [16, 64, 256, 1024, 4096, 16384], emit)
     try:
         hf_decode(a.hf_layers, [1, 32] if a.quick else [1, 32, 128], emit)
