@@ -36,6 +36,17 @@ def time_ms(fn, warmup=3, reps=20):
     return statistics.median(out)
 
 
+def routed_rows(tokens, experts, hidden, top_k, g):
+    """Random bf16 rows routed top-k of `experts` at random: the rows in expert order (one per
+    pair), the pairs per expert and their cumulative offsets (int32), as _grouped_mm takes."""
+    ids = torch.rand(tokens, experts, device="cuda", generator=g).topk(top_k, dim=1).indices
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=experts)
+    return x[order // top_k], counts, counts.cumsum(0).to(torch.int32)
+
+
 def grouped_ffn(sizes, emit):
     experts, hidden, inter, top_k = 128, 2048, 768, 8
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -49,13 +60,7 @@ def grouped_ffn(sizes, emit):
     w_down = w_down.bfloat16().transpose(1, 2)
     print("[ffn] torch._grouped_mm, 128 experts, hidden 2048, inter 768, top-8, bf16")
     for tokens in sizes:
-        ids = torch.rand(tokens, experts, device="cuda", generator=g).topk(top_k, dim=1).indices
-        x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
-        flat = ids.flatten()
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=experts)
-        offs = counts.cumsum(0).to(torch.int32)
-        xs = x[order // top_k]
+        xs, counts, offs = routed_rows(tokens, experts, hidden, top_k, g)
 
         def ffn():
             h = torch._grouped_mm(xs, w_gate_up, offs=offs)
@@ -97,13 +102,7 @@ def grouped_ffn_fp8(sizes, emit):
     print("[ffn-fp8] torch._scaled_grouped_mm (row-wise scales), 128 experts, hidden 2048, "
           "inter 768, top-8")
     for tokens in sizes:
-        ids = torch.rand(tokens, experts, device="cuda", generator=g).topk(top_k, dim=1).indices
-        x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
-        flat = ids.flatten()
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=experts)
-        offs = counts.cumsum(0).to(torch.int32)
-        xs = x[order // top_k]
+        xs, _, offs = routed_rows(tokens, experts, hidden, top_k, g)
 
         def ffn():
             q, sq = quantize_rows(xs)
