@@ -4,8 +4,8 @@
 // channels exactly as the backend's passes do (the FP8 recipe: x before gate_up, silu * up,
 // rounded to bf16, before down). Experts packed by PackGateUp (the scales stacked with the
 // rows), rows gathered by index, an expert without rows, experts of one and of several M
-// tiles, and the counted form (capacity past the count: those rows of y untouched). Skips without a GPU or the FP8 grouped
-// GEMM (sm_90).
+// tiles, and the counted form (capacity past the count: those rows of y untouched). Skips without a
+// GPU or the FP8 grouped GEMM (sm_90).
 #include <cmath>
 #include <map>
 #include <random>
