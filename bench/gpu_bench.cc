@@ -40,6 +40,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -451,16 +452,18 @@ void PrefillAttention(Backend* b, cudaStream_t stream, const Rates& rates, bool 
 }
 
 // Weight bytes one decode step reads at `batch`: everything but the experts, plus the
-// experts a batch of random routing touches in expectation, per layer.
-double ActiveWeightBytes(const ModelConfig& c, int64_t batch) {
+// experts a batch of random routing touches in expectation, per layer. The projections
+// (attention's and the experts') at `projection_bytes` a weight (1 with FP8 weights), the
+// router and lm_head at 2 (bf16).
+double ActiveWeightBytes(const ModelConfig& c, int64_t batch, double projection_bytes = 2.0) {
   const double h = c.hidden_size, d = c.head_dim;
   const double attn = h * d * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads);
   const double router = h * c.num_experts;
   const double expert = 3.0 * h * c.moe_intermediate_size;
   const double e = c.num_experts, k = c.num_experts_per_tok;
   const double touched = e * (1 - std::pow(1 - k / e, static_cast<double>(batch)));
-  const double per_layer = attn + router + touched * expert;
-  return 2.0 * (per_layer * c.num_hidden_layers + h * c.vocab_size);  // + lm_head
+  return projection_bytes * (attn + touched * expert) * c.num_hidden_layers +
+         2.0 * (router * c.num_hidden_layers + h * c.vocab_size);  // + lm_head
 }
 
 // `batch` sequences of a `ctx`-token context prefilled on `engine` (8 a step), then
@@ -792,18 +795,18 @@ void SamplingOverhead(bool quick, int layers, Report* report) {
 
 // A backend made under `env` (NAME=VALUE pairs), the caller's environment restored after.
 std::unique_ptr<Backend> BackendWith(const std::vector<std::pair<const char*, const char*>>& env) {
-  std::vector<std::pair<std::string, std::string>> saved;
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved;
   for (const auto& [name, value] : env) {
     const char* old = std::getenv(name);
-    saved.emplace_back(name, old != nullptr ? old : "\x01");
+    saved.emplace_back(name, old != nullptr ? std::optional<std::string>(old) : std::nullopt);
     setenv(name, value, 1);
   }
   std::unique_ptr<Backend> b = Must(MakeCudaBackend(0), "backend");
   for (const auto& [name, old] : saved) {
-    if (old == "\x01") {
-      unsetenv(name.c_str());
+    if (old.has_value()) {
+      setenv(name, old->c_str(), 1);
     } else {
-      setenv(name.c_str(), old.c_str(), 1);
+      unsetenv(name);
     }
   }
   return b;
@@ -962,18 +965,6 @@ class RandomFp8BenchSource final : public WeightSource {
   RandomWeightSource base_;
 };
 
-// The active weight bytes of a decode step with the projections (attention's and the
-// experts') in FP8: one byte a weight there, bf16 for the router and lm_head.
-double ActiveWeightBytesFp8(const ModelConfig& c, int64_t batch) {
-  const double h = c.hidden_size, d = c.head_dim;
-  const double attn = h * d * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads);
-  const double expert = 3.0 * h * c.moe_intermediate_size;
-  const double e = c.num_experts, k = c.num_experts_per_tok;
-  const double touched = e * (1 - std::pow(1 - k / e, static_cast<double>(batch)));
-  return (attn + touched * expert) * c.num_hidden_layers +
-         2.0 * (h * c.num_experts * c.num_hidden_layers + h * c.vocab_size);
-}
-
 // [decode-fp8]: the whole Qwen3-30B-A3B shape with bf16 weights, then with its projections
 // in FP8 (RandomFp8BenchSource), one engine at a time (both do not fit an 80 GB GPU): decode
 // steps through CUDA graphs at batch 1, 32 and 128 (context 1024) against each one's HBM
@@ -1011,7 +1002,7 @@ void Fp8ModelBenches(const Rates& rates, bool quick, int layers, Report* report)
       const double ms = d.StepMs(stream, /*graphs=*/true, quick);
       const double kv_bytes = 2.0 * batch * (1024 + d.steps) * c.num_key_value_heads * c.head_dim *
                               2 * c.num_hidden_layers;
-      const double weights = fp8 ? ActiveWeightBytesFp8(c, batch) : ActiveWeightBytes(c, batch);
+      const double weights = ActiveWeightBytes(c, batch, fp8 ? 1.0 : 2.0);
       const double floor_ms = (weights + kv_bytes) / rates.copy_bytes_per_s * 1e3;
       tok_s[{fp8, batch}] = batch / (ms * 1e-3);
       std::printf("  %-5s %6ld %12.1f %10.2f %12.2f %7.0f%%\n", fp8 ? "fp8" : "bf16",
@@ -1124,17 +1115,8 @@ int Main(int argc, char** argv) {
   // The per-expert cuBLAS grouped FFN, for the choice between it and CUTLASS (at every
   // size: without gemv.cu's decode-sized path, which would take the small batches).
   // The caller's DXS_CUDA_GEMV stays for every other backend (run_device.sh gemv sets it).
-  const char* caller_gemv = std::getenv("DXS_CUDA_GEMV");
-  const std::string saved_gemv = caller_gemv != nullptr ? caller_gemv : "";
-  setenv("DXS_CUDA_GROUPED_GEMM", "cublas", 1);
-  setenv("DXS_CUDA_GEMV", "off", 1);
-  std::unique_ptr<Backend> cublas = Must(MakeCudaBackend(0), "cuBLAS backend");
-  unsetenv("DXS_CUDA_GROUPED_GEMM");
-  if (caller_gemv != nullptr) {
-    setenv("DXS_CUDA_GEMV", saved_gemv.c_str(), 1);
-  } else {
-    unsetenv("DXS_CUDA_GEMV");
-  }
+  std::unique_ptr<Backend> cublas =
+      BackendWith({{"DXS_CUDA_GROUPED_GEMM", "cublas"}, {"DXS_CUDA_GEMV", "off"}});
   if (profile.what.empty()) GroupedFfn(backend.get(), stream, cublas.get(), rates, quick, &report);
   cublas.reset();
   if (ffn_only) return 0;

@@ -3,11 +3,8 @@
 //
 // - LaunchQuantizeActivationsFp8: the activations of a GEMM (cuBLASLt's FP8 matmul or CUTLASS's,
 //   which take FP8 on both sides) quantized per token and per 128 channels, a warp a group
-//   (fp8_quantize.cuh), DeepSeek-V3's and the
-//   official Qwen3 FP8 checkpoints' "dynamic" activation scheme. The arithmetic is the FP8
-//   dispatch records' (fp8_rows.cu, the CPU's QuantizeRowsFp8): scale max(amax, 1e-4) / 448 by
-//   one IEEE division, each value divided by it and rounded to the nearest e4m3fn value, ties to
-//   even, saturating. Values go out row-major [m_pad, k]; scales [k / 128, m_pad], token-major
+//   (fp8_quantize.cuh: the FP8 dispatch records' arithmetic), DeepSeek-V3's and the official
+//   Qwen3 FP8 checkpoints' "dynamic" activation scheme. Values go out row-major [m_pad, k]; scales [k / 128, m_pad], token-major
 //   within a group (cuBLASLt's VEC128_32F layout for its B operand); rows m..m_pad get zeros
 //   and scale 1 (cuBLASLt wants the token count a multiple of 4).
 // - LaunchGemvFp8: the decode-sized product y[m, n] = x[m, :] . dequant(w)[n, :] for m <=

@@ -16,45 +16,19 @@
 #include "kernels/make_backend.h"
 #include "model/random_checkpoint.h"
 #include "model/weights.h"
+#include "tests/kernels/cuda/fp8_test_util.h"
 
 namespace dxs {
 namespace {
 
-struct HostWeight {
-  int64_t n = 0, k = 0;
-  std::vector<uint8_t> bytes;
-  std::vector<float> scales;  // [n / 128, k / 128]
-  double At(int64_t r, int64_t c) const {
-    return static_cast<double>(Fp8E4m3ToFloat(bytes[r * k + c])) *
-           scales[(r / 128) * (k / 128) + c / 128];
-  }
-};
+using HostWeight = testing::HostFp8Weight;
 
 HostWeight RandomWeight(int64_t n, int64_t k, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.f, 1.f / std::sqrt(static_cast<float>(k)));
   std::vector<float> w(n * k);
   for (int64_t i = 0; i < n * k; ++i) w[i] = dist(rng) * (1 + (i / k / 128) % 3);
-  HostWeight out{n, k, {}, {}};
-  std::vector<float> q;
-  QuantizeFp8Blocks(w, n, k, &q, &out.scales);
-  out.bytes.resize(q.size());
-  for (size_t i = 0; i < q.size(); ++i) out.bytes[i] = FloatToFp8E4m3(q[i]);
-  return out;
-}
-
-// A row quantized per 128 values as the backend's passes do, back in float.
-std::vector<float> Quantized(const std::vector<float>& row) {
-  std::vector<float> out(row.size());
-  for (size_t g = 0; g < row.size() / 128; ++g) {
-    float amax = 0;
-    for (size_t j = g * 128; j < (g + 1) * 128; ++j) amax = std::max(amax, std::fabs(row[j]));
-    const float scale = std::max(amax, 1e-4f) / kFp8E4m3Max;
-    for (size_t j = g * 128; j < (g + 1) * 128; ++j) {
-      out[j] = Fp8E4m3ToFloat(FloatToFp8E4m3(row[j] / scale)) * scale;
-    }
-  }
-  return out;
+  return testing::QuantizeHostFp8Weight(w, n, k);
 }
 
 float RoundBf16(double v) { return Bf16ToFloat(FloatToBf16(static_cast<float>(v))); }
@@ -94,7 +68,7 @@ class Fp8ExpertsTest : public ::testing::Test {
 
   // y for sorted entry p: x = xs[rows[p]] through expert e.
   std::vector<double> Reference(int64_t e, int64_t row) const {
-    const std::vector<float> x = Quantized(
+    const std::vector<float> x = testing::QuantizedGroups(
         std::vector<float>(xs_.begin() + row * kHidden, xs_.begin() + (row + 1) * kHidden));
     std::vector<float> h(kInter);
     for (int64_t i = 0; i < kInter; ++i) {
@@ -106,7 +80,7 @@ class Fp8ExpertsTest : public ::testing::Test {
       const float gb = RoundBf16(g), ub = RoundBf16(u);
       h[i] = RoundBf16(gb / (1.0 + std::exp(-static_cast<double>(gb))) * ub);
     }
-    const std::vector<float> hq = Quantized(h);
+    const std::vector<float> hq = testing::QuantizedGroups(h);
     std::vector<double> y(kHidden, 0.0);
     for (int64_t j = 0; j < kHidden; ++j) {
       for (int64_t i = 0; i < kInter; ++i) y[j] += hq[i] * down_[e].At(j, i);

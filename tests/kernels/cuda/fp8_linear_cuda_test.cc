@@ -21,22 +21,15 @@
 #include "kernels/make_backend.h"
 #include "model/random_checkpoint.h"
 #include "model/weights.h"
+#include "tests/kernels/cuda/fp8_test_util.h"
 
 namespace dxs {
 namespace {
 
-// A random weight quantized as the official checkpoints are (QuantizeFp8Blocks), as e4m3
-// bytes and its [n / 128, k / 128] scales; rows of different magnitude, so that the
-// blocks' scales differ.
-struct Fp8Weight {
-  int64_t n = 0, k = 0;
-  std::vector<uint8_t> bytes;
-  std::vector<float> scales;
-  float At(int64_t r, int64_t c) const {
-    return Fp8E4m3ToFloat(bytes[r * k + c]) * scales[(r / 128) * (k / 128) + c / 128];
-  }
-};
+using Fp8Weight = testing::HostFp8Weight;
 
+// A random weight quantized as the official checkpoints are; rows of different magnitude, so
+// that the blocks' scales differ.
 Fp8Weight MakeWeight(int64_t n, int64_t k, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.f, 1.f);
@@ -45,12 +38,7 @@ Fp8Weight MakeWeight(int64_t n, int64_t k, uint32_t seed) {
     const float row_scale = std::ldexp(1.f, static_cast<int>(r % 7) - 3);
     for (int64_t c = 0; c < k; ++c) w[r * k + c] = row_scale * (1 + (c / 128) % 3) * dist(rng);
   }
-  std::vector<float> q;
-  Fp8Weight out{n, k, {}, {}};
-  QuantizeFp8Blocks(w, n, k, &q, &out.scales);
-  out.bytes.resize(q.size());
-  for (size_t i = 0; i < q.size(); ++i) out.bytes[i] = FloatToFp8E4m3(q[i]);
-  return out;
+  return testing::QuantizeHostFp8Weight(w, n, k);
 }
 
 std::vector<float> RandomBf16(int64_t count, uint32_t seed) {
@@ -59,24 +47,6 @@ std::vector<float> RandomBf16(int64_t count, uint32_t seed) {
   std::vector<float> v(count);
   for (float& x : v) x = Bf16ToFloat(FloatToBf16(dist(rng)));
   return v;
-}
-
-// x quantized per token and 128 channels as the backend does (max(amax, 1e-4) / 448, then
-// x / scale rounded to e4m3), back in float.
-std::vector<float> QuantizedActivations(const std::vector<float>& x, int64_t m, int64_t k) {
-  std::vector<float> out(x.size());
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t g = 0; g < k / 128; ++g) {
-      float amax = 0;
-      for (int64_t c = g * 128; c < (g + 1) * 128; ++c)
-        amax = std::max(amax, std::fabs(x[r * k + c]));
-      const float scale = std::max(amax, 1e-4f) / kFp8E4m3Max;
-      for (int64_t c = g * 128; c < (g + 1) * 128; ++c) {
-        out[r * k + c] = Fp8E4m3ToFloat(FloatToFp8E4m3(x[r * k + c] / scale)) * scale;
-      }
-    }
-  }
-  return out;
 }
 
 std::vector<double> Reference(const std::vector<float>& x, int64_t m, const Fp8Weight& w) {
@@ -162,7 +132,7 @@ TEST_F(Fp8LinearTest, EqualsTheProductOfTheFp8ValuesAndScales) {
       SCOPED_TRACE(::testing::Message() << "n " << s.n << " k " << s.k << " m " << m);
       const std::vector<float> x = RandomBf16(m * s.k, seed++);
       const std::vector<double> exact = Reference(x, m, w);
-      const std::vector<double> quantized = Reference(QuantizedActivations(x, m, s.k), m, w);
+      const std::vector<double> quantized = Reference(testing::QuantizedGroups(x), m, w);
       // The GEMV (m <= 8) keeps x as it is; cuBLASLt takes x quantized.
       const std::vector<double>& want = m <= 8 ? exact : quantized;
       // f32 out: the accumulation's error only (the GEMV's float32 lanes; cuBLASLt's FP8
