@@ -27,7 +27,13 @@
 // are timed; the timed loop copies no rows through the host. The combined output is
 // checked against (sum of weights) * x on the host after each row; a wrong answer aborts.
 //
-// Bytes: dispatch = the dxs header (control channel) + rows * hidden * 2 (bf16) + 12 * pairs;
+// Wires: each shape and token count runs twice, with bf16 rows both ways, then with FP8
+// dispatch rows (--wire-dtype fp8: each row quantized per 128 channels before it leaves, its
+// records dequantized on the EP rank; the answers stay bf16, as DeepEP and Step-3 send
+// them). FP8 rows go through the transport's transfers (no staged buffers).
+//
+// Bytes: dispatch = the dxs header (control channel) + the rows (bf16: rows * hidden * 2;
+// fp8: rows * Fp8RecordBytes(hidden), hidden bytes and a float32 scale per 128) + 12 * pairs;
 // combine = rows * hidden * 2. rows_GB/s = the row bytes of both directions / dxs median.
 //
 // x and out: by default where the attention model builds them, the executor's staged
@@ -75,6 +81,7 @@
 #include "expert_service/expert_step_server.h"
 #include "kernels/backend.h"
 #include "kernels/make_backend.h"
+#include "kernels/moe_compute.h"
 #include "model/sampler.h"
 #include "nlohmann/json.hpp"
 
@@ -106,7 +113,8 @@ constexpr int kNumExperts = 128;
 constexpr int kTopK = 8;
 constexpr int64_t kTokensPerDpRank[] = {1, 128, 1024, 4096};
 constexpr int64_t kMaxTokens = kTokensPerDpRank[std::size(kTokensPerDpRank) - 1];
-constexpr DType kWire = DType::kBF16;
+constexpr DType kActivations = DType::kBF16;  // x and out
+constexpr DType kWires[] = {DType::kBF16, DType::kF8E4M3};
 
 constexpr int kDpPeer = 0;
 constexpr int kEpPeer = 1;
@@ -117,6 +125,9 @@ constexpr int64_t kWarmupReps = 20;
 constexpr int kBlocks = 4;  // per row, each method runs this many interleaved blocks
 constexpr unsigned kWatchdogSeconds = 500;
 constexpr double kMaxRelativeError = 1e-2;  // bf16 rounding of x and of the answer
+// FP8 rows: |x| in [0.05, 1] keeps every value in e4m3's normal range after its group's scale
+// (amax / 448), so each is within half an e4m3 ulp, 2^-4 relative, plus the bf16 roundings.
+constexpr double kMaxRelativeErrorFp8 = 0.07;
 
 #define BENCH_CUDA(call)                                                     \
   do {                                                                       \
@@ -287,8 +298,11 @@ int RunExpertRank(int read_fd, int write_fd, const Options& opts) {
 
 // ---- DP rank (parent) -------------------------------------------------------------------
 
+const char* WireName(DType wire) { return wire == DType::kF8E4M3 ? "fp8" : "bf16"; }
+
 struct Row {
   const Shape* shape = nullptr;
+  DType wire = DType::kBF16;
   int64_t tokens = 0;
   int64_t dispatch_bytes = 0;
   int64_t combine_bytes = 0;
@@ -318,11 +332,13 @@ void PrintTable(const std::vector<Row>& rows, const std::string& hardware, const
       "layout: 1 DP rank (parent) x 1 EP rank (forked child) holding all %d experts, top-%d, "
       "%s\n"
       "memory: device; x, routing, out and the EP rank's rows are CUDA backend tensors and the "
-      "UCX transport moves them as UCS_MEMORY_TYPE_CUDA (bf16 wire and activations)\n"
+      "UCX transport moves them as UCS_MEMORY_TYPE_CUDA (bf16 activations; wire bf16, or fp8 "
+      "dispatch rows with bf16 answers)\n"
       "x and out: %s\n"
       "experts: stand-in on the EP rank's GPU, out[r] = (sum of r's weights) * x[r] (Fill, "
       "GatherRows, ScaleAddRows, Copy); cmp_us = its time per round, waited for\n"
-      "bytes: disp_B = dxs header + rows*hidden*2 + 12*pairs, comb_B = rows*hidden*2; "
+      "bytes: disp_B = dxs header + rows*hidden*2 (fp8: rows*(hidden + 4*hidden/128)) + "
+      "12*pairs, comb_B = rows*hidden*2; "
       "rows_GB/s = row bytes of both directions / dxs_med\n"
       "times: host wall-clock per round trip (us), median and p99 of %lld runs after warm-up, "
       "the two methods interleaved; xchg_us = median of (round trip - that round's cmp_us); "
@@ -335,15 +351,29 @@ void PrintTable(const std::vector<Row>& rows, const std::string& hardware, const
       opts.staged ? "the executor's staged buffers (as the model; read and answered in place)"
                   : "the bench's own tensors",
       static_cast<long long>(rows.empty() ? 0 : rows[0].reps));
-  std::printf("%-6s %6s %10s %10s %9s %9s %8s %9s %8s %8s %7s %9s\n", "shape", "tokens", "disp_B",
-              "comb_B", "dxs_med", "dxs_p99", "cmp_us", "xchg_us", "pp_med", "pp_p99", "dxs/pp",
-              "rows_GB/s");
+  std::printf("%-6s %-5s %6s %10s %10s %9s %9s %8s %9s %8s %8s %7s %9s\n", "shape", "wire",
+              "tokens", "disp_B", "comb_B", "dxs_med", "dxs_p99", "cmp_us", "xchg_us", "pp_med",
+              "pp_p99", "dxs/pp", "rows_GB/s");
   for (const Row& r : rows) {
-    std::printf("%-6s %6lld %10lld %10lld %9.1f %9.1f %8.1f %9.1f %8.1f %8.1f %7.2f %9.2f\n",
-                r.shape->name, static_cast<long long>(r.tokens),
+    std::printf("%-6s %-5s %6lld %10lld %10lld %9.1f %9.1f %8.1f %9.1f %8.1f %8.1f %7.2f %9.2f\n",
+                r.shape->name, WireName(r.wire), static_cast<long long>(r.tokens),
                 static_cast<long long>(r.dispatch_bytes), static_cast<long long>(r.combine_bytes),
                 r.dxs.median, r.dxs.p99, r.compute_us, r.exchange_us, r.ping_pong.median,
                 r.ping_pong.p99, r.dxs.median / r.ping_pong.median, r.rows_gbps);
+  }
+  // FP8 against bf16 rows, each pair of rows from the same run.
+  std::printf("\nfp8 / bf16 dispatch rows: round trip (dxs_med) and dispatch bytes\n");
+  std::printf("%-6s %6s %9s %9s %8s %8s\n", "shape", "tokens", "bf16_us", "fp8_us", "bf16/fp8",
+              "bytes");
+  for (const Row& f : rows) {
+    if (f.wire != DType::kF8E4M3) continue;
+    for (const Row& b : rows) {
+      if (b.wire != DType::kBF16 || b.shape != f.shape || b.tokens != f.tokens) continue;
+      std::printf("%-6s %6lld %9.1f %9.1f %8.2f %8.3f\n", f.shape->name,
+                  static_cast<long long>(f.tokens), b.dxs.median, f.dxs.median,
+                  b.dxs.median / f.dxs.median,
+                  static_cast<double>(f.dispatch_bytes) / static_cast<double>(b.dispatch_bytes));
+    }
   }
 }
 
@@ -392,7 +422,7 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
   std::vector<ExchangeInputs> inputs;
   for (size_t si = 0; si < std::size(kShapes); ++si) {
     inputs.push_back(bench::MakeExchangeInputs(backend.get(), kShapes[si].hidden, kMaxTokens,
-                                               kNumExperts, kTopK, kWire, kSeed + si));
+                                               kNumExperts, kTopK, kActivations, kSeed + si));
   }
   std::ofstream json;
   if (!opts.json.empty()) {
@@ -405,107 +435,112 @@ int RunAttentionRank(int read_fd, int write_fd, const Options& opts) {
   for (size_t si = 0; si < std::size(kShapes); ++si) {
     const Shape& s = kShapes[si];
     ExchangeInputs& in = inputs[si];
-    DispatchOptions options;
-    options.wire_dtype = kWire;
-    options.timeout = absl::Seconds(60);
-    RemoteMoeExecutor executor(backend.get(), transport.get(), {kEpPeer},
-                               Placement::Contiguous(kNumExperts, 1), s.hidden, options);
-    for (int64_t tokens : kTokensPerDpRank) {
-      Tensor x = in.x.Rows(0, tokens);
-      const Tensor ids = in.ids_dev.Rows(0, tokens);
-      const Tensor weights = in.weights_dev.Rows(0, tokens);
-      Tensor out = in.out.Rows(0, tokens);
-      // NaN until a combine writes it: a row the exchange missed fails the check.
-      Check(backend->Fill(&out, std::numeric_limits<float>::quiet_NaN()), "fill out");
-      Tensor staged_x, staged_out;
-      const bool staged =
-          opts.staged && executor.StageBuffers(0, tokens, kWire, &staged_x, &staged_out);
-      if (staged) {
-        Check(backend->Copy(x, &staged_x), "stage x");
-        Check(backend->Fill(&staged_out, std::numeric_limits<float>::quiet_NaN()), "fill out");
-        x = staged_x;
-        std::swap(out, staged_out);  // staged_out: the checked output, copied after the row
-      }
-      std::vector<double> dxs_us, compute_us, exchange_us, ping_pong_us;
-      auto dxs_block = [&](int64_t n, bool keep) {
-        serve(Method::kDxs, static_cast<int>(si), n);
-        const size_t first = dxs_us.size();
-        for (int64_t i = 0; i < n; ++i) {
-          const double t0 = NowUs();
-          executor.set_step(++step);
-          Check(executor.Run(kLayer, x, ids, weights, &out), "RemoteMoeExecutor::Run");
-          dxs_us.push_back(NowUs() - t0);
+    for (const DType wire : kWires) {
+      const DispatchOptions options = DispatchOptionsForWire(wire, absl::Seconds(60));
+      RemoteMoeExecutor executor(backend.get(), transport.get(), {kEpPeer},
+                                 Placement::Contiguous(kNumExperts, 1), s.hidden, options);
+      for (int64_t tokens : kTokensPerDpRank) {
+        Tensor x = in.x.Rows(0, tokens);
+        const Tensor ids = in.ids_dev.Rows(0, tokens);
+        const Tensor weights = in.weights_dev.Rows(0, tokens);
+        Tensor out = in.out.Rows(0, tokens);
+        // NaN until a combine writes it: a row the exchange missed fails the check.
+        Check(backend->Fill(&out, std::numeric_limits<float>::quiet_NaN()), "fill out");
+        Tensor staged_x, staged_out;
+        const bool staged =
+            opts.staged && executor.StageBuffers(0, tokens, kActivations, &staged_x, &staged_out);
+        if (staged) {
+          Check(backend->Copy(x, &staged_x), "stage x");
+          Check(backend->Fill(&staged_out, std::numeric_limits<float>::quiet_NaN()), "fill out");
+          x = staged_x;
+          std::swap(out, staged_out);  // staged_out: the checked output, copied after the row
         }
-        const std::vector<double> cmp = served();
-        if (cmp.size() != static_cast<size_t>(n)) Die("EP rank: wrong number of rounds");
-        if (!keep) {
-          dxs_us.resize(first);
-          return;
+        std::vector<double> dxs_us, compute_us, exchange_us, ping_pong_us;
+        auto dxs_block = [&](int64_t n, bool keep) {
+          serve(Method::kDxs, static_cast<int>(si), n);
+          const size_t first = dxs_us.size();
+          for (int64_t i = 0; i < n; ++i) {
+            const double t0 = NowUs();
+            executor.set_step(++step);
+            Check(executor.Run(kLayer, x, ids, weights, &out), "RemoteMoeExecutor::Run");
+            dxs_us.push_back(NowUs() - t0);
+          }
+          const std::vector<double> cmp = served();
+          if (cmp.size() != static_cast<size_t>(n)) Die("EP rank: wrong number of rounds");
+          if (!keep) {
+            dxs_us.resize(first);
+            return;
+          }
+          for (int64_t i = 0; i < n; ++i) {
+            compute_us.push_back(cmp[i]);
+            exchange_us.push_back(dxs_us[first + i] - cmp[i]);
+          }
+        };
+        auto ping_pong_block = [&](int64_t n, bool keep) {
+          serve(Method::kPingPong, 0, n);
+          for (int64_t i = 0; i < n; ++i) {
+            const double t0 = NowUs();
+            ping_pong.Initiate(read_fd, write_fd);
+            if (keep) ping_pong_us.push_back(NowUs() - t0);
+          }
+          if (!served().empty()) Die("EP rank: compute times for a ping-pong");
+        };
+        dxs_block(kWarmupReps, false);
+        ping_pong_block(kWarmupReps, false);
+        const int64_t block = (opts.reps + kBlocks - 1) / kBlocks;
+        for (int b = 0; b < kBlocks; ++b) {
+          dxs_block(block, true);
+          ping_pong_block(block, true);
         }
-        for (int64_t i = 0; i < n; ++i) {
-          compute_us.push_back(cmp[i]);
-          exchange_us.push_back(dxs_us[first + i] - cmp[i]);
+        if (staged) Check(backend->Copy(out, &staged_out), "the staged output, to check");
+        const double error = bench::MaxRelativeError(backend.get(), in, tokens);
+        if (!(error <= (options.fp8_dispatch ? kMaxRelativeErrorFp8 : kMaxRelativeError))) {
+          Die("dxs: combined output is wrong at " + std::to_string(tokens) + " tokens, hidden " +
+              std::to_string(s.hidden) + ", " + WireName(wire) + " rows (max relative error " +
+              std::to_string(error) + ")");
         }
-      };
-      auto ping_pong_block = [&](int64_t n, bool keep) {
-        serve(Method::kPingPong, 0, n);
-        for (int64_t i = 0; i < n; ++i) {
-          const double t0 = NowUs();
-          ping_pong.Initiate(read_fd, write_fd);
-          if (keep) ping_pong_us.push_back(NowUs() - t0);
+        Row row;
+        row.shape = &s;
+        row.wire = wire;
+        row.tokens = tokens;
+        const int64_t row_bytes = tokens * s.hidden * static_cast<int64_t>(DTypeSize(kActivations));
+        const int64_t dispatch_row_bytes =
+            options.fp8_dispatch ? tokens * Fp8RecordBytes(s.hidden) : row_bytes;
+        row.dispatch_bytes = header_bytes + dispatch_row_bytes + 12 * tokens * kTopK;
+        row.combine_bytes = row_bytes;
+        row.reps = static_cast<int64_t>(dxs_us.size());
+        row.dxs = StatsOf(dxs_us);
+        row.ping_pong = StatsOf(ping_pong_us);
+        row.compute_us = StatsOf(compute_us).median;
+        row.exchange_us = StatsOf(exchange_us).median;
+        row.rows_gbps =
+            static_cast<double>(dispatch_row_bytes + row_bytes) / (row.dxs.median * 1e-6) / 1e9;
+        rows.push_back(row);
+        if (json.is_open()) {
+          nlohmann::json j = {{"section", "exchange"},
+                              {"shape", s.name},
+                              {"hidden", s.hidden},
+                              {"experts", kNumExperts},
+                              {"top_k", kTopK},
+                              {"wire", WireName(wire)},
+                              {"memory", "device"},
+                              {"tokens", tokens},
+                              {"dispatch_bytes", row.dispatch_bytes},
+                              {"combine_bytes", row.combine_bytes},
+                              {"reps", row.reps},
+                              {"dxs_median_us", row.dxs.median},
+                              {"dxs_p99_us", row.dxs.p99},
+                              {"compute_us", row.compute_us},
+                              {"exchange_us", row.exchange_us},
+                              {"pingpong_median_us", row.ping_pong.median},
+                              {"pingpong_p99_us", row.ping_pong.p99},
+                              {"ratio", row.dxs.median / row.ping_pong.median},
+                              {"rows_gbps", row.rows_gbps},
+                              {"max_rel_error", error},
+                              {"hardware", hardware},
+                              {"ucx", ucx_version}};
+          json << j.dump() << "\n" << std::flush;
         }
-        if (!served().empty()) Die("EP rank: compute times for a ping-pong");
-      };
-      dxs_block(kWarmupReps, false);
-      ping_pong_block(kWarmupReps, false);
-      const int64_t block = (opts.reps + kBlocks - 1) / kBlocks;
-      for (int b = 0; b < kBlocks; ++b) {
-        dxs_block(block, true);
-        ping_pong_block(block, true);
-      }
-      if (staged) Check(backend->Copy(out, &staged_out), "the staged output, to check");
-      const double error = bench::MaxRelativeError(backend.get(), in, tokens);
-      if (!(error <= kMaxRelativeError)) {
-        Die("dxs: combined output is wrong at " + std::to_string(tokens) + " tokens, hidden " +
-            std::to_string(s.hidden) + " (max relative error " + std::to_string(error) + ")");
-      }
-      Row row;
-      row.shape = &s;
-      row.tokens = tokens;
-      const int64_t row_bytes = tokens * s.hidden * static_cast<int64_t>(DTypeSize(kWire));
-      row.dispatch_bytes = header_bytes + row_bytes + 12 * tokens * kTopK;
-      row.combine_bytes = row_bytes;
-      row.reps = static_cast<int64_t>(dxs_us.size());
-      row.dxs = StatsOf(dxs_us);
-      row.ping_pong = StatsOf(ping_pong_us);
-      row.compute_us = StatsOf(compute_us).median;
-      row.exchange_us = StatsOf(exchange_us).median;
-      row.rows_gbps = 2.0 * row_bytes / (row.dxs.median * 1e-6) / 1e9;
-      rows.push_back(row);
-      if (json.is_open()) {
-        nlohmann::json j = {{"section", "exchange"},
-                            {"shape", s.name},
-                            {"hidden", s.hidden},
-                            {"experts", kNumExperts},
-                            {"top_k", kTopK},
-                            {"wire", "bf16"},
-                            {"memory", "device"},
-                            {"tokens", tokens},
-                            {"dispatch_bytes", row.dispatch_bytes},
-                            {"combine_bytes", row.combine_bytes},
-                            {"reps", row.reps},
-                            {"dxs_median_us", row.dxs.median},
-                            {"dxs_p99_us", row.dxs.p99},
-                            {"compute_us", row.compute_us},
-                            {"exchange_us", row.exchange_us},
-                            {"pingpong_median_us", row.ping_pong.median},
-                            {"pingpong_p99_us", row.ping_pong.p99},
-                            {"ratio", row.dxs.median / row.ping_pong.median},
-                            {"rows_gbps", row.rows_gbps},
-                            {"max_rel_error", error},
-                            {"hardware", hardware},
-                            {"ucx", ucx_version}};
-        json << j.dump() << "\n" << std::flush;
       }
     }
   }

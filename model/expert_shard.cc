@@ -66,9 +66,6 @@ void ExpertShard::RebuildTables() {
     gate_up_[layer][expert] = &w.gate_up_proj;
     down_[layer][expert] = &w.down_proj;
   }
-  fp8_weights_ = std::any_of(weights_.begin(), weights_.end(), [](const auto& kv) {
-    return kv.second.gate_up_proj.dtype() == DType::kF8E4M3;
-  });
 }
 
 void ExpertShard::AddExperts(ExpertWeightMap more) {
@@ -93,8 +90,7 @@ absl::Status ExpertShard::ForwardRouted(int layer, const Tensor& x, const Tensor
                                         const Tensor& weights, Tensor* out) {
   const int64_t tokens = ids.rows(), top_k = tokens > 0 ? ids.row_size() : 0;
   const int64_t num_pairs = tokens * top_k;
-  // The fused path streams bf16 weights only; block-scaled FP8 experts take the sorted path.
-  if (num_pairs > 0 && counts_on_device_ && !fp8_weights_ && layer >= 0 &&
+  if (num_pairs > 0 && counts_on_device_ && layer >= 0 &&
       static_cast<size_t>(layer) < gate_up_.size() && backend_->TakesRoutedSwiGlu(tokens, top_k)) {
     // Every expert is here and the batch is decode-sized: the backend's fused path gives
     // the sorted path's sums without the sort (Backend::RoutedSwiGlu).

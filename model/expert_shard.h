@@ -77,8 +77,6 @@ class ExpertShard final {
   // AccumulateCounts) instead of coming to the host each layer: no synchronisation inside
   // a decode step. Read (and synchronised) only by tokens_per_expert_snapshot.
   bool counts_on_device_ = false;
-  // Whether the held experts are block-scaled FP8 (Tensor::block_scales).
-  bool fp8_weights_ = false;
   mutable absl::Mutex device_counts_mu_;
   Tensor device_counts_;
   // ForwardPairs' workspace, reused (one caller thread), and ForwardRouted's pair rows.

@@ -200,8 +200,6 @@ class CudaBackend final : public Backend {
   absl::StatusOr<Fp8GemmPlan*> Fp8Plan(int64_t m_pad, int64_t n, int64_t k, DType out_dtype,
                                        const void* a_scales, const void* b_scales)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fp8_mu_);
-  // The grouped FFN as two CUTLASS grouped GEMMs (kernels/cuda/grouped_gemm.cuh), gate_up
-  // and down, around one SiLU*mul pass: per expert sizes stay on the device.
   // One expert shard's weights as the grouped FFN takes them: checked (bf16, one shape),
   // their intermediate size (-1 when none is held) and a device table of gate_up | down
   // pointers. Made on a set's first call and kept: the shard passes the same each call.
@@ -214,6 +212,7 @@ class CudaBackend final : public Backend {
     Tensor scale_pointers;
     std::vector<Tensor> scales;
   };
+  static const float* const* ScalePointers(const ExpertWeightSet& set);
   absl::StatusOr<ExpertWeightSet> ExpertWeights(const std::vector<const Tensor*>& gate_up,
                                                 const std::vector<const Tensor*>& down,
                                                 int64_t hidden);

@@ -176,6 +176,11 @@ absl::Status CudaBackend::ScaleSumRows(const Tensor& src, const Tensor& scales, 
       "scale sum rows");
 }
 
+// The weight set's block-scale table for the GEMVs (gemv.cu): null for bf16 experts.
+const float* const* CudaBackend::ScalePointers(const ExpertWeightSet& set) {
+  return set.fp8 ? reinterpret_cast<const float* const*>(set.scale_pointers.raw()) : nullptr;
+}
+
 // At most 16 routed pairs (a decode step of one or two tokens at top-8): the pairs are then
 // single-expert runs in the sorted path too, so the fused path streams the same weights
 // with three fewer launches (sort, counts, ScaleSumRows).
@@ -218,13 +223,13 @@ absl::Status CudaBackend::RoutedSwiGlu(const Tensor& x, const Tensor& ids, const
   if (set.inter < 0) return absl::FailedPreconditionError("routed SwiGLU: no expert weights here");
   DXS_RETURN_IF_ERROR(Enter(kOp));
   DXS_ASSIGN_OR_RETURN(Tensor act, Allocate({tokens * top_k, set.inter}, DType::kBF16));
-  return CudaStatus(
-      cuda::LaunchRoutedSwiGluGemv(
-          x.raw(), ToElemType(x.dtype()), tokens, ids.i32(), weights.f32(), top_k, num_experts,
-          reinterpret_cast<const void* const*>(set.pointers.raw()), hidden, set.inter, act.raw(),
-          ToElemType(ActivationDType()), counts != nullptr ? counts->i64() : nullptr, out->raw(),
-          ToElemType(out->dtype()), stream_),
-      kOp);
+  return CudaStatus(cuda::LaunchRoutedSwiGluGemv(
+                        x.raw(), ToElemType(x.dtype()), tokens, ids.i32(), weights.f32(), top_k,
+                        num_experts, reinterpret_cast<const void* const*>(set.pointers.raw()),
+                        ScalePointers(set), hidden, set.inter, act.raw(),
+                        ToElemType(ActivationDType()), counts != nullptr ? counts->i64() : nullptr,
+                        out->raw(), ToElemType(out->dtype()), stream_),
+                    kOp);
 }
 
 absl::Status CudaBackend::ArgmaxRows(const Tensor& logits, Tensor* ids) {
@@ -345,19 +350,21 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
   if (num_rows == 0) return absl::OkStatus();
   if (inter < 0) return absl::FailedPreconditionError("grouped SwiGLU: no expert weights here");
   DXS_RETURN_IF_ERROR(Enter("grouped SwiGLU"));
-  if (weights.fp8) return GroupedSwiGluFp8(xs, rows, expert_offsets, weights, y);
   // Decode-sized: each held expert's weights streamed once (gemv.cu), the rows read where
-  // they are, no gather, no SiLU pass.
+  // they are, no gather, no SiLU pass; FP8 experts too (widened in registers, no
+  // quantization pass).
   if (use_gemv_ && num_rows <= cuda::kGemvMaxPairs && hidden % 8 == 0 && inter % 8 == 0 &&
       (xs.dtype() == DType::kBF16 || xs.dtype() == DType::kF32) && Aligned16(xs.raw())) {
     DXS_ASSIGN_OR_RETURN(Tensor act, Allocate({num_rows, inter}, DType::kBF16));
-    return CudaStatus(cuda::LaunchMoeSwiGluGemv(
-                          xs.raw(), ToElemType(xs.dtype()), xs.rows(),
-                          rows != nullptr ? rows->i32() : nullptr, num_rows, expert_offsets.i32(),
-                          num_experts, reinterpret_cast<const void* const*>(weights.pointers.raw()),
-                          hidden, inter, act.raw(), y->raw(), ToElemType(y->dtype()), stream_),
-                      "grouped SwiGLU (gemv)");
+    return CudaStatus(
+        cuda::LaunchMoeSwiGluGemv(
+            xs.raw(), ToElemType(xs.dtype()), xs.rows(), rows != nullptr ? rows->i32() : nullptr,
+            num_rows, expert_offsets.i32(), num_experts,
+            reinterpret_cast<const void* const*>(weights.pointers.raw()), ScalePointers(weights),
+            hidden, inter, act.raw(), y->raw(), ToElemType(y->dtype()), stream_),
+        "grouped SwiGLU (gemv)");
   }
+  if (weights.fp8) return GroupedSwiGluFp8(xs, rows, expert_offsets, weights, y);
   // The GEMMs take bf16 rows: the sorted rows gathered (and narrowed) in one pass. (A
   // TMA-fed mainloop cannot load A rows by index on Hopper, so the gather stays a pass.)
   Tensor x = xs;

@@ -23,9 +23,18 @@
 //   down kernel adds a token's pairs, weighted, in ascending expert order into the output
 //   (the sorted path's ScaleSumRows, bit for bit).
 //
-// Both need k % 8 == 0 and 16-byte aligned rows; the backend checks and otherwise uses the
-// GEMM path.
+// Both take bf16 experts, or block-scaled FP8 ones (e4m3 weights and their 128 x 128 block
+// scales, N-major as CudaBackend::ExpertWeights keeps them): those bytes are widened and
+// scaled in registers (LoadExpertWeights8), the activations stay bf16 (no quantization on that
+// side, as the dense FP8 GEMV: a decode step is bound by the weights' bytes), and the sums,
+// roundings and order are the bf16 kernels'. A decode step's experts then stream half the
+// bytes with no quantization pass and no GEMM tiles sitting mostly idle.
+//
+// Both need k % 8 == 0 (FP8: hidden and inter whole 128-blocks) and 16-byte aligned rows;
+// the backend checks and otherwise uses the GEMM path.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -79,6 +88,35 @@ __device__ __forceinline__ uint4 LoadWeightsRaw(const __nv_bfloat16* p) {
 // The same, widened to 8 floats.
 __device__ __forceinline__ void LoadWeights8(const __nv_bfloat16* p, float out[kChunk]) {
   WidenBf16x8(LoadWeightsRaw(p), out);
+}
+
+// A routed expert's weights as the MoE kernels read them: bf16 [n, k], or (kFp8) e4m3 [n, k]
+// with one float32 scale per 128 x 128 block, N-major ([k / 128, n / 128]: the table
+// CudaBackend::ExpertWeights builds for the FP8 grouped GEMM, read here too).
+constexpr int kFp8WeightBlock = 128;
+
+// Expert weight row `row`, elements [c, c + 8), widened to float (and scaled: kFp8). The FP8
+// bytes stream as the bf16 ones do (read once, no L1 allocation; volatile as LoadWeightsRaw).
+template <bool kFp8>
+__device__ __forceinline__ void LoadExpertWeights8(const void* w, const float* scales, int n_blocks,
+                                                   int row, int k, int c, float out[kChunk]) {
+  if constexpr (!kFp8) {
+    LoadWeights8(static_cast<const __nv_bfloat16*>(w) + static_cast<int64_t>(row) * k + c, out);
+  } else {
+    const uint8_t* p = static_cast<const uint8_t*>(w) + static_cast<int64_t>(row) * k + c;
+    uint2 raw;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(raw.x), "=r"(raw.y)
+                 : "l"(p));
+    const float s = __ldg(scales + (c / kFp8WeightBlock) * n_blocks + row / kFp8WeightBlock);
+    const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kChunk / 2; ++i) {
+      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3)));
+      out[2 * i] = f.x * s;
+      out[2 * i + 1] = f.y * s;
+    }
+  }
 }
 
 // 8 activations as float.
@@ -230,17 +268,18 @@ __device__ __forceinline__ float RoundBf16(float v) {
 // act[p, i] for the run of pair blockIdx.y, features of this block's warps. Pair p's row of
 // xs is rows[p], or p / pairs_per_row without rows. Sorted pairs come with offsets; unsorted
 // ones (experts given) are each their own run, and counts (if given) gets +1 per pair.
-template <typename TX, int kRunPairs>
+template <typename TX, int kRunPairs, bool kFp8>
 __global__ void __launch_bounds__(kWarps * 32)
     MoeGateUpKernel(const TX* __restrict__ xs, int x_rows, const int32_t* __restrict__ rows,
                     int pairs_per_row, const int32_t* __restrict__ offsets,
                     const int32_t* __restrict__ experts, int num_experts,
-                    const __nv_bfloat16* const* __restrict__ gate_up, int hidden, int inter,
+                    const void* const* __restrict__ gate_up,
+                    const float* const* __restrict__ gate_up_scales, int hidden, int inter,
                     __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ counts) {
   PdlWait();
   const int p = blockIdx.y;
   int e, run = 1;
-  const __nv_bfloat16* w = nullptr;
+  const void* w = nullptr;
   if (experts != nullptr) {
     // Unsorted pairs (LaunchRoutedSwiGluGemv): each its own run; an expert outside [0, E)
     // computes zeros and is not counted.
@@ -255,6 +294,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     run = __ldg(offsets + e + 1) - p;
     w = gate_up[e];
   }
+  const float* ws = kFp8 && w != nullptr ? gate_up_scales[e] : nullptr;
+  const int n_blocks = 2 * inter / kFp8WeightBlock;
   const int lane = threadIdx.x % 32;
   const int feature0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kFeatures;
   if (feature0 >= inter) return;
@@ -283,8 +324,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int f = 0; f < kFeatures; ++f) {
           const int feature = min(feature0 + f, inter - 1);
-          LoadWeights8(w + static_cast<int64_t>(feature) * hidden + c, gw[f]);
-          LoadWeights8(w + static_cast<int64_t>(inter + feature) * hidden + c, uw[f]);
+          LoadExpertWeights8<kFp8>(w, ws, n_blocks, feature, hidden, c, gw[f]);
+          LoadExpertWeights8<kFp8>(w, ws, n_blocks, inter + feature, hidden, c, uw[f]);
         }
 #pragma unroll
         for (int j = 0; j < kRunPairs; ++j) {
@@ -315,11 +356,12 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // y[p, n] for the run of pair blockIdx.y, output rows of this block's warps.
-template <typename TY, int kRunPairs>
+template <typename TY, int kRunPairs, bool kFp8>
 __global__ void __launch_bounds__(kWarps * 32)
     MoeDownKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ offsets,
-                  int num_experts, const __nv_bfloat16* const* __restrict__ down, int hidden,
-                  int inter, TY* __restrict__ y) {
+                  int num_experts, const void* const* __restrict__ down,
+                  const float* const* __restrict__ down_scales, int hidden, int inter,
+                  TY* __restrict__ y) {
   PdlWait();
   const int p = blockIdx.y;
   const int e = ExpertOfPair(offsets, num_experts, p);
@@ -328,7 +370,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int lane = threadIdx.x % 32;
   const int feature0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kFeatures;
   if (feature0 >= hidden) return;
-  const __nv_bfloat16* w = down[e];
+  const void* w = down[e];
+  const float* ws = kFp8 && w != nullptr ? down_scales[e] : nullptr;
+  const int n_blocks = hidden / kFp8WeightBlock;
   for (int done = 0; done < run; done += kRunPairs) {
     const int pairs = min(kRunPairs, run - done);
     float acc[kFeatures][kRunPairs];
@@ -344,7 +388,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int f = 0; f < kFeatures; ++f) {
           const int feature = min(feature0 + f, hidden - 1);
-          LoadWeights8(w + static_cast<int64_t>(feature) * inter + c, wv[f]);
+          LoadExpertWeights8<kFp8>(w, ws, n_blocks, feature, inter, c, wv[f]);
         }
 #pragma unroll
         for (int j = 0; j < kRunPairs; ++j) {
@@ -381,11 +425,12 @@ constexpr int kDownSumMaxTopK = 2 * kDownSumWarps;
 // as the experts' outputs are; then the weighted sum over the token's pairs in ascending
 // expert order (ties by pair), from zero in float32, rounded once into TO: the sorted
 // path's ScaleSumRows. Pairs of an expert outside [0, E) add nothing.
-template <typename TY, typename TO>
+template <typename TY, typename TO, bool kFp8>
 __global__ void __launch_bounds__(kDownSumWarps * 32)
     MoeDownSumKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ experts,
                      const float* __restrict__ scales, int top_k, int num_experts,
-                     const __nv_bfloat16* const* __restrict__ down, int hidden, int inter,
+                     const void* const* __restrict__ down,
+                     const float* const* __restrict__ down_scales, int hidden, int inter,
                      TO* __restrict__ out) {
   PdlWait();
   __shared__ float part[kDownSumMaxTopK][kDownSumFeatures];
@@ -397,7 +442,9 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
     const int p = t * top_k + j;
     const int e = __ldg(experts + p);
     const bool held = e >= 0 && e < num_experts && down[e] != nullptr;
-    const __nv_bfloat16* w = held ? down[e] : nullptr;
+    const void* w = held ? down[e] : nullptr;
+    const float* ws = kFp8 && held ? down_scales[e] : nullptr;
+    const int n_blocks = hidden / kFp8WeightBlock;
     float acc[kDownSumFeatures];
 #pragma unroll
     for (int f = 0; f < kDownSumFeatures; ++f) acc[f] = 0.f;
@@ -409,7 +456,7 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
 #pragma unroll
         for (int f = 0; f < kDownSumFeatures; ++f) {
           float wv[kChunk];
-          LoadWeights8(w + static_cast<int64_t>(min(feature0 + f, hidden - 1)) * inter + c, wv);
+          LoadExpertWeights8<kFp8>(w, ws, n_blocks, min(feature0 + f, hidden - 1), inter, c, wv);
           acc[f] += Dot8(wv, av);
         }
       }
@@ -628,11 +675,14 @@ cudaError_t LaunchGemvBf16(const void* x, ElemType x_type, int64_t m, const void
 cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
                                 const int32_t* rows, int64_t num_pairs,
                                 const int32_t* expert_offsets, int64_t num_experts,
-                                const void* const* weights, int64_t hidden, int64_t inter,
-                                void* act, void* y, ElemType y_type, cudaStream_t stream) {
+                                const void* const* weights, const float* const* weight_scales,
+                                int64_t hidden, int64_t inter, void* act, void* y, ElemType y_type,
+                                cudaStream_t stream) {
   if (num_pairs < 0 || num_pairs > kGemvMaxPairs || num_experts < 1 || hidden <= 0 || inter <= 0 ||
       hidden % kChunk != 0 || inter % kChunk != 0 || hidden > INT32_MAX || inter > INT32_MAX ||
       num_experts > INT32_MAX || x_rows < 0 ||
+      (weight_scales != nullptr &&
+       (hidden % kFp8WeightBlock != 0 || inter % kFp8WeightBlock != 0)) ||
       (x_type != ElemType::kBF16 && x_type != ElemType::kF32) ||
       (y_type != ElemType::kBF16 && y_type != ElemType::kF32)) {
     return cudaErrorInvalidValue;
@@ -643,47 +693,57 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
       (rows == nullptr && x_rows < num_pairs)) {
     return cudaErrorInvalidValue;
   }
-  const auto* const* gate_up = reinterpret_cast<const __nv_bfloat16* const*>(weights);
-  const auto* const* down = gate_up + num_experts;
+  const void* const* gate_up = weights;
+  const void* const* down = weights + num_experts;
+  const float* const* gate_up_scales = weight_scales;
+  const float* const* down_scales =
+      weight_scales != nullptr ? weight_scales + num_experts : nullptr;
   auto* a = static_cast<__nv_bfloat16*>(act);
   const int e = static_cast<int>(num_experts), h = static_cast<int>(hidden),
             i = static_cast<int>(inter);
   const int xr = static_cast<int>(std::min<int64_t>(x_rows, INT32_MAX));
   const dim3 gate_grid(FeatureBlocks(inter), static_cast<unsigned>(num_pairs));
   const dim3 down_grid(FeatureBlocks(hidden), static_cast<unsigned>(num_pairs));
-  auto launch = [&](auto run_pairs) {
+  auto launch = [&](auto run_pairs, auto fp8, auto xt, auto yt) {
     constexpr int kRun = decltype(run_pairs)::value;
-    if (x_type == ElemType::kF32) {
-      LaunchKernel(MoeGateUpKernel<float, kRun>, gate_grid, kWarps * 32, 0, stream,
-                   static_cast<const float*>(xs), xr, rows, 1, expert_offsets, nullptr, e, gate_up,
-                   h, i, a, nullptr);
-    } else {
-      LaunchKernel(MoeGateUpKernel<__nv_bfloat16, kRun>, gate_grid, kWarps * 32, 0, stream,
-                   static_cast<const __nv_bfloat16*>(xs), xr, rows, 1, expert_offsets, nullptr, e,
-                   gate_up, h, i, a, nullptr);
-    }
+    constexpr bool kFp8 = decltype(fp8)::value;
+    using TX = typename decltype(xt)::type;
+    using TY = typename decltype(yt)::type;
+    LaunchKernel(MoeGateUpKernel<TX, kRun, kFp8>, gate_grid, kWarps * 32, 0, stream,
+                 static_cast<const TX*>(xs), xr, rows, 1, expert_offsets, nullptr, e, gate_up,
+                 gate_up_scales, h, i, a, nullptr);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-    if (y_type == ElemType::kF32) {
-      LaunchKernel(MoeDownKernel<float, kRun>, down_grid, kWarps * 32, 0, stream, a, expert_offsets,
-                   e, down, h, i, static_cast<float*>(y));
-    } else {
-      LaunchKernel(MoeDownKernel<__nv_bfloat16, kRun>, down_grid, kWarps * 32, 0, stream, a,
-                   expert_offsets, e, down, h, i, static_cast<__nv_bfloat16*>(y));
-    }
+    LaunchKernel(MoeDownKernel<TY, kRun, kFp8>, down_grid, kWarps * 32, 0, stream, a,
+                 expert_offsets, e, down, down_scales, h, i, static_cast<TY*>(y));
     return cudaGetLastError();
   };
-  if (num_pairs <= kSinglePairRunsUpTo) return launch(std::integral_constant<int, 1>{});
-  return launch(std::integral_constant<int, kRunPairs>{});
+  auto by_y = [&](auto run_pairs, auto fp8, auto xt) {
+    return y_type == ElemType::kF32 ? launch(run_pairs, fp8, xt, TypeTag<float>{})
+                                    : launch(run_pairs, fp8, xt, TypeTag<__nv_bfloat16>{});
+  };
+  auto by_x = [&](auto run_pairs, auto fp8) {
+    return x_type == ElemType::kF32 ? by_y(run_pairs, fp8, TypeTag<float>{})
+                                    : by_y(run_pairs, fp8, TypeTag<__nv_bfloat16>{});
+  };
+  auto by_weights = [&](auto run_pairs) {
+    return weight_scales != nullptr ? by_x(run_pairs, std::true_type{})
+                                    : by_x(run_pairs, std::false_type{});
+  };
+  if (num_pairs <= kSinglePairRunsUpTo) return by_weights(std::integral_constant<int, 1>{});
+  return by_weights(std::integral_constant<int, kRunPairs>{});
 }
 
 cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t tokens,
                                    const int32_t* ids, const float* scales, int64_t top_k,
-                                   int64_t num_experts, const void* const* weights, int64_t hidden,
-                                   int64_t inter, void* act, ElemType y_type, int64_t* counts,
-                                   void* out, ElemType out_type, cudaStream_t stream) {
+                                   int64_t num_experts, const void* const* weights,
+                                   const float* const* weight_scales, int64_t hidden, int64_t inter,
+                                   void* act, ElemType y_type, int64_t* counts, void* out,
+                                   ElemType out_type, cudaStream_t stream) {
   if (tokens < 0 || top_k < 1 || top_k > kDownSumMaxTopK || tokens * top_k > kGemvMaxPairs ||
       num_experts < 1 || num_experts > INT32_MAX || hidden <= 0 || inter <= 0 ||
       hidden % kChunk != 0 || inter % kChunk != 0 || hidden > INT32_MAX || inter > INT32_MAX ||
+      (weight_scales != nullptr &&
+       (hidden % kFp8WeightBlock != 0 || inter % kFp8WeightBlock != 0)) ||
       (x_type != ElemType::kBF16 && x_type != ElemType::kF32) ||
       (y_type != ElemType::kBF16 && y_type != ElemType::kF32) ||
       (out_type != ElemType::kBF16 && out_type != ElemType::kF32)) {
@@ -694,38 +754,45 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
       act == nullptr || out == nullptr || !Aligned16(xs) || !Aligned16(act)) {
     return cudaErrorInvalidValue;
   }
-  const auto* const* gate_up = reinterpret_cast<const __nv_bfloat16* const*>(weights);
-  const auto* const* down = gate_up + num_experts;
+  const void* const* gate_up = weights;
+  const void* const* down = weights + num_experts;
+  const float* const* gate_up_scales = weight_scales;
+  const float* const* down_scales =
+      weight_scales != nullptr ? weight_scales + num_experts : nullptr;
   auto* a = static_cast<__nv_bfloat16*>(act);
   auto* c = reinterpret_cast<unsigned long long*>(counts);
   const int e = static_cast<int>(num_experts), h = static_cast<int>(hidden),
             i = static_cast<int>(inter), k = static_cast<int>(top_k);
   const int xr = static_cast<int>(tokens);
   const dim3 gate_grid(FeatureBlocks(inter), static_cast<unsigned>(tokens * top_k));
-  if (x_type == ElemType::kF32) {
-    LaunchKernel(MoeGateUpKernel<float, 1>, gate_grid, kWarps * 32, 0, stream,
-                 static_cast<const float*>(xs), xr, nullptr, k, nullptr, ids, e, gate_up, h, i, a,
-                 c);
-  } else {
-    LaunchKernel(MoeGateUpKernel<__nv_bfloat16, 1>, gate_grid, kWarps * 32, 0, stream,
-                 static_cast<const __nv_bfloat16*>(xs), xr, nullptr, k, nullptr, ids, e, gate_up, h,
-                 i, a, c);
-  }
-  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   const dim3 sum_grid(static_cast<unsigned>((hidden + kDownSumFeatures - 1) / kDownSumFeatures),
                       static_cast<unsigned>(tokens));
-  auto launch = [&](auto yt, auto ot) {
+  auto launch = [&](auto fp8, auto xt, auto yt, auto ot) {
+    constexpr bool kFp8 = decltype(fp8)::value;
+    using TX = typename decltype(xt)::type;
     using TY = typename decltype(yt)::type;
     using TO = typename decltype(ot)::type;
-    LaunchKernel(MoeDownSumKernel<TY, TO>, sum_grid, kDownSumWarps * 32, 0, stream, a, ids, scales,
-                 k, e, down, h, i, static_cast<TO*>(out));
+    LaunchKernel(MoeGateUpKernel<TX, 1, kFp8>, gate_grid, kWarps * 32, 0, stream,
+                 static_cast<const TX*>(xs), xr, nullptr, k, nullptr, ids, e, gate_up,
+                 gate_up_scales, h, i, a, c);
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+    LaunchKernel(MoeDownSumKernel<TY, TO, kFp8>, sum_grid, kDownSumWarps * 32, 0, stream, a, ids,
+                 scales, k, e, down, down_scales, h, i, static_cast<TO*>(out));
     return cudaGetLastError();
   };
-  auto by_out = [&](auto yt) {
-    return out_type == ElemType::kF32 ? launch(yt, TypeTag<float>{})
-                                      : launch(yt, TypeTag<__nv_bfloat16>{});
+  auto by_out = [&](auto fp8, auto xt, auto yt) {
+    return out_type == ElemType::kF32 ? launch(fp8, xt, yt, TypeTag<float>{})
+                                      : launch(fp8, xt, yt, TypeTag<__nv_bfloat16>{});
   };
-  return y_type == ElemType::kF32 ? by_out(TypeTag<float>{}) : by_out(TypeTag<__nv_bfloat16>{});
+  auto by_y = [&](auto fp8, auto xt) {
+    return y_type == ElemType::kF32 ? by_out(fp8, xt, TypeTag<float>{})
+                                    : by_out(fp8, xt, TypeTag<__nv_bfloat16>{});
+  };
+  auto by_x = [&](auto fp8) {
+    return x_type == ElemType::kF32 ? by_y(fp8, TypeTag<float>{})
+                                    : by_y(fp8, TypeTag<__nv_bfloat16>{});
+  };
+  return weight_scales != nullptr ? by_x(std::true_type{}) : by_x(std::false_type{});
 }
 
 }  // namespace dxs::cuda

@@ -173,6 +173,19 @@ cudaError_t LaunchGroupedGemmBf16(const __nv_bfloat16* a, const int32_t* expert_
 #endif
 }
 
+#if DXS_HAVE_CUTLASS
+// The FP8 grouped GEMM's configuration: 128x128 cooperative tiles (the default), or, with
+// DXS_CUDA_FP8_GROUPED_TILES (read once) and a bf16 C, one of the alternatives kept for
+// measurements (grouped_gemm_fp8_sm90.cuh).
+const grouped_gemm::Sm90Fp8Kernel& Fp8Kernel(ElemType c_type) {
+  static const std::string tiles = tunables::Get(tunables::kCudaFp8GroupedTiles);
+  if (c_type != ElemType::kBF16) return grouped_gemm::kSm90Fp8F32Out;
+  if (tiles == "coop-pair-n") return grouped_gemm::kSm90Fp8PairNBf16Out;
+  if (tiles == "pingpong") return grouped_gemm::kSm90Fp8PingpongBf16Out;
+  return grouped_gemm::kSm90Fp8Bf16Out;
+}
+#endif
+
 size_t GroupedGemmFp8WorkspaceBytes(int64_t num_experts, int64_t total_rows, int64_t n, int64_t k,
                                     ElemType c_type) {
 #if DXS_HAVE_CUTLASS
@@ -182,8 +195,7 @@ size_t GroupedGemmFp8WorkspaceBytes(int64_t num_experts, int64_t total_rows, int
     cudaGetLastError();
     return 0;
   }
-  const grouped_gemm::Sm90Fp8Kernel& kernel =
-      c_type == ElemType::kBF16 ? grouped_gemm::kSm90Fp8Bf16Out : grouped_gemm::kSm90Fp8F32Out;
+  const grouped_gemm::Sm90Fp8Kernel& kernel = Fp8Kernel(c_type);
   return kernel.workspace_bytes(static_cast<int32_t>(num_experts), device.sm_count);
 #else
   return 0;
@@ -213,8 +225,7 @@ cudaError_t LaunchGroupedGemmFp8(const uint8_t* a, const float* sfa, const int32
   Device device;
   if (cudaError_t err = QueryDevice(&device); err != cudaSuccess) return err;
   if (!device.is_sm90) return cudaErrorNotSupported;
-  const grouped_gemm::Sm90Fp8Kernel& kernel =
-      c_type == ElemType::kBF16 ? grouped_gemm::kSm90Fp8Bf16Out : grouped_gemm::kSm90Fp8F32Out;
+  const grouped_gemm::Sm90Fp8Kernel& kernel = Fp8Kernel(c_type);
   grouped_gemm::Fp8Problem p;
   p.a = a;
   p.sfa = sfa;

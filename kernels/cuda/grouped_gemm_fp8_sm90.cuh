@@ -42,11 +42,35 @@ namespace dxs::cuda::grouped_gemm {
 
 #if defined(DXS_GROUPED_GEMM_SM90)
 
-// 128x128x128 tiles (128 e4m3 of K are the 128-byte TMA swizzle and one scale block),
-// cooperative, cluster 1x1 (no M-tile padding of small experts, as the bf16 kernels). The bf16
-// kernels' wide 128x256 tiles do not build here: this CUTLASS's blockwise mainloop wants one
-// B scale per N tile (fp8_accumulation.hpp: "Accumulator and scaleB must have same shape").
-template <class ElementD_>
+// The tile configurations (K is always 128: 128 e4m3 are the 128-byte TMA swizzle and one
+// scale block). The bf16 kernels' wide 128x256 tiles do not build here: this CUTLASS's
+// blockwise mainloop wants one B scale per N tile (fp8_accumulation.hpp: "Accumulator and
+// scaleB must have same shape").
+// - Fp8Coop: 128x128 cooperative (the two consumer warpgroups split a tile's rows), 1x1
+//   clusters (no M-tile padding of small experts, as the bf16 kernels): the default.
+// - Fp8CoopPairN: the same in 1x2 clusters, two CTAs on neighbouring N tiles of one expert
+//   sharing its A tile by TMA multicast (n is a whole number of 256-column pairs for the
+//   gate_up and down shapes of Qwen3-MoE).
+// - Fp8Pingpong: 64x128 ping-pong: each consumer warpgroup owns a whole tile and the two take
+//   turns on the tensor cores, so one's per-K-block promotion (the scaled add into the f32
+//   accumulators) overlaps the other's MMAs.
+struct Fp8Coop {
+  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_128>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+struct Fp8CoopPairN : Fp8Coop {
+  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
+};
+struct Fp8Pingpong {
+  using TileShape = cute::Shape<cute::_64, cute::_128, cute::_128>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+
+template <class ElementD_, class Tiles = Fp8Coop>
 struct Sm90Fp8GroupedGemm {
   using ElementA = cutlass::float_e4m3_t;
   using ElementB = cutlass::float_e4m3_t;
@@ -58,8 +82,8 @@ struct Sm90Fp8GroupedGemm {
   static constexpr int kAlignmentA = 16;
   static constexpr int kAlignmentB = 16;
   static constexpr int kAlignmentD = 16 / sizeof(ElementD);
-  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_128>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using TileShape = typename Tiles::TileShape;
+  using ClusterShape = typename Tiles::ClusterShape;
   using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
@@ -69,7 +93,7 @@ struct Sm90Fp8GroupedGemm {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator, void,
       LayoutD*, kAlignmentD,  // no C operand
-      ElementD, LayoutD*, kAlignmentD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      ElementD, LayoutD*, kAlignmentD, typename Tiles::Epilogue,
       cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAccumulator>>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -78,7 +102,7 @@ struct Sm90Fp8GroupedGemm {
       kAlignmentB, ElementAccumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+      typename Tiles::Mainloop>::CollectiveOp;
 
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
@@ -214,7 +238,10 @@ constexpr Sm90Fp8Kernel MakeSm90Fp8Kernel() {
 
 inline size_t NoFp8Workspace(int32_t, int) { return 0; }
 inline cudaError_t Fp8NotSupported(const Fp8Problem&) { return cudaErrorNotSupported; }
-template <class ElementD>
+struct Fp8Coop {};
+struct Fp8CoopPairN {};
+struct Fp8Pingpong {};
+template <class ElementD, class Tiles = Fp8Coop>
 struct Sm90Fp8GroupedGemm {};
 template <class Config>
 constexpr Sm90Fp8Kernel MakeSm90Fp8Kernel() {

@@ -41,5 +41,9 @@ struct Sm90Fp8Kernel {
 // 128x128x128 tiles, cooperative, 1x1 clusters, FP8 blockwise scaling; bf16 or f32 C.
 extern const Sm90Fp8Kernel kSm90Fp8Bf16Out;
 extern const Sm90Fp8Kernel kSm90Fp8F32Out;
+// Alternatives, bf16 C only (DXS_CUDA_FP8_GROUPED_TILES): the same tiles in 1x2 clusters, and
+// 64x128x128 ping-pong tiles (grouped_gemm_fp8_sm90.cuh).
+extern const Sm90Fp8Kernel kSm90Fp8PairNBf16Out;
+extern const Sm90Fp8Kernel kSm90Fp8PingpongBf16Out;
 
 }  // namespace dxs::cuda::grouped_gemm

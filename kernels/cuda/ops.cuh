@@ -52,12 +52,16 @@ cudaError_t LaunchGemvsBf16(const void* x, ElemType x_type, int64_t m, int64_t k
 // (expert_offsets [E + 1]): pair p's input is row rows[p] of xs (f32 or bf16 [x_rows,
 // hidden]; row p when rows is null), weights[e] / weights[E + e] expert e's bf16 gate_up
 // [2 * inter, hidden] / down [hidden, inter] (null: zeros). act is bf16 scratch [num_pairs,
-// inter]; y [num_pairs, hidden] f32 or bf16. hidden and inter multiples of 8.
+// inter]; y [num_pairs, hidden] f32 or bf16. hidden and inter multiples of 8. With
+// weight_scales (laid out as weights), the weights are e4m3 and weight_scales[e] their
+// float32 128 x 128 block scales, N-major ([k / 128, n / 128]); hidden and inter multiples of
+// 128 then.
 cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
                                 const int32_t* rows, int64_t num_pairs,
                                 const int32_t* expert_offsets, int64_t num_experts,
-                                const void* const* weights, int64_t hidden, int64_t inter,
-                                void* act, void* y, ElemType y_type, cudaStream_t stream);
+                                const void* const* weights, const float* const* weight_scales,
+                                int64_t hidden, int64_t inter, void* act, void* y, ElemType y_type,
+                                cudaStream_t stream);
 
 // The MoE FFN of `tokens` tokens from their routing, without sorting the pairs: out[t]
 // (f32 or bf16 [tokens, hidden]) = the sum over the token's top_k pairs (ids i32 and scales
@@ -65,12 +69,13 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
 // output rounded to y_type first and the sum in float32 rounded once: LaunchMoeSwiGluGemv on
 // the sorted pairs then LaunchScaleSumRows, bit for bit, in two kernels. weights as there;
 // act bf16 scratch [tokens * top_k, inter]; counts (i64 [E], may be null) += each expert's
-// pairs. tokens * top_k <= kGemvMaxPairs, top_k <= 16.
+// pairs; weight_scales as LaunchMoeSwiGluGemv's. tokens * top_k <= kGemvMaxPairs, top_k <= 16.
 cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t tokens,
                                    const int32_t* ids, const float* scales, int64_t top_k,
-                                   int64_t num_experts, const void* const* weights, int64_t hidden,
-                                   int64_t inter, void* act, ElemType y_type, int64_t* counts,
-                                   void* out, ElemType out_type, cudaStream_t stream);
+                                   int64_t num_experts, const void* const* weights,
+                                   const float* const* weight_scales, int64_t hidden, int64_t inter,
+                                   void* act, ElemType y_type, int64_t* counts, void* out,
+                                   ElemType out_type, cudaStream_t stream);
 
 // out[t] (f32 or bf16 [out_rows, cols]) = the sum over i < n in ascending order with
 // rows[i] == t of scales[i] * src[i] (f32 or bf16 rows), zero where none (rows outside

@@ -6,8 +6,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <functional>
@@ -48,6 +50,12 @@ struct EngineEquivalence {
   // wire), whose rounding can decide a tie that close: vLLM's tests compare the same way
   // (tests/models/utils.py, check_logprobs_close).
   double max_near_tie_gap = 0;
+  // Added to max_near_tie_gap: this many times the reference's largest first-token logit
+  // (absolute). For computations whose logits carry an error relative to the largest, as
+  // max_logit_error bounds it (FP8 activations): two logits each off by up to e * L can swap
+  // wherever they are within 2 * e * L of each other.
+  double near_tie_gap_of_largest_logit = 0;
+  bool AllowsNearTies() const { return max_near_tie_gap > 0 || near_tie_gap_of_largest_logit > 0; }
 };
 
 // `got` against the reference's greedy tokens (`want`, with its top-5 logprobs when
@@ -59,18 +67,24 @@ inline ::testing::AssertionResult TokensMatchReference(const std::vector<int32_t
   while (i < got.size() && i < want.tokens.size() && got[i] == want.tokens[i]) ++i;
   if (i == got.size() && i == want.tokens.size()) return ::testing::AssertionSuccess();
   std::string gap_note;
-  if (reference.max_near_tie_gap > 0 && i < got.size() && i < want.tokens.size() &&
+  if (reference.AllowsNearTies() && i < got.size() && i < want.tokens.size() &&
       i < want.logprobs.size()) {
+    double largest_logit = 0;
+    for (const float v : want.first_logits)
+      largest_logit = std::max<double>(largest_logit, std::fabs(v));
+    const double allowed =
+        reference.max_near_tie_gap + reference.near_tie_gap_of_largest_logit * largest_logit;
     const TokenLogprobs& at = want.logprobs[i];
     for (const auto& [token, logprob] : at.top) {
       if (token != got[i]) continue;
       const double gap = at.logprob - logprob;
-      if (gap <= reference.max_near_tie_gap) {
+      if (gap <= allowed) {
         std::cout << "near tie at token " << i << ": " << got[i] << " taken, the reference's "
                   << want.tokens[i] << " is " << gap << " nats more likely there\n";
         return ::testing::AssertionSuccess();
       }
-      gap_note = absl::StrCat(" (the reference's choice is ", gap, " nats more likely)");
+      gap_note = absl::StrCat(" (the reference's choice is ", gap, " nats more likely; ", allowed,
+                              " allowed)");
     }
   }
   return ::testing::AssertionFailure()
@@ -85,7 +99,7 @@ inline GenerationRequest ReferenceRequest(const std::vector<int32_t>& prompt, in
   GenerationRequest r;
   r.prompt = prompt;
   r.max_new_tokens = max_new;
-  if (reference.max_near_tie_gap > 0) r.top_logprobs = 5;
+  if (reference.AllowsNearTies()) r.top_logprobs = 5;
   return r;
 }
 

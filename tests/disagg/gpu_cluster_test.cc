@@ -277,8 +277,13 @@ TEST_F(GpuCluster, Fp8CheckpointKeptFp8EqualsCudaEngine) {
   spec.wire_dtype = "bf16";
   absl::Status started = cluster.Start(spec);
   ASSERT_TRUE(started.ok()) << started << cluster.DumpLogs();
+  // cuda_engine_test's "default-fp8" bound: the FP8 GEMMs quantize activations to e4m3 (3
+  // mantissa bits), so logits carry up to 0.2 of the largest. The cluster batches its three
+  // requests into those GEMMs where the solo reference's few rows may take the decode GEMVs
+  // (activations not quantized), so a greedy choice within twice that may tip.
   EngineEquivalence reference = CudaReference();
   reference.max_logit_error = 0.2;
+  reference.near_tie_gap_of_largest_logit = 2 * reference.max_logit_error;
   testing::ExpectClusterMatchesEngine(&cluster, dir, 1, 3, 4096, reference);
 }
 
