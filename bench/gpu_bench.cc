@@ -25,7 +25,8 @@
 //   --fp8: only [rates], [fp8-linear] and [fp8-ffn]: Linear and the experts' grouped FFN of
 //     block-scaled FP8 weights beside bf16 weights, decode to prefill sizes.
 //   --fp8-decode: only [rates] and [decode-fp8]: the whole model's decode and prefill with
-//     bf16 weights, then with FP8 projections.
+//     bf16 weights, then with FP8 projections (with --profile decode: the FP8 decode step
+//     alone, at --batch).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
@@ -969,7 +970,9 @@ class RandomFp8BenchSource final : public WeightSource {
 // in FP8 (RandomFp8BenchSource), one engine at a time (both do not fit an 80 GB GPU): decode
 // steps through CUDA graphs at batch 1, 32 and 128 (context 1024) against each one's HBM
 // floor (active weights and the KV read at the copy rate), and one 4096-token prompt.
-void Fp8ModelBenches(const Rates& rates, bool quick, int layers, Report* report) {
+// With --profile decode: the FP8 engine's decode step alone, at --batch, once.
+void Fp8ModelBenches(const Rates& rates, bool quick, int layers, const Profile& profile,
+                     Report* report) {
   CheckpointPreset preset = Must(GetPreset("qwen3-30b-a3b"), "preset");
   preset.config.num_hidden_layers = layers;
   EngineOptions options;
@@ -983,9 +986,12 @@ void Fp8ModelBenches(const Rates& rates, bool quick, int layers, Report* report)
               "floor ms", "of floor");
   std::vector<int64_t> batches = {1, 32, 128};
   if (quick) batches = {1, 32};
+  const bool profiling = profile.what == "decode";
+  if (profiling) batches = {profile.batch};
   std::map<std::pair<bool, int64_t>, double> tok_s;
   std::map<bool, double> prefill_tok_s;
   for (const bool fp8 : {false, true}) {
+    if (profiling && !fp8) continue;
     std::unique_ptr<LocalEngine> engine =
         fp8 ? Must(LocalEngine::LoadWeights(preset.config, RandomFp8BenchSource(preset), options),
                    "fp8 model")
@@ -1000,6 +1006,7 @@ void Fp8ModelBenches(const Rates& rates, bool quick, int layers, Report* report)
       DecodeBatch d(engine.get(), batch, 1024);
       d.StepMs(stream, /*graphs=*/false, quick);  // the eager first steps record nothing
       const double ms = d.StepMs(stream, /*graphs=*/true, quick);
+      profile.Once("decode", [&] { d.Step(/*graphs=*/true); });
       const double kv_bytes = 2.0 * batch * (1024 + d.steps) * c.num_key_value_heads * c.head_dim *
                               2 * c.num_hidden_layers;
       const double weights = ActiveWeightBytes(c, batch, fp8 ? 1.0 : 2.0);
@@ -1015,6 +1022,7 @@ void Fp8ModelBenches(const Rates& rates, bool quick, int layers, Report* report)
                    {"step_ms", ms},
                    {"floor_ms", floor_ms}});
     }
+    if (profiling) return;
     const int64_t prompt = 4096;
     KvCache kv(c, engine->backend(), 2 * prompt);
     auto prefill = [&] {
@@ -1109,7 +1117,7 @@ int Main(int argc, char** argv) {
   }
   if (fp8_decode) {
     backend.reset();
-    Fp8ModelBenches(rates, quick, layers, &report);
+    Fp8ModelBenches(rates, quick, layers, profile, &report);
     return 0;
   }
   // The per-expert cuBLAS grouped FFN, for the choice between it and CUTLASS (at every

@@ -19,6 +19,7 @@ for w in "${what[@]}"; do
     attention) args=(--profile attention) ;;
     decode) args=(--profile decode --batch 1 --layers 2) ;;
     decode32) args=(--profile decode --batch 32 --layers 2) ;;
+    decode-fp8) args=(--fp8-decode --profile decode --batch 1 --layers 2) ;;
     prefill) args=(--profile prefill --layers 1) ;;
     *) echo "unknown profile $w"; continue ;;
   esac

@@ -682,7 +682,7 @@ absl::Status CudaBackend::Linears(const Tensor& x, const std::vector<const Tenso
                  ys[i]->dtype() == ys[0]->dtype() &&
                  ys[i]->num_elements() == x.rows() * ws[i]->rows();
   }
-  if (!one_launch) return Backend::Linears(x, ws, ys);
+  if (!one_launch) return LinearsFp8(x, ws, ys);
   if (x.rows() == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("linears"));
   std::vector<const void*> w_ptrs;
@@ -697,6 +697,45 @@ absl::Status CudaBackend::Linears(const Tensor& x, const std::vector<const Tenso
                                           static_cast<int>(ws.size()), w_ptrs.data(), ns.data(),
                                           y_ptrs.data(), ToElemType(ys[0]->dtype()), stream_),
                     "linears (gemv)");
+}
+
+// Block-scaled FP8 weights sharing a decode-sized x (q, k and v): one fp8_linear.cu GEMV
+// launch where each LinearFp8 alone would take the GEMV; otherwise one Linear each.
+absl::Status CudaBackend::LinearsFp8(const Tensor& x, const std::vector<const Tensor*>& ws,
+                                     const std::vector<Tensor*>& ys) {
+  bool one_launch = use_gemv_ && fp8_weights_ && !ws.empty() && ws.size() == ys.size() &&
+                    ws.size() <= static_cast<size_t>(cuda::kGemvMaxOutputs) &&
+                    x.dtype() == DType::kBF16 && x.rows() <= cuda::kGemvMaxRows &&
+                    x.row_size() % Tensor::kWeightBlock == 0 && Aligned16(x.raw());
+  for (size_t i = 0; one_launch && i < ws.size(); ++i) {
+    const Tensor* w = ws[i];
+    one_launch = w != nullptr && ys[i] != nullptr && w->dtype() == DType::kF8E4M3 &&
+                 w->block_scales() != nullptr && w->shape().size() == 2 &&
+                 w->row_size() == x.row_size() && w->rows() % Tensor::kWeightBlock == 0 &&
+                 w->block_scales()->row_size() == BlockScaleStride(x.row_size()) &&
+                 Aligned16(w->raw()) && ys[i]->dtype() == ys[0]->dtype() &&
+                 (ys[i]->dtype() == DType::kBF16 || ys[i]->dtype() == DType::kF32) &&
+                 ys[i]->num_elements() == x.rows() * w->rows();
+  }
+  if (!one_launch) return Backend::Linears(x, ws, ys);
+  if (x.rows() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("linears"));
+  std::vector<const uint8_t*> w_ptrs;
+  std::vector<const float*> scale_ptrs;
+  std::vector<int64_t> strides, ns;
+  std::vector<void*> y_ptrs;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    w_ptrs.push_back(static_cast<const uint8_t*>(ws[i]->raw()));
+    scale_ptrs.push_back(ws[i]->block_scales()->f32());
+    strides.push_back(ws[i]->block_scales()->row_size());
+    ns.push_back(ws[i]->rows());
+    y_ptrs.push_back(ys[i]->raw());
+  }
+  return CudaStatus(
+      cuda::LaunchGemvsFp8(x.raw(), x.rows(), x.row_size(), static_cast<int>(ws.size()),
+                           w_ptrs.data(), scale_ptrs.data(), strides.data(), ns.data(),
+                           y_ptrs.data(), ToElemType(ys[0]->dtype()), stream_),
+      "linears (fp8 gemv)");
 }
 
 absl::Status CudaBackend::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor* y) {

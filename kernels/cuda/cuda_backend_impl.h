@@ -95,6 +95,8 @@ class CudaBackend final : public Backend {
   // Whether y = x * w^T (no bias) takes gemv.cu's decode-sized path: bf16 x and w, at most
   // cuda::kGemvMaxRows rows, 16-byte rows and pointers, y f32 or bf16.
   bool TakesGemv(const Tensor& x, const Tensor& w, const Tensor& y) const;
+  absl::Status LinearsFp8(const Tensor& x, const std::vector<const Tensor*>& ws,
+                          const std::vector<Tensor*>& ys);
   absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor* y) override;
   absl::Status Embedding(const Tensor& table, const Tensor& ids, Tensor* y) override;
   absl::Status Rope(Tensor* x, const Tensor& positions, double theta) override;

@@ -4,16 +4,17 @@
 // - LaunchQuantizeActivationsFp8: the activations of a GEMM (cuBLASLt's FP8 matmul or CUTLASS's,
 //   which take FP8 on both sides) quantized per token and per 128 channels, a warp a group
 //   (fp8_quantize.cuh: the FP8 dispatch records' arithmetic), DeepSeek-V3's and the official
-//   Qwen3 FP8 checkpoints' "dynamic" activation scheme. Values go out row-major [m_pad, k]; scales [k / 128, m_pad], token-major
-//   within a group (cuBLASLt's VEC128_32F layout for its B operand); rows m..m_pad get zeros
-//   and scale 1 (cuBLASLt wants the token count a multiple of 4).
+//   Qwen3 FP8 checkpoints' "dynamic" activation scheme. Values go out row-major [m_pad, k]; scales
+//   [k / 128, m_pad], token-major within a group (cuBLASLt's VEC128_32F layout for its B operand);
+//   rows m..m_pad get zeros and scale 1 (cuBLASLt wants the token count a multiple of 4).
 // - LaunchGemvFp8: the decode-sized product y[m, n] = x[m, :] . dequant(w)[n, :] for m <=
 //   kGemvMaxRows bf16 rows: a warp per output feature streams the feature's weights, 16 bytes
 //   (16 values) a lane at a time, widens them in registers (the e4m3 -> f16 conversion the
 //   hardware does two at a time), and multiplies each 16-value dot by its block's scale. The
 //   activations stay bf16 (no quantization error on that side: a decode step is bound by the
 //   weights' bytes, not by the multiply). The lane sums meet through a fixed xor-shuffle tree,
-//   so results are deterministic.
+//   so results are deterministic. LaunchGemvsFp8 runs up to kGemvMaxOutputs weights sharing x
+//   (a decode step's q, k and v) in one launch, as LaunchGemvsBf16 does.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -73,12 +74,29 @@ __device__ __forceinline__ void WidenFp8x16(const uint4& raw, float out[kFp8Chun
   }
 }
 
+// The weights of one launch (several sharing x: q, k and v): blocks [first_block[o],
+// first_block[o + 1]) compute output o.
+struct Fp8GemvOutputs {
+  const uint8_t* w[kGemvMaxOutputs];
+  const float* scales[kGemvMaxOutputs];
+  int64_t scale_stride[kGemvMaxOutputs];
+  void* y[kGemvMaxOutputs];
+  int64_t n[kGemvMaxOutputs];
+  int first_block[kGemvMaxOutputs + 1];
+  int count;
+};
+
 template <int kRows, typename Y>
 __global__ void __launch_bounds__(kGemvFp8Warps * 32)
-    GemvFp8Kernel(const __nv_bfloat16* x, const uint8_t* w, const float* w_scales,
-                  int64_t scale_stride, int64_t n, int64_t k, Y* y) {
+    GemvFp8Kernel(const __nv_bfloat16* x, Fp8GemvOutputs outs, int64_t k) {
+  int o = 0;
+  while (o + 1 < outs.count && static_cast<int>(blockIdx.x) >= outs.first_block[o + 1]) ++o;
+  const uint8_t* w = outs.w[o];
+  const int64_t n = outs.n[o];
+  Y* y = static_cast<Y*>(outs.y[o]);
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t feature = static_cast<int64_t>(blockIdx.x) * kGemvFp8Warps + threadIdx.x / 32;
+  const int64_t feature =
+      static_cast<int64_t>(blockIdx.x - outs.first_block[o]) * kGemvFp8Warps + threadIdx.x / 32;
   // pdl-early: the weights are the model's, never written by a kernel, so each lane requests
   // its first slice before waiting for the previous kernel (PdlWait). Nothing else is read or
   // written before the wait.
@@ -87,7 +105,7 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
   uint4 next = lane < chunks ? w_row[lane] : uint4{};
   PdlWait();
   if (feature >= n) return;
-  const float* scale_row = w_scales + (feature / kGroup) * scale_stride;
+  const float* scale_row = outs.scales[o] + (feature / kGroup) * outs.scale_stride[o];
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
@@ -124,16 +142,15 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
 }
 
 template <int kRows>
-cudaError_t LaunchGemvFp8Rows(const __nv_bfloat16* x, const uint8_t* w, const float* w_scales,
-                              int64_t scale_stride, int64_t n, int64_t k, void* y, ElemType y_type,
-                              cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((n + kGemvFp8Warps - 1) / kGemvFp8Warps);
+cudaError_t LaunchGemvFp8Rows(const __nv_bfloat16* x, const Fp8GemvOutputs& outs, int64_t k,
+                              ElemType y_type, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(outs.first_block[outs.count]);
   if (y_type == ElemType::kF32) {
-    return LaunchKernel(GemvFp8Kernel<kRows, float>, blocks, kGemvFp8Warps * 32, 0, stream, x, w,
-                        w_scales, scale_stride, n, k, static_cast<float*>(y));
+    return LaunchKernel(GemvFp8Kernel<kRows, float>, blocks, kGemvFp8Warps * 32, 0, stream, x, outs,
+                        k);
   }
   return LaunchKernel(GemvFp8Kernel<kRows, __nv_bfloat16>, blocks, kGemvFp8Warps * 32, 0, stream, x,
-                      w, w_scales, scale_stride, n, k, static_cast<__nv_bfloat16*>(y));
+                      outs, k);
 }
 
 }  // namespace
@@ -158,22 +175,42 @@ cudaError_t LaunchQuantizeActivationsFp8(const void* x, ElemType x_type, int64_t
   });
 }
 
-cudaError_t LaunchGemvFp8(const void* x, int64_t m, const uint8_t* w, const float* w_scales,
-                          int64_t scale_stride, int64_t n, int64_t k, void* y, ElemType y_type,
-                          cudaStream_t stream) {
-  if (m < 0 || m > kGemvMaxRows || n < 0 || n % kGroup != 0 || k <= 0 || k % kGroup != 0 ||
-      scale_stride < k / kGroup || (y_type != ElemType::kF32 && y_type != ElemType::kBF16)) {
+cudaError_t LaunchGemvsFp8(const void* x, int64_t m, int64_t k, int count, const uint8_t* const* ws,
+                           const float* const* w_scales, const int64_t* scale_strides,
+                           const int64_t* ns, void* const* ys, ElemType y_type,
+                           cudaStream_t stream) {
+  if (m < 0 || m > kGemvMaxRows || k <= 0 || k % kGroup != 0 || count < 1 ||
+      count > kGemvMaxOutputs || ws == nullptr || w_scales == nullptr || scale_strides == nullptr ||
+      ns == nullptr || ys == nullptr || (y_type != ElemType::kF32 && y_type != ElemType::kBF16)) {
     return cudaErrorInvalidValue;
   }
-  if (m == 0 || n == 0) return cudaSuccess;
-  if (x == nullptr || w == nullptr || w_scales == nullptr || y == nullptr) {
-    return cudaErrorInvalidValue;
+  Fp8GemvOutputs outs{};
+  int64_t blocks = 0;
+  for (int o = 0; o < count; ++o) {
+    if (ns[o] < 0 || ns[o] % kGroup != 0 || scale_strides[o] < k / kGroup) {
+      return cudaErrorInvalidValue;
+    }
+    if (m > 0 && ns[o] > 0 && (ws[o] == nullptr || w_scales[o] == nullptr || ys[o] == nullptr)) {
+      return cudaErrorInvalidValue;
+    }
+    outs.w[o] = ws[o];
+    outs.scales[o] = w_scales[o];
+    outs.scale_stride[o] = scale_strides[o];
+    outs.y[o] = ys[o];
+    outs.n[o] = ns[o];
+    outs.first_block[o] = static_cast<int>(blocks);
+    blocks += (ns[o] + kGemvFp8Warps - 1) / kGemvFp8Warps;
+    if (blocks > INT32_MAX) return cudaErrorInvalidValue;
   }
+  outs.first_block[count] = static_cast<int>(blocks);
+  outs.count = count;
+  if (m == 0 || blocks == 0) return cudaSuccess;
+  if (x == nullptr) return cudaErrorInvalidValue;
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   switch (m) {
 #define DXS_GEMV_FP8_CASE(R) \
   case R:                    \
-    return LaunchGemvFp8Rows<R>(xb, w, w_scales, scale_stride, n, k, y, y_type, stream);
+    return LaunchGemvFp8Rows<R>(xb, outs, k, y_type, stream);
     DXS_GEMV_FP8_CASE(1)
     DXS_GEMV_FP8_CASE(2)
     DXS_GEMV_FP8_CASE(3)
@@ -186,6 +223,12 @@ cudaError_t LaunchGemvFp8(const void* x, int64_t m, const uint8_t* w, const floa
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+cudaError_t LaunchGemvFp8(const void* x, int64_t m, const uint8_t* w, const float* w_scales,
+                          int64_t scale_stride, int64_t n, int64_t k, void* y, ElemType y_type,
+                          cudaStream_t stream) {
+  return LaunchGemvsFp8(x, m, k, 1, &w, &w_scales, &scale_stride, &n, &y, y_type, stream);
 }
 
 }  // namespace dxs::cuda

@@ -24,11 +24,11 @@
 //   (the sorted path's ScaleSumRows, bit for bit).
 //
 // Both take bf16 experts, or block-scaled FP8 ones (e4m3 weights and their 128 x 128 block
-// scales, N-major as CudaBackend::ExpertWeights keeps them): those bytes are widened and
-// scaled in registers (LoadExpertWeights8), the activations stay bf16 (no quantization on that
-// side, as the dense FP8 GEMV: a decode step is bound by the weights' bytes), and the sums,
-// roundings and order are the bf16 kernels'. A decode step's experts then stream half the
-// bytes with no quantization pass and no GEMM tiles sitting mostly idle.
+// scales, N-major as CudaBackend::ExpertWeights keeps them): a lane's 16 bytes are then 16
+// values, widened and scaled in registers (LoadExpertWeights). The activations stay bf16
+// (no quantization on that side, as in the dense FP8 GEMV: a decode step is bound by the
+// weights' bytes), and the roundings are the bf16 kernels'. A decode step's experts then
+// stream half the bytes, with no quantization pass and no GEMM tiles sitting mostly idle.
 //
 // Both need k % 8 == 0 (FP8: hidden and inter whole 128-blocks) and 16-byte aligned rows;
 // the backend checks and otherwise uses the GEMM path.
@@ -95,23 +95,26 @@ __device__ __forceinline__ void LoadWeights8(const __nv_bfloat16* p, float out[k
 // CudaBackend::ExpertWeights builds for the FP8 grouped GEMM, read here too).
 constexpr int kFp8WeightBlock = 128;
 
-// Expert weight row `row`, elements [c, c + 8), widened to float (and scaled: kFp8). The FP8
-// bytes stream as the bf16 ones do (read once, no L1 allocation; volatile as LoadWeightsRaw).
+// The elements a lane loads at once from an expert's weights: 16 bytes, 8 bf16 or 16 e4m3.
 template <bool kFp8>
-__device__ __forceinline__ void LoadExpertWeights8(const void* w, const float* scales, int n_blocks,
-                                                   int row, int k, int c, float out[kChunk]) {
+inline constexpr int kExpertChunk = kFp8 ? 16 : kChunk;
+
+// Expert weight row `row`, elements [c, c + kExpertChunk), widened to float (and scaled:
+// kFp8). The FP8 bytes stream as the bf16 ones do (read once, no L1 allocation).
+template <bool kFp8>
+__device__ __forceinline__ void LoadExpertWeights(const void* w, const float* scales, int n_blocks,
+                                                  int row, int k, int c,
+                                                  float out[kExpertChunk<kFp8>]) {
   if constexpr (!kFp8) {
     LoadWeights8(static_cast<const __nv_bfloat16*>(w) + static_cast<int64_t>(row) * k + c, out);
   } else {
-    const uint8_t* p = static_cast<const uint8_t*>(w) + static_cast<int64_t>(row) * k + c;
-    uint2 raw;
-    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
-                 : "=r"(raw.x), "=r"(raw.y)
-                 : "l"(p));
+    // Reinterpreted as bf16 only to reuse LoadWeightsRaw's 16-byte streaming load.
+    const uint4 raw = LoadWeightsRaw(reinterpret_cast<const __nv_bfloat16*>(
+        static_cast<const uint8_t*>(w) + static_cast<int64_t>(row) * k + c));
     const float s = __ldg(scales + (c / kFp8WeightBlock) * n_blocks + row / kFp8WeightBlock);
     const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
 #pragma unroll
-    for (int i = 0; i < kChunk / 2; ++i) {
+    for (int i = 0; i < 8; ++i) {
       const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3)));
       out[2 * i] = f.x * s;
       out[2 * i + 1] = f.y * s;
@@ -140,6 +143,20 @@ __device__ __forceinline__ float Dot8(const float a[kChunk], const float b[kChun
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) s = fmaf(a[i], b[i], s);
+  return s;
+}
+
+// kN (8 or 16) activations as float, and their dot with kN weights (Dot8's order, extended).
+template <int kN, typename T>
+__device__ __forceinline__ void LoadRow(const T* p, float out[kN]) {
+#pragma unroll
+  for (int h = 0; h < kN / kChunk; ++h) LoadRow8(p + h * kChunk, out + h * kChunk);
+}
+template <int kN>
+__device__ __forceinline__ float Dot(const float a[kN], const float b[kN]) {
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) s = fmaf(a[i], b[i], s);
   return s;
 }
 
@@ -318,24 +335,25 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int j = 0; j < kRunPairs; ++j) g[f][j] = u[f][j] = 0.f;
     }
     if (w != nullptr) {
+      constexpr int kC = kExpertChunk<kFp8>;
 #pragma unroll 2
-      for (int c = lane * kChunk; c < hidden; c += 32 * kChunk) {
-        float gw[kFeatures][kChunk], uw[kFeatures][kChunk];
+      for (int c = lane * kC; c < hidden; c += 32 * kC) {
+        float gw[kFeatures][kC], uw[kFeatures][kC];
 #pragma unroll
         for (int f = 0; f < kFeatures; ++f) {
           const int feature = min(feature0 + f, inter - 1);
-          LoadExpertWeights8<kFp8>(w, ws, n_blocks, feature, hidden, c, gw[f]);
-          LoadExpertWeights8<kFp8>(w, ws, n_blocks, inter + feature, hidden, c, uw[f]);
+          LoadExpertWeights<kFp8>(w, ws, n_blocks, feature, hidden, c, gw[f]);
+          LoadExpertWeights<kFp8>(w, ws, n_blocks, inter + feature, hidden, c, uw[f]);
         }
 #pragma unroll
         for (int j = 0; j < kRunPairs; ++j) {
           if (valid[j]) {
-            float xv[kChunk];
-            LoadRow8(x[j] + c, xv);
+            float xv[kC];
+            LoadRow<kC>(x[j] + c, xv);
 #pragma unroll
             for (int f = 0; f < kFeatures; ++f) {
-              g[f][j] += Dot8(gw[f], xv);
-              u[f][j] += Dot8(uw[f], xv);
+              g[f][j] += Dot<kC>(gw[f], xv);
+              u[f][j] += Dot<kC>(uw[f], xv);
             }
           }
         }
@@ -382,21 +400,22 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int j = 0; j < kRunPairs; ++j) acc[f][j] = 0.f;
     }
     if (w != nullptr) {
+      constexpr int kC = kExpertChunk<kFp8>;
 #pragma unroll 2
-      for (int c = lane * kChunk; c < inter; c += 32 * kChunk) {
-        float wv[kFeatures][kChunk];
+      for (int c = lane * kC; c < inter; c += 32 * kC) {
+        float wv[kFeatures][kC];
 #pragma unroll
         for (int f = 0; f < kFeatures; ++f) {
           const int feature = min(feature0 + f, hidden - 1);
-          LoadExpertWeights8<kFp8>(w, ws, n_blocks, feature, inter, c, wv[f]);
+          LoadExpertWeights<kFp8>(w, ws, n_blocks, feature, inter, c, wv[f]);
         }
 #pragma unroll
         for (int j = 0; j < kRunPairs; ++j) {
           if (j < pairs) {
-            float av[kChunk];
-            LoadRow8(act + static_cast<int64_t>(p + done + j) * inter + c, av);
+            float av[kC];
+            LoadRow<kC>(act + static_cast<int64_t>(p + done + j) * inter + c, av);
 #pragma unroll
-            for (int f = 0; f < kFeatures; ++f) acc[f][j] += Dot8(wv[f], av);
+            for (int f = 0; f < kFeatures; ++f) acc[f][j] += Dot<kC>(wv[f], av);
           }
         }
       }
@@ -449,15 +468,16 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
 #pragma unroll
     for (int f = 0; f < kDownSumFeatures; ++f) acc[f] = 0.f;
     if (w != nullptr) {
+      constexpr int kC = kExpertChunk<kFp8>;
 #pragma unroll 2
-      for (int c = lane * kChunk; c < inter; c += 32 * kChunk) {
-        float av[kChunk];
-        LoadRow8(act + static_cast<int64_t>(p) * inter + c, av);
+      for (int c = lane * kC; c < inter; c += 32 * kC) {
+        float av[kC];
+        LoadRow<kC>(act + static_cast<int64_t>(p) * inter + c, av);
 #pragma unroll
         for (int f = 0; f < kDownSumFeatures; ++f) {
-          float wv[kChunk];
-          LoadExpertWeights8<kFp8>(w, ws, n_blocks, min(feature0 + f, hidden - 1), inter, c, wv);
-          acc[f] += Dot8(wv, av);
+          float wv[kC];
+          LoadExpertWeights<kFp8>(w, ws, n_blocks, min(feature0 + f, hidden - 1), inter, c, wv);
+          acc[f] += Dot<kC>(wv, av);
         }
       }
     }

@@ -115,6 +115,12 @@ cudaError_t LaunchQuantizeActivationsFp8(const void* x, ElemType x_type, int64_t
 cudaError_t LaunchGemvFp8(const void* x, int64_t m, const uint8_t* w, const float* w_scales,
                           int64_t scale_stride, int64_t n, int64_t k, void* y, ElemType y_type,
                           cudaStream_t stream);
+// The same for `count` (<= kGemvMaxOutputs) FP8 weights sharing x, in one launch: ys[o][m,
+// ns[o]] = x * dequant(ws[o])^T with w_scales[o] [ns[o] / 128, scale_strides[o]].
+cudaError_t LaunchGemvsFp8(const void* x, int64_t m, int64_t k, int count, const uint8_t* const* ws,
+                           const float* const* w_scales, const int64_t* scale_strides,
+                           const int64_t* ns, void* const* ys, ElemType y_type,
+                           cudaStream_t stream);
 
 // ---- moe_fp8.cu (the FP8 grouped FFN's activation passes; see the file comment) ----
 

@@ -12,6 +12,7 @@
 // Skips without a GPU or where the backend keeps no FP8 weights (before sm_90).
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -174,6 +175,50 @@ TEST_F(Fp8LinearTest, RowsOfWholeBlocksKeepTheirScales) {
   ASSERT_TRUE(gpu_->CopyToHost(part, DType::kF32, b.data()).ok());
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t c = 0; c < 128; ++c) EXPECT_EQ(b[r * 128 + c], a[r * w.n + 128 + c]);
+  }
+}
+
+// Linears of FP8 weights sharing x (q, k and v of a decode step): one GEMV launch up to
+// kGemvMaxRows rows, each output bit for bit what Linear gives it alone (the same warp per
+// feature, lane order and tree); past them, one Linear each (the GEMM path).
+TEST_F(Fp8LinearTest, LinearsEqualEachLinear) {
+  const int64_t k = 512;
+  std::vector<Fp8Weight> hw = {MakeWeight(384, k, 21), MakeWeight(128, k, 22),
+                               MakeWeight(256, k, 23)};
+  std::vector<Tensor> wt;
+  for (const Fp8Weight& w : hw) {
+    absl::StatusOr<Tensor> t =
+        MakeBlockScaledWeight(w.bytes.data(), w.scales.data(), {w.n, w.k}, gpu_.get());
+    ASSERT_TRUE(t.ok()) << t.status();
+    wt.push_back(*t);
+  }
+  for (int64_t m : {1, 5, 8, 9}) {
+    for (DType y_dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(::testing::Message() << "m " << m << " y " << DTypeName(y_dtype));
+      const std::vector<float> x = RandomBf16(m * k, 30 + m);
+      Tensor xt = *gpu_->Allocate({m, k}, DType::kBF16);
+      ASSERT_TRUE(gpu_->CopyFromHost(x.data(), DType::kF32, &xt).ok());
+      std::vector<Tensor> together, alone;
+      for (const Fp8Weight& w : hw) {
+        together.push_back(*gpu_->Allocate({m, w.n}, y_dtype));
+        alone.push_back(*gpu_->Allocate({m, w.n}, y_dtype));
+        ASSERT_TRUE(gpu_->Fill(&together.back(), NAN).ok());
+      }
+      const absl::Status s =
+          gpu_->Linears(xt, {&wt[0], &wt[1], &wt[2]}, {&together[0], &together[1], &together[2]});
+      ASSERT_TRUE(s.ok()) << s;
+      for (size_t i = 0; i < hw.size(); ++i) {
+        ASSERT_TRUE(gpu_->Linear(xt, wt[i], nullptr, &alone[i]).ok());
+        std::vector<float> a(m * hw[i].n), b(m * hw[i].n);
+        ASSERT_TRUE(gpu_->CopyToHost(together[i], DType::kF32, a.data()).ok());
+        ASSERT_TRUE(gpu_->CopyToHost(alone[i], DType::kF32, b.data()).ok());
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "output " << i;
+        if (m <= 8) {
+          EXPECT_LT(RelError(a, Reference(x, m, hw[i])), y_dtype == DType::kF32 ? 1e-4 : 4.1e-3)
+              << "output " << i;
+        }
+      }
+    }
   }
 }
 
