@@ -88,24 +88,36 @@ struct Fp8GemvOutputs {
 
 template <int kRows, typename Y>
 __global__ void __launch_bounds__(kGemvFp8Warps * 32)
-    GemvFp8Kernel(const __nv_bfloat16* x, Fp8GemvOutputs outs, int64_t k) {
-  int o = 0;
-  while (o + 1 < outs.count && static_cast<int>(blockIdx.x) >= outs.first_block[o + 1]) ++o;
-  const uint8_t* w = outs.w[o];
-  const int64_t n = outs.n[o];
-  Y* y = static_cast<Y*>(outs.y[o]);
+    GemvFp8Kernel(const __nv_bfloat16* x, const Fp8GemvOutputs outs, int64_t k) {
+  static_assert(kGemvMaxOutputs == 3, "the selection below names each output");
+  // Selected with constant indices: a runtime index would copy the parameters to the stack.
+  const int block = static_cast<int>(blockIdx.x);
+  const int o = block >= outs.first_block[2] && outs.count > 2   ? 2
+                : block >= outs.first_block[1] && outs.count > 1 ? 1
+                                                                 : 0;
+  const uint8_t* w = o == 0 ? outs.w[0] : o == 1 ? outs.w[1] : outs.w[2];
+  const int64_t n = o == 0 ? outs.n[0] : o == 1 ? outs.n[1] : outs.n[2];
+  const int first = o == 0   ? outs.first_block[0]
+                    : o == 1 ? outs.first_block[1]
+                             : outs.first_block[2];
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t feature =
-      static_cast<int64_t>(blockIdx.x - outs.first_block[o]) * kGemvFp8Warps + threadIdx.x / 32;
+  const int64_t feature = static_cast<int64_t>(block - first) * kGemvFp8Warps + threadIdx.x / 32;
   // pdl-early: the weights are the model's, never written by a kernel, so each lane requests
-  // its first slice before waiting for the previous kernel (PdlWait). Nothing else is read or
-  // written before the wait.
+  // its first chunk before waiting for the previous kernel (PdlWait). Nothing else is read or
+  // written before the wait. (Four chunks ahead a lane, the whole of a 2048-wide row, measured
+  // slower on an H100: 37.7 against 31.6 us for a layer's four projections at batch 1.)
   const int64_t chunks = k / kFp8Chunk;
   const uint4* w_row = reinterpret_cast<const uint4*>(w + (feature < n ? feature : 0) * k);
   uint4 next = lane < chunks ? w_row[lane] : uint4{};
   PdlWait();
   if (feature >= n) return;
-  const float* scale_row = outs.scales[o] + (feature / kGroup) * outs.scale_stride[o];
+  Y* y = static_cast<Y*>(o == 0 ? outs.y[0] : o == 1 ? outs.y[1] : outs.y[2]);
+  const float* scale_row = (o == 0   ? outs.scales[0]
+                            : o == 1 ? outs.scales[1]
+                                     : outs.scales[2]) +
+                           (feature / kGroup) * (o == 0   ? outs.scale_stride[0]
+                                                 : o == 1 ? outs.scale_stride[1]
+                                                          : outs.scale_stride[2]);
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.f;

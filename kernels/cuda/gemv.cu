@@ -25,7 +25,7 @@
 //
 // Both take bf16 experts, or block-scaled FP8 ones (e4m3 weights and their 128 x 128 block
 // scales, N-major as CudaBackend::ExpertWeights keeps them): a lane's 16 bytes are then 16
-// values, widened and scaled in registers (LoadExpertWeights). The activations stay bf16
+// values, widened and scaled in registers (ExpertChunk). The activations stay bf16
 // (no quantization on that side, as in the dense FP8 GEMV: a decode step is bound by the
 // weights' bytes), and the roundings are the bf16 kernels'. A decode step's experts then
 // stream half the bytes, with no quantization pass and no GEMM tiles sitting mostly idle.
@@ -95,33 +95,6 @@ __device__ __forceinline__ void LoadWeights8(const __nv_bfloat16* p, float out[k
 // CudaBackend::ExpertWeights builds for the FP8 grouped GEMM, read here too).
 constexpr int kFp8WeightBlock = 128;
 
-// The elements a lane loads at once from an expert's weights: 16 bytes, 8 bf16 or 16 e4m3.
-template <bool kFp8>
-inline constexpr int kExpertChunk = kFp8 ? 16 : kChunk;
-
-// Expert weight row `row`, elements [c, c + kExpertChunk), widened to float (and scaled:
-// kFp8). The FP8 bytes stream as the bf16 ones do (read once, no L1 allocation).
-template <bool kFp8>
-__device__ __forceinline__ void LoadExpertWeights(const void* w, const float* scales, int n_blocks,
-                                                  int row, int k, int c,
-                                                  float out[kExpertChunk<kFp8>]) {
-  if constexpr (!kFp8) {
-    LoadWeights8(static_cast<const __nv_bfloat16*>(w) + static_cast<int64_t>(row) * k + c, out);
-  } else {
-    // Reinterpreted as bf16 only to reuse LoadWeightsRaw's 16-byte streaming load.
-    const uint4 raw = LoadWeightsRaw(reinterpret_cast<const __nv_bfloat16*>(
-        static_cast<const uint8_t*>(w) + static_cast<int64_t>(row) * k + c));
-    const float s = __ldg(scales + (c / kFp8WeightBlock) * n_blocks + row / kFp8WeightBlock);
-    const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3)));
-      out[2 * i] = f.x * s;
-      out[2 * i + 1] = f.y * s;
-    }
-  }
-}
-
 // 8 activations as float.
 __device__ __forceinline__ void LoadRow8(const __nv_bfloat16* p, float out[kChunk]) {
   WidenBf16x8(*reinterpret_cast<const uint4*>(p), out);
@@ -146,19 +119,57 @@ __device__ __forceinline__ float Dot8(const float a[kChunk], const float b[kChun
   return s;
 }
 
-// kN (8 or 16) activations as float, and their dot with kN weights (Dot8's order, extended).
+// kN (8 or 16) activations as float.
 template <int kN, typename T>
 __device__ __forceinline__ void LoadRow(const T* p, float out[kN]) {
 #pragma unroll
   for (int h = 0; h < kN / kChunk; ++h) LoadRow8(p + h * kChunk, out + h * kChunk);
 }
-template <int kN>
-__device__ __forceinline__ float Dot(const float a[kN], const float b[kN]) {
-  float s = 0.f;
+
+// The elements a lane loads at once from an expert's weights: 16 bytes, 8 bf16 or 16 e4m3.
+template <bool kFp8>
+inline constexpr int kExpertChunk = kFp8 ? 16 : kChunk;
+
+// A lane's chunk of an expert weight row: row `row`, elements [c, c + kExpertChunk). bf16
+// chunks are widened when loaded (LoadWeights8) and dotted as Dot8; FP8 chunks stay as their
+// 16 bytes and block scale until the dot, which widens them (two at a time) and scales the
+// sum once, so a lane holds 5 registers a chunk rather than 16 and the kernels keep the
+// bf16 kernels' occupancy. The bytes stream as the bf16 ones do (LoadWeightsRaw).
+template <bool kFp8>
+struct ExpertChunk;
+
+template <>
+struct ExpertChunk<false> {
+  float v[kChunk];
+  __device__ __forceinline__ void Load(const void* w, const float*, int, int row, int k, int c) {
+    LoadWeights8(static_cast<const __nv_bfloat16*>(w) + static_cast<int64_t>(row) * k + c, v);
+  }
+  __device__ __forceinline__ float Dot(const float x[kChunk]) const { return Dot8(v, x); }
+};
+
+template <>
+struct ExpertChunk<true> {
+  uint4 raw;
+  float scale;
+  __device__ __forceinline__ void Load(const void* w, const float* scales, int n_blocks, int row,
+                                       int k, int c) {
+    // Reinterpreted as bf16 only to reuse LoadWeightsRaw's 16-byte streaming load.
+    raw = LoadWeightsRaw(reinterpret_cast<const __nv_bfloat16*>(static_cast<const uint8_t*>(w) +
+                                                                static_cast<int64_t>(row) * k + c));
+    scale = __ldg(scales + (c / kFp8WeightBlock) * n_blocks + row / kFp8WeightBlock);
+  }
+  __device__ __forceinline__ float Dot(const float x[16]) const {
+    const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+    float s = 0.f;
 #pragma unroll
-  for (int i = 0; i < kN; ++i) s = fmaf(a[i], b[i], s);
-  return s;
-}
+    for (int i = 0; i < 8; ++i) {
+      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3)));
+      s = fmaf(f.x, x[2 * i], s);
+      s = fmaf(f.y, x[2 * i + 1], s);
+    }
+    return s * scale;
+  }
+};
 
 // ---- dense ----
 
@@ -338,12 +349,12 @@ __global__ void __launch_bounds__(kWarps * 32)
       constexpr int kC = kExpertChunk<kFp8>;
 #pragma unroll 2
       for (int c = lane * kC; c < hidden; c += 32 * kC) {
-        float gw[kFeatures][kC], uw[kFeatures][kC];
+        ExpertChunk<kFp8> gw[kFeatures], uw[kFeatures];
 #pragma unroll
         for (int f = 0; f < kFeatures; ++f) {
           const int feature = min(feature0 + f, inter - 1);
-          LoadExpertWeights<kFp8>(w, ws, n_blocks, feature, hidden, c, gw[f]);
-          LoadExpertWeights<kFp8>(w, ws, n_blocks, inter + feature, hidden, c, uw[f]);
+          gw[f].Load(w, ws, n_blocks, feature, hidden, c);
+          uw[f].Load(w, ws, n_blocks, inter + feature, hidden, c);
         }
 #pragma unroll
         for (int j = 0; j < kRunPairs; ++j) {
@@ -352,8 +363,8 @@ __global__ void __launch_bounds__(kWarps * 32)
             LoadRow<kC>(x[j] + c, xv);
 #pragma unroll
             for (int f = 0; f < kFeatures; ++f) {
-              g[f][j] += Dot<kC>(gw[f], xv);
-              u[f][j] += Dot<kC>(uw[f], xv);
+              g[f][j] += gw[f].Dot(xv);
+              u[f][j] += uw[f].Dot(xv);
             }
           }
         }
@@ -403,11 +414,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       constexpr int kC = kExpertChunk<kFp8>;
 #pragma unroll 2
       for (int c = lane * kC; c < inter; c += 32 * kC) {
-        float wv[kFeatures][kC];
+        ExpertChunk<kFp8> wv[kFeatures];
 #pragma unroll
         for (int f = 0; f < kFeatures; ++f) {
-          const int feature = min(feature0 + f, hidden - 1);
-          LoadExpertWeights<kFp8>(w, ws, n_blocks, feature, inter, c, wv[f]);
+          wv[f].Load(w, ws, n_blocks, min(feature0 + f, hidden - 1), inter, c);
         }
 #pragma unroll
         for (int j = 0; j < kRunPairs; ++j) {
@@ -415,7 +425,7 @@ __global__ void __launch_bounds__(kWarps * 32)
             float av[kC];
             LoadRow<kC>(act + static_cast<int64_t>(p + done + j) * inter + c, av);
 #pragma unroll
-            for (int f = 0; f < kFeatures; ++f) acc[f][j] += Dot<kC>(wv[f], av);
+            for (int f = 0; f < kFeatures; ++f) acc[f][j] += wv[f].Dot(av);
           }
         }
       }
@@ -475,9 +485,9 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
         LoadRow<kC>(act + static_cast<int64_t>(p) * inter + c, av);
 #pragma unroll
         for (int f = 0; f < kDownSumFeatures; ++f) {
-          float wv[kC];
-          LoadExpertWeights<kFp8>(w, ws, n_blocks, min(feature0 + f, hidden - 1), inter, c, wv);
-          acc[f] += Dot<kC>(wv, av);
+          ExpertChunk<kFp8> wv;
+          wv.Load(w, ws, n_blocks, min(feature0 + f, hidden - 1), inter, c);
+          acc[f] += wv.Dot(av);
         }
       }
     }
