@@ -902,23 +902,32 @@ void Fp8Benches(const Rates& rates, bool quick, Report* report) {
   std::printf("\n[fp8-ffn] grouped SwiGLU FFN, %ld experts, hidden %ld, inter %ld, top-%ld\n",
               static_cast<long>(kExperts), static_cast<long>(kHidden), static_cast<long>(kInter),
               static_cast<long>(kTopK));
-  std::printf("  %7s %7s %10s %10s %9s\n", "tokens", "pairs", "bf16 us", "fp8 us", "fp8/bf16");
-  std::vector<Tensor> gu16, dn16, gu8, dn8;
-  std::vector<const Tensor*> gu16p, dn16p, gu8p, dn8p;
+  // "fp8 gemm": the same FP8 experts on a backend without the GEMVs (the quantization passes
+  // and CUTLASS's grouped GEMMs at every size), where the default takes gemv.cu's FP8 path
+  // (up to kGemvMaxPairs pairs).
+  std::printf("  %7s %7s %10s %10s %10s %9s %10s\n", "tokens", "pairs", "bf16 us", "fp8 us",
+              "fp8 gemm", "fp8/bf16", "gemv/gemm");
+  std::unique_ptr<Backend> gemm_only = BackendWith({{"DXS_CUDA_GEMV", "off"}});
+  std::vector<Tensor> gu16, dn16, gu8, dn8, gu8g, dn8g;
+  std::vector<const Tensor*> gu16p, dn16p, gu8p, dn8p, gu8gp, dn8gp;
   for (int64_t e = 0; e < kExperts; ++e) {
     gu16.push_back(RandomTensor(b.get(), {2 * kInter, kHidden}, 100 + e, 0.05));
     dn16.push_back(RandomTensor(b.get(), {kHidden, kInter}, 300 + e, 0.05));
     gu8.push_back(RandomFp8Weight(b.get(), 2 * kInter, kHidden, 500 + e));
     dn8.push_back(RandomFp8Weight(b.get(), kHidden, kInter, 700 + e));
+    gu8g.push_back(RandomFp8Weight(gemm_only.get(), 2 * kInter, kHidden, 500 + e));
+    dn8g.push_back(RandomFp8Weight(gemm_only.get(), kHidden, kInter, 700 + e));
   }
   for (int64_t e = 0; e < kExperts; ++e) {
     gu16p.push_back(&gu16[e]);
     dn16p.push_back(&dn16[e]);
     gu8p.push_back(&gu8[e]);
     dn8p.push_back(&dn8[e]);
+    gu8gp.push_back(&gu8g[e]);
+    dn8gp.push_back(&dn8g[e]);
   }
-  std::vector<int64_t> token_counts = {16, 128, 1024, 4096, 16384};
-  if (quick) token_counts = {16, 1024, 16384};
+  std::vector<int64_t> token_counts = {1, 4, 16, 128, 1024, 4096, 16384};
+  if (quick) token_counts = {1, 4, 16, 1024, 16384};
   for (int64_t tokens : token_counts) {
     const int64_t pairs = tokens * kTopK;
     std::vector<int32_t> offsets(kExperts + 1);
@@ -935,13 +944,24 @@ void Fp8Benches(const Rates& rates, bool quick, Report* report) {
     const double fp8_us = 1e3 * TimeMs(stream, 1, reps, [&] {
                             BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu8p, dn8p, &y));
                           });
-    std::printf("  %7ld %7ld %10.1f %10.1f %9.2f\n", static_cast<long>(tokens),
-                static_cast<long>(pairs), bf16_us, fp8_us, bf16_us / fp8_us);
+    Backend* g = gemm_only.get();
+    Tensor off_g = Must(g->Allocate({kExperts + 1}, DType::kI32), "offsets");
+    BENCH_CHECK(g->CopyFromHost(offsets.data(), DType::kI32, &off_g));
+    Tensor xs_g = RandomTensor(g, {pairs, kHidden}, 17, 1.0);
+    Tensor y_g = Must(g->Allocate({pairs, kHidden}, DType::kBF16), "y");
+    const double gemm_us =
+        1e3 * TimeMs(CudaStreamOf(g), 1, reps, [&] {
+          BENCH_CHECK(g->GroupedSwiGlu(xs_g, nullptr, off_g, gu8gp, dn8gp, &y_g));
+        });
+    std::printf("  %7ld %7ld %10.1f %10.1f %10.1f %9.2f %10.2f\n", static_cast<long>(tokens),
+                static_cast<long>(pairs), bf16_us, fp8_us, gemm_us, bf16_us / fp8_us,
+                gemm_us / fp8_us);
     report->Add({{"section", "fp8_ffn"},
                  {"tokens", tokens},
                  {"pairs", pairs},
                  {"bf16_us", bf16_us},
-                 {"fp8_us", fp8_us}});
+                 {"fp8_us", fp8_us},
+                 {"fp8_gemm_us", gemm_us}});
   }
 }
 

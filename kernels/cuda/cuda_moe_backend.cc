@@ -353,7 +353,8 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
   // Decode-sized: each held expert's weights streamed once (gemv.cu), the rows read where
   // they are, no gather, no SiLU pass; FP8 experts too (widened in registers, no
   // quantization pass).
-  if (use_gemv_ && num_rows <= cuda::kGemvMaxPairs && hidden % 8 == 0 && inter % 8 == 0 &&
+  if (use_gemv_ && num_rows <= (weights.fp8 ? cuda::kGemvMaxPairsFp8 : cuda::kGemvMaxPairs) &&
+      hidden % 8 == 0 && inter % 8 == 0 &&
       (xs.dtype() == DType::kBF16 || xs.dtype() == DType::kF32) && Aligned16(xs.raw())) {
     DXS_ASSIGN_OR_RETURN(Tensor act, Allocate({num_rows, inter}, DType::kBF16));
     return CudaStatus(

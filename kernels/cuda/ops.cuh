@@ -36,6 +36,10 @@ enum class ElemType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2, kI32 = 3, kI64 = 
 // Rows of x (tokens) LaunchGemvBf16 takes, and routed pairs LaunchMoeSwiGluGemv takes.
 inline constexpr int64_t kGemvMaxRows = 8;
 inline constexpr int64_t kGemvMaxPairs = 128;
+// The same for FP8 experts: past 32 pairs CUTLASS's FP8 grouped GEMMs (with the quantization
+// passes) are as fast or faster (H100: the GEMV 1.18x faster at 32 pairs, 0.91x at 128;
+// docs/results/fp8.md).
+inline constexpr int64_t kGemvMaxPairsFp8 = 32;
 
 // y[m, n] = sum_k x[m, k] * w[n, k]: x f32 or bf16 [m, k], w bf16 [n, k], y f32 or bf16;
 // m <= kGemvMaxRows, k % 8 == 0, x and w 16-byte aligned.

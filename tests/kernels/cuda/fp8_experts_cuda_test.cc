@@ -121,14 +121,16 @@ class Fp8ExpertsTest : public ::testing::Test {
 
 TEST_F(Fp8ExpertsTest, GroupedSwiGluEqualsTheFp8Recipe) {
   const std::vector<const Tensor*> gate_up = GateUp(), down = Down();
-  // Sorted entries over experts 0, 2, 3 (expert 1 has none), rows gathered by index: 37 (one
-  // M tile an expert; the GEMVs on the default backend), and 600 (several, the last partial).
+  // Sorted entries over experts 0, 2, 3 (expert 1 has none), rows gathered by index: 24 (one
+  // M tile an expert; the GEMVs on the default backend, counted too), 37 (past the FP8 GEMVs'
+  // pairs: the GEMMs everywhere) and 600 (several M tiles, the last partial).
   for (const bool gemvs : {true, false}) {
     Backend* b = gemvs ? gpu_.get() : gemm_only_.get();
     Tensor xs = *b->Allocate({kTokens, kHidden}, DType::kBF16);
     ASSERT_TRUE(b->CopyFromHost(xs_.data(), DType::kF32, &xs).ok());
     for (const std::vector<int32_t>& offsets :
-         {std::vector<int32_t>{0, 10, 10, 30, 37}, std::vector<int32_t>{0, 250, 250, 530, 600}}) {
+         {std::vector<int32_t>{0, 8, 8, 18, 24}, std::vector<int32_t>{0, 10, 10, 30, 37},
+          std::vector<int32_t>{0, 250, 250, 530, 600}}) {
       const int32_t entries = offsets.back();
       std::vector<int32_t> rows(entries);
       for (int32_t p = 0; p < entries; ++p) rows[p] = (p * 7) % kTokens;
@@ -136,8 +138,8 @@ TEST_F(Fp8ExpertsTest, GroupedSwiGluEqualsTheFp8Recipe) {
       ASSERT_TRUE(b->CopyFromHost(offsets.data(), DType::kI32, &off).ok());
       for (const bool counted : {false, true}) {
         const int64_t capacity = counted ? entries + 8 : entries;
-        // kGemvMaxPairs (kernels/cuda/ops.cuh) is 128.
-        const bool gemv_path = gemvs && capacity <= 128;
+        // kGemvMaxPairsFp8 (kernels/cuda/ops.cuh) is 32.
+        const bool gemv_path = gemvs && capacity <= 32;
         SCOPED_TRACE(::testing::Message() << entries << " entries" << (counted ? ", counted" : "")
                                           << (gemv_path ? ", GEMVs" : ", GEMMs"));
         std::vector<int32_t> cap_rows = rows;
