@@ -3,7 +3,8 @@
 # gpu_bench's profile modes, so each missed target in docs/gpu.md has the kernel times
 # that show what limits it. Builds nothing (the binaries come in .device/, packed by
 # bench/gpu/bundle.sh). Per-kernel CSVs and a summary go to $OUT; the summary is printed.
-#   bench/gpu/profile_device.sh [attention decode prefill ...]
+#   bench/gpu/profile_device.sh [attention decode decode32 decode-fp8 prefill ...]
+#   (decode-fp8: the FP8 engine's decode step at batch 1, 2 layers, from gpu_bench --fp8-decode)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/dxs-gpu-out}
