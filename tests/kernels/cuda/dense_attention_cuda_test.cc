@@ -27,6 +27,7 @@
 #if DXS_HAVE_FLASHINFER
 #include "kernels/cuda/flashinfer_attention.cuh"
 #endif
+#include "tests/common/scoped_env.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace dxs {
@@ -330,28 +331,7 @@ TEST(DenseAttentionCudaGuard, AttentionWorkspace) {
   return v != nullptr && *v != '\0' && std::string(v) != "0";
 }
 
-// Sets an environment variable for the scope (restoring what was there).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
+using testing::ScopedEnv;
 
 #if DXS_HAVE_FLASHINFER
 // DXS_CUDA_PREFILL_SM90 is auto or off; anything else fails every call with a message that
