@@ -30,7 +30,8 @@
 // Wires: each shape and token count runs twice, with bf16 rows both ways, then with FP8
 // dispatch rows (--wire-dtype fp8: each row quantized per 128 channels before it leaves, its
 // records dequantized on the EP rank; the answers stay bf16, as DeepEP and Step-3 send
-// them). FP8 rows go through the transport's transfers (no staged buffers).
+// them). FP8 records are a pass of their own into the region the EP rank reads (bf16 rows
+// can be read from the staged x in place).
 //
 // Bytes: dispatch = the dxs header (control channel) + the rows (bf16: rows * hidden * 2;
 // fp8: rows * Fp8RecordBytes(hidden), hidden bytes and a float32 scale per 128) + 12 * pairs;

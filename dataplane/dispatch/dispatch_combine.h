@@ -183,8 +183,9 @@ struct DispatchOptions {
   bool mapped_regions = true;
   // Dispatch rows leave as FP8 records (Backend::QuantizeRowsFp8: float8_e4m3fn with a scale
   // per token and 128 channels, DeepEP's and Step-3's format) and the answers come back in
-  // wire_dtype: about half a bf16 dispatch's bytes. Through the transport's transfers only
-  // (no mapped regions: every row is packed anyway).
+  // wire_dtype: about half a bf16 dispatch's bytes. The records are packed, into the mapped
+  // region where the EP rank reads them in place or into the transfers (x is never read in
+  // place as bf16 rows can be).
   bool fp8_dispatch = false;
 };
 
