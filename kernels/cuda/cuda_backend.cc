@@ -682,6 +682,7 @@ absl::Status CudaBackend::Linears(const Tensor& x, const std::vector<const Tenso
                  ys[i]->dtype() == ys[0]->dtype() &&
                  ys[i]->num_elements() == x.rows() * ws[i]->rows();
   }
+  // Otherwise the FP8 GEMV's one launch, or one Linear each (LinearsFp8).
   if (!one_launch) return LinearsFp8(x, ws, ys);
   if (x.rows() == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("linears"));

@@ -213,8 +213,11 @@ class CudaBackend final : public Backend {
     bool fp8 = false;
     Tensor scale_pointers;
     std::vector<Tensor> scales;
+    // The scale table as the GEMVs take it (gemv.cu): null for bf16 experts.
+    const float* const* scale_table() const {
+      return fp8 ? reinterpret_cast<const float* const*>(scale_pointers.raw()) : nullptr;
+    }
   };
-  static const float* const* ScalePointers(const ExpertWeightSet& set);
   absl::StatusOr<ExpertWeightSet> ExpertWeights(const std::vector<const Tensor*>& gate_up,
                                                 const std::vector<const Tensor*>& down,
                                                 int64_t hidden);

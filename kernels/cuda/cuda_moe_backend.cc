@@ -176,11 +176,6 @@ absl::Status CudaBackend::ScaleSumRows(const Tensor& src, const Tensor& scales, 
       "scale sum rows");
 }
 
-// The weight set's block-scale table for the GEMVs (gemv.cu): null for bf16 experts.
-const float* const* CudaBackend::ScalePointers(const ExpertWeightSet& set) {
-  return set.fp8 ? reinterpret_cast<const float* const*>(set.scale_pointers.raw()) : nullptr;
-}
-
 // At most 16 routed pairs (a decode step of one or two tokens at top-8): the pairs are then
 // single-expert runs in the sorted path too, so the fused path streams the same weights
 // with three fewer launches (sort, counts, ScaleSumRows).
@@ -226,7 +221,7 @@ absl::Status CudaBackend::RoutedSwiGlu(const Tensor& x, const Tensor& ids, const
   return CudaStatus(cuda::LaunchRoutedSwiGluGemv(
                         x.raw(), ToElemType(x.dtype()), tokens, ids.i32(), weights.f32(), top_k,
                         num_experts, reinterpret_cast<const void* const*>(set.pointers.raw()),
-                        ScalePointers(set), hidden, set.inter, act.raw(),
+                        set.scale_table(), hidden, set.inter, act.raw(),
                         ToElemType(ActivationDType()), counts != nullptr ? counts->i64() : nullptr,
                         out->raw(), ToElemType(out->dtype()), stream_),
                     kOp);
@@ -361,7 +356,7 @@ absl::Status CudaBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
         cuda::LaunchMoeSwiGluGemv(
             xs.raw(), ToElemType(xs.dtype()), xs.rows(), rows != nullptr ? rows->i32() : nullptr,
             num_rows, expert_offsets.i32(), num_experts,
-            reinterpret_cast<const void* const*>(weights.pointers.raw()), ScalePointers(weights),
+            reinterpret_cast<const void* const*>(weights.pointers.raw()), weights.scale_table(),
             hidden, inter, act.raw(), y->raw(), ToElemType(y->dtype()), stream_),
         "grouped SwiGLU (gemv)");
   }

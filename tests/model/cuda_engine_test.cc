@@ -41,6 +41,18 @@ constexpr double kLogitTolerance = 2e-2;
 // bf16 activations) and up to 0.15 through the GEMMs (BatchedRequests' 3-prompt prefill).
 constexpr double kFp8LogitTolerance = 0.2;
 
+// `preset` as a block-scaled FP8 checkpoint whose projections are all whole 128-blocks, so
+// that the GPU keeps them FP8 (KeepsFp8Weight): hidden 256, q 4 x 64 and k, v 2 x 64
+// ([256 | 128, 256]), the experts' 128-wide FFN, and a dense layer (1) with a 256-wide MLP.
+void MakeFp8BlockShapes(CheckpointPreset* preset) {
+  preset->fp8 = true;
+  preset->config.hidden_size = 256;
+  preset->config.head_dim = 64;
+  preset->config.intermediate_size = 256;
+  preset->config.moe_intermediate_size = 128;
+  preset->config.mlp_only_layers = {1};
+}
+
 std::vector<std::vector<int32_t>> GoldenPrompts(const std::string& preset, int64_t* max_new) {
   std::ifstream f(testing::SourceDir() + "/tests/golden/" + preset + ".json");
   EXPECT_TRUE(f.good()) << "missing golden file for " << preset;
@@ -84,12 +96,7 @@ class CudaEngineTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(preset.ok());
     preset->storage_dtype = DType::kBF16;
     if (fp8) {
-      preset->fp8 = true;
-      preset->config.hidden_size = 256;
-      preset->config.head_dim = 64;  // q 4 x 64, k and v 2 x 64: [256 | 128, 256]
-      preset->config.intermediate_size = 256;
-      preset->config.moe_intermediate_size = 128;  // the experts FP8 as well
-      preset->config.mlp_only_layers = {1};
+      MakeFp8BlockShapes(&*preset);
       tolerance_ = kFp8LogitTolerance;
     }
     model_dir_ = tmp_.path() + "/" + GetParam();
@@ -613,12 +620,7 @@ TEST(CudaEngineFp8, ProjectionsStayFp8UnlessSwitchedOff) {
   TempDir tmp;
   absl::StatusOr<CheckpointPreset> preset = GetPreset("default");
   ASSERT_TRUE(preset.ok());
-  preset->fp8 = true;
-  preset->config.hidden_size = 256;
-  preset->config.head_dim = 64;
-  preset->config.intermediate_size = 256;
-  preset->config.moe_intermediate_size = 128;
-  preset->config.mlp_only_layers = {1};
+  MakeFp8BlockShapes(&*preset);
   ASSERT_TRUE(WriteRandomCheckpoint(*preset, tmp.path()).ok());
   absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(tmp.path());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
