@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/step_trace.h"
 #include "common/timeouts.h"
 #include "dataplane/dispatch/wire.h"
 
@@ -28,6 +29,17 @@ AttentionStepLoop::AttentionStepLoop(int dp_rank, std::vector<int> dp_peers, Tra
 void AttentionStepLoop::Wake() {
   wake_pending_ = true;
   transport_->Wake();
+}
+
+void AttentionStepLoop::AbandonStep() {
+  // The expert ranks may be gathering a round of this step that waits for this rank's
+  // header; the other DP ranks of the step wait on that round. A failed send (a dead expert
+  // rank) needs nothing more: that rank's rounds fail anyway.
+  WireHeader h;
+  h.kind = MessageKind::kStepAbandoned;
+  h.step = step_;
+  const std::string encoded = h.Encode();
+  for (int peer : moe_->ep_peers()) (void)transport_->Send(peer, encoded, nullptr, 0);
 }
 
 int32_t AttentionStepLoop::OverlapThresholdOnWire() const {
@@ -259,6 +271,14 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   const bool host_sampling = scheduler_->StepSamplesOnHost();
   bool piecewise_step = false, low_latency_step = false;
   if (plan.ok()) {
+    TraceStep("attention ", dp_rank_, ": step ", step_, " planned: ", my_tokens, " of ",
+              plan->total_tokens, " tokens, DP ranks 0x", absl::Hex(plan->dp_mask),
+              " (0: all) of view ", plan->dp_view, ", ", plan->num_micro_batches, " micro-batches",
+              plan->low_latency ? ", low-latency" : "");
+  } else {
+    TraceStep("attention ", dp_rank_, ": step ", step_, " not planned: ", plan.status().ToString());
+  }
+  if (plan.ok()) {
     moe_->set_step(step_);
     moe_->set_dp_ranks(plan->dp_mask, plan->dp_view);
     (void)moe_->UsePlacement(plan->placement_version);  // kept: else the current one
@@ -329,6 +349,12 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   // current step, as if built the usual way (a failure below undoes or fails it as such).
   bool read_failed = false;
   if (before) read_failed = !FinishTokens(*std::move(before)).ok();
+  if (plan.ok()) {
+    TraceStep("attention ", dp_rank_, ": step ", step_, " ended: ", outcome.ToString());
+  }
+  // A step not planned here may still have been planned by a DP peer that read this rank's
+  // step message before this rank gave up on the peer's.
+  if (!outcome.ok()) AbandonStep();
   ++step_;
   counters_.next_step = step_;
   ++counters_.steps;

@@ -172,6 +172,10 @@ class AttentionStepLoop {
                                                           StepSamplingOutputs* sampled);
   // This rank's overlap threshold as sent in step messages (off: the largest value).
   int32_t OverlapThresholdOnWire() const;
+  // Tells every expert rank that this rank failed step_ (in the step exchange or after it)
+  // and dispatches nothing more of it (WireHeader kStepAbandoned), so the step's other DP
+  // ranks finish it.
+  void AbandonStep();
   // A step queued on the device whose tokens the host has not read (overlap scheduling).
   using InFlightStep = StepTokenDownloads::Step;
   // Enqueues the device sampling of the step's logits (Scheduler::PlanStepSampling) and

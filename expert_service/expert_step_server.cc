@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/step_trace.h"
 #include "common/timeouts.h"
 #include "dataplane/dispatch/dispatch_combine.h"
 #include "dataplane/dispatch/wire.h"
@@ -32,6 +33,10 @@ absl::Status CopyOut(Backend* backend, const Tensor& src, Tensor* region) {
   return backend->CopyToHost(src, region->dtype(), region->raw());
 }
 
+std::string KeyText(const WireHeader& h) {
+  return absl::StrCat("(step ", h.step, ", layer ", h.layer, ", micro ", h.micro, ")");
+}
+
 }  // namespace
 
 ExpertStepServer::ExpertStepServer(Transport* transport, std::vector<int> dp_peers,
@@ -52,6 +57,7 @@ ExpertStepServer::~ExpertStepServer() {
 void ExpertStepServer::set_dp_peers(std::vector<int> peers) {
   dp_peers_ = std::move(peers);
   pending_.assign(dp_peers_.size(), std::nullopt);
+  abandoned_.assign(dp_peers_.size(), std::nullopt);
   pending_keys_.assign(dp_peers_.size(), std::string());
 }
 
@@ -156,6 +162,11 @@ absl::Status ExpertStepServer::CheckPairs(const std::vector<WireHeader>& headers
 absl::Status ExpertStepServer::Fill(size_t i, absl::Time deadline) {
   DXS_ASSIGN_OR_RETURN(TransportMessage m, transport_->Recv(dp_peers_[i], deadline));
   absl::StatusOr<WireHeader> h = WireHeader::Decode(m.header);
+  if (h.ok() && h->kind == MessageKind::kStepAbandoned && m.payload_size() == 0) {
+    TraceStep("expert: DP peer ", dp_peers_[i], " abandoned step ", h->step);
+    if (!abandoned_[i] || *abandoned_[i] < h->step) abandoned_[i] = h->step;
+    return absl::OkStatus();  // nothing pending: the caller gathers on
+  }
   // A mapped dispatch and a low-latency step that connects carry a region's key (UCX's:
   // about 100 bytes, CUDA IPC's 64); others nothing.
   constexpr size_t kMaxRegionKey = 4096;
@@ -182,11 +193,12 @@ absl::Status ExpertStepServer::Gather(absl::Time deadline) {
   const auto live = [&](size_t i) {
     return live_dp_.empty() || (i < live_dp_.size() && live_dp_[i]);
   };
+  const auto dead = [&](size_t i) { return i < dead_dp_.size() && dead_dp_[i]; };
   while (true) {
     // Headers already here, from every DP rank this rank's view does not have dead (a dead
     // one's wait for it to come back: they are older rounds then, and dropped).
     for (size_t i = 0; i < num_dp; ++i) {
-      if (!pending_[i] && live(i) && transport_->HasMessage(dp_peers_[i])) {
+      if (!pending_[i] && !dead(i) && transport_->HasMessage(dp_peers_[i])) {
         DXS_RETURN_IF_ERROR(Fill(i, deadline));
       }
     }
@@ -210,13 +222,18 @@ absl::Status ExpertStepServer::Gather(absl::Time deadline) {
       continue;
     }
     // The round's DP ranks: those its headers name (WireHeader::dp_mask) that this rank's
-    // view does not have dead. A step read from a newer view than this rank's waits for it
-    // (a DP rank back from the dead takes part again once this rank knows it is live).
+    // view does not have DEAD (one absent from it, as after the router restarted, takes
+    // part: the DP ranks agreed on the step with it). A step read from a newer view than
+    // this rank's waits for it (a DP rank back from the dead takes part again once this rank
+    // knows it is live).
     uint64_t mask = 0, view = 0;
     bool all = false;
     for (size_t i = 0; i < num_dp; ++i) {
       if (!pending_[i]) continue;
       if (pending_[i]->key() < *newest) {
+        TraceStep("expert: DP peer ", dp_peers_[i], "'s header ", KeyText(*pending_[i]),
+                  " dropped: older than the newest (step ", std::get<0>(*newest), ", layer ",
+                  std::get<1>(*newest), ")");
         pending_[i].reset();  // stale: from a step that failed elsewhere
         continue;
       }
@@ -235,8 +252,17 @@ absl::Status ExpertStepServer::Gather(absl::Time deadline) {
     headers_.clear();
     std::optional<size_t> missing;
     for (size_t i = 0; i < num_dp; ++i) {
-      const bool takes_part = live(i) && (all || (i < 64 && ((mask >> i) & 1) != 0));
+      const bool abandoned = abandoned_[i] && *abandoned_[i] >= std::get<0>(*newest);
+      const bool takes_part = !dead(i) && !abandoned && (all || (i < 64 && ((mask >> i) & 1) != 0));
       if (!takes_part) {
+        if (pending_[i]) {
+          TraceStep("expert: DP peer ", dp_peers_[i], "'s header ", KeyText(*pending_[i]),
+                    " dropped: ",
+                    dead(i)     ? "DEAD in view "
+                    : abandoned ? "its step abandoned; view "
+                                : "not of the step in view ",
+                    dp_view_);
+        }
         pending_[i].reset();  // a dead rank's, or not of this step
         continue;
       }
@@ -250,6 +276,13 @@ absl::Status ExpertStepServer::Gather(absl::Time deadline) {
     }
     if (!missing) {
       if (headers_.empty()) continue;  // every header was a dead rank's
+      if (StepTraceOn()) {
+        std::string peers;
+        for (int p : round_peers_) absl::StrAppend(&peers, peers.empty() ? "" : ",", p);
+        TraceStep("expert: round ", KeyText(headers_[0]), " of DP peers ", peers,
+                  " gathered (DP ranks 0x", absl::Hex(mask), ", view ", view, "; this rank at ",
+                  dp_view_, ")");
+      }
       for (auto& p : pending_) p.reset();
       return absl::OkStatus();
     }

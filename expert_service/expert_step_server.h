@@ -4,16 +4,17 @@
 // overlap): a dispatch header from every DP rank of the step (empty ones included; a DP
 // rank the router has DEAD is left out, WireHeader::dp_mask) carrying the same
 // (step, layer, micro) on the control channel. Headers older than the newest key seen are
-// stale (a step that failed elsewhere) and are dropped. With every rank's counts known, the
-// server posts one data-exchange group that receives each rank's rows straight into its
-// region of the input tensor (in the wire's dtype, through Backend::TransportAddress) and
-// its routing pairs into its region of a pair tensor, both where the backend keeps tensors
-// (GPU memory on a GPU: no byte of the round crosses the host); checks and unpacks the pairs
-// on the backend (Backend::UnpackRoutedPairs: rows in range, experts held; only the 8-byte
-// answer comes to the host); runs this rank's experts over all rows (SwiGLU, grouped by
-// expert), pre-summing each row's weighted outputs over its own experts; and posts the
-// combine: each rank's rows of the output tensor back to it, in dispatch order, under the
-// same tag. Nothing is copied through a transport buffer.
+// stale (a step that failed elsewhere) and are dropped. A DP rank that abandoned a step
+// (kStepAbandoned: it failed the step, in the step exchange or after it) is left out of the step's
+// remaining rounds, so the others finish it. With every rank's counts known, the server posts one
+// data-exchange group that receives each rank's rows straight into its region of the input tensor
+// (in the wire's dtype, through Backend::TransportAddress) and its routing pairs into its region of
+// a pair tensor, both where the backend keeps tensors (GPU memory on a GPU: no byte of the round
+// crosses the host); checks and unpacks the pairs on the backend (Backend::UnpackRoutedPairs: rows
+// in range, experts held; only the 8-byte answer comes to the host); runs this rank's experts over
+// all rows (SwiGLU, grouped by expert), pre-summing each row's weighted outputs over its own
+// experts; and posts the combine: each rank's rows of the output tensor back to it, in dispatch
+// order, under the same tag. Nothing is copied through a transport buffer.
 //
 // A round returns once its combine is delivered (the DP ranks posted their receives with
 // their dispatch, so that is at once). Sends to a rank that abandoned the step are never
@@ -91,12 +92,16 @@ class ExpertStepServer final {
   ~ExpertStepServer();
 
   void set_dp_peers(std::vector<int> peers);
-  // The DP ranks the router's view (version `view`) has live, one entry per DP peer; a
-  // round waits for the headers of the DP ranks its step names (WireHeader::dp_mask) that
-  // are live here, so a dead DP rank holds up no round. Empty (the default): all live.
-  // Step thread, between rounds.
-  void set_dp_view(std::vector<bool> live, uint64_t view) {
+  // The router's view (version `view`) of the DP ranks, one entry per DP peer: `live`
+  // (registered and not DEAD) and `dead` (DEAD). A round waits for the headers of the DP
+  // ranks its step names (WireHeader::dp_mask) that are not dead here, so a dead DP rank
+  // holds up no round. A rank absent from the view is not left out: after the router
+  // restarted, the DP ranks may still run a step planned under the old router's view with
+  // it, and its header comes. Empty vectors (the default): all live. Step thread, between
+  // rounds.
+  void set_dp_view(std::vector<bool> live, std::vector<bool> dead, uint64_t view) {
     live_dp_ = std::move(live);
+    dead_dp_ = std::move(dead);
     dp_view_ = view;
   }
   const ExpertCounters& counters() const { return counters_; }
@@ -150,6 +155,10 @@ class ExpertStepServer final {
   std::vector<std::optional<WireHeader>> pending_;
   std::vector<std::string> pending_keys_;  // with a mapped header: its region's key
   std::vector<bool> live_dp_;
+  std::vector<bool> dead_dp_;
+  // Per DP rank, the newest step it abandoned (kStepAbandoned): it takes no part in that
+  // step's rounds, nor in any older one's.
+  std::vector<std::optional<uint64_t>> abandoned_;
   uint64_t dp_view_ = 0;
   // The round's DP ranks (transport peers) and their region keys, beside headers_.
   std::vector<int> round_peers_;

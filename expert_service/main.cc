@@ -22,6 +22,7 @@
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "common/step_trace.h"
 #include "common/timeouts.h"
 #include "common/tunables.h"
 #include "dataplane/dispatch/placement.h"
@@ -169,7 +170,9 @@ int Main(int argc, char** argv) {
         service.set_step_server(server.get());
       }
     }
-    if (shape && server) server->set_dp_view(shape->live_attention, shape->view_version);
+    if (shape && server) {
+      server->set_dp_view(shape->live_attention, shape->dead_attention, shape->view_version);
+    }
     if (const bool serving = server != nullptr && runtime.can_serve();
         serving != service.serving()) {
       service.set_serving(serving);
@@ -182,6 +185,7 @@ int Main(int argc, char** argv) {
     absl::Status s = server->ServeRound(absl::Now() + kWorkerServeTurn);
     if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) {
       const std::string failure = s.ToString();
+      TraceStep("expert ", rank, ": round failed: ", failure);
       if (failure == last_failure) {
         ++repeats;
       } else {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/server.h"
+#include "common/step_trace.h"
 #include "router/control_plane/model_identity.h"
 
 namespace dxs {
@@ -157,6 +158,7 @@ void WorkerRuntime::DeclareDeadPeers(const v1::ClusterView& view) {
 
 void WorkerRuntime::Fence() {
   if (!transport_) return;
+  TraceStep(role_name_, " ", rank_, ": fenced (the router forgot this worker)");
   {
     absl::MutexLock lock(&mu_);
     fenced_ = true;
@@ -184,6 +186,7 @@ void WorkerRuntime::Fence() {
 }
 
 void WorkerRuntime::Unfence() {
+  TraceStep(role_name_, " ", rank_, ": registered again, unfenced");
   absl::MutexLock lock(&mu_);
   fenced_ = false;
   if (transport_ && last_view_) DeclareDeadPeers(*last_view_);
@@ -201,10 +204,19 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
     view.swap(pending_);
   }
   if (!view) return std::nullopt;
+  if (StepTraceOn()) {
+    std::string workers;
+    for (const v1::WorkerInfo& w : view->workers()) {
+      absl::StrAppend(&workers, " ", w.role() == v1::ROLE_ATTENTION ? "a" : "e", w.rank(), "@",
+                      w.transport_rank(), w.state() == v1::WORKER_STATE_DEAD ? "(DEAD)" : "");
+    }
+    TraceStep(role_name_, " ", rank_, ": view ", view->version(), " applied:", workers);
+  }
   const v1::Role my_role = role_name_ == "attention" ? v1::ROLE_ATTENTION : v1::ROLE_EXPERT;
   int attention = 0, expert = 0;
   ClusterShape shape;
   shape.live_attention.assign(view->num_attention_ranks(), false);
+  shape.dead_attention.assign(view->num_attention_ranks(), false);
   shape.view_version = view->version();
   bool self_live = false;
   by_transport_rank_.clear();
@@ -233,7 +245,12 @@ std::optional<ClusterShape> WorkerRuntime::ApplyPendingView() {
         }
       }
     }
-    if (w.state() == v1::WORKER_STATE_DEAD) continue;
+    if (w.state() == v1::WORKER_STATE_DEAD) {
+      if (w.role() == v1::ROLE_ATTENTION && w.rank() < shape.dead_attention.size()) {
+        shape.dead_attention[w.rank()] = true;
+      }
+      continue;
+    }
     if (w.role() == my_role && static_cast<int>(w.rank()) == rank_) self_live = true;
     if (w.role() == v1::ROLE_ATTENTION && w.rank() < shape.live_attention.size()) {
       shape.live_attention[w.rank()] = true;

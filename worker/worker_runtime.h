@@ -48,6 +48,10 @@ struct ClusterShape {
   // cluster has been complete, a DP rank the router has DEAD (a frozen, partitioned or
   // killed attention worker) is left out of the others' steps, which go on without it.
   std::vector<bool> live_attention;
+  // Per DP rank: in the view as DEAD. A DP rank absent from the view is not dead: a router
+  // that restarted lists each worker only once it registers again, while the DP ranks may
+  // still run a step planned under the old router's view with that rank in it.
+  std::vector<bool> dead_attention;
   // ClusterView.version of this view.
   uint64_t view_version = 0;
 };

@@ -65,7 +65,7 @@ absl::StatusOr<WireHeader> WireHeader::Decode(std::string_view bytes) {
   WireHeader h;
   const uint8_t kind = Get<uint8_t>(bytes, &off);
   const uint8_t dtype = Get<uint8_t>(bytes, &off);
-  if (kind < 1 || kind > static_cast<uint8_t>(MessageKind::kLowLatencyRegion))
+  if (kind < 1 || kind > static_cast<uint8_t>(MessageKind::kStepAbandoned))
     return absl::InvalidArgumentError("wire header: bad kind");
   if (dtype > static_cast<uint8_t>(DType::kBF16)) {
     return absl::InvalidArgumentError("wire header: bad dtype");

@@ -32,6 +32,12 @@
 //   low-latency region (expert -> attention, kLowLatencyRegion): `ll_generation`'s
 //       dispatch region key as the payload; empty: this rank has no low-latency exchange
 //       (its backend has none, or making it failed), and the step fails.
+//   step abandoned (attention -> expert, kStepAbandoned): the sender failed step `step` (in
+//       the step exchange, which a DP peer may have finished with the sender's step message,
+//       or after it: its own fence, a failed wait, a device error) and dispatches nothing
+//       more of it; the expert rank serves that step's remaining rounds without the sender,
+//       so the step's other DP ranks finish it instead of waiting out the step timeout for
+//       headers that never come.
 //
 // A step split into micro-batches (two-batch overlap) sends one dispatch header and one
 // group per (layer, micro-batch); `micro` and `num_micro` say which.
@@ -55,6 +61,7 @@ enum class MessageKind : uint8_t {
   kCombine = 3,
   kLowLatencyStep = 4,
   kLowLatencyRegion = 5,
+  kStepAbandoned = 6,
 };
 
 // The status an expert rank answers a mapped dispatch with when the sender's region would

@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <functional>
 #include <numeric>
+#include <thread>
 
+#include "dataplane/dispatch/wire.h"
 #include "gtest/gtest.h"
 #include "model/engine.h"
 #include "tests/disagg/cluster_harness.h"
@@ -559,6 +561,129 @@ TEST(Disagg, MoeOutputIsReducedExactlyOnce) {
                 remote.counters().tokens_combined[1].load() +
                 remote.counters().tokens_combined[2].load() +
                 remote.counters().tokens_combined[3].load());
+}
+
+// Two DP ranks (transports 0 and 1) and one expert rank (2, every expert) whose view of
+// the DP ranks is `live`/`dead`, newer than the one the DP ranks planned their step under
+// (both DP ranks in it). DP rank 0 runs `layers` MoE layers of the step; DP rank 1 does what
+// `second` says. Every header of the first layer is queued before the expert rank serves.
+enum class SecondDp { kSilent, kDispatches, kDispatchesThenAbandons };
+struct TwoDpStep {
+  absl::Status dp0, dp1;
+  float dp0_error = 1.0f;  // DP rank 0's last layer against the local executor's
+};
+TwoDpStep RunTwoDpStep(std::vector<bool> live, std::vector<bool> dead, SecondDp second,
+                       int layers) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  ModelConfig config = *LoadModelConfig(dir);
+  auto ckpt = *Checkpoint::Open(dir);
+  auto backend = MakeCpuBackend();
+  std::vector<int> all(16);
+  std::iota(all.begin(), all.end(), 0);
+  ExpertShard shard(config, *LoadExpertWeights(*ckpt, config, all, backend.get()), backend.get());
+  LocalMoeExecutor local(&shard);
+  ShardCompute compute(&shard);
+  auto transports = MakeInprocTransportGroup(3);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(transports[i]->SetSelf(i).ok());
+  ExpertStepServer server(transports[2].get(), {0, 1}, &compute, config);
+  constexpr uint64_t kStep = 7, kStepView = 10, kExpertView = 20;
+  server.set_dp_view(std::move(live), std::move(dead), kExpertView);
+  const Placement placement = Placement::Contiguous(16, 1);
+  const int64_t t = 5, h = config.hidden_size, k = 4;
+  std::vector<float> xs(t * h);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::cos(0.29f * static_cast<float>(i));
+  const Tensor x = *backend->Upload(xs, {t, h});
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  for (int64_t i = 0; i < t; ++i) {
+    for (int j = 0; j < k; ++j) {
+      ids.push_back(static_cast<int32_t>((i * 7 + j * 5) % 16));
+      weights.push_back(0.2f + 0.1f * static_cast<float>(j));
+    }
+  }
+  const Tensor id_t = backend->UploadIndices(ids)->Reshape({t, k});
+  const Tensor weight_t = *backend->Upload(weights, {t, k});
+  Tensor want = *backend->Allocate({t, h});
+  EXPECT_TRUE(local.Run(layers - 1, x, id_t, weight_t, &want).ok());
+  std::vector<std::unique_ptr<RemoteMoeExecutor>> dp;
+  std::vector<Tensor> out;
+  for (int r = 0; r < 2; ++r) {
+    dp.push_back(std::make_unique<RemoteMoeExecutor>(
+        backend.get(), transports[r].get(), std::vector<int>{2}, placement, h, DispatchOptions{}));
+    dp.back()->set_step(kStep);
+    dp.back()->set_dp_ranks(/*mask=*/0, kStepView);
+    out.push_back(*backend->Allocate({t, h}));
+  }
+  TwoDpStep result;
+  std::thread dp0([&] {
+    for (int layer = 0; layer < layers && result.dp0.ok(); ++layer) {
+      result.dp0 = dp[0]->Run(layer, x, id_t, weight_t, &out[0]);
+    }
+  });
+  std::thread dp1;
+  if (second != SecondDp::kSilent) {
+    dp1 = std::thread([&] {
+      result.dp1 = dp[1]->Run(0, x, id_t, weight_t, &out[1]);
+      if (second == SecondDp::kDispatchesThenAbandons) {
+        // What AttentionStepLoop::AbandonStep sends after its step failed.
+        WireHeader abandon;
+        abandon.kind = MessageKind::kStepAbandoned;
+        abandon.step = kStep;
+        EXPECT_TRUE(transports[1]->Send(2, abandon.Encode(), nullptr, 0).ok());
+      }
+    });
+  }
+  const absl::Time bound = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < bound && !(transports[2]->HasMessage(0) &&
+                                  (second == SecondDp::kSilent || transports[2]->HasMessage(1)))) {
+    (void)transports[2]->WaitForActivity(absl::Now() + absl::Milliseconds(50));
+  }
+  std::atomic<bool> stop{false};
+  std::thread serve([&] {
+    while (!stop) (void)server.ServeRound(absl::Now() + absl::Milliseconds(20));
+  });
+  dp0.join();
+  if (dp1.joinable()) dp1.join();
+  stop = true;
+  serve.join();
+  if (result.dp0.ok()) {
+    result.dp0_error = RelativeError(*backend->Download(out[0]), *backend->Download(want));
+  }
+  return result;
+}
+
+TEST(Disagg, DpRankAbsentFromANewerViewStillTakesPartInTheStepItWasNamedIn) {
+  // After the router restarted, an expert rank's view lists a DP rank only once that rank
+  // has registered again, while the DP ranks may still run a step they planned under the old
+  // router's view with both in it. The expert rank waits for both headers: serving DP rank 0
+  // alone would drop DP rank 1's header, and DP rank 1 would wait out its step timeout for a
+  // combine that never comes.
+  const TwoDpStep r =
+      RunTwoDpStep(/*live=*/{true, false}, /*dead=*/{false, false}, SecondDp::kDispatches, 1);
+  ASSERT_TRUE(r.dp0.ok()) << r.dp0;
+  ASSERT_TRUE(r.dp1.ok()) << r.dp1;
+  EXPECT_LT(r.dp0_error, 1e-6);
+}
+
+TEST(Disagg, DpRankDeadInTheExpertRanksViewHoldsUpNoRound) {
+  // The step names both DP ranks, but DP rank 1 is DEAD in the expert rank's (newer) view:
+  // DP rank 0's round is served without DP rank 1's header.
+  const TwoDpStep r =
+      RunTwoDpStep(/*live=*/{true, false}, /*dead=*/{false, true}, SecondDp::kSilent, 1);
+  ASSERT_TRUE(r.dp0.ok()) << r.dp0;
+  EXPECT_LT(r.dp0_error, 1e-6);
+}
+
+TEST(Disagg, DpRankThatAbandonsAStepHoldsUpNoneOfItsLaterRounds) {
+  // Both DP ranks run layer 0 of the step; then DP rank 1 fails it (its own fence, say) and
+  // says so (kStepAbandoned). DP rank 0's later layers are served without it instead of
+  // waiting out the step timeout for DP rank 1's headers.
+  const TwoDpStep r = RunTwoDpStep(/*live=*/{true, true}, /*dead=*/{false, false},
+                                   SecondDp::kDispatchesThenAbandons, 3);
+  ASSERT_TRUE(r.dp1.ok()) << r.dp1;
+  ASSERT_TRUE(r.dp0.ok()) << r.dp0;
+  EXPECT_LT(r.dp0_error, 1e-6);
 }
 
 }  // namespace

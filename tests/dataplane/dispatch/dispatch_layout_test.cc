@@ -494,8 +494,18 @@ TEST(WireHeaderTest, LowLatencyFieldsRoundTrip) {
   EXPECT_EQ(back->ll_rank, 2);
   EXPECT_EQ(back->num_experts, 128);
   std::string bad = h.Encode();
-  bad[4] = 6;  // the kind after kLowLatencyRegion
+  bad[4] = 7;  // the kind after kStepAbandoned, the last
   EXPECT_FALSE(WireHeader::Decode(bad).ok());
+}
+
+TEST(WireHeaderTest, StepAbandonedRoundTrips) {
+  WireHeader h;
+  h.kind = MessageKind::kStepAbandoned;
+  h.step = 1234567890123ull;
+  absl::StatusOr<WireHeader> back = WireHeader::Decode(h.Encode());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->kind, MessageKind::kStepAbandoned);
+  EXPECT_EQ(back->step, h.step);
 }
 
 }  // namespace
