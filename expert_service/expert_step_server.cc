@@ -227,7 +227,7 @@ absl::Status ExpertStepServer::Gather(absl::Time deadline) {
     // this rank's waits for it (a DP rank back from the dead takes part again once this rank
     // knows it is live).
     uint64_t mask = 0, view = 0;
-    bool all = false;
+    bool all = false, low_latency = false;
     for (size_t i = 0; i < num_dp; ++i) {
       if (!pending_[i]) continue;
       if (pending_[i]->key() < *newest) {
@@ -237,6 +237,7 @@ absl::Status ExpertStepServer::Gather(absl::Time deadline) {
         pending_[i].reset();  // stale: from a step that failed elsewhere
         continue;
       }
+      if (pending_[i]->kind == MessageKind::kLowLatencyStep) low_latency = true;
       if (pending_[i]->dp_mask == 0) all = true;
       mask |= pending_[i]->dp_mask;
       view = std::max(view, pending_[i]->dp_view);
@@ -252,7 +253,9 @@ absl::Status ExpertStepServer::Gather(absl::Time deadline) {
     headers_.clear();
     std::optional<size_t> missing;
     for (size_t i = 0; i < num_dp; ++i) {
-      const bool abandoned = abandoned_[i] && *abandoned_[i] >= std::get<0>(*newest);
+      // A low-latency step's exchange is made for all its DP ranks: it is not served short.
+      const bool abandoned =
+          !low_latency && abandoned_[i] && *abandoned_[i] >= std::get<0>(*newest);
       const bool takes_part = !dead(i) && !abandoned && (all || (i < 64 && ((mask >> i) & 1) != 0));
       if (!takes_part) {
         if (pending_[i]) {

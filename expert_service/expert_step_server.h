@@ -6,7 +6,8 @@
 // (step, layer, micro) on the control channel. Headers older than the newest key seen are
 // stale (a step that failed elsewhere) and are dropped. A DP rank that abandoned a step
 // (kStepAbandoned: it failed the step, in the step exchange or after it) is left out of the step's
-// remaining rounds, so the others finish it. With every rank's counts known, the server posts one
+// remaining rounds, so the others finish it (not of a low-latency step, whose exchange is
+// made for all of them). With every rank's counts known, the server posts one
 // data-exchange group that receives each rank's rows straight into its region of the input tensor
 // (in the wire's dtype, through Backend::TransportAddress) and its routing pairs into its region of
 // a pair tensor, both where the backend keeps tensors (GPU memory on a GPU: no byte of the round

@@ -35,7 +35,8 @@
 //   step abandoned (attention -> expert, kStepAbandoned): the sender failed step `step` (in
 //       the step exchange, which a DP peer may have finished with the sender's step message,
 //       or after it: its own fence, a failed wait, a device error) and dispatches nothing
-//       more of it; the expert rank serves that step's remaining rounds without the sender,
+//       more of it; the expert rank serves that step's remaining rounds without the sender (a
+//       host-driven step's: a low-latency step's exchange is made for all its DP ranks),
 //       so the step's other DP ranks finish it instead of waiting out the step timeout for
 //       headers that never come.
 //

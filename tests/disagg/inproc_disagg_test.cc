@@ -493,21 +493,57 @@ TEST(Disagg, AllEmptyStepRunsEveryLayerWithoutHanging) {
   EXPECT_EQ(sink->tokens.size(), 3u);
 }
 
+// One MoE layer's inputs on the CPU backend, over the "default" preset: 9 token rows, 4
+// routed experts each, and every expert's weights (the local executor's reference).
+struct MoeLayerCase {
+  TempDir tmp;
+  ModelConfig config;
+  std::unique_ptr<Checkpoint> ckpt;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<ExpertShard> all_experts;
+  Tensor x, ids, weights;
+  int64_t tokens = 9;
+
+  MoeLayerCase() {
+    const std::string dir = testing::WritePreset(tmp, "default");
+    config = *LoadModelConfig(dir);
+    ckpt = *Checkpoint::Open(dir);
+    backend = MakeCpuBackend();
+    std::vector<int> all(16);
+    std::iota(all.begin(), all.end(), 0);
+    all_experts = std::make_unique<ExpertShard>(
+        config, *LoadExpertWeights(*ckpt, config, all, backend.get()), backend.get());
+    const int64_t h = config.hidden_size, k = 4;
+    std::vector<float> xs(tokens * h);
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.37f * static_cast<float>(i));
+    x = *backend->Upload(xs, {tokens, h});
+    std::vector<int32_t> id_list;
+    std::vector<float> weight_list;
+    for (int64_t i = 0; i < tokens; ++i) {
+      for (int j = 0; j < k; ++j) {
+        id_list.push_back(static_cast<int32_t>((i * 5 + j * 3) % 16));
+        weight_list.push_back(0.25f + 0.05f * static_cast<float>(j));
+      }
+    }
+    ids = backend->UploadIndices(id_list)->Reshape({tokens, k});
+    weights = *backend->Upload(weight_list, {tokens, k});
+  }
+  // The MoE layer's output through every expert in this process.
+  std::vector<float> Reference(int layer) {
+    LocalMoeExecutor local(all_experts.get());
+    Tensor want = *backend->Allocate({tokens, config.hidden_size});
+    EXPECT_TRUE(local.Run(layer, x, ids, weights, &want).ok());
+    return *backend->Download(want);
+  }
+};
+
 // The combine is the only reduction: one layer through the remote executor equals the
 // local one, and a second reduction (e.g. an extra all-reduce that sums the combined
 // output across ranks again) would double it and fail here.
 TEST(Disagg, MoeOutputIsReducedExactlyOnce) {
-  TempDir tmp;
-  const std::string dir = testing::WritePreset(tmp, "default");
-  ModelConfig config = *LoadModelConfig(dir);
-  auto ckpt = *Checkpoint::Open(dir);
-  auto backend = MakeCpuBackend();
-  std::vector<int> all(16);
-  std::iota(all.begin(), all.end(), 0);
-  ExpertShard local_shard(config, *LoadExpertWeights(*ckpt, config, all, backend.get()),
-                          backend.get());
-  LocalMoeExecutor local(&local_shard);
-
+  MoeLayerCase c;
+  const ModelConfig& config = c.config;
+  Backend* backend = c.backend.get();
   const Placement placement = Placement::Contiguous(16, 4);
   auto transports = MakeInprocTransportGroup(5);
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(transports[i]->SetSelf(i).ok());
@@ -516,13 +552,12 @@ TEST(Disagg, MoeOutputIsReducedExactlyOnce) {
   std::vector<std::unique_ptr<ExpertStepServer>> servers;
   for (int r = 0; r < 4; ++r) {
     shards.push_back(std::make_unique<ExpertShard>(
-        config, *LoadExpertWeights(*ckpt, config, placement.experts_of(r), backend.get()),
-        backend.get()));
+        config, *LoadExpertWeights(*c.ckpt, config, placement.experts_of(r), backend), backend));
     computes.push_back(std::make_unique<ShardCompute>(shards.back().get()));
     servers.push_back(std::make_unique<ExpertStepServer>(
         transports[1 + r].get(), std::vector<int>{0}, computes.back().get(), config));
   }
-  RemoteMoeExecutor remote(backend.get(), transports[0].get(), {1, 2, 3, 4}, placement,
+  RemoteMoeExecutor remote(backend, transports[0].get(), {1, 2, 3, 4}, placement,
                            config.hidden_size, {});
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
@@ -531,27 +566,12 @@ TEST(Disagg, MoeOutputIsReducedExactlyOnce) {
       while (!stop) (void)srv->ServeRound(absl::Now() + absl::Milliseconds(20));
     });
   }
-  const int64_t t = 9, h = config.hidden_size, k = 4;
-  std::vector<float> xs(t * h);
-  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.37f * static_cast<float>(i));
-  Tensor x = *backend->Upload(xs, {t, h});
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
-  for (int64_t i = 0; i < t; ++i) {
-    for (int j = 0; j < k; ++j) {
-      ids.push_back(static_cast<int32_t>((i * 5 + j * 3) % 16));
-      weights.push_back(0.25f + 0.05f * static_cast<float>(j));
-    }
-  }
-  Tensor want = *backend->Allocate({t, h}), got = *backend->Allocate({t, h});
-  const Tensor id_t = backend->UploadIndices(ids)->Reshape({t, k});
-  const Tensor weight_t = *backend->Upload(weights, {t, k});
-  ASSERT_TRUE(local.Run(0, x, id_t, weight_t, &want).ok());
+  Tensor got = *backend->Allocate({c.tokens, config.hidden_size});
   remote.set_step(1);
-  ASSERT_TRUE(remote.Run(0, x, id_t, weight_t, &got).ok());
+  ASSERT_TRUE(remote.Run(0, c.x, c.ids, c.weights, &got).ok());
   stop = true;
   for (auto& th : threads) th.join();
-  std::vector<float> w = *backend->Download(want), g = *backend->Download(got);
+  std::vector<float> w = c.Reference(0), g = *backend->Download(got);
   EXPECT_LT(RelativeError(g, w), 1e-6);
   EXPECT_EQ(remote.counters().tokens_dispatched[0].load() +
                 remote.counters().tokens_dispatched[1].load() +
@@ -574,43 +594,22 @@ struct TwoDpStep {
 };
 TwoDpStep RunTwoDpStep(std::vector<bool> live, std::vector<bool> dead, SecondDp second,
                        int layers) {
-  TempDir tmp;
-  const std::string dir = testing::WritePreset(tmp, "default");
-  ModelConfig config = *LoadModelConfig(dir);
-  auto ckpt = *Checkpoint::Open(dir);
-  auto backend = MakeCpuBackend();
-  std::vector<int> all(16);
-  std::iota(all.begin(), all.end(), 0);
-  ExpertShard shard(config, *LoadExpertWeights(*ckpt, config, all, backend.get()), backend.get());
-  LocalMoeExecutor local(&shard);
-  ShardCompute compute(&shard);
+  MoeLayerCase c;
+  Backend* backend = c.backend.get();
+  ShardCompute compute(c.all_experts.get());
   auto transports = MakeInprocTransportGroup(3);
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(transports[i]->SetSelf(i).ok());
-  ExpertStepServer server(transports[2].get(), {0, 1}, &compute, config);
+  ExpertStepServer server(transports[2].get(), {0, 1}, &compute, c.config);
   constexpr uint64_t kStep = 7, kStepView = 10, kExpertView = 20;
   server.set_dp_view(std::move(live), std::move(dead), kExpertView);
   const Placement placement = Placement::Contiguous(16, 1);
-  const int64_t t = 5, h = config.hidden_size, k = 4;
-  std::vector<float> xs(t * h);
-  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::cos(0.29f * static_cast<float>(i));
-  const Tensor x = *backend->Upload(xs, {t, h});
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
-  for (int64_t i = 0; i < t; ++i) {
-    for (int j = 0; j < k; ++j) {
-      ids.push_back(static_cast<int32_t>((i * 7 + j * 5) % 16));
-      weights.push_back(0.2f + 0.1f * static_cast<float>(j));
-    }
-  }
-  const Tensor id_t = backend->UploadIndices(ids)->Reshape({t, k});
-  const Tensor weight_t = *backend->Upload(weights, {t, k});
-  Tensor want = *backend->Allocate({t, h});
-  EXPECT_TRUE(local.Run(layers - 1, x, id_t, weight_t, &want).ok());
+  const int64_t t = c.tokens, h = c.config.hidden_size;
+  const Tensor &x = c.x, &id_t = c.ids, &weight_t = c.weights;
   std::vector<std::unique_ptr<RemoteMoeExecutor>> dp;
   std::vector<Tensor> out;
   for (int r = 0; r < 2; ++r) {
     dp.push_back(std::make_unique<RemoteMoeExecutor>(
-        backend.get(), transports[r].get(), std::vector<int>{2}, placement, h, DispatchOptions{}));
+        backend, transports[r].get(), std::vector<int>{2}, placement, h, DispatchOptions{}));
     dp.back()->set_step(kStep);
     dp.back()->set_dp_ranks(/*mask=*/0, kStepView);
     out.push_back(*backend->Allocate({t, h}));
@@ -648,7 +647,7 @@ TwoDpStep RunTwoDpStep(std::vector<bool> live, std::vector<bool> dead, SecondDp 
   stop = true;
   serve.join();
   if (result.dp0.ok()) {
-    result.dp0_error = RelativeError(*backend->Download(out[0]), *backend->Download(want));
+    result.dp0_error = RelativeError(*backend->Download(out[0]), c.Reference(layers - 1));
   }
   return result;
 }
