@@ -270,12 +270,13 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   const bool host_rows = scheduler_->StepNeedsHostLogits();
   const bool host_sampling = scheduler_->StepSamplesOnHost();
   bool piecewise_step = false, low_latency_step = false;
-  if (plan.ok()) {
+  // The traces' strings are built only when tracing is on (off: once a step, a static's load).
+  if (StepTraceOn() && plan.ok()) {
     TraceStep("attention ", dp_rank_, ": step ", step_, " planned: ", my_tokens, " of ",
               plan->total_tokens, " tokens, DP ranks 0x", absl::Hex(plan->dp_mask),
               " (0: all) of view ", plan->dp_view, ", ", plan->num_micro_batches, " micro-batches",
               plan->low_latency ? ", low-latency" : "");
-  } else {
+  } else if (StepTraceOn()) {
     TraceStep("attention ", dp_rank_, ": step ", step_, " not planned: ", plan.status().ToString());
   }
   if (plan.ok()) {
@@ -349,7 +350,7 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   // current step, as if built the usual way (a failure below undoes or fails it as such).
   bool read_failed = false;
   if (before) read_failed = !FinishTokens(*std::move(before)).ok();
-  if (plan.ok()) {
+  if (StepTraceOn() && plan.ok()) {
     TraceStep("attention ", dp_rank_, ": step ", step_, " ended: ", outcome.ToString());
   }
   // A step not planned here may still have been planned by a DP peer that read this rank's

@@ -231,9 +231,11 @@ absl::Status ExpertStepServer::Gather(absl::Time deadline) {
     for (size_t i = 0; i < num_dp; ++i) {
       if (!pending_[i]) continue;
       if (pending_[i]->key() < *newest) {
-        TraceStep("expert: DP peer ", dp_peers_[i], "'s header ", KeyText(*pending_[i]),
-                  " dropped: older than the newest (step ", std::get<0>(*newest), ", layer ",
-                  std::get<1>(*newest), ")");
+        if (StepTraceOn()) {
+          TraceStep("expert: DP peer ", dp_peers_[i], "'s header ", KeyText(*pending_[i]),
+                    " dropped: older than the newest (step ", std::get<0>(*newest), ", layer ",
+                    std::get<1>(*newest), ")");
+        }
         pending_[i].reset();  // stale: from a step that failed elsewhere
         continue;
       }
@@ -258,7 +260,7 @@ absl::Status ExpertStepServer::Gather(absl::Time deadline) {
           !low_latency && abandoned_[i] && *abandoned_[i] >= std::get<0>(*newest);
       const bool takes_part = !dead(i) && !abandoned && (all || (i < 64 && ((mask >> i) & 1) != 0));
       if (!takes_part) {
-        if (pending_[i]) {
+        if (StepTraceOn() && pending_[i]) {
           TraceStep("expert: DP peer ", dp_peers_[i], "'s header ", KeyText(*pending_[i]),
                     " dropped: ",
                     dead(i)     ? "DEAD in view "
