@@ -445,13 +445,13 @@ absl::StatusOr<Tensor> Qwen3MoeModel::PiecewiseSegment(PiecewiseShape* p, int af
   for (int l = after + 1; l <= last; ++l) {
     Tensor o;
     DXS_RETURN_IF_ERROR(AttentionBlock(l, kv, &mb, &o));
+    if (config_.IsMoeLayer(l)) {
+      DXS_RETURN_IF_ERROR(AddNormRoute(l, o, &mb.hidden, &mb.normed, &p->ids, &p->weights));
+      continue;  // the last layer of the segment: its dispatch follows
+    }
     DXS_RETURN_IF_ERROR(backend_->AddRmsNorm(o, w_.layers[l].post_attention_norm,
                                              static_cast<float>(config_.rms_norm_eps), &mb.hidden,
                                              &mb.normed));
-    if (config_.IsMoeLayer(l)) {
-      DXS_RETURN_IF_ERROR(Route(l, mb.normed, &p->ids, &p->weights));
-      continue;  // the last layer of the segment: its dispatch follows
-    }
     DXS_ASSIGN_OR_RETURN(Tensor dense, backend_->Allocate({batch, config_.hidden_size}));
     DXS_RETURN_IF_ERROR(DenseMlp(l, mb.normed, &dense));
     DXS_RETURN_IF_ERROR(ResidualAdd(l, dense, &mb));
@@ -610,19 +610,19 @@ absl::Status Qwen3MoeModel::MicroFront(int layer, int micro, int num_micro, KvCa
   if (!staged) {
     DXS_ASSIGN_OR_RETURN(mb->normed, backend_->Allocate({t, config_.hidden_size}));
   }
-  // The attention's residual add and the post-attention norm, one op.
-  DXS_RETURN_IF_ERROR(backend_->AddRmsNorm(o, w_.layers[layer].post_attention_norm,
-                                           static_cast<float>(config_.rms_norm_eps), &mb->hidden,
-                                           &mb->normed));
   if (!staged) {
     DXS_ASSIGN_OR_RETURN(mb->mlp_out, backend_->Allocate({t, config_.hidden_size}));
   }
   if (!moe) {
+    // The attention's residual add and the post-attention norm, one op.
+    DXS_RETURN_IF_ERROR(backend_->AddRmsNorm(o, w_.layers[layer].post_attention_norm,
+                                             static_cast<float>(config_.rms_norm_eps), &mb->hidden,
+                                             &mb->normed));
     DXS_RETURN_IF_ERROR(DenseMlp(layer, mb->normed, &mb->mlp_out));
     return ResidualAdd(layer, mb->mlp_out, mb);
   }
   Tensor ids, weights;
-  DXS_RETURN_IF_ERROR(Route(layer, mb->normed, &ids, &weights));
+  DXS_RETURN_IF_ERROR(AddNormRoute(layer, o, &mb->hidden, &mb->normed, &ids, &weights));
   DXS_ASSIGN_OR_RETURN(
       mb->moe, moe_->Dispatch(layer, micro, num_micro, mb->normed, ids, weights, &mb->mlp_out));
   return absl::OkStatus();
@@ -669,11 +669,9 @@ absl::StatusOr<Tensor> Qwen3MoeModel::Logits(Tensor last) {
   return logits;
 }
 
-absl::Status Qwen3MoeModel::Route(int layer, const Tensor& normed, Tensor* ids, Tensor* weights) {
-  const int64_t top_k = config_.num_experts_per_tok, t = normed.rows();
-  DXS_ASSIGN_OR_RETURN(Tensor router_logits,
-                       backend_->Allocate({t, config_.num_experts}, DType::kF32));
-  DXS_RETURN_IF_ERROR(backend_->Linear(normed, w_.layers[layer].router, nullptr, &router_logits));
+absl::Status Qwen3MoeModel::AddNormRoute(int layer, const Tensor& o, Tensor* hidden, Tensor* normed,
+                                         Tensor* ids, Tensor* weights) {
+  const int64_t top_k = config_.num_experts_per_tok, t = normed->rows();
   // Into the caller's tensors where it gives them (a piecewise step's, kept across
   // segments), else new ones.
   if (!ids->defined()) {
@@ -682,8 +680,10 @@ absl::Status Qwen3MoeModel::Route(int layer, const Tensor& normed, Tensor* ids, 
   if (!weights->defined()) {
     DXS_ASSIGN_OR_RETURN(*weights, backend_->Allocate({t, top_k}, DType::kF32));
   }
-  return backend_->TopKSoftmax(router_logits, static_cast<int>(top_k), config_.norm_topk_prob, ids,
-                               weights);
+  const AttentionLayerWeights& lw = w_.layers[layer];
+  return backend_->AddRmsNormRoute(
+      o, lw.post_attention_norm, static_cast<float>(config_.rms_norm_eps), hidden, normed,
+      lw.router, static_cast<int>(top_k), config_.norm_topk_prob, ids, weights);
 }
 
 absl::Status Qwen3MoeModel::AttentionBlock(int layer, KvCache* kv, MicroBatch* mb, Tensor* o) {

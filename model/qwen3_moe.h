@@ -148,8 +148,11 @@ class Qwen3MoeModel {
                               int64_t first_row, Tensor* last);
   // Final norm and lm_head: last[num_chunks, hidden] -> logits[num_chunks, vocab].
   absl::StatusOr<Tensor> Logits(Tensor last);
-  // Router logits -> top-k ids [T, k] (i32) and weights [T, k] (f32) on the backend.
-  absl::Status Route(int layer, const Tensor& normed, Tensor* ids, Tensor* weights);
+  // An MoE layer after its attention: hidden += o, normed = the post-attention norm of it,
+  // then the router's top-k ids [T, k] (i32) and weights [T, k] (f32), in one backend op
+  // (Backend::AddRmsNormRoute: one kernel on the GPU at decode sizes).
+  absl::Status AddNormRoute(int layer, const Tensor& o, Tensor* hidden, Tensor* normed, Tensor* ids,
+                            Tensor* weights);
 
   // A padded decode shape: the pinned inputs its steps read and, once recorded, its graph.
   // What a decode graph samples: kind (0 nothing, 1 argmax, 2 SampleRows), the adjustment

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${DXS_BUILD_DIR:-build}
 bins=()
-for t in topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
+for t in topk_softmax_cuda_test route_decode_cuda_test dense_attention_cuda_test moe_ops_cuda_test \
          grouped_gemm_cuda_test fp8_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test gpu_bench \
          nccl_transport_test worker_transport_test gpu_cluster_test gpu_exchange_bench exchange_ranks_bench gpu_ll_bench gpu_host_call_probe ll_exchange_cuda_test low_latency_moe_cuda_test dxs \
          dxs-router dxs-attention dxs-expert libdxs_cuda.so libdxs_nccl.so; do

@@ -54,7 +54,7 @@ export DXS_SOURCE_DIR=$PWD DXS_BIN_DIR=$PWD/.device/bin
 sanitize() { DXS_UNDER_COMPUTE_SANITIZER=1 "$@"; }
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 # The gpu-labelled test binaries; all but gpu_cluster_test run their GPU work in-process.
-gpu_tests=(topk_softmax_cuda_test dense_attention_cuda_test moe_ops_cuda_test
+gpu_tests=(topk_softmax_cuda_test route_decode_cuda_test dense_attention_cuda_test moe_ops_cuda_test
            grouped_gemm_cuda_test fp8_cuda_test cuda_backend_test sampling_cuda_test cuda_engine_test
            ll_exchange_cuda_test low_latency_moe_cuda_test nccl_transport_test worker_transport_test
            gpu_cluster_test)

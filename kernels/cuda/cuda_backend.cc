@@ -178,6 +178,8 @@ absl::Status CudaBackend::Init() {
   use_routed_swiglu_ = use_gemv_ && routed_swiglu;
   DXS_ASSIGN_OR_RETURN(const bool scale_sum_scan, AutoOrOff(tunables::kCudaScaleSumScan));
   use_scale_sum_scan_ = use_gemv_ && scale_sum_scan;
+  DXS_ASSIGN_OR_RETURN(const bool fused_route, AutoOrOff(tunables::kCudaFusedRoute));
+  use_fused_route_ = use_gemv_ && fused_route;
   DXS_ASSIGN_OR_RETURN(const std::string choice, tunables::Read(tunables::kCudaGroupedGemm));
   cudaDeviceProp prop;
   DXS_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, device_), "cuda backend"));
@@ -193,6 +195,11 @@ absl::Status CudaBackend::Init() {
   DXS_RETURN_IF_ERROR(
       CublasStatus(*blas_, blas_->set_stream(cublas_, stream_), "cuda backend: cuBLAS"));
   DXS_ASSIGN_OR_RETURN(cublas_workspace_, Workspace(kCublasWorkspaceBytes));
+  // The fused router's last-block counter (route_decode.cu), zero from here on.
+  DXS_ASSIGN_OR_RETURN(route_counter_, Allocate({1}, DType::kI32));
+  DXS_RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(route_counter_.raw(), 0, route_counter_.num_bytes(), stream_),
+                 "cuda backend: router counter"));
   // FP8 weights where cuBLASLt has the block-scaled FP8 matmul (Hopper and later) and loads;
   // elsewhere FP8 checkpoints are dequantized when loaded, as before.
   DXS_ASSIGN_OR_RETURN(const bool fp8_weights, AutoOrOff(tunables::kCudaFp8Weights));
@@ -226,6 +233,7 @@ CudaBackend::~CudaBackend() {
   }
   if (lt_handle_ != nullptr) lt_->destroy(lt_handle_);
   cublas_workspace_ = Tensor();
+  route_counter_ = Tensor();
   {
     absl::MutexLock lock(&flashinfer_mu_);
     flashinfer_.reset();

@@ -119,6 +119,10 @@ class CudaBackend final : public Backend {
 
   absl::Status TopKSoftmax(const Tensor& logits, int top_k, bool normalize, Tensor* ids,
                            Tensor* weights) override;
+  // Decode-sized batches: one kernel (route_decode.cu), the default's bits.
+  absl::Status AddRmsNormRoute(const Tensor& x, const Tensor& norm_weight, float eps,
+                               Tensor* residual, Tensor* normed, const Tensor& router, int top_k,
+                               bool normalize, Tensor* ids, Tensor* weights) override;
   absl::Status ComputeDispatchLayout(const Tensor& ids, const Tensor& weights,
                                      const Tensor& expert_owner, int num_ranks,
                                      DispatchLayoutTensors* layout) override;
@@ -294,6 +298,11 @@ class CudaBackend final : public Backend {
   // one kernel up to cuda::kScaleSumMaxPairs pairs; off: up to cuda::kGemvMaxPairs, past
   // that a fill, a sort, the scale-add and a copy (for A/B runs).
   bool use_scale_sum_scan_ = true;
+  // DXS_CUDA_FUSED_ROUTE=auto|off (default auto, off with the GEMVs): AddRmsNormRoute in one
+  // kernel for decode-sized batches; off: the norm, the router GEMV and the top-k apart.
+  bool use_fused_route_ = true;
+  // The fused router's last-block counter (one unsigned, kept zero between launches).
+  Tensor route_counter_;
   absl::Mutex tables_mu_;
   std::map<std::vector<const void*>, ExpertWeightSet> weight_tables_ ABSL_GUARDED_BY(tables_mu_);
   cudaStream_t stream_ = nullptr;

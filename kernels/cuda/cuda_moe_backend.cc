@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_backend_impl.h"
 #include "kernels/cuda/grouped_gemm.cuh"
+#include "kernels/cuda/topk_softmax.cuh"
 #include "kernels/cuda/topk_softmax_cuda.h"
 #include "kernels/op_checks.h"
 #include "kernels/topk_softmax.h"
@@ -35,6 +36,37 @@ absl::Status CudaBackend::TopKSoftmax(const Tensor& logits, int top_k, bool norm
   DXS_RETURN_IF_ERROR(CheckDType("top-k softmax", logits, DType::kF32, "logits"));
   return TopKSoftmaxCuda(logits.f32(), tokens, experts, top_k, normalize, ids->i32(),
                          weights->f32(), stream_);
+}
+
+absl::Status CudaBackend::AddRmsNormRoute(const Tensor& x, const Tensor& norm_weight, float eps,
+                                          Tensor* residual, Tensor* normed, const Tensor& router,
+                                          int top_k, bool normalize, Tensor* ids, Tensor* weights) {
+  const int64_t m = normed->rows(), hidden = norm_weight.num_elements(), experts = router.rows();
+  // The fused kernel where each of the three would take its bf16 kernel (the norm's 16-byte
+  // path, the router's GEMV): its bits are theirs.
+  const bool fused =
+      use_fused_route_ && x.dtype() == DType::kBF16 && norm_weight.dtype() == DType::kBF16 &&
+      residual->dtype() == DType::kF32 && normed->dtype() == DType::kBF16 &&
+      router.dtype() == DType::kBF16 && m >= 1 && m <= cuda::kGemvMaxRows && hidden % 8 == 0 &&
+      x.num_elements() == m * hidden && residual->num_elements() == m * hidden &&
+      normed->row_size() == hidden && router.row_size() == hidden && experts >= 1 &&
+      experts <= kTopKSoftmaxMaxExperts && top_k >= 1 && top_k <= experts &&
+      top_k <= kTopKSoftmaxMaxTopK && ids->dtype() == DType::kI32 &&
+      weights->dtype() == DType::kF32 && ids->num_elements() == m * top_k &&
+      weights->num_elements() == m * top_k && Aligned16(x.raw()) && Aligned16(residual->raw()) &&
+      Aligned16(norm_weight.raw()) && Aligned16(normed->raw()) && Aligned16(router.raw());
+  if (!fused) {
+    return Backend::AddRmsNormRoute(x, norm_weight, eps, residual, normed, router, top_k, normalize,
+                                    ids, weights);
+  }
+  DXS_RETURN_IF_ERROR(CheckAddRmsNormArgs(x, norm_weight, *residual, *normed));
+  DXS_ASSIGN_OR_RETURN(Tensor logits, Allocate({m, experts}, DType::kF32));
+  DXS_RETURN_IF_ERROR(Enter("add rms norm route"));
+  return CudaStatus(cuda::LaunchResidualNormRoute(
+                        x.raw(), residual->f32(), norm_weight.raw(), eps, m, hidden, router.raw(),
+                        experts, top_k, normalize, normed->raw(), logits.f32(), ids->i32(),
+                        weights->f32(), static_cast<unsigned*>(route_counter_.raw()), stream_),
+                    "add rms norm route");
 }
 
 absl::Status CudaBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& weights,

@@ -27,6 +27,7 @@
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/row_norm.cuh"
 
 namespace dxs::cuda {
 namespace {
@@ -81,9 +82,7 @@ __device__ __forceinline__ void StoreNormalized(const X* in, const W* w, Y* out,
   out[i] = FromFloat<Y>(ToFloat(w[i]) * (ToFloat(in[i]) * inv));
 }
 
-__device__ __forceinline__ float InvRms(float sum_sq, int64_t cols, float eps) {
-  return 1.f / sqrtf(sum_sq / static_cast<float>(cols) + eps);
-}
+using row_norm::InvRms;
 
 // x and y may be the same rows: every element is read and then written by one thread, after
 // the row's sum is complete.
@@ -108,29 +107,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- Vector access ----
+// ---- Vector access (row_norm.cuh) ----
 
-// kN elements of T as one unit of 16-byte loads and stores (fewer when kN * sizeof(T) is
-// smaller; then aligned to its size).
-template <typename T, int kN>
-struct alignas(sizeof(T) * kN >= 16 ? 16 : sizeof(T) * kN) Pack {
-  T v[kN];
-};
-
-template <typename T, int kN>
-__device__ __forceinline__ void LoadFloats(const T* p, float (&out)[kN]) {
-  const Pack<T, kN> pack = *reinterpret_cast<const Pack<T, kN>*>(p);
-#pragma unroll
-  for (int j = 0; j < kN; ++j) out[j] = ToFloat(pack.v[j]);
-}
-
-template <typename T, int kN>
-__device__ __forceinline__ void StoreFloats(T* p, const float (&in)[kN]) {
-  Pack<T, kN> pack;
-#pragma unroll
-  for (int j = 0; j < kN; ++j) pack.v[j] = FromFloat<T>(in[j]);
-  *reinterpret_cast<Pack<T, kN>*>(p) = pack;
-}
+using row_norm::LoadFloats;
+using row_norm::StoreFloats;
 
 // ---- Residual add + RmsNorm ----
 
@@ -143,56 +123,19 @@ template <typename X, typename W, typename Y, int kVec, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
     ResidualNormKernel(const X* x, float* residual, const W* __restrict__ w, float eps,
                        int64_t rows, int64_t cols, Y* y, bool trigger_early) {
+  static_assert(kThreads == row_norm::kThreads, "row_norm.cuh's block is this kernel's");
   // pdl-early: only lets the next kernel be scheduled (launch.cuh's PdlTrigger, with
   // DXS_CUDA_NORM_EARLY_TRIGGER=on); nothing is read or written before the wait.
   if (trigger_early) PdlTrigger();
   PdlWait();
-  __shared__ float warp_sums[kWarpsPerBlock];
+  __shared__ float warp_sums[row_norm::kWarps];
   __shared__ float row_inv;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int64_t chunks = cols / kVec;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const X* in = x + row * cols;
     float* res = kAdd ? residual + row * cols : nullptr;
-    float sum_sq = 0.f;
-    for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
-      float v[kVec];
-      LoadFloats<X, kVec>(in + c * kVec, v);
-      if constexpr (kAdd) {
-        float r[kVec];
-        LoadFloats<float, kVec>(res + c * kVec, r);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) v[j] = r[j] + v[j];
-        StoreFloats<float, kVec>(res + c * kVec, v);
-      }
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) sum_sq += v[j] * v[j];
-    }
-    sum_sq = WarpSum(sum_sq);
-    if (lane == 0) warp_sums[warp] = sum_sq;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total = 0.f;
-      for (int i = 0; i < kWarpsPerBlock; ++i) total += warp_sums[i];
-      row_inv = InvRms(total, cols, eps);
-    }
-    __syncthreads();
-    // As in RmsNormBlockKernel, the next row's first barrier orders its writes of warp_sums
-    // and row_inv after these reads.
-    const float inv = row_inv;
-    Y* out = y + row * cols;
-    for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
-      float v[kVec], wv[kVec];
-      if constexpr (kAdd) {
-        LoadFloats<float, kVec>(res + c * kVec, v);
-      } else {
-        LoadFloats<X, kVec>(in + c * kVec, v);
-      }
-      LoadFloats<W, kVec>(w + c * kVec, wv);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) v[j] = wv[j] * (v[j] * inv);
-      StoreFloats<Y, kVec>(out + c * kVec, v);
-    }
+    const float inv = row_norm::BlockInvRms(
+        row_norm::RowSquares<X, kVec, kAdd, kAdd>(in, res, cols), cols, eps, warp_sums, &row_inv);
+    row_norm::StoreNormedRow<X, W, Y, kVec, kAdd>(in, res, w, inv, cols, y + row * cols);
   }
 }
 

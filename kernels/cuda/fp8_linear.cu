@@ -8,8 +8,9 @@
 //   [k / 128, m_pad], token-major within a group (cuBLASLt's VEC128_32F layout for its B operand);
 //   rows m..m_pad get zeros and scale 1 (cuBLASLt wants the token count a multiple of 4).
 // - LaunchGemvFp8: the decode-sized product y[m, n] = x[m, :] . dequant(w)[n, :] for m <=
-//   kGemvMaxRows bf16 rows: a warp per output feature streams the feature's weights, 16 bytes
-//   (16 values) a lane at a time, widens them in registers (the e4m3 -> f16 conversion the
+//   kGemvMaxRows bf16 rows: a warp per output feature (or up to four, each a share of the row,
+//   summed in warp order: GemvFp8KSplit) streams the feature's weights, 16 bytes (16 values)
+//   a lane at a time, widens them in registers (the e4m3 -> f16 conversion the
 //   hardware does two at a time), and multiplies each 16-value dot by its block's scale. The
 //   activations stay bf16 (no quantization error on that side: a decode step is bound by the
 //   weights' bytes, not by the multiply). The lane sums meet through a fixed xor-shuffle tree,
@@ -88,7 +89,7 @@ struct Fp8GemvOutputs {
 
 template <int kRows, typename Y>
 __global__ void __launch_bounds__(kGemvFp8Warps * 32)
-    GemvFp8Kernel(const __nv_bfloat16* x, const Fp8GemvOutputs outs, int64_t k) {
+    GemvFp8Kernel(const __nv_bfloat16* x, const Fp8GemvOutputs outs, int64_t k, int ksplit) {
   static_assert(kGemvMaxOutputs == 3, "the selection below names each output");
   // Selected with constant indices: a runtime index would copy the parameters to the stack.
   const int block = static_cast<int>(blockIdx.x);
@@ -100,69 +101,104 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
   const int first = o == 0   ? outs.first_block[0]
                     : o == 1 ? outs.first_block[1]
                              : outs.first_block[2];
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t feature = static_cast<int64_t>(block - first) * kGemvFp8Warps + threadIdx.x / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  // ksplit warps share a feature, each taking every ksplit-th 32-chunk slice of its row;
+  // their sums meet in shared memory in warp order (deterministic).
+  const int sub = warp % ksplit;
+  const int64_t feature =
+      static_cast<int64_t>(block - first) * (kGemvFp8Warps / ksplit) + warp / ksplit;
   // pdl-early: the weights are the model's, never written by a kernel, so each lane requests
   // its first chunk before waiting for the previous kernel (PdlWait). Nothing else is read or
   // written before the wait. (Four chunks ahead a lane, the whole of a 2048-wide row, measured
   // slower on an H100: 37.7 against 31.6 us for a layer's four projections at batch 1.)
   const int64_t chunks = k / kFp8Chunk;
+  const int64_t c0 = static_cast<int64_t>(sub) * 32 + lane, stride = 32 * ksplit;
   const uint4* w_row = reinterpret_cast<const uint4*>(w + (feature < n ? feature : 0) * k);
-  uint4 next = lane < chunks ? w_row[lane] : uint4{};
+  uint4 next = c0 < chunks ? w_row[c0] : uint4{};
   PdlWait();
-  if (feature >= n) return;
-  Y* y = static_cast<Y*>(o == 0 ? outs.y[0] : o == 1 ? outs.y[1] : outs.y[2]);
-  const float* scale_row = (o == 0   ? outs.scales[0]
-                            : o == 1 ? outs.scales[1]
-                                     : outs.scales[2]) +
-                           (feature / kGroup) * (o == 0   ? outs.scale_stride[0]
-                                                 : o == 1 ? outs.scale_stride[1]
-                                                          : outs.scale_stride[2]);
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
-  for (int64_t c = lane; c < chunks; c += 32) {
-    const uint4 raw = next;
-    if (c + 32 < chunks) next = w_row[c + 32];
-    float wv[kFp8Chunk];
-    WidenFp8x16(raw, wv);
-    const float s = scale_row[(c * kFp8Chunk) / kGroup];
+  const float* scale_row = nullptr;
+  if (feature < n) {
+    scale_row = (o == 0   ? outs.scales[0]
+                 : o == 1 ? outs.scales[1]
+                          : outs.scales[2]) +
+                (feature / kGroup) * (o == 0   ? outs.scale_stride[0]
+                                      : o == 1 ? outs.scale_stride[1]
+                                               : outs.scale_stride[2]);
+    for (int64_t c = c0; c < chunks; c += stride) {
+      const uint4 raw = next;
+      if (c + stride < chunks) next = w_row[c + stride];
+      float wv[kFp8Chunk];
+      WidenFp8x16(raw, wv);
+      const float s = scale_row[(c * kFp8Chunk) / kGroup];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const uint4* xr = reinterpret_cast<const uint4*>(x + r * k + c * kFp8Chunk);
-      float dot = 0.f;
+      for (int r = 0; r < kRows; ++r) {
+        const uint4* xr = reinterpret_cast<const uint4*>(x + r * k + c * kFp8Chunk);
+        float dot = 0.f;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const uint4 xraw = xr[half];
-        const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&xraw);
+        for (int half = 0; half < 2; ++half) {
+          const uint4 xraw = xr[half];
+          const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&xraw);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 xf = __bfloat1622float2(xh[i]);
-          dot = fmaf(wv[half * 8 + 2 * i], xf.x, dot);
-          dot = fmaf(wv[half * 8 + 2 * i + 1], xf.y, dot);
+          for (int i = 0; i < 4; ++i) {
+            const float2 xf = __bfloat1622float2(xh[i]);
+            dot = fmaf(wv[half * 8 + 2 * i], xf.x, dot);
+            dot = fmaf(wv[half * 8 + 2 * i + 1], xf.y, dot);
+          }
         }
+        acc[r] = fmaf(s, dot, acc[r]);
       }
-      acc[r] = fmaf(s, dot, acc[r]);
     }
   }
+  __shared__ float partial[kGemvFp8Warps][kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     float v = acc[r];
     for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    if (lane == 0) y[r * n + feature] = FromFloat<Y>(v);
+    if (ksplit == 1) {
+      if (lane == 0 && feature < n) {
+        static_cast<Y*>(o == 0   ? outs.y[0]
+                        : o == 1 ? outs.y[1]
+                                 : outs.y[2])[r * n + feature] = FromFloat<Y>(v);
+      }
+    } else if (lane == 0) {
+      partial[warp][r] = v;
+    }
   }
+  if (ksplit == 1) return;
+  __syncthreads();
+  if (sub != 0 || feature >= n || lane >= kRows) return;
+  float v = partial[warp][lane];
+  for (int j = 1; j < ksplit; ++j) v += partial[warp + j][lane];
+  static_cast<Y*>(o == 0   ? outs.y[0]
+                  : o == 1 ? outs.y[1]
+                           : outs.y[2])[lane * n + feature] = FromFloat<Y>(v);
+}
+
+// Warps sharing an output feature in LaunchGemvsFp8: split the row (up to kGemvFp8Warps ways,
+// each warp keeping at least two 32-chunk slices) until the launch has about 8192 warps, so
+// that a short, wide stream (o-proj: 2048 features of 4096 e4m3) has more loads in flight.
+// DXS_CUDA_GEMV_FP8_SPLITK=off keeps one warp a feature (for A/B runs).
+int GemvFp8KSplit(int64_t features, int64_t chunks) {
+  static const bool enabled = tunables::On(tunables::kCudaGemvFp8SplitK);
+  int ksplit = 1;
+  if (!enabled) return ksplit;
+  while (ksplit < 4 && features * ksplit < 8192 && chunks / (32 * 2 * ksplit) >= 2) ksplit *= 2;
+  return ksplit;
 }
 
 template <int kRows>
 cudaError_t LaunchGemvFp8Rows(const __nv_bfloat16* x, const Fp8GemvOutputs& outs, int64_t k,
-                              ElemType y_type, cudaStream_t stream) {
+                              int ksplit, ElemType y_type, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>(outs.first_block[outs.count]);
   if (y_type == ElemType::kF32) {
     return LaunchKernel(GemvFp8Kernel<kRows, float>, blocks, kGemvFp8Warps * 32, 0, stream, x, outs,
-                        k);
+                        k, ksplit);
   }
   return LaunchKernel(GemvFp8Kernel<kRows, __nv_bfloat16>, blocks, kGemvFp8Warps * 32, 0, stream, x,
-                      outs, k);
+                      outs, k, ksplit);
 }
 
 }  // namespace
@@ -197,6 +233,10 @@ cudaError_t LaunchGemvsFp8(const void* x, int64_t m, int64_t k, int count, const
     return cudaErrorInvalidValue;
   }
   Fp8GemvOutputs outs{};
+  int64_t features = 0;
+  for (int o = 0; o < count; ++o) features += ns[o] > 0 ? ns[o] : 0;
+  const int ksplit = GemvFp8KSplit(features, k / kFp8Chunk);
+  const int64_t per_block = kGemvFp8Warps / ksplit;
   int64_t blocks = 0;
   for (int o = 0; o < count; ++o) {
     if (ns[o] < 0 || ns[o] % kGroup != 0 || scale_strides[o] < k / kGroup) {
@@ -211,7 +251,7 @@ cudaError_t LaunchGemvsFp8(const void* x, int64_t m, int64_t k, int count, const
     outs.y[o] = ys[o];
     outs.n[o] = ns[o];
     outs.first_block[o] = static_cast<int>(blocks);
-    blocks += (ns[o] + kGemvFp8Warps - 1) / kGemvFp8Warps;
+    blocks += (ns[o] + per_block - 1) / per_block;
     if (blocks > INT32_MAX) return cudaErrorInvalidValue;
   }
   outs.first_block[count] = static_cast<int>(blocks);
@@ -222,7 +262,7 @@ cudaError_t LaunchGemvsFp8(const void* x, int64_t m, int64_t k, int count, const
   switch (m) {
 #define DXS_GEMV_FP8_CASE(R) \
   case R:                    \
-    return LaunchGemvFp8Rows<R>(xb, outs, k, y_type, stream);
+    return LaunchGemvFp8Rows<R>(xb, outs, k, ksplit, y_type, stream);
     DXS_GEMV_FP8_CASE(1)
     DXS_GEMV_FP8_CASE(2)
     DXS_GEMV_FP8_CASE(3)

@@ -45,79 +45,32 @@
 #include <type_traits>
 
 #include "kernels/cuda/elem_type.cuh"
+#include "kernels/cuda/gemv_lanes.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
 
 namespace dxs::cuda {
 namespace {
 
-constexpr int kWarps = 4;     // warps a block
-constexpr int kFeatures = 2;  // output features a warp
-constexpr int kChunk = 8;     // elements a lane loads at once (16 bytes of bf16)
+constexpr int kWarps = 4;                             // warps a block
+constexpr int kFeatures = gemv_lanes::kGemvFeatures;  // output features a warp
+using gemv_lanes::Dot8;
+using gemv_lanes::kChunk;
+using gemv_lanes::LoadRow8;
+using gemv_lanes::LoadWeights8;
+using gemv_lanes::LoadWeightsRaw;
+using gemv_lanes::WarpSum;
+using gemv_lanes::WidenBf16x8;
 // Pairs of one expert computed per pass over its weights: 4, or 1 for the smallest batches
 // (a token's top-k experts are distinct, so runs are single pairs there, and the kernels'
 // registers then fit a whole grid in one wave).
 constexpr int kRunPairs = 4;
 constexpr int64_t kSinglePairRunsUpTo = 16;  // pairs
 
-// The 8 bf16 of 16 bytes, widened.
-__device__ __forceinline__ void WidenBf16x8(const uint4& raw, float out[kChunk]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < kChunk / 2; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
-
-// 16 bytes of bf16 weights, streamed (read once: no L1 allocation). volatile: without it
-// the compiler took the asm for a pure function of its operands and hoisted it out of the
-// bounds checks around it (`c < hidden` in MoeGateUpKernel's loop), so lanes past the end
-// of a row read past the weights' allocation (compute-sanitizer memcheck over
-// cuda_engine_test: 16-byte reads just after a 32 KiB expert). A load may not run where its
-// guard is false.
-__device__ __forceinline__ uint4 LoadWeightsRaw(const __nv_bfloat16* p) {
-  uint4 raw;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-               : "l"(p));
-  return raw;
-}
-
-// The same, widened to 8 floats.
-__device__ __forceinline__ void LoadWeights8(const __nv_bfloat16* p, float out[kChunk]) {
-  WidenBf16x8(LoadWeightsRaw(p), out);
-}
-
 // A routed expert's weights as the MoE kernels read them: bf16 [n, k], or (kFp8) e4m3 [n, k]
 // with one float32 scale per 128 x 128 block, N-major ([k / 128, n / 128]: the table
 // CudaBackend::ExpertWeights builds for the FP8 grouped GEMM, read here too).
 constexpr int kFp8WeightBlock = 128;
-
-// 8 activations as float.
-__device__ __forceinline__ void LoadRow8(const __nv_bfloat16* p, float out[kChunk]) {
-  WidenBf16x8(*reinterpret_cast<const uint4*>(p), out);
-}
-__device__ __forceinline__ void LoadRow8(const float* p, float out[kChunk]) {
-  const float4 a = *reinterpret_cast<const float4*>(p);
-  const float4 b = *reinterpret_cast<const float4*>(p + 4);
-  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
-  out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
-}
-
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-__device__ __forceinline__ float Dot8(const float a[kChunk], const float b[kChunk]) {
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < kChunk; ++i) s = fmaf(a[i], b[i], s);
-  return s;
-}
 
 // kN (8 or 16) activations as float.
 template <int kN, typename T>
@@ -605,6 +558,8 @@ __global__ void __launch_bounds__(kSumThreads)
 }
 
 }  // namespace
+
+int GemvKSplitOf(int64_t groups, int64_t k) { return GemvKSplit(groups, k); }
 
 cudaError_t LaunchScaleSumRows(const void* src, ElemType src_type, const float* scales,
                                const int32_t* rows, int64_t n, int64_t cols, void* out,

@@ -13,10 +13,11 @@
 //   can on the host; the CPU backend, which checks everything, is the reference in tests.
 // - Results are deterministic: no floating-point atomics; every sum has a fixed order.
 //
-// Files: gemv.cu (decode-sized GEMVs), dense_ops.cu (conversion, norms, rope, elementwise,
-// gathers), attention.cu (KV cache write, paged attention), moe_ops.cu (layout, sort,
-// combine, scale-add), sampling.cu (argmax and SampleRows), random_fill.cu (seeded weights
-// made in place), fp8_rows.cu (FP8 dispatch records).
+// Files: gemv.cu (decode-sized GEMVs), route_decode.cu (a decode step's router, fused),
+// dense_ops.cu (conversion, norms, rope, elementwise, gathers), attention.cu (KV cache write,
+// paged attention), moe_ops.cu (layout, sort, combine, scale-add), sampling.cu (argmax and
+// SampleRows), random_fill.cu (seeded weights made in place), fp8_rows.cu (FP8 dispatch
+// records).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -51,6 +52,21 @@ inline constexpr int kGemvMaxOutputs = 3;
 cudaError_t LaunchGemvsBf16(const void* x, ElemType x_type, int64_t m, int64_t k, int count,
                             const void* const* ws, const int64_t* ns, void* const* ys,
                             ElemType y_type, cudaStream_t stream);
+
+// ---- route_decode.cu (a decode step's MoE router in one kernel) ----
+
+// residual (f32 [m, hidden]) += x (bf16), normed (bf16) = RMS-normed residual * norm_weight
+// (bf16 [hidden]), logits (f32 [m, E]) = normed . router^T (bf16 [E, hidden]), then ids / weights
+// ([m, top_k]) the top-k softmax of each row's logits: LaunchAddRmsNorm, LaunchGemvBf16 and
+// LaunchTopKSoftmax in that order, bit for bit, in one launch. m <= kGemvMaxRows, hidden a
+// multiple of 8, x, residual, norm_weight, router and normed 16-byte aligned, E and top_k
+// within topk_softmax.cuh's limits. counter: one unsigned in device memory, zero before the
+// first launch and left zero by each (launches using one counter must not overlap).
+cudaError_t LaunchResidualNormRoute(const void* x, float* residual, const void* norm_weight,
+                                    float eps, int64_t m, int64_t hidden, const void* router,
+                                    int64_t num_experts, int64_t top_k, bool normalize,
+                                    void* normed, float* logits, int32_t* ids, float* weights,
+                                    unsigned* counter, cudaStream_t stream);
 
 // The grouped SwiGLU FFN of num_pairs <= kGemvMaxPairs routed pairs sorted by expert
 // (expert_offsets [E + 1]): pair p's input is row rows[p] of xs (f32 or bf16 [x_rows,

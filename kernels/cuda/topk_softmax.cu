@@ -1,9 +1,6 @@
 // Router top-k softmax kernel. See topk_softmax.cuh for the contract.
 //
-// One warp per token. Expert e lives in lane e % 32, slot e / 32, so loads are coalesced and
-// every per-lane array is indexed by compile-time slot numbers only (it stays in registers).
-// Selection ranks by logit, which orders experts exactly as their softmax probabilities do
-// (exp is monotone) without depending on expf's rounding; NaN logits rank last.
+// One warp per token (topk_softmax_warp.cuh, shared with the decode router's fused kernel).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -12,6 +9,7 @@
 
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/topk_softmax.cuh"
+#include "kernels/cuda/topk_softmax_warp.cuh"
 
 namespace dxs {
 namespace {
@@ -21,115 +19,20 @@ using cuda::PdlWait;
 
 constexpr int kWarpSize = 32;
 constexpr int kWarpsPerBlock = 4;
-constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kNoExpert = INT_MAX;  // "nothing found yet" in an argmax
 
-static_assert(kTopKSoftmaxMaxTopK <= kWarpSize, "lane k holds the k-th pick");
-static_assert(kTopKSoftmaxMaxExperts <= kWarpSize * 32, "slot bits must fit in 32 bits");
-
-__device__ __forceinline__ float LoadAsFloat(const float* p) { return __ldg(p); }
-__device__ __forceinline__ float LoadAsFloat(const __nv_bfloat16* p) {
-  return __bfloat162float(*p);
-}
-
-// The ranking key: the logit, with NaN moved to the bottom so that the order is total and
-// every lane of the warp agrees on the winner.
-__device__ __forceinline__ float RankKey(float logit) { return isnan(logit) ? -INFINITY : logit; }
-
-// True when (a_key, a_id) ranks before (b_key, b_id): larger key first, lower id on ties.
-// kNoExpert ranks after everything.
-__device__ __forceinline__ bool RanksBefore(float a_key, int a_id, float b_key, int b_id) {
-  if (a_id == kNoExpert) return false;
-  if (b_id == kNoExpert) return true;
-  return a_key > b_key || (a_key == b_key && a_id < b_id);
-}
+__device__ __forceinline__ float LoadLogit(const float* p) { return __ldg(p); }
+__device__ __forceinline__ float LoadLogit(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 
 template <int kSlots, typename T>
 __global__ void __launch_bounds__(kWarpSize* kWarpsPerBlock)
     TopKSoftmaxKernel(const T* __restrict__ logits, int64_t num_tokens, int num_experts, int top_k,
                       bool normalize, int32_t* __restrict__ ids, float* __restrict__ weights) {
   PdlWait();
-  const int lane = threadIdx.x % kWarpSize;
   const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
   if (token >= num_tokens) return;  // the whole warp leaves together
   const T* row = logits + token * num_experts;
-
-  float logit[kSlots];
-  unsigned taken = 0;  // bit s: slot s is padding or already picked
-  float row_max = -INFINITY;
-#pragma unroll
-  for (int s = 0; s < kSlots; ++s) {
-    const int e = s * kWarpSize + lane;
-    if (e < num_experts) {
-      logit[s] = LoadAsFloat(row + e);
-      row_max = fmaxf(row_max, logit[s]);
-    } else {
-      logit[s] = -INFINITY;
-      taken |= 1u << s;
-    }
-  }
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    row_max = fmaxf(row_max, __shfl_xor_sync(kFullMask, row_max, offset));
-  }
-
-  float prob[kSlots];
-#pragma unroll
-  for (int s = 0; s < kSlots; ++s) {
-    prob[s] = (taken >> s & 1u) ? 0.f : expf(logit[s] - row_max);
-  }
-  // The denominator, added in expert order like the CPU reference (see the header); every
-  // lane computes the same value. Padding adds exact zeros.
-  float sum = 0.f;
-#pragma unroll
-  for (int s = 0; s < kSlots; ++s) {
-    if (s * kWarpSize >= num_experts) break;  // uniform across the warp
-    for (int src = 0; src < kWarpSize; ++src) sum += __shfl_sync(kFullMask, prob[s], src);
-  }
-#pragma unroll
-  for (int s = 0; s < kSlots; ++s) prob[s] /= sum;
-
-  // k rounds of warp argmax; lane k keeps the k-th pick.
-  int my_id = 0;
-  float my_weight = 0.f;
-  float picked_sum = 0.f;
-  for (int k = 0; k < top_k; ++k) {
-    float best_key = -INFINITY;
-    int best_id = kNoExpert;
-    float best_prob = 0.f;
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      const int e = s * kWarpSize + lane;
-      const float key = RankKey(logit[s]);
-      if (!(taken >> s & 1u) && RanksBefore(key, e, best_key, best_id)) {
-        best_key = key;
-        best_id = e;
-        best_prob = prob[s];
-      }
-    }
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-      const float other_key = __shfl_xor_sync(kFullMask, best_key, offset);
-      const int other_id = __shfl_xor_sync(kFullMask, best_id, offset);
-      const float other_prob = __shfl_xor_sync(kFullMask, best_prob, offset);
-      if (RanksBefore(other_key, other_id, best_key, best_id)) {
-        best_key = other_key;
-        best_id = other_id;
-        best_prob = other_prob;
-      }
-    }
-    // top_k <= num_experts, so some expert was still free and best_id is a real one.
-    if (lane == best_id % kWarpSize) taken |= 1u << (best_id / kWarpSize);
-    picked_sum += best_prob;
-    if (lane == k) {
-      my_id = best_id;
-      my_weight = best_prob;
-    }
-  }
-  if (lane < top_k) {
-    ids[token * top_k + lane] = my_id;
-    weights[token * top_k + lane] = normalize ? my_weight / picked_sum : my_weight;
-  }
+  cuda::TopKSoftmaxWarp<kSlots>([row](int e) { return LoadLogit(row + e); }, num_experts, top_k,
+                                normalize, ids + token * top_k, weights + token * top_k);
 }
 
 template <typename T>

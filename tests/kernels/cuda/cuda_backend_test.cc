@@ -622,6 +622,71 @@ TEST_F(CudaBackendTest, FusedNormsMatchTheUnfusedCpuOps) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// AddRmsNormRoute: one kernel at decode sizes (route_decode.cu), the default's three ops past
+// them; the same bits as AddRmsNorm, Linear into float32 and TopKSoftmax either way, and a
+// backend with DXS_CUDA_FUSED_ROUTE=off gives them too. The CPU's routing agrees.
+TEST_F(CudaBackendTest, AddRmsNormRouteIsTheNormTheRouterAndTheTopK) {
+  setenv("DXS_CUDA_FUSED_ROUTE", "off", 1);
+  absl::StatusOr<std::unique_ptr<Backend>> unfused = MakeBackend("cuda");
+  unsetenv("DXS_CUDA_FUSED_ROUTE");
+  ASSERT_TRUE(unfused.ok()) << unfused.status();
+  const int64_t hidden = 2048, experts = 128, top_k = 8;
+  const std::vector<float> w = Bf16Exact(RandomFloats(hidden, 21));
+  const std::vector<float> router = Bf16Exact(RandomFloats(experts * hidden, 22, 0.05f));
+  for (int64_t t : {1, 2, 5, 8, 12}) {
+    SCOPED_TRACE(::testing::Message() << t << " tokens");
+    const std::vector<float> x = Bf16Exact(RandomFloats(t * hidden, 23));
+    const std::vector<float> r = RandomFloats(t * hidden, 24, 3.f);
+    struct Out {
+      std::vector<float> residual, normed, weights;
+      std::vector<int32_t> ids;
+    };
+    // kind 0: the op on the default backend; 1: on the unfused one; 2: the three ops.
+    std::vector<Out> outs;
+    for (int kind = 0; kind < 3; ++kind) {
+      Backend* be = kind == 1 ? unfused->get() : gpu_.get();
+      const Tensor gx = Put(be, x, {t, hidden}, DType::kBF16);
+      const Tensor gw = Put(be, w, {hidden}, DType::kBF16);
+      const Tensor grouter = Put(be, router, {experts, hidden}, DType::kBF16);
+      Tensor gr = Put(be, r, {t, hidden}, DType::kF32);
+      Tensor normed = Poisoned(be, {t, hidden}, DType::kBF16);
+      Tensor ids = Poisoned(be, {t, top_k}, DType::kI32);
+      Tensor weights = Poisoned(be, {t, top_k}, DType::kF32);
+      if (kind < 2) {
+        ASSERT_TRUE(
+            be->AddRmsNormRoute(gx, gw, 1e-6f, &gr, &normed, grouter, top_k, true, &ids, &weights)
+                .ok());
+      } else {
+        Tensor logits = Poisoned(be, {t, experts}, DType::kF32);
+        ASSERT_TRUE(be->AddRmsNorm(gx, gw, 1e-6f, &gr, &normed).ok());
+        ASSERT_TRUE(be->Linear(normed, grouter, nullptr, &logits).ok());
+        ASSERT_TRUE(be->TopKSoftmax(logits, top_k, true, &ids, &weights).ok());
+      }
+      outs.push_back({Get(be, gr), Get(be, normed), Get(be, weights), GetIndices(be, ids)});
+    }
+    for (int kind = 1; kind < 3; ++kind) {
+      EXPECT_EQ(outs[0].residual, outs[kind].residual) << kind;
+      EXPECT_EQ(outs[0].normed, outs[kind].normed) << kind;
+      EXPECT_EQ(outs[0].ids, outs[kind].ids) << kind;
+      EXPECT_EQ(outs[0].weights, outs[kind].weights) << kind;
+    }
+    // The CPU (float32 throughout): the same residual; the picks where their logits are
+    // apart by more than bf16's normed activations move them.
+    Tensor cr = Put(cpu_.get(), r, {t, hidden}, DType::kF32);
+    Tensor cn = Poisoned(cpu_.get(), {t, hidden}, DType::kF32);
+    Tensor cids = Poisoned(cpu_.get(), {t, top_k}, DType::kI32);
+    Tensor cweights = Poisoned(cpu_.get(), {t, top_k}, DType::kF32);
+    ASSERT_TRUE(cpu_->AddRmsNormRoute(Put(cpu_.get(), x, {t, hidden}, DType::kF32),
+                                      Put(cpu_.get(), w, {hidden}, DType::kF32), 1e-6f, &cr, &cn,
+                                      Put(cpu_.get(), router, {experts, hidden}, DType::kF32),
+                                      top_k, true, &cids, &cweights)
+                    .ok());
+    EXPECT_EQ(Get(cpu_.get(), cr), outs[0].residual);
+    EXPECT_LT(MaxRelError(outs[0].normed, Get(cpu_.get(), cn)), 1e-2);
+    EXPECT_LT(MaxRelError(outs[0].weights, Get(cpu_.get(), cweights)), 5e-2);
+  }
+}
+
 TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
   const int64_t experts = 16, hidden = 256, inter = 128;
   // Per expert: gate_up [2 * inter, hidden] (gate's rows, then up's) and down.

@@ -1,0 +1,77 @@
+// The lane-level pieces of gemv.cu's bf16 GEMVs (16-byte weight streams, the dot of a lane's
+// 8 elements, the warp's fixed xor tree), shared with the decode router's fused kernel
+// (route_decode.cu) so that it computes the router logits as LaunchGemvBf16 does, bit for bit.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dxs::cuda {
+
+// Warps sharing a feature group in LaunchGemvsBf16 for `groups` feature groups (kGemvFeatures
+// outputs each) of k inputs: 1, 2 or 4 (gemv.cu's GemvKSplit).
+int GemvKSplitOf(int64_t groups, int64_t k);
+
+namespace gemv_lanes {
+
+constexpr int kChunk = 8;         // elements a lane loads at once (16 bytes of bf16)
+constexpr int kGemvFeatures = 2;  // output features a dense GEMV warp
+
+// The 8 bf16 of 16 bytes, widened.
+__device__ __forceinline__ void WidenBf16x8(const uint4& raw, float out[kChunk]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kChunk / 2; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+// 16 bytes of bf16 weights, streamed (read once: no L1 allocation). volatile: without it
+// the compiler took the asm for a pure function of its operands and hoisted it out of the
+// bounds checks around it (`c < hidden` in MoeGateUpKernel's loop), so lanes past the end
+// of a row read past the weights' allocation (compute-sanitizer memcheck over
+// cuda_engine_test: 16-byte reads just after a 32 KiB expert). A load may not run where its
+// guard is false.
+__device__ __forceinline__ uint4 LoadWeightsRaw(const __nv_bfloat16* p) {
+  uint4 raw;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+               : "l"(p));
+  return raw;
+}
+
+// The same, widened to 8 floats.
+__device__ __forceinline__ void LoadWeights8(const __nv_bfloat16* p, float out[kChunk]) {
+  WidenBf16x8(LoadWeightsRaw(p), out);
+}
+
+// 8 activations as float.
+__device__ __forceinline__ void LoadRow8(const __nv_bfloat16* p, float out[kChunk]) {
+  WidenBf16x8(*reinterpret_cast<const uint4*>(p), out);
+}
+__device__ __forceinline__ void LoadRow8(const float* p, float out[kChunk]) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+  out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ float Dot8(const float a[kChunk], const float b[kChunk]) {
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) s = fmaf(a[i], b[i], s);
+  return s;
+}
+
+}  // namespace gemv_lanes
+}  // namespace dxs::cuda
