@@ -60,7 +60,6 @@ using gemv_lanes::LoadRow8;
 using gemv_lanes::LoadWeights8;
 using gemv_lanes::LoadWeightsRaw;
 using gemv_lanes::WarpSum;
-using gemv_lanes::WidenBf16x8;
 // Pairs of one expert computed per pass over its weights: 4, or 1 for the smallest batches
 // (a token's top-k experts are distinct, so runs are single pairs there, and the kernels'
 // registers then fit a whole grid in one wave).
@@ -181,35 +180,13 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int r = 0; r < M; ++r) acc[f][r] = 0.f;
   }
-  auto accumulate = [&](int c, const float(&wv)[kFeatures][kChunk]) {
-#pragma unroll
-    for (int r = 0; r < M; ++r) {
-      if (r < m) {
-        float xv[kChunk];
-        LoadRow8(x + static_cast<int64_t>(r) * k + c, xv);
-#pragma unroll
-        for (int f = 0; f < kFeatures; ++f) acc[f][r] += Dot8(wv[f], xv);
-      }
-    }
-  };
   if (active) {
-#pragma unroll
-    for (int i = 0; i < kEarly; ++i) {
-      const int c = c0 + i * stride;
-      if (c < k) {
-        float wv[kFeatures][kChunk];
-#pragma unroll
-        for (int f = 0; f < kFeatures; ++f) WidenBf16x8(early[i][f], wv[f]);
-        accumulate(c, wv);
-      }
-    }
-#pragma unroll 2
-    for (int c = c0 + kEarly * stride; c < k; c += stride) {
-      float wv[kFeatures][kChunk];
-#pragma unroll
-      for (int f = 0; f < kFeatures; ++f) LoadWeights8(w + row[f] + c, wv[f]);
-      accumulate(c, wv);
-    }
+    gemv_lanes::StreamFeaturePair<M, kEarly>(
+        w, row, early, c0, stride, k, m,
+        [&](int r, int c, float(&xv)[kChunk]) {
+          LoadRow8(x + static_cast<int64_t>(r) * k + c, xv);
+        },
+        acc);
   }
   __shared__ float partial[kWarps][kFeatures][M];
 #pragma unroll

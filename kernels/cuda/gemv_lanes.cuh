@@ -73,5 +73,46 @@ __device__ __forceinline__ float Dot8(const float a[kChunk], const float b[kChun
   return s;
 }
 
+// A dense GEMV warp's pass over its feature pair's weights (row[f]: the offset of feature f's
+// row in w): the kEarly slices it requested before PdlWait (early), then the rest, from
+// element c0 in steps of stride; acc[f][r] += the dot of each 8-element chunk with row r of
+// the activations, which x_of(r, c, xv) widens into xv. The order every bf16 dense GEMV sums
+// in (GemvKernel, the fused router), so their bits agree.
+template <int M, int kEarly, typename XOf>
+__device__ __forceinline__ void StreamFeaturePair(const __nv_bfloat16* w,
+                                                  const int64_t (&row)[kGemvFeatures],
+                                                  const uint4 (&early)[kEarly][kGemvFeatures],
+                                                  int c0, int stride, int k, int m, XOf x_of,
+                                                  float (&acc)[kGemvFeatures][M]) {
+  auto accumulate = [&](int c, const float(&wv)[kGemvFeatures][kChunk]) {
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+      if (r < m) {
+        float xv[kChunk];
+        x_of(r, c, xv);
+#pragma unroll
+        for (int f = 0; f < kGemvFeatures; ++f) acc[f][r] += Dot8(wv[f], xv);
+      }
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < kEarly; ++i) {
+    const int c = c0 + i * stride;
+    if (c < k) {
+      float wv[kGemvFeatures][kChunk];
+#pragma unroll
+      for (int f = 0; f < kGemvFeatures; ++f) WidenBf16x8(early[i][f], wv[f]);
+      accumulate(c, wv);
+    }
+  }
+#pragma unroll 2
+  for (int c = c0 + kEarly * stride; c < k; c += stride) {
+    float wv[kGemvFeatures][kChunk];
+#pragma unroll
+    for (int f = 0; f < kGemvFeatures; ++f) LoadWeights8(w + row[f] + c, wv[f]);
+    accumulate(c, wv);
+  }
+}
+
 }  // namespace gemv_lanes
 }  // namespace dxs::cuda

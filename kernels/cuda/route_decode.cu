@@ -32,12 +32,9 @@
 namespace dxs::cuda {
 namespace {
 
-using gemv_lanes::Dot8;
 using gemv_lanes::kChunk;
 using gemv_lanes::kGemvFeatures;
-using gemv_lanes::LoadWeights8;
 using gemv_lanes::LoadWeightsRaw;
-using gemv_lanes::WidenBf16x8;
 
 constexpr int kThreads = row_norm::kThreads;
 constexpr int kWarps = row_norm::kWarps;  // one token a warp in the top-k
@@ -98,37 +95,15 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < M; ++r) acc[f][r] = 0.f;
   }
-  auto accumulate = [&](int c, const float(&wv)[kGemvFeatures][kChunk]) {
-#pragma unroll
-    for (int r = 0; r < M; ++r) {
-      if (r < m) {
-        const int64_t at = static_cast<int64_t>(r) * hidden;
-        float xv[kChunk];
-        row_norm::NormedChunk<Bf16, Bf16, Bf16, kChunk>(x + at, residual + at, norm_w, inv[r], c,
-                                                        xv);
-#pragma unroll
-        for (int f = 0; f < kGemvFeatures; ++f) acc[f][r] += Dot8(wv[f], xv);
-      }
-    }
-  };
   if (active) {
-#pragma unroll
-    for (int i = 0; i < kEarly; ++i) {
-      const int c = c0 + i * stride;
-      if (c < hidden) {
-        float wv[kGemvFeatures][kChunk];
-#pragma unroll
-        for (int f = 0; f < kGemvFeatures; ++f) WidenBf16x8(early[i][f], wv[f]);
-        accumulate(c, wv);
-      }
-    }
-#pragma unroll 2
-    for (int c = c0 + kEarly * stride; c < hidden; c += stride) {
-      float wv[kGemvFeatures][kChunk];
-#pragma unroll
-      for (int f = 0; f < kGemvFeatures; ++f) LoadWeights8(router + row[f] + c, wv[f]);
-      accumulate(c, wv);
-    }
+    gemv_lanes::StreamFeaturePair<M, kEarly>(
+        router, row, early, c0, stride, hidden, m,
+        [&](int r, int c, float(&xv)[kChunk]) {
+          const int64_t at = static_cast<int64_t>(r) * hidden;
+          row_norm::NormedChunk<Bf16, Bf16, Bf16, kChunk>(x + at, residual + at, norm_w, inv[r], c,
+                                                          xv);
+        },
+        acc);
   }
   __shared__ float partial[kWarps][kGemvFeatures][M];
 #pragma unroll
