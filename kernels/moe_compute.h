@@ -74,6 +74,14 @@ inline constexpr int64_t Fp8RecordBytes(int64_t hidden) {
   return 4 * ((hidden + kFp8GroupSize - 1) / kFp8GroupSize) + hidden;
 }
 
+// The routed experts' weights an MoE layer's FFN will read (GroupedSwiGlu's tables, expert
+// id -> weight or null), as a hint: a device may start fetching the experts a router picks
+// before the FFN asks for them (Backend::AddRmsNormRoute). Empty: no hint (remote experts).
+struct RoutedExpertWeights {
+  const std::vector<const Tensor*>* gate_up = nullptr;
+  const std::vector<const Tensor*>* down = nullptr;
+};
+
 class MoeCompute {
  public:
   virtual ~MoeCompute() = default;

@@ -84,6 +84,11 @@ void ExpertShard::KeepOnly(const std::vector<int>& keep) {
   RebuildTables();
 }
 
+RoutedExpertWeights ExpertShard::RoutedWeights(int layer) const {
+  if (!counts_on_device_ || layer < 0 || static_cast<size_t>(layer) >= gate_up_.size()) return {};
+  return {&gate_up_[layer], &down_[layer]};
+}
+
 bool ExpertShard::Holds(int layer, int expert) const { return weights_.count({layer, expert}) > 0; }
 
 absl::Status ExpertShard::ForwardRouted(int layer, const Tensor& x, const Tensor& ids,

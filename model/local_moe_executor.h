@@ -14,6 +14,9 @@ class LocalMoeExecutor final : public MoeExecutor {
                    Tensor* out) override {
     return shard_->ForwardRouted(layer, x, ids, weights, out);
   }
+  RoutedExpertWeights LocalExpertWeights(int layer) const override {
+    return shard_->RoutedWeights(layer);
+  }
 
  private:
   ExpertShard* shard_;

@@ -122,7 +122,8 @@ class CudaBackend final : public Backend {
   // Decode-sized batches: one kernel (route_decode.cu), the default's bits.
   absl::Status AddRmsNormRoute(const Tensor& x, const Tensor& norm_weight, float eps,
                                Tensor* residual, Tensor* normed, const Tensor& router, int top_k,
-                               bool normalize, Tensor* ids, Tensor* weights) override;
+                               bool normalize, Tensor* ids, Tensor* weights,
+                               const RoutedExpertWeights& routed) override;
   absl::Status ComputeDispatchLayout(const Tensor& ids, const Tensor& weights,
                                      const Tensor& expert_owner, int num_ranks,
                                      DispatchLayoutTensors* layout) override;
@@ -301,6 +302,9 @@ class CudaBackend final : public Backend {
   // DXS_CUDA_FUSED_ROUTE=auto|off (default auto, off with the GEMVs): AddRmsNormRoute in one
   // kernel for decode-sized batches; off: the norm, the router GEMV and the top-k apart.
   bool use_fused_route_ = true;
+  // DXS_CUDA_EXPERT_PREFETCH=auto|off (default auto): the fused router's last block starts
+  // the picked experts' weights on their way into L2 (RoutedExpertWeights hint).
+  bool use_expert_prefetch_ = true;
   // The fused router's last-block counter (one unsigned, kept zero between launches).
   Tensor route_counter_;
   absl::Mutex tables_mu_;

@@ -653,9 +653,9 @@ TEST_F(CudaBackendTest, AddRmsNormRouteIsTheNormTheRouterAndTheTopK) {
       Tensor ids = Poisoned(be, {t, top_k}, DType::kI32);
       Tensor weights = Poisoned(be, {t, top_k}, DType::kF32);
       if (kind < 2) {
-        ASSERT_TRUE(
-            be->AddRmsNormRoute(gx, gw, 1e-6f, &gr, &normed, grouter, top_k, true, &ids, &weights)
-                .ok());
+        ASSERT_TRUE(be->AddRmsNormRoute(gx, gw, 1e-6f, &gr, &normed, grouter, top_k, true, &ids,
+                                        &weights, {})
+                        .ok());
       } else {
         Tensor logits = Poisoned(be, {t, experts}, DType::kF32);
         ASSERT_TRUE(be->AddRmsNorm(gx, gw, 1e-6f, &gr, &normed).ok());
@@ -679,7 +679,7 @@ TEST_F(CudaBackendTest, AddRmsNormRouteIsTheNormTheRouterAndTheTopK) {
     ASSERT_TRUE(cpu_->AddRmsNormRoute(Put(cpu_.get(), x, {t, hidden}, DType::kF32),
                                       Put(cpu_.get(), w, {hidden}, DType::kF32), 1e-6f, &cr, &cn,
                                       Put(cpu_.get(), router, {experts, hidden}, DType::kF32),
-                                      top_k, true, &cids, &cweights)
+                                      top_k, true, &cids, &cweights, {})
                     .ok());
     EXPECT_EQ(Get(cpu_.get(), cr), outs[0].residual);
     EXPECT_LT(MaxRelError(outs[0].normed, Get(cpu_.get(), cn)), 1e-2);
