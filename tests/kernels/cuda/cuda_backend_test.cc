@@ -622,15 +622,26 @@ TEST_F(CudaBackendTest, FusedNormsMatchTheUnfusedCpuOps) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// AddRmsNormRoute: one kernel at decode sizes (route_decode.cu), the default's three ops past
-// them; the same bits as AddRmsNorm, Linear into float32 and TopKSoftmax either way, and a
-// backend with DXS_CUDA_FUSED_ROUTE=off gives them too. The CPU's routing agrees.
+// AddRmsNormRoute: one kernel at decode sizes (route_decode.cu, DXS_CUDA_FUSED_ROUTE=auto), the
+// default's three ops past them; the same bits as AddRmsNorm, Linear into float32 and
+// TopKSoftmax either way, and a backend with DXS_CUDA_FUSED_ROUTE=off gives them too. The
+// CPU's routing agrees.
 TEST_F(CudaBackendTest, AddRmsNormRouteIsTheNormTheRouterAndTheTopK) {
+  setenv("DXS_CUDA_FUSED_ROUTE", "auto", 1);
+  absl::StatusOr<std::unique_ptr<Backend>> fused = MakeBackend("cuda");
   setenv("DXS_CUDA_FUSED_ROUTE", "off", 1);
   absl::StatusOr<std::unique_ptr<Backend>> unfused = MakeBackend("cuda");
   unsetenv("DXS_CUDA_FUSED_ROUTE");
+  ASSERT_TRUE(fused.ok()) << fused.status();
   ASSERT_TRUE(unfused.ok()) << unfused.status();
   const int64_t hidden = 2048, experts = 128, top_k = 8;
+  // The fused backend's calls also name where the experts are (a prefetch hint; the same
+  // bits): four of them held, the rest not.
+  const ExpertSets held = PutExperts({{fused->get(), DType::kBF16}}, 4, hidden, 768, 31, 32);
+  std::vector<const Tensor*> gate_up(experts, nullptr), down(experts, nullptr);
+  for (int64_t e = 0; e < 4; ++e)
+    gate_up[e * 31] = held.gate_up[0][e], down[e * 31] = held.down[0][e];
+  const RoutedExpertWeights hint{&gate_up, &down};
   const std::vector<float> w = Bf16Exact(RandomFloats(hidden, 21));
   const std::vector<float> router = Bf16Exact(RandomFloats(experts * hidden, 22, 0.05f));
   for (int64_t t : {1, 2, 5, 8, 12}) {
@@ -641,10 +652,10 @@ TEST_F(CudaBackendTest, AddRmsNormRouteIsTheNormTheRouterAndTheTopK) {
       std::vector<float> residual, normed, weights;
       std::vector<int32_t> ids;
     };
-    // kind 0: the op on the default backend; 1: on the unfused one; 2: the three ops.
+    // kind 0: the op on the fused backend; 1: on the unfused one; 2: the three ops.
     std::vector<Out> outs;
     for (int kind = 0; kind < 3; ++kind) {
-      Backend* be = kind == 1 ? unfused->get() : gpu_.get();
+      Backend* be = kind == 0 ? fused->get() : kind == 1 ? unfused->get() : gpu_.get();
       const Tensor gx = Put(be, x, {t, hidden}, DType::kBF16);
       const Tensor gw = Put(be, w, {hidden}, DType::kBF16);
       const Tensor grouter = Put(be, router, {experts, hidden}, DType::kBF16);
@@ -654,7 +665,7 @@ TEST_F(CudaBackendTest, AddRmsNormRouteIsTheNormTheRouterAndTheTopK) {
       Tensor weights = Poisoned(be, {t, top_k}, DType::kF32);
       if (kind < 2) {
         ASSERT_TRUE(be->AddRmsNormRoute(gx, gw, 1e-6f, &gr, &normed, grouter, top_k, true, &ids,
-                                        &weights, {})
+                                        &weights, kind == 0 ? hint : RoutedExpertWeights{})
                         .ok());
       } else {
         Tensor logits = Poisoned(be, {t, experts}, DType::kF32);
