@@ -299,12 +299,13 @@ class CudaBackend final : public Backend {
   // one kernel up to cuda::kScaleSumMaxPairs pairs; off: up to cuda::kGemvMaxPairs, past
   // that a fill, a sort, the scale-add and a copy (for A/B runs).
   bool use_scale_sum_scan_ = true;
-  // DXS_CUDA_FUSED_ROUTE=auto|off (default auto, off with the GEMVs): AddRmsNormRoute in one
-  // kernel for decode-sized batches; off: the norm, the router GEMV and the top-k apart.
-  bool use_fused_route_ = true;
-  // DXS_CUDA_EXPERT_PREFETCH=auto|off (default auto): the fused router's last block starts
-  // the picked experts' weights on their way into L2 (RoutedExpertWeights hint).
-  bool use_expert_prefetch_ = true;
+  // DXS_CUDA_FUSED_ROUTE=auto|off (default off until measured on a GPU; off with the GEMVs):
+  // AddRmsNormRoute in one kernel for decode-sized batches; off: the norm, the router GEMV
+  // and the top-k apart.
+  bool use_fused_route_ = false;
+  // DXS_CUDA_EXPERT_PREFETCH=auto|off (default off until measured): the fused router's last
+  // block starts the picked experts' weights on their way into L2 (RoutedExpertWeights hint).
+  bool use_expert_prefetch_ = false;
   // The fused router's last-block counter (one unsigned, kept zero between launches).
   Tensor route_counter_;
   absl::Mutex tables_mu_;

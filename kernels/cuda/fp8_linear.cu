@@ -179,8 +179,9 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
 
 // Warps sharing an output feature in LaunchGemvsFp8: split the row (up to kGemvFp8Warps ways,
 // each warp keeping at least two 32-chunk slices) until the launch has about 8192 warps, so
-// that a short, wide stream (o-proj: 2048 features of 4096 e4m3) has more loads in flight.
-// DXS_CUDA_GEMV_FP8_SPLITK=off keeps one warp a feature (for A/B runs).
+// that a short, wide stream (o-proj: 2048 features of 4096 e4m3) has more loads in flight,
+// with DXS_CUDA_GEMV_FP8_SPLITK=auto; off (the default until a GPU run measures it) keeps one
+// warp a feature.
 int GemvFp8KSplit(int64_t features, int64_t chunks) {
   static const bool enabled = tunables::On(tunables::kCudaGemvFp8SplitK);
   int ksplit = 1;
