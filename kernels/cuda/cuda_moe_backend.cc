@@ -67,12 +67,14 @@ absl::Status CudaBackend::AddRmsNormRoute(const Tensor& x, const Tensor& norm_we
   if (use_expert_prefetch_ && routed.gate_up != nullptr && routed.down != nullptr &&
       static_cast<int64_t>(routed.gate_up->size()) == experts &&
       static_cast<int64_t>(routed.down->size()) == experts && TakesRoutedSwiGlu(m, top_k)) {
-    DXS_ASSIGN_OR_RETURN(ExpertWeightSet set, ExpertWeights(*routed.gate_up, *routed.down, hidden));
-    const int64_t elem = set.fp8 ? 1 : 2;
-    if (set.inter > 0) {
-      prefetch.pointers = reinterpret_cast<const void* const*>(set.pointers.raw());
-      prefetch.gate_up_bytes = 2 * set.inter * hidden * elem;
-      prefetch.down_bytes = hidden * set.inter * elem;
+    // A hint: where the table cannot be had (first made while a graph records, or the
+    // experts disagree), the step goes on without it.
+    absl::StatusOr<ExpertWeightSet> set = ExpertWeights(*routed.gate_up, *routed.down, hidden);
+    if (set.ok() && set->inter > 0) {
+      const int64_t elem = set->fp8 ? 1 : 2;
+      prefetch.pointers = reinterpret_cast<const void* const*>(set->pointers.raw());
+      prefetch.gate_up_bytes = 2 * set->inter * hidden * elem;
+      prefetch.down_bytes = hidden * set->inter * elem;
       prefetch.budget_bytes = cuda::kExpertPrefetchBudgetBytes;
     }
   }
