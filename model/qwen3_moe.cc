@@ -609,8 +609,6 @@ absl::Status Qwen3MoeModel::MicroFront(int layer, int micro, int num_micro, KvCa
       moe && moe_->StageBuffers(micro, t, backend_->ActivationDType(), &mb->normed, &mb->mlp_out);
   if (!staged) {
     DXS_ASSIGN_OR_RETURN(mb->normed, backend_->Allocate({t, config_.hidden_size}));
-  }
-  if (!staged) {
     DXS_ASSIGN_OR_RETURN(mb->mlp_out, backend_->Allocate({t, config_.hidden_size}));
   }
   if (!moe) {

@@ -116,17 +116,17 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
   const uint4* w_row = reinterpret_cast<const uint4*>(w + (feature < n ? feature : 0) * k);
   uint4 next = c0 < chunks ? w_row[c0] : uint4{};
   PdlWait();
+  Y* y = static_cast<Y*>(o == 0 ? outs.y[0] : o == 1 ? outs.y[1] : outs.y[2]);
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
-  const float* scale_row = nullptr;
   if (feature < n) {
-    scale_row = (o == 0   ? outs.scales[0]
-                 : o == 1 ? outs.scales[1]
-                          : outs.scales[2]) +
-                (feature / kGroup) * (o == 0   ? outs.scale_stride[0]
-                                      : o == 1 ? outs.scale_stride[1]
-                                               : outs.scale_stride[2]);
+    const float* scale_row = (o == 0   ? outs.scales[0]
+                              : o == 1 ? outs.scales[1]
+                                       : outs.scales[2]) +
+                             (feature / kGroup) * (o == 0   ? outs.scale_stride[0]
+                                                   : o == 1 ? outs.scale_stride[1]
+                                                            : outs.scale_stride[2]);
     for (int64_t c = c0; c < chunks; c += stride) {
       const uint4 raw = next;
       if (c + stride < chunks) next = w_row[c + stride];
@@ -158,11 +158,7 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
     float v = acc[r];
     for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
     if (ksplit == 1) {
-      if (lane == 0 && feature < n) {
-        static_cast<Y*>(o == 0   ? outs.y[0]
-                        : o == 1 ? outs.y[1]
-                                 : outs.y[2])[r * n + feature] = FromFloat<Y>(v);
-      }
+      if (lane == 0 && feature < n) y[r * n + feature] = FromFloat<Y>(v);
     } else if (lane == 0) {
       partial[warp][r] = v;
     }
@@ -172,9 +168,7 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
   if (sub != 0 || feature >= n || lane >= kRows) return;
   float v = partial[warp][lane];
   for (int j = 1; j < ksplit; ++j) v += partial[warp + j][lane];
-  static_cast<Y*>(o == 0   ? outs.y[0]
-                  : o == 1 ? outs.y[1]
-                           : outs.y[2])[lane * n + feature] = FromFloat<Y>(v);
+  y[lane * n + feature] = FromFloat<Y>(v);
 }
 
 // Warps sharing an output feature in LaunchGemvsFp8: split the row (up to kGemvFp8Warps ways,
