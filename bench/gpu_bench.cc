@@ -23,7 +23,8 @@
 //   --sampling: only [sampling], the engine's generation loop with OpenAI-style sampling
 //     features on every request (penalties, min_p, top-20 logprobs) beside plain sampling.
 //   --fp8: only [rates], [fp8-linear] and [fp8-ffn]: Linear and the experts' grouped FFN of
-//     block-scaled FP8 weights beside bf16 weights, decode to prefill sizes.
+//     block-scaled FP8 weights beside bf16 weights, decode to prefill sizes (with --profile
+//     ffn: one bf16 and one FP8 grouped FFN call at --batch tokens, nothing else timed).
 //   --fp8-decode: only [rates] and [decode-fp8]: the whole model's decode and prefill with
 //     bf16 weights, then with FP8 projections (with --profile decode: the FP8 decode step
 //     alone, at --batch).
@@ -246,8 +247,8 @@ void GroupedFfn(Backend* b, cudaStream_t stream, Backend* cublas, const Rates& r
 // What --profile NAME brackets with cudaProfilerStart/Stop for `ncu --profile-from-start
 // off`: one call of each attention shape, one decode step (graph replay) or one prefill.
 struct Profile {
-  std::string what;   // "", "attention", "decode" or "prefill"
-  int64_t batch = 1;  // the decode batch profiled
+  std::string what;   // "", "attention", "decode", "prefill" or (with --fp8) "ffn"
+  int64_t batch = 1;  // the decode batch profiled; the FFN's tokens
   void Once(const std::string& name, const std::function<void()>& body) const {
     if (what != name) return;
     cudaProfilerStart();
@@ -839,10 +840,53 @@ Tensor RandomFp8Weight(Backend* b, int64_t n, int64_t k, uint64_t seed) {
 //   spread evenly), 16 to 16384 tokens: bf16 against FP8 (CUTLASS's FP8 grouped GEMMs with the
 //   quantization passes).
 // Weights are random (FP8: random bytes and scales), never zeros.
-void Fp8Benches(const Rates& rates, bool quick, Report* report) {
+// --fp8 --profile ffn: the experts' grouped SwiGLU FFN (Fp8Benches' shape, pairs spread
+// evenly) at profile.batch tokens, once with bf16 weights and once with FP8 weights, each
+// warmed up and then called once between cudaProfilerStart/Stop: ncu's per-kernel times show
+// which of the FP8 path's kernels (the quantization passes, the two grouped GEMMs, the
+// combine) holds it against bf16's.
+void Fp8FfnProfile(Backend* b, const Profile& profile) {
+  constexpr int64_t kExperts = 128, kHidden = 2048, kInter = 768, kTopK = 8;
+  const int64_t pairs = profile.batch * kTopK;
+  std::vector<Tensor> gu16, dn16, gu8, dn8;
+  std::vector<const Tensor*> gu16p, dn16p, gu8p, dn8p;
+  for (int64_t e = 0; e < kExperts; ++e) {
+    gu16.push_back(RandomTensor(b, {2 * kInter, kHidden}, 100 + e, 0.05));
+    dn16.push_back(RandomTensor(b, {kHidden, kInter}, 300 + e, 0.05));
+    gu8.push_back(RandomFp8Weight(b, 2 * kInter, kHidden, 500 + e));
+    dn8.push_back(RandomFp8Weight(b, kHidden, kInter, 700 + e));
+  }
+  for (int64_t e = 0; e < kExperts; ++e) {
+    gu16p.push_back(&gu16[e]);
+    dn16p.push_back(&dn16[e]);
+    gu8p.push_back(&gu8[e]);
+    dn8p.push_back(&dn8[e]);
+  }
+  std::vector<int32_t> offsets(kExperts + 1);
+  for (int64_t e = 0; e <= kExperts; ++e) offsets[e] = static_cast<int32_t>(pairs * e / kExperts);
+  Tensor off = Must(b->Allocate({kExperts + 1}, DType::kI32), "offsets");
+  BENCH_CHECK(b->CopyFromHost(offsets.data(), DType::kI32, &off));
+  Tensor xs = RandomTensor(b, {pairs, kHidden}, 17, 1.0);
+  Tensor y = Must(b->Allocate({pairs, kHidden}, DType::kBF16), "y");
+  std::printf("\n[fp8-ffn profile] %ld tokens, %ld pairs: bf16 then fp8, one call each\n",
+              static_cast<long>(profile.batch), static_cast<long>(pairs));
+  for (const bool fp8 : {false, true}) {
+    const auto& gu = fp8 ? gu8p : gu16p;
+    const auto& dn = fp8 ? dn8p : dn16p;
+    BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu, dn, &y));  // warm-up: tables, workspaces
+    BENCH_CHECK(b->Synchronize());
+    profile.Once("ffn", [&] { BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu, dn, &y)); });
+  }
+}
+
+void Fp8Benches(const Rates& rates, bool quick, const Profile& profile, Report* report) {
   std::unique_ptr<Backend> b = BackendWith({});
   if (!b->capabilities().fp8_block_weights) {
     std::printf("\n[fp8] skipped: this GPU keeps no FP8 weights\n");
+    return;
+  }
+  if (profile.what == "ffn") {
+    Fp8FfnProfile(b.get(), profile);
     return;
   }
   std::unique_ptr<Backend> cutlass =
@@ -1104,7 +1148,7 @@ int Main(int argc, char** argv) {
                    "--fp8-decode]\n"
                    "                 [--layers N]\n"
                    "                 [--json FILE]\n"
-                   "                 [--profile attention|decode|prefill [--batch N]]\n");
+                   "                 [--profile attention|decode|prefill|ffn [--batch N]]\n");
       return 2;
     }
   }
@@ -1132,7 +1176,7 @@ int Main(int argc, char** argv) {
   cudaStream_t stream = CudaStreamOf(backend.get());
   const Rates rates = MeasureRates(backend.get(), stream, quick, &report);
   if (fp8) {
-    Fp8Benches(rates, quick, &report);
+    Fp8Benches(rates, quick, profile, &report);
     return 0;
   }
   if (fp8_decode) {
