@@ -66,8 +66,7 @@ absl::Status DenseCompute::Linears(const Tensor& x, const std::vector<const Tens
 
 absl::Status Backend::AddRmsNormRoute(const Tensor& x, const Tensor& norm_weight, float eps,
                                       Tensor* residual, Tensor* normed, const Tensor& router,
-                                      int top_k, bool normalize, Tensor* ids, Tensor* weights,
-                                      const RoutedExpertWeights& /*experts*/) {
+                                      int top_k, bool normalize, Tensor* ids, Tensor* weights) {
   DXS_RETURN_IF_ERROR(AddRmsNorm(x, norm_weight, eps, residual, normed));
   DXS_ASSIGN_OR_RETURN(Tensor logits, Allocate({normed->rows(), router.rows()}, DType::kF32));
   DXS_RETURN_IF_ERROR(Linear(*normed, router, nullptr, &logits));

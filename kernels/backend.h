@@ -52,12 +52,10 @@ class Backend : public DeviceRuntime, public DenseCompute, public MoeCompute {
   // An MoE layer's router after its attention: AddRmsNorm(x, norm_weight, eps, residual,
   // normed), then Linear(normed, router) into float32 logits [T, E] and TopKSoftmax(logits,
   // top_k, normalize, ids, weights), which is this default. A backend may do the three in
-  // fewer passes (the CUDA backend: one kernel for decode-sized batches, the same bits), and
-  // may start fetching the picked experts' weights (`experts`, a hint the default ignores).
+  // fewer passes (the CUDA backend: one kernel for decode-sized batches, the same bits).
   virtual absl::Status AddRmsNormRoute(const Tensor& x, const Tensor& norm_weight, float eps,
                                        Tensor* residual, Tensor* normed, const Tensor& router,
-                                       int top_k, bool normalize, Tensor* ids, Tensor* weights,
-                                       const RoutedExpertWeights& experts);
+                                       int top_k, bool normalize, Tensor* ids, Tensor* weights);
   // FAILED_PRECONDITION: no fused path (TakesRoutedSwiGlu is false).
   absl::Status RoutedSwiGlu(const Tensor& x, const Tensor& ids, const Tensor& weights,
                             const std::vector<const Tensor*>& gate_up,

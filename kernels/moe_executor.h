@@ -56,9 +56,6 @@ class MoeExecutor {
   // True if Dispatch returns before the experts finish (remote experts); the default
   // runs everything in Dispatch, so splitting a step only costs time.
   virtual bool overlaps() const { return false; }
-  // The weights this executor's experts of `layer` read when they are on this backend (the
-  // single-process engine's), for Backend::AddRmsNormRoute's prefetch; empty elsewhere.
-  virtual RoutedExpertWeights LocalExpertWeights(int /*layer*/) const { return {}; }
   virtual absl::StatusOr<std::unique_ptr<MoeHandle>> Dispatch(int layer, int micro, int num_micro,
                                                               const Tensor& x, const Tensor& ids,
                                                               const Tensor& weights, Tensor* out) {

@@ -39,8 +39,7 @@ class ExpertShard final {
   void KeepOnly(const std::vector<int>& keep);
   Backend* backend() const { return backend_; }
   // The tables ForwardRouted reads for `layer` where every expert is here on a device
-  // backend (a prefetch hint: Backend::AddRmsNormRoute); empty elsewhere. Valid until the
-  // experts change (AddExperts, KeepOnly).
+  // backend; empty elsewhere. Valid until the experts change (AddExperts, KeepOnly).
   RoutedExpertWeights RoutedWeights(int layer) const;
   // The same for the router's output on the backend: row t's pairs are ids/weights[t, :]
   // (every expert local, out row == x row), as the single-process engine routes.

@@ -14,9 +14,6 @@ class LocalMoeExecutor final : public MoeExecutor {
                    Tensor* out) override {
     return shard_->ForwardRouted(layer, x, ids, weights, out);
   }
-  RoutedExpertWeights LocalExpertWeights(int layer) const override {
-    return shard_->RoutedWeights(layer);
-  }
 
  private:
   ExpertShard* shard_;

@@ -681,8 +681,7 @@ absl::Status Qwen3MoeModel::AddNormRoute(int layer, const Tensor& o, Tensor* hid
   const AttentionLayerWeights& lw = w_.layers[layer];
   return backend_->AddRmsNormRoute(
       o, lw.post_attention_norm, static_cast<float>(config_.rms_norm_eps), hidden, normed,
-      lw.router, static_cast<int>(top_k), config_.norm_topk_prob, ids, weights,
-      moe_ != nullptr ? moe_->LocalExpertWeights(layer) : RoutedExpertWeights{});
+      lw.router, static_cast<int>(top_k), config_.norm_topk_prob, ids, weights);
 }
 
 absl::Status Qwen3MoeModel::AttentionBlock(int layer, KvCache* kv, MicroBatch* mb, Tensor* o) {

@@ -180,7 +180,6 @@ absl::Status CudaBackend::Init() {
   use_scale_sum_scan_ = use_gemv_ && scale_sum_scan;
   DXS_ASSIGN_OR_RETURN(const bool fused_route, AutoOrOff(tunables::kCudaFusedRoute));
   use_fused_route_ = use_gemv_ && fused_route;
-  DXS_ASSIGN_OR_RETURN(use_expert_prefetch_, AutoOrOff(tunables::kCudaExpertPrefetch));
   DXS_ASSIGN_OR_RETURN(const std::string choice, tunables::Read(tunables::kCudaGroupedGemm));
   cudaDeviceProp prop;
   DXS_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, device_), "cuda backend"));

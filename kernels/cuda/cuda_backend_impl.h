@@ -122,8 +122,7 @@ class CudaBackend final : public Backend {
   // Decode-sized batches: one kernel (route_decode.cu), the default's bits.
   absl::Status AddRmsNormRoute(const Tensor& x, const Tensor& norm_weight, float eps,
                                Tensor* residual, Tensor* normed, const Tensor& router, int top_k,
-                               bool normalize, Tensor* ids, Tensor* weights,
-                               const RoutedExpertWeights& routed) override;
+                               bool normalize, Tensor* ids, Tensor* weights) override;
   absl::Status ComputeDispatchLayout(const Tensor& ids, const Tensor& weights,
                                      const Tensor& expert_owner, int num_ranks,
                                      DispatchLayoutTensors* layout) override;
@@ -303,9 +302,6 @@ class CudaBackend final : public Backend {
   // AddRmsNormRoute in one kernel for decode-sized batches; off: the norm, the router GEMV
   // and the top-k apart.
   bool use_fused_route_ = false;
-  // DXS_CUDA_EXPERT_PREFETCH=auto|off (default off until measured): the fused router's last
-  // block starts the picked experts' weights on their way into L2 (RoutedExpertWeights hint).
-  bool use_expert_prefetch_ = false;
   // The fused router's last-block counter (one unsigned, kept zero between launches).
   Tensor route_counter_;
   absl::Mutex tables_mu_;

@@ -40,8 +40,7 @@ absl::Status CudaBackend::TopKSoftmax(const Tensor& logits, int top_k, bool norm
 
 absl::Status CudaBackend::AddRmsNormRoute(const Tensor& x, const Tensor& norm_weight, float eps,
                                           Tensor* residual, Tensor* normed, const Tensor& router,
-                                          int top_k, bool normalize, Tensor* ids, Tensor* weights,
-                                          const RoutedExpertWeights& routed) {
+                                          int top_k, bool normalize, Tensor* ids, Tensor* weights) {
   const int64_t m = normed->rows(), hidden = norm_weight.num_elements(), experts = router.rows();
   // The fused kernel where each of the three would take its bf16 kernel (the norm's 16-byte
   // path, the router's GEMV): its bits are theirs.
@@ -58,34 +57,16 @@ absl::Status CudaBackend::AddRmsNormRoute(const Tensor& x, const Tensor& norm_we
       Aligned16(norm_weight.raw()) && Aligned16(normed->raw()) && Aligned16(router.raw());
   if (!fused) {
     return Backend::AddRmsNormRoute(x, norm_weight, eps, residual, normed, router, top_k, normalize,
-                                    ids, weights, routed);
+                                    ids, weights);
   }
   DXS_RETURN_IF_ERROR(CheckAddRmsNormArgs(x, norm_weight, *residual, *normed));
-  // The picked experts' weights fetched into L2 as soon as they are picked, for the
-  // decode-sized FFN that reads them next (RoutedSwiGlu's pairs at most).
-  cuda::ExpertPrefetch prefetch;
-  if (use_expert_prefetch_ && routed.gate_up != nullptr && routed.down != nullptr &&
-      static_cast<int64_t>(routed.gate_up->size()) == experts &&
-      static_cast<int64_t>(routed.down->size()) == experts && TakesRoutedSwiGlu(m, top_k)) {
-    // A hint: where the table cannot be had (first made while a graph records, or the
-    // experts disagree), the step goes on without it.
-    absl::StatusOr<ExpertWeightSet> set = ExpertWeights(*routed.gate_up, *routed.down, hidden);
-    if (set.ok() && set->inter > 0) {
-      const int64_t elem = set->fp8 ? 1 : 2;
-      prefetch.pointers = reinterpret_cast<const void* const*>(set->pointers.raw());
-      prefetch.gate_up_bytes = 2 * set->inter * hidden * elem;
-      prefetch.down_bytes = hidden * set->inter * elem;
-      prefetch.budget_bytes = cuda::kExpertPrefetchBudgetBytes;
-    }
-  }
   DXS_ASSIGN_OR_RETURN(Tensor logits, Allocate({m, experts}, DType::kF32));
   DXS_RETURN_IF_ERROR(Enter("add rms norm route"));
-  return CudaStatus(
-      cuda::LaunchResidualNormRoute(
-          x.raw(), residual->f32(), norm_weight.raw(), eps, m, hidden, router.raw(), experts, top_k,
-          normalize, normed->raw(), logits.f32(), ids->i32(), weights->f32(),
-          static_cast<unsigned*>(route_counter_.raw()), prefetch, stream_),
-      "add rms norm route");
+  return CudaStatus(cuda::LaunchResidualNormRoute(
+                        x.raw(), residual->f32(), norm_weight.raw(), eps, m, hidden, router.raw(),
+                        experts, top_k, normalize, normed->raw(), logits.f32(), ids->i32(),
+                        weights->f32(), static_cast<unsigned*>(route_counter_.raw()), stream_),
+                    "add rms norm route");
 }
 
 absl::Status CudaBackend::ComputeDispatchLayout(const Tensor& ids, const Tensor& weights,

@@ -55,32 +55,18 @@ cudaError_t LaunchGemvsBf16(const void* x, ElemType x_type, int64_t m, int64_t k
 
 // ---- route_decode.cu (a decode step's MoE router in one kernel) ----
 
-// The picked experts' weights the fused router may start into L2: pointers [2 * E] (gate_up
-// then down, GroupedSwiGlu's table; null: not held), each expert's bytes (multiples of 16),
-// at most budget_bytes in all (gate_up of every pick first, then down). Null pointers: none.
-inline constexpr int64_t kExpertPrefetchBudgetBytes = int64_t{32} << 20;
-struct ExpertPrefetch {
-  const void* const* pointers = nullptr;
-  int64_t gate_up_bytes = 0;
-  int64_t down_bytes = 0;
-  int64_t budget_bytes = 0;
-};
-
 // residual (f32 [m, hidden]) += x (bf16), normed (bf16) = RMS-normed residual * norm_weight
 // (bf16 [hidden]), logits (f32 [m, E]) = normed . router^T (bf16 [E, hidden]), then ids / weights
 // ([m, top_k]) the top-k softmax of each row's logits: LaunchAddRmsNorm, LaunchGemvBf16 and
 // LaunchTopKSoftmax in that order, bit for bit, in one launch. m <= kGemvMaxRows, hidden a
 // multiple of 8, x, residual, norm_weight, router and normed 16-byte aligned, E and top_k
 // within topk_softmax.cuh's limits. counter: one unsigned in device memory, zero before the
-// first launch and left zero by each (launches using one counter must not overlap). With
-// prefetch.pointers, the last block then starts the picked experts' weights into L2 (sm_90's
-// bulk prefetch; nothing elsewhere), a hint with no effect on any value.
+// first launch and left zero by each (launches using one counter must not overlap).
 cudaError_t LaunchResidualNormRoute(const void* x, float* residual, const void* norm_weight,
                                     float eps, int64_t m, int64_t hidden, const void* router,
                                     int64_t num_experts, int64_t top_k, bool normalize,
                                     void* normed, float* logits, int32_t* ids, float* weights,
-                                    unsigned* counter, const ExpertPrefetch& prefetch,
-                                    cudaStream_t stream);
+                                    unsigned* counter, cudaStream_t stream);
 
 // The grouped SwiGLU FFN of num_pairs <= kGemvMaxPairs routed pairs sorted by expert
 // (expert_offsets [E + 1]): pair p's input is row rows[p] of xs (f32 or bf16 [x_rows,

@@ -43,45 +43,13 @@ static_assert(kGemvMaxRows <= kWarps, "the last block's top-k takes a warp a tok
 
 using Bf16 = __nv_bfloat16;
 
-// The picked experts' weights into L2 (the last block, after its top-k wrote ids): gate_up of
-// every pair, then down, in pieces of kPrefetchPiece bytes, one bulk prefetch each, until the
-// budget; a piece past the budget, or of an expert not held, is skipped. A hint: nothing waits
-// for it and no value depends on it (sm_90's cp.async.bulk.prefetch; nothing before sm_90).
-constexpr int64_t kPrefetchPiece = 32 << 10;
-__device__ __forceinline__ void PrefetchPickedExperts(const int32_t* ids, int pairs,
-                                                      int num_experts,
-                                                      const ExpertPrefetch& prefetch) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __syncthreads();     // ids, written by the top-k's warps, are the block's to read
-  int64_t before = 0;  // the bytes of the parts before this one
-  for (int part = 0; part < 2; ++part) {
-    const int64_t bytes = part == 0 ? prefetch.gate_up_bytes : prefetch.down_bytes;
-    const int64_t pieces = (bytes + kPrefetchPiece - 1) / kPrefetchPiece;
-    for (int64_t i = threadIdx.x; i < pairs * pieces; i += kThreads) {
-      const int64_t p = i / pieces, piece = i % pieces;
-      if (before + p * bytes + piece * kPrefetchPiece >= prefetch.budget_bytes) continue;
-      const int e = ids[p];
-      if (e < 0 || e >= num_experts) continue;
-      const char* base = static_cast<const char*>(prefetch.pointers[part * num_experts + e]);
-      if (base == nullptr) continue;
-      const int64_t size = min(kPrefetchPiece, bytes - piece * kPrefetchPiece);
-      asm volatile(
-          "cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + piece * kPrefetchPiece),
-          "r"(static_cast<unsigned>(size))
-          : "memory");
-    }
-    before += pairs * bytes;
-  }
-#endif
-}
-
 template <int M, int kSlots>
 __global__ void __launch_bounds__(kThreads)
     ResidualNormRouteKernel(const Bf16* __restrict__ x, float* residual,
                             const Bf16* __restrict__ norm_w, float eps, int m, int hidden,
                             const Bf16* __restrict__ router, int num_experts, int ksplit, int top_k,
                             bool normalize, Bf16* normed, float* logits, int32_t* ids,
-                            float* weights, unsigned* counter, const ExpertPrefetch prefetch) {
+                            float* weights, unsigned* counter) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int sub = warp % ksplit;
   const int feature0 =
@@ -179,7 +147,6 @@ __global__ void __launch_bounds__(kThreads)
                             top_k, normalize, ids + warp * top_k, weights + warp * top_k);
   }
   if (threadIdx.x == 0) *counter = 0;
-  if (prefetch.pointers != nullptr) PrefetchPickedExperts(ids, m * top_k, num_experts, prefetch);
 }
 
 }  // namespace
@@ -188,8 +155,7 @@ cudaError_t LaunchResidualNormRoute(const void* x, float* residual, const void* 
                                     float eps, int64_t m, int64_t hidden, const void* router,
                                     int64_t num_experts, int64_t top_k, bool normalize,
                                     void* normed, float* logits, int32_t* ids, float* weights,
-                                    unsigned* counter, const ExpertPrefetch& prefetch,
-                                    cudaStream_t stream) {
+                                    unsigned* counter, cudaStream_t stream) {
   if (m < 0 || m > kGemvMaxRows || hidden <= 0 || hidden % kChunk != 0 || hidden > INT32_MAX ||
       num_experts <= 0 || num_experts > kTopKSoftmaxMaxExperts || top_k <= 0 ||
       top_k > num_experts || top_k > kTopKSoftmaxMaxTopK) {
@@ -200,12 +166,6 @@ cudaError_t LaunchResidualNormRoute(const void* x, float* residual, const void* 
       normed == nullptr || logits == nullptr || ids == nullptr || weights == nullptr ||
       counter == nullptr || !Aligned16(x) || !Aligned16(residual) || !Aligned16(norm_weight) ||
       !Aligned16(router) || !Aligned16(normed)) {
-    return cudaErrorInvalidValue;
-  }
-  if (prefetch.pointers != nullptr &&
-      (prefetch.gate_up_bytes <= 0 || prefetch.down_bytes <= 0 ||
-       prefetch.gate_up_bytes % 16 != 0 || prefetch.down_bytes % 16 != 0 ||
-       prefetch.budget_bytes < 0)) {
     return cudaErrorInvalidValue;
   }
   const int64_t groups = (num_experts + kGemvFeatures - 1) / kGemvFeatures;
@@ -219,7 +179,7 @@ cudaError_t LaunchResidualNormRoute(const void* x, float* residual, const void* 
                  static_cast<const Bf16*>(x), residual, static_cast<const Bf16*>(norm_weight), eps,
                  static_cast<int>(m), static_cast<int>(hidden), static_cast<const Bf16*>(router),
                  static_cast<int>(num_experts), ksplit, static_cast<int>(top_k), normalize,
-                 static_cast<Bf16*>(normed), logits, ids, weights, counter, prefetch);
+                 static_cast<Bf16*>(normed), logits, ids, weights, counter);
     return cudaGetLastError();
   };
   auto by_rows = [&](auto slots) {

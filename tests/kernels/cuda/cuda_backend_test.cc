@@ -635,13 +635,6 @@ TEST_F(CudaBackendTest, AddRmsNormRouteIsTheNormTheRouterAndTheTopK) {
   ASSERT_TRUE(fused.ok()) << fused.status();
   ASSERT_TRUE(unfused.ok()) << unfused.status();
   const int64_t hidden = 2048, experts = 128, top_k = 8;
-  // The fused backend's calls also name where the experts are (a prefetch hint; the same
-  // bits): four of them held, the rest not.
-  const ExpertSets held = PutExperts({{fused->get(), DType::kBF16}}, 4, hidden, 768, 31, 32);
-  std::vector<const Tensor*> gate_up(experts, nullptr), down(experts, nullptr);
-  for (int64_t e = 0; e < 4; ++e)
-    gate_up[e * 31] = held.gate_up[0][e], down[e * 31] = held.down[0][e];
-  const RoutedExpertWeights hint{&gate_up, &down};
   const std::vector<float> w = Bf16Exact(RandomFloats(hidden, 21));
   const std::vector<float> router = Bf16Exact(RandomFloats(experts * hidden, 22, 0.05f));
   for (int64_t t : {1, 2, 5, 8, 12}) {
@@ -664,9 +657,9 @@ TEST_F(CudaBackendTest, AddRmsNormRouteIsTheNormTheRouterAndTheTopK) {
       Tensor ids = Poisoned(be, {t, top_k}, DType::kI32);
       Tensor weights = Poisoned(be, {t, top_k}, DType::kF32);
       if (kind < 2) {
-        ASSERT_TRUE(be->AddRmsNormRoute(gx, gw, 1e-6f, &gr, &normed, grouter, top_k, true, &ids,
-                                        &weights, kind == 0 ? hint : RoutedExpertWeights{})
-                        .ok());
+        ASSERT_TRUE(
+            be->AddRmsNormRoute(gx, gw, 1e-6f, &gr, &normed, grouter, top_k, true, &ids, &weights)
+                .ok());
       } else {
         Tensor logits = Poisoned(be, {t, experts}, DType::kF32);
         ASSERT_TRUE(be->AddRmsNorm(gx, gw, 1e-6f, &gr, &normed).ok());
@@ -690,7 +683,7 @@ TEST_F(CudaBackendTest, AddRmsNormRouteIsTheNormTheRouterAndTheTopK) {
     ASSERT_TRUE(cpu_->AddRmsNormRoute(Put(cpu_.get(), x, {t, hidden}, DType::kF32),
                                       Put(cpu_.get(), w, {hidden}, DType::kF32), 1e-6f, &cr, &cn,
                                       Put(cpu_.get(), router, {experts, hidden}, DType::kF32),
-                                      top_k, true, &cids, &cweights, {})
+                                      top_k, true, &cids, &cweights)
                     .ok());
     EXPECT_EQ(Get(cpu_.get(), cr), outs[0].residual);
     EXPECT_LT(MaxRelError(outs[0].normed, Get(cpu_.get(), cn)), 1e-2);

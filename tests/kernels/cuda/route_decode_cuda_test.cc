@@ -1,8 +1,7 @@
 // The decode router's fused kernel (kernels/cuda/route_decode.cu): host-side guards (run
 // everywhere, no device needed) and, on a GPU, the same bits as the three kernels it stands
 // for (LaunchAddRmsNorm, LaunchGemvBf16 into float32 logits, LaunchTopKSoftmax) on seeded
-// random inputs, launch after launch (its last-block counter must come back to zero), with
-// and without the experts' prefetch.
+// random inputs, launch after launch (its last-block counter must come back to zero).
 // Without a device the GPU cases skip.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -28,17 +27,15 @@ T* Fake(uintptr_t slot) {
 }
 
 cudaError_t LaunchWith(int64_t m, int64_t hidden, int64_t experts, int64_t top_k,
-                       const void* x = Fake<void>(1), const void* router = Fake<void>(2),
-                       const ExpertPrefetch& prefetch = {}) {
+                       const void* x = Fake<void>(1), const void* router = Fake<void>(2)) {
   return LaunchResidualNormRoute(x, Fake<float>(3), Fake<void>(4), 1e-6f, m, hidden, router,
                                  experts, top_k, true, Fake<void>(5), Fake<float>(6),
-                                 Fake<int32_t>(7), Fake<float>(8), Fake<unsigned>(9), prefetch,
-                                 nullptr);
+                                 Fake<int32_t>(7), Fake<float>(8), Fake<unsigned>(9), nullptr);
 }
 
 TEST(RouteDecodeCudaGuard, ZeroRowsIsOkWithoutLaunching) {
   EXPECT_EQ(LaunchResidualNormRoute(nullptr, nullptr, nullptr, 1e-6f, 0, 2048, nullptr, 128, 8,
-                                    true, nullptr, nullptr, nullptr, nullptr, nullptr, {}, nullptr),
+                                    true, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
             cudaSuccess);
 }
 
@@ -59,12 +56,6 @@ TEST(RouteDecodeCudaGuard, ShapesItCannotTakeAreInvalidValue) {
   EXPECT_EQ(
       LaunchWith(1, 2048, 128, 8, Fake<void>(1), reinterpret_cast<const char*>(Fake<void>(2)) + 8),
       cudaErrorInvalidValue);
-  // A prefetch of experts whose sizes the bulk prefetch cannot take (16-byte multiples).
-  const void* const* table = Fake<const void*>(10);
-  EXPECT_EQ(LaunchWith(1, 2048, 128, 8, Fake<void>(1), Fake<void>(2), {table, 100, 4096, 1 << 20}),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(LaunchWith(1, 2048, 128, 8, Fake<void>(1), Fake<void>(2), {table, 4096, 0, 1 << 20}),
-            cudaErrorInvalidValue);
 }
 
 // ---- On a GPU ----
@@ -118,14 +109,6 @@ TEST(RouteDecodeCuda, IsTheNormTheRouterGemvAndTheTopKBitForBit) {
                                      {5, 2048, 128, 8, true}, {8, 2048, 128, 8, true},
                                      {1, 4096, 256, 8, true}, {6, 512, 160, 6, true},
                                      {2, 256, 7, 2, true},    {1, 64, 3, 3, false}};
-  // The experts' weights a prefetch reads: one block holds every expert's gate_up and down
-  // (expert 1's gate_up missing from the table).
-  constexpr int64_t kExpertBytes = 96 << 10;
-  char* d_expert_bytes = nullptr;
-  ASSERT_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_expert_bytes), 2 * kExpertBytes));
-  std::vector<const void*> expert_table(2 * kTopKSoftmaxMaxExperts, d_expert_bytes);
-  expert_table[1] = nullptr;
-  const void** d_expert_table = ToDevice(expert_table);
   for (const Shape& s : shapes) {
     SCOPED_TRACE(::testing::Message() << s.m << " rows, hidden " << s.hidden << ", " << s.experts
                                       << " experts, top-" << s.top_k);
@@ -168,18 +151,9 @@ TEST(RouteDecodeCuda, IsTheNormTheRouterGemvAndTheTopKBitForBit) {
       float* d_logits = ToDevice(std::vector<float>(s.m * s.experts));
       int32_t* d_ids = ToDevice(std::vector<int32_t>(s.m * s.top_k, -1));
       float* d_weights = ToDevice(std::vector<float>(s.m * s.top_k));
-      // The last launch also starts the picked experts' weights into L2 (a hint: the same
-      // values), over a table with a missing expert and a budget that ends mid-expert.
-      ExpertPrefetch prefetch;
-      if (launch == 2) {
-        prefetch.pointers = d_expert_table;
-        prefetch.gate_up_bytes = kExpertBytes;
-        prefetch.down_bytes = kExpertBytes / 2;
-        prefetch.budget_bytes = kExpertBytes * 3 + 4096;
-      }
       ASSERT_CUDA_OK(LaunchResidualNormRoute(d_x, d_res, d_norm_w, 1e-6f, s.m, s.hidden, d_router,
                                              s.experts, s.top_k, s.normalize, d_normed, d_logits,
-                                             d_ids, d_weights, counter, prefetch, stream));
+                                             d_ids, d_weights, counter, stream));
       ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
       EXPECT_TRUE(SameBytes(ToHost(d_res, residual.size()), res_want));
       EXPECT_TRUE(SameBytes(ToHost(d_normed, x.size()), normed_want));
@@ -202,8 +176,6 @@ TEST(RouteDecodeCuda, IsTheNormTheRouterGemvAndTheTopKBitForBit) {
     }
   }
   ASSERT_CUDA_OK(cudaFree(counter));
-  ASSERT_CUDA_OK(cudaFree(d_expert_bytes));
-  ASSERT_CUDA_OK(cudaFree(d_expert_table));
   ASSERT_CUDA_OK(cudaStreamDestroy(stream));
 }
 
