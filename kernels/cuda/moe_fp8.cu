@@ -186,13 +186,15 @@ cudaError_t LaunchQuantizeGroupedFp8(const void* xs, ElemType x_type, int64_t x_
   const bool vec = Aligned16(xs) && reinterpret_cast<uintptr_t>(out) % 8 == 0;
   return DispatchFloat(x_type, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    auto launch = [&](auto kernel) {
-      return LaunchKernel(kernel, blocks, kQuantizeWarps * 32, 0, stream, static_cast<const T*>(xs),
-                          rows, x_rows, static_cast<int>(k), num_rows, offsets,
+    const T* x = static_cast<const T*>(xs);
+    if (vec) {
+      return LaunchKernel(QuantizeGroupedFp8Kernel<T, true>, blocks, kQuantizeWarps * 32, 0, stream,
+                          x, rows, x_rows, static_cast<int>(k), num_rows, offsets,
                           static_cast<int>(num_experts), out, sfa);
-    };
-    return vec ? launch(QuantizeGroupedFp8Kernel<T, true>)
-               : launch(QuantizeGroupedFp8Kernel<T, false>);
+    }
+    return LaunchKernel(QuantizeGroupedFp8Kernel<T, false>, blocks, kQuantizeWarps * 32, 0, stream,
+                        x, rows, x_rows, static_cast<int>(k), num_rows, offsets,
+                        static_cast<int>(num_experts), out, sfa);
   });
 }
 
@@ -210,13 +212,15 @@ cudaError_t LaunchSiluMulQuantizeGroupedFp8(const void* gate_up, int64_t num_row
   }
   const unsigned blocks = static_cast<unsigned>((num_rows + kQuantizeWarps - 1) / kQuantizeWarps);
   const bool vec = Aligned16(gate_up) && reinterpret_cast<uintptr_t>(out) % 8 == 0;
-  auto launch = [&](auto kernel) {
-    return LaunchKernel(kernel, blocks, kQuantizeWarps * 32, 0, stream,
-                        static_cast<const __nv_bfloat16*>(gate_up), static_cast<int>(inter),
-                        num_rows, offsets, static_cast<int>(num_experts), out, sfa);
-  };
-  return vec ? launch(SiluMulQuantizeGroupedFp8Kernel<true>)
-             : launch(SiluMulQuantizeGroupedFp8Kernel<false>);
+  const auto* gu = static_cast<const __nv_bfloat16*>(gate_up);
+  if (vec) {
+    return LaunchKernel(SiluMulQuantizeGroupedFp8Kernel<true>, blocks, kQuantizeWarps * 32, 0,
+                        stream, gu, static_cast<int>(inter), num_rows, offsets,
+                        static_cast<int>(num_experts), out, sfa);
+  }
+  return LaunchKernel(SiluMulQuantizeGroupedFp8Kernel<false>, blocks, kQuantizeWarps * 32, 0,
+                      stream, gu, static_cast<int>(inter), num_rows, offsets,
+                      static_cast<int>(num_experts), out, sfa);
 }
 
 cudaError_t LaunchTransposeBlockScales(const float* src, int64_t n_blocks, int64_t k_blocks,
