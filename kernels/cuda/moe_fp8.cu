@@ -54,7 +54,7 @@ constexpr int kQuantizeSteps = 4;                   // warp steps whose loads ar
 // steps' loads issued before any is used, so a warp keeps 2 KiB of bf16 in flight): e4m3 into
 // out_row, each group's scale into the row's expert's M-major block. load(col, v) widens the
 // row's 8 values from column col. The row's expert is found once; a row past offsets[E]
-// writes nothing. Bandwidth-bound: a warp per (row, group), each waiting on its own binary
+// writes nothing. Why a row a warp: a warp per (row, group), each waiting on its own binary
 // search and 256 bytes, moved the 16384-token FFN's input at about a quarter of the copy rate.
 template <typename LoadOf>
 __device__ __forceinline__ void QuantizeRowOfWarp(int64_t row, int k, const int32_t* offsets,
