@@ -397,9 +397,16 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   // A step exchange that failed on a DP peer the router has just declared dead, or on DP
   // ranks that disagree on who is live.
   bool exchange_lost_dp = !plan.ok() && absl::IsAborted(outcome);
+  const absl::Time failed_at = absl::Now();
   for (int r = 0;
        !plan.ok() && absl::IsUnavailable(outcome) && r < static_cast<int>(dp_peers_.size()); ++r) {
-    if (r != dp_rank_ && transport_->PeerDeclaredDead(dp_peers_[r])) exchange_lost_dp = true;
+    if (r == dp_rank_) continue;
+    if (transport_->PeerDeclaredDead(dp_peers_[r])) exchange_lost_dp = true;
+    // A peer back in the view within the window may not have sent its first step message yet.
+    if (DpLive(r) && r < static_cast<int>(dp_back_at_.size()) &&
+        failed_at - dp_back_at_[r] < kStepExchangeRetryWindow) {
+      exchange_lost_dp = true;
+    }
   }
   if (exchange_lost_dp || lost_dp_member) {
     // The step exchange failed on a DP peer (nothing was computed), or the step lost a DP

@@ -135,13 +135,21 @@ class AttentionStepLoop {
   // back once it is live again). Empty (the default): every DP rank. Step thread, between
   // steps.
   void set_dp_ranks(std::vector<bool> live, uint64_t view) {
+    const absl::Time now = absl::Now();
+    if (dp_back_at_.size() < live.size()) dp_back_at_.resize(live.size(), absl::InfinitePast());
+    for (size_t r = 0; r < live.size(); ++r) {
+      if (live[r] && !live_dp_.empty() && (r >= live_dp_.size() || !live_dp_[r])) {
+        dp_back_at_[r] = now;
+      }
+    }
     live_dp_ = std::move(live);
     dp_view_ = view;
   }
   // How long a step whose step exchange failed with UNAVAILABLE (a DP peer the router has
-  // DEAD, or its connection failed) or ABORTED (the DP ranks' views of who is live differ)
-  // is run again before its requests fail: nothing of it was computed, and the next view
-  // takes the dead rank out (its lease, 3 s by default) or brings the views together.
+  // DEAD, or its connection failed, or one back within this window) or ABORTED (the DP ranks'
+  // views of who is live differ) is run again before its requests fail: nothing of it was
+  // computed, and the next view takes the dead rank out (its lease, 3 s by default), the
+  // returning rank's step thread catches up, or the views come together.
   static constexpr absl::Duration kStepExchangeRetryWindow = absl::Seconds(10);
 
  private:
@@ -199,6 +207,10 @@ class AttentionStepLoop {
   LowLatencyDecode* ll_ = nullptr;
   uint64_t step_ = 0;
   std::vector<bool> live_dp_;
+  // When each DP rank last came back into the view (set_dp_ranks): a rank that registers
+  // again (thawed, partitioned and healed) may still be finishing the step it was stuck in,
+  // its step thread waiting out that step's deadline, when this rank's view has it live.
+  std::vector<absl::Time> dp_back_at_;
   uint64_t dp_view_ = 0;
   std::optional<absl::Time> exchange_failing_since_;
   std::atomic<bool> wake_pending_{false};
