@@ -74,13 +74,6 @@ inline constexpr int64_t Fp8RecordBytes(int64_t hidden) {
   return 4 * ((hidden + kFp8GroupSize - 1) / kFp8GroupSize) + hidden;
 }
 
-// The routed experts' weights of one layer an MoE FFN reads (GroupedSwiGlu's tables, expert
-// id -> weight or null; ExpertShard::RoutedWeights). Empty: not every expert is held.
-struct RoutedExpertWeights {
-  const std::vector<const Tensor*>* gate_up = nullptr;
-  const std::vector<const Tensor*>* down = nullptr;
-};
-
 class MoeCompute {
  public:
   virtual ~MoeCompute() = default;

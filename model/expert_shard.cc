@@ -84,23 +84,18 @@ void ExpertShard::KeepOnly(const std::vector<int>& keep) {
   RebuildTables();
 }
 
-RoutedExpertWeights ExpertShard::RoutedWeights(int layer) const {
-  if (!counts_on_device_ || layer < 0 || static_cast<size_t>(layer) >= gate_up_.size()) return {};
-  return {&gate_up_[layer], &down_[layer]};
-}
-
 bool ExpertShard::Holds(int layer, int expert) const { return weights_.count({layer, expert}) > 0; }
 
 absl::Status ExpertShard::ForwardRouted(int layer, const Tensor& x, const Tensor& ids,
                                         const Tensor& weights, Tensor* out) {
   const int64_t tokens = ids.rows(), top_k = tokens > 0 ? ids.row_size() : 0;
   const int64_t num_pairs = tokens * top_k;
-  const RoutedExpertWeights routed = RoutedWeights(layer);
-  if (num_pairs > 0 && routed.gate_up != nullptr && backend_->TakesRoutedSwiGlu(tokens, top_k)) {
+  if (num_pairs > 0 && counts_on_device_ && layer >= 0 &&
+      static_cast<size_t>(layer) < gate_up_.size() && backend_->TakesRoutedSwiGlu(tokens, top_k)) {
     // Every expert is here and the batch is decode-sized: the backend's fused path gives
     // the sorted path's sums without the sort (Backend::RoutedSwiGlu).
     absl::MutexLock lock(&device_counts_mu_);
-    return backend_->RoutedSwiGlu(x, ids, weights, *routed.gate_up, *routed.down, &device_counts_,
+    return backend_->RoutedSwiGlu(x, ids, weights, gate_up_[layer], down_[layer], &device_counts_,
                                   out);
   }
   // Pair p belongs to token p / top_k: metadata from the shape alone, uploaded once for the

@@ -38,9 +38,6 @@ class ExpertShard final {
   void AddExperts(ExpertWeightMap more);
   void KeepOnly(const std::vector<int>& keep);
   Backend* backend() const { return backend_; }
-  // The tables ForwardRouted reads for `layer` where every expert is here on a device
-  // backend; empty elsewhere. Valid until the experts change (AddExperts, KeepOnly).
-  RoutedExpertWeights RoutedWeights(int layer) const;
   // The same for the router's output on the backend: row t's pairs are ids/weights[t, :]
   // (every expert local, out row == x row), as the single-process engine routes.
   absl::Status ForwardRouted(int layer, const Tensor& x, const Tensor& ids, const Tensor& weights,
