@@ -840,39 +840,57 @@ Tensor RandomFp8Weight(Backend* b, int64_t n, int64_t k, uint64_t seed) {
 //   spread evenly), 16 to 16384 tokens: bf16 against FP8 (CUTLASS's FP8 grouped GEMMs with the
 //   quantization passes).
 // Weights are random (FP8: random bytes and scales), never zeros.
+// [fp8-ffn]'s experts: Qwen3-30B-A3B's shape.
+constexpr int64_t kFfnExperts = 128, kFfnHidden = 2048, kFfnInter = 768, kFfnTopK = 8;
+
+// Every expert's gate_up and down on b, bf16 or FP8 (random, seeded per expert), with the
+// pointer tables GroupedSwiGlu takes.
+struct FfnExperts {
+  std::vector<Tensor> gate_up, down;
+  std::vector<const Tensor*> gate_up_ptrs, down_ptrs;
+};
+FfnExperts MakeFfnExperts(Backend* b, bool fp8) {
+  FfnExperts x;
+  for (int64_t e = 0; e < kFfnExperts; ++e) {
+    x.gate_up.push_back(fp8 ? RandomFp8Weight(b, 2 * kFfnInter, kFfnHidden, 500 + e)
+                            : RandomTensor(b, {2 * kFfnInter, kFfnHidden}, 100 + e, 0.05));
+    x.down.push_back(fp8 ? RandomFp8Weight(b, kFfnHidden, kFfnInter, 700 + e)
+                         : RandomTensor(b, {kFfnHidden, kFfnInter}, 300 + e, 0.05));
+  }
+  for (int64_t e = 0; e < kFfnExperts; ++e) {
+    x.gate_up_ptrs.push_back(&x.gate_up[e]);
+    x.down_ptrs.push_back(&x.down[e]);
+  }
+  return x;
+}
+
+// GroupedSwiGlu's expert offsets on b: `pairs` spread evenly over the experts.
+Tensor EvenExpertOffsets(Backend* b, int64_t pairs) {
+  std::vector<int32_t> offsets(kFfnExperts + 1);
+  for (int64_t e = 0; e <= kFfnExperts; ++e) {
+    offsets[e] = static_cast<int32_t>(pairs * e / kFfnExperts);
+  }
+  Tensor off = Must(b->Allocate({kFfnExperts + 1}, DType::kI32), "offsets");
+  BENCH_CHECK(b->CopyFromHost(offsets.data(), DType::kI32, &off));
+  return off;
+}
+
 // --fp8 --profile ffn: the experts' grouped SwiGLU FFN (Fp8Benches' shape, pairs spread
 // evenly) at profile.batch tokens, once with bf16 weights and once with FP8 weights, each
 // warmed up and then called once between cudaProfilerStart/Stop: ncu's per-kernel times show
 // which of the FP8 path's kernels (the quantization passes, the two grouped GEMMs, the
 // combine) holds it against bf16's.
 void Fp8FfnProfile(Backend* b, const Profile& profile) {
-  constexpr int64_t kExperts = 128, kHidden = 2048, kInter = 768, kTopK = 8;
-  const int64_t pairs = profile.batch * kTopK;
-  std::vector<Tensor> gu16, dn16, gu8, dn8;
-  std::vector<const Tensor*> gu16p, dn16p, gu8p, dn8p;
-  for (int64_t e = 0; e < kExperts; ++e) {
-    gu16.push_back(RandomTensor(b, {2 * kInter, kHidden}, 100 + e, 0.05));
-    dn16.push_back(RandomTensor(b, {kHidden, kInter}, 300 + e, 0.05));
-    gu8.push_back(RandomFp8Weight(b, 2 * kInter, kHidden, 500 + e));
-    dn8.push_back(RandomFp8Weight(b, kHidden, kInter, 700 + e));
-  }
-  for (int64_t e = 0; e < kExperts; ++e) {
-    gu16p.push_back(&gu16[e]);
-    dn16p.push_back(&dn16[e]);
-    gu8p.push_back(&gu8[e]);
-    dn8p.push_back(&dn8[e]);
-  }
-  std::vector<int32_t> offsets(kExperts + 1);
-  for (int64_t e = 0; e <= kExperts; ++e) offsets[e] = static_cast<int32_t>(pairs * e / kExperts);
-  Tensor off = Must(b->Allocate({kExperts + 1}, DType::kI32), "offsets");
-  BENCH_CHECK(b->CopyFromHost(offsets.data(), DType::kI32, &off));
-  Tensor xs = RandomTensor(b, {pairs, kHidden}, 17, 1.0);
-  Tensor y = Must(b->Allocate({pairs, kHidden}, DType::kBF16), "y");
+  const int64_t pairs = profile.batch * kFfnTopK;
+  const FfnExperts bf16 = MakeFfnExperts(b, false), fp8 = MakeFfnExperts(b, true);
+  const Tensor off = EvenExpertOffsets(b, pairs);
+  Tensor xs = RandomTensor(b, {pairs, kFfnHidden}, 17, 1.0);
+  Tensor y = Must(b->Allocate({pairs, kFfnHidden}, DType::kBF16), "y");
   std::printf("\n[fp8-ffn profile] %ld tokens, %ld pairs: bf16 then fp8, one call each\n",
               static_cast<long>(profile.batch), static_cast<long>(pairs));
-  for (const bool fp8 : {false, true}) {
-    const auto& gu = fp8 ? gu8p : gu16p;
-    const auto& dn = fp8 ? dn8p : dn16p;
+  for (const FfnExperts* experts : {&bf16, &fp8}) {
+    const auto& gu = experts->gate_up_ptrs;
+    const auto& dn = experts->down_ptrs;
     BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu, dn, &y));  // warm-up: tables, workspaces
     BENCH_CHECK(b->Synchronize());
     profile.Once("ffn", [&] { BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu, dn, &y)); });
@@ -942,60 +960,42 @@ void Fp8Benches(const Rates& rates, bool quick, const Profile& profile, Report* 
   cutlass.reset();
   cublaslt.reset();
 
-  constexpr int64_t kExperts = 128, kHidden = 2048, kInter = 768, kTopK = 8;
   std::printf("\n[fp8-ffn] grouped SwiGLU FFN, %ld experts, hidden %ld, inter %ld, top-%ld\n",
-              static_cast<long>(kExperts), static_cast<long>(kHidden), static_cast<long>(kInter),
-              static_cast<long>(kTopK));
+              static_cast<long>(kFfnExperts), static_cast<long>(kFfnHidden),
+              static_cast<long>(kFfnInter), static_cast<long>(kFfnTopK));
   // "fp8 gemm": the same FP8 experts on a backend without the GEMVs (the quantization passes
   // and CUTLASS's grouped GEMMs at every size), where the default takes gemv.cu's FP8 path
   // (up to kGemvMaxPairs pairs).
   std::printf("  %7s %7s %10s %10s %10s %9s %10s\n", "tokens", "pairs", "bf16 us", "fp8 us",
               "fp8 gemm", "fp8/bf16", "gemv/gemm");
   std::unique_ptr<Backend> gemm_only = BackendWith({{"DXS_CUDA_GEMV", "off"}});
-  std::vector<Tensor> gu16, dn16, gu8, dn8, gu8g, dn8g;
-  std::vector<const Tensor*> gu16p, dn16p, gu8p, dn8p, gu8gp, dn8gp;
-  for (int64_t e = 0; e < kExperts; ++e) {
-    gu16.push_back(RandomTensor(b.get(), {2 * kInter, kHidden}, 100 + e, 0.05));
-    dn16.push_back(RandomTensor(b.get(), {kHidden, kInter}, 300 + e, 0.05));
-    gu8.push_back(RandomFp8Weight(b.get(), 2 * kInter, kHidden, 500 + e));
-    dn8.push_back(RandomFp8Weight(b.get(), kHidden, kInter, 700 + e));
-    gu8g.push_back(RandomFp8Weight(gemm_only.get(), 2 * kInter, kHidden, 500 + e));
-    dn8g.push_back(RandomFp8Weight(gemm_only.get(), kHidden, kInter, 700 + e));
-  }
-  for (int64_t e = 0; e < kExperts; ++e) {
-    gu16p.push_back(&gu16[e]);
-    dn16p.push_back(&dn16[e]);
-    gu8p.push_back(&gu8[e]);
-    dn8p.push_back(&dn8[e]);
-    gu8gp.push_back(&gu8g[e]);
-    dn8gp.push_back(&dn8g[e]);
-  }
+  const FfnExperts bf16 = MakeFfnExperts(b.get(), false), fp8 = MakeFfnExperts(b.get(), true);
+  const FfnExperts fp8_gemm = MakeFfnExperts(gemm_only.get(), true);
   std::vector<int64_t> token_counts = {1, 4, 16, 128, 1024, 4096, 16384};
   if (quick) token_counts = {1, 4, 16, 1024, 16384};
   for (int64_t tokens : token_counts) {
-    const int64_t pairs = tokens * kTopK;
-    std::vector<int32_t> offsets(kExperts + 1);
-    for (int64_t e = 0; e <= kExperts; ++e) offsets[e] = static_cast<int32_t>(pairs * e / kExperts);
-    Tensor off = Must(b->Allocate({kExperts + 1}, DType::kI32), "offsets");
-    BENCH_CHECK(b->CopyFromHost(offsets.data(), DType::kI32, &off));
-    Tensor xs = RandomTensor(b.get(), {pairs, kHidden}, 17, 1.0);
-    Tensor y = Must(b->Allocate({pairs, kHidden}, DType::kBF16), "y");
+    const int64_t pairs = tokens * kFfnTopK;
+    const Tensor off = EvenExpertOffsets(b.get(), pairs);
+    Tensor xs = RandomTensor(b.get(), {pairs, kFfnHidden}, 17, 1.0);
+    Tensor y = Must(b->Allocate({pairs, kFfnHidden}, DType::kBF16), "y");
     cudaStream_t stream = CudaStreamOf(b.get());
     const int reps = quick ? 3 : 7;
-    const double bf16_us = 1e3 * TimeMs(stream, 1, reps, [&] {
-                             BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu16p, dn16p, &y));
-                           });
-    const double fp8_us = 1e3 * TimeMs(stream, 1, reps, [&] {
-                            BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu8p, dn8p, &y));
-                          });
+    const double bf16_us =
+        1e3 * TimeMs(stream, 1, reps, [&] {
+          BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, bf16.gate_up_ptrs, bf16.down_ptrs, &y));
+        });
+    const double fp8_us =
+        1e3 * TimeMs(stream, 1, reps, [&] {
+          BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, fp8.gate_up_ptrs, fp8.down_ptrs, &y));
+        });
     Backend* g = gemm_only.get();
-    Tensor off_g = Must(g->Allocate({kExperts + 1}, DType::kI32), "offsets");
-    BENCH_CHECK(g->CopyFromHost(offsets.data(), DType::kI32, &off_g));
-    Tensor xs_g = RandomTensor(g, {pairs, kHidden}, 17, 1.0);
-    Tensor y_g = Must(g->Allocate({pairs, kHidden}, DType::kBF16), "y");
+    const Tensor off_g = EvenExpertOffsets(g, pairs);
+    Tensor xs_g = RandomTensor(g, {pairs, kFfnHidden}, 17, 1.0);
+    Tensor y_g = Must(g->Allocate({pairs, kFfnHidden}, DType::kBF16), "y");
     const double gemm_us =
         1e3 * TimeMs(CudaStreamOf(g), 1, reps, [&] {
-          BENCH_CHECK(g->GroupedSwiGlu(xs_g, nullptr, off_g, gu8gp, dn8gp, &y_g));
+          BENCH_CHECK(g->GroupedSwiGlu(xs_g, nullptr, off_g, fp8_gemm.gate_up_ptrs,
+                                       fp8_gemm.down_ptrs, &y_g));
         });
     std::printf("  %7ld %7ld %10.1f %10.1f %10.1f %9.2f %10.2f\n", static_cast<long>(tokens),
                 static_cast<long>(pairs), bf16_us, fp8_us, gemm_us, bf16_us / fp8_us,
