@@ -835,9 +835,7 @@ Tensor RandomFp8Weight(Backend* b, int64_t n, int64_t k, uint64_t seed) {
 // - Linear at q_proj and o_proj, decode- to prefill-sized x: bf16 takes gemv.cu up to 8 rows
 //   and cuBLAS past them; "fp8" is the default (its GEMV up to 8 rows, then CUTLASS's blockwise
 //   FP8 GEMM), "cutlass" and "cublaslt" each GEMM at every size (DXS_CUDA_GEMV=off), the
-//   libraries the GEMV is measured against; "timed" is cublaslt with DXS_CUDA_FP8_GEMM_ALGO=timed
-//   (the fastest of cuBLASLt's candidates per shape). Each time is the median of 20-call runs
-//   / 20.
+//   libraries the GEMV is measured against. Each time is the median of 20-call runs / 20.
 // - The experts' grouped SwiGLU FFN (128 experts, hidden 2048, inter 768, top-8, the pairs
 //   spread evenly), 16 to 16384 tokens: bf16 against FP8 (CUTLASS's FP8 grouped GEMMs with the
 //   quantization passes).
@@ -913,12 +911,9 @@ void Fp8Benches(const Rates& rates, bool quick, const Profile& profile, Report* 
       BackendWith({{"DXS_CUDA_GEMV", "off"}, {"DXS_CUDA_FP8_GEMM", "cutlass"}});
   std::unique_ptr<Backend> cublaslt =
       BackendWith({{"DXS_CUDA_GEMV", "off"}, {"DXS_CUDA_FP8_GEMM", "cublaslt"}});
-  std::unique_ptr<Backend> timed = BackendWith({{"DXS_CUDA_GEMV", "off"},
-                                                {"DXS_CUDA_FP8_GEMM", "cublaslt"},
-                                                {"DXS_CUDA_FP8_GEMM_ALGO", "timed"}});
   std::printf("\n[fp8-linear] y = x w^T, bf16 x and y; us per call\n");
-  std::printf("  %-8s %6s %9s %9s %9s %9s %9s %9s %10s %9s\n", "weight", "m", "bf16", "fp8",
-              "cutlass", "cublaslt", "timed", "fp8/bf16", "gemv/best", "fp8 floor");
+  std::printf("  %-8s %6s %9s %9s %9s %9s %9s %10s %9s\n", "weight", "m", "bf16", "fp8", "cutlass",
+              "cublaslt", "fp8/bf16", "gemv/best", "fp8 floor");
   struct Shape {
     const char* name;
     int64_t n, k;
@@ -933,12 +928,12 @@ void Fp8Benches(const Rates& rates, bool quick, const Profile& profile, Report* 
   };
   for (const Shape& s : {Shape{"q_proj", 4096, 2048}, Shape{"o_proj", 2048, 4096}}) {
     Tensor w16 = RandomTensor(b.get(), {s.n, s.k}, 12, 0.05);
-    Backend* backends[4] = {b.get(), cutlass.get(), cublaslt.get(), timed.get()};
-    Tensor w8[4];
-    for (int i = 0; i < 4; ++i) w8[i] = RandomFp8Weight(backends[i], s.n, s.k, 11);
+    Backend* backends[3] = {b.get(), cutlass.get(), cublaslt.get()};
+    Tensor w8[3];
+    for (int i = 0; i < 3; ++i) w8[i] = RandomFp8Weight(backends[i], s.n, s.k, 11);
     for (int64_t m : ms) {
-      double us[4];
-      for (int i = 0; i < 4; ++i) {
+      double us[3];
+      for (int i = 0; i < 3; ++i) {
         Tensor x = RandomTensor(backends[i], {m, s.k}, 13, 1.0);
         Tensor y = Must(backends[i]->Allocate({m, s.n}, DType::kBF16), "y");
         us[i] = time(backends[i], x, w8[i], &y);
@@ -947,8 +942,8 @@ void Fp8Benches(const Rates& rates, bool quick, const Profile& profile, Report* 
       Tensor y = Must(b->Allocate({m, s.n}, DType::kBF16), "y");
       const double bf16_us = time(b.get(), x, w16, &y);
       const double floor_us = (s.n * s.k + 2.0 * m * (s.k + s.n)) / rates.copy_bytes_per_s * 1e6;
-      std::printf("  %-8s %6ld %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %10.2f %8.0f%%\n", s.name,
-                  static_cast<long>(m), bf16_us, us[0], us[1], us[2], us[3], bf16_us / us[0],
+      std::printf("  %-8s %6ld %9.2f %9.2f %9.2f %9.2f %9.2f %10.2f %8.0f%%\n", s.name,
+                  static_cast<long>(m), bf16_us, us[0], us[1], us[2], bf16_us / us[0],
                   m <= 8 ? std::min(us[1], us[2]) / us[0] : 1.0, 100 * floor_us / us[0]);
       report->Add({{"section", "fp8_linear"},
                    {"weight", s.name},
@@ -959,13 +954,11 @@ void Fp8Benches(const Rates& rates, bool quick, const Profile& profile, Report* 
                    {"fp8_us", us[0]},
                    {"fp8_cutlass_us", us[1]},
                    {"fp8_cublaslt_us", us[2]},
-                   {"fp8_cublaslt_timed_us", us[3]},
                    {"fp8_floor_us", floor_us}});
     }
   }
   cutlass.reset();
   cublaslt.reset();
-  timed.reset();
 
   std::printf("\n[fp8-ffn] grouped SwiGLU FFN, %ld experts, hidden %ld, inter %ld, top-%ld\n",
               static_cast<long>(kFfnExperts), static_cast<long>(kFfnHidden),

@@ -217,8 +217,6 @@ absl::Status CudaBackend::Init() {
         "DXS_CUDA_FP8_GEMM=cutlass: this build has no CUTLASS or the GPU is not sm_90");
   }
   fp8_gemm_cutlass_ = fp8_gemm == "cutlass";
-  DXS_ASSIGN_OR_RETURN(const std::string fp8_algo, tunables::Read(tunables::kCudaFp8GemmAlgo));
-  fp8_gemm_timed_ = fp8_algo == "timed";
   return CublasStatus(
       *blas_, blas_->set_workspace(cublas_, cublas_workspace_.raw(), cublas_workspace_.num_bytes()),
       "cuda backend: cuBLAS workspace");

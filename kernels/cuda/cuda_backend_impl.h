@@ -201,18 +201,10 @@ class CudaBackend final : public Backend {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
-    // DXS_CUDA_FP8_GEMM_ALGO=timed: the heuristic's answers, best first, until one call has
-    // timed them (TimeFp8Plan) and kept the fastest in `algo`.
-    std::vector<cublasLtMatmulAlgo_t> candidates;
-    bool timed = false;
     ~Fp8GemmPlan();
   };
   absl::StatusOr<Fp8GemmPlan*> Fp8Plan(int64_t m_pad, int64_t n, int64_t k, DType out_dtype,
                                        const void* a_scales, const void* b_scales)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(fp8_mu_);
-  // Times plan->candidates on this call's operands (its scale pointers already set) and keeps
-  // the fastest; out is overwritten, as the call then does.
-  absl::Status TimeFp8Plan(Fp8GemmPlan* plan, const Tensor& w, const Tensor& values, Tensor* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fp8_mu_);
   // One expert shard's weights as the grouped FFN takes them: checked (bf16, one shape),
   // their intermediate size (-1 when none is held) and a device table of gate_up | down
@@ -327,8 +319,6 @@ class CudaBackend final : public Backend {
       ABSL_GUARDED_BY(fp8_mu_);
   // DXS_CUDA_FP8_GEMM=cutlass: the GEMM past the GEMV's rows is CUTLASS's (else cuBLASLt's).
   bool fp8_gemm_cutlass_ = false;
-  // DXS_CUDA_FP8_GEMM_ALGO=timed: cuBLASLt's candidates timed per shape (Fp8GemmPlan).
-  bool fp8_gemm_timed_ = false;
   std::map<const void*, Fp8DenseWeight> fp8_dense_weights_ ABSL_GUARDED_BY(fp8_mu_);
   const CublasApi* blas_ = nullptr;  // kernels/cuda/cublas_loader.h
   cublasHandle_t cublas_ = nullptr;

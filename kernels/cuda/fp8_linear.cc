@@ -13,10 +13,7 @@
 // cuBLASLt wants the token count a multiple of 4, so x is padded with zero rows and a short
 // result is copied out of a scratch. DXS_CUDA_FP8_GEMM=cutlass takes CUTLASS's SM90 blockwise
 // FP8 GEMM instead (the experts' grouped kernel with one group); cuBLASLt measured faster at
-// 16 to 4096 rows (docs/results/fp8.md). cuBLASLt's algorithm for a shape is its heuristic's
-// first answer, or with DXS_CUDA_FP8_GEMM_ALGO=timed the fastest of its first 8 answers,
-// timed on the shape's first eager call (TimeFp8Plan): the first answer is tuned for large
-// shapes, while a decode step's 16 to 256 rows leave most SMs idle with it.
+// 16 to 4096 rows (docs/results/fp8.md).
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_backend_impl.h"
@@ -167,25 +164,20 @@ absl::StatusOr<CudaBackend::Fp8GemmPlan*> CudaBackend::Fp8Plan(int64_t m_pad, in
   const size_t workspace = cublas_workspace_.num_bytes();
   cublasStatus_t status =
       lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-  constexpr int kCandidates = 8;
-  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   if (status == CUBLAS_STATUS_SUCCESS) {
-    status = lt.heuristic(lt_handle_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref,
-                          fp8_gemm_timed_ ? kCandidates : 1, results, &found);
+    status = lt.heuristic(lt_handle_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref, 1,
+                          &result, &found);
   }
   lt.pref_destroy(pref);
   DXS_RETURN_IF_ERROR(check(status, "fp8 gemm: heuristic"));
-  for (int i = 0; i < found; ++i) {
-    if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->candidates.push_back(results[i].algo);
-  }
-  if (plan->candidates.empty()) {
+  if (found == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("fp8 gemm: cuBLASLt has no block-scaled FP8 algorithm for m ", m_pad, ", n ",
                      n, ", k ", k));
   }
-  plan->algo = plan->candidates.front();
-  plan->timed = plan->candidates.size() == 1;
+  plan->algo = result.algo;
   slot = std::move(plan);
   return slot.get();
 }
@@ -217,14 +209,6 @@ absl::Status CudaBackend::GemmFp8(const Tensor& x, const Tensor& w, Tensor* y) {
         *blas_,
         lt.desc_set(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof(b_scales)),
         "linear (fp8): activation scales"));
-    if (!plan->timed) {
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      DXS_RETURN_IF_ERROR(
-          CudaStatus(cudaStreamIsCapturing(stream_, &capture), "linear (fp8): capture status"));
-      if (capture == cudaStreamCaptureStatusNone) {
-        DXS_RETURN_IF_ERROR(TimeFp8Plan(plan, w, values, &out));
-      }
-    }
     const float alpha = 1.f, beta = 0.f;
     DXS_RETURN_IF_ERROR(
         CublasStatus(*blas_,
@@ -237,55 +221,6 @@ absl::Status CudaBackend::GemmFp8(const Tensor& x, const Tensor& w, Tensor* y) {
   return CudaStatus(
       cudaMemcpyAsync(y->raw(), out.raw(), y->num_bytes(), cudaMemcpyDeviceToDevice, stream_),
       "linear (fp8): result");
-}
-
-absl::Status CudaBackend::TimeFp8Plan(Fp8GemmPlan* plan, const Tensor& w, const Tensor& values,
-                                      Tensor* out) {
-  // A few calls a candidate, after one untimed: the shape's first call pays about a
-  // millisecond, once.
-  constexpr int kRuns = 5;
-  const CublasLtApi& lt = *lt_;
-  const float alpha = 1.f, beta = 0.f;
-  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-    return lt.matmul(lt_handle_, plan->desc, &alpha, w.raw(), plan->a, values.raw(), plan->b, &beta,
-                     out->raw(), plan->d, out->raw(), plan->d, &algo, cublas_workspace_.raw(),
-                     cublas_workspace_.num_bytes(), stream_);
-  };
-  cudaEvent_t events[2] = {nullptr, nullptr};
-  struct Destroy {
-    cudaEvent_t* events;
-    ~Destroy() {
-      for (int i = 0; i < 2; ++i) {
-        if (events[i] != nullptr) cudaEventDestroy(events[i]);
-      }
-    }
-  } destroy{events};
-  for (cudaEvent_t& e : events) {
-    DXS_RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&e), "linear (fp8): timing events"));
-  }
-  float best_ms = 0.f;
-  bool any = false;
-  for (const cublasLtMatmulAlgo_t& algo : plan->candidates) {
-    // A candidate that refuses these operands (the heuristic did not see their addresses'
-    // alignment) is passed over.
-    if (run(algo) != CUBLAS_STATUS_SUCCESS) continue;
-    DXS_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(events[0], stream_), "linear (fp8): timing"));
-    for (int i = 0; i < kRuns; ++i) {
-      DXS_RETURN_IF_ERROR(CublasStatus(*blas_, run(algo), "linear (fp8 gemm): timing"));
-    }
-    DXS_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(events[1], stream_), "linear (fp8): timing"));
-    DXS_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(events[1]), "linear (fp8): timing"));
-    float ms = 0.f;
-    DXS_RETURN_IF_ERROR(
-        CudaStatus(cudaEventElapsedTime(&ms, events[0], events[1]), "linear (fp8): timing"));
-    if (!any || ms < best_ms) {
-      best_ms = ms;
-      plan->algo = algo;
-      any = true;
-    }
-  }
-  plan->timed = true;
-  return absl::OkStatus();
 }
 
 }  // namespace dxs

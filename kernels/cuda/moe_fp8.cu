@@ -9,8 +9,9 @@
 // - LaunchTransposeBlockScales: a weight's [n / 128, stride] scales (Tensor::block_scales)
 //   into the N-major [k / 128, n / 128] block the mainloop reads for B.
 //
-// Quantization is the FP8 records' (fp8_rows.cu): scale max(amax, 1e-4) / 448 by one IEEE
-// division, values divided by it and rounded to e4m3, nearest even, saturating. A warp per
+// Quantization is the FP8 records' (fp8_rows.cu, fp8_quantize.cuh): scale max(amax, 1e-4) /
+// 448 by one IEEE division, values divided by it (rounded as IEEE division rounds) and rounded
+// to e4m3, nearest even, saturating. A warp per
 // row, 8 a block, half a warp per 128-channel group (fp8_quantize.cuh's
 // QuantizeGroupOfHalfWarp); a row's expert is found by a binary search of the offsets. Rows
 // past offsets[E] (a counted round's unused capacity) are not written.
@@ -48,10 +49,14 @@ __device__ __forceinline__ int ExpertOfRow(const int32_t* offsets, int num_exper
 
 constexpr int kQuantizeWarps = 8;                   // a warp per row, 8 rows a block
 constexpr int kLaneValues = kFp8ValuesPerHalfLane;  // 16 lanes a group, 2 groups a warp step
-constexpr int kQuantizeSteps = 4;                   // warp steps whose loads are in flight together
+// Warp steps whose loads are in flight together. Two, not four: four held 80 and 91 registers
+// a thread (the input and silu passes), two hold 48 and 56, and the SM's extra warps keep
+// more loads in flight than the deeper steps did (H100, 16384 tokens: 352 -> 270 us and
+// 344 -> 218 us, docs/results/fp8.md).
+constexpr int kQuantizeSteps = 2;
 
 // One row quantized by one warp (QuantizeGroupOfHalfWarp: 2 groups a step, kQuantizeSteps
-// steps' loads issued before any is used, so a warp keeps 2 KiB of bf16 in flight): e4m3 into
+// steps' loads issued before any is used, so a warp keeps 1 KiB of bf16 in flight): e4m3 into
 // out_row, each group's scale into the row's expert's M-major block. load(col, v) widens the
 // row's 8 values from column col. The row's expert is found once; a row past offsets[E]
 // writes nothing. Why a row a warp: a warp per (row, group), each waiting on its own binary
