@@ -181,8 +181,16 @@ absl::Status CpuBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* 
                                                    w.ShapeString(), ", y ", y->ShapeString()));
   }
   if (m == 0) return absl::OkStatus();
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.f, x.f32(), k, w.f32(), k, 0.f,
-              y->f32(), n);
+  // One GEMV a row, not one GEMM over the rows: a row's bits must not depend on the batch it
+  // is in (a request's n samples equal the requests alone; overlap scheduling's batches equal
+  // the plain ones), and OpenBLAS picks its GEMM kernels by shape, so a batch's GEMM may sum a
+  // row in another order than a one-row call. On an AVX-512 Xeon (OpenBLAS 0.3.21, Cooperlake
+  // kernels) engine_test's NSamplesEqualSingleRequestsWithDerivedSeeds failed that way in every
+  // ctest run. The CPU test suite took 342 s with this against 338 s with the GEMM.
+  for (int64_t i = 0; i < m; ++i) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.f, w.f32(), k, x.f32() + i * k, 1, 0.f,
+                y->f32() + i * n, 1);
+  }
   if (bias != nullptr) {
     const float* b = bias->f32();
     for (int64_t i = 0; i < m; ++i) {
