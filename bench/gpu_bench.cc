@@ -50,6 +50,7 @@
 #include "common/status_macros.h"
 #include "dataplane/low_latency/cuda/cuda_low_latency_exchange.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/cublas_loader.h"
 #include "kernels/cuda/cuda_backend.h"
 #if DXS_HAVE_FLASHINFER
 #include "kernels/cuda/flashinfer_attention.cuh"
@@ -839,6 +840,8 @@ Tensor RandomFp8Weight(Backend* b, int64_t n, int64_t k, uint64_t seed) {
 // - The experts' grouped SwiGLU FFN (128 experts, hidden 2048, inter 768, top-8, the pairs
 //   spread evenly), 16 to 16384 tokens: bf16 against FP8 (CUTLASS's FP8 grouped GEMMs with the
 //   quantization passes).
+// - [fp8-lt-order]: cuBLASLt's FP8 matmul alone in dxs's operand order and swapped
+//   (Fp8LtOperandOrders), at 16 to 256 rows.
 // Weights are random (FP8: random bytes and scales), never zeros.
 // [fp8-ffn]'s experts: Qwen3-30B-A3B's shape.
 constexpr int64_t kFfnExperts = 128, kFfnHidden = 2048, kFfnInter = 768, kFfnTopK = 8;
@@ -895,6 +898,121 @@ void Fp8FfnProfile(Backend* b, const Profile& profile) {
     BENCH_CHECK(b->Synchronize());
     profile.Once("ffn", [&] { BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu, dn, &y)); });
   }
+}
+
+// --fp8's [fp8-lt-order]: cuBLASLt's block-scaled FP8 matmul alone (x already quantized) at
+// decode-step rows, in three operand orders, to see whether the order is what makes it slower
+// than bf16 cuBLAS at 16-256 rows ([fp8-linear]):
+// - "w,x": dxs's order (fp8_linear.cc): A = the weight (k x n, 128x128 block scales), B = x
+//   (k x m, 1x128 scales), D = y^T column-major, which is y row-major;
+// - "x,w col": swapped, as PyTorch's _scaled_mm takes them (A = x with 1x128 scales, B = the
+//   weight with 128x128 blocks): D column-major is y transposed (a transpose would follow);
+// - "x,w row": swapped with D row-ordered (CUBLASLT_ORDER_ROW), which is y itself.
+// "-" where cuBLASLt has no algorithm or refuses the call. Values and scales are random: it
+// times, it does not check (the scales' layouts of the swapped orders are not dxs's).
+void Fp8LtOperandOrders(Backend* b, bool quick, Report* report) {
+  absl::StatusOr<const CublasLtApi*> loaded = LoadCublasLt();
+  if (!loaded.ok()) {
+    std::printf("\n[fp8-lt-order] skipped: %s\n", loaded.status().ToString().c_str());
+    return;
+  }
+  const CublasLtApi& lt = **loaded;
+  cublasLtHandle_t handle = nullptr;
+  if (lt.create(&handle) != CUBLAS_STATUS_SUCCESS) {
+    std::printf("\n[fp8-lt-order] skipped: cublasLtCreate failed\n");
+    return;
+  }
+  constexpr int64_t kWorkspace = 32 << 20;
+  Tensor ws = Must(b->Allocate({kWorkspace / 4}, DType::kF32), "workspace");
+  cudaStream_t stream = CudaStreamOf(b);
+  std::printf("\n[fp8-lt-order] cuBLASLt FP8 matmul alone, us per call (\"-\": no algorithm)\n");
+  std::printf("  %-8s %6s %9s %9s %9s\n", "weight", "m", "w,x", "x,w col", "x,w row");
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+  };
+  constexpr int64_t kMaxRows = 256;
+  std::vector<int64_t> ms = {16, 32, 64, 128, 256};
+  if (quick) ms = {32, 128};
+  for (const Shape& s : {Shape{"q_proj", 4096, 2048}, Shape{"o_proj", 2048, 4096}}) {
+    const Tensor w = RandomFp8Weight(b, s.n, s.k, 21);
+    const Tensor x = RandomFp8Weight(b, kMaxRows, s.k, 22);
+    const Tensor x_scales = RandomTensor(b, {s.k / 128, kMaxRows}, 23, 1e-3, DType::kF32);
+    Tensor y = Must(b->Allocate({kMaxRows, s.n}, DType::kBF16), "y");
+    for (int64_t m : ms) {
+      double us[3] = {-1, -1, -1};
+      for (int order = 0; order < 3; ++order) {
+        const bool swapped = order > 0;
+        cublasLtMatmulDesc_t desc = nullptr;
+        cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+        lt.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+        const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+        const cublasLtMatmulMatrixScale_t blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                                          vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        const void* a_scales = swapped ? x_scales.raw() : w.block_scales()->raw();
+        const void* b_scales = swapped ? w.block_scales()->raw() : x_scales.raw();
+        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t));
+        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n));
+        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, swapped ? &vec : &blk, sizeof(blk));
+        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, swapped ? &blk : &vec, sizeof(blk));
+        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales, sizeof(a_scales));
+        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof(b_scales));
+        const int64_t rows_a = swapped ? m : s.n, rows_b = swapped ? s.n : m;
+        lt.layout_create(&la, CUDA_R_8F_E4M3, s.k, rows_a, s.k);
+        lt.layout_create(&lb, CUDA_R_8F_E4M3, s.k, rows_b, s.k);
+        if (order == 2) {
+          lt.layout_create(&ld, CUDA_R_16BF, m, s.n, s.n);
+          const cublasLtOrder_t row = CUBLASLT_ORDER_ROW;
+          lt.layout_set(ld, CUBLASLT_MATRIX_LAYOUT_ORDER, &row, sizeof(row));
+        } else {
+          lt.layout_create(&ld, CUDA_R_16BF, rows_a, rows_b, rows_a);
+        }
+        cublasLtMatmulPreference_t pref = nullptr;
+        lt.pref_create(&pref);
+        const size_t ws_bytes = kWorkspace;
+        lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
+        cublasLtMatmulHeuristicResult_t result{};
+        int found = 0;
+        const cublasStatus_t h =
+            lt.heuristic(handle, desc, la, lb, ld, ld, pref, 1, &result, &found);
+        lt.pref_destroy(pref);
+        const void* a_ptr = swapped ? x.raw() : w.raw();
+        const void* b_ptr = swapped ? w.raw() : x.raw();
+        const float alpha = 1.f, beta = 0.f;
+        auto call = [&] {
+          return lt.matmul(handle, desc, &alpha, a_ptr, la, b_ptr, lb, &beta, y.raw(), ld, y.raw(),
+                           ld, &result.algo, ws.raw(), kWorkspace, stream);
+        };
+        if (h == CUBLAS_STATUS_SUCCESS && found > 0 && call() == CUBLAS_STATUS_SUCCESS) {
+          constexpr int kCalls = 20;
+          us[order] = 1e3 / kCalls * TimeMs(stream, 2, quick ? 5 : 15, [&] {
+                        for (int i = 0; i < kCalls; ++i) (void)call();
+                      });
+        }
+        lt.layout_destroy(ld);
+        lt.layout_destroy(lb);
+        lt.layout_destroy(la);
+        lt.desc_destroy(desc);
+      }
+      BENCH_CHECK(b->Synchronize());
+      std::printf("  %-8s %6ld", s.name, static_cast<long>(m));
+      for (double u : us) {
+        if (u < 0) {
+          std::printf(" %9s", "-");
+        } else {
+          std::printf(" %9.2f", u);
+        }
+      }
+      std::printf("\n");
+      report->Add({{"section", "fp8_lt_order"},
+                   {"weight", s.name},
+                   {"m", m},
+                   {"wx_us", us[0]},
+                   {"xw_col_us", us[1]},
+                   {"xw_row_us", us[2]}});
+    }
+  }
+  lt.destroy(handle);
 }
 
 void Fp8Benches(const Rates& rates, bool quick, const Profile& profile, Report* report) {
@@ -1007,6 +1125,8 @@ void Fp8Benches(const Rates& rates, bool quick, const Profile& profile, Report* 
                  {"fp8_us", fp8_us},
                  {"fp8_gemm_us", gemm_us}});
   }
+  // Last: it drives cuBLASLt directly with operand orders dxs does not use.
+  Fp8LtOperandOrders(b.get(), quick, report);
 }
 
 // The preset's weights (RandomWeightSource, made in place), except each projection that can

@@ -65,6 +65,7 @@ absl::StatusOr<CublasLtApi> LoadLt() {
   resolve(&api.desc_set, "cublasLtMatmulDescSetAttribute");
   resolve(&api.layout_create, "cublasLtMatrixLayoutCreate");
   resolve(&api.layout_destroy, "cublasLtMatrixLayoutDestroy");
+  resolve(&api.layout_set, "cublasLtMatrixLayoutSetAttribute");
   resolve(&api.pref_create, "cublasLtMatmulPreferenceCreate");
   resolve(&api.pref_destroy, "cublasLtMatmulPreferenceDestroy");
   resolve(&api.pref_set, "cublasLtMatmulPreferenceSetAttribute");

@@ -52,6 +52,7 @@ struct CublasLtApi {
   decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
   decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
   decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&cublasLtMatrixLayoutSetAttribute) layout_set = nullptr;
   decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
   decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
   decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
