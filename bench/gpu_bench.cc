@@ -910,6 +910,69 @@ void Fp8FfnProfile(Backend* b, const Profile& profile) {
 // - "x,w row": swapped with D row-ordered (CUBLASLT_ORDER_ROW), which is y itself.
 // "-" where cuBLASLt has no algorithm or refuses the call. Values and scales are random: it
 // times, it does not check (the scales' layouts of the swapped orders are not dxs's).
+// One cuBLASLt FP8 matmul's time (us per call) in operand order `order` (0 "w,x", 1 "x,w col",
+// 2 "x,w row"), or -1 where cuBLASLt has no algorithm or refuses the call.
+struct LtOperands {
+  const Tensor *w, *x, *x_scales;
+  Tensor* y;
+  int64_t m, n, k;
+};
+double TimeLtOrder(const CublasLtApi& lt, cublasLtHandle_t handle, const LtOperands& o, int order,
+                   const Tensor& ws, cudaStream_t stream, bool quick) {
+  const bool swapped = order > 0;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  lt.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  const cublasLtMatmulMatrixScale_t blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                                    vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  const void* a_scales = swapped ? o.x_scales->raw() : o.w->block_scales()->raw();
+  const void* b_scales = swapped ? o.w->block_scales()->raw() : o.x_scales->raw();
+  lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t));
+  lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n));
+  lt.desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, swapped ? &vec : &blk, sizeof(blk));
+  lt.desc_set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, swapped ? &blk : &vec, sizeof(blk));
+  lt.desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales, sizeof(a_scales));
+  lt.desc_set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof(b_scales));
+  const int64_t rows_a = swapped ? o.m : o.n, rows_b = swapped ? o.n : o.m;
+  lt.layout_create(&la, CUDA_R_8F_E4M3, o.k, rows_a, o.k);
+  lt.layout_create(&lb, CUDA_R_8F_E4M3, o.k, rows_b, o.k);
+  if (order == 2) {
+    lt.layout_create(&ld, CUDA_R_16BF, o.m, o.n, o.n);
+    const cublasLtOrder_t row = CUBLASLT_ORDER_ROW;
+    lt.layout_set(ld, CUBLASLT_MATRIX_LAYOUT_ORDER, &row, sizeof(row));
+  } else {
+    lt.layout_create(&ld, CUDA_R_16BF, rows_a, rows_b, rows_a);
+  }
+  cublasLtMatmulPreference_t pref = nullptr;
+  lt.pref_create(&pref);
+  const size_t ws_bytes = ws.num_bytes();
+  lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t h = lt.heuristic(handle, desc, la, lb, ld, ld, pref, 1, &result, &found);
+  lt.pref_destroy(pref);
+  const void* a_ptr = swapped ? o.x->raw() : o.w->raw();
+  const void* b_ptr = swapped ? o.w->raw() : o.x->raw();
+  const float alpha = 1.f, beta = 0.f;
+  auto call = [&] {
+    return lt.matmul(handle, desc, &alpha, a_ptr, la, b_ptr, lb, &beta, o.y->raw(), ld, o.y->raw(),
+                     ld, &result.algo, ws.raw(), ws_bytes, stream);
+  };
+  double us = -1;
+  if (h == CUBLAS_STATUS_SUCCESS && found > 0 && call() == CUBLAS_STATUS_SUCCESS) {
+    constexpr int kCalls = 20;
+    us = 1e3 / kCalls * TimeMs(stream, 2, quick ? 5 : 15, [&] {
+           for (int i = 0; i < kCalls; ++i) (void)call();
+         });
+  }
+  lt.layout_destroy(ld);
+  lt.layout_destroy(lb);
+  lt.layout_destroy(la);
+  lt.desc_destroy(desc);
+  return us;
+}
+
 void Fp8LtOperandOrders(Backend* b, bool quick, Report* report) {
   absl::StatusOr<const CublasLtApi*> loaded = LoadCublasLt();
   if (!loaded.ok()) {
@@ -922,8 +985,7 @@ void Fp8LtOperandOrders(Backend* b, bool quick, Report* report) {
     std::printf("\n[fp8-lt-order] skipped: cublasLtCreate failed\n");
     return;
   }
-  constexpr int64_t kWorkspace = 32 << 20;
-  Tensor ws = Must(b->Allocate({kWorkspace / 4}, DType::kF32), "workspace");
+  const Tensor ws = Must(b->Allocate({(32 << 20) / 4}, DType::kF32), "workspace");
   cudaStream_t stream = CudaStreamOf(b);
   std::printf("\n[fp8-lt-order] cuBLASLt FP8 matmul alone, us per call (\"-\": no algorithm)\n");
   std::printf("  %-8s %6s %9s %9s %9s\n", "weight", "m", "w,x", "x,w col", "x,w row");
@@ -940,59 +1002,10 @@ void Fp8LtOperandOrders(Backend* b, bool quick, Report* report) {
     const Tensor x_scales = RandomTensor(b, {s.k / 128, kMaxRows}, 23, 1e-3, DType::kF32);
     Tensor y = Must(b->Allocate({kMaxRows, s.n}, DType::kBF16), "y");
     for (int64_t m : ms) {
-      double us[3] = {-1, -1, -1};
+      const LtOperands o{&w, &x, &x_scales, &y, m, s.n, s.k};
+      double us[3];
       for (int order = 0; order < 3; ++order) {
-        const bool swapped = order > 0;
-        cublasLtMatmulDesc_t desc = nullptr;
-        cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
-        lt.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-        const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
-        const cublasLtMatmulMatrixScale_t blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
-                                          vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-        const void* a_scales = swapped ? x_scales.raw() : w.block_scales()->raw();
-        const void* b_scales = swapped ? w.block_scales()->raw() : x_scales.raw();
-        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t));
-        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n));
-        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, swapped ? &vec : &blk, sizeof(blk));
-        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, swapped ? &blk : &vec, sizeof(blk));
-        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales, sizeof(a_scales));
-        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof(b_scales));
-        const int64_t rows_a = swapped ? m : s.n, rows_b = swapped ? s.n : m;
-        lt.layout_create(&la, CUDA_R_8F_E4M3, s.k, rows_a, s.k);
-        lt.layout_create(&lb, CUDA_R_8F_E4M3, s.k, rows_b, s.k);
-        if (order == 2) {
-          lt.layout_create(&ld, CUDA_R_16BF, m, s.n, s.n);
-          const cublasLtOrder_t row = CUBLASLT_ORDER_ROW;
-          lt.layout_set(ld, CUBLASLT_MATRIX_LAYOUT_ORDER, &row, sizeof(row));
-        } else {
-          lt.layout_create(&ld, CUDA_R_16BF, rows_a, rows_b, rows_a);
-        }
-        cublasLtMatmulPreference_t pref = nullptr;
-        lt.pref_create(&pref);
-        const size_t ws_bytes = kWorkspace;
-        lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
-        cublasLtMatmulHeuristicResult_t result{};
-        int found = 0;
-        const cublasStatus_t h =
-            lt.heuristic(handle, desc, la, lb, ld, ld, pref, 1, &result, &found);
-        lt.pref_destroy(pref);
-        const void* a_ptr = swapped ? x.raw() : w.raw();
-        const void* b_ptr = swapped ? w.raw() : x.raw();
-        const float alpha = 1.f, beta = 0.f;
-        auto call = [&] {
-          return lt.matmul(handle, desc, &alpha, a_ptr, la, b_ptr, lb, &beta, y.raw(), ld, y.raw(),
-                           ld, &result.algo, ws.raw(), kWorkspace, stream);
-        };
-        if (h == CUBLAS_STATUS_SUCCESS && found > 0 && call() == CUBLAS_STATUS_SUCCESS) {
-          constexpr int kCalls = 20;
-          us[order] = 1e3 / kCalls * TimeMs(stream, 2, quick ? 5 : 15, [&] {
-                        for (int i = 0; i < kCalls; ++i) (void)call();
-                      });
-        }
-        lt.layout_destroy(ld);
-        lt.layout_destroy(lb);
-        lt.layout_destroy(la);
-        lt.desc_destroy(desc);
+        us[order] = TimeLtOrder(lt, handle, o, order, ws, stream, quick);
       }
       BENCH_CHECK(b->Synchronize());
       std::printf("  %-8s %6ld", s.name, static_cast<long>(m));

@@ -172,6 +172,12 @@ absl::Status CpuBackend::RecordEvent(Event* event) { return absl::OkStatus(); }
 absl::Status CpuBackend::WaitEvent(Event* event) { return absl::OkStatus(); }
 absl::Status CpuBackend::SynchronizeEvent(Event* event) { return absl::OkStatus(); }
 
+void CpuRowsTimesWeight(const float* x, int64_t m, const float* w, int64_t n, int64_t k, float* y) {
+  for (int64_t i = 0; i < m; ++i) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.f, w, k, x + i * k, 1, 0.f, y + i * n, 1);
+  }
+}
+
 absl::Status CpuBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor* y) {
   DXS_RETURN_IF_ERROR(CheckDType("linear", x, DType::kF32, "x"));
   DXS_RETURN_IF_ERROR(CheckDType("linear", w, DType::kF32, "w"));
@@ -181,16 +187,7 @@ absl::Status CpuBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* 
                                                    w.ShapeString(), ", y ", y->ShapeString()));
   }
   if (m == 0) return absl::OkStatus();
-  // One GEMV a row, not one GEMM over the rows: a row's bits must not depend on the batch it
-  // is in (a request's n samples equal the requests alone; overlap scheduling's batches equal
-  // the plain ones), and OpenBLAS picks its GEMM kernels by shape, so a batch's GEMM may sum a
-  // row in another order than a one-row call. On an AVX-512 Xeon (OpenBLAS 0.3.21, Cooperlake
-  // kernels) engine_test's NSamplesEqualSingleRequestsWithDerivedSeeds failed that way in every
-  // ctest run. The CPU test suite took 342 s with this against 338 s with the GEMM.
-  for (int64_t i = 0; i < m; ++i) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.f, w.f32(), k, x.f32() + i * k, 1, 0.f,
-                y->f32() + i * n, 1);
-  }
+  CpuRowsTimesWeight(x.f32(), m, w.f32(), n, k, y->f32());
   if (bias != nullptr) {
     const float* b = bias->f32();
     for (int64_t i = 0; i < m; ++i) {

@@ -1,4 +1,5 @@
-// CpuBackend: float32 compute on the host, OpenBLAS sgemm for every GEMM.
+// CpuBackend: float32 compute on the host, OpenBLAS for every matrix product (a GEMV a row:
+// CpuRowsTimesWeight).
 //
 // Weights of any stored dtype are widened to float32 on upload; activations are float32,
 // and rows in a narrower wire dtype (bf16) are converted by the ops that move them
@@ -11,6 +12,7 @@
 // Thread safety: ops on distinct tensors may run from several threads.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +22,15 @@
 #include "kernels/op_checks.h"
 
 namespace dxs {
+
+// y[i] = w x[i] for each of x's m rows (w row-major [n, k], x [m, k], y [m, n], float32), one
+// OpenBLAS GEMV a row. Not one GEMM over the rows: a row's bits must not depend on the batch
+// it is in (a request's n samples equal the requests alone; overlap scheduling's batches equal
+// the plain ones), and OpenBLAS picks its GEMM kernels by shape, so a batch's GEMM may sum a
+// row in another order than a one-row call. On an AVX-512 Xeon (OpenBLAS 0.3.21, Cooperlake
+// kernels) engine_test's NSamplesEqualSingleRequestsWithDerivedSeeds failed that way in every
+// ctest run. The CPU test suite took 342 s with GEMVs against 338 s with the GEMM.
+void CpuRowsTimesWeight(const float* x, int64_t m, const float* w, int64_t n, int64_t k, float* y);
 
 class CpuBackend : public Backend {
  public:

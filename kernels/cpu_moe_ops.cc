@@ -1,6 +1,5 @@
 // CPU backend: routing (top-k softmax), the dispatch layout, the combine's weighted sum and
 // the grouped expert FFN.
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -267,27 +266,19 @@ absl::Status CpuBackend::GroupedSwiGlu(const Tensor& xs, const Tensor* rows,
           absl::StrCat("grouped SwiGLU: expert ", e, " weights ", gate_up[e]->ShapeString(), " / ",
                        down[e]->ShapeString(), " for hidden ", hidden));
     }
-    // The gate and up halves of the packed weight, each row on its own: the same sums, in
-    // the same order, as with separate weights, and whatever other rows the expert has (one
-    // GEMV a row, as CpuBackend::Linear and for its reason: a row's bits independent of the
-    // batch).
+    // The gate and up halves of the packed weight, each on its own: the same sums, in the
+    // same order, as with separate weights (and, row by row, whatever other rows the expert
+    // has: CpuRowsTimesWeight).
     const float* gate_w = gate_up[e]->f32();
     const float* up_w = gate_w + inter * hidden;
     gate_rows.resize(static_cast<size_t>(n * inter));
     up_rows.resize(static_cast<size_t>(n * inter));
-    for (int64_t i = 0; i < n; ++i) {
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, inter, hidden, 1.f, gate_w, hidden, x + i * hidden,
-                  1, 0.f, gate_rows.data() + i * inter, 1);
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, inter, hidden, 1.f, up_w, hidden, x + i * hidden, 1,
-                  0.f, up_rows.data() + i * inter, 1);
-    }
+    CpuRowsTimesWeight(x, n, gate_w, inter, hidden, gate_rows.data());
+    CpuRowsTimesWeight(x, n, up_w, inter, hidden, up_rows.data());
     float* g = gate_rows.data();
     const float* u = up_rows.data();
     for (int64_t i = 0; i < n * inter; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-    for (int64_t i = 0; i < n; ++i) {
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, hidden, inter, 1.f, down[e]->f32(), inter,
-                  g + i * inter, 1, 0.f, y->f32() + (begin + i) * hidden, 1);
-    }
+    CpuRowsTimesWeight(g, n, down[e]->f32(), hidden, inter, y->f32() + begin * hidden);
   }
   return absl::OkStatus();
 }

@@ -11,10 +11,10 @@
 //
 // Quantization is the FP8 records' (fp8_rows.cu, fp8_quantize.cuh): scale max(amax, 1e-4) /
 // 448 by one IEEE division, values divided by it (rounded as IEEE division rounds) and rounded
-// to e4m3, nearest even, saturating. A warp per
-// row, 8 a block, half a warp per 128-channel group (fp8_quantize.cuh's
-// QuantizeGroupOfHalfWarp); a row's expert is found by a binary search of the offsets. Rows
-// past offsets[E] (a counted round's unused capacity) are not written.
+// to e4m3, nearest even, saturating. A warp per row, 8 a block, half a warp per 128-channel
+// group (fp8_quantize.cuh's QuantizeGroupOfHalfWarp); a row's expert is found by a binary
+// search of the offsets. Rows past offsets[E] (a counted round's unused capacity) are not
+// written.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
