@@ -4,7 +4,8 @@
 # that show what limits it. Builds nothing (the binaries come in .device/, packed by
 # bench/gpu/bundle.sh). Per-kernel CSVs and a summary go to $OUT; the summary is printed.
 #   bench/gpu/profile_device.sh [attention decode decode32 decode-fp8 prefill ...]
-#   (decode-fp8: the FP8 engine's decode step at batch 1, 2 layers, from gpu_bench --fp8-decode;
+#   (decode, decode-fp8: the bf16 and the FP8 engine's decode step at DXS_PROFILE_BATCH rows, 1
+#   by default, 2 layers, the FP8 one from gpu_bench --fp8-decode;
 #   ffn-fp8: one bf16 and one FP8 grouped expert FFN call at DXS_PROFILE_TOKENS tokens, 16384
 #   by default, from gpu_bench --fp8)
 set -uo pipefail
@@ -20,9 +21,9 @@ what=("$@")
 for w in "${what[@]}"; do
   case $w in
     attention) args=(--profile attention) ;;
-    decode) args=(--profile decode --batch 1 --layers 2) ;;
+    decode) args=(--profile decode --batch "${DXS_PROFILE_BATCH:-1}" --layers 2) ;;
     decode32) args=(--profile decode --batch 32 --layers 2) ;;
-    decode-fp8) args=(--fp8-decode --profile decode --batch 1 --layers 2) ;;
+    decode-fp8) args=(--fp8-decode --profile decode --batch "${DXS_PROFILE_BATCH:-1}" --layers 2) ;;
     prefill) args=(--profile prefill --layers 1) ;;
     ffn-fp8) args=(--fp8 --quick --profile ffn --batch "${DXS_PROFILE_TOKENS:-16384}") ;;
     *) echo "unknown profile $w"; continue ;;

@@ -709,7 +709,7 @@ absl::Status CudaBackend::Linears(const Tensor& x, const std::vector<const Tenso
 }
 
 // Block-scaled FP8 weights sharing a decode-sized x (q, k and v): one fp8_linear.cu GEMV
-// launch where each LinearFp8 alone would take the GEMV; otherwise one Linear each.
+// launch where each LinearFp8 alone would take the GEMV; otherwise LinearsFp8Gemm.
 absl::Status CudaBackend::LinearsFp8(const Tensor& x, const std::vector<const Tensor*>& ws,
                                      const std::vector<Tensor*>& ys) {
   bool one_launch = use_gemv_ && fp8_weights_ && !ws.empty() && ws.size() == ys.size() &&
@@ -726,7 +726,7 @@ absl::Status CudaBackend::LinearsFp8(const Tensor& x, const std::vector<const Te
                  (ys[i]->dtype() == DType::kBF16 || ys[i]->dtype() == DType::kF32) &&
                  ys[i]->num_elements() == x.rows() * w->rows();
   }
-  if (!one_launch) return Backend::Linears(x, ws, ys);
+  if (!one_launch) return LinearsFp8Gemm(x, ws, ys);
   if (x.rows() == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("linears"));
   std::vector<const uint8_t*> w_ptrs;

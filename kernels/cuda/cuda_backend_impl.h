@@ -185,6 +185,24 @@ class CudaBackend final : public Backend {
   // LaunchGemvFp8 for decode-sized x, else the activations quantized per token and 128
   // channels and cuBLASLt's FP8 matmul with 128x128 weight and 1x128 activation scales.
   absl::Status LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor* y);
+  // What LinearFp8 requires of its arguments, as INVALID_ARGUMENT (UNIMPLEMENTED for a bias).
+  absl::Status CheckLinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias,
+                              const Tensor& y) const;
+  // x quantized for cuBLASLt's FP8 matmul: e4m3 values and 1x128 scales, the rows padded to a
+  // multiple of 4 with zeros. Weights sharing x (LinearsFp8: q, k and v) share one.
+  struct Fp8Activations {
+    Tensor values;  // e4m3 [padded_rows, k]
+    Tensor scales;  // f32 [k / 128, padded_rows]
+    int64_t rows = 0, padded_rows = 0;
+  };
+  absl::StatusOr<Fp8Activations> QuantizeForGemmFp8(const Tensor& x);
+  // Whether LinearFp8 takes the FP8 GEMV for this x and w (decode-sized bf16 x).
+  bool TakesGemvFp8(const Tensor& x, const Tensor& w) const;
+  // LinearsFp8 past the GEMV: one Fp8Activations for all the weights, or Linear each where
+  // any of them would not take cuBLASLt alone.
+  absl::Status LinearsFp8Gemm(const Tensor& x, const std::vector<const Tensor*>& ws,
+                              const std::vector<Tensor*>& ys);
+  absl::Status MatmulFp8(const Fp8Activations& x, const Tensor& w, Tensor* y);
   absl::Status GemmFp8(const Tensor& x, const Tensor& w, Tensor* y);
   // The same GEMM as the CUTLASS FP8 grouped GEMM's one group (grouped_gemm_fp8_sm90.cuh):
   // the weight's scales N-major and a device table {weight, scales}, made on the weight's

@@ -29,10 +29,10 @@ CudaBackend::Fp8GemmPlan::~Fp8GemmPlan() {
   if (desc != nullptr) api->desc_destroy(desc);
 }
 
-absl::Status CudaBackend::LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias,
-                                    Tensor* y) {
+absl::Status CudaBackend::CheckLinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias,
+                                         const Tensor& y) const {
   DXS_RETURN_IF_ERROR(CheckFloat("linear", x, "x"));
-  DXS_RETURN_IF_ERROR(CheckFloat("linear", *y, "y"));
+  DXS_RETURN_IF_ERROR(CheckFloat("linear", y, "y"));
   const Tensor* scales = w.block_scales();
   const int64_t m = x.rows(), k = x.row_size(), n = w.rows();
   if (!fp8_weights_ || scales == nullptr) {
@@ -41,25 +41,32 @@ absl::Status CudaBackend::LinearFp8(const Tensor& x, const Tensor& w, const Tens
                      fp8_weights_ ? " without block scales" : " on a backend without FP8 weights"));
   }
   if (w.shape().size() != 2 || w.row_size() != k || n % Tensor::kWeightBlock != 0 ||
-      k % Tensor::kWeightBlock != 0 || y->num_elements() != m * n ||
+      k % Tensor::kWeightBlock != 0 || y.num_elements() != m * n ||
       scales->dtype() != DType::kF32 || scales->rows() != n / Tensor::kWeightBlock ||
       scales->row_size() != BlockScaleStride(k)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("linear (fp8): x ", x.ShapeString(), ", w ", w.ShapeString(), " with scales ",
-                     scales->ShapeString(), ", y ", y->ShapeString()));
+    return absl::InvalidArgumentError(absl::StrCat("linear (fp8): x ", x.ShapeString(), ", w ",
+                                                   w.ShapeString(), " with scales ",
+                                                   scales->ShapeString(), ", y ", y.ShapeString()));
   }
-  if (y->dtype() != DType::kBF16 && y->dtype() != DType::kF32) {
+  if (y.dtype() != DType::kBF16 && y.dtype() != DType::kF32) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "linear (fp8): y is ", std::string(DTypeName(y->dtype())), ", not bf16 or f32"));
+        "linear (fp8): y is ", std::string(DTypeName(y.dtype())), ", not bf16 or f32"));
   }
   if (bias != nullptr) {
     // No FP8 checkpoint of the models dxs serves has a biased projection.
     return absl::UnimplementedError("linear (fp8): a bias with an FP8 weight");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias,
+                                    Tensor* y) {
+  DXS_RETURN_IF_ERROR(CheckLinearFp8(x, w, bias, *y));
+  const Tensor* scales = w.block_scales();
+  const int64_t m = x.rows(), k = x.row_size(), n = w.rows();
   if (m == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("linear"));
-  if (use_gemv_ && x.dtype() == DType::kBF16 && m <= cuda::kGemvMaxRows && Aligned16(x.raw()) &&
-      Aligned16(w.raw())) {
+  if (TakesGemvFp8(x, w)) {
     return CudaStatus(
         cuda::LaunchGemvFp8(x.raw(), m, static_cast<const uint8_t*>(w.raw()), scales->f32(),
                             scales->row_size(), n, k, y->raw(), ToElemType(y->dtype()), stream_),
@@ -71,6 +78,28 @@ absl::Status CudaBackend::LinearFp8(const Tensor& x, const Tensor& w, const Tens
     if (!absl::IsFailedPrecondition(s)) return s;
   }
   return GemmFp8(x, w, y);
+}
+
+bool CudaBackend::TakesGemvFp8(const Tensor& x, const Tensor& w) const {
+  return use_gemv_ && x.dtype() == DType::kBF16 && x.rows() <= cuda::kGemvMaxRows &&
+         Aligned16(x.raw()) && Aligned16(w.raw());
+}
+
+absl::Status CudaBackend::LinearsFp8Gemm(const Tensor& x, const std::vector<const Tensor*>& ws,
+                                         const std::vector<Tensor*>& ys) {
+  // Each weight as LinearFp8 would take it alone: cuBLASLt after one quantization of x for all
+  // of them (one pass over x where each Linear would make its own).
+  bool shared = fp8_weights_ && !fp8_gemm_cutlass_ && ws.size() > 1 && ws.size() == ys.size();
+  for (size_t i = 0; shared && i < ws.size(); ++i) {
+    shared = ws[i] != nullptr && ys[i] != nullptr && ws[i]->dtype() == DType::kF8E4M3 &&
+             !TakesGemvFp8(x, *ws[i]) && CheckLinearFp8(x, *ws[i], nullptr, *ys[i]).ok();
+  }
+  if (!shared) return Backend::Linears(x, ws, ys);
+  if (x.rows() == 0) return absl::OkStatus();
+  DXS_RETURN_IF_ERROR(Enter("linears"));
+  DXS_ASSIGN_OR_RETURN(Fp8Activations q, QuantizeForGemmFp8(x));
+  for (size_t i = 0; i < ws.size(); ++i) DXS_RETURN_IF_ERROR(MatmulFp8(q, *ws[i], ys[i]));
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::GemmFp8Cutlass(const Tensor& x, const Tensor& w, Tensor* y) {
@@ -182,15 +211,28 @@ absl::StatusOr<CudaBackend::Fp8GemmPlan*> CudaBackend::Fp8Plan(int64_t m_pad, in
   return slot.get();
 }
 
+absl::StatusOr<CudaBackend::Fp8Activations> CudaBackend::QuantizeForGemmFp8(const Tensor& x) {
+  Fp8Activations q;
+  q.rows = x.rows();
+  q.padded_rows = (q.rows + 3) / 4 * 4;
+  const int64_t k = x.row_size();
+  DXS_ASSIGN_OR_RETURN(q.values, Allocate({q.padded_rows, k}, DType::kF8E4M3));
+  DXS_ASSIGN_OR_RETURN(q.scales, Allocate({k / Tensor::kWeightBlock, q.padded_rows}, DType::kF32));
+  DXS_RETURN_IF_ERROR(CudaStatus(
+      cuda::LaunchQuantizeActivationsFp8(x.raw(), ToElemType(x.dtype()), q.rows, k, q.padded_rows,
+                                         static_cast<uint8_t*>(q.values.raw()), q.scales.f32(),
+                                         stream_),
+      "linear (fp8): activations"));
+  return q;
+}
+
 absl::Status CudaBackend::GemmFp8(const Tensor& x, const Tensor& w, Tensor* y) {
-  const int64_t m = x.rows(), k = x.row_size(), n = w.rows();
-  const int64_t m_pad = (m + 3) / 4 * 4;
-  DXS_ASSIGN_OR_RETURN(Tensor values, Allocate({m_pad, k}, DType::kF8E4M3));
-  DXS_ASSIGN_OR_RETURN(Tensor x_scales, Allocate({k / Tensor::kWeightBlock, m_pad}, DType::kF32));
-  DXS_RETURN_IF_ERROR(CudaStatus(cuda::LaunchQuantizeActivationsFp8(
-                                     x.raw(), ToElemType(x.dtype()), m, k, m_pad,
-                                     static_cast<uint8_t*>(values.raw()), x_scales.f32(), stream_),
-                                 "linear (fp8): activations"));
+  DXS_ASSIGN_OR_RETURN(Fp8Activations q, QuantizeForGemmFp8(x));
+  return MatmulFp8(q, w, y);
+}
+
+absl::Status CudaBackend::MatmulFp8(const Fp8Activations& q, const Tensor& w, Tensor* y) {
+  const int64_t m = q.rows, m_pad = q.padded_rows, k = w.row_size(), n = w.rows();
   Tensor out = *y;
   if (m_pad != m) {
     DXS_ASSIGN_OR_RETURN(out, Allocate({m_pad, n}, y->dtype()));
@@ -198,7 +240,7 @@ absl::Status CudaBackend::GemmFp8(const Tensor& x, const Tensor& w, Tensor* y) {
   {
     absl::MutexLock lock(&fp8_mu_);
     const void* a_scales = w.block_scales()->raw();
-    const void* b_scales = x_scales.raw();
+    const void* b_scales = q.scales.raw();
     DXS_ASSIGN_OR_RETURN(Fp8GemmPlan * plan, Fp8Plan(m_pad, n, k, y->dtype(), a_scales, b_scales));
     const CublasLtApi& lt = *lt_;
     DXS_RETURN_IF_ERROR(CublasStatus(
@@ -212,7 +254,7 @@ absl::Status CudaBackend::GemmFp8(const Tensor& x, const Tensor& w, Tensor* y) {
     const float alpha = 1.f, beta = 0.f;
     DXS_RETURN_IF_ERROR(
         CublasStatus(*blas_,
-                     lt.matmul(lt_handle_, plan->desc, &alpha, w.raw(), plan->a, values.raw(),
+                     lt.matmul(lt_handle_, plan->desc, &alpha, w.raw(), plan->a, q.values.raw(),
                                plan->b, &beta, out.raw(), plan->d, out.raw(), plan->d, &plan->algo,
                                cublas_workspace_.raw(), cublas_workspace_.num_bytes(), stream_),
                      "linear (fp8 gemm)"));

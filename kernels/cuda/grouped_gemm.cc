@@ -174,14 +174,24 @@ cudaError_t LaunchGroupedGemmBf16(const __nv_bfloat16* a, const int32_t* expert_
 }
 
 #if DXS_HAVE_CUTLASS
-// The FP8 grouped GEMM's configuration: 128x128 cooperative tiles (the default), or, with
-// DXS_CUDA_FP8_GROUPED_TILES (read once) and a bf16 C, one of the alternatives kept for
-// measurements (grouped_gemm_fp8_sm90.cuh).
-const grouped_gemm::Sm90Fp8Kernel& Fp8Kernel(ElemType c_type) {
+// Up to this many rows an expert on average (a decode step's groups), the FP8 grouped GEMM
+// takes 64x128 ping-pong tiles; above, 128x128 cooperative ones. H100, 48-layer decode in
+// CUDA graphs: the step 6% faster at 2 rows an expert (batch 32) and the grouped GEMMs 10%
+// at 8 (batch 128); eager FFN calls at 64 rows an expert 1.4% slower, and a 4096-token
+// prefill (256 rows) 5% slower (docs/results/fp8.md, "Tile choice").
+constexpr int64_t kFp8PingpongMaxRowsPerExpert = 32;
+
+// The FP8 grouped GEMM's configuration (grouped_gemm_fp8_sm90.cuh). f32 C has the cooperative
+// tiles only. DXS_CUDA_FP8_GROUPED_TILES (read once) forces one for a bf16 C, for measurements.
+const grouped_gemm::Sm90Fp8Kernel& Fp8Kernel(int64_t num_experts, int64_t total_rows,
+                                             ElemType c_type) {
   static const std::string tiles = tunables::Get(tunables::kCudaFp8GroupedTiles);
   if (c_type != ElemType::kBF16) return grouped_gemm::kSm90Fp8F32Out;
+  if (tiles == "coop") return grouped_gemm::kSm90Fp8Bf16Out;
   if (tiles == "coop-pair-n") return grouped_gemm::kSm90Fp8PairNBf16Out;
-  if (tiles == "pingpong") return grouped_gemm::kSm90Fp8PingpongBf16Out;
+  if (tiles == "pingpong" || total_rows <= kFp8PingpongMaxRowsPerExpert * num_experts) {
+    return grouped_gemm::kSm90Fp8PingpongBf16Out;
+  }
   return grouped_gemm::kSm90Fp8Bf16Out;
 }
 #endif
@@ -195,7 +205,7 @@ size_t GroupedGemmFp8WorkspaceBytes(int64_t num_experts, int64_t total_rows, int
     cudaGetLastError();
     return 0;
   }
-  const grouped_gemm::Sm90Fp8Kernel& kernel = Fp8Kernel(c_type);
+  const grouped_gemm::Sm90Fp8Kernel& kernel = Fp8Kernel(num_experts, total_rows, c_type);
   return kernel.workspace_bytes(static_cast<int32_t>(num_experts), device.sm_count);
 #else
   return 0;
@@ -225,7 +235,7 @@ cudaError_t LaunchGroupedGemmFp8(const uint8_t* a, const float* sfa, const int32
   Device device;
   if (cudaError_t err = QueryDevice(&device); err != cudaSuccess) return err;
   if (!device.is_sm90) return cudaErrorNotSupported;
-  const grouped_gemm::Sm90Fp8Kernel& kernel = Fp8Kernel(c_type);
+  const grouped_gemm::Sm90Fp8Kernel& kernel = Fp8Kernel(num_experts, total_rows, c_type);
   grouped_gemm::Fp8Problem p;
   p.a = a;
   p.sfa = sfa;

@@ -180,7 +180,8 @@ TEST_F(Fp8LinearTest, RowsOfWholeBlocksKeepTheirScales) {
 
 // Linears of FP8 weights sharing x (q, k and v of a decode step): one GEMV launch up to
 // kGemvMaxRows rows, each output bit for bit what Linear gives it alone (the same warp per
-// feature, lane order and tree); past them, one Linear each (the GEMM path).
+// feature, lane order and tree); past them, one quantization of x for the three and a
+// cuBLASLt matmul each, again the bits of each Linear alone (the same quantized x and plan).
 TEST_F(Fp8LinearTest, LinearsEqualEachLinear) {
   const int64_t k = 512;
   std::vector<Fp8Weight> hw = {MakeWeight(384, k, 21), MakeWeight(128, k, 22),
@@ -192,7 +193,7 @@ TEST_F(Fp8LinearTest, LinearsEqualEachLinear) {
     ASSERT_TRUE(t.ok()) << t.status();
     wt.push_back(*t);
   }
-  for (int64_t m : {1, 5, 8, 9}) {
+  for (int64_t m : {1, 5, 8, 9, 64}) {
     for (DType y_dtype : {DType::kF32, DType::kBF16}) {
       SCOPED_TRACE(::testing::Message() << "m " << m << " y " << DTypeName(y_dtype));
       const std::vector<float> x = RandomBf16(m * k, 30 + m);
