@@ -211,6 +211,17 @@ absl::Status CudaBackend::Init() {
       fp8_grouped_gemm_ = cutlass_runs;
     }
   }
+  if (fp8_weights_) {
+    DXS_RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&fp8_fork_, cudaEventDisableTiming),
+                                   "cuda backend: fp8 side streams"));
+    for (SideStream& side : fp8_side_) {
+      DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking),
+                                     "cuda backend: fp8 side streams"));
+      DXS_RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&side.done, cudaEventDisableTiming),
+                                     "cuda backend: fp8 side streams"));
+      DXS_ASSIGN_OR_RETURN(side.workspace, Workspace(kCublasWorkspaceBytes));
+    }
+  }
   DXS_ASSIGN_OR_RETURN(const std::string fp8_gemm, tunables::Read(tunables::kCudaFp8Gemm));
   if (fp8_gemm == "cutlass" && !cutlass_runs) {
     return absl::FailedPreconditionError(
@@ -232,6 +243,13 @@ CudaBackend::~CudaBackend() {
     fp8_dense_weights_.clear();
   }
   if (lt_handle_ != nullptr) lt_->destroy(lt_handle_);
+  for (SideStream& side : fp8_side_) {
+    if (side.stream != nullptr) cudaStreamSynchronize(side.stream);
+    if (side.stream != nullptr) cudaStreamDestroy(side.stream);
+    if (side.done != nullptr) cudaEventDestroy(side.done);
+    side.workspace = Tensor();
+  }
+  if (fp8_fork_ != nullptr) cudaEventDestroy(fp8_fork_);
   cublas_workspace_ = Tensor();
   route_counter_ = Tensor();
   {

@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <map>
@@ -202,7 +203,11 @@ class CudaBackend final : public Backend {
   // any of them would not take cuBLASLt alone.
   absl::Status LinearsFp8Gemm(const Tensor& x, const std::vector<const Tensor*>& ws,
                               const std::vector<Tensor*>& ys);
-  absl::Status MatmulFp8(const Fp8Activations& x, const Tensor& w, Tensor* y);
+  // cuBLASLt's FP8 matmul of x and w into y on `stream` with `workspace` (cublas_workspace_
+  // on stream_). A padded result's scratch is moved into *scratch, which must outlive the
+  // stream's use of it (a side stream's until it is joined back).
+  absl::Status MatmulFp8(const Fp8Activations& x, const Tensor& w, Tensor* y, cudaStream_t stream,
+                         const Tensor& workspace, Tensor* scratch);
   absl::Status GemmFp8(const Tensor& x, const Tensor& w, Tensor* y);
   // The same GEMM as the CUTLASS FP8 grouped GEMM's one group (grouped_gemm_fp8_sm90.cuh):
   // the weight's scales N-major and a device table {weight, scales}, made on the weight's
@@ -332,6 +337,18 @@ class CudaBackend final : public Backend {
   bool fp8_grouped_gemm_ = false;
   const CublasLtApi* lt_ = nullptr;
   cublasLtHandle_t lt_handle_ = nullptr;
+  // LinearsFp8Gemm runs its second and third weights (k and v beside q) on these: at decode
+  // batches their matmuls fill 4 of the SMs each (a 512-row weight in 128-row tiles), so they
+  // run beside q's rather than after it. Each has its own cuBLASLt workspace; the fork and
+  // the joins are events on stream_, so a recorded graph holds them as parallel branches.
+  // Made with the FP8 weights.
+  struct SideStream {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;
+    Tensor workspace;
+  };
+  std::array<SideStream, 2> fp8_side_;
+  cudaEvent_t fp8_fork_ = nullptr;
   absl::Mutex fp8_mu_;
   std::map<std::tuple<int64_t, int64_t, int64_t, DType>, std::unique_ptr<Fp8GemmPlan>> fp8_plans_
       ABSL_GUARDED_BY(fp8_mu_);

@@ -14,6 +14,9 @@
 // result is copied out of a scratch. DXS_CUDA_FP8_GEMM=cutlass takes CUTLASS's SM90 blockwise
 // FP8 GEMM instead (the experts' grouped kernel with one group); cuBLASLt measured faster at
 // 16 to 4096 rows (docs/results/fp8.md).
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_backend_impl.h"
@@ -98,8 +101,34 @@ absl::Status CudaBackend::LinearsFp8Gemm(const Tensor& x, const std::vector<cons
   if (x.rows() == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("linears"));
   DXS_ASSIGN_OR_RETURN(Fp8Activations q, QuantizeForGemmFp8(x));
-  for (size_t i = 0; i < ws.size(); ++i) DXS_RETURN_IF_ERROR(MatmulFp8(q, *ws[i], ys[i]));
-  return absl::OkStatus();
+  // The first weight on stream_, up to fp8_side_.size() more beside it, the rest after it.
+  const size_t sides = std::min(ws.size() - 1, fp8_side_.size());
+  DXS_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(fp8_fork_, stream_), "linears (fp8): fork"));
+  std::vector<Tensor> scratch(ws.size());
+  absl::Status status;
+  size_t forked = 0;
+  for (; forked < sides && status.ok(); ++forked) {
+    const SideStream& side = fp8_side_[forked];
+    status = CudaStatus(cudaStreamWaitEvent(side.stream, fp8_fork_, 0), "linears (fp8): fork");
+    if (status.ok()) {
+      status = MatmulFp8(q, *ws[forked + 1], ys[forked + 1], side.stream, side.workspace,
+                         &scratch[forked + 1]);
+    }
+  }
+  for (size_t i = 0; i < ws.size() && status.ok(); ++i) {
+    if (i >= 1 && i <= sides) continue;
+    status = MatmulFp8(q, *ws[i], ys[i], stream_, cublas_workspace_, &scratch[i]);
+  }
+  // Joined whatever happened: a recording stream must not end with a branch left open.
+  for (size_t i = 0; i < forked; ++i) {
+    const SideStream& side = fp8_side_[i];
+    absl::Status join = CudaStatus(cudaEventRecord(side.done, side.stream), "linears (fp8): join");
+    if (join.ok()) {
+      join = CudaStatus(cudaStreamWaitEvent(stream_, side.done, 0), "linears (fp8): join");
+    }
+    status.Update(join);
+  }
+  return status;
 }
 
 absl::Status CudaBackend::GemmFp8Cutlass(const Tensor& x, const Tensor& w, Tensor* y) {
@@ -228,14 +257,17 @@ absl::StatusOr<CudaBackend::Fp8Activations> CudaBackend::QuantizeForGemmFp8(cons
 
 absl::Status CudaBackend::GemmFp8(const Tensor& x, const Tensor& w, Tensor* y) {
   DXS_ASSIGN_OR_RETURN(Fp8Activations q, QuantizeForGemmFp8(x));
-  return MatmulFp8(q, w, y);
+  Tensor scratch;
+  return MatmulFp8(q, w, y, stream_, cublas_workspace_, &scratch);
 }
 
-absl::Status CudaBackend::MatmulFp8(const Fp8Activations& q, const Tensor& w, Tensor* y) {
+absl::Status CudaBackend::MatmulFp8(const Fp8Activations& q, const Tensor& w, Tensor* y,
+                                    cudaStream_t stream, const Tensor& workspace, Tensor* scratch) {
   const int64_t m = q.rows, m_pad = q.padded_rows, k = w.row_size(), n = w.rows();
   Tensor out = *y;
   if (m_pad != m) {
-    DXS_ASSIGN_OR_RETURN(out, Allocate({m_pad, n}, y->dtype()));
+    DXS_ASSIGN_OR_RETURN(*scratch, Allocate({m_pad, n}, y->dtype()));
+    out = *scratch;
   }
   {
     absl::MutexLock lock(&fp8_mu_);
@@ -256,12 +288,12 @@ absl::Status CudaBackend::MatmulFp8(const Fp8Activations& q, const Tensor& w, Te
         CublasStatus(*blas_,
                      lt.matmul(lt_handle_, plan->desc, &alpha, w.raw(), plan->a, q.values.raw(),
                                plan->b, &beta, out.raw(), plan->d, out.raw(), plan->d, &plan->algo,
-                               cublas_workspace_.raw(), cublas_workspace_.num_bytes(), stream_),
+                               workspace.raw(), workspace.num_bytes(), stream),
                      "linear (fp8 gemm)"));
   }
   if (m_pad == m) return absl::OkStatus();
   return CudaStatus(
-      cudaMemcpyAsync(y->raw(), out.raw(), y->num_bytes(), cudaMemcpyDeviceToDevice, stream_),
+      cudaMemcpyAsync(y->raw(), out.raw(), y->num_bytes(), cudaMemcpyDeviceToDevice, stream),
       "linear (fp8): result");
 }
 
