@@ -53,7 +53,7 @@ def summarise(path):
         if len(body) <= 80:
             print(f"  {name:60s} {r[col['launch__grid_size']]:>8s} "
                   f"{r[col['launch__registers_per_thread']]:>5s} {us:9.1f} {mb:8.2f} "
-                  f"{mb / us / 1e6 if us else 0:6.2f}")
+                  f"{mb / us if us else 0:6.2f}")  # MB per us is TB/s
     print(f"  -- {len(body)} kernels, {total_us:.1f} us in all; per name:")
     for name, (n, us, mb) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
         print(f"  {name:60s} x{n:<4d} {us:9.1f} us {100 * us / total_us:5.1f}%  {mb:9.2f} MB")
