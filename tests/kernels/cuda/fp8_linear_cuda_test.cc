@@ -104,6 +104,18 @@ class Fp8LinearTest : public ::testing::Test {
     return y;
   }
 
+  // Three FP8 weights sharing k (a layer's q, k and v in small), on the GPU.
+  void MakeQkv(uint32_t seed, std::vector<Fp8Weight>* hw, std::vector<Tensor>* wt) {
+    const int64_t k = 512;
+    *hw = {MakeWeight(384, k, seed), MakeWeight(128, k, seed + 1), MakeWeight(256, k, seed + 2)};
+    for (const Fp8Weight& w : *hw) {
+      absl::StatusOr<Tensor> t =
+          MakeBlockScaledWeight(w.bytes.data(), w.scales.data(), {w.n, w.k}, gpu_.get());
+      ASSERT_TRUE(t.ok()) << t.status();
+      wt->push_back(*t);
+    }
+  }
+
   std::unique_ptr<Backend> gpu_;
 };
 
@@ -183,16 +195,10 @@ TEST_F(Fp8LinearTest, RowsOfWholeBlocksKeepTheirScales) {
 // feature, lane order and tree); past them, one quantization of x for the three and a
 // cuBLASLt matmul each, again the bits of each Linear alone (the same quantized x and plan).
 TEST_F(Fp8LinearTest, LinearsEqualEachLinear) {
-  const int64_t k = 512;
-  std::vector<Fp8Weight> hw = {MakeWeight(384, k, 21), MakeWeight(128, k, 22),
-                               MakeWeight(256, k, 23)};
+  std::vector<Fp8Weight> hw;
   std::vector<Tensor> wt;
-  for (const Fp8Weight& w : hw) {
-    absl::StatusOr<Tensor> t =
-        MakeBlockScaledWeight(w.bytes.data(), w.scales.data(), {w.n, w.k}, gpu_.get());
-    ASSERT_TRUE(t.ok()) << t.status();
-    wt.push_back(*t);
-  }
+  ASSERT_NO_FATAL_FAILURE(MakeQkv(21, &hw, &wt));
+  const int64_t k = hw[0].k;
   for (int64_t m : {1, 5, 8, 9, 64}) {
     for (DType y_dtype : {DType::kF32, DType::kBF16}) {
       SCOPED_TRACE(::testing::Message() << "m " << m << " y " << DTypeName(y_dtype));
@@ -229,16 +235,10 @@ TEST_F(Fp8LinearTest, LinearsEqualEachLinear) {
 // so the side streams' results also go through a scratch copy.
 TEST_F(Fp8LinearTest, LinearsInAGraphEqualEachLinear) {
   if (!gpu_->SupportsGraphs()) GTEST_SKIP() << "no graphs on this backend";
-  const int64_t k = 512;
-  std::vector<Fp8Weight> hw = {MakeWeight(384, k, 41), MakeWeight(128, k, 42),
-                               MakeWeight(256, k, 43)};
+  std::vector<Fp8Weight> hw;
   std::vector<Tensor> wt;
-  for (const Fp8Weight& w : hw) {
-    absl::StatusOr<Tensor> t =
-        MakeBlockScaledWeight(w.bytes.data(), w.scales.data(), {w.n, w.k}, gpu_.get());
-    ASSERT_TRUE(t.ok()) << t.status();
-    wt.push_back(*t);
-  }
+  ASSERT_NO_FATAL_FAILURE(MakeQkv(41, &hw, &wt));
+  const int64_t k = hw[0].k;
   for (int64_t m : {37, 64}) {
     SCOPED_TRACE(::testing::Message() << "m " << m);
     Tensor xt = *gpu_->Allocate({m, k}, DType::kBF16);
