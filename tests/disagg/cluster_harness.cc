@@ -71,20 +71,23 @@ InprocCluster::InprocCluster(const std::string& model_dir, int num_attention,
     dp->loop->set_overlap_schedule(options.overlap_schedule);
     dp_.push_back(std::move(dp));
   }
-  for (auto& ep : ep_) {
-    ep->thread = std::thread([this, s = ep->server.get()] {
-      while (!stop_) {
-        absl::Status st = s->ServeRound(absl::Now() + absl::Milliseconds(20));
-        if (!st.ok() && st.code() != absl::StatusCode::kDeadlineExceeded) {
-          ADD_FAILURE() << "expert round: " << st;
-        }
-      }
-    });
+  for (int r = 0; r < num_expert; ++r) {
+    ep_[r]->thread =
+        std::thread([this, r, s = ep_[r]->server.get(), start = options.on_serve_thread_start] {
+          if (start) start(r, s);
+          while (!stop_) {
+            absl::Status st = s->ServeRound(absl::Now() + absl::Milliseconds(20));
+            if (!st.ok() && st.code() != absl::StatusCode::kDeadlineExceeded) {
+              ADD_FAILURE() << "expert round: " << st;
+            }
+          }
+        });
   }
   if (!options.held) released_.Notify();
-  for (auto& dp : dp_) {
-    dp->thread = std::thread([this, d = dp.get()] {
+  for (int r = 0; r < num_attention; ++r) {
+    dp_[r]->thread = std::thread([this, r, d = dp_[r].get(), start = options.on_step_thread_start] {
       released_.WaitForNotification();
+      if (start) start(r, d->loop.get());
       while (!stop_) {
         absl::StatusOr<bool> ran = d->loop->RunOnce(absl::Milliseconds(20));
         if (!ran.ok()) ADD_FAILURE() << "step loop: " << ran.status();
@@ -140,9 +143,8 @@ void InprocCluster::WakeAll() {
   for (auto& dp : dp_) dp->loop->Wake();
 }
 
-bool InprocCluster::WaitAllDone(const std::vector<std::shared_ptr<ResultSink>>& sinks,
-                                absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
+bool InprocCluster::WaitSinksDone(const std::vector<std::shared_ptr<ResultSink>>& sinks,
+                                  absl::Time deadline) {
   const auto all_done = [&] {
     for (const auto& s : sinks) {
       std::lock_guard<std::mutex> lock(s->mu);
@@ -154,6 +156,13 @@ bool InprocCluster::WaitAllDone(const std::vector<std::shared_ptr<ResultSink>>& 
     if (absl::Now() >= deadline) return false;
     absl::SleepFor(absl::Milliseconds(5));
   }
+  return true;
+}
+
+bool InprocCluster::WaitAllDone(const std::vector<std::shared_ptr<ResultSink>>& sinks,
+                                absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  if (!WaitSinksDone(sinks, deadline)) return false;
   // The last token reaches its sink before every rank has counted the last step.
   std::vector<int64_t> idle_before;
   for (const auto& dp : dp_) idle_before.push_back(dp->idle_polls.load());

@@ -50,6 +50,13 @@ struct ClusterOptions {
   // their rank's first step, so the steps' batches do not depend on the threads' timing
   // (tests that compare runs bit for bit).
   bool held = false;
+  // Runs on each DP rank's step thread before its first step (after Release), with the rank
+  // and its loop: for what only the step thread may call (AttentionStepLoop::set_dp_ranks).
+  // It may block, holding that rank's steps back; it must return before the cluster goes.
+  std::function<void(int rank, AttentionStepLoop* loop)> on_step_thread_start;
+  // The same for each EP rank's serving thread, before its first round
+  // (ExpertStepServer::set_dp_view).
+  std::function<void(int rank, ExpertStepServer* server)> on_serve_thread_start;
 };
 
 class InprocCluster {
@@ -73,6 +80,11 @@ class InprocCluster {
   // found no step to run (its counters final) and each EP rank has counted as many steps as
   // the DP ranks, which all agree. False if that does not happen within `timeout`.
   bool WaitAllDone(const std::vector<std::shared_ptr<ResultSink>>& sinks, absl::Duration timeout);
+  // Waits until every sink is done, nothing more (a rank that ran steps again counts more
+  // steps than the others, so the cluster never settles in WaitAllDone's sense). False if
+  // that does not happen by `deadline`.
+  static bool WaitSinksDone(const std::vector<std::shared_ptr<ResultSink>>& sinks,
+                            absl::Time deadline);
 
   const AttentionCounters& attention_counters(int r) const { return dp_[r]->loop->counters(); }
   const ExpertCounters& expert_counters(int r) const { return ep_[r]->server->counters(); }
@@ -84,6 +96,8 @@ class InprocCluster {
     return n;
   }
   int num_attention() const { return static_cast<int>(dp_.size()); }
+  // Peer `peer`'s transport (DP ranks first, then EP ranks): to break and mend links.
+  Transport* transport(int peer) const { return transports_[peer].get(); }
 
  private:
   struct DpRank {

@@ -6,9 +6,11 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "dataplane/dispatch/wire.h"
 #include "gtest/gtest.h"
 #include "model/engine.h"
@@ -683,6 +685,76 @@ TEST(Disagg, DpRankThatAbandonsAStepHoldsUpNoneOfItsLaterRounds) {
   ASSERT_TRUE(r.dp1.ok()) << r.dp1;
   ASSERT_TRUE(r.dp0.ok()) << r.dp0;
   EXPECT_LT(r.dp0_error, 1e-6);
+}
+
+TEST(Disagg, StepExchangeFailingOnADpRankJustBackInTheViewIsRunAgain) {
+  // A DP rank that was out of the router's view (frozen, partitioned) and is back in it may not
+  // be reachable or stepping yet: its step thread can still be waiting out the step it was
+  // stuck in. A step exchange that fails on such a rank within
+  // AttentionStepLoop::kStepExchangeRetryWindow of its return is run again, and its requests
+  // keep their state. Here DP rank 0's view has rank 1 back while the link between the two
+  // is down and rank 1's step thread is held; both come back only once rank 0 has run its
+  // step again, and the request then ends as the single-process engine's.
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  const std::vector<GenerationRequest> requests = Requests(1, 6, 4096);
+  auto engine = LocalEngine::Load(dir);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto reference = (*engine)->GenerateBatch(requests);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  absl::Notification rank1_may_step;
+  testing::ClusterOptions options;
+  options.held = true;
+  options.on_step_thread_start = [&rank1_may_step](int rank, AttentionStepLoop* loop) {
+    if (rank == 0) {
+      loop->set_dp_ranks({true, false}, 1);
+      loop->set_dp_ranks({true, true}, 2);  // DP rank 1 registered again: back in view 2
+    } else {
+      rank1_may_step.WaitForNotificationWithTimeout(absl::Seconds(120));
+    }
+  };
+  // The expert rank's view is the one rank 0's steps are planned in (the router sends it to
+  // every rank).
+  options.on_serve_thread_start = [](int, ExpertStepServer* server) {
+    server->set_dp_view({true, true}, {false, false}, 2);
+  };
+  InprocCluster cluster(dir, 2, Placement::Contiguous(16, 1), options);
+  // Declared after the cluster, so gone first: rank 1's thread is never left held.
+  struct Unhold {
+    absl::Notification* n;
+    ~Unhold() {
+      if (!n->HasBeenNotified()) n->Notify();
+    }
+  } unhold{&rank1_may_step};
+  cluster.transport(0)->Disconnect(1);
+  std::vector<std::shared_ptr<ResultSink>> sinks = {std::make_shared<ResultSink>()};
+  ASSERT_TRUE(cluster.Submit(0, 0, requests[0], sinks[0]).ok());
+  cluster.Release();
+  const AttentionCounters& dp0 = cluster.attention_counters(0);
+  const absl::Time bound = absl::Now() + absl::Seconds(60);
+  while (dp0.retried_steps.load() == 0 && absl::Now() < bound) {
+    {
+      std::lock_guard<std::mutex> lock(sinks[0]->mu);
+      if (sinks[0]->done) break;  // failed instead of run again
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  {
+    std::lock_guard<std::mutex> lock(sinks[0]->mu);
+    ASSERT_FALSE(sinks[0]->done) << "the step failed instead of being run again: "
+                                 << sinks[0]->status;
+  }
+  ASSERT_GT(dp0.retried_steps.load(), 0) << "DP rank 0 never ran its step again";
+  ASSERT_TRUE(cluster.transport(0)->Connect(1, cluster.transport(1)->LocalAddress()).ok());
+  ASSERT_TRUE(cluster.transport(1)->Connect(0, cluster.transport(0)->LocalAddress()).ok());
+  rank1_may_step.Notify();
+  ASSERT_TRUE(InprocCluster::WaitSinksDone(sinks, absl::Now() + absl::Seconds(120)))
+      << "the request did not end";
+  ASSERT_TRUE(sinks[0]->status.ok()) << sinks[0]->status;
+  EXPECT_EQ(sinks[0]->tokens, (*reference)[0].tokens);
+  // Every failed step of DP rank 0 was one it ran again.
+  EXPECT_EQ(dp0.failed_steps.load(), dp0.retried_steps.load());
+  EXPECT_GT(cluster.attention_counters(1).steps.load(), 0);
 }
 
 }  // namespace
