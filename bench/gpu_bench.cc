@@ -840,6 +840,9 @@ Tensor RandomFp8Weight(Backend* b, int64_t n, int64_t k, uint64_t seed) {
 // - The experts' grouped SwiGLU FFN (128 experts, hidden 2048, inter 768, top-8, the pairs
 //   spread evenly), 16 to 16384 tokens: bf16 against FP8 (CUTLASS's FP8 grouped GEMMs with the
 //   quantization passes).
+// - [fp8-qkv-graph]: a layer's q, k and v (Linears) recorded in a graph as a decode step
+//   runs them, bf16 beside FP8 with k and v on side streams (the default) and on one stream
+//   (DXS_CUDA_FP8_SIDE_STREAMS=off) (QkvGraphBench).
 // - [fp8-lt-order]: cuBLASLt's FP8 matmul alone in dxs's operand order and swapped
 //   (Fp8LtOperandOrders), at 16 to 256 rows.
 // Weights are random (FP8: random bytes and scales), never zeros.
@@ -897,6 +900,55 @@ void Fp8FfnProfile(Backend* b, const Profile& profile) {
     BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu, dn, &y));  // warm-up: tables, workspaces
     BENCH_CHECK(b->Synchronize());
     profile.Once("ffn", [&] { BENCH_CHECK(b->GroupedSwiGlu(xs, nullptr, off, gu, dn, &y)); });
+  }
+}
+
+// --fp8's [fp8-qkv-graph]: Qwen3-30B-A3B's q, k and v (4096, 512 and 512 rows of 2048) on one
+// x, kReps Linears calls recorded in one graph and replayed (no host work in the times, as
+// in a decode step), us per call: bf16 weights, FP8 weights, and FP8 on a backend without the
+// side streams.
+void QkvGraphBench(Backend* b, bool quick, Report* report) {
+  std::unique_ptr<Backend> one_stream = BackendWith({{"DXS_CUDA_FP8_SIDE_STREAMS", "off"}});
+  constexpr int64_t kHidden = 2048;
+  const int64_t rows[3] = {4096, 512, 512};
+  constexpr int kReps = 20;
+  auto time = [&](Backend* be, bool fp8, int64_t m) {
+    std::vector<Tensor> w, y;
+    for (int i = 0; i < 3; ++i) {
+      w.push_back(fp8 ? RandomFp8Weight(be, rows[i], kHidden, 31 + i)
+                      : RandomTensor(be, {rows[i], kHidden}, 31 + i, 0.05));
+      y.push_back(Must(be->Allocate({m, rows[i]}, DType::kBF16), "y"));
+    }
+    const Tensor x = RandomTensor(be, {m, kHidden}, 37, 1.0);
+    Tensor unused;
+    CapturedGraph graph = Must(
+        be->CaptureGraph(
+            [&]() -> absl::StatusOr<Tensor> {
+              for (int r = 0; r < kReps; ++r) {
+                DXS_RETURN_IF_ERROR(be->Linears(x, {&w[0], &w[1], &w[2]}, {&y[0], &y[1], &y[2]}));
+              }
+              return y[0];
+            },
+            &unused),
+        "q/k/v graph");
+    return 1e3 / kReps * TimeMs(CudaStreamOf(be), 2, quick ? 5 : 15, [&] {
+             BENCH_CHECK(be->Replay(graph.graph.get()));
+           });
+  };
+  std::printf(
+      "\n[fp8-qkv-graph] q, k, v of one x in a graph (4096, 512, 512 rows of 2048), us a call\n");
+  std::printf("  %6s %9s %9s %11s %9s %11s\n", "m", "bf16", "fp8", "fp8 1-strm", "fp8/bf16",
+              "1-strm/fp8");
+  for (int64_t m : {1, 8, 32, 128}) {
+    const double bf16_us = time(b, false, m), fp8_us = time(b, true, m),
+                 one_us = time(one_stream.get(), true, m);
+    std::printf("  %6ld %9.2f %9.2f %11.2f %9.2f %11.2f\n", static_cast<long>(m), bf16_us, fp8_us,
+                one_us, bf16_us / fp8_us, one_us / fp8_us);
+    report->Add({{"section", "fp8_qkv_graph"},
+                 {"m", m},
+                 {"bf16_us", bf16_us},
+                 {"fp8_us", fp8_us},
+                 {"fp8_one_stream_us", one_us}});
   }
 }
 
@@ -1138,6 +1190,7 @@ void Fp8Benches(const Rates& rates, bool quick, const Profile& profile, Report* 
                  {"fp8_us", fp8_us},
                  {"fp8_gemm_us", gemm_us}});
   }
+  QkvGraphBench(b.get(), quick, report);
   // Last: it drives cuBLASLt directly with operand orders dxs does not use.
   Fp8LtOperandOrders(b.get(), quick, report);
 }

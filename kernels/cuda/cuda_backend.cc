@@ -211,7 +211,8 @@ absl::Status CudaBackend::Init() {
       fp8_grouped_gemm_ = cutlass_runs;
     }
   }
-  if (fp8_weights_) {
+  DXS_ASSIGN_OR_RETURN(const bool side_streams, AutoOrOff(tunables::kCudaFp8SideStreams));
+  if (fp8_weights_ && side_streams) {
     DXS_RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&fp8_fork_, cudaEventDisableTiming),
                                    "cuda backend: fp8 side streams"));
     for (SideStream& side : fp8_side_) {

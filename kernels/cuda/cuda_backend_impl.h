@@ -341,7 +341,7 @@ class CudaBackend final : public Backend {
   // batches their matmuls fill 4 of the SMs each (a 512-row weight in 128-row tiles), so they
   // run beside q's rather than after it. Each has its own cuBLASLt workspace; the fork and
   // the joins are events on stream_, so a recorded graph holds them as parallel branches.
-  // Made with the FP8 weights.
+  // Made with the FP8 weights unless DXS_CUDA_FP8_SIDE_STREAMS=off (fp8_fork_ null then).
   struct SideStream {
     cudaStream_t stream = nullptr;
     cudaEvent_t done = nullptr;

@@ -101,9 +101,12 @@ absl::Status CudaBackend::LinearsFp8Gemm(const Tensor& x, const std::vector<cons
   if (x.rows() == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("linears"));
   DXS_ASSIGN_OR_RETURN(Fp8Activations q, QuantizeForGemmFp8(x));
-  // The first weight on stream_, up to fp8_side_.size() more beside it, the rest after it.
-  const size_t sides = std::min(ws.size() - 1, fp8_side_.size());
-  DXS_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(fp8_fork_, stream_), "linears (fp8): fork"));
+  // The first weight on stream_, up to fp8_side_.size() more beside it (none with
+  // DXS_CUDA_FP8_SIDE_STREAMS=off: no streams were made), the rest after it.
+  const size_t sides = fp8_fork_ == nullptr ? 0 : std::min(ws.size() - 1, fp8_side_.size());
+  if (sides > 0) {
+    DXS_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(fp8_fork_, stream_), "linears (fp8): fork"));
+  }
   std::vector<Tensor> scratch(ws.size());
   absl::Status status;
   size_t forked = 0;

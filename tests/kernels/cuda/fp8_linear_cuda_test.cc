@@ -104,17 +104,20 @@ class Fp8LinearTest : public ::testing::Test {
     return y;
   }
 
-  // Three FP8 weights sharing k (a layer's q, k and v in small), on the GPU.
-  void MakeQkv(uint32_t seed, std::vector<Fp8Weight>* hw, std::vector<Tensor>* wt) {
+  // Three FP8 weights sharing k (a layer's q, k and v in small), on `b`.
+  void MakeQkv(uint32_t seed, Backend* b, std::vector<Fp8Weight>* hw, std::vector<Tensor>* wt) {
     const int64_t k = 512;
     *hw = {MakeWeight(384, k, seed), MakeWeight(128, k, seed + 1), MakeWeight(256, k, seed + 2)};
     for (const Fp8Weight& w : *hw) {
       absl::StatusOr<Tensor> t =
-          MakeBlockScaledWeight(w.bytes.data(), w.scales.data(), {w.n, w.k}, gpu_.get());
+          MakeBlockScaledWeight(w.bytes.data(), w.scales.data(), {w.n, w.k}, b);
       ASSERT_TRUE(t.ok()) << t.status();
       wt->push_back(*t);
     }
   }
+
+  // LinearsEqualEachLinear on one backend.
+  void LinearsEqualEachLinearOn(Backend* be);
 
   std::unique_ptr<Backend> gpu_;
 };
@@ -195,30 +198,42 @@ TEST_F(Fp8LinearTest, RowsOfWholeBlocksKeepTheirScales) {
 // feature, lane order and tree); past them, one quantization of x for the three and a
 // cuBLASLt matmul each, again the bits of each Linear alone (the same quantized x and plan).
 TEST_F(Fp8LinearTest, LinearsEqualEachLinear) {
+  // On the default backend (k and v on side streams past the GEMV) and on one without them.
+  setenv("DXS_CUDA_FP8_SIDE_STREAMS", "off", 1);
+  absl::StatusOr<std::unique_ptr<Backend>> one_stream = MakeBackend("cuda");
+  unsetenv("DXS_CUDA_FP8_SIDE_STREAMS");
+  ASSERT_TRUE(one_stream.ok()) << one_stream.status();
+  for (Backend* b : {gpu_.get(), one_stream->get()}) {
+    SCOPED_TRACE(b == gpu_.get() ? "side streams" : "DXS_CUDA_FP8_SIDE_STREAMS=off");
+    LinearsEqualEachLinearOn(b);
+  }
+}
+
+void Fp8LinearTest::LinearsEqualEachLinearOn(Backend* be) {
   std::vector<Fp8Weight> hw;
   std::vector<Tensor> wt;
-  ASSERT_NO_FATAL_FAILURE(MakeQkv(21, &hw, &wt));
+  ASSERT_NO_FATAL_FAILURE(MakeQkv(21, be, &hw, &wt));
   const int64_t k = hw[0].k;
   for (int64_t m : {1, 5, 8, 9, 64}) {
     for (DType y_dtype : {DType::kF32, DType::kBF16}) {
       SCOPED_TRACE(::testing::Message() << "m " << m << " y " << DTypeName(y_dtype));
       const std::vector<float> x = RandomBf16(m * k, 30 + m);
-      Tensor xt = *gpu_->Allocate({m, k}, DType::kBF16);
-      ASSERT_TRUE(gpu_->CopyFromHost(x.data(), DType::kF32, &xt).ok());
+      Tensor xt = *be->Allocate({m, k}, DType::kBF16);
+      ASSERT_TRUE(be->CopyFromHost(x.data(), DType::kF32, &xt).ok());
       std::vector<Tensor> together, alone;
       for (const Fp8Weight& w : hw) {
-        together.push_back(*gpu_->Allocate({m, w.n}, y_dtype));
-        alone.push_back(*gpu_->Allocate({m, w.n}, y_dtype));
-        ASSERT_TRUE(gpu_->Fill(&together.back(), NAN).ok());
+        together.push_back(*be->Allocate({m, w.n}, y_dtype));
+        alone.push_back(*be->Allocate({m, w.n}, y_dtype));
+        ASSERT_TRUE(be->Fill(&together.back(), NAN).ok());
       }
       const absl::Status s =
-          gpu_->Linears(xt, {&wt[0], &wt[1], &wt[2]}, {&together[0], &together[1], &together[2]});
+          be->Linears(xt, {&wt[0], &wt[1], &wt[2]}, {&together[0], &together[1], &together[2]});
       ASSERT_TRUE(s.ok()) << s;
       for (size_t i = 0; i < hw.size(); ++i) {
-        ASSERT_TRUE(gpu_->Linear(xt, wt[i], nullptr, &alone[i]).ok());
+        ASSERT_TRUE(be->Linear(xt, wt[i], nullptr, &alone[i]).ok());
         std::vector<float> a(m * hw[i].n), b(m * hw[i].n);
-        ASSERT_TRUE(gpu_->CopyToHost(together[i], DType::kF32, a.data()).ok());
-        ASSERT_TRUE(gpu_->CopyToHost(alone[i], DType::kF32, b.data()).ok());
+        ASSERT_TRUE(be->CopyToHost(together[i], DType::kF32, a.data()).ok());
+        ASSERT_TRUE(be->CopyToHost(alone[i], DType::kF32, b.data()).ok());
         EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "output " << i;
         if (m <= 8) {
           EXPECT_LT(RelError(a, Reference(x, m, hw[i])), y_dtype == DType::kF32 ? 1e-4 : 4.1e-3)
@@ -237,7 +252,7 @@ TEST_F(Fp8LinearTest, LinearsInAGraphEqualEachLinear) {
   if (!gpu_->SupportsGraphs()) GTEST_SKIP() << "no graphs on this backend";
   std::vector<Fp8Weight> hw;
   std::vector<Tensor> wt;
-  ASSERT_NO_FATAL_FAILURE(MakeQkv(41, &hw, &wt));
+  ASSERT_NO_FATAL_FAILURE(MakeQkv(41, gpu_.get(), &hw, &wt));
   const int64_t k = hw[0].k;
   for (int64_t m : {37, 64}) {
     SCOPED_TRACE(::testing::Message() << "m " << m);
