@@ -398,11 +398,16 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
   // ranks that disagree on who is live.
   bool exchange_lost_dp = !plan.ok() && absl::IsAborted(outcome);
   const absl::Time failed_at = absl::Now();
-  for (int r = 0;
-       !plan.ok() && absl::IsUnavailable(outcome) && r < static_cast<int>(dp_peers_.size()); ++r) {
+  // UNAVAILABLE: a link failed; DEADLINE_EXCEEDED: a peer's step message did not come.
+  const bool exchange_unanswered =
+      !plan.ok() && (absl::IsUnavailable(outcome) || absl::IsDeadlineExceeded(outcome));
+  for (int r = 0; exchange_unanswered && r < static_cast<int>(dp_peers_.size()); ++r) {
     if (r == dp_rank_) continue;
-    if (transport_->PeerDeclaredDead(dp_peers_[r])) exchange_lost_dp = true;
-    // A peer back in the view within the window may not have sent its first step message yet.
+    if (absl::IsUnavailable(outcome) && transport_->PeerDeclaredDead(dp_peers_[r])) {
+      exchange_lost_dp = true;
+    }
+    // A peer back in the view within the window may be unreachable still, or its step thread
+    // still waiting out the step it was stuck in, so its first step message is late.
     if (DpLive(r) && r < static_cast<int>(dp_back_at_.size()) &&
         failed_at - dp_back_at_[r] < kStepExchangeRetryWindow) {
       exchange_lost_dp = true;

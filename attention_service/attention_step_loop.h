@@ -146,10 +146,11 @@ class AttentionStepLoop {
     dp_view_ = view;
   }
   // How long a step whose step exchange failed with UNAVAILABLE (a DP peer the router has
-  // DEAD, or its connection failed, or one back within this window) or ABORTED (the DP ranks'
-  // views of who is live differ) is run again before its requests fail: nothing of it was
-  // computed, and the next view takes the dead rank out (its lease, 3 s by default), the
-  // returning rank's step thread catches up, or the views come together.
+  // DEAD, or its connection failed), UNAVAILABLE or DEADLINE_EXCEEDED on a DP peer back in the
+  // view within this window, or ABORTED (the DP ranks' views of who is live differ) is run
+  // again before its requests fail: nothing of it was computed, and the next view takes the
+  // dead rank out (its lease, 3 s by default), the returning rank's step thread catches up,
+  // or the views come together.
   static constexpr absl::Duration kStepExchangeRetryWindow = absl::Seconds(10);
 
  private:

@@ -687,14 +687,14 @@ TEST(Disagg, DpRankThatAbandonsAStepHoldsUpNoneOfItsLaterRounds) {
   EXPECT_LT(r.dp0_error, 1e-6);
 }
 
-TEST(Disagg, StepExchangeFailingOnADpRankJustBackInTheViewIsRunAgain) {
-  // A DP rank that was out of the router's view (frozen, partitioned) and is back in it may not
-  // be reachable or stepping yet: its step thread can still be waiting out the step it was
-  // stuck in. A step exchange that fails on such a rank within
-  // AttentionStepLoop::kStepExchangeRetryWindow of its return is run again, and its requests
-  // keep their state. Here DP rank 0's view has rank 1 back while the link between the two
-  // is down and rank 1's step thread is held; both come back only once rank 0 has run its
-  // step again, and the request then ends as the single-process engine's.
+// A DP rank that was out of the router's view (frozen, partitioned) and is back in it may not
+// be reachable or stepping yet: its step thread can still be waiting out the step it was stuck
+// in. A step exchange that fails on such a rank within
+// AttentionStepLoop::kStepExchangeRetryWindow of its return is run again, and its requests
+// keep their state. Here DP rank 0's view has rank 1 back while rank 1's step thread is held,
+// and with `link_down` the link between the two is down too; both come back only once rank 0
+// has run its step again, and the request then ends as the single-process engine's.
+void ExpectStepRunAgainUntilTheReturningDpRankSteps(bool link_down) {
   TempDir tmp;
   const std::string dir = testing::WritePreset(tmp, "default");
   const std::vector<GenerationRequest> requests = Requests(1, 6, 4096);
@@ -726,7 +726,7 @@ TEST(Disagg, StepExchangeFailingOnADpRankJustBackInTheViewIsRunAgain) {
       if (!n->HasBeenNotified()) n->Notify();
     }
   } unhold{&rank1_may_step};
-  cluster.transport(0)->Disconnect(1);
+  if (link_down) cluster.transport(0)->Disconnect(1);
   std::vector<std::shared_ptr<ResultSink>> sinks = {std::make_shared<ResultSink>()};
   ASSERT_TRUE(cluster.Submit(0, 0, requests[0], sinks[0]).ok());
   cluster.Release();
@@ -745,8 +745,10 @@ TEST(Disagg, StepExchangeFailingOnADpRankJustBackInTheViewIsRunAgain) {
                                  << sinks[0]->status;
   }
   ASSERT_GT(dp0.retried_steps.load(), 0) << "DP rank 0 never ran its step again";
-  ASSERT_TRUE(cluster.transport(0)->Connect(1, cluster.transport(1)->LocalAddress()).ok());
-  ASSERT_TRUE(cluster.transport(1)->Connect(0, cluster.transport(0)->LocalAddress()).ok());
+  if (link_down) {
+    ASSERT_TRUE(cluster.transport(0)->Connect(1, cluster.transport(1)->LocalAddress()).ok());
+    ASSERT_TRUE(cluster.transport(1)->Connect(0, cluster.transport(0)->LocalAddress()).ok());
+  }
   rank1_may_step.Notify();
   ASSERT_TRUE(InprocCluster::WaitSinksDone(sinks, absl::Now() + absl::Seconds(120)))
       << "the request did not end";
@@ -755,6 +757,17 @@ TEST(Disagg, StepExchangeFailingOnADpRankJustBackInTheViewIsRunAgain) {
   // Every failed step of DP rank 0 was one it ran again.
   EXPECT_EQ(dp0.failed_steps.load(), dp0.retried_steps.load());
   EXPECT_GT(cluster.attention_counters(1).steps.load(), 0);
+}
+
+TEST(Disagg, StepExchangeFailingOnADpRankJustBackInTheViewIsRunAgain) {
+  // The link to the returning rank down: the exchange fails with UNAVAILABLE at once.
+  ExpectStepRunAgainUntilTheReturningDpRankSteps(/*link_down=*/true);
+}
+
+TEST(Disagg, StepExchangeTimingOutOnADpRankJustBackInTheViewIsRunAgain) {
+  // The link up, the returning rank silent: the exchange waits out the step timeout (5 s
+  // here) and fails with DEADLINE_EXCEEDED.
+  ExpectStepRunAgainUntilTheReturningDpRankSteps(/*link_down=*/false);
 }
 
 }  // namespace
