@@ -13,6 +13,27 @@ def short(name, width=60):
     return name if len(name) <= width else name[: width - 3] + "..."
 
 
+def part_of(name):
+    """A decode step's part a kernel belongs to, for the per-part line: the experts' grouped
+    GEMMs (CUTLASS), the dense projections (cuBLAS/cuBLASLt's nvjet kernels, their split-k
+    reduction, FP8 Linear's activation quantization), attention (FlashInfer), the lm_head
+    (the vocabulary-wide nvjet GEMM) and the rest (norms, router, top-k, sort, the FFN's other
+    passes). The router's GEMM (n = 128: nvjet "64x8" tiles) counts as the rest; the names
+    are cuBLAS's picks at batch 32 and 128 (H100), and at up to 8 rows the projections and the
+    lm_head are gemv.cu's kernels, all in the rest."""
+    if "tss_384x32" in name or "tss_192x128" in name:
+        return "lm_head"
+    if "cutlass::device_kernel" in name:
+        return "experts"
+    if "tss_64x8" in name:
+        return "rest"
+    if "nvjet" in name or "splitKreduce" in name or "QuantizeActivationsFp8" in name:
+        return "dense"
+    if "flashinfer" in name:
+        return "attention"
+    return "rest"
+
+
 def summarise(path):
     with open(path) as f:
         lines = f.read().splitlines()
@@ -57,6 +78,11 @@ def summarise(path):
     print(f"  -- {len(body)} kernels, {total_us:.1f} us in all; per name:")
     for name, (n, us, mb) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
         print(f"  {name:60s} x{n:<4d} {us:9.1f} us {100 * us / total_us:5.1f}%  {mb:9.2f} MB")
+    parts = OrderedDict((k, 0.0) for k in ("experts", "dense", "attention", "lm_head", "rest"))
+    for r in body:
+        parts[part_of(r[col["Kernel Name"]])] += num(r, "gpu__time_duration.sum") * scale
+    print("  -- per part (us): " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()) +
+          f"; all but the lm_head {total_us - parts['lm_head']:.1f}")
 
 
 for p in sys.argv[1:]:
