@@ -109,18 +109,18 @@ absl::Status CudaBackend::LinearsFp8Gemm(const Tensor& x, const std::vector<cons
   }
   std::vector<Tensor> scratch(ws.size());
   absl::Status status;
-  size_t forked = 0;
-  for (; forked < sides && status.ok(); ++forked) {
-    const SideStream& side = fp8_side_[forked];
-    status = CudaStatus(cudaStreamWaitEvent(side.stream, fp8_fork_, 0), "linears (fp8): fork");
-    if (status.ok()) {
-      status = MatmulFp8(q, *ws[forked + 1], ys[forked + 1], side.stream, side.workspace,
-                         &scratch[forked + 1]);
-    }
-  }
+  size_t forked = 0;  // side streams that wait on the fork: each is joined below
   for (size_t i = 0; i < ws.size() && status.ok(); ++i) {
-    if (i >= 1 && i <= sides) continue;
-    status = MatmulFp8(q, *ws[i], ys[i], stream_, cublas_workspace_, &scratch[i]);
+    cudaStream_t stream = stream_;
+    const Tensor* workspace = &cublas_workspace_;
+    if (i >= 1 && i <= sides) {
+      const SideStream& side = fp8_side_[i - 1];
+      status = CudaStatus(cudaStreamWaitEvent(side.stream, fp8_fork_, 0), "linears (fp8): fork");
+      forked = i;
+      stream = side.stream;
+      workspace = &side.workspace;
+    }
+    if (status.ok()) status = MatmulFp8(q, *ws[i], ys[i], stream, *workspace, &scratch[i]);
   }
   // Joined whatever happened: a recording stream must not end with a branch left open.
   for (size_t i = 0; i < forked; ++i) {
