@@ -27,7 +27,7 @@
 //     ffn: one bf16 and one FP8 grouped FFN call at --batch tokens, nothing else timed).
 //   --fp8-decode: only [rates] and [decode-fp8]: the whole model's decode and prefill with
 //     bf16 weights, then with FP8 projections (with --profile decode: the FP8 decode step
-//     alone, at --batch).
+//     alone, at --batch; with --profile prefill: the FP8 engine's 4096-token prompt alone).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
@@ -50,7 +50,6 @@
 #include "common/status_macros.h"
 #include "dataplane/low_latency/cuda/cuda_low_latency_exchange.h"
 #include "kernels/backend.h"
-#include "kernels/cuda/cublas_loader.h"
 #include "kernels/cuda/cuda_backend.h"
 #if DXS_HAVE_FLASHINFER
 #include "kernels/cuda/flashinfer_attention.cuh"
@@ -843,8 +842,8 @@ Tensor RandomFp8Weight(Backend* b, int64_t n, int64_t k, uint64_t seed) {
 // - [fp8-qkv-graph]: a layer's q, k and v (Linears) recorded in a graph as a decode step
 //   runs them, bf16 beside FP8 with k and v on side streams (the default) and on one stream
 //   (DXS_CUDA_FP8_SIDE_STREAMS=off) (QkvGraphBench).
-// - [fp8-lt-order]: cuBLASLt's FP8 matmul alone in dxs's operand order and swapped
-//   (Fp8LtOperandOrders), at 16 to 256 rows.
+// - [fp8-gemv-features]: the FP8 dense GEMV at 1-8 rows with 1, 2 and 4 output features a
+//   warp (Fp8GemvFeatures).
 // Weights are random (FP8: random bytes and scales), never zeros.
 // [fp8-ffn]'s experts: Qwen3-30B-A3B's shape.
 constexpr int64_t kFfnExperts = 128, kFfnHidden = 2048, kFfnInter = 768, kFfnTopK = 8;
@@ -952,132 +951,63 @@ void QkvGraphBench(Backend* b, bool quick, Report* report) {
   }
 }
 
-// --fp8's [fp8-lt-order]: cuBLASLt's block-scaled FP8 matmul alone (x already quantized) at
-// decode-step rows, in three operand orders, to see whether the order is what makes it slower
-// than bf16 cuBLAS at 16-256 rows ([fp8-linear]):
-// - "w,x": dxs's order (fp8_linear.cc): A = the weight (k x n, 128x128 block scales), B = x
-//   (k x m, 1x128 scales), D = y^T column-major, which is y row-major;
-// - "x,w col": swapped, as PyTorch's _scaled_mm takes them (A = x with 1x128 scales, B = the
-//   weight with 128x128 blocks): D column-major is y transposed (a transpose would follow);
-// - "x,w row": swapped with D row-ordered (CUBLASLT_ORDER_ROW), which is y itself.
-// "-" where cuBLASLt has no algorithm or refuses the call. Values and scales are random: it
-// times, it does not check (the scales' layouts of the swapped orders are not dxs's).
-// One cuBLASLt FP8 matmul's time (us per call) in operand order `order` (0 "w,x", 1 "x,w col",
-// 2 "x,w row"), or -1 where cuBLASLt has no algorithm or refuses the call.
-struct LtOperands {
-  const Tensor *w, *x, *x_scales;
-  Tensor* y;
-  int64_t m, n, k;
-};
-double TimeLtOrder(const CublasLtApi& lt, cublasLtHandle_t handle, const LtOperands& o, int order,
-                   const Tensor& ws, cudaStream_t stream, bool quick) {
-  const bool swapped = order > 0;
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
-  lt.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
-  const cublasLtMatmulMatrixScale_t blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
-                                    vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-  const void* a_scales = swapped ? o.x_scales->raw() : o.w->block_scales()->raw();
-  const void* b_scales = swapped ? o.w->block_scales()->raw() : o.x_scales->raw();
-  lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t));
-  lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n));
-  lt.desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, swapped ? &vec : &blk, sizeof(blk));
-  lt.desc_set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, swapped ? &blk : &vec, sizeof(blk));
-  lt.desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales, sizeof(a_scales));
-  lt.desc_set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof(b_scales));
-  const int64_t rows_a = swapped ? o.m : o.n, rows_b = swapped ? o.n : o.m;
-  lt.layout_create(&la, CUDA_R_8F_E4M3, o.k, rows_a, o.k);
-  lt.layout_create(&lb, CUDA_R_8F_E4M3, o.k, rows_b, o.k);
-  if (order == 2) {
-    lt.layout_create(&ld, CUDA_R_16BF, o.m, o.n, o.n);
-    const cublasLtOrder_t row = CUBLASLT_ORDER_ROW;
-    lt.layout_set(ld, CUBLASLT_MATRIX_LAYOUT_ORDER, &row, sizeof(row));
-  } else {
-    lt.layout_create(&ld, CUDA_R_16BF, rows_a, rows_b, rows_a);
-  }
-  cublasLtMatmulPreference_t pref = nullptr;
-  lt.pref_create(&pref);
-  const size_t ws_bytes = ws.num_bytes();
-  lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t h = lt.heuristic(handle, desc, la, lb, ld, ld, pref, 1, &result, &found);
-  lt.pref_destroy(pref);
-  const void* a_ptr = swapped ? o.x->raw() : o.w->raw();
-  const void* b_ptr = swapped ? o.w->raw() : o.x->raw();
-  const float alpha = 1.f, beta = 0.f;
-  auto call = [&] {
-    return lt.matmul(handle, desc, &alpha, a_ptr, la, b_ptr, lb, &beta, o.y->raw(), ld, o.y->raw(),
-                     ld, &result.algo, ws.raw(), ws_bytes, stream);
-  };
-  double us = -1;
-  if (h == CUBLAS_STATUS_SUCCESS && found > 0 && call() == CUBLAS_STATUS_SUCCESS) {
-    constexpr int kCalls = 20;
-    us = 1e3 / kCalls * TimeMs(stream, 2, quick ? 5 : 15, [&] {
-           for (int i = 0; i < kCalls; ++i) (void)call();
-         });
-  }
-  lt.layout_destroy(ld);
-  lt.layout_destroy(lb);
-  lt.layout_destroy(la);
-  lt.desc_destroy(desc);
-  return us;
-}
-
-void Fp8LtOperandOrders(Backend* b, bool quick, Report* report) {
-  absl::StatusOr<const CublasLtApi*> loaded = LoadCublasLt();
-  if (!loaded.ok()) {
-    std::printf("\n[fp8-lt-order] skipped: %s\n", loaded.status().ToString().c_str());
-    return;
-  }
-  const CublasLtApi& lt = **loaded;
-  cublasLtHandle_t handle = nullptr;
-  if (lt.create(&handle) != CUBLAS_STATUS_SUCCESS) {
-    std::printf("\n[fp8-lt-order] skipped: cublasLtCreate failed\n");
-    return;
-  }
-  const Tensor ws = Must(b->Allocate({(32 << 20) / 4}, DType::kF32), "workspace");
-  cudaStream_t stream = CudaStreamOf(b);
-  std::printf("\n[fp8-lt-order] cuBLASLt FP8 matmul alone, us per call (\"-\": no algorithm)\n");
-  std::printf("  %-8s %6s %9s %9s %9s\n", "weight", "m", "w,x", "x,w col", "x,w row");
+// --fp8's [fp8-gemv-features]: the FP8 dense GEMV (LaunchGemvsFp8) at 1 to 8 rows with 1, 2
+// and 4 output features a warp (DXS_CUDA_GEMV_FP8_FEATURES, a backend each), eager, us per
+// call: q_proj and o_proj by Linear, q, k and v by Linears (one launch for the three).
+void Fp8GemvFeatures(bool quick, Report* report) {
+  const char* const kCounts[] = {"1", "2", "4"};
+  std::unique_ptr<Backend> bs[3];
+  for (int i = 0; i < 3; ++i) bs[i] = BackendWith({{"DXS_CUDA_GEMV_FP8_FEATURES", kCounts[i]}});
+  std::printf("\n[fp8-gemv-features] FP8 GEMV, output features a warp; us per call\n");
+  std::printf("  %-8s %6s %9s %9s %9s %9s %9s\n", "weight", "m", "1", "2", "4", "1/2", "1/4");
   struct Shape {
     const char* name;
-    int64_t n, k;
+    std::vector<int64_t> ns;  // several: Linears of one x
+    int64_t k;
   };
-  constexpr int64_t kMaxRows = 256;
-  std::vector<int64_t> ms = {16, 32, 64, 128, 256};
-  if (quick) ms = {32, 128};
-  for (const Shape& s : {Shape{"q_proj", 4096, 2048}, Shape{"o_proj", 2048, 4096}}) {
-    const Tensor w = RandomFp8Weight(b, s.n, s.k, 21);
-    const Tensor x = RandomFp8Weight(b, kMaxRows, s.k, 22);
-    const Tensor x_scales = RandomTensor(b, {s.k / 128, kMaxRows}, 23, 1e-3, DType::kF32);
-    Tensor y = Must(b->Allocate({kMaxRows, s.n}, DType::kBF16), "y");
-    for (int64_t m : ms) {
-      const LtOperands o{&w, &x, &x_scales, &y, m, s.n, s.k};
+  constexpr int kCalls = 20;
+  for (const Shape& s : {Shape{"q_proj", {4096}, 2048}, Shape{"o_proj", {2048}, 4096},
+                         Shape{"q,k,v", {4096, 512, 512}, 2048}}) {
+    std::vector<Tensor> ws[3];
+    for (int i = 0; i < 3; ++i) {
+      for (size_t j = 0; j < s.ns.size(); ++j) {
+        ws[i].push_back(RandomFp8Weight(bs[i].get(), s.ns[j], s.k, 31 + j));
+      }
+    }
+    for (int64_t m = 1; m <= 8; ++m) {
+      if (quick && m != 1 && m != 2 && m != 4 && m != 8) continue;
       double us[3];
-      for (int order = 0; order < 3; ++order) {
-        us[order] = TimeLtOrder(lt, handle, o, order, ws, stream, quick);
-      }
-      BENCH_CHECK(b->Synchronize());
-      std::printf("  %-8s %6ld", s.name, static_cast<long>(m));
-      for (double u : us) {
-        if (u < 0) {
-          std::printf(" %9s", "-");
-        } else {
-          std::printf(" %9.2f", u);
+      for (int i = 0; i < 3; ++i) {
+        Backend* be = bs[i].get();
+        const Tensor x = RandomTensor(be, {m, s.k}, 33, 1.0);
+        std::vector<Tensor> ys;
+        std::vector<Tensor*> y_ptrs;
+        std::vector<const Tensor*> w_ptrs;
+        for (size_t j = 0; j < s.ns.size(); ++j) {
+          ys.push_back(Must(be->Allocate({m, s.ns[j]}, DType::kBF16), "y"));
+          w_ptrs.push_back(&ws[i][j]);
         }
+        for (Tensor& y : ys) y_ptrs.push_back(&y);
+        us[i] = 1e3 / kCalls * TimeMs(CudaStreamOf(be), 2, quick ? 5 : 15, [&] {
+                  for (int c = 0; c < kCalls; ++c) {
+                    if (ys.size() == 1) {
+                      BENCH_CHECK(be->Linear(x, *w_ptrs[0], nullptr, y_ptrs[0]));
+                    } else {
+                      BENCH_CHECK(be->Linears(x, w_ptrs, y_ptrs));
+                    }
+                  }
+                });
       }
-      std::printf("\n");
-      report->Add({{"section", "fp8_lt_order"},
+      std::printf("  %-8s %6ld %9.2f %9.2f %9.2f %9.2f %9.2f\n", s.name, static_cast<long>(m),
+                  us[0], us[1], us[2], us[0] / us[1], us[0] / us[2]);
+      report->Add({{"section", "fp8_gemv_features"},
                    {"weight", s.name},
                    {"m", m},
-                   {"wx_us", us[0]},
-                   {"xw_col_us", us[1]},
-                   {"xw_row_us", us[2]}});
+                   {"features1_us", us[0]},
+                   {"features2_us", us[1]},
+                   {"features4_us", us[2]}});
     }
   }
-  lt.destroy(handle);
 }
 
 void Fp8Benches(const Rates& rates, bool quick, const Profile& profile, Report* report) {
@@ -1192,7 +1122,7 @@ void Fp8Benches(const Rates& rates, bool quick, const Profile& profile, Report* 
   }
   QkvGraphBench(b.get(), quick, report);
   // Last: it drives cuBLASLt directly with operand orders dxs does not use.
-  Fp8LtOperandOrders(b.get(), quick, report);
+  Fp8GemvFeatures(quick, report);
 }
 
 // The preset's weights (RandomWeightSource, made in place), except each projection that can
@@ -1218,9 +1148,11 @@ class RandomFp8BenchSource final : public WeightSource {
 
 // [decode-fp8]: the whole Qwen3-30B-A3B shape with bf16 weights, then with its projections
 // in FP8 (RandomFp8BenchSource), one engine at a time (both do not fit an 80 GB GPU): decode
-// steps through CUDA graphs at batch 1, 32 and 128 (context 1024) against each one's HBM
-// floor (active weights and the KV read at the copy rate), and one 4096-token prompt.
-// With --profile decode: the FP8 engine's decode step alone, at --batch, once.
+// steps through CUDA graphs at batch 1, 8, 32 and 128 (--quick: to 32; context 1024) against
+// each one's HBM floor (active weights and the KV read at the copy rate), and one 4096-token
+// prompt.
+// With --profile decode: the FP8 engine's decode step alone, at --batch, once; with --profile
+// prefill: its 4096-token prompt alone, once (after the timed ones).
 void Fp8ModelBenches(const Rates& rates, bool quick, int layers, const Profile& profile,
                      Report* report) {
   CheckpointPreset preset = Must(GetPreset("qwen3-30b-a3b"), "preset");
@@ -1234,10 +1166,12 @@ void Fp8ModelBenches(const Rates& rates, bool quick, int layers, const Profile& 
       layers);
   std::printf("  %-5s %6s %12s %10s %12s %8s\n", "dtype", "batch", "tokens/s", "step ms",
               "floor ms", "of floor");
-  std::vector<int64_t> batches = {1, 32, 128};
-  if (quick) batches = {1, 32};
-  const bool profiling = profile.what == "decode";
-  if (profiling) batches = {profile.batch};
+  std::vector<int64_t> batches = {1, 8, 32, 128};
+  if (quick) batches = {1, 8, 32};
+  // --profile decode: the FP8 engine's step at --batch; --profile prefill: its prompt alone.
+  const bool profiling = profile.what == "decode" || profile.what == "prefill";
+  if (profile.what == "decode") batches = {profile.batch};
+  if (profile.what == "prefill") batches = {};
   std::map<std::pair<bool, int64_t>, double> tok_s;
   std::map<bool, double> prefill_tok_s;
   for (const bool fp8 : {false, true}) {
@@ -1272,7 +1206,7 @@ void Fp8ModelBenches(const Rates& rates, bool quick, int layers, const Profile& 
                    {"step_ms", ms},
                    {"floor_ms", floor_ms}});
     }
-    if (profiling) return;
+    if (profile.what == "decode") return;
     const int64_t prompt = 4096;
     KvCache kv(c, engine->backend(), 2 * prompt);
     auto prefill = [&] {
@@ -1284,10 +1218,18 @@ void Fp8ModelBenches(const Rates& rates, bool quick, int layers, const Profile& 
       Must(engine->model().Forward({chunk}, &kv), "prefill");
       kv.Free(chunk.kv_slot);
     };
+    const int64_t mallocs_before = CudaSystemAllocations(engine->backend());
     const double ms = TimeMs(stream, 1, quick ? 2 : 5, prefill);
+    const int64_t mallocs = CudaSystemAllocations(engine->backend()) - mallocs_before;
+    profile.Once("prefill", prefill);
+    if (profiling) return;
     prefill_tok_s[fp8] = prompt / (ms * 1e-3);
-    std::printf("  %-5s prefill of %ld tokens: %.1f tokens/s, %.2f ms\n", fp8 ? "fp8" : "bf16",
-                static_cast<long>(prompt), prompt / (ms * 1e-3), ms);
+    // cudaMallocs in the timed prompts: more than the first one's means the pool gives its
+    // blocks back and takes them again (a device synchronisation each), i.e. too little free
+    // memory beside the model for a prompt's temporaries.
+    std::printf("  %-5s prefill of %ld tokens: %.1f tokens/s, %.2f ms (%ld cudaMallocs)\n",
+                fp8 ? "fp8" : "bf16", static_cast<long>(prompt), prompt / (ms * 1e-3), ms,
+                static_cast<long>(mallocs));
     report->Add({{"section", "prefill_fp8"},
                  {"dtype", fp8 ? "fp8" : "bf16"},
                  {"layers", layers},

@@ -5,7 +5,8 @@
 # bench/gpu/bundle.sh). Per-kernel CSVs and a summary go to $OUT; the summary is printed.
 #   bench/gpu/profile_device.sh [attention decode decode32 decode-fp8 prefill ...]
 #   (decode, decode-fp8: the bf16 and the FP8 engine's decode step at DXS_PROFILE_BATCH rows, 1
-#   by default, 2 layers, the FP8 one from gpu_bench --fp8-decode;
+#   by default, 2 layers, the FP8 one from gpu_bench --fp8-decode; prefill, prefill-fp8: a
+#   4096-token prompt through one layer, bf16 (gpu_bench's [prefill]) and FP8 projections;
 #   ffn-fp8: one bf16 and one FP8 grouped expert FFN call at DXS_PROFILE_TOKENS tokens, 16384
 #   by default, from gpu_bench --fp8)
 set -uo pipefail
@@ -25,6 +26,7 @@ for w in "${what[@]}"; do
     decode32) args=(--profile decode --batch 32 --layers 2) ;;
     decode-fp8) args=(--fp8-decode --profile decode --batch "${DXS_PROFILE_BATCH:-1}" --layers 2) ;;
     prefill) args=(--profile prefill --layers 1) ;;
+    prefill-fp8) args=(--fp8-decode --profile prefill --layers 1) ;;
     ffn-fp8) args=(--fp8 --quick --profile ffn --batch "${DXS_PROFILE_TOKENS:-16384}") ;;
     *) echo "unknown profile $w"; continue ;;
   esac

@@ -122,6 +122,11 @@ cudaStream_t CudaStreamOf(Backend* backend) {
   return cuda != nullptr ? cuda->stream() : nullptr;
 }
 
+int64_t CudaSystemAllocations(Backend* backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(backend);
+  return cuda != nullptr ? cuda->allocator_stats().system_allocations : -1;
+}
+
 CudaBackend::CudaBackend(int device_ordinal) : device_(device_ordinal) {}
 
 absl::Status CudaBackend::Init() {
@@ -172,6 +177,9 @@ absl::Status CudaBackend::Init() {
                    : decode_choice == "off" ? DecodeChoice::kOff
                                             : DecodeChoice::kAuto;
   DXS_ASSIGN_OR_RETURN(use_gemv_, AutoOrOff(tunables::kCudaGemv));
+  DXS_ASSIGN_OR_RETURN(const std::string gemv_fp8_features,
+                       tunables::Read(tunables::kCudaGemvFp8Features));
+  gemv_fp8_features_ = gemv_fp8_features == "auto" ? 0 : std::stoi(gemv_fp8_features);
   DXS_ASSIGN_OR_RETURN(const std::string ll_status, tunables::Read(tunables::kCudaLlStatus));
   ll_status_by_copy_ = ll_status == "copy";
   DXS_ASSIGN_OR_RETURN(const bool routed_swiglu, AutoOrOff(tunables::kCudaRoutedSwiGlu));
@@ -762,7 +770,7 @@ absl::Status CudaBackend::LinearsFp8(const Tensor& x, const std::vector<const Te
   return CudaStatus(
       cuda::LaunchGemvsFp8(x.raw(), x.rows(), x.row_size(), static_cast<int>(ws.size()),
                            w_ptrs.data(), scale_ptrs.data(), strides.data(), ns.data(),
-                           y_ptrs.data(), ToElemType(ys[0]->dtype()), stream_),
+                           y_ptrs.data(), ToElemType(ys[0]->dtype()), gemv_fp8_features_, stream_),
       "linears (fp8 gemv)");
 }
 

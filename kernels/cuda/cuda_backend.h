@@ -32,4 +32,9 @@ int CudaDeviceCount();
 // backend. For benchmarks that time with CUDA events, and for interop.
 cudaStream_t CudaStreamOf(Backend* backend);
 
+// Blocks the backend's memory pool has taken from cudaMalloc so far (each a device
+// synchronisation where the pool had none cached), or -1 for any other backend. For
+// benchmarks that check a timed loop allocates nothing new.
+int64_t CudaSystemAllocations(Backend* backend);
+
 }  // namespace dxs

@@ -70,10 +70,10 @@ absl::Status CudaBackend::LinearFp8(const Tensor& x, const Tensor& w, const Tens
   if (m == 0) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("linear"));
   if (TakesGemvFp8(x, w)) {
-    return CudaStatus(
-        cuda::LaunchGemvFp8(x.raw(), m, static_cast<const uint8_t*>(w.raw()), scales->f32(),
-                            scales->row_size(), n, k, y->raw(), ToElemType(y->dtype()), stream_),
-        "linear (fp8 gemv)");
+    return CudaStatus(cuda::LaunchGemvFp8(x.raw(), m, static_cast<const uint8_t*>(w.raw()),
+                                          scales->f32(), scales->row_size(), n, k, y->raw(),
+                                          ToElemType(y->dtype()), gemv_fp8_features_, stream_),
+                      "linear (fp8 gemv)");
   }
   if (fp8_gemm_cutlass_) {
     absl::Status s = GemmFp8Cutlass(x, w, y);

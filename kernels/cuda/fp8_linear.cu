@@ -8,8 +8,9 @@
 //   [k / 128, m_pad], token-major within a group (cuBLASLt's VEC128_32F layout for its B operand);
 //   rows m..m_pad get zeros and scale 1 (cuBLASLt wants the token count a multiple of 4).
 // - LaunchGemvFp8: the decode-sized product y[m, n] = x[m, :] . dequant(w)[n, :] for m <=
-//   kGemvMaxRows bf16 rows: a warp per output feature (or up to four, each a share of the row,
-//   summed in warp order: GemvFp8KSplit) streams the feature's weights, 16 bytes (16 values)
+//   kGemvMaxRows bf16 rows: a warp per output feature, or per 2 or 4 features past a few rows
+//   (GemvFp8Features: one read of x for them all), or up to four warps a feature, each a share
+//   of the row, summed in warp order (GemvFp8KSplit), streams the weights, 16 bytes (16 values)
 //   a lane at a time, widens them in registers (the e4m3 -> f16 conversion the
 //   hardware does two at a time), and multiplies each 16-value dot by its block's scale. The
 //   activations stay bf16 (no quantization error on that side: a decode step is bound by the
@@ -87,10 +88,11 @@ struct Fp8GemvOutputs {
   int count;
 };
 
-template <int kRows, typename Y>
+template <int kRows, int kFeatures, typename Y>
 __global__ void __launch_bounds__(kGemvFp8Warps * 32)
     GemvFp8Kernel(const __nv_bfloat16* x, const Fp8GemvOutputs outs, int64_t k, int ksplit) {
   static_assert(kGemvMaxOutputs == 3, "the selection below names each output");
+  static_assert(kGroup % kFeatures == 0, "a warp's features share one block of scales");
   // Selected with constant indices: a runtime index would copy the parameters to the stack.
   const int block = static_cast<int>(blockIdx.x);
   const int o = block >= outs.first_block[2] && outs.count > 2   ? 2
@@ -102,24 +104,33 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
                     : o == 1 ? outs.first_block[1]
                              : outs.first_block[2];
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  // ksplit warps share a feature, each taking every ksplit-th 32-chunk slice of its row;
-  // their sums meet in shared memory in warp order (deterministic).
+  // ksplit warps share kFeatures consecutive features, each taking every ksplit-th 32-chunk
+  // slice of their rows; their sums meet in shared memory in warp order (deterministic). n is a
+  // multiple of 128, which kFeatures divides: a warp's features are all below n or none is.
   const int sub = warp % ksplit;
   const int64_t feature =
-      static_cast<int64_t>(block - first) * (kGemvFp8Warps / ksplit) + warp / ksplit;
+      (static_cast<int64_t>(block - first) * (kGemvFp8Warps / ksplit) + warp / ksplit) * kFeatures;
   // pdl-early: the weights are the model's, never written by a kernel, so each lane requests
-  // its first chunk before waiting for the previous kernel (PdlWait). Nothing else is read or
-  // written before the wait. (Four chunks ahead a lane, the whole of a 2048-wide row, measured
-  // slower on an H100: 37.7 against 31.6 us for a layer's four projections at batch 1.)
+  // its first chunk of each row before waiting for the previous kernel (PdlWait). Nothing else
+  // is read or written before the wait. (Four chunks ahead a lane, the whole of a 2048-wide
+  // row, measured slower on an H100: 37.7 against 31.6 us for a layer's four projections at
+  // batch 1.)
   const int64_t chunks = k / kFp8Chunk;
   const int64_t c0 = static_cast<int64_t>(sub) * 32 + lane, stride = 32 * ksplit;
-  const uint4* w_row = reinterpret_cast<const uint4*>(w + (feature < n ? feature : 0) * k);
-  uint4 next = c0 < chunks ? w_row[c0] : uint4{};
+  const uint4* w_rows = reinterpret_cast<const uint4*>(w + (feature < n ? feature : 0) * k);
+  uint4 next[kFeatures];
+#pragma unroll
+  for (int f = 0; f < kFeatures; ++f) next[f] = c0 < chunks ? w_rows[f * chunks + c0] : uint4{};
   PdlWait();
   Y* y = static_cast<Y*>(o == 0 ? outs.y[0] : o == 1 ? outs.y[1] : outs.y[2]);
-  float acc[kRows];
+  // acc[r][f]: row r's sum for feature f, each summed in the same order whatever kFeatures is
+  // (one warp a feature gives the same bits).
+  float acc[kRows][kFeatures];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int f = 0; f < kFeatures; ++f) acc[r][f] = 0.f;
+  }
   if (feature < n) {
     const float* scale_row = (o == 0   ? outs.scales[0]
                               : o == 1 ? outs.scales[1]
@@ -128,15 +139,22 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
                                                    : o == 1 ? outs.scale_stride[1]
                                                             : outs.scale_stride[2]);
     for (int64_t c = c0; c < chunks; c += stride) {
-      const uint4 raw = next;
-      if (c + stride < chunks) next = w_row[c + stride];
-      float wv[kFp8Chunk];
-      WidenFp8x16(raw, wv);
+      float wv[kFeatures][kFp8Chunk];
+#pragma unroll
+      for (int f = 0; f < kFeatures; ++f) {
+        const uint4 raw = next[f];
+        if (c + stride < chunks) next[f] = w_rows[f * chunks + c + stride];
+        WidenFp8x16(raw, wv[f]);
+      }
       const float s = scale_row[(c * kFp8Chunk) / kGroup];
+      // Each row's 16 activations are read once for the warp's kFeatures rows of weights: at
+      // several rows the activations' reads, not the weights', are most of a lane's loads.
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const uint4* xr = reinterpret_cast<const uint4*>(x + r * k + c * kFp8Chunk);
-        float dot = 0.f;
+        float dot[kFeatures];
+#pragma unroll
+        for (int f = 0; f < kFeatures; ++f) dot[f] = 0.f;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const uint4 xraw = xr[half];
@@ -144,31 +162,38 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const float2 xf = __bfloat1622float2(xh[i]);
-            dot = fmaf(wv[half * 8 + 2 * i], xf.x, dot);
-            dot = fmaf(wv[half * 8 + 2 * i + 1], xf.y, dot);
+#pragma unroll
+            for (int f = 0; f < kFeatures; ++f) {
+              dot[f] = fmaf(wv[f][half * 8 + 2 * i], xf.x, dot[f]);
+              dot[f] = fmaf(wv[f][half * 8 + 2 * i + 1], xf.y, dot[f]);
+            }
           }
         }
-        acc[r] = fmaf(s, dot, acc[r]);
+#pragma unroll
+        for (int f = 0; f < kFeatures; ++f) acc[r][f] = fmaf(s, dot[f], acc[r][f]);
       }
     }
   }
-  __shared__ float partial[kGemvFp8Warps][kRows];
+  __shared__ float partial[kGemvFp8Warps][kRows * kFeatures];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    float v = acc[r];
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    if (ksplit == 1) {
-      if (lane == 0 && feature < n) y[r * n + feature] = FromFloat<Y>(v);
-    } else if (lane == 0) {
-      partial[warp][r] = v;
+#pragma unroll
+    for (int f = 0; f < kFeatures; ++f) {
+      float v = acc[r][f];
+      for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+      if (ksplit == 1) {
+        if (lane == 0 && feature < n) y[r * n + feature + f] = FromFloat<Y>(v);
+      } else if (lane == 0) {
+        partial[warp][r * kFeatures + f] = v;
+      }
     }
   }
   if (ksplit == 1) return;
   __syncthreads();
-  if (sub != 0 || feature >= n || lane >= kRows) return;
+  if (sub != 0 || feature >= n || lane >= kRows * kFeatures) return;
   float v = partial[warp][lane];
   for (int j = 1; j < ksplit; ++j) v += partial[warp + j][lane];
-  y[lane * n + feature] = FromFloat<Y>(v);
+  y[(lane / kFeatures) * n + feature + lane % kFeatures] = FromFloat<Y>(v);
 }
 
 // Warps sharing an output feature in LaunchGemvsFp8: split the row (up to kGemvFp8Warps ways,
@@ -184,16 +209,42 @@ int GemvFp8KSplit(int64_t features, int64_t chunks) {
   return ksplit;
 }
 
-template <int kRows>
+// Features a warp computes in LaunchGemvsFp8 (`forced` when not 0, else by the row count).
+// One read of the activations serves kFeatures rows of weights: at m rows a lane loads 32 * m
+// activation bytes for every 16 weight bytes, so past one row those loads, not the weights'
+// stream, set the time. Fewer warps a launch also means fewer weight loads in flight: one row
+// keeps a warp a feature, and 4 features a warp lost to 2 on a decode step's q, k and v
+// (docs/results/fp8.md, "Features a warp in the FP8 GEMV").
+int GemvFp8Features(int64_t m, int forced) {
+  if (forced != 0) return forced;
+  return m <= 1 ? 1 : 2;
+}
+
+template <int kRows, int kFeatures>
 cudaError_t LaunchGemvFp8Rows(const __nv_bfloat16* x, const Fp8GemvOutputs& outs, int64_t k,
                               int ksplit, ElemType y_type, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>(outs.first_block[outs.count]);
   if (y_type == ElemType::kF32) {
-    return LaunchKernel(GemvFp8Kernel<kRows, float>, blocks, kGemvFp8Warps * 32, 0, stream, x, outs,
-                        k, ksplit);
+    return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, float>, blocks, kGemvFp8Warps * 32, 0,
+                        stream, x, outs, k, ksplit);
   }
-  return LaunchKernel(GemvFp8Kernel<kRows, __nv_bfloat16>, blocks, kGemvFp8Warps * 32, 0, stream, x,
-                      outs, k, ksplit);
+  return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, __nv_bfloat16>, blocks, kGemvFp8Warps * 32, 0,
+                      stream, x, outs, k, ksplit);
+}
+
+template <int kRows>
+cudaError_t LaunchGemvFp8Features(const __nv_bfloat16* x, const Fp8GemvOutputs& outs, int64_t k,
+                                  int ksplit, int features, ElemType y_type, cudaStream_t stream) {
+  switch (features) {
+    case 1:
+      return LaunchGemvFp8Rows<kRows, 1>(x, outs, k, ksplit, y_type, stream);
+    case 2:
+      return LaunchGemvFp8Rows<kRows, 2>(x, outs, k, ksplit, y_type, stream);
+    case 4:
+      return LaunchGemvFp8Rows<kRows, 4>(x, outs, k, ksplit, y_type, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
@@ -220,18 +271,20 @@ cudaError_t LaunchQuantizeActivationsFp8(const void* x, ElemType x_type, int64_t
 
 cudaError_t LaunchGemvsFp8(const void* x, int64_t m, int64_t k, int count, const uint8_t* const* ws,
                            const float* const* w_scales, const int64_t* scale_strides,
-                           const int64_t* ns, void* const* ys, ElemType y_type,
+                           const int64_t* ns, void* const* ys, ElemType y_type, int features,
                            cudaStream_t stream) {
+  features = GemvFp8Features(m, features);
+  if (features != 1 && features != 2 && features != 4) return cudaErrorInvalidValue;
   if (m < 0 || m > kGemvMaxRows || k <= 0 || k % kGroup != 0 || count < 1 ||
       count > kGemvMaxOutputs || ws == nullptr || w_scales == nullptr || scale_strides == nullptr ||
       ns == nullptr || ys == nullptr || (y_type != ElemType::kF32 && y_type != ElemType::kBF16)) {
     return cudaErrorInvalidValue;
   }
   Fp8GemvOutputs outs{};
-  int64_t features = 0;
-  for (int o = 0; o < count; ++o) features += ns[o] > 0 ? ns[o] : 0;
-  const int ksplit = GemvFp8KSplit(features, k / kFp8Chunk);
-  const int64_t per_block = kGemvFp8Warps / ksplit;
+  int64_t all_features = 0;
+  for (int o = 0; o < count; ++o) all_features += ns[o] > 0 ? ns[o] : 0;
+  const int ksplit = GemvFp8KSplit(all_features, k / kFp8Chunk);
+  const int64_t per_block = kGemvFp8Warps / ksplit * features;
   int64_t blocks = 0;
   for (int o = 0; o < count; ++o) {
     if (ns[o] < 0 || ns[o] % kGroup != 0 || scale_strides[o] < k / kGroup) {
@@ -257,7 +310,7 @@ cudaError_t LaunchGemvsFp8(const void* x, int64_t m, int64_t k, int count, const
   switch (m) {
 #define DXS_GEMV_FP8_CASE(R) \
   case R:                    \
-    return LaunchGemvFp8Rows<R>(xb, outs, k, ksplit, y_type, stream);
+    return LaunchGemvFp8Features<R>(xb, outs, k, ksplit, features, y_type, stream);
     DXS_GEMV_FP8_CASE(1)
     DXS_GEMV_FP8_CASE(2)
     DXS_GEMV_FP8_CASE(3)
@@ -274,8 +327,8 @@ cudaError_t LaunchGemvsFp8(const void* x, int64_t m, int64_t k, int count, const
 
 cudaError_t LaunchGemvFp8(const void* x, int64_t m, const uint8_t* w, const float* w_scales,
                           int64_t scale_stride, int64_t n, int64_t k, void* y, ElemType y_type,
-                          cudaStream_t stream) {
-  return LaunchGemvsFp8(x, m, k, 1, &w, &w_scales, &scale_stride, &n, &y, y_type, stream);
+                          int features, cudaStream_t stream) {
+  return LaunchGemvsFp8(x, m, k, 1, &w, &w_scales, &scale_stride, &n, &y, y_type, features, stream);
 }
 
 }  // namespace dxs::cuda

@@ -131,15 +131,16 @@ cudaError_t LaunchQuantizeActivationsFp8(const void* x, ElemType x_type, int64_t
                                          cudaStream_t stream);
 // y[m, n] (bf16 or f32) = x (bf16 [m, k]) . (w * its block scales)^T for m <= kGemvMaxRows; w
 // e4m3 [n, k], w_scales f32 [n / 128, scale_stride]; n and k multiples of 128, x and w 16-byte
-// aligned.
+// aligned. `features`: output features a warp computes, 1, 2 or 4 (the same bits whichever),
+// or 0 to choose by m.
 cudaError_t LaunchGemvFp8(const void* x, int64_t m, const uint8_t* w, const float* w_scales,
                           int64_t scale_stride, int64_t n, int64_t k, void* y, ElemType y_type,
-                          cudaStream_t stream);
+                          int features, cudaStream_t stream);
 // The same for `count` (<= kGemvMaxOutputs) FP8 weights sharing x, in one launch: ys[o][m,
 // ns[o]] = x * dequant(ws[o])^T with w_scales[o] [ns[o] / 128, scale_strides[o]].
 cudaError_t LaunchGemvsFp8(const void* x, int64_t m, int64_t k, int count, const uint8_t* const* ws,
                            const float* const* w_scales, const int64_t* scale_strides,
-                           const int64_t* ns, void* const* ys, ElemType y_type,
+                           const int64_t* ns, void* const* ys, ElemType y_type, int features,
                            cudaStream_t stream);
 
 // ---- moe_fp8.cu (the FP8 grouped FFN's activation passes; see the file comment) ----

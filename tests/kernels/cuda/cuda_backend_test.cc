@@ -792,9 +792,9 @@ TEST_F(CudaBackendTest, TheExpertPathMatchesTheCpu) {
 // creation, as the backend's own auto|off switches do, rather than the first prefill step or
 // silently meaning "on".
 TEST_F(CudaBackendTest, UnknownSwitchValuesFailCreation) {
-  for (const char* name :
-       {"DXS_CUDA_PREFILL_SM90", "DXS_CUDA_PDL", "DXS_CUDA_GEMV_SPLITK",
-        "DXS_CUDA_NORM_EARLY_TRIGGER", "DXS_CUDA_GEMV_EARLY", "DXS_CUDA_DECODE_ATTENTION"}) {
+  for (const char* name : {"DXS_CUDA_PREFILL_SM90", "DXS_CUDA_PDL", "DXS_CUDA_GEMV_SPLITK",
+                           "DXS_CUDA_NORM_EARLY_TRIGGER", "DXS_CUDA_GEMV_EARLY",
+                           "DXS_CUDA_DECODE_ATTENTION", "DXS_CUDA_GEMV_FP8_FEATURES"}) {
     SCOPED_TRACE(name);
     setenv(name, "sideways", 1);
     const absl::StatusOr<std::unique_ptr<Backend>> made = MakeBackend("cuda");

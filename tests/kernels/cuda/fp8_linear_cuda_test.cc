@@ -244,6 +244,63 @@ void Fp8LinearTest::LinearsEqualEachLinearOn(Backend* be) {
   }
 }
 
+// The GEMV computes 1, 2 or 4 features a warp (DXS_CUDA_GEMV_FP8_FEATURES; auto chooses by
+// the row count): each feature's sum runs in the same order whichever, so Linear and Linears
+// give the same bits at every count and row count, within the f32 bound of the exact product.
+TEST_F(Fp8LinearTest, GemvFeatureCountsGiveTheSameBits) {
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (const char* features : {"1", "2", "4"}) {
+    setenv("DXS_CUDA_GEMV_FP8_FEATURES", features, 1);
+    absl::StatusOr<std::unique_ptr<Backend>> b = MakeBackend("cuda");
+    unsetenv("DXS_CUDA_GEMV_FP8_FEATURES");
+    ASSERT_TRUE(b.ok()) << features << ": " << b.status();
+    backends.push_back(std::move(*b));
+  }
+  backends.push_back(std::move(gpu_));  // auto
+  std::vector<std::vector<Fp8Weight>> hw(backends.size());
+  std::vector<std::vector<Tensor>> wt(backends.size());
+  for (size_t i = 0; i < backends.size(); ++i) {
+    ASSERT_NO_FATAL_FAILURE(MakeQkv(71, backends[i].get(), &hw[i], &wt[i]));
+  }
+  const int64_t k = hw[0][0].k;
+  for (int64_t m = 1; m <= 8; ++m) {
+    const std::vector<float> x = RandomBf16(m * k, 80 + m);
+    // outputs[i][o]: backend i's output o, from Linears (three in one launch) then Linear.
+    std::vector<std::vector<std::vector<float>>> outputs(backends.size());
+    for (size_t i = 0; i < backends.size(); ++i) {
+      Backend* be = backends[i].get();
+      Tensor xt = *be->Allocate({m, k}, DType::kBF16);
+      ASSERT_TRUE(be->CopyFromHost(x.data(), DType::kF32, &xt).ok());
+      std::vector<Tensor> ys;
+      for (const Fp8Weight& w : hw[i]) {
+        ys.push_back(*be->Allocate({m, w.n}, DType::kF32));
+        ASSERT_TRUE(be->Fill(&ys.back(), NAN).ok());
+      }
+      ASSERT_TRUE(
+          be->Linears(xt, {&wt[i][0], &wt[i][1], &wt[i][2]}, {&ys[0], &ys[1], &ys[2]}).ok());
+      for (size_t o = 0; o < ys.size(); ++o) {
+        outputs[i].emplace_back(m * hw[i][o].n);
+        ASSERT_TRUE(be->CopyToHost(ys[o], DType::kF32, outputs[i].back().data()).ok());
+      }
+      Tensor alone = *be->Allocate({m, hw[i][1].n}, DType::kF32);
+      ASSERT_TRUE(be->Linear(xt, wt[i][1], nullptr, &alone).ok());
+      outputs[i].emplace_back(m * hw[i][1].n);
+      ASSERT_TRUE(be->CopyToHost(alone, DType::kF32, outputs[i].back().data()).ok());
+    }
+    for (size_t o = 0; o < outputs[0].size(); ++o) {
+      SCOPED_TRACE(::testing::Message() << "m " << m << " output " << o);
+      const Fp8Weight& w = hw[0][o < 3 ? o : 1];
+      EXPECT_LT(RelError(outputs[0][o], Reference(x, m, w)), 1e-4);
+      for (size_t i = 1; i < backends.size(); ++i) {
+        EXPECT_EQ(std::memcmp(outputs[i][o].data(), outputs[0][o].data(),
+                              outputs[0][o].size() * sizeof(float)),
+                  0)
+            << "backend " << i << " (1, 2, 4, auto) against one feature a warp";
+      }
+    }
+  }
+}
+
 // Past the GEMV, Linears runs k and v on side streams beside q (CudaBackend::fp8_side_): in
 // a recorded graph those are parallel branches joined back before anything after. Replayed
 // on new x in place, each output equals its Linear alone bit for bit; 37 rows pad to 40,
