@@ -40,8 +40,9 @@ absl::StatusOr<std::shared_ptr<Buffer>> CachingAllocator::Allocate(size_t bytes)
     absl::MutexLock lock(&mu_);
     auto it = free_.find(size_class);
     if (it != free_.end() && !it->second.empty()) {
-      p = it->second.back();
+      p = it->second.back().p;
       it->second.pop_back();
+      if (it->second.empty()) free_.erase(it);
       stats_.bytes_cached -= static_cast<int64_t>(size_class);
       ++stats_.cache_hits;
     }
@@ -71,28 +72,43 @@ absl::StatusOr<std::shared_ptr<Buffer>> CachingAllocator::Allocate(size_t bytes)
 }
 
 void CachingAllocator::Release(void* p, size_t size_class) {
+  std::vector<std::pair<void*, size_t>> evicted;
   bool keep;
   {
     absl::MutexLock lock(&mu_);
     stats_.bytes_in_use -= static_cast<int64_t>(size_class);
-    keep = static_cast<size_t>(stats_.bytes_cached) + size_class <= max_cached_bytes_;
+    keep = size_class <= max_cached_bytes_;
+    // Room for this block by giving back the blocks put back longest ago (the oldest of
+    // each class is its deque's front; a few dozen classes to look through).
+    while (keep && static_cast<size_t>(stats_.bytes_cached) + size_class > max_cached_bytes_) {
+      auto oldest = free_.begin();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->second.front().released < oldest->second.front().released) oldest = it;
+      }
+      evicted.emplace_back(oldest->second.front().p, oldest->first);
+      oldest->second.pop_front();
+      stats_.bytes_cached -= static_cast<int64_t>(oldest->first);
+      ++stats_.evicted_blocks;
+      if (oldest->second.empty()) free_.erase(oldest);
+    }
     if (keep) {
-      free_[size_class].push_back(p);
+      free_[size_class].push_back({p, ++release_count_});
       stats_.bytes_cached += static_cast<int64_t>(size_class);
     }
   }
   if (!keep) system_free_(p, size_class);
+  for (const auto& [q, q_class] : evicted) system_free_(q, q_class);
 }
 
 void CachingAllocator::EmptyCache() {
-  std::map<size_t, std::vector<void*>> blocks;
+  std::map<size_t, std::deque<Cached>> blocks;
   {
     absl::MutexLock lock(&mu_);
     blocks.swap(free_);
     stats_.bytes_cached = 0;
   }
-  for (auto& [size_class, ptrs] : blocks) {
-    for (void* p : ptrs) system_free_(p, size_class);
+  for (auto& [size_class, cached] : blocks) {
+    for (const Cached& c : cached) system_free_(c.p, size_class);
   }
 }
 

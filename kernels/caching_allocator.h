@@ -4,7 +4,11 @@
 // system (aligned_alloc, cudaMalloc) each time costs page faults on the host and a device
 // synchronisation on CUDA, so freed blocks are kept in size classes and handed out again,
 // as PyTorch's and vLLM's caching allocators do. A Buffer from Allocate puts its block back
-// when its last Tensor goes. Blocks cached beyond `max_cached_bytes` go back to the system.
+// when its last Tensor goes. At most `max_cached_bytes` stay cached: past it the blocks put
+// back longest ago go back to the system first, so that a cache filled with classes nothing
+// asks for any more (a finished batch's KV, an earlier prompt's temporaries) does not send
+// every new class to the system (cudaMalloc and cudaFree, a device synchronisation each) on
+// each use.
 //
 // Size classes: multiples of 512 bytes up to 64 KiB, then four classes per power of two
 // (at most 25% slack), so a block is reused for any request of its class.
@@ -15,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -37,7 +42,8 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
     int64_t system_allocations = 0;  // blocks taken from the system, ever
     int64_t cache_hits = 0;          // allocations served from cached blocks
     int64_t bytes_in_use = 0;
-    int64_t bytes_cached = 0;  // free blocks held for reuse
+    int64_t bytes_cached = 0;    // free blocks held for reuse
+    int64_t evicted_blocks = 0;  // cached blocks given back to make room for newer ones
   };
 
   static std::shared_ptr<CachingAllocator> Create(Device device, SystemAlloc alloc, SystemFree free,
@@ -62,7 +68,13 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   const SystemFree system_free_;
   const size_t max_cached_bytes_;
   mutable absl::Mutex mu_;
-  std::map<size_t, std::vector<void*>> free_ ABSL_GUARDED_BY(mu_);
+  struct Cached {
+    void* p;
+    uint64_t released;  // release_count_ when it was put back: older blocks go first
+  };
+  // Per size class, oldest first; Allocate takes the newest.
+  std::map<size_t, std::deque<Cached>> free_ ABSL_GUARDED_BY(mu_);
+  uint64_t release_count_ ABSL_GUARDED_BY(mu_) = 0;
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,0 +1,121 @@
+// CachingAllocator's pool: reuse by size class, and which blocks go back to the system when
+// the cache is at its cap (kernels/caching_allocator.h).
+#include "kernels/caching_allocator.h"
+
+#include <cstdlib>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace dxs {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+// A host pool whose system side counts what it was asked for.
+struct CountingSystem {
+  int64_t allocs = 0;
+  std::set<void*> freed;
+
+  std::shared_ptr<CachingAllocator> Pool(size_t max_cached_bytes) {
+    return CachingAllocator::Create(
+        Device::kCpu,
+        [this](size_t bytes) {
+          ++allocs;
+          return std::malloc(bytes);
+        },
+        [this](void* p, size_t) {
+          freed.insert(p);
+          std::free(p);
+        },
+        max_cached_bytes);
+  }
+};
+
+TEST(CachingAllocatorTest, AFreedBlockServesTheNextRequestOfItsClass) {
+  CountingSystem sys;
+  auto pool = sys.Pool(64 * kMiB);
+  void* first = nullptr;
+  {
+    auto a = pool->Allocate(3 * kMiB);
+    ASSERT_TRUE(a.ok());
+    first = (*a)->data();
+  }
+  auto b = pool->Allocate(3 * kMiB - 100);  // the same class
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)->data(), first);
+  EXPECT_EQ(sys.allocs, 1);
+  EXPECT_EQ(pool->stats().cache_hits, 1);
+}
+
+// At the cap, the block put back longest ago goes back to the system to make room for the
+// one put back now, not the other way round.
+TEST(CachingAllocatorTest, AtTheCapTheOldestCachedBlockGoesBack) {
+  CountingSystem sys;
+  auto pool = sys.Pool(3 * kMiB);
+  std::vector<void*> old;
+  {
+    std::vector<std::shared_ptr<Buffer>> held;
+    for (int i = 0; i < 3; ++i) {
+      held.push_back(*pool->Allocate(kMiB));
+      old.push_back(held.back()->data());
+    }
+  }  // put back in order 0, 1, 2: the cache is full
+  EXPECT_EQ(pool->stats().bytes_cached, static_cast<int64_t>(3 * kMiB));
+  void* newer = nullptr;
+  {
+    auto a = pool->Allocate(kMiB / 2);  // another class: from the system
+    ASSERT_TRUE(a.ok());
+    newer = (*a)->data();
+  }  // put back: block 0, the oldest, makes room
+  EXPECT_EQ(sys.freed.count(old[0]), 1u);
+  EXPECT_EQ(sys.freed.count(newer), 0u);
+  EXPECT_EQ(pool->stats().evicted_blocks, 1);
+  const int64_t allocs = sys.allocs;
+  auto again = pool->Allocate(kMiB / 2);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->data(), newer);
+  EXPECT_EQ(sys.allocs, allocs);
+}
+
+// A cache filled with a class nothing asks for any more (a finished batch's blocks) and then
+// a loop of temporaries of new classes: after the first round they come from the cache, where
+// refusing newly put-back blocks at the cap sent them to the system every round.
+TEST(CachingAllocatorTest, StaleBlocksGiveWayToTheWorkingSet) {
+  CountingSystem sys;
+  auto pool = sys.Pool(16 * kMiB);
+  {
+    std::vector<std::shared_ptr<Buffer>> stale;
+    for (int i = 0; i < 8; ++i) stale.push_back(*pool->Allocate(2 * kMiB));
+  }
+  EXPECT_EQ(pool->stats().bytes_cached, static_cast<int64_t>(16 * kMiB));
+  const int64_t before = sys.allocs;
+  for (int round = 0; round < 10; ++round) {
+    auto x = pool->Allocate(3 * kMiB);
+    auto y = pool->Allocate(5 * kMiB);
+    ASSERT_TRUE(x.ok() && y.ok());
+  }
+  EXPECT_EQ(sys.allocs - before, 2) << "each temporary's class from the system once";
+  EXPECT_LE(pool->stats().bytes_cached, static_cast<int64_t>(16 * kMiB));
+}
+
+// A block larger than the whole cap is never cached, and leaves the cached ones alone.
+TEST(CachingAllocatorTest, ABlockOverTheCapGoesStraightBack) {
+  CountingSystem sys;
+  auto pool = sys.Pool(2 * kMiB);
+  { auto small = pool->Allocate(kMiB); }
+  void* big = nullptr;
+  {
+    auto a = pool->Allocate(4 * kMiB);
+    ASSERT_TRUE(a.ok());
+    big = (*a)->data();
+  }
+  EXPECT_EQ(sys.freed.count(big), 1u);
+  EXPECT_EQ(pool->stats().bytes_cached, static_cast<int64_t>(kMiB));
+  EXPECT_EQ(pool->stats().evicted_blocks, 0);
+}
+
+}  // namespace
+}  // namespace dxs
