@@ -315,7 +315,7 @@ class CudaBackend final : public Backend {
   // stream their bf16 weights through kernels/cuda/gemv.cu instead of cuBLAS / CUTLASS.
   bool use_gemv_ = true;
   // DXS_CUDA_GEMV_FP8_FEATURES=auto|1|2|4: output features an FP8 dense GEMV warp computes
-  // (0: auto, by the row count; cuda::LaunchGemvsFp8).
+  // (0: auto, by the shape; cuda::LaunchGemvsFp8).
   int gemv_fp8_features_ = 0;
   // DXS_CUDA_ROUTED_SWIGLU=auto|off (default auto, off with the GEMVs): RoutedSwiGlu's fused
   // path for decode-sized batches; off keeps ExpertShard's sorted path (for A/B runs).

@@ -132,7 +132,7 @@ cudaError_t LaunchQuantizeActivationsFp8(const void* x, ElemType x_type, int64_t
 // y[m, n] (bf16 or f32) = x (bf16 [m, k]) . (w * its block scales)^T for m <= kGemvMaxRows; w
 // e4m3 [n, k], w_scales f32 [n / 128, scale_stride]; n and k multiples of 128, x and w 16-byte
 // aligned. `features`: output features a warp computes, 1, 2 or 4 (the same bits whichever),
-// or 0 to choose by m.
+// or 0 to choose by the shape.
 cudaError_t LaunchGemvFp8(const void* x, int64_t m, const uint8_t* w, const float* w_scales,
                           int64_t scale_stride, int64_t n, int64_t k, void* y, ElemType y_type,
                           int features, cudaStream_t stream);
