@@ -461,8 +461,11 @@ absl::StatusOr<bool> AttentionStepLoop::RunOnce(absl::Duration idle_wait) {
     failing_since_.reset();
     exchange_failing_since_.reset();
     ++counters_.failed_steps;
+    // UNAVAILABLE to the requests (the cluster failed them, not their input), the step's own
+    // code in the message: a peer's DEADLINE_EXCEEDED and a closed link read differently.
     const absl::Status failure = absl::UnavailableError(
-        absl::StrCat("step ", step_ - 1, " failed on DP rank ", dp_rank_, ": ", outcome.message()));
+        absl::StrCat("step ", step_ - 1, " failed on DP rank ", dp_rank_, ": ",
+                     absl::StatusCodeToString(outcome.code()), ": ", outcome.message()));
     std::cerr << "attention rank " << dp_rank_ << ": " << failure << "\n";
     scheduler_->FailAll(failure);
     report();

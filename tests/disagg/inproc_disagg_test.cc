@@ -770,5 +770,30 @@ TEST(Disagg, StepExchangeTimingOutOnADpRankJustBackInTheViewIsRunAgain) {
   ExpectStepRunAgainUntilTheReturningDpRankSteps(/*link_down=*/false);
 }
 
+// A step that fails for good (no retry applies: the link between two DP ranks down, no
+// elastic retry window) ends its requests with UNAVAILABLE, and the message keeps the
+// failure's own code ("... failed on DP rank 0: UNAVAILABLE: ...") for whoever reads the log
+// or the client's error: a transport's DEADLINE_EXCEEDED and UNAVAILABLE read differently.
+TEST(Disagg, AStepFailingForGoodEndsItsRequestsNamingTheFailuresCode) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  const std::vector<GenerationRequest> requests = Requests(1, 6, 4096);
+  testing::ClusterOptions options;
+  options.held = true;
+  InprocCluster cluster(dir, 2, Placement::Contiguous(16, 1), options);
+  cluster.transport(0)->Disconnect(1);
+  std::vector<std::shared_ptr<ResultSink>> sinks = {std::make_shared<ResultSink>()};
+  ASSERT_TRUE(cluster.Submit(0, 0, requests[0], sinks[0]).ok());
+  cluster.Release();
+  ASSERT_TRUE(InprocCluster::WaitSinksDone(sinks, absl::Now() + absl::Seconds(120)))
+      << "the request did not end";
+  const absl::Status status = sinks[0]->status;
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_NE(status.message().find("failed on DP rank 0: UNAVAILABLE: "), std::string::npos)
+      << status;
+  EXPECT_GT(cluster.attention_counters(0).failed_steps.load(), 0);
+  EXPECT_EQ(cluster.attention_counters(0).retried_steps.load(), 0);
+}
+
 }  // namespace
 }  // namespace dxs
