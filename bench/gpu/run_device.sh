@@ -5,6 +5,7 @@
 # by bench/gpu/bundle.sh). Prints a short table last; full logs are in $OUT (after bench and
 # all: gpu.md, gpu_*.png and logs.tgz holding the rest, as only 8 files come back).
 #   bench/gpu/run_device.sh [tests|memcheck|bench|cluster|exchange|ll|decode|gemv|gpus|gpus-decode|gpus-eplb|all]
+#   (or several, comma-separated: fp8-decode,fp8,exchange,ll)
 #   ll: gpu_ll_bench (the exchange's kernels alone), gpu_host_call_probe (which runtime calls
 #   wait for a spinning kernel) and gpu_bench --low-latency (decode steps with the MoE over
 #   it, beside local experts).
@@ -39,6 +40,20 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
 quick=${2:-}
+# Several modes, comma-separated (fp8-decode,fp8,exchange,ll: what an H200 is asked for), run
+# one after another in one call, each printing its own table; then everything they wrote goes
+# into runs.tgz (8 files come back).
+if [[ $what == *,* ]]; then
+  OUT=${OUT:-/tmp/dxs-gpu-out}
+  export OUT
+  for mode in ${what//,/ }; do
+    echo "== run_device.sh $mode $quick"
+    bash "$0" "$mode" $quick
+  done
+  packed=$(cd "$OUT" && ls -A | grep -vxE 'runs\.tgz')
+  [ -n "$packed" ] && (cd "$OUT" && tar czf runs.tgz $packed && rm -rf $packed)
+  exit 0
+fi
 variants=()
 if [ "$what" = ab ]; then shift; variants=("$@"); quick=; fi
 # gemv: gemv.cu's decode-sized paths against the GEMM libraries (cuBLAS, CUTLASS).
