@@ -196,16 +196,18 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
   y[(lane / kFeatures) * n + feature + lane % kFeatures] = FromFloat<Y>(v);
 }
 
-// Warps sharing an output feature in LaunchGemvsFp8: split the row (up to kGemvFp8Warps ways,
-// each warp keeping at least two 32-chunk slices) until the launch has about 8192 warps, so
-// that a short, wide stream (o-proj: 2048 features of 4096 e4m3) has more loads in flight,
-// with DXS_CUDA_GEMV_FP8_SPLITK=auto; off (the default until a GPU run measures it) keeps one
-// warp a feature.
-int GemvFp8KSplit(int64_t features, int64_t chunks) {
+// Warps sharing a feature group (GemvFp8Features' features) in LaunchGemvsFp8: split the
+// rows (up to 4 ways, each warp keeping at least two 32-chunk slices) until the launch has
+// about 8192 warps, so that a short, wide stream (o-proj: 2048 features of 4096 e4m3) has
+// more loads in flight, with DXS_CUDA_GEMV_FP8_SPLITK=auto; off (the default: no change
+// measured on an H200) keeps one warp a group.
+int GemvFp8KSplit(int64_t feature_groups, int64_t chunks) {
   static const bool enabled = tunables::On(tunables::kCudaGemvFp8SplitK);
   int ksplit = 1;
   if (!enabled) return ksplit;
-  while (ksplit < 4 && features * ksplit < 8192 && chunks / (32 * 2 * ksplit) >= 2) ksplit *= 2;
+  while (ksplit < 4 && feature_groups * ksplit < 8192 && chunks / (32 * 2 * ksplit) >= 2) {
+    ksplit *= 2;
+  }
   return ksplit;
 }
 
@@ -285,7 +287,7 @@ cudaError_t LaunchGemvsFp8(const void* x, int64_t m, int64_t k, int count, const
   Fp8GemvOutputs outs{};
   int64_t all_features = 0;
   for (int o = 0; o < count; ++o) all_features += ns[o] > 0 ? ns[o] : 0;
-  const int ksplit = GemvFp8KSplit(all_features, k / kFp8Chunk);
+  const int ksplit = GemvFp8KSplit(all_features / features, k / kFp8Chunk);
   const int64_t per_block = kGemvFp8Warps / ksplit * features;
   int64_t blocks = 0;
   for (int o = 0; o < count; ++o) {
