@@ -27,7 +27,8 @@
 //     ffn: one bf16 and one FP8 grouped FFN call at --batch tokens, nothing else timed).
 //   --fp8-decode: only [rates] and [decode-fp8]: the whole model's decode and prefill with
 //     bf16 weights, then with FP8 projections (with --profile decode: the FP8 decode step
-//     alone, at --batch; with --profile prefill: the FP8 engine's 4096-token prompt alone).
+//     alone, at --batch; with --profile prefill: the FP8 engine's 4096-token prompt alone;
+//     --decode-batches 128: only those batches).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
@@ -47,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "dataplane/low_latency/cuda/cuda_low_latency_exchange.h"
 #include "kernels/backend.h"
@@ -1154,7 +1156,7 @@ class RandomFp8BenchSource final : public WeightSource {
 // With --profile decode: the FP8 engine's decode step alone, at --batch, once; with --profile
 // prefill: its 4096-token prompt alone, once (after the timed ones).
 void Fp8ModelBenches(const Rates& rates, bool quick, int layers, const Profile& profile,
-                     Report* report) {
+                     const std::vector<int64_t>& only_batches, Report* report) {
   CheckpointPreset preset = Must(GetPreset("qwen3-30b-a3b"), "preset");
   preset.config.num_hidden_layers = layers;
   EngineOptions options;
@@ -1168,6 +1170,7 @@ void Fp8ModelBenches(const Rates& rates, bool quick, int layers, const Profile& 
               "floor ms", "of floor");
   std::vector<int64_t> batches = {1, 8, 32, 128};
   if (quick) batches = {1, 8, 32};
+  if (!only_batches.empty()) batches = only_batches;
   // --profile decode: the FP8 engine's step at --batch; --profile prefill: its prompt alone.
   const bool profiling = profile.what == "decode" || profile.what == "prefill";
   if (profile.what == "decode") batches = {profile.batch};
@@ -1205,6 +1208,10 @@ void Fp8ModelBenches(const Rates& rates, bool quick, int layers, const Profile& 
                    {"tokens_per_s", batch / (ms * 1e-3)},
                    {"step_ms", ms},
                    {"floor_ms", floor_ms}});
+      // Each batch's graphs hold their private pool's blocks: gone before the next batch's
+      // KV, so that batch 128 has the room (the bf16 model on an 80 GB GPU is within a few
+      // hundred MB of it).
+      engine->model().DropDecodeGraphs();
     }
     if (profile.what == "decode") return;
     const int64_t prompt = 4096;
@@ -1248,6 +1255,7 @@ int Main(int argc, char** argv) {
   Profile profile;
   int layers = 48;
   std::string json;
+  std::vector<int64_t> decode_batches;  // --fp8-decode's batches, when given
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") {
@@ -1270,10 +1278,15 @@ int Main(int argc, char** argv) {
       profile.batch = std::atoi(argv[++i]);
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
+    } else if (a == "--decode-batches" && i + 1 < argc) {
+      const std::vector<std::string> list = absl::StrSplit(argv[++i], ',', absl::SkipEmpty());
+      for (const std::string& b : list) {
+        decode_batches.push_back(std::atoll(b.c_str()));
+      }
     } else {
       std::fprintf(stderr,
                    "usage: gpu_bench [--quick] [--ffn-only | --low-latency | --sampling | --fp8 | "
-                   "--fp8-decode]\n"
+                   "--fp8-decode [--decode-batches 1,8,32,128]]\n"
                    "                 [--layers N]\n"
                    "                 [--json FILE]\n"
                    "                 [--profile attention|decode|prefill|ffn [--batch N]]\n");
@@ -1309,7 +1322,7 @@ int Main(int argc, char** argv) {
   }
   if (fp8_decode) {
     backend.reset();
-    Fp8ModelBenches(rates, quick, layers, profile, &report);
+    Fp8ModelBenches(rates, quick, layers, profile, decode_batches, &report);
     return 0;
   }
   // The per-expert cuBLAS grouped FFN, for the choice between it and CUTLASS (at every
