@@ -8,7 +8,7 @@
 //   [k / 128, m_pad], token-major within a group (cuBLASLt's VEC128_32F layout for its B operand);
 //   rows m..m_pad get zeros and scale 1 (cuBLASLt wants the token count a multiple of 4).
 // - LaunchGemvFp8: the decode-sized product y[m, n] = x[m, :] . dequant(w)[n, :] for m <=
-//   kGemvMaxRows bf16 rows: a warp per output feature, or per 2 or 4 features past a few rows
+//   kGemvMaxRows bf16 rows: a warp per output feature, or per 2 (or 4) features past one row
 //   (GemvFp8Features: one read of x for them all), or up to four warps a feature, each a share
 //   of the row, summed in warp order (GemvFp8KSplit), streams the weights, 16 bytes (16 values)
 //   a lane at a time, widens them in registers (the e4m3 -> f16 conversion the
