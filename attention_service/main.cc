@@ -60,6 +60,10 @@
 #include "worker/worker_startup.h"
 
 ABSL_FLAG(int64_t, kv_tokens, 1 << 16, "KV cache positions this rank holds, >= 1.");
+ABSL_FLAG(bool, kv_preallocate, true,
+          "Take the whole --kv-tokens pool at start, so that one that does not fit fails the "
+          "start rather than a step later (a growing pool holds its old and new copies at "
+          "once); false grows it as requests need it.");
 ABSL_FLAG(int64_t, prefill_chunk, 256, "Prompt tokens a request prefills per step, >= 1.");
 ABSL_FLAG(int64_t, step_timeout_ms, absl::ToInt64Milliseconds(dxs::kDefaultStepTimeout),
           "A step exchange waiting longer than this for a peer fails, >= 1.");
@@ -99,7 +103,7 @@ constexpr char kUsage[] =
     "one attention worker (DP rank) of a dxs cluster.\n\n"
     "usage: dxs-attention --model DIR --rank R --router HOST:PORT [--listen HOST:PORT]\n"
     "                     [--metrics-listen HOST:PORT] [--device cpu|cuda[:N]] [--kv-tokens N] "
-    "[--prefill-chunk N]\n"
+    "[--kv-preallocate=true|false] [--prefill-chunk N]\n"
     "                     [--step-timeout-ms MS] [--overlap-min-tokens N] [--stream-interval N]\n"
     "                     [--overlap-schedule=true|false] [--piecewise-graphs=true|false]\n"
     "                     [--mapped-exchange=true|false]\n"
@@ -117,6 +121,7 @@ struct Flags {
   int64_t stream_interval = 0;
   int64_t step_retry_ms = 0;
   int64_t low_latency_capacity = 0;
+  bool kv_preallocate = true;
   bool overlap_schedule = true;
   bool piecewise_graphs = true;
   bool mapped_exchange = true;
@@ -157,6 +162,7 @@ absl::StatusOr<Flags> ValidateFlags() {
   flags.piecewise_graphs = absl::GetFlag(FLAGS_piecewise_graphs);
   flags.overlap_schedule = absl::GetFlag(FLAGS_overlap_schedule);
   flags.mapped_exchange = absl::GetFlag(FLAGS_mapped_exchange);
+  flags.kv_preallocate = absl::GetFlag(FLAGS_kv_preallocate);
   return flags;
 }
 
@@ -184,6 +190,15 @@ int Main(int argc, char** argv) {
   absl::StatusOr<AttentionWeights> weights = LoadAttentionWeights(ckpt, config, backend.get());
   if (!weights.ok()) return fail(weights.status());
   KvCache kv(config, backend.get(), flags->kv_tokens);
+  if (flags->kv_preallocate) {
+    if (absl::Status s = kv.Preallocate(); !s.ok()) {
+      return fail(absl::Status(s.code(),
+                               absl::StrCat("--kv-tokens ", flags->kv_tokens,
+                                            ": the KV pool does not fit on this device (a smaller "
+                                            "--kv-tokens fits): ",
+                                            s.message())));
+    }
+  }
   Scheduler scheduler(config, &kv, {flags->prefill_chunk});
   AttentionWorkerService service(rank, config, &scheduler, &kv);
   service.set_first_logits_dir(flags->dump_first_logits);

@@ -476,6 +476,9 @@ double ActiveWeightBytes(const ModelConfig& c, int64_t batch, double projection_
 struct DecodeBatch {
   DecodeBatch(LocalEngine* engine, int64_t batch, int64_t ctx)
       : engine(engine), kv(engine->config(), engine->backend(), batch * (ctx + 64)), seqs(batch) {
+    // The whole pool at once: grown slot by slot it would hold the old pool and one twice as
+    // large at its last growth, room batch 128 of the bf16 model does not have on an 80 GB GPU.
+    BENCH_CHECK(kv.Preallocate());
     for (int64_t s = 0; s < batch; ++s) {
       seqs[s].kv_slot = Must(kv.Allocate(ctx + 64), "kv slot");
       for (int64_t i = 0; i < ctx; ++i) {

@@ -32,6 +32,11 @@ class KvCache {
 
   // Reserves a slot for up to `max_tokens` positions; RESOURCE_EXHAUSTED if it can't fit.
   absl::StatusOr<int> Allocate(int64_t max_tokens);
+  // Makes the pools hold the whole capacity now (ceil(capacity / block size) blocks), so that
+  // no later Allocate grows them: growing copies the pools into ones twice as large, holding
+  // both at once, and a pool sized to fill a GPU would not have that room. RESOURCE_EXHAUSTED
+  // (from the backend) when the capacity does not fit.
+  absl::Status Preallocate();
   // A slot for up to `max_tokens` positions whose first `shared_tokens` hold `parent`'s (its
   // prompt, for another sample of it): the parent's whole blocks among them are shared,
   // counted once (in the parent's reservation), and its last partial block is copied, as both
@@ -62,7 +67,9 @@ class KvCache {
   };
   // `need` blocks off the free list (growing the pools), each referenced once.
   absl::StatusOr<std::vector<int32_t>> TakeBlocks(int64_t need);
-  // Makes the pools hold at least `blocks` blocks.
+  // Makes the pools hold at least `blocks` blocks: twice as many as now where that is
+  // needed, but never more than the capacity's blocks unless `blocks` itself is more (slots
+  // round up to whole blocks).
   absl::Status Grow(int64_t blocks);
 
   ModelConfig config_;

@@ -71,6 +71,37 @@ TEST(KvCacheTest, GrowingThePoolKeepsWrittenPages) {
   }
 }
 
+// Doubling stops at the capacity: a pool of 100 tokens in blocks of 4 is never more than its 25
+// blocks, where doubling from 16 would have made 32; Preallocate takes them all at once, and no
+// Allocate within the capacity grows the pool after it.
+TEST(KvCacheTest, ThePoolNeverGrowsPastTheCapacity) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  {
+    KvCache kv(SmallConfig(), backend.get(), /*capacity_tokens=*/100, /*block_size=*/4);
+    std::vector<int> slots;
+    for (int i = 0; i < 25; ++i) {
+      absl::StatusOr<int> s = kv.Allocate(4);
+      ASSERT_TRUE(s.ok()) << s.status();
+      EXPECT_LE(kv.num_blocks(), 25) << "after " << i + 1 << " slots";
+    }
+    EXPECT_EQ(kv.num_blocks(), 25);
+    EXPECT_EQ(kv.keys(0).rows(), 25);
+  }
+  {
+    // Slots that round up to whole blocks may need more blocks than capacity / block size:
+    // the pool grows to exactly what they need.
+    KvCache kv(SmallConfig(), backend.get(), /*capacity_tokens=*/20, /*block_size=*/4);
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(kv.Allocate(5).ok());  // 2 blocks each
+    EXPECT_EQ(kv.num_blocks(), 8);
+  }
+  KvCache kv(SmallConfig(), backend.get(), /*capacity_tokens=*/100, /*block_size=*/4);
+  ASSERT_TRUE(kv.Preallocate().ok());
+  EXPECT_EQ(kv.num_blocks(), 25);
+  for (int layer = 0; layer < 2; ++layer) EXPECT_EQ(kv.values(layer).rows(), 25);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(kv.Allocate(20).ok());
+  EXPECT_EQ(kv.num_blocks(), 25);
+}
+
 // A fork shares the parent's whole blocks (counted once), copies its partial block, and
 // takes its own blocks for the rest; a shared block goes back to the free list only when
 // the last slot holding it is freed.

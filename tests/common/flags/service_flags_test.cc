@@ -92,6 +92,21 @@ TEST(ServiceFlags, WorkerTransportNcclNeedsAGpuDevice) {
   }
 }
 
+// A --kv-tokens pool the device cannot hold fails the attention worker's start, naming the
+// flag (--kv-preallocate, the default), before it registers anywhere: not a step later.
+TEST(ServiceFlags, AKvPoolThatDoesNotFitFailsTheStart) {
+  TempDir tmp;
+  const std::string dir = testing::WritePreset(tmp, "default");
+  // 10^13 positions of the default preset: petabytes.
+  const Output o = RunService(
+      "dxs-attention",
+      "--model " + dir + " --rank 0 --router 127.0.0.1:1 --kv-tokens 10000000000000", tmp);
+  EXPECT_EQ(o.exit_code, 2) << o.err;
+  EXPECT_NE(o.err.find("dxs-attention: --kv-tokens 10000000000000: the KV pool does not fit"),
+            std::string::npos)
+      << o.err;
+}
+
 TEST(ServiceFlags, AFlagfileIsAConfigFile) {
   TempDir tmp;
   const std::string file = tmp.path() + "/router.flags";
