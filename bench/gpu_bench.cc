@@ -1126,7 +1126,6 @@ void Fp8Benches(const Rates& rates, bool quick, const Profile& profile, Report* 
                  {"fp8_gemm_us", gemm_us}});
   }
   QkvGraphBench(b.get(), quick, report);
-  // Last: it drives cuBLASLt directly with operand orders dxs does not use.
   Fp8GemvFeatures(quick, report);
 }
 

@@ -16,15 +16,16 @@ KvCache::KvCache(const ModelConfig& config, Backend* backend, int64_t capacity_t
       keys_(config.num_hidden_layers),
       values_(config.num_hidden_layers) {}
 
-absl::Status KvCache::Preallocate() {
-  return Grow((capacity_tokens_ + block_size_ - 1) / block_size_);
+int64_t KvCache::CapacityBlocks() const {
+  return (capacity_tokens_ + block_size_ - 1) / block_size_;
 }
+
+absl::Status KvCache::Preallocate() { return Grow(CapacityBlocks()); }
 
 absl::Status KvCache::Grow(int64_t blocks) {
   if (blocks <= num_blocks_) return absl::OkStatus();
   // Doubling keeps growths few; past the capacity it would only hold memory no slot can take.
-  const int64_t capacity_blocks = (capacity_tokens_ + block_size_ - 1) / block_size_;
-  const int64_t grown = std::max(blocks, std::min(2 * num_blocks_, capacity_blocks));
+  const int64_t grown = std::max(blocks, std::min(2 * num_blocks_, CapacityBlocks()));
   const std::vector<int64_t> shape = {grown, block_size_, config_.num_key_value_heads,
                                       config_.head_dim};
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {

@@ -65,6 +65,8 @@ class KvCache {
     int64_t shared = 0;  // leading positions in blocks shared with the slot it forked from
     std::vector<int32_t> blocks;
   };
+  // ceil(capacity / block size): the blocks the capacity fills.
+  int64_t CapacityBlocks() const;
   // `need` blocks off the free list (growing the pools), each referenced once.
   absl::StatusOr<std::vector<int32_t>> TakeBlocks(int64_t need);
   // Makes the pools hold at least `blocks` blocks: twice as many as now where that is

@@ -22,6 +22,7 @@
 #include "kernels/make_backend.h"
 #include "model/random_checkpoint.h"
 #include "model/weights.h"
+#include "tests/common/scoped_env.h"
 #include "tests/kernels/cuda/fp8_test_util.h"
 
 namespace dxs {
@@ -119,6 +120,16 @@ class Fp8LinearTest : public ::testing::Test {
   // LinearsEqualEachLinear on one backend.
   void LinearsEqualEachLinearOn(Backend* be);
 
+  // A CUDA backend made with `env` set (the backend reads its switches when it is made).
+  static absl::StatusOr<std::unique_ptr<Backend>> BackendWith(
+      std::initializer_list<std::pair<const char*, const char*>> env) {
+    std::vector<std::unique_ptr<testing::ScopedEnv>> set;
+    for (const auto& [name, value] : env) {
+      set.push_back(std::make_unique<testing::ScopedEnv>(name, value));
+    }
+    return MakeBackend("cuda");
+  }
+
   std::unique_ptr<Backend> gpu_;
 };
 
@@ -129,11 +140,8 @@ TEST_F(Fp8LinearTest, EqualsTheProductOfTheFp8ValuesAndScales) {
   // (CUTLASS's blockwise grouped kernel where built, and cuBLASLt's).
   std::vector<std::unique_ptr<Backend>> gemm_only;
   for (const char* gemm : {"cutlass", "cublaslt"}) {
-    setenv("DXS_CUDA_GEMV", "off", 1);
-    setenv("DXS_CUDA_FP8_GEMM", gemm, 1);
-    absl::StatusOr<std::unique_ptr<Backend>> b = MakeBackend("cuda");
-    unsetenv("DXS_CUDA_GEMV");
-    unsetenv("DXS_CUDA_FP8_GEMM");
+    absl::StatusOr<std::unique_ptr<Backend>> b =
+        BackendWith({{"DXS_CUDA_GEMV", "off"}, {"DXS_CUDA_FP8_GEMM", gemm}});
     if (!b.ok() && std::string(gemm) == "cutlass") continue;  // no CUTLASS in this build
     ASSERT_TRUE(b.ok()) << gemm << ": " << b.status();
     gemm_only.push_back(std::move(*b));
@@ -199,9 +207,8 @@ TEST_F(Fp8LinearTest, RowsOfWholeBlocksKeepTheirScales) {
 // cuBLASLt matmul each, again the bits of each Linear alone (the same quantized x and plan).
 TEST_F(Fp8LinearTest, LinearsEqualEachLinear) {
   // On the default backend (k and v on side streams past the GEMV) and on one without them.
-  setenv("DXS_CUDA_FP8_SIDE_STREAMS", "off", 1);
-  absl::StatusOr<std::unique_ptr<Backend>> one_stream = MakeBackend("cuda");
-  unsetenv("DXS_CUDA_FP8_SIDE_STREAMS");
+  absl::StatusOr<std::unique_ptr<Backend>> one_stream =
+      BackendWith({{"DXS_CUDA_FP8_SIDE_STREAMS", "off"}});
   ASSERT_TRUE(one_stream.ok()) << one_stream.status();
   for (Backend* b : {gpu_.get(), one_stream->get()}) {
     SCOPED_TRACE(b == gpu_.get() ? "side streams" : "DXS_CUDA_FP8_SIDE_STREAMS=off");
@@ -250,9 +257,8 @@ void Fp8LinearTest::LinearsEqualEachLinearOn(Backend* be) {
 TEST_F(Fp8LinearTest, GemvFeatureCountsGiveTheSameBits) {
   std::vector<std::unique_ptr<Backend>> backends;
   for (const char* features : {"1", "2", "4"}) {
-    setenv("DXS_CUDA_GEMV_FP8_FEATURES", features, 1);
-    absl::StatusOr<std::unique_ptr<Backend>> b = MakeBackend("cuda");
-    unsetenv("DXS_CUDA_GEMV_FP8_FEATURES");
+    absl::StatusOr<std::unique_ptr<Backend>> b =
+        BackendWith({{"DXS_CUDA_GEMV_FP8_FEATURES", features}});
     ASSERT_TRUE(b.ok()) << features << ": " << b.status();
     backends.push_back(std::move(*b));
   }
