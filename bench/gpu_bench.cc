@@ -470,7 +470,7 @@ double ActiveWeightBytes(const ModelConfig& c, int64_t batch, double projection_
          2.0 * (router * c.num_hidden_layers + h * c.vocab_size);  // + lm_head
 }
 
-// `batch` sequences of a `ctx`-token context prefilled on `engine` (8 a step), then
+// `batch` sequences of a `ctx`-token context prefilled on `engine` (2048 tokens a step), then
 // decode steps of one token each, eager or through CUDA graphs (ForwardDecode records the
 // first of a shape).
 struct DecodeBatch {
@@ -485,9 +485,12 @@ struct DecodeBatch {
         seqs[s].tokens.push_back(static_cast<int32_t>(3 + (s * 7919 + i * 104729) % 150000));
       }
     }
-    for (int64_t first = 0; first < batch; first += 8) {
+    // At most 2048 prompt tokens a forward: the prefill's temporaries beside the model and a
+    // batch-128 pool must fit in what an 80 GB GPU has left (8192 a forward did not).
+    const int64_t per_forward = std::max<int64_t>(1, 2048 / std::max<int64_t>(ctx, 1));
+    for (int64_t first = 0; first < batch; first += per_forward) {
       std::vector<SequenceChunk> part(seqs.begin() + first,
-                                      seqs.begin() + std::min<int64_t>(batch, first + 8));
+                                      seqs.begin() + std::min<int64_t>(batch, first + per_forward));
       Must(engine->model().Forward(part, &kv), "prefill");
     }
     BENCH_CHECK(engine->backend()->Synchronize());

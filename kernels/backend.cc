@@ -49,6 +49,11 @@ absl::Status DeviceRuntime::Replay(Graph* graph) {
   return absl::UnimplementedError(absl::StrCat("the ", name(), " backend has no graphs"));
 }
 
+absl::Status DenseCompute::PrefetchWeights(const std::vector<const Tensor*>& weights,
+                                           PrefetchWhile during, int64_t rows) {
+  return absl::OkStatus();
+}
+
 absl::Status DenseCompute::Linears(const Tensor& x, const std::vector<const Tensor*>& ws,
                                    const std::vector<Tensor*>& ys) {
   if (ws.size() != ys.size()) {

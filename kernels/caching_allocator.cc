@@ -54,6 +54,21 @@ absl::StatusOr<std::shared_ptr<Buffer>> CachingAllocator::Allocate(size_t bytes)
       p = system_alloc_(size_class);
     }
     if (p == nullptr) {
+      std::vector<std::weak_ptr<CachingAllocator>> peers;
+      {
+        absl::MutexLock lock(&mu_);
+        peers = peers_;
+      }
+      bool emptied = false;
+      for (const std::weak_ptr<CachingAllocator>& weak : peers) {
+        std::shared_ptr<CachingAllocator> peer = weak.lock();
+        if (peer == nullptr || peer->stats().bytes_cached == 0) continue;
+        peer->EmptyCache();
+        emptied = true;
+      }
+      if (emptied) p = system_alloc_(size_class);
+    }
+    if (p == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("out of ", device_ == Device::kCpu ? "host" : "device",
                        " memory allocating ", bytes, " bytes (", stats().bytes_in_use, " in use)"));
@@ -110,6 +125,11 @@ void CachingAllocator::EmptyCache() {
   for (auto& [size_class, cached] : blocks) {
     for (const Cached& c : cached) system_free_(c.p, size_class);
   }
+}
+
+void CachingAllocator::AddPeer(std::weak_ptr<CachingAllocator> peer) {
+  absl::MutexLock lock(&mu_);
+  peers_.push_back(std::move(peer));
 }
 
 CachingAllocator::Stats CachingAllocator::stats() const {

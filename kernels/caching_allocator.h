@@ -51,10 +51,15 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   ~CachingAllocator();
 
   // At least `bytes` bytes (0 is fine), uninitialised. RESOURCE_EXHAUSTED when the system
-  // has no memory even after the cache is emptied.
+  // has no memory even after the cache and the peers' caches are emptied.
   absl::StatusOr<std::shared_ptr<Buffer>> Allocate(size_t bytes);
   // Returns every cached block to the system.
   void EmptyCache();
+  // Another pool of the same device (a backend's pool for recorded graphs beside its main
+  // one): when the system has no memory for a block even after this pool's cache is emptied,
+  // the peers' cached blocks go back too before Allocate gives up. A graph's warm-up after a
+  // prefill then gets the memory that the prefill's temporaries left cached in the main pool.
+  void AddPeer(std::weak_ptr<CachingAllocator> peer);
   Stats stats() const;
 
   static size_t SizeClass(size_t bytes);
@@ -74,6 +79,7 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   };
   // Per size class, oldest first; Allocate takes the newest.
   std::map<size_t, std::deque<Cached>> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::weak_ptr<CachingAllocator>> peers_ ABSL_GUARDED_BY(mu_);
   uint64_t release_count_ ABSL_GUARDED_BY(mu_) = 0;
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };

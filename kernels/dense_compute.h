@@ -54,6 +54,16 @@ class DenseCompute {
   // Linear for each, which a device may run as one launch. ws and ys of one size.
   virtual absl::Status Linears(const Tensor& x, const std::vector<const Tensor*>& ws,
                                const std::vector<Tensor*>& ys);
+  // What runs while the weights of a PrefetchWeights hint come into a device's cache: a decode
+  // step's attention (short kernels that read little, the memory mostly idle) or its experts
+  // (which stream their own weights).
+  enum class PrefetchWhile { kAttention, kExperts };
+  // A hint: `weights` (model weights, which nothing writes) are read by an op of `rows` rows
+  // after the work that `during` names; a device may bring them into its cache beside that
+  // work (the o-projection's weights while a decode step's attention runs). Changes no
+  // result; the default does nothing.
+  virtual absl::Status PrefetchWeights(const std::vector<const Tensor*>& weights,
+                                       PrefetchWhile during, int64_t rows);
   // y = x * rsqrt(mean(x^2) + eps) * weight over rows of weight.num_elements() values.
   virtual absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor* y) = 0;
   // y[i] = table[ids[i]]; ids is an i32 tensor of ids already checked against the table.

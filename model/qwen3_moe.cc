@@ -715,6 +715,10 @@ absl::Status Qwen3MoeModel::AttentionBlock(int layer, KvCache* kv, MicroBatch* m
     DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.k_proj, bias(lw.k_bias), &k2));
     DXS_RETURN_IF_ERROR(backend_->Linear(normed, lw.v_proj, bias(lw.v_bias), &v2));
   }
+  // The o-projection's weights are read right after attention, whose kernels leave the
+  // memory mostly idle at decode sizes: the backend may bring them into its cache meanwhile.
+  DXS_RETURN_IF_ERROR(
+      backend_->PrefetchWeights({&lw.o_proj}, DenseCompute::PrefetchWhile::kAttention, t));
   // Per-head q/k norms and the rotary embedding, then the new keys and values into their
   // pages: one op (one kernel on CUDA), for all the step's sequences.
   DXS_RETURN_IF_ERROR(backend_->QkNormRopeWriteKv(&q, &k, v, lw.q_norm, lw.k_norm, eps,
@@ -726,7 +730,13 @@ absl::Status Qwen3MoeModel::AttentionBlock(int layer, KvCache* kv, MicroBatch* m
   DXS_RETURN_IF_ERROR(
       backend_->PagedAttention(q, kv->keys(layer), kv->values(layer), mb->attn, scale, &attn));
   DXS_ASSIGN_OR_RETURN(*o, backend_->Allocate({t, config_.hidden_size}));
-  return backend_->Linear(attn, lw.o_proj, bias(lw.o_bias), o);
+  DXS_RETURN_IF_ERROR(backend_->Linear(attn, lw.o_proj, bias(lw.o_bias), o));
+  if (layer + 1 >= config_.num_hidden_layers) return absl::OkStatus();
+  // And the next layer's q, k and v while this layer's MLP runs (on an attention worker, while
+  // its experts answer over the exchange).
+  const AttentionLayerWeights& next = w_.layers[layer + 1];
+  return backend_->PrefetchWeights({&next.q_proj, &next.k_proj, &next.v_proj},
+                                   DenseCompute::PrefetchWhile::kExperts, t);
 }
 
 absl::Status Qwen3MoeModel::DenseMlp(int layer, const Tensor& normed, Tensor* out) {

@@ -91,6 +91,8 @@ class CudaBackend final : public Backend {
   absl::Status Synchronize() override;
 
   absl::Status Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor* y) override;
+  absl::Status PrefetchWeights(const std::vector<const Tensor*>& weights, PrefetchWhile during,
+                               int64_t rows) override;
   absl::Status Linears(const Tensor& x, const std::vector<const Tensor*>& ws,
                        const std::vector<Tensor*>& ys) override;
   // Whether y = x * w^T (no bias) takes gemv.cu's decode-sized path: bf16 x and w, at most
@@ -352,6 +354,16 @@ class CudaBackend final : public Backend {
   };
   std::array<SideStream, 2> fp8_side_;
   cudaEvent_t fp8_fork_ = nullptr;
+  // DXS_CUDA_L2_PREFETCH: which PrefetchWeights hints a recording graph takes. Each forks a
+  // branch onto l2_prefetch_stream_ (waiting on l2_prefetch_fork_) that issues the L2
+  // prefetches off the decode step's critical path; the branch is joined once, before the
+  // capture ends (l2_prefetch_open_), so no op of the step waits for it.
+  bool l2_prefetch_attention_ = false, l2_prefetch_experts_ = false;
+  cudaStream_t l2_prefetch_stream_ = nullptr;
+  cudaEvent_t l2_prefetch_fork_ = nullptr, l2_prefetch_done_ = nullptr;
+  bool l2_prefetch_open_ = false;  // a branch forked in this capture, not yet joined
+  // Joins an open prefetch branch into stream_ (before a capture ends).
+  absl::Status JoinL2Prefetch();
   absl::Mutex fp8_mu_;
   std::map<std::tuple<int64_t, int64_t, int64_t, DType>, std::unique_ptr<Fp8GemmPlan>> fp8_plans_
       ABSL_GUARDED_BY(fp8_mu_);

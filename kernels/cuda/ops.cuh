@@ -83,6 +83,11 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
                                 int64_t hidden, int64_t inter, void* act, void* y, ElemType y_type,
                                 cudaStream_t stream);
 
+// Starts bringing [p, p + bytes) (16-byte aligned; a model weight, which no kernel writes)
+// into L2 with bulk prefetches, for a kernel queued later on another stream. The prefetches
+// are issued, not waited for; results are unchanged whether they land or not.
+cudaError_t LaunchPrefetchL2(const void* p, size_t bytes, cudaStream_t stream);
+
 // The MoE FFN of `tokens` tokens from their routing, without sorting the pairs: out[t]
 // (f32 or bf16 [tokens, hidden]) = the sum over the token's top_k pairs (ids i32 and scales
 // f32 [tokens, top_k]) in ascending expert order of scales * SwiGLU_e(xs[t]), each expert's

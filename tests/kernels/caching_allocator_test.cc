@@ -171,5 +171,48 @@ TEST(CachingAllocatorTest, ConcurrentUseUnderTheCapGivesEveryBlockBackOnce) {
   EXPECT_TRUE(live.empty()) << live.size() << " blocks never given back";
 }
 
+// Two pools of one device (a backend's main pool and its graphs' pool) over a system of 10 MiB:
+// a block the first keeps cached is given back when the second cannot get memory otherwise,
+// but only between peers.
+TEST(CachingAllocatorTest, APeersCachedBlocksGoBackWhenTheSystemHasNoMemory) {
+  struct Budget {
+    size_t left = 10 * kMiB;
+  };
+  auto pool = [](std::shared_ptr<Budget> budget) {
+    return CachingAllocator::Create(
+        Device::kCpu,
+        [budget](size_t bytes) -> void* {
+          if (bytes > budget->left) return nullptr;
+          budget->left -= bytes;
+          return std::malloc(bytes);
+        },
+        [budget](void* p, size_t bytes) {
+          budget->left += bytes;
+          std::free(p);
+        },
+        64 * kMiB);
+  };
+  for (const bool peers : {false, true}) {
+    SCOPED_TRACE(peers ? "peers" : "not peers");
+    auto budget = std::make_shared<Budget>();
+    auto main = pool(budget), graphs = pool(budget);
+    if (peers) {
+      main->AddPeer(graphs);
+      graphs->AddPeer(main);
+    }
+    ASSERT_TRUE(main->Allocate(8 * kMiB).ok());  // freed at once: cached in main
+    EXPECT_EQ(main->stats().bytes_cached, static_cast<int64_t>(8 * kMiB));
+    auto block = graphs->Allocate(6 * kMiB);
+    if (!peers) {
+      EXPECT_EQ(block.status().code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_EQ(main->stats().bytes_cached, static_cast<int64_t>(8 * kMiB));
+      continue;
+    }
+    ASSERT_TRUE(block.ok()) << block.status();
+    EXPECT_EQ(main->stats().bytes_cached, 0);
+    EXPECT_EQ(budget->left, 4 * kMiB);
+  }
+}
+
 }  // namespace
 }  // namespace dxs

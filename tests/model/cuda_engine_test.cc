@@ -22,6 +22,7 @@
 #include "model/random_checkpoint.h"
 #include "model/weights.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/scoped_env.h"
 #include "tests/model/decode_sampling_check.h"
 #include "tests/model/test_util.h"
 
@@ -421,6 +422,25 @@ TEST(CudaGraphs, ReplayEqualsEagerExecutionBitForBit) {
   // The odd preset (head_dim 24: dxs's own attention kernel), and the default preset with
   // Qwen3's head_dim 128 and GQA 4 (FlashInfer's, with its graph plan recorded or not).
   for (const std::string& dir : {testing::WritePreset(tmp, "odd"), WriteHeadDim128(tmp)}) {
+    SCOPED_TRACE(dir);
+    ReplayEqualsEager(dir);
+  }
+}
+
+// DXS_CUDA_L2_PREFETCH=all: the recorded graphs carry the prefetch branch (the o-projection
+// beside attention, the next layer's q, k and v beside the experts), which must be joined
+// before each capture ends (an unjoined branch fails the capture) and change no bit of the
+// replays against the eager steps, which take no hints. bf16 and FP8 weights.
+TEST(CudaGraphs, L2PrefetchBranchesChangeNoBits) {
+  if (!MakeBackend("cuda").ok()) GTEST_SKIP() << "no GPU here";
+  testing::ScopedEnv prefetch("DXS_CUDA_L2_PREFETCH", "all");
+  TempDir tmp;
+  absl::StatusOr<CheckpointPreset> fp8 = GetPreset("default");
+  ASSERT_TRUE(fp8.ok());
+  MakeFp8BlockShapes(&*fp8);
+  const std::string fp8_dir = tmp.path() + "/default-fp8";
+  ASSERT_TRUE(WriteRandomCheckpoint(*fp8, fp8_dir).ok());
+  for (const std::string& dir : {WriteHeadDim128(tmp), fp8_dir}) {
     SCOPED_TRACE(dir);
     ReplayEqualsEager(dir);
   }
