@@ -235,6 +235,7 @@ absl::Status CudaBackend::Init() {
   }
   DXS_ASSIGN_OR_RETURN(const std::string l2_prefetch, tunables::Read(tunables::kCudaL2Prefetch));
   l2_prefetch_attention_ = l2_prefetch != "off";
+  l2_prefetch_down_ = l2_prefetch == "experts" || l2_prefetch == "all";
   l2_prefetch_experts_ = l2_prefetch == "all";
   if (l2_prefetch_attention_) {
     DXS_RETURN_IF_ERROR(
@@ -632,6 +633,10 @@ constexpr size_t kL2PrefetchMaxBytes = size_t{24} << 20;
 // neutral (H100, results/fp8.md).
 constexpr int64_t kL2PrefetchMaxRows = 4;
 
+bool CudaBackend::TakesL2PrefetchOfDown(int64_t rows) const {
+  return l2_prefetch_down_ && recording() && rows <= kL2PrefetchMaxRows;
+}
+
 absl::Status CudaBackend::PrefetchWeights(const std::vector<const Tensor*>& weights,
                                           PrefetchWhile during, int64_t rows) {
   // Only while a decode graph records: there the branch is joined before the capture ends
@@ -647,15 +652,20 @@ absl::Status CudaBackend::PrefetchWeights(const std::vector<const Tensor*>& weig
   }
   if (bytes == 0 || bytes > kL2PrefetchMaxBytes) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("prefetch weights"));
+  DXS_RETURN_IF_ERROR(ForkL2Prefetch());
+  for (const Tensor* w : weights) {
+    DXS_RETURN_IF_ERROR(CudaStatus(
+        cuda::LaunchPrefetchL2(w->raw(), w->num_bytes(), l2_prefetch_stream_), "prefetch weights"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ForkL2Prefetch() {
   DXS_RETURN_IF_ERROR(
       CudaStatus(cudaEventRecord(l2_prefetch_fork_, stream_), "prefetch weights: fork"));
   DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(l2_prefetch_stream_, l2_prefetch_fork_, 0),
                                  "prefetch weights: fork"));
   l2_prefetch_open_ = true;
-  for (const Tensor* w : weights) {
-    DXS_RETURN_IF_ERROR(CudaStatus(
-        cuda::LaunchPrefetchL2(w->raw(), w->num_bytes(), l2_prefetch_stream_), "prefetch weights"));
-  }
   return absl::OkStatus();
 }
 

@@ -18,22 +18,39 @@ namespace {
 constexpr size_t kChunk = size_t{16} << 10;  // bytes a thread's bulk prefetch covers
 constexpr int kThreads = 128;
 
+// This thread's chunk of [p, p + bytes) (p 16-byte aligned) into L2: whole 16-byte steps of
+// up to kChunk bytes from kChunk * the thread's index in the grid's x.
+__device__ __forceinline__ void PrefetchChunk(const char* p, size_t bytes) {
+  const size_t begin = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kChunk;
+  if (begin >= bytes) return;
+  const size_t n = (bytes - begin < kChunk ? bytes - begin : kChunk) / 16 * 16;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (n > 0) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + begin),
+                 "r"(static_cast<unsigned>(n))
+                 : "memory");
+  }
+#endif
+}
+
 __global__ void __launch_bounds__(kThreads) PrefetchL2Kernel(const char* p, size_t bytes) {
   // pdl-early: the bytes are a model weight, which no kernel writes; the prefetches are
   // issued, not waited for, and the wait after them keeps the launch ordered behind its
   // predecessor on the prefetch stream (launch.cuh).
-  const size_t begin = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kChunk;
-  if (begin < bytes) {
-    const size_t n = (bytes - begin < kChunk ? bytes - begin : kChunk) / 16 * 16;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (n > 0) {
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + begin),
-                   "r"(static_cast<unsigned>(n))
-                   : "memory");
-    }
-#endif
-  }
+  PrefetchChunk(p, bytes);
   PdlWait();
+}
+
+// The routed pairs' weights: pair blockIdx.y's expert ids[p] (in [0, num_experts), with a
+// non-null table entry; others prefetch nothing), bytes_each bytes from table[ids[p]].
+__global__ void __launch_bounds__(kThreads)
+    PrefetchRoutedL2Kernel(const int32_t* ids, const void* const* table, int num_experts,
+                           size_t bytes_each) {
+  PdlWait();  // ids were written before the branch forked (its event); nothing else waits
+  const int e = ids[blockIdx.y];
+  const char* p = e >= 0 && e < num_experts ? static_cast<const char*>(table[e]) : nullptr;
+  // A hint: a weight not 16-byte aligned (which the bulk prefetch needs) is left alone.
+  if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0) PrefetchChunk(p, bytes_each);
 }
 
 }  // namespace
@@ -44,6 +61,19 @@ cudaError_t LaunchPrefetchL2(const void* p, size_t bytes, cudaStream_t stream) {
   const size_t threads = (bytes + kChunk - 1) / kChunk;
   return LaunchKernel(PrefetchL2Kernel, static_cast<unsigned>((threads + kThreads - 1) / kThreads),
                       kThreads, 0, stream, static_cast<const char*>(p), bytes);
+}
+
+cudaError_t LaunchPrefetchRoutedL2(const int32_t* ids, int64_t pairs, const void* const* table,
+                                   int64_t num_experts, size_t bytes_each, cudaStream_t stream) {
+  if (pairs == 0 || bytes_each == 0) return cudaSuccess;
+  if (ids == nullptr || table == nullptr || pairs > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  const size_t threads = (bytes_each + kChunk - 1) / kChunk;
+  const dim3 grid(static_cast<unsigned>((threads + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(pairs));
+  return LaunchKernel(PrefetchRoutedL2Kernel, grid, kThreads, 0, stream, ids, table,
+                      static_cast<int>(num_experts), bytes_each);
 }
 
 }  // namespace dxs::cuda
