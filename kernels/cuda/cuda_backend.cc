@@ -647,7 +647,12 @@ absl::Status CudaBackend::PrefetchWeights(const std::vector<const Tensor*>& weig
   if (!wanted || !recording() || rows > kL2PrefetchMaxRows) return absl::OkStatus();
   size_t bytes = 0;
   for (const Tensor* w : weights) {
-    if (w == nullptr || !w->defined() || w->device() != Device::kCuda) return absl::OkStatus();
+    // A hint: anything the bulk prefetch cannot take (not on this device, not 16-byte aligned)
+    // leaves the step without it.
+    if (w == nullptr || !w->defined() || w->device() != Device::kCuda ||
+        reinterpret_cast<uintptr_t>(w->raw()) % 16 != 0) {
+      return absl::OkStatus();
+    }
     bytes += w->num_bytes();
   }
   if (bytes == 0 || bytes > kL2PrefetchMaxBytes) return absl::OkStatus();
