@@ -234,10 +234,12 @@ absl::Status CudaBackend::Init() {
     }
   }
   DXS_ASSIGN_OR_RETURN(const std::string l2_prefetch, tunables::Read(tunables::kCudaL2Prefetch));
-  l2_prefetch_attention_ = l2_prefetch != "off";
-  l2_prefetch_down_ = l2_prefetch == "experts" || l2_prefetch == "all";
-  l2_prefetch_experts_ = l2_prefetch == "all";
-  if (l2_prefetch_attention_) {
+  // Each setting takes the hints of the one before it too.
+  l2_prefetch_ = l2_prefetch == "all"         ? L2Prefetch::kAll
+                 : l2_prefetch == "experts"   ? L2Prefetch::kExperts
+                 : l2_prefetch == "attention" ? L2Prefetch::kAttention
+                                              : L2Prefetch::kOff;
+  if (l2_prefetch_ != L2Prefetch::kOff) {
     DXS_RETURN_IF_ERROR(
         CudaStatus(cudaStreamCreateWithFlags(&l2_prefetch_stream_, cudaStreamNonBlocking),
                    "cuda backend: l2 prefetch stream"));
@@ -634,7 +636,7 @@ constexpr size_t kL2PrefetchMaxBytes = size_t{24} << 20;
 constexpr int64_t kL2PrefetchMaxRows = 4;
 
 bool CudaBackend::TakesL2PrefetchOfDown(int64_t rows) const {
-  return l2_prefetch_down_ && recording() && rows <= kL2PrefetchMaxRows;
+  return l2_prefetch_ >= L2Prefetch::kExperts && recording() && rows <= kL2PrefetchMaxRows;
 }
 
 absl::Status CudaBackend::PrefetchWeights(const std::vector<const Tensor*>& weights,
@@ -642,8 +644,8 @@ absl::Status CudaBackend::PrefetchWeights(const std::vector<const Tensor*>& weig
   // Only while a decode graph records: there the branch is joined before the capture ends
   // (CaptureGraph), and each replay runs it beside the step. Eager steps take no hints, so no
   // prefetch can outlive the weights it reads.
-  const bool wanted =
-      during == PrefetchWhile::kAttention ? l2_prefetch_attention_ : l2_prefetch_experts_;
+  const bool wanted = l2_prefetch_ >= (during == PrefetchWhile::kAttention ? L2Prefetch::kAttention
+                                                                           : L2Prefetch::kAll);
   if (!wanted || !recording() || rows > kL2PrefetchMaxRows) return absl::OkStatus();
   size_t bytes = 0;
   for (const Tensor* w : weights) {

@@ -359,7 +359,8 @@ class CudaBackend final : public Backend {
   // branch onto l2_prefetch_stream_ (waiting on l2_prefetch_fork_) that issues the L2
   // prefetches off the decode step's critical path; the branch is joined once, before the
   // capture ends (l2_prefetch_open_), so no op of the step waits for it.
-  bool l2_prefetch_attention_ = false, l2_prefetch_down_ = false, l2_prefetch_experts_ = false;
+  enum class L2Prefetch { kOff, kAttention, kExperts, kAll };
+  L2Prefetch l2_prefetch_ = L2Prefetch::kOff;
   cudaStream_t l2_prefetch_stream_ = nullptr;
   cudaEvent_t l2_prefetch_fork_ = nullptr, l2_prefetch_done_ = nullptr;
   bool l2_prefetch_open_ = false;  // a branch forked in this capture, not yet joined
