@@ -38,6 +38,15 @@ __device__ __forceinline__ bool RanksBefore(float a_key, int a_id, float b_key, 
   return a_key > b_key || (a_key == b_key && a_id < b_id);
 }
 
+// The key's bits in an unsigned order that matches the float order: larger keys give larger
+// values. -0 and +0 give the same value (they tie in RanksBefore); keys are never NaN
+// (RankKey), and -inf gives 0x007fffff, so 0 is below every key and means "no candidate".
+__device__ __forceinline__ unsigned OrderedBits(float key) {
+  unsigned u = __float_as_uint(key);
+  if ((u << 1) == 0u) u = 0u;  // -0 as +0
+  return (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
+}
+
 }  // namespace topk_warp
 
 // The whole warp calls it (shuffles); logit(e) loads expert e's logit as float. Writes
@@ -83,36 +92,34 @@ __device__ __forceinline__ void TopKSoftmaxWarp(LoadLogitFn logit_of, int num_ex
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) prob[s] /= sum;
 
-  // k rounds of warp argmax; lane k keeps the k-th pick.
+  // k rounds of warp argmax; lane k keeps the k-th pick. Each lane first takes its own best
+  // free slot; the warp's winner is then the largest key (one redux.sync over OrderedBits)
+  // and, among the lanes holding it, the lowest id (a second): RanksBefore's order in two
+  // instructions instead of a 5-step shuffle tree of three values. Its probability comes from
+  // the lane that holds it.
   int my_id = 0;
   float my_weight = 0.f;
   float picked_sum = 0.f;
   for (int k = 0; k < top_k; ++k) {
-    float best_key = -INFINITY;
-    int best_id = kNoExpert;
-    float best_prob = 0.f;
+    float lane_key = -INFINITY;
+    int lane_id = kNoExpert;
+    float lane_prob = 0.f;
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       const int e = s * kWarpSize + lane;
       const float key = RankKey(logit[s]);
-      if (!(taken >> s & 1u) && RanksBefore(key, e, best_key, best_id)) {
-        best_key = key;
-        best_id = e;
-        best_prob = prob[s];
+      if (!(taken >> s & 1u) && RanksBefore(key, e, lane_key, lane_id)) {
+        lane_key = key;
+        lane_id = e;
+        lane_prob = prob[s];
       }
     }
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-      const float other_key = __shfl_xor_sync(kFullMask, best_key, offset);
-      const int other_id = __shfl_xor_sync(kFullMask, best_id, offset);
-      const float other_prob = __shfl_xor_sync(kFullMask, best_prob, offset);
-      if (RanksBefore(other_key, other_id, best_key, best_id)) {
-        best_key = other_key;
-        best_id = other_id;
-        best_prob = other_prob;
-      }
-    }
+    const unsigned lane_bits = lane_id == kNoExpert ? 0u : OrderedBits(lane_key);
+    const unsigned best_bits = __reduce_max_sync(kFullMask, lane_bits);
     // top_k <= num_experts, so some expert was still free and best_id is a real one.
+    const int best_id = __reduce_min_sync(
+        kFullMask, lane_id != kNoExpert && lane_bits == best_bits ? lane_id : kNoExpert);
+    const float best_prob = __shfl_sync(kFullMask, lane_prob, best_id % kWarpSize);
     if (lane == best_id % kWarpSize) taken |= 1u << (best_id / kWarpSize);
     picked_sum += best_prob;
     if (lane == k) {

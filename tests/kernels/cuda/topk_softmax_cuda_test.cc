@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -252,6 +253,24 @@ TEST(TopKSoftmaxCudaDevice, TiesGoToTheLowerExpertId) {
     SCOPED_TRACE(::testing::Message() << experts << " experts");
     ExpectMatchesCpu(logits, 64, experts, 8, true);
     ExpectMatchesCpu(std::vector<float>(3 * experts, 0.5f), 3, experts, 4, false);
+  }
+}
+
+TEST(TopKSoftmaxCudaDevice, SignedZerosAndInfinitiesRankAsOnTheCpu) {
+  SKIP_WITHOUT_GPU();
+  // -0 and +0 tie (the lower id first) and -inf ranks below every finite logit, as their
+  // probabilities do on the CPU; each row keeps finite logits so its weights are numbers.
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> levels = {-0.f, 0.f, -inf, 1.f, -1.f, -0.f, 0.f};
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<size_t> pick(0, levels.size() - 1);
+  for (int64_t experts : {12, 128, 512}) {
+    SCOPED_TRACE(::testing::Message() << experts << " experts");
+    std::vector<float> logits(64 * experts);
+    for (float& x : logits) x = levels[pick(rng)];
+    for (int64_t t = 0; t < 64; ++t) logits[t * experts + t % experts] = 1.f;
+    ExpectMatchesCpu(logits, 64, experts, 8, true);
+    ExpectMatchesCpu(logits, 64, experts, 8, false, /*bf16=*/true);
   }
 }
 
