@@ -30,7 +30,7 @@
 #   fp8: fp8_cuda_test, cuda_engine_test's FP8 cases and gpu_bench --fp8 [--quick].
 #   fp8-decode: gpu_bench --fp8-decode [--quick], the whole model bf16 against FP8 projections.
 #   l2-prefetch: gpu_bench --fp8-decode --quick at batch 1 and 8 under each DXS_CUDA_L2_PREFETCH
-#   (off, attention, experts), in DXS_AB_ROUNDS (2) rounds (about 6 minutes).
+#   (off, attention, all), in DXS_AB_ROUNDS (2) rounds (about 6 minutes).
 #   old-new: .device-old/bin (an older commit's binaries) against .device/bin: gpu_bench --quick,
 #   gpu_ll_bench and the serving loop, alternating, with new/old ratios.
 #   serving-ratio: the serving loop (dxs bench --local, overlap on and off) at concurrency 1
@@ -329,7 +329,7 @@ if [ "$what" = l2-prefetch ]; then
   # The decode graphs' L2 prefetch branch (results/fp8.md): each setting in its own process,
   # bf16 and FP8 in each, the settings' order the same every round.
   for round in $(seq "${DXS_AB_ROUNDS:-2}"); do
-    for setting in off attention experts; do
+    for setting in off attention all; do
       DXS_CUDA_L2_PREFETCH=$setting timeout 150 .device/bin/gpu_bench --fp8-decode --quick \
         --decode-batches 1,8 >"$OUT/l2_prefetch_${setting}_$round.log" 2>&1
       summary+=("l2-prefetch $setting round $round: rc=$?")

@@ -236,7 +236,6 @@ absl::Status CudaBackend::Init() {
   DXS_ASSIGN_OR_RETURN(const std::string l2_prefetch, tunables::Read(tunables::kCudaL2Prefetch));
   // Each setting takes the hints of the one before it too.
   l2_prefetch_ = l2_prefetch == "all"         ? L2Prefetch::kAll
-                 : l2_prefetch == "experts"   ? L2Prefetch::kExperts
                  : l2_prefetch == "attention" ? L2Prefetch::kAttention
                                               : L2Prefetch::kOff;
   if (l2_prefetch_ != L2Prefetch::kOff) {
@@ -634,10 +633,6 @@ constexpr size_t kL2PrefetchMaxBytes = size_t{24} << 20;
 // KV read (67 MB a layer) competes with the prefetch and evicts it, 0.5-1.6% slower; batch 8
 // neutral (H100, results/fp8.md).
 constexpr int64_t kL2PrefetchMaxRows = 4;
-
-bool CudaBackend::TakesL2PrefetchOfDown(int64_t rows) const {
-  return l2_prefetch_ >= L2Prefetch::kExperts && recording() && rows <= kL2PrefetchMaxRows;
-}
 
 absl::Status CudaBackend::PrefetchWeights(const std::vector<const Tensor*>& weights,
                                           PrefetchWhile during, int64_t rows) {

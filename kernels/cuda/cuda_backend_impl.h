@@ -354,18 +354,15 @@ class CudaBackend final : public Backend {
   };
   std::array<SideStream, 2> fp8_side_;
   cudaEvent_t fp8_fork_ = nullptr;
-  // DXS_CUDA_L2_PREFETCH: which PrefetchWeights hints a recording graph takes, and whether
-  // RoutedSwiGlu prefetches the picked experts' down weights beside gate_up. Each forks a
+  // DXS_CUDA_L2_PREFETCH: which PrefetchWeights hints a recording graph takes. Each forks a
   // branch onto l2_prefetch_stream_ (waiting on l2_prefetch_fork_) that issues the L2
   // prefetches off the decode step's critical path; the branch is joined once, before the
   // capture ends (l2_prefetch_open_), so no op of the step waits for it.
-  enum class L2Prefetch { kOff, kAttention, kExperts, kAll };
+  enum class L2Prefetch { kOff, kAttention, kAll };
   L2Prefetch l2_prefetch_ = L2Prefetch::kOff;
   cudaStream_t l2_prefetch_stream_ = nullptr;
   cudaEvent_t l2_prefetch_fork_ = nullptr, l2_prefetch_done_ = nullptr;
   bool l2_prefetch_open_ = false;  // a branch forked in this capture, not yet joined
-  // Whether RoutedSwiGlu of `rows` tokens prefetches the picked experts' down weights.
-  bool TakesL2PrefetchOfDown(int64_t rows) const;
   // Forks the prefetch branch off stream_ (whatever stream_ has queued is complete before
   // the branch's next kernel runs), for LaunchPrefetch*L2 on l2_prefetch_stream_.
   absl::Status ForkL2Prefetch();

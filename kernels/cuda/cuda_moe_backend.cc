@@ -250,19 +250,6 @@ absl::Status CudaBackend::RoutedSwiGlu(const Tensor& x, const Tensor& ids, const
   if (set.inter < 0) return absl::FailedPreconditionError("routed SwiGLU: no expert weights here");
   DXS_RETURN_IF_ERROR(Enter(kOp));
   DXS_ASSIGN_OR_RETURN(Tensor act, Allocate({tokens * top_k, set.inter}, DType::kBF16));
-  if (TakesL2PrefetchOfDown(tokens)) {
-    // The picked experts' down weights into L2 on the prefetch branch while gate_up streams
-    // its own (which leaves HBM about half used at batch 1): the down GEMV then reads them
-    // from L2. The branch forks after the top-k that wrote ids.
-    const size_t bytes_each =
-        static_cast<size_t>(hidden * set.inter) * (set.fp8 ? 1 : DTypeSize(DType::kBF16));
-    DXS_RETURN_IF_ERROR(ForkL2Prefetch());
-    const auto* table = reinterpret_cast<const void* const*>(set.pointers.raw());
-    DXS_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchPrefetchRoutedL2(ids.i32(), tokens * top_k, table + num_experts,
-                                                num_experts, bytes_each, l2_prefetch_stream_),
-                   "routed SwiGLU: prefetch"));
-  }
   return CudaStatus(cuda::LaunchRoutedSwiGluGemv(
                         x.raw(), ToElemType(x.dtype()), tokens, ids.i32(), weights.f32(), top_k,
                         num_experts, reinterpret_cast<const void* const*>(set.pointers.raw()),

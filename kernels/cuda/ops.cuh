@@ -87,11 +87,6 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
 // into L2 with bulk prefetches, for a kernel queued later on another stream. The prefetches
 // are issued, not waited for; results are unchanged whether they land or not.
 cudaError_t LaunchPrefetchL2(const void* p, size_t bytes, cudaStream_t stream);
-// The same for routed experts' weights: for each of `pairs` ids (i32, on the device, complete
-// before the launch's stream reaches it), bytes_each bytes from table[id] where 0 <= id <
-// num_experts and the entry is not null and 16-byte aligned (whole 16-byte steps).
-cudaError_t LaunchPrefetchRoutedL2(const int32_t* ids, int64_t pairs, const void* const* table,
-                                   int64_t num_experts, size_t bytes_each, cudaStream_t stream);
 
 // The MoE FFN of `tokens` tokens from their routing, without sorting the pairs: out[t]
 // (f32 or bf16 [tokens, hidden]) = the sum over the token's top_k pairs (ids i32 and scales

@@ -41,18 +41,6 @@ __global__ void __launch_bounds__(kThreads) PrefetchL2Kernel(const char* p, size
   PdlWait();
 }
 
-// The routed pairs' weights: pair blockIdx.y's expert ids[p] (in [0, num_experts), with a
-// non-null table entry; others prefetch nothing), bytes_each bytes from table[ids[p]].
-__global__ void __launch_bounds__(kThreads)
-    PrefetchRoutedL2Kernel(const int32_t* ids, const void* const* table, int num_experts,
-                           size_t bytes_each) {
-  PdlWait();  // ids were written before the branch forked (its event); nothing else waits
-  const int e = ids[blockIdx.y];
-  const char* p = e >= 0 && e < num_experts ? static_cast<const char*>(table[e]) : nullptr;
-  // A hint: a weight not 16-byte aligned (which the bulk prefetch needs) is left alone.
-  if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0) PrefetchChunk(p, bytes_each);
-}
-
 }  // namespace
 
 cudaError_t LaunchPrefetchL2(const void* p, size_t bytes, cudaStream_t stream) {
@@ -61,19 +49,6 @@ cudaError_t LaunchPrefetchL2(const void* p, size_t bytes, cudaStream_t stream) {
   const size_t threads = (bytes + kChunk - 1) / kChunk;
   return LaunchKernel(PrefetchL2Kernel, static_cast<unsigned>((threads + kThreads - 1) / kThreads),
                       kThreads, 0, stream, static_cast<const char*>(p), bytes);
-}
-
-cudaError_t LaunchPrefetchRoutedL2(const int32_t* ids, int64_t pairs, const void* const* table,
-                                   int64_t num_experts, size_t bytes_each, cudaStream_t stream) {
-  if (pairs == 0 || bytes_each == 0) return cudaSuccess;
-  if (ids == nullptr || table == nullptr || pairs > 65535) {
-    return cudaErrorInvalidValue;
-  }
-  const size_t threads = (bytes_each + kChunk - 1) / kChunk;
-  const dim3 grid(static_cast<unsigned>((threads + kThreads - 1) / kThreads),
-                  static_cast<unsigned>(pairs));
-  return LaunchKernel(PrefetchRoutedL2Kernel, grid, kThreads, 0, stream, ids, table,
-                      static_cast<int>(num_experts), bytes_each);
 }
 
 }  // namespace dxs::cuda

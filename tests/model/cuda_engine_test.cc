@@ -428,9 +428,8 @@ TEST(CudaGraphs, ReplayEqualsEagerExecutionBitForBit) {
 }
 
 // DXS_CUDA_L2_PREFETCH=all: the recorded graphs carry the prefetch branch (the o-projection
-// beside attention, the picked experts' down weights beside gate_up at batch 3 (padded to 4
-// rows of top-4: the routed path), the next layer's q, k and v beside the experts), which must be
-// joined before each capture ends (an unjoined branch fails the capture) and change no bit of the
+// beside attention, the next layer's q, k and v beside the experts), which must be joined
+// before each capture ends (an unjoined branch fails the capture) and change no bit of the
 // replays against the eager steps, which take no hints. bf16 and FP8 weights.
 TEST(CudaGraphs, L2PrefetchBranchesChangeNoBits) {
   if (!MakeBackend("cuda").ok()) GTEST_SKIP() << "no GPU here";
