@@ -448,9 +448,10 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
 }
 
 // The weight slices (256 elements a lane's warp) a dense GEMV warp requests before PdlWait:
-// 2, or 4 with DXS_CUDA_GEMV_EARLY=4 (an experiment not yet measured: with ksplit, 4 is the
-// whole of a q/k/v or o-projection warp's share at Qwen3-30B-A3B's shapes, so the whole
-// stream is requested while the previous kernel finishes). Read once.
+// 2, or 4 with DXS_CUDA_GEMV_EARLY=4 (with ksplit, 4 is the whole of a q/k/v or o-projection
+// warp's share at Qwen3-30B-A3B's shapes, so the whole stream is requested while the previous
+// kernel finishes; 0.95x at batch 1 on an H200 with bf16 weights, docs/results/gpu-bench.md,
+// 2026-12-02: not adopted). Read once.
 int GemvEarlySlices() {
   static const int slices = tunables::Get(tunables::kCudaGemvEarly) == "4" ? 4 : 2;
   return slices;

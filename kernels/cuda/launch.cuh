@@ -50,8 +50,9 @@ __device__ __forceinline__ void PdlWait() {
 // after it. A kernel that calls it (before PdlWait, under a `// pdl-early:` comment) gives
 // up the "two or more kernels back" guarantee for its successor, which may start while this
 // kernel's predecessor still runs; that is safe because every kernel touches only immutable
-// weights before its own PdlWait(). DXS_CUDA_NORM_EARLY_TRIGGER=on|off (default off, an
-// experiment not yet measured) turns it on for ResidualNormKernel.
+// weights before its own PdlWait(). DXS_CUDA_NORM_EARLY_TRIGGER=on|off turns it on for
+// ResidualNormKernel: off by default, 1.01x at batch 1 on an H200 with bf16 weights
+// (docs/results/gpu-bench.md, 2026-12-02), not adopted.
 __device__ __forceinline__ void PdlTrigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
