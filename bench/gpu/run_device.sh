@@ -29,8 +29,12 @@
 #   gpu_bench --low-latency --quick in interleaved rounds).
 #   fp8: fp8_cuda_test, cuda_engine_test's FP8 cases and gpu_bench --fp8 [--quick].
 #   fp8-decode: gpu_bench --fp8-decode [--quick], the whole model bf16 against FP8 projections.
-#   l2-prefetch: gpu_bench --fp8-decode --quick at batch 1 and 8 under each DXS_CUDA_L2_PREFETCH
-#   (off, attention, all), in DXS_AB_ROUNDS (2) rounds (about 6 minutes).
+#   decode-ab "ENV=v ..." "ENV=v ..." ...: gpu_bench --fp8-decode --quick at batch 1 and 8 (bf16
+#   and FP8 in each process) under each set of environment settings, the first the baseline,
+#   in DXS_AB_ROUNDS (2) rounds that keep the order (about 2 minutes a setting a round).
+#   l2-prefetch: decode-ab over DXS_CUDA_L2_PREFETCH (off, attention, all).
+#   routed-sum: DXS_CUDA_ROUTED_SUM=ranked's bit-exact tests (the fused decode FFN against the
+#   sorted path, bf16 and FP8), then decode-ab over scan and ranked.
 #   old-new: .device-old/bin (an older commit's binaries) against .device/bin: gpu_bench --quick,
 #   gpu_ll_bench and the serving loop, alternating, with new/old ratios.
 #   serving-ratio: the serving loop (dxs bench --local, overlap on and off) at concurrency 1
@@ -57,7 +61,7 @@ if [[ $what == *,* ]]; then
   exit 0
 fi
 variants=()
-if [ "$what" = ab ]; then shift; variants=("$@"); quick=; fi
+if [ "$what" = ab ] || [ "$what" = decode-ab ]; then shift; variants=("$@"); quick=; fi
 # gemv: gemv.cu's decode-sized paths against the GEMM libraries (cuBLAS, CUTLASS).
 if [ "$what" = gemv ]; then what=ab; variants=("DXS_CUDA_GEMV=off" "DXS_CUDA_GEMV=auto"); fi
 OUT=${OUT:-/tmp/dxs-gpu-out}
@@ -326,15 +330,30 @@ if [ "$what" = fp8-decode ]; then
   sed -n '/\[decode-fp8\]/,$p' "$OUT/gpu_bench_fp8_decode.log"
 fi
 if [ "$what" = l2-prefetch ]; then
-  # The decode graphs' L2 prefetch branch (results/fp8.md): each setting in its own process,
-  # bf16 and FP8 in each, the settings' order the same every round.
+  what=decode-ab
+  variants=("DXS_CUDA_L2_PREFETCH=off" "DXS_CUDA_L2_PREFETCH=attention" "DXS_CUDA_L2_PREFETCH=all")
+fi
+if [ "$what" = routed-sum ]; then
+  # The ranked sum's bits: the fused FFN's tests against the sorted path under it.
+  DXS_CUDA_ROUTED_SUM=ranked timeout 200 .device/bin/cuda_backend_test \
+    --gtest_filter='*RoutedSwiGlu*' >"$OUT/routed_sum_cuda_backend.log" 2>&1
+  summary+=("cuda_backend_test (ranked): rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/routed_sum_cuda_backend.log" | tr '\n' ' ')")
+  DXS_CUDA_ROUTED_SUM=ranked timeout 200 .device/bin/fp8_cuda_test \
+    --gtest_filter='*RoutedSwiGlu*' >"$OUT/routed_sum_fp8.log" 2>&1
+  summary+=("fp8_cuda_test (ranked): rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/routed_sum_fp8.log" | tr '\n' ' ')")
+  what=decode-ab
+  variants=("DXS_CUDA_ROUTED_SUM=scan" "DXS_CUDA_ROUTED_SUM=ranked")
+fi
+if [ "$what" = decode-ab ]; then
+  # Each setting in its own process, bf16 and FP8 in each, the settings' order the same every
+  # round (results/fp8.md's A/B tables).
   for round in $(seq "${DXS_AB_ROUNDS:-2}"); do
-    for setting in off attention all; do
-      DXS_CUDA_L2_PREFETCH=$setting timeout 150 .device/bin/gpu_bench --fp8-decode --quick \
-        --decode-batches 1,8 >"$OUT/l2_prefetch_${setting}_$round.log" 2>&1
-      summary+=("l2-prefetch $setting round $round: rc=$?")
-      echo "== DXS_CUDA_L2_PREFETCH=$setting, round $round"
-      grep -E '^  (bf16|fp8) +[0-9]' "$OUT/l2_prefetch_${setting}_$round.log"
+    for i in "${!variants[@]}"; do
+      env ${variants[$i]} timeout 150 .device/bin/gpu_bench --fp8-decode --quick \
+        --decode-batches 1,8 >"$OUT/decode_ab_${i}_$round.log" 2>&1
+      summary+=("decode-ab [${variants[$i]}] round $round: rc=$?")
+      echo "== ${variants[$i]}, round $round"
+      grep -E '^  (bf16|fp8) +[0-9]' "$OUT/decode_ab_${i}_$round.log"
     done
   done
 fi
