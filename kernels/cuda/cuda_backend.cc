@@ -646,28 +646,23 @@ absl::Status CudaBackend::PrefetchWeights(const std::vector<const Tensor*>& weig
   for (const Tensor* w : weights) {
     // A hint: anything the bulk prefetch cannot take (not on this device, not 16-byte aligned)
     // leaves the step without it.
-    if (w == nullptr || !w->defined() || w->device() != Device::kCuda ||
-        reinterpret_cast<uintptr_t>(w->raw()) % 16 != 0) {
+    if (w == nullptr || !w->defined() || w->device() != Device::kCuda || !Aligned16(w->raw())) {
       return absl::OkStatus();
     }
     bytes += w->num_bytes();
   }
   if (bytes == 0 || bytes > kL2PrefetchMaxBytes) return absl::OkStatus();
   DXS_RETURN_IF_ERROR(Enter("prefetch weights"));
-  DXS_RETURN_IF_ERROR(ForkL2Prefetch());
-  for (const Tensor* w : weights) {
-    DXS_RETURN_IF_ERROR(CudaStatus(
-        cuda::LaunchPrefetchL2(w->raw(), w->num_bytes(), l2_prefetch_stream_), "prefetch weights"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::ForkL2Prefetch() {
+  // The branch: the prefetch stream waits for what stream_ has queued, then prefetches.
   DXS_RETURN_IF_ERROR(
       CudaStatus(cudaEventRecord(l2_prefetch_fork_, stream_), "prefetch weights: fork"));
   DXS_RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(l2_prefetch_stream_, l2_prefetch_fork_, 0),
                                  "prefetch weights: fork"));
   l2_prefetch_open_ = true;
+  for (const Tensor* w : weights) {
+    DXS_RETURN_IF_ERROR(CudaStatus(
+        cuda::LaunchPrefetchL2(w->raw(), w->num_bytes(), l2_prefetch_stream_), "prefetch weights"));
+  }
   return absl::OkStatus();
 }
 

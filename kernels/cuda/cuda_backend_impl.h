@@ -363,9 +363,6 @@ class CudaBackend final : public Backend {
   cudaStream_t l2_prefetch_stream_ = nullptr;
   cudaEvent_t l2_prefetch_fork_ = nullptr, l2_prefetch_done_ = nullptr;
   bool l2_prefetch_open_ = false;  // a branch forked in this capture, not yet joined
-  // Forks the prefetch branch off stream_ (whatever stream_ has queued is complete before
-  // the branch's next kernel runs), for LaunchPrefetch*L2 on l2_prefetch_stream_.
-  absl::Status ForkL2Prefetch();
   // Joins an open prefetch branch into stream_ (before a capture ends).
   absl::Status JoinL2Prefetch();
   absl::Mutex fp8_mu_;
