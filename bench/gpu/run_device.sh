@@ -33,8 +33,6 @@
 #   and FP8 in each process) under each set of environment settings, the first the baseline,
 #   in DXS_AB_ROUNDS (2) rounds that keep the order (about 2 minutes a setting a round).
 #   l2-prefetch: decode-ab over DXS_CUDA_L2_PREFETCH (off, attention, all).
-#   routed-sum: DXS_CUDA_ROUTED_SUM=ranked's bit-exact tests (the fused decode FFN against the
-#   sorted path, bf16 and FP8), then decode-ab over scan and ranked.
 #   old-new: .device-old/bin (an older commit's binaries) against .device/bin: gpu_bench --quick,
 #   gpu_ll_bench and the serving loop, alternating, with new/old ratios.
 #   serving-ratio: the serving loop (dxs bench --local, overlap on and off) at concurrency 1
@@ -332,17 +330,6 @@ fi
 if [ "$what" = l2-prefetch ]; then
   what=decode-ab
   variants=("DXS_CUDA_L2_PREFETCH=off" "DXS_CUDA_L2_PREFETCH=attention" "DXS_CUDA_L2_PREFETCH=all")
-fi
-if [ "$what" = routed-sum ]; then
-  # The ranked sum's bits: the fused FFN's tests against the sorted path under it.
-  DXS_CUDA_ROUTED_SUM=ranked timeout 200 .device/bin/cuda_backend_test \
-    --gtest_filter='*RoutedSwiGlu*' >"$OUT/routed_sum_cuda_backend.log" 2>&1
-  summary+=("cuda_backend_test (ranked): rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/routed_sum_cuda_backend.log" | tr '\n' ' ')")
-  DXS_CUDA_ROUTED_SUM=ranked timeout 200 .device/bin/fp8_cuda_test \
-    --gtest_filter='*RoutedSwiGlu*' >"$OUT/routed_sum_fp8.log" 2>&1
-  summary+=("fp8_cuda_test (ranked): rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/routed_sum_fp8.log" | tr '\n' ' ')")
-  what=decode-ab
-  variants=("DXS_CUDA_ROUTED_SUM=scan" "DXS_CUDA_ROUTED_SUM=ranked")
 fi
 if [ "$what" = decode-ab ]; then
   # Each setting in its own process, bf16 and FP8 in each, the settings' order the same every

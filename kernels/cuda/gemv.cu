@@ -38,7 +38,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -386,18 +385,19 @@ constexpr int kDownSumMaxTopK = 2 * kDownSumWarps;
 // expert order (ties by pair), from zero in float32, rounded once into TO: the sorted
 // path's ScaleSumRows. Pairs of an expert outside [0, E) add nothing.
 //
-// The sum's order (kernels/routed_sum_order.h), two ways with the same bits: `ranked` (a
-// decode step's last kernel of the MoE, so its tail is on the step's critical path) has
-// lane j of warp 0 place pair j's weighted row at its rank, its routing weight read at the
-// start, then each feature's lane adds them in rank order; otherwise each of the top_k
-// steps scans every pair for the next one and reads its weight then.
+// The sum's order (kernels/routed_sum_order.h): this is a decode step's last kernel of the
+// MoE, so its tail is on the step's critical path. Lane j of warp 0 places pair j's weighted
+// row at its rank, its routing weight read at the start, then each feature's lane adds them
+// in rank order. Picking the next pair by a scan of all of them (top_k dependent steps, each
+// reading its weight then) gave the same bits 4% slower at batch 1 (H100, 2026-12-06,
+// docs/results/fp8.md).
 template <typename TY, typename TO, bool kFp8>
 __global__ void __launch_bounds__(kDownSumWarps * 32)
     MoeDownSumKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ experts,
                      const float* __restrict__ scales, int top_k, int num_experts,
                      const void* const* __restrict__ down,
                      const float* const* __restrict__ down_scales, int hidden, int inter,
-                     bool ranked, TO* __restrict__ out) {
+                     TO* __restrict__ out) {
   PdlWait();
   __shared__ float part[kDownSumMaxTopK][kDownSumFeatures];
   __shared__ int expert_of[kDownSumMaxTopK];
@@ -405,8 +405,7 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int feature0 = blockIdx.x * kDownSumFeatures;
   // Pair `lane`'s routing weight, in flight while the weights stream.
-  const float lane_scale =
-      ranked && warp == 0 && lane < top_k ? __ldg(scales + t * top_k + lane) : 0.f;
+  const float lane_scale = warp == 0 && lane < top_k ? __ldg(scales + t * top_k + lane) : 0.f;
   for (int j = warp; j < top_k; j += kDownSumWarps) {
     const int p = t * top_k + j;
     const int e = __ldg(experts + p);
@@ -439,43 +438,24 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
     if (lane == 0) expert_of[j] = e >= 0 && e < num_experts ? e : -1;
   }
   __syncthreads();
-  if (ranked) {
-    if (warp != 0) return;
-    __shared__ float ordered[kDownSumMaxTopK][kDownSumFeatures];
-    const bool counted = lane < top_k && expert_of[lane] >= 0;
-    const int pairs = __popc(__ballot_sync(0xffffffffu, counted));
-    if (counted) {
-      const int rank = RoutedSumRank(expert_of, top_k, lane);
+  if (warp != 0) return;
+  __shared__ float ordered[kDownSumMaxTopK][kDownSumFeatures];
+  const bool counted = lane < top_k && expert_of[lane] >= 0;
+  const int pairs = __popc(__ballot_sync(0xffffffffu, counted));
+  if (counted) {
+    const int rank = RoutedSumRank(expert_of, top_k, lane);
 #pragma unroll
-      for (int f = 0; f < kDownSumFeatures; ++f) {
-        ordered[rank][f] = __fmul_rn(lane_scale, part[lane][f]);
-      }
+    for (int f = 0; f < kDownSumFeatures; ++f) {
+      ordered[rank][f] = __fmul_rn(lane_scale, part[lane][f]);
     }
-    __syncwarp();
-    const int f = lane;
-    if (f >= kDownSumFeatures || feature0 + f >= hidden) return;
-    float sum = 0.f;
-#pragma unroll
-    for (int r = 0; r < kDownSumMaxTopK; ++r) {
-      if (r < pairs) sum = __fadd_rn(sum, ordered[r][f]);
-    }
-    out[static_cast<int64_t>(t) * hidden + feature0 + f] = FromFloat<TO>(sum);
-    return;
   }
-  const int f = threadIdx.x;
+  __syncwarp();
+  const int f = lane;
   if (f >= kDownSumFeatures || feature0 + f >= hidden) return;
   float sum = 0.f;
-  int last_e = -1, last_j = -1;
-  for (int step = 0; step < top_k; ++step) {
-    int best_e = INT_MAX, best_j = -1;
-    for (int j = 0; j < top_k; ++j) {
-      const int e = expert_of[j];
-      const bool after = e > last_e || (e == last_e && j > last_j);
-      if (e >= 0 && after && e < best_e) best_e = e, best_j = j;
-    }
-    if (best_j < 0) break;
-    sum = __fadd_rn(sum, __fmul_rn(__ldg(scales + t * top_k + best_j), part[best_j][f]));
-    last_e = best_e, last_j = best_j;
+#pragma unroll
+  for (int r = 0; r < kDownSumMaxTopK; ++r) {
+    if (r < pairs) sum = __fadd_rn(sum, ordered[r][f]);
   }
   out[static_cast<int64_t>(t) * hidden + feature0 + f] = FromFloat<TO>(sum);
 }
@@ -488,12 +468,6 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
 int GemvEarlySlices() {
   static const int slices = tunables::Get(tunables::kCudaGemvEarly) == "4" ? 4 : 2;
   return slices;
-}
-
-// Whether MoeDownSumKernel orders its sum by ranks (DXS_CUDA_ROUTED_SUM=ranked). Read once.
-bool RoutedSumRanked() {
-  static const bool ranked = tunables::Get(tunables::kCudaRoutedSum) == "ranked";
-  return ranked;
 }
 
 // Blocks for `features` outputs when ksplit warps share each feature group.
@@ -779,7 +753,7 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
                  gate_up_scales, h, i, a, c);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     LaunchKernel(MoeDownSumKernel<TY, TO, kFp8>, sum_grid, kDownSumWarps * 32, 0, stream, a, ids,
-                 scales, k, e, down, down_scales, h, i, RoutedSumRanked(), static_cast<TO*>(out));
+                 scales, k, e, down, down_scales, h, i, static_cast<TO*>(out));
     return cudaGetLastError();
   };
   auto by_out = [&](auto fp8, auto xt, auto yt) {
