@@ -122,11 +122,12 @@ using row_norm::StoreFloats;
 template <typename X, typename W, typename Y, int kVec, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
     ResidualNormKernel(const X* x, float* residual, const W* __restrict__ w, float eps,
-                       int64_t rows, int64_t cols, Y* y, bool trigger_early) {
+                       int64_t rows, int64_t cols, Y* y, bool trigger_early, bool early_w) {
   static_assert(kThreads == row_norm::kThreads, "row_norm.cuh's block is this kernel's");
   // pdl-early: only lets the next kernel be scheduled (launch.cuh's PdlTrigger, with
-  // DXS_CUDA_NORM_EARLY_TRIGGER=on); nothing is read or written before the wait.
+  // DXS_CUDA_NORM_EARLY_TRIGGER=on); only the immutable weight is read before the wait.
   if (trigger_early) PdlTrigger();
+  const row_norm::EarlyWeights<kVec> early = row_norm::LoadEarlyWeights<W, kVec>(w, cols, early_w);
   PdlWait();
   __shared__ float warp_sums[row_norm::kWarps];
   __shared__ float row_inv;
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(kThreads)
     float* res = kAdd ? residual + row * cols : nullptr;
     const float inv = row_norm::BlockInvRms(
         row_norm::RowSquares<X, kVec, kAdd, kAdd>(in, res, cols), cols, eps, warp_sums, &row_inv);
-    row_norm::StoreNormedRow<X, W, Y, kVec, kAdd>(in, res, w, inv, cols, y + row * cols);
+    row_norm::StoreNormedRow<X, W, Y, kVec, kAdd>(in, res, w, inv, cols, y + row * cols, &early);
   }
 }
 
@@ -170,9 +171,25 @@ __global__ void __launch_bounds__(kThreads)
     NormRopeKernel(T* q, T* k, const W* __restrict__ q_w, const W* __restrict__ k_w,
                    const int32_t* __restrict__ positions, int32_t tokens, int32_t q_heads,
                    int32_t k_heads, int32_t head_dim, int lanes, bool norm, float eps,
-                   RopeInvFreq inv_freq, KvCacheWrite<T> cache) {
-  PdlWait();
+                   RopeInvFreq inv_freq, KvCacheWrite<T> cache, bool early_w) {
+  // pdl-early: with early_w (DXS_CUDA_EARLY_CONSTANTS=on), this lane's elements of the
+  // immutable q and k norm weights, which a row would otherwise load only after its sum.
   const int32_t half = head_dim / 2;
+  const bool w_early = early_w && norm;
+  float qwa[kChunks][kVec], qwb[kChunks][kVec], kwa[kChunks][kVec], kwb[kChunks][kVec];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i0 = (c * lanes + static_cast<int>(threadIdx.x % lanes)) * kVec;
+    if (w_early && i0 < half && q_w != nullptr) {
+      LoadFloats<W, kVec>(q_w + i0, qwa[c]);
+      LoadFloats<W, kVec>(q_w + i0 + half, qwb[c]);
+    }
+    if (w_early && i0 < half && k_w != nullptr) {
+      LoadFloats<W, kVec>(k_w + i0, kwa[c]);
+      LoadFloats<W, kVec>(k_w + i0 + half, kwb[c]);
+    }
+  }
+  PdlWait();
   __shared__ float s_inv_freq[kRopeMaxHeadDim / 2];
   for (int i = threadIdx.x; i < half; i += kThreads) s_inv_freq[i] = inv_freq.v[i];
   __syncthreads();
@@ -248,8 +265,16 @@ __global__ void __launch_bounds__(kThreads)
       if (i0 >= half) continue;
       if (norm) {
         float wa[kVec], wb[kVec];
-        LoadFloats<W, kVec>(w + i0, wa);
-        LoadFloats<W, kVec>(w + i0 + half, wb);
+        if (w_early) {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            wa[j] = is_q ? qwa[c][j] : kwa[c][j];
+            wb[j] = is_q ? qwb[c][j] : kwb[c][j];
+          }
+        } else {
+          LoadFloats<W, kVec>(w + i0, wa);
+          LoadFloats<W, kVec>(w + i0 + half, wb);
+        }
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           a[c][j] = wa[j] * (a[c][j] * inv);
@@ -431,10 +456,11 @@ cudaError_t LaunchResidualNorm(const X* in, float* residual, const W* w, float e
                    (!kAdd || Aligned16(residual));
   if (vec) {
     LaunchKernel(ResidualNormKernel<X, W, Y, kNormVec, kAdd>, GridBlocks(rows, 1), kThreads, 0,
-                 stream, in, residual, w, eps, rows, cols, out, NormEarlyTrigger());
+                 stream, in, residual, w, eps, rows, cols, out, NormEarlyTrigger(),
+                 EarlyConstants());
   } else {
     LaunchKernel(ResidualNormKernel<X, W, Y, 1, kAdd>, GridBlocks(rows, 1), kThreads, 0, stream, in,
-                 residual, w, eps, rows, cols, out, NormEarlyTrigger());
+                 residual, w, eps, rows, cols, out, NormEarlyTrigger(), EarlyConstants());
   }
   return cudaGetLastError();
 }
@@ -492,12 +518,12 @@ cudaError_t NormRopeImpl(void* q, void* k, ElemType type, const void* q_weight,
         const int lanes = static_cast<int>(units);
         LaunchKernel(NormRopeKernel<T, W, kVec, 1>, GridBlocks(rows * lanes, kThreads), kThreads, 0,
                      stream, qp, kp, qw, kw, positions, n, hq, hk, d, lanes, norm, eps, inv_freq,
-                     typed);
+                     typed, EarlyConstants());
       } else {
         constexpr int kChunks = kRopeMaxHeadDim / 2 / kWarpSize;
         LaunchKernel(NormRopeKernel<T, W, 1, kChunks>, GridBlocks(rows * kWarpSize, kThreads),
                      kThreads, 0, stream, qp, kp, qw, kw, positions, n, hq, hk, d, kWarpSize, norm,
-                     eps, inv_freq, typed);
+                     eps, inv_freq, typed, EarlyConstants());
       }
       return cudaGetLastError();
     });

@@ -223,6 +223,40 @@ __device__ __forceinline__ float RoundBf16(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
 
+// An MoE layer's expert weight tables (a pointer per expert, and its FP8 scales' pointer) in
+// shared memory, copied before the kernel's PdlWait (DXS_CUDA_EARLY_CONSTANTS=on): the tables
+// are immutable (CudaBackend builds them by a copy when the weights load), and once a block
+// knows its expert the pointer is then a shared load, not a global one that the step's weight
+// stream has evicted from L2 since the previous step (an HBM round trip before the weights'
+// own). Up to kStagedExperts experts; larger tables are read from global memory.
+constexpr int kStagedExperts = 256;
+
+template <bool kFp8>
+struct StagedExperts {
+  const void* w[kStagedExperts];
+  const float* scales[kFp8 ? kStagedExperts : 1];
+  bool staged;
+
+  // The whole block calls it before PdlWait(), then __syncthreads() after the wait.
+  __device__ __forceinline__ void Stage(const void* const* table, const float* const* scale_table,
+                                        int num_experts, bool enabled) {
+    const bool on = enabled && num_experts <= kStagedExperts;
+    if (threadIdx.x == 0) staged = on;
+    if (!on) return;
+    for (int i = threadIdx.x; i < num_experts; i += blockDim.x) {
+      w[i] = table[i];
+      if constexpr (kFp8) scales[i] = scale_table[i];
+    }
+  }
+  __device__ __forceinline__ const void* Weights(const void* const* table, int e) const {
+    return staged ? w[e] : table[e];
+  }
+  __device__ __forceinline__ const float* Scales(const float* const* scale_table, int e) const {
+    if constexpr (kFp8) return staged ? scales[e] : scale_table[e];
+    return nullptr;
+  }
+};
+
 // act[p, i] for the run of pair blockIdx.y, features of this block's warps. Pair p's row of
 // xs is rows[p], or p / pairs_per_row without rows. Sorted pairs come with offsets; unsorted
 // ones (experts given) are each their own run, and counts (if given) gets +1 per pair.
@@ -233,8 +267,13 @@ __global__ void __launch_bounds__(kWarps * 32)
                     const int32_t* __restrict__ experts, int num_experts,
                     const void* const* __restrict__ gate_up,
                     const float* const* __restrict__ gate_up_scales, int hidden, int inter,
-                    __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ counts) {
+                    __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ counts,
+                    bool early_tables) {
+  // pdl-early: the immutable expert tables into shared memory (StagedExperts).
+  __shared__ StagedExperts<kFp8> table;
+  table.Stage(gate_up, gate_up_scales, num_experts, early_tables);
   PdlWait();
+  __syncthreads();  // the staged table
   const int p = blockIdx.y;
   int e, run = 1;
   const void* w = nullptr;
@@ -243,16 +282,16 @@ __global__ void __launch_bounds__(kWarps * 32)
     // computes zeros and is not counted.
     e = __ldg(experts + p);
     if (e >= 0 && e < num_experts) {
-      w = gate_up[e];
+      w = table.Weights(gate_up, e);
       if (counts != nullptr && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(counts + e, 1ull);
     }
   } else {
     e = ExpertOfPair(offsets, num_experts, p);
     if (__ldg(offsets + e) != p) return;  // the run's first pair's block does the run
     run = __ldg(offsets + e + 1) - p;
-    w = gate_up[e];
+    w = table.Weights(gate_up, e);
   }
-  const float* ws = kFp8 && w != nullptr ? gate_up_scales[e] : nullptr;
+  const float* ws = kFp8 && w != nullptr ? table.Scales(gate_up_scales, e) : nullptr;
   const int n_blocks = 2 * inter / kFp8WeightBlock;
   const int lane = threadIdx.x % 32;
   const int feature0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kFeatures;
@@ -320,8 +359,12 @@ __global__ void __launch_bounds__(kWarps * 32)
     MoeDownKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ offsets,
                   int num_experts, const void* const* __restrict__ down,
                   const float* const* __restrict__ down_scales, int hidden, int inter,
-                  TY* __restrict__ y) {
+                  TY* __restrict__ y, bool early_tables) {
+  // pdl-early: the immutable expert tables into shared memory (StagedExperts).
+  __shared__ StagedExperts<kFp8> table;
+  table.Stage(down, down_scales, num_experts, early_tables);
   PdlWait();
+  __syncthreads();  // the staged table
   const int p = blockIdx.y;
   const int e = ExpertOfPair(offsets, num_experts, p);
   if (__ldg(offsets + e) != p) return;
@@ -329,8 +372,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int lane = threadIdx.x % 32;
   const int feature0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kFeatures;
   if (feature0 >= hidden) return;
-  const void* w = down[e];
-  const float* ws = kFp8 && w != nullptr ? down_scales[e] : nullptr;
+  const void* w = table.Weights(down, e);
+  const float* ws = kFp8 && w != nullptr ? table.Scales(down_scales, e) : nullptr;
   const int n_blocks = hidden / kFp8WeightBlock;
   for (int done = 0; done < run; done += kRunPairs) {
     const int pairs = min(kRunPairs, run - done);
@@ -397,8 +440,12 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
                      const float* __restrict__ scales, int top_k, int num_experts,
                      const void* const* __restrict__ down,
                      const float* const* __restrict__ down_scales, int hidden, int inter,
-                     TO* __restrict__ out) {
+                     TO* __restrict__ out, bool early_tables) {
+  // pdl-early: the immutable expert tables into shared memory (StagedExperts).
+  __shared__ StagedExperts<kFp8> table;
+  table.Stage(down, down_scales, num_experts, early_tables);
   PdlWait();
+  __syncthreads();  // the staged table
   __shared__ float part[kDownSumMaxTopK][kDownSumFeatures];
   __shared__ int expert_of[kDownSumMaxTopK];
   const int t = blockIdx.y;
@@ -409,9 +456,8 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
   for (int j = warp; j < top_k; j += kDownSumWarps) {
     const int p = t * top_k + j;
     const int e = __ldg(experts + p);
-    const bool held = e >= 0 && e < num_experts && down[e] != nullptr;
-    const void* w = held ? down[e] : nullptr;
-    const float* ws = kFp8 && held ? down_scales[e] : nullptr;
+    const void* w = e >= 0 && e < num_experts ? table.Weights(down, e) : nullptr;
+    const float* ws = kFp8 && w != nullptr ? table.Scales(down_scales, e) : nullptr;
     const int n_blocks = hidden / kFp8WeightBlock;
     float acc[kDownSumFeatures];
 #pragma unroll
@@ -687,10 +733,10 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
     using TY = typename decltype(yt)::type;
     LaunchKernel(MoeGateUpKernel<TX, kRun, kFp8>, gate_grid, kWarps * 32, 0, stream,
                  static_cast<const TX*>(xs), xr, rows, 1, expert_offsets, nullptr, e, gate_up,
-                 gate_up_scales, h, i, a, nullptr);
+                 gate_up_scales, h, i, a, nullptr, EarlyConstants());
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     LaunchKernel(MoeDownKernel<TY, kRun, kFp8>, down_grid, kWarps * 32, 0, stream, a,
-                 expert_offsets, e, down, down_scales, h, i, static_cast<TY*>(y));
+                 expert_offsets, e, down, down_scales, h, i, static_cast<TY*>(y), EarlyConstants());
     return cudaGetLastError();
   };
   auto by_y = [&](auto run_pairs, auto fp8, auto xt) {
@@ -750,10 +796,10 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
     using TO = typename decltype(ot)::type;
     LaunchKernel(MoeGateUpKernel<TX, 1, kFp8>, gate_grid, kWarps * 32, 0, stream,
                  static_cast<const TX*>(xs), xr, nullptr, k, nullptr, ids, e, gate_up,
-                 gate_up_scales, h, i, a, c);
+                 gate_up_scales, h, i, a, c, EarlyConstants());
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     LaunchKernel(MoeDownSumKernel<TY, TO, kFp8>, sum_grid, kDownSumWarps * 32, 0, stream, a, ids,
-                 scales, k, e, down, down_scales, h, i, static_cast<TO*>(out));
+                 scales, k, e, down, down_scales, h, i, static_cast<TO*>(out), EarlyConstants());
     return cudaGetLastError();
   };
   auto by_out = [&](auto fp8, auto xt, auto yt) {

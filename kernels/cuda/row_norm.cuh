@@ -90,12 +90,32 @@ __device__ __forceinline__ float BlockInvRms(float sum_sq, int64_t cols, float e
   return *row_inv;
 }
 
+// This thread's first chunk of the norm weight (chunk threadIdx.x), loaded before the kernel
+// waits for its predecessor: the weight is immutable, and a cold line loaded only after the
+// row's sum is an HBM round trip on the chain of a decode layer (one block a row).
+template <int kVec>
+struct EarlyWeights {
+  float v[kVec];
+  bool loaded = false;
+};
+
+template <typename W, int kVec>
+__device__ __forceinline__ EarlyWeights<kVec> LoadEarlyWeights(const W* w, int64_t cols,
+                                                               bool enabled) {
+  EarlyWeights<kVec> early;
+  if (enabled && threadIdx.x < cols / kVec) {
+    LoadFloats<W, kVec>(w + threadIdx.x * kVec, early.v);
+    early.loaded = true;
+  }
+  return early;
+}
+
 // out = w * (row * inv) into Y, the row being the residual row RowSquares<kStore> wrote
-// (kAdd) or in.
+// (kAdd) or in. `early`, when given, holds this thread's first chunk of w (the same values).
 template <typename X, typename W, typename Y, int kVec, bool kAdd>
 __device__ __forceinline__ void StoreNormedRow(const X* in, const float* res,
                                                const W* __restrict__ w, float inv, int64_t cols,
-                                               Y* out) {
+                                               Y* out, const EarlyWeights<kVec>* early = nullptr) {
   const int64_t chunks = cols / kVec;
   for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
     float v[kVec], wv[kVec];
@@ -104,7 +124,12 @@ __device__ __forceinline__ void StoreNormedRow(const X* in, const float* res,
     } else {
       LoadFloats<X, kVec>(in + c * kVec, v);
     }
-    LoadFloats<W, kVec>(w + c * kVec, wv);
+    if (early != nullptr && early->loaded && c == threadIdx.x) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) wv[j] = early->v[j];
+    } else {
+      LoadFloats<W, kVec>(w + c * kVec, wv);
+    }
 #pragma unroll
     for (int j = 0; j < kVec; ++j) v[j] = wv[j] * (v[j] * inv);
     StoreFloats<Y, kVec>(out + c * kVec, v);
