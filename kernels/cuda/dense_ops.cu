@@ -122,12 +122,12 @@ using row_norm::StoreFloats;
 template <typename X, typename W, typename Y, int kVec, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
     ResidualNormKernel(const X* x, float* residual, const W* __restrict__ w, float eps,
-                       int64_t rows, int64_t cols, Y* y, bool trigger_early, bool early_w) {
+                       int64_t rows, int64_t cols, Y* y, bool trigger_early) {
   static_assert(kThreads == row_norm::kThreads, "row_norm.cuh's block is this kernel's");
   // pdl-early: only lets the next kernel be scheduled (launch.cuh's PdlTrigger, with
   // DXS_CUDA_NORM_EARLY_TRIGGER=on); only the immutable weight is read before the wait.
   if (trigger_early) PdlTrigger();
-  const row_norm::EarlyWeights<kVec> early = row_norm::LoadEarlyWeights<W, kVec>(w, cols, early_w);
+  const row_norm::EarlyWeights<kVec> early = row_norm::LoadEarlyWeights<W, kVec>(w, cols);
   PdlWait();
   __shared__ float warp_sums[row_norm::kWarps];
   __shared__ float row_inv;
@@ -171,20 +171,19 @@ __global__ void __launch_bounds__(kThreads)
     NormRopeKernel(T* q, T* k, const W* __restrict__ q_w, const W* __restrict__ k_w,
                    const int32_t* __restrict__ positions, int32_t tokens, int32_t q_heads,
                    int32_t k_heads, int32_t head_dim, int lanes, bool norm, float eps,
-                   RopeInvFreq inv_freq, KvCacheWrite<T> cache, bool early_w) {
-  // pdl-early: with early_w (DXS_CUDA_EARLY_CONSTANTS=on), this lane's elements of the
-  // immutable q and k norm weights, which a row would otherwise load only after its sum.
+                   RopeInvFreq inv_freq, KvCacheWrite<T> cache) {
+  // pdl-early: this lane's elements of the immutable q and k norm weights, which a row would
+  // otherwise load only after its sum (a cold line at batch 1: an HBM round trip on the chain).
   const int32_t half = head_dim / 2;
-  const bool w_early = early_w && norm;
   float qwa[kChunks][kVec], qwb[kChunks][kVec], kwa[kChunks][kVec], kwb[kChunks][kVec];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int i0 = (c * lanes + static_cast<int>(threadIdx.x % lanes)) * kVec;
-    if (w_early && i0 < half && q_w != nullptr) {
+    if (norm && i0 < half && q_w != nullptr) {
       LoadFloats<W, kVec>(q_w + i0, qwa[c]);
       LoadFloats<W, kVec>(q_w + i0 + half, qwb[c]);
     }
-    if (w_early && i0 < half && k_w != nullptr) {
+    if (norm && i0 < half && k_w != nullptr) {
       LoadFloats<W, kVec>(k_w + i0, kwa[c]);
       LoadFloats<W, kVec>(k_w + i0 + half, kwb[c]);
     }
@@ -214,7 +213,6 @@ __global__ void __launch_bounds__(kThreads)
                  : is_v ? nullptr
                         : k + kv_row;
     const T* src = is_v ? cache.v + kv_row : inplace;
-    const W* w = is_q ? q_w : k_w;
     // Where this row goes in the cache (k and v rows of a token with a slot), else null.
     T* cached = nullptr;
     if (write_cache && valid && !is_q) {
@@ -265,15 +263,10 @@ __global__ void __launch_bounds__(kThreads)
       if (i0 >= half) continue;
       if (norm) {
         float wa[kVec], wb[kVec];
-        if (w_early) {
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            wa[j] = is_q ? qwa[c][j] : kwa[c][j];
-            wb[j] = is_q ? qwb[c][j] : kwb[c][j];
-          }
-        } else {
-          LoadFloats<W, kVec>(w + i0, wa);
-          LoadFloats<W, kVec>(w + i0 + half, wb);
+        for (int j = 0; j < kVec; ++j) {
+          wa[j] = is_q ? qwa[c][j] : kwa[c][j];
+          wb[j] = is_q ? qwb[c][j] : kwb[c][j];
         }
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
@@ -456,11 +449,10 @@ cudaError_t LaunchResidualNorm(const X* in, float* residual, const W* w, float e
                    (!kAdd || Aligned16(residual));
   if (vec) {
     LaunchKernel(ResidualNormKernel<X, W, Y, kNormVec, kAdd>, GridBlocks(rows, 1), kThreads, 0,
-                 stream, in, residual, w, eps, rows, cols, out, NormEarlyTrigger(),
-                 EarlyConstants());
+                 stream, in, residual, w, eps, rows, cols, out, NormEarlyTrigger());
   } else {
     LaunchKernel(ResidualNormKernel<X, W, Y, 1, kAdd>, GridBlocks(rows, 1), kThreads, 0, stream, in,
-                 residual, w, eps, rows, cols, out, NormEarlyTrigger(), EarlyConstants());
+                 residual, w, eps, rows, cols, out, NormEarlyTrigger());
   }
   return cudaGetLastError();
 }
@@ -518,12 +510,12 @@ cudaError_t NormRopeImpl(void* q, void* k, ElemType type, const void* q_weight,
         const int lanes = static_cast<int>(units);
         LaunchKernel(NormRopeKernel<T, W, kVec, 1>, GridBlocks(rows * lanes, kThreads), kThreads, 0,
                      stream, qp, kp, qw, kw, positions, n, hq, hk, d, lanes, norm, eps, inv_freq,
-                     typed, EarlyConstants());
+                     typed);
       } else {
         constexpr int kChunks = kRopeMaxHeadDim / 2 / kWarpSize;
         LaunchKernel(NormRopeKernel<T, W, 1, kChunks>, GridBlocks(rows * kWarpSize, kThreads),
                      kThreads, 0, stream, qp, kp, qw, kw, positions, n, hq, hk, d, kWarpSize, norm,
-                     eps, inv_freq, typed, EarlyConstants());
+                     eps, inv_freq, typed);
       }
       return cudaGetLastError();
     });

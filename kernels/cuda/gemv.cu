@@ -224,11 +224,12 @@ __device__ __forceinline__ float RoundBf16(float v) {
 }
 
 // An MoE layer's expert weight tables (a pointer per expert, and its FP8 scales' pointer) in
-// shared memory, copied before the kernel's PdlWait (DXS_CUDA_EARLY_CONSTANTS=on): the tables
-// are immutable (CudaBackend builds them by a copy when the weights load), and once a block
-// knows its expert the pointer is then a shared load, not a global one that the step's weight
-// stream has evicted from L2 since the previous step (an HBM round trip before the weights'
-// own). Up to kStagedExperts experts; larger tables are read from global memory.
+// shared memory, copied before the kernel's PdlWait: the tables are immutable (CudaBackend
+// builds them by a copy when the weights load), and once a block knows its expert the pointer
+// is then a shared load, not a global one that the step's weight stream has evicted from L2
+// since the previous step (an HBM round trip before the weights' own). With the norms' early
+// weights (row_norm.cuh, dense_ops.cu's rope): batch 1 +2.0% bf16, +3.2% FP8 (H100,
+// docs/results/fp8.md). Up to kStagedExperts experts; larger tables are read from global memory.
 constexpr int kStagedExperts = 256;
 
 template <bool kFp8>
@@ -239,8 +240,8 @@ struct StagedExperts {
 
   // The whole block calls it before PdlWait(), then __syncthreads() after the wait.
   __device__ __forceinline__ void Stage(const void* const* table, const float* const* scale_table,
-                                        int num_experts, bool enabled) {
-    const bool on = enabled && num_experts <= kStagedExperts;
+                                        int num_experts) {
+    const bool on = num_experts <= kStagedExperts;
     if (threadIdx.x == 0) staged = on;
     if (!on) return;
     for (int i = threadIdx.x; i < num_experts; i += blockDim.x) {
@@ -267,11 +268,10 @@ __global__ void __launch_bounds__(kWarps * 32)
                     const int32_t* __restrict__ experts, int num_experts,
                     const void* const* __restrict__ gate_up,
                     const float* const* __restrict__ gate_up_scales, int hidden, int inter,
-                    __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ counts,
-                    bool early_tables) {
+                    __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ counts) {
   // pdl-early: the immutable expert tables into shared memory (StagedExperts).
   __shared__ StagedExperts<kFp8> table;
-  table.Stage(gate_up, gate_up_scales, num_experts, early_tables);
+  table.Stage(gate_up, gate_up_scales, num_experts);
   PdlWait();
   __syncthreads();  // the staged table
   const int p = blockIdx.y;
@@ -359,10 +359,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     MoeDownKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ offsets,
                   int num_experts, const void* const* __restrict__ down,
                   const float* const* __restrict__ down_scales, int hidden, int inter,
-                  TY* __restrict__ y, bool early_tables) {
+                  TY* __restrict__ y) {
   // pdl-early: the immutable expert tables into shared memory (StagedExperts).
   __shared__ StagedExperts<kFp8> table;
-  table.Stage(down, down_scales, num_experts, early_tables);
+  table.Stage(down, down_scales, num_experts);
   PdlWait();
   __syncthreads();  // the staged table
   const int p = blockIdx.y;
@@ -440,10 +440,10 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
                      const float* __restrict__ scales, int top_k, int num_experts,
                      const void* const* __restrict__ down,
                      const float* const* __restrict__ down_scales, int hidden, int inter,
-                     TO* __restrict__ out, bool early_tables) {
+                     TO* __restrict__ out) {
   // pdl-early: the immutable expert tables into shared memory (StagedExperts).
   __shared__ StagedExperts<kFp8> table;
-  table.Stage(down, down_scales, num_experts, early_tables);
+  table.Stage(down, down_scales, num_experts);
   PdlWait();
   __syncthreads();  // the staged table
   __shared__ float part[kDownSumMaxTopK][kDownSumFeatures];
@@ -733,10 +733,10 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
     using TY = typename decltype(yt)::type;
     LaunchKernel(MoeGateUpKernel<TX, kRun, kFp8>, gate_grid, kWarps * 32, 0, stream,
                  static_cast<const TX*>(xs), xr, rows, 1, expert_offsets, nullptr, e, gate_up,
-                 gate_up_scales, h, i, a, nullptr, EarlyConstants());
+                 gate_up_scales, h, i, a, nullptr);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     LaunchKernel(MoeDownKernel<TY, kRun, kFp8>, down_grid, kWarps * 32, 0, stream, a,
-                 expert_offsets, e, down, down_scales, h, i, static_cast<TY*>(y), EarlyConstants());
+                 expert_offsets, e, down, down_scales, h, i, static_cast<TY*>(y));
     return cudaGetLastError();
   };
   auto by_y = [&](auto run_pairs, auto fp8, auto xt) {
@@ -796,10 +796,10 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
     using TO = typename decltype(ot)::type;
     LaunchKernel(MoeGateUpKernel<TX, 1, kFp8>, gate_grid, kWarps * 32, 0, stream,
                  static_cast<const TX*>(xs), xr, nullptr, k, nullptr, ids, e, gate_up,
-                 gate_up_scales, h, i, a, c, EarlyConstants());
+                 gate_up_scales, h, i, a, c);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     LaunchKernel(MoeDownSumKernel<TY, TO, kFp8>, sum_grid, kDownSumWarps * 32, 0, stream, a, ids,
-                 scales, k, e, down, down_scales, h, i, static_cast<TO*>(out), EarlyConstants());
+                 scales, k, e, down, down_scales, h, i, static_cast<TO*>(out));
     return cudaGetLastError();
   };
   auto by_out = [&](auto fp8, auto xt, auto yt) {

@@ -65,15 +65,6 @@ inline bool NormEarlyTrigger() {
   return on;
 }
 
-// Whether kernels on a decode layer's chain load what never changes (the residual norms'
-// weights, the expert weight tables) before PdlWait() instead of when they first need it,
-// DXS_CUDA_EARLY_CONSTANTS=on|off (read once). Those loads miss L2 at batch 1: the step's
-// weight stream has evicted them since the previous step.
-inline bool EarlyConstants() {
-  static const bool on = tunables::Get(tunables::kCudaEarlyConstants) == "on";
-  return on;
-}
-
 // kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute (see above). Returns
 // the launch's error, which cudaGetLastError() also reports.
 template <typename... Params, typename... Args>

@@ -100,10 +100,9 @@ struct EarlyWeights {
 };
 
 template <typename W, int kVec>
-__device__ __forceinline__ EarlyWeights<kVec> LoadEarlyWeights(const W* w, int64_t cols,
-                                                               bool enabled) {
+__device__ __forceinline__ EarlyWeights<kVec> LoadEarlyWeights(const W* w, int64_t cols) {
   EarlyWeights<kVec> early;
-  if (enabled && threadIdx.x < cols / kVec) {
+  if (threadIdx.x < cols / kVec) {
     LoadFloats<W, kVec>(w + threadIdx.x * kVec, early.v);
     early.loaded = true;
   }
