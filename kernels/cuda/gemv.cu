@@ -228,7 +228,7 @@ __device__ __forceinline__ float RoundBf16(float v) {
 // builds them by a copy when the weights load), and once a block knows its expert the pointer
 // is then a shared load, not a global one that the step's weight stream has evicted from L2
 // since the previous step (an HBM round trip before the weights' own). With the norms' early
-// weights (row_norm.cuh, dense_ops.cu's rope): batch 1 +2.0% bf16, +3.2% FP8 (H100,
+// weights (row_norm.cuh, dense_ops.cu's rope): batch 1 +2.1% bf16, +3.2% FP8 (H100,
 // docs/results/fp8.md). Up to kStagedExperts experts; larger tables are read from global memory.
 constexpr int kStagedExperts = 256;
 
