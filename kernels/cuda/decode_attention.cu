@@ -154,6 +154,12 @@ __device__ __forceinline__ void ReduceScatterStep(float (&v)[kScores], int lane)
   }
 }
 
+// Asks L2 for the 128-byte lines of `bytes` bytes from p (a hint: no fault, no ordering).
+__device__ __forceinline__ void PrefetchRowL2(const void* p, int bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int b = 0; b < bytes; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + b));
+}
+
 // T: q and cache type; O: out; E: columns a lane holds (head_dim / 32); GP: the group padded
 // to 4, 8 or 16 heads (heads past the group have q = 0 and are never written).
 template <typename T, typename O, int E, int GP>
@@ -193,11 +199,25 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t q_len = query_start[seq + 1] - q_begin;
   const int64_t context = context_lens[seq];
   const int32_t* table = block_tables + seq * shape.max_blocks_per_seq;
+  // Then every cache row of query 0's share is prefetched into L2 (lane p of a warp its
+  // group's position p, K and V): the loads after the wait, one round trip a group, hit L2
+  // instead of HBM. The rows of earlier steps are written two or more kernels back; the new
+  // rows the KV write is storing now are prefetched too, which is only a hint (L2 is where
+  // every SM's stores and loads meet, so the loads after the wait read the stored rows).
   int64_t first_rows = -1;  // query 0's first group
   if (q_len > 0) {
     int64_t begin, end;
     SplitRange(context - q_len + 1, max_positions, S, split, kPos, &begin, &end);
     first_rows = CacheRow(table, shape, row_stride, begin + warp * kPos, end, lane, kPos);
+    for (int64_t first = begin + warp * kPos; first < end; first += kWarps * kPos) {
+      const int64_t r = first == begin + warp * kPos
+                            ? first_rows
+                            : CacheRow(table, shape, row_stride, first, end, lane, kPos);
+      if (r >= 0) {
+        PrefetchRowL2(k_cache + r + kv_head * D, D * sizeof(T));
+        PrefetchRowL2(v_cache + r + kv_head * D, D * sizeof(T));
+      }
+    }
   }
   PdlWait();
 
