@@ -236,24 +236,26 @@ template <bool kFp8>
 struct StagedExperts {
   const void* w[kStagedExperts];
   const float* scales[kFp8 ? kStagedExperts : 1];
-  bool staged;
 
+  static __device__ __forceinline__ bool Fits(int num_experts) {
+    return num_experts <= kStagedExperts;
+  }
   // The whole block calls it before PdlWait(), then __syncthreads() after the wait.
   __device__ __forceinline__ void Stage(const void* const* table, const float* const* scale_table,
                                         int num_experts) {
-    const bool on = num_experts <= kStagedExperts;
-    if (threadIdx.x == 0) staged = on;
-    if (!on) return;
+    if (!Fits(num_experts)) return;
     for (int i = threadIdx.x; i < num_experts; i += blockDim.x) {
       w[i] = table[i];
       if constexpr (kFp8) scales[i] = scale_table[i];
     }
   }
-  __device__ __forceinline__ const void* Weights(const void* const* table, int e) const {
-    return staged ? w[e] : table[e];
+  __device__ __forceinline__ const void* Weights(const void* const* table, int num_experts,
+                                                 int e) const {
+    return Fits(num_experts) ? w[e] : table[e];
   }
-  __device__ __forceinline__ const float* Scales(const float* const* scale_table, int e) const {
-    if constexpr (kFp8) return staged ? scales[e] : scale_table[e];
+  __device__ __forceinline__ const float* Scales(const float* const* scale_table, int num_experts,
+                                                 int e) const {
+    if constexpr (kFp8) return Fits(num_experts) ? scales[e] : scale_table[e];
     return nullptr;
   }
 };
@@ -282,16 +284,16 @@ __global__ void __launch_bounds__(kWarps * 32)
     // computes zeros and is not counted.
     e = __ldg(experts + p);
     if (e >= 0 && e < num_experts) {
-      w = table.Weights(gate_up, e);
+      w = table.Weights(gate_up, num_experts, e);
       if (counts != nullptr && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(counts + e, 1ull);
     }
   } else {
     e = ExpertOfPair(offsets, num_experts, p);
     if (__ldg(offsets + e) != p) return;  // the run's first pair's block does the run
     run = __ldg(offsets + e + 1) - p;
-    w = table.Weights(gate_up, e);
+    w = table.Weights(gate_up, num_experts, e);
   }
-  const float* ws = kFp8 && w != nullptr ? table.Scales(gate_up_scales, e) : nullptr;
+  const float* ws = kFp8 && w != nullptr ? table.Scales(gate_up_scales, num_experts, e) : nullptr;
   const int n_blocks = 2 * inter / kFp8WeightBlock;
   const int lane = threadIdx.x % 32;
   const int feature0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kFeatures;
@@ -372,8 +374,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int lane = threadIdx.x % 32;
   const int feature0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kFeatures;
   if (feature0 >= hidden) return;
-  const void* w = table.Weights(down, e);
-  const float* ws = kFp8 && w != nullptr ? table.Scales(down_scales, e) : nullptr;
+  const void* w = table.Weights(down, num_experts, e);
+  const float* ws = kFp8 && w != nullptr ? table.Scales(down_scales, num_experts, e) : nullptr;
   const int n_blocks = hidden / kFp8WeightBlock;
   for (int done = 0; done < run; done += kRunPairs) {
     const int pairs = min(kRunPairs, run - done);
@@ -456,8 +458,8 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
   for (int j = warp; j < top_k; j += kDownSumWarps) {
     const int p = t * top_k + j;
     const int e = __ldg(experts + p);
-    const void* w = e >= 0 && e < num_experts ? table.Weights(down, e) : nullptr;
-    const float* ws = kFp8 && w != nullptr ? table.Scales(down_scales, e) : nullptr;
+    const void* w = e >= 0 && e < num_experts ? table.Weights(down, num_experts, e) : nullptr;
+    const float* ws = kFp8 && w != nullptr ? table.Scales(down_scales, num_experts, e) : nullptr;
     const int n_blocks = hidden / kFp8WeightBlock;
     float acc[kDownSumFeatures];
 #pragma unroll

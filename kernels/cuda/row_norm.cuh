@@ -95,17 +95,13 @@ __device__ __forceinline__ float BlockInvRms(float sum_sq, int64_t cols, float e
 // row's sum is an HBM round trip on the chain of a decode layer (one block a row).
 template <int kVec>
 struct EarlyWeights {
-  float v[kVec];
-  bool loaded = false;
+  float v[kVec];  // loaded where threadIdx.x < cols / kVec: StoreNormedRow's first chunk
 };
 
 template <typename W, int kVec>
 __device__ __forceinline__ EarlyWeights<kVec> LoadEarlyWeights(const W* w, int64_t cols) {
   EarlyWeights<kVec> early;
-  if (threadIdx.x < cols / kVec) {
-    LoadFloats<W, kVec>(w + threadIdx.x * kVec, early.v);
-    early.loaded = true;
-  }
+  if (threadIdx.x < cols / kVec) LoadFloats<W, kVec>(w + threadIdx.x * kVec, early.v);
   return early;
 }
 
@@ -123,7 +119,7 @@ __device__ __forceinline__ void StoreNormedRow(const X* in, const float* res,
     } else {
       LoadFloats<X, kVec>(in + c * kVec, v);
     }
-    if (early != nullptr && early->loaded && c == threadIdx.x) {
+    if (early != nullptr && c == threadIdx.x) {  // the first chunk, which it holds
 #pragma unroll
       for (int j = 0; j < kVec; ++j) wv[j] = early->v[j];
     } else {
