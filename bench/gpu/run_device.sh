@@ -34,7 +34,8 @@
 #   in DXS_AB_ROUNDS (2) rounds that keep the order (about 2 minutes a setting a round).
 #   l2-prefetch: decode-ab over DXS_CUDA_L2_PREFETCH (off, attention, all).
 #   switch-ab "ENV=v ..." "ENV=v ..." ...: cuda_backend, fp8, moe_ops, dense_attention and
-#   cuda_engine tests under each setting after the first, then decode-ab over all of them.
+#   cuda_engine tests (or DXS_SWITCH_SUITES, space-separated) under each setting after the
+#   first, then decode-ab over all of them.
 #   old-new: .device-old/bin (an older commit's binaries) against .device/bin: gpu_bench --quick,
 #   gpu_ll_bench and the serving loop, alternating, with new/old ratios.
 #   serving-ratio: the serving loop (dxs bench --local, overlap on and off) at concurrency 1
@@ -339,8 +340,8 @@ if [ "$what" = switch-ab ]; then
   # A switch's bits first: under each setting after the first, the kernel and engine suites
   # that compare with the CPU backend or with the default path bit for bit.
   for v in "${variants[@]:1}"; do
-    for t in cuda_backend_test fp8_cuda_test moe_ops_cuda_test dense_attention_cuda_test \
-             cuda_engine_test; do
+    for t in ${DXS_SWITCH_SUITES:-cuda_backend_test fp8_cuda_test moe_ops_cuda_test \
+             dense_attention_cuda_test cuda_engine_test}; do
       log="$OUT/switch_${t}_$(echo "$v" | tr -c 'A-Za-z0-9' _).log"
       env $v timeout 300 ".device/bin/$t" >"$log" 2>&1
       summary+=("$t [$v]: rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$log" | tr '\n' ' ')")

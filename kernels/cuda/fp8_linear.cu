@@ -90,8 +90,7 @@ struct Fp8GemvOutputs {
 
 template <int kRows, int kFeatures, typename Y>
 __global__ void __launch_bounds__(kGemvFp8Warps * 32)
-    GemvFp8Kernel(const __nv_bfloat16* x, const Fp8GemvOutputs outs, int64_t k, int ksplit,
-                  bool scale_early) {
+    GemvFp8Kernel(const __nv_bfloat16* x, const Fp8GemvOutputs outs, int64_t k, int ksplit) {
   static_assert(kGemvMaxOutputs == 3, "the selection below names each output");
   static_assert(kGroup % kFeatures == 0, "a warp's features share one block of scales");
   // Selected with constant indices: a runtime index would copy the parameters to the stack.
@@ -111,11 +110,10 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
   const int sub = warp % ksplit;
   const int64_t feature =
       (static_cast<int64_t>(block - first) * (kGemvFp8Warps / ksplit) + warp / ksplit) * kFeatures;
-  // pdl-early: the weights and their scales are the model's, never written by a kernel, so
-  // each lane requests its first chunk of each row before waiting for the previous kernel
-  // (PdlWait), and with scale_early (DXS_CUDA_GEMV_FP8_SCALE_EARLY=on, an experiment) that
-  // chunk's scale: loaded after the wait it is a cold line (the step's weight stream evicts it)
-  // between the activations and the first sum. Nothing else is read or written before the wait.
+  // pdl-early: the weights are the model's, never written by a kernel, so each lane requests
+  // its first chunk of each row before waiting for the previous kernel (PdlWait). Nothing else
+  // is read or written before the wait. (Its first scale too, before the wait, measured no
+  // change at batch 1 on an H100: docs/results/fp8.md.)
   // (Four chunks ahead a lane, the whole of a 2048-wide row, measured slower on an H100: 37.7
   // against 31.6 us for a layer's four projections at batch 1.)
   const int64_t chunks = k / kFp8Chunk;
@@ -132,10 +130,8 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
       ((feature < n ? feature : 0) / kGroup) * (o == 0   ? outs.scale_stride[0]
                                                 : o == 1 ? outs.scale_stride[1]
                                                          : outs.scale_stride[2]);
-  float next_scale = 0.f;
-  if (scale_early && c0 < chunks) next_scale = scale_row[(c0 * kFp8Chunk) / kGroup];
   PdlWait();
-  if (!scale_early && c0 < chunks) next_scale = scale_row[(c0 * kFp8Chunk) / kGroup];
+  float next_scale = c0 < chunks ? scale_row[(c0 * kFp8Chunk) / kGroup] : 0.f;
   Y* y = static_cast<Y*>(o == 0 ? outs.y[0] : o == 1 ? outs.y[1] : outs.y[2]);
   // acc[r][f]: row r's sum for feature f, each summed in the same order whatever kFeatures is
   // (one warp a feature gives the same bits).
@@ -222,12 +218,6 @@ int GemvFp8KSplit(int64_t feature_groups, int64_t chunks) {
   return ksplit;
 }
 
-// Whether GemvFp8Kernel loads its first scale before PdlWait (DXS_CUDA_GEMV_FP8_SCALE_EARLY).
-bool GemvFp8ScaleEarly() {
-  static const bool on = tunables::Get(tunables::kCudaGemvFp8ScaleEarly) == "on";
-  return on;
-}
-
 // Features a warp computes in LaunchGemvsFp8 (`forced` when not 0, else by the shape). One
 // read of the activations serves kFeatures rows of weights: at m rows a lane loads 32 * m
 // activation bytes for every 16 weight bytes, so past one row those loads, not the weights'
@@ -247,10 +237,10 @@ cudaError_t LaunchGemvFp8Rows(const __nv_bfloat16* x, const Fp8GemvOutputs& outs
   const unsigned blocks = static_cast<unsigned>(outs.first_block[outs.count]);
   if (y_type == ElemType::kF32) {
     return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, float>, blocks, kGemvFp8Warps * 32, 0,
-                        stream, x, outs, k, ksplit, GemvFp8ScaleEarly());
+                        stream, x, outs, k, ksplit);
   }
   return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, __nv_bfloat16>, blocks, kGemvFp8Warps * 32, 0,
-                      stream, x, outs, k, ksplit, GemvFp8ScaleEarly());
+                      stream, x, outs, k, ksplit);
 }
 
 template <int kRows>
