@@ -41,7 +41,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/elem_type.cuh"
@@ -261,38 +260,6 @@ struct StagedExperts {
   }
 };
 
-// L2 hints for the experts' down weights in a decode step's fused routed FFN
-// (DXS_CUDA_DOWN_PREFETCH, an experiment): issued, never waited for.
-// [p, p + bytes) into L2; p 16-byte aligned, bytes a multiple of 16.
-__device__ __forceinline__ void PrefetchBulkL2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (bytes > 0) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-  }
-#endif
-}
-
-// The line holding p into L2 (any alignment).
-__device__ __forceinline__ void PrefetchLineL2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-// Rows [row0, row0 + rows) of an expert's down weights ([hidden, inter], bf16 or e4m3) into
-// L2, and for FP8 the scales those rows use (one 128-row block's, a column of the table).
-template <bool kFp8>
-__device__ __forceinline__ void PrefetchDownRows(const void* w, const float* scales, int hidden,
-                                                 int inter, int row0, int rows) {
-  constexpr int kBytes = kFp8 ? 1 : 2;
-  PrefetchBulkL2(static_cast<const char*>(w) + static_cast<int64_t>(row0) * inter * kBytes,
-                 static_cast<uint32_t>(rows * inter * kBytes));
-  if constexpr (kFp8) {
-    const int n_blocks = hidden / kFp8WeightBlock;
-    for (int cb = 0; cb < inter / kFp8WeightBlock; ++cb) {
-      PrefetchLineL2(scales + cb * n_blocks + row0 / kFp8WeightBlock);
-    }
-  }
-}
-
 // act[p, i] for the run of pair blockIdx.y, features of this block's warps. Pair p's row of
 // xs is rows[p], or p / pairs_per_row without rows. Sorted pairs come with offsets; unsorted
 // ones (experts given) are each their own run, and counts (if given) gets +1 per pair.
@@ -303,9 +270,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                     const int32_t* __restrict__ experts, int num_experts,
                     const void* const* __restrict__ gate_up,
                     const float* const* __restrict__ gate_up_scales, int hidden, int inter,
-                    __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ counts,
-                    const void* const* __restrict__ down_prefetch,
-                    const float* const* __restrict__ down_prefetch_scales) {
+                    __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ counts) {
   // pdl-early: the immutable expert tables into shared memory (StagedExperts).
   __shared__ StagedExperts<kFp8> table;
   table.Stage(gate_up, gate_up_scales, num_experts);
@@ -386,19 +351,6 @@ __global__ void __launch_bounds__(kWarps * 32)
               __float2bfloat16_rn(gs / (1.f + expf(-gs)) * us);
         }
       }
-    }
-  }
-  // DXS_CUDA_DOWN_PREFETCH=gate-up (unsorted pairs only): once warp 0's loads are done, this
-  // block's slice of its pair's down weights into L2 for the next kernel (MoeDownSumKernel).
-  // The pair's expert is read again rather than kept: live across the loop it cost the FP8
-  // kernel 24 registers a thread.
-  if (down_prefetch != nullptr && experts != nullptr && threadIdx.x == 0) {
-    const int pe = __ldg(experts + p);
-    const int per = (hidden + gridDim.x - 1) / gridDim.x;
-    const int row0 = blockIdx.x * per;
-    if (pe >= 0 && pe < num_experts && down_prefetch[pe] != nullptr && row0 < hidden) {
-      PrefetchDownRows<kFp8>(down_prefetch[pe], kFp8 ? down_prefetch_scales[pe] : nullptr, hidden,
-                             inter, row0, min(per, hidden - row0));
     }
   }
 }
@@ -490,29 +442,17 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
                      const float* __restrict__ scales, int top_k, int num_experts,
                      const void* const* __restrict__ down,
                      const float* const* __restrict__ down_scales, int hidden, int inter,
-                     TO* __restrict__ out, bool prefetch_own) {
-  const int t = blockIdx.y;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int feature0 = blockIdx.x * kDownSumFeatures;
-  // pdl-early: the immutable expert tables into shared memory (StagedExperts); and with
-  // DXS_CUDA_DOWN_PREFETCH=own, this block's rows of its pairs' down weights into L2 (hints).
-  // The pairs' experts read for that were written before gate_up, this kernel's predecessor
-  // in LaunchRoutedSwiGluGemv, started: two kernels back, complete (launch.cuh).
+                     TO* __restrict__ out) {
+  // pdl-early: the immutable expert tables into shared memory (StagedExperts).
   __shared__ StagedExperts<kFp8> table;
   table.Stage(down, down_scales, num_experts);
-  if (prefetch_own && lane == 0) {
-    for (int j = warp; j < top_k; j += kDownSumWarps) {
-      const int e = __ldg(experts + t * top_k + j);
-      if (e >= 0 && e < num_experts && down[e] != nullptr) {
-        PrefetchDownRows<kFp8>(down[e], kFp8 ? down_scales[e] : nullptr, hidden, inter, feature0,
-                               min(kDownSumFeatures, hidden - feature0));
-      }
-    }
-  }
   PdlWait();
   __syncthreads();  // the staged table
   __shared__ float part[kDownSumMaxTopK][kDownSumFeatures];
   __shared__ int expert_of[kDownSumMaxTopK];
+  const int t = blockIdx.y;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int feature0 = blockIdx.x * kDownSumFeatures;
   // Pair `lane`'s routing weight, in flight while the weights stream.
   const float lane_scale = warp == 0 && lane < top_k ? __ldg(scales + t * top_k + lane) : 0.f;
   for (int j = warp; j < top_k; j += kDownSumWarps) {
@@ -795,7 +735,7 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
     using TY = typename decltype(yt)::type;
     LaunchKernel(MoeGateUpKernel<TX, kRun, kFp8>, gate_grid, kWarps * 32, 0, stream,
                  static_cast<const TX*>(xs), xr, rows, 1, expert_offsets, nullptr, e, gate_up,
-                 gate_up_scales, h, i, a, nullptr, nullptr, nullptr);
+                 gate_up_scales, h, i, a, nullptr);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     LaunchKernel(MoeDownKernel<TY, kRun, kFp8>, down_grid, kWarps * 32, 0, stream, a,
                  expert_offsets, e, down, down_scales, h, i, static_cast<TY*>(y));
@@ -816,22 +756,6 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
   if (num_pairs <= kSinglePairRunsUpTo) return by_weights(std::integral_constant<int, 1>{});
   return by_weights(std::integral_constant<int, kRunPairs>{});
 }
-
-namespace {
-
-// DXS_CUDA_DOWN_PREFETCH (read once): where the fused routed FFN asks L2 for its down weights.
-enum class DownPrefetch { kOff, kOwn, kGateUp };
-DownPrefetch DownPrefetchMode() {
-  static const DownPrefetch mode = [] {
-    const std::string v = tunables::Get(tunables::kCudaDownPrefetch);
-    return v == "own"       ? DownPrefetch::kOwn
-           : v == "gate-up" ? DownPrefetch::kGateUp
-                            : DownPrefetch::kOff;
-  }();
-  return mode;
-}
-
-}  // namespace
 
 cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t tokens,
                                    const int32_t* ids, const float* scales, int64_t top_k,
@@ -867,7 +791,6 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
   const dim3 gate_grid(FeatureBlocks(inter), static_cast<unsigned>(tokens * top_k));
   const dim3 sum_grid(static_cast<unsigned>((hidden + kDownSumFeatures - 1) / kDownSumFeatures),
                       static_cast<unsigned>(tokens));
-  const DownPrefetch prefetch = DownPrefetchMode();
   auto launch = [&](auto fp8, auto xt, auto yt, auto ot) {
     constexpr bool kFp8 = decltype(fp8)::value;
     using TX = typename decltype(xt)::type;
@@ -875,12 +798,10 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
     using TO = typename decltype(ot)::type;
     LaunchKernel(MoeGateUpKernel<TX, 1, kFp8>, gate_grid, kWarps * 32, 0, stream,
                  static_cast<const TX*>(xs), xr, nullptr, k, nullptr, ids, e, gate_up,
-                 gate_up_scales, h, i, a, c, prefetch == DownPrefetch::kGateUp ? down : nullptr,
-                 prefetch == DownPrefetch::kGateUp ? down_scales : nullptr);
+                 gate_up_scales, h, i, a, c);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     LaunchKernel(MoeDownSumKernel<TY, TO, kFp8>, sum_grid, kDownSumWarps * 32, 0, stream, a, ids,
-                 scales, k, e, down, down_scales, h, i, static_cast<TO*>(out),
-                 prefetch == DownPrefetch::kOwn);
+                 scales, k, e, down, down_scales, h, i, static_cast<TO*>(out));
     return cudaGetLastError();
   };
   auto by_out = [&](auto fp8, auto xt, auto yt) {
