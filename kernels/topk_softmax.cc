@@ -1,6 +1,7 @@
 #include "kernels/topk_softmax.h"
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -27,12 +28,18 @@ absl::Status TopKSoftmaxCpu(const float* logits, int64_t num_tokens, int64_t num
                             int64_t top_k, bool normalize, int32_t* ids, float* weights) {
   if (absl::Status s = ValidateTopKArgs(num_tokens, num_experts, top_k); !s.ok()) return s;
   if (num_tokens == 0) return absl::OkStatus();  // empty batch: nothing to route, no work
+  // Experts are ranked by logit, which orders them as their probabilities do without
+  // depending on exp's rounding (two logits whose exp underflows to 0 still rank), ties to the
+  // lower id, NaN last: the GPU kernel's order (kernels/cuda/topk_softmax_warp.cuh), so both
+  // pick the same experts on every row. A NaN or +inf logit makes the row's probabilities NaN
+  // on both; its picks are still the ranked ones.
+  const auto rank_key = [](float logit) { return std::isnan(logit) ? -INFINITY : logit; };
   std::vector<float> probs(num_experts);
   std::vector<bool> taken(num_experts);
   for (int64_t t = 0; t < num_tokens; ++t) {
     const float* row = logits + t * num_experts;
-    float max_logit = row[0];
-    for (int64_t e = 1; e < num_experts; ++e) max_logit = std::max(max_logit, row[e]);
+    float max_logit = -INFINITY;  // fmax skips NaN, as the kernel's fmaxf does
+    for (int64_t e = 0; e < num_experts; ++e) max_logit = std::fmax(max_logit, row[e]);
     float sum = 0.f;
     for (int64_t e = 0; e < num_experts; ++e) {
       probs[e] = std::exp(row[e] - max_logit);
@@ -44,7 +51,7 @@ absl::Status TopKSoftmaxCpu(const float* logits, int64_t num_tokens, int64_t num
     for (int64_t k = 0; k < top_k; ++k) {
       int64_t best = -1;
       for (int64_t e = 0; e < num_experts; ++e) {
-        if (!taken[e] && (best < 0 || probs[e] > probs[best])) best = e;
+        if (!taken[e] && (best < 0 || rank_key(row[e]) > rank_key(row[best]))) best = e;
       }
       taken[best] = true;
       ids[t * top_k + k] = static_cast<int32_t>(best);

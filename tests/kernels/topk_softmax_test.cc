@@ -2,6 +2,8 @@
 #include "kernels/topk_softmax.h"
 
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -64,6 +66,36 @@ TEST(TopKSoftmax, PicksLargestAndNormalises) {
   EXPECT_NEAR(w[0] + w[1], 1.0, 1e-6);
   EXPECT_NEAR(w[0] / w[1], std::exp(1.), 1e-5);
   EXPECT_NEAR(w[2], 0.5, 1e-6);
+}
+
+// Ranked by logit (the GPU kernel's order): experts whose probabilities both underflow to 0
+// still rank by logit, and NaN ranks last wherever it is in the row, leaving the other picks
+// as they were; a NaN or +inf logit makes every weight NaN (exp(inf - inf), NaN sums), never a
+// pick out of order.
+TEST(TopKSoftmax, RanksByLogitWithNanLast) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  struct Case {
+    std::vector<float> logits;
+    std::vector<int32_t> ids;
+    bool weights_nan;
+  };
+  const Case cases[] = {
+      {{0.f, -300.f, -200.f}, {0, 2, 1}, false},  // exp(-200) and exp(-300) are both 0.f
+      {{nan, 1.f, 3.f, 2.f}, {2, 3, 1}, true},    // NaN first in the row
+      {{1.f, nan, 3.f, 2.f}, {2, 3, 0}, true},
+      {{1.f, 3.f, 2.f, nan}, {1, 2, 0}, true},
+      {{nan, nan, 0.f, nan}, {2, 0, 1}, true},  // NaNs last, by id
+      {{0.f, inf, 1.f, -inf}, {1, 2, 0}, true},
+      {{-inf, 0.f, -inf, 1.f}, {3, 1, 0}, false},  // -inf ranks last, by id, weight 0
+  };
+  for (const Case& c : cases) {
+    const int64_t experts = static_cast<int64_t>(c.logits.size());
+    std::vector<int32_t> ids(3);
+    std::vector<float> w(3);
+    ASSERT_TRUE(TopKSoftmaxCpu(c.logits.data(), 1, experts, 3, false, ids.data(), w.data()).ok());
+    EXPECT_EQ(ids, c.ids) << "row " << ::testing::PrintToString(c.logits);
+    for (float x : w) EXPECT_EQ(std::isnan(x), c.weights_nan) << x;
+  }
 }
 
 }  // namespace

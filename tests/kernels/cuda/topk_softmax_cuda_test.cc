@@ -194,6 +194,9 @@ void ExpectMatchesCpu(std::vector<float> logits, int64_t num_tokens, int64_t num
                     << want_ids[i];
       ++failures;
     }
+    // A row with a NaN or +inf logit has NaN probabilities on both sides (its picks still
+    // compare above).
+    if (std::isnan(want_weights[i]) && std::isnan(got_weights[i])) continue;
     const float tolerance = relative_tolerance * std::fabs(want_weights[i]);
     if (!(std::fabs(got_weights[i] - want_weights[i]) <= tolerance)) {
       ADD_FAILURE() << "token " << t << " pick " << k << ": weight " << got_weights[i] << ", want "
@@ -269,6 +272,25 @@ TEST(TopKSoftmaxCudaDevice, SignedZerosAndInfinitiesRankAsOnTheCpu) {
     std::vector<float> logits(64 * experts);
     for (float& x : logits) x = levels[pick(rng)];
     for (int64_t t = 0; t < 64; ++t) logits[t * experts + t % experts] = 1.f;
+    ExpectMatchesCpu(logits, 64, experts, 8, true);
+    ExpectMatchesCpu(logits, 64, experts, 8, false, /*bf16=*/true);
+  }
+}
+
+TEST(TopKSoftmaxCudaDevice, NanAndInfiniteLogitsRankAsOnTheCpu) {
+  SKIP_WITHOUT_GPU();
+  // NaN ranks last wherever it is in the row (the CPU ranks by logit too), +inf first; both
+  // make the row's weights NaN on both sides, and the picks must still be the same experts.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> levels = {nan, inf, -inf, 0.f, 1.f, -1.f, 2.f, 0.5f};
+  std::mt19937 rng(29);
+  std::uniform_int_distribution<size_t> pick(0, levels.size() - 1);
+  for (int64_t experts : {12, 128, 512}) {
+    SCOPED_TRACE(::testing::Message() << experts << " experts");
+    std::vector<float> logits(64 * experts);
+    for (float& x : logits) x = levels[pick(rng)];
+    logits[0] = nan;  // expert 0 of token 0
     ExpectMatchesCpu(logits, 64, experts, 8, true);
     ExpectMatchesCpu(logits, 64, experts, 8, false, /*bf16=*/true);
   }
