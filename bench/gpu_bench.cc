@@ -46,8 +46,12 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "dataplane/low_latency/cuda/cuda_low_latency_exchange.h"
@@ -459,14 +463,15 @@ void PrefillAttention(Backend* b, cudaStream_t stream, const Rates& rates, bool 
 // experts a batch of random routing touches in expectation, per layer. The projections
 // (attention's and the experts') at `projection_bytes` a weight (1 with FP8 weights), the
 // router and lm_head at 2 (bf16).
-double ActiveWeightBytes(const ModelConfig& c, int64_t batch, double projection_bytes = 2.0) {
+double ActiveWeightBytes(const ModelConfig& c, int64_t batch, double attention_bytes = 2.0,
+                         double expert_bytes = 2.0) {
   const double h = c.hidden_size, d = c.head_dim;
   const double attn = h * d * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads);
   const double router = h * c.num_experts;
   const double expert = 3.0 * h * c.moe_intermediate_size;
   const double e = c.num_experts, k = c.num_experts_per_tok;
   const double touched = e * (1 - std::pow(1 - k / e, static_cast<double>(batch)));
-  return projection_bytes * (attn + touched * expert) * c.num_hidden_layers +
+  return (attention_bytes * attn + expert_bytes * touched * expert) * c.num_hidden_layers +
          2.0 * (router * c.num_hidden_layers + h * c.vocab_size);  // + lm_head
 }
 
@@ -1132,25 +1137,48 @@ void Fp8Benches(const Rates& rates, bool quick, const Profile& profile, Report* 
   Fp8GemvFeatures(quick, report);
 }
 
-// The preset's weights (RandomWeightSource, made in place), except each projection that can
-// stay FP8 (KeepsFp8Weight): random e4m3 bytes and scales (RandomFp8Weight), distinct per
-// tensor. The values mean nothing as a model; the bytes and the work are the FP8 model's.
-// (A --fp8 preset quantizes its projections on the host, minutes for the 48-layer experts.)
+// Which projections an FP8 engine of [decode-fp8] keeps in FP8 (--fp8-parts): all of them,
+// as a Qwen3-FP8 checkpoint has it, or only the attention's (q, k, v, o) or only the experts'
+// (gate, up, down), the others bf16; the partial ones attribute FP8's step time to its
+// dense GEMVs or its expert GEMVs in one call.
+struct Fp8Parts {
+  std::string label;  // the dtype column: fp8, fp8-a, fp8-e
+  bool attention = true, experts = true;
+};
+
+absl::StatusOr<Fp8Parts> ParseFp8Part(const std::string& part) {
+  if (part == "all") return Fp8Parts{"fp8", true, true};
+  if (part == "attention") return Fp8Parts{"fp8-a", true, false};
+  if (part == "experts") return Fp8Parts{"fp8-e", false, true};
+  return absl::InvalidArgumentError(
+      absl::StrCat("--fp8-parts: \"", part, "\" is not all, attention or experts"));
+}
+
+// The preset's weights (RandomWeightSource, made in place), except each projection of
+// `parts` that can stay FP8 (KeepsFp8Weight): random e4m3 bytes and scales (RandomFp8Weight),
+// distinct per tensor. The values mean nothing as a model; the bytes and the work are the
+// FP8 model's. (A --fp8 preset quantizes its projections on the host, minutes for the
+// 48-layer experts.)
 class RandomFp8BenchSource final : public WeightSource {
  public:
-  explicit RandomFp8BenchSource(const CheckpointPreset& preset) : base_(preset) {}
+  RandomFp8BenchSource(const CheckpointPreset& preset, Fp8Parts parts)
+      : base_(preset), parts_(std::move(parts)) {}
   absl::StatusOr<Tensor> Load(const std::string& name, std::vector<int64_t> shape,
                               Backend* backend) const override {
     return base_.Load(name, std::move(shape), backend);
   }
   absl::StatusOr<Tensor> LoadProjection(const std::string& name, std::vector<int64_t> shape,
                                         Backend* backend) const override {
-    if (!KeepsFp8Weight(*backend, shape)) return base_.Load(name, std::move(shape), backend);
+    const bool expert = absl::StrContains(name, ".mlp.experts.");
+    if (!(expert ? parts_.experts : parts_.attention) || !KeepsFp8Weight(*backend, shape)) {
+      return base_.Load(name, std::move(shape), backend);
+    }
     return RandomFp8Weight(backend, shape[0], shape[1], std::hash<std::string>{}(name));
   }
 
  private:
   RandomWeightSource base_;
+  Fp8Parts parts_;
 };
 
 // [decode-fp8]: the whole Qwen3-30B-A3B shape with bf16 weights, then with its projections
@@ -1161,7 +1189,8 @@ class RandomFp8BenchSource final : public WeightSource {
 // With --profile decode: the FP8 engine's decode step alone, at --batch, once; with --profile
 // prefill: its 4096-token prompt alone, once (after the timed ones).
 void Fp8ModelBenches(const Rates& rates, bool quick, int layers, const Profile& profile,
-                     const std::vector<int64_t>& only_batches, Report* report) {
+                     const std::vector<int64_t>& only_batches,
+                     const std::vector<Fp8Parts>& fp8_parts, Report* report) {
   CheckpointPreset preset = Must(GetPreset("qwen3-30b-a3b"), "preset");
   preset.config.num_hidden_layers = layers;
   EngineOptions options;
@@ -1180,12 +1209,19 @@ void Fp8ModelBenches(const Rates& rates, bool quick, int layers, const Profile& 
   const bool profiling = profile.what == "decode" || profile.what == "prefill";
   if (profile.what == "decode") batches = {profile.batch};
   if (profile.what == "prefill") batches = {};
-  std::map<std::pair<bool, int64_t>, double> tok_s;
-  std::map<bool, double> prefill_tok_s;
-  for (const bool fp8 : {false, true}) {
+  // The bf16 engine, then one FP8 engine for each entry of fp8_parts (by default all
+  // projections in FP8), one at a time.
+  std::vector<std::optional<Fp8Parts>> engines = {std::nullopt};
+  for (const Fp8Parts& parts : fp8_parts) engines.push_back(parts);
+  std::map<std::pair<std::string, int64_t>, double> tok_s;
+  std::map<std::string, double> prefill_tok_s;
+  for (const std::optional<Fp8Parts>& parts : engines) {
+    const bool fp8 = parts.has_value();
+    const std::string dtype = fp8 ? parts->label : "bf16";
     if (profiling && !fp8) continue;
     std::unique_ptr<LocalEngine> engine =
-        fp8 ? Must(LocalEngine::LoadWeights(preset.config, RandomFp8BenchSource(preset), options),
+        fp8 ? Must(LocalEngine::LoadWeights(preset.config, RandomFp8BenchSource(preset, *parts),
+                                            options),
                    "fp8 model")
             : Must(LocalEngine::LoadRandom(preset, options), "bf16 model");
     if (fp8 && !engine->backend()->capabilities().fp8_block_weights) {
@@ -1201,13 +1237,14 @@ void Fp8ModelBenches(const Rates& rates, bool quick, int layers, const Profile& 
       profile.Once("decode", [&] { d.Step(/*graphs=*/true); });
       const double kv_bytes = 2.0 * batch * (1024 + d.steps) * c.num_key_value_heads * c.head_dim *
                               2 * c.num_hidden_layers;
-      const double weights = ActiveWeightBytes(c, batch, fp8 ? 1.0 : 2.0);
+      const double weights = ActiveWeightBytes(c, batch, fp8 && parts->attention ? 1.0 : 2.0,
+                                               fp8 && parts->experts ? 1.0 : 2.0);
       const double floor_ms = (weights + kv_bytes) / rates.copy_bytes_per_s * 1e3;
-      tok_s[{fp8, batch}] = batch / (ms * 1e-3);
-      std::printf("  %-5s %6ld %12.1f %10.2f %12.2f %7.0f%%\n", fp8 ? "fp8" : "bf16",
+      tok_s[{dtype, batch}] = batch / (ms * 1e-3);
+      std::printf("  %-5s %6ld %12.1f %10.2f %12.2f %7.0f%%\n", dtype.c_str(),
                   static_cast<long>(batch), batch / (ms * 1e-3), ms, floor_ms, 100 * floor_ms / ms);
       report->Add({{"section", "decode_fp8"},
-                   {"dtype", fp8 ? "fp8" : "bf16"},
+                   {"dtype", dtype},
                    {"layers", layers},
                    {"batch", batch},
                    {"tokens_per_s", batch / (ms * 1e-3)},
@@ -1235,23 +1272,27 @@ void Fp8ModelBenches(const Rates& rates, bool quick, int layers, const Profile& 
     const int64_t mallocs = CudaSystemAllocations(engine->backend()) - mallocs_before;
     profile.Once("prefill", prefill);
     if (profiling) return;
-    prefill_tok_s[fp8] = prompt / (ms * 1e-3);
+    prefill_tok_s[dtype] = prompt / (ms * 1e-3);
     // cudaMallocs in the timed prompts: more than the first one's means the pool gives its
     // blocks back and takes them again (a device synchronisation each), i.e. too little free
     // memory beside the model for a prompt's temporaries.
     std::printf("  %-5s prefill of %ld tokens: %.1f tokens/s, %.2f ms (%ld cudaMallocs)\n",
-                fp8 ? "fp8" : "bf16", static_cast<long>(prompt), prompt / (ms * 1e-3), ms,
+                dtype.c_str(), static_cast<long>(prompt), prompt / (ms * 1e-3), ms,
                 static_cast<long>(mallocs));
     report->Add({{"section", "prefill_fp8"},
-                 {"dtype", fp8 ? "fp8" : "bf16"},
+                 {"dtype", dtype},
                  {"layers", layers},
                  {"tokens_per_s", prompt / (ms * 1e-3)}});
   }
-  for (int64_t batch : batches) {
-    std::printf("  fp8 / bf16 at batch %ld: %.2fx\n", static_cast<long>(batch),
-                tok_s[{true, batch}] / tok_s[{false, batch}]);
+  for (const Fp8Parts& parts : fp8_parts) {
+    const char* label = parts.label.c_str();
+    for (int64_t batch : batches) {
+      std::printf("  %s / bf16 at batch %ld: %.2fx\n", label, static_cast<long>(batch),
+                  tok_s[{parts.label, batch}] / tok_s[{"bf16", batch}]);
+    }
+    std::printf("  %s / bf16 prefill: %.2fx\n", label,
+                prefill_tok_s[parts.label] / prefill_tok_s["bf16"]);
   }
-  std::printf("  fp8 / bf16 prefill: %.2fx\n", prefill_tok_s[true] / prefill_tok_s[false]);
 }
 
 int Main(int argc, char** argv) {
@@ -1261,6 +1302,7 @@ int Main(int argc, char** argv) {
   int layers = 48;
   std::string json;
   std::vector<int64_t> decode_batches;  // --fp8-decode's batches, when given
+  std::vector<Fp8Parts> fp8_parts;      // --fp8-decode's FP8 engines (all, when not given)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") {
@@ -1283,6 +1325,16 @@ int Main(int argc, char** argv) {
       profile.batch = std::atoi(argv[++i]);
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
+    } else if (a == "--fp8-parts" && i + 1 < argc) {
+      const std::vector<std::string> list = absl::StrSplit(argv[++i], ',', absl::SkipEmpty());
+      for (const std::string& part : list) {
+        absl::StatusOr<Fp8Parts> parts = ParseFp8Part(part);
+        if (!parts.ok()) {
+          std::fprintf(stderr, "gpu_bench: %s\n", std::string(parts.status().message()).c_str());
+          return 2;
+        }
+        fp8_parts.push_back(*std::move(parts));
+      }
     } else if (a == "--decode-batches" && i + 1 < argc) {
       const std::vector<std::string> list = absl::StrSplit(argv[++i], ',', absl::SkipEmpty());
       for (const std::string& b : list) {
@@ -1291,7 +1343,8 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: gpu_bench [--quick] [--ffn-only | --low-latency | --sampling | --fp8 | "
-                   "--fp8-decode [--decode-batches 1,8,32,128]]\n"
+                   "--fp8-decode [--decode-batches 1,8,32,128]\n"
+                   "                 [--fp8-parts all,attention,experts]]\n"
                    "                 [--layers N]\n"
                    "                 [--json FILE]\n"
                    "                 [--profile attention|decode|prefill|ffn [--batch N]]\n");
@@ -1327,7 +1380,8 @@ int Main(int argc, char** argv) {
   }
   if (fp8_decode) {
     backend.reset();
-    Fp8ModelBenches(rates, quick, layers, profile, decode_batches, &report);
+    if (fp8_parts.empty()) fp8_parts.push_back(*ParseFp8Part("all"));
+    Fp8ModelBenches(rates, quick, layers, profile, decode_batches, fp8_parts, &report);
     return 0;
   }
   // The per-expert cuBLAS grouped FFN, for the choice between it and CUTLASS (at every

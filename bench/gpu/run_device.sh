@@ -33,6 +33,9 @@
 #   and FP8 in each process) under each set of environment settings, the first the baseline,
 #   in DXS_AB_ROUNDS (2) rounds that keep the order (about 2 minutes a setting a round).
 #   l2-prefetch: decode-ab over DXS_CUDA_L2_PREFETCH (off, attention, all).
+#   fp8-split: gpu_bench --fp8-decode --quick at batch 1 and 8 with the bf16 engine, then FP8
+#   in all projections, in the attention's only and in the experts' only (--fp8-parts), in
+#   DXS_AB_ROUNDS (2) rounds: which of FP8's kernels hold its step (about 2.5 minutes a round).
 #   switch-ab "ENV=v ..." "ENV=v ..." ...: cuda_backend, fp8, moe_ops, dense_attention and
 #   cuda_engine tests (or DXS_SWITCH_SUITES, space-separated) under each setting after the
 #   first, then decode-ab over all of them.
@@ -331,6 +334,16 @@ if [ "$what" = fp8-decode ]; then
     >"$OUT/gpu_bench_fp8_decode.log" 2>&1
   summary+=("gpu_bench --fp8-decode: rc=$?")
   sed -n '/\[decode-fp8\]/,$p' "$OUT/gpu_bench_fp8_decode.log"
+fi
+if [ "$what" = fp8-split ]; then
+  for round in $(seq "${DXS_AB_ROUNDS:-2}"); do
+    timeout 280 .device/bin/gpu_bench --fp8-decode --quick --decode-batches 1,8 \
+      --fp8-parts all,attention,experts --json "$OUT/fp8_split_$round.jsonl" \
+      >"$OUT/fp8_split_$round.log" 2>&1
+    summary+=("fp8-split round $round: rc=$?")
+    echo "== round $round"
+    grep -E '^  (bf16|fp8[-ae]*) +[0-9]|/ bf16' "$OUT/fp8_split_$round.log"
+  done
 fi
 if [ "$what" = l2-prefetch ]; then
   what=decode-ab
