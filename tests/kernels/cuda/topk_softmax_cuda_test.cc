@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -259,22 +260,31 @@ TEST(TopKSoftmaxCudaDevice, TiesGoToTheLowerExpertId) {
   }
 }
 
-TEST(TopKSoftmaxCudaDevice, SignedZerosAndInfinitiesRankAsOnTheCpu) {
-  SKIP_WITHOUT_GPU();
-  // -0 and +0 tie (the lower id first) and -inf ranks below every finite logit, as their
-  // probabilities do on the CPU; each row keeps finite logits so its weights are numbers.
-  const float inf = std::numeric_limits<float>::infinity();
-  const std::vector<float> levels = {-0.f, 0.f, -inf, 1.f, -1.f, -0.f, 0.f};
-  std::mt19937 rng(13);
+// 64 tokens of logits drawn from `levels` (seeded), `plant` then setting some, over 12, 128
+// and 512 experts: GPU and CPU pick the same experts, f32 logits normalized and bf16 ones not.
+void ExpectLevelsMatchCpu(const std::vector<float>& levels, unsigned seed,
+                          const std::function<void(std::vector<float>&, int64_t)>& plant) {
+  std::mt19937 rng(seed);
   std::uniform_int_distribution<size_t> pick(0, levels.size() - 1);
   for (int64_t experts : {12, 128, 512}) {
     SCOPED_TRACE(::testing::Message() << experts << " experts");
     std::vector<float> logits(64 * experts);
     for (float& x : logits) x = levels[pick(rng)];
-    for (int64_t t = 0; t < 64; ++t) logits[t * experts + t % experts] = 1.f;
+    plant(logits, experts);
     ExpectMatchesCpu(logits, 64, experts, 8, true);
     ExpectMatchesCpu(logits, 64, experts, 8, false, /*bf16=*/true);
   }
+}
+
+TEST(TopKSoftmaxCudaDevice, SignedZerosAndInfinitiesRankAsOnTheCpu) {
+  SKIP_WITHOUT_GPU();
+  // -0 and +0 tie (the lower id first) and -inf ranks below every finite logit, as their
+  // probabilities do on the CPU; each row keeps finite logits so its weights are numbers.
+  const float inf = std::numeric_limits<float>::infinity();
+  ExpectLevelsMatchCpu({-0.f, 0.f, -inf, 1.f, -1.f, -0.f, 0.f}, 13,
+                       [](std::vector<float>& logits, int64_t experts) {
+                         for (int64_t t = 0; t < 64; ++t) logits[t * experts + t % experts] = 1.f;
+                       });
 }
 
 TEST(TopKSoftmaxCudaDevice, NanAndInfiniteLogitsRankAsOnTheCpu) {
@@ -283,17 +293,10 @@ TEST(TopKSoftmaxCudaDevice, NanAndInfiniteLogitsRankAsOnTheCpu) {
   // make the row's weights NaN on both sides, and the picks must still be the same experts.
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
-  const std::vector<float> levels = {nan, inf, -inf, 0.f, 1.f, -1.f, 2.f, 0.5f};
-  std::mt19937 rng(29);
-  std::uniform_int_distribution<size_t> pick(0, levels.size() - 1);
-  for (int64_t experts : {12, 128, 512}) {
-    SCOPED_TRACE(::testing::Message() << experts << " experts");
-    std::vector<float> logits(64 * experts);
-    for (float& x : logits) x = levels[pick(rng)];
-    logits[0] = nan;  // expert 0 of token 0
-    ExpectMatchesCpu(logits, 64, experts, 8, true);
-    ExpectMatchesCpu(logits, 64, experts, 8, false, /*bf16=*/true);
-  }
+  ExpectLevelsMatchCpu({nan, inf, -inf, 0.f, 1.f, -1.f, 2.f, 0.5f}, 29,
+                       [nan](std::vector<float>& logits, int64_t) {
+                         logits[0] = nan;  // expert 0 of token 0
+                       });
 }
 
 TEST(TopKSoftmaxCudaDevice, ManyTokens) {
