@@ -79,8 +79,9 @@ class MoeCompute {
   virtual ~MoeCompute() = default;
 
   // ---- Routing and the MoE exchange ----
-  // Softmax over logits[T, E] (float32), then the top_k largest, ranked by logit (ties to the
-  // lower expert id, NaN last), renormalised to sum 1 when `normalize`. Writes ids (i32) and weights (f32), each
+  // Softmax over logits[T, E] (float32), then the top_k largest (ties to the lower expert
+  // id; a row with a NaN logit ranks by logit, NaN last), renormalised to sum 1 when
+  // `normalize`. Writes ids (i32) and weights (f32), each
   // [T, top_k], in descending weight order. Zero tokens returns at once; top_k <= 0,
   // E <= 0 or top_k > E is INVALID_ARGUMENT.
   virtual absl::Status TopKSoftmax(const Tensor& logits, int top_k, bool normalize, Tensor* ids,

@@ -28,12 +28,14 @@ absl::Status TopKSoftmaxCpu(const float* logits, int64_t num_tokens, int64_t num
                             int64_t top_k, bool normalize, int32_t* ids, float* weights) {
   if (absl::Status s = ValidateTopKArgs(num_tokens, num_experts, top_k); !s.ok()) return s;
   if (num_tokens == 0) return absl::OkStatus();  // empty batch: nothing to route, no work
-  // Experts are ranked by logit, which orders them as their probabilities do without
-  // depending on exp's rounding (two logits whose exp underflows to 0 still rank), ties to the
-  // lower id, NaN last: the GPU kernel's order (kernels/cuda/topk_softmax_warp.cuh), so both
-  // pick the same experts on every row. A NaN or +inf logit makes the row's probabilities NaN
-  // on both; its picks are still the ranked ones.
-  const auto rank_key = [](float logit) { return std::isnan(logit) ? -INFINITY : logit; };
+  // Experts are ranked by probability, ties to the lower id. A row with a NaN or +inf logit
+  // has NaN probabilities (a NaN sum, exp(inf - inf)), which rank nothing: its experts are
+  // ranked by logit instead, NaN last, ties to the lower id, as the GPU kernel ranks every row
+  // (kernels/cuda/topk_softmax_warp.cuh), rather than picked 0, 1, 2... The kernel's logit
+  // order differs from this one only where exp rounds distinct logits to one probability
+  // (both underflow to 0): gen-model --router-skew's calibration counts on the ties there
+  // going to the lower id.
+  const auto logit_key = [](float logit) { return std::isnan(logit) ? -INFINITY : logit; };
   std::vector<float> probs(num_experts);
   std::vector<bool> taken(num_experts);
   for (int64_t t = 0; t < num_tokens; ++t) {
@@ -46,12 +48,14 @@ absl::Status TopKSoftmaxCpu(const float* logits, int64_t num_tokens, int64_t num
       sum += probs[e];
     }
     for (int64_t e = 0; e < num_experts; ++e) probs[e] /= sum;
+    const bool by_logit = std::isnan(sum);
+    auto key = [&](int64_t e) { return by_logit ? logit_key(row[e]) : probs[e]; };
     std::fill(taken.begin(), taken.end(), false);
     float picked_sum = 0.f;
     for (int64_t k = 0; k < top_k; ++k) {
       int64_t best = -1;
       for (int64_t e = 0; e < num_experts; ++e) {
-        if (!taken[e] && (best < 0 || rank_key(row[e]) > rank_key(row[best]))) best = e;
+        if (!taken[e] && (best < 0 || key(e) > key(best))) best = e;
       }
       taken[best] = true;
       ids[t * top_k + k] = static_cast<int32_t>(best);

@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/caching_allocator.h"
+#include "kernels/cuda/aligned.h"
 #include "kernels/cuda/cublas_loader.h"
 #include "kernels/cuda/ops.cuh"
 
@@ -29,9 +30,6 @@ struct FlashInferGraphPlan;
 }  // namespace dxs::cuda
 
 namespace dxs {
-
-// For the 16-byte loads of kernels/cuda/gemv.cu.
-inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // INTERNAL naming the op and CUDA's error, or OK for cudaSuccess.
 absl::Status CudaStatus(cudaError_t error, const char* op);

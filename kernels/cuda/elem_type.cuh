@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/aligned.h"
 #include "kernels/cuda/ops.cuh"
 
 namespace dxs::cuda {
@@ -143,7 +144,5 @@ inline unsigned GridBlocks(int64_t work, int64_t per_block) {
   const int64_t blocks = (work + per_block - 1) / per_block;
   return static_cast<unsigned>(blocks < kMaxGridBlocks ? blocks : kMaxGridBlocks);
 }
-
-inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace dxs::cuda

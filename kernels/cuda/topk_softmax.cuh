@@ -4,9 +4,11 @@
 //
 // Contract (the same as TopKSoftmaxCpu in kernels/topk_softmax.h): for each token t, the
 // softmax of logits[t, 0..num_experts) in fp32; the top_k largest probabilities in
-// descending order into ids[t, 0..top_k) and weights[t, 0..top_k), ranked by logit (ties go
-// to the lower expert id, NaN ranks last; a NaN or +inf logit makes the row's weights NaN);
-// with `normalize`, the picked weights are divided by their sum.
+// descending order (ties go to the lower expert id) into ids[t, 0..top_k) and
+// weights[t, 0..top_k); with `normalize`, the picked weights are divided by their sum. The
+// kernel ranks by logit: the same order, except where exp rounds distinct logits to one
+// probability (both underflow to 0), where the larger logit goes first here. A row with a
+// NaN or +inf logit has NaN weights and its experts ranked by logit, NaN last, on both sides.
 // All pointers are device pointers, row-major, rows packed (stride num_experts / top_k).
 //
 // NOTES: one warp per token, each lane holding up to 16 logits in registers, hence the

@@ -68,11 +68,11 @@ TEST(TopKSoftmax, PicksLargestAndNormalises) {
   EXPECT_NEAR(w[2], 0.5, 1e-6);
 }
 
-// Ranked by logit (the GPU kernel's order): experts whose probabilities both underflow to 0
-// still rank by logit, and NaN ranks last wherever it is in the row, leaving the other picks
-// as they were; a NaN or +inf logit makes every weight NaN (exp(inf - inf), NaN sums), never a
-// pick out of order.
-TEST(TopKSoftmax, RanksByLogitWithNanLast) {
+// A row with a NaN or +inf logit has NaN weights (a NaN sum, exp(inf - inf)) and its experts
+// ranked by logit, NaN last wherever it is in the row (the GPU kernel's order), never picked
+// 0, 1, 2...; a row of numbers ranks by probability, ties (underflows to 0 among them) to the
+// lower id.
+TEST(TopKSoftmax, RowsWithNanRankByLogitWithNanLast) {
   const float nan = std::nanf(""), inf = INFINITY;
   struct Case {
     std::vector<float> logits;
@@ -80,7 +80,7 @@ TEST(TopKSoftmax, RanksByLogitWithNanLast) {
     bool weights_nan;
   };
   const Case cases[] = {
-      {{0.f, -300.f, -200.f}, {0, 2, 1}, false},  // exp(-200) and exp(-300) are both 0.f
+      {{0.f, -300.f, -200.f}, {0, 1, 2}, false},  // exp(-200) and exp(-300) are both 0.f
       {{nan, 1.f, 3.f, 2.f}, {2, 3, 1}, true},    // NaN first in the row
       {{1.f, nan, 3.f, 2.f}, {2, 3, 0}, true},
       {{1.f, 3.f, 2.f, nan}, {1, 2, 0}, true},

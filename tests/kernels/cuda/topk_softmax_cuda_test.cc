@@ -289,8 +289,9 @@ TEST(TopKSoftmaxCudaDevice, SignedZerosAndInfinitiesRankAsOnTheCpu) {
 
 TEST(TopKSoftmaxCudaDevice, NanAndInfiniteLogitsRankAsOnTheCpu) {
   SKIP_WITHOUT_GPU();
-  // NaN ranks last wherever it is in the row (the CPU ranks by logit too), +inf first; both
-  // make the row's weights NaN on both sides, and the picks must still be the same experts.
+  // NaN ranks last wherever it is in the row, +inf first: both make the row's weights NaN,
+  // and the CPU then ranks the row by logit as the kernel does, so the picks are the same.
+  // (Rows of numbers here never round two distinct logits to one probability.)
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
   ExpectLevelsMatchCpu({nan, inf, -inf, 0.f, 1.f, -1.f, 2.f, 0.5f}, 29,
