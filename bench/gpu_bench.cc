@@ -1137,13 +1137,14 @@ void Fp8Benches(const Rates& rates, bool quick, const Profile& profile, Report* 
   Fp8GemvFeatures(quick, report);
 }
 
-// Which projections an FP8 engine of [decode-fp8] keeps in FP8 (--fp8-parts): all of them,
-// as a Qwen3-FP8 checkpoint has it, or only the attention's (q, k, v, o) or only the experts'
-// (gate, up, down), the others bf16; the partial ones attribute FP8's step time to its
-// dense GEMVs or its expert GEMVs in one call.
+// Which projections an engine of [decode-fp8] keeps in FP8 (--fp8-parts): none (the bf16
+// baseline), all of them, as a Qwen3-FP8 checkpoint has it, or only the attention's (q, k, v,
+// o) or only the experts' (gate, up, down), the others bf16; the partial ones attribute FP8's
+// step time to its dense GEMVs or its expert GEMVs in one call.
 struct Fp8Parts {
-  std::string label;  // the dtype column: fp8, fp8-a, fp8-e
+  std::string label;  // the dtype column: bf16, fp8, fp8-a, fp8-e
   bool attention = true, experts = true;
+  bool any() const { return attention || experts; }
 };
 
 absl::StatusOr<Fp8Parts> ParseFp8Part(const std::string& part) {
@@ -1211,16 +1212,16 @@ void Fp8ModelBenches(const Rates& rates, bool quick, int layers, const Profile& 
   if (profile.what == "prefill") batches = {};
   // The bf16 engine, then one FP8 engine for each entry of fp8_parts (by default all
   // projections in FP8), one at a time.
-  std::vector<std::optional<Fp8Parts>> engines = {std::nullopt};
-  for (const Fp8Parts& parts : fp8_parts) engines.push_back(parts);
+  std::vector<Fp8Parts> engines = {{"bf16", false, false}};
+  engines.insert(engines.end(), fp8_parts.begin(), fp8_parts.end());
   std::map<std::pair<std::string, int64_t>, double> tok_s;
   std::map<std::string, double> prefill_tok_s;
-  for (const std::optional<Fp8Parts>& parts : engines) {
-    const bool fp8 = parts.has_value();
-    const std::string dtype = fp8 ? parts->label : "bf16";
+  for (const Fp8Parts& parts : engines) {
+    const bool fp8 = parts.any();
+    const std::string& dtype = parts.label;
     if (profiling && !fp8) continue;
     std::unique_ptr<LocalEngine> engine =
-        fp8 ? Must(LocalEngine::LoadWeights(preset.config, RandomFp8BenchSource(preset, *parts),
+        fp8 ? Must(LocalEngine::LoadWeights(preset.config, RandomFp8BenchSource(preset, parts),
                                             options),
                    "fp8 model")
             : Must(LocalEngine::LoadRandom(preset, options), "bf16 model");
@@ -1237,8 +1238,8 @@ void Fp8ModelBenches(const Rates& rates, bool quick, int layers, const Profile& 
       profile.Once("decode", [&] { d.Step(/*graphs=*/true); });
       const double kv_bytes = 2.0 * batch * (1024 + d.steps) * c.num_key_value_heads * c.head_dim *
                               2 * c.num_hidden_layers;
-      const double weights = ActiveWeightBytes(c, batch, fp8 && parts->attention ? 1.0 : 2.0,
-                                               fp8 && parts->experts ? 1.0 : 2.0);
+      const double weights =
+          ActiveWeightBytes(c, batch, parts.attention ? 1.0 : 2.0, parts.experts ? 1.0 : 2.0);
       const double floor_ms = (weights + kv_bytes) / rates.copy_bytes_per_s * 1e3;
       tok_s[{dtype, batch}] = batch / (ms * 1e-3);
       std::printf("  %-5s %6ld %12.1f %10.2f %12.2f %7.0f%%\n", dtype.c_str(),

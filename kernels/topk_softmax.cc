@@ -35,7 +35,6 @@ absl::Status TopKSoftmaxCpu(const float* logits, int64_t num_tokens, int64_t num
   // order differs from this one only where exp rounds distinct logits to one probability
   // (both underflow to 0): gen-model --router-skew's calibration counts on the ties there
   // going to the lower id.
-  const auto logit_key = [](float logit) { return std::isnan(logit) ? -INFINITY : logit; };
   std::vector<float> probs(num_experts);
   std::vector<bool> taken(num_experts);
   for (int64_t t = 0; t < num_tokens; ++t) {
@@ -49,7 +48,10 @@ absl::Status TopKSoftmaxCpu(const float* logits, int64_t num_tokens, int64_t num
     }
     for (int64_t e = 0; e < num_experts; ++e) probs[e] /= sum;
     const bool by_logit = std::isnan(sum);
-    auto key = [&](int64_t e) { return by_logit ? logit_key(row[e]) : probs[e]; };
+    auto key = [&](int64_t e) {
+      if (!by_logit) return probs[e];
+      return std::isnan(row[e]) ? -INFINITY : row[e];
+    };
     std::fill(taken.begin(), taken.end(), false);
     float picked_sum = 0.f;
     for (int64_t k = 0; k < top_k; ++k) {

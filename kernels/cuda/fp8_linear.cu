@@ -112,10 +112,9 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
       (static_cast<int64_t>(block - first) * (kGemvFp8Warps / ksplit) + warp / ksplit) * kFeatures;
   // pdl-early: the weights are the model's, never written by a kernel, so each lane requests
   // its first chunk of each row before waiting for the previous kernel (PdlWait). Nothing else
-  // is read or written before the wait. (Its first scale too, before the wait, measured no
-  // change at batch 1 on an H100: docs/results/fp8.md.)
-  // (Four chunks ahead a lane, the whole of a 2048-wide row, measured slower on an H100: 37.7
-  // against 31.6 us for a layer's four projections at batch 1.)
+  // is read or written before the wait. Measured on an H100 at batch 1 and not kept: four
+  // chunks ahead a lane (the whole of a 2048-wide row; 37.7 against 31.6 us for a layer's four
+  // projections), and the first scale before the wait too (no change; docs/results/fp8.md).
   const int64_t chunks = k / kFp8Chunk;
   const int64_t c0 = static_cast<int64_t>(sub) * 32 + lane, stride = 32 * ksplit;
   const uint4* w_rows = reinterpret_cast<const uint4*>(w + (feature < n ? feature : 0) * k);
