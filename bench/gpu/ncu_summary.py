@@ -2,7 +2,9 @@
 """Summarises `ncu --csv --page raw` files from bench/gpu/profile_device.sh: per file, the
 kernels in launch order (name, grid, registers, microseconds, DRAM bytes and the rate they
 moved at), then the totals per kernel name. Lines of gpu_bench's own output that ncu's CSV
-carries (not starting with a quote) are printed first, as they hold the timed figures."""
+carries (not starting with a quote) are printed first, as they hold the timed figures. Metrics
+beyond the base set (profile_device.sh's DXS_PROFILE_STALLS) follow each kernel's line, by
+short name."""
 import csv
 import sys
 from collections import OrderedDict
@@ -55,6 +57,18 @@ def summarise(path):
         except (KeyError, ValueError):
             return 0.0
 
+    base = {"gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+            "launch__grid_size", "launch__registers_per_thread"}
+    extra = [n for n in head if "__" in n and n not in base]
+
+    def extras(r):
+        parts = []
+        for n in extra:
+            label = n.replace("smsp__average_warps_issue_stalled_", "stall_")
+            label = label.replace("_per_issue_active.ratio", "").split(".")[0]
+            parts.append(f"{label}={r[col[n]]}")
+        return "      " + " ".join(parts)
+
     tunit = table[1][col["gpu__time_duration.sum"]]
     scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3}.get(tunit, 1.0)
     bunit = table[1][col["dram__bytes_read.sum"]]
@@ -75,6 +89,8 @@ def summarise(path):
             print(f"  {name:60s} {r[col['launch__grid_size']]:>8s} "
                   f"{r[col['launch__registers_per_thread']]:>5s} {us:9.1f} {mb:8.2f} "
                   f"{mb / us if us else 0:6.2f}")  # MB per us is TB/s
+            if extra:
+                print(extras(r))
     print(f"  -- {len(body)} kernels, {total_us:.1f} us in all; per name:")
     for name, (n, us, mb) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
         print(f"  {name:60s} x{n:<4d} {us:9.1f} us {100 * us / total_us:5.1f}%  {mb:9.2f} MB")

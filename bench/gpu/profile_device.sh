@@ -9,6 +9,9 @@
 #   4096-token prompt through one layer, bf16 (gpu_bench's [prefill]) and FP8 projections;
 #   ffn-fp8: one bf16 and one FP8 grouped expert FFN call at DXS_PROFILE_TOKENS tokens, 16384
 #   by default, from gpu_bench --fp8)
+#   DXS_PROFILE_STALLS=1 adds the instructions issued, DRAM throughput and the main stall
+#   reasons (per issued instruction) to every kernel: what holds a kernel that moves its bytes
+#   below the copy rate (latency, the load queue, or its arithmetic).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/dxs-gpu-out}
@@ -17,6 +20,13 @@ mkdir -p "$OUT"
 source .device/env.sh
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
+if [ "${DXS_PROFILE_STALLS:-0}" = 1 ]; then
+  stall=smsp__average_warps_issue_stalled
+  metrics+=,smsp__inst_executed.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
+  metrics+=,${stall}_long_scoreboard_per_issue_active.ratio,${stall}_lg_throttle_per_issue_active.ratio
+  metrics+=,${stall}_math_pipe_throttle_per_issue_active.ratio,${stall}_wait_per_issue_active.ratio
+  metrics+=,${stall}_barrier_per_issue_active.ratio
+fi
 what=("$@")
 [ ${#what[@]} -eq 0 ] && what=(attention decode prefill)
 for w in "${what[@]}"; do
