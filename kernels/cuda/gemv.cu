@@ -264,7 +264,7 @@ struct StagedExperts {
 // xs is rows[p], or p / pairs_per_row without rows. Sorted pairs come with offsets; unsorted
 // ones (experts given) are each their own run, and counts (if given) gets +1 per pair.
 template <typename TX, int kRunPairs, bool kFp8>
-__global__ void __launch_bounds__(kWarps * 32, kRunPairs == 1 ? 6 : 5)
+__global__ void __launch_bounds__(kWarps * 32)
     MoeGateUpKernel(const TX* __restrict__ xs, int x_rows, const int32_t* __restrict__ rows,
                     int pairs_per_row, const int32_t* __restrict__ offsets,
                     const int32_t* __restrict__ experts, int num_experts,
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRunPairs == 1 ? 6 : 5)
 #pragma unroll
       for (int j = 0; j < kRunPairs; ++j) g[f][j] = u[f][j] = 0.f;
     }
-    if (w != nullptr && x_rows > 0) {
+    if (w != nullptr) {
       constexpr int kC = kExpertChunk<kFp8>;
 #pragma unroll 2
       for (int c = lane * kC; c < hidden; c += 32 * kC) {
@@ -329,20 +329,13 @@ __global__ void __launch_bounds__(kWarps * 32, kRunPairs == 1 ? 6 : 5)
         }
 #pragma unroll
         for (int j = 0; j < kRunPairs; ++j) {
-          // The first pair's dots run whatever its row (a row outside xs reads row 0 and
-          // adds nothing), so the chunks above are used outside any branch: FP8 chunks stay
-          // raw until the dot, and with every use behind `valid` the compiler sank their
-          // loads into the branch and issued them one at a time, between the dots.
-          if ((kRunPairs == 1 && j == 0) || valid[j]) {
+          if (valid[j]) {
             float xv[kC];
             LoadRow<kC>(x[j] + c, xv);
 #pragma unroll
             for (int f = 0; f < kFeatures; ++f) {
-              const float gd = gw[f].Dot(xv), ud = uw[f].Dot(xv);
-              if (valid[j]) {
-                g[f][j] += gd;
-                u[f][j] += ud;
-              }
+              g[f][j] += gw[f].Dot(xv);
+              u[f][j] += uw[f].Dot(xv);
             }
           }
         }
@@ -403,7 +396,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
 #pragma unroll
         for (int j = 0; j < kRunPairs; ++j) {
-          if (j == 0 || j < pairs) {  // a run has a first pair: its use is outside a branch
+          if (j < pairs) {
             float av[kC];
             LoadRow<kC>(act + static_cast<int64_t>(p + done + j) * inter + c, av);
 #pragma unroll
@@ -444,7 +437,7 @@ constexpr int kDownSumMaxTopK = 2 * kDownSumWarps;
 // reading its weight then) gave the same bits 4% slower at batch 1 (H100, 2026-12-06,
 // docs/results/fp8.md).
 template <typename TY, typename TO, bool kFp8>
-__global__ void __launch_bounds__(kDownSumWarps * 32, 4)
+__global__ void __launch_bounds__(kDownSumWarps * 32)
     MoeDownSumKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ experts,
                      const float* __restrict__ scales, int top_k, int num_experts,
                      const void* const* __restrict__ down,
@@ -475,16 +468,14 @@ __global__ void __launch_bounds__(kDownSumWarps * 32, 4)
       constexpr int kC = kExpertChunk<kFp8>;
 #pragma unroll 2
       for (int c = lane * kC; c < inter; c += 32 * kC) {
-        // Every chunk's load before any dot, so that they are in flight together.
-        ExpertChunk<kFp8> wv[kDownSumFeatures];
-#pragma unroll
-        for (int f = 0; f < kDownSumFeatures; ++f) {
-          wv[f].Load(w, ws, n_blocks, min(feature0 + f, hidden - 1), inter, c);
-        }
         float av[kC];
         LoadRow<kC>(act + static_cast<int64_t>(p) * inter + c, av);
 #pragma unroll
-        for (int f = 0; f < kDownSumFeatures; ++f) acc[f] += wv[f].Dot(av);
+        for (int f = 0; f < kDownSumFeatures; ++f) {
+          ExpertChunk<kFp8> wv;
+          wv.Load(w, ws, n_blocks, min(feature0 + f, hidden - 1), inter, c);
+          acc[f] += wv.Dot(av);
+        }
       }
     }
 #pragma unroll
