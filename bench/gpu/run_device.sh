@@ -33,6 +33,8 @@
 #   and FP8 in each process) under each set of environment settings, the first the baseline,
 #   in DXS_AB_ROUNDS (2) rounds that keep the order (about 2 minutes a setting a round).
 #   l2-prefetch: decode-ab over DXS_CUDA_L2_PREFETCH (off, attention, all).
+#   decode-old-new: decode-ab's runs over builds instead of settings: .device-old (or each name
+#   in DXS_DECODE_BUILDS; "new" is .device) against .device, rounds alternating the order.
 #   fp8-split: gpu_bench --fp8-decode --quick at batch 1 and 8 with the bf16 engine, then FP8
 #   in all projections, in the attention's only and in the experts' only (--fp8-parts), in
 #   DXS_AB_ROUNDS (2) rounds: which of FP8's kernels hold its step (about 2.5 minutes a round).
@@ -343,6 +345,31 @@ if [ "$what" = fp8-split ]; then
     summary+=("fp8-split round $round: rc=$?")
     echo "== round $round"
     grep -E '^  (bf16|fp8[-ae]*) +[0-9]|/ bf16' "$OUT/fp8_split_$round.log"
+  done
+fi
+if [ "$what" = decode-old-new ]; then
+  # Code, not switches: gpu_bench --fp8-decode --quick --decode-batches 1,8 from each build in
+  # DXS_DECODE_BUILDS ("old new" by default; "new" is .device, any other name X is .device-X,
+  # unpacked from .device-X.tar.xz when it came), in DXS_AB_ROUNDS (2) rounds whose order
+  # alternates, so that neither build always runs first.
+  read -r -a builds <<<"${DXS_DECODE_BUILDS:-old new}"
+  for b in "${builds[@]}"; do
+    [ "$b" != new ] && [ -f ".device-$b.tar.xz" ] && tar xJf ".device-$b.tar.xz"
+  done
+  for round in $(seq "${DXS_AB_ROUNDS:-2}"); do
+    order=("${builds[@]}")
+    if [ $((round % 2)) = 0 ]; then
+      order=()
+      for ((i = ${#builds[@]} - 1; i >= 0; i--)); do order+=("${builds[$i]}"); done
+    fi
+    for b in "${order[@]}"; do
+      dir=.device; [ "$b" != new ] && dir=".device-$b"
+      timeout 150 "$dir/bin/gpu_bench" --fp8-decode --quick --decode-batches 1,8 \
+        >"$OUT/decode_old_new_${b}_$round.log" 2>&1
+      summary+=("decode-old-new [$b] round $round: rc=$?")
+      echo "== $b, round $round"
+      grep -E '^  (bf16|fp8) +[0-9]' "$OUT/decode_old_new_${b}_$round.log"
+    done
   done
 fi
 if [ "$what" = l2-prefetch ]; then
