@@ -57,8 +57,10 @@ def summarise(path):
         except (KeyError, ValueError):
             return 0.0
 
+    # profile_device.sh's base metrics: the table's columns, and the occupancy it never shows.
     base = {"gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
-            "launch__grid_size", "launch__registers_per_thread"}
+            "launch__grid_size", "launch__registers_per_thread",
+            "sm__warps_active.avg.pct_of_peak_sustained_active"}
     extra = [n for n in head if "__" in n and n not in base]
 
     def extras(r):

@@ -23,9 +23,7 @@ metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch
 # The stall pass is its own ncu run (ncu_<mode>_stalls.csv): a metric this ncu lacks fails
 # only that run, not the kernel times.
 stall=smsp__average_warps_issue_stalled
-stalls=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size
-stalls+=,launch__registers_per_thread,smsp__inst_executed.sum
-stalls+=,dram__throughput.avg.pct_of_peak_sustained_elapsed
+stalls=$metrics,smsp__inst_executed.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
 stalls+=,${stall}_long_scoreboard_per_issue_active.ratio,${stall}_lg_throttle_per_issue_active.ratio
 stalls+=,${stall}_math_pipe_throttle_per_issue_active.ratio,${stall}_wait_per_issue_active.ratio
 stalls+=,${stall}_barrier_per_issue_active.ratio

@@ -81,6 +81,16 @@ export DXS_SOURCE_DIR=$PWD DXS_BIN_DIR=$PWD/.device/bin
 # checking its values: with the tool attached they are wrong in some runs even when no kernel
 # is instrumented (docs/gpu.md, "Known open problems"; the runs: docs/results/gpu-tests.md).
 sanitize() { DXS_UNDER_COMPUTE_SANITIZER=1 "$@"; }
+# One decode A/B run (decode-ab, decode-old-new): gpu_bench --fp8-decode --quick at batch 1
+# and 8 from bin directory $1 under the settings $2 (words, may be empty) into log $3; $4
+# labels its summary line and its rows.
+decode_run() {
+  # shellcheck disable=SC2086  # the settings are words
+  env $2 timeout 150 "$1/gpu_bench" --fp8-decode --quick --decode-batches 1,8 >"$3" 2>&1
+  summary+=("$4: rc=$?")
+  echo "== $4"
+  grep -E '^  (bf16|fp8) +[0-9]' "$3"
+}
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 # The gpu-labelled test binaries; all but gpu_cluster_test run their GPU work in-process.
 gpu_tests=(topk_softmax_cuda_test route_decode_cuda_test dense_attention_cuda_test moe_ops_cuda_test
@@ -358,17 +368,11 @@ if [ "$what" = decode-old-new ]; then
   done
   for round in $(seq "${DXS_AB_ROUNDS:-2}"); do
     order=("${builds[@]}")
-    if [ $((round % 2)) = 0 ]; then
-      order=()
-      for ((i = ${#builds[@]} - 1; i >= 0; i--)); do order+=("${builds[$i]}"); done
-    fi
+    [ $((round % 2)) = 0 ] && mapfile -t order < <(printf '%s\n' "${builds[@]}" | tac)
     for b in "${order[@]}"; do
       dir=.device; [ "$b" != new ] && dir=".device-$b"
-      timeout 150 "$dir/bin/gpu_bench" --fp8-decode --quick --decode-batches 1,8 \
-        >"$OUT/decode_old_new_${b}_$round.log" 2>&1
-      summary+=("decode-old-new [$b] round $round: rc=$?")
-      echo "== $b, round $round"
-      grep -E '^  (bf16|fp8) +[0-9]' "$OUT/decode_old_new_${b}_$round.log"
+      decode_run "$dir/bin" "" "$OUT/decode_old_new_${b}_$round.log" \
+        "decode-old-new [$b] round $round"
     done
   done
 fi
@@ -394,11 +398,8 @@ if [ "$what" = decode-ab ]; then
   # round (results/fp8.md's A/B tables).
   for round in $(seq "${DXS_AB_ROUNDS:-2}"); do
     for i in "${!variants[@]}"; do
-      env ${variants[$i]} timeout 150 .device/bin/gpu_bench --fp8-decode --quick \
-        --decode-batches 1,8 >"$OUT/decode_ab_${i}_$round.log" 2>&1
-      summary+=("decode-ab [${variants[$i]}] round $round: rc=$?")
-      echo "== ${variants[$i]}, round $round"
-      grep -E '^  (bf16|fp8) +[0-9]' "$OUT/decode_ab_${i}_$round.log"
+      decode_run .device/bin "${variants[$i]}" "$OUT/decode_ab_${i}_$round.log" \
+        "decode-ab [${variants[$i]}] round $round"
     done
   done
 fi
