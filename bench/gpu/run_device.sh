@@ -34,7 +34,8 @@
 #   in DXS_AB_ROUNDS (2) rounds that keep the order (about 2 minutes a setting a round).
 #   l2-prefetch: decode-ab over DXS_CUDA_L2_PREFETCH (off, attention, all).
 #   decode-old-new: decode-ab's runs over builds instead of settings: .device-old (or each name
-#   in DXS_DECODE_BUILDS; "new" is .device) against .device, rounds alternating the order.
+#   in DXS_DECODE_BUILDS; "new" is .device; NAME:ENV=v,ENV=v runs a build under settings)
+#   against .device, rounds alternating the order.
 #   fp8-split: gpu_bench --fp8-decode --quick at batch 1 and 8 with the bf16 engine, then FP8
 #   in all projections, in the attention's only and in the experts' only (--fp8-parts), in
 #   DXS_AB_ROUNDS (2) rounds: which of FP8's kernels hold its step (about 2.5 minutes a round).
@@ -362,17 +363,22 @@ if [ "$what" = decode-old-new ]; then
   # DXS_DECODE_BUILDS ("old new" by default; "new" is .device, any other name X is .device-X,
   # unpacked from .device-X.tar.xz when it came), in DXS_AB_ROUNDS (2) rounds whose order
   # alternates, so that neither build always runs first.
+  # A name may carry settings for its runs after a colon, commas between them
+  # (new:DXS_CUDA_EXPERT_STAGING=bulk): a build's switch beside the builds.
   read -r -a builds <<<"${DXS_DECODE_BUILDS:-old new}"
-  for b in "${builds[@]}"; do
-    [ "$b" != new ] && [ -f ".device-$b.tar.xz" ] && tar xJf ".device-$b.tar.xz"
+  for spec in "${builds[@]}"; do
+    b=${spec%%:*}
+    [ "$b" != new ] && [ -f ".device-$b.tar.xz" ] && [ ! -d ".device-$b" ] && tar xJf ".device-$b.tar.xz"
   done
   for round in $(seq "${DXS_AB_ROUNDS:-2}"); do
     order=("${builds[@]}")
     [ $((round % 2)) = 0 ] && mapfile -t order < <(printf '%s\n' "${builds[@]}" | tac)
-    for b in "${order[@]}"; do
+    for spec in "${order[@]}"; do
+      b=${spec%%:*} settings=
+      [ "$spec" != "$b" ] && settings=${spec#*:} && settings=${settings//,/ }
       dir=.device; [ "$b" != new ] && dir=".device-$b"
-      decode_run "$dir/bin" "" "$OUT/decode_old_new_${b}_$round.log" \
-        "decode-old-new [$b] round $round"
+      decode_run "$dir/bin" "$settings" "$OUT/decode_old_new_$(printf %s "$spec" | tr -c 'A-Za-z0-9' _)_$round.log" \
+        "decode-old-new [$spec] round $round"
     done
   done
 fi
