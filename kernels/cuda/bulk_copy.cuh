@@ -14,6 +14,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace dxs::cuda::bulk_copy {
@@ -65,6 +66,21 @@ __device__ __forceinline__ void WaitBarrier(uint64_t* bar, uint32_t phase) {
         : "memory");
   }
 #endif
+}
+
+// Host side: lets `kernel` take `bytes` of dynamic shared memory (past 48 KB is an opt-in)
+// and asks for an SM's most shared memory, for kernels whose blocks an SM are set by the
+// shared memory their copies land in.
+template <typename... Params>
+cudaError_t AllowSharedBytes(void (*kernel)(Params...), size_t bytes) {
+  if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             cudaSharedmemCarveoutMaxShared);
+      err != cudaSuccess) {
+    return err;
+  }
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
 }
 
 }  // namespace dxs::cuda::bulk_copy

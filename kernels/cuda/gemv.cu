@@ -728,20 +728,6 @@ bool ExpertStagingBulk() {
 // blocks an SM at least.
 constexpr size_t kStagedMaxBytes = 96 * 1024;
 
-// Lets `kernel` take `bytes` of dynamic shared memory (past 48 KB is an opt-in) and asks for
-// an SM's most shared memory: the staged kernels' blocks an SM are set by it, not by registers.
-template <typename... Params>
-cudaError_t AllowSharedBytes(void (*kernel)(Params...), size_t bytes) {
-  if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             cudaSharedmemCarveoutMaxShared);
-      err != cudaSuccess) {
-    return err;
-  }
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(bytes));
-}
-
 // The weight slices (256 elements a lane's warp) a dense GEMV warp requests before PdlWait:
 // 2, or 4 with DXS_CUDA_GEMV_EARLY=4 (with ksplit, 4 is the whole of a q/k/v or o-projection
 // warp's share at Qwen3-30B-A3B's shapes, so the whole stream is requested while the previous
@@ -1034,11 +1020,12 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
       if (ExpertStagingBulk() && GateUpStagedBytes(h) <= kStagedMaxBytes &&
           DownSumStagedBytes(k, i) <= kStagedMaxBytes) {
         const size_t gate_bytes = GateUpStagedBytes(h), sum_bytes = DownSumStagedBytes(k, i);
-        if (cudaError_t err = AllowSharedBytes(MoeGateUpStagedKernel<TX>, gate_bytes);
+        if (cudaError_t err = bulk_copy::AllowSharedBytes(MoeGateUpStagedKernel<TX>, gate_bytes);
             err != cudaSuccess) {
           return err;
         }
-        if (cudaError_t err = AllowSharedBytes(MoeDownSumStagedKernel<TY, TO>, sum_bytes);
+        if (cudaError_t err =
+                bulk_copy::AllowSharedBytes(MoeDownSumStagedKernel<TY, TO>, sum_bytes);
             err != cudaSuccess) {
           return err;
         }
