@@ -24,7 +24,6 @@
 #include <climits>
 #include <cstdint>
 
-#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/fp8_quantize.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -203,96 +202,6 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32)
   y[(lane / kFeatures) * n + feature + lane % kFeatures] = FromFloat<Y>(v);
 }
 
-// GemvFp8Kernel<1, 1, Y> (one row, a warp a feature, no split) with the block's weight rows
-// requested into shared memory before PdlWait (DXS_CUDA_GEMV_STAGING=bulk): thread 0 asks the
-// bulk-copy engine for the block's kGemvFp8Warps rows, one contiguous span
-// (kernels/cuda/bulk_copy.cuh), so the whole launch's weights stream while the previous
-// kernel finishes, where the register kernel requests one chunk a lane before it waits. The
-// sums are the register kernel's, in its order (the same bits).
-constexpr int kGemvFp8StagedRows = kGemvFp8Warps;
-
-size_t GemvFp8StagedBytes(int64_t k) {
-  return static_cast<size_t>(kGemvFp8StagedRows) * k + sizeof(float) * (k / kGroup);
-}
-
-template <typename Y>
-__global__ void __launch_bounds__(kGemvFp8Warps * 32)
-    GemvFp8StagedKernel(const __nv_bfloat16* x, const Fp8GemvOutputs outs, int64_t k) {
-  static_assert(kGemvMaxOutputs == 3, "the selection below names each output");
-  static_assert(kGroup % kGemvFp8StagedRows == 0, "a block's rows share one block of scales");
-  // [kGemvFp8StagedRows][k] e4m3: the block's rows; then [k / 128] float: their scales.
-  extern __shared__ __align__(16) uint8_t staged[];
-  __shared__ uint64_t bar;
-  const int block = static_cast<int>(blockIdx.x);
-  const int o = block >= outs.first_block[2] && outs.count > 2   ? 2
-                : block >= outs.first_block[1] && outs.count > 1 ? 1
-                                                                 : 0;
-  const uint8_t* w = o == 0 ? outs.w[0] : o == 1 ? outs.w[1] : outs.w[2];
-  const int first = o == 0   ? outs.first_block[0]
-                    : o == 1 ? outs.first_block[1]
-                             : outs.first_block[2];
-  // n is a multiple of 128: every block's rows are below it.
-  const int64_t f_block = static_cast<int64_t>(block - first) * kGemvFp8StagedRows;
-  const int kb = static_cast<int>(k / kGroup);
-  float* row_scales = reinterpret_cast<float*>(staged + kGemvFp8StagedRows * k);
-  const float* scale_row = (o == 0   ? outs.scales[0]
-                            : o == 1 ? outs.scales[1]
-                                     : outs.scales[2]) +
-                           (f_block / kGroup) * (o == 0   ? outs.scale_stride[0]
-                                                 : o == 1 ? outs.scale_stride[1]
-                                                          : outs.scale_stride[2]);
-  // pdl-early: the block's weight rows and their scales are the model's, never written by a
-  // kernel: requested before waiting for the previous kernel (PdlWait), into shared memory.
-  // Nothing else is read or written before the wait.
-  if (threadIdx.x == 0) {
-    bulk_copy::InitBarrier(&bar);
-    const uint32_t bytes = static_cast<uint32_t>(kGemvFp8StagedRows * k);
-    bulk_copy::ExpectBytes(&bar, bytes);
-    bulk_copy::Copy(staged, w + f_block * k, bytes, &bar);
-  }
-  for (int i = static_cast<int>(threadIdx.x); i < kb; i += static_cast<int>(blockDim.x)) {
-    row_scales[i] = scale_row[i];
-  }
-  PdlWait();
-  __syncthreads();  // the barrier and the scales
-  Y* y = static_cast<Y*>(o == 0 ? outs.y[0] : o == 1 ? outs.y[1] : outs.y[2]);
-  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const int64_t chunks = k / kFp8Chunk;
-  const uint4* row = reinterpret_cast<const uint4*>(staged + warp * k);
-  bulk_copy::WaitBarrier(&bar, 0);
-  float acc = 0.f;
-  for (int64_t c = lane; c < chunks; c += 32) {
-    float wv[kFp8Chunk];
-    WidenFp8x16(row[c], wv);
-    const float s = row_scales[(c * kFp8Chunk) / kGroup];
-    const uint4* xr = reinterpret_cast<const uint4*>(x + c * kFp8Chunk);
-    float dot = 0.f;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const uint4 xraw = xr[half];
-      const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&xraw);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 xf = __bfloat1622float2(xh[i]);
-        dot = fmaf(wv[half * 8 + 2 * i], xf.x, dot);
-        dot = fmaf(wv[half * 8 + 2 * i + 1], xf.y, dot);
-      }
-    }
-    acc = fmaf(s, dot, acc);
-  }
-  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-  if (lane == 0) y[f_block + warp] = FromFloat<Y>(acc);
-}
-
-// DXS_CUDA_GEMV_STAGING=bulk: one-row FP8 GEMVs through GemvFp8StagedKernel (read once).
-bool GemvStagingBulk() {
-  static const bool bulk = tunables::Get(tunables::kCudaGemvStaging) == "bulk";
-  return bulk;
-}
-
-// A staged launch's shared memory at most (above it, the register kernel runs).
-constexpr size_t kGemvFp8StagedMaxBytes = 64 * 1024;
-
 // Warps sharing a feature group (GemvFp8Features' features) in LaunchGemvsFp8: split the
 // rows (up to 4 ways, each warp keeping at least two 32-chunk slices) until the launch has
 // about 8192 warps, so that a short, wide stream (o-proj: 2048 features of 4096 e4m3) has
@@ -408,25 +317,6 @@ cudaError_t LaunchGemvsFp8(const void* x, int64_t m, int64_t k, int count, const
   if (m == 0 || blocks == 0) return cudaSuccess;
   if (x == nullptr) return cudaErrorInvalidValue;
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
-  if (m == 1 && features == 1 && ksplit == 1 && GemvStagingBulk() &&
-      GemvFp8StagedBytes(k) <= kGemvFp8StagedMaxBytes) {
-    const size_t bytes = GemvFp8StagedBytes(k);
-    const unsigned grid = static_cast<unsigned>(blocks);
-    if (y_type == ElemType::kF32) {
-      if (cudaError_t err = bulk_copy::AllowSharedBytes(GemvFp8StagedKernel<float>, bytes);
-          err != cudaSuccess) {
-        return err;
-      }
-      return LaunchKernel(GemvFp8StagedKernel<float>, grid, kGemvFp8Warps * 32, bytes, stream, xb,
-                          outs, k);
-    }
-    if (cudaError_t err = bulk_copy::AllowSharedBytes(GemvFp8StagedKernel<__nv_bfloat16>, bytes);
-        err != cudaSuccess) {
-      return err;
-    }
-    return LaunchKernel(GemvFp8StagedKernel<__nv_bfloat16>, grid, kGemvFp8Warps * 32, bytes, stream,
-                        xb, outs, k);
-  }
   switch (m) {
 #define DXS_GEMV_FP8_CASE(R) \
   case R:                    \

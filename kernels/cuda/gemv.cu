@@ -43,7 +43,6 @@
 #include <cstring>
 #include <type_traits>
 
-#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/gemv_lanes.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -264,8 +263,12 @@ struct StagedExperts {
 // act[p, i] for the run of pair blockIdx.y, features of this block's warps. Pair p's row of
 // xs is rows[p], or p / pairs_per_row without rows. Sorted pairs come with offsets; unsorted
 // ones (experts given) are each their own run, and counts (if given) gets +1 per pair.
+// Six blocks an SM at one pair a run (80 registers: batch 1's 768 blocks in one wave on 132
+// SMs, each lane's four weight loads of an iteration issued together), five at four. With
+// the first pair's dots outside the `valid` branch (below) and LoadRow8's one 16-byte load:
+// batch 1 FP8 +12.5%, bf16 +7% (H200, 2026-12-07, docs/results/fp8.md).
 template <typename TX, int kRunPairs, bool kFp8>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kRunPairs == 1 ? 6 : 5)
     MoeGateUpKernel(const TX* __restrict__ xs, int x_rows, const int32_t* __restrict__ rows,
                     int pairs_per_row, const int32_t* __restrict__ offsets,
                     const int32_t* __restrict__ experts, int num_experts,
@@ -317,7 +320,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int j = 0; j < kRunPairs; ++j) g[f][j] = u[f][j] = 0.f;
     }
-    if (w != nullptr) {
+    if (w != nullptr && x_rows > 0) {
       constexpr int kC = kExpertChunk<kFp8>;
 #pragma unroll 2
       for (int c = lane * kC; c < hidden; c += 32 * kC) {
@@ -330,13 +333,20 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
 #pragma unroll
         for (int j = 0; j < kRunPairs; ++j) {
-          if (valid[j]) {
+          // The first pair's dots run whatever its row (a row outside xs reads row 0 and
+          // adds nothing), so the chunks above are used outside any branch: FP8 chunks stay
+          // raw until the dot, and with every use behind `valid` the compiler sank their
+          // loads into the branch and issued them one at a time, between the dots.
+          if ((kRunPairs == 1 && j == 0) || valid[j]) {
             float xv[kC];
             LoadRow<kC>(x[j] + c, xv);
 #pragma unroll
             for (int f = 0; f < kFeatures; ++f) {
-              g[f][j] += gw[f].Dot(xv);
-              u[f][j] += uw[f].Dot(xv);
+              const float gd = gw[f].Dot(xv), ud = uw[f].Dot(xv);
+              if (valid[j]) {
+                g[f][j] += gd;
+                u[f][j] += ud;
+              }
             }
           }
         }
@@ -397,7 +407,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
 #pragma unroll
         for (int j = 0; j < kRunPairs; ++j) {
-          if (j < pairs) {
+          if (j == 0 || j < pairs) {  // a run has a first pair: its use is outside a branch
             float av[kC];
             LoadRow<kC>(act + static_cast<int64_t>(p + done + j) * inter + c, av);
 #pragma unroll
@@ -425,36 +435,6 @@ constexpr int kDownSumWarps = 8;     // a warp per pair (two for top_k > 8)
 constexpr int kDownSumFeatures = 4;  // output features a block
 constexpr int kDownSumMaxTopK = 2 * kDownSumWarps;
 
-// Warp 0 of a MoeDownSum block, once every pair's rows are in part (TY-rounded, as float) and
-// expert_of (-1: adds nothing): out[feature0 + f] = the pairs' rows weighted (lane j holds pair
-// j's routing weight in lane_scale) and added from zero in ascending expert order (ties by
-// pair), rounded once into TO: the sorted path's ScaleSumRows, bit for bit.
-template <typename TO>
-__device__ __forceinline__ void SumPairsInRankOrder(
-    const float (&part)[kDownSumMaxTopK][kDownSumFeatures], const int (&expert_of)[kDownSumMaxTopK],
-    float lane_scale, int top_k, int feature0, int hidden, TO* __restrict__ out_row) {
-  __shared__ float ordered[kDownSumMaxTopK][kDownSumFeatures];
-  const int lane = threadIdx.x % 32;
-  const bool counted = lane < top_k && expert_of[lane] >= 0;
-  const int pairs = __popc(__ballot_sync(0xffffffffu, counted));
-  if (counted) {
-    const int rank = RoutedSumRank(expert_of, top_k, lane);
-#pragma unroll
-    for (int f = 0; f < kDownSumFeatures; ++f) {
-      ordered[rank][f] = __fmul_rn(lane_scale, part[lane][f]);
-    }
-  }
-  __syncwarp();
-  const int f = lane;
-  if (f >= kDownSumFeatures || feature0 + f >= hidden) return;
-  float sum = 0.f;
-#pragma unroll
-  for (int r = 0; r < kDownSumMaxTopK; ++r) {
-    if (r < pairs) sum = __fadd_rn(sum, ordered[r][f]);
-  }
-  out_row[feature0 + f] = FromFloat<TO>(sum);
-}
-
 // out[t, n] for token t = blockIdx.y and features n of this block: each warp computes its
 // pairs' down rows (MoeDownKernel's dot, lane order and tree, bit for bit), rounded to TY
 // as the experts' outputs are; then the weighted sum over the token's pairs in ascending
@@ -467,8 +447,10 @@ __device__ __forceinline__ void SumPairsInRankOrder(
 // in rank order. Picking the next pair by a scan of all of them (top_k dependent steps, each
 // reading its weight then) gave the same bits 4% slower at batch 1 (H100, 2026-12-06,
 // docs/results/fp8.md).
+//
+// Four blocks an SM (64 registers): batch 1's 512 blocks in one wave on 132 SMs.
 template <typename TY, typename TO, bool kFp8>
-__global__ void __launch_bounds__(kDownSumWarps * 32)
+__global__ void __launch_bounds__(kDownSumWarps * 32, 4)
     MoeDownSumKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ experts,
                      const float* __restrict__ scales, int top_k, int num_experts,
                      const void* const* __restrict__ down,
@@ -499,14 +481,16 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
       constexpr int kC = kExpertChunk<kFp8>;
 #pragma unroll 2
       for (int c = lane * kC; c < inter; c += 32 * kC) {
+        // Every chunk's load before any dot, so that they are in flight together.
+        ExpertChunk<kFp8> wv[kDownSumFeatures];
+#pragma unroll
+        for (int f = 0; f < kDownSumFeatures; ++f) {
+          wv[f].Load(w, ws, n_blocks, min(feature0 + f, hidden - 1), inter, c);
+        }
         float av[kC];
         LoadRow<kC>(act + static_cast<int64_t>(p) * inter + c, av);
 #pragma unroll
-        for (int f = 0; f < kDownSumFeatures; ++f) {
-          ExpertChunk<kFp8> wv;
-          wv.Load(w, ws, n_blocks, min(feature0 + f, hidden - 1), inter, c);
-          acc[f] += wv.Dot(av);
-        }
+        for (int f = 0; f < kDownSumFeatures; ++f) acc[f] += wv[f].Dot(av);
       }
     }
 #pragma unroll
@@ -517,216 +501,27 @@ __global__ void __launch_bounds__(kDownSumWarps * 32)
     if (lane == 0) expert_of[j] = e >= 0 && e < num_experts ? e : -1;
   }
   __syncthreads();
-  if (warp == 0)
-    SumPairsInRankOrder(part, expert_of, lane_scale, top_k, feature0, hidden,
-                        out + static_cast<int64_t>(t) * hidden);
-}
-
-// ---- the same FFN with the weights staged by the bulk-copy engine (FP8) ----
-//
-// DXS_CUDA_EXPERT_STAGING=bulk: at one or two tokens the experts' weights cannot be requested
-// before top-k has picked them, so their bytes are on the step's critical path, and the
-// register kernels above keep a few 16-byte loads a lane in flight (which ptxas decides: it
-// sank the FP8 gate_up's into the dots' branch, one at a time). Here thread 0 of a block
-// requests all of the block's weight rows at once, one cp.async.bulk a contiguous span
-// (kernels/cuda/bulk_copy.cuh), into shared memory; the warps then compute from there in the
-// register kernels' order, so the bits are theirs. FP8 only: a bf16 block's rows would take
-// twice the shared memory (fewer blocks an SM at once).
-
-constexpr int kStagedFeatures = kWarps * kFeatures;  // a gate_up block's features
-
-// Dynamic shared memory of the staged kernels: the rows, then their block scales.
-size_t GateUpStagedBytes(int hidden) {
-  return 2 * static_cast<size_t>(kStagedFeatures) * hidden +
-         2 * sizeof(float) * (hidden / kFp8WeightBlock);
-}
-size_t DownSumStagedBytes(int top_k, int inter) {
-  return static_cast<size_t>(top_k) * kDownSumFeatures * inter +
-         sizeof(float) * top_k * (inter / kFp8WeightBlock);
-}
-
-// MoeGateUpKernel<TX, 1, true> for unsorted pairs (experts given), rows p / pairs_per_row.
-template <typename TX>
-__global__ void __launch_bounds__(kWarps * 32)
-    MoeGateUpStagedKernel(const TX* __restrict__ xs, int x_rows, int pairs_per_row,
-                          const int32_t* __restrict__ experts, int num_experts,
-                          const void* const* __restrict__ gate_up,
-                          const float* const* __restrict__ gate_up_scales, int hidden, int inter,
-                          __nv_bfloat16* __restrict__ act,
-                          unsigned long long* __restrict__ counts) {
-  // [2][kStagedFeatures][hidden] e4m3: the block's gate rows, then its up rows; then
-  // [2][hidden / 128] float: their block scales.
-  extern __shared__ __align__(16) uint8_t staged[];
-  __shared__ uint64_t bar;
-  // pdl-early: the immutable expert tables into shared memory (StagedExperts), and the
-  // barrier (shared memory only).
-  __shared__ StagedExperts<true> table;
-  table.Stage(gate_up, gate_up_scales, num_experts);
-  if (threadIdx.x == 0) bulk_copy::InitBarrier(&bar);
-  PdlWait();
-  __syncthreads();  // the staged table and the barrier
-  const int p = blockIdx.y;
-  const int e = __ldg(experts + p);
-  const bool has = e >= 0 && e < num_experts;
-  const uint8_t* w =
-      has ? static_cast<const uint8_t*>(table.Weights(gate_up, num_experts, e)) : nullptr;
-  const int f_block = blockIdx.x * kStagedFeatures;  // inter is whole 128-blocks: all full
-  const int kb = hidden / kFp8WeightBlock;
-  const float* row_scales = reinterpret_cast<const float*>(staged + 2 * kStagedFeatures * hidden);
-  if (w != nullptr) {
-    if (threadIdx.x == 0) {
-      if (counts != nullptr && blockIdx.x == 0) atomicAdd(counts + e, 1ull);
-      const uint32_t bytes = static_cast<uint32_t>(kStagedFeatures) * hidden;
-      bulk_copy::ExpectBytes(&bar, 2 * bytes);
-      bulk_copy::Copy(staged, w + static_cast<int64_t>(f_block) * hidden, bytes, &bar);
-      bulk_copy::Copy(staged + bytes, w + static_cast<int64_t>(inter + f_block) * hidden, bytes,
-                      &bar);
-    }
-    // The scales of the block's rows (one 128-row block for the gate rows, one for the up
-    // rows), while the rows stream.
-    const float* ws = table.Scales(gate_up_scales, num_experts, e);
-    const int n_blocks = 2 * inter / kFp8WeightBlock;
-    float* scales_out = reinterpret_cast<float*>(staged + 2 * kStagedFeatures * hidden);
-    for (int i = threadIdx.x; i < 2 * kb; i += blockDim.x) {
-      const int half = i / kb, cb = i % kb;
-      scales_out[i] = __ldg(ws + cb * n_blocks + (half * inter + f_block) / kFp8WeightBlock);
-    }
-    __syncthreads();  // the scales
-    bulk_copy::WaitBarrier(&bar, 0);
-  }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int row = p / pairs_per_row;
-  const bool valid = w != nullptr && row < x_rows;
-  const TX* x = xs + static_cast<int64_t>(valid ? row : 0) * hidden;
-  float g[kFeatures], u[kFeatures];
-#pragma unroll
-  for (int f = 0; f < kFeatures; ++f) g[f] = u[f] = 0.f;
-  if (valid) {
-    constexpr int kC = kExpertChunk<true>;
-    const uint8_t* gate_rows = staged + warp * kFeatures * hidden;
-    const uint8_t* up_rows = gate_rows + kStagedFeatures * hidden;
-#pragma unroll 2
-    for (int c = lane * kC; c < hidden; c += 32 * kC) {
-      float xv[kC];
-      LoadRow<kC>(x + c, xv);
-      const float gs = row_scales[c / kFp8WeightBlock], us = row_scales[kb + c / kFp8WeightBlock];
-#pragma unroll
-      for (int f = 0; f < kFeatures; ++f) {
-        const ExpertChunk<true> gw{*reinterpret_cast<const uint4*>(gate_rows + f * hidden + c), gs};
-        const ExpertChunk<true> uw{*reinterpret_cast<const uint4*>(up_rows + f * hidden + c), us};
-        g[f] += gw.Dot(xv);
-        u[f] += uw.Dot(xv);
-      }
-    }
-  }
-#pragma unroll
-  for (int f = 0; f < kFeatures; ++f) {
-    const float gs = RoundBf16(WarpSum(g[f])), us = RoundBf16(WarpSum(u[f]));
-    if (lane == 0) {
-      act[static_cast<int64_t>(p) * inter + f_block + warp * kFeatures + f] =
-          __float2bfloat16_rn(gs / (1.f + expf(-gs)) * us);
-    }
-  }
-}
-
-// MoeDownSumKernel<TY, TO, true> with each pair's kDownSumFeatures rows staged.
-template <typename TY, typename TO>
-__global__ void __launch_bounds__(kDownSumWarps * 32)
-    MoeDownSumStagedKernel(const __nv_bfloat16* __restrict__ act,
-                           const int32_t* __restrict__ experts, const float* __restrict__ scales,
-                           int top_k, int num_experts, const void* const* __restrict__ down,
-                           const float* const* __restrict__ down_scales, int hidden, int inter,
-                           TO* __restrict__ out) {
-  // [top_k][kDownSumFeatures][inter] e4m3: pair j's rows; then [top_k][inter / 128] float.
-  extern __shared__ __align__(16) uint8_t staged[];
-  __shared__ uint64_t bar;
-  // pdl-early: the immutable expert tables into shared memory (StagedExperts), and the
-  // barrier (shared memory only).
-  __shared__ StagedExperts<true> table;
-  table.Stage(down, down_scales, num_experts);
-  if (threadIdx.x == 0) bulk_copy::InitBarrier(&bar);
-  PdlWait();
-  __syncthreads();  // the staged table and the barrier
-  __shared__ float part[kDownSumMaxTopK][kDownSumFeatures];
-  __shared__ int expert_of[kDownSumMaxTopK];
-  const int t = blockIdx.y;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int feature0 = blockIdx.x * kDownSumFeatures;  // hidden is whole 128-blocks: all full
-  const int kb = inter / kFp8WeightBlock, n_blocks = hidden / kFp8WeightBlock;
-  const uint32_t pair_bytes = static_cast<uint32_t>(kDownSumFeatures) * inter;
-  float* row_scales = reinterpret_cast<float*>(staged + static_cast<size_t>(top_k) * pair_bytes);
-  // Pair `lane`'s routing weight, in flight while the weights stream.
-  const float lane_scale = warp == 0 && lane < top_k ? __ldg(scales + t * top_k + lane) : 0.f;
-  if (threadIdx.x == 0) {
-    uint32_t total = 0;
-    for (int j = 0; j < top_k; ++j) {
-      const int e = __ldg(experts + t * top_k + j);
-      total += e >= 0 && e < num_experts ? pair_bytes : 0;
-    }
-    bulk_copy::ExpectBytes(&bar, total);  // 0 completes the phase at once
-    for (int j = 0; j < top_k; ++j) {
-      const int e = __ldg(experts + t * top_k + j);
-      if (e < 0 || e >= num_experts) continue;
-      const auto* w = static_cast<const uint8_t*>(table.Weights(down, num_experts, e));
-      bulk_copy::Copy(staged + j * pair_bytes, w + static_cast<int64_t>(feature0) * inter,
-                      pair_bytes, &bar);
-    }
-  }
-  for (int i = threadIdx.x; i < top_k * kb; i += blockDim.x) {
-    const int j = i / kb, cb = i % kb;
-    const int e = __ldg(experts + t * top_k + j);
-    row_scales[i] = e >= 0 && e < num_experts ? __ldg(table.Scales(down_scales, num_experts, e) +
-                                                      cb * n_blocks + feature0 / kFp8WeightBlock)
-                                              : 0.f;
-  }
-  __syncthreads();  // the scales
-  bulk_copy::WaitBarrier(&bar, 0);
-  for (int j = warp; j < top_k; j += kDownSumWarps) {
-    const int p = t * top_k + j;
-    const int e = __ldg(experts + p);
-    const bool has = e >= 0 && e < num_experts;
-    float acc[kDownSumFeatures];
-#pragma unroll
-    for (int f = 0; f < kDownSumFeatures; ++f) acc[f] = 0.f;
-    if (has) {
-      constexpr int kC = kExpertChunk<true>;
-      const uint8_t* rows = staged + j * pair_bytes;
-#pragma unroll 2
-      for (int c = lane * kC; c < inter; c += 32 * kC) {
-        float av[kC];
-        LoadRow<kC>(act + static_cast<int64_t>(p) * inter + c, av);
-        const float s = row_scales[j * kb + c / kFp8WeightBlock];
-#pragma unroll
-        for (int f = 0; f < kDownSumFeatures; ++f) {
-          const ExpertChunk<true> wv{*reinterpret_cast<const uint4*>(rows + f * inter + c), s};
-          acc[f] += wv.Dot(av);
-        }
-      }
-    }
+  if (warp != 0) return;
+  __shared__ float ordered[kDownSumMaxTopK][kDownSumFeatures];
+  const bool counted = lane < top_k && expert_of[lane] >= 0;
+  const int pairs = __popc(__ballot_sync(0xffffffffu, counted));
+  if (counted) {
+    const int rank = RoutedSumRank(expert_of, top_k, lane);
 #pragma unroll
     for (int f = 0; f < kDownSumFeatures; ++f) {
-      const float v = WarpSum(acc[f]);
-      if (lane == 0) part[j][f] = ToFloat(FromFloat<TY>(v));
+      ordered[rank][f] = __fmul_rn(lane_scale, part[lane][f]);
     }
-    if (lane == 0) expert_of[j] = has ? e : -1;
   }
-  __syncthreads();
-  if (warp == 0) {
-    SumPairsInRankOrder(part, expert_of, lane_scale, top_k, feature0, hidden,
-                        out + static_cast<int64_t>(t) * hidden);
+  __syncwarp();
+  const int f = lane;
+  if (f >= kDownSumFeatures || feature0 + f >= hidden) return;
+  float sum = 0.f;
+#pragma unroll
+  for (int r = 0; r < kDownSumMaxTopK; ++r) {
+    if (r < pairs) sum = __fadd_rn(sum, ordered[r][f]);
   }
+  out[static_cast<int64_t>(t) * hidden + feature0 + f] = FromFloat<TO>(sum);
 }
-
-// DXS_CUDA_EXPERT_STAGING=bulk: LaunchRoutedSwiGluGemv's FP8 experts through the staged
-// kernels (read once).
-bool ExpertStagingBulk() {
-  static const bool bulk = tunables::Get(tunables::kCudaExpertStaging) == "bulk";
-  return bulk;
-}
-
-// A staged kernel's dynamic shared memory at most (above it, the register kernels run): two
-// blocks an SM at least.
-constexpr size_t kStagedMaxBytes = 96 * 1024;
 
 // The weight slices (256 elements a lane's warp) a dense GEMV warp requests before PdlWait:
 // 2, or 4 with DXS_CUDA_GEMV_EARLY=4 (with ksplit, 4 is the whole of a q/k/v or o-projection
@@ -1016,28 +811,6 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
     using TX = typename decltype(xt)::type;
     using TY = typename decltype(yt)::type;
     using TO = typename decltype(ot)::type;
-    if constexpr (kFp8) {
-      if (ExpertStagingBulk() && GateUpStagedBytes(h) <= kStagedMaxBytes &&
-          DownSumStagedBytes(k, i) <= kStagedMaxBytes) {
-        const size_t gate_bytes = GateUpStagedBytes(h), sum_bytes = DownSumStagedBytes(k, i);
-        if (cudaError_t err = bulk_copy::AllowSharedBytes(MoeGateUpStagedKernel<TX>, gate_bytes);
-            err != cudaSuccess) {
-          return err;
-        }
-        if (cudaError_t err =
-                bulk_copy::AllowSharedBytes(MoeDownSumStagedKernel<TY, TO>, sum_bytes);
-            err != cudaSuccess) {
-          return err;
-        }
-        LaunchKernel(MoeGateUpStagedKernel<TX>, gate_grid, kWarps * 32, gate_bytes, stream,
-                     static_cast<const TX*>(xs), xr, k, ids, e, gate_up, gate_up_scales, h, i, a,
-                     c);
-        if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-        LaunchKernel(MoeDownSumStagedKernel<TY, TO>, sum_grid, kDownSumWarps * 32, sum_bytes,
-                     stream, a, ids, scales, k, e, down, down_scales, h, i, static_cast<TO*>(out));
-        return cudaGetLastError();
-      }
-    }
     LaunchKernel(MoeGateUpKernel<TX, 1, kFp8>, gate_grid, kWarps * 32, 0, stream,
                  static_cast<const TX*>(xs), xr, nullptr, k, nullptr, ids, e, gate_up,
                  gate_up_scales, h, i, a, c);

@@ -49,9 +49,12 @@ __device__ __forceinline__ void LoadWeights8(const __nv_bfloat16* p, float out[k
   WidenBf16x8(LoadWeightsRaw(p), out);
 }
 
-// 8 activations as float.
+// 8 activations as float, by one 16-byte load: the copy into `raw` is what makes it one
+// (WidenBf16x8 reading the pairs through a reference to global memory compiled to four 4-byte
+// loads).
 __device__ __forceinline__ void LoadRow8(const __nv_bfloat16* p, float out[kChunk]) {
-  WidenBf16x8(*reinterpret_cast<const uint4*>(p), out);
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  WidenBf16x8(raw, out);
 }
 __device__ __forceinline__ void LoadRow8(const float* p, float out[kChunk]) {
   const float4 a = *reinterpret_cast<const float4*>(p);
