@@ -2,9 +2,10 @@
 """Summarises `ncu --csv --page raw` files from bench/gpu/profile_device.sh: per file, the
 kernels in launch order (name, grid, registers, microseconds, DRAM bytes and the rate they
 moved at), then the totals per kernel name. Lines of gpu_bench's own output that ncu's CSV
-carries (not starting with a quote) are printed first, as they hold the timed figures. Metrics
-beyond the base set (profile_device.sh's DXS_PROFILE_STALLS) follow each kernel's line, by
-short name."""
+carries (not starting with a quote) are printed first, as they hold the timed figures. With
+`--extra M1,M2,...` first (profile_device.sh passes its stall pass's own metrics), those of
+them a file holds follow each kernel's line, by short name.
+  ncu_summary.py [--extra METRICS] FILE.csv ..."""
 import csv
 import sys
 from collections import OrderedDict
@@ -36,7 +37,7 @@ def part_of(name):
     return "rest"
 
 
-def summarise(path):
+def summarise(path, extra_metrics):
     with open(path) as f:
         lines = f.read().splitlines()
     rows = [l for l in lines if l.startswith('"')]
@@ -57,11 +58,9 @@ def summarise(path):
         except (KeyError, ValueError):
             return 0.0
 
-    # profile_device.sh's base metrics: the table's columns, and the occupancy it never shows.
-    base = {"gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
-            "launch__grid_size", "launch__registers_per_thread",
-            "sm__warps_active.avg.pct_of_peak_sustained_active"}
-    extra = [n for n in head if "__" in n and n not in base]
+    # The metrics asked for beyond the table's columns (--extra): ncu's raw page also holds
+    # every device attribute and launch parameter, which are not printed.
+    extra = [n for n in extra_metrics if n in col]
 
     def extras(r):
         parts = []
@@ -103,5 +102,10 @@ def summarise(path):
           f"; all but the lm_head {total_us - parts['lm_head']:.1f}")
 
 
-for p in sys.argv[1:]:
-    summarise(p)
+args = sys.argv[1:]
+extra_metrics = []
+if len(args) >= 2 and args[0] == "--extra":
+    extra_metrics = [m for m in args[1].split(",") if m]
+    args = args[2:]
+for p in args:
+    summarise(p, extra_metrics)

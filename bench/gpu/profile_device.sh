@@ -50,4 +50,4 @@ for w in "${what[@]}"; do
     echo "ncu $w (stalls): rc=$?"
   fi
 done
-python3 bench/gpu/ncu_summary.py "$OUT"/ncu_*.csv | tee "$OUT/ncu_summary.txt"
+python3 bench/gpu/ncu_summary.py --extra "${stalls#"$metrics",}" "$OUT"/ncu_*.csv | tee "$OUT/ncu_summary.txt"
