@@ -266,7 +266,7 @@ struct StagedExperts {
 // Six blocks an SM at one pair a run (80 registers: batch 1's 768 blocks in one wave on 132
 // SMs, each lane's four weight loads of an iteration issued together), five at four. With
 // the first pair's dots outside the `valid` branch (below) and LoadRow8's one 16-byte load:
-// batch 1 FP8 +12.5%, bf16 +7% (H200, 2026-12-07, docs/results/fp8.md).
+// batch 1 FP8 +13%, bf16 +7% (H200, 2026-12-07, docs/results/fp8.md).
 template <typename TX, int kRunPairs, bool kFp8>
 __global__ void __launch_bounds__(kWarps * 32, kRunPairs == 1 ? 6 : 5)
     MoeGateUpKernel(const TX* __restrict__ xs, int x_rows, const int32_t* __restrict__ rows,
