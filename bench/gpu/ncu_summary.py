@@ -6,8 +6,8 @@ carries (not starting with a quote) are printed first, as they hold the timed fi
 `--extra M1,M2,...` first (profile_device.sh passes its stall pass's own metrics), those of
 them a file holds follow each kernel's line, by short name.
   ncu_summary.py [--extra METRICS] FILE.csv ..."""
+import argparse
 import csv
-import sys
 from collections import OrderedDict
 
 
@@ -102,10 +102,9 @@ def summarise(path, extra_metrics):
           f"; all but the lm_head {total_us - parts['lm_head']:.1f}")
 
 
-args = sys.argv[1:]
-extra_metrics = []
-if len(args) >= 2 and args[0] == "--extra":
-    extra_metrics = [m for m in args[1].split(",") if m]
-    args = args[2:]
-for p in args:
-    summarise(p, extra_metrics)
+parser = argparse.ArgumentParser(description="Summarises ncu --csv --page raw files.")
+parser.add_argument("--extra", default="", help="comma-separated metrics printed under each kernel")
+parser.add_argument("files", nargs="*")
+options = parser.parse_args()
+for p in options.files:
+    summarise(p, [m for m in options.extra.split(",") if m])

@@ -23,10 +23,11 @@ metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch
 # The stall pass is its own ncu run (ncu_<mode>_stalls.csv): a metric this ncu lacks fails
 # only that run, not the kernel times.
 stall=smsp__average_warps_issue_stalled
-stalls=$metrics,smsp__inst_executed.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
-stalls+=,${stall}_long_scoreboard_per_issue_active.ratio,${stall}_lg_throttle_per_issue_active.ratio
-stalls+=,${stall}_math_pipe_throttle_per_issue_active.ratio,${stall}_wait_per_issue_active.ratio
-stalls+=,${stall}_barrier_per_issue_active.ratio
+stall_metrics=smsp__inst_executed.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
+stall_metrics+=,${stall}_long_scoreboard_per_issue_active.ratio,${stall}_lg_throttle_per_issue_active.ratio
+stall_metrics+=,${stall}_math_pipe_throttle_per_issue_active.ratio,${stall}_wait_per_issue_active.ratio
+stall_metrics+=,${stall}_barrier_per_issue_active.ratio
+stalls=$metrics,$stall_metrics
 what=("$@")
 [ ${#what[@]} -eq 0 ] && what=(attention decode prefill)
 for w in "${what[@]}"; do
@@ -50,4 +51,4 @@ for w in "${what[@]}"; do
     echo "ncu $w (stalls): rc=$?"
   fi
 done
-python3 bench/gpu/ncu_summary.py --extra "${stalls#"$metrics",}" "$OUT"/ncu_*.csv | tee "$OUT/ncu_summary.txt"
+python3 bench/gpu/ncu_summary.py --extra "$stall_metrics" "$OUT"/ncu_*.csv | tee "$OUT/ncu_summary.txt"

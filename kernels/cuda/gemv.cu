@@ -333,11 +333,11 @@ __global__ void __launch_bounds__(kWarps * 32, kRunPairs == 1 ? 6 : 5)
         }
 #pragma unroll
         for (int j = 0; j < kRunPairs; ++j) {
-          // The first pair's dots run whatever its row (a row outside xs reads row 0 and
-          // adds nothing), so the chunks above are used outside any branch: FP8 chunks stay
-          // raw until the dot, and with every use behind `valid` the compiler sank their
+          // One pair a run computes its dots whatever its row (a row outside xs reads row 0
+          // and adds nothing), so the chunks above are used outside any branch: FP8 chunks
+          // stay raw until the dot, and with every use behind `valid` the compiler sank their
           // loads into the branch and issued them one at a time, between the dots.
-          if ((kRunPairs == 1 && j == 0) || valid[j]) {
+          if (kRunPairs == 1 || valid[j]) {
             float xv[kC];
             LoadRow<kC>(x[j] + c, xv);
 #pragma unroll
