@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32, kRows == 1 && kFeatures ==
     const int64_t c = c0 + i * stride;
     if (i > 0) {
 #pragma unroll
-      for (int f = 0; f < kFeatures; ++f) ring[i][f] = c < chunks ? w_rows[f * chunks + c] : uint4{};
+      for (int f = 0; f < kFeatures; ++f)
+        ring[i][f] = c < chunks ? w_rows[f * chunks + c] : uint4{};
     }
     ring_scale[i] = c < chunks ? scale_row[(c * kFp8Chunk) / kGroup] : 0.f;
   }
@@ -174,8 +175,8 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32, kRows == 1 && kFeatures ==
         }
         const float s = ring_scale[i];  // scale_row[(c * kFp8Chunk) / kGroup]
         if (ahead < chunks) ring_scale[i] = scale_row[(ahead * kFp8Chunk) / kGroup];
-        // Each row's 16 activations are read once for the warp's kFeatures rows of weights: at
-        // several rows the activations' reads, not the weights', are most of a lane's loads.
+          // Each row's 16 activations are read once for the warp's kFeatures rows of weights: at
+          // several rows the activations' reads, not the weights', are most of a lane's loads.
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           const uint4* xr = reinterpret_cast<const uint4*>(x + r * k + c * kFp8Chunk);
@@ -264,8 +265,8 @@ cudaError_t LaunchGemvFp8Ahead(const __nv_bfloat16* x, const Fp8GemvOutputs& out
                                int ksplit, ElemType y_type, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>(outs.first_block[outs.count]);
   if (y_type == ElemType::kF32) {
-    return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, kAhead, float>, blocks,
-                        kGemvFp8Warps * 32, 0, stream, x, outs, k, ksplit);
+    return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, kAhead, float>, blocks, kGemvFp8Warps * 32,
+                        0, stream, x, outs, k, ksplit);
   }
   return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, kAhead, __nv_bfloat16>, blocks,
                       kGemvFp8Warps * 32, 0, stream, x, outs, k, ksplit);

@@ -912,8 +912,8 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
         return cudaGetLastError();
       }
     }
-    LaunchKernel(MoeDownSumKernel<TY, TO, kFp8, 4>, sum_grid, kDownSumWarps * 32, 0, stream, a,
-                 ids, scales, k, e, down, down_scales, h, i, static_cast<TO*>(out));
+    LaunchKernel(MoeDownSumKernel<TY, TO, kFp8, 4>, sum_grid, kDownSumWarps * 32, 0, stream, a, ids,
+                 scales, k, e, down, down_scales, h, i, static_cast<TO*>(out));
     return cudaGetLastError();
   };
   auto by_out = [&](auto fp8, auto xt, auto yt) {
