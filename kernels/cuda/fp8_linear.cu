@@ -23,7 +23,6 @@
 
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/fp8_quantize.cuh"
@@ -89,9 +88,12 @@ struct Fp8GemvOutputs {
   int count;
 };
 
-// At one row and one feature a warp, five blocks an SM (48 registers): a decode step's q, k
-// and v (640 blocks) in one wave on 132 SMs whatever kAhead.
-template <int kRows, int kFeatures, int kAhead, typename Y>
+// At one row and one feature a warp, at least five blocks an SM: with that bound ptxas issues
+// each lane's next weight load before the dot that waits for the activations' load (without
+// it, after: the weights' round trip then followed the activations' own). 40 registers, and a
+// decode step's q, k and v (640 blocks) are one wave on 132 SMs. FP8 decode +1.6% at batch 1
+// and +1.5% at 8 (H100, 2026-12-07, docs/results/fp8.md).
+template <int kRows, int kFeatures, typename Y>
 __global__ void __launch_bounds__(kGemvFp8Warps * 32, kRows == 1 && kFeatures == 1 ? 5 : 1)
     GemvFp8Kernel(const __nv_bfloat16* x, const Fp8GemvOutputs outs, int64_t k, int ksplit) {
   static_assert(kGemvMaxOutputs == 3, "the selection below names each output");
@@ -116,21 +118,14 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32, kRows == 1 && kFeatures ==
   // pdl-early: the weights are the model's, never written by a kernel, so each lane requests
   // its first chunk of each row before waiting for the previous kernel (PdlWait). Nothing else
   // is read or written before the wait. Measured on an H100 at batch 1 and not kept: four
-  // chunks ahead a lane before the wait (the whole of a 2048-wide row; 37.7 against 31.6 us
-  // for a layer's four projections), and the first scale before the wait too (no change;
-  // docs/results/fp8.md).
+  // chunks ahead a lane (the whole of a 2048-wide row; 37.7 against 31.6 us for a layer's four
+  // projections), and the first scale before the wait too (no change; docs/results/fp8.md).
   const int64_t chunks = k / kFp8Chunk;
   const int64_t c0 = static_cast<int64_t>(sub) * 32 + lane, stride = 32 * ksplit;
   const uint4* w_rows = reinterpret_cast<const uint4*>(w + (feature < n ? feature : 0) * k);
-  // A lane's chunks in flight: slot i holds chunk c0 + (j * kAhead + i) * stride for the j-th
-  // turn, refilled kAhead chunks ahead as it is used, so kAhead loads a row are outstanding
-  // where one would be a round trip to memory a chunk. The sums' order is the same for any
-  // kAhead (chunk by chunk), so the bits are too. (The activations of a slot too, to keep
-  // ptxas from issuing the refill after the dot that waits for them, spilled at kAhead 2.)
-  uint4 ring[kAhead][kFeatures];
-  float ring_scale[kAhead];
+  uint4 next[kFeatures];
 #pragma unroll
-  for (int f = 0; f < kFeatures; ++f) ring[0][f] = c0 < chunks ? w_rows[f * chunks + c0] : uint4{};
+  for (int f = 0; f < kFeatures; ++f) next[f] = c0 < chunks ? w_rows[f * chunks + c0] : uint4{};
   // The scales of this warp's features (one 128-row block), one per 128 columns.
   const float* scale_row =
       (o == 0   ? outs.scales[0]
@@ -140,16 +135,7 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32, kRows == 1 && kFeatures ==
                                                 : o == 1 ? outs.scale_stride[1]
                                                          : outs.scale_stride[2]);
   PdlWait();
-#pragma unroll
-  for (int i = 0; i < kAhead; ++i) {
-    const int64_t c = c0 + i * stride;
-    if (i > 0) {
-#pragma unroll
-      for (int f = 0; f < kFeatures; ++f)
-        ring[i][f] = c < chunks ? w_rows[f * chunks + c] : uint4{};
-    }
-    ring_scale[i] = c < chunks ? scale_row[(c * kFp8Chunk) / kGroup] : 0.f;
-  }
+  float next_scale = c0 < chunks ? scale_row[(c0 * kFp8Chunk) / kGroup] : 0.f;
   Y* y = static_cast<Y*>(o == 0 ? outs.y[0] : o == 1 ? outs.y[1] : outs.y[2]);
   // acc[r][f]: row r's sum for feature f, each summed in the same order whatever kFeatures is
   // (one warp a feature gives the same bits).
@@ -160,46 +146,42 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32, kRows == 1 && kFeatures ==
     for (int f = 0; f < kFeatures; ++f) acc[r][f] = 0.f;
   }
   if (feature < n) {
-    for (int64_t turn = c0; turn < chunks; turn += kAhead * stride) {
+    for (int64_t c = c0; c < chunks; c += stride) {
+      float wv[kFeatures][kFp8Chunk];
 #pragma unroll
-      for (int i = 0; i < kAhead; ++i) {
-        const int64_t c = turn + i * stride;
-        if (c >= chunks) break;
-        const int64_t ahead = c + kAhead * stride;
-        float wv[kFeatures][kFp8Chunk];
+      for (int f = 0; f < kFeatures; ++f) {
+        const uint4 raw = next[f];
+        if (c + stride < chunks) next[f] = w_rows[f * chunks + c + stride];
+        WidenFp8x16(raw, wv[f]);
+      }
+      const float s = next_scale;  // scale_row[(c * kFp8Chunk) / kGroup], one chunk ahead
+      if (c + stride < chunks) {
+        next_scale = scale_row[((c + stride) * kFp8Chunk) / kGroup];
+      }
+      // Each row's 16 activations are read once for the warp's kFeatures rows of weights: at
+      // several rows the activations' reads, not the weights', are most of a lane's loads.
 #pragma unroll
-        for (int f = 0; f < kFeatures; ++f) {
-          const uint4 raw = ring[i][f];
-          if (ahead < chunks) ring[i][f] = w_rows[f * chunks + ahead];
-          WidenFp8x16(raw, wv[f]);
-        }
-        const float s = ring_scale[i];  // scale_row[(c * kFp8Chunk) / kGroup]
-        if (ahead < chunks) ring_scale[i] = scale_row[(ahead * kFp8Chunk) / kGroup];
-          // Each row's 16 activations are read once for the warp's kFeatures rows of weights: at
-          // several rows the activations' reads, not the weights', are most of a lane's loads.
+      for (int r = 0; r < kRows; ++r) {
+        const uint4* xr = reinterpret_cast<const uint4*>(x + r * k + c * kFp8Chunk);
+        float dot[kFeatures];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          const uint4* xr = reinterpret_cast<const uint4*>(x + r * k + c * kFp8Chunk);
-          float dot[kFeatures];
+        for (int f = 0; f < kFeatures; ++f) dot[f] = 0.f;
 #pragma unroll
-          for (int f = 0; f < kFeatures; ++f) dot[f] = 0.f;
+        for (int half = 0; half < 2; ++half) {
+          const uint4 xraw = xr[half];
+          const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&xraw);
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const uint4 xraw = xr[half];
-            const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&xraw);
+          for (int i = 0; i < 4; ++i) {
+            const float2 xf = __bfloat1622float2(xh[i]);
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              const float2 xf = __bfloat1622float2(xh[q]);
-#pragma unroll
-              for (int f = 0; f < kFeatures; ++f) {
-                dot[f] = fmaf(wv[f][half * 8 + 2 * q], xf.x, dot[f]);
-                dot[f] = fmaf(wv[f][half * 8 + 2 * q + 1], xf.y, dot[f]);
-              }
+            for (int f = 0; f < kFeatures; ++f) {
+              dot[f] = fmaf(wv[f][half * 8 + 2 * i], xf.x, dot[f]);
+              dot[f] = fmaf(wv[f][half * 8 + 2 * i + 1], xf.y, dot[f]);
             }
           }
-#pragma unroll
-          for (int f = 0; f < kFeatures; ++f) acc[r][f] = fmaf(s, dot[f], acc[r][f]);
         }
+#pragma unroll
+        for (int f = 0; f < kFeatures; ++f) acc[r][f] = fmaf(s, dot[f], acc[r][f]);
       }
     }
   }
@@ -253,39 +235,16 @@ int GemvFp8Features(int64_t m, int64_t k, int forced) {
   return 2;
 }
 
-// Chunks a lane of the one-row FP8 GEMV keeps in flight (GemvFp8Kernel's kAhead): 1, 2 or 4 with
-// DXS_CUDA_GEMV_FP8_AHEAD; past one row, 1. Read once.
-int GemvFp8Ahead(int64_t m) {
-  static const int ahead = std::atoi(tunables::Get(tunables::kCudaGemvFp8Ahead).c_str());
-  return m == 1 ? ahead : 1;
-}
-
-template <int kRows, int kFeatures, int kAhead>
-cudaError_t LaunchGemvFp8Ahead(const __nv_bfloat16* x, const Fp8GemvOutputs& outs, int64_t k,
-                               int ksplit, ElemType y_type, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>(outs.first_block[outs.count]);
-  if (y_type == ElemType::kF32) {
-    return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, kAhead, float>, blocks, kGemvFp8Warps * 32,
-                        0, stream, x, outs, k, ksplit);
-  }
-  return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, kAhead, __nv_bfloat16>, blocks,
-                      kGemvFp8Warps * 32, 0, stream, x, outs, k, ksplit);
-}
-
 template <int kRows, int kFeatures>
 cudaError_t LaunchGemvFp8Rows(const __nv_bfloat16* x, const Fp8GemvOutputs& outs, int64_t k,
                               int ksplit, ElemType y_type, cudaStream_t stream) {
-  if constexpr (kRows == 1) {
-    switch (GemvFp8Ahead(kRows)) {
-      case 2:
-        return LaunchGemvFp8Ahead<kRows, kFeatures, 2>(x, outs, k, ksplit, y_type, stream);
-      case 4:
-        return LaunchGemvFp8Ahead<kRows, kFeatures, 4>(x, outs, k, ksplit, y_type, stream);
-      default:
-        break;
-    }
+  const unsigned blocks = static_cast<unsigned>(outs.first_block[outs.count]);
+  if (y_type == ElemType::kF32) {
+    return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, float>, blocks, kGemvFp8Warps * 32, 0,
+                        stream, x, outs, k, ksplit);
   }
-  return LaunchGemvFp8Ahead<kRows, kFeatures, 1>(x, outs, k, ksplit, y_type, stream);
+  return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, __nv_bfloat16>, blocks, kGemvFp8Warps * 32, 0,
+                      stream, x, outs, k, ksplit);
 }
 
 template <int kRows>

@@ -71,11 +71,6 @@ constexpr int64_t kSinglePairRunsUpTo = 16;  // pairs
 // CudaBackend::ExpertWeights builds for the FP8 grouped GEMM, read here too).
 constexpr int kFp8WeightBlock = 128;
 
-// One line of global memory requested into L2 (no register result, so nothing waits on it).
-__device__ __forceinline__ void PrefetchL2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 // kN (8 or 16) activations as float.
 template <int kN, typename T>
 __device__ __forceinline__ void LoadRow(const T* p, float out[kN]) {
@@ -110,14 +105,10 @@ struct ExpertChunk<true> {
   float scale;
   __device__ __forceinline__ void Load(const void* w, const float* scales, int n_blocks, int row,
                                        int k, int c) {
-    LoadBytes(w, row, k, c);
-    scale = __ldg(scales + (c / kFp8WeightBlock) * n_blocks + row / kFp8WeightBlock);
-  }
-  // The 16 bytes alone; the caller sets scale (one load for the rows sharing a 128-row block).
-  __device__ __forceinline__ void LoadBytes(const void* w, int row, int k, int c) {
     // Reinterpreted as bf16 only to reuse LoadWeightsRaw's 16-byte streaming load.
     raw = LoadWeightsRaw(reinterpret_cast<const __nv_bfloat16*>(static_cast<const uint8_t*>(w) +
                                                                 static_cast<int64_t>(row) * k + c));
+    scale = __ldg(scales + (c / kFp8WeightBlock) * n_blocks + row / kFp8WeightBlock);
   }
   __device__ __forceinline__ float Dot(const float x[16]) const {
     const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
@@ -283,8 +274,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRunPairs == 1 ? 6 : 5)
                     const int32_t* __restrict__ experts, int num_experts,
                     const void* const* __restrict__ gate_up,
                     const float* const* __restrict__ gate_up_scales, int hidden, int inter,
-                    __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ counts,
-                    bool prefetch_tail) {
+                    __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ counts) {
   // pdl-early: the immutable expert tables into shared memory (StagedExperts).
   __shared__ StagedExperts<kFp8> table;
   table.Stage(gate_up, gate_up_scales, num_experts);
@@ -312,21 +302,6 @@ __global__ void __launch_bounds__(kWarps * 32, kRunPairs == 1 ? 6 : 5)
   const int lane = threadIdx.x % 32;
   const int feature0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kFeatures;
   if (feature0 >= inter) return;
-  constexpr int kC = kExpertChunk<kFp8>;
-  if (prefetch_tail && w != nullptr) {
-    // DXS_CUDA_EXPERT_L2_AHEAD=on: the lane's chunks past the loop's first two turns (which
-    // it loads at once) asked of L2 now, so that the later turns' loads meet them there.
-    constexpr int kBytes = kFp8 ? 1 : 2;
-    for (int c = lane * kC + 2 * 32 * kC; c < hidden; c += 32 * kC) {
-#pragma unroll
-      for (int f = 0; f < kFeatures; ++f) {
-        const int64_t feature = min(feature0 + f, inter - 1);
-        const uint8_t* base = static_cast<const uint8_t*>(w);
-        PrefetchL2(base + (feature * hidden + c) * kBytes);
-        PrefetchL2(base + ((inter + feature) * hidden + c) * kBytes);
-      }
-    }
-  }
   for (int done = 0; done < run; done += kRunPairs) {
     const int pairs = min(kRunPairs, run - done);
     // A row outside xs (a bad index: kernels skip those) computes as a zero row.
@@ -346,6 +321,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRunPairs == 1 ? 6 : 5)
       for (int j = 0; j < kRunPairs; ++j) g[f][j] = u[f][j] = 0.f;
     }
     if (w != nullptr && x_rows > 0) {
+      constexpr int kC = kExpertChunk<kFp8>;
 #pragma unroll 2
       for (int c = lane * kC; c < hidden; c += 32 * kC) {
         ExpertChunk<kFp8> gw[kFeatures], uw[kFeatures];
@@ -455,22 +431,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // ---- the MoE FFN of a few tokens from their routing, without the sort ----
 
-constexpr int kDownSumWarps = 8;  // a warp per pair (two for top_k > 8)
+constexpr int kDownSumWarps = 8;     // a warp per pair (two for top_k > 8)
+constexpr int kDownSumFeatures = 4;  // output features a block
 constexpr int kDownSumMaxTopK = 2 * kDownSumWarps;
-
-// Whether the routed decode FFN's gate_up asks L2 for a lane's later chunks at its start
-// (DXS_CUDA_EXPERT_L2_AHEAD=on). Read once.
-bool ExpertL2Ahead() {
-  static const bool on = tunables::On(tunables::kCudaExpertL2Ahead);
-  return on;
-}
-
-// Output features a block of MoeDownSumKernel computes: 4, or 8 for FP8 experts with
-// DXS_CUDA_FP8_DOWN_SUM=8 (the kernel's kPaired form). Read once.
-int DownSumFeatures(bool fp8) {
-  static const bool eight = tunables::Get(tunables::kCudaFp8DownSum) == "8";
-  return fp8 && eight ? 8 : 4;
-}
 
 // out[t, n] for token t = blockIdx.y and features n of this block: each warp computes its
 // pairs' down rows (MoeDownKernel's dot, lane order and tree, bit for bit), rounded to TY
@@ -486,31 +449,23 @@ int DownSumFeatures(bool fp8) {
 // docs/results/fp8.md).
 //
 // Four blocks an SM (64 registers): batch 1's 512 blocks in one wave on 132 SMs.
-//
-// kF = 8 (FP8 only, DXS_CUDA_FP8_DOWN_SUM=8): eight features a block, and a lane requests its
-// chunks of the pair's rows two turns at a time (up to 32 bytes a row, all of a 768-wide row's
-// share) with the two block scales the block's rows share, before any dot: the same sums in
-// the same order, so the same bits. Two blocks an SM (256 blocks at batch 1: one wave).
-template <typename TY, typename TO, bool kFp8, int kF>
-__global__ void __launch_bounds__(kDownSumWarps * 32, kF == 4 ? 4 : 2)
+template <typename TY, typename TO, bool kFp8>
+__global__ void __launch_bounds__(kDownSumWarps * 32, 4)
     MoeDownSumKernel(const __nv_bfloat16* __restrict__ act, const int32_t* __restrict__ experts,
                      const float* __restrict__ scales, int top_k, int num_experts,
                      const void* const* __restrict__ down,
                      const float* const* __restrict__ down_scales, int hidden, int inter,
                      TO* __restrict__ out) {
-  constexpr bool kPaired = kF == 8;
-  static_assert(kF == 4 || (kPaired && kFp8), "eight features a block are FP8's form");
-  static_assert(kFp8WeightBlock % kF == 0, "a block's features share one 128-row block");
   // pdl-early: the immutable expert tables into shared memory (StagedExperts).
   __shared__ StagedExperts<kFp8> table;
   table.Stage(down, down_scales, num_experts);
   PdlWait();
   __syncthreads();  // the staged table
-  __shared__ float part[kDownSumMaxTopK][kF];
+  __shared__ float part[kDownSumMaxTopK][kDownSumFeatures];
   __shared__ int expert_of[kDownSumMaxTopK];
   const int t = blockIdx.y;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int feature0 = blockIdx.x * kF;
+  const int feature0 = blockIdx.x * kDownSumFeatures;
   // Pair `lane`'s routing weight, in flight while the weights stream.
   const float lane_scale = warp == 0 && lane < top_k ? __ldg(scales + t * top_k + lane) : 0.f;
   for (int j = warp; j < top_k; j += kDownSumWarps) {
@@ -519,71 +474,27 @@ __global__ void __launch_bounds__(kDownSumWarps * 32, kF == 4 ? 4 : 2)
     const void* w = e >= 0 && e < num_experts ? table.Weights(down, num_experts, e) : nullptr;
     const float* ws = kFp8 && w != nullptr ? table.Scales(down_scales, num_experts, e) : nullptr;
     const int n_blocks = hidden / kFp8WeightBlock;
-    float acc[kF];
+    float acc[kDownSumFeatures];
 #pragma unroll
-    for (int f = 0; f < kF; ++f) acc[f] = 0.f;
-    constexpr int kC = kExpertChunk<kFp8>;
-    const __nv_bfloat16* act_row = act + static_cast<int64_t>(p) * inter;
-    if constexpr (kPaired) {
-      if (w != nullptr) {
-        const float* block_scales = ws + feature0 / kFp8WeightBlock;
-        for (int c = lane * kC; c < inter; c += 2 * 32 * kC) {
-          // The second turn's chunk, or the first again where the row has none (not added).
-          const bool second = c + 32 * kC < inter;
-          const int c2 = second ? c + 32 * kC : c;
-          // ptxas issues the second turn's loads among the first turn's dots (it keeps
-          // registers short), a round trip later: asked of L2 first, they meet it there.
-          if (second) {
-#pragma unroll
-            for (int f = 0; f < kF; ++f) {
-              PrefetchL2(static_cast<const uint8_t*>(w) +
-                         static_cast<int64_t>(min(feature0 + f, hidden - 1)) * inter + c2);
-            }
-          }
-          ExpertChunk<true> first_w[kF], second_w[kF];
-#pragma unroll
-          for (int f = 0; f < kF; ++f) {
-            first_w[f].LoadBytes(w, min(feature0 + f, hidden - 1), inter, c);
-          }
-#pragma unroll
-          for (int f = 0; f < kF; ++f) {
-            second_w[f].LoadBytes(w, min(feature0 + f, hidden - 1), inter, c2);
-          }
-          const float first_scale = __ldg(block_scales + (c / kFp8WeightBlock) * n_blocks);
-          const float second_scale = __ldg(block_scales + (c2 / kFp8WeightBlock) * n_blocks);
-          float av[kC];
-          LoadRow<kC>(act_row + c, av);
-#pragma unroll
-          for (int f = 0; f < kF; ++f) {
-            first_w[f].scale = first_scale;
-            acc[f] += first_w[f].Dot(av);
-          }
-          LoadRow<kC>(act_row + c2, av);
-#pragma unroll
-          for (int f = 0; f < kF; ++f) {
-            second_w[f].scale = second_scale;
-            const float d = second_w[f].Dot(av);
-            if (second) acc[f] += d;
-          }
-        }
-      }
-    } else if (w != nullptr) {
+    for (int f = 0; f < kDownSumFeatures; ++f) acc[f] = 0.f;
+    if (w != nullptr) {
+      constexpr int kC = kExpertChunk<kFp8>;
 #pragma unroll 2
       for (int c = lane * kC; c < inter; c += 32 * kC) {
         // Every chunk's load before any dot, so that they are in flight together.
-        ExpertChunk<kFp8> wv[kF];
+        ExpertChunk<kFp8> wv[kDownSumFeatures];
 #pragma unroll
-        for (int f = 0; f < kF; ++f) {
+        for (int f = 0; f < kDownSumFeatures; ++f) {
           wv[f].Load(w, ws, n_blocks, min(feature0 + f, hidden - 1), inter, c);
         }
         float av[kC];
-        LoadRow<kC>(act_row + c, av);
+        LoadRow<kC>(act + static_cast<int64_t>(p) * inter + c, av);
 #pragma unroll
-        for (int f = 0; f < kF; ++f) acc[f] += wv[f].Dot(av);
+        for (int f = 0; f < kDownSumFeatures; ++f) acc[f] += wv[f].Dot(av);
       }
     }
 #pragma unroll
-    for (int f = 0; f < kF; ++f) {
+    for (int f = 0; f < kDownSumFeatures; ++f) {
       const float v = WarpSum(acc[f]);
       if (lane == 0) part[j][f] = ToFloat(FromFloat<TY>(v));
     }
@@ -591,19 +502,19 @@ __global__ void __launch_bounds__(kDownSumWarps * 32, kF == 4 ? 4 : 2)
   }
   __syncthreads();
   if (warp != 0) return;
-  __shared__ float ordered[kDownSumMaxTopK][kF];
+  __shared__ float ordered[kDownSumMaxTopK][kDownSumFeatures];
   const bool counted = lane < top_k && expert_of[lane] >= 0;
   const int pairs = __popc(__ballot_sync(0xffffffffu, counted));
   if (counted) {
     const int rank = RoutedSumRank(expert_of, top_k, lane);
 #pragma unroll
-    for (int f = 0; f < kF; ++f) {
+    for (int f = 0; f < kDownSumFeatures; ++f) {
       ordered[rank][f] = __fmul_rn(lane_scale, part[lane][f]);
     }
   }
   __syncwarp();
   const int f = lane;
-  if (f >= kF || feature0 + f >= hidden) return;
+  if (f >= kDownSumFeatures || feature0 + f >= hidden) return;
   float sum = 0.f;
 #pragma unroll
   for (int r = 0; r < kDownSumMaxTopK; ++r) {
@@ -839,7 +750,7 @@ cudaError_t LaunchMoeSwiGluGemv(const void* xs, ElemType x_type, int64_t x_rows,
     using TY = typename decltype(yt)::type;
     LaunchKernel(MoeGateUpKernel<TX, kRun, kFp8>, gate_grid, kWarps * 32, 0, stream,
                  static_cast<const TX*>(xs), xr, rows, 1, expert_offsets, nullptr, e, gate_up,
-                 gate_up_scales, h, i, a, nullptr, false);
+                 gate_up_scales, h, i, a, nullptr);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     LaunchKernel(MoeDownKernel<TY, kRun, kFp8>, down_grid, kWarps * 32, 0, stream, a,
                  expert_offsets, e, down, down_scales, h, i, static_cast<TY*>(y));
@@ -893,8 +804,7 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
             i = static_cast<int>(inter), k = static_cast<int>(top_k);
   const int xr = static_cast<int>(tokens);
   const dim3 gate_grid(FeatureBlocks(inter), static_cast<unsigned>(tokens * top_k));
-  const int sum_features = DownSumFeatures(weight_scales != nullptr);
-  const dim3 sum_grid(static_cast<unsigned>((hidden + sum_features - 1) / sum_features),
+  const dim3 sum_grid(static_cast<unsigned>((hidden + kDownSumFeatures - 1) / kDownSumFeatures),
                       static_cast<unsigned>(tokens));
   auto launch = [&](auto fp8, auto xt, auto yt, auto ot) {
     constexpr bool kFp8 = decltype(fp8)::value;
@@ -903,16 +813,9 @@ cudaError_t LaunchRoutedSwiGluGemv(const void* xs, ElemType x_type, int64_t toke
     using TO = typename decltype(ot)::type;
     LaunchKernel(MoeGateUpKernel<TX, 1, kFp8>, gate_grid, kWarps * 32, 0, stream,
                  static_cast<const TX*>(xs), xr, nullptr, k, nullptr, ids, e, gate_up,
-                 gate_up_scales, h, i, a, c, ExpertL2Ahead());
+                 gate_up_scales, h, i, a, c);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-    if constexpr (kFp8) {
-      if (sum_features == 8) {
-        LaunchKernel(MoeDownSumKernel<TY, TO, true, 8>, sum_grid, kDownSumWarps * 32, 0, stream, a,
-                     ids, scales, k, e, down, down_scales, h, i, static_cast<TO*>(out));
-        return cudaGetLastError();
-      }
-    }
-    LaunchKernel(MoeDownSumKernel<TY, TO, kFp8, 4>, sum_grid, kDownSumWarps * 32, 0, stream, a, ids,
+    LaunchKernel(MoeDownSumKernel<TY, TO, kFp8>, sum_grid, kDownSumWarps * 32, 0, stream, a, ids,
                  scales, k, e, down, down_scales, h, i, static_cast<TO*>(out));
     return cudaGetLastError();
   };
