@@ -92,7 +92,8 @@ struct Fp8GemvOutputs {
 // each lane's next weight load before the dot that waits for the activations' load (without
 // it, after: the weights' round trip then followed the activations' own). 40 registers, and a
 // decode step's q, k and v (640 blocks) are one wave on 132 SMs. FP8 decode +1.6% at batch 1
-// and +1.5% at 8 (H100, 2026-12-07, docs/results/fp8.md).
+// and +1.5% at 8 in a build whose gate_up also compiled differently (H100, 2026-12-07,
+// docs/results/fp8.md).
 template <int kRows, int kFeatures, typename Y>
 __global__ void __launch_bounds__(kGemvFp8Warps * 32, kRows == 1 && kFeatures == 1 ? 5 : 1)
     GemvFp8Kernel(const __nv_bfloat16* x, const Fp8GemvOutputs outs, int64_t k, int ksplit) {
