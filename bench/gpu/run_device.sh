@@ -31,7 +31,8 @@
 #   fp8-decode: gpu_bench --fp8-decode [--quick], the whole model bf16 against FP8 projections.
 #   decode-ab "ENV=v ..." "ENV=v ..." ...: gpu_bench --fp8-decode --quick at batch 1 and 8 (bf16
 #   and FP8 in each process) under each set of environment settings, the first the baseline,
-#   in DXS_AB_ROUNDS (2) rounds that keep the order (about 2 minutes a setting a round).
+#   in DXS_AB_ROUNDS (2) rounds that keep the order (about 75 s a setting a round on an H100); then
+#   decode_ab_summary.py's table (means over the rounds, changes against the first, ratios).
 #   l2-prefetch: decode-ab over DXS_CUDA_L2_PREFETCH (off, attention, all).
 #   decode-old-new: decode-ab's runs over builds instead of settings: .device-old (or each name
 #   in DXS_DECODE_BUILDS; "new" is .device; NAME:ENV=v,ENV=v runs a build under settings)
@@ -84,13 +85,20 @@ export DXS_SOURCE_DIR=$PWD DXS_BIN_DIR=$PWD/.device/bin
 sanitize() { DXS_UNDER_COMPUTE_SANITIZER=1 "$@"; }
 # One decode A/B run (decode-ab, decode-old-new): gpu_bench --fp8-decode --quick at batch 1
 # and 8 from bin directory $1 under the settings $2 (words, may be empty) into log $3; $4
-# labels its summary line and its rows.
+# labels its summary line and its rows. Its rows also go to $OUT/decode_ab.tsv under the
+# setting's name $5 and round $6, for decode_ab_summary.py's means and ratios.
 decode_run() {
   # shellcheck disable=SC2086  # the settings are words
   env $2 timeout 150 "$1/gpu_bench" --fp8-decode --quick --decode-batches 1,8 >"$3" 2>&1
   summary+=("$4: rc=$?")
   echo "== $4"
   grep -E '^  (bf16|fp8) +[0-9]' "$3"
+  grep -E '^  (bf16|fp8) +[0-9]' "$3" |
+    awk -v s="$5" -v r="$6" 'BEGIN { OFS = "\t" } { print s, r, $1, $2, $3 }' >>"$OUT/decode_ab.tsv"
+}
+# The A/B's table: each setting's means over the rounds and their change against the first.
+decode_summary() {
+  python3 bench/gpu/decode_ab_summary.py "$OUT/decode_ab.tsv" | tee "$OUT/decode_ab_summary.txt"
 }
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 # The gpu-labelled test binaries; all but gpu_cluster_test run their GPU work in-process.
@@ -378,9 +386,10 @@ if [ "$what" = decode-old-new ]; then
       [ "$spec" != "$b" ] && settings=${spec#*:} && settings=${settings//,/ }
       dir=.device; [ "$b" != new ] && dir=".device-$b"
       decode_run "$dir/bin" "$settings" "$OUT/decode_old_new_$(printf %s "$spec" | tr -c 'A-Za-z0-9' _)_$round.log" \
-        "decode-old-new [$spec] round $round"
+        "decode-old-new [$spec] round $round" "$spec" "$round"
     done
   done
+  decode_summary
 fi
 if [ "$what" = l2-prefetch ]; then
   what=decode-ab
@@ -405,9 +414,10 @@ if [ "$what" = decode-ab ]; then
   for round in $(seq "${DXS_AB_ROUNDS:-2}"); do
     for i in "${!variants[@]}"; do
       decode_run .device/bin "${variants[$i]}" "$OUT/decode_ab_${i}_$round.log" \
-        "decode-ab [${variants[$i]}] round $round"
+        "decode-ab [${variants[$i]}] round $round" "${variants[$i]:-default}" "$round"
     done
   done
+  decode_summary
 fi
 if [ "$what" = old-new ]; then
   # A refactor's "unchanged within noise", on the GPU: the binaries of an older commit (in
