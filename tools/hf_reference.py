@@ -6,8 +6,11 @@ checkpoint, loads it with transformers' Qwen3MoeForCausalLM in float32 on the CP
 fixed prompts records the greedy continuation (KV-cached decode, stopping at EOS like
 generate() does) and the logits of the first generated position. The result, with the
 checkpoint's fingerprint and the library versions, goes to tests/golden/<preset>.json.
+A preset named X-fp8 is `gen-model --preset X --fp8` (block-scaled FP8 weights); transformers
+then runs its weights dequantized in float32 by tools/fp8_checkpoint.py (numpy), the same
+reference as tests/python/fp8_hf_test.py, with X's prompts.
 
-    pip install torch transformers safetensors
+    pip install torch transformers safetensors numpy
     python3 tools/hf_reference.py --dxs build/bin/dxs --out tests/golden
 
 The C++ tests regenerate the checkpoint with the same binary, check the fingerprint, and
@@ -24,7 +27,9 @@ import torch
 import transformers
 from transformers import Qwen3MoeForCausalLM
 
-PRESETS = ["default", "odd", "bf16-sharded"]
+from fp8_checkpoint import dequantized_weights, read_checkpoint, write_float32_reference
+
+PRESETS = ["default", "odd", "bf16-sharded", "default-fp8", "odd-fp8", "bf16-sharded-fp8"]
 MAX_NEW_TOKENS = 16
 
 
@@ -69,12 +74,21 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
     for preset in args.presets.split(","):
-        with tempfile.TemporaryDirectory() as ckpt:
-            subprocess.run([args.dxs, "gen-model", "--preset", preset, "--out", ckpt], check=True)
+        fp8 = preset.endswith("-fp8")
+        base = preset[:-len("-fp8")] if fp8 else preset
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = os.path.join(tmp, "checkpoint")
+            subprocess.run([args.dxs, "gen-model", "--preset", base, "--out", ckpt] +
+                           (["--fp8"] if fp8 else []), check=True)
             fingerprint = subprocess.run([args.dxs, "fingerprint", "--model", ckpt], check=True,
                                          capture_output=True, text=True).stdout.strip()
+            load_dir = ckpt
+            if fp8:
+                load_dir = os.path.join(tmp, "float32")
+                write_float32_reference(ckpt, dequantized_weights(read_checkpoint(ckpt)),
+                                        load_dir)
             model, info = Qwen3MoeForCausalLM.from_pretrained(
-                ckpt, dtype=torch.float32, attn_implementation="eager",
+                load_dir, dtype=torch.float32, attn_implementation="eager",
                 output_loading_info=True)
             # Every tensor must come from the checkpoint: nothing freshly initialised.
             bad = {k: v for k, v in info.items() if v and k != "error_msgs" or
@@ -86,7 +100,7 @@ def main():
             eos = cfg.eos_token_id
             eos_ids = set(eos if isinstance(eos, list) else [eos])
             cases = []
-            for prompt in prompts_for(cfg.vocab_size, seed=len(preset) * 7919):
+            for prompt in prompts_for(cfg.vocab_size, seed=len(base) * 7919):
                 tokens, first_logits = greedy(model, prompt, eos_ids, MAX_NEW_TOKENS)
                 cases.append({
                     "prompt_ids": prompt,
@@ -98,7 +112,8 @@ def main():
         result = {
             "preset": preset,
             "fingerprint": fingerprint,
-            "reference": "transformers.Qwen3MoeForCausalLM float32 CPU, eager attention",
+            "reference": "transformers.Qwen3MoeForCausalLM float32 CPU, eager attention" +
+                         (", FP8 weights dequantized in float32" if fp8 else ""),
             "transformers_version": transformers.__version__,
             "torch_version": torch.__version__,
             "cases": cases,

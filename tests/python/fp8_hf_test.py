@@ -32,7 +32,6 @@ also accelerate):
 import argparse
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,8 @@ except ImportError as e:  # pragma: no cover
 # The golden tests' prompts (tools/hf_reference.py), imported once torch is known present.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from hf_reference import prompts_for  # noqa: E402
+from fp8_checkpoint import (dequantize, read_checkpoint, to_float32,  # noqa: E402
+                            write_float32_reference)
 
 try:
     import accelerate  # noqa: F401  (transformers' FP8 loader needs it)
@@ -61,82 +62,6 @@ ARGS = None
 PRESETS = ["default", "odd", "bf16-sharded"]
 MAX_NEW_TOKENS = 16
 TOLERANCE = 1e-4  # tests/model/golden_test.cc: float32 logits, relative to the largest
-
-
-def e4m3_table():
-    """float8_e4m3fn from its definition: bias 7, 3 mantissa bits, 0x7f/0xff NaN."""
-    table = np.zeros(256, dtype=np.float64)
-    for code in range(256):
-        s, e, m = code >> 7, (code >> 3) & 15, code & 7
-        if e == 15 and m == 7:
-            v = float("nan")
-        elif e == 0:
-            v = 2.0 ** -6 * (m / 8.0)
-        else:
-            v = 2.0 ** (e - 7) * (1.0 + m / 8.0)
-        table[code] = -v if s else v
-    return table.astype(np.float32)
-
-
-E4M3 = e4m3_table()
-
-
-def read_safetensors(path):
-    """{name: (dtype string, shape, raw bytes)} of one file, parsed here (no safetensors lib)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    base = 8 + n
-    out = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = entry["data_offsets"]
-        out[name] = (entry["dtype"], entry["shape"], data[base + b:base + e])
-    return out
-
-
-def read_checkpoint(d):
-    files = [f for f in os.listdir(d) if f.endswith(".safetensors")]
-    tensors = {}
-    for f in files:
-        tensors.update(read_safetensors(os.path.join(d, f)))
-    return tensors
-
-
-def to_float32(dtype, shape, raw):
-    if dtype == "F32":
-        return np.frombuffer(raw, dtype="<f4").reshape(shape).copy()
-    if dtype == "BF16":
-        u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
-        return u.view(np.float32).reshape(shape).copy()
-    if dtype == "F8_E4M3":
-        return E4M3[np.frombuffer(raw, dtype=np.uint8)].reshape(shape)
-    raise ValueError(f"unexpected dtype {dtype}")
-
-
-def dequantize(q, scale):
-    rows, cols = q.shape
-    full = np.repeat(np.repeat(scale, 128, axis=0), 128, axis=1)[:rows, :cols]
-    return (q * full).astype(np.float32)  # one float32 product per weight
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, arr in tensors.items():
-        b = np.ascontiguousarray(arr, dtype="<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + len(b)]}
-        blobs.append(b)
-        offset += len(b)
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
 
 
 @torch.no_grad()
@@ -202,13 +127,7 @@ class Fp8HfTest(unittest.TestCase):
             self.assertGreater(quantized, 0)
             self.assertEqual(len(raw), len(weights) + quantized)
 
-            os.makedirs(ref_dir)
-            write_safetensors(os.path.join(ref_dir, "model.safetensors"), weights)
-            ref_config = dict(config)
-            del ref_config["quantization_config"]
-            ref_config["torch_dtype"] = "float32"
-            with open(os.path.join(ref_dir, "config.json"), "w") as f:
-                json.dump(ref_config, f)
+            write_float32_reference(fp8_dir, weights, ref_dir)
             model, info = Qwen3MoeForCausalLM.from_pretrained(
                 ref_dir, dtype=torch.float32, attn_implementation="eager",
                 output_loading_info=True)
