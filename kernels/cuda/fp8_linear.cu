@@ -94,14 +94,9 @@ struct Fp8GemvOutputs {
 // decode step's q, k and v (640 blocks) are one wave on 132 SMs. FP8 decode +1.6% at batch 1
 // and +1.5% at 8 in a build whose gate_up also compiled differently (H100, 2026-12-07,
 // docs/results/fp8.md).
-//
-// kStageX (one row, DXS_CUDA_GEMV_FP8_STAGE_X=on): the block copies the row of x into shared
-// memory once after the wait, and its warps read it there; otherwise each warp reads all of x
-// from L2, 32 bytes for every 16 weight bytes (q/k/v: 21 MB of x beside 10.5 MB of weights).
-template <int kRows, int kFeatures, bool kStageX, typename Y>
+template <int kRows, int kFeatures, typename Y>
 __global__ void __launch_bounds__(kGemvFp8Warps * 32, kRows == 1 && kFeatures == 1 ? 5 : 1)
     GemvFp8Kernel(const __nv_bfloat16* x, const Fp8GemvOutputs outs, int64_t k, int ksplit) {
-  static_assert(!kStageX || kRows == 1, "one row of x is staged");
   static_assert(kGemvMaxOutputs == 3, "the selection below names each output");
   static_assert(kGroup % kFeatures == 0, "a warp's features share one block of scales");
   // Selected with constant indices: a runtime index would copy the parameters to the stack.
@@ -141,12 +136,6 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32, kRows == 1 && kFeatures ==
                                                 : o == 1 ? outs.scale_stride[1]
                                                          : outs.scale_stride[2]);
   PdlWait();
-  extern __shared__ uint4 x_staged[];  // k / 8 chunks of 8 bf16, with kStageX
-  if constexpr (kStageX) {
-    const uint4* x16 = reinterpret_cast<const uint4*>(x);
-    for (int64_t i = threadIdx.x; i < k / 8; i += blockDim.x) x_staged[i] = x16[i];
-    __syncthreads();
-  }
   float next_scale = c0 < chunks ? scale_row[(c0 * kFp8Chunk) / kGroup] : 0.f;
   Y* y = static_cast<Y*>(o == 0 ? outs.y[0] : o == 1 ? outs.y[1] : outs.y[2]);
   // acc[r][f]: row r's sum for feature f, each summed in the same order whatever kFeatures is
@@ -174,8 +163,7 @@ __global__ void __launch_bounds__(kGemvFp8Warps * 32, kRows == 1 && kFeatures ==
       // several rows the activations' reads, not the weights', are most of a lane's loads.
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        const uint4* xr = kStageX ? x_staged + c * (kFp8Chunk / 8)
-                                  : reinterpret_cast<const uint4*>(x + r * k + c * kFp8Chunk);
+        const uint4* xr = reinterpret_cast<const uint4*>(x + r * k + c * kFp8Chunk);
         float dot[kFeatures];
 #pragma unroll
         for (int f = 0; f < kFeatures; ++f) dot[f] = 0.f;
@@ -248,37 +236,16 @@ int GemvFp8Features(int64_t m, int64_t k, int forced) {
   return 2;
 }
 
-// The largest row of x GemvFp8Kernel stages in shared memory (48 KiB without an opt-in).
-constexpr int64_t kStageXMaxK = 48 * 1024 / sizeof(__nv_bfloat16);
-
-// Whether the one-row FP8 GEMV stages x in shared memory (DXS_CUDA_GEMV_FP8_STAGE_X). Read once.
-bool GemvFp8StageX() {
-  static const bool on = tunables::On(tunables::kCudaGemvFp8StageX);
-  return on;
-}
-
-template <int kRows, int kFeatures, bool kStageX>
-cudaError_t LaunchGemvFp8Staged(const __nv_bfloat16* x, const Fp8GemvOutputs& outs, int64_t k,
-                                int ksplit, ElemType y_type, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>(outs.first_block[outs.count]);
-  const size_t smem = kStageX ? static_cast<size_t>(k) * sizeof(__nv_bfloat16) : 0;
-  if (y_type == ElemType::kF32) {
-    return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, kStageX, float>, blocks, kGemvFp8Warps * 32,
-                        smem, stream, x, outs, k, ksplit);
-  }
-  return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, kStageX, __nv_bfloat16>, blocks,
-                      kGemvFp8Warps * 32, smem, stream, x, outs, k, ksplit);
-}
-
 template <int kRows, int kFeatures>
 cudaError_t LaunchGemvFp8Rows(const __nv_bfloat16* x, const Fp8GemvOutputs& outs, int64_t k,
                               int ksplit, ElemType y_type, cudaStream_t stream) {
-  if constexpr (kRows == 1) {
-    if (k <= kStageXMaxK && GemvFp8StageX()) {
-      return LaunchGemvFp8Staged<kRows, kFeatures, true>(x, outs, k, ksplit, y_type, stream);
-    }
+  const unsigned blocks = static_cast<unsigned>(outs.first_block[outs.count]);
+  if (y_type == ElemType::kF32) {
+    return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, float>, blocks, kGemvFp8Warps * 32, 0,
+                        stream, x, outs, k, ksplit);
   }
-  return LaunchGemvFp8Staged<kRows, kFeatures, false>(x, outs, k, ksplit, y_type, stream);
+  return LaunchKernel(GemvFp8Kernel<kRows, kFeatures, __nv_bfloat16>, blocks, kGemvFp8Warps * 32, 0,
+                      stream, x, outs, k, ksplit);
 }
 
 template <int kRows>
