@@ -92,9 +92,12 @@ decode_run() {
   env $2 timeout 150 "$1/gpu_bench" --fp8-decode --quick --decode-batches 1,8 >"$3" 2>&1
   summary+=("$4: rc=$?")
   echo "== $4"
-  grep -E '^  (bf16|fp8) +[0-9]' "$3"
-  grep -E '^  (bf16|fp8) +[0-9]' "$3" |
-    awk -v s="$5" -v r="$6" 'BEGIN { OFS = "\t" } { print s, r, $1, $2, $3 }' >>"$OUT/decode_ab.tsv"
+  local rows
+  rows=$(grep -E '^  (bf16|fp8) +[0-9]' "$3")
+  [ -n "$rows" ] || return 0
+  echo "$rows"
+  awk -v s="$5" -v r="$6" 'BEGIN { OFS = "\t" } { print s, r, $1, $2, $3 }' <<<"$rows" \
+    >>"$OUT/decode_ab.tsv"
 }
 # The A/B's table: each setting's means over the rounds and their change against the first.
 decode_summary() {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "model/engine.h"
 #include "nlohmann/json.hpp"
@@ -54,9 +55,9 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     golden_ = ReadGolden(GetParam());
     ASSERT_FALSE(golden_.cases.empty());
-    const std::string& name = GetParam();
-    const bool fp8 = name.size() > 4 && name.compare(name.size() - 4, 4, "-fp8") == 0;
-    model_dir_ = testing::WritePreset(tmp_, fp8 ? name.substr(0, name.size() - 4) : name, 0, fp8);
+    absl::string_view preset = GetParam();
+    const bool fp8 = absl::ConsumeSuffix(&preset, "-fp8");
+    model_dir_ = testing::WritePreset(tmp_, std::string(preset), 0, fp8);
     auto fp = CheckpointFingerprint(model_dir_);
     ASSERT_TRUE(fp.ok()) << fp.status();
     ASSERT_EQ(*fp, golden_.fingerprint)

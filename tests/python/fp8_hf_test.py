@@ -49,7 +49,7 @@ except ImportError as e:  # pragma: no cover
 # The golden tests' prompts (tools/hf_reference.py), imported once torch is known present.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from hf_reference import prompts_for  # noqa: E402
-from fp8_checkpoint import (dequantize, read_checkpoint, to_float32,  # noqa: E402
+from fp8_checkpoint import (dequantized_weights, read_checkpoint,  # noqa: E402
                             write_float32_reference)
 
 try:
@@ -100,7 +100,7 @@ class Fp8HfTest(unittest.TestCase):
                 self.assertIn("lm_head", q["modules_to_not_convert"])
             raw = read_checkpoint(fp8_dir)
             stored = "BF16" if config["torch_dtype"] == "bfloat16" else "F32"
-            weights, quantized, native_ok = {}, 0, True
+            quantized, native_ok = 0, True
             for name, (dtype, shape, data) in raw.items():
                 if name.endswith("_scale_inv"):
                     continue
@@ -118,12 +118,11 @@ class Fp8HfTest(unittest.TestCase):
                         for bc in range(s_shape[1]):
                             block = codes[br * 128:(br + 1) * 128, bc * 128:(bc + 1) * 128]
                             self.assertTrue(np.any((block & 0x7F) == 0x7E), f"{name} block")
-                    weights[name] = dequantize(to_float32(dtype, shape, data),
-                                               to_float32(s_dtype, s_shape, s_data))
                     quantized += 1
                 else:
                     self.assertEqual(dtype, stored, name)
-                    weights[name] = to_float32(dtype, shape, data)
+            # Every F8 tensor is a *_proj.weight (checked above): each times its scales.
+            weights = dequantized_weights(raw)
             self.assertGreater(quantized, 0)
             self.assertEqual(len(raw), len(weights) + quantized)
 
