@@ -183,14 +183,13 @@ constexpr int64_t kFp8PingpongMaxRowsPerExpert = 32;
 
 // The FP8 grouped GEMM's configuration (grouped_gemm_fp8_sm90.cuh). f32 C has the cooperative
 // tiles only. DXS_CUDA_FP8_GROUPED_TILES (read once) forces one for a bf16 C, for measurements.
-const grouped_gemm::Sm90Fp8Kernel& Fp8Kernel(int64_t num_experts, int64_t total_rows, int64_t k,
+const grouped_gemm::Sm90Fp8Kernel& Fp8Kernel(int64_t num_experts, int64_t total_rows,
                                              ElemType c_type) {
   static const std::string tiles = tunables::Get(tunables::kCudaFp8GroupedTiles);
   if (c_type != ElemType::kBF16) return grouped_gemm::kSm90Fp8F32Out;
   if (tiles == "coop") return grouped_gemm::kSm90Fp8Bf16Out;
   if (tiles == "coop-pair-n") return grouped_gemm::kSm90Fp8PairNBf16Out;
-  if (tiles == "pingpong" || total_rows <= kFp8PingpongMaxRowsPerExpert * num_experts ||
-      (tiles == "pingpong-short-k" && k <= 1024)) {
+  if (tiles == "pingpong" || total_rows <= kFp8PingpongMaxRowsPerExpert * num_experts) {
     return grouped_gemm::kSm90Fp8PingpongBf16Out;
   }
   return grouped_gemm::kSm90Fp8Bf16Out;
@@ -206,7 +205,7 @@ size_t GroupedGemmFp8WorkspaceBytes(int64_t num_experts, int64_t total_rows, int
     cudaGetLastError();
     return 0;
   }
-  const grouped_gemm::Sm90Fp8Kernel& kernel = Fp8Kernel(num_experts, total_rows, k, c_type);
+  const grouped_gemm::Sm90Fp8Kernel& kernel = Fp8Kernel(num_experts, total_rows, c_type);
   return kernel.workspace_bytes(static_cast<int32_t>(num_experts), device.sm_count);
 #else
   return 0;
@@ -236,7 +235,7 @@ cudaError_t LaunchGroupedGemmFp8(const uint8_t* a, const float* sfa, const int32
   Device device;
   if (cudaError_t err = QueryDevice(&device); err != cudaSuccess) return err;
   if (!device.is_sm90) return cudaErrorNotSupported;
-  const grouped_gemm::Sm90Fp8Kernel& kernel = Fp8Kernel(num_experts, total_rows, k, c_type);
+  const grouped_gemm::Sm90Fp8Kernel& kernel = Fp8Kernel(num_experts, total_rows, c_type);
   grouped_gemm::Fp8Problem p;
   p.a = a;
   p.sfa = sfa;
