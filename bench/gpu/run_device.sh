@@ -33,6 +33,9 @@
 #   and FP8 in each process) under each set of environment settings, the first the baseline,
 #   in DXS_AB_ROUNDS (2) rounds that keep the order (about 75 s a setting a round on an H100); then
 #   decode_ab_summary.py's table (means over the rounds, changes against the first, ratios).
+#   The A/B modes (decode-ab, decode-old-new, fp8-split, switch-ab) start no run that would
+#   pass DXS_DEADLINE_S (560) from the call's start, so their tables come back inside the
+#   device's 600 s; the summary names what was skipped.
 #   l2-prefetch: decode-ab over DXS_CUDA_L2_PREFETCH (off, attention, all).
 #   decode-old-new: decode-ab's runs over builds instead of settings: .device-old (or each name
 #   in DXS_DECODE_BUILDS; "new" is .device; NAME:ENV=v,ENV=v runs a build under settings)
@@ -83,11 +86,27 @@ export DXS_SOURCE_DIR=$PWD DXS_BIN_DIR=$PWD/.device/bin
 # checking its values: with the tool attached they are wrong in some runs even when no kernel
 # is instrumented (docs/gpu.md, "Known open problems"; the runs: docs/results/gpu-tests.md).
 sanitize() { DXS_UNDER_COMPUTE_SANITIZER=1 "$@"; }
+# A device call is killed at its limit (600 s) and then returns none of the summary printed
+# last: the repeated runs of an A/B stop starting once they would pass DXS_DEADLINE_S (560 by
+# default) from the call's start, and the summary says which were skipped. The start is the
+# first invocation's, kept across the comma-separated modes' own invocations.
+export DXS_CALL_START=${DXS_CALL_START:-$(date +%s)}
+deadline=${DXS_DEADLINE_S:-560}
+# fits SECONDS LABEL: whether work of about SECONDS still ends before the deadline; if not,
+# LABEL goes into the summary as skipped.
+fits() {
+  local used=$(($(date +%s) - DXS_CALL_START))
+  ((used + $1 <= deadline)) && return 0
+  summary+=("$2: skipped ($used s of the call gone, about $1 s more would pass ${deadline} s)")
+  return 1
+}
 # One decode A/B run (decode-ab, decode-old-new): gpu_bench --fp8-decode --quick at batch 1
 # and 8 from bin directory $1 under the settings $2 (words, may be empty) into log $3; $4
 # labels its summary line and its rows. Its rows also go to $OUT/decode_ab.tsv under the
-# setting's name $5 and round $6, for decode_ab_summary.py's means and ratios.
+# setting's name $5 and round $6, for decode_ab_summary.py's means and ratios. About 75 s on
+# an H100 (DXS_DECODE_RUN_S, 90, is what it is given against the deadline).
 decode_run() {
+  fits "${DXS_DECODE_RUN_S:-90}" "$4" || return 0
   # shellcheck disable=SC2086  # the settings are words
   env $2 timeout 150 "$1/gpu_bench" --fp8-decode --quick --decode-batches 1,8 >"$3" 2>&1
   summary+=("$4: rc=$?")
@@ -361,6 +380,7 @@ if [ "$what" = fp8-decode ]; then
 fi
 if [ "$what" = fp8-split ]; then
   for round in $(seq "${DXS_AB_ROUNDS:-2}"); do
+    fits 160 "fp8-split round $round" || continue
     timeout 280 .device/bin/gpu_bench --fp8-decode --quick --decode-batches 1,8 \
       --fp8-parts all,attention,experts --json "$OUT/fp8_split_$round.jsonl" \
       >"$OUT/fp8_split_$round.log" 2>&1
@@ -404,8 +424,10 @@ if [ "$what" = switch-ab ]; then
   for v in "${variants[@]:1}"; do
     for t in ${DXS_SWITCH_SUITES:-cuda_backend_test fp8_cuda_test moe_ops_cuda_test \
              dense_attention_cuda_test cuda_engine_test}; do
+      fits 60 "$t [$v]" || continue
       log="$OUT/switch_${t}_$(echo "$v" | tr -c 'A-Za-z0-9' _).log"
-      env $v timeout 300 ".device/bin/$t" >"$log" 2>&1
+      left=$((deadline - ($(date +%s) - DXS_CALL_START)))
+      env $v timeout $((left < 300 ? left : 300)) ".device/bin/$t" >"$log" 2>&1
       summary+=("$t [$v]: rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$log" | tr '\n' ' ')")
     done
   done
