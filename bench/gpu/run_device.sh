@@ -120,6 +120,10 @@ decode_run() {
 }
 # The A/B's table: each setting's means over the rounds and their change against the first.
 decode_summary() {
+  if [ ! -s "$OUT/decode_ab.tsv" ]; then
+    summary+=("decode A/B: no run gave rows")
+    return 0
+  fi
   python3 bench/gpu/decode_ab_summary.py "$OUT/decode_ab.tsv" | tee "$OUT/decode_ab_summary.txt"
 }
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
