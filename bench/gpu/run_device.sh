@@ -57,6 +57,9 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
 quick=${2:-}
+# The call's start, for the A/B modes' deadline (below); the modes of a comma-separated list
+# run as invocations of their own and inherit it.
+export DXS_CALL_START=${DXS_CALL_START:-$(date +%s)}
 # Several modes, comma-separated (fp8-decode,fp8,exchange,ll: what an H200 is asked for), run
 # one after another in one call, each printing its own table; then everything they wrote goes
 # into runs.tgz (8 files come back).
@@ -89,8 +92,7 @@ sanitize() { DXS_UNDER_COMPUTE_SANITIZER=1 "$@"; }
 # A device call is killed at its limit (600 s) and then returns none of the summary printed
 # last: the repeated runs of an A/B stop starting once they would pass DXS_DEADLINE_S (560 by
 # default) from the call's start, and the summary says which were skipped. The start is the
-# first invocation's, kept across the comma-separated modes' own invocations.
-export DXS_CALL_START=${DXS_CALL_START:-$(date +%s)}
+# first invocation's (set at the top), kept across the comma-separated modes' own invocations.
 deadline=${DXS_DEADLINE_S:-560}
 # fits SECONDS LABEL: whether work of about SECONDS still ends before the deadline; if not,
 # LABEL goes into the summary as skipped.
