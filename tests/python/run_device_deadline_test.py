@@ -25,7 +25,7 @@ echo "  fp8        8        800.0       9.28         4.78      51%"
 def run_ab(tree, start, deadline):
     out = tempfile.mkdtemp(prefix="out-", dir=tree)
     env = dict(os.environ, OUT=out, DXS_CALL_START=str(start), DXS_DEADLINE_S=str(deadline),
-               DXS_DECODE_RUN_S="90", DXS_AB_ROUNDS="2", PATH=os.environ.get("PATH", ""))
+               DXS_DECODE_RUN_S="90", DXS_AB_ROUNDS="2")
     proc = subprocess.run(["bash", os.path.join(tree, "bench/gpu/run_device.sh"), "decode-ab", "",
                            "DXS_X=on"], capture_output=True, text=True, env=env, timeout=300)
     return proc, out
